@@ -1,0 +1,152 @@
+/* `pliant plan`: templates, the coverage table and, with --current, a
+ * re-instantiation plan, as JSON on stdout. Bad input exits with status 2. */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commands.h"
+#include "coverage.h"
+#include "plan_json.h"
+#include "profile.h"
+#include "templates.h"
+
+static void plan_usage(FILE *f)
+{
+    fprintf(f, "usage: pliant plan --profile PROFILE.json --nodes N --tolerate F --global-batch B\n"
+               "                   [--current CURRENT.json [--remove n1,n2,...] [--add n3,...]]\n");
+}
+
+static int fail(const char *msg)
+{
+    fprintf(stderr, "pliant plan: %s\n", msg);
+    return 2;
+}
+
+/* Strict integer flag parsing: the whole string, in range. */
+static int parse_int(const char *flag, const char *s, long long lo, long long hi, long long *out,
+                     char *err, size_t errlen)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end) {
+        snprintf(err, errlen, "%s: '%s' is not an integer", flag, s);
+        return -1;
+    }
+    if (v < lo || v > hi) {
+        snprintf(err, errlen, "%s: %lld is out of range [%lld, %lld]", flag, v, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+typedef struct {
+    const char *profile, *current, *remove, *add;
+    long long nodes, tolerate, global_batch;
+} plan_args;
+
+static int parse_args(int argc, char **argv, plan_args *a, char *err, size_t errlen)
+{
+    static const struct option opts[] = {
+        {"profile", required_argument, 0, 'p'},   {"nodes", required_argument, 0, 'n'},
+        {"tolerate", required_argument, 0, 'f'},  {"global-batch", required_argument, 0, 'b'},
+        {"current", required_argument, 0, 'c'},   {"remove", required_argument, 0, 'r'},
+        {"add", required_argument, 0, 'a'},       {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    memset(a, 0, sizeof *a);
+    a->nodes = a->tolerate = a->global_batch = -1;
+    opterr = 0;
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        int rc = 0;
+        switch (c) {
+        case 'p': a->profile = optarg; break;
+        case 'c': a->current = optarg; break;
+        case 'r': a->remove = optarg; break;
+        case 'a': a->add = optarg; break;
+        case 'n': rc = parse_int("--nodes", optarg, 1, 1000000, &a->nodes, err, errlen); break;
+        case 'f': rc = parse_int("--tolerate", optarg, 0, 1000, &a->tolerate, err, errlen); break;
+        case 'b':
+            rc = parse_int("--global-batch", optarg, 1, LLONG_MAX / 2, &a->global_batch, err,
+                           errlen);
+            break;
+        case 'h': return 1;
+        case ':':
+            snprintf(err, errlen, "%s: needs a value", argv[optind - 1]);
+            return -1;
+        default:
+            snprintf(err, errlen, "unknown option '%s'", argv[optind - 1]);
+            return -1;
+        }
+        if (rc) return -1;
+    }
+    if (optind < argc) {
+        snprintf(err, errlen, "unexpected argument '%s'", argv[optind]);
+        return -1;
+    }
+    const char *missing = !a->profile ? "--profile" : a->nodes < 0 ? "--nodes"
+                        : a->tolerate < 0 ? "--tolerate" : a->global_batch < 0 ? "--global-batch"
+                        : NULL;
+    if (missing) {
+        snprintf(err, errlen, "%s is required", missing);
+        return -1;
+    }
+    if ((a->remove || a->add) && !a->current) {
+        snprintf(err, errlen, "%s needs --current", a->remove ? "--remove" : "--add");
+        return -1;
+    }
+    return 0;
+}
+
+int cmd_plan(int argc, char **argv)
+{
+    char err[512];
+    plan_args a;
+    int rc = parse_args(argc, argv, &a, err, sizeof err);
+    if (rc > 0) {
+        plan_usage(stdout);
+        return 0;
+    }
+    if (rc < 0) {
+        fprintf(stderr, "pliant plan: %s\n", err);
+        plan_usage(stderr);
+        return 2;
+    }
+    pl_profile prof;
+    if (pl_profile_load(a.profile, &prof, err, sizeof err)) return fail(err);
+    if (pl_batch_check(a.global_batch, prof.microbatch_size, (int)a.tolerate, err, sizeof err)) {
+        pl_profile_free(&prof);
+        return fail(err);
+    }
+    pl_template_set ts;
+    if (pl_templates_plan(&prof, (int)a.nodes, (int)a.tolerate, &ts, err, sizeof err)) {
+        pl_profile_free(&prof);
+        return fail(err);
+    }
+    pl_coverage cov;
+    int status = 0;
+    if (pl_coverage_compute(&ts, (int)a.nodes, (int)a.tolerate, a.global_batch,
+                            prof.microbatch_size, &cov, err, sizeof err)) {
+        status = fail(err);
+    } else {
+        cJSON *out = pl_plan_to_json(&ts, &cov);
+        char *text = out ? cJSON_Print(out) : NULL;
+        if (text) {
+            fputs(text, stdout);
+            fputc('\n', stdout);
+        } else {
+            status = fail("out of memory");
+        }
+        free(text);
+        cJSON_Delete(out);
+        pl_coverage_free(&cov);
+    }
+    pl_template_set_free(&ts);
+    pl_profile_free(&prof);
+    return status;
+}

@@ -1,0 +1,91 @@
+/* Pipeline re-instantiation (Oobleck §5.1, appendix B): after nodes leave or
+ * join, rebuild the pipelines from the templates (simple re-instantiation, then
+ * borrowing nodes, then merging pipelines), map nodes to template positions so
+ * that the fewest bytes move, and plan which surviving node sends each missing
+ * layer. Pure and deterministic: the same input gives the same output. */
+#ifndef PLIANT_REINSTANTIATE_H
+#define PLIANT_REINSTANTIATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cJSON.h>
+
+#include "profile.h"
+#include "templates.h"
+
+/* One running pipeline. It was instantiated from the template for nnodes
+ * nodes; nodes[i] runs that template's node index i (stage order). */
+typedef struct {
+    int nnodes;
+    char **nodes;
+} pl_current_pipeline;
+
+typedef struct {
+    int npipelines;
+    pl_current_pipeline *pipelines;
+} pl_current_plan;
+
+/* Parses {"pipelines": [{"nodes": ["a", "b"]}, ...]}. Node names must be
+ * non-empty and unique. On error returns -1 and names the path in err
+ * (e.g. "pipelines[1].nodes[0]: must be a string"). */
+int pl_current_parse(const char *json, pl_current_plan *out, char *err, size_t errlen);
+void pl_current_plan_free(pl_current_plan *c);
+
+typedef struct {
+    int template_nodes;         /* the template this pipeline runs (pl_template_for) */
+    const char **nodes;         /* template_nodes names; nodes[i] runs template node index i */
+    int64_t microbatches;
+    int64_t iteration_ns;       /* this pipeline's time for its microbatches */
+} pl_reinst_pipeline;
+
+typedef struct {
+    int layer;
+    const char *source;         /* a surviving node that held the layer before the change */
+    int64_t bytes;              /* weights + Adam m and v: 3 × param_bytes */
+} pl_layer_copy;
+
+typedef struct {
+    const char *node;           /* a node that must receive layers */
+    int nlayers;
+    pl_layer_copy *layers;      /* ascending layer order */
+    int64_t bytes;
+} pl_node_copy;
+
+typedef struct {
+    int npipelines;             /* 0 when fatal or insufficient_nodes */
+    pl_reinst_pipeline *pipelines;
+    int64_t iteration_ns;       /* makespan of one step */
+    int ncopies;                /* only nodes with something to receive */
+    pl_node_copy *copies;
+    int64_t bytes_to_copy;
+    int nidle;                  /* live nodes in no pipeline (all of them when there is no plan) */
+    const char **idle_nodes;
+    int fatal;                  /* some layer has no surviving holder */
+    int nlost;
+    int *lost_layers;
+    int insufficient_nodes;     /* fewer than (tolerate+1)·n0 live nodes */
+    int nsteps;                 /* what was done, in order; pipeline numbers are */
+    char **steps;               /* indices in the current plan */
+    char *names_;               /* storage behind every name above */
+} pl_reinstantiation;
+
+/* Re-instantiates `cur` after removing `removed` and adding `added` (names).
+ * p and ts are the profile and templates the current plan was built from;
+ * global_batch is split into microbatches of p->microbatch_size. Live nodes =
+ * current − removed + added. Returns 0 (fatal and insufficient_nodes are
+ * results, not errors), or -1 with a message naming the bad argument or field. */
+int pl_reinstantiate(const pl_profile *p, const pl_template_set *ts, int tolerate,
+                     int64_t global_batch, const pl_current_plan *cur,
+                     const char *const *removed, int nremoved, const char *const *added,
+                     int nadded, pl_reinstantiation *out, char *err, size_t errlen);
+
+void pl_reinstantiation_free(pl_reinstantiation *r);
+
+/* {"pipelines": [{"nodes", "template_nodes", "microbatches", "iteration_ms"}],
+ *  "iteration_ms", "copies": [{"node", "layers": [{"layer", "source", "bytes"}],
+ *  "bytes"}], "bytes_to_copy", "idle_nodes", "fatal", "lost_layers",
+ *  "insufficient_nodes", "steps"}. NULL when out of memory. */
+cJSON *pl_reinstantiation_to_json(const pl_reinstantiation *r);
+
+#endif

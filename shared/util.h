@@ -1,0 +1,18 @@
+/* Small helpers shared by every module: error messages, files, allocation. */
+#ifndef PLIANT_UTIL_H
+#define PLIANT_UTIL_H
+
+#include <stddef.h>
+
+/* Formats into err (when non-NULL) and returns -1, so callers can write
+ * `return pl_errf(err, errlen, "field: reason");`. */
+int pl_errf(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Reads a whole file into a NUL-terminated heap buffer; NULL and err on failure. */
+char *pl_read_file(const char *path, char *err, size_t errlen);
+
+/* calloc that treats overflow as failure. */
+void *pl_calloc(size_t n, size_t size);
+
+#endif
