@@ -309,62 +309,121 @@ int pl_template_evaluate(const pl_profile *p, pl_template *t)
     return 0;
 }
 
-/* Per (n, S): bottleneck minimum and the unconstrained minimum of Σ(W + 2C). */
+/* Search state per (n, S) pair. g(t) — the least Σ(W + 2C) with every
+ * W_k ≤ t — only changes at candidate thresholds and is constant on [m, t]
+ * where m is the max W_k of the layout found at t. So we walk each pair
+ * downwards from t = ∞, jumping below m each time, and stop once
+ * g(t) + (4S − 1)·tmin can no longer beat the best (g only grows downwards).
+ * From below, g ≥ g(∞) bounds every threshold t by g(∞) + (4S − 1)·t, so
+ * thresholds at or above (best − g(∞)) / (4S − 1) are skipped outright. */
 typedef struct {
-    int64_t *tmin, *gsum; /* [(nmax+1)·(R+1)] */
-    int64_t *best;        /* [nmax+1] best T(4S) so far */
-} scan_state;
-
-static int64_t *cell(int64_t *a, const planner *c, int n, int S)
-{
-    return &a[(size_t)n * (size_t)(c->R + 1) + (size_t)S];
-}
-
-/* Is (n, S) still able to beat the best at threshold t? 1 yes, 0 not yet
- * feasible, −1 never again (the bound only grows with t). */
-static int pair_open(const planner *c, scan_state *ss, int n, int S, int64_t t)
-{
-    int64_t g = *cell(ss->gsum, c, n, S), tm = *cell(ss->tmin, c, n, S);
-    if (g == INF || tm == INF) return -1;
-    if (g + (int64_t)(4 * S - 1) * (t > tm ? t : tm) >= ss->best[n]) return -1;
-    return t >= tm ? 1 : 0;
-}
-
-static int scan_thresholds(planner *c, scan_state *ss, int n_lo, int n_hi, pl_template *tmpl)
-{
+    int64_t *tmin;   /* [(nmax+1)·(R+1)] bottleneck minimum of the pair */
+    int64_t *gnow;   /* g at the pair's last evaluated threshold */
+    int64_t *ginf;   /* g(∞) */
+    int64_t *target; /* next threshold to evaluate; −1 = done */
+    int64_t *best;   /* [nmax+1] best T(4S) of n so far */
+    int64_t *cand;   /* sorted distinct stage times */
     size_t ncand;
-    int64_t *cand = candidate_thresholds(c, &ncand);
-    if (!cand) return -1;
-    int rc = 0;
-    for (size_t a = 0; a < ncand && rc == 0; a++) {
-        int64_t t = cand[a];
-        int qneed = 0, rneed = 0, pending = 0;
+} search_state;
+
+static size_t pair(const planner *c, int n, int S)
+{
+    return (size_t)n * (size_t)(c->R + 1) + (size_t)S;
+}
+
+/* Largest candidate below m, or −1. */
+static int64_t cand_below(const search_state *ss, int64_t m)
+{
+    size_t lo = 0, hi = ss->ncand; /* first index with cand ≥ m */
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (ss->cand[mid] < m)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo ? ss->cand[lo - 1] : -1;
+}
+
+/* Records the layout of pair (n, S) just computed by dp_run and moves the
+ * pair's target below its max stage time. */
+static int visit_pair(planner *c, search_state *ss, int n, int S, int64_t g, pl_template *best_out)
+{
+    size_t k = pair(c, n, S);
+    pl_template t = {0};
+    if (reconstruct(c, n, S, &t) || pl_template_evaluate(c->p, &t)) {
+        free(t.stages);
+        return -1;
+    }
+    int64_t m = t.max_stage_ns;
+    if (t.iteration_ns < ss->best[n]) {
+        ss->best[n] = t.iteration_ns;
+        free(best_out->stages);
+        *best_out = t;
+    } else {
+        free(t.stages);
+    }
+    ss->gnow[k] = g;
+    int64_t next = cand_below(ss, m);
+    ss->target[k] = next < ss->tmin[k] ? -1 : next;
+    return 0;
+}
+
+/* Lowers the pair's target under the bound from below, or ends the pair. */
+static void retarget(const planner *c, search_state *ss, int n, int S)
+{
+    size_t k = pair(c, n, S);
+    if (ss->target[k] < 0) return;
+    int64_t w = 4 * S - 1;
+    if (ss->gnow[k] + w * ss->tmin[k] >= ss->best[n]) {
+        ss->target[k] = -1;
+        return;
+    }
+    int64_t up = (ss->best[n] - ss->ginf[k] + w - 1) / w; /* thresholds < up can still win */
+    if (ss->target[k] >= up) ss->target[k] = cand_below(ss, up);
+    if (ss->target[k] < ss->tmin[k]) ss->target[k] = -1;
+}
+
+static int search_thresholds(planner *c, search_state *ss, int n_lo, int n_hi, pl_template *tmpl)
+{
+    /* t = ∞: the unconstrained optimum of every pair */
+    dp_run(c, INF, 0, n_hi * c->M, c->R);
+    for (int n = n_lo; n <= n_hi; n++)
+        for (int S = n; S <= c->R; S++) {
+            int64_t v = c->f[idx(c, S, n * c->M, 0)];
+            ss->target[pair(c, n, S)] = -1;
+            ss->ginf[pair(c, n, S)] = v;
+            if (v != INF && ss->tmin[pair(c, n, S)] != INF &&
+                visit_pair(c, ss, n, S, v, &tmpl[n - n_lo]))
+                return -1;
+        }
+    for (;;) {
+        int64_t t = -1;
         for (int n = n_lo; n <= n_hi; n++)
             for (int S = n; S <= c->R; S++) {
-                int o = pair_open(c, ss, n, S, t);
-                if (o > 0) {
-                    if (n * c->M > qneed) qneed = n * c->M;
+                retarget(c, ss, n, S);
+                if (ss->target[pair(c, n, S)] > t) t = ss->target[pair(c, n, S)];
+            }
+        if (t < 0) return 0;
+        int qneed = 0, rneed = 0;
+        for (int n = n_lo; n <= n_hi; n++)
+            for (int S = n; S <= c->R; S++)
+                if (ss->target[pair(c, n, S)] == t) {
+                    qneed = n * c->M;
                     if (S > rneed) rneed = S;
                 }
-                pending |= o >= 0;
-            }
-        if (!pending) break;
-        if (!qneed) continue;
         dp_run(c, t, 4 * t, qneed, rneed);
         for (int n = n_lo; n <= n_hi; n++)
             for (int S = n; S <= rneed; S++) {
+                size_t k = pair(c, n, S);
+                if (ss->target[k] != t) continue;
                 int64_t v = c->f[idx(c, S, n * c->M, 0)];
-                if (v == INF || pair_open(c, ss, n, S, t) <= 0 || v - t >= ss->best[n]) continue;
-                pl_template *out = &tmpl[n - n_lo];
-                if (reconstruct(c, n, S, out) || pl_template_evaluate(c->p, out)) {
-                    rc = -1;
-                    break;
-                }
-                ss->best[n] = out->iteration_ns;
+                if (v == INF)
+                    ss->target[k] = -1;
+                else if (visit_pair(c, ss, n, S, v - 4 * t * S, &tmpl[n - n_lo]))
+                    return -1;
             }
     }
-    free(cand);
-    return rc;
 }
 
 int pl_templates_compute(const pl_profile *p, int n_lo, int n_hi, pl_template_set *out,
@@ -387,28 +446,30 @@ int pl_templates_compute(const pl_profile *p, int n_lo, int n_hi, pl_template_se
         pl_template_set_free(out);
         return -1;
     }
-    scan_state ss = {0};
+    search_state ss = {0};
     size_t cells = (size_t)(nmax + 1) * (size_t)(c.R + 1);
     ss.tmin = pl_calloc(cells, sizeof *ss.tmin);
-    ss.gsum = pl_calloc(cells, sizeof *ss.gsum);
+    ss.gnow = pl_calloc(cells, sizeof *ss.gnow);
+    ss.ginf = pl_calloc(cells, sizeof *ss.ginf);
+    ss.target = pl_calloc(cells, sizeof *ss.target);
     ss.best = pl_calloc((size_t)nmax + 1, sizeof *ss.best);
+    ss.cand = candidate_thresholds(&c, &ss.ncand);
     int rc = -1;
-    if (ss.tmin && ss.gsum && ss.best) {
+    if (ss.tmin && ss.gnow && ss.ginf && ss.target && ss.best && ss.cand) {
         dp_bottleneck(&c);
-        for (int n = 0; n <= nmax; n++)
-            for (int S = 0; S <= c.R; S++)
-                *cell(ss.tmin, &c, n, S) = n ? c.f[idx(&c, S, n * c.M, 0)] : INF;
-        dp_run(&c, INF, 0, c.qmax, c.R);
         for (int n = 0; n <= nmax; n++) {
             ss.best[n] = INF;
             for (int S = 0; S <= c.R; S++)
-                *cell(ss.gsum, &c, n, S) = n ? c.f[idx(&c, S, n * c.M, 0)] : INF;
+                ss.tmin[pair(&c, n, S)] = n ? c.f[idx(&c, S, n * c.M, 0)] : INF;
         }
-        rc = scan_thresholds(&c, &ss, n_lo, nmax, out->templates);
+        rc = search_thresholds(&c, &ss, n_lo, nmax, out->templates);
     }
     free(ss.tmin);
-    free(ss.gsum);
+    free(ss.gnow);
+    free(ss.ginf);
+    free(ss.target);
     free(ss.best);
+    free(ss.cand);
     planner_free(&c);
     if (rc) {
         pl_template_set_free(out);
