@@ -41,6 +41,12 @@ int64_t pl_distribute_batch(const pl_pipeline_cost *pipes, int npipes, int64_t m
         else
             lo = mid + 1;
     }
+    if (!nb) { /* the makespan alone: the last forced first microbatch or the need-th extra one */
+        int64_t makespan = need ? lo : 0;
+        for (int j = 0; j < npipes; j++)
+            if (pipes[j].first_ns > makespan) makespan = pipes[j].first_ns;
+        return makespan;
+    }
     /* everything strictly before lo, then completions exactly at lo in pipeline order */
     int64_t given = 0, makespan = 0;
     for (int j = 0; j < npipes; j++) {

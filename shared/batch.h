@@ -12,8 +12,8 @@ typedef struct {
 } pl_pipeline_cost;
 
 /* Exact minimum over integer nb_j ≥ 1, Σ nb_j = microbatches, of max_j time_j(nb_j).
- * Writes the distribution to nb[npipes] and returns the makespan, or -1 when
- * microbatches < npipes. */
+ * Writes the distribution to nb[npipes] (when not NULL) and returns the
+ * makespan, or -1 when microbatches < npipes. */
 int64_t pl_distribute_batch(const pl_pipeline_cost *pipes, int npipes, int64_t microbatches,
                             int64_t *nb);
 
