@@ -11,7 +11,9 @@
 #include "coverage.h"
 #include "plan_json.h"
 #include "profile.h"
+#include "reinstantiate.h"
 #include "templates.h"
+#include "util.h"
 
 static void plan_usage(FILE *f)
 {
@@ -103,6 +105,62 @@ static int parse_args(int argc, char **argv, plan_args *a, char *err, size_t err
     return 0;
 }
 
+/* Splits a comma-separated node list in place; empty names are an error. */
+static int split_names(const char *flag, char *list, char ***out, int *n, char *err, size_t errlen)
+{
+    *out = NULL;
+    *n = 0;
+    if (!list) return 0;
+    int cap = 1;
+    for (const char *c = list; *c; c++) cap += *c == ',';
+    *out = pl_calloc((size_t)cap, sizeof **out);
+    if (!*out) return pl_errf(err, errlen, "out of memory");
+    for (char *tok = list, *next; tok; tok = next) {
+        next = strchr(tok, ',');
+        if (next) *next++ = '\0';
+        if (!*tok) return pl_errf(err, errlen, "%s: empty node name in the list", flag);
+        (*out)[(*n)++] = tok;
+    }
+    return 0;
+}
+
+/* The "reinstantiation" part of the output: --current after --remove/--add. */
+static cJSON *reinstantiate_json(const plan_args *a, const pl_profile *prof,
+                                 const pl_template_set *ts, char *err, size_t errlen)
+{
+    char *text = pl_read_file(a->current, err, errlen);
+    if (!text) return NULL;
+    pl_current_plan cur;
+    int rc = pl_current_parse(text, &cur, err, errlen);
+    free(text);
+    if (rc) {
+        char msg[512];
+        pl_errf(msg, sizeof msg, "%s", err);
+        pl_errf(err, errlen, "--current %.100s: %s", a->current, msg);
+        return NULL;
+    }
+    char *rm = a->remove ? strdup(a->remove) : NULL, *ad = a->add ? strdup(a->add) : NULL;
+    char **removed = NULL, **added = NULL;
+    int nremoved = 0, nadded = 0;
+    cJSON *out = NULL;
+    pl_reinstantiation r;
+    if (!split_names("--remove", rm, &removed, &nremoved, err, errlen) &&
+        !split_names("--add", ad, &added, &nadded, err, errlen) &&
+        !pl_reinstantiate(prof, ts, (int)a->tolerate, a->global_batch, &cur,
+                          (const char *const *)removed, nremoved, (const char *const *)added,
+                          nadded, &r, err, errlen)) {
+        out = pl_reinstantiation_to_json(&r);
+        if (!out) snprintf(err, errlen, "out of memory");
+        pl_reinstantiation_free(&r);
+    }
+    free(removed);
+    free(added);
+    free(rm);
+    free(ad);
+    pl_current_plan_free(&cur);
+    return out;
+}
+
 int cmd_plan(int argc, char **argv)
 {
     char err[512];
@@ -135,8 +193,12 @@ int cmd_plan(int argc, char **argv)
         status = fail(err);
     } else {
         cJSON *out = pl_plan_to_json(&ts, &cov);
-        char *text = out ? cJSON_Print(out) : NULL;
-        if (text) {
+        cJSON *re = out && a.current ? reinstantiate_json(&a, &prof, &ts, err, sizeof err) : NULL;
+        if (re) cJSON_AddItemToObject(out, "reinstantiation", re);
+        char *text = out && (re || !a.current) ? cJSON_Print(out) : NULL;
+        if (a.current && !re) {
+            status = fail(err);
+        } else if (text) {
             fputs(text, stdout);
             fputc('\n', stdout);
         } else {

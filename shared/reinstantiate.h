@@ -52,6 +52,8 @@ typedef struct {
     int64_t bytes;
 } pl_node_copy;
 
+/* Pipelines keep the current plan's order (a merged one takes the earlier
+ * place); pipelines formed from free nodes come last. */
 typedef struct {
     int npipelines;             /* 0 when fatal or insufficient_nodes */
     pl_reinst_pipeline *pipelines;
@@ -73,8 +75,13 @@ typedef struct {
 /* Re-instantiates `cur` after removing `removed` and adding `added` (names).
  * p and ts are the profile and templates the current plan was built from;
  * global_batch is split into microbatches of p->microbatch_size. Live nodes =
- * current − removed + added. Returns 0 (fatal and insufficient_nodes are
- * results, not errors), or -1 with a message naming the bad argument or field. */
+ * current − removed + added. Steps, in order: "replace:" (an added node takes
+ * a lost one's place), "drop:" (a wiped-out pipeline not needed for f+1),
+ * "simple:", "borrow:", "merge:" (§5.1), then, when added nodes are left or
+ * the rules still fail, "plan:" (the best plan for the live count) followed by
+ * "grow:", "shrink:", "dissolve:", "new:" and "idle:". Returns 0 (fatal and
+ * insufficient_nodes are results, not errors), or -1 with a message naming the
+ * bad argument or field. */
 int pl_reinstantiate(const pl_profile *p, const pl_template_set *ts, int tolerate,
                      int64_t global_batch, const pl_current_plan *cur,
                      const char *const *removed, int nremoved, const char *const *added,

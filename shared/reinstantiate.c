@@ -1,0 +1,1396 @@
+/* Pipeline re-instantiation (Oobleck §5.1, appendix B). See reinstantiate.h.
+ *
+ * Added nodes first replace lost ones in damaged pipelines (their template
+ * stays). Then failures are handled in the paper's order: damaged pipelines
+ * are simply re-instantiated when a template exists for what remains,
+ * otherwise they borrow nodes from pipelines that can yield one, otherwise
+ * they are merged. Added nodes left over, or a result that still breaks the
+ * rules (a size without template, fewer than f+1 pipelines), lead to a replan
+ * toward the best plan of pl_instantiate() for the live node count that keeps
+ * every pipeline whose size that plan also has. Within each rebuilt pipeline an
+ * exact assignment (Hungarian algorithm) maps nodes to template positions so
+ * that the bytes they already hold are as many as possible. */
+#include "reinstantiate.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "batch.h"
+#include "coverage.h"
+#include "util.h"
+
+/* A copied layer carries its weights and Adam's m and v (§5: "copy missing layers"). */
+#define PL_COPY_FACTOR 3
+
+typedef struct {
+    int *v;
+    int n, cap;
+} ivec;
+
+static int ivec_push(ivec *a, int x)
+{
+    if (a->n == a->cap) {
+        int cap = a->cap ? 2 * a->cap : 8;
+        int *v = realloc(a->v, (size_t)cap * sizeof *v);
+        if (!v)
+            return -1;
+        a->v = v;
+        a->cap = cap;
+    }
+    a->v[a->n++] = x;
+    return 0;
+}
+
+static void ivec_remove_at(ivec *a, int i)
+{
+    memmove(a->v + i, a->v + i + 1, (size_t)(a->n - i - 1) * sizeof *a->v);
+    a->n--;
+}
+
+/* Open-addressing name → id table, so validation stays linear in the nodes. */
+typedef struct {
+    int *slot;
+    size_t mask;
+    const char *const *name; /* id → name */
+} name_index;
+
+static uint64_t hash_str(const char *s)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+static int ni_init(name_index *h, int n, const char *const *name)
+{
+    size_t cap = 16;
+    while (cap < 2 * (size_t)n + 1)
+        cap *= 2;
+    h->slot = malloc(cap * sizeof *h->slot);
+    if (!h->slot)
+        return -1;
+    memset(h->slot, 0xff, cap * sizeof *h->slot);
+    h->mask = cap - 1;
+    h->name = name;
+    return 0;
+}
+
+/* Returns the id of s, or inserts id (when id >= 0) and returns -1. */
+static int ni_find_or_add(name_index *h, const char *s, int id)
+{
+    size_t i = hash_str(s) & h->mask;
+    while (h->slot[i] >= 0) {
+        if (strcmp(h->name[h->slot[i]], s) == 0)
+            return h->slot[i];
+        i = (i + 1) & h->mask;
+    }
+    if (id >= 0)
+        h->slot[i] = id;
+    return -1;
+}
+
+/* ---- CURRENT.json ---- */
+
+void pl_current_plan_free(pl_current_plan *c)
+{
+    if (!c)
+        return;
+    for (int i = 0; i < c->npipelines; i++) {
+        for (int j = 0; j < c->pipelines[i].nnodes; j++)
+            free(c->pipelines[i].nodes[j]);
+        free(c->pipelines[i].nodes);
+    }
+    free(c->pipelines);
+    c->pipelines = NULL;
+    c->npipelines = 0;
+}
+
+int pl_current_parse(const char *json, pl_current_plan *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    cJSON *root = cJSON_Parse(json);
+    if (!root)
+        return pl_errf(err, errlen, "current plan: not valid JSON");
+    int rc = -1, total = 0;
+    const char **names = NULL;
+    int *where = NULL; /* id → pipeline index, for duplicate messages */
+    name_index ix = {0};
+    const cJSON *pipes = cJSON_GetObjectItemCaseSensitive(root, "pipelines");
+    if (!cJSON_IsObject(root)) {
+        pl_errf(err, errlen, "current plan: must be a JSON object");
+        goto done;
+    }
+    if (!pipes) {
+        pl_errf(err, errlen, "pipelines: missing");
+        goto done;
+    }
+    if (!cJSON_IsArray(pipes) || cJSON_GetArraySize(pipes) == 0) {
+        pl_errf(err, errlen, "pipelines: must be a non-empty array");
+        goto done;
+    }
+    int np = cJSON_GetArraySize(pipes);
+    for (int i = 0; i < np; i++) {
+        const cJSON *pi = cJSON_GetArrayItem(pipes, i);
+        if (!cJSON_IsObject(pi)) {
+            pl_errf(err, errlen, "pipelines[%d]: must be an object", i);
+            goto done;
+        }
+        const cJSON *nodes = cJSON_GetObjectItemCaseSensitive(pi, "nodes");
+        if (!cJSON_IsArray(nodes) || cJSON_GetArraySize(nodes) == 0) {
+            pl_errf(err, errlen, "pipelines[%d].nodes: must be a non-empty array of node names", i);
+            goto done;
+        }
+        total += cJSON_GetArraySize(nodes);
+    }
+    out->pipelines = calloc((size_t)np, sizeof *out->pipelines);
+    names = malloc((size_t)total * sizeof *names);
+    where = malloc((size_t)total * sizeof *where);
+    if (!out->pipelines || !names || !where || ni_init(&ix, total, names)) {
+        pl_errf(err, errlen, "current plan: out of memory");
+        goto done;
+    }
+    out->npipelines = np;
+    int id = 0;
+    for (int i = 0; i < np; i++) {
+        const cJSON *nodes =
+            cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(pipes, i), "nodes");
+        int k = cJSON_GetArraySize(nodes);
+        pl_current_pipeline *cp = &out->pipelines[i];
+        cp->nodes = calloc((size_t)k, sizeof *cp->nodes);
+        if (!cp->nodes) {
+            pl_errf(err, errlen, "current plan: out of memory");
+            goto done;
+        }
+        for (int j = 0; j < k; j++) {
+            const cJSON *s = cJSON_GetArrayItem(nodes, j);
+            if (!cJSON_IsString(s)) {
+                pl_errf(err, errlen, "pipelines[%d].nodes[%d]: must be a string", i, j);
+                goto done;
+            }
+            if (s->valuestring[0] == '\0') {
+                pl_errf(err, errlen, "pipelines[%d].nodes[%d]: must not be empty", i, j);
+                goto done;
+            }
+            names[id] = s->valuestring;
+            int dup = ni_find_or_add(&ix, s->valuestring, id);
+            if (dup >= 0) {
+                pl_errf(err, errlen,
+                        "pipelines[%d].nodes[%d]: node \"%s\" is already in pipelines[%d]", i, j,
+                        s->valuestring, where[dup]);
+                goto done;
+            }
+            where[id++] = i;
+            cp->nodes[j] = strdup(s->valuestring);
+            if (!cp->nodes[j]) {
+                pl_errf(err, errlen, "current plan: out of memory");
+                goto done;
+            }
+            cp->nnodes = j + 1;
+        }
+    }
+    rc = 0;
+done:
+    free(ix.slot);
+    free(names);
+    free(where);
+    cJSON_Delete(root);
+    if (rc)
+        pl_current_plan_free(out);
+    return rc;
+}
+
+/* ---- re-instantiation state ---- */
+
+typedef struct {
+    ivec nodes;  /* node ids */
+    int label;   /* index in the current plan; -1 for a pipeline formed from free nodes */
+    int size0;   /* size in the current plan */
+    int changed; /* node set differs from the current plan's */
+    int gone;
+} group;
+
+typedef struct {
+    const pl_profile *p;
+    const pl_template_set *ts;
+    int tolerate;
+    int ncur, nall;       /* ids [0, ncur) are current nodes, [ncur, nall) added ones */
+    const char **name;
+    unsigned char *alive; /* not removed */
+    int *hr_off;          /* node u held [hr_lo[i], hr_hi[i]) for i in hr_off[u] .. hr_off[u+1] */
+    int *hr_lo, *hr_hi;
+    int64_t *pb;          /* pb[l] = Σ param_bytes of layers < l */
+    group *g;
+    int ng, gcap;
+    ivec pool;            /* free nodes, taken from pool_head on */
+    int pool_head;
+    char **steps;
+    int nsteps, scap;
+    char *err;
+    size_t errlen;
+} ctx;
+
+static int oom(ctx *c)
+{
+    return pl_errf(c->err, c->errlen, "re-instantiation: out of memory");
+}
+
+static int add_step(ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static int add_step(ctx *c, const char *fmt, ...)
+{
+    if (c->nsteps == c->scap) {
+        int cap = c->scap ? 2 * c->scap : 8;
+        char **s = realloc(c->steps, (size_t)cap * sizeof *s);
+        if (!s)
+            return oom(c);
+        c->steps = s;
+        c->scap = cap;
+    }
+    char buf[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (!(c->steps[c->nsteps] = strdup(buf)))
+        return oom(c);
+    c->nsteps++;
+    return 0;
+}
+
+static const pl_template *tmpl(const ctx *c, int n)
+{
+    return n > 0 ? pl_template_for(c->ts, n) : NULL;
+}
+
+/* Bytes of layers [lo, hi) that node u held before the change. */
+static int64_t held_in(const ctx *c, int u, int lo, int hi)
+{
+    int64_t b = 0;
+    if (u >= c->ncur)
+        return 0;
+    for (int i = c->hr_off[u]; i < c->hr_off[u + 1]; i++) {
+        int a = c->hr_lo[i] > lo ? c->hr_lo[i] : lo, z = c->hr_hi[i] < hi ? c->hr_hi[i] : hi;
+        if (a < z)
+            b += c->pb[z] - c->pb[a];
+    }
+    return b;
+}
+
+static int holds(const ctx *c, int u, int layer)
+{
+    if (u >= c->ncur)
+        return 0;
+    for (int i = c->hr_off[u]; i < c->hr_off[u + 1]; i++)
+        if (c->hr_lo[i] <= layer && layer < c->hr_hi[i])
+            return 1;
+    return 0;
+}
+
+static int new_group(ctx *c, int label, int size0)
+{
+    if (c->ng == c->gcap) {
+        int cap = c->gcap ? 2 * c->gcap : 8;
+        group *g = realloc(c->g, (size_t)cap * sizeof *g);
+        if (!g)
+            return -1;
+        c->g = g;
+        c->gcap = cap;
+    }
+    memset(&c->g[c->ng], 0, sizeof c->g[c->ng]);
+    c->g[c->ng].label = label;
+    c->g[c->ng].size0 = size0;
+    return c->ng++;
+}
+
+static int pool_left(const ctx *c)
+{
+    return c->pool.n - c->pool_head;
+}
+
+/* Steady-state microbatches per ns of the template for n nodes. */
+static double rate(const ctx *c, int n)
+{
+    int64_t m = tmpl(c, n)->max_stage_ns;
+    return 1.0 / (double)(m > 0 ? m : 1);
+}
+
+/* §5.1 borrowing: the pipeline that can yield a node (keeping a template) and
+ * loses the least throughput; ties go to pipelines already being rebuilt. */
+static int best_lender(const ctx *c, int borrower)
+{
+    int best = -1;
+    double best_loss = 0;
+    for (int j = 0; j < c->ng; j++) {
+        const group *g = &c->g[j];
+        int n = g->nodes.n;
+        if (j == borrower || g->gone || !tmpl(c, n) || !tmpl(c, n - 1))
+            continue;
+        double loss = rate(c, n) - rate(c, n - 1);
+        if (best < 0 || loss < best_loss ||
+            (loss == best_loss && g->changed && !c->g[best].changed)) {
+            best = j;
+            best_loss = loss;
+        }
+    }
+    return best;
+}
+
+/* Position in lender of the node whose layers the borrower lacks most: it
+ * wastes the fewest held bytes, the rest of what it holds moves anyway. */
+static int lend_position(const ctx *c, int lender, int borrower, unsigned char *missing,
+                         int64_t *mb)
+{
+    int L = c->p->nlayers;
+    memset(missing, 1, (size_t)L);
+    const ivec *bn = &c->g[borrower].nodes;
+    for (int i = 0; i < bn->n; i++) {
+        int u = bn->v[i];
+        if (u >= c->ncur)
+            continue;
+        for (int r = c->hr_off[u]; r < c->hr_off[u + 1]; r++)
+            memset(missing + c->hr_lo[r], 0, (size_t)(c->hr_hi[r] - c->hr_lo[r]));
+    }
+    mb[0] = 0;
+    for (int l = 0; l < L; l++)
+        mb[l + 1] = mb[l] + (missing[l] ? c->p->layers[l].param_bytes : 0);
+    const ivec *ln = &c->g[lender].nodes;
+    int best = 0;
+    int64_t best_waste = INT64_MAX;
+    for (int i = 0; i < ln->n; i++) {
+        int u = ln->v[i];
+        int64_t waste = 0;
+        for (int r = c->hr_off[u]; u < c->ncur && r < c->hr_off[u + 1]; r++)
+            waste += (c->pb[c->hr_hi[r]] - c->pb[c->hr_lo[r]]) -
+                     (mb[c->hr_hi[r]] - mb[c->hr_lo[r]]);
+        if (waste < best_waste) {
+            best = i;
+            best_waste = waste;
+        }
+    }
+    return best;
+}
+
+/* Merges groups a and b into the one earlier in the current plan. */
+static int merge(ctx *c, int a, int b)
+{
+    int keep = a < b ? a : b, drop = a < b ? b : a;
+    group *k = &c->g[keep], *d = &c->g[drop];
+    int nk = k->nodes.n, nd = d->nodes.n;
+    for (int i = 0; i < nd; i++)
+        if (ivec_push(&k->nodes, d->nodes.v[i]))
+            return oom(c);
+    d->nodes.n = 0;
+    d->gone = 1;
+    k->changed = 1;
+    if (add_step(c, "merge: pipelines %d and %d (%d + %d -> %d nodes)", k->label, d->label, nk,
+                 nd, nk + nd))
+        return -1;
+    return keep;
+}
+
+/* Appendix B: a merge partner with a template whose merged size also has one;
+ * the smallest, then one already being rebuilt, then the earliest. */
+static int merge_partner(const ctx *c, int acc)
+{
+    int best = -1, na = c->g[acc].nodes.n;
+    for (int j = 0; j < c->ng; j++) {
+        const group *g = &c->g[j];
+        if (j == acc || g->gone || !tmpl(c, g->nodes.n) || !tmpl(c, na + g->nodes.n))
+            continue;
+        if (best < 0 || g->nodes.n < c->g[best].nodes.n ||
+            (g->nodes.n == c->g[best].nodes.n && g->changed && !c->g[best].changed))
+            best = j;
+    }
+    return best;
+}
+
+/* Sort keys: qsort has no user pointer in C17, so the key travels with the id. */
+typedef struct {
+    int size, id;
+} sized;
+
+static int cmp_sized(const sized *a, const sized *b, int dir)
+{
+    if (a->size != b->size)
+        return dir * (a->size < b->size ? -1 : 1);
+    return a->id < b->id ? -1 : a->id > b->id;
+}
+
+static int cmp_smallest_first(const void *x, const void *y)
+{
+    return cmp_sized(x, y, 1);
+}
+
+static int cmp_largest_first(const void *x, const void *y)
+{
+    return cmp_sized(x, y, -1);
+}
+
+/* Sorts group indices by size (then index), smallest first when dir > 0. */
+static int sort_groups(const ctx *c, ivec *ids, int dir)
+{
+    if (ids->n < 2)
+        return 0;
+    sized *k = malloc((size_t)ids->n * sizeof *k);
+    if (!k)
+        return -1;
+    for (int i = 0; i < ids->n; i++)
+        k[i] = (sized){c->g[ids->v[i]].nodes.n, ids->v[i]};
+    qsort(k, (size_t)ids->n, sizeof *k, dir > 0 ? cmp_smallest_first : cmp_largest_first);
+    for (int i = 0; i < ids->n; i++)
+        ids->v[i] = k[i].id;
+    free(k);
+    return 0;
+}
+
+/* Added nodes first take the places of lost ones, so that a damaged pipeline
+ * keeps its template: those that have no template for what remains, then the
+ * others, each in plan order. */
+static int replace_lost(ctx *c)
+{
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < c->ng && pool_left(c) > 0; i++) {
+            group *g = &c->g[i];
+            int lacks_template = !tmpl(c, g->nodes.n);
+            if (lacks_template != (pass == 0))
+                continue;
+            while (g->nodes.n < g->size0 && pool_left(c) > 0) {
+                int u = c->pool.v[c->pool_head++], n = g->nodes.n;
+                if (ivec_push(&g->nodes, u))
+                    return oom(c);
+                if (add_step(c, "replace: pipeline %d (%d -> %d nodes) takes added node %s",
+                             g->label, n, n + 1, c->name[u]))
+                    return -1;
+            }
+        }
+    return 0;
+}
+
+/* §5.1 in order: simple re-instantiation, borrowing nodes, merging pipelines.
+ * Returns 1 when the result keeps the rules, 0 when a replan is needed. */
+static int handle_failures(ctx *c)
+{
+    if (replace_lost(c))
+        return -1;
+    int nonempty = 0;
+    for (int i = 0; i < c->ng; i++)
+        nonempty += c->g[i].nodes.n > 0;
+    /* A wiped-out pipeline disappears unless it is needed for f+1 replicas:
+     * then it is rebuilt by borrowing, like Figure 8b from zero nodes. */
+    int keep = c->tolerate + 1 - nonempty;
+    for (int i = 0; i < c->ng; i++) {
+        group *g = &c->g[i];
+        if (g->nodes.n > 0)
+            continue;
+        if (keep-- > 0)
+            continue;
+        g->gone = 1;
+        if (add_step(c, "drop: pipeline %d (%d -> 0 nodes)", g->label, g->size0))
+            return -1;
+    }
+
+    for (int i = 0; i < c->ng; i++) {
+        group *g = &c->g[i];
+        if (!g->gone && g->nodes.n < g->size0 && tmpl(c, g->nodes.n) &&
+            add_step(c, "simple: pipeline %d (%d -> %d nodes)", g->label, g->size0, g->nodes.n))
+            return -1;
+    }
+
+    int L = c->p->nlayers;
+    unsigned char *missing = malloc((size_t)L + 1);
+    int64_t *mb = malloc((size_t)(L + 1) * sizeof *mb);
+    if (!missing || !mb) {
+        free(missing);
+        free(mb);
+        return oom(c);
+    }
+    int rc = 0;
+    for (int i = 0; i < c->ng && rc == 0; i++) {
+        group *g = &c->g[i];
+        if (g->gone || tmpl(c, g->nodes.n))
+            continue;
+        int target = 0;
+        for (int m = g->nodes.n + 1; m <= c->ts->n_max && !target; m++)
+            if (tmpl(c, m))
+                target = m;
+        /* replace_lost() left no added node when a pipeline lacks a template */
+        while (target && g->nodes.n < target) {
+            int n = g->nodes.n;
+            int li = best_lender(c, i);
+            if (li < 0)
+                break;
+            group *lg = &c->g[li];
+            int pos = lend_position(c, li, i, missing, mb), u = lg->nodes.v[pos];
+            ivec_remove_at(&lg->nodes, pos);
+            lg->changed = 1;
+            if (ivec_push(&g->nodes, u)) {
+                rc = oom(c);
+                break;
+            }
+            g->changed = 1;
+            if ((rc = add_step(c,
+                               "borrow: pipeline %d (%d -> %d nodes) borrows %s "
+                               "from pipeline %d (%d -> %d nodes)",
+                               g->label, n, n + 1, c->name[u], lg->label, lg->nodes.n + 1,
+                               lg->nodes.n)))
+                break;
+        }
+    }
+    free(missing);
+    free(mb);
+    if (rc)
+        return -1;
+
+    ivec broken = {0};
+    for (int i = 0; i < c->ng; i++) {
+        group *g = &c->g[i];
+        if (g->gone || tmpl(c, g->nodes.n))
+            continue;
+        if (g->nodes.n == 0) {
+            g->gone = 1;
+            if (add_step(c, "drop: pipeline %d (%d -> 0 nodes)", g->label, g->size0))
+                goto fail;
+        } else if (ivec_push(&broken, i)) {
+            oom(c);
+            goto fail;
+        }
+    }
+    if (sort_groups(c, &broken, 1)) {
+        oom(c);
+        goto fail;
+    }
+    /* Appendix B: merge the smallest broken pipelines pairwise until one has a
+     * template; a last one joins a healthy pipeline. */
+    for (int i = 0; i < broken.n;) {
+        int acc = broken.v[i++];
+        while (!tmpl(c, c->g[acc].nodes.n)) {
+            int other = i < broken.n ? broken.v[i++] : merge_partner(c, acc);
+            if (other < 0)
+                break;
+            if ((acc = merge(c, acc, other)) < 0)
+                goto fail;
+        }
+    }
+    free(broken.v);
+
+    int live = 0;
+    for (int i = 0; i < c->ng; i++) {
+        if (c->g[i].gone)
+            continue;
+        if (!tmpl(c, c->g[i].nodes.n))
+            return 0;
+        live++;
+    }
+    return live >= c->tolerate + 1;
+fail:
+    free(broken.v);
+    return -1;
+}
+
+/* Bytes node u held before the change. */
+static int64_t held_total(const ctx *c, int u)
+{
+    return held_in(c, u, 0, c->p->nlayers);
+}
+
+/* Moves toward the best plan for the live node count: pipelines whose size
+ * the plan has stay as they are; the others, largest first, are paired with
+ * the plan's remaining sizes, largest first, and grow or shrink; free nodes
+ * (released ones first, then added ones) fill the rest. */
+static int replan(ctx *c, int64_t global_batch)
+{
+    int total = pool_left(c);
+    for (int i = 0; i < c->ng; i++)
+        if (!c->g[i].gone)
+            total += c->g[i].nodes.n;
+    /* pl_instantiate leaves an uncovered count empty: the best plan is then
+     * the one for the largest covered smaller count, (f+1)·n0 at worst. */
+    pl_instance_plan plan;
+    int used = total;
+    for (;; used--) {
+        if (used < (c->tolerate + 1) * c->ts->n0)
+            return pl_errf(c->err, c->errlen, "templates: no plan covers %d nodes or fewer", total);
+        if (pl_instantiate(c->ts, used, c->tolerate, global_batch, c->p->microbatch_size, &plan,
+                           c->err, c->errlen))
+            return -1;
+        if (plan.covered)
+            break;
+        pl_instance_plan_free(&plan);
+    }
+    int rc = -1, nt = plan.npipelines, ng0 = c->ng;
+    int *tsize = malloc((size_t)(nt ? nt : 1) * sizeof *tsize);
+    int *tgroup = malloc((size_t)(nt ? nt : 1) * sizeof *tgroup);
+    int *gtarget = malloc((size_t)(ng0 ? ng0 : 1) * sizeof *gtarget);
+    sized *byfit = malloc((size_t)(ng0 ? ng0 : 1) * sizeof *byfit);
+    ivec rg = {0}, rt = {0}, freed = {0};
+    if (!tsize || !tgroup || !gtarget || !byfit) {
+        oom(c);
+        goto done;
+    }
+    /* "2x4 + 1x3": counts of each template size, largest first. */
+    char desc[160] = "";
+    int len = 0;
+    for (int k = 0; k < nt; k++) {
+        tsize[k] = plan.pipelines[k].template_nodes;
+        tgroup[k] = -1;
+    }
+    for (int k = 0, run = 1; k < nt; k++, run++)
+        if ((k + 1 == nt || tsize[k + 1] != tsize[k]) && len < (int)sizeof desc) {
+            len += snprintf(desc + len, sizeof desc - (size_t)len, "%s%dx%d", len ? " + " : "",
+                            run, tsize[k]);
+            run = 0;
+        }
+    if (used < total ? add_step(c, "plan: best plan for %d nodes is %s nodes (%d idle)", total,
+                                desc, total - used)
+                     : add_step(c, "plan: best plan for %d nodes is %s nodes", total, desc))
+        goto done;
+    /* Exact matches: both lists largest first, and within a size unchanged
+     * pipelines first, then the earliest; a merge-like walk pairs equal sizes. */
+    int nlive = 0;
+    for (int i = 0; i < ng0; i++) {
+        gtarget[i] = -1;
+        if (!c->g[i].gone)
+            byfit[nlive++] = (sized){2 * c->g[i].nodes.n + !c->g[i].changed, i};
+    }
+    qsort(byfit, (size_t)nlive, sizeof *byfit, cmp_largest_first);
+    for (int k = 0, j = 0; k < nt && j < nlive;) {
+        int n = byfit[j].size / 2;
+        if (n == tsize[k]) {
+            gtarget[byfit[j].id] = k;
+            tgroup[k++] = byfit[j++].id;
+        } else if (n > tsize[k]) {
+            j++; /* no later plan size is as large */
+        } else {
+            k++;
+        }
+    }
+    for (int i = 0; i < ng0; i++)
+        if (!c->g[i].gone && gtarget[i] < 0 && ivec_push(&rg, i)) {
+            oom(c);
+            goto done;
+        }
+    for (int k = 0; k < nt; k++)
+        if (tgroup[k] < 0 && ivec_push(&rt, k)) {
+            oom(c);
+            goto done;
+        }
+    if (sort_groups(c, &rg, -1)) { /* plan sizes are already largest first */
+        oom(c);
+        goto done;
+    }
+    for (int r = 0; r < rg.n; r++) {
+        int i = rg.v[r];
+        group *g = &c->g[i];
+        if (r >= rt.n) {
+            for (int j = 0; j < g->nodes.n; j++)
+                if (ivec_push(&freed, g->nodes.v[j])) {
+                    oom(c);
+                    goto done;
+                }
+            if (add_step(c, "dissolve: pipeline %d (%d nodes)", g->label, g->nodes.n))
+                goto done;
+            g->nodes.n = 0;
+            g->gone = 1;
+            continue;
+        }
+        int t = tsize[rt.v[r]], n = g->nodes.n;
+        gtarget[i] = rt.v[r];
+        tgroup[rt.v[r]] = i;
+        if (n <= t)
+            continue;
+        /* Release the nodes holding least: their state is cheapest to rebuild. */
+        while (g->nodes.n > t) {
+            int best = 0;
+            int64_t best_b = INT64_MAX;
+            for (int j = 0; j < g->nodes.n; j++) {
+                int64_t b = held_total(c, g->nodes.v[j]);
+                if (b < best_b) {
+                    best = j;
+                    best_b = b;
+                }
+            }
+            if (ivec_push(&freed, g->nodes.v[best])) {
+                oom(c);
+                goto done;
+            }
+            ivec_remove_at(&g->nodes, best);
+        }
+        g->changed = 1;
+        if (add_step(c, "shrink: pipeline %d (%d -> %d nodes)", g->label, n, t))
+            goto done;
+    }
+    for (int j = c->pool_head; j < c->pool.n; j++)
+        if (ivec_push(&freed, c->pool.v[j])) {
+            oom(c);
+            goto done;
+        }
+    int head = 0;
+    for (int i = 0; i < ng0; i++) {
+        group *g = &c->g[i];
+        if (g->gone || gtarget[i] < 0 || g->nodes.n >= tsize[gtarget[i]])
+            continue;
+        int n = g->nodes.n;
+        while (g->nodes.n < tsize[gtarget[i]])
+            if (ivec_push(&g->nodes, freed.v[head++])) {
+                oom(c);
+                goto done;
+            }
+        g->changed = 1;
+        if (add_step(c, "grow: pipeline %d (%d -> %d nodes)", g->label, n, g->nodes.n))
+            goto done;
+    }
+    for (int k = 0; k < nt; k++) {
+        if (tgroup[k] >= 0)
+            continue;
+        int gi = new_group(c, -1, 0);
+        if (gi < 0) {
+            oom(c);
+            goto done;
+        }
+        c->g[gi].changed = 1;
+        while (c->g[gi].nodes.n < tsize[k])
+            if (ivec_push(&c->g[gi].nodes, freed.v[head++])) {
+                oom(c);
+                goto done;
+            }
+        if (add_step(c, "new: pipeline of %d nodes", tsize[k]))
+            goto done;
+    }
+    /* What the plan cannot use stays idle. */
+    free(c->pool.v);
+    c->pool = freed;
+    c->pool_head = head;
+    freed = (ivec){0};
+    for (int j = c->pool_head; j < c->pool.n; j++)
+        if (add_step(c, "idle: %s", c->name[c->pool.v[j]]))
+            goto done;
+    rc = 0;
+done:
+    pl_instance_plan_free(&plan);
+    free(tsize);
+    free(tgroup);
+    free(gtarget);
+    free(byfit);
+    free(rg.v);
+    free(rt.v);
+    free(freed.v);
+    return rc;
+}
+
+/* Exact assignment (Hungarian algorithm, O(k³)) of the group's nodes to the
+ * template's node positions maximising the bytes each already holds there;
+ * order[j] receives the node id at position j. */
+static int assign_positions(const ctx *c, const group *g, const pl_template *t, int *order)
+{
+    int k = g->nodes.n;
+    size_t w = (size_t)k + 1;
+    int64_t *a = calloc(w * w, sizeof *a);
+    int64_t *u = calloc(w, sizeof *u), *v = calloc(w, sizeof *v), *minv = malloc(w * sizeof *minv);
+    int *pr = calloc(w, sizeof *pr), *way = calloc(w, sizeof *way);
+    unsigned char *used = malloc(w);
+    int rc = -1;
+    if (!a || !u || !v || !minv || !pr || !way || !used)
+        goto done;
+    /* a[i][j] = −(bytes node i already holds of position j's layers), 1-based. */
+    for (int s = 0; s < t->nstages; s++) {
+        const pl_stage *st = &t->stages[s];
+        for (int i = 0; i < k; i++)
+            a[(size_t)(i + 1) * w + (size_t)st->node + 1] -=
+                held_in(c, g->nodes.v[i], st->layer_begin, st->layer_end);
+    }
+    const int64_t INF = INT64_MAX / 4;
+    for (int i = 1; i <= k; i++) {
+        pr[0] = i;
+        int j0 = 0;
+        for (int j = 0; j <= k; j++) {
+            minv[j] = INF;
+            used[j] = 0;
+        }
+        do {
+            used[j0] = 1;
+            int i0 = pr[j0], j1 = 0;
+            int64_t delta = INF;
+            for (int j = 1; j <= k; j++) {
+                if (used[j])
+                    continue;
+                int64_t cur = a[(size_t)i0 * w + (size_t)j] - u[i0] - v[j];
+                if (cur < minv[j]) {
+                    minv[j] = cur;
+                    way[j] = j0;
+                }
+                if (minv[j] < delta) {
+                    delta = minv[j];
+                    j1 = j;
+                }
+            }
+            for (int j = 0; j <= k; j++) {
+                if (used[j]) {
+                    u[pr[j]] += delta;
+                    v[j] -= delta;
+                } else {
+                    minv[j] -= delta;
+                }
+            }
+            j0 = j1;
+        } while (pr[j0] != 0);
+        do {
+            int j1 = way[j0];
+            pr[j0] = pr[j1];
+            j0 = j1;
+        } while (j0);
+    }
+    for (int j = 1; j <= k; j++)
+        order[j - 1] = g->nodes.v[pr[j] - 1];
+    rc = 0;
+done:
+    free(a);
+    free(u);
+    free(v);
+    free(minv);
+    free(pr);
+    free(way);
+    free(used);
+    return rc;
+}
+
+void pl_reinstantiation_free(pl_reinstantiation *r)
+{
+    if (!r)
+        return;
+    for (int i = 0; i < r->npipelines; i++)
+        free(r->pipelines[i].nodes);
+    free(r->pipelines);
+    for (int i = 0; i < r->ncopies; i++)
+        free(r->copies[i].layers);
+    free(r->copies);
+    free(r->idle_nodes);
+    free(r->lost_layers);
+    for (int i = 0; i < r->nsteps; i++)
+        free(r->steps[i]);
+    free(r->steps);
+    free(r->names_);
+    memset(r, 0, sizeof *r);
+}
+
+/* Node names owned by the result, indexed by node id. */
+static const char **copy_names(const ctx *c, pl_reinstantiation *out)
+{
+    size_t total = 0;
+    for (int u = 0; u < c->nall; u++)
+        total += strlen(c->name[u]) + 1;
+    const char **ptr = malloc((size_t)c->nall * sizeof *ptr);
+    out->names_ = malloc(total ? total : 1);
+    if (!ptr || !out->names_) {
+        free(ptr);
+        return NULL;
+    }
+    char *w = out->names_;
+    for (int u = 0; u < c->nall; u++) {
+        size_t n = strlen(c->name[u]) + 1;
+        memcpy(w, c->name[u], n);
+        ptr[u] = w;
+        w += n;
+    }
+    return ptr;
+}
+
+typedef struct {
+    int u, begin; /* node id, first index in the flat copy list */
+} receiver;
+
+typedef struct {
+    const char *name;
+    int id;
+} named;
+
+static int cmp_named(const void *x, const void *y)
+{
+    return strcmp(((const named *)x)->name, ((const named *)y)->name);
+}
+
+/* Surviving holders of each layer, in name order (the tie-break below):
+ * layer l's are hold[hoff[l] .. hoff[l+1]). */
+static int build_holders(const ctx *c, int **hoff_out, int **hold_out)
+{
+    int L = c->p->nlayers, n = 0;
+    named *byname = malloc((size_t)(c->ncur ? c->ncur : 1) * sizeof *byname);
+    int *hoff = calloc((size_t)L + 1, sizeof *hoff);
+    int *hcur = malloc((size_t)(L ? L : 1) * sizeof *hcur);
+    *hoff_out = hoff;
+    *hold_out = NULL;
+    if (!byname || !hoff || !hcur) {
+        free(byname);
+        free(hcur);
+        return -1;
+    }
+    for (int u = 0; u < c->ncur; u++)
+        if (c->alive[u])
+            byname[n++] = (named){c->name[u], u};
+    qsort(byname, (size_t)n, sizeof *byname, cmp_named);
+    for (int u = 0; u < c->ncur; u++)
+        for (int r = c->hr_off[u]; c->alive[u] && r < c->hr_off[u + 1]; r++)
+            for (int l = c->hr_lo[r]; l < c->hr_hi[r]; l++)
+                hoff[l + 1]++;
+    for (int l = 0; l < L; l++)
+        hoff[l + 1] += hoff[l];
+    int *hold = malloc((size_t)(hoff[L] ? hoff[L] : 1) * sizeof *hold);
+    if (hold) {
+        memcpy(hcur, hoff, (size_t)L * sizeof *hcur);
+        for (int i = 0; i < n; i++) {
+            int u = byname[i].id;
+            for (int r = c->hr_off[u]; r < c->hr_off[u + 1]; r++)
+                for (int l = c->hr_lo[r]; l < c->hr_hi[r]; l++)
+                    hold[hcur[l]++] = u;
+        }
+    }
+    free(byname);
+    free(hcur);
+    *hold_out = hold;
+    return hold ? 0 : -1;
+}
+
+/* Layer copies: each missing layer comes from the surviving holder with the
+ * fewest bytes to send so far (ties by name), so sending is spread out. */
+static int plan_copies(const ctx *c, pl_reinstantiation *out, const int *const *orders,
+                       const int *gidx, const char **nm)
+{
+    int rc = -1;
+    int *hoff = NULL, *hold = NULL;
+    int64_t *sent = calloc((size_t)c->ncur + 1, sizeof *sent);
+    pl_layer_copy *flat = NULL;
+    receiver *rcv = NULL;
+    int nflat = 0, cflat = 0, nrcv = 0, crcv = 0;
+    if (!sent)
+        goto done;
+    for (int x = 0; x < out->npipelines; x++) {
+        if (!c->g[gidx[x]].changed) /* holds all its layers already */
+            continue;
+        const pl_template *t = tmpl(c, c->g[gidx[x]].nodes.n);
+        for (int j = 0; j < t->nodes; j++) {
+            int u = orders[x][j], begin = nflat;
+            for (int s = 0; s < t->nstages; s++) {
+                const pl_stage *st = &t->stages[s];
+                if (st->node != j)
+                    continue;
+                for (int l = st->layer_begin; l < st->layer_end; l++) {
+                    if (holds(c, u, l))
+                        continue;
+                    if (!hold && build_holders(c, &hoff, &hold))
+                        goto done;
+                    int src = hold[hoff[l]];
+                    for (int h = hoff[l] + 1; h < hoff[l + 1]; h++)
+                        if (sent[hold[h]] < sent[src])
+                            src = hold[h];
+                    int64_t bytes = PL_COPY_FACTOR * c->p->layers[l].param_bytes;
+                    sent[src] += bytes;
+                    if (nflat == cflat) {
+                        cflat = cflat ? 2 * cflat : 64;
+                        pl_layer_copy *f = realloc(flat, (size_t)cflat * sizeof *f);
+                        if (!f)
+                            goto done;
+                        flat = f;
+                    }
+                    flat[nflat++] = (pl_layer_copy){l, nm[src], bytes};
+                }
+            }
+            if (nflat == begin)
+                continue;
+            if (nrcv == crcv) {
+                crcv = crcv ? 2 * crcv : 16;
+                receiver *rr = realloc(rcv, (size_t)crcv * sizeof *rr);
+                if (!rr)
+                    goto done;
+                rcv = rr;
+            }
+            rcv[nrcv++] = (receiver){u, begin};
+        }
+    }
+    out->copies = calloc((size_t)(nrcv ? nrcv : 1), sizeof *out->copies);
+    if (!out->copies)
+        goto done;
+    for (int i = 0; i < nrcv; i++) {
+        int end = i + 1 < nrcv ? rcv[i + 1].begin : nflat, n = end - rcv[i].begin;
+        pl_node_copy *nc = &out->copies[i];
+        nc->node = nm[rcv[i].u];
+        nc->layers = malloc((size_t)n * sizeof *nc->layers);
+        if (!nc->layers)
+            goto done;
+        out->ncopies = i + 1;
+        memcpy(nc->layers, flat + rcv[i].begin, (size_t)n * sizeof *nc->layers);
+        nc->nlayers = n;
+        for (int k = 0; k < n; k++)
+            nc->bytes += nc->layers[k].bytes;
+        out->bytes_to_copy += nc->bytes;
+    }
+    rc = 0;
+done:
+    free(hoff);
+    free(hold);
+    free(sent);
+    free(flat);
+    free(rcv);
+    return rc;
+}
+
+/* Checks the arguments and builds the node tables: names, liveness and the
+ * layers each current node held (its template stages, §4.1). */
+static int load_nodes(ctx *c, const pl_current_plan *cur, const char *const *removed,
+                      int nremoved, const char *const *added, int nadded, name_index *ix)
+{
+    int L = c->p->nlayers, nranges = 0;
+    c->ncur = 0;
+    for (int q = 0; q < cur->npipelines; q++) {
+        const pl_current_pipeline *cp = &cur->pipelines[q];
+        const pl_template *t = tmpl(c, cp->nnodes);
+        if (!t)
+            return pl_errf(c->err, c->errlen, "pipelines[%d]: no pipeline template for %d nodes", q,
+                           cp->nnodes);
+        for (int s = 0; s < t->nstages; s++)
+            if (t->stages[s].layer_begin < 0 || t->stages[s].layer_end > L ||
+                t->stages[s].node < 0 || t->stages[s].node >= t->nodes)
+                return pl_errf(c->err, c->errlen,
+                               "templates: the template for %d nodes does not fit the "
+                               "profile's %d layers",
+                               cp->nnodes, L);
+        c->ncur += cp->nnodes;
+        nranges += t->nstages;
+    }
+    c->nall = c->ncur + nadded;
+    c->name = malloc((size_t)c->nall * sizeof *c->name);
+    c->alive = malloc((size_t)c->nall);
+    c->hr_off = calloc((size_t)c->ncur + 1, sizeof *c->hr_off);
+    c->hr_lo = malloc((size_t)(nranges ? nranges : 1) * sizeof *c->hr_lo);
+    c->hr_hi = malloc((size_t)(nranges ? nranges : 1) * sizeof *c->hr_hi);
+    c->pb = malloc((size_t)(L + 1) * sizeof *c->pb);
+    if (!c->name || !c->alive || !c->hr_off || !c->hr_lo || !c->hr_hi || !c->pb ||
+        ni_init(ix, c->nall, c->name))
+        return oom(c);
+    memset(c->alive, 1, (size_t)c->nall);
+    c->pb[0] = 0;
+    for (int l = 0; l < L; l++)
+        c->pb[l + 1] = c->pb[l] + c->p->layers[l].param_bytes;
+
+    int u = 0;
+    for (int q = 0; q < cur->npipelines; q++) {
+        const pl_current_pipeline *cp = &cur->pipelines[q];
+        const pl_template *t = tmpl(c, cp->nnodes);
+        for (int j = 0; j < cp->nnodes; j++) {
+            const char *s = cp->nodes[j];
+            if (!s || !*s)
+                return pl_errf(c->err, c->errlen,
+                               "pipelines[%d].nodes[%d]: must be a non-empty name", q, j);
+            c->name[u + j] = s;
+            if (ni_find_or_add(ix, s, u + j) >= 0)
+                return pl_errf(c->err, c->errlen,
+                               "pipelines[%d].nodes[%d]: node \"%s\" appears twice", q, j, s);
+        }
+        for (int s = 0; s < t->nstages; s++)
+            c->hr_off[u + t->stages[s].node + 1]++;
+        u += cp->nnodes;
+    }
+    for (int v = 0; v < c->ncur; v++)
+        c->hr_off[v + 1] += c->hr_off[v];
+    int *fill = malloc((size_t)(c->ncur ? c->ncur : 1) * sizeof *fill);
+    if (!fill)
+        return oom(c);
+    memcpy(fill, c->hr_off, (size_t)c->ncur * sizeof *fill);
+    u = 0;
+    for (int q = 0; q < cur->npipelines; q++) {
+        const pl_template *t = tmpl(c, cur->pipelines[q].nnodes);
+        for (int s = 0; s < t->nstages; s++) {
+            int r = fill[u + t->stages[s].node]++;
+            c->hr_lo[r] = t->stages[s].layer_begin;
+            c->hr_hi[r] = t->stages[s].layer_end;
+        }
+        u += cur->pipelines[q].nnodes;
+    }
+    free(fill);
+
+    for (int j = 0; j < nremoved; j++) {
+        int v = removed[j] ? ni_find_or_add(ix, removed[j], -1) : -1;
+        if (v < 0)
+            return pl_errf(c->err, c->errlen, "removed[%d]: unknown node \"%s\"", j,
+                           removed[j] ? removed[j] : "(null)");
+        if (!c->alive[v])
+            return pl_errf(c->err, c->errlen, "removed[%d]: node \"%s\" is listed twice", j,
+                           removed[j]);
+        c->alive[v] = 0;
+    }
+    for (int j = 0; j < nadded; j++) {
+        const char *s = added[j];
+        if (!s || !*s)
+            return pl_errf(c->err, c->errlen, "added[%d]: must be a non-empty name", j);
+        c->name[c->ncur + j] = s;
+        int v = ni_find_or_add(ix, s, c->ncur + j);
+        if (v >= 0)
+            return pl_errf(c->err, c->errlen, "added[%d]: node \"%s\" %s", j, s,
+                           v < c->ncur ? "is already in the current plan" : "is listed twice");
+    }
+    return 0;
+}
+
+/* Writes the pipelines, their batch, the copies and the idle nodes. */
+static int finish(ctx *c, int64_t global_batch, const char **nm, pl_reinstantiation *out)
+{
+    int np = 0, rc = -1;
+    for (int i = 0; i < c->ng; i++)
+        np += !c->g[i].gone;
+    int *gidx = malloc((size_t)np * sizeof *gidx);
+    int **orders = calloc((size_t)np, sizeof *orders);
+    pl_pipeline_cost *cost = malloc((size_t)np * sizeof *cost);
+    int64_t *nb = malloc((size_t)np * sizeof *nb);
+    out->pipelines = calloc((size_t)np, sizeof *out->pipelines);
+    if (!gidx || !orders || !cost || !nb || !out->pipelines) {
+        oom(c);
+        goto done;
+    }
+    int64_t microbatches = global_batch / c->p->microbatch_size;
+    if (np > microbatches) {
+        pl_errf(c->err, c->errlen, "global_batch: %lld microbatches cannot feed %d pipelines",
+                (long long)microbatches, np);
+        goto done;
+    }
+    for (int i = 0, x = 0; i < c->ng; i++)
+        if (!c->g[i].gone)
+            gidx[x++] = i;
+    for (int x = 0; x < np; x++) {
+        const group *g = &c->g[gidx[x]];
+        const pl_template *t = tmpl(c, g->nodes.n);
+        pl_reinst_pipeline *rp = &out->pipelines[x];
+        orders[x] = malloc((size_t)g->nodes.n * sizeof *orders[x]);
+        rp->nodes = malloc((size_t)g->nodes.n * sizeof *rp->nodes);
+        if (!orders[x] || !rp->nodes) {
+            oom(c);
+            goto done;
+        }
+        out->npipelines = x + 1;
+        /* An untouched pipeline keeps its positions: nothing to copy. */
+        if (!g->changed)
+            memcpy(orders[x], g->nodes.v, (size_t)g->nodes.n * sizeof *orders[x]);
+        else if (assign_positions(c, g, t, orders[x])) {
+            oom(c);
+            goto done;
+        }
+        rp->template_nodes = g->nodes.n;
+        for (int j = 0; j < g->nodes.n; j++)
+            rp->nodes[j] = nm[orders[x][j]];
+        cost[x] = (pl_pipeline_cost){pl_template_time(t, 1), t->max_stage_ns};
+    }
+    /* §5.2: the global batch stays; it is redistributed over the new pipelines. */
+    out->iteration_ns = pl_distribute_batch(cost, np, microbatches, nb);
+    for (int x = 0; x < np; x++) {
+        out->pipelines[x].microbatches = nb[x];
+        const pl_template *t = tmpl(c, out->pipelines[x].template_nodes);
+        out->pipelines[x].iteration_ns = pl_template_time(t, nb[x]);
+    }
+    if (plan_copies(c, out, (const int *const *)orders, gidx, nm)) {
+        oom(c);
+        goto done;
+    }
+    out->nidle = pool_left(c);
+    out->idle_nodes = malloc((size_t)(out->nidle ? out->nidle : 1) * sizeof *out->idle_nodes);
+    if (!out->idle_nodes) {
+        oom(c);
+        goto done;
+    }
+    for (int j = 0; j < out->nidle; j++)
+        out->idle_nodes[j] = nm[c->pool.v[c->pool_head + j]];
+    rc = 0;
+done:
+    for (int x = 0; orders && x < np; x++)
+        free(orders[x]);
+    free(orders);
+    free(gidx);
+    free(cost);
+    free(nb);
+    return rc;
+}
+
+/* No plan (fatal loss or too few nodes): every live node waits. */
+static int no_plan(ctx *c, const unsigned char *covered, const char **nm, pl_reinstantiation *out)
+{
+    int L = c->p->nlayers;
+    out->lost_layers = malloc((size_t)(L ? L : 1) * sizeof *out->lost_layers);
+    out->idle_nodes = malloc((size_t)(c->nall ? c->nall : 1) * sizeof *out->idle_nodes);
+    if (!out->lost_layers || !out->idle_nodes)
+        return oom(c);
+    for (int l = 0; l < L; l++)
+        if (!covered[l])
+            out->lost_layers[out->nlost++] = l;
+    for (int u = 0; u < c->nall; u++)
+        if (c->alive[u])
+            out->idle_nodes[out->nidle++] = nm[u];
+    return 0;
+}
+
+int pl_reinstantiate(const pl_profile *p, const pl_template_set *ts, int tolerate,
+                     int64_t global_batch, const pl_current_plan *cur,
+                     const char *const *removed, int nremoved, const char *const *added,
+                     int nadded, pl_reinstantiation *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    if (!p || !ts || !cur)
+        return pl_errf(err, errlen,
+                       "reinstantiate: profile, templates and current plan are required");
+    if (tolerate < 0)
+        return pl_errf(err, errlen, "tolerate: must be >= 0, got %d", tolerate);
+    if (ts->n0 <= 0)
+        return pl_errf(err, errlen, "templates: no feasible pipeline template");
+    if (cur->npipelines <= 0)
+        return pl_errf(err, errlen, "pipelines: the current plan has no pipelines");
+    if (nremoved < 0 || (nremoved > 0 && !removed))
+        return pl_errf(err, errlen, "removed: bad list");
+    if (nadded < 0 || (nadded > 0 && !added))
+        return pl_errf(err, errlen, "added: bad list");
+    if (pl_batch_check(global_batch, p->microbatch_size, tolerate, err, errlen))
+        return -1;
+
+    ctx c = {.p = p, .ts = ts, .tolerate = tolerate, .err = err, .errlen = errlen};
+    name_index ix = {0};
+    const char **nm = NULL;
+    unsigned char *covered = NULL;
+    int rc = -1, L = p->nlayers;
+    if (load_nodes(&c, cur, removed, nremoved, added, nadded, &ix))
+        goto done;
+    if (!(nm = copy_names(&c, out)) || !(covered = calloc((size_t)(L ? L : 1), 1))) {
+        oom(&c);
+        goto done;
+    }
+    int live = nadded;
+    for (int u = 0; u < c.ncur; u++) {
+        if (!c.alive[u])
+            continue;
+        live++;
+        for (int r = c.hr_off[u]; r < c.hr_off[u + 1]; r++)
+            memset(covered + c.hr_lo[r], 1, (size_t)(c.hr_hi[r] - c.hr_lo[r]));
+    }
+    for (int l = 0; l < L; l++)
+        out->fatal |= !covered[l];
+    /* §5: recovery needs a surviving copy of every layer and (f+1)·n0 nodes. */
+    out->insufficient_nodes = live < (tolerate + 1) * ts->n0;
+    if (out->fatal || out->insufficient_nodes) {
+        rc = no_plan(&c, covered, nm, out);
+        goto done;
+    }
+
+    for (int q = 0, u = 0; q < cur->npipelines; q++) {
+        int k = cur->pipelines[q].nnodes, gi = new_group(&c, q, k);
+        if (gi < 0) {
+            oom(&c);
+            goto done;
+        }
+        for (int j = 0; j < k; j++, u++)
+            if (c.alive[u] && ivec_push(&c.g[gi].nodes, u)) {
+                oom(&c);
+                goto done;
+            }
+        c.g[gi].changed = c.g[gi].nodes.n < k;
+    }
+    for (int j = 0; j < nadded; j++)
+        if (ivec_push(&c.pool, c.ncur + j)) {
+            oom(&c);
+            goto done;
+        }
+    int ok = handle_failures(&c);
+    if (ok < 0)
+        goto done;
+    if ((!ok || pool_left(&c) > 0) && replan(&c, global_batch))
+        goto done;
+    if (finish(&c, global_batch, nm, out))
+        goto done;
+    rc = 0;
+done:
+    out->steps = c.steps;
+    out->nsteps = c.nsteps;
+    for (int i = 0; i < c.ng; i++)
+        free(c.g[i].nodes.v);
+    free(c.g);
+    free(c.pool.v);
+    free(c.name);
+    free(c.alive);
+    free(c.hr_off);
+    free(c.hr_lo);
+    free(c.hr_hi);
+    free(c.pb);
+    free(ix.slot);
+    free(nm);
+    free(covered);
+    if (rc)
+        pl_reinstantiation_free(out);
+    return rc;
+}
+
+/* ---- JSON ---- */
+
+static cJSON *string_array(const char *const *s, int n)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; a && i < n; i++) {
+        cJSON *x = cJSON_CreateString(s[i]);
+        if (!x || !cJSON_AddItemToArray(a, x)) {
+            cJSON_Delete(x);
+            cJSON_Delete(a);
+            return NULL;
+        }
+    }
+    return a;
+}
+
+/* Adds item to object (or array when key is NULL); false when item is NULL. */
+static int put(cJSON *to, const char *key, cJSON *item)
+{
+    if (!item)
+        return 0;
+    if (key ? cJSON_AddItemToObject(to, key, item) : cJSON_AddItemToArray(to, item))
+        return 1;
+    cJSON_Delete(item);
+    return 0;
+}
+
+cJSON *pl_reinstantiation_to_json(const pl_reinstantiation *r)
+{
+    /* put() attaches each item as soon as it exists, so deleting o frees all. */
+    cJSON *o = cJSON_CreateObject(), *pipes = NULL, *copies = NULL, *lost = NULL;
+    int ok = o && put(o, "pipelines", pipes = cJSON_CreateArray());
+    for (int i = 0; ok && i < r->npipelines; i++) {
+        const pl_reinst_pipeline *rp = &r->pipelines[i];
+        cJSON *x = NULL;
+        ok = put(pipes, NULL, x = cJSON_CreateObject()) &&
+             put(x, "nodes", string_array(rp->nodes, rp->template_nodes)) &&
+             put(x, "template_nodes", cJSON_CreateNumber(rp->template_nodes)) &&
+             put(x, "microbatches", cJSON_CreateNumber((double)rp->microbatches)) &&
+             put(x, "iteration_ms", cJSON_CreateNumber((double)rp->iteration_ns / 1e6));
+    }
+    ok = ok && put(o, "iteration_ms", cJSON_CreateNumber((double)r->iteration_ns / 1e6)) &&
+         put(o, "copies", copies = cJSON_CreateArray());
+    for (int i = 0; ok && i < r->ncopies; i++) {
+        const pl_node_copy *nc = &r->copies[i];
+        cJSON *x = NULL, *layers = NULL;
+        ok = put(copies, NULL, x = cJSON_CreateObject()) &&
+             put(x, "node", cJSON_CreateString(nc->node)) &&
+             put(x, "layers", layers = cJSON_CreateArray());
+        for (int k = 0; ok && k < nc->nlayers; k++) {
+            cJSON *y = NULL;
+            ok = put(layers, NULL, y = cJSON_CreateObject()) &&
+                 put(y, "layer", cJSON_CreateNumber(nc->layers[k].layer)) &&
+                 put(y, "source", cJSON_CreateString(nc->layers[k].source)) &&
+                 put(y, "bytes", cJSON_CreateNumber((double)nc->layers[k].bytes));
+        }
+        ok = ok && put(x, "bytes", cJSON_CreateNumber((double)nc->bytes));
+    }
+    ok = ok && put(o, "bytes_to_copy", cJSON_CreateNumber((double)r->bytes_to_copy)) &&
+         put(o, "idle_nodes", string_array(r->idle_nodes, r->nidle)) &&
+         put(o, "fatal", cJSON_CreateBool(r->fatal)) &&
+         put(o, "lost_layers", lost = cJSON_CreateArray());
+    for (int i = 0; ok && i < r->nlost; i++)
+        ok = put(lost, NULL, cJSON_CreateNumber(r->lost_layers[i]));
+    ok = ok && put(o, "insufficient_nodes", cJSON_CreateBool(r->insufficient_nodes)) &&
+         put(o, "steps", string_array((const char *const *)r->steps, r->nsteps));
+    if (ok)
+        return o;
+    cJSON_Delete(o);
+    return NULL;
+}
