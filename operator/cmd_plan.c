@@ -126,7 +126,8 @@ static int split_names(const char *flag, char *list, char ***out, int *n, char *
 
 /* The "reinstantiation" part of the output: --current after --remove/--add. */
 static cJSON *reinstantiate_json(const plan_args *a, const pl_profile *prof,
-                                 const pl_template_set *ts, char *err, size_t errlen)
+                                 const pl_template_set *ts, const pl_coverage *cov, char *err,
+                                 size_t errlen)
 {
     char *text = pl_read_file(a->current, err, errlen);
     if (!text) return NULL;
@@ -146,7 +147,7 @@ static cJSON *reinstantiate_json(const plan_args *a, const pl_profile *prof,
     pl_reinstantiation r;
     if (!split_names("--remove", rm, &removed, &nremoved, err, errlen) &&
         !split_names("--add", ad, &added, &nadded, err, errlen) &&
-        !pl_reinstantiate(prof, ts, (int)a->tolerate, a->global_batch, &cur,
+        !pl_reinstantiate(prof, ts, cov, (int)a->tolerate, a->global_batch, &cur,
                           (const char *const *)removed, nremoved, (const char *const *)added,
                           nadded, &r, err, errlen)) {
         out = pl_reinstantiation_to_json(&r);
@@ -193,7 +194,7 @@ int cmd_plan(int argc, char **argv)
         status = fail(err);
     } else {
         cJSON *out = pl_plan_to_json(&ts, &cov);
-        cJSON *re = out && a.current ? reinstantiate_json(&a, &prof, &ts, err, sizeof err) : NULL;
+        cJSON *re = out && a.current ? reinstantiate_json(&a, &prof, &ts, &cov, err, sizeof err) : NULL;
         if (re) cJSON_AddItemToObject(out, "reinstantiation", re);
         char *text = out && (re || !a.current) ? cJSON_Print(out) : NULL;
         if (a.current && !re) {

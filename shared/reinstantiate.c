@@ -215,6 +215,7 @@ typedef struct {
 typedef struct {
     const pl_profile *p;
     const pl_template_set *ts;
+    const pl_coverage *cov; /* precomputed best plans, or NULL */
     int tolerate;
     int ncur, nall;       /* ids [0, ncur) are current nodes, [ncur, nall) added ones */
     const char **name;
@@ -606,20 +607,31 @@ static int replan(ctx *c, int64_t global_batch)
     for (int i = 0; i < c->ng; i++)
         if (!c->g[i].gone)
             total += c->g[i].nodes.n;
-    /* pl_instantiate leaves an uncovered count empty: the best plan is then
-     * the one for the largest covered smaller count, (f+1)·n0 at worst. */
-    pl_instance_plan plan;
-    int used = total;
-    for (;; used--) {
+    /* An uncovered count leaves nodes idle: the best plan is then the one
+     * for the largest covered smaller count, (f+1)·n0 at worst. Counts in
+     * the precomputed coverage table are a lookup (§4.2: plans are
+     * precomputed so that reconfiguration is fast). */
+    pl_instance_plan owned = {0};
+    const pl_instance_plan *target = NULL;
+    int used = total + 1;
+    while (!target) {
+        used--;
         if (used < (c->tolerate + 1) * c->ts->n0)
             return pl_errf(c->err, c->errlen, "templates: no plan covers %d nodes or fewer", total);
-        if (pl_instantiate(c->ts, used, c->tolerate, global_batch, c->p->microbatch_size, &plan,
+        if (c->cov && used >= c->cov->nodes_lo && used <= c->cov->nodes_hi) {
+            const pl_instance_plan *e = &c->cov->entries[c->cov->nodes_hi - used];
+            if (e->covered) target = e;
+            continue;
+        }
+        if (pl_instantiate(c->ts, used, c->tolerate, global_batch, c->p->microbatch_size, &owned,
                            c->err, c->errlen))
             return -1;
-        if (plan.covered)
-            break;
-        pl_instance_plan_free(&plan);
+        if (owned.covered)
+            target = &owned;
+        else
+            pl_instance_plan_free(&owned);
     }
+    const pl_instance_plan plan = *target;
     int rc = -1, nt = plan.npipelines, ng0 = c->ng;
     int *tsize = malloc((size_t)(nt ? nt : 1) * sizeof *tsize);
     int *tgroup = malloc((size_t)(nt ? nt : 1) * sizeof *tgroup);
@@ -769,7 +781,7 @@ static int replan(ctx *c, int64_t global_batch)
             goto done;
     rc = 0;
 done:
-    pl_instance_plan_free(&plan);
+    pl_instance_plan_free(&owned);
     free(tsize);
     free(tgroup);
     free(gtarget);
@@ -1226,8 +1238,8 @@ static int no_plan(ctx *c, const unsigned char *covered, const char **nm, pl_rei
     return 0;
 }
 
-int pl_reinstantiate(const pl_profile *p, const pl_template_set *ts, int tolerate,
-                     int64_t global_batch, const pl_current_plan *cur,
+int pl_reinstantiate(const pl_profile *p, const pl_template_set *ts, const pl_coverage *cov,
+                     int tolerate, int64_t global_batch, const pl_current_plan *cur,
                      const char *const *removed, int nremoved, const char *const *added,
                      int nadded, pl_reinstantiation *out, char *err, size_t errlen)
 {
@@ -1248,7 +1260,7 @@ int pl_reinstantiate(const pl_profile *p, const pl_template_set *ts, int tolerat
     if (pl_batch_check(global_batch, p->microbatch_size, tolerate, err, errlen))
         return -1;
 
-    ctx c = {.p = p, .ts = ts, .tolerate = tolerate, .err = err, .errlen = errlen};
+    ctx c = {.p = p, .ts = ts, .cov = cov, .tolerate = tolerate, .err = err, .errlen = errlen};
     name_index ix = {0};
     const char **nm = NULL;
     unsigned char *covered = NULL;

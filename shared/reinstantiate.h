@@ -11,6 +11,7 @@
 
 #include <cJSON.h>
 
+#include "coverage.h"
 #include "profile.h"
 #include "templates.h"
 
@@ -74,6 +75,9 @@ typedef struct {
 
 /* Re-instantiates `cur` after removing `removed` and adding `added` (names).
  * p and ts are the profile and templates the current plan was built from;
+ * cov, when not NULL, is their coverage table (pl_coverage_compute for the
+ * same tolerate and batch): the target plan is looked up there instead of
+ * being computed, which keeps re-instantiation within milliseconds;
  * global_batch is split into microbatches of p->microbatch_size. Live nodes =
  * current − removed + added. Steps, in order: "replace:" (an added node takes
  * a lost one's place), "drop:" (a wiped-out pipeline not needed for f+1),
@@ -82,8 +86,8 @@ typedef struct {
  * "grow:", "shrink:", "dissolve:", "new:" and "idle:". Returns 0 (fatal and
  * insufficient_nodes are results, not errors), or -1 with a message naming the
  * bad argument or field. */
-int pl_reinstantiate(const pl_profile *p, const pl_template_set *ts, int tolerate,
-                     int64_t global_batch, const pl_current_plan *cur,
+int pl_reinstantiate(const pl_profile *p, const pl_template_set *ts, const pl_coverage *cov,
+                     int tolerate, int64_t global_batch, const pl_current_plan *cur,
                      const char *const *removed, int nremoved, const char *const *added,
                      int nadded, pl_reinstantiation *out, char *err, size_t errlen);
 

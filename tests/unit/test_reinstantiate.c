@@ -277,10 +277,39 @@ static int run_case(const fixture *f, const char *const *removed, int nremoved,
                     const char *const *added, int nadded, pl_reinstantiation *r)
 {
     char err[256] = "";
-    int rc = pl_reinstantiate(&f->p, &f->ts, f->tolerate, f->global_batch, &f->cur, removed,
+    int rc = pl_reinstantiate(&f->p, &f->ts, NULL, f->tolerate, f->global_batch, &f->cur, removed,
                               nremoved, added, nadded, r, err, sizeof err);
-    if (rc)
+    if (rc) {
         printf("    pl_reinstantiate: %s\n", err);
+        return rc;
+    }
+    /* the same with the precomputed coverage table: identical result */
+    pl_coverage cov;
+    int nodes = f->ts.n_max + f->tolerate * f->ts.n0;
+    if (pl_coverage_compute(&f->ts, nodes, f->tolerate, f->global_batch, f->p.microbatch_size,
+                            &cov, err, sizeof err)) {
+        printf("    pl_coverage_compute: %s\n", err);
+        return -1;
+    }
+    pl_reinstantiation r2;
+    rc = pl_reinstantiate(&f->p, &f->ts, &cov, f->tolerate, f->global_batch, &f->cur, removed,
+                          nremoved, added, nadded, &r2, err, sizeof err);
+    pl_coverage_free(&cov);
+    if (rc) {
+        printf("    pl_reinstantiate with coverage: %s\n", err);
+        return rc;
+    }
+    cJSON *a = pl_reinstantiation_to_json(r), *b = pl_reinstantiation_to_json(&r2);
+    char *ta = cJSON_PrintUnformatted(a), *tb = cJSON_PrintUnformatted(b);
+    if (strcmp(ta, tb)) {
+        printf("    with and without the coverage table differ:\n    %s\n    %s\n", ta, tb);
+        rc = -1;
+    }
+    free(ta);
+    free(tb);
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+    pl_reinstantiation_free(&r2);
     return rc;
 }
 
@@ -725,39 +754,39 @@ static void test_bad_arguments(void)
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         err[0] = 0;
-        CHECK(pl_reinstantiate(&f.p, &f.ts, 1, 16, &f.cur, bad[i].removed, bad[i].nr,
+        CHECK(pl_reinstantiate(&f.p, &f.ts, NULL, 1, 16, &f.cur, bad[i].removed, bad[i].nr,
                                bad[i].added, bad[i].na, &r, err, sizeof err) == -1);
         CHECK_STR_CONTAINS(err, bad[i].msg);
     }
-    CHECK(pl_reinstantiate(&f.p, &f.ts, -1, 16, &f.cur, NULL, 0, NULL, 0, &r, err, sizeof err) ==
+    CHECK(pl_reinstantiate(&f.p, &f.ts, NULL, -1, 16, &f.cur, NULL, 0, NULL, 0, &r, err, sizeof err) ==
           -1);
     CHECK_STR_CONTAINS(err, "tolerate");
-    CHECK(pl_reinstantiate(&f.p, &f.ts, 1, 0, &f.cur, NULL, 0, NULL, 0, &r, err, sizeof err) == -1);
+    CHECK(pl_reinstantiate(&f.p, &f.ts, NULL, 1, 0, &f.cur, NULL, 0, NULL, 0, &r, err, sizeof err) == -1);
     CHECK_STR_CONTAINS(err, "global-batch");
 
     /* more pipelines than microbatches */
-    CHECK(pl_reinstantiate(&f.p, &f.ts, 1, 2, &f.cur, NULL, 0, NULL, 0, &r, err, sizeof err) == -1);
+    CHECK(pl_reinstantiate(&f.p, &f.ts, NULL, 1, 2, &f.cur, NULL, 0, NULL, 0, &r, err, sizeof err) == -1);
     CHECK_STR_CONTAINS(err, "global_batch: 2 microbatches cannot feed 4 pipelines");
 
     /* a pipeline size with no template (n0 = 2) */
     pl_current_plan one;
     CHECK(pl_current_parse("{\"pipelines\": [{\"nodes\": [\"a\", \"b\"]}, {\"nodes\": [\"c\"]}]}",
                            &one, err, sizeof err) == 0);
-    CHECK(pl_reinstantiate(&f.p, &f.ts, 1, 16, &one, NULL, 0, NULL, 0, &r, err, sizeof err) == -1);
+    CHECK(pl_reinstantiate(&f.p, &f.ts, NULL, 1, 16, &one, NULL, 0, NULL, 0, &r, err, sizeof err) == -1);
     CHECK_STR_CONTAINS(err, "pipelines[1]: no pipeline template for 1 nodes");
     pl_current_plan_free(&one);
 
     /* templates built for another profile */
     pl_profile shorter = f.p;
     shorter.nlayers = 4;
-    CHECK(pl_reinstantiate(&shorter, &f.ts, 1, 16, &f.cur, NULL, 0, NULL, 0, &r, err, sizeof err) ==
+    CHECK(pl_reinstantiate(&shorter, &f.ts, NULL, 1, 16, &f.cur, NULL, 0, NULL, 0, &r, err, sizeof err) ==
           -1);
     CHECK_STR_CONTAINS(err, "templates: the template for 3 nodes does not fit");
 
     /* duplicate names in a plan built in code */
     char *saved = f.cur.pipelines[3].nodes[1];
     f.cur.pipelines[3].nodes[1] = f.cur.pipelines[0].nodes[0];
-    int rc = pl_reinstantiate(&f.p, &f.ts, 1, 16, &f.cur, NULL, 0, NULL, 0, &r, err, sizeof err);
+    int rc = pl_reinstantiate(&f.p, &f.ts, NULL, 1, 16, &f.cur, NULL, 0, NULL, 0, &r, err, sizeof err);
     f.cur.pipelines[3].nodes[1] = saved;
     CHECK_EQ_INT(rc, -1);
     CHECK_STR_CONTAINS(err, "pipelines[3].nodes[1]: node \"n0\" appears twice");
