@@ -11,6 +11,7 @@
 #include "batch.h"
 #include "coverage.h"
 #include "profile.h"
+#include "reinstantiate.h"
 #include "templates.h"
 
 static double now_ms(void)
@@ -160,6 +161,77 @@ static int bench_coverage_vs_enumeration(pl_profile *p, int nodes, int tolerate,
     return mismatches != 0;
 }
 
+/* Re-instantiation from the best plan for nodes − 16 (so that joins stay within
+ * the planned maximum, as the operator's spec.nodes.max guarantees): failures
+ * and joins of several sizes, against instantiating the new count from scratch. */
+static int bench_reinstantiate(pl_profile *p, int nodes, int tolerate, int64_t batch)
+{
+    char err[256];
+    pl_template_set ts;
+    pl_coverage cov;
+    if (pl_templates_plan(p, nodes, tolerate, &ts, err, sizeof err) ||
+        pl_coverage_compute(&ts, nodes, tolerate, batch, p->microbatch_size, &cov, err,
+                            sizeof err)) {
+        fprintf(stderr, "reinstantiate: %s\n", err);
+        return 1;
+    }
+    const pl_instance_plan *best = &cov.entries[16];
+    nodes -= 16;
+    static char names[4096][16], added_names[64][16];
+    pl_current_plan cur = {best->npipelines, calloc((size_t)best->npipelines, sizeof *cur.pipelines)};
+    int id = 0;
+    for (int q = 0; q < best->npipelines; q++) {
+        int k = best->pipelines[q].template_nodes;
+        cur.pipelines[q].nnodes = k;
+        cur.pipelines[q].nodes = calloc((size_t)k, sizeof(char *));
+        for (int j = 0; j < k; j++, id++) {
+            snprintf(names[id], sizeof names[id], "node-%d", id);
+            cur.pipelines[q].nodes[j] = names[id];
+        }
+    }
+    const char *removed[64], *added[64];
+    for (int i = 0; i < 64; i++) {
+        removed[i] = names[(i * 37 + 11) % id];
+        snprintf(added_names[i], sizeof added_names[i], "new-%d", i);
+        added[i] = added_names[i];
+    }
+    static const int cases[][2] = {{1, 0}, {2, 0}, {8, 0}, {0, 1}, {0, 8}, {4, 4}, {8, 2}};
+    int rc = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int nr = cases[c][0], na = cases[c][1], reps = 20;
+        pl_reinstantiation r;
+        double t0 = now_ms();
+        for (int k = 0; k < reps; k++) {
+            if (pl_reinstantiate(p, &ts, &cov, tolerate, batch, &cur, removed, nr, added, na, &r,
+                                 err, sizeof err)) {
+                fprintf(stderr, "reinstantiate: %s\n", err);
+                return 1;
+            }
+            if (k < reps - 1) pl_reinstantiation_free(&r);
+        }
+        double t1 = now_ms();
+        pl_instance_plan scratch;
+        if (pl_instantiate(&ts, nodes - nr + na, tolerate, batch, p->microbatch_size, &scratch,
+                           err, sizeof err)) {
+            fprintf(stderr, "instantiate: %s\n", err);
+            return 1;
+        }
+        double t2 = now_ms(), per = (t1 - t0) / reps;
+        printf("reinstantiate N=%d remove %d add %d: %7.3f ms (target 10 ms) %s; "
+               "instantiating from scratch %7.2f ms (%.0fx); %d pipelines, %.1f GB to copy\n",
+               nodes, nr, na, per, per <= 10 ? "ok" : "SLOW", t2 - t1, (t2 - t1) / per,
+               r.npipelines, r.bytes_to_copy / 1e9);
+        rc |= per > 10;
+        pl_instance_plan_free(&scratch);
+        pl_reinstantiation_free(&r);
+    }
+    for (int q = 0; q < cur.npipelines; q++) free(cur.pipelines[q].nodes);
+    free(cur.pipelines);
+    pl_coverage_free(&cov);
+    pl_template_set_free(&ts);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     int quick = argc > 1 && !strcmp(argv[1], "--quick");
@@ -176,6 +248,12 @@ int main(int argc, char **argv)
     rc |= bench_full_plan("32 layers x 16 nodes x 4 GPUs, F=2", &p, 16, 2, 512, 500);
     rc |= bench_full_plan("32 layers x 1000 nodes x 4 GPUs, F=2", &p, 1000, 2, 8192, 1000);
     if (!quick) rc |= bench_coverage_vs_enumeration(&p, 40, 2, 512);
+    pl_profile_free(&p);
+
+    /* 4 GB per block: n0 = 4, pipelines of several nodes */
+    make_profile(&p, 32, 4, 4 * GB, 40 * GB);
+    rc |= bench_full_plan("32 layers (4 GB each) x 1000 nodes x 4 GPUs", &p, 1000, 2, 8192, 1000);
+    rc |= bench_reinstantiate(&p, 1000, 2, 8192);
     pl_profile_free(&p);
     return rc;
 }
