@@ -1,0 +1,104 @@
+/* The compute kernels of the GPT engine, behind one interface for every
+ * backend (CPU now: kernels/cpu/; CUDA later: kernels/cuda/). The engine calls
+ * only these functions, never BLAS or CUDA directly.
+ *
+ * Layouts follow llm.c's train_gpt2.c: activations are row-major [B, T, C]
+ * (B sequences of T tokens, C channels); a weight of a linear layer mapping C
+ * to OC channels is [OC, C] (out = inp · Wᵀ + bias). All tensors are fp32 and
+ * live in memory from kn_alloc (host memory on the CPU backend, device memory
+ * on the GPU backend). Backward kernels ACCUMULATE (+=) into parameter
+ * gradients and into input gradients unless a function says otherwise, so that
+ * microbatches and the tied embedding add up naturally. */
+#ifndef PLIANT_KERNELS_H
+#define PLIANT_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kn_ctx kn_ctx;
+
+/* Creates a backend context ("cpu"). threads ≤ 0 means all available cores. */
+kn_ctx *kn_create(const char *backend, int threads, char *err, size_t errlen);
+void kn_destroy(kn_ctx *k);
+const char *kn_backend(const kn_ctx *k);
+int kn_threads(const kn_ctx *k);
+
+/* Memory of the backend, 64-byte aligned, zero-filled. NULL on failure. */
+void *kn_alloc(kn_ctx *k, size_t bytes);
+void kn_free(kn_ctx *k, void *p);
+void kn_zero(kn_ctx *k, void *p, size_t bytes);
+/* Copies between backend memory and host memory (plain memcpy on the CPU). */
+void kn_to_device(kn_ctx *k, void *dst, const void *src, size_t bytes);
+void kn_to_host(kn_ctx *k, void *dst, const void *src, size_t bytes);
+/* Waits for queued work (a no-op on the CPU). */
+void kn_sync(kn_ctx *k);
+
+/* ---- forward / backward kernels ------------------------------------------ */
+
+/* out[b,t,:] = wte[inp[b,t],:] + wpe[t,:] */
+void kn_encoder_forward(kn_ctx *k, float *out, const int32_t *inp, const float *wte,
+                        const float *wpe, int B, int T, int C);
+/* dwte[inp[b,t],:] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:] */
+void kn_encoder_backward(kn_ctx *k, float *dwte, float *dwpe, const float *dout,
+                         const int32_t *inp, int B, int T, int C);
+
+/* LayerNorm over C with eps 1e-5; saves mean[B·T] and rstd[B·T] for backward. */
+void kn_layernorm_forward(kn_ctx *k, float *out, float *mean, float *rstd, const float *inp,
+                          const float *weight, const float *bias, int B, int T, int C);
+void kn_layernorm_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
+                           const float *dout, const float *inp, const float *weight,
+                           const float *mean, const float *rstd, int B, int T, int C);
+
+/* out[B·T, OC] = inp[B·T, C] · weight[OC, C]ᵀ + bias[OC] (bias may be NULL). Overwrites out. */
+void kn_matmul_forward(kn_ctx *k, float *out, const float *inp, const float *weight,
+                       const float *bias, int BT, int C, int OC);
+/* dinp += dout · weight; dweight += doutᵀ · inp; dbias += Σ rows of dout (dbias may be NULL). */
+void kn_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, int BT, int C, int OC);
+
+/* Causal multi-head self-attention. qkv is [B, T, 3C] (q, k, v, each C = NH·hs
+ * channels); out is [B, T, C] (overwritten); att[B, NH, T, T] saves the softmax
+ * probabilities (row t uses columns 0..t) for backward. Scale 1/sqrt(hs). */
+void kn_attention_forward(kn_ctx *k, float *out, float *att, const float *qkv, int B, int T,
+                          int C, int NH);
+/* dqkv += gradient of the attention w.r.t. qkv. */
+void kn_attention_backward(kn_ctx *k, float *dqkv, const float *dout, const float *qkv,
+                           const float *att, int B, int T, int C, int NH);
+
+/* GELU, tanh approximation (GPT-2). out overwritten; dinp += dout·gelu'(inp). */
+void kn_gelu_forward(kn_ctx *k, float *out, const float *inp, size_t n);
+void kn_gelu_backward(kn_ctx *k, float *dinp, const float *inp, const float *dout, size_t n);
+
+/* out = a + b (out overwritten; may alias a or b). */
+void kn_residual_forward(kn_ctx *k, float *out, const float *a, const float *b, size_t n);
+/* dst += src */
+void kn_accumulate(kn_ctx *k, float *dst, const float *src, size_t n);
+
+/* Softmax over the first V of Vp logits per row and cross-entropy against
+ * targets: probs[B·T, Vp] (padded columns 0), losses[B·T] = −log p[target].
+ * A target < 0 masks the position (loss 0). probs may alias logits (in place). */
+void kn_softmax_crossentropy_forward(kn_ctx *k, float *losses, float *probs, const float *logits,
+                                     const int32_t *targets, int BT, int V, int Vp);
+/* dlogits = (probs − onehot(target)) · dloss_scale, overwritten; padded columns 0.
+ * dloss_scale is the weight of each position in the loss (1/(B·T) for a mean).
+ * dlogits may alias probs (in place); masked positions (target < 0) get 0. */
+void kn_crossentropy_softmax_backward(kn_ctx *k, float *dlogits, const float *probs,
+                                      const int32_t *targets, float dloss_scale, int BT, int V,
+                                      int Vp);
+
+/* ---- optimizer and reductions -------------------------------------------- */
+
+/* AdamW step t (1-based) with bias correction, on n parameters:
+ *   g = grads·grad_scale; m = β1·m + (1−β1)·g; v = β2·v + (1−β2)·g²;
+ *   p −= lr·( (m/(1−β1^t)) / (sqrt(v/(1−β2^t)) + eps) + weight_decay·p ) */
+void kn_adamw_update(kn_ctx *k, float *params, const float *grads, float *m, float *v, size_t n,
+                     float lr, float beta1, float beta2, float eps, float weight_decay,
+                     float grad_scale, int t);
+
+/* Σ x² in double (for the global gradient norm). */
+double kn_sum_squares(kn_ctx *k, const float *x, size_t n);
+
+/* Σ x in double (losses). */
+double kn_sum(kn_ctx *k, const float *x, size_t n);
+
+#endif

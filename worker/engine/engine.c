@@ -1,0 +1,386 @@
+/* Layer-range forward/backward of GPT-2, following llm.c's train_gpt2.c. */
+#include "engine.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+/* Activations a block keeps for its backward. */
+typedef struct {
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd;
+    float *fch, *fch_gelu, *res3;
+} block_acts;
+
+struct pl_slot {
+    void *mem;
+    int32_t *tokens, *targets; /* kept for the embedding / head backward */
+    float *input;              /* stage input [B,T,C] (the encoder output with the embedding) */
+    block_acts *blocks;        /* one per block in the range */
+    float *lnf, *lnf_mean, *lnf_rstd, *probs, *losses;
+};
+
+/* Backward (and forward projection) scratch, shared by all slots. */
+typedef struct {
+    float *dres, *dln, *datty, *dqkv, *dfch, *dfch_gelu, *proj;
+} scratch;
+
+static size_t first_block(const pl_engine *e)
+{
+    return e->begin > 1 ? (size_t)e->begin : 1;
+}
+
+static int nblocks(const pl_engine *e)
+{
+    int lo = e->begin > 1 ? e->begin : 1, hi = e->end < e->cfg.L + 1 ? e->end : e->cfg.L + 1;
+    return hi > lo ? hi - lo : 0;
+}
+
+/* Bump allocation inside one slot buffer; with base NULL it only counts. */
+static float *carve(char *base, size_t *off, size_t nfloats)
+{
+    float *p = base ? (float *)(base + *off) : NULL;
+    *off += (nfloats * sizeof(float) + 63) / 64 * 64;
+    return p;
+}
+
+static size_t layout_slot(const pl_engine *e, pl_slot *s, char *base)
+{
+    const size_t B = (size_t)e->B, T = (size_t)e->T, C = (size_t)e->cfg.C, BT = B * T;
+    size_t off = 0;
+    s->tokens = (int32_t *)carve(base, &off, BT);
+    s->targets = (int32_t *)carve(base, &off, BT);
+    s->input = carve(base, &off, BT * C);
+    for (int b = 0; b < nblocks(e); b++) {
+        block_acts a;
+        a.ln1 = carve(base, &off, BT * C);
+        a.ln1_mean = carve(base, &off, BT);
+        a.ln1_rstd = carve(base, &off, BT);
+        a.qkv = carve(base, &off, BT * 3 * C);
+        a.atty = carve(base, &off, BT * C);
+        a.att = carve(base, &off, B * (size_t)e->cfg.NH * T * T);
+        a.res2 = carve(base, &off, BT * C);
+        a.ln2 = carve(base, &off, BT * C);
+        a.ln2_mean = carve(base, &off, BT);
+        a.ln2_rstd = carve(base, &off, BT);
+        a.fch = carve(base, &off, BT * 4 * C);
+        a.fch_gelu = carve(base, &off, BT * 4 * C);
+        a.res3 = carve(base, &off, BT * C);
+        if (base) s->blocks[b] = a;
+    }
+    if (pl_engine_has_head(e)) {
+        s->lnf = carve(base, &off, BT * C);
+        s->lnf_mean = carve(base, &off, BT);
+        s->lnf_rstd = carve(base, &off, BT);
+        s->probs = carve(base, &off, BT * (size_t)e->cfg.Vp);
+        s->losses = carve(base, &off, BT);
+    }
+    return off;
+}
+
+static scratch scratch_of(const pl_engine *e)
+{
+    const size_t BTC = (size_t)e->B * (size_t)e->T * (size_t)e->cfg.C;
+    float *p = e->bw;
+    scratch s = {p, p + BTC, p + 2 * BTC, p + 3 * BTC, p + 6 * BTC, p + 10 * BTC, p + 14 * BTC};
+    return s;
+}
+
+static int add_tensor(pl_engine *e, int layer, int index, const pl_tensor_spec *spec)
+{
+    pl_engine_tensor *t = &e->tensors[e->ntensors++];
+    snprintf(t->name, sizeof t->name, "layer.%d.%s", layer, spec->name);
+    t->layer = layer;
+    t->index = index;
+    t->offset = e->nparams;
+    t->spec = *spec;
+    e->nparams += spec->numel;
+    return 0;
+}
+
+int pl_engine_create(pl_engine *e, kn_ctx *k, const pl_gpt_config *cfg, int begin, int end,
+                     int B, int T, int nslots, char *err, size_t errlen)
+{
+    memset(e, 0, sizeof *e);
+    if (begin < 0 || end > cfg->L + 2 || begin >= end)
+        return pl_errf(err, errlen, "engine: layer range [%d, %d) is not within [0, %d)", begin,
+                       end, cfg->L + 2);
+    if (B < 1 || T < 1 || T > cfg->maxT || nslots < 1)
+        return pl_errf(err, errlen, "engine: microbatch %d×%d (max sequence %d), %d slots", B, T,
+                       cfg->maxT, nslots);
+    e->cfg = *cfg;
+    e->begin = begin;
+    e->end = end;
+    e->B = B;
+    e->T = T;
+    e->nslots = nslots;
+    e->k = k;
+    e->wte_tensor = -1;
+    e->tensors = pl_calloc((size_t)(end - begin) * PL_MAX_LAYER_TENSORS + 1, sizeof *e->tensors);
+    e->slots = pl_calloc((size_t)nslots, sizeof *e->slots);
+    if (!e->tensors || !e->slots) goto oom;
+    pl_tensor_spec s[PL_MAX_LAYER_TENSORS];
+    if (pl_engine_has_head(e) && !pl_engine_has_embedding(e)) { /* the head's copy of wte */
+        pl_gpt_layer_tensors(cfg, 0, s);
+        e->wte_tensor = e->ntensors;
+        add_tensor(e, 0, 0, &s[0]);
+    }
+    for (int l = begin; l < end; l++) {
+        int n = pl_gpt_layer_tensors(cfg, l, s);
+        for (int i = 0; i < n; i++) {
+            if (l == 0 && i == 0) e->wte_tensor = e->ntensors;
+            add_tensor(e, l, i, &s[i]);
+        }
+    }
+    size_t bytes = e->nparams * sizeof(float);
+    e->params = kn_alloc(k, bytes);
+    e->grads = kn_alloc(k, bytes);
+    e->m = kn_alloc(k, bytes);
+    e->v = kn_alloc(k, bytes);
+    const size_t BTC = (size_t)B * (size_t)T * (size_t)cfg->C;
+    e->bw = kn_alloc(k, 15 * BTC * sizeof(float));
+    if (!e->params || !e->grads || !e->m || !e->v || !e->bw) goto oom;
+    for (int i = 0; i < nslots; i++) {
+        pl_slot *sl = &e->slots[i];
+        size_t sz = layout_slot(e, sl, NULL);
+        sl->blocks = pl_calloc((size_t)(nblocks(e) ? nblocks(e) : 1), sizeof *sl->blocks);
+        sl->mem = kn_alloc(k, sz);
+        if (!sl->blocks || !sl->mem) goto oom;
+        layout_slot(e, sl, sl->mem);
+        e->act_bytes += sz;
+    }
+    e->act_bytes += 15 * BTC * sizeof(float);
+    return 0;
+oom:
+    pl_engine_destroy(e);
+    return pl_errf(err, errlen, "engine: out of memory for layers [%d, %d) of %d×%d tokens",
+                   begin, end, B, T);
+}
+
+void pl_engine_destroy(pl_engine *e)
+{
+    if (!e->k) return;
+    for (int i = 0; e->slots && i < e->nslots; i++) {
+        kn_free(e->k, e->slots[i].mem);
+        free(e->slots[i].blocks);
+    }
+    kn_free(e->k, e->params);
+    kn_free(e->k, e->grads);
+    kn_free(e->k, e->m);
+    kn_free(e->k, e->v);
+    kn_free(e->k, e->bw);
+    free(e->slots);
+    free(e->tensors);
+    memset(e, 0, sizeof *e);
+}
+
+const pl_engine_tensor *pl_engine_find(const pl_engine *e, int layer, int index)
+{
+    for (int i = 0; i < e->ntensors; i++)
+        if (e->tensors[i].layer == layer && e->tensors[i].index == index) return &e->tensors[i];
+    return NULL;
+}
+
+/* Parameter / gradient pointers of (layer, index); the range must hold it. */
+static float *P(const pl_engine *e, int layer, int index)
+{
+    return e->params + pl_engine_find(e, layer, index)->offset;
+}
+static float *G(const pl_engine *e, int layer, int index)
+{
+    return e->grads + pl_engine_find(e, layer, index)->offset;
+}
+
+void pl_engine_init_random(pl_engine *e, uint64_t seed)
+{
+    for (int i = 0; i < e->ntensors; i++) {
+        const pl_engine_tensor *t = &e->tensors[i];
+        float *host = malloc(t->spec.numel * sizeof(float));
+        if (!host) abort();
+        pl_gpt_init_tensor(&e->cfg, seed, t->layer, t->index, host);
+        kn_to_device(e->k, e->params + t->offset, host, t->spec.numel * sizeof(float));
+        free(host);
+    }
+}
+
+int pl_engine_load_llmc(pl_engine *e, const pl_llmc_model *m, char *err, size_t errlen)
+{
+    const pl_gpt_config *a = &e->cfg, *b = &m->cfg;
+    if (a->L != b->L || a->C != b->C || a->NH != b->NH || a->V != b->V || a->maxT != b->maxT)
+        return pl_errf(err, errlen,
+                       "spec.model.init: the llm.c model is L=%d C=%d NH=%d V=%d maxT=%d but the "
+                       "job's model is L=%d C=%d NH=%d V=%d maxT=%d",
+                       b->L, b->C, b->NH, b->V, b->maxT, a->L, a->C, a->NH, a->V, a->maxT);
+    for (int i = 0; i < e->ntensors; i++) {
+        const pl_engine_tensor *t = &e->tensors[i];
+        kn_to_device(e->k, e->params + t->offset, pl_llmc_tensor(m, t->layer, t->index),
+                     t->spec.numel * sizeof(float));
+    }
+    return 0;
+}
+
+/* The input of block l (1-based model layer) in slot s. */
+static const float *block_input(const pl_engine *e, const pl_slot *s, int l)
+{
+    int b = l - (int)first_block(e);
+    return b == 0 ? s->input : s->blocks[b - 1].res3;
+}
+
+static void block_forward(pl_engine *e, pl_slot *s, int l)
+{
+    kn_ctx *k = e->k;
+    const int B = e->B, T = e->T, C = e->cfg.C, BT = B * T;
+    block_acts *a = &s->blocks[l - (int)first_block(e)];
+    const float *x = block_input(e, s, l);
+    float *proj = scratch_of(e).proj;
+    kn_layernorm_forward(k, a->ln1, a->ln1_mean, a->ln1_rstd, x, P(e, l, 0), P(e, l, 1), B, T, C);
+    kn_matmul_forward(k, a->qkv, a->ln1, P(e, l, 2), P(e, l, 3), BT, C, 3 * C);
+    kn_attention_forward(k, a->atty, a->att, a->qkv, B, T, C, e->cfg.NH);
+    kn_matmul_forward(k, proj, a->atty, P(e, l, 4), P(e, l, 5), BT, C, C);
+    kn_residual_forward(k, a->res2, x, proj, (size_t)BT * C);
+    kn_layernorm_forward(k, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, P(e, l, 6), P(e, l, 7), B,
+                         T, C);
+    kn_matmul_forward(k, a->fch, a->ln2, P(e, l, 8), P(e, l, 9), BT, C, 4 * C);
+    kn_gelu_forward(k, a->fch_gelu, a->fch, (size_t)BT * 4 * C);
+    kn_matmul_forward(k, proj, a->fch_gelu, P(e, l, 10), P(e, l, 11), BT, 4 * C, C);
+    kn_residual_forward(k, a->res3, a->res2, proj, (size_t)BT * C);
+}
+
+/* Output of the last block (or the input when the range has no block). */
+static const float *last_output(const pl_engine *e, const pl_slot *s)
+{
+    int n = nblocks(e);
+    return n ? s->blocks[n - 1].res3 : s->input;
+}
+
+float pl_engine_forward(pl_engine *e, int slot, const int32_t *tokens, const float *in,
+                        const int32_t *targets)
+{
+    kn_ctx *k = e->k;
+    pl_slot *s = &e->slots[slot];
+    const int B = e->B, T = e->T, C = e->cfg.C, BT = B * T;
+    if (pl_engine_has_embedding(e)) {
+        kn_to_device(k, s->tokens, tokens, (size_t)BT * sizeof(int32_t));
+        kn_encoder_forward(k, s->input, s->tokens, P(e, 0, 0), P(e, 0, 1), B, T, C);
+    } else {
+        kn_to_device(k, s->input, in, (size_t)BT * C * sizeof(float));
+    }
+    int lo = (int)first_block(e);
+    for (int b = 0; b < nblocks(e); b++) block_forward(e, s, lo + b);
+    if (!pl_engine_has_head(e)) return 0;
+    const int H = e->cfg.L + 1;
+    const float *wte = e->params + e->tensors[e->wte_tensor].offset;
+    kn_to_device(k, s->targets, targets, (size_t)BT * sizeof(int32_t));
+    kn_layernorm_forward(k, s->lnf, s->lnf_mean, s->lnf_rstd, last_output(e, s), P(e, H, 0),
+                         P(e, H, 1), B, T, C);
+    kn_matmul_forward(k, s->probs, s->lnf, wte, NULL, BT, C, e->cfg.Vp);
+    kn_softmax_crossentropy_forward(k, s->losses, s->probs, s->probs, s->targets, BT, e->cfg.V,
+                                    e->cfg.Vp);
+    return (float)(kn_sum(k, s->losses, (size_t)BT) / BT);
+}
+
+const float *pl_engine_output(const pl_engine *e, int slot)
+{
+    return last_output(e, &e->slots[slot]);
+}
+
+static void block_backward(pl_engine *e, pl_slot *s, int l, const scratch *w)
+{
+    kn_ctx *k = e->k;
+    const int B = e->B, T = e->T, C = e->cfg.C, BT = B * T;
+    const size_t BTC = (size_t)BT * C;
+    block_acts *a = &s->blocks[l - (int)first_block(e)];
+    const float *x = block_input(e, s, l);
+    /* w->dres holds d(res3) on entry and d(block input) on exit */
+    kn_zero(k, w->dfch_gelu, 4 * BTC * sizeof(float));
+    kn_matmul_backward(k, w->dfch_gelu, G(e, l, 10), G(e, l, 11), w->dres, a->fch_gelu,
+                       P(e, l, 10), BT, 4 * C, C);
+    kn_zero(k, w->dfch, 4 * BTC * sizeof(float));
+    kn_gelu_backward(k, w->dfch, a->fch, w->dfch_gelu, 4 * BTC);
+    kn_zero(k, w->dln, BTC * sizeof(float));
+    kn_matmul_backward(k, w->dln, G(e, l, 8), G(e, l, 9), w->dfch, a->ln2, P(e, l, 8), BT, C,
+                       4 * C);
+    kn_layernorm_backward(k, w->dres, G(e, l, 6), G(e, l, 7), w->dln, a->res2, P(e, l, 6),
+                          a->ln2_mean, a->ln2_rstd, B, T, C);
+    kn_zero(k, w->datty, BTC * sizeof(float));
+    kn_matmul_backward(k, w->datty, G(e, l, 4), G(e, l, 5), w->dres, a->atty, P(e, l, 4), BT, C,
+                       C);
+    kn_zero(k, w->dqkv, 3 * BTC * sizeof(float));
+    kn_attention_backward(k, w->dqkv, w->datty, a->qkv, a->att, B, T, C, e->cfg.NH);
+    kn_zero(k, w->dln, BTC * sizeof(float));
+    kn_matmul_backward(k, w->dln, G(e, l, 2), G(e, l, 3), w->dqkv, a->ln1, P(e, l, 2), BT, C,
+                       3 * C);
+    kn_layernorm_backward(k, w->dres, G(e, l, 0), G(e, l, 1), w->dln, x, P(e, l, 0), a->ln1_mean,
+                          a->ln1_rstd, B, T, C);
+}
+
+void pl_engine_backward(pl_engine *e, int slot, const float *dout, float dloss_scale)
+{
+    kn_ctx *k = e->k;
+    pl_slot *s = &e->slots[slot];
+    const int B = e->B, T = e->T, C = e->cfg.C, BT = B * T;
+    const size_t BTC = (size_t)BT * C;
+    scratch w = scratch_of(e);
+    if (pl_engine_has_head(e)) {
+        const int H = e->cfg.L + 1;
+        float *wte = e->params + e->tensors[e->wte_tensor].offset;
+        float *dwte = e->grads + e->tensors[e->wte_tensor].offset;
+        kn_crossentropy_softmax_backward(k, s->probs, s->probs, s->targets, dloss_scale, BT,
+                                         e->cfg.V, e->cfg.Vp);
+        kn_zero(k, w.dln, BTC * sizeof(float));
+        kn_matmul_backward(k, w.dln, dwte, NULL, s->probs, s->lnf, wte, BT, C, e->cfg.Vp);
+        kn_zero(k, w.dres, BTC * sizeof(float));
+        kn_layernorm_backward(k, w.dres, G(e, H, 0), G(e, H, 1), w.dln, last_output(e, s),
+                              P(e, H, 0), s->lnf_mean, s->lnf_rstd, B, T, C);
+    } else {
+        kn_to_device(k, w.dres, dout, BTC * sizeof(float));
+    }
+    int lo = (int)first_block(e);
+    for (int b = nblocks(e) - 1; b >= 0; b--) block_backward(e, s, lo + b, &w);
+    if (pl_engine_has_embedding(e))
+        kn_encoder_backward(k, G(e, 0, 0), G(e, 0, 1), w.dres, s->tokens, B, T, C);
+}
+
+const float *pl_engine_input_grad(const pl_engine *e)
+{
+    return scratch_of(e).dres;
+}
+
+void pl_engine_zero_grads(pl_engine *e)
+{
+    kn_zero(e->k, e->grads, e->nparams * sizeof(float));
+}
+
+double pl_engine_grad_sumsq(pl_engine *e)
+{
+    double s = 0;
+    for (int i = 0; i < e->ntensors; i++) {
+        const pl_engine_tensor *t = &e->tensors[i];
+        if (i == e->wte_tensor && !pl_engine_has_embedding(e)) continue;
+        s += kn_sum_squares(e->k, e->grads + t->offset, t->spec.numel);
+    }
+    return s;
+}
+
+void pl_engine_adamw(pl_engine *e, const pl_adamw *o, float grad_scale, int t)
+{
+    for (int i = 0; i < e->ntensors; i++) {
+        const pl_engine_tensor *x = &e->tensors[i];
+        size_t off = x->offset;
+        kn_adamw_update(e->k, e->params + off, e->grads + off, e->m + off, e->v + off,
+                        x->spec.numel, o->lr, o->beta1, o->beta2, o->eps,
+                        x->spec.decay ? o->weight_decay : 0.0f, grad_scale, t);
+    }
+}
+
+float pl_lr_at(float lr, int cosine, int warmup, float min_ratio, int step, int steps)
+{
+    if (step < warmup) return lr * (float)(step + 1) / (float)warmup;
+    if (!cosine || steps <= warmup) return lr;
+    float ratio = (float)(step - warmup) / (float)(steps - warmup);
+    float coeff = 0.5f * (1.0f + cosf(3.14159265358979f * ratio));
+    float lo = lr * min_ratio;
+    return lo + coeff * (lr - lo);
+}

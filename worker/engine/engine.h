@@ -1,0 +1,102 @@
+/* The GPT engine: runs a contiguous layer range [begin, end) of the model as a
+ * pipeline stage, forward and backward, one activation set per in-flight
+ * microbatch ("slot"), and applies AdamW. All compute goes through kernels/.
+ *
+ * Gradients accumulate over microbatches until pl_engine_zero_grads. The
+ * tied wte is held by the embedding and by the head: a range with the head but
+ * not the embedding keeps its own copy of wte and accumulates its gradient
+ * there; combining the holders' gradients is the distributed runtime's job. */
+#ifndef PLIANT_ENGINE_H
+#define PLIANT_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpt.h"
+#include "kernels.h"
+
+typedef struct {
+    char name[48];   /* "layer.<i>.<name>" */
+    int layer;       /* 0..L+1; the head's wte copy is layer 0's tensor */
+    int index;       /* index in pl_gpt_layer_tensors(layer) */
+    size_t offset;   /* in floats, into params/grads/m/v */
+    pl_tensor_spec spec;
+} pl_engine_tensor;
+
+typedef struct pl_slot pl_slot; /* activations of one microbatch */
+
+typedef struct {
+    pl_gpt_config cfg;
+    int begin, end;  /* layer range */
+    int B, T;        /* microbatch shape */
+    int nslots;
+    kn_ctx *k;
+    size_t nparams;
+    float *params, *grads, *m, *v;
+    int ntensors;
+    pl_engine_tensor *tensors;
+    int wte_tensor;  /* index in tensors of wte, or −1 */
+    pl_slot *slots;
+    float *bw;       /* backward scratch, shared by all slots */
+    size_t act_bytes;/* activation memory, for reports */
+} pl_engine;
+
+/* A stage for layers [begin, end) with microbatches of B×T tokens and nslots
+ * activation sets. Parameters are zero until initialised or loaded. */
+int pl_engine_create(pl_engine *e, kn_ctx *k, const pl_gpt_config *cfg, int begin, int end,
+                     int B, int T, int nslots, char *err, size_t errlen);
+void pl_engine_destroy(pl_engine *e);
+
+static inline int pl_engine_has_embedding(const pl_engine *e)
+{
+    return e->begin == 0;
+}
+static inline int pl_engine_has_head(const pl_engine *e)
+{
+    return e->end == e->cfg.L + 2;
+}
+
+/* GPT-2 random initialisation (same values for a layer in any range). */
+void pl_engine_init_random(pl_engine *e, uint64_t seed);
+/* Loads the range's tensors from an llm.c model of the same configuration. */
+int pl_engine_load_llmc(pl_engine *e, const pl_llmc_model *m, char *err, size_t errlen);
+
+/* Forward of one microbatch in `slot`. With the embedding, `tokens` [B·T] are
+ * the inputs, else `in` [B,T,C] is the previous stage's output (copied in).
+ * With the head, `targets` [B·T] give the returned loss, the mean over the B·T
+ * positions (a target of −1 masks its position: it adds 0); without the head
+ * the output activation is pl_engine_output() and the return value is 0. */
+float pl_engine_forward(pl_engine *e, int slot, const int32_t *tokens, const float *in,
+                        const int32_t *targets);
+const float *pl_engine_output(const pl_engine *e, int slot);
+
+/* Backward of the microbatch in `slot`. With the head, the loss gradient is
+ * dloss_scale per position (1/(tokens of the whole step) for a mean loss);
+ * without it `dout` [B,T,C] is the next stage's input gradient. Without the
+ * embedding, the gradient w.r.t. this stage's input is pl_engine_input_grad()
+ * until the next backward. Frees the slot for the next forward. */
+void pl_engine_backward(pl_engine *e, int slot, const float *dout, float dloss_scale);
+const float *pl_engine_input_grad(const pl_engine *e);
+
+void pl_engine_zero_grads(pl_engine *e);
+
+/* Σ grad² over the range's tensors, the tied wte counted only where the
+ * embedding is (so per-range sums add up to the global norm²). */
+double pl_engine_grad_sumsq(pl_engine *e);
+
+typedef struct {
+    float lr, beta1, beta2, eps, weight_decay;
+} pl_adamw;
+
+/* One AdamW step t (1-based) on every tensor; grads are multiplied by
+ * grad_scale first (gradient clipping). Weight decay only on 2-D weights. */
+void pl_engine_adamw(pl_engine *e, const pl_adamw *o, float grad_scale, int t);
+
+/* The tensor of (layer, index), or NULL if the range does not hold it. */
+const pl_engine_tensor *pl_engine_find(const pl_engine *e, int layer, int index);
+
+/* Learning rate at step s (0-based) of `steps`: linear warmup, then cosine
+ * decay to lr·min_ratio (or constant). */
+float pl_lr_at(float lr, int cosine, int warmup, float min_ratio, int step, int steps);
+
+#endif
