@@ -62,11 +62,11 @@ $(BUILD)/bin/pliant: $(PLIANT_OBJ) $(BUILD)/lib/libpliant_shared.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/tests/%: tests/unit/%.c tests/unit/check.h $(BUILD)/lib/libpliant_shared.a
+$(BUILD)/tests/%: tests/unit/%.c $(wildcard tests/unit/*.h) $(BUILD)/lib/libpliant_shared.a
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -Itests/unit $< $(BUILD)/lib/libpliant_shared.a -o $@ $(LDLIBS)
 
-$(BUILD)/asan/tests/%: tests/unit/%.c tests/unit/check.h $(BUILD)/asan/lib/libpliant_shared.a
+$(BUILD)/asan/tests/%: tests/unit/%.c $(wildcard tests/unit/*.h) $(BUILD)/asan/lib/libpliant_shared.a
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -O1 $(SAN) -Itests/unit $< $(BUILD)/asan/lib/libpliant_shared.a -o $@ $(LDLIBS)
 
