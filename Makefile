@@ -9,10 +9,10 @@ BUILD   := build
 
 WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter
 CSTD    := -std=c17 -D_GNU_SOURCE
-INCS    := -Ishared $(shell pkg-config --cflags libcjson 2>/dev/null)
+INCS    := -Ishared -Ikernels -Iworker/engine $(shell pkg-config --cflags libcjson 2>/dev/null)
 CFLAGS  ?= -O2 -g
 ALL_CFLAGS := $(CSTD) $(WARN) $(INCS) $(CFLAGS) -MMD -MP
-LDLIBS  := $(shell pkg-config --libs libcjson 2>/dev/null || echo -lcjson) -lm
+LDLIBS  := $(shell pkg-config --libs libcjson 2>/dev/null || echo -lcjson) -lyaml -lm
 SAN     := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 
 # The common library: everything in shared/.
@@ -31,10 +31,27 @@ UNIT_ASAN_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/asan/tests/%)
 BENCH_BIN       := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 CUDA_OBJ        := $(CUDA_SRC:%.cu=$(BUILD)/cuda/%.o)
 
+# CPU compute kernels (kernels/cpu/: OpenMP + OpenBLAS), one library (and its
+# sanitized twin) linked into every program, unit test and benchmark.
+KERNEL_SRC      := $(wildcard kernels/cpu/*.c)
+KERNEL_OBJ      := $(KERNEL_SRC:%.c=$(BUILD)/obj/%.o)
+KERNEL_ASAN_OBJ := $(KERNEL_SRC:%.c=$(BUILD)/asan/obj/%.o)
+KERNEL_LIB      := $(BUILD)/lib/libpliant_kernels.a
+KERNEL_ASAN_LIB := $(BUILD)/asan/lib/libpliant_kernels.a
+LDLIBS          += -lopenblas -fopenmp
+
+# The GPT engine (worker/engine/): layer-range forward/backward, optimizer,
+# checkpoints, the single-process trainer; linked into `pliant` and the tests.
+ENGINE_SRC      := $(wildcard worker/engine/*.c)
+ENGINE_LIB      := $(BUILD)/lib/libpliant_engine.a
+ENGINE_ASAN_LIB := $(BUILD)/asan/lib/libpliant_engine.a
+LIBS            := $(ENGINE_LIB) $(KERNEL_LIB) $(BUILD)/lib/libpliant_shared.a
+ASAN_LIBS       := $(ENGINE_ASAN_LIB) $(KERNEL_ASAN_LIB) $(BUILD)/asan/lib/libpliant_shared.a
+
 DEBIAN_DEPS := build-essential pkg-config python3 libcjson-dev libcurl4-openssl-dev libyaml-dev \
                libwebsockets-dev libssl-dev libopenblas-dev
 
-.PHONY: all deps test unit-tests bench bench-planner cuda clean
+.PHONY: all deps test unit-tests bench bench-planner bench-kernels cuda clean
 all: $(BUILD)/bin/pliant
 
 deps:
@@ -50,6 +67,24 @@ $(BUILD)/asan/lib/libpliant_shared.a: $(SHARED_ASAN_OBJ)
 	@mkdir -p $(@D)
 	$(AR) rcs $@ $^
 
+$(KERNEL_OBJ) $(KERNEL_ASAN_OBJ): ALL_CFLAGS += -fopenmp
+
+$(ENGINE_LIB): $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
+	@mkdir -p $(@D)
+	$(AR) rcs $@ $^
+
+$(ENGINE_ASAN_LIB): $(ENGINE_SRC:%.c=$(BUILD)/asan/obj/%.o)
+	@mkdir -p $(@D)
+	$(AR) rcs $@ $^
+
+$(KERNEL_LIB): $(KERNEL_OBJ)
+	@mkdir -p $(@D)
+	$(AR) rcs $@ $^
+
+$(KERNEL_ASAN_LIB): $(KERNEL_ASAN_OBJ)
+	@mkdir -p $(@D)
+	$(AR) rcs $@ $^
+
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
@@ -58,21 +93,21 @@ $(BUILD)/asan/obj/%.o: %.c
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -O1 $(SAN) -c $< -o $@
 
-$(BUILD)/bin/pliant: $(PLIANT_OBJ) $(BUILD)/lib/libpliant_shared.a
+$(BUILD)/bin/pliant: $(PLIANT_OBJ) $(LIBS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/tests/%: tests/unit/%.c $(wildcard tests/unit/*.h) $(BUILD)/lib/libpliant_shared.a
+$(BUILD)/tests/%: tests/unit/%.c $(wildcard tests/unit/*.h) $(LIBS)
 	@mkdir -p $(@D)
-	$(CC) $(ALL_CFLAGS) -Itests/unit $< $(BUILD)/lib/libpliant_shared.a -o $@ $(LDLIBS)
+	$(CC) $(ALL_CFLAGS) -Itests/unit $< $(LIBS) -o $@ $(LDLIBS)
 
-$(BUILD)/asan/tests/%: tests/unit/%.c $(wildcard tests/unit/*.h) $(BUILD)/asan/lib/libpliant_shared.a
+$(BUILD)/asan/tests/%: tests/unit/%.c $(wildcard tests/unit/*.h) $(ASAN_LIBS)
 	@mkdir -p $(@D)
-	$(CC) $(ALL_CFLAGS) -O1 $(SAN) -Itests/unit $< $(BUILD)/asan/lib/libpliant_shared.a -o $@ $(LDLIBS)
+	$(CC) $(ALL_CFLAGS) -O1 $(SAN) -Itests/unit $< $(ASAN_LIBS) -o $@ $(LDLIBS)
 
-$(BUILD)/bench/%: bench/%.c $(BUILD)/lib/libpliant_shared.a
+$(BUILD)/bench/%: bench/%.c $(LIBS)
 	@mkdir -p $(@D)
-	$(CC) $(ALL_CFLAGS) $< $(BUILD)/lib/libpliant_shared.a -o $@ $(LDLIBS)
+	$(CC) $(ALL_CFLAGS) $< $(LIBS) -o $@ $(LDLIBS)
 
 unit-tests: $(UNIT_BIN) $(UNIT_ASAN_BIN)
 
@@ -80,9 +115,11 @@ unit-tests: $(UNIT_BIN) $(UNIT_ASAN_BIN)
 test: all unit-tests
 	@$(PYTHON) tests/run_tests.py --build $(BUILD)
 
-bench: bench-planner
+bench: bench-planner bench-kernels
 bench-planner: $(BUILD)/bench/planner_bench
 	$(BUILD)/bench/planner_bench
+bench-kernels: $(BUILD)/bench/kernels_bench
+	$(BUILD)/bench/kernels_bench
 
 # CUDA parts build only where nvcc exists; the default build never needs it.
 cuda: $(CUDA_OBJ)
@@ -96,4 +133,10 @@ $(BUILD)/cuda/%.o: %.cu
 clean:
 	rm -rf $(BUILD)
 
--include $(SHARED_OBJ:.o=.d) $(SHARED_ASAN_OBJ:.o=.d) $(PLIANT_OBJ:.o=.d)
+# Byte-level Tiny Shakespeare shards (vocabulary 256): data/ts_train.bin (first
+# 90% of the bytes) and data/ts_val.bin (the rest), in llm.c's token format.
+.PHONY: data
+data: $(BUILD)/bin/pliant
+	$(BUILD)/bin/pliant tokenize --bytes ../shared/data/tinyshakespeare.txt data/ts
+
+-include $(wildcard $(BUILD)/obj/*/*.d $(BUILD)/obj/*/*/*.d $(BUILD)/asan/obj/*/*.d $(BUILD)/asan/obj/*/*/*.d)

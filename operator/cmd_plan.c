@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli_args.h"
 #include "commands.h"
 #include "coverage.h"
 #include "plan_json.h"
@@ -25,25 +26,6 @@ static int fail(const char *msg)
 {
     fprintf(stderr, "pliant plan: %s\n", msg);
     return 2;
-}
-
-/* Strict integer flag parsing: the whole string, in range. */
-static int parse_int(const char *flag, const char *s, long long lo, long long hi, long long *out,
-                     char *err, size_t errlen)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end) {
-        snprintf(err, errlen, "%s: '%s' is not an integer", flag, s);
-        return -1;
-    }
-    if (v < lo || v > hi) {
-        snprintf(err, errlen, "%s: %lld is out of range [%lld, %lld]", flag, v, lo, hi);
-        return -1;
-    }
-    *out = v;
-    return 0;
 }
 
 typedef struct {
@@ -71,11 +53,11 @@ static int parse_args(int argc, char **argv, plan_args *a, char *err, size_t err
         case 'c': a->current = optarg; break;
         case 'r': a->remove = optarg; break;
         case 'a': a->add = optarg; break;
-        case 'n': rc = parse_int("--nodes", optarg, 1, 1000000, &a->nodes, err, errlen); break;
-        case 'f': rc = parse_int("--tolerate", optarg, 0, 1000, &a->tolerate, err, errlen); break;
+        case 'n': rc = cli_parse_int("--nodes", optarg, 1, 1000000, &a->nodes, err, errlen); break;
+        case 'f': rc = cli_parse_int("--tolerate", optarg, 0, 1000, &a->tolerate, err, errlen); break;
         case 'b':
-            rc = parse_int("--global-batch", optarg, 1, LLONG_MAX / 2, &a->global_batch, err,
-                           errlen);
+            rc = cli_parse_int("--global-batch", optarg, 1, LLONG_MAX / 2, &a->global_batch, err,
+                               errlen);
             break;
         case 'h': return 1;
         case ':':

@@ -4,5 +4,10 @@
 #define PLIANT_COMMANDS_H
 
 int cmd_plan(int argc, char **argv);
+int cmd_train(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_export(int argc, char **argv);
+int cmd_sample(int argc, char **argv);
+int cmd_profile(int argc, char **argv);
 
 #endif

@@ -13,6 +13,11 @@ static void usage(FILE *f)
             "\n"
             "commands:\n"
             "  plan      pipeline templates, instantiation and re-instantiation plans\n"
+            "  train     train a TrainingJob's model in this process\n"
+            "  tokenize  turn a text file into byte-level token shards\n"
+            "  profile   measure a job's layers and write a planner profile\n"
+            "  sample    generate text from a checkpoint\n"
+            "  export    write a checkpoint as an llm.c model file\n"
             "  version   print the version\n"
             "\n"
             "Run 'pliant COMMAND --help' for a command's options.\n");
@@ -25,7 +30,13 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *cmd = argv[1];
-    if (!strcmp(cmd, "plan")) return cmd_plan(argc - 1, argv + 1);
+    static const struct {
+        const char *name;
+        int (*run)(int, char **);
+    } cmds[] = {{"plan", cmd_plan},       {"train", cmd_train},   {"tokenize", cmd_tokenize},
+                {"profile", cmd_profile}, {"sample", cmd_sample}, {"export", cmd_export}};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        if (!strcmp(cmd, cmds[i].name)) return cmds[i].run(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         printf("pliant %s\n", PLIANT_VERSION);
         return 0;

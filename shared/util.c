@@ -56,3 +56,14 @@ void *pl_calloc(size_t n, size_t size)
     if (size && n > SIZE_MAX / size) return NULL;
     return calloc(n ? n : 1, size ? size : 1);
 }
+
+int pl_pathf(char *out, size_t outlen, char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(out, outlen, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= outlen)
+        return pl_errf(err, errlen, "path too long (over %zu bytes): %.60s...", outlen - 1, out);
+    return 0;
+}

@@ -12,6 +12,10 @@ int pl_errf(char *err, size_t errlen, const char *fmt, ...)
 /* Reads a whole file into a NUL-terminated heap buffer; NULL and err on failure. */
 char *pl_read_file(const char *path, char *err, size_t errlen);
 
+/* Formats a path into out; −1 (with a message in err) when it does not fit. */
+int pl_pathf(char *out, size_t outlen, char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
 /* calloc that treats overflow as failure. */
 void *pl_calloc(size_t n, size_t size);
 

@@ -286,6 +286,11 @@ const float *pl_engine_output(const pl_engine *e, int slot)
     return last_output(e, &e->slots[slot]);
 }
 
+const float *pl_engine_probs(const pl_engine *e, int slot)
+{
+    return e->slots[slot].probs;
+}
+
 static void block_backward(pl_engine *e, pl_slot *s, int l, const scratch *w)
 {
     kn_ctx *k = e->k;

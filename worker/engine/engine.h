@@ -69,6 +69,9 @@ int pl_engine_load_llmc(pl_engine *e, const pl_llmc_model *m, char *err, size_t 
 float pl_engine_forward(pl_engine *e, int slot, const int32_t *tokens, const float *in,
                         const int32_t *targets);
 const float *pl_engine_output(const pl_engine *e, int slot);
+/* With the head: the softmax probabilities [B·T, Vp] of the last forward in
+ * slot (backend memory), until that slot's backward. */
+const float *pl_engine_probs(const pl_engine *e, int slot);
 
 /* Backward of the microbatch in `slot`. With the head, the loss gradient is
  * dloss_scale per position (1/(tokens of the whole step) for a mean loss);

@@ -1,0 +1,33 @@
+#include "cli_args.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "util.h"
+
+int cli_parse_int(const char *flag, const char *s, long long lo, long long hi, long long *out,
+                  char *err, size_t errlen)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end) return pl_errf(err, errlen, "%s: '%s' is not an integer", flag, s);
+    if (v < lo || v > hi)
+        return pl_errf(err, errlen, "%s: %lld is out of range [%lld, %lld]", flag, v, lo, hi);
+    *out = v;
+    return 0;
+}
+
+int cli_parse_double(const char *flag, const char *s, double lo, double hi, double *out,
+                     char *err, size_t errlen)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v))
+        return pl_errf(err, errlen, "%s: '%s' is not a number", flag, s);
+    if (v < lo || v > hi) return pl_errf(err, errlen, "%s: %g is out of range [%g, %g]", flag, v, lo, hi);
+    *out = v;
+    return 0;
+}

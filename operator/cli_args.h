@@ -1,0 +1,15 @@
+/* Small helpers shared by the `pliant` subcommands' argument parsing. */
+#ifndef PLIANT_CLI_ARGS_H
+#define PLIANT_CLI_ARGS_H
+
+#include <stddef.h>
+
+/* Strict integer parsing of a flag's value: the whole string, within [lo, hi].
+ * Returns 0, or −1 with "FLAG: reason" in err. */
+int cli_parse_int(const char *flag, const char *s, long long lo, long long hi, long long *out,
+                  char *err, size_t errlen);
+/* The same for a finite double. */
+int cli_parse_double(const char *flag, const char *s, double lo, double hi, double *out,
+                     char *err, size_t errlen);
+
+#endif

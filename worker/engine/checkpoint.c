@@ -1,0 +1,249 @@
+#include "checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cJSON.h>
+
+#include "safetensors.h"
+#include "util.h"
+
+static const char *const STATE_SUFFIX[3] = {"", ".exp_avg", ".exp_avg_sq"};
+
+/* Host view of the engine's params, m, v: the memory itself on the CPU
+ * backend, a copy otherwise (freed by release_host). */
+static int host_views(const pl_engine *e, float *views[3])
+{
+    float *dev[3] = {e->params, e->m, e->v};
+    int cpu = !strcmp(kn_backend(e->k), "cpu");
+    for (int i = 0; i < 3; i++) {
+        views[i] = cpu ? dev[i] : malloc(e->nparams * sizeof(float));
+        if (!views[i]) return -1;
+        if (!cpu) kn_to_host(e->k, views[i], dev[i], e->nparams * sizeof(float));
+    }
+    return 0;
+}
+
+static void release_host(const pl_engine *e, float *views[3])
+{
+    if (strcmp(kn_backend(e->k), "cpu"))
+        for (int i = 0; i < 3; i++) free(views[i]);
+}
+
+static int make_dir(const char *path, char *err, size_t errlen)
+{
+    char buf[4096];
+    if (pl_pathf(buf, sizeof buf, err, errlen, "%s", path)) return -1;
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(buf, 0755) && errno != EEXIST)
+            return pl_errf(err, errlen, "%s: %s", buf, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) && errno != EEXIST)
+        return pl_errf(err, errlen, "%s: %s", buf, strerror(errno));
+    return 0;
+}
+
+static int write_text(const char *path, const char *text, char *err, size_t errlen)
+{
+    char tmp[4200];
+    if (pl_pathf(tmp, sizeof tmp, err, errlen, "%s.tmp", path)) return -1;
+    FILE *f = fopen(tmp, "w");
+    if (!f) return pl_errf(err, errlen, "%s: %s", tmp, strerror(errno));
+    int ok = fputs(text, f) >= 0 && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path)) {
+        remove(tmp);
+        return pl_errf(err, errlen, "%s: write failed: %s", path, strerror(errno));
+    }
+    return 0;
+}
+
+int pl_checkpoint_save(const pl_engine *e, const char *dir, int64_t step, const char *info_json,
+                       char *err, size_t errlen)
+{
+    char sdir[4096], path[4200];
+    if (pl_pathf(sdir, sizeof sdir, err, errlen, "%s/step-%08lld", dir, (long long)step) ||
+        make_dir(sdir, err, errlen))
+        return -1;
+    float *host[3];
+    if (host_views(e, host)) return pl_errf(err, errlen, "checkpoint: out of memory");
+    pl_st_writer *w = pl_st_writer_new();
+    int rc = w ? 0 : pl_errf(err, errlen, "checkpoint: out of memory");
+    for (int i = 0; rc == 0 && i < e->ntensors; i++) {
+        const pl_engine_tensor *t = &e->tensors[i];
+        int64_t shape[2] = {t->spec.dims[0], t->spec.dims[1]};
+        for (int s = 0; rc == 0 && s < 3; s++) {
+            char name[80];
+            snprintf(name, sizeof name, "%s%s", t->name, STATE_SUFFIX[s]);
+            rc = pl_st_writer_add(w, name, PL_ST_F32, t->spec.ndim, shape, host[s] + t->offset,
+                                  err, errlen);
+        }
+    }
+    if (rc == 0) rc = pl_st_writer_meta(w, "format", "pt", err, errlen);
+    if (rc == 0)
+        rc = pl_pathf(path, sizeof path, err, errlen, "%s/layers-%d-%d.safetensors", sdir,
+                      e->begin, e->end);
+    if (rc == 0) rc = pl_st_write(w, path, err, errlen);
+    pl_st_writer_free(w);
+    release_host(e, host);
+    if (rc == 0 && info_json) {
+        rc = pl_pathf(path, sizeof path, err, errlen, "%s/checkpoint.json", sdir);
+        if (rc == 0) rc = write_text(path, info_json, err, errlen);
+    }
+    return rc;
+}
+
+static int has_info(const char *dir)
+{
+    char p[4200];
+    struct stat st;
+    return pl_pathf(p, sizeof p, NULL, 0, "%s/checkpoint.json", dir) == 0 && stat(p, &st) == 0;
+}
+
+int pl_checkpoint_latest(const char *dir, char *out, size_t outlen, char *err, size_t errlen)
+{
+    if (has_info(dir)) return pl_pathf(out, outlen, err, errlen, "%s", dir) ? -1 : 1;
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (errno == ENOENT) return 0;
+        return pl_errf(err, errlen, "%s: %s", dir, strerror(errno));
+    }
+    long long best = -1;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        long long s;
+        char tail;
+        char sub[4200];
+        if (sscanf(de->d_name, "step-%lld%c", &s, &tail) != 1 || s <= best) continue;
+        if (pl_pathf(sub, sizeof sub, NULL, 0, "%s/%s", dir, de->d_name) == 0 && has_info(sub) &&
+            pl_pathf(out, outlen, NULL, 0, "%s", sub) == 0)
+            best = s;
+    }
+    closedir(d);
+    return best >= 0;
+}
+
+/* The safetensors files of a step directory, opened. */
+static int open_files(const char *step_dir, pl_st_file **files, int *n, char *err, size_t errlen)
+{
+    *files = NULL;
+    *n = 0;
+    DIR *d = opendir(step_dir);
+    if (!d) return pl_errf(err, errlen, "%s: %s", step_dir, strerror(errno));
+    struct dirent *de;
+    int rc = 0;
+    while (rc == 0 && (de = readdir(d))) {
+        size_t len = strlen(de->d_name);
+        if (len < 12 || strcmp(de->d_name + len - 12, ".safetensors")) continue;
+        pl_st_file *grown = realloc(*files, (size_t)(*n + 1) * sizeof **files);
+        if (!grown) {
+            rc = pl_errf(err, errlen, "checkpoint: out of memory");
+            break;
+        }
+        *files = grown;
+        char path[4200];
+        if (pl_pathf(path, sizeof path, err, errlen, "%s/%s", step_dir, de->d_name) == 0 &&
+            pl_st_open(path, &(*files)[*n], err, errlen) == 0)
+            (*n)++;
+        else
+            rc = -1;
+    }
+    closedir(d);
+    if (rc == 0 && *n == 0) rc = pl_errf(err, errlen, "%s: no .safetensors files", step_dir);
+    return rc;
+}
+
+int pl_checkpoint_load(pl_engine *e, const char *step_dir, int optimizer, char *err,
+                       size_t errlen)
+{
+    pl_st_file *files;
+    int nfiles;
+    int rc = open_files(step_dir, &files, &nfiles, err, errlen);
+    float *dst[3] = {e->params, e->m, e->v};
+    for (int i = 0; rc == 0 && i < e->ntensors; i++) {
+        const pl_engine_tensor *t = &e->tensors[i];
+        int64_t shape[2] = {t->spec.dims[0], t->spec.dims[1]};
+        for (int s = 0; rc == 0 && s < (optimizer ? 3 : 1); s++) {
+            char name[80];
+            snprintf(name, sizeof name, "%s%s", t->name, STATE_SUFFIX[s]);
+            const pl_st_tensor *found = NULL;
+            int f = 0;
+            for (; f < nfiles && !found; f++) found = pl_st_find(&files[f], name);
+            if (!found) {
+                rc = pl_errf(err, errlen, "%s: no tensor \"%s\" in any checkpoint file",
+                             step_dir, name);
+                break;
+            }
+            if (!pl_st_expect(&files[f - 1], name, PL_ST_F32, t->spec.ndim, shape, err, errlen)) {
+                rc = -1;
+                break;
+            }
+            kn_to_device(e->k, dst[s] + t->offset, found->data, found->nbytes);
+        }
+    }
+    for (int f = 0; f < nfiles; f++) pl_st_close(&files[f]);
+    free(files);
+    return rc;
+}
+
+char *pl_checkpoint_info(const char *step_dir, char *err, size_t errlen)
+{
+    char path[4200];
+    if (pl_pathf(path, sizeof path, err, errlen, "%s/checkpoint.json", step_dir)) return NULL;
+    return pl_read_file(path, err, errlen);
+}
+
+static int json_int(const cJSON *obj, const char *key, long long *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!cJSON_IsNumber(v)) return -1;
+    *out = (long long)v->valuedouble;
+    return 0;
+}
+
+int pl_checkpoint_config(const char *step_dir, pl_gpt_config *cfg, int64_t *step, char *err,
+                         size_t errlen)
+{
+    char *text = pl_checkpoint_info(step_dir, err, errlen);
+    if (!text) return -1;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "model");
+    long long L, C, NH, V, T, s;
+    int rc = -1;
+    if (!m || json_int(m, "layers", &L) || json_int(m, "channels", &C) ||
+        json_int(m, "heads", &NH) || json_int(m, "vocab_size", &V) ||
+        json_int(m, "max_seq_len", &T) || json_int(root, "step", &s))
+        pl_errf(err, errlen, "%s/checkpoint.json: missing model sizes or step", step_dir);
+    else
+        rc = pl_gpt_config_init(cfg, (int)L, (int)C, (int)NH, (int)V, (int)T, err, errlen);
+    if (rc == 0 && step) *step = s;
+    cJSON_Delete(root);
+    return rc;
+}
+
+int pl_engine_from_checkpoint(pl_engine *e, kn_ctx *k, const char *dir, int B, int T, char *err,
+                              size_t errlen)
+{
+    char step_dir[4096];
+    int found = pl_checkpoint_latest(dir, step_dir, sizeof step_dir, err, errlen);
+    if (found <= 0)
+        return found < 0 ? -1 : pl_errf(err, errlen, "%s: no complete checkpoint", dir);
+    pl_gpt_config cfg;
+    if (pl_checkpoint_config(step_dir, &cfg, NULL, err, errlen) ||
+        pl_engine_create(e, k, &cfg, 0, cfg.L + 2, B, T > 0 ? T : cfg.maxT, 1, err, errlen))
+        return -1;
+    if (pl_checkpoint_load(e, step_dir, 0, err, errlen)) {
+        pl_engine_destroy(e);
+        return -1;
+    }
+    return 0;
+}

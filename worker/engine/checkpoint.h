@@ -1,0 +1,49 @@
+/* Checkpoints (ARCHITECTURE.md, "Formats users already have"):
+ *   DIR/step-<8 digits>/layers-<begin>-<end>.safetensors  parameters and AdamW
+ *       state of a layer range: tensors "layer.<i>.<name>" (loadable by
+ *       PyTorch / Hugging Face tools) and "layer.<i>.<name>.exp_avg",
+ *       "layer.<i>.<name>.exp_avg_sq" (PyTorch's AdamW state names);
+ *   DIR/step-<8 digits>/checkpoint.json  step, data order, model and optimizer
+ *       configuration; written last, so its presence marks a complete
+ *       checkpoint. Names do not depend on the partitioning: any range can
+ *       load from any set of files that covers it. */
+#ifndef PLIANT_CHECKPOINT_H
+#define PLIANT_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+
+/* Writes the engine's range into DIR/step-<step>/ and, when `info_json` is
+ * not NULL, checkpoint.json with that content (a JSON object text; the
+ * caller puts step, config and data order in it). Files are written to
+ * temporary names and renamed, so a crash never leaves a partial file under
+ * the final name. */
+int pl_checkpoint_save(const pl_engine *e, const char *dir, int64_t step, const char *info_json,
+                       char *err, size_t errlen);
+
+/* The newest complete checkpoint under dir: writes its step directory to
+ * out. Returns 1 if found, 0 if none, −1 on error. A directory that itself
+ * holds checkpoint.json is returned as is. */
+int pl_checkpoint_latest(const char *dir, char *out, size_t outlen, char *err, size_t errlen);
+
+/* Loads every tensor of the engine's range (and, with optimizer, its AdamW
+ * state) from the safetensors files of step_dir. Errors name the tensor that
+ * is missing or has the wrong shape. */
+int pl_checkpoint_load(pl_engine *e, const char *step_dir, int optimizer, char *err,
+                       size_t errlen);
+
+/* checkpoint.json of step_dir, its text (caller frees), or NULL with err. */
+char *pl_checkpoint_info(const char *step_dir, char *err, size_t errlen);
+
+/* The model configuration and step recorded in step_dir/checkpoint.json. */
+int pl_checkpoint_config(const char *step_dir, pl_gpt_config *cfg, int64_t *step, char *err,
+                         size_t errlen);
+
+/* A whole-model engine for microbatches of B×T (T ≤ the model's maximum; 0
+ * means the maximum) holding the parameters of the newest checkpoint in dir. */
+int pl_engine_from_checkpoint(pl_engine *e, kn_ctx *k, const char *dir, int B, int T, char *err,
+                              size_t errlen);
+
+#endif

@@ -1,0 +1,256 @@
+#include "trainer.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "checkpoint.h"
+#include "sampler.h"
+#include "tokens.h"
+#include "util.h"
+
+int pl_job_gpt_config(const pl_job *job, pl_gpt_config *cfg, char *err, size_t errlen)
+{
+    const pl_model_spec *m = &job->model;
+    return pl_gpt_config_init(cfg, m->layers, m->channels, m->heads, m->vocab_size,
+                              m->max_seq_len, err, errlen);
+}
+
+int pl_engine_init_from_job(pl_engine *e, const pl_job *job, char *err, size_t errlen)
+{
+    const pl_model_spec *m = &job->model;
+    switch (m->init) {
+    case PL_INIT_RANDOM:
+        pl_engine_init_random(e, m->seed);
+        return 0;
+    case PL_INIT_LLMC: {
+        pl_llmc_model lm;
+        if (pl_llmc_read(m->init_path, &lm, err, errlen)) return -1;
+        int rc = pl_engine_load_llmc(e, &lm, err, errlen);
+        pl_llmc_free(&lm);
+        return rc;
+    }
+    case PL_INIT_CHECKPOINT: {
+        char dir[4096];
+        int found = pl_checkpoint_latest(m->init_path, dir, sizeof dir, err, errlen);
+        if (found < 0) return -1;
+        if (!found)
+            return pl_errf(err, errlen, "spec.model.init: no complete checkpoint in %s",
+                           m->init_path);
+        return pl_checkpoint_load(e, dir, 0, err, errlen);
+    }
+    }
+    return pl_errf(err, errlen, "spec.model.init: unknown kind");
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+typedef struct {
+    const pl_job *job;
+    pl_engine e;
+    pl_tokens train, val;
+    int have_val;
+    pl_sampler smp;
+    int32_t *inputs, *targets;
+    int steps;
+    FILE *metrics;
+} run;
+
+static void run_free(run *r)
+{
+    if (r->e.k) {
+        kn_ctx *k = r->e.k;
+        pl_engine_destroy(&r->e);
+        kn_destroy(k);
+    }
+    pl_tokens_close(&r->train);
+    if (r->have_val) pl_tokens_close(&r->val);
+    free(r->inputs);
+    free(r->targets);
+    if (r->metrics) fclose(r->metrics);
+}
+
+static int open_data(run *r, char *err, size_t errlen)
+{
+    const pl_job *j = r->job;
+    if (pl_tokens_open(j->data.train, &r->train, err, errlen) ||
+        pl_tokens_check_vocab(&r->train, j->model.vocab_size, err, errlen) ||
+        pl_sampler_init(&r->smp, j->data.order, j->data.seed, pl_tokens_count(&r->train),
+                        j->batch.seq_len, j->batch.global, err, errlen))
+        return -1;
+    if (j->data.val[0] && j->eval_every > 0) {
+        if (pl_tokens_open(j->data.val, &r->val, err, errlen)) return -1;
+        r->have_val = 1;
+        if (pl_tokens_check_vocab(&r->val, j->model.vocab_size, err, errlen)) return -1;
+    }
+    size_t bt = (size_t)j->batch.micro * (size_t)j->batch.seq_len;
+    r->inputs = malloc(bt * sizeof *r->inputs);
+    r->targets = malloc(bt * sizeof *r->targets);
+    return r->inputs && r->targets ? 0 : pl_errf(err, errlen, "train: out of memory");
+}
+
+/* Mean loss over the evaluation batches of the validation stream. */
+static int evaluate(run *r, double *loss, char *err, size_t errlen)
+{
+    const pl_job *j = r->job;
+    pl_sampler vs;
+    if (pl_sampler_init_eval(&vs, pl_tokens_count(&r->val), j->batch.seq_len, j->batch.micro, err,
+                             errlen))
+        return -1;
+    int64_t n = pl_sampler_eval_batches(&vs, j->eval_batches);
+    double sum = 0;
+    for (int64_t b = 0; b < n; b++) {
+        pl_sampler_fill(&vs, &r->val, b, 0, j->batch.micro, r->inputs, r->targets);
+        sum += pl_engine_forward(&r->e, 0, r->inputs, NULL, r->targets);
+    }
+    *loss = sum / (double)n;
+    return 0;
+}
+
+static char *checkpoint_info(const run *r, int64_t step)
+{
+    const pl_job *j = r->job;
+    const pl_gpt_config *c = &r->e.cfg;
+    char *s = NULL;
+    if (asprintf(&s,
+                 "{\"format\": \"pliant-checkpoint-v1\", \"job\": \"%s\", \"step\": %lld,\n"
+                 " \"model\": {\"layers\": %d, \"channels\": %d, \"heads\": %d, "
+                 "\"vocab_size\": %d, \"max_seq_len\": %d},\n"
+                 " \"data\": {\"order\": \"%s\", \"seed\": %llu, \"global\": %d, \"seq_len\": %d, "
+                 "\"samples_seen\": %lld},\n"
+                 " \"optimizer\": {\"lr\": %.9g, \"beta1\": %.9g, \"beta2\": %.9g, \"eps\": %.9g, "
+                 "\"weight_decay\": %.9g, \"adam_t\": %lld}}\n",
+                 j->name, (long long)step, c->L, c->C, c->NH, c->V, c->maxT,
+                 j->data.order == PL_ORDER_SHUFFLED ? "shuffled" : "sequential",
+                 (unsigned long long)j->data.seed, j->batch.global, j->batch.seq_len,
+                 (long long)step * j->batch.global, j->optimizer.lr, j->optimizer.beta1,
+                 j->optimizer.beta2, j->optimizer.eps, j->optimizer.weight_decay,
+                 (long long)step) < 0)
+        return NULL;
+    return s;
+}
+
+static int save_checkpoint(run *r, int64_t step, char *err, size_t errlen)
+{
+    char *info = checkpoint_info(r, step);
+    if (!info) return pl_errf(err, errlen, "checkpoint: out of memory");
+    int rc = pl_checkpoint_save(&r->e, r->job->checkpoint.dir, step, info, err, errlen);
+    free(info);
+    return rc;
+}
+
+/* Continues from the newest checkpoint of spec.checkpoint.dir, if any. */
+static int resume(run *r, int64_t *start, char *err, size_t errlen)
+{
+    const pl_job *j = r->job;
+    *start = 0;
+    if (!j->checkpoint.dir[0] || j->checkpoint.resume != PL_RESUME_AUTO) return 0;
+    char dir[4096];
+    int found = pl_checkpoint_latest(j->checkpoint.dir, dir, sizeof dir, err, errlen);
+    if (found <= 0) return found;
+    char *info = pl_checkpoint_info(dir, err, errlen);
+    if (!info) return -1;
+    const char *at = strstr(info, "\"step\":");
+    long long step = at ? strtoll(at + 7, NULL, 10) : -1;
+    free(info);
+    if (step < 0) return pl_errf(err, errlen, "%s/checkpoint.json: no step", dir);
+    if (pl_checkpoint_load(&r->e, dir, 1, err, errlen)) return -1;
+    *start = step;
+    return 1;
+}
+
+static int train_step(run *r, int64_t s, double *loss, double *norm, float *lr)
+{
+    const pl_job *j = r->job;
+    const int B = j->batch.micro, G = j->batch.global, T = j->batch.seq_len;
+    pl_engine_zero_grads(&r->e);
+    double sum = 0;
+    for (int i = 0; i < G / B; i++) {
+        if (pl_sampler_fill(&r->smp, &r->train, s, i * B, B, r->inputs, r->targets)) return -1;
+        sum += pl_engine_forward(&r->e, 0, r->inputs, NULL, r->targets);
+        pl_engine_backward(&r->e, 0, NULL, 1.0f / (float)((size_t)G * (size_t)T));
+    }
+    *loss = sum / (G / B);
+    *norm = sqrt(pl_engine_grad_sumsq(&r->e));
+    const pl_optimizer_spec *o = &j->optimizer;
+    float scale = o->grad_clip > 0 && *norm > o->grad_clip ? (float)(o->grad_clip / *norm) : 1.0f;
+    *lr = pl_lr_at((float)o->lr, o->schedule == PL_SCHEDULE_COSINE, o->warmup_steps,
+                   (float)o->min_lr_ratio, (int)s, r->steps);
+    pl_adamw a = {*lr, (float)o->beta1, (float)o->beta2, (float)o->eps, (float)o->weight_decay};
+    pl_engine_adamw(&r->e, &a, scale, (int)s + 1);
+    return 0;
+}
+
+int pl_train(const pl_job *job, const pl_train_options *o, char *err, size_t errlen)
+{
+    run r = {.job = job, .steps = o->steps > 0 ? o->steps : job->steps};
+    FILE *out = o->out ? o->out : stdout;
+    pl_gpt_config cfg;
+    int rc = -1;
+    kn_ctx *k = NULL;
+    if (pl_job_gpt_config(job, &cfg, err, errlen) || open_data(&r, err, errlen)) goto done;
+    if (!(k = kn_create("cpu", o->threads, err, errlen))) goto done;
+    if (pl_engine_create(&r.e, k, &cfg, 0, cfg.L + 2, job->batch.micro, job->batch.seq_len, 1,
+                         err, errlen)) {
+        kn_destroy(k);
+        goto done;
+    }
+    if (o->metrics_path && !(r.metrics = fopen(o->metrics_path, "w"))) {
+        pl_errf(err, errlen, "--metrics %s: cannot open for writing", o->metrics_path);
+        goto done;
+    }
+    int64_t start;
+    int resumed = resume(&r, &start, err, errlen);
+    if (resumed < 0 || (!resumed && pl_engine_init_from_job(&r.e, job, err, errlen))) goto done;
+    fprintf(out, "model: %d layers, %d channels, %d heads, vocabulary %d (padded %d), %zu parameters\n",
+            cfg.L, cfg.C, cfg.NH, cfg.V, cfg.Vp, pl_gpt_total_params(&cfg));
+    fprintf(out, "data: %lld training tokens, batch %d×%d tokens in microbatches of %d, %d threads%s\n",
+            (long long)pl_tokens_count(&r.train), job->batch.global, job->batch.seq_len,
+            job->batch.micro, kn_threads(k), resumed ? "" : "");
+    if (resumed) fprintf(out, "resumed at step %lld\n", (long long)start);
+    const double tokens_per_step = (double)job->batch.global * job->batch.seq_len;
+    for (int64_t s = start; s < r.steps; s++) {
+        double t0 = now_s(), loss, norm, val = NAN;
+        float lr;
+        if (train_step(&r, s, &loss, &norm, &lr)) {
+            pl_errf(err, errlen, "train: sampling step %lld failed", (long long)s);
+            goto done;
+        }
+        double ms = (now_s() - t0) * 1e3, tps = tokens_per_step / (ms / 1e3);
+        int last = s + 1 == r.steps;
+        if (r.have_val && ((s + 1) % job->eval_every == 0 || last) &&
+            evaluate(&r, &val, err, errlen))
+            goto done;
+        fprintf(out, "step %6lld/%d | loss %.6f | lr %.3e | norm %.4f | %8.1f ms | %8.0f tok/s",
+                (long long)s, r.steps, loss, lr, norm, ms, tps);
+        if (!isnan(val)) fprintf(out, " | val %.6f", val);
+        fputc('\n', out);
+        fflush(out);
+        if (r.metrics) {
+            fprintf(r.metrics,
+                    "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+                    "\"ms\": %.3f, \"tokens_per_second\": %.1f, \"samples_digest\": \"%016llx\"",
+                    (long long)s, loss, lr, norm, ms, tps,
+                    (unsigned long long)pl_sampler_digest(&r.smp, s, 0, job->batch.global));
+            if (!isnan(val)) fprintf(r.metrics, ", \"val_loss\": %.9g", val);
+            fputs("}\n", r.metrics);
+            fflush(r.metrics);
+        }
+        int every = job->checkpoint.every;
+        if (job->checkpoint.dir[0] && (last || (every > 0 && (s + 1) % every == 0))) {
+            if (save_checkpoint(&r, s + 1, err, errlen)) goto done;
+            fprintf(out, "checkpoint: step %lld saved to %s\n", (long long)(s + 1),
+                    job->checkpoint.dir);
+        }
+    }
+    rc = 0;
+done:
+    run_free(&r);
+    return rc;
+}

@@ -1,0 +1,29 @@
+/* `pliant train`: the whole model in one process, a TrainingJob's model,
+ * data, batch, optimizer, evaluation and checkpoint parts. */
+#ifndef PLIANT_TRAINER_H
+#define PLIANT_TRAINER_H
+
+#include <stdio.h>
+
+#include "engine.h"
+#include "jobspec.h"
+
+typedef struct {
+    int steps;                /* > 0 overrides spec.steps */
+    const char *metrics_path; /* JSON lines, or NULL */
+    int threads;              /* ≤ 0: all cores */
+    FILE *out;                /* one progress line per step */
+} pl_train_options;
+
+/* Trains to the end (resuming from the newest checkpoint when
+ * spec.checkpoint.resume is auto). Returns 0, or −1 with err. */
+int pl_train(const pl_job *job, const pl_train_options *o, char *err, size_t errlen);
+
+/* Model configuration of a job (preset and overrides already merged). */
+int pl_job_gpt_config(const pl_job *job, pl_gpt_config *cfg, char *err, size_t errlen);
+
+/* Initialises a whole-model or partial engine as spec.model.init says:
+ * random (seeded), llmc:PATH, or checkpoint:DIR (parameters only). */
+int pl_engine_init_from_job(pl_engine *e, const pl_job *job, char *err, size_t errlen);
+
+#endif
