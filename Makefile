@@ -67,7 +67,7 @@ $(BUILD)/asan/lib/libpliant_shared.a: $(SHARED_ASAN_OBJ)
 	@mkdir -p $(@D)
 	$(AR) rcs $@ $^
 
-$(KERNEL_OBJ) $(KERNEL_ASAN_OBJ): ALL_CFLAGS += -fopenmp
+$(KERNEL_OBJ) $(KERNEL_ASAN_OBJ) $(BUILD)/bench/kernels_bench: ALL_CFLAGS += -fopenmp
 
 $(ENGINE_LIB): $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
 	@mkdir -p $(@D)
