@@ -17,6 +17,12 @@ int pl_gpt_config_init(pl_gpt_config *c, int L, int C, int NH, int V, int maxT, 
     if (L < 1 || C < 1 || NH < 1 || V < 1 || maxT < 1)
         return pl_errf(err, errlen, "model: layers, channels, heads, vocabulary and max "
                                     "sequence length must be positive");
+    /* bounds that keep every size computation far from int overflow */
+    if (L > 1024 || C > 65536 || NH > C || V > (1 << 20) || maxT > (1 << 20))
+        return pl_errf(err, errlen,
+                       "model: L=%d C=%d NH=%d V=%d maxT=%d exceeds the limits (L ≤ 1024, "
+                       "C ≤ 65536, NH ≤ C, V ≤ 2^20, maxT ≤ 2^20)",
+                       L, C, NH, V, maxT);
     if (C % NH) return pl_errf(err, errlen, "model: channels (%d) must be divisible by heads (%d)", C, NH);
     *c = (pl_gpt_config){.L = L, .C = C, .NH = NH, .V = V, .Vp = (V + 127) / 128 * 128, .maxT = maxT};
     return 0;
@@ -168,6 +174,16 @@ int pl_llmc_read(const char *path, pl_llmc_model *out, char *err, size_t errlen)
             pl_errf(err, errlen, "%s: padded vocabulary %d, expected %d", path, h[7], out->cfg.Vp);
         } else {
             size_t n = pl_gpt_total_params(&out->cfg);
+            long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+            size_t want = sizeof h + n * sizeof(float);
+            /* check the size before allocating what the header claims */
+            if (size < 0 || (size_t)size != want || fseek(f, (long)sizeof h, SEEK_SET)) {
+                pl_errf(err, errlen, "%s: %s: %ld bytes, but its header describes %zu "
+                        "parameters (%zu bytes)", path,
+                        size >= 0 && (size_t)size > want ? "trailing bytes" : "truncated", size, n,
+                        want);
+                goto out;
+            }
             out->params = malloc(n * sizeof(float));
             if (!out->params)
                 pl_errf(err, errlen, "%s: out of memory for %zu parameters", path, n);
@@ -179,6 +195,7 @@ int pl_llmc_read(const char *path, pl_llmc_model *out, char *err, size_t errlen)
                 rc = 0;
         }
     }
+out:
     fclose(f);
     if (rc) pl_llmc_free(out);
     return rc;
