@@ -14,32 +14,24 @@ Times printed in milliseconds must carry nanosecond precision (6 decimals).
 Standard library only.
 """
 
-import argparse
 import itertools
 import json
 import os
 import subprocess
 import sys
-import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from clitest import REPO, Failure, Suite, check  # noqa: E402
+
 PROFILES = os.path.join(REPO, "examples", "profiles")
 TINY = os.path.join(PROFILES, "tiny.json")
 GPT2 = os.path.join(PROFILES, "gpt2-124m-a100.json")
 GPT3 = os.path.join(PROFILES, "gpt3-2.7b-8gpu.json")
 
 TOL_MS = 2e-6          # printed ms values are compared to exact ns values within this
-PLIANT = None          # set in main()
-TMP = None
-
-
-class Failure(Exception):
-    pass
-
-
-def check(cond, msg, *args):
-    if not cond:
-        raise Failure(msg % args if args else msg)
+suite = Suite("plan_cli")
+test = suite.test
 
 
 def close(a, b, tol=TOL_MS, rel=1e-12):
@@ -56,7 +48,7 @@ def plan(*args):
     """Runs `pliant plan ARGS`; returns (status, stdout, stderr). Results are cached."""
     args = tuple(str(a) for a in args)
     if args not in _cache:
-        p = subprocess.run([PLIANT, "plan"] + list(args), cwd=REPO, stdin=subprocess.DEVNULL,
+        p = subprocess.run([suite.pliant, "plan"] + list(args), cwd=REPO, stdin=subprocess.DEVNULL,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
         _cache[args] = (p.returncode, p.stdout.decode("utf-8", "replace"),
                         p.stderr.decode("utf-8", "replace"))
@@ -99,7 +91,7 @@ def expect_usage_error(args, *must_name):
 
 
 def tmpfile(name, content):
-    path = os.path.join(TMP, name)
+    path = os.path.join(suite.tmp, name)
     with open(path, "w") as f:
         f.write(content if isinstance(content, str) else json.dumps(content))
     return path
@@ -415,14 +407,6 @@ def check_coverage_optimal(out, temps, N, F, B, m):
 # ---------------------------------------------------------------------------
 # Tests
 
-TESTS = []
-
-
-def test(fn):
-    TESTS.append(fn)
-    return fn
-
-
 TINY_ARGS = ("--profile", TINY, "--nodes", 8, "--tolerate", 1, "--global-batch", 64)
 
 
@@ -501,7 +485,7 @@ def deterministic_output():
                  ("--profile", GPT3, "--nodes", 12, "--tolerate", 1, "--global-batch", 512)):
         runs = []
         for _ in range(2):
-            p = subprocess.run([PLIANT, "plan"] + [str(a) for a in args], cwd=REPO,
+            p = subprocess.run([suite.pliant, "plan"] + [str(a) for a in args], cwd=REPO,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
             check(p.returncode == 0, "exit status %d: %s", p.returncode, p.stderr.decode()[:300])
             runs.append(p.stdout)
@@ -615,7 +599,7 @@ def error_malformed_json():
 
 @test
 def error_profile_not_found():
-    expect_usage_error(bad_profile_args(os.path.join(TMP, "no-such-profile.json")),
+    expect_usage_error(bad_profile_args(os.path.join(suite.tmp, "no-such-profile.json")),
                        "no-such-profile.json")
 
 
@@ -833,7 +817,7 @@ def reinstantiate_add_nodes():
 def reinstantiate_deterministic():
     out = plan_json(*TINY_ARGS)
     path = tmpfile("current-8.json", current_from_plan(out, 8))
-    args = [PLIANT, "plan"] + [str(a) for a in TINY_ARGS] + ["--current", path, "--remove",
+    args = [suite.pliant, "plan"] + [str(a) for a in TINY_ARGS] + ["--current", path, "--remove",
                                                              "node-01,node-05"]
     a = subprocess.run(args, cwd=REPO, stdout=subprocess.PIPE, timeout=120).stdout
     b = subprocess.run(args, cwd=REPO, stdout=subprocess.PIPE, timeout=120).stdout
@@ -864,38 +848,5 @@ def error_remove_without_current():
 
 # ---------------------------------------------------------------------------
 
-def main():
-    global PLIANT, TMP
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default="build")
-    ap.add_argument("-k", "--filter", default="")
-    args = ap.parse_args()
-    build = args.build if os.path.isabs(args.build) else os.path.join(REPO, args.build)
-    PLIANT = os.path.join(build, "bin", "pliant")
-    tests = [t for t in TESTS if args.filter in t.__name__]
-    if not os.access(PLIANT, os.X_OK):
-        for t in tests:
-            print("skip plan_cli.%s: build/bin/pliant not built" % t.__name__)
-        return 0
-    failures = 0
-    with tempfile.TemporaryDirectory(prefix="pliant-plan-cli-") as TMP:
-        for t in tests:
-            name = "plan_cli." + t.__name__
-            try:
-                t()
-                print("ok " + name)
-            except Failure as e:
-                failures += 1
-                for line in str(e).splitlines():
-                    print("    " + line)
-                print("FAIL " + name)
-            except Exception as e:  # a bug in the command's output shape, or in the test
-                failures += 1
-                print("    %s: %s" % (type(e).__name__, e))
-                print("FAIL " + name)
-            sys.stdout.flush()
-    return 1 if failures else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(suite.main())

@@ -1,0 +1,69 @@
+"""The harness shared by the command-line tests (standard library only).
+
+A test file defines functions decorated with @suite.test and ends with
+`sys.exit(suite.main())`. Each test prints "ok NAME", "FAIL NAME" (after
+indented detail lines) or "skip NAME: why", as tests/run_tests.py expects;
+main() exits 1 if any test failed. Tests get `suite.pliant` (the binary),
+`suite.tmp` (a temporary directory for the run) and `suite.repo`.
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class Failure(Exception):
+    pass
+
+
+def check(cond, msg, *args):
+    if not cond:
+        raise Failure(msg % args if args else msg)
+
+
+class Suite:
+    def __init__(self, prefix):
+        self.prefix = prefix
+        self.tests = []
+        self.pliant = None
+        self.tmp = None
+        self.repo = REPO
+
+    def test(self, fn):
+        self.tests.append(fn)
+        return fn
+
+    def main(self):
+        ap = argparse.ArgumentParser()
+        ap.add_argument("--build", default="build")
+        ap.add_argument("-k", "--filter", default="")
+        args = ap.parse_args()
+        build = args.build if os.path.isabs(args.build) else os.path.join(REPO, args.build)
+        self.pliant = os.path.join(build, "bin", "pliant")
+        tests = [t for t in self.tests if args.filter in t.__name__]
+        if not os.access(self.pliant, os.X_OK):
+            for t in tests:
+                print("skip %s.%s: build/bin/pliant not built" % (self.prefix, t.__name__))
+            return 0
+        failures = 0
+        with tempfile.TemporaryDirectory(prefix="pliant-%s-" % self.prefix) as tmp:
+            self.tmp = tmp
+            for t in tests:
+                name = "%s.%s" % (self.prefix, t.__name__)
+                try:
+                    t()
+                    print("ok " + name)
+                except Failure as e:
+                    failures += 1
+                    for line in str(e).splitlines():
+                        print("    " + line)
+                    print("FAIL " + name)
+                except Exception as e:  # a bug in the command's output shape, or in the test
+                    failures += 1
+                    print("    %s: %s" % (type(e).__name__, e))
+                    print("FAIL " + name)
+                sys.stdout.flush()
+        return 1 if failures else 0
