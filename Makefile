@@ -51,7 +51,7 @@ ASAN_LIBS       := $(ENGINE_ASAN_LIB) $(KERNEL_ASAN_LIB) $(BUILD)/asan/lib/libpl
 DEBIAN_DEPS := build-essential pkg-config python3 libcjson-dev libcurl4-openssl-dev libyaml-dev \
                libwebsockets-dev libssl-dev libopenblas-dev
 
-.PHONY: all deps test unit-tests bench bench-planner bench-kernels cuda clean
+.PHONY: all deps test unit-tests bench bench-planner bench-kernels bench-train cuda clean
 all: $(BUILD)/bin/pliant
 
 deps:
@@ -115,9 +115,13 @@ unit-tests: $(UNIT_BIN) $(UNIT_ASAN_BIN)
 test: all unit-tests
 	@$(PYTHON) tests/run_tests.py --build $(BUILD)
 
-bench: bench-planner bench-kernels
+bench: bench-planner bench-kernels bench-train
 bench-planner: $(BUILD)/bench/planner_bench
 	$(BUILD)/bench/planner_bench
+
+# LLMC_T64 / LLMC_T256: commands running llm.c's CPU trainer at T=64 / 256 (see bench/README.md)
+bench-train: $(BUILD)/bench/train_bench
+	$(BUILD)/bench/train_bench $(if $(LLMC_T64),--llmc-t64 "$(LLMC_T64)") $(if $(LLMC_T256),--llmc-t256 "$(LLMC_T256)")
 bench-kernels: $(BUILD)/bench/kernels_bench
 	$(BUILD)/bench/kernels_bench
 

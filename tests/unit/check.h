@@ -1,6 +1,7 @@
 /* A minimal unit-test harness: each test is a void function; a failed CHECK
  * reports file:line and returns from the test. Every test prints one line,
- * "ok NAME" or "FAIL NAME: why", which tests/run_tests.py counts. */
+ * "ok NAME", "FAIL NAME" (after its detail lines) or "skip NAME: why", which
+ * tests/run_tests.py counts. */
 #ifndef PLIANT_CHECK_H
 #define PLIANT_CHECK_H
 
@@ -9,6 +10,14 @@
 #include <string.h>
 
 static int check_failed_;
+static const char *check_skip_reason_;
+
+/* Ends the current test as skipped (it prints "skip NAME: reason"). */
+#define SKIP(reason)                                                             \
+    do {                                                                         \
+        check_skip_reason_ = (reason);                                           \
+        return;                                                                  \
+    } while (0)
 
 #define CHECK(cond)                                                              \
     do {                                                                         \
@@ -44,8 +53,12 @@ static int check_failed_;
 static int check_run_(const char *name, void (*fn)(void), int *failures)
 {
     check_failed_ = 0;
+    check_skip_reason_ = NULL;
     fn();
-    printf("%s %s\n", check_failed_ ? "FAIL" : "ok", name);
+    if (check_skip_reason_ && !check_failed_)
+        printf("skip %s: %s\n", name, check_skip_reason_);
+    else
+        printf("%s %s\n", check_failed_ ? "FAIL" : "ok", name);
     fflush(stdout);
     *failures += check_failed_;
     return check_failed_;
