@@ -1,0 +1,121 @@
+/* Internals shared by the CPU kernels (the .c files in kernels/cpu/); not part of the
+ * public interface (kernels/kernels.h).
+ *
+ * Threading: every kernel parallelizes with OpenMP on k->threads threads
+ * (num_threads clause on each region; the process-wide OpenMP setting is left
+ * alone). OpenBLAS is set to ONE thread at kn_create and matrix products are
+ * split across the OpenMP team by the kernels themselves, each thread calling
+ * a single-threaded cblas_sgemm on its slice. So there is only ever one pool
+ * of threads: OpenBLAS's own pthreads never run next to OpenMP's. On the
+ * 2-core machine the two spinning pools slow each other: a matmul + GELU pair
+ * takes 1.2-1.4x longer that way (bench/kernels_bench.c), a small product
+ * followed by an elementwise kernel about 2x. Splits are along output rows or
+ * columns, never along the reduction dimension; with the sgemm kernels here
+ * the results came out bit-identical for 1, 2 and 3 threads.
+ *
+ * Several busy processes on the same cores (e.g. many workers of `pliant run`
+ * on one machine) hurt every parallel region: a barrier waits for a thread
+ * the scheduler has parked. Give each context threads = cores / processes.
+ *
+ * SIMD: the build is -march independent; the hot loops live in small
+ * functions marked KN_SIMD, which GCC compiles twice (x86-64-v3 = AVX2+FMA,
+ * and the baseline) and picks at load time (ifunc). Parallel regions stay in
+ * plain functions and call the KN_SIMD workers on their share (an OpenMP
+ * region outlined from a cloned function would not itself be cloned).
+ *
+ * A context is used by one thread at a time (the engine's compute thread). */
+#ifndef PLIANT_KERNELS_CPU_H
+#define PLIANT_KERNELS_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels.h"
+
+struct kn_ctx {
+    int threads;     /* OpenMP team size for every kernel */
+    void *ws;        /* workspace (attention backward scratch, reduction partials) */
+    size_t ws_bytes;
+};
+
+/* The workspace, grown to at least `bytes` (64-byte aligned, contents
+ * undefined). Aborts with a message when memory runs out: the kernels return
+ * void and a half-done step must not go unnoticed. */
+void *kn_cpu_workspace(kn_ctx *k, size_t bytes);
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(KN_NO_CLONES)
+#define KN_SIMD __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define KN_SIMD
+#endif
+
+/* Below this many elements of elementwise work a kernel runs on one thread
+ * (waking the team costs a few microseconds). */
+#define KN_PAR_MIN 16384
+
+/* Part i of n split into `parts` contiguous ranges; boundaries are multiples
+ * of `grain` (the last range ends at n). Ranges may be empty. */
+static inline void kn_split(size_t n, int parts, int i, size_t grain, size_t *lo, size_t *hi)
+{
+    size_t units = (n + grain - 1) / grain;
+    size_t u0 = units * (size_t)i / (size_t)parts, u1 = units * (size_t)(i + 1) / (size_t)parts;
+    *lo = u0 * grain < n ? u0 * grain : n;
+    *hi = u1 * grain < n ? u1 * grain : n;
+}
+
+/* e^x for float, written so that loops calling it vectorize (no branches,
+ * no libm call): Cody-Waite reduction x = n·ln2 + r and a degree-6
+ * polynomial (Cephes expf); max error about 1.5 ulp. Inputs are clamped to
+ * [-87, 88] (exp(-87) ≈ 1.6e-38 stands for underflow); the clamp compares
+ * the bit patterns as integers, because a float comparison could trap and
+ * stops GCC from if-converting the loop. NaN gives NaN, −inf ≈ 0. */
+static inline float kn_expf(float x)
+{
+    uint32_t b, xb;
+    memcpy(&b, &x, sizeof b);
+    xb = b;
+    b = b > 0xC2AE0000u ? 0xC2AE0000u : b;                       /* x < -87 → -87 */
+    b = (int32_t)b > (int32_t)0x42B00000 ? 0x42B00000u : b;      /* x > 88 → 88 */
+    float xc;
+    memcpy(&xc, &b, sizeof xc);
+    float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round(x/ln2) */
+    float r = xc - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t e = ((int32_t)n + 127) << 23;
+    float s;
+    memcpy(&s, &e, sizeof s);
+    float y = p * s;
+    uint32_t yb;
+    memcpy(&yb, &y, sizeof yb);
+    uint32_t nan = (uint32_t)0 - (uint32_t)((xb & 0x7FFFFFFFu) > 0x7F800000u);
+    yb = (yb & ~nan) | (xb & nan); /* NaN in, NaN out (a mask: a select here would not vectorize) */
+    memcpy(&y, &yb, sizeof y);
+    return y;
+}
+
+/* tanh(x) = sign(x)·(1 − t)/(1 + t), t = e^(−2|x|); absolute error ≈ 1e-7. */
+static inline float kn_tanhf(float x)
+{
+    uint32_t b, sign;
+    memcpy(&b, &x, sizeof b);
+    sign = b & 0x80000000u;
+    b &= 0x7FFFFFFFu;
+    float a;
+    memcpy(&a, &b, sizeof a);
+    float t = kn_expf(-2.0f * a);
+    float th = (1.0f - t) / (1.0f + t);
+    memcpy(&b, &th, sizeof b);
+    b |= sign;
+    memcpy(&th, &b, sizeof th);
+    return th;
+}
+
+#endif
