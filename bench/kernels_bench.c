@@ -9,10 +9,8 @@
  *   - a layer-like sequence (matmul, then GELU) both ways, which shows why the
  *     kernels keep OpenBLAS on one thread and split products over OpenMP;
  *   - attention (B = 4, C = 768, NH = 12, T = 64 and 256), GFLOP/s counted on
- *     the causal triangle, against llm.c's loops (train_gpt2.c: forward with
- *     its OpenMP pragma, backward serial as there);
- *   - the elementwise kernels at GPT-2 124M sizes, with llm.c's loops for
- *     GELU and softmax (libm tanhf / expf) as baselines.
+ *     the causal triangle, against the same sgemm limit;
+ *   - the elementwise kernels at GPT-2 124M sizes, as GB/s of memory traffic.
  * Usage: kernels_bench [--quick] [--threads N] */
 #include <cblas.h>
 #include <math.h>
@@ -65,116 +63,6 @@ static float *make(kn_ctx *k, size_t n, float scale)
     }
     for (size_t i = 0; i < n; i++) p[i] = scale * frand();
     return p;
-}
-
-/* ---- llm.c's loops (train_gpt2.c), the baselines ---------------------------- */
-
-#define GELU_SCALING_FACTOR sqrtf(2.0f / (float)M_PI)
-
-static void llmc_gelu_forward(float *out, const float *inp, size_t N)
-{
-    for (size_t i = 0; i < N; i++) {
-        float x = inp[i];
-        float cube = 0.044715f * x * x * x;
-        out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALING_FACTOR * (x + cube)));
-    }
-}
-
-static void llmc_softmax_forward(float *probs, const float *logits, int BT, int V, int Vp)
-{
-#pragma omp parallel for
-    for (int bt = 0; bt < BT; bt++) {
-        const float *logits_bt = logits + (size_t)bt * Vp;
-        float *probs_bt = probs + (size_t)bt * Vp;
-        float maxval = -10000.0f;
-        for (int i = 0; i < V; i++)
-            if (logits_bt[i] > maxval) maxval = logits_bt[i];
-        float sum = 0.0f;
-        for (int i = 0; i < V; i++) {
-            probs_bt[i] = expf(logits_bt[i] - maxval);
-            sum += probs_bt[i];
-        }
-        for (int i = 0; i < V; i++) probs_bt[i] /= sum;
-        for (int i = V; i < Vp; i++) probs_bt[i] = 0.0f;
-    }
-}
-
-static void llmc_attention_forward(float *out, float *preatt, float *att, const float *inp, int B,
-                                   int T, int C, int NH)
-{
-    int C3 = C * 3, hs = C / NH;
-    float scale = 1.0f / sqrtf((float)hs);
-#pragma omp parallel for collapse(3)
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++)
-            for (int h = 0; h < NH; h++) {
-                const float *query_t = inp + (size_t)b * T * C3 + t * C3 + h * hs;
-                float *preatt_bth = preatt + (size_t)b * NH * T * T + (size_t)h * T * T + t * T;
-                float *att_bth = att + (size_t)b * NH * T * T + (size_t)h * T * T + t * T;
-                float maxval = -10000.0f;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float *key_t2 = inp + (size_t)b * T * C3 + t2 * C3 + h * hs + C;
-                    float val = 0.0f;
-                    for (int i = 0; i < hs; i++) val += query_t[i] * key_t2[i];
-                    val *= scale;
-                    if (val > maxval) maxval = val;
-                    preatt_bth[t2] = val;
-                }
-                float expsum = 0.0f;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    float expv = expf(preatt_bth[t2] - maxval);
-                    expsum += expv;
-                    att_bth[t2] = expv;
-                }
-                float expsum_inv = expsum == 0.0f ? 0.0f : 1.0f / expsum;
-                for (int t2 = 0; t2 < T; t2++) att_bth[t2] = t2 <= t ? att_bth[t2] * expsum_inv : 0;
-                float *out_bth = out + (size_t)b * T * C + t * C + h * hs;
-                for (int i = 0; i < hs; i++) out_bth[i] = 0.0f;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float *value_t2 = inp + (size_t)b * T * C3 + t2 * C3 + h * hs + C * 2;
-                    float a = att_bth[t2];
-                    for (int i = 0; i < hs; i++) out_bth[i] += a * value_t2[i];
-                }
-            }
-}
-
-static void llmc_attention_backward(float *dinp, float *dpreatt, float *datt, const float *dout,
-                                    const float *inp, const float *att, int B, int T, int C, int NH)
-{
-    int C3 = C * 3, hs = C / NH;
-    float scale = 1.0f / sqrtf((float)hs);
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++)
-            for (int h = 0; h < NH; h++) {
-                const float *att_bth = att + (size_t)b * NH * T * T + (size_t)h * T * T + t * T;
-                float *datt_bth = datt + (size_t)b * NH * T * T + (size_t)h * T * T + t * T;
-                float *dpreatt_bth = dpreatt + (size_t)b * NH * T * T + (size_t)h * T * T + t * T;
-                float *dquery_t = dinp + (size_t)b * T * C3 + t * C3 + h * hs;
-                const float *query_t = inp + (size_t)b * T * C3 + t * C3 + h * hs;
-                const float *dout_bth = dout + (size_t)b * T * C + t * C + h * hs;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float *value_t2 = inp + (size_t)b * T * C3 + t2 * C3 + h * hs + C * 2;
-                    float *dvalue_t2 = dinp + (size_t)b * T * C3 + t2 * C3 + h * hs + C * 2;
-                    for (int i = 0; i < hs; i++) {
-                        datt_bth[t2] += value_t2[i] * dout_bth[i];
-                        dvalue_t2[i] += att_bth[t2] * dout_bth[i];
-                    }
-                }
-                for (int t2 = 0; t2 <= t; t2++)
-                    for (int t3 = 0; t3 <= t; t3++) {
-                        float indicator = t2 == t3 ? 1.0f : 0.0f;
-                        float local_derivative = att_bth[t2] * (indicator - att_bth[t3]);
-                        dpreatt_bth[t3] += local_derivative * datt_bth[t2];
-                    }
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float *key_t2 = inp + (size_t)b * T * C3 + t2 * C3 + h * hs + C;
-                    float *dkey_t2 = dinp + (size_t)b * T * C3 + t2 * C3 + h * hs + C;
-                    for (int i = 0; i < hs; i++) {
-                        dquery_t[i] += key_t2[i] * dpreatt_bth[t2] * scale;
-                        dkey_t2[i] += query_t[i] * dpreatt_bth[t2] * scale;
-                    }
-                }
-            }
 }
 
 /* ---- sections ------------------------------------------------------------------- */
@@ -283,35 +171,26 @@ static void bench_attention(kn_ctx *k)
     int B = 4, C = 768, NH = 12, hs = C / NH, Ts[] = {64, 256};
     printf("attention B=%d C=%d NH=%d (GFLOP/s on the causal triangle: forward 2·B·NH·T(T+1)·hs,"
            " backward twice that)\n", B, C, NH);
-    printf("%5s | %21s %21s | %21s %21s | %7s %7s\n", "T", "forward", "backward",
-           "llm.c forward", "llm.c backward", "fwd x", "bwd x");
+    printf("%5s | %21s %21s\n", "T", "forward", "backward");
     for (int s = 0; s < 2; s++) {
         int T = Ts[s];
         size_t nqkv = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
         float *qkv = make(k, nqkv, 1), *out = make(k, no, 0), *att = make(k, na, 0);
         float *dout = make(k, no, 1), *dqkv = make(k, nqkv, 0);
-        float *pre = make(k, na, 0), *datt = make(k, na, 0), *dpre = make(k, na, 0);
-        double fl = 2.0 * B * NH * (double)T * (T + 1) * hs, tf, tb, lf, lb;
+        double fl = 2.0 * B * NH * (double)T * (T + 1) * hs, tf, tb;
         TIME_BEST(tf, kn_attention_forward(k, out, att, qkv, B, T, C, NH));
         TIME_BEST(tb, kn_attention_backward(k, dqkv, dout, qkv, att, B, T, C, NH));
-        TIME_BEST(lf, llmc_attention_forward(out, pre, att, qkv, B, T, C, NH));
-        TIME_BEST(lb, llmc_attention_backward(dqkv, dpre, datt, dout, qkv, att, B, T, C, NH));
-        printf("%5d | %7.3f ms %5.1f GF/s %7.3f ms %5.1f GF/s | %7.3f ms %5.1f GF/s %7.3f ms %5.1f GF/s"
-               " | %6.1fx %6.1fx\n",
-               T, tf * 1e3, fl / tf / 1e9, tb * 1e3, 2 * fl / tb / 1e9, lf * 1e3, fl / lf / 1e9,
-               lb * 1e3, 2 * fl / lb / 1e9, lf / tf, lb / tb);
+        printf("%5d | %7.3f ms %5.1f GF/s %7.3f ms %5.1f GF/s\n", T, tf * 1e3, fl / tf / 1e9,
+               tb * 1e3, 2 * fl / tb / 1e9);
         fflush(stdout);
         kn_free(k, qkv), kn_free(k, out), kn_free(k, att), kn_free(k, dout), kn_free(k, dqkv);
-        kn_free(k, pre), kn_free(k, datt), kn_free(k, dpre);
     }
     printf("\n");
 }
 
-static void row(const char *name, double t, double bytes, double base)
+static void row(const char *name, double t, double bytes)
 {
-    printf("%-40s %9.3f ms %7.1f GB/s", name, t * 1e3, bytes / t / 1e9);
-    if (base > 0) printf("   llm.c loops %9.3f ms (%.1fx)", base * 1e3, base / t);
-    printf("\n");
+    printf("%-40s %9.3f ms %7.1f GB/s\n", name, t * 1e3, bytes / t / 1e9);
 }
 
 static void bench_elementwise(kn_ctx *k)
@@ -328,28 +207,26 @@ static void bench_elementwise(kn_ctx *k)
     int32_t *tg = kn_alloc(k, BT * sizeof *tg), *tok = kn_alloc(k, BT * sizeof *tok);
     for (int i = 0; i < BT; i++) tg[i] = tok[i] = (int32_t)((frand() + 1.0f) * 0.5f * (float)(V - 1));
     float *wte = make(k, (size_t)Vp * C, 1), *wpe = make(k, (size_t)BT * C, 1);
-    double t, base;
+    double t;
 
     TIME_BEST(t, kn_encoder_forward(k, o, tok, wte, wpe, 1, BT, C));
-    row("encoder forward", t, 4.0 * 3 * n, 0);
+    row("encoder forward", t, 4.0 * 3 * n);
     TIME_BEST(t, kn_encoder_backward(k, wte, wpe, x, tok, 1, BT, C));
-    row("encoder backward", t, 4.0 * 5 * n, 0);
+    row("encoder backward", t, 4.0 * 5 * n);
     TIME_BEST(t, kn_layernorm_forward(k, o, mean, rstd, x, w, b, 1, BT, C));
-    row("layernorm forward 1024x768", t, 4.0 * 2 * n, 0);
+    row("layernorm forward 1024x768", t, 4.0 * 2 * n);
     TIME_BEST(t, kn_layernorm_backward(k, dx, dw, db, y, x, w, mean, rstd, 1, BT, C));
-    row("layernorm backward 1024x768", t, 4.0 * 4 * n, 0);
+    row("layernorm backward 1024x768", t, 4.0 * 4 * n);
     TIME_BEST(t, kn_residual_forward(k, o, x, y, n));
-    row("residual 1024x768", t, 4.0 * 3 * n, 0);
+    row("residual 1024x768", t, 4.0 * 3 * n);
     TIME_BEST(t, kn_gelu_forward(k, g, h, n4));
-    TIME_BEST(base, llmc_gelu_forward(g, h, n4));
-    row("gelu forward 1024x3072", t, 4.0 * 2 * n4, base);
+    row("gelu forward 1024x3072", t, 4.0 * 2 * n4);
     TIME_BEST(t, kn_gelu_backward(k, dh, h, dg, n4));
-    row("gelu backward 1024x3072", t, 4.0 * 4 * n4, 0);
+    row("gelu backward 1024x3072", t, 4.0 * 4 * n4);
     TIME_BEST(t, kn_softmax_crossentropy_forward(k, losses, probs, logits, tg, BT, V, Vp));
-    TIME_BEST(base, llmc_softmax_forward(probs, logits, BT, V, Vp));
-    row("softmax+crossentropy forward 1024x50304", t, 4.0 * 2 * nl, base);
+    row("softmax+crossentropy forward 1024x50304", t, 4.0 * 2 * nl);
     TIME_BEST(t, kn_crossentropy_softmax_backward(k, logits, probs, tg, 1.0f / BT, BT, V, Vp));
-    row("crossentropy backward 1024x50304", t, 4.0 * 2 * nl, 0);
+    row("crossentropy backward 1024x50304", t, 4.0 * 2 * nl);
     kn_free(k, x), kn_free(k, y), kn_free(k, o), kn_free(k, w), kn_free(k, b), kn_free(k, mean);
     kn_free(k, rstd), kn_free(k, dw), kn_free(k, db), kn_free(k, dx), kn_free(k, h), kn_free(k, g);
     kn_free(k, dh), kn_free(k, dg), kn_free(k, logits), kn_free(k, probs), kn_free(k, losses);
@@ -361,12 +238,12 @@ static void bench_elementwise(kn_ctx *k)
     TIME_BEST(t, kn_adamw_update(k, p, gr, m, v, np, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f,
                                  step++));
     snprintf(name, sizeof name, "adamw %.1fM params", np / 1e6);
-    row(name, t, 4.0 * 7 * np, 0);
+    row(name, t, 4.0 * 7 * np);
     volatile double sink;
     TIME_BEST(t, sink = kn_sum_squares(k, gr, np));
     (void)sink;
     snprintf(name, sizeof name, "sum of squares %.1fM (double)", np / 1e6);
-    row(name, t, 4.0 * np, 0);
+    row(name, t, 4.0 * np);
     kn_free(k, p), kn_free(k, gr), kn_free(k, m), kn_free(k, v);
 }
 
