@@ -139,8 +139,13 @@ clean:
 
 # Byte-level Tiny Shakespeare shards (vocabulary 256): data/ts_train.bin (first
 # 90% of the bytes) and data/ts_val.bin (the rest), in llm.c's token format.
-.PHONY: data
+.PHONY: data train-example
 data: $(BUILD)/bin/pliant
 	$(BUILD)/bin/pliant tokenize --bytes ../shared/data/tinyshakespeare.txt data/ts
+
+# The Shakespeare example end to end: train, then sample from the last checkpoint.
+train-example: data
+	$(BUILD)/bin/pliant train examples/shakespeare-tiny.yaml --metrics $(BUILD)/shakespeare-tiny.jsonl
+	$(BUILD)/bin/pliant sample $(BUILD)/ckpt/shakespeare-tiny --tokens 400 --prompt "ROMEO:"
 
 -include $(wildcard $(BUILD)/obj/*/*.d $(BUILD)/obj/*/*/*.d $(BUILD)/asan/obj/*/*.d $(BUILD)/asan/obj/*/*/*.d)
