@@ -61,72 +61,6 @@ static const char *shape_str(char *buf, size_t len, int ndim, const int64_t *sha
     return buf;
 }
 
-/* ---- atomic file writing (same scheme as tokens.c) ------------------------ */
-
-typedef struct {
-    const void *data;
-    size_t len;
-} piece;
-
-static int write_all(int fd, const void *data, size_t len)
-{
-    const char *p = data;
-    while (len) {
-        size_t chunk = len > (1u << 30) ? (1u << 30) : len;
-        ssize_t w = write(fd, p, chunk);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        p += w;
-        len -= (size_t)w;
-    }
-    return 0;
-}
-
-static void fsync_parent(const char *path)
-{
-    char *copy = strdup(path);
-    if (!copy) return;
-    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
-    if (fd >= 0) {
-        fsync(fd);
-        close(fd);
-    }
-    free(copy);
-}
-
-static int write_atomic(const char *path, const piece *pieces, int npieces, char *err, size_t errlen)
-{
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 12);
-    if (!tmp) return pl_errf(err, errlen, "%s: out of memory", path);
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp.XXXXXX", 12);
-    int fd = mkstemp(tmp);
-    if (fd < 0) {
-        int e = errno;
-        free(tmp);
-        return pl_errf(err, errlen, "%s: cannot create temporary file: %s", path, strerror(e));
-    }
-    fchmod(fd, 0644);
-    const char *what = NULL;
-    int e = 0;
-    for (int i = 0; i < npieces && !what; i++)
-        if (pieces[i].len && write_all(fd, pieces[i].data, pieces[i].len) != 0)
-            what = "write", e = errno;
-    if (!what && fsync(fd) != 0) what = "fsync", e = errno;
-    if (close(fd) != 0 && !what) what = "close", e = errno;
-    if (!what && rename(tmp, path) != 0) what = "rename", e = errno;
-    if (what) {
-        unlink(tmp);
-        free(tmp);
-        return pl_errf(err, errlen, "%s: %s failed: %s", path, what, strerror(e));
-    }
-    free(tmp);
-    fsync_parent(path);
-    return 0;
-}
 
 /* ---- writer --------------------------------------------------------------- */
 
@@ -249,7 +183,7 @@ int pl_st_write(const pl_st_writer *w, const char *path, char *err, size_t errle
 {
     int rc = -1;
     int *order = pl_calloc((size_t)w->n, sizeof *order);
-    piece *pieces = pl_calloc((size_t)w->n + 1, sizeof *pieces);
+    pl_piece *pieces = pl_calloc((size_t)w->n + 1, sizeof *pieces);
     cJSON *root = cJSON_CreateObject();
     char *json = NULL, *header = NULL;
     if (!order || !pieces || !root) goto oom;
@@ -309,7 +243,7 @@ int pl_st_write(const pl_st_writer *w, const char *path, char *err, size_t errle
     memset(header + 8 + jlen, ' ', hlen - jlen);
     pieces[0].data = header;
     pieces[0].len = hlen + 8;
-    rc = write_atomic(path, pieces, w->n + 1, err, errlen);
+    rc = pl_write_atomic(path, pieces, w->n + 1, err, errlen);
     goto done;
 oom:
     pl_errf(err, errlen, "%s: out of memory", path);

@@ -18,72 +18,6 @@
 #error "token shards are little-endian; this code maps them directly"
 #endif
 
-/* ---- atomic file writing ------------------------------------------------ */
-
-typedef struct {
-    const void *data;
-    size_t len;
-} piece;
-
-static int write_all(int fd, const void *data, size_t len)
-{
-    const char *p = data;
-    while (len) {
-        size_t chunk = len > (1u << 30) ? (1u << 30) : len;
-        ssize_t w = write(fd, p, chunk);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        p += w;
-        len -= (size_t)w;
-    }
-    return 0;
-}
-
-static void fsync_parent(const char *path)
-{
-    char *copy = strdup(path);
-    if (!copy) return;
-    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
-    if (fd >= 0) {
-        fsync(fd);
-        close(fd);
-    }
-    free(copy);
-}
-
-/* Writes the pieces to PATH.tmp.XXXXXX, fsyncs, renames over path. */
-static int write_atomic(const char *path, const piece *pieces, int npieces, char *err, size_t errlen)
-{
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 12);
-    if (!tmp) return pl_errf(err, errlen, "%s: out of memory", path);
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp.XXXXXX", 12);
-    int fd = mkstemp(tmp);
-    if (fd < 0) {
-        int e = errno;
-        free(tmp);
-        return pl_errf(err, errlen, "%s: cannot create temporary file: %s", path, strerror(e));
-    }
-    fchmod(fd, 0644);
-    const char *what = NULL;
-    int e = 0;
-    for (int i = 0; i < npieces && !what; i++)
-        if (write_all(fd, pieces[i].data, pieces[i].len) != 0) what = "write", e = errno;
-    if (!what && fsync(fd) != 0) what = "fsync", e = errno;
-    if (close(fd) != 0 && !what) what = "close", e = errno;
-    if (!what && rename(tmp, path) != 0) what = "rename", e = errno;
-    if (what) {
-        unlink(tmp);
-        free(tmp);
-        return pl_errf(err, errlen, "%s: %s failed: %s", path, what, strerror(e));
-    }
-    free(tmp);
-    fsync_parent(path);
-    return 0;
-}
 
 /* ---- reading ------------------------------------------------------------ */
 
@@ -281,8 +215,8 @@ int pl_tokens_write(const char *path, const uint16_t *tok, int64_t n, char *err,
     hdr[0] = PL_TOKENS_MAGIC;
     hdr[1] = PL_TOKENS_VERSION;
     hdr[2] = (int32_t)n;
-    piece p[2] = {{hdr, sizeof hdr}, {tok, (size_t)n * sizeof *tok}};
-    return write_atomic(path, p, 2, err, errlen);
+    pl_piece p[2] = {{hdr, sizeof hdr}, {tok, (size_t)n * sizeof *tok}};
+    return pl_write_atomic(path, p, 2, err, errlen);
 }
 
 /* mkdir -p for the directory part of prefix ("data/ts" -> "data"). */

@@ -1,5 +1,10 @@
 #include "util.h"
 
+#include <fcntl.h>
+#include <libgen.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <errno.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -65,5 +70,66 @@ int pl_pathf(char *out, size_t outlen, char *err, size_t errlen, const char *fmt
     va_end(ap);
     if (n < 0 || (size_t)n >= outlen)
         return pl_errf(err, errlen, "path too long (over %zu bytes): %.60s...", outlen - 1, out);
+    return 0;
+}
+
+static int write_all(int fd, const void *data, size_t len)
+{
+    const char *p = data;
+    while (len) {
+        size_t chunk = len > (1u << 30) ? (1u << 30) : len;
+        ssize_t w = write(fd, p, chunk);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        p += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+static void fsync_parent(const char *path)
+{
+    char *copy = strdup(path);
+    if (!copy) return;
+    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+    free(copy);
+}
+
+/* PATH.tmp.XXXXXX, fsync, rename over path, fsync the directory: a crash
+ * leaves the old file or the new one, never a partial one. */
+int pl_write_atomic(const char *path, const pl_piece *pieces, int npieces, char *err, size_t errlen)
+{
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + 12);
+    if (!tmp) return pl_errf(err, errlen, "%s: out of memory", path);
+    memcpy(tmp, path, plen);
+    memcpy(tmp + plen, ".tmp.XXXXXX", 12);
+    int fd = mkstemp(tmp);
+    if (fd < 0) {
+        int e = errno;
+        free(tmp);
+        return pl_errf(err, errlen, "%s: cannot create temporary file: %s", path, strerror(e));
+    }
+    fchmod(fd, 0644);
+    const char *what = NULL;
+    int e = 0;
+    for (int i = 0; i < npieces && !what; i++)
+        if (write_all(fd, pieces[i].data, pieces[i].len) != 0) what = "write", e = errno;
+    if (!what && fsync(fd) != 0) what = "fsync", e = errno;
+    if (close(fd) != 0 && !what) what = "close", e = errno;
+    if (!what && rename(tmp, path) != 0) what = "rename", e = errno;
+    if (what) {
+        unlink(tmp);
+        free(tmp);
+        return pl_errf(err, errlen, "%s: %s failed: %s", path, what, strerror(e));
+    }
+    free(tmp);
+    fsync_parent(path);
     return 0;
 }

@@ -16,6 +16,16 @@ char *pl_read_file(const char *path, char *err, size_t errlen);
 int pl_pathf(char *out, size_t outlen, char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
+/* One contiguous part of a file being written. */
+typedef struct {
+    const void *data;
+    size_t len;
+} pl_piece;
+
+/* Writes the pieces as path atomically (temporary file, fsync, rename). */
+int pl_write_atomic(const char *path, const pl_piece *pieces, int npieces, char *err,
+                    size_t errlen);
+
 /* calloc that treats overflow as failure. */
 void *pl_calloc(size_t n, size_t size);
 

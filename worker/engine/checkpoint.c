@@ -51,20 +51,6 @@ static int make_dir(const char *path, char *err, size_t errlen)
     return 0;
 }
 
-static int write_text(const char *path, const char *text, char *err, size_t errlen)
-{
-    char tmp[4200];
-    if (pl_pathf(tmp, sizeof tmp, err, errlen, "%s.tmp", path)) return -1;
-    FILE *f = fopen(tmp, "w");
-    if (!f) return pl_errf(err, errlen, "%s: %s", tmp, strerror(errno));
-    int ok = fputs(text, f) >= 0 && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, path)) {
-        remove(tmp);
-        return pl_errf(err, errlen, "%s: write failed: %s", path, strerror(errno));
-    }
-    return 0;
-}
 
 int pl_checkpoint_save(const pl_engine *e, const char *dir, int64_t step, const char *info_json,
                        char *err, size_t errlen)
@@ -96,7 +82,7 @@ int pl_checkpoint_save(const pl_engine *e, const char *dir, int64_t step, const 
     release_host(e, host);
     if (rc == 0 && info_json) {
         rc = pl_pathf(path, sizeof path, err, errlen, "%s/checkpoint.json", sdir);
-        if (rc == 0) rc = write_text(path, info_json, err, errlen);
+        if (rc == 0) rc = pl_write_atomic(path, &(pl_piece){info_json, strlen(info_json)}, 1, err, errlen);
     }
     return rc;
 }

@@ -210,26 +210,22 @@ void pl_llmc_free(pl_llmc_model *m)
 int pl_llmc_write(const char *path, const pl_gpt_config *c, pl_tensor_getter get, void *ctx,
                   char *err, size_t errlen)
 {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return pl_errf(err, errlen, "%s: %s", tmp, strerror(errno));
     int32_t h[256] = {LLMC_MAGIC, LLMC_VERSION_FP32_PADDED, c->maxT, c->V, c->L, c->NH, c->C, c->Vp};
-    int ok = fwrite(h, sizeof h, 1, f) == 1;
-    /* tensor-major: embedding tensors, then each block tensor over all layers, then the head */
     pl_tensor_spec s[PL_MAX_LAYER_TENSORS];
-    for (int ti = 0; ok && ti < pl_gpt_layer_tensors(c, 0, s); ti++)
-        ok = fwrite(get(ctx, 0, ti), sizeof(float), s[ti].numel, f) == s[ti].numel;
     int nb = pl_gpt_layer_tensors(c, 1, s);
-    for (int ti = 0; ok && ti < nb; ti++)
-        for (int l = 1; ok && l <= c->L; l++)
-            ok = fwrite(get(ctx, l, ti), sizeof(float), s[ti].numel, f) == s[ti].numel;
-    for (int ti = 0; ok && ti < pl_gpt_layer_tensors(c, c->L + 1, s); ti++)
-        ok = fwrite(get(ctx, c->L + 1, ti), sizeof(float), s[ti].numel, f) == s[ti].numel;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path)) {
-        remove(tmp);
-        return pl_errf(err, errlen, "%s: write failed: %s", path, strerror(errno));
-    }
-    return 0;
+    pl_piece *p = pl_calloc((size_t)(1 + 2 + nb * c->L + 2), sizeof *p);
+    if (!p) return pl_errf(err, errlen, "%s: out of memory", path);
+    int n = 0;
+    p[n++] = (pl_piece){h, sizeof h};
+    /* tensor-major: embedding tensors, then each block tensor over all layers, then the head */
+    for (int ti = 0, k = pl_gpt_layer_tensors(c, 0, s); ti < k; ti++)
+        p[n++] = (pl_piece){get(ctx, 0, ti), s[ti].numel * sizeof(float)};
+    pl_gpt_layer_tensors(c, 1, s);
+    for (int ti = 0; ti < nb; ti++)
+        for (int l = 1; l <= c->L; l++) p[n++] = (pl_piece){get(ctx, l, ti), s[ti].numel * sizeof(float)};
+    for (int ti = 0, k = pl_gpt_layer_tensors(c, c->L + 1, s); ti < k; ti++)
+        p[n++] = (pl_piece){get(ctx, c->L + 1, ti), s[ti].numel * sizeof(float)};
+    int rc = pl_write_atomic(path, p, n, err, errlen);
+    free(p);
+    return rc;
 }
