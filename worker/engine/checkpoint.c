@@ -216,6 +216,20 @@ int pl_checkpoint_config(const char *step_dir, pl_gpt_config *cfg, int64_t *step
     return rc;
 }
 
+/* data.seq_len of checkpoint.json, or fallback. */
+static int trained_seq_len(const char *step_dir, int fallback)
+{
+    char *text = pl_checkpoint_info(step_dir, NULL, 0);
+    cJSON *root = text ? cJSON_Parse(text) : NULL;
+    long long T = 0;
+    if (json_int(cJSON_GetObjectItemCaseSensitive(root, "data"), "seq_len", &T) || T < 1 ||
+        T > fallback)
+        T = fallback;
+    cJSON_Delete(root);
+    free(text);
+    return (int)T;
+}
+
 int pl_engine_from_checkpoint(pl_engine *e, kn_ctx *k, const char *dir, int B, int T, char *err,
                               size_t errlen)
 {
@@ -224,9 +238,9 @@ int pl_engine_from_checkpoint(pl_engine *e, kn_ctx *k, const char *dir, int B, i
     if (found <= 0)
         return found < 0 ? -1 : pl_errf(err, errlen, "%s: no complete checkpoint", dir);
     pl_gpt_config cfg;
-    if (pl_checkpoint_config(step_dir, &cfg, NULL, err, errlen) ||
-        pl_engine_create(e, k, &cfg, 0, cfg.L + 2, B, T > 0 ? T : cfg.maxT, 1, err, errlen))
-        return -1;
+    if (pl_checkpoint_config(step_dir, &cfg, NULL, err, errlen)) return -1;
+    if (T <= 0) T = trained_seq_len(step_dir, cfg.maxT);
+    if (pl_engine_create(e, k, &cfg, 0, cfg.L + 2, B, T, 1, err, errlen)) return -1;
     if (pl_checkpoint_load(e, step_dir, 0, err, errlen)) {
         pl_engine_destroy(e);
         return -1;

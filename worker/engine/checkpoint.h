@@ -41,8 +41,10 @@ char *pl_checkpoint_info(const char *step_dir, char *err, size_t errlen);
 int pl_checkpoint_config(const char *step_dir, pl_gpt_config *cfg, int64_t *step, char *err,
                          size_t errlen);
 
-/* A whole-model engine for microbatches of B×T (T ≤ the model's maximum; 0
- * means the maximum) holding the parameters of the newest checkpoint in dir. */
+/* A whole-model engine for microbatches of B×T holding the parameters of the
+ * newest checkpoint in dir. T = 0 means the sequence length the checkpoint was
+ * trained with (positions beyond it have untrained embeddings), or the
+ * model's maximum when the checkpoint does not say. */
 int pl_engine_from_checkpoint(pl_engine *e, kn_ctx *k, const char *dir, int B, int T, char *err,
                               size_t errlen);
 
