@@ -1,0 +1,255 @@
+#include "chaos.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+#define MAX_TRACE_NODE 1000000
+
+static int parse_i64(const char *s, const char *end, int64_t lo, int64_t hi, int64_t *out)
+{
+    if (s == end) return -1;
+    int64_t v = 0;
+    for (const char *p = s; p < end; p++) {
+        if (*p < '0' || *p > '9' || v > (INT64_MAX - 9) / 10) return -1;
+        v = v * 10 + (*p - '0');
+    }
+    if (v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+/* Seconds with an optional fraction ("2", "0.5") to milliseconds. */
+static int parse_seconds_ms(const char *s, const char *end, int64_t *ms)
+{
+    char buf[32];
+    if (end - s <= 0 || end - s >= (long)sizeof buf) return -1;
+    memcpy(buf, s, (size_t)(end - s));
+    buf[end - s] = '\0';
+    char *stop;
+    errno = 0;
+    double v = strtod(buf, &stop);
+    if (errno || *stop || stop == buf || !(v >= 0) || v > 1e9) return -1;
+    *ms = (int64_t)(v * 1000.0 + 0.5);
+    return 0;
+}
+
+static int push(pl_chaos *c, const pl_chaos_event *e)
+{
+    pl_chaos_event *grown = realloc(c->events, (size_t)(c->n + 1) * sizeof *grown);
+    if (!grown) return -1;
+    c->events = grown;
+    c->events[c->n++] = *e;
+    return 0;
+}
+
+int pl_trace_read(const char *path, pl_trace_event **out, int *n, char *err, size_t errlen)
+{
+    *out = NULL;
+    *n = 0;
+    char *text = pl_read_file(path, err, errlen);
+    if (!text) return -1;
+    int cap = 0, line = 0, rc = 0;
+    unsigned char *alive = calloc(MAX_TRACE_NODE + 1, 1), *seen = calloc(MAX_TRACE_NODE + 1, 1);
+    if (!alive || !seen) rc = pl_errf(err, errlen, "%s: out of memory", path);
+    for (char *p = text, *next; rc == 0 && *p; p = next) {
+        next = strchr(p, '\n');
+        next = next ? next + 1 : p + strlen(p);
+        line++;
+        size_t len = (size_t)(next - p);
+        while (len && (p[len - 1] == '\n' || p[len - 1] == '\r')) len--;
+        if (len == 0) continue;
+        char row[128];
+        if (len >= sizeof row) {
+            rc = pl_errf(err, errlen, "%s:%d: line too long", path, line);
+            break;
+        }
+        memcpy(row, p, len);
+        row[len] = '\0';
+        char *c1 = strchr(row, ','), *c2 = c1 ? strchr(c1 + 1, ',') : NULL;
+        pl_trace_event ev;
+        int64_t node;
+        if (!c2 || parse_i64(row, c1, 0, INT64_MAX / 2, &ev.t_ms) ||
+            strncmp(c2 + 1, "node", 4) ||
+            parse_i64(c2 + 5, row + len, 0, MAX_TRACE_NODE, &node)) {
+            rc = pl_errf(err, errlen, "%s:%d: expected t_ms,add|remove,nodeN (got \"%s\")", path,
+                         line, row);
+            break;
+        }
+        *c2 = '\0';
+        ev.node = (int)node;
+        if (!strcmp(c1 + 1, "add"))
+            ev.add = 1;
+        else if (!strcmp(c1 + 1, "remove"))
+            ev.add = 0;
+        else {
+            rc = pl_errf(err, errlen, "%s:%d: event \"%s\" is neither add nor remove", path, line,
+                         c1 + 1);
+            break;
+        }
+        if (*n && ev.t_ms < (*out)[*n - 1].t_ms)
+            rc = pl_errf(err, errlen, "%s:%d: time %lld goes backwards", path, line,
+                         (long long)ev.t_ms);
+        else if (ev.add && seen[ev.node])
+            rc = pl_errf(err, errlen, "%s:%d: node%d added twice", path, line, ev.node);
+        else if (!ev.add && !alive[ev.node])
+            rc = pl_errf(err, errlen, "%s:%d: node%d removed but not alive", path, line, ev.node);
+        if (rc) break;
+        seen[ev.node] |= (unsigned char)ev.add;
+        alive[ev.node] = (unsigned char)ev.add;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 256;
+            pl_trace_event *grown = realloc(*out, (size_t)cap * sizeof *grown);
+            if (!grown) {
+                rc = pl_errf(err, errlen, "%s: out of memory", path);
+                break;
+            }
+            *out = grown;
+        }
+        (*out)[(*n)++] = ev;
+    }
+    free(alive);
+    free(seen);
+    free(text);
+    if (rc) {
+        free(*out);
+        *out = NULL;
+        *n = 0;
+    }
+    return rc;
+}
+
+/* trace:FILE[:SPEEDUP] → time events; worker numbers follow the trace's node order. */
+static int add_trace(pl_chaos *c, const char *arg, size_t len, char *err, size_t errlen)
+{
+    char path[4096];
+    double speedup = 1;
+    const char *colon = memrchr(arg, ':', len);
+    size_t plen = len;
+    if (colon) {
+        char num[32];
+        size_t nl = len - (size_t)(colon + 1 - arg);
+        char *stop;
+        if (nl > 0 && nl < sizeof num) {
+            memcpy(num, colon + 1, nl);
+            num[nl] = '\0';
+            double v = strtod(num, &stop);
+            if (!*stop && v > 0 && v <= 1e9) {
+                speedup = v;
+                plen = (size_t)(colon - arg);
+            }
+        }
+    }
+    if (plen == 0 || plen >= sizeof path) return pl_errf(err, errlen, "trace: bad file name");
+    memcpy(path, arg, plen);
+    path[plen] = '\0';
+    pl_trace_event *tr;
+    int n;
+    if (pl_trace_read(path, &tr, &n, err, errlen)) return -1;
+    int *worker_of = malloc((MAX_TRACE_NODE + 1) * sizeof *worker_of);
+    int next_worker = 0, rc = worker_of ? 0 : pl_errf(err, errlen, "trace: out of memory");
+    int64_t t0 = n ? tr[0].t_ms : 0; /* the replay starts at the trace's first event */
+    for (int i = 0; rc == 0 && i < n; i++) {
+        pl_chaos_event e = {.when = PL_CHAOS_AT_TIME,
+                            .t_ms = (int64_t)((double)(tr[i].t_ms - t0) / speedup)};
+        if (tr[i].add) {
+            worker_of[tr[i].node] = next_worker++;
+            if (tr[i].t_ms == t0) { /* there at the start: one of the job's initial workers */
+                c->initial_workers++;
+                continue;
+            }
+            e.action = PL_CHAOS_ADD;
+            e.count = 1;
+        } else {
+            e.action = PL_CHAOS_KILL;
+            e.worker = worker_of[tr[i].node];
+        }
+        if (push(c, &e)) rc = pl_errf(err, errlen, "trace: out of memory");
+    }
+    free(worker_of);
+    free(tr);
+    return rc;
+}
+
+/* One "action:N@step=S" or "action:N@t=SECONDS" event. */
+static int add_event(pl_chaos *c, const char *s, size_t len, char *err, size_t errlen)
+{
+    const char *end = s + len, *colon = memchr(s, ':', len), *at = memchr(s, '@', len);
+    if (!colon) return pl_errf(err, errlen, "expected ACTION:ARG");
+    size_t alen = (size_t)(colon - s);
+    if (alen == 5 && !memcmp(s, "trace", 5)) return add_trace(c, colon + 1, (size_t)(end - colon - 1), err, errlen);
+    pl_chaos_event e = {0};
+    if (alen == 4 && !memcmp(s, "kill", 4))
+        e.action = PL_CHAOS_KILL;
+    else if (alen == 4 && !memcmp(s, "term", 4))
+        e.action = PL_CHAOS_TERM;
+    else if (alen == 3 && !memcmp(s, "add", 3))
+        e.action = PL_CHAOS_ADD;
+    else
+        return pl_errf(err, errlen, "unknown action (expected kill, term, add or trace)");
+    if (!at || at < colon) return pl_errf(err, errlen, "expected @step=S or @t=SECONDS");
+    int64_t v;
+    if (parse_i64(colon + 1, at, e.action == PL_CHAOS_ADD ? 1 : 0, 100000, &v))
+        return pl_errf(err, errlen, "%s must be a number",
+                       e.action == PL_CHAOS_ADD ? "the count of workers to add" : "worker");
+    if (e.action == PL_CHAOS_ADD)
+        e.count = (int)v;
+    else
+        e.worker = (int)v;
+    if ((size_t)(end - at) >= 6 && !memcmp(at, "@step=", 6)) {
+        e.when = PL_CHAOS_AT_STEP;
+        if (parse_i64(at + 6, end, 0, INT64_MAX / 2, &e.step))
+            return pl_errf(err, errlen, "step must be a non-negative integer");
+    } else if ((size_t)(end - at) >= 3 && !memcmp(at, "@t=", 3)) {
+        e.when = PL_CHAOS_AT_TIME;
+        if (parse_seconds_ms(at + 3, end, &e.t_ms))
+            return pl_errf(err, errlen, "t must be a non-negative number of seconds");
+    } else {
+        return pl_errf(err, errlen, "expected @step=S or @t=SECONDS");
+    }
+    return push(c, &e) ? pl_errf(err, errlen, "out of memory") : 0;
+}
+
+static int cmp_event(const void *a, const void *b)
+{
+    const pl_chaos_event *x = a, *y = b;
+    if (x->when != y->when) return x->when == PL_CHAOS_AT_STEP ? -1 : 1;
+    int64_t kx = x->when == PL_CHAOS_AT_STEP ? 0 : x->t_ms, ky = y->when == PL_CHAOS_AT_STEP ? 0 : y->t_ms;
+    return (kx > ky) - (kx < ky);
+}
+
+int pl_chaos_parse(const char *spec, pl_chaos *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    int index = 0;
+    for (const char *p = spec; p && *p;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        char msg[512];
+        index++;
+        if (len == 0 || add_event(out, p, len, msg, sizeof msg)) {
+            pl_errf(err, errlen, "--chaos event %d (%.*s): %s", index, (int)(len > 80 ? 80 : len), p,
+                    len ? msg : "empty");
+            pl_chaos_free(out);
+            return -1;
+        }
+        p = comma ? comma + 1 : NULL;
+    }
+    /* stable: step events keep their order, time events sort by time */
+    for (int i = 1; i < out->n; i++)
+        for (int j = i; j > 0 && cmp_event(&out->events[j - 1], &out->events[j]) > 0; j--) {
+            pl_chaos_event t = out->events[j];
+            out->events[j] = out->events[j - 1];
+            out->events[j - 1] = t;
+        }
+    return 0;
+}
+
+void pl_chaos_free(pl_chaos *c)
+{
+    free(c->events);
+    memset(c, 0, sizeof *c);
+}
