@@ -9,16 +9,19 @@ BUILD   := build
 
 WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter
 CSTD    := -std=c17 -D_GNU_SOURCE
-INCS    := -Ishared -Ikernels -Iworker/engine $(shell pkg-config --cflags libcjson 2>/dev/null)
+INCS    := -Ishared -Ikernels -Iworker/engine -Iworker/comm -Ioperator $(shell pkg-config --cflags libcjson 2>/dev/null)
 CFLAGS  ?= -O2 -g
 ALL_CFLAGS := $(CSTD) $(WARN) $(INCS) $(CFLAGS) -MMD -MP
-LDLIBS  := $(shell pkg-config --libs libcjson 2>/dev/null || echo -lcjson) -lyaml -lm
+LDLIBS  := $(shell pkg-config --libs libcjson 2>/dev/null || echo -lcjson) -lyaml -lm -lcrypto
 SAN     := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 
 # The common library: everything in shared/.
 SHARED_SRC := $(wildcard shared/*.c)
 # The `pliant` command: its subcommands live in operator/ (pliant run shares the controller there).
-PLIANT_SRC := $(wildcard operator/*.c)
+# operator/: the `pliant` command's main (pliant.c) and, in a library the tests
+# link too, its subcommands, the controller and the worker backends.
+PLIANT_SRC := operator/pliant.c
+OPERATOR_SRC := $(filter-out $(PLIANT_SRC),$(wildcard operator/*.c))
 UNIT_SRC   := $(wildcard tests/unit/test_*.c)
 BENCH_SRC  := $(wildcard bench/*_bench.c)
 CUDA_SRC   := $(wildcard kernels/cuda/*.cu)
@@ -42,16 +45,19 @@ LDLIBS          += -lopenblas -fopenmp
 
 # The GPT engine (worker/engine/): layer-range forward/backward, optimizer,
 # checkpoints, the single-process trainer; linked into `pliant` and the tests.
-ENGINE_SRC      := $(wildcard worker/engine/*.c)
+# worker/comm/: the worker-to-worker TCP transport and collectives (OpenSSL libcrypto).
+ENGINE_SRC      := $(wildcard worker/engine/*.c worker/comm/*.c)
 ENGINE_LIB      := $(BUILD)/lib/libpliant_engine.a
 ENGINE_ASAN_LIB := $(BUILD)/asan/lib/libpliant_engine.a
-LIBS            := $(ENGINE_LIB) $(KERNEL_LIB) $(BUILD)/lib/libpliant_shared.a
-ASAN_LIBS       := $(ENGINE_ASAN_LIB) $(KERNEL_ASAN_LIB) $(BUILD)/asan/lib/libpliant_shared.a
+OPERATOR_LIB      := $(BUILD)/lib/libpliant_operator.a
+OPERATOR_ASAN_LIB := $(BUILD)/asan/lib/libpliant_operator.a
+LIBS            := $(OPERATOR_LIB) $(ENGINE_LIB) $(KERNEL_LIB) $(BUILD)/lib/libpliant_shared.a
+ASAN_LIBS       := $(OPERATOR_ASAN_LIB) $(ENGINE_ASAN_LIB) $(KERNEL_ASAN_LIB) $(BUILD)/asan/lib/libpliant_shared.a
 
 DEBIAN_DEPS := build-essential pkg-config python3 libcjson-dev libcurl4-openssl-dev libyaml-dev \
                libwebsockets-dev libssl-dev libopenblas-dev
 
-.PHONY: all deps test unit-tests bench bench-planner bench-kernels bench-train cuda clean
+.PHONY: all deps test unit-tests bench bench-planner bench-kernels bench-train bench-comm cuda clean
 all: $(BUILD)/bin/pliant
 
 deps:
@@ -68,6 +74,14 @@ $(BUILD)/asan/lib/libpliant_shared.a: $(SHARED_ASAN_OBJ)
 	$(AR) rcs $@ $^
 
 $(KERNEL_OBJ) $(KERNEL_ASAN_OBJ) $(BUILD)/bench/kernels_bench: ALL_CFLAGS += -fopenmp
+
+$(OPERATOR_LIB): $(OPERATOR_SRC:%.c=$(BUILD)/obj/%.o)
+	@mkdir -p $(@D)
+	$(AR) rcs $@ $^
+
+$(OPERATOR_ASAN_LIB): $(OPERATOR_SRC:%.c=$(BUILD)/asan/obj/%.o)
+	@mkdir -p $(@D)
+	$(AR) rcs $@ $^
 
 $(ENGINE_LIB): $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
 	@mkdir -p $(@D)
@@ -124,6 +138,8 @@ bench-train: $(BUILD)/bench/train_bench
 	$(BUILD)/bench/train_bench $(if $(LLMC_T64),--llmc-t64 "$(LLMC_T64)") $(if $(LLMC_T256),--llmc-t256 "$(LLMC_T256)")
 bench-kernels: $(BUILD)/bench/kernels_bench
 	$(BUILD)/bench/kernels_bench
+bench-comm: $(BUILD)/bench/comm_bench
+	$(BUILD)/bench/comm_bench
 
 # CUDA parts build only where nvcc exists; the default build never needs it.
 cuda: $(CUDA_OBJ)
