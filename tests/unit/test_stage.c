@@ -1,0 +1,195 @@
+/* A pipeline of stages, each in its own thread with its own kernel context,
+ * running the 1F1B schedule over an in-memory link (worker/engine/stage.c),
+ * trains exactly like the whole model run one microbatch after another. */
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "rng.h"
+#include "stage.h"
+
+#define MAXMSG 4096
+
+/* Messages keyed by (to, from, kind, mb); a receive waits for its message. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct {
+        int to, from, kind, mb, used;
+        float *data;
+        size_t n;
+    } msg[MAXMSG];
+} mailbox;
+
+typedef struct {
+    mailbox *box;
+    int self;
+} endpoint;
+
+static int box_send(void *ctx, int peer, pl_link_kind kind, int mb, const float *buf, size_t n,
+                    char *err, size_t errlen)
+{
+    endpoint *ep = ctx;
+    mailbox *b = ep->box;
+    float *copy = malloc(n * sizeof *copy);
+    memcpy(copy, buf, n * sizeof *copy);
+    pthread_mutex_lock(&b->mu);
+    int i = 0;
+    while (i < MAXMSG && b->msg[i].used) i++;
+    if (i == MAXMSG) abort();
+    b->msg[i].to = peer, b->msg[i].from = ep->self, b->msg[i].kind = kind, b->msg[i].mb = mb;
+    b->msg[i].data = copy, b->msg[i].n = n, b->msg[i].used = 1;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    return 0;
+}
+
+static int box_recv(void *ctx, int peer, pl_link_kind kind, int mb, float *buf, size_t n,
+                    char *err, size_t errlen)
+{
+    endpoint *ep = ctx;
+    mailbox *b = ep->box;
+    pthread_mutex_lock(&b->mu);
+    for (;;) {
+        for (int i = 0; i < MAXMSG; i++)
+            if (b->msg[i].used && b->msg[i].to == ep->self && b->msg[i].from == peer &&
+                b->msg[i].kind == (int)kind && b->msg[i].mb == mb) {
+                int ok = b->msg[i].n == n;
+                if (ok) memcpy(buf, b->msg[i].data, n * sizeof *buf);
+                free(b->msg[i].data);
+                b->msg[i].used = 0;
+                pthread_mutex_unlock(&b->mu);
+                return ok ? 0 : -1;
+            }
+        pthread_cond_wait(&b->cv, &b->mu);
+    }
+}
+
+typedef struct {
+    pl_engine e;
+    pl_schedule s;
+    endpoint ep;
+    pl_stage_batch batch;
+    double loss;
+    int rc;
+} stage_thread;
+
+static void *run_stage(void *arg)
+{
+    stage_thread *st = arg;
+    pl_stage_link link = {&st->ep, box_send, box_recv};
+    char err[256];
+    st->rc = pl_stage_step(&st->e, &st->s, &link, &st->batch, &st->loss, err, sizeof err);
+    return NULL;
+}
+
+static const pl_gpt_config *config(void)
+{
+    static pl_gpt_config c;
+    char err[128];
+    pl_gpt_config_init(&c, 3, 16, 2, 37, 8, err, sizeof err);
+    return &c;
+}
+
+/* Whole model vs stages cut at `cuts` (nst stages), Nb microbatches of B×T. */
+static int compare(const int *cuts, int nst, int Nb)
+{
+    const pl_gpt_config *c = config();
+    const int B = 2, T = 5, BT = B * T;
+    char err[256];
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(Nb * BT)), *tgt = malloc(sizeof(int32_t) * (size_t)(Nb * BT));
+    rng_state = 7;
+    for (int i = 0; i < Nb * BT; i++) {
+        tok[i] = (int32_t)rng_range(0, c->V - 1);
+        tgt[i] = (int32_t)rng_range(0, c->V - 1);
+    }
+    const float scale = 1.0f / (float)(Nb * BT);
+
+    kn_ctx *kw = kn_create("cpu", 1, err, sizeof err);
+    pl_engine whole;
+    pl_engine_create(&whole, kw, c, 0, c->L + 2, B, T, 1, err, sizeof err);
+    pl_engine_init_random(&whole, 3);
+    double whole_loss = 0;
+    for (int m = 0; m < Nb; m++) {
+        whole_loss += pl_engine_forward(&whole, 0, tok + m * BT, NULL, tgt + m * BT);
+        pl_engine_backward(&whole, 0, NULL, scale);
+    }
+
+    mailbox *box = calloc(1, sizeof *box);
+    pthread_mutex_init(&box->mu, NULL);
+    pthread_cond_init(&box->cv, NULL);
+    stage_thread *st = calloc((size_t)nst, sizeof *st);
+    kn_ctx *kc[8];
+    pthread_t th[8];
+    for (int k = 0; k < nst; k++) {
+        int lo = k ? cuts[k - 1] : 0, hi = k < nst - 1 ? cuts[k] : c->L + 2;
+        kc[k] = kn_create("cpu", 1, err, sizeof err);
+        pl_schedule_1f1b(nst, k, Nb, &st[k].s, err, sizeof err);
+        pl_engine_create(&st[k].e, kc[k], c, lo, hi, B, T, st[k].s.nslots, err, sizeof err);
+        pl_engine_init_random(&st[k].e, 3);
+        st[k].ep = (endpoint){box, k};
+        st[k].batch = (pl_stage_batch){tok, tgt, scale};
+        pthread_create(&th[k], NULL, run_stage, &st[k]);
+    }
+    for (int k = 0; k < nst; k++) pthread_join(th[k], NULL);
+
+    int ok = 1;
+    for (int k = 0; k < nst; k++) ok &= st[k].rc == 0;
+    ok &= st[nst - 1].loss == whole_loss;
+    /* every tensor's gradient bitwise, except the tied wte (two holders, added below) */
+    for (int k = 0; k < nst && ok; k++)
+        for (int i = 0; i < st[k].e.ntensors; i++) {
+            const pl_engine_tensor *t = &st[k].e.tensors[i];
+            const pl_engine_tensor *w = pl_engine_find(&whole, t->layer, t->index);
+            if (t->layer == 0 && t->index == 0) continue;
+            ok &= !memcmp(st[k].e.grads + t->offset, whole.grads + w->offset,
+                          t->spec.numel * sizeof(float));
+        }
+    const pl_engine_tensor *we = pl_engine_find(&st[0].e, 0, 0), *wh = &st[nst - 1].e.tensors[st[nst - 1].e.wte_tensor];
+    const pl_engine_tensor *ww = pl_engine_find(&whole, 0, 0);
+    for (size_t j = 0; j < we->spec.numel && ok; j++) {
+        float emb = st[0].e.grads[we->offset + j], head = st[nst - 1].e.grads[wh->offset + j];
+        float ref = whole.grads[ww->offset + j];
+        /* the same contributions (interleaved over the microbatches in the whole model, summed
+         * per holder in the split) added in another order: a few ulps of the addends apart */
+        ok &= fabsf(emb + head - ref) <= 1e-5f * (fabsf(emb) + fabsf(head)) + 1e-12f;
+    }
+    for (int k = 0; k < nst; k++) {
+        pl_engine_destroy(&st[k].e);
+        pl_schedule_free(&st[k].s);
+        kn_destroy(kc[k]);
+    }
+    pl_engine_destroy(&whole);
+    kn_destroy(kw);
+    free(st);
+    pthread_mutex_destroy(&box->mu);
+    pthread_cond_destroy(&box->cv);
+    free(box);
+    free(tok);
+    free(tgt);
+    return ok;
+}
+
+static void test_two_stages_every_cut(void)
+{
+    for (int cut = 1; cut <= config()->L + 1; cut++)
+        for (int Nb = 1; Nb <= 5; Nb++) {
+            int cuts[1] = {cut};
+            CHECK(compare(cuts, 2, Nb));
+        }
+}
+
+static void test_three_and_four_stages(void)
+{
+    static const int three[][2] = {{1, 2}, {1, 4}, {2, 3}, {3, 4}};
+    for (size_t i = 0; i < sizeof three / sizeof three[0]; i++) CHECK(compare(three[i], 3, 6));
+    static const int four[3] = {1, 2, 3};
+    CHECK(compare(four, 4, 7));
+}
+
+TEST_MAIN_BEGIN
+RUN(test_two_stages_every_cut);
+RUN(test_three_and_four_stages);
+TEST_MAIN_END
