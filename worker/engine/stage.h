@@ -13,9 +13,13 @@
 
 typedef enum { PL_LINK_ACTIVATION = 0, PL_LINK_GRADIENT = 1 } pl_link_kind;
 
-/* Blocking point-to-point transfers of B·T·C floats with the stage `peer`
- * (k − 1 or k + 1) about microbatch mb. Return 0, or −1 with err when the
- * transport broke (the runtime reports it and the step is aborted). */
+/* Point-to-point transfers of B·T·C floats with the stage `peer` (k − 1 or
+ * k + 1) about microbatch mb. recv blocks until the message is there; send
+ * must NOT wait for the peer's matching recv (copy or queue it and return):
+ * with rendezvous sends 1F1B deadlocks as soon as S ≥ 2 and Nb ≥ 2 (stage k
+ * sending activation i+1 while stage k+1 sends gradient i; see
+ * pl_pipeline_simulate). Return 0, or −1 with err when the transport broke
+ * (the runtime reports it and the step is aborted). */
 typedef struct {
     void *ctx;
     int (*send)(void *ctx, int peer, pl_link_kind kind, int mb, const float *buf, size_t n,
