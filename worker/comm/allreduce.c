@@ -1,0 +1,318 @@
+/* Ring all-reduce over pl_conn: see allreduce.h. */
+#include "allreduce.h"
+#include "comm_io.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+/* The bytes [begin, begin+len) of segment s when n floats are split into p segments. */
+static void segment(size_t n, int p, int s, size_t *begin, size_t *len)
+{
+    size_t q = n / (size_t)p, r = n % (size_t)p, us = (size_t)s;
+    *begin = us * q + (us < r ? us : r);
+    *len = q + (us < r ? 1 : 0);
+}
+
+static int mod(int a, int p) { return ((a % p) + p) % p; }
+
+typedef struct {
+    pl_conn *c;
+    uint32_t tag, aux;
+    /* the segment being moved, in chunks of at most chunk floats */
+    float *data;
+    size_t count, chunk, off; /* off: floats of finished chunks */
+    /* the chunk in flight */
+    unsigned char hdr[PL_FRAME_HDR_BYTES];
+    size_t hdr_done, body_done;
+    /* receive side only */
+    int reduce;
+    float *scratch;
+} xfer;
+
+static size_t cur_len(const xfer *x)
+{
+    size_t m = x->count - x->off;
+    return m < x->chunk ? m : x->chunk;
+}
+
+/* Moves as many bytes as the socket takes now. 1 done, 0 would block, <0 error.
+ * *moved is set when any byte moved. */
+static int send_progress(xfer *x, int *moved, char *err, size_t errlen)
+{
+    for (;;) {
+        if (x->off >= x->count)
+            return 1;
+        size_t m = cur_len(x);
+        if (x->hdr_done == 0 && x->body_done == 0) {
+            pl_frame_hdr h = {.type = PL_FRAME_ALLREDUCE, .tag = x->tag, .aux = x->aux,
+                              .generation = pl_conn_generation(x->c),
+                              .len = m * sizeof(float)};
+            pl_frame_encode(&h, x->hdr);
+        }
+        struct iovec iov[2];
+        int n = 0;
+        if (x->hdr_done < PL_FRAME_HDR_BYTES)
+            iov[n++] = (struct iovec){x->hdr + x->hdr_done, PL_FRAME_HDR_BYTES - x->hdr_done};
+        iov[n++] = (struct iovec){(char *)(x->data + x->off) + x->body_done,
+                                  m * sizeof(float) - x->body_done};
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+        ssize_t w = sendmsg(pl_conn_fd(x->c), &mh, MSG_NOSIGNAL);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return 0;
+            int code = pl_comm_io_errno(errno);
+            return pl_comm_errf(err, errlen, code, "all-reduce: send to rank %d: %s",
+                                (int)pl_conn_peer_rank(x->c), strerror(errno));
+        }
+        *moved = 1;
+        size_t left = (size_t)w;
+        if (x->hdr_done < PL_FRAME_HDR_BYTES) {
+            size_t take = PL_FRAME_HDR_BYTES - x->hdr_done;
+            if (take > left)
+                take = left;
+            x->hdr_done += take;
+            left -= take;
+        }
+        x->body_done += left;
+        if (x->hdr_done == PL_FRAME_HDR_BYTES && x->body_done == m * sizeof(float)) {
+            x->off += m;
+            x->hdr_done = x->body_done = 0;
+        }
+    }
+}
+
+static int recv_progress(xfer *x, int *moved, char *err, size_t errlen)
+{
+    int fd = pl_conn_fd(x->c);
+    for (;;) {
+        if (x->off >= x->count)
+            return 1;
+        size_t m = cur_len(x);
+        void *dst;
+        size_t want;
+        if (x->hdr_done < PL_FRAME_HDR_BYTES) {
+            dst = x->hdr + x->hdr_done;
+            want = PL_FRAME_HDR_BYTES - x->hdr_done;
+        } else {
+            dst = (char *)(x->reduce ? x->scratch : x->data + x->off) + x->body_done;
+            want = m * sizeof(float) - x->body_done;
+        }
+        ssize_t r = want ? recv(fd, dst, want, 0) : 0;
+        if (want && r == 0)
+            return pl_comm_errf(err, errlen, PL_COMM_ECLOSED,
+                                "all-reduce: rank %d closed the connection",
+                                (int)pl_conn_peer_rank(x->c));
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return 0;
+            int code = pl_comm_io_errno(errno);
+            return pl_comm_errf(err, errlen, code, "all-reduce: receive from rank %d: %s",
+                                (int)pl_conn_peer_rank(x->c), strerror(errno));
+        }
+        if (r > 0)
+            *moved = 1;
+        if (x->hdr_done < PL_FRAME_HDR_BYTES) {
+            x->hdr_done += (size_t)r;
+            if (x->hdr_done < PL_FRAME_HDR_BYTES)
+                continue;
+            pl_frame_hdr h;
+            if (pl_frame_decode(x->hdr, &h))
+                return pl_comm_errf(err, errlen, PL_COMM_EPROTO,
+                                    "all-reduce: bad frame magic from rank %d",
+                                    (int)pl_conn_peer_rank(x->c));
+            if (h.generation != pl_conn_generation(x->c))
+                return pl_comm_errf(err, errlen, PL_COMM_ESTALE,
+                                    "all-reduce: frame of generation %llu from rank %d, "
+                                    "expected %llu",
+                                    (unsigned long long)h.generation,
+                                    (int)pl_conn_peer_rank(x->c),
+                                    (unsigned long long)pl_conn_generation(x->c));
+            if (h.type != PL_FRAME_ALLREDUCE || h.tag != x->tag || h.aux != x->aux ||
+                h.len != m * sizeof(float))
+                return pl_comm_errf(err, errlen, PL_COMM_EPROTO,
+                                    "all-reduce: from rank %d got frame type %u tag %u step %u "
+                                    "of %llu bytes, expected type %u tag %u step %u of %zu "
+                                    "bytes (members disagree on the collective)",
+                                    (int)pl_conn_peer_rank(x->c), h.type, h.tag, h.aux,
+                                    (unsigned long long)h.len, PL_FRAME_ALLREDUCE, x->tag,
+                                    x->aux, m * sizeof(float));
+        } else {
+            x->body_done += (size_t)r;
+        }
+        if (x->hdr_done == PL_FRAME_HDR_BYTES && x->body_done == m * sizeof(float)) {
+            if (x->reduce) {
+                float *d = x->data + x->off;
+                const float *s = x->scratch;
+                for (size_t i = 0; i < m; i++)
+                    d[i] += s[i];
+            }
+            x->off += m;
+            x->hdr_done = x->body_done = 0;
+        }
+    }
+}
+
+/* Sends one segment to next while receiving one from prev. */
+static int exchange(xfer *tx, xfer *rx, int timeout_ms, char *err, size_t errlen)
+{
+    int64_t deadline = pl_comm_deadline(timeout_ms);
+    int sfd = pl_conn_fd(tx->c), rfd = pl_conn_fd(rx->c);
+    for (;;) {
+        int moved = 0;
+        int s = send_progress(tx, &moved, err, errlen);
+        if (s < 0)
+            return s;
+        int r = recv_progress(rx, &moved, err, errlen);
+        if (r < 0)
+            return r;
+        if (s == 1 && r == 1)
+            return 0;
+        if (moved)
+            deadline = pl_comm_deadline(timeout_ms);
+        struct pollfd pf[2];
+        int np = 0;
+        if (sfd == rfd) {
+            pf[np++] = (struct pollfd){.fd = sfd,
+                                       .events = (short)((s ? 0 : POLLOUT) | (r ? 0 : POLLIN))};
+        } else {
+            if (!s)
+                pf[np++] = (struct pollfd){.fd = sfd, .events = POLLOUT};
+            if (!r)
+                pf[np++] = (struct pollfd){.fd = rfd, .events = POLLIN};
+        }
+        int t = pl_comm_poll_timeout(deadline);
+        if (t == 0 && deadline >= 0) {
+            if (poll(pf, (nfds_t)np, 0) > 0)
+                continue;
+            return pl_comm_errf(err, errlen, PL_COMM_ETIMEOUT,
+                                "all-reduce: no progress for %d ms (%s rank %d)", timeout_ms,
+                                r ? "sending to" : "waiting for",
+                                (int)pl_conn_peer_rank(r ? tx->c : rx->c));
+        }
+        if (poll(pf, (nfds_t)np, t) < 0 && errno != EINTR)
+            return pl_comm_errf(err, errlen, PL_COMM_ESYS, "all-reduce: poll: %s",
+                                strerror(errno));
+    }
+}
+
+int pl_ring_allreduce(const pl_peer_table *peers, const int32_t *group, int group_size,
+                      float *buf, size_t n, uint32_t tag, int timeout_ms, char *err,
+                      size_t errlen)
+{
+    if (!peers || !group || group_size < 1 || (n && !buf))
+        return pl_comm_errf(err, errlen, PL_COMM_EINVAL, "all-reduce: bad arguments");
+    int p = group_size, me = -1;
+    for (int i = 0; i < p; i++) {
+        if (group[i] < 0 || group[i] >= peers->nranks)
+            return pl_comm_errf(err, errlen, PL_COMM_EINVAL,
+                                "all-reduce: group member %d is not a rank of 0..%d",
+                                (int)group[i], peers->nranks - 1);
+        for (int j = 0; j < i; j++)
+            if (group[j] == group[i])
+                return pl_comm_errf(err, errlen, PL_COMM_EINVAL,
+                                    "all-reduce: rank %d twice in the group", (int)group[i]);
+        if (group[i] == peers->self)
+            me = i;
+    }
+    if (me < 0)
+        return pl_comm_errf(err, errlen, PL_COMM_EINVAL,
+                            "all-reduce: rank %d is not in the group", (int)peers->self);
+    if (p == 1 || n == 0)
+        return 0;
+    int32_t next_rank = group[mod(me + 1, p)], prev_rank = group[mod(me - 1, p)];
+    pl_conn *next = peers->conn[next_rank], *prev = peers->conn[prev_rank];
+    const int32_t nb[2] = {next_rank, prev_rank};
+    pl_conn *const nc[2] = {next, prev};
+    for (int k = 0; k < 2; k++) {
+        if (!nc[k])
+            return pl_comm_errf(err, errlen, PL_COMM_EINVAL,
+                                "all-reduce: no connection to ring neighbour rank %d",
+                                (int)nb[k]);
+        if (pl_conn_peer_rank(nc[k]) != nb[k])
+            return pl_comm_errf(err, errlen, PL_COMM_EINVAL,
+                                "all-reduce: connection for rank %d leads to rank %d",
+                                (int)nb[k], (int)pl_conn_peer_rank(nc[k]));
+        if (pl_conn_status(nc[k]))
+            return pl_comm_errf(err, errlen, pl_conn_status(nc[k]),
+                                "all-reduce: connection to rank %d is broken (%s)",
+                                (int)nb[k], pl_comm_strerror(pl_conn_status(nc[k])));
+    }
+    size_t maxseg = n / (size_t)p + 1;
+    size_t chunk = PL_ALLREDUCE_CHUNK_FLOATS; /* a protocol constant, as for tensors */
+    float *scratch = malloc((maxseg < chunk ? maxseg : chunk) * sizeof(float));
+    if (!scratch)
+        return pl_comm_errf(err, errlen, PL_COMM_ESYS, "all-reduce: out of memory");
+    int rc = 0;
+    for (int step = 0; step < 2 * (p - 1) && rc == 0; step++) {
+        int rs = step < p - 1, k = rs ? step : step - (p - 1);
+        int sseg = rs ? mod(me - k, p) : mod(me + 1 - k, p);
+        int rseg = rs ? mod(me - k - 1, p) : mod(me - k, p);
+        size_t sb, sl, rb, rl;
+        segment(n, p, sseg, &sb, &sl);
+        segment(n, p, rseg, &rb, &rl);
+        xfer tx = {.c = next, .tag = tag, .aux = (uint32_t)step, .data = buf + sb,
+                   .count = sl, .chunk = chunk};
+        xfer rx = {.c = prev, .tag = tag, .aux = (uint32_t)step, .data = buf + rb,
+                   .count = rl, .chunk = chunk, .reduce = rs, .scratch = scratch};
+        rc = exchange(&tx, &rx, timeout_ms, err, errlen);
+    }
+    free(scratch);
+    if (rc) {
+        pl_conn_mark_broken(next, rc);
+        pl_conn_mark_broken(prev, rc);
+    }
+    return rc;
+}
+
+int pl_ring_allreduce_many(const pl_peer_table *peers, const int32_t *group, int group_size,
+                           const pl_tensor_ref *tensors, int ntensors, uint32_t tag,
+                           int timeout_ms, char *err, size_t errlen)
+{
+    if (ntensors < 0 || (ntensors && !tensors))
+        return pl_comm_errf(err, errlen, PL_COMM_EINVAL, "all-reduce: bad tensor list");
+    if (ntensors == 1)
+        return pl_ring_allreduce(peers, group, group_size, tensors[0].data, tensors[0].count,
+                                 tag, timeout_ms, err, errlen);
+    size_t total = 0;
+    for (int i = 0; i < ntensors; i++) {
+        if (tensors[i].count && !tensors[i].data)
+            return pl_comm_errf(err, errlen, PL_COMM_EINVAL, "all-reduce: tensor %d is NULL",
+                                i);
+        if (tensors[i].count > SIZE_MAX / sizeof(float) - total)
+            return pl_comm_errf(err, errlen, PL_COMM_EINVAL, "all-reduce: tensors too large");
+        total += tensors[i].count;
+    }
+    if (group_size == 1 || total == 0)
+        return pl_ring_allreduce(peers, group, group_size, NULL, 0, tag, timeout_ms, err,
+                                 errlen);
+    float *pack = malloc(total * sizeof(float));
+    if (!pack)
+        return pl_comm_errf(err, errlen, PL_COMM_ESYS, "all-reduce: out of memory (%zu floats)",
+                            total);
+    size_t off = 0;
+    for (int i = 0; i < ntensors; i++) {
+        if (tensors[i].count)
+            memcpy(pack + off, tensors[i].data, tensors[i].count * sizeof(float));
+        off += tensors[i].count;
+    }
+    int rc = pl_ring_allreduce(peers, group, group_size, pack, total, tag, timeout_ms, err,
+                               errlen);
+    if (rc == 0) {
+        off = 0;
+        for (int i = 0; i < ntensors; i++) {
+            if (tensors[i].count)
+                memcpy(tensors[i].data, pack + off, tensors[i].count * sizeof(float));
+            off += tensors[i].count;
+        }
+    }
+    free(pack);
+    return rc;
+}

@@ -1,0 +1,56 @@
+/* Collectives over established pl_conn connections: ring all-reduce (sum) of fp32
+ * buffers among an arbitrary ordered group of ranks.
+ *
+ * The group is the ordered list of ranks that hold one parameter tensor (ARCHITECTURE.md:
+ * "Gradient sync is per layer"). Every member calls with the same group (same order),
+ * the same element count and the same tag; each needs open connections to its ring
+ * neighbours (the members before and after it in the group, cyclically). A group of 1
+ * returns at once; a group of 2 uses its one connection in both directions.
+ *
+ * Algorithm: reduce-scatter then all-gather over p = group_size segments, each moved in
+ * frames of at most PL_ALLREDUCE_CHUNK_FLOATS floats; in every step the send to the
+ * next member and the receive from the previous one progress together on non-blocking
+ * sockets under poll(), so neighbours never wait on each other. Segment s is summed in
+ * ring order starting at member s — ((x_s + x_{s+1}) + x_{s+2}) + … — and the all-gather
+ * copies the finished sums, so the result is bitwise identical on every member and
+ * deterministic for a given group order. Frames carry the tag and the step, so members
+ * that disagree on the collective get PL_COMM_EPROTO, not silently wrong sums.
+ *
+ * timeout_ms is an idle timeout (no byte moved on either neighbour connection). Any error
+ * leaves both neighbour connections marked broken (see tcp.h) and buf undefined. */
+#ifndef PLIANT_COMM_ALLREDUCE_H
+#define PLIANT_COMM_ALLREDUCE_H
+
+#include "tcp.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PL_ALLREDUCE_CHUNK_FLOATS (128u * 1024u) /* 512 KiB frames */
+
+/* This process's connections: conn[r] is the connection to rank r (NULL for self or
+ * where none is open), r in 0..nranks-1. */
+typedef struct {
+    int32_t self;
+    int nranks;
+    pl_conn *const *conn;
+} pl_peer_table;
+
+typedef struct {
+    float *data;
+    size_t count;
+} pl_tensor_ref;
+
+/* Sums buf (n floats) across the group in place. */
+int pl_ring_allreduce(const pl_peer_table *peers, const int32_t *group, int group_size,
+                      float *buf, size_t n, uint32_t tag, int timeout_ms, char *err,
+                      size_t errlen);
+
+/* Sums several tensors in one ring all-reduce: packs them (in list order) into one
+ * buffer, reduces it, and unpacks. Every member passes the same counts in the same
+ * order. A single tensor is reduced in place without packing. */
+int pl_ring_allreduce_many(const pl_peer_table *peers, const int32_t *group, int group_size,
+                           const pl_tensor_ref *tensors, int ntensors, uint32_t tag,
+                           int timeout_ms, char *err, size_t errlen);
+
+#endif

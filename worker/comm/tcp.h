@@ -1,0 +1,166 @@
+/* Worker-to-worker transport over plain TCP (no TLS): connections authenticated by
+ * the job token, length-prefixed frames, float tensors.
+ *
+ * Authentication (see ARCHITECTURE.md, "Security"): after TCP connect both sides send a
+ * HELLO (rank, name, plan generation, a fresh 32-byte nonce from RAND_bytes), then a
+ * PROOF = HMAC-SHA256(token, direction label || own name || own rank || generation ||
+ * own nonce || peer nonce), then a one-byte VERDICT on the peer's proof. Proofs are
+ * checked with CRYPTO_memcmp. The direction labels differ for the dialing and the
+ * accepting side, so a proof cannot be reflected back. A wrong token (another job),
+ * a different plan generation (a stale plan) or an unexpected rank makes both sides
+ * close the connection and return PL_COMM_EAUTH / PL_COMM_ESTALE / PL_COMM_EPROTO with
+ * a message that says which; the listener stays usable.
+ *
+ * Frames: a 32-byte little-endian header (magic, type, tag, aux, generation, length)
+ * then `length` payload bytes; length ≤ the connection's maximum frame size. Sockets
+ * are non-blocking; every blocking call takes timeout_ms and waits with poll(), so a
+ * dead peer never blocks a caller forever. For data transfers timeout_ms is an IDLE
+ * timeout (the longest wait without any byte moving), so large transfers on slow links
+ * do not need a guessed total; connect, accept and the handshake use it as a total
+ * deadline. timeout_ms < 0 waits forever (not recommended). Sends use MSG_NOSIGNAL.
+ *
+ * The maximum frame size (pl_conn_set_max_frame) bounds caller frames; tensor chunks
+ * and all-reduce chunks have fixed protocol sizes (PL_COMM_TENSOR_CHUNK_BYTES,
+ * PL_ALLREDUCE_CHUNK_FLOATS) so both ends always agree on them.
+ *
+ * A connection is not thread-safe: one thread (or one collective) uses it at a time.
+ *
+ * Errors are negative codes (below) plus a message in err. Any error other than a
+ * timeout before the first byte of a received frame leaves the byte stream out of
+ * step, so the connection is marked broken and every later call on it returns the
+ * same code at once ("broken transport": the worker reports it to the coordinator
+ * and the connection is rebuilt by the next plan). */
+#ifndef PLIANT_COMM_TCP_H
+#define PLIANT_COMM_TCP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum {
+    PL_COMM_OK = 0,
+    PL_COMM_ETIMEOUT = -2, /* the peer made no progress within the timeout */
+    PL_COMM_ECLOSED = -3,  /* the peer closed or reset the connection */
+    PL_COMM_EPROTO = -4,   /* malformed or unexpected data (bad header, tag, size, rank) */
+    PL_COMM_EAUTH = -5,    /* handshake: job token mismatch (either side) */
+    PL_COMM_ESTALE = -6,   /* handshake or frame: plan generation differs */
+    PL_COMM_ESYS = -7,     /* a system call failed (socket, bind, resolve, memory) */
+    PL_COMM_EINVAL = -8,   /* bad arguments from the caller */
+};
+
+/* A short name for a code ("timeout", "closed", ...). */
+const char *pl_comm_strerror(int code);
+
+#define PL_COMM_NAME_MAX 64                         /* bytes of a peer name, without NUL */
+#define PL_COMM_TOKEN_MIN 1                         /* the job token may be any bytes */
+#define PL_COMM_MAX_FRAME_DEFAULT (64u << 20)       /* default per-connection frame cap */
+#define PL_COMM_TENSOR_CHUNK_BYTES (4u << 20)       /* frame size of streamed tensors */
+
+/* Who this process is, for the handshake. token: the job token (raw bytes);
+ * name: printable, at most PL_COMM_NAME_MAX bytes; generation: the plan generation
+ * the connection belongs to. */
+typedef struct {
+    const void *token;
+    size_t token_len;
+    int32_t rank;
+    const char *name;
+    uint64_t generation;
+} pl_comm_ident;
+
+typedef struct pl_listener pl_listener;
+typedef struct pl_conn pl_conn;
+
+/* Listens on bind_addr (NULL or "" = all IPv4 interfaces; a numeric address or host
+ * name) and port (0 = an ephemeral port; pl_listener_port says which). */
+int pl_listener_open(const char *bind_addr, int port, pl_listener **out, char *err,
+                     size_t errlen);
+int pl_listener_port(const pl_listener *l);
+int pl_listener_fd(const pl_listener *l);
+void pl_listener_close(pl_listener *l);
+
+/* Accepts one connection and runs the handshake, all within timeout_ms. On a failed
+ * handshake the new connection is closed, the listener is untouched, and the code
+ * says why (EAUTH, ESTALE, EPROTO, ECLOSED, ETIMEOUT). */
+int pl_listener_accept(pl_listener *l, const pl_comm_ident *self, int timeout_ms,
+                       pl_conn **out, char *err, size_t errlen);
+
+/* Connects to host:port, retrying refused/unreachable attempts with backoff until
+ * timeout_ms has passed, then runs the handshake. expect_rank ≥ 0 refuses a peer
+ * with another rank (EPROTO); −1 accepts any. */
+int pl_conn_connect(const char *host, int port, const pl_comm_ident *self,
+                    int32_t expect_rank, int timeout_ms, pl_conn **out, char *err,
+                    size_t errlen);
+
+void pl_conn_close(pl_conn *c);
+int32_t pl_conn_peer_rank(const pl_conn *c);
+const char *pl_conn_peer_name(const pl_conn *c);
+uint64_t pl_conn_generation(const pl_conn *c);
+int pl_conn_fd(const pl_conn *c);
+/* 0, or the code that broke the connection. */
+int pl_conn_status(const pl_conn *c);
+/* Marks the connection broken with code (used by collectives driving the fd). */
+void pl_conn_mark_broken(pl_conn *c, int code);
+void pl_conn_set_max_frame(pl_conn *c, uint64_t max_bytes);
+uint64_t pl_conn_max_frame(const pl_conn *c);
+
+/* ---- frames ---- */
+
+#define PL_FRAME_HDR_BYTES 32
+/* Frame types below 256 are reserved for this library. */
+enum {
+    PL_FRAME_TENSOR = 1,    /* a chunk of a streamed float tensor; aux = chunk index */
+    PL_FRAME_ALLREDUCE = 2, /* a chunk of a ring all-reduce; aux = step */
+    PL_FRAME_USER = 256,    /* first type free for callers */
+};
+
+typedef struct {
+    uint16_t type;
+    uint16_t flags;
+    uint32_t tag;
+    uint32_t aux;
+    uint64_t generation;
+    uint64_t len;
+} pl_frame_hdr;
+
+void pl_frame_encode(const pl_frame_hdr *h, unsigned char out[PL_FRAME_HDR_BYTES]);
+/* 0, or EPROTO when the magic is wrong. */
+int pl_frame_decode(const unsigned char in[PL_FRAME_HDR_BYTES], pl_frame_hdr *h);
+
+/* Sends one frame (the connection's generation is filled in). */
+int pl_conn_send_frame(pl_conn *c, uint16_t type, uint32_t tag, uint32_t aux,
+                       const void *data, size_t len, int timeout_ms, char *err,
+                       size_t errlen);
+/* Receives one frame into buf (cap bytes). A frame longer than cap or than the
+ * maximum frame size, or from another generation, is a protocol error (ESTALE for
+ * the generation). A timeout before any byte of the frame arrived leaves the
+ * connection usable. */
+int pl_conn_recv_frame(pl_conn *c, pl_frame_hdr *hdr, void *buf, size_t cap,
+                       int timeout_ms, char *err, size_t errlen);
+/* Same, allocating the payload (free() it; NULL for an empty frame). */
+int pl_conn_recv_frame_alloc(pl_conn *c, pl_frame_hdr *hdr, void **data, int timeout_ms,
+                             char *err, size_t errlen);
+
+/* ---- tensors: n fp32 values in host order (little-endian hosts only) ---- */
+
+/* Streams x as ceil(n·4 / PL_COMM_TENSOR_CHUNK_BYTES) frames (one empty frame when
+ * n = 0), written straight from x. The receiver must ask for the same tag and n. */
+int pl_conn_send_floats(pl_conn *c, uint32_t tag, const float *x, size_t n,
+                        int timeout_ms, char *err, size_t errlen);
+int pl_conn_recv_floats(pl_conn *c, uint32_t tag, float *x, size_t n, int timeout_ms,
+                        char *err, size_t errlen);
+
+/* ---- a full mesh ---- */
+
+/* Connects this rank to every other rank of 0..nranks-1: it dials every lower rank
+ * (hosts[r], ports[r]) and accepts every higher rank on l. conns[r] receives the
+ * connection to rank r (conns[self->rank] = NULL). Accepted connections that fail
+ * the handshake or claim a rank that is not expected are dropped and the wait goes
+ * on (each accepted connection gets at most PL_COMM_MESH_HANDSHAKE_MS to finish its
+ * handshake, so a silent stranger cannot hold the mesh up for long); the whole call is
+ * bounded by timeout_ms. On failure every connection made is closed and conns is all
+ * NULL; the message names the last refused peer, if any. */
+#define PL_COMM_MESH_HANDSHAKE_MS 5000
+int pl_comm_mesh(pl_listener *l, const pl_comm_ident *self, int nranks,
+                 const char *const *hosts, const int *ports, int timeout_ms,
+                 pl_conn **conns, char *err, size_t errlen);
+
+#endif
