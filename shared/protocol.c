@@ -1,0 +1,1038 @@
+#include "protocol.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cJSON.h>
+
+#include "util.h"
+
+/* ---------------------------------------------------------------- names */
+
+static const char *const type_names[PL_MSG_COUNT] = {
+    [PL_MSG_NONE] = "?",
+    [PL_MSG_REGISTER] = "register",
+    [PL_MSG_HEARTBEAT] = "heartbeat",
+    [PL_MSG_LEAVING] = "leaving",
+    [PL_MSG_REPORT] = "report",
+    [PL_MSG_REDUCED] = "reduced",
+    [PL_MSG_COMMITTED] = "committed",
+    [PL_MSG_PEER_BROKEN] = "peer_broken",
+    [PL_MSG_COPY_DONE] = "copy_done",
+    [PL_MSG_HELLO_RESUME] = "hello_resume",
+    [PL_MSG_CHALLENGE] = "challenge",
+    [PL_MSG_WELCOME] = "welcome",
+    [PL_MSG_PLAN] = "plan",
+    [PL_MSG_START_STEP] = "start_step",
+    [PL_MSG_COMMIT] = "commit",
+    [PL_MSG_ABORT] = "abort",
+    [PL_MSG_STOP] = "stop",
+    [PL_MSG_REFUSE] = "refuse",
+};
+
+static const char *const leave_names[PL_LEAVE_COUNT] = {"sigterm", "shutdown", "error"};
+
+const char *pl_msg_type_name(int type)
+{
+    if (type <= PL_MSG_NONE || type >= PL_MSG_COUNT) return "?";
+    return type_names[type];
+}
+
+int pl_msg_type_from_name(const char *name)
+{
+    if (!name) return PL_MSG_NONE;
+    for (int t = PL_MSG_NONE + 1; t < PL_MSG_COUNT; t++)
+        if (!strcmp(name, type_names[t])) return t;
+    return PL_MSG_NONE;
+}
+
+int pl_msg_from_worker(int type)
+{
+    if (type > PL_MSG_NONE && type <= PL_MSG_HELLO_RESUME) return 1;
+    if (type >= PL_MSG_CHALLENGE && type < PL_MSG_COUNT) return 0;
+    return -1;
+}
+
+const char *pl_leave_reason_name(int reason)
+{
+    if (reason < 0 || reason >= PL_LEAVE_COUNT) return "?";
+    return leave_names[reason];
+}
+
+void pl_msg_init(pl_msg *m, int type, int64_t gen)
+{
+    memset(m, 0, sizeof *m);
+    m->type = type;
+    m->gen = gen;
+}
+
+void pl_msg_free(pl_msg *m)
+{
+    if (!m) return;
+    if (m->type == PL_MSG_PLAN) {
+        pl_msg_plan *p = &m->u.plan;
+        if (p->pipelines)
+            for (int i = 0; i < p->npipelines; i++) free(p->pipelines[i].nodes);
+        free(p->pipelines);
+        free(p->peers);
+        free(p->copies);
+        free(p->sends);
+    }
+    memset(m, 0, sizeof *m);
+}
+
+/* ------------------------------------------------------- decode helpers */
+
+/* A short printable rendering of untrusted text for error messages. */
+static void shown(char *dst, size_t n, const char *src)
+{
+    size_t k = 0;
+    for (; src && *src && k + 4 < n; src++)
+        dst[k++] = (*src >= 0x20 && *src < 0x7f) ? *src : '?';
+    if (src && *src && n >= 4) {
+        memcpy(dst + k, "...", 3);
+        k += 3;
+    }
+    dst[k] = 0;
+}
+
+typedef char path_buf[192];
+
+static const char *fpath(path_buf buf, const char *path, const char *key)
+{
+    if (path && path[0])
+        snprintf(buf, sizeof(path_buf), "%s.%s", path, key);
+    else
+        snprintf(buf, sizeof(path_buf), "%s", key);
+    return buf;
+}
+
+static const cJSON *field(const cJSON *obj, const char *key)
+{
+    return cJSON_GetObjectItemCaseSensitive(obj, key);
+}
+
+/* Rejects members not in `allowed` (NULL-terminated, at most 32) and repeats. */
+static int check_keys(const cJSON *obj, const char *path, const char *const *allowed, char *err,
+                      size_t errlen)
+{
+    uint32_t seen = 0;
+    for (const cJSON *c = obj->child; c; c = c->next) {
+        int k = 0;
+        while (allowed[k] && (!c->string || strcmp(allowed[k], c->string))) k++;
+        char what[48];
+        shown(what, sizeof what, c->string ? c->string : "");
+        path_buf p;
+        if (!allowed[k]) return pl_errf(err, errlen, "%s: unknown field", fpath(p, path, what));
+        if (seen & (1u << k))
+            return pl_errf(err, errlen, "%s: duplicate field", fpath(p, path, what));
+        seen |= 1u << k;
+    }
+    return 0;
+}
+
+static int get_int(const cJSON *obj, const char *path, const char *key, int64_t lo, int64_t hi,
+                   int64_t *out, char *err, size_t errlen)
+{
+    path_buf p;
+    const cJSON *it = field(obj, key);
+    if (!it) return pl_errf(err, errlen, "%s: missing", fpath(p, path, key));
+    double d = it->valuedouble;
+    if (!cJSON_IsNumber(it) || !isfinite(d) || d != floor(d) || d < (double)lo || d > (double)hi)
+        return pl_errf(err, errlen, "%s: must be an integer in [%lld, %lld]", fpath(p, path, key),
+                       (long long)lo, (long long)hi);
+    *out = (int64_t)d;
+    return 0;
+}
+
+static int get_i32(const cJSON *obj, const char *path, const char *key, int lo, int hi, int *out,
+                   char *err, size_t errlen)
+{
+    int64_t v;
+    if (get_int(obj, path, key, lo, hi, &v, err, errlen)) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+enum { NUM_FINITE, NUM_NONFINITE };
+
+/* A number ≥ lo (> lo when lo_open). NUM_NONFINITE also takes "nan", "inf"
+ * and, when lo is -inf, "-inf". */
+static int get_num(const cJSON *obj, const char *path, const char *key, double lo, int lo_open,
+                   int mode, double *out, char *err, size_t errlen)
+{
+    path_buf p;
+    const cJSON *it = field(obj, key);
+    if (!it) return pl_errf(err, errlen, "%s: missing", fpath(p, path, key));
+    if (mode == NUM_NONFINITE && cJSON_IsString(it) && it->valuestring) {
+        const char *s = it->valuestring;
+        if (!strcmp(s, "nan")) { *out = NAN; return 0; }
+        if (!strcmp(s, "inf")) { *out = INFINITY; return 0; }
+        if (!strcmp(s, "-inf") && isinf(lo)) { *out = -INFINITY; return 0; }
+    }
+    double d = it->valuedouble;
+    if (!cJSON_IsNumber(it) || !isfinite(d) || d < lo || (lo_open && d == lo)) {
+        if (mode == NUM_NONFINITE)
+            return pl_errf(err, errlen, "%s: must be a number%s or \"nan\", \"inf\"%s",
+                           fpath(p, path, key), isinf(lo) ? "" : lo_open ? " > 0" : " >= 0",
+                           isinf(lo) ? ", \"-inf\"" : "");
+        if (isinf(lo)) return pl_errf(err, errlen, "%s: must be a finite number", fpath(p, path, key));
+        return pl_errf(err, errlen, "%s: must be a finite number %s %g", fpath(p, path, key),
+                       lo_open ? ">" : ">=", lo);
+    }
+    *out = d;
+    return 0;
+}
+
+static int get_bool(const cJSON *obj, const char *path, const char *key, int *out, char *err,
+                    size_t errlen)
+{
+    path_buf p;
+    const cJSON *it = field(obj, key);
+    if (!it) return pl_errf(err, errlen, "%s: missing", fpath(p, path, key));
+    if (!cJSON_IsBool(it)) return pl_errf(err, errlen, "%s: must be true or false", fpath(p, path, key));
+    *out = cJSON_IsTrue(it) ? 1 : 0;
+    return 0;
+}
+
+enum { S_NAME, S_HOST, S_TEXT, S_PATH, S_HEX };
+
+static int char_ok(int kind, unsigned char c)
+{
+    switch (kind) {
+    case S_NAME:
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+               c == '.' || c == '-' || c == '_';
+    case S_HOST:
+        return char_ok(S_NAME, c) || c == ':' || c == '[' || c == ']' || c == '%';
+    case S_TEXT:
+        return c >= 0x20 ? c != 0x7f : (c == '\t' || c == '\n');
+    case S_PATH:
+        return c >= 0x20 && c != 0x7f;
+    default:
+        return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+    }
+}
+
+/* Length of the well-formed UTF-8 sequence at s[0..n) (no overlong forms, no
+ * surrogates, at most U+10FFFF), or 0. */
+static size_t utf8_seq(const unsigned char *s, size_t n)
+{
+    if (s[0] < 0x80) return 1;
+    size_t k;
+    unsigned lo = 0x80, hi = 0xbf;
+    if (s[0] >= 0xc2 && s[0] <= 0xdf) k = 2;
+    else if (s[0] >= 0xe0 && s[0] <= 0xef) {
+        k = 3;
+        if (s[0] == 0xe0) lo = 0xa0;
+        if (s[0] == 0xed) hi = 0x9f;
+    } else if (s[0] >= 0xf0 && s[0] <= 0xf4) {
+        k = 4;
+        if (s[0] == 0xf0) lo = 0x90;
+        if (s[0] == 0xf4) hi = 0x8f;
+    } else
+        return 0;
+    if (k > n || s[1] < lo || s[1] > hi) return 0;
+    for (size_t i = 2; i < k; i++)
+        if (s[i] < 0x80 || s[i] > 0xbf) return 0;
+    return k;
+}
+
+/* A string of kind with minlen..maxlen bytes, copied into buf (maxlen+1).
+ * Text and paths must be well-formed UTF-8. */
+static int get_str_item(const cJSON *it, const char *p, int kind, size_t minlen, size_t maxlen,
+                        char *buf, char *err, size_t errlen)
+{
+    if (!cJSON_IsString(it) || !it->valuestring) return pl_errf(err, errlen, "%s: must be a string", p);
+    const char *s = it->valuestring;
+    size_t n = strnlen(s, maxlen + 1);
+    if (n > maxlen) return pl_errf(err, errlen, "%s: too long (at most %zu characters)", p, maxlen);
+    if (n < minlen) {
+        if (minlen == 1) return pl_errf(err, errlen, "%s: must not be empty", p);
+        return pl_errf(err, errlen, "%s: too short (at least %zu characters)", p, minlen);
+    }
+    for (size_t i = 0; i < n; i++) {
+        const unsigned char *u = (const unsigned char *)s + i;
+        if ((kind == S_TEXT || kind == S_PATH) && *u >= 0x80) {
+            size_t k = utf8_seq(u, n - i);
+            if (!k) return pl_errf(err, errlen, "%s: invalid UTF-8 at offset %zu", p, i);
+            i += k - 1;
+            continue;
+        }
+        if (!char_ok(kind, *u))
+            return pl_errf(err, errlen, "%s: invalid character at offset %zu%s", p, i,
+                           kind == S_HEX    ? " (hex digits only)"
+                           : kind == S_NAME ? " (letters, digits, '.', '-', '_' only)"
+                                            : "");
+    }
+    memcpy(buf, s, n);
+    buf[n] = 0;
+    return 0;
+}
+
+static int get_str(const cJSON *obj, const char *path, const char *key, int kind, size_t minlen,
+                   size_t maxlen, char *buf, char *err, size_t errlen)
+{
+    path_buf p;
+    fpath(p, path, key);
+    const cJSON *it = field(obj, key);
+    if (!it) return pl_errf(err, errlen, "%s: missing", p);
+    return get_str_item(it, p, kind, minlen, maxlen, buf, err, errlen);
+}
+
+#define NAME(obj, path, key, buf) get_str(obj, path, key, S_NAME, 1, PL_PROTO_NAME_MAX, buf, err, errlen)
+#define TEXT(obj, path, key, buf) get_str(obj, path, key, S_TEXT, 0, PL_PROTO_TEXT_MAX, buf, err, errlen)
+#define STEP(obj, key, out) get_int(obj, "", key, 0, PL_PROTO_INT_MAX, out, err, errlen)
+
+/* An object member that must be an object (or null when nullable: *isnull). */
+static const cJSON *get_obj(const cJSON *obj, const char *path, const char *key, int nullable,
+                            int *isnull, char *err, size_t errlen)
+{
+    path_buf p;
+    const cJSON *it = field(obj, key);
+    if (!it) {
+        pl_errf(err, errlen, "%s: missing", fpath(p, path, key));
+        return NULL;
+    }
+    if (nullable && cJSON_IsNull(it)) {
+        *isnull = 1;
+        return NULL;
+    }
+    if (!cJSON_IsObject(it)) {
+        pl_errf(err, errlen, "%s: must be an object%s", fpath(p, path, key), nullable ? " or null" : "");
+        return NULL;
+    }
+    if (isnull) *isnull = 0;
+    return it;
+}
+
+static const cJSON *get_arr(const cJSON *obj, const char *key, int lo, int hi, int *n, char *err,
+                            size_t errlen)
+{
+    const cJSON *it = field(obj, key);
+    if (!it) {
+        pl_errf(err, errlen, "%s: missing", key);
+        return NULL;
+    }
+    if (!cJSON_IsArray(it)) {
+        pl_errf(err, errlen, "%s: must be an array", key);
+        return NULL;
+    }
+    int k = cJSON_GetArraySize(it);
+    if (k < lo || k > hi) {
+        pl_errf(err, errlen, "%s: must have %d to %d entries (has %d)", key, lo, hi, k);
+        return NULL;
+    }
+    *n = k;
+    return it;
+}
+
+/* --------------------------------------------------- per-type decoders */
+
+static int dec_register(const cJSON *o, pl_msg *m, char *err, size_t errlen)
+{
+    pl_msg_register *r = &m->u.reg;
+    if (NAME(o, "", "job", r->job) || NAME(o, "", "name", r->name) ||
+        NAME(o, "", "node", r->node) ||
+        get_str(o, "", "zone", S_NAME, 0, PL_PROTO_NAME_MAX, r->zone, err, errlen) ||
+        get_i32(o, "", "gpus", 0, 1024, &r->gpus, err, errlen) ||
+        get_int(o, "", "pid", 1, 2147483647, &r->pid, err, errlen) ||
+        get_str(o, "", "token_proof", S_HEX, PL_PROTO_PROOF_LEN, PL_PROTO_PROOF_LEN,
+                r->token_proof, err, errlen))
+        return -1;
+    return 0;
+}
+
+static int dec_step(const cJSON *o, pl_msg *m, char *err, size_t errlen)
+{
+    return STEP(o, "step", &m->u.heartbeat.step);
+}
+
+static int dec_leaving(const cJSON *o, pl_msg *m, char *err, size_t errlen)
+{
+    const cJSON *r = field(o, "reason");
+    if (!r) return pl_errf(err, errlen, "reason: missing");
+    int k = PL_LEAVE_COUNT;
+    if (cJSON_IsString(r) && r->valuestring)
+        for (k = 0; k < PL_LEAVE_COUNT && strcmp(r->valuestring, leave_names[k]); k++) {}
+    if (k == PL_LEAVE_COUNT)
+        return pl_errf(err, errlen, "reason: must be \"sigterm\", \"shutdown\" or \"error\"");
+    m->u.leaving.reason = k;
+    return get_int(o, "", "grace_ms", 0, PL_PROTO_INT_MAX, &m->u.leaving.grace_ms, err, errlen);
+}
+
+static int dec_report(const cJSON *o, pl_msg *m, char *err, size_t errlen)
+{
+    pl_msg_report *r = &m->u.report;
+    if (STEP(o, "step", &r->step)) return -1;
+    const cJSON *l = field(o, "loss");
+    if (l && cJSON_IsNull(l)) {
+        r->has_loss = 0;
+    } else {
+        r->has_loss = 1;
+        if (get_num(o, "", "loss", -INFINITY, 0, NUM_NONFINITE, &r->loss, err, errlen)) return -1;
+    }
+    if (get_int(o, "", "tokens", 0, PL_PROTO_INT_MAX, &r->tokens, err, errlen) ||
+        get_num(o, "", "ms", 0, 0, NUM_FINITE, &r->ms, err, errlen) ||
+        get_num(o, "", "grad_sumsq", 0, 0, NUM_NONFINITE, &r->grad_sumsq, err, errlen))
+        return -1;
+    char hex[17];
+    if (get_str(o, "", "samples_digest", S_HEX, 16, 16, hex, err, errlen)) return -1;
+    r->samples_digest = strtoull(hex, NULL, 16);
+    return 0;
+}
+
+static int dec_peer_broken(const cJSON *o, pl_msg *m, char *err, size_t errlen)
+{
+    return NAME(o, "", "peer", m->u.peer_broken.peer) || TEXT(o, "", "reason", m->u.peer_broken.reason)
+               ? -1
+               : 0;
+}
+
+static int dec_copy_done(const cJSON *o, pl_msg *m, char *err, size_t errlen)
+{
+    return get_int(o, "", "bytes", 0, PL_PROTO_INT_MAX, &m->u.copy_done.bytes, err, errlen);
+}
+
+static int dec_hello_resume(const cJSON *o, pl_msg *m, char *err, size_t errlen)
+{
+    pl_msg_hello_resume *h = &m->u.hello_resume;
+    if (get_int(o, "", "committed_step", -1, PL_PROTO_INT_MAX, &h->committed_step, err, errlen) ||
+        get_num(o, "", "grad_scale", 0, 0, NUM_FINITE, &h->grad_scale, err, errlen) ||
+        get_num(o, "", "lr", 0, 0, NUM_FINITE, &h->lr, err, errlen) ||
+        get_int(o, "", "reduced_step", -1, PL_PROTO_INT_MAX, &h->reduced_step, err, errlen))
+        return -1;
+    if (h->reduced_step != -1 && h->reduced_step != h->committed_step + 1)
+        return pl_errf(err, errlen, "reduced_step: must be -1 or committed_step + 1 (%lld)",
+                       (long long)(h->committed_step + 1));
+    return 0;
+}
+
+static int dec_challenge(const cJSON *o, pl_msg *m, char *err, size_t errlen)
+{
+    if (get_str(o, "", "nonce", S_HEX, PL_PROTO_NONCE_MIN, PL_PROTO_NONCE_MAX, m->u.challenge.nonce,
+                err, errlen))
+        return -1;
+    if (strlen(m->u.challenge.nonce) % 2)
+        return pl_errf(err, errlen, "nonce: must have an even number of hex digits");
+    return 0;
+}
+
+static int dec_welcome(const cJSON *o, pl_msg *m, char *err, size_t errlen)
+{
+    pl_msg_welcome *w = &m->u.welcome;
+    return get_i32(o, "", "rank", 0, PL_PROTO_MAX_NODES - 1, &w->rank, err, errlen) ||
+                   NAME(o, "", "job", w->job) || get_bool(o, "", "token_ok", &w->token_ok, err, errlen) ||
+                   get_i32(o, "", "heartbeat_ms", PL_PROTO_HEARTBEAT_MIN_MS, PL_PROTO_HEARTBEAT_MAX_MS,
+                           &w->heartbeat_ms, err, errlen)
+               ? -1
+               : 0;
+}
+
+static int dec_commit(const cJSON *o, pl_msg *m, char *err, size_t errlen)
+{
+    pl_msg_commit *c = &m->u.commit;
+    return STEP(o, "step", &c->step) ||
+                   get_num(o, "", "grad_scale", 0, 1, NUM_FINITE, &c->grad_scale, err, errlen) ||
+                   get_num(o, "", "lr", 0, 0, NUM_FINITE, &c->lr, err, errlen)
+               ? -1
+               : 0;
+}
+
+static int dec_abort(const cJSON *o, pl_msg *m, char *err, size_t errlen)
+{
+    return STEP(o, "step", &m->u.abort_.step) || TEXT(o, "", "reason", m->u.abort_.reason) ? -1 : 0;
+}
+
+static int dec_stop(const cJSON *o, pl_msg *m, char *err, size_t errlen)
+{
+    return TEXT(o, "", "reason", m->u.stop.reason) ||
+                   get_i32(o, "", "exit_code", 0, 255, &m->u.stop.exit_code, err, errlen)
+               ? -1
+               : 0;
+}
+
+static int dec_refuse(const cJSON *o, pl_msg *m, char *err, size_t errlen)
+{
+    return TEXT(o, "", "reason", m->u.refuse.reason);
+}
+
+typedef struct {
+    const char *name;
+    int pipeline, node;
+} node_ref;
+
+static int node_ref_cmp(const void *a, const void *b)
+{
+    return strcmp(((const node_ref *)a)->name, ((const node_ref *)b)->name);
+}
+
+static const char *const pipeline_keys[] = {"nodes", "template_nodes", "microbatches",
+                                            "first_microbatch", NULL};
+static const char *const you_keys[] = {"pipeline", "stage", "layer_begin", "layer_end", NULL};
+static const char *const peer_keys[] = {"name", "host", "port", NULL};
+static const char *const copy_keys[] = {"layer", "source", "bytes", NULL};
+static const char *const send_keys[] = {"layer", "dest", NULL};
+static const char *const ckpt_keys[] = {"dir", "step", NULL};
+
+static int dec_pipelines(const cJSON *o, pl_msg_plan *p, char *err, size_t errlen)
+{
+    int np;
+    const cJSON *arr = get_arr(o, "pipelines", 1, PL_PROTO_MAX_NODES, &np, err, errlen);
+    if (!arr) return -1;
+    p->pipelines = pl_calloc((size_t)np, sizeof *p->pipelines);
+    if (!p->pipelines) return pl_errf(err, errlen, "pipelines: out of memory");
+    p->npipelines = np;
+    int total = 0, i = 0;
+    int64_t next_mb = 0;
+    path_buf path, q;
+    for (const cJSON *pi = arr->child; pi; pi = pi->next, i++) {
+        pl_msg_pipeline *pp = &p->pipelines[i];
+        snprintf(path, sizeof path, "pipelines[%d]", i);
+        if (!cJSON_IsObject(pi)) return pl_errf(err, errlen, "%s: must be an object", path);
+        if (check_keys(pi, path, pipeline_keys, err, errlen)) return -1;
+        const cJSON *nodes = field(pi, "nodes");
+        if (!nodes) return pl_errf(err, errlen, "%s.nodes: missing", path);
+        if (!cJSON_IsArray(nodes)) return pl_errf(err, errlen, "%s.nodes: must be an array", path);
+        int k = cJSON_GetArraySize(nodes);
+        if (k < 1 || k > PL_PROTO_MAX_NODES - total)
+            return pl_errf(err, errlen, "%s.nodes: must have 1 to %d entries (%d workers in all)", path,
+                           PL_PROTO_MAX_NODES, PL_PROTO_MAX_NODES);
+        total += k;
+        pp->nodes = pl_calloc((size_t)k, sizeof *pp->nodes);
+        if (!pp->nodes) return pl_errf(err, errlen, "%s.nodes: out of memory", path);
+        pp->nnodes = k;
+        int j = 0;
+        for (const cJSON *s = nodes->child; s; s = s->next, j++) {
+            snprintf(q, sizeof q, "pipelines[%d].nodes[%d]", i, j);
+            if (get_str_item(s, q, S_NAME, 1, PL_PROTO_NAME_MAX, pp->nodes[j], err, errlen)) return -1;
+        }
+        if (get_i32(pi, path, "template_nodes", 1, PL_PROTO_MAX_NODES, &pp->template_nodes, err,
+                    errlen) ||
+            get_int(pi, path, "microbatches", 1, PL_PROTO_MAX_MICROBATCHES, &pp->microbatches, err,
+                    errlen) ||
+            get_int(pi, path, "first_microbatch", 0, PL_PROTO_INT_MAX, &pp->first_microbatch, err,
+                    errlen))
+            return -1;
+        if (pp->template_nodes != k)
+            return pl_errf(err, errlen, "%s.template_nodes: must equal the number of nodes (%d)", path, k);
+        if (pp->first_microbatch != next_mb)
+            return pl_errf(err, errlen, "%s.first_microbatch: must be %lld (ranges are contiguous)", path,
+                           (long long)next_mb);
+        next_mb += pp->microbatches; /* ≤ 4096 · 2^40: no overflow */
+    }
+    if (p->global_batch % p->micro || p->global_batch / p->micro != next_mb)
+        return pl_errf(err, errlen,
+                       "global_batch: must equal micro × the pipelines' microbatches (%d × %lld)",
+                       p->micro, (long long)next_mb);
+    /* Worker names are unique across the plan. */
+    node_ref *refs = malloc((size_t)total * sizeof *refs);
+    if (!refs) return pl_errf(err, errlen, "pipelines: out of memory");
+    int n = 0;
+    for (i = 0; i < np; i++)
+        for (int j = 0; j < p->pipelines[i].nnodes; j++)
+            refs[n++] = (node_ref){p->pipelines[i].nodes[j], i, j};
+    qsort(refs, (size_t)n, sizeof *refs, node_ref_cmp);
+    int rc = 0;
+    for (i = 1; i < n && !rc; i++)
+        if (!strcmp(refs[i - 1].name, refs[i].name)) {
+            const node_ref *a = &refs[i - 1], *b = &refs[i];
+            if (a->pipeline > b->pipeline || (a->pipeline == b->pipeline && a->node > b->node)) {
+                const node_ref *t = a;
+                a = b;
+                b = t;
+            }
+            char nm[48];
+            shown(nm, sizeof nm, b->name);
+            rc = pl_errf(err, errlen, "pipelines[%d].nodes[%d]: \"%s\" already runs pipelines[%d].nodes[%d]",
+                         b->pipeline, b->node, nm, a->pipeline, a->node);
+        }
+    free(refs);
+    return rc;
+}
+
+static int dec_plan(const cJSON *o, pl_msg *m, char *err, size_t errlen)
+{
+    pl_msg_plan *p = &m->u.plan;
+    path_buf q;
+    int isnull = 0;
+    if (STEP(o, "generation", &p->generation)) return -1;
+    if (p->generation != m->gen)
+        return pl_errf(err, errlen, "generation: must equal gen (%lld)", (long long)m->gen);
+    if (STEP(o, "step", &p->step) ||
+        get_int(o, "", "global_batch", 1, PL_PROTO_INT_MAX, &p->global_batch, err, errlen) ||
+        get_i32(o, "", "micro", 1, PL_PROTO_MAX_MICRO, &p->micro, err, errlen) ||
+        get_i32(o, "", "seq_len", 1, PL_PROTO_MAX_SEQ_LEN, &p->seq_len, err, errlen) ||
+        dec_pipelines(o, p, err, errlen))
+        return -1;
+
+    const cJSON *you = get_obj(o, "", "you", 1, &isnull, err, errlen);
+    if (!you && !isnull) return -1;
+    if (isnull) {
+        p->you_pipeline = -1;
+    } else {
+        if (check_keys(you, "you", you_keys, err, errlen) ||
+            get_i32(you, "you", "pipeline", 0, p->npipelines - 1, &p->you_pipeline, err, errlen) ||
+            get_i32(you, "you", "stage", 0, p->pipelines[p->you_pipeline].nnodes - 1, &p->you_stage,
+                    err, errlen) ||
+            get_i32(you, "you", "layer_begin", 0, PL_PROTO_MAX_LAYERS - 1, &p->you_layer_begin, err,
+                    errlen) ||
+            get_i32(you, "you", "layer_end", p->you_layer_begin + 1, PL_PROTO_MAX_LAYERS,
+                    &p->you_layer_end, err, errlen))
+            return -1;
+    }
+
+    int n, i;
+    const cJSON *arr = get_arr(o, "peers", 0, PL_PROTO_MAX_NODES, &n, err, errlen);
+    if (!arr) return -1;
+    if (n) {
+        if (!(p->peers = pl_calloc((size_t)n, sizeof *p->peers)))
+            return pl_errf(err, errlen, "peers: out of memory");
+        p->npeers = n;
+    }
+    i = 0;
+    for (const cJSON *e = arr->child; e; e = e->next, i++) {
+        snprintf(q, sizeof q, "peers[%d]", i);
+        if (!cJSON_IsObject(e)) return pl_errf(err, errlen, "%s: must be an object", q);
+        if (check_keys(e, q, peer_keys, err, errlen) || NAME(e, q, "name", p->peers[i].name) ||
+            get_str(e, q, "host", S_HOST, 1, PL_PROTO_HOST_MAX, p->peers[i].host, err, errlen) ||
+            get_i32(e, q, "port", 1, 65535, &p->peers[i].port, err, errlen))
+            return -1;
+    }
+
+    if (!(arr = get_arr(o, "copies", 0, PL_PROTO_MAX_LAYERS, &n, err, errlen))) return -1;
+    if (n) {
+        if (!(p->copies = pl_calloc((size_t)n, sizeof *p->copies)))
+            return pl_errf(err, errlen, "copies: out of memory");
+        p->ncopies = n;
+    }
+    i = 0;
+    for (const cJSON *e = arr->child; e; e = e->next, i++) {
+        snprintf(q, sizeof q, "copies[%d]", i);
+        if (!cJSON_IsObject(e)) return pl_errf(err, errlen, "%s: must be an object", q);
+        if (check_keys(e, q, copy_keys, err, errlen) ||
+            get_i32(e, q, "layer", 0, PL_PROTO_MAX_LAYERS - 1, &p->copies[i].layer, err, errlen) ||
+            NAME(e, q, "source", p->copies[i].source) ||
+            get_int(e, q, "bytes", 0, PL_PROTO_INT_MAX, &p->copies[i].bytes, err, errlen))
+            return -1;
+    }
+
+    if (!(arr = get_arr(o, "sends", 0, PL_PROTO_MAX_SENDS, &n, err, errlen))) return -1;
+    if (n) {
+        if (!(p->sends = pl_calloc((size_t)n, sizeof *p->sends)))
+            return pl_errf(err, errlen, "sends: out of memory");
+        p->nsends = n;
+    }
+    i = 0;
+    for (const cJSON *e = arr->child; e; e = e->next, i++) {
+        snprintf(q, sizeof q, "sends[%d]", i);
+        if (!cJSON_IsObject(e)) return pl_errf(err, errlen, "%s: must be an object", q);
+        if (check_keys(e, q, send_keys, err, errlen) ||
+            get_i32(e, q, "layer", 0, PL_PROTO_MAX_LAYERS - 1, &p->sends[i].layer, err, errlen) ||
+            NAME(e, q, "dest", p->sends[i].dest))
+            return -1;
+    }
+
+    const cJSON *ck = get_obj(o, "", "checkpoint", 1, &isnull, err, errlen);
+    if (!ck && !isnull) return -1;
+    if (!isnull) {
+        p->has_checkpoint = 1;
+        if (check_keys(ck, "checkpoint", ckpt_keys, err, errlen) ||
+            get_str(ck, "checkpoint", "dir", S_PATH, 1, PL_PROTO_PATH_MAX, p->checkpoint_dir, err,
+                    errlen) ||
+            get_int(ck, "checkpoint", "step", 0, PL_PROTO_INT_MAX, &p->checkpoint_step, err, errlen))
+            return -1;
+    }
+    return 0;
+}
+
+/* -------------------------------------------------------- the type table */
+
+typedef int (*decode_fn)(const cJSON *, pl_msg *, char *, size_t);
+
+#define ENV "v", "type", "gen"
+static const char *const keys_register[] = {ENV, "job", "name", "node", "zone", "gpus", "pid", "token_proof", NULL};
+static const char *const keys_step[] = {ENV, "step", NULL};
+static const char *const keys_leaving[] = {ENV, "reason", "grace_ms", NULL};
+static const char *const keys_report[] = {ENV, "step", "loss", "tokens", "ms", "grad_sumsq", "samples_digest", NULL};
+static const char *const keys_peer_broken[] = {ENV, "peer", "reason", NULL};
+static const char *const keys_copy_done[] = {ENV, "bytes", NULL};
+static const char *const keys_hello_resume[] = {ENV, "committed_step", "grad_scale", "lr", "reduced_step", NULL};
+static const char *const keys_challenge[] = {ENV, "nonce", NULL};
+static const char *const keys_welcome[] = {ENV, "rank", "job", "token_ok", "heartbeat_ms", NULL};
+static const char *const keys_plan[] = {ENV, "generation", "step", "global_batch", "micro", "seq_len", "pipelines", "you", "peers", "copies", "sends", "checkpoint", NULL};
+static const char *const keys_commit[] = {ENV, "step", "grad_scale", "lr", NULL};
+static const char *const keys_abort[] = {ENV, "step", "reason", NULL};
+static const char *const keys_stop[] = {ENV, "reason", "exit_code", NULL};
+static const char *const keys_refuse[] = {ENV, "reason", NULL};
+
+static const struct {
+    const char *const *keys;
+    decode_fn decode;
+} types[PL_MSG_COUNT] = {
+    [PL_MSG_REGISTER] = {keys_register, dec_register},
+    [PL_MSG_HEARTBEAT] = {keys_step, dec_step},
+    [PL_MSG_LEAVING] = {keys_leaving, dec_leaving},
+    [PL_MSG_REPORT] = {keys_report, dec_report},
+    [PL_MSG_REDUCED] = {keys_step, dec_step},
+    [PL_MSG_COMMITTED] = {keys_step, dec_step},
+    [PL_MSG_PEER_BROKEN] = {keys_peer_broken, dec_peer_broken},
+    [PL_MSG_COPY_DONE] = {keys_copy_done, dec_copy_done},
+    [PL_MSG_HELLO_RESUME] = {keys_hello_resume, dec_hello_resume},
+    [PL_MSG_CHALLENGE] = {keys_challenge, dec_challenge},
+    [PL_MSG_WELCOME] = {keys_welcome, dec_welcome},
+    [PL_MSG_PLAN] = {keys_plan, dec_plan},
+    [PL_MSG_START_STEP] = {keys_step, dec_step},
+    [PL_MSG_COMMIT] = {keys_commit, dec_commit},
+    [PL_MSG_ABORT] = {keys_abort, dec_abort},
+    [PL_MSG_STOP] = {keys_stop, dec_stop},
+    [PL_MSG_REFUSE] = {keys_refuse, dec_refuse},
+};
+
+static int decode_root(const cJSON *root, pl_msg *out, char *err, size_t errlen)
+{
+    if (!cJSON_IsObject(root)) return pl_errf(err, errlen, "message: must be a JSON object");
+    const cJSON *v = field(root, "v");
+    if (!v) return pl_errf(err, errlen, "v: missing");
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
+        return pl_errf(err, errlen, "v: must be an integer");
+    if (v->valuedouble != PL_PROTO_VERSION)
+        return pl_errf(err, errlen, "v: unsupported protocol version %.0f (this build speaks %d)",
+                       fabs(v->valuedouble) < 1e15 ? v->valuedouble : -1.0, PL_PROTO_VERSION);
+    const cJSON *t = field(root, "type");
+    if (!t) return pl_errf(err, errlen, "type: missing");
+    if (!cJSON_IsString(t) || !t->valuestring) return pl_errf(err, errlen, "type: must be a string");
+    int type = pl_msg_type_from_name(t->valuestring);
+    if (type == PL_MSG_NONE) {
+        char nm[48];
+        shown(nm, sizeof nm, t->valuestring);
+        return pl_errf(err, errlen, "type: unknown message type \"%s\"", nm);
+    }
+    out->type = type;
+    if (check_keys(root, "", types[type].keys, err, errlen) ||
+        get_int(root, "", "gen", 0, PL_PROTO_INT_MAX, &out->gen, err, errlen))
+        return -1;
+    return types[type].decode(root, out, err, errlen);
+}
+
+int pl_msg_decode(const char *text, size_t len, pl_msg *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    if (!text) return pl_errf(err, errlen, "message: missing");
+    if (len > PL_PROTO_MAX_BYTES)
+        return pl_errf(err, errlen, "message: %zu bytes exceeds the limit of %u", len,
+                       (unsigned)PL_PROTO_MAX_BYTES);
+    if (len == 0) return pl_errf(err, errlen, "message: empty");
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (!root) {
+        size_t at = end && end >= text && end <= text + len ? (size_t)(end - text) : 0;
+        return pl_errf(err, errlen, "message: not valid JSON (at byte %zu)", at);
+    }
+    if (end) /* only white space may follow the value */
+        for (const char *c = end; c < text + len; c++)
+            if (*c != ' ' && *c != '\t' && *c != '\n' && *c != '\r' && !(*c == 0 && c + 1 == text + len)) {
+                cJSON_Delete(root);
+                return pl_errf(err, errlen, "message: unexpected data after the JSON value (at byte %zu)",
+                               (size_t)(c - text));
+            }
+    int rc = decode_root(root, out, err, errlen);
+    cJSON_Delete(root);
+    if (rc) {
+        pl_msg_free(out);
+        return -1;
+    }
+    return 0;
+}
+
+/* --------------------------------------------------------------- encode */
+
+typedef struct {
+    int bad;        /* a string that does not end within its array, or no memory */
+    const char *what;
+} enc;
+
+/* Numbers are written here, not by cJSON, whose printer may round to 15
+ * significant digits: integers exactly, doubles in the fewest digits that
+ * read back to the same value. */
+static void add_raw(enc *e, cJSON *o, const char *key, const char *text)
+{
+    if (!cJSON_AddRawToObject(o, key, text)) e->bad = 1;
+}
+
+static void add_int(enc *e, cJSON *o, const char *key, int64_t v)
+{
+    char buf[32];
+    snprintf(buf, sizeof buf, "%lld", (long long)v);
+    add_raw(e, o, key, buf);
+}
+
+static void add_num(enc *e, cJSON *o, const char *key, double v)
+{
+    cJSON *it;
+    if (isnan(v))
+        it = cJSON_AddStringToObject(o, key, "nan");
+    else if (isinf(v))
+        it = cJSON_AddStringToObject(o, key, v > 0 ? "inf" : "-inf");
+    else {
+        char buf[40];
+        for (int digits = 15; digits <= 17; digits++) {
+            snprintf(buf, sizeof buf, "%.*g", digits, v);
+            if (strtod(buf, NULL) == v) break;
+        }
+        it = cJSON_AddRawToObject(o, key, buf);
+    }
+    if (!it) e->bad = 1;
+}
+
+static void add_str(enc *e, cJSON *o, const char *key, const char *s, size_t cap)
+{
+    if (strnlen(s, cap) == cap) {
+        e->bad = 1;
+        if (!e->what) e->what = key;
+        return;
+    }
+    if (!cJSON_AddStringToObject(o, key, s)) e->bad = 1;
+}
+
+#define ADD_STR(e, o, key, arr) add_str(e, o, key, arr, sizeof(arr))
+
+static void enc_plan(enc *e, cJSON *o, const pl_msg_plan *p)
+{
+    add_int(e, o, "generation", p->generation);
+    add_int(e, o, "step", p->step);
+    add_int(e, o, "global_batch", p->global_batch);
+    add_int(e, o, "micro", p->micro);
+    add_int(e, o, "seq_len", p->seq_len);
+    cJSON *arr = cJSON_AddArrayToObject(o, "pipelines");
+    if (!arr || p->npipelines < 0 || (p->npipelines && !p->pipelines)) {
+        e->bad = 1;
+        return;
+    }
+    for (int i = 0; i < p->npipelines && !e->bad; i++) {
+        const pl_msg_pipeline *pp = &p->pipelines[i];
+        cJSON *pj = cJSON_CreateObject();
+        if (!pj || !cJSON_AddItemToArray(arr, pj)) {
+            cJSON_Delete(pj);
+            e->bad = 1;
+            return;
+        }
+        cJSON *nodes = cJSON_AddArrayToObject(pj, "nodes"); /* pj now belongs to arr */
+        if (!nodes || pp->nnodes < 0 || (pp->nnodes && !pp->nodes)) {
+            e->bad = 1;
+            return;
+        }
+        for (int j = 0; j < pp->nnodes && !e->bad; j++) {
+            if (strnlen(pp->nodes[j], sizeof pp->nodes[j]) == sizeof pp->nodes[j]) {
+                e->bad = 1;
+                e->what = "nodes";
+                return;
+            }
+            cJSON *s = cJSON_CreateString(pp->nodes[j]);
+            if (!s || !cJSON_AddItemToArray(nodes, s)) {
+                cJSON_Delete(s);
+                e->bad = 1;
+            }
+        }
+        add_int(e, pj, "template_nodes", pp->template_nodes);
+        add_int(e, pj, "microbatches", pp->microbatches);
+        add_int(e, pj, "first_microbatch", pp->first_microbatch);
+    }
+    if (p->you_pipeline < 0) {
+        if (!cJSON_AddNullToObject(o, "you")) e->bad = 1;
+    } else {
+        cJSON *y = cJSON_AddObjectToObject(o, "you");
+        if (!y) {
+            e->bad = 1;
+            return;
+        }
+        add_int(e, y, "pipeline", p->you_pipeline);
+        add_int(e, y, "stage", p->you_stage);
+        add_int(e, y, "layer_begin", p->you_layer_begin);
+        add_int(e, y, "layer_end", p->you_layer_end);
+    }
+    cJSON *peers = cJSON_AddArrayToObject(o, "peers");
+    cJSON *copies = cJSON_AddArrayToObject(o, "copies");
+    cJSON *sends = cJSON_AddArrayToObject(o, "sends");
+    if (!peers || !copies || !sends || p->npeers < 0 || p->ncopies < 0 || p->nsends < 0 ||
+        (p->npeers && !p->peers) || (p->ncopies && !p->copies) || (p->nsends && !p->sends)) {
+        e->bad = 1;
+        return;
+    }
+    for (int i = 0; i < p->npeers && !e->bad; i++) {
+        cJSON *x = cJSON_CreateObject();
+        if (!x || !cJSON_AddItemToArray(peers, x)) {
+            cJSON_Delete(x);
+            e->bad = 1;
+            return;
+        }
+        ADD_STR(e, x, "name", p->peers[i].name);
+        ADD_STR(e, x, "host", p->peers[i].host);
+        add_int(e, x, "port", p->peers[i].port);
+    }
+    for (int i = 0; i < p->ncopies && !e->bad; i++) {
+        cJSON *x = cJSON_CreateObject();
+        if (!x || !cJSON_AddItemToArray(copies, x)) {
+            cJSON_Delete(x);
+            e->bad = 1;
+            return;
+        }
+        add_int(e, x, "layer", p->copies[i].layer);
+        ADD_STR(e, x, "source", p->copies[i].source);
+        add_int(e, x, "bytes", p->copies[i].bytes);
+    }
+    for (int i = 0; i < p->nsends && !e->bad; i++) {
+        cJSON *x = cJSON_CreateObject();
+        if (!x || !cJSON_AddItemToArray(sends, x)) {
+            cJSON_Delete(x);
+            e->bad = 1;
+            return;
+        }
+        add_int(e, x, "layer", p->sends[i].layer);
+        ADD_STR(e, x, "dest", p->sends[i].dest);
+    }
+    if (!p->has_checkpoint) {
+        if (!cJSON_AddNullToObject(o, "checkpoint")) e->bad = 1;
+    } else {
+        cJSON *c = cJSON_AddObjectToObject(o, "checkpoint");
+        if (!c) {
+            e->bad = 1;
+            return;
+        }
+        ADD_STR(e, c, "dir", p->checkpoint_dir);
+        add_int(e, c, "step", p->checkpoint_step);
+    }
+}
+
+static void enc_body(enc *e, cJSON *o, const pl_msg *m)
+{
+    switch (m->type) {
+    case PL_MSG_REGISTER: {
+        const pl_msg_register *r = &m->u.reg;
+        ADD_STR(e, o, "job", r->job);
+        ADD_STR(e, o, "name", r->name);
+        ADD_STR(e, o, "node", r->node);
+        ADD_STR(e, o, "zone", r->zone);
+        add_int(e, o, "gpus", r->gpus);
+        add_int(e, o, "pid", r->pid);
+        ADD_STR(e, o, "token_proof", r->token_proof);
+        break;
+    }
+    case PL_MSG_HEARTBEAT:
+    case PL_MSG_REDUCED:
+    case PL_MSG_COMMITTED:
+    case PL_MSG_START_STEP:
+        add_int(e, o, "step", m->u.heartbeat.step);
+        break;
+    case PL_MSG_LEAVING:
+        if (m->u.leaving.reason < 0 || m->u.leaving.reason >= PL_LEAVE_COUNT) {
+            e->bad = 1;
+            e->what = "reason";
+            break;
+        }
+        if (!cJSON_AddStringToObject(o, "reason", leave_names[m->u.leaving.reason])) e->bad = 1;
+        add_int(e, o, "grace_ms", m->u.leaving.grace_ms);
+        break;
+    case PL_MSG_REPORT: {
+        const pl_msg_report *r = &m->u.report;
+        char hex[17];
+        add_int(e, o, "step", r->step);
+        if (!r->has_loss) {
+            if (!cJSON_AddNullToObject(o, "loss")) e->bad = 1;
+        } else {
+            add_num(e, o, "loss", r->loss);
+        }
+        add_int(e, o, "tokens", r->tokens);
+        add_num(e, o, "ms", r->ms);
+        add_num(e, o, "grad_sumsq", r->grad_sumsq);
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)r->samples_digest);
+        ADD_STR(e, o, "samples_digest", hex);
+        break;
+    }
+    case PL_MSG_PEER_BROKEN:
+        ADD_STR(e, o, "peer", m->u.peer_broken.peer);
+        ADD_STR(e, o, "reason", m->u.peer_broken.reason);
+        break;
+    case PL_MSG_COPY_DONE:
+        add_int(e, o, "bytes", m->u.copy_done.bytes);
+        break;
+    case PL_MSG_HELLO_RESUME:
+        add_int(e, o, "committed_step", m->u.hello_resume.committed_step);
+        add_num(e, o, "grad_scale", m->u.hello_resume.grad_scale);
+        add_num(e, o, "lr", m->u.hello_resume.lr);
+        add_int(e, o, "reduced_step", m->u.hello_resume.reduced_step);
+        break;
+    case PL_MSG_CHALLENGE:
+        ADD_STR(e, o, "nonce", m->u.challenge.nonce);
+        break;
+    case PL_MSG_WELCOME:
+        add_int(e, o, "rank", m->u.welcome.rank);
+        ADD_STR(e, o, "job", m->u.welcome.job);
+        if (!cJSON_AddBoolToObject(o, "token_ok", m->u.welcome.token_ok != 0)) e->bad = 1;
+        add_int(e, o, "heartbeat_ms", m->u.welcome.heartbeat_ms);
+        break;
+    case PL_MSG_PLAN:
+        enc_plan(e, o, &m->u.plan);
+        break;
+    case PL_MSG_COMMIT:
+        add_int(e, o, "step", m->u.commit.step);
+        add_num(e, o, "grad_scale", m->u.commit.grad_scale);
+        add_num(e, o, "lr", m->u.commit.lr);
+        break;
+    case PL_MSG_ABORT:
+        add_int(e, o, "step", m->u.abort_.step);
+        ADD_STR(e, o, "reason", m->u.abort_.reason);
+        break;
+    case PL_MSG_STOP:
+        ADD_STR(e, o, "reason", m->u.stop.reason);
+        add_int(e, o, "exit_code", m->u.stop.exit_code);
+        break;
+    case PL_MSG_REFUSE:
+        ADD_STR(e, o, "reason", m->u.refuse.reason);
+        break;
+    default:
+        e->bad = 1;
+    }
+}
+
+char *pl_msg_encode_err(const pl_msg *m, char *err, size_t errlen)
+{
+    if (!m || m->type <= PL_MSG_NONE || m->type >= PL_MSG_COUNT) {
+        pl_errf(err, errlen, "type: unknown message type %d", m ? m->type : -1);
+        return NULL;
+    }
+    enc e = {0, NULL};
+    cJSON *o = cJSON_CreateObject();
+    if (!o) {
+        pl_errf(err, errlen, "message: out of memory");
+        return NULL;
+    }
+    add_int(&e, o, "v", PL_PROTO_VERSION);
+    if (!cJSON_AddStringToObject(o, "type", type_names[m->type])) e.bad = 1;
+    add_int(&e, o, "gen", m->gen);
+    enc_body(&e, o, m);
+    char *text = e.bad ? NULL : cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!text) {
+        if (e.what)
+            pl_errf(err, errlen, "%s: string not terminated within its buffer", e.what);
+        else
+            pl_errf(err, errlen, "message: out of memory or bad array");
+        return NULL;
+    }
+    /* Only ever send what a peer accepts. */
+    pl_msg check;
+    if (pl_msg_decode(text, strlen(text), &check, err, errlen)) {
+        free(text);
+        return NULL;
+    }
+    pl_msg_free(&check);
+    return text;
+}
+
+char *pl_msg_encode(const pl_msg *m)
+{
+    return pl_msg_encode_err(m, NULL, 0);
+}

@@ -1,0 +1,232 @@
+/* The control protocol between the coordinator and its workers (docs/protocol.md):
+ * one JSON object per WebSocket text frame, {"v": 1, "type": "...", "gen": G, ...}.
+ * Typed encode and decode. Decoding is strict: every field is checked (type,
+ * range, length, character set, array size), unknown and duplicate fields are
+ * rejected, and an error names the field path ("pipelines[1].nodes[0]: ...").
+ * A malformed message never crashes or leaks. No global state: thread-safe. */
+#ifndef PLIANT_PROTOCOL_H
+#define PLIANT_PROTOCOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PL_PROTO_VERSION 1
+#define PL_PROTO_SUBPROTOCOL "pliant.v1"  /* WebSocket subprotocol name */
+#define PL_PROTO_MAX_BYTES (1u << 20)     /* larger messages are rejected unparsed */
+
+/* Limits (characters, not counting the NUL). */
+#define PL_PROTO_NAME_MAX 253       /* job, worker, node, zone names: [A-Za-z0-9._-] */
+#define PL_PROTO_HOST_MAX 253       /* host name or IP literal: also ':' '[' ']' '%' */
+#define PL_PROTO_TEXT_MAX 1023      /* free text (reasons): UTF-8, no control characters but \t \n */
+#define PL_PROTO_PATH_MAX 4095      /* checkpoint directory: UTF-8, no control characters */
+#define PL_PROTO_NONCE_MIN 32       /* challenge nonce: even number of hex digits */
+#define PL_PROTO_NONCE_MAX 128
+#define PL_PROTO_PROOF_LEN 64       /* token_proof: hex HMAC-SHA256, exactly 64 digits */
+#define PL_PROTO_MAX_NODES 4096     /* workers in a plan, pipelines, peers, ranks */
+#define PL_PROTO_MAX_LAYERS 4096    /* partitionable layers (L blocks + embedding + head) */
+#define PL_PROTO_MAX_SENDS 65536    /* entries of a plan's "sends" */
+#define PL_PROTO_MAX_MICRO (1 << 20)       /* plan.micro: samples per microbatch */
+#define PL_PROTO_MAX_SEQ_LEN (1 << 24)
+#define PL_PROTO_MAX_MICROBATCHES (1LL << 40) /* per pipeline */
+#define PL_PROTO_INT_MAX 9007199254740991LL /* 2^53 - 1: integers JSON carries exactly */
+
+/* Timing (milliseconds), see docs/protocol.md "Liveness". The heartbeat
+ * interval is the job's heartbeatSeconds, sent in welcome.heartbeat_ms. */
+#define PL_PROTO_REGISTER_TIMEOUT_MS 10000   /* connection → register */
+#define PL_PROTO_HEARTBEAT_MS 1000           /* default interval */
+#define PL_PROTO_HEARTBEAT_MIN_MS 100
+#define PL_PROTO_HEARTBEAT_MAX_MS 600000
+#define PL_PROTO_HEARTBEAT_MISSES 3          /* intervals of silence: the peer is dead */
+#define PL_PROTO_RECONNECT_WINDOW_MS 120000  /* a worker retries this long, then exits */
+
+typedef enum {
+    PL_MSG_NONE = 0,
+    /* worker → coordinator */
+    PL_MSG_REGISTER,
+    PL_MSG_HEARTBEAT,
+    PL_MSG_LEAVING,
+    PL_MSG_REPORT,
+    PL_MSG_REDUCED,
+    PL_MSG_COMMITTED,
+    PL_MSG_PEER_BROKEN,
+    PL_MSG_COPY_DONE,
+    PL_MSG_HELLO_RESUME,
+    /* coordinator → worker */
+    PL_MSG_CHALLENGE,
+    PL_MSG_WELCOME,
+    PL_MSG_PLAN,
+    PL_MSG_START_STEP,
+    PL_MSG_COMMIT,
+    PL_MSG_ABORT,
+    PL_MSG_STOP,
+    PL_MSG_REFUSE,
+    PL_MSG_COUNT
+} pl_msg_type;
+
+typedef enum {
+    PL_LEAVE_SIGTERM = 0, /* "sigterm": preemption notice / Pod deletion */
+    PL_LEAVE_SHUTDOWN,    /* "shutdown": asked to exit locally (SIGINT, operator) */
+    PL_LEAVE_ERROR,       /* "error": a local fatal error; it exits */
+    PL_LEAVE_COUNT
+} pl_leave_reason;
+
+typedef char pl_proto_name[PL_PROTO_NAME_MAX + 1];
+
+typedef struct {
+    pl_proto_name job, name, node, zone; /* zone may be "" (unknown) */
+    int gpus;                            /* 0..1024; 0 = CPU worker */
+    int64_t pid;                         /* 1..2^31-1 */
+    char token_proof[PL_PROTO_PROOF_LEN + 1];
+} pl_msg_register;
+
+typedef struct { int64_t step; } pl_msg_step; /* heartbeat, reduced, committed, start_step */
+
+typedef struct {
+    int reason;       /* pl_leave_reason */
+    int64_t grace_ms; /* time until the worker expects to be killed; 0 = unknown */
+} pl_msg_leaving;
+
+typedef struct {
+    int64_t step;
+    int has_loss;           /* 0: this rank computes no loss (not a last stage) */
+    double loss;            /* may be NaN or ±inf */
+    int64_t tokens;         /* tokens this rank processed in the step */
+    double ms;              /* compute time, finite, ≥ 0 */
+    double grad_sumsq;      /* ≥ 0, or NaN / +inf */
+    uint64_t samples_digest;
+} pl_msg_report;
+
+typedef struct {
+    pl_proto_name peer;
+    char reason[PL_PROTO_TEXT_MAX + 1];
+} pl_msg_peer_broken;
+
+typedef struct { int64_t bytes; } pl_msg_copy_done;
+
+typedef struct {
+    int64_t committed_step; /* -1: none */
+    double grad_scale, lr;  /* of that commit (0 when none) */
+    int64_t reduced_step;   /* step reduced but neither committed nor aborted; -1: none */
+} pl_msg_hello_resume;
+
+typedef struct { char nonce[PL_PROTO_NONCE_MAX + 1]; } pl_msg_challenge;
+
+typedef struct {
+    int rank;               /* 0..PL_PROTO_MAX_NODES-1, stable: oldest worker first */
+    pl_proto_name job;
+    int token_ok;           /* 0: the coordinator runs without authentication (local, insecure) */
+    int heartbeat_ms;       /* PL_PROTO_HEARTBEAT_MIN_MS..PL_PROTO_HEARTBEAT_MAX_MS */
+} pl_msg_welcome;
+
+typedef struct {
+    int nnodes;
+    pl_proto_name *nodes;   /* malloc'd; worker names in stage order */
+    int template_nodes;     /* == nnodes */
+    int64_t microbatches;   /* ≥ 1 */
+    int64_t first_microbatch;
+} pl_msg_pipeline;
+
+typedef struct {
+    pl_proto_name name;
+    char host[PL_PROTO_HOST_MAX + 1];
+    int port;
+} pl_msg_peer;
+
+typedef struct {
+    int layer;
+    pl_proto_name source;
+    int64_t bytes;
+} pl_msg_copy;
+
+typedef struct {
+    int layer;
+    pl_proto_name dest;
+} pl_msg_send;
+
+typedef struct {
+    int64_t generation;     /* == the message's gen */
+    int64_t step;           /* the next step to run */
+    int64_t global_batch;   /* == micro × Σ microbatches */
+    int micro, seq_len;
+    int npipelines;         /* 1..PL_PROTO_MAX_NODES */
+    pl_msg_pipeline *pipelines;
+    int you_pipeline;       /* -1: this worker is idle ("you": null); the rest is then 0 */
+    int you_stage, you_layer_begin, you_layer_end; /* layers [begin, end) */
+    int npeers;
+    pl_msg_peer *peers;
+    int ncopies;            /* layers this worker receives */
+    pl_msg_copy *copies;
+    int nsends;             /* layers this worker sends */
+    pl_msg_send *sends;
+    int has_checkpoint;
+    char checkpoint_dir[PL_PROTO_PATH_MAX + 1];
+    int64_t checkpoint_step;
+} pl_msg_plan;
+
+typedef struct {
+    int64_t step;
+    double grad_scale;      /* finite, > 0: the clip factor min(1, max_norm / norm) */
+    double lr;              /* finite, ≥ 0 */
+} pl_msg_commit;
+
+typedef struct {
+    int64_t step;
+    char reason[PL_PROTO_TEXT_MAX + 1];
+} pl_msg_abort;
+
+typedef struct {
+    char reason[PL_PROTO_TEXT_MAX + 1];
+    int exit_code;          /* 0..255 */
+} pl_msg_stop;
+
+typedef struct { char reason[PL_PROTO_TEXT_MAX + 1]; } pl_msg_refuse;
+
+typedef struct {
+    int type;               /* pl_msg_type */
+    int64_t gen;            /* plan generation, 0..PL_PROTO_INT_MAX */
+    union {
+        pl_msg_register reg;
+        pl_msg_step heartbeat, reduced, committed, start_step;
+        pl_msg_leaving leaving;
+        pl_msg_report report;
+        pl_msg_peer_broken peer_broken;
+        pl_msg_copy_done copy_done;
+        pl_msg_hello_resume hello_resume;
+        pl_msg_challenge challenge;
+        pl_msg_welcome welcome;
+        pl_msg_plan plan;
+        pl_msg_commit commit;
+        pl_msg_abort abort_;
+        pl_msg_stop stop;
+        pl_msg_refuse refuse;
+    } u;
+} pl_msg;
+
+/* Zeroes m and sets its type and generation. */
+void pl_msg_init(pl_msg *m, int type, int64_t gen);
+
+/* Decodes one message of len bytes (text need not be NUL-terminated). On
+ * success returns 0 and fills out (free with pl_msg_free); on error returns -1,
+ * leaves out zeroed (nothing to free) and writes "path: reason" into err. */
+int pl_msg_decode(const char *text, size_t len, pl_msg *out, char *err, size_t errlen);
+
+/* Compact JSON (malloc'd, NUL-terminated), or NULL when m is not a valid
+ * message or memory ran out. Whatever encode returns, decode accepts. */
+char *pl_msg_encode(const pl_msg *m);
+/* The same, with the reason for NULL in err. */
+char *pl_msg_encode_err(const pl_msg *m, char *err, size_t errlen);
+
+/* Frees a plan's arrays (with free()) and zeroes m; safe on any decoded or
+ * zeroed message. Callers building a plan allocate its arrays with malloc. */
+void pl_msg_free(pl_msg *m);
+
+/* "register", "plan", ...; "?" for an unknown type. */
+const char *pl_msg_type_name(int type);
+/* The type for a name, or PL_MSG_NONE. */
+int pl_msg_type_from_name(const char *name);
+/* 1 for worker → coordinator types, 0 for coordinator → worker, -1 unknown. */
+int pl_msg_from_worker(int type);
+/* "sigterm", "shutdown", "error"; "?" otherwise. */
+const char *pl_leave_reason_name(int reason);
+
+#endif
