@@ -17,8 +17,9 @@
  * Within one (r, Q, d) the next-stage choice j ranges over a window
  * [i + 1, jmax(i)] that slides left as i decreases (both the threshold and the
  * memory bound are on range sums), so a monotone deque finds each minimum in
- * amortised O(1). Thresholds are scanned upwards from each n's bottleneck
- * minimum and stop once the bound Σ-lower-bound + (4S − 1)·t exceeds the best. */
+ * amortised O(1). Which thresholds to try is decided per (n, S) pair by
+ * search_thresholds below: a walk down from t = ∞ that skips every threshold
+ * on which the answer cannot change. */
 #include "templates.h"
 
 #include <stdlib.h>
