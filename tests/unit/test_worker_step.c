@@ -1,0 +1,371 @@
+/* Distributed training steps (worker/engine/worker_step.c) equal single-process
+ * training: two heterogeneous pipelines (3 stages and 2 stages), 5 ranks as 5 threads
+ * with their own kernel contexts and engines, activations over an in-memory link per
+ * pipeline, gradients all-reduced over a real TCP mesh on 127.0.0.1, the Σgrad² shares
+ * summed into the global norm for clipping, then AdamW. Compared per step with ONE
+ * whole-model engine over the same microbatches. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "rng.h"
+#include "worker_step.h"
+
+#define MAXMSG 256
+
+/* Messages keyed by (to, from, kind, mb); a receive waits for its message. One mailbox
+ * per pipeline, endpoints are stage indices within it. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct {
+        int to, from, kind, mb, used;
+        float *data;
+        size_t n;
+    } msg[MAXMSG];
+} mailbox;
+
+typedef struct {
+    mailbox *box;
+    int self;
+} endpoint;
+
+static int box_send(void *ctx, int peer, pl_link_kind kind, int mb, const float *buf, size_t n,
+                    char *err, size_t errlen)
+{
+    endpoint *ep = ctx;
+    mailbox *b = ep->box;
+    float *copy = malloc(n * sizeof *copy);
+    memcpy(copy, buf, n * sizeof *copy);
+    pthread_mutex_lock(&b->mu);
+    int i = 0;
+    while (i < MAXMSG && b->msg[i].used) i++;
+    if (i == MAXMSG) abort();
+    b->msg[i].to = peer, b->msg[i].from = ep->self, b->msg[i].kind = kind, b->msg[i].mb = mb;
+    b->msg[i].data = copy, b->msg[i].n = n, b->msg[i].used = 1;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    return 0;
+}
+
+static int box_recv(void *ctx, int peer, pl_link_kind kind, int mb, float *buf, size_t n,
+                    char *err, size_t errlen)
+{
+    endpoint *ep = ctx;
+    mailbox *b = ep->box;
+    pthread_mutex_lock(&b->mu);
+    for (;;) {
+        for (int i = 0; i < MAXMSG; i++)
+            if (b->msg[i].used && b->msg[i].to == ep->self && b->msg[i].from == peer &&
+                b->msg[i].kind == (int)kind && b->msg[i].mb == mb) {
+                int ok = b->msg[i].n == n;
+                if (ok) memcpy(buf, b->msg[i].data, n * sizeof *buf);
+                free(b->msg[i].data);
+                b->msg[i].used = 0;
+                pthread_mutex_unlock(&b->mu);
+                return ok ? 0 : -1;
+            }
+        pthread_cond_wait(&b->cv, &b->mu);
+    }
+}
+
+/* ---- the setup ---- */
+
+enum { NRANKS = 5, NPIPE = 2, B = 2, T = 5, BT = B * T, GLOBAL_MB = 8, STEPS = 5, SEED = 3 };
+static const float CLIP = 1.0f;
+static const pl_adamw ADAMW = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                               .weight_decay = 0.1f};
+
+/* Pipeline 0: ranks 0, 1, 2 with layers [0,2) [2,3) [3,5); pipeline 1: ranks 3, 4 with
+ * [0,3) [3,5) (L = 3: layers 0 .. 4). Microbatches 5 + 3. */
+static const pl_sync_stage P0[3] = {{0, 2, 0}, {2, 3, 1}, {3, 5, 2}};
+static const pl_sync_stage P1[2] = {{0, 3, 3}, {3, 5, 4}};
+static const int PIPE_OF[NRANKS] = {0, 0, 0, 1, 1}, STAGE_OF[NRANKS] = {0, 1, 2, 0, 1};
+static const int NSTAGES[NPIPE] = {3, 2}, FIRST_MB[NPIPE] = {0, 5}, NMB[NPIPE] = {5, 3};
+
+static const pl_gpt_config *config(void)
+{
+    static pl_gpt_config c;
+    char err[128];
+    pl_gpt_config_init(&c, 3, 16, 2, 37, 8, err, sizeof err);
+    return &c;
+}
+
+/* The step's sample data: a pure function of the step. */
+static void step_data(int step, int32_t *tok, int32_t *tgt)
+{
+    rng_state = 1000 + (uint64_t)step;
+    for (int i = 0; i < GLOBAL_MB * BT; i++) {
+        tok[i] = (int32_t)rng_range(0, config()->V - 1);
+        tgt[i] = (int32_t)rng_range(0, config()->V - 1);
+    }
+}
+
+typedef struct shared_state shared_state;
+
+typedef struct {
+    int rank;
+    shared_state *sh;
+    kn_ctx *k;
+    pl_engine e;
+    pl_schedule s;
+    endpoint ep;
+    pl_listener *l;
+    pl_conn *conns[NRANKS];
+    pl_worker_step_result res;
+    int rc;
+    char err[512];
+} rank_thread;
+
+struct shared_state {
+    pl_syncgroups g;
+    mailbox box[NPIPE];
+    int ports[NRANKS];
+    pthread_barrier_t bar;
+    int32_t tok[GLOBAL_MB * BT], tgt[GLOBAL_MB * BT];
+    float grad_scale;
+    int failed; /* set by the main thread: ranks stop after the current step */
+    rank_thread r[NRANKS];
+};
+
+static void *run_rank(void *arg)
+{
+    rank_thread *r = arg;
+    shared_state *sh = r->sh;
+    const char *hosts[NRANKS];
+    for (int i = 0; i < NRANKS; i++) hosts[i] = "127.0.0.1";
+    char name[16];
+    snprintf(name, sizeof name, "rank%d", r->rank);
+    pl_comm_ident id = {.token = "test", .token_len = 4, .rank = r->rank, .name = name,
+                        .generation = 1};
+    r->rc = pl_comm_mesh(r->l, &id, NRANKS, hosts, sh->ports, 10000, r->conns, r->err,
+                         sizeof r->err);
+    pthread_barrier_wait(&sh->bar); /* mesh done */
+    pthread_barrier_wait(&sh->bar); /* main checked the meshes */
+    if (sh->failed) return NULL;
+    pl_peer_table peers = {r->rank, NRANKS, r->conns};
+    pl_stage_link link = {&r->ep, box_send, box_recv};
+    for (int step = 0; step < STEPS; step++) {
+        pl_worker_step_args a = {
+            .engine = &r->e, .schedule = &r->s, .link = &link, .tokens = sh->tok,
+            .targets = sh->tgt, .first_micro = FIRST_MB[PIPE_OF[r->rank]],
+            .global_micro = GLOBAL_MB, .groups = &sh->g, .peers = &peers,
+            .step = (uint32_t)step, .timeout_ms = 10000,
+        };
+        r->rc = pl_worker_step(&a, &r->res, r->err, sizeof r->err);
+        pthread_barrier_wait(&sh->bar); /* reduced */
+        pthread_barrier_wait(&sh->bar); /* committed: grad_scale set (or failed) */
+        if (sh->failed) return NULL;
+        pl_worker_apply(&r->e, &ADAMW, sh->grad_scale, step + 1);
+        pthread_barrier_wait(&sh->bar); /* applied */
+        pthread_barrier_wait(&sh->bar); /* checked, next step's data set */
+        if (sh->failed) return NULL;
+    }
+    return NULL;
+}
+
+/* Every tensor of (layer, key) bitwise equal on all holders of the group. */
+static int holders_identical(const shared_state *sh, const pl_sync_group *g)
+{
+    const pl_engine *a = &sh->r[g->ranks[0]].e;
+    pl_tensor_ref ra[PL_MAX_LAYER_TENSORS];
+    int n = pl_worker_group_tensors(a, g->key, ra);
+    for (int i = 1; i < g->nranks; i++) {
+        const pl_engine *b = &sh->r[g->ranks[i]].e;
+        pl_tensor_ref rb[PL_MAX_LAYER_TENSORS];
+        if (pl_worker_group_tensors(b, g->key, rb) != n) return 0;
+        /* the refs point at gradients; the parameters are at the same offsets */
+        for (int j = 0; j < n; j++) {
+            const float *pa = a->params + (ra[j].data - a->grads);
+            const float *pb = b->params + (rb[j].data - b->grads);
+            if (ra[j].count != rb[j].count || memcmp(pa, pb, ra[j].count * sizeof(float)))
+                return 0;
+            const float *ga = ra[j].data, *gb = rb[j].data;
+            if (memcmp(ga, gb, ra[j].count * sizeof(float))) return 0;
+        }
+    }
+    return 1;
+}
+
+/* ‖x − ref‖ ≤ tol · ‖ref‖ over one tensor, and the largest element difference. */
+static int close_rel(const float *x, const float *ref, size_t n, double tol, double *rel)
+{
+    double d = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        d += ((double)x[i] - ref[i]) * ((double)x[i] - ref[i]);
+        r += (double)ref[i] * ref[i];
+    }
+    *rel = r > 0 ? sqrt(d / r) : sqrt(d);
+    return *rel <= tol;
+}
+
+static void test_two_heterogeneous_pipelines_equal_one_process(void)
+{
+    const pl_gpt_config *c = config();
+    char err[512];
+    shared_state *sh = calloc(1, sizeof *sh);
+    CHECK(sh);
+    pl_sync_pipeline pipes[NPIPE] = {{3, P0}, {2, P1}};
+    CHECK_EQ_INT(pl_syncgroups_compute(pipes, NPIPE, c->L, &sh->g, err, sizeof err), 0);
+    for (int p = 0; p < NPIPE; p++) {
+        pthread_mutex_init(&sh->box[p].mu, NULL);
+        pthread_cond_init(&sh->box[p].cv, NULL);
+    }
+    pthread_barrier_init(&sh->bar, NULL, NRANKS + 1);
+
+    /* the reference: one whole-model engine */
+    kn_ctx *kw = kn_create("cpu", 1, err, sizeof err);
+    CHECK(kw);
+    pl_engine whole;
+    CHECK_EQ_INT(pl_engine_create(&whole, kw, c, 0, c->L + 2, B, T, 1, err, sizeof err), 0);
+    pl_engine_init_random(&whole, SEED);
+
+    for (int i = 0; i < NRANKS; i++) {
+        rank_thread *r = &sh->r[i];
+        const pl_sync_stage *st = PIPE_OF[i] ? &P1[STAGE_OF[i]] : &P0[STAGE_OF[i]];
+        r->rank = i, r->sh = sh;
+        r->k = kn_create("cpu", 1, err, sizeof err);
+        CHECK(r->k);
+        CHECK_EQ_INT(pl_schedule_1f1b(NSTAGES[PIPE_OF[i]], STAGE_OF[i], NMB[PIPE_OF[i]], &r->s,
+                                      err, sizeof err), 0);
+        CHECK_EQ_INT(pl_engine_create(&r->e, r->k, c, st->layer_begin, st->layer_end, B, T,
+                                      r->s.nslots, err, sizeof err), 0);
+        pl_engine_init_random(&r->e, SEED);
+        r->ep = (endpoint){&sh->box[PIPE_OF[i]], STAGE_OF[i]};
+        CHECK_EQ_INT(pl_listener_open("127.0.0.1", 0, &r->l, err, sizeof err), 0);
+        sh->ports[i] = pl_listener_port(r->l);
+    }
+    step_data(0, sh->tok, sh->tgt);
+    pthread_t th[NRANKS];
+    for (int i = 0; i < NRANKS; i++) pthread_create(&th[i], NULL, run_rank, &sh->r[i]);
+
+    int ok = 1, line = 0;
+    char detail[600] = "";
+#define EXPECT(cond, ...)                                                                    \
+    do {                                                                                     \
+        if (ok && !(cond)) {                                                                 \
+            ok = 0, line = __LINE__;                                                         \
+            snprintf(detail, sizeof detail, __VA_ARGS__);                                    \
+        }                                                                                    \
+    } while (0)
+
+    pthread_barrier_wait(&sh->bar); /* mesh done */
+    for (int i = 0; i < NRANKS; i++)
+        EXPECT(sh->r[i].rc == 0, "rank %d mesh: %s", i, sh->r[i].err);
+    sh->failed = !ok;
+    pthread_barrier_wait(&sh->bar);
+
+    int32_t *tok = malloc(sizeof tok[0] * GLOBAL_MB * BT), *tgt = malloc(sizeof tgt[0] * GLOBAL_MB * BT);
+    for (int step = 0; step < STEPS && ok; step++) {
+        /* reference step over the same microbatches */
+        step_data(step, tok, tgt);
+        pl_engine_zero_grads(&whole);
+        double ref_loss = 0;
+        for (int m = 0; m < GLOBAL_MB; m++) {
+            ref_loss += pl_engine_forward(&whole, 0, tok + m * BT, NULL, tgt + m * BT);
+            pl_engine_backward(&whole, 0, NULL, 1.0f / (float)(GLOBAL_MB * BT));
+        }
+        ref_loss /= GLOBAL_MB;
+        const double ref_norm = sqrt(pl_engine_grad_sumsq(&whole));
+        const float ref_scale = ref_norm > CLIP ? CLIP / (float)ref_norm : 1.0f;
+
+        pthread_barrier_wait(&sh->bar); /* reduced */
+        double sumsq = 0, loss = 0;
+        int nloss = 0;
+        for (int i = 0; i < NRANKS; i++) {
+            EXPECT(sh->r[i].rc == 0, "step %d rank %d: %s", step, i, sh->r[i].err);
+            sumsq += sh->r[i].res.grad_sumsq;
+            if (sh->r[i].res.has_loss) loss += sh->r[i].res.loss_sum, nloss++;
+        }
+        loss /= GLOBAL_MB;
+        const double norm = sqrt(sumsq);
+        EXPECT(nloss == NPIPE, "step %d: %d ranks with the head", step, nloss);
+        EXPECT(fabs(loss - ref_loss) <= 1e-5 * fabs(ref_loss), "step %d: loss %.9g vs %.9g", step,
+               loss, ref_loss);
+        EXPECT(fabs(norm - ref_norm) <= 1e-5 * ref_norm, "step %d: norm %.9g vs %.9g", step, norm,
+               ref_norm);
+        printf("    step %d: loss %.7f (ref %.7f), norm %.7f (ref %.7f)\n", step, loss, ref_loss,
+               norm, ref_norm);
+        sh->grad_scale = norm > CLIP ? CLIP / (float)norm : 1.0f;
+        sh->failed = !ok;
+        pthread_barrier_wait(&sh->bar); /* committed */
+        if (!ok) break;
+        pl_engine_adamw(&whole, &ADAMW, ref_scale, step + 1);
+        pthread_barrier_wait(&sh->bar); /* applied */
+        for (int gi = 0; gi < sh->g.ngroups; gi++) {
+            char name[32];
+            pl_sync_key_name(sh->g.groups[gi].key, name, sizeof name);
+            EXPECT(holders_identical(sh, &sh->g.groups[gi]),
+                   "step %d: holders of %s differ after the step", step, name);
+        }
+        if (step + 1 < STEPS) step_data(step + 1, sh->tok, sh->tgt);
+        sh->failed = !ok;
+        pthread_barrier_wait(&sh->bar); /* checked */
+    }
+    for (int i = 0; i < NRANKS; i++) pthread_join(th[i], NULL);
+
+    /* every rank's parameters (and Adam moments) equal the reference's */
+    double worst = 0;
+    for (int i = 0; i < NRANKS && ok; i++) {
+        const pl_engine *e = &sh->r[i].e;
+        for (int j = 0; j < e->ntensors; j++) {
+            const pl_engine_tensor *t = &e->tensors[j];
+            const pl_engine_tensor *w = pl_engine_find(&whole, t->layer, t->index);
+            const size_t n = t->spec.numel;
+            float *x = malloc(n * sizeof *x), *ref = malloc(n * sizeof *ref);
+            memcpy(x, e->params + t->offset, n * sizeof *x);
+            memcpy(ref, whole.params + w->offset, n * sizeof *ref);
+            if (strstr(t->name, ".qkvb")) {
+                /* The key bias has no gradient in exact arithmetic (it shifts every score
+                 * of a query alike: softmax ignores it), so its gradient is rounding noise
+                 * in both runs, summed in another order, and AdamW's m/√v turns that noise
+                 * into updates: it starts at 0 and must stay noise-sized, nothing more. */
+                for (size_t q = (size_t)c->C; q < 2 * (size_t)c->C; q++) {
+                    EXPECT(fabsf(x[q]) < 1e-4f && fabsf(ref[q]) < 1e-4f,
+                           "rank %d %s: key bias %g (reference %g) is not noise", i, t->name,
+                           x[q], ref[q]);
+                    x[q] = ref[q] = 0;
+                }
+            }
+            double rel = 0;
+            EXPECT(close_rel(x, ref, n, 1e-5, &rel),
+                   "rank %d %s: parameters %.3g relative from the reference", i, t->name, rel);
+            free(x);
+            free(ref);
+            if (rel > worst) worst = rel;
+        }
+    }
+    printf("    worst parameter relative difference after %d steps: %.3g\n", STEPS, worst);
+    if (!ok) printf("    %s:%d: %s\n", __FILE__, line, detail);
+#undef EXPECT
+
+    for (int i = 0; i < NRANKS; i++) {
+        rank_thread *r = &sh->r[i];
+        for (int j = 0; j < NRANKS; j++)
+            if (r->conns[j]) pl_conn_close(r->conns[j]);
+        pl_listener_close(r->l);
+        pl_engine_destroy(&r->e);
+        pl_schedule_free(&r->s);
+        kn_destroy(r->k);
+    }
+    pl_engine_destroy(&whole);
+    kn_destroy(kw);
+    for (int p = 0; p < NPIPE; p++) {
+        for (int i = 0; i < MAXMSG; i++) free(sh->box[p].msg[i].used ? sh->box[p].msg[i].data : NULL);
+        pthread_mutex_destroy(&sh->box[p].mu);
+        pthread_cond_destroy(&sh->box[p].cv);
+    }
+    pthread_barrier_destroy(&sh->bar);
+    pl_syncgroups_free(&sh->g);
+    free(sh);
+    free(tok);
+    free(tgt);
+    CHECK(ok);
+}
+
+TEST_MAIN_BEGIN
+RUN(test_two_heterogeneous_pipelines_equal_one_process);
+TEST_MAIN_END

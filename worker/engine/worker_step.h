@@ -1,0 +1,65 @@
+/* The worker's share of one distributed training step (docs/runtime.md, "One step";
+ * ARCHITECTURE.md, "Steps are atomic"):
+ *
+ *   pl_worker_step   run this rank's stage over its pipeline's microbatches, then
+ *                    all-reduce (SUM) the gradients of every sync group the rank belongs
+ *                    to, in the rank's order from pl_syncgroups, and return the rank's
+ *                    share of the global Σgrad² and (last stages) the loss sum;
+ *   (coordinator)    sums the shares of all ranks into the global norm², answers
+ *                    commit {grad_scale = min(1, clip / norm), lr};
+ *   pl_worker_apply  AdamW with that scale.
+ *
+ * Nothing changes parameters before pl_worker_apply, so a step aborted after
+ * pl_worker_step is simply dropped (the next pl_worker_step zeroes the gradients). */
+#ifndef PLIANT_WORKER_STEP_H
+#define PLIANT_WORKER_STEP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "allreduce.h"
+#include "engine.h"
+#include "schedule.h"
+#include "stage.h"
+#include "syncgroups.h"
+
+typedef struct {
+    pl_engine *engine;               /* this rank's stage */
+    const pl_schedule *schedule;     /* its 1F1B schedule for the pipeline's microbatch count */
+    const pl_stage_link *link;       /* to the neighbouring stages of the pipeline */
+    /* The whole step's microbatches, global_micro · B · T tokens each: the pipeline runs
+     * microbatches [first_micro, first_micro + schedule->nmicro). Only the stage with the
+     * embedding reads tokens and only the stage with the head reads targets (the other
+     * may be NULL). */
+    const int32_t *tokens, *targets;
+    int first_micro;
+    int global_micro;                /* microbatches of the step, all pipelines */
+    const pl_syncgroups *groups;     /* of the current plan */
+    const pl_peer_table *peers;      /* peers->self is this rank; conn[r] for every group peer */
+    uint32_t step;                   /* mixed into the all-reduce tags */
+    int timeout_ms;                  /* all-reduce idle timeout */
+} pl_worker_step_args;
+
+typedef struct {
+    double grad_sumsq;  /* Σgrad² (after the all-reduce) of the groups whose lowest rank is
+                           this one: every tensor counted by exactly one rank */
+    double loss_sum;    /* with the head: Σ of the pipeline's microbatch mean losses; else 0 */
+    int has_loss;       /* the stage holds the head */
+} pl_worker_step_result;
+
+/* Zeroes the gradients, runs the stage with dloss_scale = 1 / (global_micro · B · T), then the sync groups' all-reduces. Group key l (0 .. L+1)
+ * covers every tensor of layer l the engine holds except wte; PL_SYNC_WTE covers the wte
+ * tensor (the embedding's, or the head-only stage's copy). Returns 0, or −1 with err
+ * (stage link or transport failure: the step must be aborted). */
+int pl_worker_step(const pl_worker_step_args *a, pl_worker_step_result *out, char *err,
+                   size_t errlen);
+
+/* The tensors (in engine order) a sync group key covers on this engine; returns their
+ * number (0 when the engine holds none). refs needs room for PL_MAX_LAYER_TENSORS. */
+int pl_worker_group_tensors(const pl_engine *e, int key, pl_tensor_ref *refs);
+
+/* After the coordinator's commit: one AdamW step t (1-based) with the gradients scaled by
+ * grad_scale (clipping) and o->lr the committed learning rate. */
+void pl_worker_apply(pl_engine *e, const pl_adamw *o, float grad_scale, int t);
+
+#endif
