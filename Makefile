@@ -9,10 +9,12 @@ BUILD   := build
 
 WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter
 CSTD    := -std=c17 -D_GNU_SOURCE
-INCS    := -Ishared -Ikernels -Iworker/engine -Iworker/comm -Ioperator $(shell pkg-config --cflags libcjson 2>/dev/null)
+INCS    := -Ishared -Ikernels -Iworker/engine -Iworker/comm -Iworker/agent -Ioperator $(shell pkg-config --cflags libcjson 2>/dev/null) \
+           $(shell pkg-config --cflags libwebsockets openssl 2>/dev/null)
 CFLAGS  ?= -O2 -g
 ALL_CFLAGS := $(CSTD) $(WARN) $(INCS) $(CFLAGS) -MMD -MP
-LDLIBS  := $(shell pkg-config --libs libcjson 2>/dev/null || echo -lcjson) -lyaml -lm -lcrypto
+LDLIBS  := $(shell pkg-config --libs libcjson 2>/dev/null || echo -lcjson) -lyaml -lm \
+           $(shell pkg-config --libs libwebsockets 2>/dev/null || echo -lwebsockets) -lssl -lcrypto
 SAN     := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 
 # The common library: everything in shared/.
@@ -46,7 +48,8 @@ LDLIBS          += -lopenblas -fopenmp
 # The GPT engine (worker/engine/): layer-range forward/backward, optimizer,
 # checkpoints, the single-process trainer; linked into `pliant` and the tests.
 # worker/comm/: the worker-to-worker TCP transport and collectives (OpenSSL libcrypto).
-ENGINE_SRC      := $(wildcard worker/engine/*.c worker/comm/*.c)
+# worker/agent/: the worker's control-channel client (libwebsockets over TLS).
+ENGINE_SRC      := $(wildcard worker/engine/*.c worker/comm/*.c worker/agent/*.c)
 ENGINE_LIB      := $(BUILD)/lib/libpliant_engine.a
 ENGINE_ASAN_LIB := $(BUILD)/asan/lib/libpliant_engine.a
 OPERATOR_LIB      := $(BUILD)/lib/libpliant_operator.a
