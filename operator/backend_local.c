@@ -122,11 +122,13 @@ static int local_create(pl_backend *b, const pl_worker_spec *w, char *err, size_
     return 0;
 }
 
+/* Signals go to the worker's whole process group (everything on a "node"
+ * dies with it); the group id stays valid until we reap the leader. */
 static int local_signal(pl_backend *b, const char *name, int sig, char *err, size_t errlen)
 {
     child *c = find((local_backend *)b, name);
     if (!c) return pl_errf(err, errlen, "worker \"%s\": not running", name);
-    if (pidfd_send_signal(c->pidfd, sig, NULL, 0))
+    if (kill(-c->pid, sig) && pidfd_send_signal(c->pidfd, sig, NULL, 0))
         return pl_errf(err, errlen, "worker \"%s\": signal %d: %s", name, sig, strerror(errno));
     return 0;
 }
@@ -182,7 +184,8 @@ static int local_count(const pl_backend *b)
 static void local_destroy(pl_backend *b)
 {
     local_backend *lb = (local_backend *)b;
-    for (int i = 0; i < lb->n; i++) pidfd_send_signal(lb->kids[i].pidfd, SIGKILL, NULL, 0);
+    for (int i = 0; i < lb->n; i++)
+        if (kill(-lb->kids[i].pid, SIGKILL)) pidfd_send_signal(lb->kids[i].pidfd, SIGKILL, NULL, 0);
     pl_worker_event ev;
     while (lb->n) reap(lb, lb->n - 1, &ev);
     free(lb->kids);
