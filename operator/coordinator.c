@@ -1,0 +1,1122 @@
+/* The coordinator's core state machine: see coordinator.h. */
+#include "coordinator.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "reinstantiate.h"
+
+typedef struct {
+    pl_proto_name name;
+    char host[PL_PROTO_HOST_MAX + 1];
+    int port, rank;
+    int live, leaving;
+    int64_t last_heard;
+    int got_plan, copy_done, reported, reduced, committed, is_source;
+    int pipe, pos; /* place in the current plan; pipe -1: idle */
+} cworker;
+
+typedef struct {
+    int nnodes;
+    int *w; /* worker indices, stage order */
+    int64_t mb, first;
+} cpipe;
+
+typedef struct {
+    int npipes;
+    cpipe *p;
+    char desc[64];
+} cplan;
+
+typedef struct {
+    int dest, src, layer;
+    int64_t bytes;
+} ccopy;
+
+typedef struct {
+    pl_proto_name to;
+    pl_msg m;
+} outmsg;
+
+struct pl_coord {
+    pl_coord_config cfg;
+    char job[PL_PROTO_NAME_MAX + 1];
+    int micro, misses, nlayers;
+    cworker *w;
+    int nw, capw;
+    outmsg *out;
+    int nout, capout, headout;
+    pl_coord_phase_t phase;
+    char reason[512], err[512];
+    int64_t gen, step;
+    cplan cur, stable;
+    int has_cur, has_stable;
+    int pending;           /* a membership change waits for the step boundary */
+    char cause[512];       /* causes since the last plan */
+    double sumsq, loss_sum;
+    int nloss;
+    double norm, grad_scale, lr;
+    pl_coord_step_rec *log;
+    int nlog, caplog;
+    pl_coord_reconfig_rec *rec;
+    int nrec, caprec;
+};
+
+static int fail_err(pl_coord *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err, sizeof c->err, fmt, ap);
+    va_end(ap);
+    return PL_COORD_ERR;
+}
+
+static void appendf(char *buf, size_t len, const char *fmt, ...)
+{
+    size_t n = strlen(buf);
+    if (n + 1 >= len)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + n, len - n, fmt, ap);
+    va_end(ap);
+}
+
+static void add_cause(pl_coord *c, const char *fmt, const char *a, const char *b)
+{
+    if (c->cause[0])
+        appendf(c->cause, sizeof c->cause, "; ");
+    appendf(c->cause, sizeof c->cause, fmt, a, b);
+}
+
+static void cplan_free(cplan *p)
+{
+    for (int i = 0; i < p->npipes; i++)
+        free(p->p[i].w);
+    free(p->p);
+    memset(p, 0, sizeof *p);
+}
+
+static int cplan_copy(cplan *dst, const cplan *src)
+{
+    cplan t = {0};
+    t.p = calloc((size_t)(src->npipes ? src->npipes : 1), sizeof *t.p);
+    if (!t.p)
+        return -1;
+    t.npipes = src->npipes;
+    memcpy(t.desc, src->desc, sizeof t.desc);
+    for (int i = 0; i < src->npipes; i++) {
+        t.p[i] = src->p[i];
+        t.p[i].w = malloc((size_t)src->p[i].nnodes * sizeof(int));
+        if (!t.p[i].w) {
+            t.p[i].nnodes = 0;
+            cplan_free(&t);
+            return -1;
+        }
+        memcpy(t.p[i].w, src->p[i].w, (size_t)src->p[i].nnodes * sizeof(int));
+    }
+    cplan_free(dst);
+    *dst = t;
+    return 0;
+}
+
+/* "2x3+1x2": pipelines grouped by size, largest first. */
+static void cplan_describe(cplan *p)
+{
+    p->desc[0] = 0;
+    int prev = 1 << 30;
+    for (;;) {
+        int best = 0, count = 0;
+        for (int i = 0; i < p->npipes; i++)
+            if (p->p[i].nnodes < prev && p->p[i].nnodes > best)
+                best = p->p[i].nnodes;
+        if (!best)
+            break;
+        for (int i = 0; i < p->npipes; i++)
+            count += p->p[i].nnodes == best;
+        appendf(p->desc, sizeof p->desc, "%s%dx%d", p->desc[0] ? "+" : "", count, best);
+        prev = best;
+    }
+}
+
+static int find(const pl_coord *c, const char *name)
+{
+    if (!name)
+        return -1;
+    for (int i = 0; i < c->nw; i++)
+        if (strcmp(c->w[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+/* The live worker of that name, or -1 (and the error). */
+static int find_live(pl_coord *c, const char *name)
+{
+    int i = find(c, name);
+    if (i < 0) {
+        fail_err(c, "unknown worker \"%s\"", name ? name : "(null)");
+        return -1;
+    }
+    if (!c->w[i].live) {
+        fail_err(c, "worker \"%s\" is no longer part of the job", name);
+        return -1;
+    }
+    return i;
+}
+
+static pl_msg *push(pl_coord *c, int widx, int type, int64_t gen)
+{
+    if (c->nout == c->capout) {
+        if (c->headout > 0) {
+            memmove(c->out, c->out + c->headout, (size_t)(c->nout - c->headout) * sizeof *c->out);
+            c->nout -= c->headout;
+            c->headout = 0;
+        }
+        if (c->nout == c->capout) {
+            int cap = c->capout ? 2 * c->capout : 64;
+            outmsg *o = realloc(c->out, (size_t)cap * sizeof *o);
+            if (!o)
+                return NULL;
+            c->out = o;
+            c->capout = cap;
+        }
+    }
+    outmsg *o = &c->out[c->nout++];
+    memcpy(o->to, c->w[widx].name, sizeof o->to);
+    pl_msg_init(&o->m, type, gen);
+    return &o->m;
+}
+
+static void send_text(pl_coord *c, int widx, int type, int64_t gen, int64_t step, const char *why,
+                      int code)
+{
+    pl_msg *m = push(c, widx, type, gen);
+    if (!m)
+        return;
+    if (type == PL_MSG_START_STEP)
+        m->u.start_step.step = step;
+    else if (type == PL_MSG_ABORT) {
+        m->u.abort_.step = step;
+        snprintf(m->u.abort_.reason, sizeof m->u.abort_.reason, "%s", why);
+    } else if (type == PL_MSG_STOP) {
+        snprintf(m->u.stop.reason, sizeof m->u.stop.reason, "%s", why);
+        m->u.stop.exit_code = code;
+    }
+}
+
+static int in_pipes(const pl_coord *c, int i)
+{
+    return c->has_cur && c->w[i].pipe >= 0;
+}
+
+/* abort / start_step / commit to the live workers of the current pipelines. */
+static void to_pipeline_workers(pl_coord *c, int type, const char *why)
+{
+    for (int i = 0; i < c->nw; i++) {
+        if (!c->w[i].live || !in_pipes(c, i))
+            continue;
+        if (type == PL_MSG_COMMIT) {
+            pl_msg *m = push(c, i, type, c->gen);
+            if (m) {
+                m->u.commit.step = c->step;
+                m->u.commit.grad_scale = c->grad_scale;
+                m->u.commit.lr = c->lr;
+            }
+        } else {
+            send_text(c, i, type, c->gen, c->step, why, 0);
+        }
+    }
+}
+
+static void stop_all(pl_coord *c, const char *why, int code)
+{
+    for (int i = 0; i < c->nw; i++)
+        if (c->w[i].live)
+            send_text(c, i, PL_MSG_STOP, c->gen, 0, why, code);
+}
+
+static void set_failed(pl_coord *c, const char *why)
+{
+    c->reason[0] = 0;
+    appendf(c->reason, sizeof c->reason, "%s", why);
+    c->phase = PL_COORD_FAILED;
+    stop_all(c, why, 1);
+}
+
+static void reset_step_flags(pl_coord *c)
+{
+    for (int i = 0; i < c->nw; i++)
+        c->w[i].reported = c->w[i].reduced = c->w[i].committed = 0;
+    c->sumsq = c->loss_sum = 0;
+    c->nloss = 0;
+}
+
+static void start_step(pl_coord *c)
+{
+    reset_step_flags(c);
+    c->phase = PL_COORD_RUNNING;
+    to_pipeline_workers(c, PL_MSG_START_STEP, "");
+}
+
+/* The layers [begin, end) of node position pos of the template for n nodes. */
+static void node_layers(const pl_coord *c, int n, int pos, int *begin, int *end)
+{
+    const pl_template *t = pl_template_for(c->cfg.templates, n);
+    *begin = *end = 0;
+    int first = 1;
+    for (int s = 0; t && s < t->nstages; s++) {
+        if (t->stages[s].node != pos)
+            continue;
+        if (first || t->stages[s].layer_begin < *begin)
+            *begin = t->stages[s].layer_begin;
+        if (first || t->stages[s].layer_end > *end)
+            *end = t->stages[s].layer_end;
+        first = 0;
+    }
+}
+
+static int holds(const pl_coord *c, int i, int layer)
+{
+    const cworker *w = &c->w[i];
+    if (w->pipe < 0)
+        return 0;
+    int b, e;
+    node_layers(c, c->cur.p[w->pipe].nnodes, w->pos, &b, &e);
+    return b <= layer && layer < e;
+}
+
+static int holds_any(const pl_coord *c, int i, int b, int e)
+{
+    for (int l = b; l < e; l++)
+        if (holds(c, i, l))
+            return 1;
+    return 0;
+}
+
+/* Builds and queues the plan of generation c->gen for worker i. */
+static int send_plan(pl_coord *c, int i, const ccopy *cp, int ncp, char *mark)
+{
+    pl_msg *m = push(c, i, PL_MSG_PLAN, c->gen);
+    if (!m)
+        return -1;
+    pl_msg_plan *p = &m->u.plan;
+    cworker *w = &c->w[i];
+    p->generation = c->gen;
+    p->step = c->step;
+    p->global_batch = c->cfg.global_batch;
+    p->micro = c->micro;
+    p->seq_len = c->cfg.seq_len;
+    p->npipelines = c->cur.npipes;
+    p->pipelines = calloc((size_t)c->cur.npipes, sizeof *p->pipelines);
+    if (!p->pipelines)
+        return -1;
+    for (int q = 0; q < c->cur.npipes; q++) {
+        const cpipe *cq = &c->cur.p[q];
+        pl_msg_pipeline *mp = &p->pipelines[q];
+        mp->nodes = calloc((size_t)cq->nnodes, sizeof *mp->nodes);
+        if (!mp->nodes)
+            return -1;
+        mp->nnodes = mp->template_nodes = cq->nnodes;
+        mp->microbatches = cq->mb;
+        mp->first_microbatch = cq->first;
+        for (int j = 0; j < cq->nnodes; j++)
+            memcpy(mp->nodes[j], c->w[cq->w[j]].name, sizeof mp->nodes[j]);
+    }
+    p->you_pipeline = -1;
+    memset(mark, 0, (size_t)c->nw);
+    int L = c->nlayers;
+    if (w->pipe >= 0) {
+        const cpipe *cq = &c->cur.p[w->pipe];
+        p->you_pipeline = w->pipe;
+        p->you_stage = w->pos;
+        node_layers(c, cq->nnodes, w->pos, &p->you_layer_begin, &p->you_layer_end);
+        if (w->pos > 0)
+            mark[cq->w[w->pos - 1]] = 1;
+        if (w->pos + 1 < cq->nnodes)
+            mark[cq->w[w->pos + 1]] = 1;
+        int b = p->you_layer_begin, e = p->you_layer_end;
+        int tied = b == 0 || e == L; /* embedding or head: the wte group */
+        for (int k = 0; k < c->nw; k++) {
+            if (!c->w[k].live || c->w[k].pipe < 0 || c->w[k].pipe == w->pipe)
+                continue;
+            if (holds_any(c, k, b, e) || (tied && (holds(c, k, 0) || holds(c, k, L - 1))))
+                mark[k] = 1;
+        }
+    }
+    for (int k = 0; k < ncp; k++) {
+        if (cp[k].dest == i) {
+            mark[cp[k].src] = 1;
+            p->ncopies++;
+        }
+        if (cp[k].src == i) {
+            mark[cp[k].dest] = 1;
+            p->nsends++;
+        }
+    }
+    mark[i] = 0;
+    for (int k = 0; k < c->nw; k++)
+        p->npeers += mark[k];
+    p->peers = calloc((size_t)(p->npeers ? p->npeers : 1), sizeof *p->peers);
+    p->copies = calloc((size_t)(p->ncopies ? p->ncopies : 1), sizeof *p->copies);
+    p->sends = calloc((size_t)(p->nsends ? p->nsends : 1), sizeof *p->sends);
+    if (!p->peers || !p->copies || !p->sends)
+        return -1;
+    for (int k = 0, n = 0; k < c->nw; k++)
+        if (mark[k]) {
+            memcpy(p->peers[n].name, c->w[k].name, sizeof p->peers[n].name);
+            memcpy(p->peers[n].host, c->w[k].host, sizeof p->peers[n].host);
+            p->peers[n++].port = c->w[k].port;
+        }
+    for (int k = 0, nc = 0, ns = 0; k < ncp; k++) {
+        if (cp[k].dest == i) {
+            p->copies[nc].layer = cp[k].layer;
+            p->copies[nc].bytes = cp[k].bytes;
+            memcpy(p->copies[nc++].source, c->w[cp[k].src].name, sizeof p->copies[0].source);
+        }
+        if (cp[k].src == i) {
+            p->sends[ns].layer = cp[k].layer;
+            memcpy(p->sends[ns++].dest, c->w[cp[k].dest].name, sizeof p->sends[0].dest);
+        }
+    }
+    return 0;
+}
+
+static void waiting_for_nodes(pl_coord *c, int live)
+{
+    snprintf(c->reason, sizeof c->reason,
+             "%d live workers, at least (F+1)*n0 = %d needed; waiting for workers", live,
+             (c->cfg.tolerate + 1) * c->cfg.templates->n0);
+    c->phase = PL_COORD_WAITING_FOR_NODES;
+}
+
+static void names_list(char *buf, size_t len, const char *const *names, int n)
+{
+    buf[0] = 0;
+    for (int k = 0; k < n; k++)
+        appendf(buf, len, "%s%s", k ? "," : "", names[k]);
+}
+
+/* Makes a new plan for the live workers and sends it (or enters
+ * WAITING_FOR_NODES / FAILED). */
+static void replan(pl_coord *c)
+{
+    /* leaving workers go now: they are removed, survivors are the sources */
+    for (int i = 0; i < c->nw; i++)
+        if (c->w[i].live && c->w[i].leaving) {
+            send_text(c, i, PL_MSG_STOP, c->gen, 0, "left the job", 0);
+            c->w[i].live = 0;
+        }
+    int live = 0;
+    for (int i = 0; i < c->nw; i++)
+        live += c->w[i].live;
+    const pl_coverage *cov = c->cfg.coverage;
+    cplan np = {0};
+    ccopy *cp = NULL;
+    int ncp = 0;
+    int64_t bytes_planned = 0;
+    char removed[512] = "", added[512] = "", *mark = NULL;
+    const char **rm = NULL, **ad = NULL;
+    pl_reinstantiation r = {0};
+    int have_r = 0;
+    if (!(mark = calloc((size_t)c->nw + 1, 1)) || !(rm = calloc((size_t)c->nw + 1, sizeof *rm)) ||
+        !(ad = calloc((size_t)c->nw + 1, sizeof *ad))) {
+        set_failed(c, "coordinator: out of memory");
+        goto done;
+    }
+    if (!c->has_stable) {
+        /* first plan: the coverage entry for the live count, workers in rank order */
+        if (live < cov->nodes_lo) {
+            waiting_for_nodes(c, live);
+            goto done;
+        }
+        const pl_instance_plan *e = NULL;
+        int top = live < cov->nodes_hi ? live : cov->nodes_hi;
+        for (int k = 0; k < cov->count && !e; k++)
+            if (cov->entries[k].nodes <= top && cov->entries[k].covered)
+                e = &cov->entries[k];
+        if (!e) {
+            waiting_for_nodes(c, live);
+            goto done;
+        }
+        np.npipes = e->npipelines;
+        np.p = calloc((size_t)e->npipelines, sizeof *np.p);
+        if (!np.p) {
+            set_failed(c, "coordinator: out of memory");
+            goto done;
+        }
+        int next = 0;
+        for (int q = 0; q < e->npipelines; q++) {
+            cpipe *cq = &np.p[q];
+            cq->nnodes = e->pipelines[q].template_nodes;
+            cq->mb = e->pipelines[q].microbatches;
+            cq->w = malloc((size_t)cq->nnodes * sizeof(int));
+            if (!cq->w) {
+                cq->nnodes = 0;
+                set_failed(c, "coordinator: out of memory");
+                goto done;
+            }
+            for (int j = 0; j < cq->nnodes; j++) {
+                while (!c->w[next].live)
+                    next++;
+                cq->w[j] = next++;
+            }
+        }
+    } else {
+        pl_current_plan cur = {.npipelines = c->stable.npipes};
+        cur.pipelines = calloc((size_t)c->stable.npipes, sizeof *cur.pipelines);
+        int nrm = 0, nad = 0, ok = cur.pipelines != NULL;
+        for (int q = 0; ok && q < c->stable.npipes; q++) {
+            cur.pipelines[q].nnodes = c->stable.p[q].nnodes;
+            cur.pipelines[q].nodes = calloc((size_t)c->stable.p[q].nnodes, sizeof(char *));
+            ok = cur.pipelines[q].nodes != NULL;
+            for (int j = 0; ok && j < c->stable.p[q].nnodes; j++) {
+                int i = c->stable.p[q].w[j];
+                cur.pipelines[q].nodes[j] = c->w[i].name;
+                mark[i] = 1;
+                if (!c->w[i].live)
+                    rm[nrm++] = c->w[i].name;
+            }
+        }
+        for (int i = 0; i < c->nw; i++)
+            if (c->w[i].live && !mark[i])
+                ad[nad++] = c->w[i].name;
+        char e2[512] = "";
+        int rc = ok ? pl_reinstantiate(c->cfg.profile, c->cfg.templates, cov, c->cfg.tolerate,
+                                       c->cfg.global_batch, &cur, rm, nrm, ad, nad, &r, e2,
+                                       sizeof e2)
+                    : -1;
+        for (int q = 0; cur.pipelines && q < cur.npipelines; q++)
+            free(cur.pipelines[q].nodes);
+        free(cur.pipelines);
+        if (rc) {
+            char why[700];
+            snprintf(why, sizeof why, "re-instantiation failed: %s", ok ? e2 : "out of memory");
+            set_failed(c, why);
+            goto done;
+        }
+        have_r = 1;
+        names_list(removed, sizeof removed, rm, nrm);
+        names_list(added, sizeof added, ad, nad);
+        if (r.fatal) {
+            char why[512] = "fatal: no live holder of layer";
+            for (int k = 0; k < r.nlost; k++)
+                appendf(why, sizeof why, "%s%d", k ? "," : " ", r.lost_layers[k]);
+            appendf(why, sizeof why, " (checkpoint recovery not implemented)");
+            set_failed(c, why);
+            goto done;
+        }
+        if (r.insufficient_nodes || r.npipelines == 0) {
+            waiting_for_nodes(c, live);
+            goto done;
+        }
+        np.npipes = r.npipelines;
+        np.p = calloc((size_t)r.npipelines, sizeof *np.p);
+        int total = 0;
+        for (int k = 0; k < r.ncopies; k++)
+            total += r.copies[k].nlayers;
+        cp = calloc((size_t)(total ? total : 1), sizeof *cp);
+        if (!np.p || !cp) {
+            set_failed(c, "coordinator: out of memory");
+            goto done;
+        }
+        for (int q = 0; q < r.npipelines; q++) {
+            cpipe *cq = &np.p[q];
+            cq->mb = r.pipelines[q].microbatches;
+            cq->w = malloc((size_t)r.pipelines[q].template_nodes * sizeof(int));
+            if (!cq->w) {
+                set_failed(c, "coordinator: out of memory");
+                goto done;
+            }
+            cq->nnodes = r.pipelines[q].template_nodes;
+            for (int j = 0; j < cq->nnodes; j++)
+                cq->w[j] = find(c, r.pipelines[q].nodes[j]);
+        }
+        for (int k = 0; k < r.ncopies; k++)
+            for (int j = 0; j < r.copies[k].nlayers; j++) {
+                ccopy *x = &cp[ncp++];
+                x->dest = find(c, r.copies[k].node);
+                x->src = find(c, r.copies[k].layers[j].source);
+                x->layer = r.copies[k].layers[j].layer;
+                x->bytes = r.copies[k].layers[j].bytes;
+            }
+        bytes_planned = r.bytes_to_copy;
+    }
+    /* install: microbatch ranges, places, generation */
+    int64_t first = 0;
+    for (int q = 0; q < np.npipes; q++) {
+        np.p[q].first = first;
+        first += np.p[q].mb;
+    }
+    cplan_describe(&np);
+    cplan_free(&c->cur);
+    c->cur = np;
+    memset(&np, 0, sizeof np);
+    c->has_cur = 1;
+    c->gen++;
+    for (int i = 0; i < c->nw; i++) {
+        cworker *w = &c->w[i];
+        w->pipe = w->pos = -1;
+        w->got_plan = w->copy_done = w->is_source = 0;
+    }
+    for (int q = 0; q < c->cur.npipes; q++)
+        for (int j = 0; j < c->cur.p[q].nnodes; j++) {
+            c->w[c->cur.p[q].w[j]].pipe = q;
+            c->w[c->cur.p[q].w[j]].pos = j;
+        }
+    for (int k = 0; k < ncp; k++)
+        c->w[cp[k].src].is_source = 1;
+    if (c->gen > 1 && c->nrec < (1 << 20)) {
+        if (c->nrec == c->caprec) {
+            int cap = c->caprec ? 2 * c->caprec : 8;
+            pl_coord_reconfig_rec *x = realloc(c->rec, (size_t)cap * sizeof *x);
+            if (x) {
+                c->rec = x;
+                c->caprec = cap;
+            }
+        }
+        if (c->nrec < c->caprec) {
+            pl_coord_reconfig_rec *x = &c->rec[c->nrec++];
+            memset(x, 0, sizeof *x);
+            x->generation = c->gen;
+            x->step = c->step;
+            snprintf(x->cause, sizeof x->cause, "%s", c->cause);
+            snprintf(x->removed, sizeof x->removed, "%s", removed);
+            snprintf(x->added, sizeof x->added, "%s", added);
+            x->bytes_planned = bytes_planned;
+            memcpy(x->pipelines, c->cur.desc, sizeof x->pipelines);
+        }
+    }
+    c->cause[0] = 0;
+    c->pending = 0;
+    c->reason[0] = 0;
+    c->phase = PL_COORD_COPYING;
+    for (int i = 0; i < c->nw; i++)
+        if (c->w[i].live) {
+            if (send_plan(c, i, cp, ncp, mark)) {
+                set_failed(c, "coordinator: out of memory");
+                goto done;
+            }
+            c->w[i].got_plan = 1;
+        }
+done:
+    if (have_r)
+        pl_reinstantiation_free(&r);
+    cplan_free(&np);
+    free(cp);
+    free(mark);
+    free(rm);
+    free(ad);
+}
+
+static void check_copy_complete(pl_coord *c)
+{
+    if (c->phase != PL_COORD_COPYING)
+        return;
+    for (int i = 0; i < c->nw; i++)
+        if (c->w[i].live && c->w[i].got_plan && !c->w[i].copy_done)
+            return;
+    if (cplan_copy(&c->stable, &c->cur)) {
+        set_failed(c, "coordinator: out of memory");
+        return;
+    }
+    c->has_stable = 1;
+    start_step(c);
+}
+
+/* Every live pipeline worker committed: the step counts. */
+static void step_boundary(pl_coord *c)
+{
+    if (c->nlog == c->caplog) {
+        int cap = c->caplog ? 2 * c->caplog : 16;
+        pl_coord_step_rec *x = realloc(c->log, (size_t)cap * sizeof *x);
+        if (!x) {
+            set_failed(c, "coordinator: out of memory");
+            return;
+        }
+        c->log = x;
+        c->caplog = cap;
+    }
+    pl_coord_step_rec *x = &c->log[c->nlog++];
+    memset(x, 0, sizeof *x);
+    x->step = c->step;
+    int64_t mbs = c->cfg.global_batch / c->micro;
+    x->loss = c->nloss ? c->loss_sum / (double)mbs : NAN;
+    x->norm = c->norm;
+    x->grad_scale = c->grad_scale;
+    x->lr = c->lr;
+    x->generation = c->gen;
+    memcpy(x->pipelines, c->cur.desc, sizeof x->pipelines);
+    c->step++;
+    if (c->step >= c->cfg.steps) {
+        c->phase = PL_COORD_DONE;
+        stop_all(c, "done", 0);
+        return;
+    }
+    if (c->pending)
+        replan(c);
+    else
+        start_step(c);
+}
+
+static void check_reduced_complete(pl_coord *c)
+{
+    if (c->phase != PL_COORD_RUNNING)
+        return;
+    for (int i = 0; i < c->nw; i++)
+        if (c->w[i].live && in_pipes(c, i) && (!c->w[i].reported || !c->w[i].reduced))
+            return;
+    c->norm = sqrt(c->sumsq);
+    if (!isfinite(c->norm)) {
+        char why[128];
+        snprintf(why, sizeof why, "non-finite gradient norm at step %lld", (long long)c->step);
+        to_pipeline_workers(c, PL_MSG_ABORT, why);
+        set_failed(c, why);
+        return;
+    }
+    double clip = c->cfg.grad_clip;
+    c->grad_scale = clip > 0 && c->norm > clip ? clip / c->norm : 1.0;
+    c->lr = pl_lr_at(c->cfg.lr, c->cfg.lr_cosine, c->cfg.lr_warmup, c->cfg.lr_min_ratio,
+                     (int)c->step, (int)c->cfg.steps);
+    c->phase = PL_COORD_COMMITTING;
+    to_pipeline_workers(c, PL_MSG_COMMIT, "");
+}
+
+static void check_committed_complete(pl_coord *c)
+{
+    if (c->phase != PL_COORD_COMMITTING)
+        return;
+    for (int i = 0; i < c->nw; i++)
+        if (c->w[i].live && in_pipes(c, i) && !c->w[i].committed)
+            return;
+    step_boundary(c);
+}
+
+/* Reaction to workers already marked not live (idx[0..n)). */
+static void after_loss(pl_coord *c, const int *idx, int n)
+{
+    int critical = 0;
+    for (int k = 0; k < n; k++) {
+        const cworker *w = &c->w[idx[k]];
+        if (in_pipes(c, idx[k]) || (c->phase == PL_COORD_COPYING && w->is_source))
+            critical = 1;
+    }
+    switch (c->phase) {
+    case PL_COORD_COPYING:
+        if (critical) {
+            replan(c);
+        } else {
+            c->pending = 1;
+            check_copy_complete(c);
+        }
+        break;
+    case PL_COORD_RUNNING:
+        if (critical) {
+            to_pipeline_workers(c, PL_MSG_ABORT, "a worker of the plan was lost");
+            replan(c);
+        } else {
+            c->pending = 1;
+            check_reduced_complete(c);
+        }
+        break;
+    case PL_COORD_COMMITTING:
+        c->pending = 1;
+        check_committed_complete(c);
+        break;
+    default:
+        break;
+    }
+}
+
+pl_coord *pl_coord_new(const pl_coord_config *cfg, char *err, size_t errlen)
+{
+#define BAD(...) do { snprintf(err, errlen, __VA_ARGS__); return NULL; } while (0)
+    if (!cfg || !cfg->profile || !cfg->templates || !cfg->coverage)
+        BAD("coordinator: profile, templates and coverage are required");
+    const pl_coverage *cov = cfg->coverage;
+    int micro = cfg->microbatch_size ? cfg->microbatch_size : cfg->profile->microbatch_size;
+    if (micro != cfg->profile->microbatch_size || micro < 1)
+        BAD("microbatch_size: %d differs from the profile's %d", micro,
+            cfg->profile->microbatch_size);
+    if (cfg->tolerate != cov->tolerate)
+        BAD("tolerate: %d differs from the coverage table's %d", cfg->tolerate, cov->tolerate);
+    if (cfg->global_batch != cov->global_batch || cfg->global_batch % micro)
+        BAD("global_batch: %lld differs from the coverage table's %lld or is not a multiple "
+            "of %d", (long long)cfg->global_batch, (long long)cov->global_batch, micro);
+    if (cfg->templates->n0 < 1 || cov->count < 1)
+        BAD("templates: no feasible template");
+    if (cfg->seq_len < 1 || cfg->seq_len > PL_PROTO_MAX_SEQ_LEN)
+        BAD("seq_len: must be in 1..%d", PL_PROTO_MAX_SEQ_LEN);
+    if (cfg->steps < 1 || cfg->steps > 2147483647)
+        BAD("steps: must be >= 1");
+    if (!(cfg->lr >= 0) || !(cfg->grad_clip >= 0) || !isfinite(cfg->grad_clip))
+        BAD("lr and grad_clip: must be finite and >= 0");
+    if (cfg->heartbeat_ms < PL_PROTO_HEARTBEAT_MIN_MS || cfg->heartbeat_ms > PL_PROTO_HEARTBEAT_MAX_MS)
+        BAD("heartbeat_ms: must be in %d..%d", PL_PROTO_HEARTBEAT_MIN_MS, PL_PROTO_HEARTBEAT_MAX_MS);
+    if (cfg->heartbeat_misses < 0)
+        BAD("heartbeat_misses: must be >= 0");
+    if (cfg->n_start < cov->nodes_lo || cfg->n_start > PL_PROTO_MAX_NODES)
+        BAD("n_start: %d workers cannot run a plan: need %d..%d", cfg->n_start, cov->nodes_lo,
+            PL_PROTO_MAX_NODES);
+    if (cfg->peer_port_base < 0 || cfg->peer_port_base > 65535)
+        BAD("peer_port_base: must be in 0..65535");
+    const char *job = cfg->job ? cfg->job : "job";
+    if (!*job || strlen(job) > PL_PROTO_NAME_MAX)
+        BAD("job: bad name");
+    pl_coord *c = calloc(1, sizeof *c);
+    if (!c)
+        BAD("coordinator: out of memory");
+#undef BAD
+    c->cfg = *cfg;
+    snprintf(c->job, sizeof c->job, "%s", job);
+    c->micro = micro;
+    c->misses = cfg->heartbeat_misses ? cfg->heartbeat_misses : PL_PROTO_HEARTBEAT_MISSES;
+    c->nlayers = cfg->profile->nlayers;
+    if (!c->cfg.peer_port_base)
+        c->cfg.peer_port_base = 29500;
+    c->phase = PL_COORD_WAITING_FOR_WORKERS;
+    return c;
+}
+
+void pl_coord_free(pl_coord *c)
+{
+    if (!c)
+        return;
+    for (int k = c->headout; k < c->nout; k++)
+        pl_msg_free(&c->out[k].m);
+    free(c->out);
+    free(c->w);
+    cplan_free(&c->cur);
+    cplan_free(&c->stable);
+    free(c->log);
+    free(c->rec);
+    free(c);
+}
+
+int pl_coord_worker_registered(pl_coord *c, const char *name, const char *host, int port,
+                               int64_t now_ms)
+{
+    c->err[0] = 0;
+    if (!name || !*name || strlen(name) > PL_PROTO_NAME_MAX)
+        return fail_err(c, "bad worker name");
+    if (host && (!*host || strlen(host) > PL_PROTO_HOST_MAX))
+        return fail_err(c, "bad host for worker \"%s\"", name);
+    if (port > 65535)
+        return fail_err(c, "bad port %d for worker \"%s\"", port, name);
+    if (c->phase == PL_COORD_DONE || c->phase == PL_COORD_FAILED)
+        return fail_err(c, "the job is %s", c->phase == PL_COORD_DONE ? "finished" : "failed");
+    int old = find(c, name);
+    if (old >= 0 && c->w[old].live)
+        return fail_err(c, "a worker named \"%s\" is already registered", name);
+    if (old >= 0)
+        return fail_err(c, "worker \"%s\" was removed from the job; use a new name", name);
+    if (c->nw >= PL_PROTO_MAX_NODES)
+        return fail_err(c, "too many workers (%d)", PL_PROTO_MAX_NODES);
+    if (c->nw == c->capw) {
+        int cap = c->capw ? 2 * c->capw : 16;
+        cworker *x = realloc(c->w, (size_t)cap * sizeof *x);
+        if (!x)
+            return fail_err(c, "out of memory");
+        c->w = x;
+        c->capw = cap;
+    }
+    int i = c->nw++;
+    cworker *w = &c->w[i];
+    memset(w, 0, sizeof *w);
+    snprintf(w->name, sizeof w->name, "%s", name);
+    snprintf(w->host, sizeof w->host, "%s", host ? host : "127.0.0.1");
+    w->rank = i;
+    w->port = port > 0 ? port : c->cfg.peer_port_base + i;
+    if (w->port > 65535)
+        w->port = 1 + (w->port - 1) % 65535;
+    w->live = 1;
+    w->last_heard = now_ms;
+    w->pipe = w->pos = -1;
+    pl_msg *m = push(c, i, PL_MSG_WELCOME, c->gen);
+    if (!m)
+        return fail_err(c, "out of memory");
+    m->u.welcome.rank = w->rank;
+    memcpy(m->u.welcome.job, c->job, sizeof m->u.welcome.job);
+    m->u.welcome.token_ok = c->cfg.token_ok ? 1 : 0;
+    m->u.welcome.heartbeat_ms = c->cfg.heartbeat_ms;
+    if (c->phase == PL_COORD_WAITING_FOR_WORKERS) {
+        if (pl_coord_live_workers(c) >= c->cfg.n_start)
+            replan(c);
+    } else if (c->phase == PL_COORD_WAITING_FOR_NODES) {
+        add_cause(c, "joined %s%s", name, "");
+        replan(c);
+    } else {
+        add_cause(c, "joined %s%s", name, "");
+        c->pending = 1;
+    }
+    return PL_COORD_OK;
+}
+
+static int heard(pl_coord *c, const char *name, int64_t now_ms)
+{
+    int i = find_live(c, name);
+    if (i < 0)
+        return -1;
+    if (now_ms > c->w[i].last_heard)
+        c->w[i].last_heard = now_ms;
+    return i;
+}
+
+int pl_coord_heartbeat(pl_coord *c, const char *name, int64_t step, int64_t now_ms)
+{
+    c->err[0] = 0;
+    (void)step;
+    return heard(c, name, now_ms) < 0 ? PL_COORD_ERR : PL_COORD_OK;
+}
+
+/* The live worker for a message of generation gen, or -1 with *rc set. */
+static int gen_check(pl_coord *c, const char *name, int64_t gen, int *rc)
+{
+    c->err[0] = 0;
+    int i = find_live(c, name);
+    if (i < 0) {
+        *rc = PL_COORD_ERR;
+        return -1;
+    }
+    if (gen != c->gen) {
+        *rc = gen < c->gen ? PL_COORD_IGNORED
+                           : fail_err(c, "worker \"%s\": generation %lld is ahead of %lld", name,
+                                      (long long)gen, (long long)c->gen);
+        return -1;
+    }
+    return i;
+}
+
+/* A step message for the running step from a pipeline worker? */
+static int step_check(pl_coord *c, const char *name, int64_t gen, int64_t step,
+                      pl_coord_phase_t phase, int *rc)
+{
+    int i = gen_check(c, name, gen, rc);
+    if (i < 0)
+        return -1;
+    if (c->phase != phase || step != c->step || !in_pipes(c, i)) {
+        *rc = PL_COORD_IGNORED;
+        return -1;
+    }
+    return i;
+}
+
+int pl_coord_report(pl_coord *c, const char *name, int64_t gen, const pl_msg_report *r)
+{
+    int rc = PL_COORD_OK;
+    if (!r)
+        return fail_err(c, "report: NULL");
+    int i = step_check(c, name, gen, r->step, PL_COORD_RUNNING, &rc);
+    if (i < 0)
+        return rc;
+    if (c->w[i].reported)
+        return PL_COORD_IGNORED;
+    c->w[i].reported = 1;
+    c->sumsq += r->grad_sumsq;
+    if (r->has_loss) {
+        c->loss_sum += r->loss;
+        c->nloss++;
+    }
+    check_reduced_complete(c);
+    return PL_COORD_OK;
+}
+
+int pl_coord_reduced(pl_coord *c, const char *name, int64_t gen, int64_t step)
+{
+    int rc = PL_COORD_OK;
+    int i = step_check(c, name, gen, step, PL_COORD_RUNNING, &rc);
+    if (i < 0)
+        return rc;
+    if (c->w[i].reduced)
+        return PL_COORD_IGNORED;
+    c->w[i].reduced = 1;
+    check_reduced_complete(c);
+    return PL_COORD_OK;
+}
+
+int pl_coord_committed(pl_coord *c, const char *name, int64_t gen, int64_t step)
+{
+    int rc = PL_COORD_OK;
+    int i = step_check(c, name, gen, step, PL_COORD_COMMITTING, &rc);
+    if (i < 0)
+        return rc;
+    if (c->w[i].committed)
+        return PL_COORD_IGNORED;
+    c->w[i].committed = 1;
+    check_committed_complete(c);
+    return PL_COORD_OK;
+}
+
+int pl_coord_copy_done(pl_coord *c, const char *name, int64_t gen, int64_t bytes)
+{
+    int rc = PL_COORD_OK;
+    int i = gen_check(c, name, gen, &rc);
+    if (i < 0)
+        return rc;
+    if (c->phase != PL_COORD_COPYING || !c->w[i].got_plan || c->w[i].copy_done)
+        return PL_COORD_IGNORED;
+    c->w[i].copy_done = 1;
+    if (c->nrec > 0 && c->rec[c->nrec - 1].generation == c->gen && bytes > 0)
+        c->rec[c->nrec - 1].bytes_copied += bytes;
+    check_copy_complete(c);
+    return PL_COORD_OK;
+}
+
+int pl_coord_leaving(pl_coord *c, const char *name, int reason)
+{
+    c->err[0] = 0;
+    int i = find_live(c, name);
+    if (i < 0)
+        return PL_COORD_ERR;
+    if (c->w[i].leaving)
+        return PL_COORD_IGNORED;
+    c->w[i].leaving = 1;
+    add_cause(c, "leaving %s (%s)", name, pl_leave_reason_name(reason));
+    switch (c->phase) {
+    case PL_COORD_WAITING_FOR_WORKERS:
+    case PL_COORD_WAITING_FOR_NODES:
+        send_text(c, i, PL_MSG_STOP, c->gen, 0, "left the job", 0);
+        c->w[i].live = 0;
+        break;
+    case PL_COORD_DONE:
+    case PL_COORD_FAILED:
+        break;
+    default:
+        c->pending = 1; /* at the step boundary */
+        break;
+    }
+    return PL_COORD_OK;
+}
+
+int pl_coord_worker_lost(pl_coord *c, const char *name, const char *cause)
+{
+    c->err[0] = 0;
+    int i = find(c, name);
+    if (i < 0)
+        return fail_err(c, "unknown worker \"%s\"", name ? name : "(null)");
+    if (!c->w[i].live)
+        return PL_COORD_IGNORED;
+    c->w[i].live = 0;
+    add_cause(c, "lost %s (%s)", name, cause ? cause : "?");
+    after_loss(c, &i, 1);
+    return PL_COORD_OK;
+}
+
+int pl_coord_peer_broken(pl_coord *c, const char *name, int64_t gen, const char *peer)
+{
+    int rc = PL_COORD_OK;
+    if (gen_check(c, name, gen, &rc) < 0)
+        return rc;
+    char why[PL_PROTO_NAME_MAX + 32];
+    snprintf(why, sizeof why, "peer_broken from %s", name);
+    return pl_coord_worker_lost(c, peer, why);
+}
+
+int pl_coord_tick(pl_coord *c, int64_t now_ms)
+{
+    c->err[0] = 0;
+    int64_t limit = (int64_t)c->misses * c->cfg.heartbeat_ms;
+    int *idx = malloc((size_t)(c->nw ? c->nw : 1) * sizeof *idx), n = 0;
+    if (!idx)
+        return fail_err(c, "out of memory");
+    for (int i = 0; i < c->nw; i++)
+        if (c->w[i].live && now_ms - c->w[i].last_heard > limit) {
+            c->w[i].live = 0;
+            add_cause(c, "lost %s (%s)", c->w[i].name, "missed heartbeats");
+            idx[n++] = i;
+        }
+    if (n)
+        after_loss(c, idx, n);
+    free(idx);
+    return n ? PL_COORD_OK : PL_COORD_IGNORED;
+}
+
+int pl_coord_on_msg(pl_coord *c, const char *name, const pl_msg *m, int64_t now_ms)
+{
+    c->err[0] = 0;
+    if (!m)
+        return fail_err(c, "NULL message");
+    if (heard(c, name, now_ms) < 0)
+        return PL_COORD_ERR;
+    switch (m->type) {
+    case PL_MSG_HEARTBEAT:
+        return PL_COORD_OK;
+    case PL_MSG_LEAVING:
+        return pl_coord_leaving(c, name, m->u.leaving.reason);
+    case PL_MSG_REPORT:
+        return pl_coord_report(c, name, m->gen, &m->u.report);
+    case PL_MSG_REDUCED:
+        return pl_coord_reduced(c, name, m->gen, m->u.reduced.step);
+    case PL_MSG_COMMITTED:
+        return pl_coord_committed(c, name, m->gen, m->u.committed.step);
+    case PL_MSG_COPY_DONE:
+        return pl_coord_copy_done(c, name, m->gen, m->u.copy_done.bytes);
+    case PL_MSG_PEER_BROKEN:
+        return pl_coord_peer_broken(c, name, m->gen, m->u.peer_broken.peer);
+    default:
+        return fail_err(c, "worker \"%s\": unexpected message %s", name,
+                        pl_msg_type_name(m->type));
+    }
+}
+
+int pl_coord_next(pl_coord *c, char *to, size_t tolen, pl_msg *out)
+{
+    if (c->headout >= c->nout) {
+        c->headout = c->nout = 0;
+        return 0;
+    }
+    outmsg *o = &c->out[c->headout++];
+    if (to && tolen)
+        snprintf(to, tolen, "%s", o->to);
+    if (out)
+        *out = o->m;
+    else
+        pl_msg_free(&o->m);
+    return 1;
+}
+
+int pl_coord_pending(const pl_coord *c) { return c->nout - c->headout; }
+pl_coord_phase_t pl_coord_phase(const pl_coord *c) { return c->phase; }
+
+const char *pl_coord_phase_name(pl_coord_phase_t p)
+{
+    static const char *const names[] = {"waiting_for_workers", "copying", "running", "committing",
+                                        "waiting_for_nodes", "done", "failed"};
+    return (unsigned)p < sizeof names / sizeof names[0] ? names[p] : "?";
+}
+
+const char *pl_coord_reason(const pl_coord *c) { return c->reason; }
+const char *pl_coord_error(const pl_coord *c) { return c->err; }
+int64_t pl_coord_generation(const pl_coord *c) { return c->gen; }
+int64_t pl_coord_step(const pl_coord *c) { return c->step; }
+
+int pl_coord_rank(const pl_coord *c, const char *name)
+{
+    int i = find(c, name);
+    return i < 0 ? -1 : c->w[i].rank;
+}
+
+int pl_coord_live_workers(const pl_coord *c)
+{
+    int n = 0;
+    for (int i = 0; i < c->nw; i++)
+        n += c->w[i].live;
+    return n;
+}
+
+int pl_coord_nsteps(const pl_coord *c) { return c->nlog; }
+
+const pl_coord_step_rec *pl_coord_step_log(const pl_coord *c, int i)
+{
+    return i >= 0 && i < c->nlog ? &c->log[i] : NULL;
+}
+
+int pl_coord_nreconfigs(const pl_coord *c) { return c->nrec; }
+
+const pl_coord_reconfig_rec *pl_coord_reconfig(const pl_coord *c, int i)
+{
+    return i >= 0 && i < c->nrec ? &c->rec[i] : NULL;
+}

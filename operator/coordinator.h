@@ -1,0 +1,153 @@
+/* The coordinator's core (docs/runtime.md "One step", "Recovery"; docs/protocol.md):
+ * membership, plan generations and the step state machine, as a PURE state
+ * machine. No sockets, no threads, no clock: the caller feeds events (with the
+ * time in milliseconds where it matters) and drains the outgoing messages with
+ * pl_coord_next. Not thread-safe: one caller at a time.
+ *
+ * Choices (keep in mind when wiring it to the control server):
+ * - Ranks are registration order (0, 1, ...; never reused). Workers are named;
+ *   a name registered twice while live is refused (-1).
+ * - Generation 1 is the first plan. Plans and stop go to every live worker
+ *   (idle ones included, "you" = null); start_step, commit and abort go to the
+ *   workers of the plan's pipelines. The coordinator waits for copy_done from
+ *   every live worker that received the current plan.
+ * - At start every worker initialises its own layers (no copies). Afterwards
+ *   re-instantiation (pl_reinstantiate) starts from the last plan whose copies
+ *   all completed (the "stable" plan): workers must keep the layers of that plan
+ *   until the next start_step.
+ * - A failure of a pipeline worker before commit: abort s to the surviving
+ *   pipeline workers (envelope gen = the old generation), new generation, new
+ *   plans, copy_done, start_step s again. A failure after commit s was sent:
+ *   the commit stands (the step counts); the coordinator waits for committed
+ *   from the live ones and reconfigures before s+1. A failure during the copy
+ *   phase replans at once from the stable plan. A lost idle worker, a join and
+ *   `leaving` are handled at the next step boundary (leaving: stop {0} to it,
+ *   it serves no sends: survivors are the copy sources).
+ * - peer_broken is treated as the loss of the named peer.
+ * - Fatal loss (a layer with no live holder) → FAILED + stop {exit 1} to all:
+ *   there is no checkpoint fallback yet. Fewer than (F+1)·n0 live workers →
+ *   WAITING_FOR_NODES; each registration retries the re-instantiation.
+ * - A non-finite global norm: abort s, stop {exit 1}, FAILED.
+ * - Host/port of a worker's peer links are given at registration (the
+ *   protocol's register has none); default host 127.0.0.1, port
+ *   peer_port_base + rank. */
+#ifndef PLIANT_COORDINATOR_H
+#define PLIANT_COORDINATOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "coverage.h"
+#include "profile.h"
+#include "protocol.h"
+#include "templates.h"
+
+typedef struct {
+    /* planner inputs: not copied, must outlive the coordinator */
+    const pl_profile *profile;
+    const pl_template_set *templates;
+    const pl_coverage *coverage;  /* for the maximum node count, same tolerate and batch */
+    int tolerate;                 /* F: must equal coverage->tolerate */
+    int64_t global_batch;         /* samples per step: must equal coverage->global_batch */
+    int microbatch_size;          /* 0: the profile's; else must equal it */
+    int seq_len;                  /* tokens per sample, ≥ 1 */
+    int64_t steps;                /* total steps, ≥ 1 */
+    /* learning rate (pl_lr_at) and clipping */
+    float lr, lr_min_ratio;
+    int lr_cosine, lr_warmup;
+    double grad_clip;             /* 0: no clipping (grad_scale 1) */
+    /* liveness */
+    int heartbeat_ms;             /* 100..600000; sent in welcome */
+    int heartbeat_misses;         /* 0: PL_PROTO_HEARTBEAT_MISSES (3) */
+    int n_start;                  /* workers to wait for before the first plan, ≥ (F+1)·n0 */
+    const char *job;              /* job name for welcome (NULL: "job") */
+    int token_ok;                 /* welcome.token_ok */
+    int peer_port_base;           /* default peer port = base + rank; 0: 29500 */
+} pl_coord_config;
+
+typedef enum {
+    PL_COORD_WAITING_FOR_WORKERS = 0, /* before the first plan: fewer than n_start */
+    PL_COORD_COPYING,                 /* plan sent, waiting for copy_done */
+    PL_COORD_RUNNING,                 /* start_step sent, collecting report / reduced */
+    PL_COORD_COMMITTING,              /* commit sent, collecting committed */
+    PL_COORD_WAITING_FOR_NODES,       /* too few live workers to run a plan */
+    PL_COORD_DONE,                    /* every step committed, stop sent */
+    PL_COORD_FAILED                   /* fatal: see pl_coord_reason */
+} pl_coord_phase_t;
+
+/* Event results. */
+#define PL_COORD_OK 0
+#define PL_COORD_IGNORED 1  /* stale generation, other step, duplicate, nothing to do */
+#define PL_COORD_ERR (-1)   /* unknown worker, bad argument: see pl_coord_error */
+
+typedef struct {
+    int64_t step;
+    double loss;          /* Σ report.loss / microbatches of the step (NaN if none) */
+    double norm;          /* √Σ grad_sumsq */
+    double grad_scale;
+    double lr;
+    int64_t generation;   /* plan generation that ran it */
+    char pipelines[64];   /* "2x3+1x2": 2 pipelines of 3 nodes and 1 of 2 (largest first) */
+} pl_coord_step_rec;
+
+typedef struct {
+    int64_t generation;   /* the new generation */
+    int64_t step;         /* the step the new plan starts at */
+    char cause[512];      /* "lost w3 (closed connection)", "leaving w2 (sigterm)", "joined w7" */
+    char removed[512];    /* comma-separated names */
+    char added[512];
+    int64_t bytes_planned;   /* pl_reinstantiate's bytes_to_copy */
+    int64_t bytes_copied;    /* Σ copy_done.bytes of this generation */
+    char pipelines[64];
+} pl_coord_reconfig_rec;
+
+typedef struct pl_coord pl_coord;
+
+/* NULL with err on a bad configuration or out of memory. */
+pl_coord *pl_coord_new(const pl_coord_config *cfg, char *err, size_t errlen);
+void pl_coord_free(pl_coord *c);
+
+/* Events. Each returns PL_COORD_OK, PL_COORD_IGNORED or PL_COORD_ERR (message in
+ * pl_coord_error). `gen` is the message envelope's generation. */
+
+/* A worker registered (token already checked). Answers welcome; may start the
+ * first plan or a recovery. host NULL / port ≤ 0: defaults (see above).
+ * ERR: a live worker with that name exists, too many workers, job finished. */
+int pl_coord_worker_registered(pl_coord *c, const char *name, const char *host, int port,
+                               int64_t now_ms);
+int pl_coord_heartbeat(pl_coord *c, const char *name, int64_t step, int64_t now_ms);
+int pl_coord_report(pl_coord *c, const char *name, int64_t gen, const pl_msg_report *r);
+int pl_coord_reduced(pl_coord *c, const char *name, int64_t gen, int64_t step);
+int pl_coord_committed(pl_coord *c, const char *name, int64_t gen, int64_t step);
+int pl_coord_copy_done(pl_coord *c, const char *name, int64_t gen, int64_t bytes);
+int pl_coord_leaving(pl_coord *c, const char *name, int reason /* pl_leave_reason */);
+int pl_coord_peer_broken(pl_coord *c, const char *name, int64_t gen, const char *peer);
+/* The connection closed / the process ended / anything fatal for that worker. */
+int pl_coord_worker_lost(pl_coord *c, const char *name, const char *cause);
+/* Declares lost every live worker silent for more than misses × heartbeat_ms. */
+int pl_coord_tick(pl_coord *c, int64_t now_ms);
+
+/* Dispatches a decoded worker → coordinator message (register excepted: use
+ * pl_coord_worker_registered) after noting that the worker was heard at now_ms. */
+int pl_coord_on_msg(pl_coord *c, const char *name, const pl_msg *m, int64_t now_ms);
+
+/* Pops the oldest outgoing message: returns 1 and fills to (the worker's name)
+ * and out (owned by the caller: pl_msg_free), or 0 when the outbox is empty. */
+int pl_coord_next(pl_coord *c, char *to, size_t tolen, pl_msg *out);
+int pl_coord_pending(const pl_coord *c); /* messages in the outbox */
+
+pl_coord_phase_t pl_coord_phase(const pl_coord *c);
+const char *pl_coord_phase_name(pl_coord_phase_t p);
+const char *pl_coord_reason(const pl_coord *c);  /* why WAITING_FOR_NODES / FAILED, else "" */
+const char *pl_coord_error(const pl_coord *c);   /* the last event's error */
+int64_t pl_coord_generation(const pl_coord *c);
+int64_t pl_coord_step(const pl_coord *c);        /* the step running or to run next */
+int pl_coord_rank(const pl_coord *c, const char *name); /* -1 if unknown */
+int pl_coord_live_workers(const pl_coord *c);
+
+int pl_coord_nsteps(const pl_coord *c); /* committed steps logged */
+const pl_coord_step_rec *pl_coord_step_log(const pl_coord *c, int i);
+int pl_coord_nreconfigs(const pl_coord *c); /* plans after the first */
+const pl_coord_reconfig_rec *pl_coord_reconfig(const pl_coord *c, int i);
+
+#endif

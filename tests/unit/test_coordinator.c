@@ -1,0 +1,749 @@
+/* The coordinator's state machine (operator/coordinator.c) driven by simulated
+ * workers: registration, first plan, steps, commit values, a worker killed mid
+ * step (abort, new generation, copies from live holders, the step redone),
+ * stale generations, leaving at the step boundary, missed heartbeats, too few
+ * workers, fatal loss. Every outgoing message must encode (protocol-valid). */
+#include <math.h>
+#include <stdlib.h>
+
+#include "check.h"
+#include "coordinator.h"
+#include "coverage.h"
+#include "engine.h"
+#include "templates.h"
+
+#define L 6
+#define GB 16
+#define MAXW 16
+#define MAXM 256
+
+typedef struct {
+    pl_profile p;
+    pl_template_set ts;
+    pl_coverage cov;
+    pl_coord_config cfg;
+    pl_coord *c;
+    /* the last plan each worker got (index = worker number, names w<i>) */
+    int nw;
+    int live[MAXW];
+    int have_plan[MAXW];
+    pl_msg plan[MAXW];
+    int64_t gen;
+    /* drained messages */
+    int nm;
+    char to[MAXM][PL_PROTO_NAME_MAX + 1];
+    pl_msg m[MAXM];
+} sim;
+
+/* 6 layers, one GPU per node, memory such that n0 = 2. */
+static void make_profile(pl_profile *p)
+{
+    memset(p, 0, sizeof *p);
+    strcpy(p->model, "synthetic");
+    p->microbatch_size = 1;
+    p->gpus_per_node = 1;
+    p->intra_node_GBps = 100;
+    p->inter_node_GBps = 10;
+    p->nkeys = 1;
+    p->keys[0] = 1;
+    p->nlayers = L;
+    p->layers = calloc(L, sizeof *p->layers);
+    int64_t total = 0;
+    for (int l = 0; l < L; l++) {
+        pl_layer_profile *y = &p->layers[l];
+        snprintf(y->name, sizeof y->name, "layer%d", l);
+        y->param_bytes = 1000 * (l + 1);
+        y->output_bytes = 4096;
+        y->fwd_ns[0] = 100000 + 7919 * l;
+        y->bwd_ns[0] = 2 * y->fwd_ns[0];
+        total += y->param_bytes;
+    }
+    p->gpu_memory_bytes = 4 * total * 6 / 10;
+}
+
+static void drain_free(sim *s)
+{
+    for (int k = 0; k < s->nm; k++)
+        pl_msg_free(&s->m[k]);
+    s->nm = 0;
+}
+
+static int widx(const char *name) { return atoi(name + 1); }
+
+/* Drains the outbox; every message must encode; plans are remembered. */
+static int drain(sim *s)
+{
+    drain_free(s);
+    pl_msg m;
+    char to[PL_PROTO_NAME_MAX + 1];
+    while (pl_coord_next(s->c, to, sizeof to, &m)) {
+        char err[256];
+        char *js = pl_msg_encode_err(&m, err, sizeof err);
+        if (!js) {
+            printf("    message %s to %s does not encode: %s\n", pl_msg_type_name(m.type), to, err);
+            pl_msg_free(&m);
+            return -1;
+        }
+        free(js);
+        if (s->nm == MAXM) {
+            pl_msg_free(&m);
+            return -1;
+        }
+        snprintf(s->to[s->nm], sizeof s->to[0], "%s", to);
+        if (m.type == PL_MSG_PLAN) {
+            int w = widx(to);
+            pl_msg_free(&s->plan[w]);
+            s->plan[w] = m; /* the copy below shares the arrays: keep only this one */
+            s->have_plan[w] = 1;
+            s->gen = m.gen;
+            pl_msg_init(&s->m[s->nm], PL_MSG_PLAN, m.gen);
+            s->m[s->nm].u.plan.generation = m.gen;
+            s->m[s->nm].u.plan.step = m.u.plan.step;
+        } else {
+            s->m[s->nm] = m;
+        }
+        s->nm++;
+    }
+    return 0;
+}
+
+static int count_type(const sim *s, int type)
+{
+    int n = 0;
+    for (int k = 0; k < s->nm; k++)
+        n += s->m[k].type == type;
+    return n;
+}
+
+static const pl_msg *msg_to(const sim *s, int w, int type)
+{
+    char name[16];
+    snprintf(name, sizeof name, "w%d", w);
+    for (int k = 0; k < s->nm; k++)
+        if (s->m[k].type == type && strcmp(s->to[k], name) == 0)
+            return &s->m[k];
+    return NULL;
+}
+
+static const char *nm(int w)
+{
+    static char buf[8][16];
+    static int r;
+    char *b = buf[r++ % 8];
+    snprintf(b, 16, "w%d", w);
+    return b;
+}
+
+static int in_pipes(const sim *s, int w)
+{
+    return s->have_plan[w] && s->plan[w].gen == s->gen && s->plan[w].u.plan.you_pipeline >= 0;
+}
+
+static int sim_init(sim *s, int64_t steps, int n_start)
+{
+    char err[256];
+    memset(s, 0, sizeof *s);
+    make_profile(&s->p);
+    if (pl_templates_plan(&s->p, 6, 1, &s->ts, err, sizeof err) ||
+        pl_coverage_compute(&s->ts, 6, 1, GB, 1, &s->cov, err, sizeof err)) {
+        printf("    planner: %s\n", err);
+        return -1;
+    }
+    pl_coord_config *c = &s->cfg;
+    c->profile = &s->p;
+    c->templates = &s->ts;
+    c->coverage = &s->cov;
+    c->tolerate = 1;
+    c->global_batch = GB;
+    c->seq_len = 64;
+    c->steps = steps;
+    c->lr = 1e-3f;
+    c->lr_cosine = 1;
+    c->lr_warmup = 1;
+    c->lr_min_ratio = 0.1f;
+    c->grad_clip = 1.0;
+    c->heartbeat_ms = 1000;
+    c->n_start = n_start;
+    c->job = "test";
+    s->c = pl_coord_new(c, err, sizeof err);
+    if (!s->c) {
+        printf("    pl_coord_new: %s\n", err);
+        return -1;
+    }
+    return 0;
+}
+
+static void sim_free(sim *s)
+{
+    drain_free(s);
+    for (int w = 0; w < MAXW; w++)
+        pl_msg_free(&s->plan[w]);
+    pl_coord_free(s->c);
+    pl_coverage_free(&s->cov);
+    pl_template_set_free(&s->ts);
+    free(s->p.layers);
+}
+
+/* The plans of generation s->gen: every live worker has one; pipelines are the
+ * same everywhere, cover the live workers once, microbatches contiguous
+ * summing to GB, `you` matches the worker's position. Returns 0 when valid. */
+static int plans_valid(const sim *s)
+{
+    const pl_msg_plan *ref = NULL;
+    for (int w = 0; w < s->nw; w++) {
+        if (!s->live[w])
+            continue;
+        if (!s->have_plan[w] || s->plan[w].gen != s->gen) {
+            printf("    w%d has no plan of generation %lld\n", w, (long long)s->gen);
+            return -1;
+        }
+        const pl_msg_plan *p = &s->plan[w].u.plan;
+        if (!ref)
+            ref = p;
+        if (p->npipelines != ref->npipelines)
+            return -1;
+        int64_t first = 0;
+        int seen = 0;
+        for (int q = 0; q < p->npipelines; q++) {
+            const pl_msg_pipeline *pp = &p->pipelines[q];
+            if (pp->first_microbatch != first || pp->nnodes != ref->pipelines[q].nnodes)
+                return -1;
+            first += pp->microbatches;
+            for (int j = 0; j < pp->nnodes; j++) {
+                int x = widx(pp->nodes[j]);
+                if (!s->live[x] || strcmp(pp->nodes[j], ref->pipelines[q].nodes[j]))
+                    return -1;
+                seen++;
+                if (x == w && (p->you_pipeline != q || p->you_stage != j))
+                    return -1;
+            }
+        }
+        if (first * p->micro != GB || p->global_batch != GB)
+            return -1;
+        (void)seen;
+        if (p->you_pipeline >= 0) {
+            const pl_template *t = pl_template_for(&s->ts, p->pipelines[p->you_pipeline].nnodes);
+            if (!t || p->you_layer_begin >= p->you_layer_end)
+                return -1;
+            if (p->you_stage == 0 && p->you_layer_begin != 0)
+                return -1;
+            if (p->you_stage == p->pipelines[p->you_pipeline].nnodes - 1 && p->you_layer_end != L)
+                return -1;
+        }
+    }
+    return ref ? 0 : -1;
+}
+
+static void all_copy_done(sim *s)
+{
+    for (int w = 0; w < s->nw; w++)
+        if (s->live[w])
+            pl_coord_copy_done(s->c, nm(w), s->gen, 0);
+}
+
+/* Reports (grad_sumsq 0.25 each, loss 2·mb on last stages) and reduced from
+ * every pipeline worker except `skip`, for step st. */
+static void report_all(sim *s, int64_t st, int skip, int reduced)
+{
+    for (int w = 0; w < s->nw; w++) {
+        if (!s->live[w] || !in_pipes(s, w) || w == skip)
+            continue;
+        const pl_msg_plan *p = &s->plan[w].u.plan;
+        pl_msg_report r = {.step = st, .grad_sumsq = 0.25, .samples_digest = 1};
+        if (p->you_layer_end == L) {
+            r.has_loss = 1;
+            r.loss = 2.0 * (double)p->pipelines[p->you_pipeline].microbatches;
+        }
+        pl_coord_report(s->c, nm(w), s->gen, &r);
+        if (reduced)
+            pl_coord_reduced(s->c, nm(w), s->gen, st);
+    }
+}
+
+static void commit_all(sim *s, int64_t st)
+{
+    for (int w = 0; w < s->nw; w++)
+        if (s->live[w] && in_pipes(s, w))
+            pl_coord_committed(s->c, nm(w), s->gen, st);
+}
+
+static int npipeworkers(const sim *s)
+{
+    int n = 0;
+    for (int w = 0; w < s->nw; w++)
+        n += s->live[w] && in_pipes(s, w);
+    return n;
+}
+
+static int start_workers(sim *s, int n)
+{
+    for (int w = 0; w < n; w++) {
+        if (pl_coord_worker_registered(s->c, nm(w), NULL, 0, 0) != PL_COORD_OK)
+            return -1;
+        s->live[w] = 1;
+        s->nw = w + 1;
+    }
+    return drain(s);
+}
+
+/* One full step st, checking start_step, commit values and committed. */
+static int run_step(sim *s, int64_t st)
+{
+    if (pl_coord_phase(s->c) != PL_COORD_RUNNING || pl_coord_step(s->c) != st)
+        return -1;
+    report_all(s, st, -1, 1);
+    if (drain(s) || count_type(s, PL_MSG_COMMIT) != npipeworkers(s))
+        return -1;
+    int n = npipeworkers(s);
+    double norm = sqrt(0.25 * n);
+    double scale = norm > 1.0 ? 1.0 / norm : 1.0;
+    double lr = pl_lr_at(1e-3f, 1, 1, 0.1f, (int)st, (int)s->cfg.steps);
+    for (int k = 0; k < s->nm; k++) {
+        const pl_msg_commit *cm = &s->m[k].u.commit;
+        if (cm->step != st || fabs(cm->grad_scale - scale) > 1e-12 || cm->lr != lr ||
+            s->m[k].gen != s->gen)
+            return -1;
+    }
+    commit_all(s, st);
+    return drain(s);
+}
+
+static void test_three_steps(void)
+{
+    sim s;
+    CHECK(sim_init(&s, 3, 6) == 0);
+    for (int w = 0; w < 5; w++) {
+        CHECK_EQ_INT(pl_coord_worker_registered(s.c, nm(w), NULL, 0, 0), PL_COORD_OK);
+        s.live[w] = 1;
+        s.nw = w + 1;
+    }
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_WELCOME), 5);
+    CHECK_EQ_INT(msg_to(&s, 3, PL_MSG_WELCOME)->u.welcome.rank, 3);
+    CHECK_EQ_INT(msg_to(&s, 3, PL_MSG_WELCOME)->u.welcome.heartbeat_ms, 1000);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_WAITING_FOR_WORKERS);
+    CHECK_EQ_INT(pl_coord_worker_registered(s.c, "w2", NULL, 0, 0), PL_COORD_ERR);
+    CHECK_STR_CONTAINS(pl_coord_error(s.c), "already");
+    CHECK_EQ_INT(pl_coord_worker_registered(s.c, "w5", NULL, 0, 0), PL_COORD_OK);
+    s.live[5] = 1;
+    s.nw = 6;
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_WELCOME), 1);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_PLAN), 6);
+    CHECK_EQ_INT(s.gen, 1);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
+    CHECK(plans_valid(&s) == 0);
+    /* the coverage entry for 6 nodes, filled in rank order */
+    const pl_instance_plan *e = &s.cov.entries[0];
+    CHECK_EQ_INT(e->nodes, 6);
+    const pl_msg_plan *p0 = &s.plan[0].u.plan;
+    CHECK_EQ_INT(p0->npipelines, e->npipelines);
+    for (int q = 0, k = 0; q < e->npipelines; q++)
+        for (int j = 0; j < p0->pipelines[q].nnodes; j++, k++)
+            CHECK(strcmp(p0->pipelines[q].nodes[j], nm(k)) == 0);
+    CHECK_EQ_INT(p0->ncopies, 0);
+    CHECK_EQ_INT(p0->nsends, 0);
+    CHECK_EQ_INT(p0->step, 0);
+    CHECK(p0->npeers >= 1);
+    /* unknown worker, stale/ahead generation */
+    CHECK_EQ_INT(pl_coord_copy_done(s.c, "nobody", 1, 0), PL_COORD_ERR);
+    CHECK_STR_CONTAINS(pl_coord_error(s.c), "unknown worker");
+    CHECK_EQ_INT(pl_coord_copy_done(s.c, "w0", 0, 0), PL_COORD_IGNORED);
+    CHECK_EQ_INT(pl_coord_copy_done(s.c, "w0", 2, 0), PL_COORD_ERR);
+    for (int w = 0; w < 5; w++)
+        CHECK_EQ_INT(pl_coord_copy_done(s.c, nm(w), 1, 0), PL_COORD_OK);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(s.nm, 0);
+    CHECK_EQ_INT(pl_coord_copy_done(s.c, "w5", 1, 0), PL_COORD_OK);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_START_STEP), 6);
+    CHECK_EQ_INT(s.m[0].u.start_step.step, 0);
+    CHECK(run_step(&s, 0) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_START_STEP), 6);
+    CHECK(run_step(&s, 1) == 0);
+    CHECK(run_step(&s, 2) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_STOP), 6);
+    CHECK_EQ_INT(s.m[0].u.stop.exit_code, 0);
+    CHECK(strcmp(s.m[0].u.stop.reason, "done") == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_DONE);
+    CHECK_EQ_INT(pl_coord_nsteps(s.c), 3);
+    CHECK_EQ_INT(pl_coord_nreconfigs(s.c), 0);
+    for (int k = 0; k < 3; k++) {
+        const pl_coord_step_rec *r = pl_coord_step_log(s.c, k);
+        CHECK_EQ_INT(r->step, k);
+        CHECK(fabs(r->loss - 2.0) < 1e-12); /* Σ 2·mb / GB */
+        CHECK(fabs(r->norm - sqrt(1.5)) < 1e-12);
+        CHECK(fabs(r->grad_scale - 1 / sqrt(1.5)) < 1e-12);
+        CHECK(r->lr == pl_lr_at(1e-3f, 1, 1, 0.1f, k, 3));
+        CHECK_EQ_INT(r->generation, 1);
+        CHECK(r->pipelines[0] >= '1' && strchr(r->pipelines, 'x'));
+    }
+    CHECK_EQ_INT(pl_coord_worker_registered(s.c, "late", NULL, 0, 0), PL_COORD_ERR);
+    sim_free(&s);
+}
+
+/* Did worker w hold layer l under plan p (of any worker)? */
+static int held(const pl_msg_plan *p, int w, int l, const pl_template_set *ts)
+{
+    for (int q = 0; q < p->npipelines; q++)
+        for (int j = 0; j < p->pipelines[q].nnodes; j++) {
+            if (widx(p->pipelines[q].nodes[j]) != w)
+                continue;
+            const pl_template *t = pl_template_for(ts, p->pipelines[q].nnodes);
+            for (int k = 0; k < t->nstages; k++)
+                if (t->stages[k].node == j && t->stages[k].layer_begin <= l &&
+                    l < t->stages[k].layer_end)
+                    return 1;
+        }
+    return 0;
+}
+
+static int begin_run(sim *s, int64_t steps, int n)
+{
+    if (sim_init(s, steps, n) || start_workers(s, n) || plans_valid(s))
+        return -1;
+    all_copy_done(s);
+    return drain(s);
+}
+
+static void test_kill_mid_step(void)
+{
+    sim s;
+    CHECK(begin_run(&s, 5, 6) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    /* step 1: half the reports, then w1 dies */
+    pl_msg old;
+    pl_msg_init(&old, PL_MSG_NONE, 0);
+    old = s.plan[0]; /* keep generation 1's plan to check copy sources */
+    s.have_plan[0] = 0;
+    memset(&s.plan[0], 0, sizeof s.plan[0]);
+    report_all(&s, 1, 1, 0);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(s.nm, 0);
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, "w1", "closed connection"), PL_COORD_OK);
+    s.live[1] = 0;
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_ABORT), 5);
+    const pl_msg *ab = msg_to(&s, 0, PL_MSG_ABORT);
+    CHECK(ab && ab->u.abort_.step == 1 && ab->gen == 1);
+    CHECK(msg_to(&s, 1, PL_MSG_ABORT) == NULL);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_PLAN), 5);
+    CHECK_EQ_INT(s.gen, 2);
+    CHECK_EQ_INT(pl_coord_generation(s.c), 2);
+    CHECK(plans_valid(&s) == 0);
+    /* copies come from live holders of generation 1; sends mirror them */
+    int ncopies = 0, nsends = 0;
+    for (int w = 0; w < 6; w++) {
+        if (!s.live[w])
+            continue;
+        const pl_msg_plan *p = &s.plan[w].u.plan;
+        CHECK_EQ_INT(p->step, 1);
+        for (int k = 0; k < p->ncopies; k++) {
+            int src = widx(p->copies[k].source);
+            CHECK(s.live[src]);
+            CHECK(held(&old.u.plan, src, p->copies[k].layer, &s.ts));
+            CHECK(p->copies[k].layer >= p->you_layer_begin && p->copies[k].layer < p->you_layer_end);
+            const pl_msg_plan *sp = &s.plan[src].u.plan;
+            int found = 0;
+            for (int j = 0; j < sp->nsends; j++)
+                found |= sp->sends[j].layer == p->copies[k].layer &&
+                         strcmp(sp->sends[j].dest, nm(w)) == 0;
+            CHECK(found);
+            int peer = 0;
+            for (int j = 0; j < p->npeers; j++)
+                peer |= strcmp(p->peers[j].name, p->copies[k].source) == 0;
+            CHECK(peer);
+            ncopies++;
+        }
+        nsends += p->nsends;
+    }
+    CHECK_EQ_INT(ncopies, nsends);
+    pl_msg_free(&old);
+    /* stale generation messages are ignored */
+    pl_msg_report r = {.step = 1, .grad_sumsq = 0.25};
+    CHECK_EQ_INT(pl_coord_report(s.c, "w0", 1, &r), PL_COORD_IGNORED);
+    CHECK_EQ_INT(pl_coord_reduced(s.c, "w0", 1, 1), PL_COORD_IGNORED);
+    CHECK_EQ_INT(pl_coord_copy_done(s.c, "w0", 1, 0), PL_COORD_IGNORED);
+    /* messages from the dead worker are errors */
+    CHECK_EQ_INT(pl_coord_heartbeat(s.c, "w1", 1, 10), PL_COORD_ERR);
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, "w1", "again"), PL_COORD_IGNORED);
+    for (int w = 0; w < 6; w++)
+        if (s.live[w])
+            CHECK_EQ_INT(pl_coord_copy_done(s.c, nm(w), 2, 100), PL_COORD_OK);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_START_STEP), npipeworkers(&s));
+    CHECK_EQ_INT(s.m[0].u.start_step.step, 1);
+    CHECK_EQ_INT(s.m[0].gen, 2);
+    CHECK(run_step(&s, 1) == 0);
+    CHECK(run_step(&s, 2) == 0);
+    CHECK_EQ_INT(pl_coord_nsteps(s.c), 3);
+    CHECK_EQ_INT(pl_coord_step_log(s.c, 1)->generation, 2);
+    CHECK_EQ_INT(pl_coord_nreconfigs(s.c), 1);
+    const pl_coord_reconfig_rec *rc = pl_coord_reconfig(s.c, 0);
+    CHECK_EQ_INT(rc->generation, 2);
+    CHECK_EQ_INT(rc->step, 1);
+    CHECK_STR_CONTAINS(rc->cause, "lost w1 (closed connection)");
+    CHECK(strcmp(rc->removed, "w1") == 0);
+    CHECK(strcmp(rc->added, "") == 0);
+    CHECK_EQ_INT(rc->bytes_copied, 500);
+    CHECK(rc->bytes_planned >= 0);
+    sim_free(&s);
+}
+
+static void test_loss_after_commit(void)
+{
+    sim s;
+    CHECK(begin_run(&s, 4, 6) == 0);
+    report_all(&s, 0, -1, 1);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_COMMIT), 6);
+    /* w2 dies after commit was sent: the step stands */
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, "w2", "process ended"), PL_COORD_OK);
+    s.live[2] = 0;
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(s.nm, 0);
+    commit_all(&s, 0);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_nsteps(s.c), 1);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_ABORT), 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_PLAN), 5);
+    CHECK_EQ_INT(s.gen, 2);
+    CHECK(plans_valid(&s) == 0);
+    CHECK_EQ_INT(s.plan[0].u.plan.step, 1);
+    sim_free(&s);
+}
+
+static void test_leaving_at_boundary(void)
+{
+    sim s;
+    CHECK(begin_run(&s, 5, 6) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    report_all(&s, 1, -1, 0);
+    CHECK_EQ_INT(pl_coord_leaving(s.c, "w4", PL_LEAVE_SIGTERM), PL_COORD_OK);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(s.nm, 0); /* no abort: the step finishes */
+    for (int w = 0; w < 6; w++)
+        pl_coord_reduced(s.c, nm(w), 1, 1);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_COMMIT), 6);
+    commit_all(&s, 1);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_nsteps(s.c), 2);
+    const pl_msg *st = msg_to(&s, 4, PL_MSG_STOP);
+    CHECK(st && st->u.stop.exit_code == 0);
+    CHECK(msg_to(&s, 4, PL_MSG_PLAN) == NULL);
+    s.live[4] = 0;
+    CHECK_EQ_INT(count_type(&s, PL_MSG_PLAN), 5);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_ABORT), 0);
+    CHECK(plans_valid(&s) == 0);
+    CHECK_EQ_INT(s.plan[0].u.plan.step, 2);
+    const pl_coord_reconfig_rec *rc = pl_coord_reconfig(s.c, 0);
+    CHECK(rc != NULL);
+    CHECK_STR_CONTAINS(rc->cause, "leaving w4 (sigterm)");
+    CHECK(strcmp(rc->removed, "w4") == 0);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 2) == 0);
+    sim_free(&s);
+}
+
+static void test_join_and_heartbeats(void)
+{
+    sim s;
+    CHECK(begin_run(&s, 6, 5) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    /* a sixth worker joins mid-step: planned at the boundary */
+    report_all(&s, 1, -1, 0);
+    CHECK_EQ_INT(pl_coord_worker_registered(s.c, "w5", "10.0.0.5", 7005, 0), PL_COORD_OK);
+    s.live[5] = 1;
+    s.nw = 6;
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_WELCOME), 1);
+    CHECK_EQ_INT(s.m[0].u.welcome.rank, 5);
+    for (int w = 0; w < 5; w++)
+        pl_coord_reduced(s.c, nm(w), 1, 1);
+    CHECK(drain(&s) == 0);
+    commit_all(&s, 1);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_PLAN), 6);
+    CHECK(plans_valid(&s) == 0);
+    CHECK(strcmp(pl_coord_reconfig(s.c, 0)->added, "w5") == 0);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 2) == 0);
+    /* heartbeats: everybody but w3 at t=2500; at t=3500 w3 (silent since 0) is lost */
+    for (int w = 0; w < 6; w++)
+        if (w != 3)
+            CHECK_EQ_INT(pl_coord_heartbeat(s.c, nm(w), 3, 2500), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_tick(s.c, 2999), PL_COORD_IGNORED);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(s.nm, 0);
+    CHECK_EQ_INT(pl_coord_tick(s.c, 3500), PL_COORD_OK);
+    s.live[3] = 0;
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_ABORT), 5);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_PLAN), 5);
+    CHECK(plans_valid(&s) == 0);
+    CHECK_STR_CONTAINS(pl_coord_reconfig(s.c, 1)->cause, "lost w3 (missed heartbeats)");
+    /* on_msg: a heartbeat through the dispatcher */
+    pl_msg hb;
+    pl_msg_init(&hb, PL_MSG_HEARTBEAT, s.gen);
+    CHECK_EQ_INT(pl_coord_on_msg(s.c, "w0", &hb, 4000), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_on_msg(s.c, "zz", &hb, 4000), PL_COORD_ERR);
+    sim_free(&s);
+}
+
+static void test_insufficient_then_join(void)
+{
+    sim s;
+    CHECK(begin_run(&s, 5, 6) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    /* lose workers one at a time (between steps: during the copy phase) */
+    int killed = 0;
+    for (int w = 5; w >= 0 && pl_coord_phase(s.c) != PL_COORD_WAITING_FOR_NODES; w--) {
+        CHECK_EQ_INT(pl_coord_worker_lost(s.c, nm(w), "closed connection"), PL_COORD_OK);
+        s.live[w] = 0;
+        killed++;
+        CHECK(drain(&s) == 0);
+        if (pl_coord_phase(s.c) == PL_COORD_COPYING) {
+            CHECK(plans_valid(&s) == 0);
+            all_copy_done(&s);
+            CHECK(drain(&s) == 0);
+        }
+        CHECK(pl_coord_phase(s.c) != PL_COORD_FAILED);
+    }
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_WAITING_FOR_NODES);
+    CHECK_EQ_INT(killed, 3); /* 3 live < (F+1)·n0 = 4 */
+    CHECK_STR_CONTAINS(pl_coord_reason(s.c), "at least (F+1)*n0 = 4");
+    /* a new worker makes 4: a plan with copies from the survivors */
+    int64_t g = pl_coord_generation(s.c);
+    CHECK_EQ_INT(pl_coord_worker_registered(s.c, "w6", NULL, 0, 0), PL_COORD_OK);
+    s.live[6] = 1;
+    s.nw = 7;
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
+    CHECK_EQ_INT(s.gen, g + 1);
+    CHECK(plans_valid(&s) == 0);
+    CHECK(s.plan[6].u.plan.ncopies > 0);
+    for (int k = 0; k < s.plan[6].u.plan.ncopies; k++)
+        CHECK(s.live[widx(s.plan[6].u.plan.copies[k].source)]);
+    CHECK_EQ_INT(s.plan[6].u.plan.step, 1);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 1) == 0);
+    sim_free(&s);
+}
+
+static void test_fatal_loss(void)
+{
+    sim s;
+    CHECK(begin_run(&s, 5, 6) == 0);
+    /* every holder of layer 0 goes silent */
+    const pl_msg_plan *p = &s.plan[0].u.plan;
+    int holders[MAXW], nh = 0;
+    for (int q = 0; q < p->npipelines; q++)
+        holders[nh++] = widx(p->pipelines[q].nodes[0]);
+    for (int w = 0; w < 6; w++) {
+        int h = 0;
+        for (int k = 0; k < nh; k++)
+            h |= holders[k] == w;
+        if (!h)
+            CHECK_EQ_INT(pl_coord_heartbeat(s.c, nm(w), 0, 2000), PL_COORD_OK);
+    }
+    CHECK_EQ_INT(pl_coord_tick(s.c, 3100), PL_COORD_OK);
+    for (int k = 0; k < nh; k++)
+        s.live[holders[k]] = 0;
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_FAILED);
+    CHECK_STR_CONTAINS(pl_coord_reason(s.c), "no live holder of layer 0");
+    CHECK_EQ_INT(count_type(&s, PL_MSG_STOP), 6 - nh);
+    for (int w = 0; w < 6; w++)
+        if (s.live[w]) {
+            const pl_msg *st = msg_to(&s, w, PL_MSG_STOP);
+            CHECK(st && st->u.stop.exit_code == 1);
+        }
+    sim_free(&s);
+}
+
+static void test_initial_copy_loss_and_nan(void)
+{
+    sim s;
+    CHECK(sim_init(&s, 5, 6) == 0);
+    CHECK(start_workers(&s, 6) == 0);
+    CHECK_EQ_INT(s.gen, 1);
+    /* w2 dies before the first plan ran: a fresh first plan for 5, no copies */
+    pl_coord_copy_done(s.c, "w0", 1, 0);
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, "w2", "process ended"), PL_COORD_OK);
+    s.live[2] = 0;
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_ABORT), 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_PLAN), 5);
+    CHECK_EQ_INT(s.gen, 2);
+    CHECK(plans_valid(&s) == 0);
+    for (int w = 0; w < 6; w++)
+        if (s.live[w])
+            CHECK_EQ_INT(s.plan[w].u.plan.ncopies, 0);
+    CHECK_EQ_INT(s.plan[0].u.plan.step, 0);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    /* a report for another step is ignored; peer_broken loses the peer */
+    pl_msg_report r = {.step = 7, .grad_sumsq = 0.25};
+    CHECK_EQ_INT(pl_coord_report(s.c, "w0", 2, &r), PL_COORD_IGNORED);
+    CHECK(run_step(&s, 0) == 0);
+    CHECK_EQ_INT(pl_coord_peer_broken(s.c, "w0", 1, "w3"), PL_COORD_IGNORED);
+    CHECK_EQ_INT(pl_coord_peer_broken(s.c, "w0", 2, "w3"), PL_COORD_OK);
+    s.live[3] = 0;
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_ABORT), 4);
+    CHECK_EQ_INT(s.gen, 3);
+    CHECK(plans_valid(&s) == 0);
+    CHECK_STR_CONTAINS(pl_coord_reconfig(s.c, 1)->cause, "lost w3 (peer_broken from w0)");
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    /* a non-finite norm: abort, stop with an error, FAILED */
+    for (int w = 0; w < 6; w++) {
+        if (!s.live[w])
+            continue;
+        pl_msg_report x = {.step = 1, .grad_sumsq = w == 0 ? NAN : 0.25};
+        CHECK_EQ_INT(pl_coord_report(s.c, nm(w), 3, &x), PL_COORD_OK);
+        CHECK_EQ_INT(pl_coord_reduced(s.c, nm(w), 3, 1), PL_COORD_OK);
+    }
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_COMMIT), 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_ABORT), 4);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_STOP), 4);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_FAILED);
+    CHECK_STR_CONTAINS(pl_coord_reason(s.c), "non-finite gradient norm at step 1");
+    sim_free(&s);
+}
+
+static void test_bad_config(void)
+{
+    sim s;
+    CHECK(sim_init(&s, 3, 6) == 0);
+    char err[256];
+    pl_coord_config c = s.cfg;
+    c.n_start = 3;
+    CHECK(pl_coord_new(&c, err, sizeof err) == NULL);
+    CHECK_STR_CONTAINS(err, "n_start");
+    c = s.cfg;
+    c.global_batch = 8;
+    CHECK(pl_coord_new(&c, err, sizeof err) == NULL);
+    CHECK_STR_CONTAINS(err, "global_batch");
+    c = s.cfg;
+    c.heartbeat_ms = 5;
+    CHECK(pl_coord_new(&c, err, sizeof err) == NULL);
+    sim_free(&s);
+}
+
+TEST_MAIN_BEGIN
+RUN(test_three_steps);
+RUN(test_kill_mid_step);
+RUN(test_loss_after_commit);
+RUN(test_leaving_at_boundary);
+RUN(test_join_and_heartbeats);
+RUN(test_insufficient_then_join);
+RUN(test_fatal_loss);
+RUN(test_initial_copy_loss_and_nan);
+RUN(test_bad_config);
+TEST_MAIN_END
