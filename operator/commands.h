@@ -9,5 +9,7 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_export(int argc, char **argv);
 int cmd_sample(int argc, char **argv);
 int cmd_profile(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+int cmd_worker(int argc, char **argv);
 
 #endif

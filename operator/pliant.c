@@ -18,6 +18,8 @@ static void usage(FILE *f)
             "  profile   measure a job's layers and write a planner profile\n"
             "  sample    generate text from a checkpoint\n"
             "  export    write a checkpoint as an llm.c model file\n"
+            "  run       train a TrainingJob with local worker processes\n"
+            "  worker    one worker process of 'pliant run' (started by it)\n"
             "  version   print the version\n"
             "\n"
             "Run 'pliant COMMAND --help' for a command's options.\n");
@@ -34,7 +36,8 @@ int main(int argc, char **argv)
         const char *name;
         int (*run)(int, char **);
     } cmds[] = {{"plan", cmd_plan},       {"train", cmd_train},   {"tokenize", cmd_tokenize},
-                {"profile", cmd_profile}, {"sample", cmd_sample}, {"export", cmd_export}};
+                {"profile", cmd_profile}, {"sample", cmd_sample}, {"export", cmd_export},
+                {"run", cmd_run},         {"worker", cmd_worker}};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (!strcmp(cmd, cmds[i].name)) return cmds[i].run(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {

@@ -1,0 +1,471 @@
+/* `pliant run JOB.yaml --workers N [--metrics FILE] [--threads T]`: trains a
+ * TrainingJob with N local worker processes (`pliant worker`, same binary)
+ * under the coordinator (operator/coordinator.h) and the control server
+ * (WebSocket over TLS, a self-signed certificate, a random job token).
+ *
+ * Planner profile: spec.profile when it is a path, else a synthetic one
+ * derived from the model's sizes (per-layer times proportional to the layer's
+ * multiply-adds, this machine's RAM as the memory): deterministic, so every
+ * worker plans the same stage layouts from the same file.
+ *
+ * One line per committed step on stdout; --metrics writes JSON lines (step,
+ * loss, lr, grad_norm, tokens_per_second, plan_generation, pipelines, workers,
+ * samples_digest). Exit 0 when every step is committed, 1 when the job fails,
+ * 2 on bad input. Failure-free path: the coordinator handles losses, but
+ * workers cannot copy layers yet. */
+#include <getopt.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cJSON.h>
+
+#include "backend.h"
+#include "cli_args.h"
+#include "commands.h"
+#include "control_server.h"
+#include "coordinator.h"
+#include "coverage.h"
+#include "gpt.h"
+#include "jobspec.h"
+#include "profile.h"
+#include "sampler.h"
+#include "tcp.h"
+#include "templates.h"
+#include "tls_selfsigned.h"
+#include "tokens.h"
+#include "trainer.h"
+
+#define MAX_WORKERS 256
+#define FINISH_GRACE_MS 15000
+
+typedef struct {
+    char name[PL_WORKER_NAME_MAX];
+    int port;
+    pl_ctl_conn *conn;
+    int exited;
+} run_worker;
+
+typedef struct {
+    pl_coord *coord;
+    pl_ctl_server *srv;
+    run_worker w[MAX_WORKERS];
+    int nw;
+} run_state;
+
+static void run_usage(FILE *f)
+{
+    fprintf(f, "usage: pliant run JOB.yaml --workers N [--metrics FILE] [--threads T]\n");
+}
+
+static run_worker *find_worker(run_state *r, const char *name)
+{
+    for (int i = 0; i < r->nw; i++)
+        if (!strcmp(r->w[i].name, name)) return &r->w[i];
+    return NULL;
+}
+
+static void on_register(pl_ctl_server *s, pl_ctl_conn *c, const pl_msg *m, void *user)
+{
+    run_state *r = user;
+    run_worker *w = find_worker(r, m->u.reg.name);
+    if (!w || (w->conn && w->conn != c) ||
+        pl_coord_worker_registered(r->coord, m->u.reg.name, "127.0.0.1", w->port,
+                                   pl_ctl_now_ms()) == PL_COORD_ERR) {
+        pl_msg x;
+        pl_msg_init(&x, PL_MSG_REFUSE, pl_coord_generation(r->coord));
+        snprintf(x.u.refuse.reason, sizeof x.u.refuse.reason, "%s",
+                 w ? pl_coord_error(r->coord) : "unknown worker name");
+        pl_ctl_server_send(s, c, &x);
+        pl_ctl_server_close(s, c, "refused");
+        return;
+    }
+    w->conn = c;
+}
+
+static void on_message(pl_ctl_server *s, pl_ctl_conn *c, const pl_msg *m, void *user)
+{
+    run_state *r = user;
+    (void)s;
+    pl_coord_on_msg(r->coord, pl_ctl_conn_name(c), m, pl_ctl_now_ms());
+}
+
+static void on_close(pl_ctl_server *s, pl_ctl_conn *c, const char *reason, void *user)
+{
+    run_state *r = user;
+    (void)s;
+    run_worker *w = find_worker(r, pl_ctl_conn_name(c));
+    if (!w || w->conn != c) return;
+    w->conn = NULL;
+    pl_coord_phase_t ph = pl_coord_phase(r->coord);
+    if (ph != PL_COORD_DONE && ph != PL_COORD_FAILED) {
+        char cause[256];
+        snprintf(cause, sizeof cause, "connection closed: %s", reason ? reason : "");
+        pl_coord_worker_lost(r->coord, w->name, cause);
+    }
+}
+
+/* A synthetic planner profile of the job's model (see the file comment). */
+static char *synthetic_profile(const pl_job *job, char *err, size_t errlen)
+{
+    pl_gpt_config cfg;
+    if (pl_job_gpt_config(job, &cfg, err, errlen)) return NULL;
+    const double B = job->batch.micro, T = job->batch.seq_len, C = cfg.C;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "model", job->model.preset[0] ? job->model.preset : "custom");
+    cJSON_AddNumberToObject(o, "microbatch_size", job->batch.micro);
+    cJSON_AddNumberToObject(o, "gpus_per_node", 1);
+    cJSON_AddNumberToObject(o, "gpu_memory_bytes",
+                            (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE));
+    cJSON_AddNumberToObject(o, "intra_node_GBps", 10.0);
+    cJSON_AddNumberToObject(o, "inter_node_GBps", 1.0);
+    cJSON *layers = cJSON_AddArrayToObject(o, "layers");
+    for (int l = 0; l < cfg.L + 2; l++) {
+        double params = (double)pl_gpt_layer_params(&cfg, l);
+        double flops = l == 0 ? B * T * C : 2.0 * params * B * T + (l <= cfg.L ? 4.0 * B * T * T * C : 0);
+        double fwd = flops / 1e7; /* ms at 10 GFLOP/s */
+        if (fwd < 0.001) fwd = 0.001;
+        double act = l == 0 ? 4 * B * T * C : l == cfg.L + 1 ? 8 * B * T * cfg.Vp : 64 * B * T * C;
+        char name[32];
+        snprintf(name, sizeof name, l == 0 ? "embedding" : l == cfg.L + 1 ? "head" : "block%d",
+                 l - 1);
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "name", name);
+        cJSON_AddNumberToObject(cJSON_AddObjectToObject(x, "forward_ms"), "1",
+                                round(fwd * 1e6) / 1e6);
+        cJSON_AddNumberToObject(cJSON_AddObjectToObject(x, "backward_ms"), "1",
+                                round(2 * fwd * 1e6) / 1e6);
+        cJSON_AddNumberToObject(x, "param_bytes", 4.0 * params);
+        cJSON_AddNumberToObject(x, "activation_bytes", act);
+        cJSON_AddNumberToObject(x, "output_bytes", l == cfg.L + 1 ? 0 : 4.0 * B * T * C);
+        cJSON_AddItemToArray(layers, x);
+    }
+    char *text = cJSON_Print(o);
+    cJSON_Delete(o);
+    if (!text) snprintf(err, errlen, "out of memory");
+    return text;
+}
+
+static int write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    int rc = fputs(text, f) < 0;
+    rc |= fclose(f) != 0;
+    return rc ? -1 : 0;
+}
+
+/* n distinct free TCP ports on 127.0.0.1 (held open together, then released). */
+static int pick_ports(int n, int *ports, char *err, size_t errlen)
+{
+    pl_listener **l = calloc((size_t)n, sizeof *l);
+    int rc = l ? 0 : -1;
+    for (int i = 0; i < n && !rc; i++) {
+        rc = pl_listener_open("127.0.0.1", 0, &l[i], err, errlen);
+        if (!rc) ports[i] = pl_listener_port(l[i]);
+    }
+    for (int i = 0; l && i < n; i++)
+        if (l[i]) pl_listener_close(l[i]);
+    free(l);
+    return rc;
+}
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+int cmd_run(int argc, char **argv)
+{
+    static const struct option opts[] = {{"workers", required_argument, 0, 'w'},
+                                         {"metrics", required_argument, 0, 'm'},
+                                         {"threads", required_argument, 0, 't'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    char err[1024] = "";
+    long long nworkers = 0, threads = 0;
+    const char *metrics_path = NULL;
+    int c;
+    opterr = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 'w':
+            if (cli_parse_int("--workers", optarg, 1, MAX_WORKERS, &nworkers, err, sizeof err))
+                goto bad;
+            break;
+        case 't':
+            if (cli_parse_int("--threads", optarg, 1, 1024, &threads, err, sizeof err)) goto bad;
+            break;
+        case 'm': metrics_path = optarg; break;
+        case 'h': run_usage(stdout); return 0;
+        default:
+            snprintf(err, sizeof err, "unknown option or missing value: '%s'", argv[optind - 1]);
+            goto bad;
+        }
+    }
+    if (optind != argc - 1) {
+        snprintf(err, sizeof err, "expects exactly one JOB.yaml");
+        goto bad;
+    }
+    if (nworkers <= 0) {
+        snprintf(err, sizeof err, "--workers N is required");
+        goto bad;
+    }
+    const char *job_path = argv[optind];
+    pl_job job;
+    if (pl_job_load(job_path, &job, err, sizeof err)) {
+        fprintf(stderr, "pliant run: %s: %s\n", job_path, err);
+        return 2;
+    }
+    const int N = (int)nworkers, F = job.fault_tolerance.tolerate;
+    if (threads <= 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = cores / N > 0 ? cores / N : 1;
+    }
+
+    int rc = 1, have_prof = 0, have_ts = 0, have_cov = 0, have_tok = 0;
+    pl_profile prof;
+    pl_template_set ts;
+    pl_coverage cov;
+    pl_tokens tok;
+    pl_sampler smp;
+    run_state *r = calloc(1, sizeof *r);
+    pl_backend *be = NULL;
+    FILE *metrics = NULL;
+    char tmpdir[] = "/tmp/pliant-run-XXXXXX", profile_path[PL_PATH_MAX + 64] = "";
+    int have_tmp = 0;
+    if (!r) {
+        snprintf(err, sizeof err, "out of memory");
+        goto done;
+    }
+    if (pl_tokens_open(job.data.train, &tok, err, sizeof err)) goto done;
+    have_tok = 1;
+    if (pl_sampler_init(&smp, job.data.order, job.data.seed, pl_tokens_count(&tok),
+                        job.batch.seq_len, job.batch.global, err, sizeof err))
+        goto done;
+
+    /* the planner */
+    if (job.profile[0] && strcmp(job.profile, "auto")) {
+        snprintf(profile_path, sizeof profile_path, "%s", job.profile);
+    } else {
+        if (!mkdtemp(tmpdir)) {
+            snprintf(err, sizeof err, "cannot create a temporary directory");
+            goto done;
+        }
+        have_tmp = 1;
+        snprintf(profile_path, sizeof profile_path, "%s/profile.json", tmpdir);
+        char *text = synthetic_profile(&job, err, sizeof err);
+        if (!text) goto done;
+        int w = write_file(profile_path, text);
+        free(text);
+        if (w) {
+            snprintf(err, sizeof err, "cannot write the profile in %s", tmpdir);
+            goto done;
+        }
+    }
+    if (pl_profile_load(profile_path, &prof, err, sizeof err)) goto done;
+    have_prof = 1;
+    if (pl_templates_plan(&prof, N, F, &ts, err, sizeof err)) goto done;
+    have_ts = 1;
+    if (pl_coverage_compute(&ts, N, F, job.batch.global, job.batch.micro, &cov, err, sizeof err))
+        goto done;
+    have_cov = 1;
+
+    /* the coordinator and the control server */
+    const pl_optimizer_spec *op = &job.optimizer;
+    double hb = job.fault_tolerance.heartbeat_seconds * 1000.0;
+    pl_coord_config cc = {
+        .profile = &prof, .templates = &ts, .coverage = &cov, .tolerate = F,
+        .global_batch = job.batch.global, .microbatch_size = job.batch.micro,
+        .seq_len = job.batch.seq_len, .steps = job.steps, .lr = (float)op->lr,
+        .lr_min_ratio = (float)op->min_lr_ratio, .lr_cosine = op->schedule == PL_SCHEDULE_COSINE,
+        .lr_warmup = op->warmup_steps, .grad_clip = op->grad_clip,
+        .heartbeat_ms = hb < 100 ? 100 : hb > 600000 ? 600000 : (int)hb, .n_start = N,
+        .job = job.name, .token_ok = 1};
+    if (!(r->coord = pl_coord_new(&cc, err, sizeof err))) goto done;
+    char token[65];
+    if (pl_random_hex(token, 32)) {
+        snprintf(err, sizeof err, "no random bytes for the job token");
+        goto done;
+    }
+    pl_ctl_server_config sc = {.host = "127.0.0.1", .token = token, .token_len = strlen(token),
+                               .cb = {on_register, on_message, on_close, r}};
+    if (!(r->srv = pl_ctl_server_create(&sc, err, sizeof err))) goto done;
+
+    /* the workers */
+    int ports[MAX_WORKERS];
+    if (pick_ports(N, ports, err, sizeof err)) goto done;
+    size_t peers_len = (size_t)N * 32 + 1;
+    char *peers = calloc(peers_len, 1);
+    if (!peers) goto done;
+    for (int i = 0; i < N; i++) {
+        run_worker *w = &r->w[r->nw++];
+        snprintf(w->name, sizeof w->name, "w%d", i);
+        w->port = ports[i];
+        size_t at = strlen(peers);
+        snprintf(peers + at, peers_len - at, "%s%s=%d", i ? "," : "", w->name, w->port);
+    }
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) {
+        free(peers);
+        snprintf(err, sizeof err, "cannot find this program (/proc/self/exe)");
+        goto done;
+    }
+    exe[n] = 0;
+    if (!(be = pl_backend_local_new(err, sizeof err))) {
+        free(peers);
+        goto done;
+    }
+    char thr[16];
+    snprintf(thr, sizeof thr, "%lld", threads);
+    for (int i = 0; i < N; i++) {
+        char e[9][4200];
+        snprintf(e[0], sizeof e[0], "PLIANT_COORDINATOR=127.0.0.1:%d", pl_ctl_server_port(r->srv));
+        snprintf(e[1], sizeof e[1], "PLIANT_TOKEN=%s", token);
+        snprintf(e[2], sizeof e[2], "PLIANT_CA=%s", pl_ctl_server_cert_path(r->srv));
+        snprintf(e[3], sizeof e[3], "PLIANT_WORKER_NAME=%s", r->w[i].name);
+        snprintf(e[4], sizeof e[4], "PLIANT_PROFILE=%s", profile_path);
+        snprintf(e[5], sizeof e[5], "PLIANT_NODES=%d", N);
+        snprintf(e[6], sizeof e[6], "PLIANT_PEER_PORT=%d", r->w[i].port);
+        snprintf(e[7], sizeof e[7], "PLIANT_TOLERATE=%d", F);
+        char *pe = NULL;
+        if (asprintf(&pe, "PLIANT_PEERS=%s", peers) < 0) pe = NULL;
+        char *env[] = {e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7], pe, NULL};
+        char *wargv[] = {exe, "worker", (char *)job_path, "--threads", thr, NULL};
+        pl_worker_spec spec = {.argv = wargv, .env = env};
+        snprintf(spec.name, sizeof spec.name, "%s", r->w[i].name);
+        int crc = pe ? be->ops->create(be, &spec, err, sizeof err) : -1;
+        free(pe);
+        if (crc) {
+            free(peers);
+            if (!err[0]) snprintf(err, sizeof err, "out of memory");
+            goto done;
+        }
+    }
+    free(peers);
+    if (metrics_path && !(metrics = fopen(metrics_path, "w"))) {
+        snprintf(err, sizeof err, "--metrics %s: cannot open for writing", metrics_path);
+        goto done;
+    }
+    printf("run: %s, %d workers (tolerate %d), %d steps, control on 127.0.0.1:%d\n", job.name, N,
+           F, job.steps, pl_ctl_server_port(r->srv));
+    fflush(stdout);
+
+    /* the loop */
+    int printed = 0, reconfigs = 0, finished = 0;
+    double last_t = mono_s();
+    int64_t end_ms = 0;
+    const double tokens_per_step = (double)job.batch.global * job.batch.seq_len;
+    for (;;) {
+        if (pl_ctl_server_service(r->srv, 10) < 0) {
+            snprintf(err, sizeof err, "control server failed");
+            goto done;
+        }
+        char to[PL_PROTO_NAME_MAX + 1];
+        pl_msg m;
+        while (pl_coord_next(r->coord, to, sizeof to, &m)) {
+            run_worker *w = find_worker(r, to);
+            if (w && w->conn) pl_ctl_server_send(r->srv, w->conn, &m);
+            pl_msg_free(&m);
+        }
+        pl_worker_event ev;
+        while (be->ops->watch(be, &ev, 0) == 1) {
+            run_worker *w = find_worker(r, ev.name);
+            if (w) w->exited = 1;
+            pl_coord_phase_t ph = pl_coord_phase(r->coord);
+            if (ph != PL_COORD_DONE && ph != PL_COORD_FAILED) {
+                char cause[128];
+                if (ev.end == PL_WORKER_EXITED)
+                    snprintf(cause, sizeof cause, "exited with status %d", ev.status);
+                else
+                    snprintf(cause, sizeof cause, "killed by signal %d", ev.signal);
+                fprintf(stderr, "pliant run: worker %s %s\n", ev.name, cause);
+                pl_coord_worker_lost(r->coord, ev.name, cause);
+            }
+        }
+        pl_coord_tick(r->coord, pl_ctl_now_ms());
+        for (; printed < pl_coord_nsteps(r->coord); printed++) {
+            const pl_coord_step_rec *s = pl_coord_step_log(r->coord, printed);
+            double t = mono_s(), tps = tokens_per_step / (t - last_t > 1e-9 ? t - last_t : 1e-9);
+            last_t = t;
+            int live = pl_coord_live_workers(r->coord);
+            printf("step %6lld/%d | loss %.6f | lr %.3e | norm %.4f | %8.0f tok/s | gen %lld | "
+                   "pipelines %s | workers %d\n",
+                   (long long)s->step, job.steps, s->loss, s->lr, s->norm, tps,
+                   (long long)s->generation, s->pipelines, live);
+            fflush(stdout);
+            if (metrics) {
+                fprintf(metrics,
+                        "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+                        "\"tokens_per_second\": %.1f, \"plan_generation\": %lld, "
+                        "\"pipelines\": \"%s\", \"workers\": %d, \"samples_digest\": \"%016llx\"}\n",
+                        (long long)s->step, s->loss, s->lr, s->norm, tps,
+                        (long long)s->generation, s->pipelines, live,
+                        (unsigned long long)pl_sampler_digest(&smp, s->step, 0, job.batch.global));
+                fflush(metrics);
+            }
+        }
+        for (; reconfigs < pl_coord_nreconfigs(r->coord); reconfigs++) {
+            const pl_coord_reconfig_rec *x = pl_coord_reconfig(r->coord, reconfigs);
+            printf("reconfigure: generation %lld at step %lld: %s; pipelines %s\n",
+                   (long long)x->generation, (long long)x->step, x->cause, x->pipelines);
+            fflush(stdout);
+        }
+        pl_coord_phase_t ph = pl_coord_phase(r->coord);
+        if ((ph == PL_COORD_DONE || ph == PL_COORD_FAILED) && !finished) {
+            finished = 1;
+            end_ms = pl_ctl_now_ms();
+        }
+        if (finished) {
+            int left = 0;
+            for (int i = 0; i < r->nw; i++) left += !r->w[i].exited;
+            if (!left || pl_ctl_now_ms() - end_ms > FINISH_GRACE_MS) break;
+        } else {
+            int left = 0;
+            for (int i = 0; i < r->nw; i++) left += !r->w[i].exited;
+            if (!left) {
+                snprintf(err, sizeof err, "every worker ended before the job finished (%s)",
+                         pl_coord_phase_name(ph));
+                goto done;
+            }
+        }
+    }
+    if (pl_coord_phase(r->coord) == PL_COORD_DONE) {
+        printf("run: done, %d steps committed, generation %lld\n", pl_coord_nsteps(r->coord),
+               (long long)pl_coord_generation(r->coord));
+        rc = 0;
+    } else {
+        snprintf(err, sizeof err, "job failed: %s", pl_coord_reason(r->coord));
+    }
+done:
+    if (rc && err[0]) fprintf(stderr, "pliant run: %s\n", err);
+    if (metrics) fclose(metrics);
+    if (be) be->ops->destroy(be);
+    if (r) {
+        pl_ctl_server_destroy(r->srv);
+        pl_coord_free(r->coord);
+        free(r);
+    }
+    if (have_cov) pl_coverage_free(&cov);
+    if (have_ts) pl_template_set_free(&ts);
+    if (have_prof) pl_profile_free(&prof);
+    if (have_tok) pl_tokens_close(&tok);
+    if (have_tmp) {
+        unlink(profile_path);
+        rmdir(tmpdir);
+    }
+    pl_job_free(&job);
+    return rc;
+bad:
+    fprintf(stderr, "pliant run: %s\n", err);
+    run_usage(stderr);
+    return 2;
+}

@@ -1,0 +1,69 @@
+/* `pliant worker JOB.yaml [--threads N]`: one worker process of `pliant run`
+ * (worker/agent/agent.h). The coordinator and credentials come from the
+ * environment: PLIANT_COORDINATOR (HOST:PORT), PLIANT_TOKEN, PLIANT_CA (the
+ * coordinator's certificate; unset: no certificate check), PLIANT_WORKER_NAME,
+ * PLIANT_PROFILE (the planner profile the coordinator uses), PLIANT_NODES (the
+ * node count it planned for), PLIANT_PEER_PORT (this worker's peer TCP port) and
+ * PLIANT_PEERS ("name=port,..." of the others). Exits with the code of the
+ * coordinator's `stop`, 1 on a failure, 2 on bad input. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent.h"
+#include "cli_args.h"
+#include "commands.h"
+
+static const char *env_or(const char *name, const char *dflt)
+{
+    const char *v = getenv(name);
+    return v && v[0] ? v : dflt;
+}
+
+int cmd_worker(int argc, char **argv)
+{
+    static const struct option opts[] = {{"threads", required_argument, 0, 't'},
+                                         {0, 0, 0, 0}};
+    char err[512] = "";
+    long long threads = 0, v;
+    int c;
+    opterr = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        if (c != 't' || cli_parse_int("--threads", optarg, 1, 1024, &threads, err, sizeof err)) {
+            if (!err[0]) snprintf(err, sizeof err, "unknown option '%s'", argv[optind - 1]);
+            fprintf(stderr, "pliant worker: %s\n", err);
+            return 2;
+        }
+    }
+    if (optind != argc - 1) {
+        fprintf(stderr, "usage: pliant worker JOB.yaml [--threads N]\n");
+        return 2;
+    }
+    pl_agent_options o = {.job_path = argv[optind], .tolerate = -1, .threads = (int)threads};
+    o.coordinator = env_or("PLIANT_COORDINATOR", NULL);
+    o.token = env_or("PLIANT_TOKEN", "");
+    o.ca_path = env_or("PLIANT_CA", NULL);
+    o.name = env_or("PLIANT_WORKER_NAME", NULL);
+    o.profile_path = env_or("PLIANT_PROFILE", NULL);
+    o.peers = env_or("PLIANT_PEERS", NULL);
+    if (!o.coordinator || !o.name) {
+        fprintf(stderr, "pliant worker: PLIANT_COORDINATOR and PLIANT_WORKER_NAME must be set\n");
+        return 2;
+    }
+    const char *nodes = env_or("PLIANT_NODES", "1"), *port = env_or("PLIANT_PEER_PORT", "0");
+    if (cli_parse_int("PLIANT_NODES", nodes, 1, 4096, &v, err, sizeof err)) goto bad;
+    o.nodes = (int)v;
+    if (cli_parse_int("PLIANT_PEER_PORT", port, 0, 65535, &v, err, sizeof err)) goto bad;
+    o.peer_port = (int)v;
+    const char *tol = env_or("PLIANT_TOLERATE", NULL);
+    if (tol) {
+        if (cli_parse_int("PLIANT_TOLERATE", tol, 0, 4096, &v, err, sizeof err)) goto bad;
+        o.tolerate = (int)v;
+    }
+    return pl_agent_run(&o);
+bad:
+    fprintf(stderr, "pliant worker: %s\n", err);
+    return 2;
+}

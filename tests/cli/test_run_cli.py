@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""Command-line tests of `pliant run` and `pliant worker` (issue 4: the
+distributed runtime, failure-free path): N local worker processes under the
+coordinator train the job with the same per-step losses and samples as
+`pliant train`, with one pipeline per worker, a two-stage pipeline beside
+single-node ones, two heterogeneous pipelines (3 + 2 stages) and two of 3 stages;
+and a killed worker of a data-parallel plan (recovery without layer copies).
+
+Run: python3 tests/cli/test_run_cli.py --build build [-k SUBSTRING]
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from clitest import REPO, Suite, check  # noqa: E402
+
+suite = Suite("run_cli")
+test = suite.test
+SHAKESPEARE = os.path.join(os.path.dirname(REPO), "shared", "data", "tinyshakespeare.txt")
+
+JOB = """\
+apiVersion: pliant.dev/v1alpha1
+kind: TrainingJob
+metadata:
+  name: {name}
+spec:
+  model: {{layers: 3, channels: 32, heads: 2, vocabSize: 256, maxSeqLen: 64, seed: 7}}
+  data: {{train: {data}_train.bin, order: shuffled, seed: 3}}
+  batch: {{global: {global_}, micro: 2, seqLen: 32}}
+  optimizer: {{lr: 3.0e-3, warmupSteps: 2, schedule: cosine, gradClip: 1.0}}
+  steps: {steps}
+"""
+
+
+def run(*args, timeout=120):
+    p = subprocess.run([suite.pliant] + [str(a) for a in args], cwd=REPO,
+                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       timeout=timeout)
+    return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+
+
+def data_prefix():
+    """Byte shards of the first 100 kB of Tiny Shakespeare (made once)."""
+    prefix = os.path.join(suite.tmp, "ts")
+    if not os.path.exists(prefix + "_train.bin"):
+        text = os.path.join(suite.tmp, "ts.txt")
+        with open(SHAKESPEARE, "rb") as src, open(text, "wb") as dst:
+            dst.write(src.read(100000))
+        rc, out, err = run("tokenize", "--bytes", text, prefix)
+        check(rc == 0, "tokenize failed: %s", err)
+    return prefix
+
+
+def write_job(name, steps=8, global_=8):
+    path = os.path.join(suite.tmp, name + ".yaml")
+    with open(path, "w") as f:
+        f.write(JOB.format(name=name, data=data_prefix(), steps=steps, global_=global_))
+    return path
+
+
+def metrics(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+_reference = {}
+
+
+def reference(job):
+    """`pliant train`'s metrics for a job (computed once per job)."""
+    if job not in _reference:
+        m = job + ".train.jsonl"
+        rc, _, err = run("train", job, "--metrics", m, "--threads", 1)
+        check(rc == 0, "train failed (%d): %s", rc, err)
+        _reference[job] = metrics(m)
+    return _reference[job]
+
+
+def run_and_compare(job, workers, steps):
+    m = "%s.run%d.jsonl" % (job, workers)
+    rc, out, err = run("run", job, "--workers", workers, "--metrics", m, "--threads", 1)
+    check(rc == 0, "run --workers %d failed (%d):\n%s\n%s", workers, rc, out[-2000:],
+          err[-2000:])
+    check(sum(l.startswith("step ") for l in out.splitlines()) == steps,
+          "expected a line per step:\n%s", out[-1500:])
+    rows = metrics(m)
+    ref = reference(job)
+    check(len(rows) == steps and len(ref) == steps, "%d run rows, %d train rows", len(rows),
+          len(ref))
+    for key in ("step", "loss", "tokens_per_second", "plan_generation", "pipelines", "workers",
+                "samples_digest"):
+        check(all(key in r for r in rows), "metrics lack %s", key)
+    for a, b in zip(rows, ref):
+        check(a["step"] == b["step"], "step %s vs %s", a["step"], b["step"])
+        check(abs(a["loss"] - b["loss"]) <= 1e-4 * abs(b["loss"]),
+              "step %d: loss %.9g, train %.9g", a["step"], a["loss"], b["loss"])
+        check(a["samples_digest"] == b["samples_digest"], "step %d: samples %s, train %s",
+              a["step"], a["samples_digest"], b["samples_digest"])
+        check(a["workers"] == workers and a["plan_generation"] == 1,
+              "step %d: %d workers, generation %d", a["step"], a["workers"],
+              a["plan_generation"])
+    return rows
+
+
+def nodes_in(pipelines):
+    """'1x2+3x1' -> total nodes 5."""
+    total = 0
+    for part in pipelines.split("+"):
+        count, size = part.split("x")
+        total += int(count) * int(size)
+    return total
+
+
+@test
+def two_workers_match_train():
+    rows = run_and_compare(write_job("two"), 2, 8)
+    check(rows[0]["pipelines"] == "2x1", "pipelines %s", rows[0]["pipelines"])
+
+
+@test
+def three_workers_match_train():
+    rows = run_and_compare(write_job("three"), 3, 8)
+    check(nodes_in(rows[0]["pipelines"]) == 3, "pipelines %s", rows[0]["pipelines"])
+
+
+@test
+def five_workers_with_a_two_stage_pipeline_match_train():
+    rows = run_and_compare(write_job("five"), 5, 8)
+    p = rows[0]["pipelines"]
+    check(nodes_in(p) == 5 and "+" in p, "pipelines %s", p)
+
+
+@test
+def heterogeneous_pipelines_match_train():
+    """global 4 = 2 microbatches: 5 workers make 2 pipelines, of 3 and 2 stages."""
+    rows = run_and_compare(write_job("hetero", steps=6, global_=4), 5, 6)
+    check(rows[0]["pipelines"] == "1x3+1x2", "pipelines %s", rows[0]["pipelines"])
+
+
+@test
+def two_three_stage_pipelines_match_train():
+    rows = run_and_compare(write_job("hetero", steps=6, global_=4), 6, 6)
+    check(rows[0]["pipelines"] == "2x3", "pipelines %s", rows[0]["pipelines"])
+
+
+def children(pid):
+    """Process ids whose parent is pid (from /proc)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open("/proc/%s/stat" % d) as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(d))
+    return sorted(out)
+
+
+@test
+def killed_data_parallel_worker_recovers_and_matches_train():
+    """SIGKILL one of 3 single-node pipelines after step 10: the coordinator
+    aborts the step, replans for the 2 survivors (same layers, no copies) and
+    the run ends with every step committed once, losses equal to train's."""
+    steps = 100
+    job = write_job("killed", steps=steps)
+    m = job + ".run.jsonl"
+    p = subprocess.Popen([suite.pliant, "run", job, "--workers", "3", "--metrics", m,
+                          "--threads", "1"], cwd=REPO, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed = None
+    out = []
+    try:
+        for line in p.stdout:
+            out.append(line)
+            if killed is None and line.startswith("step ") and \
+                    int(line.split()[1].split("/")[0]) >= 10:
+                kids = children(p.pid)
+                check(len(kids) == 3, "run has %d children", len(kids))
+                killed = kids[-1]
+                os.kill(killed, signal.SIGKILL)
+        err = p.stderr.read()
+        p.wait(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    text = "".join(out)
+    check(killed is not None, "no step 10 seen:\n%s", text[-1500:])
+    check(p.returncode == 0, "run failed (%d):\n%s\n%s", p.returncode, text[-2000:], err[-2000:])
+    check("reconfigure: generation 2" in text, "no reconfiguration:\n%s", text[-1500:])
+    rows = metrics(m)
+    ref = reference(job)
+    check([r["step"] for r in rows] == list(range(steps)), "steps %s",
+          [r["step"] for r in rows][:20])
+    for a, b in zip(rows, ref):
+        check(abs(a["loss"] - b["loss"]) <= 1e-4 * abs(b["loss"]),
+              "step %d: loss %.9g, train %.9g", a["step"], a["loss"], b["loss"])
+        check(a["samples_digest"] == b["samples_digest"], "step %d: samples differ", a["step"])
+    check(rows[-1]["plan_generation"] == 2 and rows[-1]["workers"] == 2 and
+          rows[-1]["pipelines"] == "2x1", "last step: %s", rows[-1])
+
+
+@test
+def usage_errors():
+    job = write_job("usage", steps=2)
+    rc, _, err = run("run", job)
+    check(rc == 2 and "--workers" in err, "status %d: %s", rc, err)
+    rc, _, err = run("run", job, "--workers", 0)
+    check(rc == 2 and "--workers" in err, "status %d: %s", rc, err)
+    rc, _, err = run("run", "/nonexistent.yaml", "--workers", 2)
+    check(rc == 2 and "/nonexistent.yaml" in err, "status %d: %s", rc, err)
+    rc, _, err = run("worker", job)
+    check(rc == 2 and "PLIANT_COORDINATOR" in err, "status %d: %s", rc, err)
+
+
+if __name__ == "__main__":
+    sys.exit(suite.main())

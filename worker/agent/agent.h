@@ -1,0 +1,35 @@
+/* The worker process of `pliant run` (docs/runtime.md "Processes"): a control
+ * thread (the WebSocket client of control_client.h: register, heartbeats, the
+ * coordinator's messages) and a compute thread that installs plans (engine for
+ * its layer range, all-reduce connections to its sync-group peers, stage-link
+ * connections to its pipeline neighbours), runs steps with pl_worker_step and
+ * applies commits. Failure-free path only: no layer copies (a later plan must
+ * keep this worker's layer range), no hello_resume.
+ *
+ * Peer TCP: the worker listens on peer_port for both kinds of connections; a
+ * connection's handshake rank says which (plan rank r: all-reduce, r + 4096:
+ * stage link). The higher plan rank dials the lower one. Plan ranks are
+ * positions in the plan's pipelines flattened in order. Every worker computes
+ * the stage layout of every pipeline from the same planner profile
+ * (pl_templates_plan), as the coordinator does. */
+#ifndef PLIANT_AGENT_H
+#define PLIANT_AGENT_H
+
+typedef struct {
+    const char *job_path;     /* the TrainingJob */
+    const char *coordinator;  /* HOST:PORT */
+    const char *token;        /* job token (its bytes are the key) */
+    const char *ca_path;      /* coordinator certificate to trust; NULL: insecure */
+    const char *name;         /* worker name */
+    const char *profile_path; /* planner profile (must be the coordinator's) */
+    int tolerate;             /* < 0: the job's faultTolerance.tolerate */
+    int nodes;                /* node count the templates were planned for */
+    int peer_port;            /* TCP port for peer links (0: ephemeral, useless to peers) */
+    const char *peers;        /* "name=port,..." of the other workers (127.0.0.1), or NULL */
+    int threads;              /* compute threads (≤ 0: all cores) */
+} pl_agent_options;
+
+/* Runs the worker until `stop` (returns its exit code) or a failure (1). */
+int pl_agent_run(const pl_agent_options *o);
+
+#endif
