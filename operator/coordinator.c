@@ -340,10 +340,15 @@ static int send_plan(pl_coord *c, int i, const ccopy *cp, int ncp, char *mark)
             mark[cq->w[w->pos + 1]] = 1;
         int b = p->you_layer_begin, e = p->you_layer_end;
         int tied = b == 0 || e == L; /* embedding or head: the wte group */
+        /* sync-group members: holders of our layers in other pipelines, and every wte holder
+         * (embedding or head) when we hold one — the first and last stage of our own pipeline
+         * share the tied wte too */
         for (int k = 0; k < c->nw; k++) {
-            if (!c->w[k].live || c->w[k].pipe < 0 || c->w[k].pipe == w->pipe)
+            if (!c->w[k].live || c->w[k].pipe < 0)
                 continue;
-            if (holds_any(c, k, b, e) || (tied && (holds(c, k, 0) || holds(c, k, L - 1))))
+            int other = c->w[k].pipe != w->pipe;
+            if ((other && holds_any(c, k, b, e)) ||
+                (tied && (holds(c, k, 0) || holds(c, k, L - 1))))
                 mark[k] = 1;
         }
     }
