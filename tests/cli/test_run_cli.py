@@ -4,7 +4,8 @@ distributed runtime, failure-free path): N local worker processes under the
 coordinator train the job with the same per-step losses and samples as
 `pliant train`, with one pipeline per worker, a two-stage pipeline beside
 single-node ones, two heterogeneous pipelines (3 + 2 stages) and two of 3 stages;
-and a killed worker of a data-parallel plan (recovery without layer copies).
+a killed worker of a data-parallel plan (recovery without layer copies), and
+killed pipeline workers whose recovery moves layers between workers.
 
 Run: python3 tests/cli/test_run_cli.py --build build [-k SUBSTRING]
 """
@@ -204,6 +205,58 @@ def killed_data_parallel_worker_recovers_and_matches_train():
         check(a["samples_digest"] == b["samples_digest"], "step %d: samples differ", a["step"])
     check(rows[-1]["plan_generation"] == 2 and rows[-1]["workers"] == 2 and
           rows[-1]["pipelines"] == "2x1", "last step: %s", rows[-1])
+
+
+@test
+def killed_pipeline_workers_move_layers_and_match_train():
+    """2 pipelines of 3 stages; SIGKILL a worker after step 3, another after
+    step 8: each time the survivors re-form pipelines with other stage ranges
+    (1x3 + 1x2, then 2x2), so workers receive layers (parameters and AdamW m, v;
+    a new head-only stage also the tied wte) from the surviving holders; every
+    step is committed once, with losses and samples equal to train's."""
+    steps = 16
+    job = write_job("moved", steps=steps, global_=4)
+    m = job + ".run.jsonl"
+    p = subprocess.Popen([suite.pliant, "run", job, "--workers", "6", "--metrics", m,
+                          "--threads", "1"], cwd=REPO, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    kids = None
+    kills = [(3, 5), (8, 4)]  # (after step, child index)
+    out = []
+    try:
+        for line in p.stdout:
+            out.append(line)
+            if kills and line.startswith("step ") and \
+                    int(line.split()[1].split("/")[0]) >= kills[0][0]:
+                if kids is None:
+                    kids = children(p.pid)
+                    check(len(kids) == 6, "run has %d children", len(kids))
+                os.kill(kids[kills.pop(0)[1]], signal.SIGKILL)
+        err = p.stderr.read()
+        p.wait(timeout=180)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    text = "".join(out)
+    check(not kills, "not every kill happened:\n%s", text[-1500:])
+    check(p.returncode == 0, "run failed (%d):\n%s\n%s", p.returncode, text[-2000:],
+          err[-3000:])
+    check("reconfigure: generation 2" in text and "reconfigure: generation 3" in text,
+          "no reconfiguration:\n%s", text[-1500:])
+    received = [l for l in err.splitlines() if " received " in l and " received 0 " not in l]
+    check(received, "no layer was copied:\n%s", err[-3000:])
+    rows = metrics(m)
+    ref = reference(job)
+    check([r["step"] for r in rows] == list(range(steps)), "steps %s",
+          [r["step"] for r in rows][:20])
+    for a, b in zip(rows, ref):
+        check(abs(a["loss"] - b["loss"]) <= 1e-4 * abs(b["loss"]),
+              "step %d: loss %.9g, train %.9g", a["step"], a["loss"], b["loss"])
+        check(a["samples_digest"] == b["samples_digest"], "step %d: samples differ", a["step"])
+    check(rows[0]["pipelines"] == "2x3", "first step: %s", rows[0])
+    check(rows[-1]["plan_generation"] == 3 and rows[-1]["workers"] == 4, "last step: %s",
+          rows[-1])
 
 
 @test

@@ -1,6 +1,7 @@
 #include "agent.h"
 
 #include <stdarg.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -28,6 +29,15 @@
 
 #define LINK_RANK_OFFSET 4096
 #define PEER_TIMEOUT_MS 60000
+/* Layer copies (docs/runtime.md "Recovery"): a source dials each destination with
+ * this handshake rank; the destination asks for tensors (COPY_REQ: pairs of int32
+ * layer, index), the source streams params, m and v of each, the destination
+ * answers COPY_ACK. */
+#define COPY_RANK 8192
+#define COPY_TIMEOUT_MS 180000
+#define COPY_FRAME_REQ (PL_FRAME_USER + 64)
+#define COPY_FRAME_ACK (PL_FRAME_USER + 65)
+#define MAX_STASH 64
 
 typedef struct qitem {
     char *text; /* NULL: quit */
@@ -53,11 +63,16 @@ typedef struct {
     qitem *head, *tail;
     atomic_int done;      /* the control loop ends */
     atomic_int exit_code;
+    atomic_llong newest_plan; /* the newest plan generation received (control thread) */
 
     /* compute thread state */
     kn_ctx *k;
     pl_engine e;
     int have_engine;
+    pl_engine src;   /* the engine of the last plan before this one: copy source until */
+    int have_src;    /* the next start_step (the coordinator's stable plan) */
+    pl_conn *stash[MAX_STASH]; /* peer connections accepted during the copy phase */
+    int nstash;
     pl_schedule sched;
     int have_sched;
     pl_listener *lst;
@@ -190,44 +205,374 @@ static int post(agent *a, pl_msg *m)
     return rc;
 }
 
-/* Makes the engine for [b, e) with nslots, keeping the parameters and AdamW state of
- * an engine of the same range. */
-static int make_engine(agent *a, int b, int e, int nslots, char *err, size_t errlen)
+/* ---- layer copies ---- */
+
+typedef struct {
+    int32_t layer, index;
+} tref;
+
+static void stash_clear(agent *a)
 {
-    if (a->have_engine && a->e.begin == b && a->e.end == e && a->e.nslots == nslots) return 0;
-    if (a->have_engine && (a->e.begin != b || a->e.end != e))
-        return pl_errf(err, errlen,
-                       "plan moves this worker from layers [%d, %d) to [%d, %d): layer copies "
-                       "are not supported yet",
-                       a->e.begin, a->e.end, b, e);
-    if (!a->k && !(a->k = kn_create("cpu", a->o->threads, err, errlen))) return -1;
-    pl_engine ne;
-    if (pl_engine_create(&ne, a->k, &a->cfg, b, e, a->job.batch.micro, a->job.batch.seq_len,
-                         nslots, err, errlen))
-        return -1;
-    if (a->have_engine) {
-        size_t n = ne.nparams * sizeof(float);
-        memcpy(ne.params, a->e.params, n);
-        memcpy(ne.m, a->e.m, n);
-        memcpy(ne.v, a->e.v, n);
-        pl_engine_destroy(&a->e);
-    } else if (pl_engine_init_from_job(&ne, &a->job, err, errlen)) {
-        pl_engine_destroy(&ne);
-        return -1;
-    }
-    a->e = ne;
-    a->have_engine = 1;
-    return 0;
+    for (int i = 0; i < a->nstash; i++) pl_conn_close(a->stash[i]);
+    a->nstash = 0;
 }
 
-static int install_plan(agent *a, const pl_msg *m, char *err, size_t errlen)
+/* A newer plan is waiting: the one being installed can be given up. */
+static int superseded(agent *a)
+{
+    return atomic_load(&a->newest_plan) > a->gen || atomic_load(&a->done);
+}
+
+#define SUPERSEDED_MSG "superseded by a newer plan"
+
+/* Accepts one authenticated peer connection before the deadline; handshakes that fail
+ * (a stale generation, a stranger) are logged and skipped. Gives up when a newer plan
+ * arrives. */
+static int accept_conn(agent *a, const pl_comm_ident *id, double deadline, pl_conn **out,
+                       char *err, size_t errlen)
+{
+    for (;;) {
+        if (superseded(a)) return pl_errf(err, errlen, SUPERSEDED_MSG);
+        int left = (int)(deadline - now_ms());
+        if (left <= 0) return pl_errf(err, errlen, "timed out waiting for peers");
+        if (left > 250) left = 250;
+        char e2[512] = "";
+        int rc = pl_listener_accept(a->lst, id, left, out, e2, sizeof e2);
+        if (rc == 0) {
+            /* a dialer that gave up waiting for this handshake (dial_peer's slices) has
+             * closed its end already: drop the connection, it dials again */
+            struct pollfd pf = {.fd = pl_conn_fd(*out), .events = POLLIN | POLLRDHUP};
+            if (poll(&pf, 1, 0) == 1 && (pf.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+                pl_conn_close(*out);
+                *out = NULL;
+                continue;
+            }
+            return 0;
+        }
+        if (rc == PL_COMM_ESYS || rc == PL_COMM_EINVAL) return pl_errf(err, errlen, "%s", e2);
+        if (rc != PL_COMM_ETIMEOUT) logf_(a, "refused a peer connection: %s", e2);
+    }
+}
+
+/* Dials a peer until timeout_ms has passed, in slices: a peer that is not ready (busy,
+ * at an older plan generation, a handshake that closed) is tried again; a newer plan
+ * ends the wait. */
+static int dial_peer(agent *a, const char *host, int port, const pl_comm_ident *id,
+                     int32_t expect_rank, int timeout_ms, pl_conn **out, char *err, size_t errlen)
+{
+    double deadline = now_ms() + timeout_ms;
+    for (;;) {
+        if (superseded(a)) return pl_errf(err, errlen, SUPERSEDED_MSG);
+        int left = (int)(deadline - now_ms());
+        if (left <= 0) return -1; /* err says why */
+        int rc = pl_conn_connect(host, port, id, expect_rank, left < 500 ? left : 500, out,
+                                 err, errlen);
+        if (rc == 0) {
+            if (errlen) err[0] = 0; /* forget the failed tries */
+            return 0;
+        }
+        if (rc != PL_COMM_ETIMEOUT && rc != PL_COMM_ECLOSED && rc != PL_COMM_ESTALE) return -1;
+        if (rc != PL_COMM_ETIMEOUT) usleep(20000);
+    }
+}
+
+typedef struct {
+    agent *a;
+    const pl_engine *src;
+    char host[PL_PROTO_HOST_MAX + 1];
+    int port;
+    pl_comm_ident id;
+    const char *dest;
+    int64_t bytes;
+    int rc;
+    char err[512];
+    pthread_t th;
+} copy_sender;
+
+static void *sender_main(void *arg)
+{
+    copy_sender *s = arg;
+    pl_conn *c = NULL;
+    void *req = NULL;
+    s->rc = -1;
+    if (dial_peer(s->a, s->host, s->port, &s->id, -1, COPY_TIMEOUT_MS, &c, s->err,
+                  sizeof s->err))
+        return NULL;
+    pl_frame_hdr h;
+    if (pl_conn_recv_frame_alloc(c, &h, &req, COPY_TIMEOUT_MS, s->err, sizeof s->err))
+        goto out;
+    if (h.type != COPY_FRAME_REQ || h.len % sizeof(tref)) {
+        pl_errf(s->err, sizeof s->err, "bad copy request from %s", s->dest);
+        goto out;
+    }
+    size_t n = (size_t)(h.len / sizeof(tref));
+    const tref *r = req;
+    for (size_t k = 0; k < n; k++) {
+        const pl_engine_tensor *t = pl_engine_find(s->src, r[k].layer, r[k].index);
+        if (!t) {
+            pl_errf(s->err, sizeof s->err, "%s asks for tensor (%d, %d), not held here",
+                    s->dest, r[k].layer, r[k].index);
+            goto out;
+        }
+        const float *arr[3] = {s->src->params, s->src->m, s->src->v};
+        for (int j = 0; j < 3; j++)
+            if (pl_conn_send_floats(c, (uint32_t)(3 * k + (size_t)j), arr[j] + t->offset,
+                                    t->spec.numel, PEER_TIMEOUT_MS, s->err, sizeof s->err))
+                goto out;
+        s->bytes += 3 * (int64_t)t->spec.numel * (int64_t)sizeof(float);
+    }
+    free(req);
+    req = NULL;
+    if (pl_conn_recv_frame_alloc(c, &h, &req, COPY_TIMEOUT_MS, s->err, sizeof s->err)) goto out;
+    if (h.type != COPY_FRAME_ACK) {
+        pl_errf(s->err, sizeof s->err, "no copy acknowledgement from %s", s->dest);
+        goto out;
+    }
+    s->rc = 0;
+out:
+    free(req);
+    pl_conn_close(c);
+    return NULL;
+}
+
+typedef struct {
+    const char *source;
+    pl_conn *c;
+    pl_engine *ne;
+    tref *want;
+    int nwant;
+    int64_t bytes;
+    int rc, started;
+    char err[512];
+    pthread_t th;
+} copy_receiver;
+
+static void *receiver_main(void *arg)
+{
+    copy_receiver *r = arg;
+    r->rc = -1;
+    if (pl_conn_send_frame(r->c, COPY_FRAME_REQ, 0, 0, r->want,
+                           (size_t)r->nwant * sizeof(tref), PEER_TIMEOUT_MS, r->err,
+                           sizeof r->err))
+        return NULL;
+    for (int k = 0; k < r->nwant; k++) {
+        const pl_engine_tensor *t = pl_engine_find(r->ne, r->want[k].layer, r->want[k].index);
+        float *arr[3] = {r->ne->params, r->ne->m, r->ne->v};
+        for (int j = 0; j < 3; j++)
+            if (pl_conn_recv_floats(r->c, (uint32_t)(3 * k + j), arr[j] + t->offset,
+                                    t->spec.numel, PEER_TIMEOUT_MS, r->err, sizeof r->err))
+                return NULL;
+        r->bytes += 3 * (int64_t)t->spec.numel * (int64_t)sizeof(float);
+    }
+    if (pl_conn_send_frame(r->c, COPY_FRAME_ACK, 0, 0, NULL, 0, PEER_TIMEOUT_MS, r->err,
+                           sizeof r->err))
+        return NULL;
+    r->rc = 0;
+    return NULL;
+}
+
+/* The copy source of a layer in the plan, or NULL. */
+static const char *copy_source(const pl_msg_plan *p, int layer)
+{
+    for (int i = 0; i < p->ncopies; i++)
+        if (p->copies[i].layer == layer) return p->copies[i].source;
+    return NULL;
+}
+
+/* Installs the engine of the plan: for a pipeline worker layers [b, e) with nslots (in_pipe),
+ * serving the plan's sends from the previous engine, copying what it holds (a layer not in
+ * the plan's copies) and receiving the plan's copies (params, AdamW m and v of every tensor;
+ * a head-only range's wte comes with the head). *bytes_in: bytes received. */
+static int change_engine(agent *a, const pl_msg_plan *p, const pl_comm_ident *id, int in_pipe,
+                         int b, int e, int nslots, int64_t *bytes_in, char *err, size_t errlen)
+{
+    *bytes_in = 0;
+    /* the engine of the last plan becomes the source; one of a plan that never started
+     * a step is dropped (the source stays the one of the plan before) */
+    if (a->have_engine) {
+        if (!a->have_src) {
+            a->src = a->e;
+            a->have_src = 1;
+        } else {
+            pl_engine_destroy(&a->e);
+        }
+        a->have_engine = 0;
+        memset(&a->e, 0, sizeof a->e);
+    }
+    if (!a->k && !(a->k = kn_create("cpu", a->o->threads, err, errlen))) return -1;
+    /* unchanged: keep the engine */
+    if (in_pipe && p->nsends == 0 && p->ncopies == 0 && a->have_src && a->src.begin == b &&
+        a->src.end == e && a->src.nslots == nslots) {
+        a->e = a->src;
+        a->have_engine = 1;
+        a->have_src = 0;
+        memset(&a->src, 0, sizeof a->src);
+        return 0;
+    }
+    if (p->nsends > 0 && !a->have_src)
+        return pl_errf(err, errlen, "plan asks for %d layer sends but this worker holds none",
+                       p->nsends);
+    int rc = -1, nsend = 0, nrecv = 0, have_ne = 0;
+    pl_engine ne;
+    memset(&ne, 0, sizeof ne);
+    copy_sender *snd = calloc((size_t)(p->nsends + 1), sizeof *snd);
+    copy_receiver *rcv = calloc((size_t)(p->ncopies + 1), sizeof *rcv);
+    char *filled = NULL;
+    tref *wants = NULL;
+    if (!snd || !rcv) {
+        pl_errf(err, errlen, "out of memory");
+        goto out;
+    }
+    /* senders: one thread per destination */
+    for (int i = 0; i < p->nsends; i++) {
+        int seen = 0;
+        for (int j = 0; j < nsend && !seen; j++) seen = !strcmp(snd[j].dest, p->sends[i].dest);
+        if (seen) continue;
+        copy_sender *s = &snd[nsend];
+        s->a = a;
+        s->src = &a->src;
+        s->dest = p->sends[i].dest;
+        s->id = *id;
+        s->id.rank = COPY_RANK;
+        s->port = peer_port(a, p, s->dest, s->host, sizeof s->host);
+        if (s->port <= 0) {
+            pl_errf(err, errlen, "no address for copy destination %s", s->dest);
+            goto out;
+        }
+        if (pthread_create(&s->th, NULL, sender_main, s)) {
+            pl_errf(err, errlen, "cannot start a copy thread");
+            goto out;
+        }
+        nsend++;
+    }
+    if (in_pipe) {
+        if (pl_engine_create(&ne, a->k, &a->cfg, b, e, a->job.batch.micro,
+                             a->job.batch.seq_len, nslots, err, errlen))
+            goto out;
+        have_ne = 1;
+        filled = calloc((size_t)ne.ntensors + 1, 1);
+        wants = calloc((size_t)ne.ntensors + 1, sizeof *wants);
+        if (!filled || !wants) {
+            pl_errf(err, errlen, "out of memory");
+            goto out;
+        }
+        int L1 = a->cfg.L + 1, nwant = 0;
+        for (int j = 0; j < ne.ntensors; j++) {
+            const pl_engine_tensor *t = &ne.tensors[j];
+            int layer = j == ne.wte_tensor && !pl_engine_has_embedding(&ne) ? L1 : t->layer;
+            const char *from = copy_source(p, layer);
+            if (from) continue;
+            const pl_engine_tensor *st = a->have_src ? pl_engine_find(&a->src, t->layer, t->index)
+                                                     : NULL;
+            if (!st) continue;
+            size_t nb = t->spec.numel * sizeof(float);
+            memcpy(ne.params + t->offset, a->src.params + st->offset, nb);
+            memcpy(ne.m + t->offset, a->src.m + st->offset, nb);
+            memcpy(ne.v + t->offset, a->src.v + st->offset, nb);
+            filled[j] = 1;
+        }
+        /* receivers: one per distinct source, asking for its tensors */
+        for (int i = 0; i < p->ncopies; i++) {
+            int seen = 0;
+            for (int k = 0; k < nrecv && !seen; k++)
+                seen = !strcmp(rcv[k].source, p->copies[i].source);
+            if (seen) continue;
+            copy_receiver *r = &rcv[nrecv++];
+            r->source = p->copies[i].source;
+            r->ne = &ne;
+            r->want = wants + nwant;
+            for (int j = 0; j < ne.ntensors; j++) {
+                const pl_engine_tensor *t = &ne.tensors[j];
+                int layer = j == ne.wte_tensor && !pl_engine_has_embedding(&ne) ? L1 : t->layer;
+                const char *from = copy_source(p, layer);
+                if (filled[j] || !from || strcmp(from, r->source)) continue;
+                wants[nwant++] = (tref){t->layer, t->index};
+                filled[j] = 1;
+            }
+            r->nwant = (int)(wants + nwant - r->want);
+        }
+        int missing = 0;
+        for (int j = 0; j < ne.ntensors; j++) missing += !filled[j];
+        if (missing && !(missing == ne.ntensors && !a->have_src && p->ncopies == 0)) {
+            pl_errf(err, errlen, "layers [%d, %d): %d tensors have neither a local copy nor a "
+                    "source", b, e, missing);
+            goto out;
+        }
+        if (missing && pl_engine_init_from_job(&ne, &a->job, err, errlen)) goto out;
+    } else if (p->ncopies > 0) {
+        pl_errf(err, errlen, "plan gives an idle worker %d layers to receive", p->ncopies);
+        goto out;
+    }
+    /* accept the sources' connections; stage and all-reduce peers that come early wait in
+     * the stash for install_plan */
+    double deadline = now_ms() + COPY_TIMEOUT_MS;
+    for (int got = 0; got < nrecv;) {
+        pl_conn *c = NULL;
+        if (accept_conn(a, id, deadline, &c, err, errlen)) goto out;
+        int pr = pl_conn_peer_rank(c);
+        copy_receiver *r = NULL;
+        for (int k = 0; k < nrecv && pr == COPY_RANK; k++)
+            if (!rcv[k].c && !strcmp(rcv[k].source, pl_conn_peer_name(c))) r = &rcv[k];
+        if (r) {
+            r->c = c;
+            if (pthread_create(&r->th, NULL, receiver_main, r)) {
+                pl_errf(err, errlen, "cannot start a copy thread");
+                goto out;
+            }
+            r->started = 1;
+            got++;
+        } else if (pr >= 0 && pr < COPY_RANK && a->nstash < MAX_STASH) {
+            a->stash[a->nstash++] = c;
+        } else {
+            pl_conn_close(c);
+        }
+    }
+    rc = 0;
+out:
+    for (int k = 0; k < nrecv; k++) {
+        if (rcv[k].started) {
+            pthread_join(rcv[k].th, NULL);
+            if (rcv[k].rc && rc == 0)
+                rc = pl_errf(err, errlen, "copy from %s: %s", rcv[k].source, rcv[k].err);
+            *bytes_in += rcv[k].bytes;
+        }
+        if (rcv[k].c) pl_conn_close(rcv[k].c);
+    }
+    for (int k = 0; k < nsend; k++) {
+        pthread_join(snd[k].th, NULL);
+        if (snd[k].rc && rc == 0)
+            rc = pl_errf(err, errlen, "copy to %s: %s", snd[k].dest, snd[k].err);
+    }
+    if (rc == 0 && have_ne) {
+        a->e = ne;
+        a->have_engine = 1;
+    } else if (have_ne) {
+        pl_engine_destroy(&ne);
+    }
+    free(snd);
+    free(rcv);
+    free(filled);
+    free(wants);
+    return rc;
+}
+
+static int install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err, size_t errlen)
 {
     const pl_msg_plan *p = &m->u.plan;
     teardown_links(a);
+    stash_clear(a);
+    pthread_mutex_lock(&a->mu);
     a->gen = m->gen;
+    pthread_mutex_unlock(&a->mu);
     pl_ctl_client_set_gen(a->cli, a->gen);
     a->pipe = p->you_pipeline;
-    if (p->you_pipeline < 0) return 0; /* idle */
+    *bytes_in = 0;
+    if (p->you_pipeline < 0) { /* idle: serve the sends only */
+        pl_comm_ident iid = {.token = a->o->token, .token_len = strlen(a->o->token),
+                             .rank = COPY_RANK, .name = a->o->name,
+                             .generation = (uint64_t)a->gen};
+        return change_engine(a, p, &iid, 0, 0, 0, 0, bytes_in, err, errlen);
+    }
     if (p->micro != a->job.batch.micro || p->seq_len != a->job.batch.seq_len ||
         p->global_batch != a->job.batch.global)
         return pl_errf(err, errlen, "plan batch %lld×%d (micro %d) differs from the job's",
@@ -279,8 +624,18 @@ static int install_plan(agent *a, const pl_msg *m, char *err, size_t errlen)
     a->have_groups = 1;
     if (pl_schedule_1f1b(a->nstages, a->stage, a->nmb, &a->sched, err, errlen)) goto out;
     a->have_sched = 1;
-    if (make_engine(a, p->you_layer_begin, p->you_layer_end, a->sched.nslots, err, errlen))
+    pl_comm_ident id = {.token = a->o->token, .token_len = strlen(a->o->token),
+                        .rank = a->rank, .name = a->o->name, .generation = (uint64_t)a->gen};
+    double tc = now_ms();
+    int ob = a->have_src ? a->src.begin : a->have_engine ? a->e.begin : 0;
+    int oe = a->have_src ? a->src.end : a->have_engine ? a->e.end : 0;
+    if (change_engine(a, p, &id, 1, p->you_layer_begin, p->you_layer_end, a->sched.nslots,
+                      bytes_in, err, errlen))
         goto out;
+    if (p->ncopies || p->nsends)
+        logf_(a, "generation %lld: layers [%d, %d) -> [%d, %d), received %d layers (%lld bytes), "
+              "sent %d, in %.1f ms", (long long)a->gen, ob, oe, p->you_layer_begin,
+              p->you_layer_end, p->ncopies, (long long)*bytes_in, p->nsends, now_ms() - tc);
     a->global_micro = (int)(p->global_batch / p->micro);
     size_t need = (size_t)p->global_batch * (size_t)p->seq_len;
     if (need > a->tokcap) {
@@ -310,8 +665,6 @@ static int install_plan(agent *a, const pl_msg *m, char *err, size_t errlen)
         for (int j = 0; grp && j < grp->nranks; j++) need_rank[grp->ranks[j]] = 1;
     }
     need_rank[a->rank] = 0;
-    pl_comm_ident id = {.token = a->o->token, .token_len = strlen(a->o->token),
-                        .rank = a->rank, .name = a->o->name, .generation = (uint64_t)a->gen};
     pl_conn *prev = NULL, *next = NULL;
     int expect = 0;
     char host[PL_PROTO_HOST_MAX + 1];
@@ -328,22 +681,22 @@ static int install_plan(agent *a, const pl_msg *m, char *err, size_t errlen)
             pl_errf(err, errlen, "no address for peer %s", names[r]);
             break;
         }
-        if (need_rank[r] && pl_conn_connect(host, port, &id, r, PEER_TIMEOUT_MS, &a->conns[r],
-                                            err, errlen))
+        if (need_rank[r] &&
+            dial_peer(a, host, port, &id, r, PEER_TIMEOUT_MS, &a->conns[r], err, errlen))
             break;
         if (want_link) {
             pl_comm_ident lid = id;
             lid.rank = a->rank + LINK_RANK_OFFSET;
-            if (pl_conn_connect(host, port, &lid, r, PEER_TIMEOUT_MS, &prev, err, errlen)) break;
+            if (dial_peer(a, host, port, &lid, r, PEER_TIMEOUT_MS, &prev, err, errlen)) break;
         }
     }
     int ok = !err[0];
     double t0 = now_ms();
     while (ok && expect > 0) {
         pl_conn *c = NULL;
-        int left = PEER_TIMEOUT_MS - (int)(now_ms() - t0);
-        if (left <= 0 || pl_listener_accept(a->lst, &id, left, &c, err, errlen)) {
-            if (!err[0]) pl_errf(err, errlen, "timed out waiting for peers");
+        if (a->nstash > 0) {
+            c = a->stash[--a->nstash];
+        } else if (accept_conn(a, &id, t0 + PEER_TIMEOUT_MS, &c, err, errlen)) {
             ok = 0;
             break;
         }
@@ -423,16 +776,29 @@ static void handle(agent *a, const pl_msg *m)
     switch (m->type) {
     case PL_MSG_PLAN:
         if (m->gen <= a->gen) return;
-        if (install_plan(a, m, err, sizeof err)) {
+    {
+        int64_t bytes = 0;
+        if (install_plan(a, m, &bytes, err, sizeof err)) {
+            if (superseded(a)) { /* the next plan replaces it (the copy source is kept) */
+                logf_(a, "plan generation %lld given up: %s", (long long)m->gen, err);
+                teardown_links(a);
+                stash_clear(a);
+                return;
+            }
             fail(a, "plan", err);
             return;
         }
         pl_msg_init(&r, PL_MSG_COPY_DONE, a->gen);
-        r.u.copy_done.bytes = 0;
+        r.u.copy_done.bytes = bytes;
         post(a, &r);
         return;
+    }
     case PL_MSG_START_STEP:
         if (m->gen != a->gen || a->pipe < 0) return;
+        if (a->have_src) { /* the plan is stable now: the old layers are no longer needed */
+            pl_engine_destroy(&a->src);
+            a->have_src = 0;
+        }
         pl_ctl_client_set_step(a->cli, m->u.start_step.step);
         /* A failed step (a peer died or its link broke) is not fatal here: the
          * coordinator learns of the loss (process end, closed connection) and
@@ -493,6 +859,8 @@ static void on_message(pl_ctl_client *c, const pl_msg *m, void *user)
         atomic_store(&a->done, 1);
         return;
     default: {
+        if (m->type == PL_MSG_PLAN && m->gen > atomic_load(&a->newest_plan))
+            atomic_store(&a->newest_plan, m->gen);
         char *text = pl_msg_encode(m);
         if (text) push(a, text);
         return;
@@ -610,7 +978,9 @@ done:;
         q = nx;
     }
     teardown_links(a);
+    stash_clear(a);
     if (a->have_engine) pl_engine_destroy(&a->e);
+    if (a->have_src) pl_engine_destroy(&a->src);
     if (a->k) kn_destroy(a->k);
     if (a->lst) pl_listener_close(a->lst);
     free(a->tok);

@@ -3,8 +3,18 @@
  * coordinator's messages) and a compute thread that installs plans (engine for
  * its layer range, all-reduce connections to its sync-group peers, stage-link
  * connections to its pipeline neighbours), runs steps with pl_worker_step and
- * applies commits. Failure-free path only: no layer copies (a later plan must
- * keep this worker's layer range), no hello_resume.
+ * applies commits. No hello_resume yet.
+ *
+ * Layer copies: on a plan that changes this worker's layers, the engine of the
+ * previous plan is kept as the copy source (until the next start_step, the
+ * coordinator's stable plan), a new engine is made for the new range, layers
+ * still held are copied locally, and each layer of the plan's `copies` is
+ * received from its source (params, AdamW m and v of every tensor; a head-only
+ * range's tied wte comes with the head), while one thread per destination
+ * serves the plan's `sends` over a dedicated connection (handshake rank 8192:
+ * the destination asks for tensors, the source streams them, the destination
+ * acknowledges). copy_done carries the bytes received. A newer plan arriving
+ * while one is installed gives that one up (no copy_done for it).
  *
  * Peer TCP: the worker listens on peer_port for both kinds of connections; a
  * connection's handshake rank says which (plan rank r: all-reduce, r + 4096:
