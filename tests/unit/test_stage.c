@@ -7,65 +7,10 @@
 #include <string.h>
 
 #include "check.h"
+#include "mailbox.h"
 #include "rng.h"
 #include "stage.h"
 
-#define MAXMSG 4096
-
-/* Messages keyed by (to, from, kind, mb); a receive waits for its message. */
-typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    struct {
-        int to, from, kind, mb, used;
-        float *data;
-        size_t n;
-    } msg[MAXMSG];
-} mailbox;
-
-typedef struct {
-    mailbox *box;
-    int self;
-} endpoint;
-
-static int box_send(void *ctx, int peer, pl_link_kind kind, int mb, const float *buf, size_t n,
-                    char *err, size_t errlen)
-{
-    endpoint *ep = ctx;
-    mailbox *b = ep->box;
-    float *copy = malloc(n * sizeof *copy);
-    memcpy(copy, buf, n * sizeof *copy);
-    pthread_mutex_lock(&b->mu);
-    int i = 0;
-    while (i < MAXMSG && b->msg[i].used) i++;
-    if (i == MAXMSG) abort();
-    b->msg[i].to = peer, b->msg[i].from = ep->self, b->msg[i].kind = kind, b->msg[i].mb = mb;
-    b->msg[i].data = copy, b->msg[i].n = n, b->msg[i].used = 1;
-    pthread_cond_broadcast(&b->cv);
-    pthread_mutex_unlock(&b->mu);
-    return 0;
-}
-
-static int box_recv(void *ctx, int peer, pl_link_kind kind, int mb, float *buf, size_t n,
-                    char *err, size_t errlen)
-{
-    endpoint *ep = ctx;
-    mailbox *b = ep->box;
-    pthread_mutex_lock(&b->mu);
-    for (;;) {
-        for (int i = 0; i < MAXMSG; i++)
-            if (b->msg[i].used && b->msg[i].to == ep->self && b->msg[i].from == peer &&
-                b->msg[i].kind == (int)kind && b->msg[i].mb == mb) {
-                int ok = b->msg[i].n == n;
-                if (ok) memcpy(buf, b->msg[i].data, n * sizeof *buf);
-                free(b->msg[i].data);
-                b->msg[i].used = 0;
-                pthread_mutex_unlock(&b->mu);
-                return ok ? 0 : -1;
-            }
-        pthread_cond_wait(&b->cv, &b->mu);
-    }
-}
 
 typedef struct {
     pl_engine e;
@@ -117,9 +62,7 @@ static int compare(const int *cuts, int nst, int Nb)
         pl_engine_backward(&whole, 0, NULL, scale);
     }
 
-    mailbox *box = calloc(1, sizeof *box);
-    pthread_mutex_init(&box->mu, NULL);
-    pthread_cond_init(&box->cv, NULL);
+    mailbox *box = mailbox_new();
     stage_thread *st = calloc((size_t)nst, sizeof *st);
     kn_ctx *kc[8];
     pthread_t th[8];
@@ -164,9 +107,7 @@ static int compare(const int *cuts, int nst, int Nb)
     pl_engine_destroy(&whole);
     kn_destroy(kw);
     free(st);
-    pthread_mutex_destroy(&box->mu);
-    pthread_cond_destroy(&box->cv);
-    free(box);
+    mailbox_free(box);
     free(tok);
     free(tgt);
     return ok;

@@ -11,66 +11,10 @@
 #include <string.h>
 
 #include "check.h"
+#include "mailbox.h"
 #include "rng.h"
 #include "worker_step.h"
 
-#define MAXMSG 256
-
-/* Messages keyed by (to, from, kind, mb); a receive waits for its message. One mailbox
- * per pipeline, endpoints are stage indices within it. */
-typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    struct {
-        int to, from, kind, mb, used;
-        float *data;
-        size_t n;
-    } msg[MAXMSG];
-} mailbox;
-
-typedef struct {
-    mailbox *box;
-    int self;
-} endpoint;
-
-static int box_send(void *ctx, int peer, pl_link_kind kind, int mb, const float *buf, size_t n,
-                    char *err, size_t errlen)
-{
-    endpoint *ep = ctx;
-    mailbox *b = ep->box;
-    float *copy = malloc(n * sizeof *copy);
-    memcpy(copy, buf, n * sizeof *copy);
-    pthread_mutex_lock(&b->mu);
-    int i = 0;
-    while (i < MAXMSG && b->msg[i].used) i++;
-    if (i == MAXMSG) abort();
-    b->msg[i].to = peer, b->msg[i].from = ep->self, b->msg[i].kind = kind, b->msg[i].mb = mb;
-    b->msg[i].data = copy, b->msg[i].n = n, b->msg[i].used = 1;
-    pthread_cond_broadcast(&b->cv);
-    pthread_mutex_unlock(&b->mu);
-    return 0;
-}
-
-static int box_recv(void *ctx, int peer, pl_link_kind kind, int mb, float *buf, size_t n,
-                    char *err, size_t errlen)
-{
-    endpoint *ep = ctx;
-    mailbox *b = ep->box;
-    pthread_mutex_lock(&b->mu);
-    for (;;) {
-        for (int i = 0; i < MAXMSG; i++)
-            if (b->msg[i].used && b->msg[i].to == ep->self && b->msg[i].from == peer &&
-                b->msg[i].kind == (int)kind && b->msg[i].mb == mb) {
-                int ok = b->msg[i].n == n;
-                if (ok) memcpy(buf, b->msg[i].data, n * sizeof *buf);
-                free(b->msg[i].data);
-                b->msg[i].used = 0;
-                pthread_mutex_unlock(&b->mu);
-                return ok ? 0 : -1;
-            }
-        pthread_cond_wait(&b->cv, &b->mu);
-    }
-}
 
 /* ---- the setup ---- */
 
@@ -122,7 +66,7 @@ typedef struct {
 
 struct shared_state {
     pl_syncgroups g;
-    mailbox box[NPIPE];
+    mailbox *box[NPIPE];
     int ports[NRANKS];
     pthread_barrier_t bar;
     int32_t tok[GLOBAL_MB * BT], tgt[GLOBAL_MB * BT];
@@ -210,10 +154,7 @@ static void test_two_heterogeneous_pipelines_equal_one_process(void)
     CHECK(sh);
     pl_sync_pipeline pipes[NPIPE] = {{3, P0}, {2, P1}};
     CHECK_EQ_INT(pl_syncgroups_compute(pipes, NPIPE, c->L, &sh->g, err, sizeof err), 0);
-    for (int p = 0; p < NPIPE; p++) {
-        pthread_mutex_init(&sh->box[p].mu, NULL);
-        pthread_cond_init(&sh->box[p].cv, NULL);
-    }
+    for (int p = 0; p < NPIPE; p++) sh->box[p] = mailbox_new();
     pthread_barrier_init(&sh->bar, NULL, NRANKS + 1);
 
     /* the reference: one whole-model engine */
@@ -234,7 +175,7 @@ static void test_two_heterogeneous_pipelines_equal_one_process(void)
         CHECK_EQ_INT(pl_engine_create(&r->e, r->k, c, st->layer_begin, st->layer_end, B, T,
                                       r->s.nslots, err, sizeof err), 0);
         pl_engine_init_random(&r->e, SEED);
-        r->ep = (endpoint){&sh->box[PIPE_OF[i]], STAGE_OF[i]};
+        r->ep = (endpoint){sh->box[PIPE_OF[i]], STAGE_OF[i]};
         CHECK_EQ_INT(pl_listener_open("127.0.0.1", 0, &r->l, err, sizeof err), 0);
         sh->ports[i] = pl_listener_port(r->l);
     }
@@ -353,11 +294,7 @@ static void test_two_heterogeneous_pipelines_equal_one_process(void)
     }
     pl_engine_destroy(&whole);
     kn_destroy(kw);
-    for (int p = 0; p < NPIPE; p++) {
-        for (int i = 0; i < MAXMSG; i++) free(sh->box[p].msg[i].used ? sh->box[p].msg[i].data : NULL);
-        pthread_mutex_destroy(&sh->box[p].mu);
-        pthread_cond_destroy(&sh->box[p].cv);
-    }
+    for (int p = 0; p < NPIPE; p++) mailbox_free(sh->box[p]);
     pthread_barrier_destroy(&sh->bar);
     pl_syncgroups_free(&sh->g);
     free(sh);
