@@ -14,51 +14,12 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "tmpfiles.h"
 #include "rng.h"
 #include "sampler.h"
 #include "tokens.h"
 
-static char dir[64];
 static char err[512];
-
-static const char *path_in(const char *name)
-{
-    static char buf[8][256];
-    static int k;
-    k = (k + 1) % 8;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name);
-    return buf[k];
-}
-
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-
-static void rm_rf(const char *p) { nftw(p, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
-
-/* Number of entries in directory d whose name contains needle. */
-static int count_entries(const char *d, const char *needle)
-{
-    DIR *dp = opendir(d);
-    if (!dp) return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(dp)))
-        if (e->d_name[0] != '.' && strstr(e->d_name, needle)) n++;
-    closedir(dp);
-    return n;
-}
-
-static int write_raw(const char *p, const void *data, size_t len)
-{
-    FILE *f = fopen(p, "wb");
-    if (!f) return -1;
-    size_t w = fwrite(data, 1, len, f);
-    fclose(f);
-    return w == len ? 0 : -1;
-}
 
 /* A raw shard with a chosen header (for the malformed cases). */
 static int write_shard_raw(const char *p, int32_t magic, int32_t version, int32_t ntok,
