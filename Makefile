@@ -158,7 +158,7 @@ clean:
 
 # Byte-level Tiny Shakespeare shards (vocabulary 256): data/ts_train.bin (first
 # 90% of the bytes) and data/ts_val.bin (the rest), in llm.c's token format.
-.PHONY: data train-example
+.PHONY: data train-example demo
 data: $(BUILD)/bin/pliant
 	$(BUILD)/bin/pliant tokenize --bytes ../shared/data/tinyshakespeare.txt data/ts
 
@@ -166,5 +166,16 @@ data: $(BUILD)/bin/pliant
 train-example: data
 	$(BUILD)/bin/pliant train examples/shakespeare-tiny.yaml --metrics $(BUILD)/shakespeare-tiny.jsonl
 	$(BUILD)/bin/pliant sample $(BUILD)/ckpt/shakespeare-tiny --tokens 400 --prompt "ROMEO:"
+
+# Recovery demo: 6 local workers, two SIGKILLs and a join during 60 steps; reconfiguration
+# and summary lines in $(BUILD)/demo.jsonl. `pliant run` writes no checkpoint yet: the
+# sample runs only if this run wrote one.
+demo: data
+	@touch $(BUILD)/demo.stamp
+	$(BUILD)/bin/pliant run examples/shakespeare-tiny.yaml --workers 6 --threads 1 --steps 60 \
+	    --chaos kill:1@step=15,kill:4@step=30,add:1@step=45 --metrics $(BUILD)/demo.jsonl
+	@if [ -n "$$(find $(BUILD)/ckpt/shakespeare-tiny -name checkpoint.json -newer $(BUILD)/demo.stamp 2>/dev/null)" ]; then \
+	    $(BUILD)/bin/pliant sample $(BUILD)/ckpt/shakespeare-tiny --tokens 200; \
+	else echo "demo: this run wrote no checkpoint (pliant run writes none yet): no sample"; fi
 
 -include $(wildcard $(BUILD)/obj/*/*.d $(BUILD)/obj/*/*/*.d $(BUILD)/asan/obj/*/*.d $(BUILD)/asan/obj/*/*/*.d)

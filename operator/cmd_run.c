@@ -1,7 +1,7 @@
-/* `pliant run JOB.yaml --workers N [--metrics FILE] [--threads T]`: trains a
- * TrainingJob with N local worker processes (`pliant worker`, same binary)
- * under the coordinator (operator/coordinator.h) and the control server
- * (WebSocket over TLS, a self-signed certificate, a random job token).
+/* `pliant run JOB.yaml --workers N [--steps N] [--metrics FILE] [--threads T]
+ * [--chaos SPEC]`: trains a TrainingJob with N local worker processes
+ * (`pliant worker`, same binary) under the coordinator (operator/coordinator.h)
+ * and the control server (WebSocket over TLS, a self-signed certificate, a random job token).
  *
  * Planner profile: spec.profile when it is a path, else a synthetic one
  * derived from the model's sizes (per-layer times proportional to the layer's
@@ -10,9 +10,20 @@
  *
  * One line per committed step on stdout; --metrics writes JSON lines (step,
  * loss, lr, grad_norm, tokens_per_second, plan_generation, pipelines, workers,
- * samples_digest). Exit 0 when every step is committed, 1 when the job fails,
- * 2 on bad input. Failure-free path: the coordinator handles losses, but
- * workers cannot copy layers yet. */
+ * samples_digest); after them, for every plan after the first, a line
+ * {"event": "reconfigure", cause, removed, added, duration_ms, bytes_copied,
+ * from_checkpoint (always false: no checkpoint fallback yet), plan_generation,
+ * step, pipelines}, written when the new plan commits its first step
+ * (duration_ms: from the first chaos event or worker end noticed since the
+ * previous plan, else from when the plan was seen, to that commit; null if it
+ * never commits), and a final {"event": "summary", ...}.
+ *
+ * --chaos (shared/chaos.h): step events fire once the coordinator runs step S,
+ * time events once their time since the workers were started has passed;
+ * kill/term signal worker number W (start order; ended or unknown ones are
+ * ignored with a note), add starts workers named w<nw>, w<nw+1>, ... A trace's
+ * initial workers replace --workers. Exit 0 when every step is committed, 1
+ * when the job fails, 2 on bad input. */
 #include <getopt.h>
 #include <math.h>
 #include <signal.h>
@@ -25,6 +36,7 @@
 #include <cJSON.h>
 
 #include "backend.h"
+#include "chaos.h"
 #include "cli_args.h"
 #include "commands.h"
 #include "control_server.h"
@@ -55,11 +67,18 @@ typedef struct {
     pl_ctl_server *srv;
     run_worker w[MAX_WORKERS];
     int nw;
+    /* what a worker is started with */
+    pl_backend *be;
+    const char *exe, *job_path, *thr, *token, *profile;
+    int n0, F;
 } run_state;
 
 static void run_usage(FILE *f)
 {
-    fprintf(f, "usage: pliant run JOB.yaml --workers N [--metrics FILE] [--threads T]\n");
+    fprintf(f, "usage: pliant run JOB.yaml --workers N [--steps N] [--metrics FILE] [--threads T]\n"
+               "                 [--chaos SPEC]\n"
+               "  SPEC: comma-separated kill:W@step=S, term:W@step=S, add:K@step=S\n"
+               "        (or @t=SECONDS), trace:FILE[:SPEEDUP]; W: worker number in start order\n");
 }
 
 static run_worker *find_worker(run_state *r, const char *name)
@@ -174,6 +193,151 @@ static int pick_ports(int n, int *ports, char *err, size_t errlen)
     return rc;
 }
 
+/* Starts worker r->w[i] (name and port already set); its peer directory is every worker so far. */
+static int spawn_worker(run_state *r, int i, char *err, size_t errlen)
+{
+    size_t peers_len = (size_t)r->nw * (PL_WORKER_NAME_MAX + 16) + 16;
+    char *pe = malloc(peers_len + 16);
+    if (!pe) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    size_t at = (size_t)snprintf(pe, peers_len, "PLIANT_PEERS=");
+    for (int k = 0; k < r->nw; k++)
+        at += (size_t)snprintf(pe + at, peers_len - at, "%s%s=%d", k ? "," : "", r->w[k].name,
+                               r->w[k].port);
+    char e[8][4200];
+    snprintf(e[0], sizeof e[0], "PLIANT_COORDINATOR=127.0.0.1:%d", pl_ctl_server_port(r->srv));
+    snprintf(e[1], sizeof e[1], "PLIANT_TOKEN=%s", r->token);
+    snprintf(e[2], sizeof e[2], "PLIANT_CA=%s", pl_ctl_server_cert_path(r->srv));
+    snprintf(e[3], sizeof e[3], "PLIANT_WORKER_NAME=%s", r->w[i].name);
+    snprintf(e[4], sizeof e[4], "PLIANT_PROFILE=%s", r->profile);
+    snprintf(e[5], sizeof e[5], "PLIANT_NODES=%d", r->n0);
+    snprintf(e[6], sizeof e[6], "PLIANT_PEER_PORT=%d", r->w[i].port);
+    snprintf(e[7], sizeof e[7], "PLIANT_TOLERATE=%d", r->F);
+    char *env[] = {e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7], pe, NULL};
+    char *wargv[] = {(char *)r->exe, "worker", (char *)r->job_path, "--threads", (char *)r->thr,
+                     NULL};
+    pl_worker_spec spec = {.argv = wargv, .env = env};
+    snprintf(spec.name, sizeof spec.name, "%s", r->w[i].name);
+    err[0] = 0;
+    int crc = r->be->ops->create(r->be, &spec, err, errlen);
+    free(pe);
+    if (crc && !err[0]) snprintf(err, errlen, "cannot start worker %s", r->w[i].name);
+    return crc;
+}
+
+/* Starts k more workers named w<nw>, w<nw+1>, ... */
+static int add_workers(run_state *r, int k, char *err, size_t errlen)
+{
+    if (k > MAX_WORKERS - r->nw) {
+        snprintf(err, errlen, "at most %d workers", MAX_WORKERS);
+        return -1;
+    }
+    int ports[MAX_WORKERS];
+    if (pick_ports(k, ports, err, errlen)) return -1;
+    for (int j = 0; j < k; j++) {
+        run_worker *w = &r->w[r->nw];
+        memset(w, 0, sizeof *w);
+        snprintf(w->name, sizeof w->name, "w%d", r->nw);
+        w->port = ports[j];
+        r->nw++;
+        if (spawn_worker(r, r->nw - 1, err, errlen)) {
+            w->exited = 1; /* never started: not waited for */
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Fires one chaos event (kill, term or add): 1 if it acted, 0 if it was ignored. */
+static int fire_chaos(run_state *r, const pl_chaos_event *e, const char *when)
+{
+    char err[512] = "";
+    int acted = 0;
+    if (e->action == PL_CHAOS_ADD) {
+        int first = r->nw;
+        if (add_workers(r, e->count, err, sizeof err))
+            fprintf(stderr, "pliant run: chaos %s: add %d: %s\n", when, e->count, err);
+        else if ((acted = 1))
+        {
+            if (e->count == 1)
+                printf("chaos: %s: started 1 worker (w%d)\n", when, first);
+            else
+                printf("chaos: %s: started %d workers (w%d..w%d)\n", when, e->count, first,
+                       r->nw - 1);
+        }
+    } else {
+        const char *what = e->action == PL_CHAOS_KILL ? "kill" : "term";
+        int sig = e->action == PL_CHAOS_KILL ? SIGKILL : SIGTERM;
+        if (e->worker < 0 || e->worker >= r->nw || r->w[e->worker].exited) {
+            printf("chaos: %s: %s w%d ignored (%s)\n", when, what, e->worker,
+                   e->worker < 0 || e->worker >= r->nw ? "no such worker" : "already ended");
+        } else if (r->be->ops->signal(r->be, r->w[e->worker].name, sig, err, sizeof err)) {
+            printf("chaos: %s: %s w%d ignored (%s)\n", when, what, e->worker, err);
+        } else {
+            acted = 1;
+            printf("chaos: %s: %s w%d (%s)\n", when, what, e->worker,
+                   sig == SIGKILL ? "SIGKILL" : "SIGTERM");
+        }
+    }
+    fflush(stdout);
+    return acted;
+}
+
+static void json_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
+        else if (ch < 0x20) fprintf(f, "\\u%04x", ch);
+        else fputc(ch, f);
+    }
+    fputc('"', f);
+}
+
+/* "a,b" as ["a", "b"] */
+static void json_names(FILE *f, const char *list)
+{
+    fputc('[', f);
+    int first = 1;
+    for (const char *p = list; p && *p;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (len) {
+            char name[PL_WORKER_NAME_MAX];
+            snprintf(name, sizeof name, "%.*s", (int)(len < sizeof name ? len : sizeof name - 1),
+                     p);
+            if (!first) fputs(", ", f);
+            json_string(f, name);
+            first = 0;
+        }
+        p = comma ? comma + 1 : NULL;
+    }
+    fputc(']', f);
+}
+
+/* A reconfigure metrics line; duration_ms < 0: null (the plan never committed a step). */
+static void write_reconfig(FILE *f, const pl_coord_reconfig_rec *x, int64_t duration_ms)
+{
+    if (!f) return;
+    fputs("{\"event\": \"reconfigure\", \"cause\": ", f);
+    json_string(f, x->cause);
+    fputs(", \"removed\": ", f);
+    json_names(f, x->removed);
+    fputs(", \"added\": ", f);
+    json_names(f, x->added);
+    if (duration_ms >= 0) fprintf(f, ", \"duration_ms\": %lld", (long long)duration_ms);
+    else fputs(", \"duration_ms\": null", f);
+    fprintf(f, ", \"bytes_copied\": %lld, \"from_checkpoint\": false, \"plan_generation\": %lld, "
+               "\"step\": %lld, \"pipelines\": ",
+            (long long)x->bytes_copied, (long long)x->generation, (long long)x->step);
+    json_string(f, x->pipelines);
+    fputs("}\n", f);
+    fflush(f);
+}
+
 static double mono_s(void)
 {
     struct timespec ts;
@@ -186,11 +350,15 @@ int cmd_run(int argc, char **argv)
     static const struct option opts[] = {{"workers", required_argument, 0, 'w'},
                                          {"metrics", required_argument, 0, 'm'},
                                          {"threads", required_argument, 0, 't'},
+                                         {"steps", required_argument, 0, 's'},
+                                         {"chaos", required_argument, 0, 'c'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     char err[1024] = "";
-    long long nworkers = 0, threads = 0;
-    const char *metrics_path = NULL;
+    long long nworkers = 0, threads = 0, steps_override = 0;
+    const char *metrics_path = NULL, *chaos_spec = NULL;
+    pl_chaos chaos;
+    memset(&chaos, 0, sizeof chaos);
     int c;
     opterr = 0;
     optind = 1;
@@ -204,6 +372,11 @@ int cmd_run(int argc, char **argv)
             if (cli_parse_int("--threads", optarg, 1, 1024, &threads, err, sizeof err)) goto bad;
             break;
         case 'm': metrics_path = optarg; break;
+        case 's':
+            if (cli_parse_int("--steps", optarg, 1, 1000000000, &steps_override, err, sizeof err))
+                goto bad;
+            break;
+        case 'c': chaos_spec = optarg; break;
         case 'h': run_usage(stdout); return 0;
         default:
             snprintf(err, sizeof err, "unknown option or missing value: '%s'", argv[optind - 1]);
@@ -214,16 +387,35 @@ int cmd_run(int argc, char **argv)
         snprintf(err, sizeof err, "expects exactly one JOB.yaml");
         goto bad;
     }
+    if (chaos_spec && pl_chaos_parse(chaos_spec, &chaos, err, sizeof err)) {
+        fprintf(stderr, "pliant run: %s\n", err);
+        return 2;
+    }
+    if (chaos.initial_workers > 0) {
+        if (chaos.initial_workers > MAX_WORKERS) {
+            snprintf(err, sizeof err, "the trace starts %d workers (at most %d)",
+                     chaos.initial_workers, MAX_WORKERS);
+            pl_chaos_free(&chaos);
+            goto bad;
+        }
+        if (nworkers > 0 && nworkers != chaos.initial_workers)
+            fprintf(stderr, "pliant run: the trace starts %d workers: --workers %lld ignored\n",
+                    chaos.initial_workers, nworkers);
+        nworkers = chaos.initial_workers;
+    }
     if (nworkers <= 0) {
+        pl_chaos_free(&chaos);
         snprintf(err, sizeof err, "--workers N is required");
         goto bad;
     }
     const char *job_path = argv[optind];
     pl_job job;
     if (pl_job_load(job_path, &job, err, sizeof err)) {
+        pl_chaos_free(&chaos);
         fprintf(stderr, "pliant run: %s: %s\n", job_path, err);
         return 2;
     }
+    if (steps_override > 0) job.steps = (int)steps_override;
     const int N = (int)nworkers, F = job.fault_tolerance.tolerate;
     if (threads <= 0) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -239,6 +431,7 @@ int cmd_run(int argc, char **argv)
     run_state *r = calloc(1, sizeof *r);
     pl_backend *be = NULL;
     FILE *metrics = NULL;
+    char *fired = NULL;
     char tmpdir[] = "/tmp/pliant-run-XXXXXX", profile_path[PL_PATH_MAX + 64] = "";
     int have_tmp = 0;
     if (!r) {
@@ -302,55 +495,31 @@ int cmd_run(int argc, char **argv)
     /* the workers */
     int ports[MAX_WORKERS];
     if (pick_ports(N, ports, err, sizeof err)) goto done;
-    size_t peers_len = (size_t)N * 32 + 1;
-    char *peers = calloc(peers_len, 1);
-    if (!peers) goto done;
     for (int i = 0; i < N; i++) {
         run_worker *w = &r->w[r->nw++];
         snprintf(w->name, sizeof w->name, "w%d", i);
         w->port = ports[i];
-        size_t at = strlen(peers);
-        snprintf(peers + at, peers_len - at, "%s%s=%d", i ? "," : "", w->name, w->port);
     }
     char exe[4096];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n <= 0) {
-        free(peers);
         snprintf(err, sizeof err, "cannot find this program (/proc/self/exe)");
         goto done;
     }
     exe[n] = 0;
-    if (!(be = pl_backend_local_new(err, sizeof err))) {
-        free(peers);
-        goto done;
-    }
+    if (!(be = pl_backend_local_new(err, sizeof err))) goto done;
     char thr[16];
     snprintf(thr, sizeof thr, "%lld", threads);
-    for (int i = 0; i < N; i++) {
-        char e[9][4200];
-        snprintf(e[0], sizeof e[0], "PLIANT_COORDINATOR=127.0.0.1:%d", pl_ctl_server_port(r->srv));
-        snprintf(e[1], sizeof e[1], "PLIANT_TOKEN=%s", token);
-        snprintf(e[2], sizeof e[2], "PLIANT_CA=%s", pl_ctl_server_cert_path(r->srv));
-        snprintf(e[3], sizeof e[3], "PLIANT_WORKER_NAME=%s", r->w[i].name);
-        snprintf(e[4], sizeof e[4], "PLIANT_PROFILE=%s", profile_path);
-        snprintf(e[5], sizeof e[5], "PLIANT_NODES=%d", N);
-        snprintf(e[6], sizeof e[6], "PLIANT_PEER_PORT=%d", r->w[i].port);
-        snprintf(e[7], sizeof e[7], "PLIANT_TOLERATE=%d", F);
-        char *pe = NULL;
-        if (asprintf(&pe, "PLIANT_PEERS=%s", peers) < 0) pe = NULL;
-        char *env[] = {e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7], pe, NULL};
-        char *wargv[] = {exe, "worker", (char *)job_path, "--threads", thr, NULL};
-        pl_worker_spec spec = {.argv = wargv, .env = env};
-        snprintf(spec.name, sizeof spec.name, "%s", r->w[i].name);
-        int crc = pe ? be->ops->create(be, &spec, err, sizeof err) : -1;
-        free(pe);
-        if (crc) {
-            free(peers);
-            if (!err[0]) snprintf(err, sizeof err, "out of memory");
-            goto done;
-        }
-    }
-    free(peers);
+    r->be = be;
+    r->exe = exe;
+    r->job_path = job_path;
+    r->thr = thr;
+    r->token = token;
+    r->profile = profile_path;
+    r->n0 = N;
+    r->F = F;
+    for (int i = 0; i < N; i++)
+        if (spawn_worker(r, i, err, sizeof err)) goto done;
     if (metrics_path && !(metrics = fopen(metrics_path, "w"))) {
         snprintf(err, sizeof err, "--metrics %s: cannot open for writing", metrics_path);
         goto done;
@@ -360,11 +529,39 @@ int cmd_run(int argc, char **argv)
     fflush(stdout);
 
     /* the loop */
-    int printed = 0, reconfigs = 0, finished = 0;
+    int printed = 0, reconfigs = 0, finished = 0, reported = 0;
     double last_t = mono_s();
-    int64_t end_ms = 0;
+    const double t0 = last_t;
+    int64_t end_ms = 0, disrupted_ms = -1;
+    const int64_t start_ms = pl_ctl_now_ms();
+    int64_t rec_since[512];
+    fired = chaos.n ? calloc((size_t)chaos.n, 1) : NULL;
+    if (chaos.n && !fired) {
+        snprintf(err, sizeof err, "out of memory");
+        goto done;
+    }
     const double tokens_per_step = (double)job.batch.global * job.batch.seq_len;
     for (;;) {
+        /* chaos: step events when their step begins, time events when their time has passed */
+        {
+            pl_coord_phase_t cph = pl_coord_phase(r->coord);
+            int64_t cur = pl_coord_step(r->coord), now = pl_ctl_now_ms();
+            int begun = cph == PL_COORD_RUNNING || cph == PL_COORD_COMMITTING;
+            for (int i = 0; i < chaos.n && cph != PL_COORD_DONE && cph != PL_COORD_FAILED; i++) {
+                const pl_chaos_event *e = &chaos.events[i];
+                if (fired[i]) continue;
+                char when[64];
+                if (e->when == PL_CHAOS_AT_STEP) {
+                    if (!(begun && cur >= e->step)) continue;
+                    snprintf(when, sizeof when, "step %lld", (long long)e->step);
+                } else {
+                    if (now - start_ms < e->t_ms) continue;
+                    snprintf(when, sizeof when, "t=%.3fs", (double)e->t_ms / 1000.0);
+                }
+                fired[i] = 1;
+                if (fire_chaos(r, e, when) && disrupted_ms < 0) disrupted_ms = now;
+            }
+        }
         if (pl_ctl_server_service(r->srv, 10) < 0) {
             snprintf(err, sizeof err, "control server failed");
             goto done;
@@ -382,18 +579,38 @@ int cmd_run(int argc, char **argv)
             if (w) w->exited = 1;
             pl_coord_phase_t ph = pl_coord_phase(r->coord);
             if (ph != PL_COORD_DONE && ph != PL_COORD_FAILED) {
+                const int64_t seen_ms = pl_ctl_now_ms();
                 char cause[128];
                 if (ev.end == PL_WORKER_EXITED)
                     snprintf(cause, sizeof cause, "exited with status %d", ev.status);
                 else
                     snprintf(cause, sizeof cause, "killed by signal %d", ev.signal);
                 fprintf(stderr, "pliant run: worker %s %s\n", ev.name, cause);
-                pl_coord_worker_lost(r->coord, ev.name, cause);
+                /* news only if the connection's close did not report it already */
+                if (pl_coord_worker_lost(r->coord, ev.name, cause) == PL_COORD_OK &&
+                    disrupted_ms < 0)
+                    disrupted_ms = seen_ms;
             }
         }
         pl_coord_tick(r->coord, pl_ctl_now_ms());
+        for (; reconfigs < pl_coord_nreconfigs(r->coord); reconfigs++) {
+            const pl_coord_reconfig_rec *x = pl_coord_reconfig(r->coord, reconfigs);
+            if (reconfigs < (int)(sizeof rec_since / sizeof rec_since[0]))
+                rec_since[reconfigs] = disrupted_ms >= 0 ? disrupted_ms : pl_ctl_now_ms();
+            disrupted_ms = -1;
+            printf("reconfigure: generation %lld at step %lld: %s; pipelines %s\n",
+                   (long long)x->generation, (long long)x->step, x->cause, x->pipelines);
+            fflush(stdout);
+        }
         for (; printed < pl_coord_nsteps(r->coord); printed++) {
             const pl_coord_step_rec *s = pl_coord_step_log(r->coord, printed);
+            for (; reported < reconfigs &&
+                   pl_coord_reconfig(r->coord, reported)->generation <= s->generation;
+                 reported++)
+                write_reconfig(metrics, pl_coord_reconfig(r->coord, reported),
+                               reported < (int)(sizeof rec_since / sizeof rec_since[0])
+                                   ? pl_ctl_now_ms() - rec_since[reported]
+                                   : -1);
             double t = mono_s(), tps = tokens_per_step / (t - last_t > 1e-9 ? t - last_t : 1e-9);
             last_t = t;
             int live = pl_coord_live_workers(r->coord);
@@ -412,12 +629,6 @@ int cmd_run(int argc, char **argv)
                         (unsigned long long)pl_sampler_digest(&smp, s->step, 0, job.batch.global));
                 fflush(metrics);
             }
-        }
-        for (; reconfigs < pl_coord_nreconfigs(r->coord); reconfigs++) {
-            const pl_coord_reconfig_rec *x = pl_coord_reconfig(r->coord, reconfigs);
-            printf("reconfigure: generation %lld at step %lld: %s; pipelines %s\n",
-                   (long long)x->generation, (long long)x->step, x->cause, x->pipelines);
-            fflush(stdout);
         }
         pl_coord_phase_t ph = pl_coord_phase(r->coord);
         if ((ph == PL_COORD_DONE || ph == PL_COORD_FAILED) && !finished) {
@@ -438,6 +649,25 @@ int cmd_run(int argc, char **argv)
             }
         }
     }
+    /* plans that never committed a step: no duration */
+    for (; reported < reconfigs; reported++)
+        write_reconfig(metrics, pl_coord_reconfig(r->coord, reported), -1);
+    {
+        const double secs = mono_s() - t0;
+        const int ns = pl_coord_nsteps(r->coord);
+        const double final_loss = ns ? pl_coord_step_log(r->coord, ns - 1)->loss : NAN;
+        const double tps = secs > 0 ? ns * tokens_per_step / secs : 0;
+        printf("summary: %d steps, %d reconfigurations, final loss %.6f, %.1f s, %.0f tok/s\n",
+               ns, reconfigs, final_loss, secs, tps);
+        if (metrics) {
+            fprintf(metrics, "{\"event\": \"summary\", \"steps\": %d, \"reconfigurations\": %d, "
+                             "\"final_loss\": ", ns, reconfigs);
+            if (isfinite(final_loss)) fprintf(metrics, "%.9g", final_loss);
+            else fputs("null", metrics);
+            fprintf(metrics, ", \"seconds\": %.3f, \"tokens_per_second\": %.1f}\n", secs, tps);
+            fflush(metrics);
+        }
+    }
     if (pl_coord_phase(r->coord) == PL_COORD_DONE) {
         printf("run: done, %d steps committed, generation %lld\n", pl_coord_nsteps(r->coord),
                (long long)pl_coord_generation(r->coord));
@@ -446,6 +676,7 @@ int cmd_run(int argc, char **argv)
         snprintf(err, sizeof err, "job failed: %s", pl_coord_reason(r->coord));
     }
 done:
+    free(fired);
     if (rc && err[0]) fprintf(stderr, "pliant run: %s\n", err);
     if (metrics) fclose(metrics);
     if (be) be->ops->destroy(be);
@@ -463,6 +694,7 @@ done:
         rmdir(tmpdir);
     }
     pl_job_free(&job);
+    pl_chaos_free(&chaos);
     return rc;
 bad:
     fprintf(stderr, "pliant run: %s\n", err);

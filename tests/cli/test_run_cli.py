@@ -4,8 +4,9 @@ distributed runtime, failure-free path): N local worker processes under the
 coordinator train the job with the same per-step losses and samples as
 `pliant train`, with one pipeline per worker, a two-stage pipeline beside
 single-node ones, two heterogeneous pipelines (3 + 2 stages) and two of 3 stages;
-a killed worker of a data-parallel plan (recovery without layer copies), and
-killed pipeline workers whose recovery moves layers between workers.
+a killed worker of a data-parallel plan (recovery without layer copies),
+killed pipeline workers whose recovery moves layers between workers, and
+`--chaos` kill/add events with their reconfigure and summary metrics lines.
 
 Run: python3 tests/cli/test_run_cli.py --build build [-k SUBSTRING]
 """
@@ -63,9 +64,18 @@ def write_job(name, steps=8, global_=8):
     return path
 
 
-def metrics(path):
+def metrics_all(path):
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def metrics(path):
+    """The per-step rows (lines without an "event")."""
+    return [r for r in metrics_all(path) if "event" not in r]
+
+
+def events(path, kind):
+    return [r for r in metrics_all(path) if r.get("event") == kind]
 
 
 _reference = {}
@@ -257,6 +267,64 @@ def killed_pipeline_workers_move_layers_and_match_train():
     check(rows[0]["pipelines"] == "2x3", "first step: %s", rows[0])
     check(rows[-1]["plan_generation"] == 3 and rows[-1]["workers"] == 4, "last step: %s",
           rows[-1])
+
+
+@test
+def chaos_kill_and_add_reconfigure_and_match_train():
+    """--chaos kill:1@step=3,add:1@step=6 with 3 workers: w1 is SIGKILLed when step 3
+    begins (survivors 2x1), w3 is started when step 6 begins and joins at a step
+    boundary (3x1, receiving every layer). Two reconfigure lines with cause, removed,
+    added, a duration and the bytes copied; a summary line; every step committed once
+    with train's losses."""
+    steps = 60
+    job = write_job("chaos", steps=steps)
+    m = job + ".run.jsonl"
+    rc, out, err = run("run", job, "--workers", 3, "--metrics", m, "--threads", 1,
+                       "--chaos", "kill:1@step=3,add:1@step=6")
+    check(rc == 0, "run failed (%d):\n%s\n%s", rc, out[-2000:], err[-2000:])
+    check("chaos: step 3: kill w1" in out and "chaos: step 6: started 1 worker" in out,
+          "no chaos lines:\n%s", out[-1500:])
+    rows = metrics(m)
+    ref = reference(job)
+    check([r["step"] for r in rows] == list(range(steps)), "steps %s",
+          [r["step"] for r in rows][:40])
+    for a, b in zip(rows, ref):
+        check(abs(a["loss"] - b["loss"]) <= 1e-4 * abs(b["loss"]),
+              "step %d: loss %.9g, train %.9g", a["step"], a["loss"], b["loss"])
+        check(a["samples_digest"] == b["samples_digest"], "step %d: samples differ", a["step"])
+    rec = events(m, "reconfigure")
+    check(len(rec) == 2, "reconfigure lines: %s", rec)
+    for key in ("cause", "removed", "added", "duration_ms", "bytes_copied", "from_checkpoint",
+                "plan_generation", "pipelines"):
+        check(all(key in r for r in rec), "reconfigure lines lack %s: %s", key, rec)
+    lost, joined = rec
+    check("w1" in lost["cause"] and lost["removed"] == ["w1"] and lost["added"] == [] and
+          lost["plan_generation"] == 2 and lost["pipelines"] == "2x1", "first: %s", lost)
+    check("joined w3" in joined["cause"] and joined["removed"] == [] and
+          joined["added"] == ["w3"] and joined["plan_generation"] == 3 and
+          joined["pipelines"] == "3x1" and joined["bytes_copied"] > 0, "second: %s", joined)
+    for r in rec:
+        check(r["from_checkpoint"] is False and isinstance(r["duration_ms"], int) and
+              0 <= r["duration_ms"] < 20000, "reconfigure: %s", r)
+    check(rows[3]["plan_generation"] == 2 and rows[-1]["plan_generation"] == 3 and
+          rows[-1]["workers"] == 3, "generations: %s / %s", rows[3], rows[-1])
+    summary = events(m, "summary")
+    check(len(summary) == 1 and summary[0]["steps"] == steps and
+          summary[0]["reconfigurations"] == 2 and
+          abs(summary[0]["final_loss"] - ref[-1]["loss"]) <= 1e-4 * abs(ref[-1]["loss"]) and
+          summary[0]["seconds"] > 0 and summary[0]["tokens_per_second"] > 0,
+          "summary: %s", summary)
+    check(any(l.startswith("summary: %d steps, 2 reconfigurations" % steps)
+              for l in out.splitlines()), "no summary line:\n%s", out[-1000:])
+
+
+@test
+def chaos_errors():
+    job = write_job("usage", steps=2)
+    rc, _, err = run("run", job, "--workers", 2, "--chaos", "kill:1@step=1,kill:x@step=3")
+    check(rc == 2 and "event 2" in err and "kill:x@step=3" in err, "status %d: %s", rc, err)
+    rc, _, err = run("run", job, "--workers", 2, "--chaos", "explode:1@step=1")
+    check(rc == 2 and "explode:1@step=1" in err, "status %d: %s", rc, err)
 
 
 @test
