@@ -319,6 +319,29 @@ def chaos_kill_and_add_reconfigure_and_match_train():
 
 
 @test
+def sigterm_notice_moves_the_worker_out_at_a_step_boundary():
+    """--chaos term:1@step=3: w1 gets SIGTERM (the preemption notice), tells the
+    coordinator it is leaving, finishes the step, and is stopped with exit 0 before the
+    next one; no step is aborted or lost and the losses equal train's."""
+    steps = 12
+    job = write_job("sigterm", steps=steps)
+    m = job + ".run.jsonl"
+    rc, out, err = run("run", job, "--workers", 3, "--metrics", m, "--threads", 1,
+                       "--chaos", "term:1@step=3")
+    check(rc == 0, "run failed (%d):\n%s\n%s", rc, out[-2000:], err[-2000:])
+    rows = metrics(m)
+    ref = reference(job)
+    check([r["step"] for r in rows] == list(range(steps)), "steps %s", [r["step"] for r in rows])
+    for a, b in zip(rows, ref):
+        check(abs(a["loss"] - b["loss"]) <= 1e-4 * abs(b["loss"]),
+              "step %d: loss %.9g, train %.9g", a["step"], a["loss"], b["loss"])
+    rec = events(m, "reconfigure")
+    check(len(rec) == 1 and rec[0]["removed"] == ["w1"] and "leav" in rec[0]["cause"],
+          "reconfigure lines: %s", rec)
+    check("killed by signal" not in out + err, "w1 was killed, not stopped:\n%s", out[-1500:])
+
+
+@test
 def chaos_errors():
     job = write_job("usage", steps=2)
     rc, _, err = run("run", job, "--workers", 2, "--chaos", "kill:1@step=1,kill:x@step=3")

@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -901,6 +902,31 @@ static int setup(agent *a, char *err, size_t errlen)
     return 0;
 }
 
+/* SIGTERM is the preemption notice (Kubernetes sends it when a spot node is
+ * reclaimed): the control loop tells the coordinator, which moves the worker
+ * out at the next step boundary and then stops it, so no step is lost. */
+static volatile sig_atomic_t got_sigterm;
+
+static void on_sigterm(int sig)
+{
+    (void)sig;
+    got_sigterm = 1;
+}
+
+/* Sends `leaving` once after SIGTERM. */
+static void announce_leaving(agent *a, int *sent)
+{
+    if (!got_sigterm || *sent || pl_ctl_client_get_state(a->cli) != PL_CTL_WELCOMED) return;
+    pl_msg m;
+    pl_msg_init(&m, PL_MSG_LEAVING, atomic_load(&a->newest_plan));
+    m.u.leaving.reason = PL_LEAVE_SIGTERM;
+    if (pl_ctl_client_send(a->cli, &m) == 0) {
+        logf_(a, "SIGTERM: told the coordinator this worker is leaving");
+        *sent = 1;
+    }
+    pl_msg_free(&m);
+}
+
 int pl_agent_run(const pl_agent_options *o)
 {
     agent *a = calloc(1, sizeof *a);
@@ -950,12 +976,18 @@ int pl_agent_run(const pl_agent_options *o)
         goto done;
     }
     started = 1;
-    while (!atomic_load(&a->done))
+    struct sigaction sa = {.sa_handler = on_sigterm};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    int leaving_sent = 0;
+    while (!atomic_load(&a->done)) {
+        announce_leaving(a, &leaving_sent);
         if (pl_ctl_client_service(a->cli, 50) < 0 && !atomic_load(&a->done)) {
             logf_(a, "control connection lost: %s", pl_ctl_client_close_reason(a->cli));
             atomic_store(&a->exit_code, 1);
             break;
         }
+    }
     /* let queued messages (committed) go out */
     for (int i = 0; i < 4 && pl_ctl_client_get_state(a->cli) == PL_CTL_WELCOMED; i++)
         pl_ctl_client_service(a->cli, 10);
