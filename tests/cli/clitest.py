@@ -9,10 +9,12 @@ main() exits 1 if any test failed. Tests get `suite.pliant` (the binary),
 
 import argparse
 import os
+import subprocess
 import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SHAKESPEARE = os.path.join(os.path.dirname(REPO), "shared", "data", "tinyshakespeare.txt")
 
 
 class Failure(Exception):
@@ -35,6 +37,25 @@ class Suite:
     def test(self, fn):
         self.tests.append(fn)
         return fn
+
+    def run(self, *args, timeout=300):
+        """Runs `pliant ARGS` from the repository root: (status, stdout, stderr)."""
+        p = subprocess.run([self.pliant] + [str(a) for a in args], cwd=REPO,
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=timeout)
+        return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+
+    def shakespeare_shards(self, nbytes):
+        """Byte shards PREFIX_train.bin / PREFIX_val.bin of the first nbytes of Tiny
+        Shakespeare in the run's temporary directory (made once); returns PREFIX."""
+        prefix = os.path.join(self.tmp, "ts")
+        if not os.path.exists(prefix + "_train.bin"):
+            text = os.path.join(self.tmp, "ts.txt")
+            with open(SHAKESPEARE, "rb") as src, open(text, "wb") as dst:
+                dst.write(src.read(nbytes))
+            rc, out, err = self.run("tokenize", "--bytes", text, prefix)
+            check(rc == 0, "tokenize failed: %s", err)
+        return prefix
 
     def main(self):
         ap = argparse.ArgumentParser()

@@ -14,11 +14,10 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from clitest import REPO, Suite, check  # noqa: E402
+from clitest import REPO, SHAKESPEARE, Suite, check  # noqa: E402
 
 suite = Suite("train_cli")
 test = suite.test
-SHAKESPEARE = os.path.join(os.path.dirname(REPO), "shared", "data", "tinyshakespeare.txt")
 
 JOB = """\
 apiVersion: pliant.dev/v1alpha1
@@ -38,22 +37,12 @@ spec:
 
 
 def run(*args, timeout=300):
-    p = subprocess.run([suite.pliant] + [str(a) for a in args], cwd=REPO,
-                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       timeout=timeout)
-    return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+    return suite.run(*args, timeout=timeout)
 
 
 def data_prefix():
     """Byte shards of the first 200 kB of Tiny Shakespeare (made once)."""
-    prefix = os.path.join(suite.tmp, "ts")
-    if not os.path.exists(prefix + "_train.bin"):
-        text = os.path.join(suite.tmp, "ts.txt")
-        with open(SHAKESPEARE, "rb") as src, open(text, "wb") as dst:
-            dst.write(src.read(200000))
-        rc, out, err = run("tokenize", "--bytes", text, prefix)
-        check(rc == 0, "tokenize failed: %s", err)
-    return prefix
+    return suite.shakespeare_shards(200000)
 
 
 def write_job(name, steps=12, every=0, order="shuffled", eval_every=0):
