@@ -50,6 +50,20 @@ static const char *check_skip_reason_;
         }                                                                        \
     } while (0)
 
+/* Counts a failed condition in `counter` without leaving the test, printing
+ * the first `limit` failures: for tests that sweep many random cases. */
+#define CHECK_COUNT(counter, limit, cond, ...)                                   \
+    do {                                                                         \
+        if (!(cond)) {                                                           \
+            if ((counter) < (limit)) {                                           \
+                printf("    %s:%d: ", __FILE__, __LINE__);                       \
+                printf(__VA_ARGS__);                                             \
+                printf("\n");                                                   \
+            }                                                                    \
+            (counter)++;                                                         \
+        }                                                                        \
+    } while (0)
+
 static int check_run_(const char *name, void (*fn)(void), int *failures)
 {
     check_failed_ = 0;

@@ -215,17 +215,7 @@ static ref_best brute_best(const pl_template_set *s, int nodes, int F, int64_t m
 static int fails;
 static int n_ties_checked, n_uncovered_checked, n_covered_checked;
 
-#define EXPECT(cond, ...)                                                              \
-    do {                                                                               \
-        if (!(cond)) {                                                                 \
-            if (fails < 10) {                                                          \
-                printf("    %s:%d: ", __FILE__, __LINE__);                             \
-                printf(__VA_ARGS__);                                                   \
-                printf("\n");                                                          \
-            }                                                                          \
-            fails++;                                                                   \
-        }                                                                              \
-    } while (0)
+#define EXPECT(cond, ...) CHECK_COUNT(fails, 10, cond, __VA_ARGS__)
 
 static void dump_set(const pl_template_set *s)
 {

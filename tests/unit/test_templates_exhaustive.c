@@ -227,17 +227,7 @@ static void random_profile(pl_profile *p, int L, int M)
 static int case_failed;
 static int n_cases, n_feasible, n_infeasible;
 
-#define EXPECT(cond, ...)                                                              \
-    do {                                                                               \
-        if (!(cond)) {                                                                 \
-            if (case_failed < 8) {                                                     \
-                printf("    %s:%d: ", __FILE__, __LINE__);                             \
-                printf(__VA_ARGS__);                                                   \
-                printf("\n");                                                          \
-            }                                                                          \
-            case_failed++;                                                             \
-        }                                                                              \
-    } while (0)
+#define EXPECT(cond, ...) CHECK_COUNT(case_failed, 8, cond, __VA_ARGS__)
 
 static void dump_profile(const pl_profile *p)
 {
