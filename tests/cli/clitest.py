@@ -27,8 +27,9 @@ def check(cond, msg, *args):
 
 
 class Suite:
-    def __init__(self, prefix):
+    def __init__(self, prefix, needs=()):
         self.prefix = prefix
+        self.needs = needs  # files without which every test is skipped (e.g. ../shared data)
         self.tests = []
         self.pliant = None
         self.tmp = None
@@ -65,9 +66,12 @@ class Suite:
         build = args.build if os.path.isabs(args.build) else os.path.join(REPO, args.build)
         self.pliant = os.path.join(build, "bin", "pliant")
         tests = [t for t in self.tests if args.filter in t.__name__]
-        if not os.access(self.pliant, os.X_OK):
+        missing = [p for p in self.needs if not os.path.exists(p)]
+        why = ("build/bin/pliant not built" if not os.access(self.pliant, os.X_OK) else
+               "%s not found (shared/ must sit beside the checkout)" % missing[0] if missing else None)
+        if why:
             for t in tests:
-                print("skip %s.%s: build/bin/pliant not built" % (self.prefix, t.__name__))
+                print("skip %s.%s: %s" % (self.prefix, t.__name__, why))
             return 0
         failures = 0
         with tempfile.TemporaryDirectory(prefix="pliant-%s-" % self.prefix) as tmp:

@@ -18,9 +18,9 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from clitest import REPO, Suite, check  # noqa: E402
+from clitest import REPO, SHAKESPEARE, Suite, check  # noqa: E402
 
-suite = Suite("run_cli")
+suite = Suite("run_cli", needs=[SHAKESPEARE])
 test = suite.test
 
 JOB = """\

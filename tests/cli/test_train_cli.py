@@ -16,7 +16,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from clitest import REPO, SHAKESPEARE, Suite, check  # noqa: E402
 
-suite = Suite("train_cli")
+suite = Suite("train_cli", needs=[SHAKESPEARE])
 test = suite.test
 
 JOB = """\
