@@ -36,6 +36,7 @@
 #include <cJSON.h>
 
 #include "backend.h"
+#include "checkpoint.h"
 #include "chaos.h"
 #include "cli_args.h"
 #include "commands.h"
@@ -51,6 +52,7 @@
 #include "tls_selfsigned.h"
 #include "tokens.h"
 #include "trainer.h"
+#include "util.h"
 
 #define MAX_WORKERS 256
 #define FINISH_GRACE_MS 15000
@@ -93,7 +95,8 @@ static void on_register(pl_ctl_server *s, pl_ctl_conn *c, const pl_msg *m, void 
     run_state *r = user;
     run_worker *w = find_worker(r, m->u.reg.name);
     if (!w || (w->conn && w->conn != c) ||
-        pl_coord_worker_registered(r->coord, m->u.reg.name, "127.0.0.1", w->port,
+        pl_coord_worker_registered(r->coord, m->u.reg.name, m->u.reg.node, "127.0.0.1",
+                                   w->port,
                                    pl_ctl_now_ms()) == PL_COORD_ERR) {
         pl_msg x;
         pl_msg_init(&x, PL_MSG_REFUSE, pl_coord_generation(r->coord));
@@ -206,7 +209,7 @@ static int spawn_worker(run_state *r, int i, char *err, size_t errlen)
     for (int k = 0; k < r->nw; k++)
         at += (size_t)snprintf(pe + at, peers_len - at, "%s%s=%d", k ? "," : "", r->w[k].name,
                                r->w[k].port);
-    char e[8][4200];
+    char e[9][4200];
     snprintf(e[0], sizeof e[0], "PLIANT_COORDINATOR=127.0.0.1:%d", pl_ctl_server_port(r->srv));
     snprintf(e[1], sizeof e[1], "PLIANT_TOKEN=%s", r->token);
     snprintf(e[2], sizeof e[2], "PLIANT_CA=%s", pl_ctl_server_cert_path(r->srv));
@@ -215,7 +218,8 @@ static int spawn_worker(run_state *r, int i, char *err, size_t errlen)
     snprintf(e[5], sizeof e[5], "PLIANT_NODES=%d", r->n0);
     snprintf(e[6], sizeof e[6], "PLIANT_PEER_PORT=%d", r->w[i].port);
     snprintf(e[7], sizeof e[7], "PLIANT_TOLERATE=%d", r->F);
-    char *env[] = {e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7], pe, NULL};
+    snprintf(e[8], sizeof e[8], "PLIANT_NODE=%s", r->w[i].name); /* each worker is a node */
+    char *env[] = {e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7], e[8], pe, NULL};
     char *wargv[] = {(char *)r->exe, "worker", (char *)r->job_path, "--threads", (char *)r->thr,
                      NULL};
     pl_worker_spec spec = {.argv = wargv, .env = env};
@@ -330,12 +334,46 @@ static void write_reconfig(FILE *f, const pl_coord_reconfig_rec *x, int64_t dura
     json_names(f, x->added);
     if (duration_ms >= 0) fprintf(f, ", \"duration_ms\": %lld", (long long)duration_ms);
     else fputs(", \"duration_ms\": null", f);
-    fprintf(f, ", \"bytes_copied\": %lld, \"from_checkpoint\": false, \"plan_generation\": %lld, "
+    fprintf(f, ", \"bytes_copied\": %lld, \"from_checkpoint\": %s, \"plan_generation\": %lld, "
                "\"step\": %lld, \"pipelines\": ",
-            (long long)x->bytes_copied, (long long)x->generation, (long long)x->step);
+            (long long)x->bytes_copied, x->from_checkpoint ? "true" : "false",
+            (long long)x->generation, (long long)x->step);
     json_string(f, x->pipelines);
     fputs("}\n", f);
     fflush(f);
+}
+
+/* The step of the newest complete checkpoint to resume from (0: none or resume never). */
+static int find_resume_step(const pl_job *job, int64_t *step, char *err, size_t errlen)
+{
+    *step = 0;
+    if (!job->checkpoint.dir[0] || job->checkpoint.resume != PL_RESUME_AUTO) return 0;
+    char dir[PL_PATH_MAX + 32];
+    int found = pl_checkpoint_latest(job->checkpoint.dir, dir, sizeof dir, err, errlen);
+    if (found <= 0) return found;
+    pl_gpt_config cfg;
+    return pl_checkpoint_config(dir, &cfg, step, err, errlen);
+}
+
+/* Every layer of the checkpoint of `step` is written: its checkpoint.json marks it complete. */
+static int complete_checkpoint(const pl_job *job, const pl_gpt_config *cfg, int64_t step,
+                               FILE *metrics, char *err, size_t errlen)
+{
+    char *info = pl_checkpoint_info_json(job, cfg, step);
+    if (!info) return pl_errf(err, errlen, "out of memory");
+    int rc = pl_checkpoint_complete(job->checkpoint.dir, step, info, err, errlen);
+    free(info);
+    if (rc) return -1;
+    printf("checkpoint: step %lld saved to %s\n", (long long)step, job->checkpoint.dir);
+    fflush(stdout);
+    if (metrics) {
+        fprintf(metrics, "{\"event\": \"checkpoint\", \"step\": %lld, \"dir\": ",
+                (long long)step);
+        json_string(metrics, job->checkpoint.dir);
+        fputs("}\n", metrics);
+        fflush(metrics);
+    }
+    return 0;
 }
 
 static double mono_s(void)
@@ -471,8 +509,21 @@ int cmd_run(int argc, char **argv)
         goto done;
     have_cov = 1;
 
+    /* resume: the newest complete checkpoint (spec.checkpoint.resume auto) */
+    int64_t resume_step = 0;
+    if (find_resume_step(&job, &resume_step, err, sizeof err)) goto done;
+    if (resume_step >= job.steps) {
+        printf("run: %s: the checkpoint of step %lld in %s is the last step: nothing to do\n",
+               job.name, (long long)resume_step, job.checkpoint.dir);
+        rc = 0;
+        goto done;
+    }
+    pl_gpt_config gcfg;
+    if (pl_job_gpt_config(&job, &gcfg, err, sizeof err)) goto done;
+
     /* the coordinator and the control server */
     const pl_optimizer_spec *op = &job.optimizer;
+    const pl_fault_tolerance_spec *ft = &job.fault_tolerance;
     double hb = job.fault_tolerance.heartbeat_seconds * 1000.0;
     pl_coord_config cc = {
         .profile = &prof, .templates = &ts, .coverage = &cov, .tolerate = F,
@@ -481,7 +532,11 @@ int cmd_run(int argc, char **argv)
         .lr_min_ratio = (float)op->min_lr_ratio, .lr_cosine = op->schedule == PL_SCHEDULE_COSINE,
         .lr_warmup = op->warmup_steps, .grad_clip = op->grad_clip,
         .heartbeat_ms = hb < 100 ? 100 : hb > 600000 ? 600000 : (int)hb, .n_start = N,
-        .job = job.name, .token_ok = 1};
+        .job = job.name, .token_ok = 1, .checkpoint_dir = job.checkpoint.dir,
+        .checkpoint_every = job.checkpoint.every, .resume_step = resume_step,
+        .strategy_checkpoint = ft->strategy == PL_STRATEGY_CHECKPOINT,
+        .max_resets = ft->max_resets,
+        .wait_for_nodes_ms = (int64_t)(ft->wait_for_nodes_timeout_seconds * 1000.0)};
     if (!(r->coord = pl_coord_new(&cc, err, sizeof err))) goto done;
     char token[65];
     if (pl_random_hex(token, 32)) {
@@ -524,12 +579,16 @@ int cmd_run(int argc, char **argv)
         snprintf(err, sizeof err, "--metrics %s: cannot open for writing", metrics_path);
         goto done;
     }
-    printf("run: %s, %d workers (tolerate %d), %d steps, control on 127.0.0.1:%d\n", job.name, N,
-           F, job.steps, pl_ctl_server_port(r->srv));
+    printf("run: %s, %d workers (tolerate %d), %d steps, control on 127.0.0.1:%d (CA %s)\n",
+           job.name, N, F, job.steps, pl_ctl_server_port(r->srv), pl_ctl_server_cert_path(r->srv));
+    if (resume_step > 0)
+        printf("run: resuming from the checkpoint of step %lld in %s\n", (long long)resume_step,
+               job.checkpoint.dir);
     fflush(stdout);
 
     /* the loop */
     int printed = 0, reconfigs = 0, finished = 0, reported = 0;
+    int64_t ckpt_done = resume_step;
     double last_t = mono_s();
     const double t0 = last_t;
     int64_t end_ms = 0, disrupted_ms = -1;
@@ -546,7 +605,7 @@ int cmd_run(int argc, char **argv)
         {
             pl_coord_phase_t cph = pl_coord_phase(r->coord);
             int64_t cur = pl_coord_step(r->coord), now = pl_ctl_now_ms();
-            int begun = cph == PL_COORD_RUNNING || cph == PL_COORD_COMMITTING;
+            int begun = cph != PL_COORD_WAITING_FOR_WORKERS; /* step S reached */
             for (int i = 0; i < chaos.n && cph != PL_COORD_DONE && cph != PL_COORD_FAILED; i++) {
                 const pl_chaos_event *e = &chaos.events[i];
                 if (fired[i]) continue;
@@ -593,6 +652,12 @@ int cmd_run(int argc, char **argv)
             }
         }
         pl_coord_tick(r->coord, pl_ctl_now_ms());
+        if (pl_coord_last_checkpoint(r->coord) > ckpt_done) {
+            ckpt_done = pl_coord_last_checkpoint(r->coord);
+            if (complete_checkpoint(&job, &gcfg, ckpt_done, metrics, err, sizeof err))
+                fprintf(stderr, "pliant run: checkpoint of step %lld: %s\n",
+                        (long long)ckpt_done, err);
+        }
         for (; reconfigs < pl_coord_nreconfigs(r->coord); reconfigs++) {
             const pl_coord_reconfig_rec *x = pl_coord_reconfig(r->coord, reconfigs);
             if (reconfigs < (int)(sizeof rec_since / sizeof rec_since[0]))

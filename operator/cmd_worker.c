@@ -46,6 +46,7 @@ int cmd_worker(int argc, char **argv)
     o.token = env_or("PLIANT_TOKEN", "");
     o.ca_path = env_or("PLIANT_CA", NULL);
     o.name = env_or("PLIANT_WORKER_NAME", NULL);
+    o.node = env_or("PLIANT_NODE", NULL);
     o.profile_path = env_or("PLIANT_PROFILE", NULL);
     o.peers = env_or("PLIANT_PEERS", NULL);
     if (!o.coordinator || !o.name) {

@@ -7,11 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checkpoint.h"
 #include "engine.h"
 #include "reinstantiate.h"
 
 typedef struct {
-    pl_proto_name name;
+    pl_proto_name name, node;
     char host[PL_PROTO_HOST_MAX + 1];
     int port, rank;
     int live, leaving;
@@ -42,6 +43,20 @@ typedef struct {
     pl_msg m;
 } outmsg;
 
+/* A machine whose workers failed: kept out until `until` (Horovod's blacklist). */
+typedef struct {
+    pl_proto_name name;
+    int failures;
+    int64_t until;
+} cnode;
+
+/* A checkpoint being written: which layers' `saved` arrived. */
+#define SAVING_SLOTS 4
+typedef struct {
+    int64_t step; /* 0: free */
+    unsigned char *covered;
+} csaving;
+
 struct pl_coord {
     pl_coord_config cfg;
     char job[PL_PROTO_NAME_MAX + 1];
@@ -64,6 +79,14 @@ struct pl_coord {
     int nlog, caplog;
     pl_coord_reconfig_rec *rec;
     int nrec, caprec;
+    int64_t now;           /* the latest time an event brought */
+    int64_t wait_since;    /* when waiting for workers began; -1: not waiting */
+    int64_t ckpt_last;     /* newest complete checkpoint; 0: none (the initial state) */
+    int64_t plan_ckpt;     /* the current plan loads this checkpoint; -1: none */
+    int need_ckpt;         /* a fatal loss: the next plan restarts from the checkpoint */
+    csaving saving[SAVING_SLOTS];
+    cnode *nodes;
+    int nnodes, capnodes;
 };
 
 static int fail_err(pl_coord *c, const char *fmt, ...)
@@ -225,6 +248,11 @@ static void to_pipeline_workers(pl_coord *c, int type, const char *why)
                 m->u.commit.step = c->step;
                 m->u.commit.grad_scale = c->grad_scale;
                 m->u.commit.lr = c->lr;
+                /* pipeline 0 holds every layer once: its workers write the checkpoint */
+                m->u.commit.save = c->w[i].pipe == 0 &&
+                                   pl_checkpoint_due(c->cfg.checkpoint_dir,
+                                                     c->cfg.checkpoint_every, c->cfg.steps,
+                                                     c->step + 1);
             }
         } else {
             send_text(c, i, type, c->gen, c->step, why, 0);
@@ -310,6 +338,13 @@ static int send_plan(pl_coord *c, int i, const ccopy *cp, int ncp, char *mark)
     p->global_batch = c->cfg.global_batch;
     p->micro = c->micro;
     p->seq_len = c->cfg.seq_len;
+    if (c->plan_ckpt >= 0) { /* step 0: the initial state, no directory is read */
+        p->has_checkpoint = 1;
+        p->checkpoint_step = c->plan_ckpt;
+        snprintf(p->checkpoint_dir, sizeof p->checkpoint_dir, "%s",
+                 c->cfg.checkpoint_dir && c->cfg.checkpoint_dir[0] ? c->cfg.checkpoint_dir
+                                                                   : "(none)");
+    }
     p->npipelines = c->cur.npipes;
     p->pipelines = calloc((size_t)c->cur.npipes, sizeof *p->pipelines);
     if (!p->pipelines)
@@ -395,6 +430,8 @@ static void waiting_for_nodes(pl_coord *c, int live)
     snprintf(c->reason, sizeof c->reason,
              "%d live workers, at least (F+1)*n0 = %d needed; waiting for workers", live,
              (c->cfg.tolerate + 1) * c->cfg.templates->n0);
+    if (c->phase != PL_COORD_WAITING_FOR_NODES)
+        c->wait_since = c->now;
     c->phase = PL_COORD_WAITING_FOR_NODES;
 }
 
@@ -403,6 +440,139 @@ static void names_list(char *buf, size_t len, const char *const *names, int n)
     buf[0] = 0;
     for (int k = 0; k < n; k++)
         appendf(buf, len, "%s%s", k ? "," : "", names[k]);
+}
+
+/* A plan from scratch: the coverage entry for the live count, workers in rank
+ * order. 0, or 1 when too few workers, -1 out of memory. */
+static int fresh_plan(pl_coord *c, int live, cplan *np)
+{
+    const pl_coverage *cov = c->cfg.coverage;
+    const pl_instance_plan *e = NULL;
+    int top = live < cov->nodes_hi ? live : cov->nodes_hi;
+    for (int k = 0; k < cov->count && !e && live >= cov->nodes_lo; k++)
+        if (cov->entries[k].nodes <= top && cov->entries[k].covered)
+            e = &cov->entries[k];
+    if (!e)
+        return 1;
+    np->npipes = e->npipelines;
+    if (!(np->p = calloc((size_t)e->npipelines, sizeof *np->p)))
+        return -1;
+    int next = 0;
+    for (int q = 0; q < e->npipelines; q++) {
+        cpipe *cq = &np->p[q];
+        cq->mb = e->pipelines[q].microbatches;
+        if (!(cq->w = malloc((size_t)e->pipelines[q].template_nodes * sizeof(int))))
+            return -1;
+        cq->nnodes = e->pipelines[q].template_nodes;
+        for (int j = 0; j < cq->nnodes; j++) {
+            while (!c->w[next].live)
+                next++;
+            cq->w[j] = next++;
+        }
+    }
+    return 0;
+}
+
+/* Re-instantiation of the stable plan for the live workers (§5.1 via
+ * pl_reinstantiate): fills np and the layer copies. 0, 1 when too few
+ * workers, 2 on a fatal loss (lost layers appended to c->cause), -1 with the
+ * reason failed. */
+static int reinstantiate(pl_coord *c, const char **rm, int nrm, const char **ad, int nad,
+                         cplan *np, ccopy **cp, int *ncp, int64_t *bytes_planned)
+{
+    pl_current_plan cur = {.npipelines = c->stable.npipes};
+    pl_reinstantiation r = {0};
+    char e2[512] = "";
+    int rc = -1;
+    cur.pipelines = calloc((size_t)c->stable.npipes, sizeof *cur.pipelines);
+    int ok = cur.pipelines != NULL;
+    for (int q = 0; ok && q < c->stable.npipes; q++) {
+        cur.pipelines[q].nnodes = c->stable.p[q].nnodes;
+        cur.pipelines[q].nodes = calloc((size_t)c->stable.p[q].nnodes, sizeof(char *));
+        ok = cur.pipelines[q].nodes != NULL;
+        for (int j = 0; ok && j < c->stable.p[q].nnodes; j++)
+            cur.pipelines[q].nodes[j] = c->w[c->stable.p[q].w[j]].name;
+    }
+    int rrc = ok ? pl_reinstantiate(c->cfg.profile, c->cfg.templates, c->cfg.coverage,
+                                    c->cfg.tolerate, c->cfg.global_batch, &cur, rm, nrm, ad, nad,
+                                    &r, e2, sizeof e2)
+                 : -1;
+    for (int q = 0; cur.pipelines && q < cur.npipelines; q++)
+        free(cur.pipelines[q].nodes);
+    free(cur.pipelines);
+    if (rrc) {
+        char why[700];
+        snprintf(why, sizeof why, "re-instantiation failed: %s", ok ? e2 : "out of memory");
+        set_failed(c, why);
+        return -1;
+    }
+    if (r.fatal) {
+        add_cause(c, "%s%s", "fatal: no live holder of layer", "");
+        for (int k = 0; k < r.nlost; k++)
+            appendf(c->cause, sizeof c->cause, "%s%d", k ? "," : " ", r.lost_layers[k]);
+        rc = 2;
+        goto out;
+    }
+    if (r.insufficient_nodes || r.npipelines == 0) {
+        rc = 1;
+        goto out;
+    }
+    int total = 0;
+    for (int k = 0; k < r.ncopies; k++)
+        total += r.copies[k].nlayers;
+    np->p = calloc((size_t)r.npipelines, sizeof *np->p);
+    *cp = calloc((size_t)(total ? total : 1), sizeof **cp);
+    if (!np->p || !*cp)
+        goto oom;
+    np->npipes = r.npipelines;
+    for (int q = 0; q < r.npipelines; q++) {
+        cpipe *cq = &np->p[q];
+        cq->mb = r.pipelines[q].microbatches;
+        if (!(cq->w = malloc((size_t)r.pipelines[q].template_nodes * sizeof(int))))
+            goto oom;
+        cq->nnodes = r.pipelines[q].template_nodes;
+        for (int j = 0; j < cq->nnodes; j++)
+            cq->w[j] = find(c, r.pipelines[q].nodes[j]);
+    }
+    for (int k = 0; k < r.ncopies; k++)
+        for (int j = 0; j < r.copies[k].nlayers; j++) {
+            ccopy *x = &(*cp)[(*ncp)++];
+            x->dest = find(c, r.copies[k].node);
+            x->src = find(c, r.copies[k].layers[j].source);
+            x->layer = r.copies[k].layers[j].layer;
+            x->bytes = r.copies[k].layers[j].bytes;
+        }
+    *bytes_planned = r.bytes_to_copy;
+    rc = 0;
+    goto out;
+oom:
+    set_failed(c, "coordinator: out of memory");
+out:
+    pl_reinstantiation_free(&r);
+    return rc;
+}
+
+static void log_reconfig(pl_coord *c, const char *removed, const char *added,
+                         int64_t bytes_planned)
+{
+    if (c->nrec == c->caprec) {
+        int cap = c->caprec ? 2 * c->caprec : 8;
+        pl_coord_reconfig_rec *x = realloc(c->rec, (size_t)cap * sizeof *x);
+        if (!x)
+            return; /* the log is best effort: training goes on */
+        c->rec = x;
+        c->caprec = cap;
+    }
+    pl_coord_reconfig_rec *x = &c->rec[c->nrec++];
+    memset(x, 0, sizeof *x);
+    x->generation = c->gen;
+    x->step = c->step;
+    snprintf(x->cause, sizeof x->cause, "%s", c->cause);
+    snprintf(x->removed, sizeof x->removed, "%s", removed);
+    snprintf(x->added, sizeof x->added, "%s", added);
+    x->bytes_planned = bytes_planned;
+    x->from_checkpoint = c->plan_ckpt >= 0;
+    memcpy(x->pipelines, c->cur.desc, sizeof x->pipelines);
 }
 
 /* Makes a new plan for the live workers and sends it (or enters
@@ -415,140 +585,68 @@ static void replan(pl_coord *c)
             send_text(c, i, PL_MSG_STOP, c->gen, 0, "left the job", 0);
             c->w[i].live = 0;
         }
-    int live = 0;
-    for (int i = 0; i < c->nw; i++)
-        live += c->w[i].live;
-    const pl_coverage *cov = c->cfg.coverage;
+    int live = pl_coord_live_workers(c);
     cplan np = {0};
     ccopy *cp = NULL;
     int ncp = 0;
     int64_t bytes_planned = 0;
     char removed[512] = "", added[512] = "", *mark = NULL;
     const char **rm = NULL, **ad = NULL;
-    pl_reinstantiation r = {0};
-    int have_r = 0;
     if (!(mark = calloc((size_t)c->nw + 1, 1)) || !(rm = calloc((size_t)c->nw + 1, sizeof *rm)) ||
         !(ad = calloc((size_t)c->nw + 1, sizeof *ad))) {
         set_failed(c, "coordinator: out of memory");
         goto done;
     }
-    if (!c->has_stable) {
-        /* first plan: the coverage entry for the live count, workers in rank order */
-        if (live < cov->nodes_lo) {
-            waiting_for_nodes(c, live);
-            goto done;
-        }
-        const pl_instance_plan *e = NULL;
-        int top = live < cov->nodes_hi ? live : cov->nodes_hi;
-        for (int k = 0; k < cov->count && !e; k++)
-            if (cov->entries[k].nodes <= top && cov->entries[k].covered)
-                e = &cov->entries[k];
-        if (!e) {
-            waiting_for_nodes(c, live);
-            goto done;
-        }
-        np.npipes = e->npipelines;
-        np.p = calloc((size_t)e->npipelines, sizeof *np.p);
-        if (!np.p) {
-            set_failed(c, "coordinator: out of memory");
-            goto done;
-        }
-        int next = 0;
-        for (int q = 0; q < e->npipelines; q++) {
-            cpipe *cq = &np.p[q];
-            cq->nnodes = e->pipelines[q].template_nodes;
-            cq->mb = e->pipelines[q].microbatches;
-            cq->w = malloc((size_t)cq->nnodes * sizeof(int));
-            if (!cq->w) {
-                cq->nnodes = 0;
-                set_failed(c, "coordinator: out of memory");
-                goto done;
-            }
-            for (int j = 0; j < cq->nnodes; j++) {
-                while (!c->w[next].live)
-                    next++;
-                cq->w[j] = next++;
-            }
-        }
-    } else {
-        pl_current_plan cur = {.npipelines = c->stable.npipes};
-        cur.pipelines = calloc((size_t)c->stable.npipes, sizeof *cur.pipelines);
-        int nrm = 0, nad = 0, ok = cur.pipelines != NULL;
-        for (int q = 0; ok && q < c->stable.npipes; q++) {
-            cur.pipelines[q].nnodes = c->stable.p[q].nnodes;
-            cur.pipelines[q].nodes = calloc((size_t)c->stable.p[q].nnodes, sizeof(char *));
-            ok = cur.pipelines[q].nodes != NULL;
-            for (int j = 0; ok && j < c->stable.p[q].nnodes; j++) {
+    int nrm = 0, nad = 0;
+    if (c->has_stable) {
+        for (int q = 0; q < c->stable.npipes; q++)
+            for (int j = 0; j < c->stable.p[q].nnodes; j++) {
                 int i = c->stable.p[q].w[j];
-                cur.pipelines[q].nodes[j] = c->w[i].name;
                 mark[i] = 1;
                 if (!c->w[i].live)
                     rm[nrm++] = c->w[i].name;
             }
-        }
         for (int i = 0; i < c->nw; i++)
             if (c->w[i].live && !mark[i])
                 ad[nad++] = c->w[i].name;
-        char e2[512] = "";
-        int rc = ok ? pl_reinstantiate(c->cfg.profile, c->cfg.templates, cov, c->cfg.tolerate,
-                                       c->cfg.global_batch, &cur, rm, nrm, ad, nad, &r, e2,
-                                       sizeof e2)
-                    : -1;
-        for (int q = 0; cur.pipelines && q < cur.npipelines; q++)
-            free(cur.pipelines[q].nodes);
-        free(cur.pipelines);
-        if (rc) {
-            char why[700];
-            snprintf(why, sizeof why, "re-instantiation failed: %s", ok ? e2 : "out of memory");
-            set_failed(c, why);
-            goto done;
-        }
-        have_r = 1;
         names_list(removed, sizeof removed, rm, nrm);
         names_list(added, sizeof added, ad, nad);
-        if (r.fatal) {
-            char why[512] = "fatal: no live holder of layer";
-            for (int k = 0; k < r.nlost; k++)
-                appendf(why, sizeof why, "%s%d", k ? "," : " ", r.lost_layers[k]);
-            appendf(why, sizeof why, " (checkpoint recovery not implemented)");
+        if (c->cfg.max_resets > 0 && c->nrec >= c->cfg.max_resets) {
+            char why[700];
+            snprintf(why, sizeof why, "maxResets (%d) exceeded: %s", c->cfg.max_resets, c->cause);
             set_failed(c, why);
             goto done;
         }
-        if (r.insufficient_nodes || r.npipelines == 0) {
-            waiting_for_nodes(c, live);
+    }
+    /* restart from the checkpoint after a fatal loss, for strategy checkpoint, or
+     * to resume a job (the first plan) */
+    int64_t ckpt = -1;
+    if (!c->has_stable && c->cfg.resume_step > 0)
+        ckpt = c->cfg.resume_step;
+    else if (c->has_stable && (c->need_ckpt || c->cfg.strategy_checkpoint))
+        ckpt = c->ckpt_last;
+    int rc = 1;
+    if (c->has_stable && ckpt < 0) {
+        rc = reinstantiate(c, rm, nrm, ad, nad, &np, &cp, &ncp, &bytes_planned);
+        if (rc < 0)
             goto done;
+        if (rc == 2) { /* no live holder: the checkpoint is all there is */
+            c->need_ckpt = 1;
+            ckpt = c->ckpt_last;
+            cplan_free(&np);
         }
-        np.npipes = r.npipelines;
-        np.p = calloc((size_t)r.npipelines, sizeof *np.p);
-        int total = 0;
-        for (int k = 0; k < r.ncopies; k++)
-            total += r.copies[k].nlayers;
-        cp = calloc((size_t)(total ? total : 1), sizeof *cp);
-        if (!np.p || !cp) {
+    }
+    if (ckpt >= 0 || !c->has_stable) {
+        rc = fresh_plan(c, live, &np);
+        if (rc < 0) {
             set_failed(c, "coordinator: out of memory");
             goto done;
         }
-        for (int q = 0; q < r.npipelines; q++) {
-            cpipe *cq = &np.p[q];
-            cq->mb = r.pipelines[q].microbatches;
-            cq->w = malloc((size_t)r.pipelines[q].template_nodes * sizeof(int));
-            if (!cq->w) {
-                set_failed(c, "coordinator: out of memory");
-                goto done;
-            }
-            cq->nnodes = r.pipelines[q].template_nodes;
-            for (int j = 0; j < cq->nnodes; j++)
-                cq->w[j] = find(c, r.pipelines[q].nodes[j]);
-        }
-        for (int k = 0; k < r.ncopies; k++)
-            for (int j = 0; j < r.copies[k].nlayers; j++) {
-                ccopy *x = &cp[ncp++];
-                x->dest = find(c, r.copies[k].node);
-                x->src = find(c, r.copies[k].layers[j].source);
-                x->layer = r.copies[k].layers[j].layer;
-                x->bytes = r.copies[k].layers[j].bytes;
-            }
-        bytes_planned = r.bytes_to_copy;
+    }
+    if (rc == 1) {
+        cplan_free(&np);
+        waiting_for_nodes(c, live);
+        goto done;
     }
     /* install: microbatch ranges, places, generation */
     int64_t first = 0;
@@ -562,6 +660,9 @@ static void replan(pl_coord *c)
     memset(&np, 0, sizeof np);
     c->has_cur = 1;
     c->gen++;
+    c->plan_ckpt = ckpt;
+    if (ckpt >= 0)
+        c->step = ckpt;
     for (int i = 0; i < c->nw; i++) {
         cworker *w = &c->w[i];
         w->pipe = w->pos = -1;
@@ -574,30 +675,12 @@ static void replan(pl_coord *c)
         }
     for (int k = 0; k < ncp; k++)
         c->w[cp[k].src].is_source = 1;
-    if (c->gen > 1 && c->nrec < (1 << 20)) {
-        if (c->nrec == c->caprec) {
-            int cap = c->caprec ? 2 * c->caprec : 8;
-            pl_coord_reconfig_rec *x = realloc(c->rec, (size_t)cap * sizeof *x);
-            if (x) {
-                c->rec = x;
-                c->caprec = cap;
-            }
-        }
-        if (c->nrec < c->caprec) {
-            pl_coord_reconfig_rec *x = &c->rec[c->nrec++];
-            memset(x, 0, sizeof *x);
-            x->generation = c->gen;
-            x->step = c->step;
-            snprintf(x->cause, sizeof x->cause, "%s", c->cause);
-            snprintf(x->removed, sizeof x->removed, "%s", removed);
-            snprintf(x->added, sizeof x->added, "%s", added);
-            x->bytes_planned = bytes_planned;
-            memcpy(x->pipelines, c->cur.desc, sizeof x->pipelines);
-        }
-    }
+    if (c->gen > 1)
+        log_reconfig(c, removed, added, bytes_planned);
     c->cause[0] = 0;
     c->pending = 0;
     c->reason[0] = 0;
+    c->wait_since = -1;
     c->phase = PL_COORD_COPYING;
     for (int i = 0; i < c->nw; i++)
         if (c->w[i].live) {
@@ -608,8 +691,6 @@ static void replan(pl_coord *c)
             c->w[i].got_plan = 1;
         }
 done:
-    if (have_r)
-        pl_reinstantiation_free(&r);
     cplan_free(&np);
     free(cp);
     free(mark);
@@ -629,7 +710,14 @@ static void check_copy_complete(pl_coord *c)
         return;
     }
     c->has_stable = 1;
+    c->need_ckpt = 0;
     start_step(c);
+}
+
+static void finish(pl_coord *c)
+{
+    c->phase = PL_COORD_DONE;
+    stop_all(c, "done", 0);
 }
 
 /* Every live pipeline worker committed: the step counts. */
@@ -657,8 +745,11 @@ static void step_boundary(pl_coord *c)
     memcpy(x->pipelines, c->cur.desc, sizeof x->pipelines);
     c->step++;
     if (c->step >= c->cfg.steps) {
-        c->phase = PL_COORD_DONE;
-        stop_all(c, "done", 0);
+        if (pl_checkpoint_due(c->cfg.checkpoint_dir, c->cfg.checkpoint_every, c->cfg.steps,
+                              c->step) && c->ckpt_last < c->step)
+            c->phase = PL_COORD_SAVING; /* done when the last checkpoint is complete */
+        else
+            finish(c);
         return;
     }
     if (c->pending)
@@ -706,7 +797,8 @@ static void after_loss(pl_coord *c, const int *idx, int n)
     int critical = 0;
     for (int k = 0; k < n; k++) {
         const cworker *w = &c->w[idx[k]];
-        if (in_pipes(c, idx[k]) || (c->phase == PL_COORD_COPYING && w->is_source))
+        if ((in_pipes(c, idx[k]) && (c->phase != PL_COORD_SAVING || w->pipe == 0)) ||
+            (c->phase == PL_COORD_COPYING && w->is_source))
             critical = 1;
     }
     switch (c->phase) {
@@ -730,6 +822,14 @@ static void after_loss(pl_coord *c, const int *idx, int n)
     case PL_COORD_COMMITTING:
         c->pending = 1;
         check_committed_complete(c);
+        break;
+    case PL_COORD_SAVING:
+        if (critical) { /* a writer is gone: the training is complete anyway */
+            c->reason[0] = 0;
+            appendf(c->reason, sizeof c->reason, "the last checkpoint is incomplete: %s",
+                    c->cause);
+            finish(c);
+        }
         break;
     default:
         break;
@@ -768,6 +868,12 @@ pl_coord *pl_coord_new(const pl_coord_config *cfg, char *err, size_t errlen)
             PL_PROTO_MAX_NODES);
     if (cfg->peer_port_base < 0 || cfg->peer_port_base > 65535)
         BAD("peer_port_base: must be in 0..65535");
+    if (cfg->checkpoint_every < 0 || cfg->max_resets < 0 || cfg->wait_for_nodes_ms < 0 ||
+        cfg->cooldown_ms < 0)
+        BAD("checkpoint_every, max_resets, wait_for_nodes_ms, cooldown_ms: must be >= 0");
+    if (cfg->resume_step < 0 || cfg->resume_step >= cfg->steps)
+        BAD("resume_step: %lld is not before the last step %lld", (long long)cfg->resume_step,
+            (long long)cfg->steps);
     const char *job = cfg->job ? cfg->job : "job";
     if (!*job || strlen(job) > PL_PROTO_NAME_MAX)
         BAD("job: bad name");
@@ -783,6 +889,12 @@ pl_coord *pl_coord_new(const pl_coord_config *cfg, char *err, size_t errlen)
     if (!c->cfg.peer_port_base)
         c->cfg.peer_port_base = 29500;
     c->phase = PL_COORD_WAITING_FOR_WORKERS;
+    c->wait_since = -1;
+    c->plan_ckpt = -1;
+    c->ckpt_last = cfg->resume_step > 0 ? cfg->resume_step : 0;
+    c->step = c->ckpt_last;
+    if (!c->cfg.cooldown_ms)
+        c->cfg.cooldown_ms = 10000;
     return c;
 }
 
@@ -798,13 +910,64 @@ void pl_coord_free(pl_coord *c)
     cplan_free(&c->stable);
     free(c->log);
     free(c->rec);
+    for (int k = 0; k < SAVING_SLOTS; k++)
+        free(c->saving[k].covered);
+    free(c->nodes);
     free(c);
 }
 
-int pl_coord_worker_registered(pl_coord *c, const char *name, const char *host, int port,
-                               int64_t now_ms)
+static void note_time(pl_coord *c, int64_t now_ms)
+{
+    if (now_ms > c->now)
+        c->now = now_ms;
+    if (c->wait_since < 0 &&
+        (c->phase == PL_COORD_WAITING_FOR_WORKERS || c->phase == PL_COORD_WAITING_FOR_NODES))
+        c->wait_since = c->now;
+}
+
+static cnode *node_find(pl_coord *c, const char *node)
+{
+    for (int k = 0; k < c->nnodes; k++)
+        if (!strcmp(c->nodes[k].name, node))
+            return &c->nodes[k];
+    return NULL;
+}
+
+/* A worker on that node failed (not a `leaving`): from the second failure on,
+ * the node is kept out for cooldown · 2^(failures−2), at most 64× (Elastic
+ * Horovod's blacklist, with its cooldown so that a repaired node comes back). */
+static void node_failed(pl_coord *c, const char *node)
+{
+    cnode *n = node_find(c, node);
+    if (!n) {
+        if (c->nnodes == c->capnodes) {
+            int cap = c->capnodes ? 2 * c->capnodes : 8;
+            cnode *x = realloc(c->nodes, (size_t)cap * sizeof *x);
+            if (!x)
+                return; /* best effort: the node is simply not kept out */
+            c->nodes = x;
+            c->capnodes = cap;
+        }
+        n = &c->nodes[c->nnodes++];
+        memset(n, 0, sizeof *n);
+        snprintf(n->name, sizeof n->name, "%s", node);
+    }
+    n->failures++;
+    if (n->failures >= 2) {
+        int shift = n->failures - 2 < 6 ? n->failures - 2 : 6;
+        n->until = c->now + (c->cfg.cooldown_ms << shift);
+    }
+}
+
+int pl_coord_worker_registered(pl_coord *c, const char *name, const char *node,
+                               const char *host, int port, int64_t now_ms)
 {
     c->err[0] = 0;
+    note_time(c, now_ms);
+    if (!node)
+        node = name;
+    if (node && (!*node || strlen(node) > PL_PROTO_NAME_MAX))
+        return fail_err(c, "bad node for worker \"%s\"", name ? name : "(null)");
     if (!name || !*name || strlen(name) > PL_PROTO_NAME_MAX)
         return fail_err(c, "bad worker name");
     if (host && (!*host || strlen(host) > PL_PROTO_HOST_MAX))
@@ -820,6 +983,10 @@ int pl_coord_worker_registered(pl_coord *c, const char *name, const char *host, 
         return fail_err(c, "worker \"%s\" was removed from the job; use a new name", name);
     if (c->nw >= PL_PROTO_MAX_NODES)
         return fail_err(c, "too many workers (%d)", PL_PROTO_MAX_NODES);
+    const cnode *cn = node_find(c, node);
+    if (cn && cn->until > now_ms)
+        return fail_err(c, "node %s is kept out for %lld s more after %d failures", node,
+                        (long long)((cn->until - now_ms + 999) / 1000), cn->failures);
     if (c->nw == c->capw) {
         int cap = c->capw ? 2 * c->capw : 16;
         cworker *x = realloc(c->w, (size_t)cap * sizeof *x);
@@ -832,6 +999,7 @@ int pl_coord_worker_registered(pl_coord *c, const char *name, const char *host, 
     cworker *w = &c->w[i];
     memset(w, 0, sizeof *w);
     snprintf(w->name, sizeof w->name, "%s", name);
+    snprintf(w->node, sizeof w->node, "%s", node);
     snprintf(w->host, sizeof w->host, "%s", host ? host : "127.0.0.1");
     w->rank = i;
     w->port = port > 0 ? port : c->cfg.peer_port_base + i;
@@ -862,6 +1030,7 @@ int pl_coord_worker_registered(pl_coord *c, const char *name, const char *host, 
 
 static int heard(pl_coord *c, const char *name, int64_t now_ms)
 {
+    note_time(c, now_ms);
     int i = find_live(c, name);
     if (i < 0)
         return -1;
@@ -1006,6 +1175,8 @@ int pl_coord_worker_lost(pl_coord *c, const char *name, const char *cause)
         return PL_COORD_IGNORED;
     c->w[i].live = 0;
     add_cause(c, "lost %s (%s)", name, cause ? cause : "?");
+    if (!c->w[i].leaving)
+        node_failed(c, c->w[i].node);
     after_loss(c, &i, 1);
     return PL_COORD_OK;
 }
@@ -1020,9 +1191,62 @@ int pl_coord_peer_broken(pl_coord *c, const char *name, int64_t gen, const char 
     return pl_coord_worker_lost(c, peer, why);
 }
 
+int pl_coord_saved(pl_coord *c, const char *name, const pl_msg_saved *sv)
+{
+    c->err[0] = 0;
+    if (!sv)
+        return fail_err(c, "saved: NULL");
+    if (find(c, name) < 0)
+        return fail_err(c, "unknown worker \"%s\"", name ? name : "(null)");
+    /* any generation: the state after step s is the same in every plan */
+    if (sv->step <= c->ckpt_last || sv->step > c->cfg.steps || sv->layer_end > c->nlayers)
+        return PL_COORD_IGNORED;
+    csaving *slot = NULL, *oldest = &c->saving[0];
+    for (int k = 0; k < SAVING_SLOTS && !slot; k++) {
+        if (c->saving[k].step == sv->step)
+            slot = &c->saving[k];
+        if (c->saving[k].step < oldest->step)
+            oldest = &c->saving[k];
+    }
+    if (!slot) { /* a new checkpoint: reuse the oldest slot */
+        slot = oldest;
+        free(slot->covered);
+        slot->step = 0;
+        if (!(slot->covered = calloc((size_t)c->nlayers, 1)))
+            return fail_err(c, "out of memory");
+        slot->step = sv->step;
+    }
+    memset(slot->covered + sv->layer_begin, 1, (size_t)(sv->layer_end - sv->layer_begin));
+    for (int l = 0; l < c->nlayers; l++)
+        if (!slot->covered[l])
+            return PL_COORD_OK;
+    c->ckpt_last = sv->step;
+    for (int k = 0; k < SAVING_SLOTS; k++)
+        if (c->saving[k].step <= c->ckpt_last) {
+            free(c->saving[k].covered);
+            c->saving[k].covered = NULL;
+            c->saving[k].step = 0;
+        }
+    if (c->phase == PL_COORD_SAVING && c->ckpt_last >= c->cfg.steps)
+        finish(c);
+    return PL_COORD_OK;
+}
+
 int pl_coord_tick(pl_coord *c, int64_t now_ms)
 {
     c->err[0] = 0;
+    note_time(c, now_ms);
+    if (c->phase == PL_COORD_WAITING_FOR_WORKERS || c->phase == PL_COORD_WAITING_FOR_NODES) {
+        int64_t limit = c->cfg.wait_for_nodes_ms;
+        if (limit > 0 && now_ms - c->wait_since > limit) {
+            char why[700];
+            snprintf(why, sizeof why, "waitForNodesTimeoutSeconds (%lld) passed: %d live workers%s%s",
+                     (long long)(limit / 1000), pl_coord_live_workers(c),
+                     c->reason[0] ? "; " : "", c->reason);
+            set_failed(c, why);
+            return PL_COORD_OK;
+        }
+    }
     int64_t limit = (int64_t)c->misses * c->cfg.heartbeat_ms;
     int *idx = malloc((size_t)(c->nw ? c->nw : 1) * sizeof *idx), n = 0;
     if (!idx)
@@ -1031,6 +1255,8 @@ int pl_coord_tick(pl_coord *c, int64_t now_ms)
         if (c->w[i].live && now_ms - c->w[i].last_heard > limit) {
             c->w[i].live = 0;
             add_cause(c, "lost %s (%s)", c->w[i].name, "missed heartbeats");
+            if (!c->w[i].leaving)
+                node_failed(c, c->w[i].node);
             idx[n++] = i;
         }
     if (n)
@@ -1061,6 +1287,8 @@ int pl_coord_on_msg(pl_coord *c, const char *name, const pl_msg *m, int64_t now_
         return pl_coord_copy_done(c, name, m->gen, m->u.copy_done.bytes);
     case PL_MSG_PEER_BROKEN:
         return pl_coord_peer_broken(c, name, m->gen, m->u.peer_broken.peer);
+    case PL_MSG_SAVED:
+        return pl_coord_saved(c, name, &m->u.saved);
     default:
         return fail_err(c, "worker \"%s\": unexpected message %s", name,
                         pl_msg_type_name(m->type));
@@ -1089,7 +1317,7 @@ pl_coord_phase_t pl_coord_phase(const pl_coord *c) { return c->phase; }
 const char *pl_coord_phase_name(pl_coord_phase_t p)
 {
     static const char *const names[] = {"waiting_for_workers", "copying", "running", "committing",
-                                        "waiting_for_nodes", "done", "failed"};
+                                        "waiting_for_nodes", "saving", "done", "failed"};
     return (unsigned)p < sizeof names / sizeof names[0] ? names[p] : "?";
 }
 
@@ -1113,6 +1341,7 @@ int pl_coord_live_workers(const pl_coord *c)
 }
 
 int pl_coord_nsteps(const pl_coord *c) { return c->nlog; }
+int64_t pl_coord_last_checkpoint(const pl_coord *c) { return c->ckpt_last; }
 
 const pl_coord_step_rec *pl_coord_step_log(const pl_coord *c, int i)
 {

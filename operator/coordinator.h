@@ -24,9 +24,21 @@
  *   `leaving` are handled at the next step boundary (leaving: stop {0} to it,
  *   it serves no sends: survivors are the copy sources).
  * - peer_broken is treated as the loss of the named peer.
- * - Fatal loss (a layer with no live holder) → FAILED + stop {exit 1} to all:
- *   there is no checkpoint fallback yet. Fewer than (F+1)·n0 live workers →
- *   WAITING_FOR_NODES; each registration retries the re-instantiation.
+ * - Checkpoints: after committing step s with s+1 a checkpoint step (every
+ *   checkpoint_every steps and the last), the workers of pipeline 0 (every
+ *   layer exactly once) write their layers asynchronously and send `saved`;
+ *   when `saved` messages cover every layer the checkpoint of s+1 is complete
+ *   (pl_coord_last_checkpoint; the caller writes checkpoint.json). The job is
+ *   DONE when the last step's checkpoint is complete.
+ * - Fatal loss (a layer with no live holder): a fresh plan over the live workers
+ *   that loads the newest complete checkpoint (step 0 without one: the initial
+ *   state), rewinding the step; the data order makes the redone steps identical.
+ *   Fewer than (F+1)·n0 live workers → WAITING_FOR_NODES; each registration
+ *   retries; FAILED after wait_for_nodes_ms. strategy_checkpoint: every
+ *   membership change restarts from the checkpoint (the benchmarks' baseline).
+ * - maxResets bounds the reconfigurations; a node whose workers failed twice
+ *   or more (losses, not `leaving`) is refused for cooldown_ms · 2^(failures−2)
+ *   (at most 64×), Elastic Horovod's blacklist with a cooldown.
  * - A non-finite global norm: abort s, stop {exit 1}, FAILED.
  * - Host/port of a worker's peer links are given at registration (the
  *   protocol's register has none); default host 127.0.0.1, port
@@ -63,6 +75,14 @@ typedef struct {
     const char *job;              /* job name for welcome (NULL: "job") */
     int token_ok;                 /* welcome.token_ok */
     int peer_port_base;           /* default peer port = base + rank; 0: 29500 */
+    /* checkpoints and limits */
+    const char *checkpoint_dir;   /* NULL or "": no checkpoints (a fallback restarts at step 0) */
+    int checkpoint_every;         /* steps between checkpoints; 0: only after the last step */
+    int64_t resume_step;          /* > 0: start from the complete checkpoint of that step */
+    int strategy_checkpoint;      /* every membership change restarts from the checkpoint */
+    int max_resets;               /* reconfigurations allowed; 0: unlimited */
+    int64_t wait_for_nodes_ms;    /* give up after waiting this long for workers; 0: never */
+    int64_t cooldown_ms;          /* first cooldown of a failing node; 0: 10 s */
 } pl_coord_config;
 
 typedef enum {
@@ -71,6 +91,7 @@ typedef enum {
     PL_COORD_RUNNING,                 /* start_step sent, collecting report / reduced */
     PL_COORD_COMMITTING,              /* commit sent, collecting committed */
     PL_COORD_WAITING_FOR_NODES,       /* too few live workers to run a plan */
+    PL_COORD_SAVING,                  /* every step committed, the last checkpoint pending */
     PL_COORD_DONE,                    /* every step committed, stop sent */
     PL_COORD_FAILED                   /* fatal: see pl_coord_reason */
 } pl_coord_phase_t;
@@ -98,6 +119,7 @@ typedef struct {
     char added[512];
     int64_t bytes_planned;   /* pl_reinstantiate's bytes_to_copy */
     int64_t bytes_copied;    /* Σ copy_done.bytes of this generation */
+    int from_checkpoint;     /* the plan loads the checkpoint of `step` (0: initial state) */
     char pipelines[64];
 } pl_coord_reconfig_rec;
 
@@ -112,9 +134,11 @@ void pl_coord_free(pl_coord *c);
 
 /* A worker registered (token already checked). Answers welcome; may start the
  * first plan or a recovery. host NULL / port ≤ 0: defaults (see above).
- * ERR: a live worker with that name exists, too many workers, job finished. */
-int pl_coord_worker_registered(pl_coord *c, const char *name, const char *host, int port,
-                               int64_t now_ms);
+ * node: the machine (NULL: the name), for the cooldown of failing nodes.
+ * ERR: a live worker with that name exists, too many workers, job finished,
+ * the node is cooling down. */
+int pl_coord_worker_registered(pl_coord *c, const char *name, const char *node,
+                               const char *host, int port, int64_t now_ms);
 int pl_coord_heartbeat(pl_coord *c, const char *name, int64_t step, int64_t now_ms);
 int pl_coord_report(pl_coord *c, const char *name, int64_t gen, const pl_msg_report *r);
 int pl_coord_reduced(pl_coord *c, const char *name, int64_t gen, int64_t step);
@@ -122,9 +146,11 @@ int pl_coord_committed(pl_coord *c, const char *name, int64_t gen, int64_t step)
 int pl_coord_copy_done(pl_coord *c, const char *name, int64_t gen, int64_t bytes);
 int pl_coord_leaving(pl_coord *c, const char *name, int reason /* pl_leave_reason */);
 int pl_coord_peer_broken(pl_coord *c, const char *name, int64_t gen, const char *peer);
+int pl_coord_saved(pl_coord *c, const char *name, const pl_msg_saved *s);
 /* The connection closed / the process ended / anything fatal for that worker. */
 int pl_coord_worker_lost(pl_coord *c, const char *name, const char *cause);
-/* Declares lost every live worker silent for more than misses × heartbeat_ms. */
+/* Declares lost every live worker silent for more than misses × heartbeat_ms;
+ * fails the job after wait_for_nodes_ms without enough workers. */
 int pl_coord_tick(pl_coord *c, int64_t now_ms);
 
 /* Dispatches a decoded worker → coordinator message (register excepted: use
@@ -144,6 +170,7 @@ int64_t pl_coord_generation(const pl_coord *c);
 int64_t pl_coord_step(const pl_coord *c);        /* the step running or to run next */
 int pl_coord_rank(const pl_coord *c, const char *name); /* -1 if unknown */
 int pl_coord_live_workers(const pl_coord *c);
+int64_t pl_coord_last_checkpoint(const pl_coord *c); /* newest complete checkpoint step, 0: none */
 
 int pl_coord_nsteps(const pl_coord *c); /* committed steps logged */
 const pl_coord_step_rec *pl_coord_step_log(const pl_coord *c, int i);

@@ -22,6 +22,7 @@ static const char *const type_names[PL_MSG_COUNT] = {
     [PL_MSG_PEER_BROKEN] = "peer_broken",
     [PL_MSG_COPY_DONE] = "copy_done",
     [PL_MSG_HELLO_RESUME] = "hello_resume",
+    [PL_MSG_SAVED] = "saved",
     [PL_MSG_CHALLENGE] = "challenge",
     [PL_MSG_WELCOME] = "welcome",
     [PL_MSG_PLAN] = "plan",
@@ -50,7 +51,7 @@ int pl_msg_type_from_name(const char *name)
 
 int pl_msg_from_worker(int type)
 {
-    if (type > PL_MSG_NONE && type <= PL_MSG_HELLO_RESUME) return 1;
+    if (type > PL_MSG_NONE && type <= PL_MSG_SAVED) return 1;
     if (type >= PL_MSG_CHALLENGE && type < PL_MSG_COUNT) return 0;
     return -1;
 }
@@ -396,6 +397,20 @@ static int dec_copy_done(const cJSON *o, pl_msg *m, char *err, size_t errlen)
     return get_int(o, "", "bytes", 0, PL_PROTO_INT_MAX, &m->u.copy_done.bytes, err, errlen);
 }
 
+static int dec_saved(const cJSON *o, pl_msg *m, char *err, size_t errlen)
+{
+    pl_msg_saved *s = &m->u.saved;
+    int64_t b, e;
+    if (get_int(o, "", "step", 1, PL_PROTO_INT_MAX, &s->step, err, errlen) ||
+        get_int(o, "", "layer_begin", 0, PL_PROTO_MAX_LAYERS - 1, &b, err, errlen) ||
+        get_int(o, "", "layer_end", b + 1, PL_PROTO_MAX_LAYERS, &e, err, errlen) ||
+        get_int(o, "", "bytes", 0, PL_PROTO_INT_MAX, &s->bytes, err, errlen))
+        return -1;
+    s->layer_begin = (int)b;
+    s->layer_end = (int)e;
+    return 0;
+}
+
 static int dec_hello_resume(const cJSON *o, pl_msg *m, char *err, size_t errlen)
 {
     pl_msg_hello_resume *h = &m->u.hello_resume;
@@ -436,7 +451,8 @@ static int dec_commit(const cJSON *o, pl_msg *m, char *err, size_t errlen)
     pl_msg_commit *c = &m->u.commit;
     return STEP(o, "step", &c->step) ||
                    get_num(o, "", "grad_scale", 0, 1, NUM_FINITE, &c->grad_scale, err, errlen) ||
-                   get_num(o, "", "lr", 0, 0, NUM_FINITE, &c->lr, err, errlen)
+                   get_num(o, "", "lr", 0, 0, NUM_FINITE, &c->lr, err, errlen) ||
+                   get_bool(o, "", "save", &c->save, err, errlen)
                ? -1
                : 0;
 }
@@ -660,10 +676,11 @@ static const char *const keys_report[] = {ENV, "step", "loss", "tokens", "ms", "
 static const char *const keys_peer_broken[] = {ENV, "peer", "reason", NULL};
 static const char *const keys_copy_done[] = {ENV, "bytes", NULL};
 static const char *const keys_hello_resume[] = {ENV, "committed_step", "grad_scale", "lr", "reduced_step", NULL};
+static const char *const keys_saved[] = {ENV, "step", "layer_begin", "layer_end", "bytes", NULL};
 static const char *const keys_challenge[] = {ENV, "nonce", NULL};
 static const char *const keys_welcome[] = {ENV, "rank", "job", "token_ok", "heartbeat_ms", NULL};
 static const char *const keys_plan[] = {ENV, "generation", "step", "global_batch", "micro", "seq_len", "pipelines", "you", "peers", "copies", "sends", "checkpoint", NULL};
-static const char *const keys_commit[] = {ENV, "step", "grad_scale", "lr", NULL};
+static const char *const keys_commit[] = {ENV, "step", "grad_scale", "lr", "save", NULL};
 static const char *const keys_abort[] = {ENV, "step", "reason", NULL};
 static const char *const keys_stop[] = {ENV, "reason", "exit_code", NULL};
 static const char *const keys_refuse[] = {ENV, "reason", NULL};
@@ -681,6 +698,7 @@ static const struct {
     [PL_MSG_PEER_BROKEN] = {keys_peer_broken, dec_peer_broken},
     [PL_MSG_COPY_DONE] = {keys_copy_done, dec_copy_done},
     [PL_MSG_HELLO_RESUME] = {keys_hello_resume, dec_hello_resume},
+    [PL_MSG_SAVED] = {keys_saved, dec_saved},
     [PL_MSG_CHALLENGE] = {keys_challenge, dec_challenge},
     [PL_MSG_WELCOME] = {keys_welcome, dec_welcome},
     [PL_MSG_PLAN] = {keys_plan, dec_plan},
@@ -964,6 +982,12 @@ static void enc_body(enc *e, cJSON *o, const pl_msg *m)
         add_num(e, o, "lr", m->u.hello_resume.lr);
         add_int(e, o, "reduced_step", m->u.hello_resume.reduced_step);
         break;
+    case PL_MSG_SAVED:
+        add_int(e, o, "step", m->u.saved.step);
+        add_int(e, o, "layer_begin", m->u.saved.layer_begin);
+        add_int(e, o, "layer_end", m->u.saved.layer_end);
+        add_int(e, o, "bytes", m->u.saved.bytes);
+        break;
     case PL_MSG_CHALLENGE:
         ADD_STR(e, o, "nonce", m->u.challenge.nonce);
         break;
@@ -980,6 +1004,7 @@ static void enc_body(enc *e, cJSON *o, const pl_msg *m)
         add_int(e, o, "step", m->u.commit.step);
         add_num(e, o, "grad_scale", m->u.commit.grad_scale);
         add_num(e, o, "lr", m->u.commit.lr);
+        if (!cJSON_AddBoolToObject(o, "save", m->u.commit.save != 0)) e->bad = 1;
         break;
     case PL_MSG_ABORT:
         add_int(e, o, "step", m->u.abort_.step);

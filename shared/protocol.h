@@ -51,6 +51,7 @@ typedef enum {
     PL_MSG_PEER_BROKEN,
     PL_MSG_COPY_DONE,
     PL_MSG_HELLO_RESUME,
+    PL_MSG_SAVED,
     /* coordinator → worker */
     PL_MSG_CHALLENGE,
     PL_MSG_WELCOME,
@@ -102,6 +103,14 @@ typedef struct {
 } pl_msg_peer_broken;
 
 typedef struct { int64_t bytes; } pl_msg_copy_done;
+
+/* A checkpoint shard written: layers [layer_begin, layer_end) of the state after
+ * `step` committed steps, in the plan's checkpoint directory. */
+typedef struct {
+    int64_t step;           /* ≥ 1 */
+    int layer_begin, layer_end;
+    int64_t bytes;
+} pl_msg_saved;
 
 typedef struct {
     int64_t committed_step; /* -1: none */
@@ -167,6 +176,7 @@ typedef struct {
     int64_t step;
     double grad_scale;      /* finite, > 0: the clip factor min(1, max_norm / norm) */
     double lr;              /* finite, ≥ 0 */
+    int save;               /* write this worker's layers as the checkpoint of step + 1 */
 } pl_msg_commit;
 
 typedef struct {
@@ -192,6 +202,7 @@ typedef struct {
         pl_msg_peer_broken peer_broken;
         pl_msg_copy_done copy_done;
         pl_msg_hello_resume hello_resume;
+        pl_msg_saved saved;
         pl_msg_challenge challenge;
         pl_msg_welcome welcome;
         pl_msg_plan plan;

@@ -278,7 +278,7 @@ static int npipeworkers(const sim *s)
 static int start_workers(sim *s, int n)
 {
     for (int w = 0; w < n; w++) {
-        if (pl_coord_worker_registered(s->c, nm(w), NULL, 0, 0) != PL_COORD_OK)
+        if (pl_coord_worker_registered(s->c, nm(w), NULL, NULL, 0, 0) != PL_COORD_OK)
             return -1;
         s->live[w] = 1;
         s->nw = w + 1;
@@ -313,7 +313,7 @@ static void test_three_steps(void)
     sim s;
     CHECK(sim_init(&s, 3, 6) == 0);
     for (int w = 0; w < 5; w++) {
-        CHECK_EQ_INT(pl_coord_worker_registered(s.c, nm(w), NULL, 0, 0), PL_COORD_OK);
+        CHECK_EQ_INT(pl_coord_worker_registered(s.c, nm(w), NULL, NULL, 0, 0), PL_COORD_OK);
         s.live[w] = 1;
         s.nw = w + 1;
     }
@@ -322,9 +322,9 @@ static void test_three_steps(void)
     CHECK_EQ_INT(msg_to(&s, 3, PL_MSG_WELCOME)->u.welcome.rank, 3);
     CHECK_EQ_INT(msg_to(&s, 3, PL_MSG_WELCOME)->u.welcome.heartbeat_ms, 1000);
     CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_WAITING_FOR_WORKERS);
-    CHECK_EQ_INT(pl_coord_worker_registered(s.c, "w2", NULL, 0, 0), PL_COORD_ERR);
+    CHECK_EQ_INT(pl_coord_worker_registered(s.c, "w2", NULL, NULL, 0, 0), PL_COORD_ERR);
     CHECK_STR_CONTAINS(pl_coord_error(s.c), "already");
-    CHECK_EQ_INT(pl_coord_worker_registered(s.c, "w5", NULL, 0, 0), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_worker_registered(s.c, "w5", NULL, NULL, 0, 0), PL_COORD_OK);
     s.live[5] = 1;
     s.nw = 6;
     CHECK(drain(&s) == 0);
@@ -378,7 +378,7 @@ static void test_three_steps(void)
         CHECK_EQ_INT(r->generation, 1);
         CHECK(r->pipelines[0] >= '1' && strchr(r->pipelines, 'x'));
     }
-    CHECK_EQ_INT(pl_coord_worker_registered(s.c, "late", NULL, 0, 0), PL_COORD_ERR);
+    CHECK_EQ_INT(pl_coord_worker_registered(s.c, "late", NULL, NULL, 0, 0), PL_COORD_ERR);
     sim_free(&s);
 }
 
@@ -554,7 +554,7 @@ static void test_join_and_heartbeats(void)
     CHECK(run_step(&s, 0) == 0);
     /* a sixth worker joins mid-step: planned at the boundary */
     report_all(&s, 1, -1, 0);
-    CHECK_EQ_INT(pl_coord_worker_registered(s.c, "w5", "10.0.0.5", 7005, 0), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_worker_registered(s.c, "w5", NULL, "10.0.0.5", 7005, 0), PL_COORD_OK);
     s.live[5] = 1;
     s.nw = 6;
     CHECK(drain(&s) == 0);
@@ -617,7 +617,7 @@ static void test_insufficient_then_join(void)
     CHECK_STR_CONTAINS(pl_coord_reason(s.c), "at least (F+1)*n0 = 4");
     /* a new worker makes 4: a plan with copies from the survivors */
     int64_t g = pl_coord_generation(s.c);
-    CHECK_EQ_INT(pl_coord_worker_registered(s.c, "w6", NULL, 0, 0), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_worker_registered(s.c, "w6", NULL, NULL, 0, 0), PL_COORD_OK);
     s.live[6] = 1;
     s.nw = 7;
     CHECK(drain(&s) == 0);
@@ -634,11 +634,48 @@ static void test_insufficient_then_join(void)
     sim_free(&s);
 }
 
+/* Replaces the coordinator by one made from s->cfg (after a test changed it). */
+static int sim_reconfigure(sim *s)
+{
+    char err[256];
+    pl_coord_free(s->c);
+    s->c = pl_coord_new(&s->cfg, err, sizeof err);
+    if (!s->c)
+        printf("    pl_coord_new: %s\n", err);
+    return s->c ? 0 : -1;
+}
+
+/* `saved` for step st from the workers of pipeline 0 (every layer once), the
+ * stage `skip` excepted (-1: none). */
+static void save_all(sim *s, int64_t st, int skip)
+{
+    for (int w = 0; w < s->nw; w++) {
+        const pl_msg_plan *p = &s->plan[w].u.plan;
+        if (!s->live[w] || p->you_pipeline != 0 || p->you_stage == skip)
+            continue;
+        pl_msg_saved sv = {st, p->you_layer_begin, p->you_layer_end, 1000};
+        pl_coord_saved(s->c, nm(w), &sv);
+    }
+}
+
+/* Every holder of layer 0 goes silent at step 2: no live copy of it, so the
+ * job goes back to the newest complete checkpoint (step 1; step 2's is partial). */
 static void test_fatal_loss(void)
 {
     sim s;
-    CHECK(begin_run(&s, 5, 6) == 0);
-    /* every holder of layer 0 goes silent */
+    CHECK(sim_init(&s, 5, 6) == 0);
+    s.cfg.checkpoint_dir = "/ckpt";
+    s.cfg.checkpoint_every = 1;
+    CHECK(sim_reconfigure(&s) == 0);
+    CHECK(start_workers(&s, 6) == 0);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    save_all(&s, 1, -1);
+    CHECK_EQ_INT(pl_coord_last_checkpoint(s.c), 1);
+    CHECK(run_step(&s, 1) == 0);
+    save_all(&s, 2, 0);
+    CHECK_EQ_INT(pl_coord_last_checkpoint(s.c), 1);
     const pl_msg_plan *p = &s.plan[0].u.plan;
     int holders[MAXW], nh = 0;
     for (int q = 0; q < p->npipelines; q++)
@@ -648,20 +685,110 @@ static void test_fatal_loss(void)
         for (int k = 0; k < nh; k++)
             h |= holders[k] == w;
         if (!h)
-            CHECK_EQ_INT(pl_coord_heartbeat(s.c, nm(w), 0, 2000), PL_COORD_OK);
+            CHECK_EQ_INT(pl_coord_heartbeat(s.c, nm(w), 2, 2000), PL_COORD_OK);
     }
     CHECK_EQ_INT(pl_coord_tick(s.c, 3100), PL_COORD_OK);
     for (int k = 0; k < nh; k++)
         s.live[holders[k]] = 0;
     CHECK(drain(&s) == 0);
-    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_FAILED);
-    CHECK_STR_CONTAINS(pl_coord_reason(s.c), "no live holder of layer 0");
-    CHECK_EQ_INT(count_type(&s, PL_MSG_STOP), 6 - nh);
-    for (int w = 0; w < 6; w++)
+    CHECK(count_type(&s, PL_MSG_ABORT) > 0);
+    if (pl_coord_phase(s.c) == PL_COORD_WAITING_FOR_NODES) {
+        CHECK_EQ_INT(pl_coord_worker_registered(s.c, "w6", NULL, NULL, 0, 3200), PL_COORD_OK);
+        s.live[6] = 1;
+        s.nw = 7;
+        CHECK(drain(&s) == 0);
+    }
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
+    CHECK(plans_valid(&s) == 0);
+    for (int w = 0; w < s.nw; w++)
         if (s.live[w]) {
-            const pl_msg *st = msg_to(&s, w, PL_MSG_STOP);
-            CHECK(st && st->u.stop.exit_code == 1);
+            const pl_msg_plan *q = &s.plan[w].u.plan;
+            CHECK(q->has_checkpoint && q->checkpoint_step == 1 && q->step == 1);
+            CHECK_EQ_INT(q->ncopies + q->nsends, 0);
+            CHECK(!strcmp(q->checkpoint_dir, "/ckpt"));
         }
+    const pl_coord_reconfig_rec *rec = pl_coord_reconfig(s.c, pl_coord_nreconfigs(s.c) - 1);
+    CHECK(rec && rec->from_checkpoint && rec->step == 1);
+    CHECK_STR_CONTAINS(rec->cause, "no live holder of layer 0");
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 1) == 0);
+    sim_free(&s);
+}
+
+/* The last step's checkpoint ends the job; strategy checkpoint restarts from it. */
+static void test_checkpoint_strategy_and_end(void)
+{
+    sim s;
+    CHECK(sim_init(&s, 3, 6) == 0);
+    s.cfg.checkpoint_dir = "/ckpt";
+    s.cfg.checkpoint_every = 2;
+    s.cfg.strategy_checkpoint = 1;
+    CHECK(sim_reconfigure(&s) == 0);
+    CHECK(start_workers(&s, 6) == 0);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    CHECK(run_step(&s, 1) == 0);
+    save_all(&s, 2, -1);
+    CHECK_EQ_INT(pl_coord_last_checkpoint(s.c), 2);
+    /* any loss restarts everyone from step 2's checkpoint, without copies */
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, "w5", "process ended"), PL_COORD_OK);
+    s.live[5] = 0;
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
+    for (int w = 0; w < 5; w++)
+        CHECK(s.plan[w].u.plan.has_checkpoint && s.plan[w].u.plan.checkpoint_step == 2 &&
+              s.plan[w].u.plan.ncopies == 0);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 2) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_SAVING);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_STOP), 0);
+    save_all(&s, 3, -1);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_DONE);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_STOP), 5);
+    sim_free(&s);
+}
+
+/* maxResets, the wait-for-nodes timeout and the cooldown of a failing node. */
+static void test_limits(void)
+{
+    sim s;
+    CHECK(sim_init(&s, 9, 6) == 0);
+    s.cfg.max_resets = 1;
+    CHECK(sim_reconfigure(&s) == 0);
+    CHECK(start_workers(&s, 6) == 0);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, "w5", "process ended"), PL_COORD_OK);
+    s.live[5] = 0;
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, "w4", "process ended"), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_FAILED);
+    CHECK_STR_CONTAINS(pl_coord_reason(s.c), "maxResets (1) exceeded: lost w4");
+    sim_free(&s);
+
+    CHECK(sim_init(&s, 9, 6) == 0);
+    s.cfg.wait_for_nodes_ms = 5000;
+    s.cfg.cooldown_ms = 1000;
+    CHECK(sim_reconfigure(&s) == 0);
+    CHECK_EQ_INT(pl_coord_worker_registered(s.c, "a", "n1", NULL, 0, 0), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, "a", "process ended"), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_worker_registered(s.c, "b", "n1", NULL, 0, 100), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, "b", "process ended"), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_worker_registered(s.c, "c", "n1", NULL, 0, 600), PL_COORD_ERR);
+    CHECK_STR_CONTAINS(pl_coord_error(s.c), "node n1 is kept out for 1 s more after 2 failures");
+    CHECK_EQ_INT(pl_coord_worker_registered(s.c, "c", "n1", NULL, 0, 1200), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_worker_registered(s.c, "d", "n2", NULL, 0, 1200), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_tick(s.c, 4000), PL_COORD_IGNORED);
+    CHECK_EQ_INT(pl_coord_heartbeat(s.c, "c", 0, 4000), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_heartbeat(s.c, "d", 0, 4000), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_tick(s.c, 5100), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_FAILED);
+    CHECK_STR_CONTAINS(pl_coord_reason(s.c), "waitForNodesTimeoutSeconds (5) passed: 2 live");
     sim_free(&s);
 }
 
@@ -744,6 +871,8 @@ RUN(test_leaving_at_boundary);
 RUN(test_join_and_heartbeats);
 RUN(test_insufficient_then_join);
 RUN(test_fatal_loss);
+RUN(test_checkpoint_strategy_and_end);
+RUN(test_limits);
 RUN(test_initial_copy_loss_and_nan);
 RUN(test_bad_config);
 TEST_MAIN_END

@@ -187,6 +187,12 @@ static void rand_msg(pl_msg *m, int type)
         m->u.hello_resume.reduced_step =
             rng_next() % 2 ? -1 : m->u.hello_resume.committed_step + 1;
         break;
+    case PL_MSG_SAVED:
+        m->u.saved.step = rand_int(1, PL_PROTO_INT_MAX);
+        m->u.saved.layer_begin = (int)rand_int(0, PL_PROTO_MAX_LAYERS - 1);
+        m->u.saved.layer_end = (int)rand_int(m->u.saved.layer_begin + 1, PL_PROTO_MAX_LAYERS);
+        m->u.saved.bytes = rand_int(0, PL_PROTO_INT_MAX);
+        break;
     case PL_MSG_CHALLENGE: {
         size_t n = 2 * (size_t)rng_range(PL_PROTO_NONCE_MIN / 2, PL_PROTO_NONCE_MAX / 2);
         rand_chars(m->u.challenge.nonce, n, n, HEX_SET);
@@ -206,6 +212,7 @@ static void rand_msg(pl_msg *m, int type)
         m->u.commit.grad_scale = rand_double(1);
         if (m->u.commit.grad_scale == 0) m->u.commit.grad_scale = 1;
         m->u.commit.lr = rand_double(1);
+        m->u.commit.save = (int)(rng_next() % 2);
         break;
     case PL_MSG_ABORT:
         m->u.abort_.step = rand_int(0, PL_PROTO_INT_MAX);
@@ -278,7 +285,7 @@ static void test_type_names(void)
     for (int t = PL_MSG_NONE + 1; t < PL_MSG_COUNT; t++) {
         CHECK(strcmp(pl_msg_type_name(t), "?"));
         CHECK_EQ_INT(pl_msg_type_from_name(pl_msg_type_name(t)), t);
-        CHECK(pl_msg_from_worker(t) == (t <= PL_MSG_HELLO_RESUME));
+        CHECK(pl_msg_from_worker(t) == (t <= PL_MSG_SAVED));
     }
     CHECK(!strcmp(pl_msg_type_name(PL_MSG_NONE), "?"));
     CHECK(!strcmp(pl_msg_type_name(PL_MSG_COUNT), "?"));
@@ -329,7 +336,7 @@ static void test_known_encoding(void)
     m.u.commit.lr = 0.0003;
     char *text = pl_msg_encode(&m);
     CHECK(text);
-    int ok = !strcmp(text, "{\"v\":1,\"type\":\"commit\",\"gen\":7,\"step\":41,\"grad_scale\":0.5,\"lr\":0.0003}");
+    int ok = !strcmp(text, "{\"v\":1,\"type\":\"commit\",\"gen\":7,\"step\":41,\"grad_scale\":0.5,\"lr\":0.0003,\"save\":false}");
     if (!ok) printf("    got %s\n", text);
     free(text);
     CHECK(ok);

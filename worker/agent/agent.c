@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include "allreduce.h"
+#include "checkpoint.h"
+#include "checkpoint_writer.h"
 #include "control_client.h"
 #include "engine.h"
 #include "jobspec.h"
@@ -58,6 +60,7 @@ typedef struct {
     pl_template_set ts;
     int have_ts;
     pl_ctl_client *cli;
+    pl_ckpt_writer *ckw;  /* checkpoints of this worker's layers, in the background */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -557,6 +560,40 @@ out:
     return rc;
 }
 
+/* A plan that restarts from a checkpoint: the engine (initialised from the job
+ * by change_engine, which is the state of step 0) loads the checkpoint's layers. */
+static int load_checkpoint(agent *a, const pl_msg_plan *p, char *err, size_t errlen)
+{
+    if (!p->has_checkpoint || p->checkpoint_step == 0) return 0;
+    char dir[PL_PROTO_PATH_MAX + 32];
+    if (pl_pathf(dir, sizeof dir, err, errlen, "%s/step-%08lld", p->checkpoint_dir,
+                 (long long)p->checkpoint_step))
+        return -1;
+    double t0 = now_ms();
+    if (pl_checkpoint_load(&a->e, dir, 1, err, errlen)) return -1;
+    logf_(a, "generation %lld: layers [%d, %d) loaded from %s in %.1f ms", (long long)a->gen,
+          a->e.begin, a->e.end, dir, now_ms() - t0);
+    return 0;
+}
+
+/* The writer thread finished this worker's part of a checkpoint. */
+static void on_saved(void *user, int64_t step, int begin, int end, int rc, int64_t bytes,
+                     const char *err)
+{
+    agent *a = user;
+    if (rc) { /* the checkpoint stays incomplete; training goes on */
+        logf_(a, "checkpoint of step %lld: %s", (long long)step, err);
+        return;
+    }
+    pl_msg m;
+    pl_msg_init(&m, PL_MSG_SAVED, atomic_load(&a->newest_plan));
+    m.u.saved.step = step;
+    m.u.saved.layer_begin = begin;
+    m.u.saved.layer_end = end;
+    m.u.saved.bytes = bytes;
+    post(a, &m);
+}
+
 static int install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err, size_t errlen)
 {
     const pl_msg_plan *p = &m->u.plan;
@@ -568,6 +605,11 @@ static int install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err,
     pl_ctl_client_set_gen(a->cli, a->gen);
     a->pipe = p->you_pipeline;
     *bytes_in = 0;
+    if (p->has_checkpoint) { /* a restart: the checkpoint replaces whatever is held */
+        if (a->have_engine) pl_engine_destroy(&a->e);
+        if (a->have_src) pl_engine_destroy(&a->src);
+        a->have_engine = a->have_src = 0;
+    }
     if (p->you_pipeline < 0) { /* idle: serve the sends only */
         pl_comm_ident iid = {.token = a->o->token, .token_len = strlen(a->o->token),
                              .rank = COPY_RANK, .name = a->o->name,
@@ -631,7 +673,8 @@ static int install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err,
     int ob = a->have_src ? a->src.begin : a->have_engine ? a->e.begin : 0;
     int oe = a->have_src ? a->src.end : a->have_engine ? a->e.end : 0;
     if (change_engine(a, p, &id, 1, p->you_layer_begin, p->you_layer_end, a->sched.nslots,
-                      bytes_in, err, errlen))
+                      bytes_in, err, errlen) ||
+        load_checkpoint(a, p, err, errlen))
         goto out;
     if (p->ncopies || p->nsends)
         logf_(a, "generation %lld: layers [%d, %d) -> [%d, %d), received %d layers (%lld bytes), "
@@ -814,6 +857,10 @@ static void handle(agent *a, const pl_msg *m)
         pl_adamw w = {(float)m->u.commit.lr, (float)o->beta1, (float)o->beta2, (float)o->eps,
                       (float)o->weight_decay};
         pl_worker_apply(&a->e, &w, (float)m->u.commit.grad_scale, (int)m->u.commit.step + 1);
+        if (m->u.commit.save && a->job.checkpoint.dir[0] &&
+            pl_ckpt_writer_start(a->ckw, &a->e, a->job.checkpoint.dir, m->u.commit.step + 1,
+                                 err, sizeof err))
+            logf_(a, "checkpoint of step %lld: %s", (long long)m->u.commit.step + 1, err);
         pl_msg_init(&r, PL_MSG_COMMITTED, a->gen);
         r.u.committed.step = m->u.commit.step;
         post(a, &r);
@@ -899,6 +946,7 @@ static int setup(agent *a, char *err, size_t errlen)
     if (pl_templates_plan(&a->prof, o->nodes, F, &a->ts, err, errlen)) return -1;
     a->have_ts = 1;
     if (pl_listener_open("127.0.0.1", o->peer_port, &a->lst, err, errlen)) return -1;
+    if (!(a->ckw = pl_ckpt_writer_new(on_saved, a))) return pl_errf(err, errlen, "out of memory");
     return 0;
 }
 
@@ -962,7 +1010,7 @@ int pl_agent_run(const pl_agent_options *o)
         if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
               *p == '.' || *p == '-' || *p == '_'))
             *p = '-';
-    snprintf(cc.reg.node, sizeof cc.reg.node, "%s", hn[0] ? hn : "localhost");
+    snprintf(cc.reg.node, sizeof cc.reg.node, "%s", o->node ? o->node : hn[0] ? hn : "localhost");
     cc.reg.gpus = 0;
     cc.reg.pid = getpid();
     if (!(a->cli = pl_ctl_client_create(&cc, err, sizeof err))) {
@@ -1002,6 +1050,7 @@ done:;
         push(a, NULL);
         pthread_join(th, NULL);
     }
+    pl_ckpt_writer_free(a->ckw); /* a write in flight ends first */
     pl_ctl_client_destroy(a->cli);
     for (qitem *q = a->head; q;) {
         qitem *nx = q->next;

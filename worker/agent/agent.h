@@ -3,7 +3,8 @@
  * coordinator's messages) and a compute thread that installs plans (engine for
  * its layer range, all-reduce connections to its sync-group peers, stage-link
  * connections to its pipeline neighbours), runs steps with pl_worker_step and
- * applies commits. No hello_resume yet.
+ * applies commits, writing its layers of a checkpoint in the background when a
+ * commit asks (checkpoint_writer.h). No hello_resume yet.
  *
  * Layer copies: on a plan that changes this worker's layers, the engine of the
  * previous plan is kept as the copy source (until the next start_step, the
@@ -31,6 +32,7 @@ typedef struct {
     const char *token;        /* job token (its bytes are the key) */
     const char *ca_path;      /* coordinator certificate to trust; NULL: insecure */
     const char *name;         /* worker name */
+    const char *node;         /* the machine it runs on (NULL: the host name) */
     const char *profile_path; /* planner profile (must be the coordinator's) */
     int tolerate;             /* < 0: the job's faultTolerance.tolerate */
     int nodes;                /* node count the templates were planned for */

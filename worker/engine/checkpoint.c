@@ -51,16 +51,29 @@ static int make_dir(const char *path, char *err, size_t errlen)
     return 0;
 }
 
+int pl_checkpoint_due(const char *dir, int every, int64_t steps, int64_t done)
+{
+    return dir && dir[0] && done > 0 && (done == steps || (every > 0 && done % every == 0));
+}
 
 int pl_checkpoint_save(const pl_engine *e, const char *dir, int64_t step, const char *info_json,
                        char *err, size_t errlen)
+{
+    float *host[3];
+    if (host_views(e, host)) return pl_errf(err, errlen, "checkpoint: out of memory");
+    int rc = pl_checkpoint_save_host(e, (const float *const *)host, dir, step, err, errlen);
+    release_host(e, host);
+    if (rc == 0 && info_json) rc = pl_checkpoint_complete(dir, step, info_json, err, errlen);
+    return rc;
+}
+
+int pl_checkpoint_save_host(const pl_engine *e, const float *const host[3], const char *dir,
+                            int64_t step, char *err, size_t errlen)
 {
     char sdir[4096], path[4200];
     if (pl_pathf(sdir, sizeof sdir, err, errlen, "%s/step-%08lld", dir, (long long)step) ||
         make_dir(sdir, err, errlen))
         return -1;
-    float *host[3];
-    if (host_views(e, host)) return pl_errf(err, errlen, "checkpoint: out of memory");
     pl_st_writer *w = pl_st_writer_new();
     int rc = w ? 0 : pl_errf(err, errlen, "checkpoint: out of memory");
     for (int i = 0; rc == 0 && i < e->ntensors; i++) {
@@ -79,12 +92,17 @@ int pl_checkpoint_save(const pl_engine *e, const char *dir, int64_t step, const 
                       e->begin, e->end);
     if (rc == 0) rc = pl_st_write(w, path, err, errlen);
     pl_st_writer_free(w);
-    release_host(e, host);
-    if (rc == 0 && info_json) {
-        rc = pl_pathf(path, sizeof path, err, errlen, "%s/checkpoint.json", sdir);
-        if (rc == 0) rc = pl_write_atomic(path, &(pl_piece){info_json, strlen(info_json)}, 1, err, errlen);
-    }
     return rc;
+}
+
+int pl_checkpoint_complete(const char *dir, int64_t step, const char *info_json, char *err,
+                           size_t errlen)
+{
+    char path[4200];
+    if (pl_pathf(path, sizeof path, err, errlen, "%s/step-%08lld/checkpoint.json", dir,
+                 (long long)step))
+        return -1;
+    return pl_write_atomic(path, &(pl_piece){info_json, strlen(info_json)}, 1, err, errlen);
 }
 
 static int has_info(const char *dir)

@@ -15,6 +15,11 @@
 
 #include "engine.h"
 
+/* 1 when the state after `done` committed steps (of `steps`) gets a
+ * checkpoint: dir set, and done the last step or a multiple of every (> 0).
+ * The rule `pliant train`, the coordinator and its workers share. */
+int pl_checkpoint_due(const char *dir, int every, int64_t steps, int64_t done);
+
 /* Writes the engine's range into DIR/step-<step>/ and, when `info_json` is
  * not NULL, checkpoint.json with that content (a JSON object text; the
  * caller puts step, config and data order in it). Files are written to
@@ -22,6 +27,16 @@
  * the final name. */
 int pl_checkpoint_save(const pl_engine *e, const char *dir, int64_t step, const char *info_json,
                        char *err, size_t errlen);
+
+/* The same without checkpoint.json, from host copies of params, m and v laid
+ * out as e's (e gives the range and tensors only): for background writers. */
+int pl_checkpoint_save_host(const pl_engine *e, const float *const host[3], const char *dir,
+                            int64_t step, char *err, size_t errlen);
+
+/* Marks DIR/step-<step>/ complete: writes its checkpoint.json (atomically).
+ * For writers that save ranges separately (the workers of `pliant run`). */
+int pl_checkpoint_complete(const char *dir, int64_t step, const char *info_json, char *err,
+                           size_t errlen);
 
 /* The newest complete checkpoint under dir: writes its step directory to
  * out. Returns 1 if found, 0 if none, −1 on error. A directory that itself

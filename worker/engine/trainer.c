@@ -113,10 +113,8 @@ static int evaluate(run *r, double *loss, char *err, size_t errlen)
     return 0;
 }
 
-static char *checkpoint_info(const run *r, int64_t step)
+char *pl_checkpoint_info_json(const pl_job *j, const pl_gpt_config *c, int64_t step)
 {
-    const pl_job *j = r->job;
-    const pl_gpt_config *c = &r->e.cfg;
     char *s = NULL;
     if (asprintf(&s,
                  "{\"format\": \"pliant-checkpoint-v1\", \"job\": \"%s\", \"step\": %lld,\n"
@@ -138,7 +136,7 @@ static char *checkpoint_info(const run *r, int64_t step)
 
 static int save_checkpoint(run *r, int64_t step, char *err, size_t errlen)
 {
-    char *info = checkpoint_info(r, step);
+    char *info = pl_checkpoint_info_json(r->job, &r->e.cfg, step);
     if (!info) return pl_errf(err, errlen, "checkpoint: out of memory");
     int rc = pl_checkpoint_save(&r->e, r->job->checkpoint.dir, step, info, err, errlen);
     free(info);
@@ -242,8 +240,7 @@ int pl_train(const pl_job *job, const pl_train_options *o, char *err, size_t err
             fputs("}\n", r.metrics);
             fflush(r.metrics);
         }
-        int every = job->checkpoint.every;
-        if (job->checkpoint.dir[0] && (last || (every > 0 && (s + 1) % every == 0))) {
+        if (pl_checkpoint_due(job->checkpoint.dir, job->checkpoint.every, r.steps, s + 1)) {
             if (save_checkpoint(&r, s + 1, err, errlen)) goto done;
             fprintf(out, "checkpoint: step %lld saved to %s\n", (long long)(s + 1),
                     job->checkpoint.dir);

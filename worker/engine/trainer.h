@@ -26,4 +26,9 @@ int pl_job_gpt_config(const pl_job *job, pl_gpt_config *cfg, char *err, size_t e
  * random (seeded), llmc:PATH, or checkpoint:DIR (parameters only). */
 int pl_engine_init_from_job(pl_engine *e, const pl_job *job, char *err, size_t errlen);
 
+/* checkpoint.json for the state after `step` steps (malloc'd, NULL when out of
+ * memory): job, step, model, data order, optimizer; `pliant run` writes the
+ * same file once its workers' layer files are all there. */
+char *pl_checkpoint_info_json(const pl_job *job, const pl_gpt_config *cfg, int64_t step);
+
 #endif
