@@ -589,6 +589,7 @@ int cmd_run(int argc, char **argv)
     /* the loop */
     int printed = 0, reconfigs = 0, finished = 0, reported = 0;
     int64_t ckpt_done = resume_step;
+    pl_coord_phase_t last_phase = PL_COORD_WAITING_FOR_WORKERS;
     double last_t = mono_s();
     const double t0 = last_t;
     int64_t end_ms = 0, disrupted_ms = -1;
@@ -696,6 +697,11 @@ int cmd_run(int argc, char **argv)
             }
         }
         pl_coord_phase_t ph = pl_coord_phase(r->coord);
+        if (ph != last_phase && ph == PL_COORD_WAITING_FOR_NODES) {
+            printf("waiting: %s\n", pl_coord_reason(r->coord));
+            fflush(stdout);
+        }
+        last_phase = ph;
         if ((ph == PL_COORD_DONE || ph == PL_COORD_FAILED) && !finished) {
             finished = 1;
             end_ms = pl_ctl_now_ms();

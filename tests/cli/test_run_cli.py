@@ -6,7 +6,11 @@ coordinator train the job with the same per-step losses and samples as
 single-node ones, two heterogeneous pipelines (3 + 2 stages) and two of 3 stages;
 a killed worker of a data-parallel plan (recovery without layer copies),
 killed pipeline workers whose recovery moves layers between workers, and
-`--chaos` kill/add events with their reconfigure and summary metrics lines.
+`--chaos` kill/add events with their reconfigure and summary metrics lines;
+checkpoints written during training and the restart from them after a fatal
+loss and with strategy checkpoint; too few workers, then workers back; two
+simultaneous kills with F = 2; a worker with a wrong token and malformed or
+oversized control messages refused without harm to the job.
 
 Run: python3 tests/cli/test_run_cli.py --build build [-k SUBSTRING]
 """
@@ -34,7 +38,7 @@ spec:
   batch: {{global: {global_}, micro: 2, seqLen: 32}}
   optimizer: {{lr: 3.0e-3, warmupSteps: 2, schedule: cosine, gradClip: 1.0}}
   steps: {steps}
-"""
+{extra}"""
 
 
 def run(*args, timeout=120):
@@ -46,11 +50,22 @@ def data_prefix():
     return suite.shakespeare_shards(100000)
 
 
-def write_job(name, steps=8, global_=8):
+def write_job(name, steps=8, global_=8, extra=""):
+    """extra: more lines of spec (indented by two spaces)."""
     path = os.path.join(suite.tmp, name + ".yaml")
     with open(path, "w") as f:
-        f.write(JOB.format(name=name, data=data_prefix(), steps=steps, global_=global_))
+        f.write(JOB.format(name=name, data=data_prefix(), steps=steps, global_=global_,
+                           extra=extra))
     return path
+
+
+def ckpt_dir(name):
+    return os.path.join(suite.tmp, name + ".ckpt")
+
+
+def reference_job(name, steps, global_=8):
+    """The same job without checkpoints or fault-tolerance settings: train's reference."""
+    return write_job(name + "-ref", steps=steps, global_=global_)
 
 
 def metrics_all(path):
@@ -350,6 +365,137 @@ def usage_errors():
     check(rc == 2 and "/nonexistent.yaml" in err, "status %d: %s", rc, err)
     rc, _, err = run("worker", job)
     check(rc == 2 and "PLIANT_COORDINATOR" in err, "status %d: %s", rc, err)
+
+
+def run_chaos(job, workers, chaos, timeout=180):
+    m = job + ".run.jsonl"
+    rc, out, err = run("run", job, "--workers", workers, "--metrics", m, "--threads", 1,
+                       "--chaos", chaos, timeout=timeout)
+    check(rc == 0, "run failed (%d):\n%s\n%s", rc, out[-2500:], err[-2500:])
+    return m, out, err
+
+
+def check_steps_match(rows, ref, steps, once=True):
+    """Every step committed (exactly once unless a checkpoint restart redid some) with
+    train's loss and samples; with redone steps, the last record of each counts."""
+    seen = [r["step"] for r in rows]
+    if once:
+        check(seen == list(range(steps)), "steps %s", seen[:40])
+    last = {r["step"]: r for r in rows}
+    check(sorted(last) == list(range(steps)), "steps %s", seen[:40])
+    for s_, b in zip(range(steps), ref):
+        a = last[s_]
+        check(abs(a["loss"] - b["loss"]) <= 1e-4 * abs(b["loss"]),
+              "step %d: loss %.9g, train %.9g", s_, a["loss"], b["loss"])
+        check(a["samples_digest"] == b["samples_digest"], "step %d: samples differ", s_)
+
+
+@test
+def six_workers_one_kill_recovers_without_a_checkpoint():
+    """Issue 4, test 2: 6 workers (F = 1, 2x3), one SIGKILLed at step 5: one
+    reconfigure line with the bytes copied and its duration, no checkpoint read, every
+    step committed once, final loss within 1% of the failure-free run (it is equal)."""
+    steps = 14
+    job = write_job("six", steps=steps, global_=4)
+    m, out, err = run_chaos(job, 6, "kill:4@step=5")
+    rec = events(m, "reconfigure")
+    check(len(rec) == 1 and rec[0]["from_checkpoint"] is False and rec[0]["removed"] == ["w4"]
+          and rec[0]["bytes_copied"] > 0 and rec[0]["duration_ms"] >= 0,
+          "reconfigure lines: %s", rec)
+    check(not events(m, "checkpoint") and "loaded from" not in err, "a checkpoint was used")
+    rows = metrics(m)
+    ref = reference(job)
+    check_steps_match(rows, ref, steps)
+    check(abs(rows[-1]["loss"] - ref[-1]["loss"]) <= 0.01 * abs(ref[-1]["loss"]),
+          "final loss %.6f vs %.6f", rows[-1]["loss"], ref[-1]["loss"])
+
+
+@test
+def two_kills_and_an_add_keep_the_exact_sample_order():
+    """Issue 4, test 3: 6 workers, kills at steps 3 and 7, one worker added at step 10:
+    the per-step sample digests (and losses) equal the failure-free run's, every step once."""
+    steps = 40  # the added worker needs time to start: the run must outlast it
+    job = write_job("exact", steps=steps, global_=4)
+    m, out, err = run_chaos(job, 6, "kill:1@step=3,kill:4@step=7,add:1@step=10")
+    rec = events(m, "reconfigure")
+    check(len(rec) == 3 and [r["from_checkpoint"] for r in rec] == [False] * 3,
+          "reconfigure lines: %s", rec)
+    check_steps_match(metrics(m), reference(job), steps)
+
+
+@test
+def two_simultaneous_kills_with_tolerate_two():
+    """F = 2: two workers of 6 SIGKILLed when the same step begins; recovered from
+    the survivors' layers (no checkpoint), every step once with train's losses."""
+    steps = 12
+    job = write_job("f2", steps=steps, extra="  faultTolerance: {tolerate: 2}\n")
+    m, out, err = run_chaos(job, 6, "kill:2@step=4,kill:3@step=4")
+    rec = events(m, "reconfigure")
+    check(rec and all(r["from_checkpoint"] is False for r in rec), "reconfigure: %s", rec)
+    removed = sorted(set(n for r in rec for n in r["removed"]))  # relative to the stable plan
+    check(removed == ["w2", "w3"], "removed %s", removed)
+    check_steps_match(metrics(m), reference(reference_job("f2", steps)), steps)
+
+
+@test
+def fatal_loss_restarts_from_the_checkpoint():
+    """Both workers (2x1, every layer on each) SIGKILLed at step 6 and two new ones
+    started: no live holder of any layer, so the job restarts from the checkpoint of
+    step 4 (written during training by pipeline 0, completed by checkpoint.json);
+    steps 4 and 5 are redone with the same samples and every loss equals train's."""
+    steps = 12
+    ck = ckpt_dir("fatal")
+    job = write_job("fatal", steps=steps, extra="  checkpoint: {dir: %s, every: 4}\n" % ck)
+    m, out, err = run_chaos(job, 2, "kill:0@step=6,kill:1@step=6,add:2@step=6")
+    rec = events(m, "reconfigure")
+    check(len(rec) == 1 and rec[0]["from_checkpoint"] is True and rec[0]["step"] == 4 and
+          "fatal: no live holder of layer" in rec[0]["cause"], "reconfigure: %s", rec)
+    check([e["step"] for e in events(m, "checkpoint")] == [4, 8, 12], "checkpoints: %s",
+          events(m, "checkpoint"))
+    for step in (4, 8, 12):
+        check(os.path.exists(os.path.join(ck, "step-%08d" % step, "checkpoint.json")),
+              "no checkpoint.json for step %d", step)
+    check("loaded from" in err, "no worker loaded the checkpoint:\n%s", err[-1500:])
+    rows = metrics(m)
+    check([r["step"] for r in rows].count(5) == 2, "step 5 not redone: %s",
+          [r["step"] for r in rows])
+    check_steps_match(rows, reference(reference_job("fatal", steps)), steps, once=False)
+    # the finished job's checkpoint is complete: a second run has nothing to do
+    rc, out2, err2 = run("run", job, "--workers", 2)
+    check(rc == 0 and "nothing to do" in out2, "rerun (%d): %s %s", rc, out2, err2)
+
+
+@test
+def strategy_checkpoint_restarts_every_worker_from_the_checkpoint():
+    """strategy: checkpoint (the benchmark's baseline): a lost worker makes every
+    worker reload the newest checkpoint (step 3) instead of copying layers."""
+    steps = 10
+    ck = ckpt_dir("strategy")
+    job = write_job("strategy", steps=steps,
+                    extra="  checkpoint: {dir: %s, every: 3}\n"
+                          "  faultTolerance: {strategy: checkpoint}\n" % ck)
+    m, out, err = run_chaos(job, 3, "kill:1@step=5")
+    rec = events(m, "reconfigure")
+    check(len(rec) == 1 and rec[0]["from_checkpoint"] is True and rec[0]["step"] == 3 and
+          rec[0]["bytes_copied"] == 0, "reconfigure: %s", rec)
+    check_steps_match(metrics(m), reference(reference_job("strategy", steps)), steps,
+                      once=False)
+
+
+@test
+def too_few_workers_wait_then_continue_with_the_returning_ones():
+    """4 single-node pipelines (F = 1: at least 2 needed); 3 are killed at step 4 and 2
+    new ones started: the job waits with one survivor, then re-instantiates with the
+    new workers receiving the survivor's layers (no checkpoint), every step once."""
+    steps = 12
+    job = write_job("few", steps=steps)
+    m, out, err = run_chaos(job, 4, "kill:1@step=4,kill:2@step=4,kill:3@step=4,add:2@step=4")
+    check("waiting: 1 live workers, at least (F+1)*n0 = 2 needed" in out,
+          "no waiting line:\n%s", out[-2000:])
+    rec = events(m, "reconfigure")
+    check(rec and all(r["from_checkpoint"] is False for r in rec), "reconfigure: %s", rec)
+    check(rec[-1]["added"] and rec[-1]["bytes_copied"] > 0, "last reconfigure: %s", rec[-1])
+    check_steps_match(metrics(m), reference(job), steps)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 /* A pipeline of stages, each in its own thread with its own kernel context,
  * running the 1F1B schedule over an in-memory link (worker/engine/stage.c),
- * trains exactly like the whole model run one microbatch after another. */
+ * trains exactly like the whole model run one microbatch after another; and
+ * each layer it reports finished (pl_stage_step_notify) already has its final
+ * gradient. */
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -19,15 +21,49 @@ typedef struct {
     pl_stage_batch batch;
     double loss;
     int rc;
+    int ndone, done[8]; /* the layers reported finished, in order */
+    float *snap[8];     /* all gradients when each was reported */
 } stage_thread;
+
+static void on_layer_done(void *ctx, int layer)
+{
+    stage_thread *st = ctx;
+    const size_t bytes = st->e.nparams * sizeof(float);
+    if (st->ndone == 8 || !(st->snap[st->ndone] = malloc(bytes))) abort();
+    memcpy(st->snap[st->ndone], st->e.grads, bytes);
+    st->done[st->ndone++] = layer;
+}
 
 static void *run_stage(void *arg)
 {
     stage_thread *st = arg;
     pl_stage_link link = {&st->ep, box_send, box_recv};
     char err[256];
-    st->rc = pl_stage_step(&st->e, &st->s, &link, &st->batch, &st->loss, err, sizeof err);
+    st->rc = pl_stage_step_notify(&st->e, &st->s, &link, &st->batch, on_layer_done, st,
+                                  &st->loss, err, sizeof err);
     return NULL;
+}
+
+/* Every layer of the stage reported once, highest first, each with the gradients it
+ * covers (wte: with layer 0 on the embedding's stage, else with the head) already
+ * final then. */
+static int reports_final(const stage_thread *st)
+{
+    const pl_engine *e = &st->e;
+    if (st->ndone != e->end - e->begin) return 0;
+    for (int d = 0; d < st->ndone; d++) {
+        const int l = st->done[d];
+        if (l != e->end - 1 - d) return 0;
+        for (int i = 0; i < e->ntensors; i++) {
+            const pl_engine_tensor *t = &e->tensors[i];
+            int wte_at = pl_engine_has_embedding(e) ? 0 : e->cfg.L + 1;
+            int covered = i == e->wte_tensor ? l == wte_at : t->layer == l;
+            if (covered && memcmp(st->snap[d] + t->offset, e->grads + t->offset,
+                                  t->spec.numel * sizeof(float)))
+                return 0;
+        }
+    }
+    return 1;
 }
 
 static const pl_gpt_config *config(void)
@@ -79,7 +115,7 @@ static int compare(const int *cuts, int nst, int Nb)
     for (int k = 0; k < nst; k++) pthread_join(th[k], NULL);
 
     int ok = 1;
-    for (int k = 0; k < nst; k++) ok &= st[k].rc == 0;
+    for (int k = 0; k < nst; k++) ok &= st[k].rc == 0 && reports_final(&st[k]);
     ok &= st[nst - 1].loss == whole_loss;
     /* every tensor's gradient bitwise, except the tied wte (two holders, added below) */
     for (int k = 0; k < nst && ok; k++)
@@ -100,6 +136,7 @@ static int compare(const int *cuts, int nst, int Nb)
         ok &= fabsf(emb + head - ref) <= 1e-5f * (fabsf(emb) + fabsf(head)) + 1e-12f;
     }
     for (int k = 0; k < nst; k++) {
+        for (int d = 0; d < st[k].ndone; d++) free(st[k].snap[d]);
         pl_engine_destroy(&st[k].e);
         pl_schedule_free(&st[k].s);
         kn_destroy(kc[k]);

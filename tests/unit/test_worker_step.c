@@ -3,16 +3,24 @@
  * with their own kernel contexts and engines, activations over an in-memory link per
  * pipeline, gradients all-reduced over a real TCP mesh on 127.0.0.1, the Σgrad² shares
  * summed into the global norm for clipping, then AdamW. Compared per step with ONE
- * whole-model engine over the same microbatches. */
+ * whole-model engine over the same microbatches.
+ *
+ * Then the overlap of sync and backward (Oobleck §6.1) on two data-parallel ranks: the
+ * all-reduces start while the stage still runs (with a step time against
+ * stage-then-sync, as context), and failures of either side end the step without
+ * hanging. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <time.h>
 
 #include "check.h"
 #include "mailbox.h"
 #include "rng.h"
+#include "util.h"
 #include "worker_step.h"
 
 
@@ -303,6 +311,308 @@ static void test_two_heterogeneous_pipelines_equal_one_process(void)
     CHECK(ok);
 }
 
+/* ---- two data-parallel ranks, each the whole model ---- */
+
+enum { DP_L = 4, DP_C = 256, DP_B = 2, DP_T = 16, DP_BT = DP_B * DP_T, DP_MB = 2,
+       DP_STEPS = 14 };
+
+static const pl_gpt_config *dp_config(void)
+{
+    static pl_gpt_config c;
+    char err[128];
+    pl_gpt_config_init(&c, DP_L, DP_C, 4, 512, DP_T, err, sizeof err);
+    return &c;
+}
+
+typedef struct {
+    int rank;
+    int compare;    /* odd steps run stage-then-sync instead, for the timing line */
+    int steps;
+    int shut;       /* shut the connection to the peer down before the first step */
+    int timeout_ms;
+    const int *ports;
+    const pl_syncgroups *g;
+    const int32_t *tok, *tgt;
+    kn_ctx *k;
+    pl_engine e;
+    pl_schedule s;
+    pl_listener *l;
+    pl_conn *conns[2];
+    pl_worker_step_result res;
+    int overlapped;       /* over all steps */
+    float *overlap_grads; /* with compare: the gradients after the last overlapped step */
+    double ms[2];         /* wall time of the overlapped / serial steps after the first two */
+    int nms[2];
+    int rc;
+    char err[512];
+} dp_rank;
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* The step as it was before the overlap, for the timing context line: the whole stage,
+ * then every group in the rank's order, on the calling thread. */
+static int serial_step(const pl_worker_step_args *a, char *err, size_t errlen)
+{
+    pl_engine *e = a->engine;
+    pl_engine_zero_grads(e);
+    const size_t off = (size_t)a->first_micro * DP_BT;
+    pl_stage_batch batch = {a->tokens + off, a->targets + off,
+                            1.0f / (float)(a->global_micro * DP_BT)};
+    double loss;
+    if (pl_stage_step(e, a->schedule, a->link, &batch, &loss, err, errlen)) return -1;
+    const pl_sync_rank *me = pl_syncgroups_rank(a->groups, (int)a->peers->self);
+    const int L = a->groups->L;
+    for (int i = 0; i < me->ngroups; i++) {
+        const pl_sync_group *g = pl_syncgroups_group(a->groups, me->keys[i]);
+        pl_tensor_ref refs[PL_MAX_LAYER_TENSORS];
+        int n = pl_worker_group_tensors(e, g->key, refs);
+        int32_t group[2] = {g->ranks[0], g->ranks[1]};
+        uint32_t tag = a->step * (uint32_t)(L + 3) + (uint32_t)pl_sync_key_order(L, g->key);
+        if (pl_ring_allreduce_many(a->peers, group, 2, refs, n, tag, a->timeout_ms, err,
+                                   errlen))
+            return -1;
+    }
+    return 0;
+}
+
+static void *dp_run(void *arg)
+{
+    dp_rank *r = arg;
+    const char *hosts[2] = {"127.0.0.1", "127.0.0.1"};
+    char name[16];
+    snprintf(name, sizeof name, "rank%d", r->rank);
+    pl_comm_ident id = {.token = "test", .token_len = 4, .rank = r->rank, .name = name,
+                        .generation = 1};
+    r->rc = pl_comm_mesh(r->l, &id, 2, hosts, r->ports, 10000, r->conns, r->err, sizeof r->err);
+    if (r->rc) return NULL;
+    if (r->shut) shutdown(pl_conn_fd(r->conns[1 - r->rank]), SHUT_RDWR);
+    pl_peer_table peers = {r->rank, 2, r->conns};
+    pl_stage_link none = {NULL, NULL, NULL}; /* one stage: no neighbours */
+    for (int step = 0; step < r->steps && r->rc == 0; step++) {
+        const int serial = r->compare && step % 2;
+        const double t0 = now_ms();
+        pl_worker_step_args a = {
+            .engine = &r->e, .schedule = &r->s, .link = &none, .tokens = r->tok,
+            .targets = r->tgt, .first_micro = r->rank * DP_MB, .global_micro = 2 * DP_MB,
+            .groups = r->g, .peers = &peers, .step = (uint32_t)step,
+            .timeout_ms = r->timeout_ms,
+        };
+        if (serial) {
+            r->rc = serial_step(&a, r->err, sizeof r->err);
+        } else {
+            r->rc = pl_worker_step(&a, &r->res, r->err, sizeof r->err);
+            r->overlapped += r->res.overlapped;
+        }
+        if (step >= 2) { /* the first two warm the caches up */
+            r->ms[serial] += now_ms() - t0;
+            r->nms[serial]++;
+        }
+        if (r->compare && !serial && r->rc == 0) {
+            const size_t bytes = r->e.nparams * sizeof(float);
+            if (!r->overlap_grads && !(r->overlap_grads = malloc(bytes))) abort();
+            memcpy(r->overlap_grads, r->e.grads, bytes);
+        }
+    }
+    return NULL;
+}
+
+typedef struct {
+    pl_syncgroups g;
+    int ports[2];
+    int32_t tok[2 * DP_MB * DP_BT], tgt[2 * DP_MB * DP_BT];
+    dp_rank r[2];
+} dp_pair;
+
+/* Two pipelines of one stage each: every group (layers and wte) is {0, 1}. */
+static int dp_setup(dp_pair *p, int compare, int steps, int timeout_ms)
+{
+    const pl_gpt_config *c = dp_config();
+    char err[256];
+    static const pl_sync_stage S0[1] = {{0, DP_L + 2, 0}}, S1[1] = {{0, DP_L + 2, 1}};
+    pl_sync_pipeline pipes[2] = {{1, S0}, {1, S1}};
+    if (pl_syncgroups_compute(pipes, 2, c->L, &p->g, err, sizeof err)) return -1;
+    rng_state = 77;
+    for (int i = 0; i < 2 * DP_MB * DP_BT; i++) {
+        p->tok[i] = (int32_t)rng_range(0, c->V - 1);
+        p->tgt[i] = (int32_t)rng_range(0, c->V - 1);
+    }
+    for (int i = 0; i < 2; i++) {
+        dp_rank *r = &p->r[i];
+        *r = (dp_rank){.rank = i, .compare = compare, .steps = steps, .timeout_ms = timeout_ms,
+                       .ports = p->ports, .g = &p->g, .tok = p->tok, .tgt = p->tgt};
+        r->k = kn_create("cpu", 1, err, sizeof err);
+        if (!r->k || pl_schedule_1f1b(1, 0, DP_MB, &r->s, err, sizeof err) ||
+            pl_engine_create(&r->e, r->k, c, 0, c->L + 2, DP_B, DP_T, r->s.nslots, err,
+                             sizeof err) ||
+            pl_listener_open("127.0.0.1", 0, &r->l, err, sizeof err))
+            return -1;
+        pl_engine_init_random(&r->e, SEED);
+        p->ports[i] = pl_listener_port(r->l);
+    }
+    return 0;
+}
+
+static void dp_run_both(dp_pair *p)
+{
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, dp_run, &p->r[i]);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+}
+
+static void dp_teardown(dp_pair *p)
+{
+    for (int i = 0; i < 2; i++) {
+        dp_rank *r = &p->r[i];
+        for (int j = 0; j < 2; j++)
+            if (r->conns[j]) pl_conn_close(r->conns[j]);
+        if (r->l) pl_listener_close(r->l);
+        pl_engine_destroy(&r->e);
+        pl_schedule_free(&r->s);
+        if (r->k) kn_destroy(r->k);
+        free(r->overlap_grads);
+    }
+    pl_syncgroups_free(&p->g);
+}
+
+static void test_sync_overlaps_the_backward(void)
+{
+    dp_pair *p = calloc(1, sizeof *p);
+    CHECK(p);
+    CHECK_EQ_INT(dp_setup(p, 1, DP_STEPS, 10000), 0);
+    dp_run_both(p);
+    for (int i = 0; i < 2; i++) {
+        if (p->r[i].rc) printf("    rank %d: %s\n", i, p->r[i].err);
+        CHECK_EQ_INT(p->r[i].rc, 0);
+    }
+    /* the same sums in the same order: both ranks, both ways, bit for bit (the data and
+     * the parameters are the same every step) */
+    const size_t bytes = p->r[0].e.nparams * sizeof(float);
+    CHECK(memcmp(p->r[0].e.grads, p->r[1].e.grads, bytes) == 0);
+    CHECK(memcmp(p->r[0].e.grads, p->r[0].overlap_grads, bytes) == 0);
+    CHECK(memcmp(p->r[1].e.grads, p->r[1].overlap_grads, bytes) == 0);
+    const int ngroups = pl_syncgroups_rank(&p->g, 0)->ngroups, nover = (DP_STEPS + 1) / 2;
+    double ms[2];
+    for (int m = 0; m < 2; m++)
+        ms[m] = (p->r[0].ms[m] + p->r[1].ms[m]) / (p->r[0].nms[m] + p->r[1].nms[m]);
+    printf("    2 ranks, L=%d C=%d, %d×%d tokens × %d microbatches each: step %.1f ms "
+           "overlapped, %.1f ms stage then sync; groups started during the stage: %d and "
+           "%d of %d\n",
+           DP_L, DP_C, DP_B, DP_T, DP_MB, ms[0], ms[1], p->r[0].overlapped,
+           p->r[1].overlapped, ngroups * nover);
+    /* layer L+1's all-reduce is ready while L blocks and the embedding still run
+     * backward: the comm thread starts it long before the stage ends */
+    CHECK(p->r[0].overlapped > 0 && p->r[1].overlapped > 0);
+    dp_teardown(p);
+    free(p);
+}
+
+/* A peer whose connection dies: the first all-reduce (layer L+1, started while the
+ * blocks still run backward) fails on both ranks, and both steps return −1 long before
+ * the idle timeout. */
+static void test_transport_failure_during_backward_fails_the_step(void)
+{
+    dp_pair *p = calloc(1, sizeof *p);
+    CHECK(p);
+    const int timeout_ms = 20000;
+    CHECK_EQ_INT(dp_setup(p, 0, 1, timeout_ms), 0);
+    p->r[1].shut = 1;
+    double t0 = now_ms();
+    dp_run_both(p);
+    double ms = now_ms() - t0;
+    char first[32];
+    snprintf(first, sizeof first, "all-reduce of layer.%d", DP_L + 1);
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ_INT(p->r[i].rc, -1);
+        CHECK_STR_CONTAINS(p->r[i].err, first);
+    }
+    CHECK(ms < timeout_ms / 2);
+    printf("    rank 0: %s (after %.0f ms)\n", p->r[0].err, ms);
+    dp_teardown(p);
+    free(p);
+}
+
+/* ---- the compute side failing: a head stage behind a link that breaks ---- */
+
+typedef struct {
+    int fail_recv_mb, fail_send_mb; /* −1: never */
+} fake_link;
+
+static int fake_send(void *ctx, int peer, pl_link_kind kind, int mb, const float *buf, size_t n,
+                     char *err, size_t errlen)
+{
+    const fake_link *f = ctx;
+    if (mb == f->fail_send_mb) return pl_errf(err, errlen, "link: send of %d broke", mb);
+    return 0;
+}
+
+static int fake_recv(void *ctx, int peer, pl_link_kind kind, int mb, float *buf, size_t n,
+                     char *err, size_t errlen)
+{
+    const fake_link *f = ctx;
+    if (mb == f->fail_recv_mb) return pl_errf(err, errlen, "link: recv of %d broke", mb);
+    for (size_t i = 0; i < n; i++) buf[i] = 0.01f * (float)(i % 7);
+    return 0;
+}
+
+/* Stage 1 of a two-stage pipeline (rank 1: layers 2 .. L+1, the head with its wte copy)
+ * whose link fails before any layer is finished (the sync thread must be woken and
+ * stopped) or on the send after the last backward (every group but wte is then reduced
+ * (groups of one rank) and wte has no connection): the link's error is the step's. */
+static void test_link_failure_stops_the_sync(void)
+{
+    const pl_gpt_config *c = config();
+    char err[512];
+    static const pl_sync_stage S[2] = {{0, 2, 0}, {2, 5, 1}};
+    pl_sync_pipeline pipe = {2, S};
+    pl_syncgroups g;
+    CHECK_EQ_INT(pl_syncgroups_compute(&pipe, 1, c->L, &g, err, sizeof err), 0);
+    kn_ctx *k = kn_create("cpu", 1, err, sizeof err);
+    CHECK(k);
+    pl_schedule s;
+    CHECK_EQ_INT(pl_schedule_1f1b(2, 1, 3, &s, err, sizeof err), 0);
+    pl_engine e;
+    CHECK_EQ_INT(pl_engine_create(&e, k, c, 2, 5, B, T, s.nslots, err, sizeof err), 0);
+    pl_engine_init_random(&e, SEED);
+    int32_t tgt[3 * BT];
+    for (int i = 0; i < 3 * BT; i++) tgt[i] = i % c->V;
+    pl_conn *conns[2] = {NULL, NULL};
+    pl_peer_table peers = {1, 2, conns};
+    const fake_link cases[2] = {{0, -1}, {-1, 2}};
+    const char *want[2] = {"recv of 0 broke", "send of 2 broke"};
+    for (int i = 0; i < 2; i++) {
+        fake_link f = cases[i];
+        pl_stage_link link = {&f, fake_send, fake_recv};
+        pl_worker_step_args a = {.engine = &e, .schedule = &s, .link = &link,
+                                 .targets = tgt, .first_micro = 0, .global_micro = 3,
+                                 .groups = &g, .peers = &peers, .step = 0,
+                                 .timeout_ms = 1000};
+        pl_worker_step_result res;
+        CHECK_EQ_INT(pl_worker_step(&a, &res, err, sizeof err), -1);
+        CHECK_STR_CONTAINS(err, want[i]);
+    }
+    /* and with a link that works, the missing wte connection is the step's error */
+    fake_link ok = {-1, -1};
+    pl_stage_link link = {&ok, fake_send, fake_recv};
+    pl_worker_step_args a = {.engine = &e, .schedule = &s, .link = &link, .targets = tgt,
+                             .first_micro = 0, .global_micro = 3, .groups = &g,
+                             .peers = &peers, .step = 0, .timeout_ms = 1000};
+    pl_worker_step_result res;
+    CHECK_EQ_INT(pl_worker_step(&a, &res, err, sizeof err), -1);
+    CHECK_STR_CONTAINS(err, "all-reduce of wte");
+    pl_engine_destroy(&e);
+    pl_schedule_free(&s);
+    kn_destroy(k);
+    pl_syncgroups_free(&g);
+}
+
 TEST_MAIN_BEGIN
 RUN(test_two_heterogeneous_pipelines_equal_one_process);
+RUN(test_sync_overlaps_the_backward);
+RUN(test_transport_failure_during_backward_fails_the_step);
+RUN(test_link_failure_stops_the_sync);
 TEST_MAIN_END

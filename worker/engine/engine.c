@@ -323,6 +323,12 @@ static void block_backward(pl_engine *e, pl_slot *s, int l, const scratch *w)
 
 void pl_engine_backward(pl_engine *e, int slot, const float *dout, float dloss_scale)
 {
+    pl_engine_backward_notify(e, slot, dout, dloss_scale, NULL, NULL);
+}
+
+void pl_engine_backward_notify(pl_engine *e, int slot, const float *dout, float dloss_scale,
+                               pl_layer_done_fn done, void *ctx)
+{
     kn_ctx *k = e->k;
     pl_slot *s = &e->slots[slot];
     const int B = e->B, T = e->T, C = e->cfg.C, BT = B * T;
@@ -339,13 +345,19 @@ void pl_engine_backward(pl_engine *e, int slot, const float *dout, float dloss_s
         kn_zero(k, w.dres, BTC * sizeof(float));
         kn_layernorm_backward(k, w.dres, G(e, H, 0), G(e, H, 1), w.dln, last_output(e, s),
                               P(e, H, 0), s->lnf_mean, s->lnf_rstd, B, T, C);
+        if (done) done(ctx, H);
     } else {
         kn_to_device(k, w.dres, dout, BTC * sizeof(float));
     }
     int lo = (int)first_block(e);
-    for (int b = nblocks(e) - 1; b >= 0; b--) block_backward(e, s, lo + b, &w);
-    if (pl_engine_has_embedding(e))
+    for (int b = nblocks(e) - 1; b >= 0; b--) {
+        block_backward(e, s, lo + b, &w);
+        if (done) done(ctx, lo + b);
+    }
+    if (pl_engine_has_embedding(e)) {
         kn_encoder_backward(k, G(e, 0, 0), G(e, 0, 1), w.dres, s->tokens, B, T, C);
+        if (done) done(ctx, 0);
+    }
 }
 
 const float *pl_engine_input_grad(const pl_engine *e)

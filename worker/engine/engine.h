@@ -79,6 +79,15 @@ const float *pl_engine_probs(const pl_engine *e, int slot);
  * embedding, the gradient w.r.t. this stage's input is pl_engine_input_grad()
  * until the next backward. Frees the slot for the next forward. */
 void pl_engine_backward(pl_engine *e, int slot, const float *dout, float dloss_scale);
+
+/* pl_engine_backward that calls done(ctx, l) as soon as this backward's
+ * contribution to layer l's gradients is in place, for every layer of the
+ * range from high to low: the head (L+1, with the head's wte copy), the
+ * blocks, then layer 0 (with the embedding's wte). The runtime uses it to sync
+ * finished layers while lower ones still run (Oobleck §6.1). */
+typedef void (*pl_layer_done_fn)(void *ctx, int layer);
+void pl_engine_backward_notify(pl_engine *e, int slot, const float *dout, float dloss_scale,
+                               pl_layer_done_fn done, void *ctx);
 const float *pl_engine_input_grad(const pl_engine *e);
 
 void pl_engine_zero_grads(pl_engine *e);

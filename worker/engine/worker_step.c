@@ -1,5 +1,6 @@
 #include "worker_step.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,57 +23,157 @@ int pl_worker_group_tensors(const pl_engine *e, int key, pl_tensor_ref *refs)
     return n;
 }
 
-/* All-reduces one group's tensors. On the CPU backend the gradients are host memory and
- * are reduced in place; elsewhere they go through a host buffer. */
-static int reduce_group(const pl_worker_step_args *a, const pl_sync_group *g, uint32_t tag,
-                        char *err, size_t errlen)
+/* One sync group of this rank. */
+typedef struct {
+    const pl_sync_group *g;
+    int layer;                                 /* the layer whose backward completes it */
+    int n;
+    pl_tensor_ref refs[PL_MAX_LAYER_TENSORS];  /* the gradients */
+    pl_tensor_ref ring[PL_MAX_LAYER_TENSORS];  /* what the ring sums: refs on the CPU
+                                                  backend, else host copies */
+    int ready;                                 /* under mu */
+} sync_job;
+
+/* The step's sync, shared by the compute thread (which marks jobs ready as the last
+ * backward finishes their layers) and the comm thread (which reduces them in the rank's
+ * order, waiting for each): the overlap of Oobleck §6.1, DDP's gradient buckets. */
+typedef struct {
+    const pl_worker_step_args *a;
+    sync_job *jobs;
+    int njobs;
+    int host;          /* CPU backend: gradients are host memory, reduced in place */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stage_over;    /* under mu: the stage returned */
+    int abort;         /* under mu: the stage failed, reduce nothing more */
+    int overlapped;    /* under mu */
+    int rc;            /* the comm thread's result, read after join */
+    char err[512];
+} sync_state;
+
+/* Compute thread, from the engine's backward: the jobs completed by `layer` can go. */
+static void layer_done(void *ctx, int layer)
 {
-    pl_engine *e = a->engine;
-    pl_tensor_ref refs[PL_MAX_LAYER_TENSORS];
-    int n = pl_worker_group_tensors(e, g->key, refs);
-    if (n == 0) {
-        char name[32];
-        pl_sync_key_name(g->key, name, sizeof name);
-        return pl_errf(err, errlen, "worker step: rank %d is in group %s but holds none of it",
-                       (int)a->peers->self, name);
+    sync_state *s = ctx;
+    pl_engine *e = s->a->engine;
+    for (int i = 0; i < s->njobs; i++) {
+        sync_job *j = &s->jobs[i];
+        if (j->layer != layer) continue;
+        /* the kernels are the compute thread's: it stages device gradients itself */
+        if (!s->host && j->g->nranks > 1)
+            for (int t = 0; t < j->n; t++)
+                kn_to_host(e->k, j->ring[t].data, j->refs[t].data,
+                           j->refs[t].count * sizeof(float));
+        pthread_mutex_lock(&s->mu);
+        j->ready = 1;
+        pthread_cond_signal(&s->cv);
+        pthread_mutex_unlock(&s->mu);
     }
+}
+
+/* Comm thread: one group's ring all-reduce on host memory. */
+static int reduce_job(const sync_state *s, const sync_job *j, char *err, size_t errlen)
+{
+    const pl_worker_step_args *a = s->a;
+    const pl_sync_group *g = j->g;
     if (g->nranks == 1) return 0;
     int32_t *group = malloc((size_t)g->nranks * sizeof *group);
     if (!group) return pl_errf(err, errlen, "worker step: out of memory");
     for (int i = 0; i < g->nranks; i++) group[i] = g->ranks[i];
-    const int host = strcmp(kn_backend(e->k), "cpu") == 0;
-    pl_tensor_ref staged[PL_MAX_LAYER_TENSORS];
-    float *buf = NULL;
-    int rc = 0;
-    if (host) {
-        memcpy(staged, refs, (size_t)n * sizeof *refs);
-    } else {
-        size_t total = 0;
-        for (int i = 0; i < n; i++) total += refs[i].count;
-        buf = malloc(total * sizeof *buf);
-        if (!buf) {
-            free(group);
-            return pl_errf(err, errlen, "worker step: out of memory");
-        }
-        size_t off = 0;
-        for (int i = 0; i < n; i++) {
-            kn_to_host(e->k, buf + off, refs[i].data, refs[i].count * sizeof(float));
-            staged[i] = (pl_tensor_ref){buf + off, refs[i].count};
-            off += refs[i].count;
-        }
-    }
+    const int L = a->groups->L;
+    const uint32_t tag =
+        a->step * (uint32_t)(L + 3) + (uint32_t)pl_sync_key_order(L, g->key);
     char msg[256];
-    if (pl_ring_allreduce_many(a->peers, group, g->nranks, staged, n, tag, a->timeout_ms, msg,
-                               sizeof msg) != 0) {
+    int rc = 0;
+    if (pl_ring_allreduce_many(a->peers, group, g->nranks, j->ring, j->n, tag, a->timeout_ms,
+                               msg, sizeof msg) != 0) {
         char name[32];
         pl_sync_key_name(g->key, name, sizeof name);
         rc = pl_errf(err, errlen, "worker step: all-reduce of %s: %s", name, msg);
-    } else if (!host) {
-        for (int i = 0; i < n; i++)
-            kn_to_device(e->k, refs[i].data, staged[i].data, refs[i].count * sizeof(float));
     }
-    free(buf);
     free(group);
+    return rc;
+}
+
+/* The comm thread: no OpenMP, no kernels, the only user of the peers' connections. */
+static void *sync_main(void *arg)
+{
+    sync_state *s = arg;
+    for (int i = 0; i < s->njobs && s->rc == 0; i++) {
+        const sync_job *j = &s->jobs[i];
+        pthread_mutex_lock(&s->mu);
+        while (!j->ready && !s->abort) pthread_cond_wait(&s->cv, &s->mu);
+        const int stop = s->abort;
+        if (!stop && j->g->nranks > 1 && !s->stage_over) s->overlapped++;
+        pthread_mutex_unlock(&s->mu);
+        if (stop) break;
+        s->rc = reduce_job(s, j, s->err, sizeof s->err);
+    }
+    return NULL;
+}
+
+/* The rank's jobs in its run order; host staging (one buffer) off the CPU backend. */
+static int plan_sync(sync_state *s, const pl_sync_rank *me, float **buf, char *err,
+                     size_t errlen)
+{
+    const pl_worker_step_args *a = s->a;
+    pl_engine *e = a->engine;
+    s->njobs = me->ngroups;
+    s->jobs = calloc((size_t)me->ngroups, sizeof *s->jobs);
+    if (!s->jobs) return pl_errf(err, errlen, "worker step: out of memory");
+    size_t staged = 0;
+    for (int i = 0; i < me->ngroups; i++) {
+        sync_job *j = &s->jobs[i];
+        j->g = pl_syncgroups_group(a->groups, me->keys[i]);
+        if (!j->g)
+            return pl_errf(err, errlen, "worker step: unknown sync group key %d", me->keys[i]);
+        j->n = pl_worker_group_tensors(e, j->g->key, j->refs);
+        if (j->n == 0) {
+            char name[32];
+            pl_sync_key_name(j->g->key, name, sizeof name);
+            return pl_errf(err, errlen, "worker step: rank %d is in group %s but holds none of it",
+                           (int)a->peers->self, name);
+        }
+        /* wte is complete with the embedding's backward, or the head's without it */
+        j->layer = j->g->key != PL_SYNC_WTE ? j->g->key
+                   : pl_engine_has_embedding(e) ? 0 : e->cfg.L + 1;
+        memcpy(j->ring, j->refs, (size_t)j->n * sizeof *j->refs);
+        if (!s->host && j->g->nranks > 1)
+            for (int t = 0; t < j->n; t++) staged += j->refs[t].count;
+    }
+    if (staged == 0) return 0;
+    *buf = malloc(staged * sizeof **buf);
+    if (!*buf) return pl_errf(err, errlen, "worker step: out of memory");
+    size_t off = 0;
+    for (int i = 0; i < s->njobs; i++) {
+        sync_job *j = &s->jobs[i];
+        if (j->g->nranks == 1) continue;
+        for (int t = 0; t < j->n; t++) {
+            j->ring[t].data = *buf + off;
+            off += j->refs[t].count;
+        }
+    }
+    return 0;
+}
+
+/* Runs the stage with the comm thread beside it; 0, or −1 with err from whichever
+ * thread failed (the stage's error first). */
+static int stage_and_sync(sync_state *s, const pl_stage_batch *batch, double *loss, char *err,
+                          size_t errlen)
+{
+    const pl_worker_step_args *a = s->a;
+    pthread_t th;
+    if (pthread_create(&th, NULL, sync_main, s) != 0)
+        return pl_errf(err, errlen, "worker step: cannot start the sync thread");
+    int rc = pl_stage_step_notify(a->engine, a->schedule, a->link, batch, layer_done, s, loss,
+                                  err, errlen);
+    pthread_mutex_lock(&s->mu);
+    s->stage_over = 1;
+    s->abort = rc != 0;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(th, NULL);
+    if (rc == 0 && s->rc != 0) rc = pl_errf(err, errlen, "%s", s->err);
     return rc;
 }
 
@@ -80,18 +181,17 @@ int pl_worker_step(const pl_worker_step_args *a, pl_worker_step_result *out, cha
                    size_t errlen)
 {
     pl_engine *e = a->engine;
-    const pl_schedule *s = a->schedule;
+    const pl_schedule *sch = a->schedule;
     memset(out, 0, sizeof *out);
-    if (a->first_micro < 0 || a->first_micro + s->nmicro > a->global_micro)
+    if (a->first_micro < 0 || a->first_micro + sch->nmicro > a->global_micro)
         return pl_errf(err, errlen,
                        "worker step: microbatches [%d, %d) outside the step's %d",
-                       a->first_micro, a->first_micro + s->nmicro, a->global_micro);
+                       a->first_micro, a->first_micro + sch->nmicro, a->global_micro);
     const pl_sync_rank *me = pl_syncgroups_rank(a->groups, (int)a->peers->self);
     if (!me)
         return pl_errf(err, errlen, "worker step: rank %d runs no stage in the plan",
                        (int)a->peers->self);
 
-    pl_engine_zero_grads(e);
     const size_t BT = (size_t)e->B * (size_t)e->T, off = (size_t)a->first_micro * BT;
     pl_stage_batch batch = {
         pl_engine_has_embedding(e) && a->tokens ? a->tokens + off : NULL,
@@ -102,25 +202,37 @@ int pl_worker_step(const pl_worker_step_args *a, pl_worker_step_result *out, cha
         return pl_errf(err, errlen, "worker step: the stage has the embedding and needs tokens");
     if (pl_engine_has_head(e) && !batch.targets)
         return pl_errf(err, errlen, "worker step: the stage has the head and needs targets");
-    double loss = 0;
-    if (pl_stage_step(e, s, a->link, &batch, &loss, err, errlen) != 0) return -1;
 
-    const int L = a->groups->L, ngroups_total = L + 3;
-    double sumsq = 0;
-    for (int i = 0; i < me->ngroups; i++) {
-        const pl_sync_group *g = pl_syncgroups_group(a->groups, me->keys[i]);
-        if (!g) return pl_errf(err, errlen, "worker step: unknown sync group key %d", me->keys[i]);
-        uint32_t tag = a->step * (uint32_t)ngroups_total + (uint32_t)pl_sync_key_order(L, g->key);
-        if (reduce_group(a, g, tag, err, errlen) != 0) return -1;
-        if (g->ranks[0] == (int)a->peers->self) {
-            pl_tensor_ref refs[PL_MAX_LAYER_TENSORS];
-            int n = pl_worker_group_tensors(e, g->key, refs);
-            for (int j = 0; j < n; j++) sumsq += kn_sum_squares(e->k, refs[j].data, refs[j].count);
-        }
+    sync_state s = {.a = a, .host = strcmp(kn_backend(e->k), "cpu") == 0};
+    float *buf = NULL;
+    int rc = plan_sync(&s, me, &buf, err, errlen);
+    double loss = 0;
+    if (rc == 0) {
+        pl_engine_zero_grads(e);
+        pthread_mutex_init(&s.mu, NULL);
+        pthread_cond_init(&s.cv, NULL);
+        rc = stage_and_sync(&s, &batch, &loss, err, errlen);
+        pthread_cond_destroy(&s.cv);
+        pthread_mutex_destroy(&s.mu);
     }
+    double sumsq = 0;
+    for (int i = 0; i < s.njobs && rc == 0; i++) {
+        const sync_job *j = &s.jobs[i];
+        if (!s.host && j->g->nranks > 1)
+            for (int t = 0; t < j->n; t++)
+                kn_to_device(e->k, j->refs[t].data, j->ring[t].data,
+                             j->refs[t].count * sizeof(float));
+        if (j->g->ranks[0] == (int)a->peers->self)
+            for (int t = 0; t < j->n; t++)
+                sumsq += kn_sum_squares(e->k, j->refs[t].data, j->refs[t].count);
+    }
+    free(buf);
+    free(s.jobs);
+    if (rc != 0) return -1;
     out->grad_sumsq = sumsq;
     out->has_loss = pl_engine_has_head(e);
     out->loss_sum = out->has_loss ? loss : 0;
+    out->overlapped = s.overlapped;
     return 0;
 }
 

@@ -1,10 +1,12 @@
 /* The worker's share of one distributed training step (docs/runtime.md, "One step";
  * ARCHITECTURE.md, "Steps are atomic"):
  *
- *   pl_worker_step   run this rank's stage over its pipeline's microbatches, then
+ *   pl_worker_step   run this rank's stage over its pipeline's microbatches and
  *                    all-reduce (SUM) the gradients of every sync group the rank belongs
- *                    to, in the rank's order from pl_syncgroups, and return the rank's
- *                    share of the global Σgrad² and (last stages) the loss sum;
+ *                    to, in the rank's order from pl_syncgroups, each as soon as the
+ *                    stage's last backward has finished its layer (Oobleck §6.1), and
+ *                    return the rank's share of the global Σgrad² and (last stages) the
+ *                    loss sum;
  *   (coordinator)    sums the shares of all ranks into the global norm², answers
  *                    commit {grad_scale = min(1, clip / norm), lr};
  *   pl_worker_apply  AdamW with that scale.
@@ -45,12 +47,21 @@ typedef struct {
                            this one: every tensor counted by exactly one rank */
     double loss_sum;    /* with the head: Σ of the pipeline's microbatch mean losses; else 0 */
     int has_loss;       /* the stage holds the head */
+    int overlapped;     /* groups of ≥ 2 ranks whose all-reduce started while the stage
+                           was still running: the sync hidden behind the backward */
 } pl_worker_step_result;
 
-/* Zeroes the gradients, runs the stage with dloss_scale = 1 / (global_micro · B · T), then the sync groups' all-reduces. Group key l (0 .. L+1)
- * covers every tensor of layer l the engine holds except wte; PL_SYNC_WTE covers the wte
- * tensor (the embedding's, or the head-only stage's copy). Returns 0, or −1 with err
- * (stage link or transport failure: the step must be aborted). */
+/* Zeroes the gradients and runs the stage with dloss_scale = 1 / (global_micro · B · T)
+ * while a communication thread runs the sync groups' all-reduces, each group once the
+ * stage's last backward has finished its layer (wte: layer 0 with the embedding, else
+ * the head). That thread is the only user of the peers' connections during the call
+ * and uses neither OpenMP nor the kernels; the compute thread copies gradients to and
+ * from host memory on backends other than the CPU's. The sums are the same as
+ * reducing after the stage, bit for bit. Group key l (0 .. L+1) covers every tensor of
+ * layer l the engine holds except wte; PL_SYNC_WTE covers the wte tensor (the
+ * embedding's, or the head-only stage's copy). Returns 0, or −1 with err (stage link or
+ * transport failure: the step must be aborted; a link failure stops the sync at the
+ * next group, a transport failure is reported once the stage is over). */
 int pl_worker_step(const pl_worker_step_args *a, pl_worker_step_result *out, char *err,
                    size_t errlen);
 
