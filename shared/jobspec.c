@@ -538,8 +538,9 @@ static int subtree_json(pctx *c, const pl_ynode *map, const char *path, char **o
 
 static int parse_worker(pctx *c, const pl_ynode *spec, pl_job *job)
 {
-    static const char *const known[] = {"image", "resources", "nodeSelector", "tolerations", "affinity",
-                                        "priorityClassName", "env", "volumes", "volumeMounts",
+    static const char *const known[] = {"image", "imagePullPolicy", "resources", "nodeSelector",
+                                        "tolerations", "affinity", "priorityClassName", "env",
+                                        "volumes", "volumeMounts",
                                         "terminationGracePeriodSeconds", NULL};
     const char *P = "spec.worker";
     const pl_ynode *map;
@@ -547,7 +548,8 @@ static int parse_worker(pctx *c, const pl_ynode *spec, pl_job *job)
     if (!map) return 0;
     if (check_fields(c, map, P, known)) return -1;
     uint64_t grace = 0;
-    if (want_type(c, map, P, "image", PL_Y_STR) || want_type(c, map, P, "resources", PL_Y_MAP) ||
+    if (want_type(c, map, P, "image", PL_Y_STR) || want_type(c, map, P, "imagePullPolicy", PL_Y_STR) ||
+        want_type(c, map, P, "resources", PL_Y_MAP) ||
         want_type(c, map, P, "nodeSelector", PL_Y_MAP) || want_type(c, map, P, "tolerations", PL_Y_SEQ) ||
         want_type(c, map, P, "affinity", PL_Y_MAP) || want_type(c, map, P, "priorityClassName", PL_Y_STR) ||
         want_type(c, map, P, "env", PL_Y_SEQ) || want_type(c, map, P, "volumes", PL_Y_SEQ) ||

@@ -367,10 +367,15 @@ def usage_errors():
     check(rc == 2 and "PLIANT_COORDINATOR" in err, "status %d: %s", rc, err)
 
 
-def run_chaos(job, workers, chaos, timeout=180):
+def run_chaos(job, workers, chaos, timeout=180, env=None):
+    """pliant run with --chaos; env: extra environment (PLIANT_FAULT_<worker>)."""
     m = job + ".run.jsonl"
-    rc, out, err = run("run", job, "--workers", workers, "--metrics", m, "--threads", 1,
-                       "--chaos", chaos, timeout=timeout)
+    p = subprocess.run([suite.pliant, "run", job, "--workers", str(workers), "--metrics", m,
+                        "--threads", "1", "--chaos", chaos], cwd=REPO,
+                       env=dict(os.environ, **(env or {})), stdin=subprocess.DEVNULL,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+    rc, out, err = p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(
+        errors="replace")
     check(rc == 0, "run failed (%d):\n%s\n%s", rc, out[-2500:], err[-2500:])
     return m, out, err
 
@@ -495,6 +500,38 @@ def too_few_workers_wait_then_continue_with_the_returning_ones():
     rec = events(m, "reconfigure")
     check(rec and all(r["from_checkpoint"] is False for r in rec), "reconfigure: %s", rec)
     check(rec[-1]["added"] and rec[-1]["bytes_copied"] > 0, "last reconfigure: %s", rec[-1])
+    check_steps_match(metrics(m), reference(job), steps)
+
+
+@test
+def worker_killed_during_the_gradient_all_reduce():
+    """w1 of 3 SIGKILLs itself between two layer all-reduces of step 4
+    (PLIANT_FAULT_w1=sync:4): its peers' rings fail, the step is aborted and redone by
+    the survivors, every step once with train's losses."""
+    steps = 10
+    job = write_job("sync", steps=steps)
+    m, out, err = run_chaos(job, 3, "kill:0@step=99", env={"PLIANT_FAULT_w1": "sync:4"})
+    check("SIGKILL during the gradient all-reduce" in err, "no fault:\n%s", err[-1500:])
+    rec = events(m, "reconfigure")
+    check(len(rec) == 1 and rec[0]["removed"] == ["w1"] and rec[0]["step"] == 4,
+          "reconfigure: %s", rec)
+    check_steps_match(metrics(m), reference(job), steps)
+
+
+@test
+def copy_source_killed_during_the_layer_copy():
+    """w1 is killed at step 3; w3 joins at step 5 and receives every layer from the
+    survivors w0 and w2, but w2 SIGKILLs itself after sending its first tensor
+    (PLIANT_FAULT_w2=copy:3): the coordinator replans from the stable plan and w0
+    sends everything; every step once with train's losses."""
+    steps = 40
+    job = write_job("copykill", steps=steps)
+    m, out, err = run_chaos(job, 3, "kill:1@step=3,add:1@step=5",
+                            env={"PLIANT_FAULT_w2": "copy:3"})
+    check("SIGKILL during a layer copy" in err, "no fault:\n%s", err[-2000:])
+    rec = events(m, "reconfigure")
+    check(len(rec) == 3 and rec[2]["removed"] == ["w2"] and rec[2]["added"] == ["w3"],
+          "reconfigure: %s", rec)
     check_steps_match(metrics(m), reference(job), steps)
 
 

@@ -61,6 +61,11 @@ typedef struct {
     int have_ts;
     pl_ctl_client *cli;
     pl_ckpt_writer *ckw;  /* checkpoints of this worker's layers, in the background */
+    /* fault injection (tests): PLIANT_FAULT_<name> = sync:STEP or copy:GEN */
+    enum { FAULT_NONE, FAULT_SYNC, FAULT_COPY } fault;
+    pl_proto_name broken; /* the peer whose link or copy failed the plan being installed */
+    int64_t fault_at;
+    int fault_groups;
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -293,6 +298,37 @@ typedef struct {
     pthread_t th;
 } copy_sender;
 
+/* The recovery tests' faults: this worker SIGKILLs itself in the middle of an
+ * operation (between two all-reduces of a step, or after the first tensor of a
+ * layer copy), as a preempted node would die. */
+static void fault_die(agent *a, const char *where)
+{
+    logf_(a, "PLIANT_FAULT: SIGKILL during %s", where);
+    raise(SIGKILL);
+}
+
+static void fault_before_reduce(void *ctx, int key)
+{
+    agent *a = ctx;
+    (void)key;
+    if (++a->fault_groups == 2) fault_die(a, "the gradient all-reduce");
+}
+
+static int parse_fault(agent *a, char *err, size_t errlen)
+{
+    char var[PL_PROTO_NAME_MAX + 16];
+    snprintf(var, sizeof var, "PLIANT_FAULT_%s", a->o->name);
+    const char *v = getenv(var);
+    if (!v) return 0;
+    char *end = NULL;
+    if (!strncmp(v, "sync:", 5)) a->fault = FAULT_SYNC;
+    else if (!strncmp(v, "copy:", 5)) a->fault = FAULT_COPY;
+    if (a->fault != FAULT_NONE) a->fault_at = strtoll(v + 5, &end, 10);
+    if (a->fault == FAULT_NONE || !end || end == v + 5 || *end || a->fault_at < 0)
+        return pl_errf(err, errlen, "%s: expected sync:STEP or copy:GENERATION, got '%s'", var, v);
+    return 0;
+}
+
 static void *sender_main(void *arg)
 {
     copy_sender *s = arg;
@@ -324,6 +360,8 @@ static void *sender_main(void *arg)
                                     t->spec.numel, PEER_TIMEOUT_MS, s->err, sizeof s->err))
                 goto out;
         s->bytes += 3 * (int64_t)t->spec.numel * (int64_t)sizeof(float);
+        if (s->a->fault == FAULT_COPY && s->a->gen == s->a->fault_at)
+            fault_die(s->a, "a layer copy");
     }
     free(req);
     req = NULL;
@@ -536,16 +574,20 @@ out:
     for (int k = 0; k < nrecv; k++) {
         if (rcv[k].started) {
             pthread_join(rcv[k].th, NULL);
-            if (rcv[k].rc && rc == 0)
+            if (rcv[k].rc && rc == 0) {
                 rc = pl_errf(err, errlen, "copy from %s: %s", rcv[k].source, rcv[k].err);
+                snprintf(a->broken, sizeof a->broken, "%s", rcv[k].source);
+            }
             *bytes_in += rcv[k].bytes;
         }
         if (rcv[k].c) pl_conn_close(rcv[k].c);
     }
     for (int k = 0; k < nsend; k++) {
         pthread_join(snd[k].th, NULL);
-        if (snd[k].rc && rc == 0)
+        if (snd[k].rc && rc == 0) {
             rc = pl_errf(err, errlen, "copy to %s: %s", snd[k].dest, snd[k].err);
+            snprintf(a->broken, sizeof a->broken, "%s", snd[k].dest);
+        }
     }
     if (rc == 0 && have_ne) {
         a->e = ne;
@@ -597,6 +639,7 @@ static void on_saved(void *user, int64_t step, int begin, int end, int rc, int64
 static int install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err, size_t errlen)
 {
     const pl_msg_plan *p = &m->u.plan;
+    a->broken[0] = 0;
     teardown_links(a);
     stash_clear(a);
     pthread_mutex_lock(&a->mu);
@@ -725,6 +768,7 @@ static int install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err,
             pl_errf(err, errlen, "no address for peer %s", names[r]);
             break;
         }
+        snprintf(a->broken, sizeof a->broken, "%s", names[r]); /* kept if the dial fails */
         if (need_rank[r] &&
             dial_peer(a, host, port, &id, r, PEER_TIMEOUT_MS, &a->conns[r], err, errlen))
             break;
@@ -733,6 +777,7 @@ static int install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err,
             lid.rank = a->rank + LINK_RANK_OFFSET;
             if (dial_peer(a, host, port, &lid, r, PEER_TIMEOUT_MS, &prev, err, errlen)) break;
         }
+        a->broken[0] = 0;
     }
     int ok = !err[0];
     double t0 = now_ms();
@@ -794,6 +839,10 @@ static int run_step(agent *a, int64_t s, char *err, size_t errlen)
                                 .global_micro = a->global_micro, .groups = &a->g,
                                 .peers = &peers, .step = (uint32_t)s,
                                 .timeout_ms = PEER_TIMEOUT_MS};
+    if (a->fault == FAULT_SYNC && s == a->fault_at) {
+        args.before_reduce = fault_before_reduce;
+        args.hook_ctx = a;
+    }
     pl_worker_step_result res;
     if (pl_worker_step(&args, &res, err, errlen)) return -1;
     pl_msg m;
@@ -823,10 +872,20 @@ static void handle(agent *a, const pl_msg *m)
     {
         int64_t bytes = 0;
         if (install_plan(a, m, &bytes, err, sizeof err)) {
-            if (superseded(a)) { /* the next plan replaces it (the copy source is kept) */
+            int peer_fault = a->broken[0] != 0;
+            if (superseded(a) || peer_fault) {
+                /* the next plan replaces it (the copy source is kept); a failed peer is
+                 * reported, so that the coordinator makes that plan */
                 logf_(a, "plan generation %lld given up: %s", (long long)m->gen, err);
                 teardown_links(a);
                 stash_clear(a);
+                if (peer_fault && !superseded(a)) {
+                    pl_msg_init(&r, PL_MSG_PEER_BROKEN, a->gen);
+                    snprintf(r.u.peer_broken.peer, sizeof r.u.peer_broken.peer, "%s", a->broken);
+                    snprintf(r.u.peer_broken.reason, sizeof r.u.peer_broken.reason, "%.200s",
+                             err);
+                    post(a, &r);
+                }
                 return;
             }
             fail(a, "plan", err);
@@ -947,6 +1006,7 @@ static int setup(agent *a, char *err, size_t errlen)
     a->have_ts = 1;
     if (pl_listener_open("127.0.0.1", o->peer_port, &a->lst, err, errlen)) return -1;
     if (!(a->ckw = pl_ckpt_writer_new(on_saved, a))) return pl_errf(err, errlen, "out of memory");
+    if (parse_fault(a, err, errlen)) return -1;
     return 0;
 }
 

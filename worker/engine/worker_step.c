@@ -107,6 +107,7 @@ static void *sync_main(void *arg)
         if (!stop && j->g->nranks > 1 && !s->stage_over) s->overlapped++;
         pthread_mutex_unlock(&s->mu);
         if (stop) break;
+        if (s->a->before_reduce && j->g->nranks > 1) s->a->before_reduce(s->a->hook_ctx, j->g->key);
         s->rc = reduce_job(s, j, s->err, sizeof s->err);
     }
     return NULL;

@@ -40,6 +40,10 @@ typedef struct {
     const pl_peer_table *peers;      /* peers->self is this rank; conn[r] for every group peer */
     uint32_t step;                   /* mixed into the all-reduce tags */
     int timeout_ms;                  /* all-reduce idle timeout */
+    /* Fault injection for recovery tests: called on the comm thread before the
+     * all-reduce of each group shared with other ranks. NULL: none. */
+    void (*before_reduce)(void *ctx, int key);
+    void *hook_ctx;
 } pl_worker_step_args;
 
 typedef struct {

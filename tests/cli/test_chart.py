@@ -1,0 +1,949 @@
+#!/usr/bin/env python3
+"""Tests of the Helm chart charts/pliant (issue 5: packaging).
+
+`helm` is not installed where the tests run, so this file carries a renderer of
+the subset of Helm's template language the chart keeps to: {{ }} actions with
+'-' whitespace trimming, comments, fields (.Values.x.y, .Release.Name/Namespace/
+Service, .Chart.Name/Version/AppVersion, $ and $var), pipelines, parentheses,
+if / else if / else, with / else, range (lists and maps, with $i, $v :=),
+define / include, and the functions toYaml, nindent, indent, quote, default,
+trunc, trimSuffix, printf, list, int, eq, ne, lt, le, gt, ge, not, and, or.
+Anything else is an error, so the templates cannot drift outside the subset
+unnoticed. Values are merged over values.yaml as Helm does (maps deeply, the
+rest replaced), numbers print as Go prints float64 values.
+
+Every template is rendered with the default values and with two other value
+sets; each must give valid YAML documents (tests/yamlmini.py) of the expected
+kinds, security settings, RBAC verbs, replicas, probes, ports and selectors.
+Where kubectl is installed, it decodes the rendered objects offline too.
+
+Run: python3 tests/cli/test_chart.py --build build [-k SUBSTRING]
+"""
+
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from clitest import REPO, Suite, check  # noqa: E402
+import yamlmini  # noqa: E402
+
+suite = Suite("chart")
+test = suite.test
+
+CHART = os.path.join(REPO, "charts", "pliant")
+
+
+# --------------------------------------------------------------------------
+# A renderer of the Go-template subset
+
+
+class TemplateError(Exception):
+    pass
+
+
+_TOKEN_RE = re.compile(r"""
+    (?P<ws>\s+)
+  | (?P<str>"(?:[^"\\]|\\.)*")
+  | (?P<raw>`[^`]*`)
+  | (?P<num>-?\d+(?:\.\d+)?)
+  | (?P<decl>:=)
+  | (?P<assign>=)
+  | (?P<punct>[()|,])
+  | (?P<field>(?:\$[A-Za-z0-9_]*|)(?:\.[A-Za-z_][A-Za-z0-9_]*)+|\.|\$[A-Za-z0-9_]*)
+  | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
+""", re.X)
+
+
+def _lex_action(text, where):
+    toks, i = [], 0
+    while i < len(text):
+        m = _TOKEN_RE.match(text, i)
+        if not m:
+            raise TemplateError("%s: cannot read %r" % (where, text[i:i + 20]))
+        i = m.end()
+        kind = m.lastgroup
+        if kind == "ws":
+            continue
+        val = m.group(kind)
+        if kind == "str":
+            val = json.loads(val)
+        elif kind == "raw":
+            kind, val = "str", val[1:-1]
+        elif kind == "num":
+            val = float(val) if "." in val else int(val)
+        toks.append((kind, val))
+    return toks
+
+
+def _split_template(src, name):
+    """[("text", s) | ("action", content, where)] with trimming applied."""
+    out, i, line = [], 0, 1
+    while True:
+        j = src.find("{{", i)
+        if j < 0:
+            out.append(["text", src[i:]])
+            return out
+        text = src[i:j]
+        k = j + 2
+        trim_left = src.startswith("- ", k) or src.startswith("-\n", k)
+        if trim_left:
+            k += 1
+        # find the closing braces outside string literals
+        m = k
+        quote = None
+        while m < len(src):
+            ch = src[m]
+            if quote:
+                if ch == "\\" and quote == '"':
+                    m += 2
+                    continue
+                if ch == quote:
+                    quote = None
+            elif ch in "\"`":
+                quote = ch
+            elif src.startswith("}}", m):
+                break
+            m += 1
+        else:
+            raise TemplateError("%s:%d: unclosed action" % (name, line))
+        content = src[k:m]
+        trim_right = content.endswith(" -") or content.endswith("\n-")
+        if trim_right:
+            content = content[:-1]
+        if trim_left:
+            text = text.rstrip(" \t\r\n")
+        line += src[i:m].count("\n")
+        out.append(["text", text])
+        out.append(["action", content.strip(), "%s:%d" % (name, line), trim_right])
+        i = m + 2
+        if trim_right:
+            while i < len(src) and src[i] in " \t\r\n":
+                i += 1
+
+
+class _Parser:
+    def __init__(self, pieces, defines):
+        self.p = pieces
+        self.i = 0
+        self.defines = defines
+
+    def parse(self, stop=()):
+        """Nodes until an action whose keyword is in stop: (nodes, stop keyword, action)."""
+        nodes = []
+        while self.i < len(self.p):
+            piece = self.p[self.i]
+            self.i += 1
+            if piece[0] == "text":
+                if piece[1]:
+                    nodes.append(("text", piece[1]))
+                continue
+            content, where = piece[1], piece[2]
+            if content.startswith("/*"):
+                if not content.endswith("*/"):
+                    raise TemplateError("%s: bad comment" % where)
+                continue
+            word = content.split(None, 1)[0] if content else ""
+            rest = content[len(word):].strip()
+            if word in stop:
+                return nodes, word, (rest, where)
+            if word == "if":
+                nodes.append(self.conditional("if", rest, where))
+            elif word == "with":
+                nodes.append(self.conditional("with", rest, where))
+            elif word == "range":
+                nodes.append(self.conditional("range", rest, where))
+            elif word == "define":
+                toks = _lex_action(rest, where)
+                if len(toks) != 1 or toks[0][0] != "str":
+                    raise TemplateError("%s: define needs a name" % where)
+                body, kw, _ = self.parse(("end",))
+                if kw != "end":
+                    raise TemplateError("%s: define without end" % where)
+                self.defines[toks[0][1]] = body
+            elif word in ("end", "else"):
+                raise TemplateError("%s: unexpected %s" % (where, word))
+            elif word in ("template", "block", "break", "continue", "tpl"):
+                raise TemplateError("%s: '%s' is outside the chart's template subset" % (where, word))
+            else:
+                nodes.append(("action", _parse_pipeline(_lex_action(content, where), where), where))
+        if stop:
+            raise TemplateError("missing {{ end }}")
+        return nodes, None, None
+
+    def conditional(self, kind, rest, where):
+        pipe = _parse_pipeline(_lex_action(rest, where), where)
+        body, kw, info = self.parse(("else", "end"))
+        other = []
+        if kw == "else":
+            erest, ewhere = info
+            if erest.startswith("if ") and kind == "if":
+                other = [self.conditional("if", erest[3:].strip(), ewhere)]
+                return (kind, pipe, body, other, where)
+            if erest:
+                raise TemplateError("%s: else %s is outside the subset" % (ewhere, erest))
+            other, kw2, _ = self.parse(("end",))
+        return (kind, pipe, body, other, where)
+
+
+def _parse_pipeline(toks, where):
+    """{"decl": [vars], "cmds": [[operand...]]}; operands: (kind, value)."""
+    decl = []
+    if len(toks) >= 2 and toks[0][0] == "field" and toks[0][1].startswith("$"):
+        # $v := ...  or  $i, $v := ...
+        k = 0
+        names = []
+        while k < len(toks) and toks[k][0] == "field" and toks[k][1].startswith("$"):
+            names.append(toks[k][1])
+            k += 1
+            if k < len(toks) and toks[k] == ("punct", ","):
+                k += 1
+                continue
+            break
+        if k < len(toks) and toks[k][0] == "decl":
+            decl = names
+            toks = toks[k + 1:]
+    pos = [0]
+
+    def operand():
+        kind, val = toks[pos[0]]
+        pos[0] += 1
+        if (kind, val) == ("punct", "("):
+            depth, start = 1, pos[0]
+            while depth:
+                if pos[0] >= len(toks):
+                    raise TemplateError("%s: unbalanced (" % where)
+                if toks[pos[0]] == ("punct", "("):
+                    depth += 1
+                elif toks[pos[0]] == ("punct", ")"):
+                    depth -= 1
+                pos[0] += 1
+            return ("pipe", _parse_pipeline(toks[start:pos[0] - 1], where))
+        if kind == "punct":
+            raise TemplateError("%s: unexpected %r" % (where, val))
+        return (kind, val)
+
+    cmds, cur = [], []
+    while pos[0] < len(toks):
+        if toks[pos[0]] == ("punct", "|"):
+            pos[0] += 1
+            if not cur:
+                raise TemplateError("%s: empty command" % where)
+            cmds.append(cur)
+            cur = []
+            continue
+        cur.append(operand())
+    if not cur:
+        raise TemplateError("%s: empty pipeline" % where)
+    cmds.append(cur)
+    return {"decl": decl, "cmds": cmds, "where": where}
+
+
+def _truthy(v):
+    if v is None or v is False:
+        return False
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return v != 0
+    if isinstance(v, (str, list, dict, tuple)):
+        return len(v) > 0
+    return True
+
+
+def _gostr(v):
+    """What Go's fmt prints for a value (maps and slices are refused)."""
+    if v is None:
+        return ""  # Helm turns <no value> into ""
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    if isinstance(v, float):
+        if v == int(v) and abs(v) < 1e21:
+            return "%d" % int(v)
+        return repr(v)
+    if isinstance(v, (dict, list)):
+        raise TemplateError("printing a %s (use toYaml)" % type(v).__name__)
+    return str(v)
+
+
+def _go_printf(fmt, *args):
+    out, ai, i = [], 0, 0
+    while i < len(fmt):
+        ch = fmt[i]
+        if ch != "%":
+            out.append(ch)
+            i += 1
+            continue
+        verb = fmt[i + 1]
+        i += 2
+        if verb == "%":
+            out.append("%")
+            continue
+        a = args[ai]
+        ai += 1
+        if verb in "sv":
+            out.append(_gostr(a))
+        elif verb == "d":
+            out.append("%d" % int(a))
+        elif verb == "q":
+            out.append(json.dumps(_gostr(a)))
+        else:
+            raise TemplateError("printf verb %%%s is outside the subset" % verb)
+    return "".join(out)
+
+
+def _indent(n, s):
+    pad = " " * int(n)
+    return pad + s.replace("\n", "\n" + pad)
+
+
+def _num_types_same(a, b):
+    # Go compares float64 with int only after an explicit conversion.
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b)
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return type(a) is type(b)
+    return True
+
+
+def _eq(a, *bs):
+    for b in bs:
+        if not _num_types_same(a, b):
+            raise TemplateError("incompatible types for comparison: %r, %r" % (a, b))
+        if a == b:
+            return True
+    return False
+
+
+def _order(op):
+    def f(a, b):
+        if not _num_types_same(a, b) or isinstance(a, (dict, list, type(None))):
+            raise TemplateError("incompatible types for comparison: %r, %r" % (a, b))
+        return op(a, b)
+    return f
+
+
+class Renderer:
+    def __init__(self, values, release_name="pliant", namespace="pliant-system"):
+        with open(os.path.join(CHART, "Chart.yaml")) as f:
+            chart = yamlmini.load(f.read())
+        self.root = {
+            "Values": _as_helm_values(values),
+            "Release": {"Name": release_name, "Namespace": namespace, "Service": "Helm",
+                        "IsInstall": True, "IsUpgrade": False, "Revision": 1},
+            "Chart": {"Name": chart["name"], "Version": chart["version"],
+                      "AppVersion": chart.get("appVersion", "")},
+        }
+        self.defines = {}
+        self.templates = {}
+        self.values_read = set()  # every .Values.a.b path a template read
+        tdir = os.path.join(CHART, "templates")
+        for name in sorted(os.listdir(tdir)):
+            path = os.path.join(tdir, name)
+            with open(path) as f:
+                src = f.read()
+            nodes, _, _ = _Parser(_split_template(src, "templates/" + name), self.defines).parse()
+            self.templates[name] = nodes
+        self.funcs = {
+            "include": self._include,
+            "toYaml": lambda v: "" if v is None else yamlmini.dump(_json_numbers(v)),
+            "nindent": lambda n, s: "\n" + _indent(n, s),
+            "indent": _indent,
+            "quote": lambda *a: " ".join(json.dumps(_gostr(x)) for x in a if x is not None),
+            "default": lambda d, *v: v[0] if v and _truthy(v[0]) else d,
+            "trunc": lambda n, s: s[:int(n)] if n >= 0 else s[int(n):],
+            "trimSuffix": lambda suf, s: s[:-len(suf)] if suf and s.endswith(suf) else s,
+            "printf": _go_printf,
+            "list": lambda *a: list(a),
+            "int": lambda v: int(v or 0),
+            "eq": _eq,
+            "ne": lambda a, b: not _eq(a, b),
+            "lt": _order(lambda a, b: a < b),
+            "le": _order(lambda a, b: a <= b),
+            "gt": _order(lambda a, b: a > b),
+            "ge": _order(lambda a, b: a >= b),
+            "not": lambda v: not _truthy(v),
+            "and": lambda *a: next((x for x in a if not _truthy(x)), a[-1]),
+            "or": lambda *a: next((x for x in a if _truthy(x)), a[-1]),
+        }
+
+    def _include(self, name, dot):
+        if name not in self.defines:
+            raise TemplateError("include of undefined template %r" % name)
+        return self.exec(self.defines[name], dot, {"$": dot})
+
+    def render_all(self):
+        """{template file: text} for every template that is not a partial (_*)."""
+        return {n: self.exec(nodes, self.root, {"$": self.root})
+                for n, nodes in self.templates.items() if not n.startswith("_") and n.endswith(".yaml")}
+
+    # -- evaluation
+
+    def exec(self, nodes, dot, scope):
+        out = []
+        for node in nodes:
+            kind = node[0]
+            if kind == "text":
+                out.append(node[1])
+            elif kind == "action":
+                v = self.pipeline(node[1], dot, scope)
+                if not node[1]["decl"]:
+                    out.append(_gostr(v))
+            elif kind == "if":
+                _, pipe, body, other, _ = node
+                if _truthy(self.pipeline(pipe, dot, scope)):
+                    out.append(self.exec(body, dot, dict(scope)))
+                else:
+                    out.append(self.exec(other, dot, dict(scope)))
+            elif kind == "with":
+                _, pipe, body, other, _ = node
+                v = self.pipeline(pipe, dot, scope)
+                if _truthy(v):
+                    out.append(self.exec(body, v, dict(scope)))
+                else:
+                    out.append(self.exec(other, dot, dict(scope)))
+            elif kind == "range":
+                _, pipe, body, other, where = node
+                v = self.pipeline(dict(pipe, decl=[]), dot, scope)
+                names = pipe["decl"]
+                if not _truthy(v):
+                    out.append(self.exec(other, dot, dict(scope)))
+                    continue
+                if isinstance(v, dict):
+                    items = [(k, v[k]) for k in sorted(v)]
+                elif isinstance(v, list):
+                    items = list(enumerate(v))
+                elif isinstance(v, int):
+                    items = [(i, i) for i in range(v)]
+                else:
+                    raise TemplateError("%s: range over %r" % (where, v))
+                for k, item in items:
+                    s = dict(scope)
+                    if len(names) == 1:
+                        s[names[0]] = item
+                    elif len(names) == 2:
+                        s[names[0]], s[names[1]] = k, item
+                    out.append(self.exec(body, item, s))
+        return "".join(out)
+
+    def pipeline(self, pipe, dot, scope):
+        val, have = None, False
+        for cmd in pipe["cmds"]:
+            val = self.command(cmd, dot, scope, val if have else _NOARG, pipe["where"])
+            have = True
+        for name in pipe["decl"]:
+            scope[name] = val
+        return val
+
+    def command(self, cmd, dot, scope, piped, where):
+        head = cmd[0]
+        if head[0] == "ident" and head[1] not in ("true", "false", "nil"):
+            fn = self.funcs.get(head[1])
+            if fn is None:
+                raise TemplateError("%s: function %r is outside the chart's template subset" % (where, head[1]))
+            args = [self.operand(o, dot, scope, where) for o in cmd[1:]]
+            if piped is not _NOARG:
+                args.append(piped)
+            try:
+                return fn(*args)
+            except TemplateError as e:
+                raise TemplateError("%s: %s: %s" % (where, head[1], e))
+            except (TypeError, ValueError, IndexError) as e:
+                raise TemplateError("%s: %s: %s" % (where, head[1], e))
+        if len(cmd) != 1 or piped is not _NOARG:
+            raise TemplateError("%s: %r is not a function" % (where, head[1]))
+        return self.operand(head, dot, scope, where)
+
+    def operand(self, op, dot, scope, where):
+        kind, val = op
+        if kind in ("str", "num"):
+            return val
+        if kind == "ident":
+            if val in ("true", "false"):
+                return val == "true"
+            if val == "nil":
+                return None
+            # a function without arguments in argument position
+            return self.command([op], dot, scope, _NOARG, where)
+        if kind == "pipe":
+            return self.pipeline(val, dot, dict(scope))
+        if kind == "field":
+            if val == ".":
+                return dot
+            if val.startswith("$"):
+                name, _, rest = val.partition(".")
+                if name not in scope:
+                    raise TemplateError("%s: undefined variable %s" % (where, name))
+                cur = scope[name]
+                parts = rest.split(".") if rest else []
+            else:
+                cur = dot
+                parts = val[1:].split(".")
+            if cur is self.root and parts and parts[0] == "Values":
+                self.values_read.add(tuple(parts[1:]))
+            for part in parts:
+                if cur is None:
+                    return None
+                if not isinstance(cur, dict):
+                    raise TemplateError("%s: can't evaluate field %s in %r" % (where, part, type(cur).__name__))
+                cur = cur.get(part)
+            return cur
+        raise TemplateError("%s: unexpected %r" % (where, val))
+
+
+_NOARG = object()
+
+
+def _as_helm_values(v):
+    """Numbers as Helm sees them: values.yaml goes through JSON, so every number is a float64."""
+    if isinstance(v, dict):
+        return {k: _as_helm_values(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_as_helm_values(x) for x in v]
+    if isinstance(v, int) and not isinstance(v, bool):
+        return float(v)
+    return v
+
+
+def _json_numbers(v):
+    """Numbers as Helm's toYaml writes them (through Go's JSON): integral float64 values
+    without a fraction."""
+    if isinstance(v, dict):
+        return {k: _json_numbers(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_json_numbers(x) for x in v]
+    if isinstance(v, float) and v == int(v) and abs(v) < 1e21:
+        return int(v)
+    return v
+
+
+def _integral_floats(v, path=""):
+    """Paths of integral floats in a rendered object (a YAML 65532.0 where Kubernetes wants an integer)."""
+    if isinstance(v, dict):
+        return [p for k, x in v.items() for p in _integral_floats(x, path + "." + k)]
+    if isinstance(v, list):
+        return [p for i, x in enumerate(v) for p in _integral_floats(x, "%s[%d]" % (path, i))]
+    return [path] if isinstance(v, float) and v == int(v) else []
+
+
+def merge_values(base, over):
+    """Helm's coalescing: maps merge key by key, anything else replaces; null deletes."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if v is None:
+            out.pop(k, None)
+        elif isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merge_values(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def default_values():
+    with open(os.path.join(CHART, "values.yaml")) as f:
+        return yamlmini.load(f.read())
+
+
+def render(overrides=None, release="pliant", namespace="pliant-system"):
+    """[(template, object)] of every rendered document, in template order."""
+    values = merge_values(default_values(), overrides or {})
+    texts = Renderer(values, release, namespace).render_all()
+    objs = []
+    for name, text in texts.items():
+        try:
+            docs = yamlmini.load_all(text)
+        except yamlmini.YAMLError as e:
+            numbered = "\n".join("%4d %s" % (i + 1, l) for i, l in enumerate(text.split("\n")))
+            raise AssertionError("templates/%s does not render to valid YAML: %s\n%s" % (name, e, numbered))
+        for d in docs:
+            check(isinstance(d, dict), "templates/%s: a document is not a mapping: %r", name, d)
+            bad = _integral_floats(d)
+            check(not bad, "templates/%s: %s %s: integral numbers written as floats at %s", name,
+                  d.get("kind"), d.get("metadata", {}).get("name"), bad)
+            objs.append((name, d))
+    return objs
+
+
+def by_kind(objs, kind):
+    return [o for _, o in objs if o.get("kind") == kind]
+
+
+def one(objs, kind):
+    found = by_kind(objs, kind)
+    check(len(found) == 1, "expected one %s, found %d", kind, len(found))
+    return found[0]
+
+
+# The second and third value sets.
+CUSTOM = {
+    "fullnameOverride": "tj-controller",
+    "operator": {
+        "replicas": 3,
+        "image": {"repository": "registry.example.com/pliant-operator", "tag": "1.2.3", "pullPolicy": "Always"},
+        "imagePullSecrets": [{"name": "regcred"}],
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+        "nodeSelector": {"pool": "system"},
+        "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["system"]}]}]}}},
+        "priorityClassName": "system-cluster-critical",
+        "podAnnotations": {"example.com/team": "ml"},
+        "podLabels": {"team": "ml"},
+        "env": [{"name": "TZ", "value": "UTC"}],
+    },
+    "worker": {"image": {"repository": "registry.example.com/pliant-worker", "tag": "1.2.3-cuda12"}},
+    "logLevel": "debug",
+    "watchNamespace": "team-a",
+    "metrics": {"port": 9090, "service": {"port": 9090, "annotations": {"prometheus.io/scrape": "true"}},
+                "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
+    "health": {"port": 9091},
+    "coordinator": {"port": 9443},
+    "serviceAccount": {"name": "pliant-sa", "annotations": {"example.com/role": "x"}},
+    "networkPolicy": {"workerNamespaces": ["team-a", "team-b"], "perJob": False,
+                      "metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]},
+}
+
+MINIMAL = {
+    "operator": {"replicas": 1},
+    "leaderElection": {"enabled": False},
+    "serviceAccount": {"create": False, "name": "existing-sa"},
+    "rbac": {"create": False},
+    "networkPolicy": {"enabled": False},
+}
+
+
+# --------------------------------------------------------------------------
+# Tests
+
+
+@test
+def chart_metadata():
+    with open(os.path.join(CHART, "Chart.yaml")) as f:
+        chart = yamlmini.load(f.read())
+    check(chart["apiVersion"] == "v2" and chart["name"] == "pliant" and chart["type"] == "application",
+          "Chart.yaml: %r", chart)
+    check(re.match(r"^\d+\.\d+\.\d+$", chart["version"]), "version %r", chart["version"])
+    check(isinstance(chart["appVersion"], str) and chart["appVersion"], "appVersion %r", chart.get("appVersion"))
+    v = default_values()
+    check(v["operator"]["replicas"] == 2, "replicas %r", v["operator"]["replicas"])
+    check(v["leaderElection"]["enabled"] is True, "leader election off by default")
+    check(v["metrics"]["serviceMonitor"]["enabled"] is False, "serviceMonitor on by default")
+    for part in ("operator", "worker"):
+        img = v[part]["image"]
+        check(set(img) == {"repository", "tag", "pullPolicy"}, "%s.image %r", part, img)
+
+
+@test
+def chart_crd_is_the_crd():
+    """charts/pliant/crds/trainingjob.yaml is a byte-identical copy of crds/trainingjob.yaml
+    (a copy, not a symlink: helm package and some Git clients do not keep symlinks)."""
+    chart_crd = os.path.join(CHART, "crds", "trainingjob.yaml")
+    check(not os.path.islink(chart_crd), "%s is a symlink", chart_crd)
+    with open(os.path.join(REPO, "crds", "trainingjob.yaml"), "rb") as a, open(chart_crd, "rb") as b:
+        check(a.read() == b.read(), "charts/pliant/crds/trainingjob.yaml differs from crds/trainingjob.yaml: "
+              "cp crds/trainingjob.yaml charts/pliant/crds/")
+    check(sorted(os.listdir(os.path.join(CHART, "crds"))) == ["trainingjob.yaml"], "extra files in the chart's crds/")
+
+
+@test
+def renders_default_values():
+    objs = render()
+    kinds = sorted(o["kind"] for _, o in objs)
+    check(kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
+                           "ClusterRoleBinding", "Role", "RoleBinding", "Deployment", "Service",
+                           "NetworkPolicy", "NetworkPolicy", "PodDisruptionBudget"]),
+          "kinds %r", kinds)
+    names = set()
+    for tmpl, o in objs:
+        md = o["metadata"]
+        key = (o["kind"], md.get("namespace"), md["name"])
+        check(key not in names, "two objects %r", key)
+        names.add(key)
+        check(re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", md["name"]) and len(md["name"]) <= 63,
+              "%s: bad name %r", tmpl, md["name"])
+        labels = md.get("labels", {})
+        check(labels.get("app.kubernetes.io/managed-by") == "Helm" and labels.get("app.kubernetes.io/part-of") == "pliant",
+              "%s: %s labels %r", tmpl, o["kind"], labels)
+        if o["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
+            check(md.get("namespace"), "%s: %s without a namespace", tmpl, o["kind"])
+    check(one(objs, "Deployment")["metadata"]["name"] == "pliant-operator", "default name")
+
+
+def _container(dep):
+    cs = dep["spec"]["template"]["spec"]["containers"]
+    check(len(cs) == 1, "containers: %d", len(cs))
+    return cs[0]
+
+
+@test
+def deployment_defaults():
+    objs = render()
+    dep = one(objs, "Deployment")
+    check(dep["apiVersion"] == "apps/v1", "apiVersion %r", dep["apiVersion"])
+    spec = dep["spec"]
+    check(spec["replicas"] == 2, "replicas %r", spec["replicas"])
+    tmpl_labels = spec["template"]["metadata"]["labels"]
+    sel = spec["selector"]["matchLabels"]
+    check(sel == {"app.kubernetes.io/name": "pliant-operator", "app.kubernetes.io/instance": "pliant"},
+          "selector %r", sel)
+    check(all(tmpl_labels.get(k) == v for k, v in sel.items()), "template labels %r do not match %r", tmpl_labels, sel)
+    pod = spec["template"]["spec"]
+    sa = one(objs, "ServiceAccount")
+    check(pod["serviceAccountName"] == sa["metadata"]["name"], "serviceAccountName %r", pod["serviceAccountName"])
+    psc = pod["securityContext"]
+    check(psc.get("runAsNonRoot") is True and psc.get("runAsUser") == 65532 and
+          psc.get("seccompProfile") == {"type": "RuntimeDefault"}, "pod securityContext %r", psc)
+    c = _container(dep)
+    check(c["image"] == "ghcr.io/pliant-dev/pliant-operator:0.1.0", "image %r", c["image"])
+    check(c["command"] == ["/usr/local/bin/pliant-operator"], "command %r", c["command"])
+    check(c["args"] == ["--leader-elect", "--metrics-addr=:8080", "--health-addr=:8081", "--log-level=info"],
+          "args %r", c["args"])
+    env = {e["name"]: e for e in c["env"]}
+    check(env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}, "POD_NAME %r", env["POD_NAME"])
+    check(env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}},
+          "POD_NAMESPACE %r", env["POD_NAMESPACE"])
+    check(env["PLIANT_WORKER_IMAGE"]["value"] == "ghcr.io/pliant-dev/pliant-worker:0.1.0", "worker image %r",
+          env["PLIANT_WORKER_IMAGE"])
+    check(env["PLIANT_COORDINATOR_PORT"]["value"] == "8443", "coordinator port env %r", env["PLIANT_COORDINATOR_PORT"])
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    check(ports == {"metrics": 8080, "health": 8081, "coordinator": 8443}, "ports %r", ports)
+    check(c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}, "liveness %r", c["livenessProbe"])
+    check(c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}, "readiness %r", c["readinessProbe"])
+    sc = c["securityContext"]
+    check(sc.get("readOnlyRootFilesystem") is True and sc.get("allowPrivilegeEscalation") is False and
+          sc.get("runAsNonRoot") is True and sc.get("capabilities") == {"drop": ["ALL"]} and
+          sc.get("seccompProfile") == {"type": "RuntimeDefault"} and sc.get("privileged") is False,
+          "container securityContext %r", sc)
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    vols = {v["name"]: v for v in pod["volumes"]}
+    check(mounts.get("/tmp") in vols and "emptyDir" in vols[mounts["/tmp"]], "/tmp must be a writable emptyDir")
+    check(c["resources"]["requests"] == {"cpu": "100m", "memory": "128Mi"}, "resources %r", c["resources"])
+    aff = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+    check(aff["podAffinityTerm"]["labelSelector"]["matchLabels"] == sel, "anti-affinity %r", aff)
+    check("nodeSelector" not in pod and "tolerations" not in pod and "priorityClassName" not in pod,
+          "empty scheduling values rendered: %r", sorted(pod))
+    pdb = one(objs, "PodDisruptionBudget")
+    check(pdb["spec"] == {"minAvailable": 1, "selector": {"matchLabels": sel}}, "PDB %r", pdb["spec"])
+
+
+def _rules(role):
+    rules = {}
+    for r in role["rules"]:
+        for g in r["apiGroups"]:
+            for res in r["resources"]:
+                check((g, res) not in rules, "%s/%s in two rules", g, res)
+                check("*" not in r["verbs"] and g != "*" and res != "*", "wildcard in %r", r)
+                rules[(g, res)] = sorted(r["verbs"])
+    return rules
+
+
+RW = ["create", "delete", "get", "list", "patch", "watch"]
+OPERATOR_RULES = {
+    ("pliant.dev", "trainingjobs"): ["get", "list", "patch", "update", "watch"],
+    ("pliant.dev", "trainingjobs/status"): ["get", "patch", "update"],
+    ("pliant.dev", "trainingjobs/finalizers"): ["update"],
+    ("", "pods"): RW,
+    ("", "services"): RW,
+    ("", "secrets"): RW,
+    ("events.k8s.io", "events"): ["create", "patch"],
+    ("networking.k8s.io", "networkpolicies"): RW,
+}
+
+
+def _binding(objs, kind, name):
+    found = [o for o in by_kind(objs, kind) if o["metadata"]["name"] == name]
+    check(len(found) == 1, "expected one %s %s, found %d", kind, name, len(found))
+    return found[0]
+
+
+@test
+def rbac_least_privilege():
+    objs = render()
+    roles = {o["metadata"]["name"]: o for o in by_kind(objs, "ClusterRole")}
+    check(set(roles) == {"pliant-operator", "pliant-operator-nodes"}, "ClusterRoles %r", sorted(roles))
+    got = _rules(roles["pliant-operator"])
+    check(got == OPERATOR_RULES, "ClusterRole rules:\n  got  %r\n  want %r", got, OPERATOR_RULES)
+    got = _rules(roles["pliant-operator-nodes"])
+    check(got == {("", "nodes"): ["get", "list", "watch"]}, "nodes ClusterRole %r", got)
+    lease = one(objs, "Role")
+    check(lease["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                              "verbs": ["get", "create", "update"]}], "lease Role %r", lease["rules"])
+    check(lease["metadata"]["namespace"] == "pliant-system", "lease Role namespace")
+    sa = one(objs, "ServiceAccount")["metadata"]
+    subjects = [{"kind": "ServiceAccount", "name": sa["name"], "namespace": sa["namespace"]}]
+    for kind, name, role_obj in (("ClusterRoleBinding", "pliant-operator", roles["pliant-operator"]),
+                                 ("ClusterRoleBinding", "pliant-operator-nodes", roles["pliant-operator-nodes"]),
+                                 ("RoleBinding", "pliant-operator-leader-election", lease)):
+        b = _binding(objs, kind, name)
+        check(b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": role_obj["kind"],
+                               "name": role_obj["metadata"]["name"]}, "%s roleRef %r", kind, b["roleRef"])
+        check(b["subjects"] == subjects, "%s subjects %r", kind, b["subjects"])
+
+
+@test
+def rbac_one_namespace():
+    """With watchNamespace, the namespaced rules are bound in that namespace only."""
+    objs = render(CUSTOM, release="ml", namespace="ml-ops")
+    crbs = sorted(o["metadata"]["name"] for o in by_kind(objs, "ClusterRoleBinding"))
+    check(crbs == ["tj-controller-nodes"], "ClusterRoleBindings %r", crbs)
+    b = _binding(objs, "RoleBinding", "tj-controller")
+    check(b["metadata"]["namespace"] == "team-a" and b["roleRef"]["kind"] == "ClusterRole" and
+          b["roleRef"]["name"] == "tj-controller", "RoleBinding %r", b)
+    check(b["subjects"] == [{"kind": "ServiceAccount", "name": "pliant-sa", "namespace": "ml-ops"}],
+          "subjects %r", b["subjects"])
+    roles = {o["metadata"]["name"]: o for o in by_kind(objs, "ClusterRole")}
+    want = {k: v for k, v in OPERATOR_RULES.items() if k[0] != "networking.k8s.io"}  # perJob off
+    check(_rules(roles["tj-controller"]) == want, "rules %r", _rules(roles["tj-controller"]))
+
+
+@test
+def service_and_network_policies():
+    objs = render()
+    dep = one(objs, "Deployment")
+    sel = dep["spec"]["selector"]["matchLabels"]
+    svc = one(objs, "Service")
+    check(svc["spec"]["selector"] == sel, "Service selector %r", svc["spec"]["selector"])
+    check(svc["spec"]["ports"] == [{"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}],
+          "Service ports %r", svc["spec"]["ports"])
+    nps = {o["metadata"]["name"]: o for o in by_kind(objs, "NetworkPolicy")}
+    op = nps["pliant-operator"]["spec"]
+    check(op["podSelector"] == {"matchLabels": sel} and op["policyTypes"] == ["Ingress"], "operator policy %r", op)
+    coord = op["ingress"][0]
+    check(coord["from"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {
+        "app.kubernetes.io/name": "pliant-worker"}}}] and coord["ports"] == [{"protocol": "TCP", "port": 8443}],
+          "coordinator ingress %r", coord)
+    check([r["ports"][0]["port"] for r in op["ingress"]] == [8443, 8080, 8081], "operator ports %r", op["ingress"])
+    w = nps["pliant-operator-workers"]
+    check(w["metadata"]["namespace"] == "pliant-system", "worker policy namespace %r", w["metadata"])
+    ws = w["spec"]
+    check(ws["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "pliant-worker"}}, "worker selector %r",
+          ws["podSelector"])
+    check(ws["ingress"][0] == {"from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "pliant-worker"}}}]},
+          "worker-to-worker ingress %r", ws["ingress"][0])
+    opeer = ws["ingress"][1]["from"][0]
+    check(opeer["podSelector"]["matchLabels"] == sel and
+          opeer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "pliant-system"},
+          "operator-to-worker ingress %r", opeer)
+
+
+@test
+def renders_custom_values():
+    objs = render(CUSTOM, release="ml", namespace="ml-ops")
+    kinds = sorted(o["kind"] for _, o in objs)
+    check(kinds.count("NetworkPolicy") == 3 and "ServiceMonitor" in kinds, "kinds %r", kinds)
+    dep = one(objs, "Deployment")
+    check(dep["metadata"]["name"] == "tj-controller" and dep["metadata"]["namespace"] == "ml-ops",
+          "metadata %r", dep["metadata"])
+    check(dep["spec"]["replicas"] == 3, "replicas %r", dep["spec"]["replicas"])
+    pod = dep["spec"]["template"]["spec"]
+    c = _container(dep)
+    check(c["image"] == "registry.example.com/pliant-operator:1.2.3" and c["imagePullPolicy"] == "Always",
+          "image %r %r", c["image"], c["imagePullPolicy"])
+    check(c["args"] == ["--leader-elect", "--metrics-addr=:9090", "--health-addr=:9091", "--log-level=debug",
+                        "--namespace=team-a"], "args %r", c["args"])
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    check(env["PLIANT_WORKER_IMAGE"] == "registry.example.com/pliant-worker:1.2.3-cuda12" and env["TZ"] == "UTC",
+          "env %r", env)
+    check(c["resources"] == {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "512Mi"}},
+          "resources (merged with the defaults) %r", c["resources"])
+    check(pod["nodeSelector"] == {"pool": "system"} and pod["tolerations"] == CUSTOM["operator"]["tolerations"] and
+          pod["affinity"] == CUSTOM["operator"]["affinity"] and pod["priorityClassName"] == "system-cluster-critical"
+          and pod["imagePullSecrets"] == [{"name": "regcred"}], "scheduling %r", pod)
+    check(pod["serviceAccountName"] == "pliant-sa", "serviceAccountName %r", pod["serviceAccountName"])
+    check(dep["spec"]["template"]["metadata"]["labels"]["team"] == "ml" and
+          dep["spec"]["template"]["metadata"]["annotations"] == {"example.com/team": "ml"}, "pod metadata %r",
+          dep["spec"]["template"]["metadata"])
+    sm = one(objs, "ServiceMonitor")
+    check(sm["metadata"]["labels"]["release"] == "prom" and sm["spec"]["endpoints"][0]["port"] == "metrics" and
+          sm["spec"]["namespaceSelector"] == {"matchNames": ["ml-ops"]}, "ServiceMonitor %r", sm)
+    nps = {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in by_kind(objs, "NetworkPolicy")}
+    check(set(nps) == {("ml-ops", "tj-controller"), ("team-a", "tj-controller-workers"),
+                       ("team-b", "tj-controller-workers")}, "policies %r", sorted(nps))
+    op = nps[("ml-ops", "tj-controller")]["spec"]
+    check(op["ingress"][1]["from"] == CUSTOM["networkPolicy"]["metricsFrom"], "metricsFrom %r", op["ingress"][1])
+    check(by_kind(objs, "ServiceAccount") == [] or
+          one(objs, "ServiceAccount")["metadata"]["name"] == "pliant-sa", "ServiceAccount name")
+    svc = one(objs, "Service")
+    check(svc["metadata"]["annotations"] == {"prometheus.io/scrape": "true"} and svc["spec"]["ports"][0]["port"] == 9090,
+          "Service %r", svc)
+
+
+@test
+def renders_minimal_values():
+    objs = render(MINIMAL)
+    kinds = sorted(o["kind"] for _, o in objs)
+    check(kinds == ["Deployment", "Service"], "kinds %r", kinds)
+    dep = one(objs, "Deployment")
+    c = _container(dep)
+    check("--leader-elect" not in c["args"] and dep["spec"]["replicas"] == 1, "args %r", c["args"])
+    check(dep["spec"]["template"]["spec"]["serviceAccountName"] == "existing-sa", "serviceAccountName")
+
+
+@test
+def templates_read_only_declared_values():
+    """Every .Values path a template reads is declared in values.yaml (a typo would print "")."""
+    defaults = default_values()
+    for over in (None, CUSTOM, MINIMAL):
+        r = Renderer(merge_values(defaults, over or {}))
+        r.render_all()
+        check(len(r.values_read) > 20, "only %d values read", len(r.values_read))
+        for path in sorted(r.values_read):
+            d = defaults
+            for part in path:
+                check(isinstance(d, dict) and part in d, ".Values.%s is not in values.yaml", ".".join(path))
+                d = d[part]
+
+
+@test
+def renderer_rejects_outside_subset():
+    """The renderer is strict: a function or action outside the subset is an error."""
+    for src in ('{{ .Values.x | upper }}', '{{ template "x" . }}', '{{ if .Values.x }}a'):
+        nodes = None
+        try:
+            r = Renderer(default_values())
+            nodes, _, _ = _Parser(_split_template(src, "t"), r.defines).parse()
+            r.exec(nodes, r.root, {"$": r.root})
+        except TemplateError:
+            continue
+        raise AssertionError("accepted %r" % src)
+    r = Renderer(default_values())
+    nodes, _, _ = _Parser(_split_template(
+        'a {{- " b " -}} c\n{{ range $k, $v := .Values.podSecurityContext.seccompProfile }}{{ $k }}={{ $v }}{{ end }}'
+        '{{ if eq 1 2 }}x{{ else if not false }}y{{ end }}{{ printf "%s-%d" "n" 3 | quote }}', "t"),
+        r.defines).parse()
+    out = r.exec(nodes, r.root, {"$": r.root})
+    check(out == 'a b c\ntype=RuntimeDefaulty"n-3"', "renderer output %r", out)
+
+
+@test
+def kubectl_decodes_rendered_objects():
+    """Where kubectl is installed, it decodes every rendered object offline (typed for built-in kinds)."""
+    kubectl = shutil.which("kubectl")
+    if not kubectl:
+        print("skip chart.kubectl_decodes_rendered_objects.kubectl: kubectl not installed")
+        return
+    for label, over in (("default", None), ("custom", CUSTOM)):
+        objs = [o for _, o in render(over) if o["kind"] != "ServiceMonitor"]
+        path = os.path.join(suite.tmp, "rendered-%s.json" % label)
+        with open(path, "w") as f:
+            json.dump({"apiVersion": "v1", "kind": "List", "items": objs}, f)
+        p = subprocess.run([kubectl, "annotate", "--local", "-f", path, "pliant.dev/test=x", "-o", "json"],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+        check(p.returncode == 0, "kubectl rejects the %s rendering: %s", label, p.stderr.decode()[-1500:])
+        text, items, dec, i = p.stdout.decode(), [], json.JSONDecoder(), 0
+        while i < len(text):
+            if text[i].isspace():
+                i += 1
+                continue
+            obj, i = dec.raw_decode(text, i)
+            items += obj["items"] if obj.get("kind") == "List" else [obj]
+        check(len(items) == len(objs), "kubectl returned %d objects of %d", len(items), len(objs))
+
+
+if __name__ == "__main__":
+    sys.exit(suite.main())
