@@ -579,8 +579,10 @@ int cmd_run(int argc, char **argv)
         snprintf(err, sizeof err, "--metrics %s: cannot open for writing", metrics_path);
         goto done;
     }
-    printf("run: %s, %d workers (tolerate %d), %d steps, control on 127.0.0.1:%d (CA %s)\n",
-           job.name, N, F, job.steps, pl_ctl_server_port(r->srv), pl_ctl_server_cert_path(r->srv));
+    printf("run: %s, %d workers (tolerate %d), %d steps, control on 127.0.0.1:%d (CA %s), "
+           "planner profile %s\n",
+           job.name, N, F, job.steps, pl_ctl_server_port(r->srv), pl_ctl_server_cert_path(r->srv),
+           profile_path);
     if (resume_step > 0)
         printf("run: resuming from the checkpoint of step %lld in %s\n", (long long)resume_step,
                job.checkpoint.dir);

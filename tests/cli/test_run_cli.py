@@ -15,9 +15,13 @@ oversized control messages refused without harm to the job.
 Run: python3 tests/cli/test_run_cli.py --build build [-k SUBSTRING]
 """
 
+import base64
 import json
 import os
+import re
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 
@@ -532,6 +536,133 @@ def copy_source_killed_during_the_layer_copy():
     rec = events(m, "reconfigure")
     check(len(rec) == 3 and rec[2]["removed"] == ["w2"] and rec[2]["added"] == ["w3"],
           "reconfigure: %s", rec)
+    check_steps_match(metrics(m), reference(job), steps)
+
+
+class WebSocket:
+    """A minimal client of the control channel (TLS + RFC 6455, masked frames), for
+    sending what a real worker never would."""
+
+    def __init__(self, port, ca):
+        ctx = ssl.create_default_context(cafile=ca)
+        ctx.check_hostname = False
+        self.s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10))
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.s.sendall(("GET /control HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUpgrade: websocket\r\n"
+                        "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\n"
+                        "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: pliant.v1\r\n\r\n"
+                        % (port, key)).encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = self.s.recv(1)
+            check(chunk, "connection closed during the upgrade")
+            head += chunk
+        check(head.startswith(b"HTTP/1.1 101"), "upgrade refused: %r", head[:200])
+
+    def _read(self, n):
+        data = b""
+        while len(data) < n:
+            chunk = self.s.recv(n - len(data))
+            if not chunk:
+                return None
+            data += chunk
+        return data
+
+    def send(self, payload, declared=None):
+        """One masked text frame; declared: a length to announce instead of the real one."""
+        n = len(payload) if declared is None else declared
+        head = bytes([0x81])
+        if n < 126:
+            head += bytes([0x80 | n])
+        elif n < 65536:
+            head += bytes([0x80 | 126]) + n.to_bytes(2, "big")
+        else:
+            head += bytes([0x80 | 127]) + n.to_bytes(8, "big")
+        mask = os.urandom(4)
+        body = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+        try:
+            self.s.sendall(head + mask + body)
+        except OSError:
+            pass  # the server may close before reading it all
+
+    def recv(self):
+        """(opcode, payload), or None once the connection is closed."""
+        try:
+            h = self._read(2)
+            if h is None:
+                return None
+            n = h[1] & 0x7F
+            if n == 126:
+                n = int.from_bytes(self._read(2), "big")
+            elif n == 127:
+                n = int.from_bytes(self._read(8), "big")
+            payload = self._read(n)
+            return None if payload is None else (h[0] & 0x0F, payload)
+        except (OSError, TypeError):
+            return None
+
+    def closed_after(self):
+        """Reads until the connection ends: the text messages received on the way."""
+        texts = []
+        while True:
+            f = self.recv()
+            if f is None or f[0] == 8:
+                return texts
+            if f[0] == 1:
+                texts.append(json.loads(f[1]))
+
+
+@test
+def intruders_are_refused_and_the_job_is_unaffected():
+    """While a job trains, a worker with a wrong token (named like a real one) is refused
+    and exits non-zero; connections sending malformed JSON, a message of another type
+    than register, and a frame announcing more than 1 MiB are closed; the job still
+    commits every step with train's losses."""
+    steps = 300
+    job = write_job("intruders", steps=steps)
+    m = job + ".run.jsonl"
+    p = subprocess.Popen([suite.pliant, "run", job, "--workers", "2", "--metrics", m,
+                          "--threads", "1"], cwd=REPO, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = []
+    try:
+        first = p.stdout.readline()
+        out.append(first)
+        hit = re.search(r"control on 127\.0\.0\.1:(\d+) \(CA (\S+)\), planner profile (\S+)",
+                        first)
+        check(hit, "no control address: %s", first)
+        port, ca, profile = int(hit.group(1)), hit.group(2), hit.group(3)
+        # a worker with the wrong token
+        env = dict(os.environ, PLIANT_COORDINATOR="127.0.0.1:%d" % port, PLIANT_TOKEN="0" * 64,
+                   PLIANT_CA=ca, PLIANT_WORKER_NAME="w1", PLIANT_PROFILE=profile,
+                   PLIANT_NODES="2", PLIANT_PEER_PORT="0")
+        w = subprocess.run([suite.pliant, "worker", job, "--threads", "1"], cwd=REPO, env=env,
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=30)
+        werr = w.stderr.decode(errors="replace")
+        check(w.returncode != 0 and "bad token proof" in werr, "wrong token (%d): %s",
+              w.returncode, werr)
+        # malformed JSON, a non-register first message, an oversized frame
+        for payload, declared in ((b"{not json", None),
+                                  (b'{"v":1,"type":"heartbeat","gen":0,"step":0}', None),
+                                  (b"x" * 1024, 2 << 20)):
+            ws = WebSocket(port, ca)
+            f = ws.recv()
+            check(f and json.loads(f[1])["type"] == "challenge", "no challenge: %r", f)
+            ws.send(payload, declared)
+            texts = ws.closed_after()  # returns only once the server closed it
+            check(all(t["type"] == "refuse" for t in texts), "answers: %s", texts)
+        for line in p.stdout:
+            out.append(line)
+        err = p.stderr.read()
+        p.wait(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    text = "".join(out)
+    check(p.returncode == 0, "run failed (%d):\n%s\n%s", p.returncode, text[-2000:], err[-2000:])
+    check(not events(m, "reconfigure"), "the job reconfigured: %s", events(m, "reconfigure"))
     check_steps_match(metrics(m), reference(job), steps)
 
 
