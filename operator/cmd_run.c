@@ -78,7 +78,8 @@ typedef struct {
 static void run_usage(FILE *f)
 {
     fprintf(f, "usage: pliant run JOB.yaml --workers N [--steps N] [--metrics FILE] [--threads T]\n"
-               "                 [--chaos SPEC]\n"
+               "                 [--chaos SPEC] [--duration SECONDS]\n"
+               "  --duration: stop after that long (benchmarks), dropping the step in flight\n"
                "  SPEC: comma-separated kill:W@step=S, term:W@step=S, add:K@step=S\n"
                "        (or @t=SECONDS), trace:FILE[:SPEEDUP]; W: worker number in start order\n");
 }
@@ -390,10 +391,11 @@ int cmd_run(int argc, char **argv)
                                          {"threads", required_argument, 0, 't'},
                                          {"steps", required_argument, 0, 's'},
                                          {"chaos", required_argument, 0, 'c'},
+                                         {"duration", required_argument, 0, 'd'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     char err[1024] = "";
-    long long nworkers = 0, threads = 0, steps_override = 0;
+    long long nworkers = 0, threads = 0, steps_override = 0, duration_s = 0;
     const char *metrics_path = NULL, *chaos_spec = NULL;
     pl_chaos chaos;
     memset(&chaos, 0, sizeof chaos);
@@ -415,6 +417,10 @@ int cmd_run(int argc, char **argv)
                 goto bad;
             break;
         case 'c': chaos_spec = optarg; break;
+        case 'd':
+            if (cli_parse_int("--duration", optarg, 1, 1000000, &duration_s, err, sizeof err))
+                goto bad;
+            break;
         case 'h': run_usage(stdout); return 0;
         default:
             snprintf(err, sizeof err, "unknown option or missing value: '%s'", argv[optind - 1]);
@@ -503,9 +509,11 @@ int cmd_run(int argc, char **argv)
     }
     if (pl_profile_load(profile_path, &prof, err, sizeof err)) goto done;
     have_prof = 1;
-    if (pl_templates_plan(&prof, N, F, &ts, err, sizeof err)) goto done;
+    /* planned for spec.nodes.max when it is larger: workers added later have plans */
+    const int Nplan = job.nodes.max > N ? job.nodes.max : N;
+    if (pl_templates_plan(&prof, Nplan, F, &ts, err, sizeof err)) goto done;
     have_ts = 1;
-    if (pl_coverage_compute(&ts, N, F, job.batch.global, job.batch.micro, &cov, err, sizeof err))
+    if (pl_coverage_compute(&ts, Nplan, F, job.batch.global, job.batch.micro, &cov, err, sizeof err))
         goto done;
     have_cov = 1;
 
@@ -571,7 +579,7 @@ int cmd_run(int argc, char **argv)
     r->thr = thr;
     r->token = token;
     r->profile = profile_path;
-    r->n0 = N;
+    r->n0 = Nplan;
     r->F = F;
     for (int i = 0; i < N; i++)
         if (spawn_worker(r, i, err, sizeof err)) goto done;
@@ -655,6 +663,8 @@ int cmd_run(int argc, char **argv)
             }
         }
         pl_coord_tick(r->coord, pl_ctl_now_ms());
+        if (duration_s > 0 && pl_ctl_now_ms() - start_ms >= duration_s * 1000)
+            pl_coord_end(r->coord, "--duration reached");
         if (pl_coord_last_checkpoint(r->coord) > ckpt_done) {
             ckpt_done = pl_coord_last_checkpoint(r->coord);
             if (complete_checkpoint(&job, &gcfg, ckpt_done, metrics, err, sizeof err))

@@ -1232,6 +1232,15 @@ int pl_coord_saved(pl_coord *c, const char *name, const pl_msg_saved *sv)
     return PL_COORD_OK;
 }
 
+void pl_coord_end(pl_coord *c, const char *why)
+{
+    if (c->phase == PL_COORD_DONE || c->phase == PL_COORD_FAILED)
+        return;
+    c->reason[0] = 0;
+    appendf(c->reason, sizeof c->reason, "%s", why);
+    finish(c);
+}
+
 int pl_coord_tick(pl_coord *c, int64_t now_ms)
 {
     c->err[0] = 0;

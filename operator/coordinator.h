@@ -153,6 +153,10 @@ int pl_coord_worker_lost(pl_coord *c, const char *name, const char *cause);
  * fails the job after wait_for_nodes_ms without enough workers. */
 int pl_coord_tick(pl_coord *c, int64_t now_ms);
 
+/* Ends the job now (a time limit): a step not committed yet is dropped, every
+ * worker gets stop {0}, the phase is DONE with `why` as the reason. */
+void pl_coord_end(pl_coord *c, const char *why);
+
 /* Dispatches a decoded worker → coordinator message (register excepted: use
  * pl_coord_worker_registered) after noting that the worker was heard at now_ms. */
 int pl_coord_on_msg(pl_coord *c, const char *name, const pl_msg *m, int64_t now_ms);

@@ -91,6 +91,10 @@ typedef struct {
     pl_syncgroups g;
     int have_groups;
     int64_t gen;
+    /* under mu: the step running (its links may be interrupted from the control
+     * thread) and the newest step the coordinator aborted */
+    int stepping;
+    int64_t aborted_gen, aborted_step;
     int rank, pipe, stage, nstages;
     int first_mb, nmb, global_micro;
     int32_t *tok, *tgt;
@@ -746,10 +750,16 @@ static int install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err,
         pl_errf(err, errlen, "out of memory");
         goto out;
     }
+    /* a ring all-reduce talks to the rank's two neighbours in each group's order only:
+     * O(n) connections, not a full mesh (what a reconfiguration must set up again) */
     const pl_sync_rank *sr = pl_syncgroups_rank(&a->g, a->rank);
     for (int i = 0; sr && i < sr->ngroups; i++) {
         const pl_sync_group *grp = pl_syncgroups_group(&a->g, sr->keys[i]);
-        for (int j = 0; grp && j < grp->nranks; j++) need_rank[grp->ranks[j]] = 1;
+        for (int j = 0; grp && j < grp->nranks; j++)
+            if (grp->ranks[j] == a->rank) {
+                need_rank[grp->ranks[(j + 1) % grp->nranks]] = 1;
+                need_rank[grp->ranks[(j + grp->nranks - 1) % grp->nranks]] = 1;
+            }
     }
     need_rank[a->rank] = 0;
     pl_conn *prev = NULL, *next = NULL;
@@ -822,6 +832,37 @@ out:
     free(stages);
     free(names);
     return rc;
+}
+
+/* Control thread, on `abort`: a step blocked on a dead peer's links fails now
+ * instead of at its timeout; one not started yet is skipped. */
+static void abort_step(agent *a, int64_t gen, int64_t step)
+{
+    pthread_mutex_lock(&a->mu);
+    a->aborted_gen = gen;
+    a->aborted_step = step;
+    if (a->stepping && gen == a->gen) {
+        if (a->link) pl_tcp_link_abort(a->link, "step aborted by the coordinator");
+        for (int r = 0; a->conns && r < a->nranks; r++) pl_conn_shutdown(a->conns[r]);
+    }
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* Marks the step running; 0 when the coordinator aborted it already. */
+static int step_begin(agent *a, int64_t s)
+{
+    pthread_mutex_lock(&a->mu);
+    int go = !(a->aborted_gen == a->gen && a->aborted_step == s);
+    a->stepping = go;
+    pthread_mutex_unlock(&a->mu);
+    return go;
+}
+
+static void step_end(agent *a)
+{
+    pthread_mutex_lock(&a->mu);
+    a->stepping = 0;
+    pthread_mutex_unlock(&a->mu);
 }
 
 static int run_step(agent *a, int64_t s, char *err, size_t errlen)
@@ -903,10 +944,13 @@ static void handle(agent *a, const pl_msg *m)
             a->have_src = 0;
         }
         pl_ctl_client_set_step(a->cli, m->u.start_step.step);
+        if (!step_begin(a, m->u.start_step.step)) return; /* aborted before it began */
         /* A failed step (a peer died or its link broke) is not fatal here: the
          * coordinator learns of the loss (process end, closed connection) and
          * answers abort + a new plan, which rebuilds the links. */
-        if (run_step(a, m->u.start_step.step, err, sizeof err))
+        int failed = run_step(a, m->u.start_step.step, err, sizeof err);
+        step_end(a);
+        if (failed)
             logf_(a, "step %lld failed: %s (waiting for the coordinator)",
                   (long long)m->u.start_step.step, err);
         return;
@@ -966,6 +1010,7 @@ static void on_message(pl_ctl_client *c, const pl_msg *m, void *user)
         atomic_store(&a->done, 1);
         return;
     default: {
+        if (m->type == PL_MSG_ABORT) abort_step(a, m->gen, m->u.abort_.step);
         if (m->type == PL_MSG_PLAN && m->gen > atomic_load(&a->newest_plan))
             atomic_store(&a->newest_plan, m->gen);
         char *text = pl_msg_encode(m);

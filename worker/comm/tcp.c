@@ -683,6 +683,12 @@ int pl_conn_connect(const char *host, int port, const pl_comm_ident *self,
     }
 }
 
+void pl_conn_shutdown(pl_conn *c)
+{
+    if (c)
+        shutdown(c->fd, SHUT_RDWR);
+}
+
 void pl_conn_close(pl_conn *c)
 {
     if (!c)

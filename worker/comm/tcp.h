@@ -91,6 +91,9 @@ int pl_conn_connect(const char *host, int port, const pl_comm_ident *self,
                     size_t errlen);
 
 void pl_conn_close(pl_conn *c);
+/* Wakes a thread blocked on c: its send/recv fail as on a closed connection, and
+ * so do later ones. Thread-safe (the one call that is); the owner still closes c. */
+void pl_conn_shutdown(pl_conn *c);
 int32_t pl_conn_peer_rank(const pl_conn *c);
 const char *pl_conn_peer_name(const pl_conn *c);
 uint64_t pl_conn_generation(const pl_conn *c);

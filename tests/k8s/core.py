@@ -1,0 +1,273 @@
+"""The built-in resources and what the real apiserver's per-resource strategies do
+to them: defaults, validation, immutable fields, Table columns, and the
+conversion between core/v1 and events.k8s.io/v1 Events (one storage, as in
+Kubernetes)."""
+
+import base64
+import copy
+import itertools
+
+from registry import AGE, NAME, Resource, _col, age
+
+# -- Table columns -------------------------------------------------------------------
+
+def _pod_status(pod):
+    if pod["metadata"].get("deletionTimestamp"):
+        return "Terminating"
+    status = pod.get("status", {})
+    for cs in status.get("containerStatuses", []):
+        state = cs.get("state", {})
+        if "waiting" in state and state["waiting"].get("reason"):
+            return state["waiting"]["reason"]
+        if "terminated" in state:
+            t = state["terminated"]
+            return t.get("reason") or ("Signal:%d" % t["signal"] if t.get("signal") else
+                                       "ExitCode:%d" % t.get("exitCode", 0))
+    return status.get("reason") or status.get("phase", "Pending")
+
+
+def _pod_ready(pod):
+    statuses = pod.get("status", {}).get("containerStatuses", [])
+    return "%d/%d" % (sum(1 for c in statuses if c.get("ready")), len(pod["spec"].get("containers", [])))
+
+
+def _node_status(node):
+    ready = next((c["status"] for c in node.get("status", {}).get("conditions", []) if c["type"] == "Ready"),
+                 "Unknown")
+    text = "Ready" if ready == "True" else "NotReady"
+    return text + (",SchedulingDisabled" if node.get("spec", {}).get("unschedulable") else "")
+
+
+def _ports(svc):
+    ports = ["%s/%s" % (p["port"], p.get("protocol", "TCP")) for p in svc["spec"].get("ports", [])]
+    return ",".join(ports) or "<none>"
+
+
+def _selector(svc):
+    sel = svc["spec"].get("selector") or {}
+    return ",".join("%s=%s" % kv for kv in sorted(sel.items())) or "<none>"
+
+
+def _event_object(ev):
+    ref = ev.get("involvedObject", {})
+    return "%s/%s" % (ref.get("kind", "").lower(), ref.get("name", ""))
+
+
+POD_COLUMNS = [NAME, _col("Ready", _pod_ready), _col("Status", _pod_status),
+               _col("Restarts", lambda p: sum(c.get("restartCount", 0) for c in
+                                             p.get("status", {}).get("containerStatuses", [])), "integer"),
+               AGE, _col("IP", lambda p: p.get("status", {}).get("podIP", "<none>"), priority=1),
+               _col("Node", lambda p: p["spec"].get("nodeName", "<none>"), priority=1)]
+NODE_COLUMNS = [NAME, _col("Status", _node_status), _col("Roles", lambda n: "<none>"), AGE,
+                _col("Version", lambda n: n.get("status", {}).get("nodeInfo", {}).get("kubeletVersion", "")),
+                _col("Zone", lambda n: n["metadata"].get("labels", {}).get("topology.kubernetes.io/zone", "<none>"),
+                     priority=1)]
+SERVICE_COLUMNS = [NAME, _col("Type", lambda s: s["spec"].get("type", "ClusterIP")),
+                   _col("Cluster-IP", lambda s: s["spec"].get("clusterIP", "<none>")),
+                   _col("External-IP", lambda s: "<none>"), _col("Port(s)", _ports), AGE,
+                   _col("Selector", _selector, priority=1)]
+EVENT_COLUMNS = [_col("Last Seen", lambda e: age(e.get("lastTimestamp") or e.get("eventTime"))),
+                 _col("Type", lambda e: e.get("type", "")), _col("Reason", lambda e: e.get("reason", "")),
+                 _col("Object", _event_object), _col("Message", lambda e: e.get("message", ""))]
+
+
+def builtin_resources():
+    pod_fields = ["spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName",
+                  "status.phase", "status.podIP", "status.nominatedNodeName"]
+    return [
+        Resource("", "v1", "namespaces", "Namespace", False, ["ns"], status=True,
+                 columns=[NAME, _col("Status", lambda n: n.get("status", {}).get("phase", "")), AGE],
+                 fields=["status.phase"], subresources=["finalize"]),
+        Resource("", "v1", "pods", "Pod", True, ["po"], status=True, columns=POD_COLUMNS, fields=pod_fields,
+                 subresources=["log", "binding", "eviction"], categories=["all"]),
+        Resource("", "v1", "services", "Service", True, ["svc"], status=True, columns=SERVICE_COLUMNS,
+                 categories=["all"]),
+        Resource("", "v1", "secrets", "Secret", True, columns=[
+            NAME, _col("Type", lambda s: s.get("type", "")),
+            _col("Data", lambda s: len(s.get("data") or {}), "integer"), AGE], fields=["type"]),
+        Resource("", "v1", "configmaps", "ConfigMap", True, ["cm"], columns=[
+            NAME, _col("Data", lambda c: len(c.get("data") or {}) + len(c.get("binaryData") or {}), "integer"),
+            AGE]),
+        Resource("", "v1", "serviceaccounts", "ServiceAccount", True, ["sa"]),
+        Resource("", "v1", "nodes", "Node", False, ["no"], status=True, columns=NODE_COLUMNS,
+                 fields=["spec.unschedulable"]),
+        Resource("", "v1", "events", "Event", True, ["ev"], columns=EVENT_COLUMNS, fields=None, rkey="events"),
+        Resource("events.k8s.io", "v1", "events", "Event", True, ["ev"], columns=EVENT_COLUMNS, fields=None,
+                 rkey="events"),
+        Resource("coordination.k8s.io", "v1", "leases", "Lease", True, columns=[
+            NAME, _col("Holder", lambda l: l.get("spec", {}).get("holderIdentity", "")), AGE]),
+        Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False,
+                 ["crd", "crds"], status=True, columns=[
+                     NAME, _col("Created At", lambda c: c["metadata"].get("creationTimestamp"), "date")]),
+    ]
+
+
+# -- Events: one storage (core/v1 form), two versions -------------------------------------
+
+_EVENT_RENAMES = [("regarding", "involvedObject"), ("note", "message"),
+                  ("reportingController", "reportingComponent"), ("deprecatedSource", "source"),
+                  ("deprecatedFirstTimestamp", "firstTimestamp"), ("deprecatedLastTimestamp", "lastTimestamp"),
+                  ("deprecatedCount", "count")]
+
+
+def event_to_storage(res, obj):
+    if res.group != "events.k8s.io":
+        return obj
+    out = dict(obj)
+    for new, old in _EVENT_RENAMES:
+        if new in out:
+            out[old] = out.pop(new)
+    return out
+
+
+def event_from_storage(res, obj):
+    if res.group != "events.k8s.io":
+        return obj
+    out = dict(obj)
+    for new, old in _EVENT_RENAMES:
+        if old in out:
+            out[new] = out.pop(old)
+    return out
+
+
+# -- Strategies: defaults on create, rules on update, validation -------------------------
+
+_cluster_ips = itertools.count(10)
+
+
+def _default_pod(pod, old):
+    spec = pod.setdefault("spec", {})
+    if old is None:
+        for key, value in [("restartPolicy", "Always"), ("terminationGracePeriodSeconds", 30),
+                           ("dnsPolicy", "ClusterFirst"), ("schedulerName", "default-scheduler"),
+                           ("serviceAccountName", "default"), ("priority", 0)]:
+            spec.setdefault(key, value)
+        for c in spec.get("containers", []):
+            res = c.get("resources") or {}
+            # Requests default to limits, which is how extended resources (GPUs) are given.
+            if res.get("limits"):
+                c["resources"] = dict(res, requests=dict(res["limits"], **(res.get("requests") or {})))
+        qos = "Burstable" if any(c.get("resources") for c in spec.get("containers", [])) else "BestEffort"
+        pod["status"] = {"phase": "Pending", "qosClass": qos}
+
+
+def _validate_pod(pod, old):
+    errs = []
+    containers = pod.get("spec", {}).get("containers")
+    if not containers:
+        errs.append(("FieldValueRequired", "spec.containers", "Required value"))
+    for i, c in enumerate(containers or []):
+        for key in ("name", "image"):
+            if not c.get(key):
+                errs.append(("FieldValueRequired", "spec.containers[%d].%s" % (i, key), "Required value"))
+    if old is not None and _mutable_pod_spec(pod["spec"]) != _mutable_pod_spec(old["spec"]):
+        errs.append(("FieldValueForbidden", "spec", "Forbidden: pod updates may not change fields other than "
+                     "`spec.containers[*].image`, `spec.activeDeadlineSeconds`, `spec.tolerations` "
+                     "(only additions to existing tolerations)"))
+    return errs
+
+
+def _mutable_pod_spec(spec):
+    """The pod spec without the fields an update may change."""
+    spec = copy.deepcopy(spec)
+    for key in ("activeDeadlineSeconds", "tolerations"):
+        spec.pop(key, None)
+    for c in spec.get("containers", []):
+        c.pop("image", None)
+    return spec
+
+
+def _default_service(svc, old):
+    spec = svc.setdefault("spec", {})
+    spec.setdefault("type", "ClusterIP")
+    spec.setdefault("sessionAffinity", "None")
+    for p in spec.get("ports", []):
+        p.setdefault("protocol", "TCP")
+        p.setdefault("targetPort", p.get("port"))
+    if old is not None and old["spec"].get("clusterIP"):
+        spec["clusterIP"] = old["spec"]["clusterIP"]       # immutable once allocated
+    elif not spec.get("clusterIP"):
+        n = next(_cluster_ips)
+        spec["clusterIP"] = "10.96.%d.%d" % (n // 250, n % 250 + 1)
+    spec["clusterIPs"] = [spec["clusterIP"]]
+
+
+def _default_namespace(ns, old):
+    ns.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
+    ns["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = ns["metadata"]["name"]
+    if not ns["metadata"].get("deletionTimestamp"):
+        ns["status"] = {"phase": "Active"}
+
+
+def _default_secret(secret, old):
+    if not secret.get("type"):
+        secret["type"] = "Opaque"
+    string_data = secret.pop("stringData", None) or {}
+    data = secret.setdefault("data", {})
+    for key, value in string_data.items():
+        data[key] = base64.b64encode(value.encode()).decode()
+
+
+def _validate_event(ev, old):
+    errs = []
+    if "reportingController" in ev or "eventTime" in ev:    # written through events.k8s.io/v1
+        for field in ("eventTime", "reportingComponent", "reportingInstance", "action", "reason"):
+            if not ev.get(field):
+                name = "reportingController" if field == "reportingComponent" else field
+                errs.append(("FieldValueRequired", name, "Required value"))
+    if ev.get("type") not in (None, "", "Normal", "Warning"):
+        errs.append(("FieldValueInvalid", "type", 'Invalid value: "%s": has invalid value' % ev["type"]))
+    return errs
+
+
+def _validate_crd(crd, old):
+    errs = []
+    spec = crd.get("spec", {})
+    names = spec.get("names", {})
+    for field, value in [("spec.group", spec.get("group")), ("spec.names.plural", names.get("plural")),
+                         ("spec.names.kind", names.get("kind"))]:
+        if not value:
+            errs.append(("FieldValueRequired", field, "Required value"))
+    if spec.get("scope") not in ("Namespaced", "Cluster"):
+        errs.append(("FieldValueNotSupported", "spec.scope", 'Unsupported value: "%s": supported values: '
+                     '"Cluster", "Namespaced"' % spec.get("scope", "")))
+    versions = spec.get("versions") or []
+    if sum(1 for v in versions if v.get("storage")) != 1:
+        errs.append(("FieldValueInvalid", "spec.versions", "Invalid value: %s: must have exactly one version "
+                     "marked as storage version" % len(versions)))
+    expected = "%s.%s" % (names.get("plural"), spec.get("group"))
+    if crd["metadata"]["name"] != expected:
+        errs.append(("FieldValueInvalid", "metadata.name", 'Invalid value: "%s": must be spec.names.plural+"."'
+                     '+spec.group' % crd["metadata"]["name"]))
+    if old is not None and old["spec"].get("group") != spec.get("group"):
+        errs.append(("FieldValueInvalid", "spec.group", "field is immutable"))
+    return errs
+
+
+def _default_crd(crd, old):
+    names = crd.setdefault("spec", {}).setdefault("names", {})
+    if names.get("kind"):
+        names.setdefault("singular", names["kind"].lower())
+        names.setdefault("listKind", names["kind"] + "List")
+    crd["spec"].setdefault("conversion", {"strategy": "None"})
+    # The apiextensions controllers accept names and establish the CRD at once here.
+    crd["status"] = {
+        "acceptedNames": names,
+        "storedVersions": [v["name"] for v in crd["spec"].get("versions", []) if v.get("storage")],
+        "conditions": [{"type": t, "status": "True", "reason": r, "message": m,
+                        "lastTransitionTime": crd["metadata"].get("creationTimestamp")}
+                       for t, r, m in [("NamesAccepted", "NoConflicts", "no conflicts found"),
+                                       ("Established", "InitialNamesAccepted", "the initial names have been "
+                                        "accepted")]],
+    }
+
+
+# rkey -> (defaults(obj, old), validate(obj, old) -> causes)
+STRATEGIES = {
+    "pods": (_default_pod, _validate_pod),
+    "services": (_default_service, None),
+    "namespaces": (_default_namespace, None),
+    "secrets": (_default_secret, None),
+    "events": (None, _validate_event),
+    "apiextensions.k8s.io/customresourcedefinitions": (_default_crd, _validate_crd),
+}
