@@ -56,6 +56,9 @@
 
 #define MAX_WORKERS 256
 #define FINISH_GRACE_MS 15000
+/* losses this close together make one new plan (kills of one event arrive
+ * within a few ms of each other) */
+#define SETTLE_MS 20
 
 typedef struct {
     char name[PL_WORKER_NAME_MAX];
@@ -544,7 +547,8 @@ int cmd_run(int argc, char **argv)
         .checkpoint_every = job.checkpoint.every, .resume_step = resume_step,
         .strategy_checkpoint = ft->strategy == PL_STRATEGY_CHECKPOINT,
         .max_resets = ft->max_resets,
-        .wait_for_nodes_ms = (int64_t)(ft->wait_for_nodes_timeout_seconds * 1000.0)};
+        .wait_for_nodes_ms = (int64_t)(ft->wait_for_nodes_timeout_seconds * 1000.0),
+        .settle_ms = SETTLE_MS, .hosts_added_check_every = ft->hosts_added_check_every};
     if (!(r->coord = pl_coord_new(&cc, err, sizeof err))) goto done;
     char token[65];
     if (pl_random_hex(token, 32)) {

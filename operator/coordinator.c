@@ -71,6 +71,7 @@ struct pl_coord {
     cplan cur, stable;
     int has_cur, has_stable;
     int pending;           /* a membership change waits for the step boundary */
+    int join_pending;      /* a worker joined: replan at the next check step */
     char cause[512];       /* causes since the last plan */
     double sumsq, loss_sum;
     int nloss;
@@ -81,6 +82,7 @@ struct pl_coord {
     int nrec, caprec;
     int64_t now;           /* the latest time an event brought */
     int64_t wait_since;    /* when waiting for workers began; -1: not waiting */
+    int64_t replan_at;     /* SETTLING: when to make the new plan */
     int64_t ckpt_last;     /* newest complete checkpoint; 0: none (the initial state) */
     int64_t plan_ckpt;     /* the current plan loads this checkpoint; -1: none */
     int need_ckpt;         /* a fatal loss: the next plan restarts from the checkpoint */
@@ -678,7 +680,7 @@ static void replan(pl_coord *c)
     if (c->gen > 1)
         log_reconfig(c, removed, added, bytes_planned);
     c->cause[0] = 0;
-    c->pending = 0;
+    c->pending = c->join_pending = 0;
     c->reason[0] = 0;
     c->wait_since = -1;
     c->phase = PL_COORD_COPYING;
@@ -752,7 +754,8 @@ static void step_boundary(pl_coord *c)
             finish(c);
         return;
     }
-    if (c->pending)
+    int every = c->cfg.hosts_added_check_every > 1 ? c->cfg.hosts_added_check_every : 1;
+    if (c->pending || (c->join_pending && c->step % every == 0))
         replan(c);
     else
         start_step(c);
@@ -791,6 +794,19 @@ static void check_committed_complete(pl_coord *c)
     step_boundary(c);
 }
 
+/* A loss needs a new plan: now, or after settle_ms without further losses so
+ * that simultaneous preemptions (one zone, Bamboo §3) make one plan, not one
+ * each. Step messages are ignored meanwhile (phase SETTLING). */
+static void replan_soon(pl_coord *c)
+{
+    if (c->cfg.settle_ms <= 0) {
+        replan(c);
+        return;
+    }
+    c->phase = PL_COORD_SETTLING;
+    c->replan_at = c->now + c->cfg.settle_ms;
+}
+
 /* Reaction to workers already marked not live (idx[0..n)). */
 static void after_loss(pl_coord *c, const int *idx, int n)
 {
@@ -804,7 +820,7 @@ static void after_loss(pl_coord *c, const int *idx, int n)
     switch (c->phase) {
     case PL_COORD_COPYING:
         if (critical) {
-            replan(c);
+            replan_soon(c);
         } else {
             c->pending = 1;
             check_copy_complete(c);
@@ -813,7 +829,7 @@ static void after_loss(pl_coord *c, const int *idx, int n)
     case PL_COORD_RUNNING:
         if (critical) {
             to_pipeline_workers(c, PL_MSG_ABORT, "a worker of the plan was lost");
-            replan(c);
+            replan_soon(c);
         } else {
             c->pending = 1;
             check_reduced_complete(c);
@@ -822,6 +838,9 @@ static void after_loss(pl_coord *c, const int *idx, int n)
     case PL_COORD_COMMITTING:
         c->pending = 1;
         check_committed_complete(c);
+        break;
+    case PL_COORD_SETTLING:
+        replan_soon(c); /* one more loss of the same event: wait for the rest too */
         break;
     case PL_COORD_SAVING:
         if (critical) { /* a writer is gone: the training is complete anyway */
@@ -1023,7 +1042,7 @@ int pl_coord_worker_registered(pl_coord *c, const char *name, const char *node,
         replan(c);
     } else {
         add_cause(c, "joined %s%s", name, "");
-        c->pending = 1;
+        c->join_pending = 1; /* placed at the next check (hostsAddedCheckEvery) */
     }
     return PL_COORD_OK;
 }
@@ -1245,6 +1264,8 @@ int pl_coord_tick(pl_coord *c, int64_t now_ms)
 {
     c->err[0] = 0;
     note_time(c, now_ms);
+    if (c->phase == PL_COORD_SETTLING && now_ms >= c->replan_at)
+        replan(c);
     if (c->phase == PL_COORD_WAITING_FOR_WORKERS || c->phase == PL_COORD_WAITING_FOR_NODES) {
         int64_t limit = c->cfg.wait_for_nodes_ms;
         if (limit > 0 && now_ms - c->wait_since > limit) {
@@ -1326,7 +1347,8 @@ pl_coord_phase_t pl_coord_phase(const pl_coord *c) { return c->phase; }
 const char *pl_coord_phase_name(pl_coord_phase_t p)
 {
     static const char *const names[] = {"waiting_for_workers", "copying", "running", "committing",
-                                        "waiting_for_nodes", "saving", "done", "failed"};
+                                        "waiting_for_nodes", "saving", "settling", "done",
+                                        "failed"};
     return (unsigned)p < sizeof names / sizeof names[0] ? names[p] : "?";
 }
 

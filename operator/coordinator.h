@@ -83,6 +83,9 @@ typedef struct {
     int max_resets;               /* reconfigurations allowed; 0: unlimited */
     int64_t wait_for_nodes_ms;    /* give up after waiting this long for workers; 0: never */
     int64_t cooldown_ms;          /* first cooldown of a failing node; 0: 10 s */
+    int hosts_added_check_every;  /* steps between placements of joined workers; ≤ 1: every */
+    int settle_ms;                /* replan this long after the last of a burst of losses
+                                     (pl_coord_tick); 0: at once */
 } pl_coord_config;
 
 typedef enum {
@@ -92,6 +95,7 @@ typedef enum {
     PL_COORD_COMMITTING,              /* commit sent, collecting committed */
     PL_COORD_WAITING_FOR_NODES,       /* too few live workers to run a plan */
     PL_COORD_SAVING,                  /* every step committed, the last checkpoint pending */
+    PL_COORD_SETTLING,                /* a loss: the new plan waits for settle_ms of quiet */
     PL_COORD_DONE,                    /* every step committed, stop sent */
     PL_COORD_FAILED                   /* fatal: see pl_coord_reason */
 } pl_coord_phase_t;

@@ -752,6 +752,48 @@ static void test_checkpoint_strategy_and_end(void)
     sim_free(&s);
 }
 
+/* hostsAddedCheckEvery 3: a worker joining during step 0 is placed at step 3;
+ * settle_ms: two losses 10 ms apart make one plan, made by the tick. */
+static void test_join_checks_and_settling(void)
+{
+    sim s;
+    CHECK(sim_init(&s, 9, 5) == 0);
+    s.cfg.hosts_added_check_every = 3;
+    s.cfg.settle_ms = 20;
+    CHECK(sim_reconfigure(&s) == 0);
+    CHECK(start_workers(&s, 5) == 0);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_worker_registered(s.c, "w5", NULL, NULL, 0, 0), PL_COORD_OK);
+    s.live[5] = 1;
+    s.nw = 6;
+    CHECK(drain(&s) == 0);
+    for (int st = 0; st < 3; st++) {
+        CHECK_EQ_INT(pl_coord_generation(s.c), 1);
+        CHECK(run_step(&s, st) == 0);
+    }
+    CHECK_EQ_INT(count_type(&s, PL_MSG_PLAN), 6);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
+    CHECK_EQ_INT(s.plan[5].u.plan.step, 3);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_tick(s.c, 1000), PL_COORD_IGNORED);
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, "w1", "killed"), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_SETTLING);
+    CHECK_EQ_INT(pl_coord_tick(s.c, 1010), PL_COORD_IGNORED);
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, "w2", "killed"), PL_COORD_OK);
+    s.live[1] = s.live[2] = 0;
+    CHECK_EQ_INT(pl_coord_tick(s.c, 1025), PL_COORD_IGNORED);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_SETTLING);
+    CHECK_EQ_INT(pl_coord_tick(s.c, 1031), PL_COORD_IGNORED);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_PLAN), 4);
+    const pl_coord_reconfig_rec *rec = pl_coord_reconfig(s.c, pl_coord_nreconfigs(s.c) - 1);
+    CHECK(rec && !strcmp(rec->removed, "w1,w2"));
+    sim_free(&s);
+}
+
 /* maxResets, the wait-for-nodes timeout and the cooldown of a failing node. */
 static void test_limits(void)
 {
@@ -873,6 +915,7 @@ RUN(test_insufficient_then_join);
 RUN(test_fatal_loss);
 RUN(test_checkpoint_strategy_and_end);
 RUN(test_limits);
+RUN(test_join_checks_and_settling);
 RUN(test_initial_copy_loss_and_nan);
 RUN(test_bad_config);
 TEST_MAIN_END
