@@ -84,7 +84,8 @@ static void run_usage(FILE *f)
                "                 [--chaos SPEC] [--duration SECONDS]\n"
                "  --duration: stop after that long (benchmarks), dropping the step in flight\n"
                "  SPEC: comma-separated kill:W@step=S, term:W@step=S, add:K@step=S\n"
-               "        (or @t=SECONDS), trace:FILE[:SPEEDUP]; W: worker number in start order\n");
+               "        (or @t=SECONDS, or @waiting: when too few workers are left), trace:FILE[:SPEEDUP];\n"
+               "        W: worker number in start order\n");
 }
 
 static run_worker *find_worker(run_state *r, const char *name)
@@ -628,6 +629,9 @@ int cmd_run(int argc, char **argv)
                 if (e->when == PL_CHAOS_AT_STEP) {
                     if (!(begun && cur >= e->step)) continue;
                     snprintf(when, sizeof when, "step %lld", (long long)e->step);
+                } else if (e->when == PL_CHAOS_WHEN_WAITING) {
+                    if (cph != PL_COORD_WAITING_FOR_NODES) continue;
+                    snprintf(when, sizeof when, "waiting");
                 } else {
                     if (now - start_ms < e->t_ms) continue;
                     snprintf(when, sizeof when, "t=%.3fs", (double)e->t_ms / 1000.0);

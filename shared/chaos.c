@@ -190,7 +190,7 @@ static int add_event(pl_chaos *c, const char *s, size_t len, char *err, size_t e
         e.action = PL_CHAOS_ADD;
     else
         return pl_errf(err, errlen, "unknown action (expected kill, term, add or trace)");
-    if (!at || at < colon) return pl_errf(err, errlen, "expected @step=S or @t=SECONDS");
+    if (!at || at < colon) return pl_errf(err, errlen, "expected @step=S, @t=SECONDS or @waiting");
     int64_t v;
     if (parse_i64(colon + 1, at, e.action == PL_CHAOS_ADD ? 1 : 0, 100000, &v))
         return pl_errf(err, errlen, "%s must be a number",
@@ -207,8 +207,10 @@ static int add_event(pl_chaos *c, const char *s, size_t len, char *err, size_t e
         e.when = PL_CHAOS_AT_TIME;
         if (parse_seconds_ms(at + 3, end, &e.t_ms))
             return pl_errf(err, errlen, "t must be a non-negative number of seconds");
+    } else if ((size_t)(end - at) == 8 && !memcmp(at, "@waiting", 8)) {
+        e.when = PL_CHAOS_WHEN_WAITING;
     } else {
-        return pl_errf(err, errlen, "expected @step=S or @t=SECONDS");
+        return pl_errf(err, errlen, "expected @step=S, @t=SECONDS or @waiting");
     }
     return push(c, &e) ? pl_errf(err, errlen, "out of memory") : 0;
 }
@@ -216,8 +218,8 @@ static int add_event(pl_chaos *c, const char *s, size_t len, char *err, size_t e
 static int cmp_event(const void *a, const void *b)
 {
     const pl_chaos_event *x = a, *y = b;
-    if (x->when != y->when) return x->when == PL_CHAOS_AT_STEP ? -1 : 1;
-    int64_t kx = x->when == PL_CHAOS_AT_STEP ? 0 : x->t_ms, ky = y->when == PL_CHAOS_AT_STEP ? 0 : y->t_ms;
+    if (x->when != y->when) return (x->when > y->when) - (x->when < y->when);
+    int64_t kx = x->when == PL_CHAOS_AT_TIME ? x->t_ms : 0, ky = y->when == PL_CHAOS_AT_TIME ? y->t_ms : 0;
     return (kx > ky) - (kx < ky);
 }
 

@@ -7,6 +7,7 @@
  *   term:W@t=SECONDS
  *   add:K@step=S         start K new workers when step S begins
  *   add:K@t=SECONDS
+ *   add:K@waiting        (any action) once the job waits for workers (too few to run)
  *   trace:FILE[:SPEEDUP] replay a trace of ../shared/traces/ format, time-compressed by SPEEDUP
  *
  * A trace is CSV without header, one event per row, `t_ms,add|remove,nodeN`, rows sorted by time,
@@ -21,7 +22,7 @@
 #include <stdint.h>
 
 typedef enum { PL_CHAOS_KILL, PL_CHAOS_TERM, PL_CHAOS_ADD } pl_chaos_action;
-typedef enum { PL_CHAOS_AT_STEP, PL_CHAOS_AT_TIME } pl_chaos_when;
+typedef enum { PL_CHAOS_AT_STEP, PL_CHAOS_AT_TIME, PL_CHAOS_WHEN_WAITING } pl_chaos_when;
 
 typedef struct {
     pl_chaos_action action;

@@ -493,12 +493,12 @@ def strategy_checkpoint_restarts_every_worker_from_the_checkpoint():
 
 @test
 def too_few_workers_wait_then_continue_with_the_returning_ones():
-    """4 single-node pipelines (F = 1: at least 2 needed); 3 are killed at step 4 and 2
-    new ones started: the job waits with one survivor, then re-instantiates with the
+    """4 single-node pipelines (F = 1: at least 2 needed); 3 are killed at step 4; the
+    job waits with one survivor, 2 new workers start (add@waiting), it re-instantiates with the
     new workers receiving the survivor's layers (no checkpoint), every step once."""
     steps = 12
     job = write_job("few", steps=steps)
-    m, out, err = run_chaos(job, 4, "kill:1@step=4,kill:2@step=4,kill:3@step=4,add:2@step=4")
+    m, out, err = run_chaos(job, 4, "kill:1@step=4,kill:2@step=4,kill:3@step=4,add:2@waiting")
     check("waiting: 1 live workers, at least (F+1)*n0 = 2 needed" in out,
           "no waiting line:\n%s", out[-2000:])
     rec = events(m, "reconfigure")

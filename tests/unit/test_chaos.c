@@ -35,8 +35,8 @@ static void test_bad_specs_name_the_event(void)
     } bad[] = {
         {"kill:x@step=3", "event 1 (kill:x@step=3): worker must be a number"},
         {"kill:1@step=3,boom:1@step=2", "event 2 (boom:1@step=2): unknown action"},
-        {"kill:1", "expected @step=S or @t=SECONDS"},
-        {"kill:1@when=3", "expected @step=S or @t=SECONDS"},
+        {"kill:1", "expected @step=S, @t=SECONDS or @waiting"},
+        {"kill:1@when=3", "expected @step=S, @t=SECONDS or @waiting"},
         {"add:0@step=3", "count of workers to add"},
         {"term:1@t=-2", "t must be a non-negative number"},
         {"kill:1@step=", "step must be a non-negative integer"},
