@@ -10,11 +10,12 @@ BUILD   := build
 WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter
 CSTD    := -std=c17 -D_GNU_SOURCE
 INCS    := -Ishared -Ikernels -Iworker/engine -Iworker/comm -Iworker/agent -Ioperator $(shell pkg-config --cflags libcjson 2>/dev/null) \
-           $(shell pkg-config --cflags libwebsockets openssl 2>/dev/null)
+           $(shell pkg-config --cflags libwebsockets openssl libcurl 2>/dev/null)
 CFLAGS  ?= -O2 -g
 ALL_CFLAGS := $(CSTD) $(WARN) $(INCS) $(CFLAGS) -MMD -MP
 LDLIBS  := $(shell pkg-config --libs libcjson 2>/dev/null || echo -lcjson) -lyaml -lm \
-           $(shell pkg-config --libs libwebsockets 2>/dev/null || echo -lwebsockets) -lssl -lcrypto
+           $(shell pkg-config --libs libwebsockets 2>/dev/null || echo -lwebsockets) -lssl -lcrypto \
+           $(shell pkg-config --libs libcurl 2>/dev/null || echo -lcurl)
 SAN     := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 
 # The common library: everything in shared/.
@@ -60,7 +61,7 @@ ASAN_LIBS       := $(OPERATOR_ASAN_LIB) $(ENGINE_ASAN_LIB) $(KERNEL_ASAN_LIB) $(
 DEBIAN_DEPS := build-essential pkg-config python3 libcjson-dev libcurl4-openssl-dev libyaml-dev \
                libwebsockets-dev libssl-dev libopenblas-dev
 
-.PHONY: all deps test unit-tests bench bench-planner bench-kernels bench-train bench-comm cuda clean
+.PHONY: all deps test unit-tests bench bench-planner bench-kernels bench-train bench-comm bench-trace cuda clean
 all: $(BUILD)/bin/pliant
 
 deps:
@@ -143,6 +144,9 @@ bench-kernels: $(BUILD)/bench/kernels_bench
 	$(BUILD)/bench/kernels_bench
 bench-comm: $(BUILD)/bench/comm_bench
 	$(BUILD)/bench/comm_bench
+# Spot-trace replay, templates vs checkpoint (about 4 minutes; SPEEDUP: trace compression)
+bench-trace: $(BUILD)/bin/pliant $(BUILD)/bench/comm_bench
+	$(PYTHON) bench/trace_bench.py --build $(BUILD) $(if $(SPEEDUP),--speedup $(SPEEDUP))
 
 # CUDA parts build only where nvcc exists; the default build never needs it.
 cuda: $(CUDA_OBJ)
