@@ -3,10 +3,10 @@
  * (`pliant worker`, same binary) under the coordinator (operator/coordinator.h)
  * and the control server (WebSocket over TLS, a self-signed certificate, a random job token).
  *
- * Planner profile: spec.profile when it is a path, else a synthetic one
- * derived from the model's sizes (per-layer times proportional to the layer's
- * multiply-adds, this machine's RAM as the memory): deterministic, so every
- * worker plans the same stage layouts from the same file.
+ * Planner profile: spec.profile when it is a path; auto measures every layer
+ * here at start (operator/job_profile.h); synthetic derives it from the
+ * model's sizes (reproducible plans). The file is given to every worker so
+ * that all plan the same stage layouts.
  *
  * One line per committed step on stdout; --metrics writes JSON lines (step,
  * loss, lr, grad_norm, tokens_per_second, plan_generation, pipelines, workers,
@@ -33,7 +33,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <cJSON.h>
 
 #include "backend.h"
 #include "checkpoint.h"
@@ -44,6 +43,7 @@
 #include "coordinator.h"
 #include "coverage.h"
 #include "gpt.h"
+#include "job_profile.h"
 #include "jobspec.h"
 #include "profile.h"
 #include "sampler.h"
@@ -59,6 +59,7 @@
 /* losses this close together make one new plan (kills of one event arrive
  * within a few ms of each other) */
 #define SETTLE_MS 20
+#define PROFILE_REPEAT 3 /* timed runs per layer for spec.profile auto */
 
 typedef struct {
     char name[PL_WORKER_NAME_MAX];
@@ -134,47 +135,6 @@ static void on_close(pl_ctl_server *s, pl_ctl_conn *c, const char *reason, void 
         snprintf(cause, sizeof cause, "connection closed: %s", reason ? reason : "");
         pl_coord_worker_lost(r->coord, w->name, cause);
     }
-}
-
-/* A synthetic planner profile of the job's model (see the file comment). */
-static char *synthetic_profile(const pl_job *job, char *err, size_t errlen)
-{
-    pl_gpt_config cfg;
-    if (pl_job_gpt_config(job, &cfg, err, errlen)) return NULL;
-    const double B = job->batch.micro, T = job->batch.seq_len, C = cfg.C;
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "model", job->model.preset[0] ? job->model.preset : "custom");
-    cJSON_AddNumberToObject(o, "microbatch_size", job->batch.micro);
-    cJSON_AddNumberToObject(o, "gpus_per_node", 1);
-    cJSON_AddNumberToObject(o, "gpu_memory_bytes",
-                            (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE));
-    cJSON_AddNumberToObject(o, "intra_node_GBps", 10.0);
-    cJSON_AddNumberToObject(o, "inter_node_GBps", 1.0);
-    cJSON *layers = cJSON_AddArrayToObject(o, "layers");
-    for (int l = 0; l < cfg.L + 2; l++) {
-        double params = (double)pl_gpt_layer_params(&cfg, l);
-        double flops = l == 0 ? B * T * C : 2.0 * params * B * T + (l <= cfg.L ? 4.0 * B * T * T * C : 0);
-        double fwd = flops / 1e7; /* ms at 10 GFLOP/s */
-        if (fwd < 0.001) fwd = 0.001;
-        double act = l == 0 ? 4 * B * T * C : l == cfg.L + 1 ? 8 * B * T * cfg.Vp : 64 * B * T * C;
-        char name[32];
-        snprintf(name, sizeof name, l == 0 ? "embedding" : l == cfg.L + 1 ? "head" : "block%d",
-                 l - 1);
-        cJSON *x = cJSON_CreateObject();
-        cJSON_AddStringToObject(x, "name", name);
-        cJSON_AddNumberToObject(cJSON_AddObjectToObject(x, "forward_ms"), "1",
-                                round(fwd * 1e6) / 1e6);
-        cJSON_AddNumberToObject(cJSON_AddObjectToObject(x, "backward_ms"), "1",
-                                round(2 * fwd * 1e6) / 1e6);
-        cJSON_AddNumberToObject(x, "param_bytes", 4.0 * params);
-        cJSON_AddNumberToObject(x, "activation_bytes", act);
-        cJSON_AddNumberToObject(x, "output_bytes", l == cfg.L + 1 ? 0 : 4.0 * B * T * C);
-        cJSON_AddItemToArray(layers, x);
-    }
-    char *text = cJSON_Print(o);
-    cJSON_Delete(o);
-    if (!text) snprintf(err, errlen, "out of memory");
-    return text;
 }
 
 static int write_file(const char *path, const char *text)
@@ -493,7 +453,7 @@ int cmd_run(int argc, char **argv)
         goto done;
 
     /* the planner */
-    if (job.profile[0] && strcmp(job.profile, "auto")) {
+    if (job.profile[0] && strcmp(job.profile, "auto") && strcmp(job.profile, "synthetic")) {
         snprintf(profile_path, sizeof profile_path, "%s", job.profile);
     } else {
         if (!mkdtemp(tmpdir)) {
@@ -502,7 +462,9 @@ int cmd_run(int argc, char **argv)
         }
         have_tmp = 1;
         snprintf(profile_path, sizeof profile_path, "%s/profile.json", tmpdir);
-        char *text = synthetic_profile(&job, err, sizeof err);
+        char *text = strcmp(job.profile, "synthetic") == 0
+                         ? pl_job_profile_synthetic(&job, err, sizeof err)
+                         : pl_job_profile_measure(&job, PROFILE_REPEAT, err, sizeof err);
         if (!text) goto done;
         int w = write_file(profile_path, text);
         free(text);

@@ -598,11 +598,12 @@ static int parse_spec(pctx *c, const pl_ynode *root, pl_job *job)
 
     char profile[PL_PATH_MAX] = "";
     if (get_str(c, spec, "spec", "profile", 0, profile, sizeof profile)) return -1;
-    if (profile[0] && strcmp(profile, "auto") != 0 &&
+    if (!strcmp(profile, "synthetic")) snprintf(job->profile, sizeof job->profile, "synthetic");
+    if (profile[0] && strcmp(profile, "auto") != 0 && strcmp(profile, "synthetic") != 0 &&
         resolve_path(c, "spec.profile", profile, job->profile, sizeof job->profile))
         return -1;
     if (field(spec, "profile") && !profile[0])
-        return pl_errf(c->err, c->errlen, "spec.profile: must be auto or a path to a profile JSON");
+        return pl_errf(c->err, c->errlen, "spec.profile: must be auto, synthetic or a path to a profile JSON");
 
     if (parse_worker(c, spec, job) || parse_run_policy(c, spec, job)) return -1;
 

@@ -42,6 +42,7 @@ spec:
   batch: {{global: {global_}, micro: 2, seqLen: 32}}
   optimizer: {{lr: 3.0e-3, warmupSteps: 2, schedule: cosine, gradClip: 1.0}}
   steps: {steps}
+  profile: synthetic
 {extra}"""
 
 

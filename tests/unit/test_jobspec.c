@@ -476,7 +476,7 @@ static void test_validation_errors(void)
         {MINIMAL "  optimizer: {lr: .nan}\n", "spec.optimizer.lr: must be a finite number"},
         {MINIMAL "  optimizer: {lr: 1e999}\n", "spec.optimizer.lr: must be a finite number"},
         {MINIMAL "  profile: 3\n", "spec.profile: must be a string"},
-        {MINIMAL "  profile: ''\n", "spec.profile: must be auto or a path"},
+        {MINIMAL "  profile: ''\n", "spec.profile: must be auto, synthetic or a path"},
         {MINIMAL "  worker: []\n", "spec.worker: must be a mapping"},
         {MINIMAL "  worker: {image: 3}\n", "spec.worker.image: must be a string"},
         {MINIMAL "  worker: {resources: 3}\n", "spec.worker.resources: must be a mapping"},
