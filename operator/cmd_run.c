@@ -47,7 +47,6 @@
 #include "jobspec.h"
 #include "profile.h"
 #include "sampler.h"
-#include "tcp.h"
 #include "templates.h"
 #include "tls_selfsigned.h"
 #include "tokens.h"
@@ -63,7 +62,6 @@
 
 typedef struct {
     char name[PL_WORKER_NAME_MAX];
-    int port;
     pl_ctl_conn *conn;
     int exited;
 } run_worker;
@@ -75,8 +73,7 @@ typedef struct {
     int nw;
     /* what a worker is started with */
     pl_backend *be;
-    const char *exe, *job_path, *thr, *token, *profile;
-    int n0, F;
+    const char *exe, *job_path, *thr, *token;
 } run_state;
 
 static void run_usage(FILE *f)
@@ -101,9 +98,8 @@ static void on_register(pl_ctl_server *s, pl_ctl_conn *c, const pl_msg *m, void 
     run_state *r = user;
     run_worker *w = find_worker(r, m->u.reg.name);
     if (!w || (w->conn && w->conn != c) ||
-        pl_coord_worker_registered(r->coord, m->u.reg.name, m->u.reg.node, "127.0.0.1",
-                                   w->port,
-                                   pl_ctl_now_ms()) == PL_COORD_ERR) {
+        pl_coord_worker_registered(r->coord, m->u.reg.name, m->u.reg.node, m->u.reg.host,
+                                   m->u.reg.port, pl_ctl_now_ms()) == PL_COORD_ERR) {
         pl_msg x;
         pl_msg_init(&x, PL_MSG_REFUSE, pl_coord_generation(r->coord));
         snprintf(x.u.refuse.reason, sizeof x.u.refuse.reason, "%s",
@@ -146,52 +142,23 @@ static int write_file(const char *path, const char *text)
     return rc ? -1 : 0;
 }
 
-/* n distinct free TCP ports on 127.0.0.1 (held open together, then released). */
-static int pick_ports(int n, int *ports, char *err, size_t errlen)
-{
-    pl_listener **l = calloc((size_t)n, sizeof *l);
-    int rc = l ? 0 : -1;
-    for (int i = 0; i < n && !rc; i++) {
-        rc = pl_listener_open("127.0.0.1", 0, &l[i], err, errlen);
-        if (!rc) ports[i] = pl_listener_port(l[i]);
-    }
-    for (int i = 0; l && i < n; i++)
-        if (l[i]) pl_listener_close(l[i]);
-    free(l);
-    return rc;
-}
-
-/* Starts worker r->w[i] (name and port already set); its peer directory is every worker so far. */
+/* Starts worker r->w[i] (its name set). It listens on a free port of its own and
+ * registers it; each local worker is its own node. */
 static int spawn_worker(run_state *r, int i, char *err, size_t errlen)
 {
-    size_t peers_len = (size_t)r->nw * (PL_WORKER_NAME_MAX + 16) + 16;
-    char *pe = malloc(peers_len + 16);
-    if (!pe) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
-    size_t at = (size_t)snprintf(pe, peers_len, "PLIANT_PEERS=");
-    for (int k = 0; k < r->nw; k++)
-        at += (size_t)snprintf(pe + at, peers_len - at, "%s%s=%d", k ? "," : "", r->w[k].name,
-                               r->w[k].port);
-    char e[9][4200];
+    char e[5][PL_PATH_MAX + 64];
     snprintf(e[0], sizeof e[0], "PLIANT_COORDINATOR=127.0.0.1:%d", pl_ctl_server_port(r->srv));
     snprintf(e[1], sizeof e[1], "PLIANT_TOKEN=%s", r->token);
     snprintf(e[2], sizeof e[2], "PLIANT_CA=%s", pl_ctl_server_cert_path(r->srv));
     snprintf(e[3], sizeof e[3], "PLIANT_WORKER_NAME=%s", r->w[i].name);
-    snprintf(e[4], sizeof e[4], "PLIANT_PROFILE=%s", r->profile);
-    snprintf(e[5], sizeof e[5], "PLIANT_NODES=%d", r->n0);
-    snprintf(e[6], sizeof e[6], "PLIANT_PEER_PORT=%d", r->w[i].port);
-    snprintf(e[7], sizeof e[7], "PLIANT_TOLERATE=%d", r->F);
-    snprintf(e[8], sizeof e[8], "PLIANT_NODE=%s", r->w[i].name); /* each worker is a node */
-    char *env[] = {e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7], e[8], pe, NULL};
+    snprintf(e[4], sizeof e[4], "PLIANT_NODE=%s", r->w[i].name);
+    char *env[] = {e[0], e[1], e[2], e[3], e[4], NULL};
     char *wargv[] = {(char *)r->exe, "worker", (char *)r->job_path, "--threads", (char *)r->thr,
                      NULL};
     pl_worker_spec spec = {.argv = wargv, .env = env};
     snprintf(spec.name, sizeof spec.name, "%s", r->w[i].name);
     err[0] = 0;
     int crc = r->be->ops->create(r->be, &spec, err, errlen);
-    free(pe);
     if (crc && !err[0]) snprintf(err, errlen, "cannot start worker %s", r->w[i].name);
     return crc;
 }
@@ -203,13 +170,10 @@ static int add_workers(run_state *r, int k, char *err, size_t errlen)
         snprintf(err, errlen, "at most %d workers", MAX_WORKERS);
         return -1;
     }
-    int ports[MAX_WORKERS];
-    if (pick_ports(k, ports, err, errlen)) return -1;
     for (int j = 0; j < k; j++) {
         run_worker *w = &r->w[r->nw];
         memset(w, 0, sizeof *w);
         snprintf(w->name, sizeof w->name, "w%d", r->nw);
-        w->port = ports[j];
         r->nw++;
         if (spawn_worker(r, r->nw - 1, err, errlen)) {
             w->exited = 1; /* never started: not waited for */
@@ -523,13 +487,8 @@ int cmd_run(int argc, char **argv)
     if (!(r->srv = pl_ctl_server_create(&sc, err, sizeof err))) goto done;
 
     /* the workers */
-    int ports[MAX_WORKERS];
-    if (pick_ports(N, ports, err, sizeof err)) goto done;
-    for (int i = 0; i < N; i++) {
-        run_worker *w = &r->w[r->nw++];
-        snprintf(w->name, sizeof w->name, "w%d", i);
-        w->port = ports[i];
-    }
+    for (int i = 0; i < N; i++)
+        snprintf(r->w[r->nw++].name, sizeof r->w[0].name, "w%d", i);
     char exe[4096];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n <= 0) {
@@ -545,9 +504,6 @@ int cmd_run(int argc, char **argv)
     r->job_path = job_path;
     r->thr = thr;
     r->token = token;
-    r->profile = profile_path;
-    r->n0 = Nplan;
-    r->F = F;
     for (int i = 0; i < N; i++)
         if (spawn_worker(r, i, err, sizeof err)) goto done;
     if (metrics_path && !(metrics = fopen(metrics_path, "w"))) {

@@ -1,11 +1,12 @@
-/* `pliant worker JOB.yaml [--threads N]`: one worker process of `pliant run`
- * (worker/agent/agent.h). The coordinator and credentials come from the
- * environment: PLIANT_COORDINATOR (HOST:PORT), PLIANT_TOKEN, PLIANT_CA (the
- * coordinator's certificate; unset: no certificate check), PLIANT_WORKER_NAME,
- * PLIANT_PROFILE (the planner profile the coordinator uses), PLIANT_NODES (the
- * node count it planned for), PLIANT_PEER_PORT (this worker's peer TCP port) and
- * PLIANT_PEERS ("name=port,..." of the others). Exits with the code of the
- * coordinator's `stop`, 1 on a failure, 2 on bad input. */
+/* `pliant worker JOB.yaml [--threads N]`: one worker process of `pliant run` or
+ * of a TrainingJob's Pod (worker/agent/agent.h). The coordinator and
+ * credentials come from the environment: PLIANT_COORDINATOR (HOST:PORT),
+ * PLIANT_TOKEN, PLIANT_CA (the coordinator's certificate; unset: no certificate
+ * check), PLIANT_WORKER_NAME, PLIANT_NODE (the machine; default the host name),
+ * PLIANT_HOST (the address peer links listen on, default 127.0.0.1; 0.0.0.0 in a
+ * Pod), PLIANT_ADVERTISE (the address peers dial, default PLIANT_HOST: the Pod
+ * IP) and PLIANT_PEER_PORT (default 0: any free port). Exits with the code of
+ * the coordinator's `stop`, 1 on a failure, 2 on bad input. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,28 +42,22 @@ int cmd_worker(int argc, char **argv)
         fprintf(stderr, "usage: pliant worker JOB.yaml [--threads N]\n");
         return 2;
     }
-    pl_agent_options o = {.job_path = argv[optind], .tolerate = -1, .threads = (int)threads};
+    pl_agent_options o = {.job_path = argv[optind], .threads = (int)threads};
     o.coordinator = env_or("PLIANT_COORDINATOR", NULL);
     o.token = env_or("PLIANT_TOKEN", "");
     o.ca_path = env_or("PLIANT_CA", NULL);
     o.name = env_or("PLIANT_WORKER_NAME", NULL);
     o.node = env_or("PLIANT_NODE", NULL);
-    o.profile_path = env_or("PLIANT_PROFILE", NULL);
-    o.peers = env_or("PLIANT_PEERS", NULL);
+    o.host = env_or("PLIANT_HOST", NULL);
+    o.advertise = env_or("PLIANT_ADVERTISE", NULL);
     if (!o.coordinator || !o.name) {
         fprintf(stderr, "pliant worker: PLIANT_COORDINATOR and PLIANT_WORKER_NAME must be set\n");
         return 2;
     }
-    const char *nodes = env_or("PLIANT_NODES", "1"), *port = env_or("PLIANT_PEER_PORT", "0");
-    if (cli_parse_int("PLIANT_NODES", nodes, 1, 4096, &v, err, sizeof err)) goto bad;
-    o.nodes = (int)v;
-    if (cli_parse_int("PLIANT_PEER_PORT", port, 0, 65535, &v, err, sizeof err)) goto bad;
+    if (cli_parse_int("PLIANT_PEER_PORT", env_or("PLIANT_PEER_PORT", "0"), 0, 65535, &v, err,
+                      sizeof err))
+        goto bad;
     o.peer_port = (int)v;
-    const char *tol = env_or("PLIANT_TOLERATE", NULL);
-    if (tol) {
-        if (cli_parse_int("PLIANT_TOLERATE", tol, 0, 4096, &v, err, sizeof err)) goto bad;
-        o.tolerate = (int)v;
-    }
     return pl_agent_run(&o);
 bad:
     fprintf(stderr, "pliant worker: %s\n", err);

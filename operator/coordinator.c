@@ -358,6 +358,10 @@ static int send_plan(pl_coord *c, int i, const ccopy *cp, int ncp, char *mark)
         if (!mp->nodes)
             return -1;
         mp->nnodes = mp->template_nodes = cq->nnodes;
+        if (!(mp->layers = malloc(((size_t)cq->nnodes + 1) * sizeof *mp->layers)))
+            return -1;
+        for (int j = 0; j < cq->nnodes; j++) /* each node's range, contiguous in stage order */
+            node_layers(c, cq->nnodes, j, &mp->layers[j], &mp->layers[j + 1]);
         mp->microbatches = cq->mb;
         mp->first_microbatch = cq->first;
         for (int j = 0; j < cq->nnodes; j++)

@@ -75,7 +75,10 @@ void pl_msg_free(pl_msg *m)
     if (m->type == PL_MSG_PLAN) {
         pl_msg_plan *p = &m->u.plan;
         if (p->pipelines)
-            for (int i = 0; i < p->npipelines; i++) free(p->pipelines[i].nodes);
+            for (int i = 0; i < p->npipelines; i++) {
+                free(p->pipelines[i].nodes);
+                free(p->pipelines[i].layers);
+            }
         free(p->pipelines);
         free(p->peers);
         free(p->copies);
@@ -338,6 +341,8 @@ static int dec_register(const cJSON *o, pl_msg *m, char *err, size_t errlen)
     if (NAME(o, "", "job", r->job) || NAME(o, "", "name", r->name) ||
         NAME(o, "", "node", r->node) ||
         get_str(o, "", "zone", S_NAME, 0, PL_PROTO_NAME_MAX, r->zone, err, errlen) ||
+        get_str(o, "", "host", S_HOST, 1, PL_PROTO_HOST_MAX, r->host, err, errlen) ||
+        get_i32(o, "", "port", 1, 65535, &r->port, err, errlen) ||
         get_i32(o, "", "gpus", 0, 1024, &r->gpus, err, errlen) ||
         get_int(o, "", "pid", 1, 2147483647, &r->pid, err, errlen) ||
         get_str(o, "", "token_proof", S_HEX, PL_PROTO_PROOF_LEN, PL_PROTO_PROOF_LEN,
@@ -485,13 +490,41 @@ static int node_ref_cmp(const void *a, const void *b)
     return strcmp(((const node_ref *)a)->name, ((const node_ref *)b)->name);
 }
 
-static const char *const pipeline_keys[] = {"nodes", "template_nodes", "microbatches",
+static const char *const pipeline_keys[] = {"nodes", "layers", "template_nodes", "microbatches",
                                             "first_microbatch", NULL};
 static const char *const you_keys[] = {"pipeline", "stage", "layer_begin", "layer_end", NULL};
 static const char *const peer_keys[] = {"name", "host", "port", NULL};
 static const char *const copy_keys[] = {"layer", "source", "bytes", NULL};
 static const char *const send_keys[] = {"layer", "dest", NULL};
 static const char *const ckpt_keys[] = {"dir", "step", NULL};
+
+/* "layers": nnodes + 1 stage bounds, 0 first, increasing, ending at `last` (-1: any). */
+static int dec_layer_bounds(const cJSON *pi, const char *path, pl_msg_pipeline *pp, int last,
+                            char *err, size_t errlen)
+{
+    int n;
+    const cJSON *arr = get_arr(pi, "layers", pp->nnodes + 1, pp->nnodes + 1, &n, err, errlen);
+    if (!arr) {
+        char why[128];
+        snprintf(why, sizeof why, "%s", err);
+        return pl_errf(err, errlen, "%s.%s", path, why);
+    }
+    if (!(pp->layers = pl_calloc((size_t)n, sizeof *pp->layers)))
+        return pl_errf(err, errlen, "%s.layers: out of memory", path);
+    int j = 0;
+    for (const cJSON *x = arr->child; x; x = x->next, j++) {
+        double v = cJSON_IsNumber(x) ? x->valuedouble : -1;
+        int lo = j ? pp->layers[j - 1] + 1 : 0, hi = j ? PL_PROTO_MAX_LAYERS : 0;
+        if (v != floor(v) || v < lo || v > hi)
+            return pl_errf(err, errlen, "%s.layers[%d]: must be an integer in %d..%d (0 first, "
+                           "increasing)", path, j, lo, hi);
+        pp->layers[j] = (int)v;
+    }
+    if (last >= 0 && pp->layers[n - 1] != last)
+        return pl_errf(err, errlen, "%s.layers[%d]: must be %d, the model's layer count as in "
+                       "pipelines[0]", path, n - 1, last);
+    return 0;
+}
 
 static int dec_pipelines(const cJSON *o, pl_msg_plan *p, char *err, size_t errlen)
 {
@@ -534,6 +567,9 @@ static int dec_pipelines(const cJSON *o, pl_msg_plan *p, char *err, size_t errle
             return -1;
         if (pp->template_nodes != k)
             return pl_errf(err, errlen, "%s.template_nodes: must equal the number of nodes (%d)", path, k);
+        if (dec_layer_bounds(pi, path, pp, i ? p->pipelines[0].layers[p->pipelines[0].nnodes] : -1,
+                             err, errlen))
+            return -1;
         if (pp->first_microbatch != next_mb)
             return pl_errf(err, errlen, "%s.first_microbatch: must be %lld (ranges are contiguous)", path,
                            (long long)next_mb);
@@ -598,6 +634,11 @@ static int dec_plan(const cJSON *o, pl_msg *m, char *err, size_t errlen)
             get_i32(you, "you", "layer_end", p->you_layer_begin + 1, PL_PROTO_MAX_LAYERS,
                     &p->you_layer_end, err, errlen))
             return -1;
+        const int *b = p->pipelines[p->you_pipeline].layers;
+        if (p->you_layer_begin != b[p->you_stage] || p->you_layer_end != b[p->you_stage + 1])
+            return pl_errf(err, errlen, "you: layers [%d, %d) differ from pipelines[%d].layers "
+                           "(%d, %d) of stage %d", p->you_layer_begin, p->you_layer_end,
+                           p->you_pipeline, b[p->you_stage], b[p->you_stage + 1], p->you_stage);
     }
 
     int n, i;
@@ -669,7 +710,7 @@ static int dec_plan(const cJSON *o, pl_msg *m, char *err, size_t errlen)
 typedef int (*decode_fn)(const cJSON *, pl_msg *, char *, size_t);
 
 #define ENV "v", "type", "gen"
-static const char *const keys_register[] = {ENV, "job", "name", "node", "zone", "gpus", "pid", "token_proof", NULL};
+static const char *const keys_register[] = {ENV, "job", "name", "node", "zone", "host", "port", "gpus", "pid", "token_proof", NULL};
 static const char *const keys_step[] = {ENV, "step", NULL};
 static const char *const keys_leaving[] = {ENV, "reason", "grace_ms", NULL};
 static const char *const keys_report[] = {ENV, "step", "loss", "tokens", "ms", "grad_sumsq", "samples_digest", NULL};
@@ -854,6 +895,13 @@ static void enc_plan(enc *e, cJSON *o, const pl_msg_plan *p)
                 e->bad = 1;
             }
         }
+        cJSON *bounds = cJSON_AddArrayToObject(pj, "layers");
+        if (!bounds || !pp->layers) {
+            e->bad = 1;
+            return;
+        }
+        for (int j = 0; j <= pp->nnodes; j++)
+            if (!cJSON_AddItemToArray(bounds, cJSON_CreateNumber(pp->layers[j]))) e->bad = 1;
         add_int(e, pj, "template_nodes", pp->template_nodes);
         add_int(e, pj, "microbatches", pp->microbatches);
         add_int(e, pj, "first_microbatch", pp->first_microbatch);
@@ -933,6 +981,8 @@ static void enc_body(enc *e, cJSON *o, const pl_msg *m)
         ADD_STR(e, o, "name", r->name);
         ADD_STR(e, o, "node", r->node);
         ADD_STR(e, o, "zone", r->zone);
+        ADD_STR(e, o, "host", r->host);
+        add_int(e, o, "port", r->port);
         add_int(e, o, "gpus", r->gpus);
         add_int(e, o, "pid", r->pid);
         ADD_STR(e, o, "token_proof", r->token_proof);

@@ -75,6 +75,8 @@ typedef char pl_proto_name[PL_PROTO_NAME_MAX + 1];
 
 typedef struct {
     pl_proto_name job, name, node, zone; /* zone may be "" (unknown) */
+    char host[PL_PROTO_HOST_MAX + 1];    /* where peers reach this worker's TCP links */
+    int port;                            /* 1..65535 */
     int gpus;                            /* 0..1024; 0 = CPU worker */
     int64_t pid;                         /* 1..2^31-1 */
     char token_proof[PL_PROTO_PROOF_LEN + 1];
@@ -131,6 +133,8 @@ typedef struct {
     int nnodes;
     pl_proto_name *nodes;   /* malloc'd; worker names in stage order */
     int template_nodes;     /* == nnodes */
+    int *layers;            /* malloc'd, nnodes + 1 stage bounds: node j runs layers
+                               [layers[j], layers[j+1]); 0 first, increasing */
     int64_t microbatches;   /* ≥ 1 */
     int64_t first_microbatch;
 } pl_msg_pipeline;

@@ -156,8 +156,9 @@ def five_workers_with_a_two_stage_pipeline_match_train():
 
 @test
 def heterogeneous_pipelines_match_train():
-    """global 4 = 2 microbatches: 5 workers make 2 pipelines, of 3 and 2 stages."""
-    rows = run_and_compare(write_job("hetero", steps=6, global_=4), 5, 6)
+    """Issue 4, test 1: global 4 = 2 microbatches: 5 workers make 2 pipelines, of 3 and 2
+    stages; 20 steps within 1e-4 of train's losses."""
+    rows = run_and_compare(write_job("hetero20", steps=20, global_=4), 5, 20)
     check(rows[0]["pipelines"] == "1x3+1x2", "pipelines %s", rows[0]["pipelines"])
 
 
@@ -632,11 +633,10 @@ def intruders_are_refused_and_the_job_is_unaffected():
         hit = re.search(r"control on 127\.0\.0\.1:(\d+) \(CA (\S+)\), planner profile (\S+)",
                         first)
         check(hit, "no control address: %s", first)
-        port, ca, profile = int(hit.group(1)), hit.group(2), hit.group(3)
+        port, ca = int(hit.group(1)), hit.group(2)
         # a worker with the wrong token
         env = dict(os.environ, PLIANT_COORDINATOR="127.0.0.1:%d" % port, PLIANT_TOKEN="0" * 64,
-                   PLIANT_CA=ca, PLIANT_WORKER_NAME="w1", PLIANT_PROFILE=profile,
-                   PLIANT_NODES="2", PLIANT_PEER_PORT="0")
+                   PLIANT_CA=ca, PLIANT_WORKER_NAME="w1")
         w = subprocess.run([suite.pliant, "worker", job, "--threads", "1"], cwd=REPO, env=env,
                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, timeout=30)

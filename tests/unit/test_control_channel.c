@@ -143,6 +143,8 @@ static pl_ctl_client *make_client(const char *name, const char *token, cli_state
     snprintf(cc.reg.job, sizeof cc.reg.job, "job-a");
     snprintf(cc.reg.name, sizeof cc.reg.name, "%s", name);
     snprintf(cc.reg.node, sizeof cc.reg.node, "node-1");
+    snprintf(cc.reg.host, sizeof cc.reg.host, "127.0.0.1");
+    cc.reg.port = 29500;
     cc.reg.gpus = 0;
     cc.reg.pid = getpid();
     cc.on_message = cli_on_message;
@@ -223,6 +225,8 @@ static void test_untrusted_certificate(void)
     snprintf(cc.reg.job, sizeof cc.reg.job, "job-a");
     snprintf(cc.reg.name, sizeof cc.reg.name, "w-x");
     snprintf(cc.reg.node, sizeof cc.reg.node, "node-1");
+    snprintf(cc.reg.host, sizeof cc.reg.host, "127.0.0.1");
+    cc.reg.port = 29500;
     cc.reg.pid = 1;
     cc.on_message = cli_on_message;
     cc.on_close = cli_on_close;
@@ -356,8 +360,12 @@ static void test_channel(void)
     m.u.plan.pipelines[0].microbatches = 1;
     m.u.plan.pipelines[0].nodes = calloc(PL_PROTO_MAX_NODES, sizeof(pl_proto_name));
     CHECK(m.u.plan.pipelines[0].nodes != NULL);
-    for (int i = 0; i < PL_PROTO_MAX_NODES; i++)
+    m.u.plan.pipelines[0].layers = calloc(PL_PROTO_MAX_NODES + 1, sizeof(int));
+    CHECK(m.u.plan.pipelines[0].layers != NULL);
+    for (int i = 0; i < PL_PROTO_MAX_NODES; i++) {
         snprintf(m.u.plan.pipelines[0].nodes[i], sizeof(pl_proto_name), "worker-name-%05d", i);
+        m.u.plan.pipelines[0].layers[i + 1] = i + 1;
+    }
     m.u.plan.you_pipeline = -1;
     rc = pl_ctl_server_send(srv, S.conns[0], &m);
     pl_msg_free(&m);

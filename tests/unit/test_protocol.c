@@ -100,6 +100,9 @@ static void rand_plan(pl_msg *m)
             memcpy(pp->nodes[j], pre, (size_t)k);
             if (strlen(pp->nodes[j]) < (size_t)k) pp->nodes[j][k] = 0;
         }
+        pp->layers = calloc((size_t)pp->nnodes + 1, sizeof *pp->layers);
+        for (int j = 1; j <= pp->nnodes; j++) /* the same last bound in every pipeline */
+            pp->layers[j] = j == pp->nnodes ? 64 : pp->layers[j - 1] + (int)rng_range(1, 15);
         pp->microbatches = rand_int(1, 1000);
         pp->first_microbatch = mb;
         mb += pp->microbatches;
@@ -110,8 +113,8 @@ static void rand_plan(pl_msg *m)
     } else {
         p->you_pipeline = (int)rng_range(0, p->npipelines - 1);
         p->you_stage = (int)rng_range(0, p->pipelines[p->you_pipeline].nnodes - 1);
-        p->you_layer_begin = (int)rand_int(0, PL_PROTO_MAX_LAYERS - 1);
-        p->you_layer_end = (int)rand_int(p->you_layer_begin + 1, PL_PROTO_MAX_LAYERS);
+        p->you_layer_begin = p->pipelines[p->you_pipeline].layers[p->you_stage];
+        p->you_layer_end = p->pipelines[p->you_pipeline].layers[p->you_stage + 1];
     }
     p->npeers = (int)rng_range(0, 5);
     p->peers = p->npeers ? calloc((size_t)p->npeers, sizeof *p->peers) : NULL;
@@ -150,6 +153,8 @@ static void rand_msg(pl_msg *m, int type)
         rand_name(m->u.reg.name);
         rand_name(m->u.reg.node);
         rand_chars(m->u.reg.zone, PL_PROTO_NAME_MAX, 0, NAME_SET);
+        rand_chars(m->u.reg.host, PL_PROTO_HOST_MAX, 1, "0123456789abcdef.:[]%-");
+        m->u.reg.port = (int)rand_int(1, 65535);
         m->u.reg.gpus = (int)rand_int(0, 1024);
         m->u.reg.pid = rand_int(1, 2147483647);
         rand_chars(m->u.reg.token_proof, PL_PROTO_PROOF_LEN, PL_PROTO_PROOF_LEN, HEX_SET);
@@ -260,6 +265,8 @@ static int msg_equal(const pl_msg *a, const pl_msg *b)
             return 0;
         for (int j = 0; j < p->nnodes; j++)
             if (strcmp(p->nodes[j], q->nodes[j])) return 0;
+        for (int j = 0; j <= p->nnodes; j++)
+            if (p->layers[j] != q->layers[j]) return 0;
     }
     for (int i = 0; i < x->npeers; i++)
         if (strcmp(x->peers[i].name, y->peers[i].name) || strcmp(x->peers[i].host, y->peers[i].host) ||
@@ -434,12 +441,13 @@ static void test_reject_fields(void)
     REJECT("{\"v\":1,\"type\":\"copy_done\",\"gen\":0,\"bytes\":true}", "bytes: must be an integer");
 
     const char *reg_ok = "{\"v\":1,\"type\":\"register\",\"gen\":0,\"job\":\"j\",\"name\":\"w-0\","
-                         "\"node\":\"n1\",\"zone\":\"\",\"gpus\":8,\"pid\":42,\"token_proof\":"
+                         "\"node\":\"n1\",\"zone\":\"\",\"host\":\"10.0.0.7\",\"port\":29500,\"gpus\":8,\"pid\":42,\"token_proof\":"
                          "\"00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\"}";
     pl_msg d;
     char err[512];
     CHECK_EQ_INT(pl_msg_decode(reg_ok, strlen(reg_ok), &d, err, sizeof err), 0);
-    CHECK(!strcmp(d.u.reg.name, "w-0") && d.u.reg.gpus == 8 && d.u.reg.zone[0] == 0);
+    CHECK(!strcmp(d.u.reg.name, "w-0") && d.u.reg.gpus == 8 && d.u.reg.zone[0] == 0 &&
+          !strcmp(d.u.reg.host, "10.0.0.7") && d.u.reg.port == 29500);
     pl_msg_free(&d);
 
     char big[2048];
@@ -448,26 +456,26 @@ static void test_reject_fields(void)
     longname[sizeof longname - 1] = 0;
     snprintf(big, sizeof big,
              "{\"v\":1,\"type\":\"register\",\"gen\":0,\"job\":\"j\",\"name\":\"%s\",\"node\":\"n\","
-             "\"zone\":\"z\",\"gpus\":1,\"pid\":1,\"token_proof\":\"%064d\"}",
+             "\"zone\":\"z\",\"host\":\"h\",\"port\":1,\"gpus\":1,\"pid\":1,\"token_proof\":\"%064d\"}",
              longname, 0);
     REJECT(big, "name: too long (at most 253");
     REJECT("{\"v\":1,\"type\":\"register\",\"gen\":0,\"job\":\"j\",\"name\":\"\",\"node\":\"n\",\"zone\":\"z\","
-           "\"gpus\":1,\"pid\":1,\"token_proof\":\"0\"}",
+           "\"host\":\"h\",\"port\":1,\"gpus\":1,\"pid\":1,\"token_proof\":\"0\"}",
            "name: must not be empty");
     REJECT("{\"v\":1,\"type\":\"register\",\"gen\":0,\"job\":\"j\",\"name\":\"a b\",\"node\":\"n\",\"zone\":\"z\","
-           "\"gpus\":1,\"pid\":1,\"token_proof\":\"0\"}",
+           "\"host\":\"h\",\"port\":1,\"gpus\":1,\"pid\":1,\"token_proof\":\"0\"}",
            "name: invalid character at offset 1");
     REJECT("{\"v\":1,\"type\":\"register\",\"gen\":0,\"job\":\"j\",\"name\":\"a\",\"node\":\"n\",\"zone\":\"z\","
-           "\"gpus\":1025,\"pid\":1,\"token_proof\":\"0\"}",
+           "\"host\":\"h\",\"port\":1,\"gpus\":1025,\"pid\":1,\"token_proof\":\"0\"}",
            "gpus: must be an integer in [0, 1024]");
     REJECT("{\"v\":1,\"type\":\"register\",\"gen\":0,\"job\":\"j\",\"name\":\"a\",\"node\":\"n\",\"zone\":\"z\","
-           "\"gpus\":1,\"pid\":0,\"token_proof\":\"0\"}",
+           "\"host\":\"h\",\"port\":1,\"gpus\":1,\"pid\":0,\"token_proof\":\"0\"}",
            "pid: must be an integer");
     REJECT("{\"v\":1,\"type\":\"register\",\"gen\":0,\"job\":\"j\",\"name\":\"a\",\"node\":\"n\",\"zone\":\"z\","
-           "\"gpus\":1,\"pid\":1,\"token_proof\":\"0123\"}",
+           "\"host\":\"h\",\"port\":1,\"gpus\":1,\"pid\":1,\"token_proof\":\"0123\"}",
            "token_proof: too short (at least 64");
     REJECT("{\"v\":1,\"type\":\"register\",\"gen\":0,\"job\":\"j\",\"name\":\"a\",\"node\":\"n\",\"zone\":\"z\","
-           "\"gpus\":1,\"pid\":1}",
+           "\"host\":\"h\",\"port\":1,\"gpus\":1,\"pid\":1}",
            "token_proof: missing");
     REJECT("{\"v\":1,\"type\":\"leaving\",\"gen\":0,\"reason\":\"bored\",\"grace_ms\":0}",
            "reason: must be \"sigterm\"");
@@ -533,8 +541,9 @@ static void test_reject_fields(void)
 
 static const char PLAN_OK[] =
     "{\"v\":1,\"type\":\"plan\",\"gen\":3,\"generation\":3,\"step\":10,\"global_batch\":20,\"micro\":2,"
-    "\"seq_len\":64,\"pipelines\":[{\"nodes\":[\"a\",\"b\"],\"template_nodes\":2,\"microbatches\":6,"
-    "\"first_microbatch\":0},{\"nodes\":[\"c\",\"d\",\"e\"],\"template_nodes\":3,\"microbatches\":4,"
+    "\"seq_len\":64,\"pipelines\":[{\"nodes\":[\"a\",\"b\"],\"layers\":[0,7,14],\"template_nodes\":2,"
+    "\"microbatches\":6,\"first_microbatch\":0},{\"nodes\":[\"c\",\"d\",\"e\"],\"layers\":[0,3,8,14],"
+    "\"template_nodes\":3,\"microbatches\":4,"
     "\"first_microbatch\":6}],\"you\":{\"pipeline\":1,\"stage\":2,\"layer_begin\":8,\"layer_end\":14},"
     "\"peers\":[{\"name\":\"d\",\"host\":\"10.0.0.4\",\"port\":7001}],\"copies\":[{\"layer\":8,"
     "\"source\":\"b\",\"bytes\":1000},{\"layer\":9,\"source\":\"b\",\"bytes\":1000}],\"sends\":"
@@ -588,6 +597,10 @@ static void test_plan(void)
     PLAN_REJECT("{\"nodes\":[\"a\"", "{\"extra\":0,\"nodes\":[\"a\"", "pipelines[0].extra: unknown field");
     PLAN_REJECT("{\"nodes\":[\"a\",\"b\"],", "{", "pipelines[0].nodes: missing");
     PLAN_REJECT("\"stage\":2", "\"stage\":3", "you.stage: must be an integer in [0, 2]");
+    PLAN_REJECT("\"stage\":2", "\"stage\":1", "you: layers [8, 14) differ from pipelines[1].layers (3, 8)");
+    PLAN_REJECT("[0,3,8,14]", "[0,3,8,15]", "pipelines[1].layers[3]: must be 14, the model's layer count");
+    PLAN_REJECT("[0,3,8,14]", "[0,3,3,14]", "pipelines[1].layers[2]: must be an integer in 4..4096");
+    PLAN_REJECT("[0,3,8,14]", "[0,3,14]", "pipelines[1].layers: must have");
     PLAN_REJECT("\"pipeline\":1", "\"pipeline\":2", "you.pipeline: must be an integer in [0, 1]");
     PLAN_REJECT("\"layer_end\":14", "\"layer_end\":8", "you.layer_end: must be an integer in [9,");
     PLAN_REJECT("\"you\":{\"pipeline\":1,\"stage\":2,\"layer_begin\":8,\"layer_end\":14}", "\"you\":3", "you: must be an object or null");

@@ -17,14 +17,12 @@
 #include "control_client.h"
 #include "engine.h"
 #include "jobspec.h"
-#include "profile.h"
 #include "protocol.h"
 #include "sampler.h"
 #include "schedule.h"
 #include "stage_link.h"
 #include "syncgroups.h"
 #include "tcp.h"
-#include "templates.h"
 #include "tokens.h"
 #include "trainer.h"
 #include "util.h"
@@ -55,10 +53,6 @@ typedef struct {
     pl_tokens train;
     int have_train;
     pl_sampler smp;
-    pl_profile prof;
-    int have_prof;
-    pl_template_set ts;
-    int have_ts;
     pl_ctl_client *cli;
     pl_ckpt_writer *ckw;  /* checkpoints of this worker's layers, in the background */
     /* fault injection (tests): PLIANT_FAULT_<name> = sync:STEP or copy:GEN */
@@ -175,39 +169,14 @@ static void teardown_links(agent *a)
     }
 }
 
-/* Layers [begin, end) of position pos in a pipeline of n nodes (the coordinator's rule). */
-static int node_layers(const agent *a, int n, int pos, int *begin, int *end)
-{
-    const pl_template *t = pl_template_for(&a->ts, n);
-    int first = 1;
-    *begin = *end = 0;
-    for (int s = 0; t && s < t->nstages; s++) {
-        if (t->stages[s].node != pos) continue;
-        if (first || t->stages[s].layer_begin < *begin) *begin = t->stages[s].layer_begin;
-        if (first || t->stages[s].layer_end > *end) *end = t->stages[s].layer_end;
-        first = 0;
-    }
-    return first ? -1 : 0;
-}
-
-/* The port of a peer: the plan's peers first, then the --peers directory. */
-static int peer_port(const agent *a, const pl_msg_plan *p, const char *name, char *host,
-                     size_t hostlen)
+/* A peer's address from the plan's peers (what it registered); -1 if absent. */
+static int peer_port(const pl_msg_plan *p, const char *name, char *host, size_t hostlen)
 {
     for (int i = 0; i < p->npeers; i++)
         if (!strcmp(p->peers[i].name, name)) {
             snprintf(host, hostlen, "%s", p->peers[i].host);
             return p->peers[i].port;
         }
-    snprintf(host, hostlen, "127.0.0.1");
-    const char *s = a->o->peers;
-    size_t nl = strlen(name);
-    while (s && *s) {
-        const char *comma = strchr(s, ',');
-        size_t len = comma ? (size_t)(comma - s) : strlen(s);
-        if (len > nl && !strncmp(s, name, nl) && s[nl] == '=') return atoi(s + nl + 1);
-        s = comma ? comma + 1 : NULL;
-    }
     return -1;
 }
 
@@ -480,7 +449,7 @@ static int change_engine(agent *a, const pl_msg_plan *p, const pl_comm_ident *id
         s->dest = p->sends[i].dest;
         s->id = *id;
         s->id.rank = COPY_RANK;
-        s->port = peer_port(a, p, s->dest, s->host, sizeof s->host);
+        s->port = peer_port(p, s->dest, s->host, sizeof s->host);
         if (s->port <= 0) {
             pl_errf(err, errlen, "no address for copy destination %s", s->dest);
             goto out;
@@ -640,6 +609,12 @@ static void on_saved(void *user, int64_t step, int begin, int end, int rc, int64
     post(a, &m);
 }
 
+/* The layer count of a plan (decoding checked that every pipeline has it). */
+static int mp_last(const pl_msg_plan *p)
+{
+    return p->pipelines[0].layers[p->pipelines[0].nnodes];
+}
+
 static int install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err, size_t errlen)
 {
     const pl_msg_plan *p = &m->u.plan;
@@ -686,10 +661,8 @@ static int install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err,
         for (int j = 0; j < mp->nnodes; j++, r++) {
             names[r] = mp->nodes[j];
             stages[r].rank = r;
-            if (node_layers(a, mp->nnodes, j, &stages[r].layer_begin, &stages[r].layer_end)) {
-                pl_errf(err, errlen, "no template for a pipeline of %d nodes", mp->nnodes);
-                goto out;
-            }
+            stages[r].layer_begin = mp->layers[j];
+            stages[r].layer_end = mp->layers[j + 1];
             if (!strcmp(mp->nodes[j], a->o->name)) {
                 a->rank = r;
                 a->stage = j;
@@ -703,11 +676,8 @@ static int install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err,
         pl_errf(err, errlen, "plan has a place for this worker but does not name it");
         goto out;
     }
-    if (stages[a->rank].layer_begin != p->you_layer_begin ||
-        stages[a->rank].layer_end != p->you_layer_end) {
-        pl_errf(err, errlen, "plan gives layers [%d, %d), the templates [%d, %d)",
-                p->you_layer_begin, p->you_layer_end, stages[a->rank].layer_begin,
-                stages[a->rank].layer_end);
+    if (mp_last(p) != a->cfg.L + 2) {
+        pl_errf(err, errlen, "plan covers %d layers, the model has %d", mp_last(p), a->cfg.L + 2);
         goto out;
     }
     if (pl_syncgroups_compute(pipes, p->npipelines, a->cfg.L, &a->g, err, errlen)) goto out;
@@ -773,7 +743,7 @@ static int install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err,
             continue;
         }
         if (!need_rank[r] && !want_link) continue;
-        int port = peer_port(a, p, names[r], host, sizeof host);
+        int port = peer_port(p, names[r], host, sizeof host);
         if (port <= 0) {
             pl_errf(err, errlen, "no address for peer %s", names[r]);
             break;
@@ -1043,13 +1013,8 @@ static int setup(agent *a, char *err, size_t errlen)
                         pl_tokens_count(&a->train), a->job.batch.seq_len, a->job.batch.global,
                         err, errlen))
         return -1;
-    if (!o->profile_path) return pl_errf(err, errlen, "no planner profile (PLIANT_PROFILE)");
-    if (pl_profile_load(o->profile_path, &a->prof, err, errlen)) return -1;
-    a->have_prof = 1;
-    int F = o->tolerate >= 0 ? o->tolerate : a->job.fault_tolerance.tolerate;
-    if (pl_templates_plan(&a->prof, o->nodes, F, &a->ts, err, errlen)) return -1;
-    a->have_ts = 1;
-    if (pl_listener_open("127.0.0.1", o->peer_port, &a->lst, err, errlen)) return -1;
+    if (pl_listener_open(o->host ? o->host : "127.0.0.1", o->peer_port, &a->lst, err, errlen))
+        return -1;
     if (!(a->ckw = pl_ckpt_writer_new(on_saved, a))) return pl_errf(err, errlen, "out of memory");
     if (parse_fault(a, err, errlen)) return -1;
     return 0;
@@ -1116,6 +1081,9 @@ int pl_agent_run(const pl_agent_options *o)
               *p == '.' || *p == '-' || *p == '_'))
             *p = '-';
     snprintf(cc.reg.node, sizeof cc.reg.node, "%s", o->node ? o->node : hn[0] ? hn : "localhost");
+    snprintf(cc.reg.host, sizeof cc.reg.host, "%s",
+             o->advertise ? o->advertise : o->host ? o->host : "127.0.0.1");
+    cc.reg.port = pl_listener_port(a->lst);
     cc.reg.gpus = 0;
     cc.reg.pid = getpid();
     if (!(a->cli = pl_ctl_client_create(&cc, err, sizeof err))) {
@@ -1171,8 +1139,6 @@ done:;
     if (a->lst) pl_listener_close(a->lst);
     free(a->tok);
     free(a->tgt);
-    if (a->have_ts) pl_template_set_free(&a->ts);
-    if (a->have_prof) pl_profile_free(&a->prof);
     if (a->have_train) pl_tokens_close(&a->train);
     if (a->have_job) pl_job_free(&a->job);
     pthread_mutex_destroy(&a->mu);

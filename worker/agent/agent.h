@@ -17,12 +17,12 @@
  * acknowledges). copy_done carries the bytes received. A newer plan arriving
  * while one is installed gives that one up (no copy_done for it).
  *
- * Peer TCP: the worker listens on peer_port for both kinds of connections; a
- * connection's handshake rank says which (plan rank r: all-reduce, r + 4096:
- * stage link). The higher plan rank dials the lower one. Plan ranks are
- * positions in the plan's pipelines flattened in order. Every worker computes
- * the stage layout of every pipeline from the same planner profile
- * (pl_templates_plan), as the coordinator does. */
+ * Peer TCP: the worker listens on peer_port for both kinds of connections and
+ * registers that address; a connection's handshake rank says which (plan rank
+ * r: all-reduce, r + 4096: stage link). The higher plan rank dials the lower
+ * one. Plan ranks are positions in the plan's pipelines flattened in order;
+ * every pipeline's stage layout comes in the plan (pipelines[].layers), peers'
+ * addresses in its peers. */
 #ifndef PLIANT_AGENT_H
 #define PLIANT_AGENT_H
 
@@ -33,11 +33,9 @@ typedef struct {
     const char *ca_path;      /* coordinator certificate to trust; NULL: insecure */
     const char *name;         /* worker name */
     const char *node;         /* the machine it runs on (NULL: the host name) */
-    const char *profile_path; /* planner profile (must be the coordinator's) */
-    int tolerate;             /* < 0: the job's faultTolerance.tolerate */
-    int nodes;                /* node count the templates were planned for */
-    int peer_port;            /* TCP port for peer links (0: ephemeral, useless to peers) */
-    const char *peers;        /* "name=port,..." of the other workers (127.0.0.1), or NULL */
+    const char *host;         /* address the peer links listen on (NULL: 127.0.0.1) */
+    const char *advertise;    /* address peers dial, sent at registration (NULL: host) */
+    int peer_port;            /* TCP port for peer links (0: any free one) */
     int threads;              /* compute threads (≤ 0: all cores) */
 } pl_agent_options;
 
