@@ -74,12 +74,13 @@ typedef struct {
     /* what a worker is started with */
     pl_backend *be;
     const char *exe, *job_path, *thr, *token;
+    const char *ckpt_dir; /* the job's checkpoint.dir, or --checkpoint-dir */
 } run_state;
 
 static void run_usage(FILE *f)
 {
     fprintf(f, "usage: pliant run JOB.yaml --workers N [--steps N] [--metrics FILE] [--threads T]\n"
-               "                 [--chaos SPEC] [--duration SECONDS]\n"
+               "                 [--chaos SPEC] [--duration SECONDS] [--checkpoint-dir DIR]\n"
                "  --duration: stop after that long (benchmarks), dropping the step in flight\n"
                "  SPEC: comma-separated kill:W@step=S, term:W@step=S, add:K@step=S\n"
                "        (or @t=SECONDS, or @waiting: when too few workers are left), trace:FILE[:SPEEDUP];\n"
@@ -146,13 +147,14 @@ static int write_file(const char *path, const char *text)
  * registers it; each local worker is its own node. */
 static int spawn_worker(run_state *r, int i, char *err, size_t errlen)
 {
-    char e[5][PL_PATH_MAX + 64];
+    char e[6][PL_PATH_MAX + 64];
     snprintf(e[0], sizeof e[0], "PLIANT_COORDINATOR=127.0.0.1:%d", pl_ctl_server_port(r->srv));
     snprintf(e[1], sizeof e[1], "PLIANT_TOKEN=%s", r->token);
     snprintf(e[2], sizeof e[2], "PLIANT_CA=%s", pl_ctl_server_cert_path(r->srv));
     snprintf(e[3], sizeof e[3], "PLIANT_WORKER_NAME=%s", r->w[i].name);
     snprintf(e[4], sizeof e[4], "PLIANT_NODE=%s", r->w[i].name);
-    char *env[] = {e[0], e[1], e[2], e[3], e[4], NULL};
+    snprintf(e[5], sizeof e[5], "PLIANT_CHECKPOINT_DIR=%s", r->ckpt_dir);
+    char *env[] = {e[0], e[1], e[2], e[3], e[4], r->ckpt_dir[0] ? e[5] : NULL, NULL};
     char *wargv[] = {(char *)r->exe, "worker", (char *)r->job_path, "--threads", (char *)r->thr,
                      NULL};
     pl_worker_spec spec = {.argv = wargv, .env = env};
@@ -320,11 +322,12 @@ int cmd_run(int argc, char **argv)
                                          {"steps", required_argument, 0, 's'},
                                          {"chaos", required_argument, 0, 'c'},
                                          {"duration", required_argument, 0, 'd'},
+                                         {"checkpoint-dir", required_argument, 0, 'k'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     char err[1024] = "";
     long long nworkers = 0, threads = 0, steps_override = 0, duration_s = 0;
-    const char *metrics_path = NULL, *chaos_spec = NULL;
+    const char *metrics_path = NULL, *chaos_spec = NULL, *ckpt_override = NULL;
     pl_chaos chaos;
     memset(&chaos, 0, sizeof chaos);
     int c;
@@ -345,6 +348,7 @@ int cmd_run(int argc, char **argv)
                 goto bad;
             break;
         case 'c': chaos_spec = optarg; break;
+        case 'k': ckpt_override = optarg; break;
         case 'd':
             if (cli_parse_int("--duration", optarg, 1, 1000000, &duration_s, err, sizeof err))
                 goto bad;
@@ -388,6 +392,12 @@ int cmd_run(int argc, char **argv)
         return 2;
     }
     if (steps_override > 0) job.steps = (int)steps_override;
+    if (ckpt_override && pl_pathf(job.checkpoint.dir, sizeof job.checkpoint.dir, err, sizeof err,
+                                  "%s", ckpt_override)) {
+        pl_job_free(&job);
+        pl_chaos_free(&chaos);
+        goto bad;
+    }
     const int N = (int)nworkers, F = job.fault_tolerance.tolerate;
     if (threads <= 0) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -504,6 +514,7 @@ int cmd_run(int argc, char **argv)
     r->job_path = job_path;
     r->thr = thr;
     r->token = token;
+    r->ckpt_dir = job.checkpoint.dir;
     for (int i = 0; i < N; i++)
         if (spawn_worker(r, i, err, sizeof err)) goto done;
     if (metrics_path && !(metrics = fopen(metrics_path, "w"))) {

@@ -5,7 +5,8 @@
  * check), PLIANT_WORKER_NAME, PLIANT_NODE (the machine; default the host name),
  * PLIANT_HOST (the address peer links listen on, default 127.0.0.1; 0.0.0.0 in a
  * Pod), PLIANT_ADVERTISE (the address peers dial, default PLIANT_HOST: the Pod
- * IP) and PLIANT_PEER_PORT (default 0: any free port). Exits with the code of
+ * IP), PLIANT_PEER_PORT (default 0: any free port) and PLIANT_CHECKPOINT_DIR
+ * (overrides spec.checkpoint.dir). Exits with the code of
  * the coordinator's `stop`, 1 on a failure, 2 on bad input. */
 #include <getopt.h>
 #include <stdio.h>
@@ -50,6 +51,7 @@ int cmd_worker(int argc, char **argv)
     o.node = env_or("PLIANT_NODE", NULL);
     o.host = env_or("PLIANT_HOST", NULL);
     o.advertise = env_or("PLIANT_ADVERTISE", NULL);
+    o.checkpoint_dir = env_or("PLIANT_CHECKPOINT_DIR", NULL);
     if (!o.coordinator || !o.name) {
         fprintf(stderr, "pliant worker: PLIANT_COORDINATOR and PLIANT_WORKER_NAME must be set\n");
         return 2;

@@ -1006,6 +1006,10 @@ static int setup(agent *a, char *err, size_t errlen)
     const pl_agent_options *o = a->o;
     if (pl_job_load(o->job_path, &a->job, err, errlen)) return -1;
     a->have_job = 1;
+    if (o->checkpoint_dir &&
+        pl_pathf(a->job.checkpoint.dir, sizeof a->job.checkpoint.dir, err, errlen, "%s",
+                 o->checkpoint_dir))
+        return -1;
     if (pl_job_gpt_config(&a->job, &a->cfg, err, errlen)) return -1;
     if (pl_tokens_open(a->job.data.train, &a->train, err, errlen)) return -1;
     a->have_train = 1;

@@ -36,6 +36,7 @@ typedef struct {
     const char *host;         /* address the peer links listen on (NULL: 127.0.0.1) */
     const char *advertise;    /* address peers dial, sent at registration (NULL: host) */
     int peer_port;            /* TCP port for peer links (0: any free one) */
+    const char *checkpoint_dir; /* overrides spec.checkpoint.dir (NULL: the job's) */
     int threads;              /* compute threads (≤ 0: all cores) */
 } pl_agent_options;
 
