@@ -534,6 +534,7 @@ int cmd_run(int argc, char **argv)
     int printed = 0, reconfigs = 0, finished = 0, reported = 0;
     int64_t ckpt_done = resume_step;
     pl_coord_phase_t last_phase = PL_COORD_WAITING_FOR_WORKERS;
+    int error_exits = 0, last_status = 0, same_status = 1; /* workers that exited with an error */
     double last_t = mono_s();
     const double t0 = last_t;
     int64_t end_ms = 0, disrupted_ms = -1;
@@ -588,6 +589,11 @@ int cmd_run(int argc, char **argv)
             if (ph != PL_COORD_DONE && ph != PL_COORD_FAILED) {
                 const int64_t seen_ms = pl_ctl_now_ms();
                 char cause[128];
+                if (ev.end == PL_WORKER_EXITED && ev.status != 0) {
+                    same_status = !error_exits || ev.status == last_status;
+                    last_status = ev.status;
+                    error_exits++;
+                }
                 if (ev.end == PL_WORKER_EXITED)
                     snprintf(cause, sizeof cause, "exited with status %d", ev.status);
                 else
@@ -663,8 +669,13 @@ int cmd_run(int argc, char **argv)
             int left = 0;
             for (int i = 0; i < r->nw; i++) left += !r->w[i].exited;
             if (!left) {
-                snprintf(err, sizeof err, "every worker ended before the job finished (%s)",
-                         pl_coord_phase_name(ph));
+                if (error_exits == r->nw && same_status)
+                    snprintf(err, sizeof err, "every worker failed the same way (exit status %d) "
+                             "before the job finished: a bug in the job or its data, not a "
+                             "preemption; see the workers' messages above", last_status);
+                else
+                    snprintf(err, sizeof err, "every worker ended before the job finished (%s)",
+                             pl_coord_phase_name(ph));
                 goto done;
             }
         }
