@@ -35,30 +35,20 @@
 
 
 #include "backend.h"
-#include "checkpoint.h"
 #include "chaos.h"
 #include "cli_args.h"
 #include "commands.h"
 #include "control_server.h"
 #include "coordinator.h"
-#include "coverage.h"
-#include "gpt.h"
-#include "job_profile.h"
+#include "job_plan.h"
 #include "jobspec.h"
-#include "profile.h"
 #include "sampler.h"
-#include "templates.h"
 #include "tls_selfsigned.h"
 #include "tokens.h"
-#include "trainer.h"
 #include "util.h"
 
 #define MAX_WORKERS 256
 #define FINISH_GRACE_MS 15000
-/* losses this close together make one new plan (kills of one event arrive
- * within a few ms of each other) */
-#define SETTLE_MS 20
-#define PROFILE_REPEAT 3 /* timed runs per layer for spec.profile auto */
 
 typedef struct {
     char name[PL_WORKER_NAME_MAX];
@@ -132,15 +122,6 @@ static void on_close(pl_ctl_server *s, pl_ctl_conn *c, const char *reason, void 
         snprintf(cause, sizeof cause, "connection closed: %s", reason ? reason : "");
         pl_coord_worker_lost(r->coord, w->name, cause);
     }
-}
-
-static int write_file(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    if (!f) return -1;
-    int rc = fputs(text, f) < 0;
-    rc |= fclose(f) != 0;
-    return rc ? -1 : 0;
 }
 
 /* Starts worker r->w[i] (its name set). It listens on a free port of its own and
@@ -274,27 +255,11 @@ static void write_reconfig(FILE *f, const pl_coord_reconfig_rec *x, int64_t dura
     fflush(f);
 }
 
-/* The step of the newest complete checkpoint to resume from (0: none or resume never). */
-static int find_resume_step(const pl_job *job, int64_t *step, char *err, size_t errlen)
-{
-    *step = 0;
-    if (!job->checkpoint.dir[0] || job->checkpoint.resume != PL_RESUME_AUTO) return 0;
-    char dir[PL_PATH_MAX + 32];
-    int found = pl_checkpoint_latest(job->checkpoint.dir, dir, sizeof dir, err, errlen);
-    if (found <= 0) return found;
-    pl_gpt_config cfg;
-    return pl_checkpoint_config(dir, &cfg, step, err, errlen);
-}
-
 /* Every layer of the checkpoint of `step` is written: its checkpoint.json marks it complete. */
-static int complete_checkpoint(const pl_job *job, const pl_gpt_config *cfg, int64_t step,
-                               FILE *metrics, char *err, size_t errlen)
+static int complete_checkpoint(const pl_job *job, int64_t step, FILE *metrics, char *err,
+                               size_t errlen)
 {
-    char *info = pl_checkpoint_info_json(job, cfg, step);
-    if (!info) return pl_errf(err, errlen, "out of memory");
-    int rc = pl_checkpoint_complete(job->checkpoint.dir, step, info, err, errlen);
-    free(info);
-    if (rc) return -1;
+    if (pl_job_complete_checkpoint(job, step, err, errlen)) return -1;
     printf("checkpoint: step %lld saved to %s\n", (long long)step, job->checkpoint.dir);
     fflush(stdout);
     if (metrics) {
@@ -404,18 +369,14 @@ int cmd_run(int argc, char **argv)
         threads = cores / N > 0 ? cores / N : 1;
     }
 
-    int rc = 1, have_prof = 0, have_ts = 0, have_cov = 0, have_tok = 0;
-    pl_profile prof;
-    pl_template_set ts;
-    pl_coverage cov;
+    int rc = 1, have_plan = 0, have_tok = 0;
+    pl_job_plan plan;
     pl_tokens tok;
     pl_sampler smp;
     run_state *r = calloc(1, sizeof *r);
     pl_backend *be = NULL;
     FILE *metrics = NULL;
     char *fired = NULL;
-    char tmpdir[] = "/tmp/pliant-run-XXXXXX", profile_path[PL_PATH_MAX + 64] = "";
-    int have_tmp = 0;
     if (!r) {
         snprintf(err, sizeof err, "out of memory");
         goto done;
@@ -426,66 +387,22 @@ int cmd_run(int argc, char **argv)
                         job.batch.seq_len, job.batch.global, err, sizeof err))
         goto done;
 
-    /* the planner */
-    if (job.profile[0] && strcmp(job.profile, "auto") && strcmp(job.profile, "synthetic")) {
-        snprintf(profile_path, sizeof profile_path, "%s", job.profile);
-    } else {
-        if (!mkdtemp(tmpdir)) {
-            snprintf(err, sizeof err, "cannot create a temporary directory");
-            goto done;
-        }
-        have_tmp = 1;
-        snprintf(profile_path, sizeof profile_path, "%s/profile.json", tmpdir);
-        char *text = strcmp(job.profile, "synthetic") == 0
-                         ? pl_job_profile_synthetic(&job, err, sizeof err)
-                         : pl_job_profile_measure(&job, PROFILE_REPEAT, err, sizeof err);
-        if (!text) goto done;
-        int w = write_file(profile_path, text);
-        free(text);
-        if (w) {
-            snprintf(err, sizeof err, "cannot write the profile in %s", tmpdir);
-            goto done;
-        }
-    }
-    if (pl_profile_load(profile_path, &prof, err, sizeof err)) goto done;
-    have_prof = 1;
-    /* planned for spec.nodes.max when it is larger: workers added later have plans */
+    /* the planner, for spec.nodes.max when it is larger: workers added later have plans */
     const int Nplan = job.nodes.max > N ? job.nodes.max : N;
-    if (pl_templates_plan(&prof, Nplan, F, &ts, err, sizeof err)) goto done;
-    have_ts = 1;
-    if (pl_coverage_compute(&ts, Nplan, F, job.batch.global, job.batch.micro, &cov, err, sizeof err))
-        goto done;
-    have_cov = 1;
+    if (pl_job_plan_init(&plan, &job, Nplan, err, sizeof err)) goto done;
+    have_plan = 1;
 
     /* resume: the newest complete checkpoint (spec.checkpoint.resume auto) */
     int64_t resume_step = 0;
-    if (find_resume_step(&job, &resume_step, err, sizeof err)) goto done;
+    if (pl_job_resume_step(&job, &resume_step, err, sizeof err)) goto done;
     if (resume_step >= job.steps) {
         printf("run: %s: the checkpoint of step %lld in %s is the last step: nothing to do\n",
                job.name, (long long)resume_step, job.checkpoint.dir);
         rc = 0;
         goto done;
     }
-    pl_gpt_config gcfg;
-    if (pl_job_gpt_config(&job, &gcfg, err, sizeof err)) goto done;
-
     /* the coordinator and the control server */
-    const pl_optimizer_spec *op = &job.optimizer;
-    const pl_fault_tolerance_spec *ft = &job.fault_tolerance;
-    double hb = job.fault_tolerance.heartbeat_seconds * 1000.0;
-    pl_coord_config cc = {
-        .profile = &prof, .templates = &ts, .coverage = &cov, .tolerate = F,
-        .global_batch = job.batch.global, .microbatch_size = job.batch.micro,
-        .seq_len = job.batch.seq_len, .steps = job.steps, .lr = (float)op->lr,
-        .lr_min_ratio = (float)op->min_lr_ratio, .lr_cosine = op->schedule == PL_SCHEDULE_COSINE,
-        .lr_warmup = op->warmup_steps, .grad_clip = op->grad_clip,
-        .heartbeat_ms = hb < 100 ? 100 : hb > 600000 ? 600000 : (int)hb, .n_start = N,
-        .job = job.name, .token_ok = 1, .checkpoint_dir = job.checkpoint.dir,
-        .checkpoint_every = job.checkpoint.every, .resume_step = resume_step,
-        .strategy_checkpoint = ft->strategy == PL_STRATEGY_CHECKPOINT,
-        .max_resets = ft->max_resets,
-        .wait_for_nodes_ms = (int64_t)(ft->wait_for_nodes_timeout_seconds * 1000.0),
-        .settle_ms = SETTLE_MS, .hosts_added_check_every = ft->hosts_added_check_every};
+    pl_coord_config cc = pl_job_coord_config(&job, &plan, N, resume_step);
     if (!(r->coord = pl_coord_new(&cc, err, sizeof err))) goto done;
     char token[65];
     if (pl_random_hex(token, 32)) {
@@ -524,7 +441,7 @@ int cmd_run(int argc, char **argv)
     printf("run: %s, %d workers (tolerate %d), %d steps, control on 127.0.0.1:%d (CA %s), "
            "planner profile %s\n",
            job.name, N, F, job.steps, pl_ctl_server_port(r->srv), pl_ctl_server_cert_path(r->srv),
-           profile_path);
+           job.profile);
     if (resume_step > 0)
         printf("run: resuming from the checkpoint of step %lld in %s\n", (long long)resume_step,
                job.checkpoint.dir);
@@ -610,7 +527,7 @@ int cmd_run(int argc, char **argv)
             pl_coord_end(r->coord, "--duration reached");
         if (pl_coord_last_checkpoint(r->coord) > ckpt_done) {
             ckpt_done = pl_coord_last_checkpoint(r->coord);
-            if (complete_checkpoint(&job, &gcfg, ckpt_done, metrics, err, sizeof err))
+            if (complete_checkpoint(&job, ckpt_done, metrics, err, sizeof err))
                 fprintf(stderr, "pliant run: checkpoint of step %lld: %s\n",
                         (long long)ckpt_done, err);
         }
@@ -716,14 +633,8 @@ done:
         pl_coord_free(r->coord);
         free(r);
     }
-    if (have_cov) pl_coverage_free(&cov);
-    if (have_ts) pl_template_set_free(&ts);
-    if (have_prof) pl_profile_free(&prof);
+    if (have_plan) pl_job_plan_free(&plan);
     if (have_tok) pl_tokens_close(&tok);
-    if (have_tmp) {
-        unlink(profile_path);
-        rmdir(tmpdir);
-    }
     pl_job_free(&job);
     pl_chaos_free(&chaos);
     return rc;
