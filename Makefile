@@ -24,7 +24,8 @@ SHARED_SRC := $(wildcard shared/*.c)
 # operator/: the `pliant` command's main (pliant.c) and, in a library the tests
 # link too, its subcommands, the controller and the worker backends.
 PLIANT_SRC := operator/pliant.c
-OPERATOR_SRC := $(filter-out $(PLIANT_SRC),$(wildcard operator/*.c))
+OPERATOR_MAIN_SRC := operator/operator_main.c
+OPERATOR_SRC := $(filter-out $(PLIANT_SRC) $(OPERATOR_MAIN_SRC),$(wildcard operator/*.c))
 UNIT_SRC   := $(wildcard tests/unit/test_*.c)
 BENCH_SRC  := $(wildcard bench/*_bench.c)
 CUDA_SRC   := $(wildcard kernels/cuda/*.cu)
@@ -62,7 +63,7 @@ DEBIAN_DEPS := build-essential pkg-config python3 libcjson-dev libcurl4-openssl-
                libwebsockets-dev libssl-dev libopenblas-dev
 
 .PHONY: all deps test unit-tests bench bench-planner bench-kernels bench-train bench-comm bench-trace cuda clean
-all: $(BUILD)/bin/pliant
+all: $(BUILD)/bin/pliant $(BUILD)/bin/pliant-operator
 
 deps:
 	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
@@ -112,6 +113,10 @@ $(BUILD)/asan/obj/%.o: %.c
 	$(CC) $(ALL_CFLAGS) -O1 $(SAN) -c $< -o $@
 
 $(BUILD)/bin/pliant: $(PLIANT_OBJ) $(LIBS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/bin/pliant-operator: $(BUILD)/obj/$(OPERATOR_MAIN_SRC:.c=.o) $(LIBS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 

@@ -1,7 +1,7 @@
 /* `pliant worker JOB.yaml [--threads N]`: one worker process of `pliant run` or
  * of a TrainingJob's Pod (worker/agent/agent.h). The coordinator and
  * credentials come from the environment: PLIANT_COORDINATOR (HOST:PORT),
- * PLIANT_TOKEN, PLIANT_CA (the coordinator's certificate; unset: no certificate
+ * PLIANT_TOKEN (or PLIANT_TOKEN_FILE), PLIANT_CA (the coordinator's certificate; unset: no certificate
  * check), PLIANT_WORKER_NAME, PLIANT_NODE (the machine; default the host name),
  * PLIANT_HOST (the address peer links listen on, default 127.0.0.1; 0.0.0.0 in a
  * Pod), PLIANT_ADVERTISE (the address peers dial, default PLIANT_HOST: the Pod
@@ -16,6 +16,7 @@
 #include "agent.h"
 #include "cli_args.h"
 #include "commands.h"
+#include "util.h"
 
 static const char *env_or(const char *name, const char *dflt)
 {
@@ -46,6 +47,13 @@ int cmd_worker(int argc, char **argv)
     pl_agent_options o = {.job_path = argv[optind], .threads = (int)threads};
     o.coordinator = env_or("PLIANT_COORDINATOR", NULL);
     o.token = env_or("PLIANT_TOKEN", "");
+    const char *token_file = env_or("PLIANT_TOKEN_FILE", NULL);
+    char *token = NULL; /* the Secret's file, as mounted in a Pod */
+    if (token_file) {
+        if (!(token = pl_read_file(token_file, err, sizeof err))) goto bad;
+        token[strcspn(token, "\r\n")] = 0;
+        o.token = token;
+    }
     o.ca_path = env_or("PLIANT_CA", NULL);
     o.name = env_or("PLIANT_WORKER_NAME", NULL);
     o.node = env_or("PLIANT_NODE", NULL);
@@ -60,8 +68,11 @@ int cmd_worker(int argc, char **argv)
                       sizeof err))
         goto bad;
     o.peer_port = (int)v;
-    return pl_agent_run(&o);
+    int rc = pl_agent_run(&o);
+    free(token);
+    return rc;
 bad:
+    free(token);
     fprintf(stderr, "pliant worker: %s\n", err);
     return 2;
 }

@@ -1,0 +1,925 @@
+#include "controller.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "control_server.h"
+#include "job_objects.h"
+#include "job_runtime.h"
+#include "jobspec.h"
+#include "kube_client.h"
+#include "kube_watch.h"
+#include "util.h"
+#include "workqueue.h"
+
+#define LOOP_MS 10             /* the loop's pace: work queue wait, control servers */
+#define STATUS_EVERY_MS 1000   /* status writes while training, at most */
+#define FLUSH_MS 3000          /* a finished job's server lives on to deliver `stop` */
+#define RESYNC_MS 15000        /* every job is reconciled again this often */
+#define API_ATTEMPTS 5         /* optimistic-concurrency retries */
+#define CONTROLLER_NAME "pliant.dev/operator"
+
+static const char *const COND_TYPES[] = {"Created",   "Running",   "Reconfiguring", "WaitingForNodes",
+                                         "Suspended", "Succeeded", "Failed"};
+#define NCOND (int)(sizeof COND_TYPES / sizeof COND_TYPES[0])
+
+typedef struct cpod {
+    char name[256];
+    char phase[32];
+    int deleting, gone_reported, counted;
+    struct cpod *next;
+} cpod;
+
+typedef struct {
+    char status[8]; /* "True" / "False" / "" (never set) */
+    char reason[64], message[512], since[40];
+} ccond;
+
+typedef struct cjob {
+    char key[512], ns[256], name[256];
+    cJSON *obj;                 /* the latest TrainingJob seen; NULL once deleted */
+    pl_job spec;
+    int have_spec, invalid;
+    pl_job_runtime *rt;
+    int64_t done_ms;            /* when the runtime finished (flushing `stop`); 0: running */
+    cpod *pods;
+    int next_k;
+    char phase[32];
+    ccond cond[NCOND];
+    int status_dirty;
+    int64_t status_ms;
+    /* what the Events and counters already covered */
+    int steps_seen, reconfigs_seen, recovery_seen;
+    int64_t ckpt_seen;
+    int reconfigs_before;       /* of runtimes that ended (a new leader, a restart) */
+    int preempted, failed_pods;
+    char start_time[40], completion_time[40], last_ckpt_time[40], last_reconfig_time[40];
+    struct cjob *next;
+} cjob;
+
+typedef struct inbox_item {
+    int is_pod;
+    pl_watch_event ev;
+    cJSON *obj;
+    struct inbox_item *next;
+} inbox_item;
+
+typedef struct {
+    pl_controller *c;
+    int is_pod;
+    pl_kube_client *client;
+    pthread_t th;
+    int started;
+    atomic_int synced;
+} informer;
+
+struct pl_controller {
+    pl_controller_config cfg;
+    pl_kube_client *api;        /* the loop's client */
+    pl_workqueue *q;
+    informer inf[2];
+    atomic_int stop;            /* informers' stop flag */
+    pthread_mutex_t mu;         /* the inbox */
+    inbox_item *head, *tail;
+    cjob *jobs;
+};
+
+/* ------------------------------------------------------------ small helpers */
+
+static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void logf_(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("pliant-operator: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+static void now_rfc3339(char *buf, size_t len)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    strftime(buf, len, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
+/* Seconds since the epoch of an RFC 3339 UTC time; 0 when it does not parse. */
+static time_t parse_rfc3339(const char *s)
+{
+    struct tm tm = {0};
+    if (!s || !strptime(s, "%Y-%m-%dT%H:%M:%S", &tm)) return 0;
+    return timegm(&tm);
+}
+
+static const pl_kube_ref TJ = {"pliant.dev", "v1alpha1", NULL, "trainingjobs", NULL, NULL};
+
+static pl_kube_ref job_ref(const cjob *j, const char *plural, const char *name)
+{
+    pl_kube_ref r = {plural == TJ.plural ? TJ.group : NULL, plural == TJ.plural ? TJ.version : "v1",
+                     j->ns, plural, name, NULL};
+    return r;
+}
+
+/* Counts API requests and their errors for /metrics. */
+static int api_done(pl_controller *c, const char *verb, int rc, const pl_kube_status *st)
+{
+    char labels[64];
+    snprintf(labels, sizeof labels, "verb=\"%s\"", verb);
+    if (c->cfg.metrics) {
+        pl_metrics_counter_add(c->cfg.metrics, "pliant_kube_requests_total",
+                               "Kubernetes API requests", labels, 1);
+        if (rc && st->http != 404 && st->http != 409)
+            pl_metrics_counter_add(c->cfg.metrics, "pliant_kube_request_errors_total",
+                                   "Kubernetes API requests that failed", labels, 1);
+    }
+    return rc;
+}
+
+static void event(pl_controller *c, cjob *j, const char *type, const char *reason,
+                  const char *action, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static void event(pl_controller *c, cjob *j, const char *type, const char *reason,
+                  const char *action, const char *fmt, ...)
+{
+    if (!j->obj) return;
+    char note[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(note, sizeof note, fmt, ap);
+    va_end(ap);
+    pl_kube_event ev = {j->obj, type, reason, action, note, CONTROLLER_NAME, c->cfg.identity};
+    pl_kube_status st;
+    if (api_done(c, "create", pl_kube_event_create(c->api, &ev, &st), &st))
+        logf_("%s: event %s: %s", j->key, reason, st.message);
+}
+
+/* ------------------------------------------------------------------ jobs */
+
+static cjob *job_find(pl_controller *c, const char *key)
+{
+    for (cjob *j = c->jobs; j; j = j->next)
+        if (!strcmp(j->key, key)) return j;
+    return NULL;
+}
+
+static cjob *job_get(pl_controller *c, const char *ns, const char *name)
+{
+    char key[512];
+    snprintf(key, sizeof key, "%s/%s", ns, name);
+    cjob *j = job_find(c, key);
+    if (j || !(j = calloc(1, sizeof *j))) return j;
+    snprintf(j->key, sizeof j->key, "%s", key);
+    snprintf(j->ns, sizeof j->ns, "%s", ns);
+    snprintf(j->name, sizeof j->name, "%s", name);
+    j->next = c->jobs;
+    c->jobs = j;
+    return j;
+}
+
+static void job_stop(pl_controller *c, cjob *j)
+{
+    (void)c;
+    if (!j->rt) return;
+    pl_coord *co = pl_job_runtime_coord(j->rt);
+    j->reconfigs_before += pl_coord_nreconfigs(co);
+    pl_job_runtime_free(j->rt);
+    j->rt = NULL;
+    j->done_ms = 0;
+    j->steps_seen = j->reconfigs_seen = j->recovery_seen = 0;
+}
+
+static void job_free(pl_controller *c, cjob *j)
+{
+    job_stop(c, j);
+    for (cjob **p = &c->jobs; *p; p = &(*p)->next)
+        if (*p == j) {
+            *p = j->next;
+            break;
+        }
+    while (j->pods) {
+        cpod *p = j->pods;
+        j->pods = p->next;
+        free(p);
+    }
+    cJSON_Delete(j->obj);
+    if (j->have_spec) pl_job_free(&j->spec);
+    free(j);
+}
+
+static void set_cond(cjob *j, const char *type, int on, const char *reason, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void set_cond(cjob *j, const char *type, int on, const char *reason, const char *fmt, ...)
+{
+    for (int i = 0; i < NCOND; i++) {
+        if (strcmp(COND_TYPES[i], type)) continue;
+        ccond *k = &j->cond[i];
+        const char *st = on ? "True" : "False";
+        if (strcmp(k->status, st)) now_rfc3339(k->since, sizeof k->since);
+        snprintf(k->status, sizeof k->status, "%s", st);
+        snprintf(k->reason, sizeof k->reason, "%s", reason);
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(k->message, sizeof k->message, fmt, ap);
+        va_end(ap);
+        j->status_dirty = 1;
+    }
+}
+
+/* The phase shown, with the conditions that go with it. */
+static void set_phase(cjob *j, const char *phase, const char *reason, const char *msg)
+{
+    if (!strcmp(j->phase, phase)) return;
+    snprintf(j->phase, sizeof j->phase, "%s", phase);
+    static const char *const exclusive[] = {"Running", "Reconfiguring", "WaitingForNodes",
+                                            "Suspended"};
+    for (size_t i = 0; i < sizeof exclusive / sizeof exclusive[0]; i++)
+        if (strcmp(exclusive[i], phase) && j->cond[0].status[0])
+            set_cond(j, exclusive[i], 0, reason, "%s", msg);
+    if (strcmp(phase, "Pending")) set_cond(j, phase, 1, reason, "%s", msg);
+    j->status_dirty = 1;
+}
+
+/* ------------------------------------------------------------------ status */
+
+static cJSON *status_json(pl_controller *c, cjob *j)
+{
+    cJSON *s = cJSON_CreateObject();
+    cJSON_AddStringToObject(s, "phase", j->phase[0] ? j->phase : "Pending");
+    const cJSON *gen = cJSON_GetObjectItem(cJSON_GetObjectItem(j->obj, "metadata"), "generation");
+    long long generation = cJSON_IsNumber(gen) ? (long long)gen->valuedouble : 0;
+    cJSON_AddNumberToObject(s, "observedGeneration", (double)generation);
+    cJSON *conds = cJSON_AddArrayToObject(s, "conditions");
+    for (int i = 0; i < NCOND; i++) {
+        const ccond *k = &j->cond[i];
+        if (!k->status[0]) continue;
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "type", COND_TYPES[i]);
+        cJSON_AddStringToObject(x, "status", k->status);
+        cJSON_AddStringToObject(x, "reason", k->reason);
+        cJSON_AddStringToObject(x, "message", k->message);
+        cJSON_AddStringToObject(x, "lastTransitionTime", k->since);
+        cJSON_AddNumberToObject(x, "observedGeneration", (double)generation);
+        cJSON_AddItemToArray(conds, x);
+    }
+    int desired = j->have_spec ? (j->spec.nodes.max > 0 ? j->spec.nodes.max : j->spec.nodes.min)
+                               : 0;
+    int running = 0;
+    for (const cpod *p = j->pods; p; p = p->next)
+        running += !p->deleting && !strcmp(p->phase, "Running");
+    int training = 0;
+    cJSON *nodes = cJSON_AddObjectToObject(s, "nodes");
+    if (j->rt) {
+        pl_coord *co = pl_job_runtime_coord(j->rt);
+        int64_t step = pl_coord_step(co), steps = j->spec.steps;
+        training = pl_coord_live_workers(co);
+        double sps = pl_job_runtime_samples_per_second(j->rt);
+        cJSON_AddNumberToObject(s, "step", (double)step);
+        cJSON_AddNumberToObject(s, "progressPercentage", floor(100.0 * (double)step / (double)steps));
+        if (sps > 0)
+            cJSON_AddNumberToObject(s, "estimatedRemainingSeconds",
+                                    round((double)(steps - step) * j->spec.batch.global / sps));
+        int ns = pl_coord_nsteps(co);
+        if (ns > 0) {
+            const pl_coord_step_rec *r = pl_coord_step_log(co, ns - 1);
+            if (isfinite(r->loss)) cJSON_AddNumberToObject(s, "loss", r->loss);
+            cJSON_AddStringToObject(s, "pipelines", r->pipelines);
+        }
+        cJSON_AddNumberToObject(s, "samplesPerSecond", round(sps * 10) / 10);
+        cJSON_AddNumberToObject(s, "planGeneration", (double)pl_coord_generation(co));
+        int nr = pl_coord_nreconfigs(co);
+        cJSON_AddNumberToObject(s, "reconfigurations", j->reconfigs_before + nr);
+        if (nr > 0) {
+            const pl_coord_reconfig_rec *x = pl_coord_reconfig(co, nr - 1);
+            cJSON *lr = cJSON_AddObjectToObject(s, "lastReconfiguration");
+            cJSON_AddStringToObject(lr, "time", j->last_reconfig_time);
+            cJSON_AddStringToObject(lr, "cause", x->cause);
+            int64_t ms = pl_job_runtime_recovery_ms(j->rt, nr - 1);
+            if (ms >= 0) cJSON_AddNumberToObject(lr, "durationSeconds", (double)ms / 1000.0);
+            cJSON_AddNumberToObject(lr, "bytesCopied", (double)x->bytes_copied);
+            cJSON_AddBoolToObject(lr, "fromCheckpoint", x->from_checkpoint);
+        }
+        if (pl_coord_last_checkpoint(co) > 0) {
+            cJSON *lc = cJSON_AddObjectToObject(s, "lastCheckpoint");
+            cJSON_AddNumberToObject(lc, "step", (double)pl_coord_last_checkpoint(co));
+            cJSON_AddStringToObject(lc, "time", j->last_ckpt_time);
+            cJSON_AddStringToObject(lc, "dir", j->spec.checkpoint.dir);
+        }
+    }
+    char ready[32];
+    snprintf(ready, sizeof ready, "%d/%d", training, desired);
+    cJSON_AddNumberToObject(nodes, "desired", desired);
+    cJSON_AddNumberToObject(nodes, "running", running);
+    cJSON_AddNumberToObject(nodes, "training", training);
+    cJSON_AddStringToObject(nodes, "ready", ready);
+    cJSON_AddNumberToObject(nodes, "preempted", j->preempted);
+    cJSON_AddNumberToObject(nodes, "failed", j->failed_pods);
+    if (j->start_time[0]) cJSON_AddStringToObject(s, "startTime", j->start_time);
+    if (j->completion_time[0]) cJSON_AddStringToObject(s, "completionTime", j->completion_time);
+    (void)c;
+    return s;
+}
+
+static int write_status(pl_controller *c, cjob *j)
+{
+    if (!j->obj) return 0;
+    cJSON *s = status_json(c, j);
+    pl_kube_ref r = job_ref(j, TJ.plural, j->name);
+    pl_kube_status st;
+    int rc = api_done(c, "patch", pl_kube_patch_status(c->api, &r, s, NULL, &st), &st);
+    cJSON_Delete(s);
+    if (rc) {
+        if (st.http != 404) logf_("%s: status: %s", j->key, st.message);
+        return -1;
+    }
+    j->status_dirty = 0;
+    j->status_ms = pl_ctl_now_ms();
+    return 0;
+}
+
+/* ------------------------------------------------- what a runtime reports */
+
+static const char *phase_of(pl_coord *co)
+{
+    switch (pl_coord_phase(co)) {
+    case PL_COORD_WAITING_FOR_WORKERS: return "Pending";
+    case PL_COORD_WAITING_FOR_NODES: return "WaitingForNodes";
+    case PL_COORD_COPYING:
+    case PL_COORD_SETTLING: return pl_coord_generation(co) > 1 ? "Reconfiguring" : "Running";
+    case PL_COORD_DONE: return "Succeeded";
+    case PL_COORD_FAILED: return "Failed";
+    default: return "Running";
+    }
+}
+
+/* Each name of a comma-separated list as an Event of that reason. */
+static void name_events(pl_controller *c, cjob *j, const char *list, const char *reason,
+                        const char *what)
+{
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *save = NULL, *n = strtok_r(buf, ",", &save); n; n = strtok_r(NULL, ",", &save))
+        event(c, j, strcmp(reason, "NodeLost") ? "Normal" : "Warning", reason, what,
+              "worker %s %s", n, strcmp(reason, "NodeLost") ? "joined" : "left the job");
+}
+
+/* Events, status, metrics from the coordinator's logs since the last look. */
+static void observe(pl_controller *c, cjob *j)
+{
+    pl_coord *co = pl_job_runtime_coord(j->rt);
+    pl_metrics *m = c->cfg.metrics;
+    char lab[600];
+    snprintf(lab, sizeof lab, "namespace=\"%s\",job=\"%s\"", j->ns, j->name);
+    int ns = pl_coord_nsteps(co);
+    if (ns > j->steps_seen) {
+        if (m) {
+            pl_metrics_counter_add(m, "pliant_steps_total", "Committed training steps", lab,
+                                   ns - j->steps_seen);
+            pl_metrics_gauge_set(m, "pliant_samples_per_second", "Training throughput", lab,
+                                 pl_job_runtime_samples_per_second(j->rt));
+        }
+        j->steps_seen = ns;
+        if (pl_ctl_now_ms() - j->status_ms >= STATUS_EVERY_MS) j->status_dirty = 1;
+    }
+    for (; j->reconfigs_seen < pl_coord_nreconfigs(co); j->reconfigs_seen++) {
+        const pl_coord_reconfig_rec *x = pl_coord_reconfig(co, j->reconfigs_seen);
+        now_rfc3339(j->last_reconfig_time, sizeof j->last_reconfig_time);
+        name_events(c, j, x->removed, "NodeLost", "RemoveNode");
+        name_events(c, j, x->added, "NodeAdded", "AddNode");
+        event(c, j, "Normal", "Reconfigured", "Reconfigure",
+              "generation %lld at step %lld: %s; pipelines %s%s", (long long)x->generation,
+              (long long)x->step, x->cause, x->pipelines,
+              x->from_checkpoint ? " (from the checkpoint)" : "");
+        if (m)
+            pl_metrics_counter_add(m, "pliant_reconfigurations_total", "Plan changes", lab, 1);
+        j->status_dirty = 1;
+    }
+    for (; j->recovery_seen < j->reconfigs_seen; j->recovery_seen++) {
+        int64_t ms = pl_job_runtime_recovery_ms(j->rt, j->recovery_seen);
+        if (ms < 0) break;
+        if (m)
+            pl_metrics_histogram_observe(m, "pliant_recovery_seconds",
+                                         "Failure to the next committed step", NULL, ms / 1000.0);
+        j->status_dirty = 1;
+    }
+    if (pl_coord_last_checkpoint(co) > j->ckpt_seen) {
+        j->ckpt_seen = pl_coord_last_checkpoint(co);
+        now_rfc3339(j->last_ckpt_time, sizeof j->last_ckpt_time);
+        event(c, j, "Normal", "CheckpointSaved", "Checkpoint", "step %lld saved to %s",
+              (long long)j->ckpt_seen, j->spec.checkpoint.dir);
+        j->status_dirty = 1;
+    }
+    const char *phase = phase_of(co);
+    if (strcmp(phase, j->phase)) {
+        int first_run = !strcmp(phase, "Running") && !j->start_time[0];
+        if (first_run) {
+            now_rfc3339(j->start_time, sizeof j->start_time);
+            event(c, j, "Normal", "Started", "Train", "training on %d workers",
+                  pl_coord_live_workers(co));
+        }
+        if (!strcmp(phase, "Succeeded") || !strcmp(phase, "Failed")) {
+            now_rfc3339(j->completion_time, sizeof j->completion_time);
+            j->done_ms = pl_ctl_now_ms();
+            event(c, j, !strcmp(phase, "Failed") ? "Warning" : "Normal", phase, "Finish", "%s",
+                  !strcmp(phase, "Failed") ? pl_coord_reason(co) : "every step committed");
+            pl_workqueue_add_after(c->q, j->key, FLUSH_MS + 100);
+        }
+        set_phase(j, phase, phase, pl_coord_reason(co)[0] ? pl_coord_reason(co) : phase);
+    }
+}
+
+/* ------------------------------------------------------------- informers */
+
+static void push(pl_controller *c, int is_pod, pl_watch_event ev, const cJSON *obj)
+{
+    inbox_item *it = calloc(1, sizeof *it);
+    if (!it || !(it->obj = cJSON_Duplicate(obj, 1))) {
+        free(it);
+        return; /* the periodic resync catches up */
+    }
+    it->is_pod = is_pod;
+    it->ev = ev;
+    pthread_mutex_lock(&c->mu);
+    if (c->tail) c->tail->next = it;
+    else c->head = it;
+    c->tail = it;
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void on_event(pl_watch_event ev, const cJSON *obj, const cJSON *old, void *user)
+{
+    informer *inf = user;
+    (void)old;
+    push(inf->c, inf->is_pod, ev, obj);
+}
+
+static void on_synced(void *user)
+{
+    informer *inf = user;
+    atomic_store(&inf->synced, 1);
+}
+
+static void on_error(const pl_kube_status *st, void *user)
+{
+    informer *inf = user;
+    logf_("%s watch: %s (retrying)", inf->is_pod ? "Pod" : "TrainingJob", st->message);
+}
+
+static void *informer_main(void *arg)
+{
+    informer *inf = arg;
+    pl_controller *c = inf->c;
+    pl_watch_config wc = {.on_event = on_event, .on_synced = on_synced, .on_error = on_error,
+                          .user = inf};
+    if (inf->is_pod) {
+        wc.ref = (pl_kube_ref){NULL, "v1", c->cfg.namespace_, "pods", NULL, NULL};
+        wc.label_selector = "app.kubernetes.io/name=" PL_WORKER_LABEL;
+    } else {
+        wc.ref = TJ;
+        wc.ref.namespace_ = c->cfg.namespace_;
+    }
+    char err[512];
+    if (pl_watch_run(inf->client, &wc, NULL, err, sizeof err)) logf_("watch: %s", err);
+    return NULL;
+}
+
+/* The Pod changed: its job's cache, the coordinator (a node lost), a reconcile. */
+static void pod_event(pl_controller *c, pl_watch_event ev, const cJSON *pod)
+{
+    /* the label key has dots: no dotted path */
+    const cJSON *label = cJSON_GetObjectItem(
+        cJSON_GetObjectItem(cJSON_GetObjectItem(pod, "metadata"), "labels"), PL_JOB_LABEL);
+    const char *job = cJSON_IsString(label) ? label->valuestring : NULL;
+    const char *ns = pl_kube_field(pod, "metadata.namespace");
+    const char *name = pl_kube_field(pod, "metadata.name");
+    if (!job || !ns || !name) return;
+    cjob *j = job_get(c, ns, job);
+    if (!j) return;
+    cpod *p = j->pods, **pp = &j->pods;
+    for (; p && strcmp(p->name, name); pp = &p->next, p = p->next) {}
+    if (!p) {
+        if (ev == PL_WATCH_DELETED || !(p = calloc(1, sizeof *p))) return;
+        snprintf(p->name, sizeof p->name, "%s", name);
+        p->next = j->pods;
+        j->pods = p;
+    }
+    const char *phase = pl_kube_field(pod, "status.phase");
+    if (strcmp(p->phase, phase ? phase : "Pending")) j->status_dirty = 1; /* nodes.running */
+    snprintf(p->phase, sizeof p->phase, "%s", phase ? phase : "Pending");
+    p->deleting = pl_kube_field(pod, "metadata.deletionTimestamp") != NULL;
+    /* a spot reclaim, an eviction or a lost node: preempted, not failed */
+    int disrupted = 0;
+    const cJSON *cond;
+    cJSON_ArrayForEach(cond, cJSON_GetObjectItem(cJSON_GetObjectItem(pod, "status"), "conditions"))
+    {
+        const char *t = pl_kube_field(cond, "type"), *s = pl_kube_field(cond, "status");
+        disrupted |= t && s && !strcmp(t, "DisruptionTarget") && !strcmp(s, "True");
+    }
+    int ended = ev == PL_WATCH_DELETED || !strcmp(p->phase, "Failed") ||
+                !strcmp(p->phase, "Succeeded");
+    if (!p->counted && (disrupted || (ended && strcmp(p->phase, "Succeeded")))) {
+        p->counted = 1;
+        if (disrupted || p->deleting || ev == PL_WATCH_DELETED) j->preempted++;
+        else j->failed_pods++;
+        j->status_dirty = 1;
+    }
+    /* a deleting Pod's worker got SIGTERM and leaves at a step boundary; the Pod's
+     * end is a loss if it has not left by then */
+    if (ended && !p->gone_reported && j->rt) {
+        p->gone_reported = 1;
+        char cause[96];
+        snprintf(cause, sizeof cause, "pod %s", ev == PL_WATCH_DELETED ? "deleted" : p->phase);
+        pl_job_runtime_worker_gone(j->rt, name, cause);
+    }
+    if (ev == PL_WATCH_DELETED) {
+        *pp = p->next;
+        free(p);
+    }
+    pl_workqueue_add(c->q, j->key);
+}
+
+static void drain_inbox(pl_controller *c)
+{
+    pthread_mutex_lock(&c->mu);
+    inbox_item *it = c->head;
+    c->head = c->tail = NULL;
+    pthread_mutex_unlock(&c->mu);
+    while (it) {
+        inbox_item *next = it->next;
+        if (it->is_pod) {
+            pod_event(c, it->ev, it->obj);
+        } else {
+            const char *ns = pl_kube_field(it->obj, "metadata.namespace");
+            const char *name = pl_kube_field(it->obj, "metadata.name");
+            cjob *j = ns && name ? job_get(c, ns, name) : NULL;
+            if (j) {
+                cJSON_Delete(j->obj);
+                j->obj = it->ev == PL_WATCH_DELETED ? NULL : it->obj;
+                if (j->obj) it->obj = NULL;
+                pl_workqueue_add(c->q, j->key);
+            }
+        }
+        cJSON_Delete(it->obj);
+        free(it);
+        it = next;
+    }
+}
+
+/* -------------------------------------------------------------- reconcile */
+
+/* The manifest the workers and the runtime parse: what the user wrote. */
+static char *manifest_text(const cJSON *obj)
+{
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "apiVersion", "pliant.dev/v1alpha1");
+    cJSON_AddStringToObject(m, "kind", "TrainingJob");
+    cJSON *md = cJSON_AddObjectToObject(m, "metadata");
+    cJSON_AddStringToObject(md, "name", pl_kube_field(obj, "metadata.name"));
+    cJSON_AddStringToObject(md, "namespace", pl_kube_field(obj, "metadata.namespace"));
+    const cJSON *spec = cJSON_GetObjectItem(obj, "spec");
+    cJSON_AddItemToObject(m, "spec", spec ? cJSON_Duplicate(spec, 1) : cJSON_CreateObject());
+    char *text = cJSON_Print(m);
+    cJSON_Delete(m);
+    return text;
+}
+
+static int64_t run_policy_int(const cjob *j, const char *key)
+{
+    cJSON *rp = j->spec.run_policy_json ? cJSON_Parse(j->spec.run_policy_json) : NULL;
+    const cJSON *v = cJSON_GetObjectItem(rp, key);
+    int64_t out = cJSON_IsNumber(v) ? (int64_t)v->valuedouble : cJSON_IsTrue(v) ? 1 : -1;
+    cJSON_Delete(rp);
+    return out;
+}
+
+static char *run_policy_str(const cjob *j, const char *key, char *buf, size_t len,
+                            const char *dflt)
+{
+    cJSON *rp = j->spec.run_policy_json ? cJSON_Parse(j->spec.run_policy_json) : NULL;
+    const cJSON *v = cJSON_GetObjectItem(rp, key);
+    snprintf(buf, len, "%s", cJSON_IsString(v) ? v->valuestring : dflt);
+    cJSON_Delete(rp);
+    return buf;
+}
+
+/* A base64 field of the Secret as a heap string, or NULL. */
+static char *secret_field(const cJSON *secret, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItem(cJSON_GetObjectItem(secret, "data"), key);
+    return cJSON_IsString(v) ? pl_base64_decode(v->valuestring) : NULL;
+}
+
+/* Creates an object; an existing one (409) is fine: reconcile is idempotent. */
+static int create_owned(pl_controller *c, cjob *j, const char *plural, cJSON *obj)
+{
+    if (!obj) return -1;
+    pl_kube_ref r = job_ref(j, plural, NULL);
+    pl_kube_status st;
+    int rc = api_done(c, "create", pl_kube_create(c->api, &r, obj, NULL, &st), &st);
+    cJSON_Delete(obj);
+    if (rc && st.http != 409) {
+        logf_("%s: create %s: %s", j->key, plural, st.message);
+        return -1;
+    }
+    return rc ? 1 : 0;
+}
+
+/* The runtime: token and certificate from the Secret when it exists (a new
+ * leader), else fresh ones, put into a new Secret. */
+static int start_runtime(pl_controller *c, cjob *j)
+{
+    char sname[300];
+    pl_job_secret_name(j->obj, sname, sizeof sname);
+    pl_kube_ref r = job_ref(j, "secrets", sname);
+    pl_kube_status st;
+    cJSON *secret = NULL;
+    if (api_done(c, "get", pl_kube_get(c->api, &r, NULL, &secret, &st), &st) && st.http != 404) {
+        logf_("%s: secret: %s", j->key, st.message);
+        return -1;
+    }
+    char *token = secret_field(secret, "token"), *cert = secret_field(secret, "ca.crt"),
+         *key = secret_field(secret, "tls.key"), *text = manifest_text(j->obj);
+    int n = 0;
+    for (const cpod *p = j->pods; p; p = p->next) n++;
+    pl_job_runtime_config rc = {.manifest = text, .bind_host = c->cfg.bind_host,
+                                .cert_host = c->cfg.coordinator_host, .token = token,
+                                .cert_pem = cert, .key_pem = key,
+                                .n_start = j->spec.nodes.min};
+    char err[1024] = "";
+    j->rt = text ? pl_job_runtime_new(&rc, err, sizeof err) : NULL;
+    free(token);
+    free(cert);
+    free(key);
+    free(text);
+    cJSON_Delete(secret);
+    if (!j->rt) {
+        /* a job the coordinator cannot run (a missing data file, no checkpoint to
+         * resume): Failed, naming why */
+        logf_("%s: %s", j->key, err);
+        set_phase(j, "Failed", "CannotStart", err);
+        event(c, j, "Warning", "Failed", "Start", "%s", err);
+        now_rfc3339(j->completion_time, sizeof j->completion_time);
+        return 0;
+    }
+    if (!secret) {
+        pl_job_objects o = {j->obj, &j->spec, c->cfg.worker_image, c->cfg.worker_command, ""};
+        char *pem = pl_job_runtime_cert_pem(j->rt), *kpem = pl_job_runtime_key_pem(j->rt);
+        int crc = pem && kpem
+                      ? create_owned(c, j, "secrets",
+                                     pl_job_secret(&o, pl_job_runtime_token(j->rt), pem, kpem))
+                      : -1;
+        free(pem);
+        free(kpem);
+        if (crc < 0) {
+            job_stop(c, j);
+            return -1;
+        }
+    }
+    set_cond(j, "Created", 1, "Created", "coordinator on port %d", pl_job_runtime_port(j->rt));
+    logf_("%s: coordinator on %s:%d", j->key, c->cfg.coordinator_host, pl_job_runtime_port(j->rt));
+    return 0;
+}
+
+/* Worker Pods up to the desired count, named <job>-w<k>, k never reused. */
+static int ensure_pods(pl_controller *c, cjob *j)
+{
+    int desired = j->spec.nodes.max > 0 ? j->spec.nodes.max : j->spec.nodes.min, live = 0;
+    size_t plen = strlen(j->name) + 2;
+    for (const cpod *p = j->pods; p; p = p->next) {
+        live += !p->deleting && strcmp(p->phase, "Failed") && strcmp(p->phase, "Succeeded");
+        if (!strncmp(p->name, j->name, plen - 2) && p->name[plen - 2] == '-' &&
+            p->name[plen - 1] == 'w') {
+            int k = atoi(p->name + plen);
+            if (k >= j->next_k) j->next_k = k + 1;
+        }
+    }
+    char coord[300];
+    snprintf(coord, sizeof coord, "%s:%d", c->cfg.coordinator_host, pl_job_runtime_port(j->rt));
+    pl_job_objects o = {j->obj, &j->spec, c->cfg.worker_image, c->cfg.worker_command, coord};
+    for (; live < desired; live++) {
+        int rc, k;
+        do rc = create_owned(c, j, "pods", pl_job_pod(&o, k = j->next_k++));
+        while (rc == 1); /* the name exists: the next one */
+        if (rc) return -1;
+        /* counted at once: the watch reports it later (controller-runtime's expectations) */
+        cpod *p = calloc(1, sizeof *p);
+        if (!p) return -1;
+        pl_job_pod_name(j->obj, k, p->name, sizeof p->name);
+        snprintf(p->phase, sizeof p->phase, "Pending");
+        logf_("%s: created pod %s", j->key, p->name);
+        p->next = j->pods;
+        j->pods = p;
+    }
+    return 0;
+}
+
+static int delete_obj(pl_controller *c, cjob *j, const char *plural, const char *name)
+{
+    pl_kube_ref r = job_ref(j, plural, name);
+    pl_kube_status st;
+    if (api_done(c, "delete", pl_kube_delete(c->api, &r, "Background", &st), &st) &&
+        st.http != 404) {
+        logf_("%s: delete %s %s: %s", j->key, plural, name, st.message);
+        return -1;
+    }
+    return 0;
+}
+
+/* A finished or suspended job's Pods, by runPolicy.cleanPodPolicy. */
+static int clean_pods(pl_controller *c, cjob *j, const char *policy)
+{
+    int rc = 0;
+    for (const cpod *p = j->pods; p; p = p->next) {
+        int running = !strcmp(p->phase, "Running") || !strcmp(p->phase, "Pending");
+        if (!p->deleting && (!strcmp(policy, "All") || (!strcmp(policy, "Running") && running)))
+            rc |= delete_obj(c, j, "pods", p->name);
+    }
+    return rc;
+}
+
+static int finished(const cjob *j)
+{
+    return !strcmp(j->phase, "Succeeded") || !strcmp(j->phase, "Failed");
+}
+
+static int reconcile(pl_controller *c, cjob *j)
+{
+    if (!j->obj || pl_kube_field(j->obj, "metadata.deletionTimestamp")) {
+        job_stop(c, j); /* the owned objects go with the job (garbage collection) */
+        if (!j->obj) job_free(c, j);
+        return 0;
+    }
+    if (!j->have_spec && !j->invalid) {
+        char *text = manifest_text(j->obj), err[1024] = "";
+        if (text && pl_job_parse(text, NULL, &j->spec, err, sizeof err) == 0) j->have_spec = 1;
+        else j->invalid = 1;
+        free(text);
+        const char *prior = pl_kube_field(j->obj, "status.phase");
+        if (prior) snprintf(j->phase, sizeof j->phase, "%s", prior);
+        if (j->invalid) {
+            set_phase(j, "Failed", "InvalidSpec", err);
+            event(c, j, "Warning", "Failed", "Validate", "%s", err);
+        }
+    }
+    if (j->invalid) return j->status_dirty ? write_status(c, j) : 0;
+    char policy[16];
+    run_policy_str(j, "cleanPodPolicy", policy, sizeof policy, "Running");
+    if (j->rt && j->done_ms && pl_ctl_now_ms() - j->done_ms >= FLUSH_MS) job_stop(c, j);
+    if (finished(j) && !j->rt) {
+        int64_t ttl = run_policy_int(j, "ttlSecondsAfterFinished");
+        time_t done = parse_rfc3339(j->completion_time[0] ? j->completion_time
+                                                          : pl_kube_field(j->obj, "status.completionTime"));
+        if (ttl >= 0 && done && time(NULL) >= done + ttl)
+            return delete_obj(c, j, TJ.plural, j->name);
+        if (ttl >= 0 && done) pl_workqueue_add_after(c->q, j->key, 1000 * (done + ttl - time(NULL)));
+        if (clean_pods(c, j, policy)) return -1;
+        return j->status_dirty ? write_status(c, j) : 0;
+    }
+    if (finished(j)) return 0; /* flushing stop to the workers */
+    if (run_policy_int(j, "suspend") == 1) {
+        job_stop(c, j);
+        set_phase(j, "Suspended", "Suspended", "spec.runPolicy.suspend is true");
+        if (clean_pods(c, j, "All")) return -1;
+        return write_status(c, j);
+    }
+    int64_t deadline = run_policy_int(j, "activeDeadlineSeconds");
+    time_t started = parse_rfc3339(j->start_time);
+    if (j->rt && deadline >= 0 && started && time(NULL) > started + deadline) {
+        pl_coord_end(pl_job_runtime_coord(j->rt), "activeDeadlineSeconds passed");
+        set_phase(j, "Failed", "DeadlineExceeded", "spec.runPolicy.activeDeadlineSeconds passed");
+        event(c, j, "Warning", "Failed", "Deadline", "activeDeadlineSeconds (%lld) passed",
+              (long long)deadline);
+        j->done_ms = pl_ctl_now_ms();
+        now_rfc3339(j->completion_time, sizeof j->completion_time);
+        return write_status(c, j);
+    }
+    if (!j->rt && start_runtime(c, j)) return -1;
+    if (!j->rt) return write_status(c, j); /* it cannot start: Failed */
+    char svc[300];
+    pl_job_service_name(j->obj, svc, sizeof svc);
+    pl_job_objects o = {j->obj, &j->spec, c->cfg.worker_image, c->cfg.worker_command, ""};
+    if (create_owned(c, j, "services", pl_job_service(&o, pl_job_runtime_port(j->rt))) < 0 ||
+        ensure_pods(c, j))
+        return -1;
+    if (deadline >= 0) pl_workqueue_add_after(c->q, j->key, 1000);
+    return j->status_dirty ? write_status(c, j) : 0;
+}
+
+/* ------------------------------------------------------------------ the loop */
+
+pl_controller *pl_controller_new(const pl_controller_config *cfg, char *err, size_t errlen)
+{
+    pl_controller *c = calloc(1, sizeof *c);
+    if (!c) {
+        pl_errf(err, errlen, "out of memory");
+        return NULL;
+    }
+    c->cfg = *cfg;
+    if (!c->cfg.worker_command) c->cfg.worker_command = "/usr/local/bin/pliant";
+    if (!c->cfg.worker_image) c->cfg.worker_image = "pliant-worker:latest";
+    if (!c->cfg.coordinator_host) c->cfg.coordinator_host = "127.0.0.1";
+    if (!c->cfg.identity) c->cfg.identity = "pliant-operator";
+    pthread_mutex_init(&c->mu, NULL);
+    if (!(c->q = pl_workqueue_new()) || !(c->api = pl_kube_client_new(cfg->kc, err, errlen))) {
+        if (!err[0]) pl_errf(err, errlen, "out of memory");
+        pl_controller_free(c);
+        return NULL;
+    }
+    for (int i = 0; i < 2; i++) {
+        c->inf[i].c = c;
+        c->inf[i].is_pod = i;
+        if (!(c->inf[i].client = pl_kube_client_new(cfg->kc, err, errlen))) {
+            pl_controller_free(c);
+            return NULL;
+        }
+        pl_kube_client_set_stop(c->inf[i].client, &c->stop);
+    }
+    pl_kube_client_set_stop(c->api, &c->stop);
+    return c;
+}
+
+int pl_controller_synced(const pl_controller *c)
+{
+    return atomic_load(&c->inf[0].synced) && atomic_load(&c->inf[1].synced);
+}
+
+static void update_phase_gauges(pl_controller *c)
+{
+    if (!c->cfg.metrics) return;
+    static const char *const phases[] = {"Pending", "Running", "Reconfiguring", "WaitingForNodes",
+                                         "Suspended", "Succeeded", "Failed"};
+    for (size_t i = 0; i < sizeof phases / sizeof phases[0]; i++) {
+        int n = 0;
+        for (const cjob *j = c->jobs; j; j = j->next)
+            n += j->obj && !strcmp(j->phase[0] ? j->phase : "Pending", phases[i]);
+        char lab[64];
+        snprintf(lab, sizeof lab, "phase=\"%s\"", phases[i]);
+        pl_metrics_gauge_set(c->cfg.metrics, "pliant_jobs", "TrainingJobs by phase", lab, n);
+    }
+}
+
+int pl_controller_run(pl_controller *c, const atomic_int *stop, char *err, size_t errlen)
+{
+    for (int i = 0; i < 2; i++) {
+        if (pthread_create(&c->inf[i].th, NULL, informer_main, &c->inf[i]))
+            return pl_errf(err, errlen, "cannot start an informer thread");
+        c->inf[i].started = 1;
+    }
+    int64_t resync = pl_ctl_now_ms();
+    while (!atomic_load(stop)) {
+        drain_inbox(c);
+        /* the loop waits on the control servers while jobs run (a step is several
+         * message round trips), on the work queue otherwise */
+        int nrt = 0;
+        for (cjob *j = c->jobs; j; j = j->next) nrt += j->rt != NULL;
+        for (cjob *j = c->jobs; j; j = j->next) {
+            if (!j->rt) continue;
+            int wait = pl_workqueue_len(c->q) ? 0 : LOOP_MS / nrt;
+            if (pl_job_runtime_poll(j->rt, wait)) logf_("%s: control server failed", j->key);
+            observe(c, j);
+        }
+        char key[512];
+        if (pl_workqueue_get(c->q, key, sizeof key, nrt ? 0 : LOOP_MS) == 1) {
+            cjob *j = job_find(c, key);
+            int rc = j ? reconcile(c, j) : 0;
+            pl_workqueue_done(c->q, key);
+            if (rc) pl_workqueue_add_rate_limited(c->q, key);
+            else pl_workqueue_forget(c->q, key);
+        }
+        for (cjob *j = c->jobs; j; j = j->next)
+            if (j->status_dirty && pl_ctl_now_ms() - j->status_ms >= STATUS_EVERY_MS / 4)
+                write_status(c, j);
+        if (pl_ctl_now_ms() - resync >= RESYNC_MS) {
+            resync = pl_ctl_now_ms();
+            for (cjob *j = c->jobs; j; j = j->next) pl_workqueue_add(c->q, j->key);
+        }
+        update_phase_gauges(c);
+    }
+    return 0;
+}
+
+void pl_controller_free(pl_controller *c)
+{
+    if (!c) return;
+    atomic_store(&c->stop, 1);
+    for (int i = 0; i < 2; i++)
+        if (c->inf[i].started) pthread_join(c->inf[i].th, NULL);
+    while (c->jobs) job_free(c, c->jobs);
+    while (c->head) {
+        inbox_item *it = c->head;
+        c->head = it->next;
+        cJSON_Delete(it->obj);
+        free(it);
+    }
+    for (int i = 0; i < 2; i++) pl_kube_client_free(c->inf[i].client);
+    pl_kube_client_free(c->api);
+    pl_workqueue_free(c->q);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}

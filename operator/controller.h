@@ -1,0 +1,41 @@
+/* The TrainingJob controller of `pliant-operator` (issue 5, "Controller"), in
+ * controller-runtime's manner: two informers (TrainingJobs; worker Pods by
+ * label) on their own threads feed one loop that owns everything else — a
+ * work queue keyed by job with back-off on errors, an idempotent reconcile
+ * (Secret, Service, worker Pods, clean-up, suspend, deadlines, TTL), and for
+ * each running job its coordinator (job_runtime.h) served in the same loop.
+ * Status goes through the /status subresource (merge patch), Events through
+ * events.k8s.io/v1. A deleted or failed Pod is the loss of that node; Pods
+ * stopped by a disruption (condition DisruptionTarget, node gone) count as
+ * preempted, not failed. */
+#ifndef PLIANT_CONTROLLER_H
+#define PLIANT_CONTROLLER_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+
+#include "kube_config.h"
+#include "metrics.h"
+
+typedef struct {
+    pl_kube_config *kc;
+    const char *namespace_;        /* NULL: every namespace */
+    const char *coordinator_host;  /* the address workers dial (this Pod's IP) */
+    const char *bind_host;         /* where the control servers listen; NULL: 0.0.0.0 */
+    const char *worker_image;      /* when spec.worker.image is unset */
+    const char *worker_command;    /* the pliant binary in the worker image */
+    const char *identity;          /* this operator instance (Events' reportingInstance) */
+    pl_metrics *metrics;           /* may be NULL */
+} pl_controller_config;
+
+typedef struct pl_controller pl_controller;
+
+pl_controller *pl_controller_new(const pl_controller_config *cfg, char *err, size_t errlen);
+/* Runs until *stop is set: starts the informers, reconciles, serves the jobs'
+ * coordinators. 0 on a clean stop, -1 with err when it cannot start. */
+int pl_controller_run(pl_controller *c, const atomic_int *stop, char *err, size_t errlen);
+/* 1 once both informers have listed (readiness). Thread-safe. */
+int pl_controller_synced(const pl_controller *c);
+void pl_controller_free(pl_controller *c);
+
+#endif

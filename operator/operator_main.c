@@ -1,0 +1,199 @@
+/* `pliant-operator`: the TrainingJob operator (operator/controller.h) with
+ * leader election (leader.h: only the Lease holder reconciles and runs
+ * coordinators; a replica that loses the Lease exits so that it restarts as a
+ * candidate), /metrics on --metrics-addr and /healthz, /readyz on
+ * --health-addr (probe_server.h). Defaults come from the Pod's environment
+ * the chart sets: POD_NAME (identity), POD_NAMESPACE (the Lease's),
+ * POD_IP (the address workers dial), PLIANT_WORKER_IMAGE. SIGTERM or SIGINT
+ * stops it cleanly (exit 0). */
+#include <getopt.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "controller.h"
+#include "kube_config.h"
+#include "leader.h"
+#include "metrics.h"
+#include "probe_server.h"
+
+#define VERSION "pliant-operator 0.1 (control protocol 1)"
+
+static atomic_int stop_flag;
+static atomic_int leading, lost_lease;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    atomic_store(&stop_flag, 1);
+}
+
+static void on_started(void *user)
+{
+    (void)user;
+    atomic_store(&leading, 1);
+}
+
+static void on_stopped(void *user)
+{
+    (void)user;
+    if (!atomic_load(&leading)) return;
+    atomic_store(&lost_lease, 1);
+    atomic_store(&stop_flag, 1); /* the controller stops: another replica leads now */
+}
+
+typedef struct {
+    pl_metrics *metrics;
+    pl_controller *ctl;
+    int leader_elect;
+} probe_state;
+
+static char *metrics_text(void *user)
+{
+    return pl_metrics_text(((probe_state *)user)->metrics);
+}
+
+/* Ready: a follower is (it waits for the Lease); a leader once its informers listed. */
+static int ready(void *user)
+{
+    probe_state *p = user;
+    if (p->leader_elect && !atomic_load(&leading)) return 1;
+    return p->ctl && pl_controller_synced(p->ctl);
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: pliant-operator [--kubeconfig PATH] [--namespace NS] [--leader-elect]\n"
+            "         [--lease-name NAME] [--lease-namespace NS] [--identity ID]\n"
+            "         [--metrics-addr HOST:PORT] [--health-addr HOST:PORT]\n"
+            "         [--coordinator-host HOST] [--bind-host HOST] [--worker-image IMAGE]\n"
+            "         [--worker-command PATH] [--log-level debug|info] [--version]\n"
+            "  --kubeconfig: else $KUBECONFIG, the in-cluster service account, ~/.kube/config\n"
+            "  --namespace: watch one namespace (default: all)\n"
+            "  --metrics-addr, --health-addr: default :8080 and :8081; \"\" turns one off\n"
+            "  --coordinator-host: the address worker Pods dial (default $POD_IP)\n");
+}
+
+static const char *env_or(const char *name, const char *dflt)
+{
+    const char *v = getenv(name);
+    return v && *v ? v : dflt;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"kubeconfig", required_argument, 0, 'k'},   {"namespace", required_argument, 0, 'n'},
+        {"leader-elect", no_argument, 0, 'l'},        {"lease-name", required_argument, 0, 'L'},
+        {"lease-namespace", required_argument, 0, 'N'}, {"identity", required_argument, 0, 'i'},
+        {"metrics-addr", required_argument, 0, 'm'},  {"health-addr", required_argument, 0, 'H'},
+        {"coordinator-host", required_argument, 0, 'c'}, {"bind-host", required_argument, 0, 'b'},
+        {"worker-image", required_argument, 0, 'I'},  {"worker-command", required_argument, 0, 'w'},
+        {"log-level", required_argument, 0, 'v'},     {"version", no_argument, 0, 'V'},
+        {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
+    const char *kubeconfig = NULL, *ns = NULL, *lease_name = "pliant-operator",
+               *lease_ns = env_or("POD_NAMESPACE", NULL), *metrics_addr = ":8080",
+               *health_addr = ":8081", *coord_host = env_or("POD_IP", "127.0.0.1"),
+               *bind_host = NULL, *image = env_or("PLIANT_WORKER_IMAGE", NULL),
+               *command = NULL;
+    char identity[256];
+    snprintf(identity, sizeof identity, "%s", env_or("POD_NAME", ""));
+    if (!identity[0]) {
+        char host[200] = "operator";
+        gethostname(host, sizeof host - 1);
+        snprintf(identity, sizeof identity, "%s-%d", host, (int)getpid());
+    }
+    int leader_elect = 0, c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 'k': kubeconfig = optarg; break;
+        case 'n': ns = optarg; break;
+        case 'l': leader_elect = 1; break;
+        case 'L': lease_name = optarg; break;
+        case 'N': lease_ns = optarg; break;
+        case 'i': snprintf(identity, sizeof identity, "%s", optarg); break;
+        case 'm': metrics_addr = optarg; break;
+        case 'H': health_addr = optarg; break;
+        case 'c': coord_host = optarg; break;
+        case 'b': bind_host = optarg; break;
+        case 'I': image = optarg; break;
+        case 'w': command = optarg; break;
+        case 'v':
+            if (strcmp(optarg, "debug") && strcmp(optarg, "info")) {
+                fprintf(stderr, "pliant-operator: --log-level: must be debug or info\n");
+                return 2;
+            }
+            break;
+        case 'V': puts(VERSION); return 0;
+        case 'h': usage(stdout); return 0;
+        default:
+            fprintf(stderr, "pliant-operator: unknown option or missing value: '%s'\n",
+                    argv[optind - 1]);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (optind != argc) {
+        fprintf(stderr, "pliant-operator: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    char err[1024] = "";
+    pl_kube_config kc;
+    if (pl_kube_config_load_default(&kc, kubeconfig, err, sizeof err)) {
+        fprintf(stderr, "pliant-operator: %s\n", err);
+        return 2;
+    }
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    int rc = 1;
+    pl_metrics *metrics = pl_metrics_new();
+    probe_state ps = {metrics, NULL, leader_elect};
+    pl_probe_server *mp = NULL, *hp = NULL;
+    pl_leader *leader = NULL;
+    pl_controller_config cc = {.kc = &kc, .namespace_ = ns, .coordinator_host = coord_host,
+                               .bind_host = bind_host, .worker_image = image,
+                               .worker_command = command, .identity = identity,
+                               .metrics = metrics};
+    if (!metrics || !(ps.ctl = pl_controller_new(&cc, err, sizeof err))) goto done;
+    pl_probe_config mc = {.addr = metrics_addr, .metrics = metrics_text, .ready = ready,
+                          .user = &ps};
+    pl_probe_config hc = {.addr = health_addr, .ready = ready, .user = &ps};
+    if ((metrics_addr[0] && !(mp = pl_probe_start(&mc, err, sizeof err))) ||
+        (health_addr[0] && !(hp = pl_probe_start(&hc, err, sizeof err))))
+        goto done;
+    fprintf(stderr, "pliant-operator: %s, identity %s, workers dial %s, metrics port %d, "
+            "health port %d\n", VERSION, identity, coord_host, mp ? pl_probe_port(mp) : 0,
+            hp ? pl_probe_port(hp) : 0);
+    if (leader_elect) {
+        pl_leader_config lc = {.kc = &kc, .namespace_ = lease_ns, .name = lease_name,
+                               .identity = identity, .on_started = on_started,
+                               .on_stopped = on_stopped};
+        if (!(leader = pl_leader_start(&lc, err, sizeof err))) goto done;
+        while (!atomic_load(&stop_flag) && !atomic_load(&leading)) usleep(50 * 1000);
+        if (atomic_load(&leading)) fprintf(stderr, "pliant-operator: %s leads\n", identity);
+    } else {
+        atomic_store(&leading, 1);
+    }
+    if (!atomic_load(&stop_flag) && pl_controller_run(ps.ctl, &stop_flag, err, sizeof err))
+        goto done;
+    rc = atomic_load(&lost_lease) ? 1 : 0;
+    if (rc) snprintf(err, sizeof err, "lost the lease: exiting so that another replica leads");
+done:
+    if (rc && err[0]) fprintf(stderr, "pliant-operator: %s\n", err);
+    pl_controller_free(ps.ctl);
+    pl_leader_stop(leader);
+    pl_probe_stop(hp);
+    pl_probe_stop(mp);
+    pl_metrics_free(metrics);
+    pl_kube_config_free(&kc);
+    return rc;
+}
