@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/pidfd.h>
 #include <sys/wait.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -80,13 +81,16 @@ static int local_create(pl_backend *b, const pl_worker_spec *w, char *err, size_
         return pl_errf(err, errlen, "worker \"%s\": %s", w->name,
                        w->log_path && logfd < 0 ? "cannot open its log" : strerror(e));
     }
-    pid_t pid = fork();
+    pid_t parent = getpid(), pid = fork();
     if (pid == 0) {
         if (logfd >= 0) {
             dup2(logfd, STDOUT_FILENO);
             dup2(logfd, STDERR_FILENO);
         }
         setpgid(0, 0); /* its own group: a signal to us is not a signal to it */
+        /* ...but our end is its end: no worker outlives `pliant run` (even SIGKILLed) */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(127);
         execve(w->argv[0], w->argv, env);
         int e = errno;
         if (write(pipefd[1], &e, sizeof e) < 0) _exit(127);

@@ -248,6 +248,24 @@ static void set_phase(cjob *j, const char *phase, const char *reason, const char
 
 /* ------------------------------------------------------------------ status */
 
+/* status.plan: the stable plan, what a new leader resumes from. */
+static void add_plan(cJSON *s, pl_coord *co)
+{
+    const char *names[PL_PROTO_MAX_NODES];
+    int64_t mb;
+    if (pl_coord_plan_pipeline(co, 0, names, 1, &mb) < 0) return;
+    cJSON *plan = cJSON_AddObjectToObject(s, "plan");
+    cJSON_AddNumberToObject(plan, "generation", (double)pl_coord_generation(co));
+    cJSON *pipes = cJSON_AddArrayToObject(plan, "pipelines");
+    int n;
+    for (int q = 0; (n = pl_coord_plan_pipeline(co, q, names, PL_PROTO_MAX_NODES, &mb)) >= 0; q++) {
+        cJSON *p = cJSON_CreateObject();
+        cJSON_AddItemToObject(p, "nodes", cJSON_CreateStringArray(names, n));
+        cJSON_AddNumberToObject(p, "microbatches", (double)mb);
+        cJSON_AddItemToArray(pipes, p);
+    }
+}
+
 static cJSON *status_json(pl_controller *c, cjob *j)
 {
     cJSON *s = cJSON_CreateObject();
@@ -293,6 +311,7 @@ static cJSON *status_json(pl_controller *c, cjob *j)
         }
         cJSON_AddNumberToObject(s, "samplesPerSecond", round(sps * 10) / 10);
         cJSON_AddNumberToObject(s, "planGeneration", (double)pl_coord_generation(co));
+        add_plan(s, co);
         int nr = pl_coord_nreconfigs(co);
         cJSON_AddNumberToObject(s, "reconfigurations", j->reconfigs_before + nr);
         if (nr > 0) {
@@ -630,6 +649,60 @@ static int create_owned(pl_controller *c, cjob *j, const char *plural, cJSON *ob
     return rc ? 1 : 0;
 }
 
+/* A new leader (the Secret exists): the same control port (the Service's, which
+ * the workers reconnect to), and, when the job was training, the plan of its
+ * status to take over. */
+static void restore_config(pl_controller *c, cjob *j, pl_job_runtime_config *rc, pl_msg *plan)
+{
+    char svc[300];
+    pl_job_service_name(j->obj, svc, sizeof svc);
+    pl_kube_ref r = job_ref(j, "services", svc);
+    pl_kube_status st;
+    cJSON *service = NULL;
+    if (api_done(c, "get", pl_kube_get(c->api, &r, NULL, &service, &st), &st)) return;
+    const cJSON *port = cJSON_GetObjectItem(
+        cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(service, "spec"), "ports"), 0),
+        "port");
+    rc->port = cJSON_IsNumber(port) ? (int)port->valuedouble : 0;
+    cJSON_Delete(service);
+    const char *phase = pl_kube_field(j->obj, "status.phase");
+    const cJSON *status = cJSON_GetObjectItem(j->obj, "status");
+    const cJSON *sp = cJSON_GetObjectItem(status, "plan");
+    const cJSON *pipes = cJSON_GetObjectItem(sp, "pipelines"), *gen = cJSON_GetObjectItem(sp, "generation");
+    const cJSON *step = cJSON_GetObjectItem(status, "step");
+    int n = cJSON_GetArraySize(pipes);
+    if (!phase || !strcmp(phase, "Pending") || !strcmp(phase, "Succeeded") ||
+        !strcmp(phase, "Failed") || !strcmp(phase, "Suspended") || n < 1 || !cJSON_IsNumber(gen))
+        return;
+    pl_msg_plan *p = &plan->u.plan;
+    if (!(p->pipelines = calloc((size_t)n, sizeof *p->pipelines))) return;
+    p->npipelines = n;
+    for (int q = 0; q < n; q++) {
+        const cJSON *pj = cJSON_GetArrayItem(pipes, q), *nodes = cJSON_GetObjectItem(pj, "nodes");
+        const cJSON *mb = cJSON_GetObjectItem(pj, "microbatches");
+        pl_msg_pipeline *mp = &p->pipelines[q];
+        int k = cJSON_GetArraySize(nodes);
+        if (k < 1 || !cJSON_IsNumber(mb) || !(mp->nodes = calloc((size_t)k, sizeof *mp->nodes)))
+            return;
+        mp->nnodes = mp->template_nodes = k;
+        mp->microbatches = (int64_t)mb->valuedouble;
+        for (int i = 0; i < k; i++) {
+            const cJSON *nm = cJSON_GetArrayItem(nodes, i);
+            if (!cJSON_IsString(nm)) return;
+            snprintf(mp->nodes[i], sizeof mp->nodes[i], "%s", nm->valuestring);
+        }
+    }
+    rc->pipes = p->pipelines;
+    rc->npipes = n;
+    rc->generation = (int64_t)gen->valuedouble;
+    rc->step = cJSON_IsNumber(step) ? (int64_t)step->valuedouble : 0;
+    const cJSON *nr = cJSON_GetObjectItem(status, "reconfigurations");
+    if (cJSON_IsNumber(nr)) j->reconfigs_before = (int)nr->valuedouble;
+    snprintf(j->phase, sizeof j->phase, "%s", phase); /* no new Started event */
+    const char *st0 = pl_kube_field(j->obj, "status.startTime");
+    if (st0) snprintf(j->start_time, sizeof j->start_time, "%s", st0);
+}
+
 /* The runtime: token and certificate from the Secret when it exists (a new
  * leader), else fresh ones, put into a new Secret. */
 static int start_runtime(pl_controller *c, cjob *j)
@@ -645,14 +718,24 @@ static int start_runtime(pl_controller *c, cjob *j)
     }
     char *token = secret_field(secret, "token"), *cert = secret_field(secret, "ca.crt"),
          *key = secret_field(secret, "tls.key"), *text = manifest_text(j->obj);
-    int n = 0;
-    for (const cpod *p = j->pods; p; p = p->next) n++;
     pl_job_runtime_config rc = {.manifest = text, .bind_host = c->cfg.bind_host,
                                 .cert_host = c->cfg.coordinator_host, .token = token,
                                 .cert_pem = cert, .key_pem = key,
                                 .n_start = j->spec.nodes.min};
+    pl_msg plan; /* its pipelines: the plan a new leader takes over */
+    pl_msg_init(&plan, PL_MSG_PLAN, 0);
+    if (secret) restore_config(c, j, &rc, &plan);
     char err[1024] = "";
     j->rt = text ? pl_job_runtime_new(&rc, err, sizeof err) : NULL;
+    if (!j->rt && rc.npipes) { /* cannot take over (the port is taken): start afresh */
+        logf_("%s: %s; starting a new plan", j->key, err);
+        rc.npipes = rc.port = 0;
+        j->rt = pl_job_runtime_new(&rc, err, sizeof err);
+    } else if (j->rt && rc.npipes) {
+        logf_("%s: taking over generation %lld at step %lld on port %d", j->key,
+              (long long)rc.generation, (long long)rc.step, rc.port);
+    }
+    pl_msg_free(&plan);
     free(token);
     free(cert);
     free(key);

@@ -18,6 +18,9 @@ typedef struct {
     int live, leaving;
     int64_t last_heard;
     int got_plan, copy_done, reported, reduced, committed, is_source;
+    int restored, resumed;      /* in the restored plan; reconnected with hello_resume */
+    int64_t r_committed, r_reduced;
+    double r_scale, r_lr;
     int pipe, pos; /* place in the current plan; pipe -1: idle */
 } cworker;
 
@@ -83,6 +86,7 @@ struct pl_coord {
     int64_t now;           /* the latest time an event brought */
     int64_t wait_since;    /* when waiting for workers began; -1: not waiting */
     int64_t replan_at;     /* SETTLING: when to make the new plan */
+    int64_t resume_ms, resume_at; /* RESUMING: how long to wait, and until when (-1: unset) */
     int64_t ckpt_last;     /* newest complete checkpoint; 0: none (the initial state) */
     int64_t plan_ckpt;     /* the current plan loads this checkpoint; -1: none */
     int need_ckpt;         /* a fatal loss: the next plan restarts from the checkpoint */
@@ -982,6 +986,30 @@ static void node_failed(pl_coord *c, const char *node)
     }
 }
 
+static void welcome(pl_coord *c, int i)
+{
+    pl_msg *m = push(c, i, PL_MSG_WELCOME, c->gen);
+    if (!m)
+        return;
+    m->u.welcome.rank = c->w[i].rank;
+    memcpy(m->u.welcome.job, c->job, sizeof m->u.welcome.job);
+    m->u.welcome.token_ok = c->cfg.token_ok ? 1 : 0;
+    m->u.welcome.heartbeat_ms = c->cfg.heartbeat_ms;
+}
+
+/* A worker of the restored plan is back (its hello_resume follows). */
+static int rejoin(pl_coord *c, int i, const char *host, int port, int64_t now_ms)
+{
+    cworker *w = &c->w[i];
+    snprintf(w->host, sizeof w->host, "%s", host ? host : "127.0.0.1");
+    if (port > 0)
+        w->port = port;
+    w->live = 1;
+    w->last_heard = now_ms;
+    welcome(c, i);
+    return PL_COORD_OK;
+}
+
 int pl_coord_worker_registered(pl_coord *c, const char *name, const char *node,
                                const char *host, int port, int64_t now_ms)
 {
@@ -1002,6 +1030,8 @@ int pl_coord_worker_registered(pl_coord *c, const char *name, const char *node,
     int old = find(c, name);
     if (old >= 0 && c->w[old].live)
         return fail_err(c, "a worker named \"%s\" is already registered", name);
+    if (old >= 0 && c->phase == PL_COORD_RESUMING && c->w[old].restored)
+        return rejoin(c, old, host, port, now_ms);
     if (old >= 0)
         return fail_err(c, "worker \"%s\" was removed from the job; use a new name", name);
     if (c->nw >= PL_PROTO_MAX_NODES)
@@ -1031,14 +1061,10 @@ int pl_coord_worker_registered(pl_coord *c, const char *name, const char *node,
     w->live = 1;
     w->last_heard = now_ms;
     w->pipe = w->pos = -1;
-    pl_msg *m = push(c, i, PL_MSG_WELCOME, c->gen);
-    if (!m)
-        return fail_err(c, "out of memory");
-    m->u.welcome.rank = w->rank;
-    memcpy(m->u.welcome.job, c->job, sizeof m->u.welcome.job);
-    m->u.welcome.token_ok = c->cfg.token_ok ? 1 : 0;
-    m->u.welcome.heartbeat_ms = c->cfg.heartbeat_ms;
-    if (c->phase == PL_COORD_WAITING_FOR_WORKERS) {
+    welcome(c, i);
+    if (c->phase == PL_COORD_RESUMING) {
+        add_cause(c, "joined %s%s", name, "");
+    } else if (c->phase == PL_COORD_WAITING_FOR_WORKERS) {
         if (pl_coord_live_workers(c) >= c->cfg.n_start)
             replan(c);
     } else if (c->phase == PL_COORD_WAITING_FOR_NODES) {
@@ -1255,6 +1281,135 @@ int pl_coord_saved(pl_coord *c, const char *name, const pl_msg_saved *sv)
     return PL_COORD_OK;
 }
 
+/* Every restored worker is back, or the wait is over: settle the step that was
+ * in flight, then plan from the restored plan without the missing workers. */
+static void resume_done(pl_coord *c)
+{
+    int64_t last = -1;
+    int committer = -1;
+    for (int i = 0; i < c->nw; i++)
+        if (c->w[i].live && c->w[i].resumed && c->w[i].r_committed > last) {
+            last = c->w[i].r_committed;
+            committer = i;
+        }
+    for (int i = 0; i < c->nw; i++) {
+        cworker *w = &c->w[i];
+        if (!w->live || !w->resumed || w->r_reduced < 0)
+            continue;
+        if (committer >= 0 && w->r_reduced == last) { /* the old coordinator committed it */
+            pl_msg *m = push(c, i, PL_MSG_COMMIT, c->gen);
+            if (m) {
+                m->u.commit.step = last;
+                m->u.commit.grad_scale = c->w[committer].r_scale;
+                m->u.commit.lr = c->w[committer].r_lr;
+            }
+        } else if (w->r_reduced > last) { /* committed nowhere: dropped everywhere */
+            send_text(c, i, PL_MSG_ABORT, c->gen, w->r_reduced, "the coordinator changed", 0);
+        }
+    }
+    if (committer >= 0)
+        c->step = last + 1;
+    add_cause(c, "%s%s", "resumed by a new coordinator", "");
+    replan(c);
+}
+
+int pl_coord_restore(pl_coord *c, int64_t generation, int64_t step, const pl_msg_pipeline *pipes,
+                     int npipes, int64_t resume_ms)
+{
+    c->err[0] = 0;
+    if (c->nw || c->has_stable || npipes < 1 || generation < 1 || step < 0 || step >= c->cfg.steps)
+        return fail_err(c, "restore: only a new coordinator restores a running plan");
+    cplan p = {0};
+    if (!(p.p = calloc((size_t)npipes, sizeof *p.p)))
+        return fail_err(c, "out of memory");
+    p.npipes = npipes;
+    c->phase = PL_COORD_RESUMING; /* registering the plan's names must not plan */
+    for (int q = 0; q < npipes; q++) {
+        cpipe *cq = &p.p[q];
+        cq->mb = pipes[q].microbatches;
+        if (!(cq->w = malloc((size_t)pipes[q].nnodes * sizeof(int)))) {
+            cplan_free(&p);
+            return fail_err(c, "out of memory");
+        }
+        cq->nnodes = pipes[q].nnodes;
+        for (int j = 0; j < cq->nnodes; j++) {
+            if (pl_coord_worker_registered(c, pipes[q].nodes[j], NULL, NULL, 0, c->now) ==
+                PL_COORD_ERR) {
+                cplan_free(&p);
+                return PL_COORD_ERR;
+            }
+            cq->w[j] = c->nw - 1;
+            c->w[c->nw - 1].live = 0; /* until it reconnects */
+            c->w[c->nw - 1].restored = 1;
+        }
+    }
+    /* the welcomes queued by registration are for nobody yet */
+    for (int k = c->headout; k < c->nout; k++)
+        pl_msg_free(&c->out[k].m);
+    c->headout = c->nout = 0;
+    int64_t first = 0;
+    for (int q = 0; q < p.npipes; q++) {
+        p.p[q].first = first;
+        first += p.p[q].mb;
+    }
+    cplan_describe(&p);
+    if (cplan_copy(&c->cur, &p)) {
+        cplan_free(&p);
+        return fail_err(c, "out of memory");
+    }
+    c->stable = p;
+    c->has_stable = c->has_cur = 1;
+    for (int q = 0; q < p.npipes; q++)
+        for (int j = 0; j < p.p[q].nnodes; j++) {
+            c->w[p.p[q].w[j]].pipe = q;
+            c->w[p.p[q].w[j]].pos = j;
+        }
+    c->gen = generation;
+    c->step = step;
+    c->cause[0] = 0;
+    c->resume_ms = resume_ms > 0 ? resume_ms : 10000;
+    c->resume_at = -1;
+    c->phase = PL_COORD_RESUMING;
+    return PL_COORD_OK;
+}
+
+int pl_coord_hello_resume(pl_coord *c, const char *name, int64_t gen,
+                          const pl_msg_hello_resume *h)
+{
+    c->err[0] = 0;
+    int i = find_live(c, name);
+    if (i < 0)
+        return PL_COORD_ERR;
+    if (c->phase != PL_COORD_RESUMING || !c->w[i].restored || c->w[i].resumed)
+        return PL_COORD_IGNORED;
+    cworker *w = &c->w[i];
+    w->resumed = 1;
+    w->r_committed = h->committed_step;
+    w->r_reduced = h->reduced_step;
+    w->r_scale = h->grad_scale;
+    w->r_lr = h->lr;
+    if (gen > c->gen) /* the status the plan came from may lag behind */
+        c->gen = gen;
+    for (int k = 0; k < c->nw; k++)
+        if (c->w[k].restored && (!c->w[k].live || !c->w[k].resumed))
+            return PL_COORD_OK;
+    resume_done(c);
+    return PL_COORD_OK;
+}
+
+int pl_coord_plan_pipeline(const pl_coord *c, int q, const char **names, int max,
+                           int64_t *microbatches)
+{
+    if (!c->has_stable || q < 0 || q >= c->stable.npipes)
+        return -1;
+    const cpipe *p = &c->stable.p[q];
+    if (microbatches)
+        *microbatches = p->mb;
+    for (int j = 0; j < p->nnodes && j < max; j++)
+        names[j] = c->w[p->w[j]].name;
+    return p->nnodes;
+}
+
 void pl_coord_end(pl_coord *c, const char *why)
 {
     if (c->phase == PL_COORD_DONE || c->phase == PL_COORD_FAILED)
@@ -1270,6 +1425,12 @@ int pl_coord_tick(pl_coord *c, int64_t now_ms)
     note_time(c, now_ms);
     if (c->phase == PL_COORD_SETTLING && now_ms >= c->replan_at)
         replan(c);
+    if (c->phase == PL_COORD_RESUMING) {
+        if (c->resume_at < 0)
+            c->resume_at = now_ms + c->resume_ms;
+        else if (now_ms >= c->resume_at)
+            resume_done(c);
+    }
     if (c->phase == PL_COORD_WAITING_FOR_WORKERS || c->phase == PL_COORD_WAITING_FOR_NODES) {
         int64_t limit = c->cfg.wait_for_nodes_ms;
         if (limit > 0 && now_ms - c->wait_since > limit) {
@@ -1323,6 +1484,8 @@ int pl_coord_on_msg(pl_coord *c, const char *name, const pl_msg *m, int64_t now_
         return pl_coord_peer_broken(c, name, m->gen, m->u.peer_broken.peer);
     case PL_MSG_SAVED:
         return pl_coord_saved(c, name, &m->u.saved);
+    case PL_MSG_HELLO_RESUME:
+        return pl_coord_hello_resume(c, name, m->gen, &m->u.hello_resume);
     default:
         return fail_err(c, "worker \"%s\": unexpected message %s", name,
                         pl_msg_type_name(m->type));
@@ -1351,8 +1514,8 @@ pl_coord_phase_t pl_coord_phase(const pl_coord *c) { return c->phase; }
 const char *pl_coord_phase_name(pl_coord_phase_t p)
 {
     static const char *const names[] = {"waiting_for_workers", "copying", "running", "committing",
-                                        "waiting_for_nodes", "saving", "settling", "done",
-                                        "failed"};
+                                        "waiting_for_nodes", "saving", "settling", "resuming",
+                                        "done", "failed"};
     return (unsigned)p < sizeof names / sizeof names[0] ? names[p] : "?";
 }
 

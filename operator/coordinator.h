@@ -96,6 +96,7 @@ typedef enum {
     PL_COORD_WAITING_FOR_NODES,       /* too few live workers to run a plan */
     PL_COORD_SAVING,                  /* every step committed, the last checkpoint pending */
     PL_COORD_SETTLING,                /* a loss: the new plan waits for settle_ms of quiet */
+    PL_COORD_RESUMING,                /* restored: waiting for the plan's workers to reconnect */
     PL_COORD_DONE,                    /* every step committed, stop sent */
     PL_COORD_FAILED                   /* fatal: see pl_coord_reason */
 } pl_coord_phase_t;
@@ -156,6 +157,25 @@ int pl_coord_worker_lost(pl_coord *c, const char *name, const char *cause);
 /* Declares lost every live worker silent for more than misses × heartbeat_ms;
  * fails the job after wait_for_nodes_ms without enough workers. */
 int pl_coord_tick(pl_coord *c, int64_t now_ms);
+
+/* A new coordinator (a new operator leader) takes over a running job
+ * (docs/protocol.md "A restarted coordinator"): the last plan as the stable
+ * one (workers named by pipeline, stage order), its generation, and a lower
+ * bound of the next step. The plan's workers register again and send
+ * hello_resume; once all are back, or resume_ms after the first call to
+ * pl_coord_tick, the coordinator settles the step that was in flight (commit
+ * it where some worker committed it, abort it where nobody did), then makes
+ * generation + 1 from the stable plan without the missing workers. Only
+ * before any worker registered. */
+int pl_coord_restore(pl_coord *c, int64_t generation, int64_t step, const pl_msg_pipeline *pipes,
+                     int npipes, int64_t resume_ms);
+int pl_coord_hello_resume(pl_coord *c, const char *name, int64_t gen,
+                          const pl_msg_hello_resume *h);
+/* The stable plan's pipeline q: its worker names in stage order (pointers into the
+ * coordinator, valid until the next event) and its microbatches (may be NULL);
+ * the count, or -1 past the last. */
+int pl_coord_plan_pipeline(const pl_coord *c, int q, const char **names, int max,
+                           int64_t *microbatches);
 
 /* Ends the job now (a time limit): a step not committed yet is dropped, every
  * worker gets stop {0}, the phase is DONE with `why` as the reason. */

@@ -13,6 +13,7 @@
 #include "util.h"
 
 #define MAX_RECONFIGS 4096
+#define RESUME_MS 15000 /* a restored plan waits this long for its workers to reconnect */
 
 typedef struct worker {
     char name[PL_PROTO_NAME_MAX + 1];
@@ -147,6 +148,12 @@ pl_job_runtime *pl_job_runtime_new(const pl_job_runtime_config *cfg, char *err, 
     rt->ckpt_done = resume;
     pl_coord_config cc = pl_job_coord_config(&rt->job, &rt->plan, cfg->n_start, resume);
     if (!(rt->coord = pl_coord_new(&cc, err, errlen))) goto fail;
+    if (cfg->npipes > 0 &&
+        pl_coord_restore(rt->coord, cfg->generation, cfg->step, cfg->pipes, cfg->npipes,
+                         RESUME_MS) != PL_COORD_OK) {
+        pl_errf(err, errlen, "restoring the plan: %s", pl_coord_error(rt->coord));
+        goto fail;
+    }
     if (cfg->token) snprintf(rt->token, sizeof rt->token, "%s", cfg->token);
     else if (pl_random_hex(rt->token, 32)) {
         pl_errf(err, errlen, "no random bytes for the job token");
@@ -157,6 +164,7 @@ pl_job_runtime *pl_job_runtime_new(const pl_job_runtime_config *cfg, char *err, 
                                                                  err, errlen))
         goto fail;
     pl_ctl_server_config sc = {.host = cfg->bind_host ? cfg->bind_host : "0.0.0.0",
+                               .port = cfg->port,
                                .cert_path = rt->tls.cert_path, .key_path = rt->tls.key_path,
                                .token = rt->token, .token_len = strlen(rt->token),
                                .cb = {on_register, on_message, on_close, rt}};

@@ -23,6 +23,11 @@ typedef struct {
     const char *cert_pem;     /* certificate and key to serve (a new leader reuses the */
     const char *key_pem;      /*   Secret's); NULL: a fresh self-signed pair */
     int n_start;              /* workers before the first plan */
+    int port;                 /* control port; 0: any free one */
+    /* a new leader takes over a running plan (pl_coord_restore); npipes 0: none */
+    const pl_msg_pipeline *pipes;
+    int npipes;
+    int64_t generation, step;
 } pl_job_runtime_config;
 
 pl_job_runtime *pl_job_runtime_new(const pl_job_runtime_config *cfg, char *err, size_t errlen);

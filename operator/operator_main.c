@@ -20,7 +20,7 @@
 #include "metrics.h"
 #include "probe_server.h"
 
-#define VERSION "pliant-operator 0.1 (control protocol 1)"
+#define VERSION "pliant-operator 0.1 (control protocol 1, hello_resume)"
 
 static atomic_int stop_flag;
 static atomic_int leading, lost_lease;
@@ -68,7 +68,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: pliant-operator [--kubeconfig PATH] [--namespace NS] [--leader-elect]\n"
-            "         [--lease-name NAME] [--lease-namespace NS] [--identity ID]\n"
+            "         [--lease-name NAME] [--lease-namespace NS] [--lease-duration S] [--identity ID]\n"
             "         [--metrics-addr HOST:PORT] [--health-addr HOST:PORT]\n"
             "         [--coordinator-host HOST] [--bind-host HOST] [--worker-image IMAGE]\n"
             "         [--worker-command PATH] [--log-level debug|info] [--version]\n"
@@ -94,6 +94,7 @@ int main(int argc, char **argv)
         {"coordinator-host", required_argument, 0, 'c'}, {"bind-host", required_argument, 0, 'b'},
         {"worker-image", required_argument, 0, 'I'},  {"worker-command", required_argument, 0, 'w'},
         {"log-level", required_argument, 0, 'v'},     {"version", no_argument, 0, 'V'},
+        {"lease-duration", required_argument, 0, 'D'},
         {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
     const char *kubeconfig = NULL, *ns = NULL, *lease_name = "pliant-operator",
                *lease_ns = env_or("POD_NAMESPACE", NULL), *metrics_addr = ":8080",
@@ -107,7 +108,7 @@ int main(int argc, char **argv)
         gethostname(host, sizeof host - 1);
         snprintf(identity, sizeof identity, "%s-%d", host, (int)getpid());
     }
-    int leader_elect = 0, c;
+    int leader_elect = 0, lease_s = 15, c;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
@@ -126,6 +127,13 @@ int main(int argc, char **argv)
         case 'v':
             if (strcmp(optarg, "debug") && strcmp(optarg, "info")) {
                 fprintf(stderr, "pliant-operator: --log-level: must be debug or info\n");
+                return 2;
+            }
+            break;
+        case 'D':
+            lease_s = atoi(optarg);
+            if (lease_s < 2 || lease_s > 3600) {
+                fprintf(stderr, "pliant-operator: --lease-duration: seconds in 2..3600\n");
                 return 2;
             }
             break;
@@ -175,8 +183,9 @@ int main(int argc, char **argv)
             hp ? pl_probe_port(hp) : 0);
     if (leader_elect) {
         pl_leader_config lc = {.kc = &kc, .namespace_ = lease_ns, .name = lease_name,
-                               .identity = identity, .on_started = on_started,
-                               .on_stopped = on_stopped};
+                               .identity = identity, .lease_ms = lease_s * 1000,
+                               .renew_ms = lease_s * 2000 / 3, .retry_ms = lease_s * 2000 / 15,
+                               .on_started = on_started, .on_stopped = on_stopped};
         if (!(leader = pl_leader_start(&lc, err, sizeof err))) goto done;
         while (!atomic_load(&stop_flag) && !atomic_load(&leading)) usleep(50 * 1000);
         if (atomic_load(&leading)) fprintf(stderr, "pliant-operator: %s leads\n", identity);

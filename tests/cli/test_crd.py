@@ -453,14 +453,14 @@ def crd_status_schema():
     st = root_schema()["properties"]["status"]["properties"]
     for name in ("phase", "conditions", "observedGeneration", "step", "progressPercentage",
                  "estimatedRemainingSeconds", "loss", "samplesPerSecond", "nodes", "pipelines",
-                 "planGeneration", "reconfigurations", "lastReconfiguration", "lastCheckpoint",
+                 "planGeneration", "plan", "reconfigurations", "lastReconfiguration", "lastCheckpoint",
                  "startTime", "completionTime"):
         check(name in st, "status.%s missing", name)
     cond = st["conditions"]["items"]["properties"]
     check(set(cond) == {"type", "status", "reason", "message", "lastTransitionTime", "observedGeneration"},
           "condition fields %r", sorted(cond))
     check(set(st["nodes"]["properties"]) >= {"desired", "running", "training"}, "status.nodes %r", st["nodes"])
-    check(set(st["lastReconfiguration"]["properties"]) == {"time", "cause", "durationSeconds", "bytesCopied"},
+    check(set(st["lastReconfiguration"]["properties"]) == {"time", "cause", "durationSeconds", "bytesCopied", "fromCheckpoint"},
           "lastReconfiguration %r", st["lastReconfiguration"])
     check(set(st["lastCheckpoint"]["properties"]) == {"step", "time", "dir"}, "lastCheckpoint %r",
           st["lastCheckpoint"])

@@ -794,6 +794,61 @@ static void test_join_checks_and_settling(void)
     sim_free(&s);
 }
 
+/* A new coordinator takes over a running plan: the workers reconnect with
+ * hello_resume; the step in flight is committed where the old one committed it;
+ * a missing worker is removed by re-instantiation. */
+static void test_restore_after_coordinator_loss(void)
+{
+    sim s;
+    CHECK(begin_run(&s, 9, 5) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    CHECK(run_step(&s, 1) == 0);
+    int64_t g = s.gen;
+    const pl_msg_plan *old = &s.plan[0].u.plan;
+    /* the new coordinator: status said step 1 (behind: 2 was committed to some) */
+    char err[256];
+    pl_coord *c2 = pl_coord_new(&s.cfg, err, sizeof err);
+    CHECK(c2 != NULL);
+    CHECK_EQ_INT(pl_coord_restore(c2, g, 1, old->pipelines, old->npipelines, 500), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_phase(c2), PL_COORD_RESUMING);
+    pl_coord_free(s.c);
+    s.c = c2;
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(s.nm, 0);
+    CHECK_EQ_INT(pl_coord_tick(s.c, 0), PL_COORD_IGNORED); /* starts the 500 ms wait */
+    for (int w = 0; w < 4; w++) { /* w4 never comes back */
+        CHECK_EQ_INT(pl_coord_worker_registered(s.c, nm(w), NULL, NULL, 0, 10), PL_COORD_OK);
+        pl_msg_hello_resume h = {w < 2 ? 2 : 1, 0.5, 1e-3, w < 2 ? -1 : 2};
+        CHECK_EQ_INT(pl_coord_hello_resume(s.c, nm(w), g, &h), PL_COORD_OK);
+    }
+    s.live[4] = 0;
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_WELCOME), 4);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_RESUMING);
+    CHECK_EQ_INT(pl_coord_tick(s.c, 600), PL_COORD_IGNORED);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_COMMIT), 2);
+    for (int k = 0; k < s.nm; k++)
+        if (s.m[k].type == PL_MSG_COMMIT)
+            CHECK(widx(s.to[k]) >= 2 && s.m[k].u.commit.step == 2 &&
+                  s.m[k].u.commit.grad_scale == 0.5 && s.m[k].gen == g);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_PLAN), 4);
+    CHECK_EQ_INT(s.gen, g + 1);
+    CHECK(plans_valid(&s) == 0);
+    CHECK_EQ_INT(s.plan[0].u.plan.step, 3);
+    const pl_coord_reconfig_rec *rec = pl_coord_reconfig(s.c, 0);
+    CHECK(rec && !strcmp(rec->removed, "w4"));
+    CHECK_STR_CONTAINS(rec->cause, "resumed by a new coordinator");
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 3) == 0);
+    const char *names[8];
+    int64_t mb = 0;
+    CHECK(pl_coord_plan_pipeline(s.c, 0, names, 8, &mb) > 0 && mb > 0);
+    sim_free(&s);
+}
+
 /* maxResets, the wait-for-nodes timeout and the cooldown of a failing node. */
 static void test_limits(void)
 {
@@ -916,6 +971,7 @@ RUN(test_fatal_loss);
 RUN(test_checkpoint_strategy_and_end);
 RUN(test_limits);
 RUN(test_join_checks_and_settling);
+RUN(test_restore_after_coordinator_loss);
 RUN(test_initial_copy_loss_and_nan);
 RUN(test_bad_config);
 TEST_MAIN_END

@@ -53,7 +53,12 @@ typedef struct {
     pl_tokens train;
     int have_train;
     pl_sampler smp;
-    pl_ctl_client *cli;
+    pl_ctl_client *cli;   /* replaced on reconnection under cli_mu (posts come from any thread) */
+    pthread_mutex_t cli_mu;
+    pl_ctl_client_config cc;
+    atomic_int disconnected; /* the control connection closed: reconnect (a new coordinator) */
+    double lost_since;       /* control thread: when the connection was lost; -1: connected */
+    int reconnects;
     pl_ckpt_writer *ckw;  /* checkpoints of this worker's layers, in the background */
     /* fault injection (tests): PLIANT_FAULT_<name> = sync:STEP or copy:GEN */
     enum { FAULT_NONE, FAULT_SYNC, FAULT_COPY } fault;
@@ -89,6 +94,9 @@ typedef struct {
      * thread) and the newest step the coordinator aborted */
     int stepping;
     int64_t aborted_gen, aborted_step;
+    /* under mu: what hello_resume tells a new coordinator */
+    int64_t last_committed, reduced_step;
+    double last_scale, last_lr;
     int rank, pipe, stage, nstages;
     int first_mb, nmb, global_micro;
     int32_t *tok, *tgt;
@@ -182,7 +190,9 @@ static int peer_port(const pl_msg_plan *p, const char *name, char *host, size_t 
 
 static int post(agent *a, pl_msg *m)
 {
-    int rc = pl_ctl_client_post(a->cli, m);
+    pthread_mutex_lock(&a->cli_mu);
+    int rc = a->cli ? pl_ctl_client_post(a->cli, m) : -1; /* lost while disconnected */
+    pthread_mutex_unlock(&a->cli_mu);
     pl_msg_free(m);
     return rc;
 }
@@ -811,6 +821,7 @@ static void abort_step(agent *a, int64_t gen, int64_t step)
     pthread_mutex_lock(&a->mu);
     a->aborted_gen = gen;
     a->aborted_step = step;
+    if (a->reduced_step == step) a->reduced_step = -1;
     if (a->stepping && gen == a->gen) {
         if (a->link) pl_tcp_link_abort(a->link, "step aborted by the coordinator");
         for (int r = 0; a->conns && r < a->nranks; r++) pl_conn_shutdown(a->conns[r]);
@@ -867,9 +878,12 @@ static int run_step(agent *a, int64_t s, char *err, size_t errlen)
     m.u.report.samples_digest =
         a->stage == 0 ? pl_sampler_digest(&a->smp, s, a->first_mb * B, a->nmb * B) : 0;
     if (post(a, &m)) return pl_errf(err, errlen, "cannot send report");
+    pthread_mutex_lock(&a->mu);
+    a->reduced_step = s;
+    pthread_mutex_unlock(&a->mu);
     pl_msg_init(&m, PL_MSG_REDUCED, a->gen);
     m.u.reduced.step = s;
-    if (post(a, &m)) return pl_errf(err, errlen, "cannot send reduced");
+    post(a, &m); /* lost while disconnected: hello_resume tells a new coordinator */
     return 0;
 }
 
@@ -930,6 +944,12 @@ static void handle(agent *a, const pl_msg *m)
         pl_adamw w = {(float)m->u.commit.lr, (float)o->beta1, (float)o->beta2, (float)o->eps,
                       (float)o->weight_decay};
         pl_worker_apply(&a->e, &w, (float)m->u.commit.grad_scale, (int)m->u.commit.step + 1);
+        pthread_mutex_lock(&a->mu);
+        a->last_committed = m->u.commit.step;
+        a->last_scale = m->u.commit.grad_scale;
+        a->last_lr = m->u.commit.lr;
+        a->reduced_step = -1;
+        pthread_mutex_unlock(&a->mu);
         if (m->u.commit.save && a->job.checkpoint.dir[0] &&
             pl_ckpt_writer_start(a->ckw, &a->e, a->job.checkpoint.dir, m->u.commit.step + 1,
                                  err, sizeof err))
@@ -962,12 +982,34 @@ static void *compute_main(void *arg)
     return NULL;
 }
 
+/* After a reconnection, a worker with state tells the (new) coordinator where it
+ * stands (docs/protocol.md "A restarted coordinator"). */
+static void hello_resume(agent *a)
+{
+    pl_msg m;
+    pthread_mutex_lock(&a->mu);
+    int64_t gen = a->gen;
+    pl_msg_init(&m, PL_MSG_HELLO_RESUME, gen);
+    m.u.hello_resume.committed_step = a->last_committed;
+    m.u.hello_resume.grad_scale = a->last_committed >= 0 ? a->last_scale : 0;
+    m.u.hello_resume.lr = a->last_committed >= 0 ? a->last_lr : 0;
+    m.u.hello_resume.reduced_step =
+        a->reduced_step == a->last_committed + 1 ? a->reduced_step : -1;
+    pthread_mutex_unlock(&a->mu);
+    if (gen > 0 && pl_ctl_client_send(a->cli, &m) == 0)
+        logf_(a, "reconnected: resuming at generation %lld, step %lld committed",
+              (long long)gen, (long long)m.u.hello_resume.committed_step);
+    pl_msg_free(&m);
+}
+
 static void on_message(pl_ctl_client *c, const pl_msg *m, void *user)
 {
     agent *a = user;
     (void)c;
     switch (m->type) {
     case PL_MSG_WELCOME:
+        hello_resume(a);
+        return;
     case PL_MSG_CHALLENGE: return;
     case PL_MSG_REFUSE:
         logf_(a, "refused: %s", m->u.refuse.reason);
@@ -994,10 +1036,9 @@ static void on_close(pl_ctl_client *c, const char *reason, void *user)
 {
     agent *a = user;
     (void)c;
-    if (!atomic_load(&a->done)) {
-        logf_(a, "control connection closed: %s", reason ? reason : "");
-        atomic_store(&a->exit_code, 1);
-        atomic_store(&a->done, 1);
+    if (!atomic_load(&a->done) && pl_ctl_client_get_state(c) != PL_CTL_REFUSED) {
+        logf_(a, "control connection closed: %s (reconnecting)", reason ? reason : "");
+        atomic_store(&a->disconnected, 1);
     }
 }
 
@@ -1038,7 +1079,8 @@ static void on_sigterm(int sig)
 /* Sends `leaving` once after SIGTERM. */
 static void announce_leaving(agent *a, int *sent)
 {
-    if (!got_sigterm || *sent || pl_ctl_client_get_state(a->cli) != PL_CTL_WELCOMED) return;
+    if (!got_sigterm || *sent || !a->cli || pl_ctl_client_get_state(a->cli) != PL_CTL_WELCOMED)
+        return;
     pl_msg m;
     pl_msg_init(&m, PL_MSG_LEAVING, atomic_load(&a->newest_plan));
     m.u.leaving.reason = PL_LEAVE_SIGTERM;
@@ -1049,13 +1091,47 @@ static void announce_leaving(agent *a, int *sent)
     pl_msg_free(&m);
 }
 
+/* The control connection is gone (a new operator leader, a network blip): keep
+ * every bit of state and connect again with back-off, for at most
+ * PL_PROTO_RECONNECT_WINDOW_MS; the next welcome sends hello_resume. -1: give up. */
+static int reconnect(agent *a)
+{
+    double now = now_ms();
+    if (a->lost_since < 0) a->lost_since = now;
+    if (now - a->lost_since > PL_PROTO_RECONNECT_WINDOW_MS) {
+        logf_(a, "no coordinator for %d s: giving up", PL_PROTO_RECONNECT_WINDOW_MS / 1000);
+        return -1;
+    }
+    pthread_mutex_lock(&a->cli_mu);
+    pl_ctl_client_destroy(a->cli);
+    a->cli = NULL;
+    pthread_mutex_unlock(&a->cli_mu);
+    /* back-off: 100 ms, doubling up to 2 s, cut short by stop */
+    int wait = 100 << (a->reconnects < 4 ? a->reconnects : 4);
+    a->reconnects++;
+    for (int t = 0; t < wait && !atomic_load(&a->done); t += 20) usleep(20 * 1000);
+    char err[512];
+    pl_ctl_client *c = pl_ctl_client_create(&a->cc, err, sizeof err);
+    if (!c) {
+        logf_(a, "reconnecting: %s", err);
+        return 0; /* try again */
+    }
+    pthread_mutex_lock(&a->cli_mu);
+    a->cli = c;
+    pthread_mutex_unlock(&a->cli_mu);
+    atomic_store(&a->disconnected, 0);
+    return 0;
+}
+
 int pl_agent_run(const pl_agent_options *o)
 {
     agent *a = calloc(1, sizeof *a);
     if (!a) return 1;
     a->o = o;
     pthread_mutex_init(&a->mu, NULL);
+    pthread_mutex_init(&a->cli_mu, NULL);
     pthread_cond_init(&a->cv, NULL);
+    a->lost_since = -1;
     char err[1024] = "";
     int started = 0;
     pthread_t th;
@@ -1072,7 +1148,8 @@ int pl_agent_run(const pl_agent_options *o)
     }
     memcpy(host, o->coordinator, (size_t)(colon - o->coordinator));
     host[colon - o->coordinator] = 0;
-    pl_ctl_client_config cc = {.host = host, .port = atoi(colon + 1), .ca_path = o->ca_path,
+    a->last_committed = a->reduced_step = -1;
+    pl_ctl_client_config cc = {.host = NULL, .port = atoi(colon + 1), .ca_path = o->ca_path,
                                .insecure = !o->ca_path, .token = o->token,
                                .token_len = strlen(o->token), .on_message = on_message,
                                .on_close = on_close, .user = a};
@@ -1090,7 +1167,9 @@ int pl_agent_run(const pl_agent_options *o)
     cc.reg.port = pl_listener_port(a->lst);
     cc.reg.gpus = 0;
     cc.reg.pid = getpid();
-    if (!(a->cli = pl_ctl_client_create(&cc, err, sizeof err))) {
+    a->cc = cc;
+    a->cc.host = host;
+    if (!(a->cli = pl_ctl_client_create(&a->cc, err, sizeof err))) {
         logf_(a, "%s", err);
         goto done;
     }
@@ -1107,14 +1186,23 @@ int pl_agent_run(const pl_agent_options *o)
     int leaving_sent = 0;
     while (!atomic_load(&a->done)) {
         announce_leaving(a, &leaving_sent);
-        if (pl_ctl_client_service(a->cli, 50) < 0 && !atomic_load(&a->done)) {
-            logf_(a, "control connection lost: %s", pl_ctl_client_close_reason(a->cli));
-            atomic_store(&a->exit_code, 1);
-            break;
+        if (atomic_load(&a->disconnected)) {
+            if (reconnect(a)) {
+                atomic_store(&a->exit_code, 1);
+                break;
+            }
+            continue;
+        }
+        if (pl_ctl_client_service(a->cli, 50) < 0 && !atomic_load(&a->done) &&
+            pl_ctl_client_get_state(a->cli) != PL_CTL_REFUSED)
+            atomic_store(&a->disconnected, 1);
+        if (pl_ctl_client_get_state(a->cli) == PL_CTL_WELCOMED) {
+            a->lost_since = -1;
+            a->reconnects = 0;
         }
     }
     /* let queued messages (committed) go out */
-    for (int i = 0; i < 4 && pl_ctl_client_get_state(a->cli) == PL_CTL_WELCOMED; i++)
+    for (int i = 0; a->cli && i < 4 && pl_ctl_client_get_state(a->cli) == PL_CTL_WELCOMED; i++)
         pl_ctl_client_service(a->cli, 10);
 done:;
     int code = atomic_load(&a->exit_code);
@@ -1146,6 +1234,7 @@ done:;
     if (a->have_train) pl_tokens_close(&a->train);
     if (a->have_job) pl_job_free(&a->job);
     pthread_mutex_destroy(&a->mu);
+    pthread_mutex_destroy(&a->cli_mu);
     pthread_cond_destroy(&a->cv);
     free(a);
     return code;
