@@ -721,7 +721,7 @@ static int start_runtime(pl_controller *c, cjob *j)
     pl_job_runtime_config rc = {.manifest = text, .bind_host = c->cfg.bind_host,
                                 .cert_host = c->cfg.coordinator_host, .token = token,
                                 .cert_pem = cert, .key_pem = key,
-                                .n_start = j->spec.nodes.min};
+                                .n_start = j->spec.nodes.min, .port_base = c->cfg.port_base};
     pl_msg plan; /* its pipelines: the plan a new leader takes over */
     pl_msg_init(&plan, PL_MSG_PLAN, 0);
     if (secret) restore_config(c, j, &rc, &plan);

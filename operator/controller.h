@@ -22,6 +22,7 @@ typedef struct {
     const char *namespace_;        /* NULL: every namespace */
     const char *coordinator_host;  /* the address workers dial (this Pod's IP) */
     const char *bind_host;         /* where the control servers listen; NULL: 0.0.0.0 */
+    int port_base;                 /* jobs' control ports from here up; 0: any free one */
     const char *worker_image;      /* when spec.worker.image is unset */
     const char *worker_command;    /* the pliant binary in the worker image */
     const char *identity;          /* this operator instance (Events' reportingInstance) */

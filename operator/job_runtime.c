@@ -13,6 +13,7 @@
 #include "util.h"
 
 #define MAX_RECONFIGS 4096
+#define PORT_RANGE 256 /* control ports tried from port_base */
 #define RESUME_MS 15000 /* a restored plan waits this long for its workers to reconnect */
 
 typedef struct worker {
@@ -168,7 +169,14 @@ pl_job_runtime *pl_job_runtime_new(const pl_job_runtime_config *cfg, char *err, 
                                .cert_path = rt->tls.cert_path, .key_path = rt->tls.key_path,
                                .token = rt->token, .token_len = strlen(rt->token),
                                .cb = {on_register, on_message, on_close, rt}};
-    if (!(rt->srv = pl_ctl_server_create(&sc, err, errlen))) goto fail;
+    /* a job's port: the Service's (a new leader), else the first free one of the
+     * range the chart's NetworkPolicy opens */
+    int tries = cfg->port == 0 && cfg->port_base > 0 ? PORT_RANGE : 1;
+    for (int k = 0; k < tries && !rt->srv; k++) {
+        sc.port = cfg->port ? cfg->port : cfg->port_base > 0 ? cfg->port_base + k : 0;
+        rt->srv = pl_ctl_server_create(&sc, err, errlen);
+    }
+    if (!rt->srv) goto fail;
     return rt;
 fail:
     pl_job_runtime_free(rt);

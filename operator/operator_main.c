@@ -70,7 +70,8 @@ static void usage(FILE *f)
             "usage: pliant-operator [--kubeconfig PATH] [--namespace NS] [--leader-elect]\n"
             "         [--lease-name NAME] [--lease-namespace NS] [--lease-duration S] [--identity ID]\n"
             "         [--metrics-addr HOST:PORT] [--health-addr HOST:PORT]\n"
-            "         [--coordinator-host HOST] [--bind-host HOST] [--worker-image IMAGE]\n"
+            "         [--coordinator-host HOST] [--coordinator-port BASE] [--bind-host HOST]\n"
+            "         [--worker-image IMAGE]\n"
             "         [--worker-command PATH] [--log-level debug|info] [--version]\n"
             "  --kubeconfig: else $KUBECONFIG, the in-cluster service account, ~/.kube/config\n"
             "  --namespace: watch one namespace (default: all)\n"
@@ -95,6 +96,7 @@ int main(int argc, char **argv)
         {"worker-image", required_argument, 0, 'I'},  {"worker-command", required_argument, 0, 'w'},
         {"log-level", required_argument, 0, 'v'},     {"version", no_argument, 0, 'V'},
         {"lease-duration", required_argument, 0, 'D'},
+        {"coordinator-port", required_argument, 0, 'P'},
         {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
     const char *kubeconfig = NULL, *ns = NULL, *lease_name = "pliant-operator",
                *lease_ns = env_or("POD_NAMESPACE", NULL), *metrics_addr = ":8080",
@@ -108,7 +110,7 @@ int main(int argc, char **argv)
         gethostname(host, sizeof host - 1);
         snprintf(identity, sizeof identity, "%s-%d", host, (int)getpid());
     }
-    int leader_elect = 0, lease_s = 15, c;
+    int leader_elect = 0, lease_s = 15, port_base = atoi(env_or("PLIANT_COORDINATOR_PORT", "0")), c;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
@@ -137,6 +139,7 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
+        case 'P': port_base = atoi(optarg); break;
         case 'V': puts(VERSION); return 0;
         case 'h': usage(stdout); return 0;
         default:
@@ -168,7 +171,8 @@ int main(int argc, char **argv)
     pl_probe_server *mp = NULL, *hp = NULL;
     pl_leader *leader = NULL;
     pl_controller_config cc = {.kc = &kc, .namespace_ = ns, .coordinator_host = coord_host,
-                               .bind_host = bind_host, .worker_image = image,
+                               .bind_host = bind_host, .port_base = port_base,
+                               .worker_image = image,
                                .worker_command = command, .identity = identity,
                                .metrics = metrics};
     if (!metrics || !(ps.ctl = pl_controller_new(&cc, err, sizeof err))) goto done;

@@ -815,7 +815,7 @@ def service_and_network_policies():
     check(op["podSelector"] == {"matchLabels": sel} and op["policyTypes"] == ["Ingress"], "operator policy %r", op)
     coord = op["ingress"][0]
     check(coord["from"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {
-        "app.kubernetes.io/name": "pliant-worker"}}}] and coord["ports"] == [{"protocol": "TCP", "port": 8443}],
+        "app.kubernetes.io/name": "pliant-worker"}}}] and coord["ports"] == [{"protocol": "TCP", "port": 8443, "endPort": 8698}],
           "coordinator ingress %r", coord)
     check([r["ports"][0]["port"] for r in op["ingress"]] == [8443, 8080, 8081], "operator ports %r", op["ingress"])
     w = nps["pliant-operator-workers"]
