@@ -69,7 +69,8 @@ typedef struct {
 
 static void run_usage(FILE *f)
 {
-    fprintf(f, "usage: pliant run JOB.yaml --workers N [--steps N] [--metrics FILE] [--threads T]\n"
+    fprintf(f, "usage: pliant run JOB.yaml --workers N [--gpus-per-worker M] [--steps N]\n"
+               "                 [--metrics FILE] [--threads T]\n"
                "                 [--chaos SPEC] [--duration SECONDS] [--checkpoint-dir DIR]\n"
                "  --duration: stop after that long (benchmarks), dropping the step in flight\n"
                "  SPEC: comma-separated kill:W@step=S, term:W@step=S, add:K@step=S\n"
@@ -288,10 +289,11 @@ int cmd_run(int argc, char **argv)
                                          {"chaos", required_argument, 0, 'c'},
                                          {"duration", required_argument, 0, 'd'},
                                          {"checkpoint-dir", required_argument, 0, 'k'},
+                                         {"gpus-per-worker", required_argument, 0, 'g'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     char err[1024] = "";
-    long long nworkers = 0, threads = 0, steps_override = 0, duration_s = 0;
+    long long nworkers = 0, threads = 0, steps_override = 0, duration_s = 0, gpus = 0;
     const char *metrics_path = NULL, *chaos_spec = NULL, *ckpt_override = NULL;
     pl_chaos chaos;
     memset(&chaos, 0, sizeof chaos);
@@ -314,6 +316,10 @@ int cmd_run(int argc, char **argv)
             break;
         case 'c': chaos_spec = optarg; break;
         case 'k': ckpt_override = optarg; break;
+        case 'g':
+            if (cli_parse_int("--gpus-per-worker", optarg, 1, 1024, &gpus, err, sizeof err))
+                goto bad;
+            break;
         case 'd':
             if (cli_parse_int("--duration", optarg, 1, 1000000, &duration_s, err, sizeof err))
                 goto bad;
@@ -357,6 +363,18 @@ int cmd_run(int argc, char **argv)
         return 2;
     }
     if (steps_override > 0) job.steps = (int)steps_override;
+    if (gpus > 0) job.nodes.gpus_per_node = (int)gpus;
+    if (job.nodes.gpus_per_node > 1) {
+        /* a local worker is one CPU engine: one device; GPU workers plan with the
+         * profile's per-GPU-count timings */
+        snprintf(err, sizeof err, "%s %d: local workers run the CPU engine, one device each "
+                 "(more than one needs GPU workers)",
+                 gpus > 0 ? "--gpus-per-worker" : "spec.nodes.gpusPerNode",
+                 job.nodes.gpus_per_node);
+        pl_job_free(&job);
+        pl_chaos_free(&chaos);
+        goto bad;
+    }
     if (ckpt_override && pl_pathf(job.checkpoint.dir, sizeof job.checkpoint.dir, err, sizeof err,
                                   "%s", ckpt_override)) {
         pl_job_free(&job);
