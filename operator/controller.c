@@ -649,6 +649,18 @@ static int create_owned(pl_controller *c, cjob *j, const char *plural, cJSON *ob
     return rc ? 1 : 0;
 }
 
+/* The address workers dial: the configured one, or the job's Service (its
+ * endpoints follow the leader, whose Pod carries pliant.dev/role=leader), so
+ * that a new leader is reached at the same name. */
+static const char *coordinator_host(const pl_controller *c, const cjob *j, char *buf, size_t len)
+{
+    if (c->cfg.coordinator_host) return c->cfg.coordinator_host;
+    char svc[300];
+    pl_job_service_name(j->obj, svc, sizeof svc);
+    snprintf(buf, len, "%s.%s.svc", svc, j->ns);
+    return buf;
+}
+
 /* A new leader (the Secret exists): the same control port (the Service's, which
  * the workers reconnect to), and, when the job was training, the plan of its
  * status to take over. */
@@ -716,10 +728,12 @@ static int start_runtime(pl_controller *c, cjob *j)
         logf_("%s: secret: %s", j->key, st.message);
         return -1;
     }
+    char host[600];
     char *token = secret_field(secret, "token"), *cert = secret_field(secret, "ca.crt"),
          *key = secret_field(secret, "tls.key"), *text = manifest_text(j->obj);
     pl_job_runtime_config rc = {.manifest = text, .bind_host = c->cfg.bind_host,
-                                .cert_host = c->cfg.coordinator_host, .token = token,
+                                .cert_host = coordinator_host(c, j, host, sizeof host),
+                                .token = token,
                                 .cert_pem = cert, .key_pem = key,
                                 .n_start = j->spec.nodes.min, .port_base = c->cfg.port_base};
     pl_msg plan; /* its pipelines: the plan a new leader takes over */
@@ -765,7 +779,7 @@ static int start_runtime(pl_controller *c, cjob *j)
         }
     }
     set_cond(j, "Created", 1, "Created", "coordinator on port %d", pl_job_runtime_port(j->rt));
-    logf_("%s: coordinator on %s:%d", j->key, c->cfg.coordinator_host, pl_job_runtime_port(j->rt));
+    logf_("%s: coordinator on %s:%d", j->key, rc.cert_host, pl_job_runtime_port(j->rt));
     return 0;
 }
 
@@ -782,8 +796,10 @@ static int ensure_pods(pl_controller *c, cjob *j)
             if (k >= j->next_k) j->next_k = k + 1;
         }
     }
-    char coord[300];
-    snprintf(coord, sizeof coord, "%s:%d", c->cfg.coordinator_host, pl_job_runtime_port(j->rt));
+    char coord[700];
+    char host[600];
+    snprintf(coord, sizeof coord, "%s:%d", coordinator_host(c, j, host, sizeof host),
+             pl_job_runtime_port(j->rt));
     pl_job_objects o = {j->obj, &j->spec, c->cfg.worker_image, c->cfg.worker_command, coord};
     for (; live < desired; live++) {
         int rc, k;
@@ -906,7 +922,6 @@ pl_controller *pl_controller_new(const pl_controller_config *cfg, char *err, siz
     c->cfg = *cfg;
     if (!c->cfg.worker_command) c->cfg.worker_command = "/usr/local/bin/pliant";
     if (!c->cfg.worker_image) c->cfg.worker_image = "pliant-worker:latest";
-    if (!c->cfg.coordinator_host) c->cfg.coordinator_host = "127.0.0.1";
     if (!c->cfg.identity) c->cfg.identity = "pliant-operator";
     pthread_mutex_init(&c->mu, NULL);
     if (!(c->q = pl_workqueue_new()) || !(c->api = pl_kube_client_new(cfg->kc, err, errlen))) {
@@ -957,6 +972,11 @@ int pl_controller_run(pl_controller *c, const atomic_int *stop, char *err, size_
     int64_t resync = pl_ctl_now_ms();
     while (!atomic_load(stop)) {
         drain_inbox(c);
+        if (!pl_controller_synced(c)) { /* reconcile from complete caches only: a Pod */
+            struct timespec ts = {0, LOOP_MS * 1000000L}; /* not listed yet would be */
+            nanosleep(&ts, NULL);                         /* created again */
+            continue;
+        }
         /* the loop waits on the control servers while jobs run (a step is several
          * message round trips), on the work queue otherwise */
         int nrt = 0;

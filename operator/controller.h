@@ -20,7 +20,7 @@
 typedef struct {
     pl_kube_config *kc;
     const char *namespace_;        /* NULL: every namespace */
-    const char *coordinator_host;  /* the address workers dial (this Pod's IP) */
+    const char *coordinator_host;  /* the address workers dial; NULL: the job's Service name */
     const char *bind_host;         /* where the control servers listen; NULL: 0.0.0.0 */
     int port_base;                 /* jobs' control ports from here up; 0: any free one */
     const char *worker_image;      /* when spec.worker.image is unset */

@@ -116,8 +116,9 @@ cJSON *pl_job_service(const pl_job_objects *o, int port)
     cJSON_AddStringToObject(s, "kind", "Service");
     cJSON_AddItemToObject(s, "metadata", owned_metadata(o, name));
     cJSON *spec = cJSON_AddObjectToObject(s, "spec");
-    cJSON_AddStringToObject(cJSON_AddObjectToObject(spec, "selector"), "app.kubernetes.io/name",
-                            "pliant-operator");
+    cJSON *sel = cJSON_AddObjectToObject(spec, "selector");
+    cJSON_AddStringToObject(sel, "app.kubernetes.io/name", "pliant-operator");
+    cJSON_AddStringToObject(sel, PL_LEADER_LABEL, "leader"); /* the replica that leads */
     cJSON *p = cJSON_CreateObject();
     cJSON_AddStringToObject(p, "name", "control");
     cJSON_AddStringToObject(p, "protocol", "TCP");

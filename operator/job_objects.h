@@ -22,6 +22,7 @@
 #define PL_WORKER_LABEL "pliant-worker"
 #define PL_JOB_LABEL "pliant.dev/job"
 #define PL_SECRET_MOUNT "/etc/pliant"
+#define PL_LEADER_LABEL "pliant.dev/role" /* "leader" on the leading operator's Pod */
 
 typedef struct {
     const cJSON *job;            /* the TrainingJob (metadata.name, namespace, uid) */

@@ -15,6 +15,8 @@
 #include <unistd.h>
 
 #include "controller.h"
+#include "job_objects.h"
+#include "kube_client.h"
 #include "kube_config.h"
 #include "leader.h"
 #include "metrics.h"
@@ -64,6 +66,26 @@ static int ready(void *user)
     return p->ctl && pl_controller_synced(p->ctl);
 }
 
+/* In a Pod: label it the leader, so that the jobs' Services (selector
+ * pliant.dev/role=leader) send workers here. Best effort: logged on failure. */
+static void label_leader(pl_kube_config *kc)
+{
+    const char *pod = getenv("POD_NAME"), *ns = getenv("POD_NAMESPACE");
+    if (!pod || !ns) return;
+    char err[512] = "";
+    pl_kube_client *c = pl_kube_client_new(kc, err, sizeof err);
+    cJSON *patch = cJSON_CreateObject();
+    cJSON_AddStringToObject(
+        cJSON_AddObjectToObject(cJSON_AddObjectToObject(patch, "metadata"), "labels"),
+        PL_LEADER_LABEL, "leader");
+    pl_kube_ref r = {NULL, "v1", ns, "pods", pod, NULL};
+    pl_kube_status st = {0};
+    if (!c || pl_kube_patch(c, &r, PL_KUBE_MERGE_PATCH, patch, NULL, &st))
+        fprintf(stderr, "pliant-operator: labelling pod %s: %s\n", pod, c ? st.message : err);
+    cJSON_Delete(patch);
+    pl_kube_client_free(c);
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -76,7 +98,8 @@ static void usage(FILE *f)
             "  --kubeconfig: else $KUBECONFIG, the in-cluster service account, ~/.kube/config\n"
             "  --namespace: watch one namespace (default: all)\n"
             "  --metrics-addr, --health-addr: default :8080 and :8081; \"\" turns one off\n"
-            "  --coordinator-host: the address worker Pods dial (default $POD_IP)\n");
+            "  --coordinator-host: the address worker Pods dial (default: in a Pod, each job's\n"
+            "      Service, whose endpoints follow the leader; else 127.0.0.1)\n");
 }
 
 static const char *env_or(const char *name, const char *dflt)
@@ -100,7 +123,9 @@ int main(int argc, char **argv)
         {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
     const char *kubeconfig = NULL, *ns = NULL, *lease_name = "pliant-operator",
                *lease_ns = env_or("POD_NAMESPACE", NULL), *metrics_addr = ":8080",
-               *health_addr = ":8081", *coord_host = env_or("POD_IP", "127.0.0.1"),
+               *health_addr = ":8081",
+               /* in a Pod: the jobs' Services (they follow the leader); else this host */
+               *coord_host = getenv("POD_NAME") ? NULL : "127.0.0.1",
                *bind_host = NULL, *image = env_or("PLIANT_WORKER_IMAGE", NULL),
                *command = NULL;
     char identity[256];
@@ -183,7 +208,8 @@ int main(int argc, char **argv)
         (health_addr[0] && !(hp = pl_probe_start(&hc, err, sizeof err))))
         goto done;
     fprintf(stderr, "pliant-operator: %s, identity %s, workers dial %s, metrics port %d, "
-            "health port %d\n", VERSION, identity, coord_host, mp ? pl_probe_port(mp) : 0,
+            "health port %d\n", VERSION, identity, coord_host ? coord_host : "each job's Service",
+            mp ? pl_probe_port(mp) : 0,
             hp ? pl_probe_port(hp) : 0);
     if (leader_elect) {
         pl_leader_config lc = {.kc = &kc, .namespace_ = lease_ns, .name = lease_name,
@@ -192,7 +218,10 @@ int main(int argc, char **argv)
                                .on_started = on_started, .on_stopped = on_stopped};
         if (!(leader = pl_leader_start(&lc, err, sizeof err))) goto done;
         while (!atomic_load(&stop_flag) && !atomic_load(&leading)) usleep(50 * 1000);
-        if (atomic_load(&leading)) fprintf(stderr, "pliant-operator: %s leads\n", identity);
+        if (atomic_load(&leading)) {
+            fprintf(stderr, "pliant-operator: %s leads\n", identity);
+            label_leader(&kc);
+        }
     } else {
         atomic_store(&leading, 1);
     }
