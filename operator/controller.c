@@ -735,7 +735,9 @@ static int start_runtime(pl_controller *c, cjob *j)
                                 .cert_host = coordinator_host(c, j, host, sizeof host),
                                 .token = token,
                                 .cert_pem = cert, .key_pem = key,
-                                .n_start = j->spec.nodes.min, .port_base = c->cfg.port_base};
+                                .n_start = j->spec.nodes.max > 0 ? j->spec.nodes.max
+                                                                 : j->spec.nodes.min,
+                                .port_base = c->cfg.port_base};
     pl_msg plan; /* its pipelines: the plan a new leader takes over */
     pl_msg_init(&plan, PL_MSG_PLAN, 0);
     if (secret) restore_config(c, j, &rc, &plan);

@@ -1425,6 +1425,10 @@ int pl_coord_tick(pl_coord *c, int64_t now_ms)
     note_time(c, now_ms);
     if (c->phase == PL_COORD_SETTLING && now_ms >= c->replan_at)
         replan(c);
+    if (c->phase == PL_COORD_WAITING_FOR_WORKERS && c->cfg.start_grace_ms > 0 &&
+        c->wait_since >= 0 && now_ms - c->wait_since >= c->cfg.start_grace_ms &&
+        pl_coord_live_workers(c) >= c->cfg.coverage->nodes_lo)
+        replan(c); /* some Pods stay Pending: train on those that run */
     if (c->phase == PL_COORD_RESUMING) {
         if (c->resume_at < 0)
             c->resume_at = now_ms + c->resume_ms;

@@ -72,6 +72,7 @@ typedef struct {
     int heartbeat_ms;             /* 100..600000; sent in welcome */
     int heartbeat_misses;         /* 0: PL_PROTO_HEARTBEAT_MISSES (3) */
     int n_start;                  /* workers to wait for before the first plan, ≥ (F+1)·n0 */
+    int64_t start_grace_ms;       /* > 0: after this long, start with fewer (≥ (F+1)·n0) */
     const char *job;              /* job name for welcome (NULL: "job") */
     int token_ok;                 /* welcome.token_ok */
     int peer_port_base;           /* default peer port = base + rank; 0: 29500 */

@@ -14,7 +14,8 @@
 
 #define MAX_RECONFIGS 4096
 #define PORT_RANGE 256 /* control ports tried from port_base */
-#define RESUME_MS 15000 /* a restored plan waits this long for its workers to reconnect */
+#define RESUME_MS 15000
+#define START_GRACE_MS 20000 /* all Pods, or after this long those running (≥ (F+1)·n0) */ /* a restored plan waits this long for its workers to reconnect */
 
 typedef struct worker {
     char name[PL_PROTO_NAME_MAX + 1];
@@ -148,6 +149,7 @@ pl_job_runtime *pl_job_runtime_new(const pl_job_runtime_config *cfg, char *err, 
     }
     rt->ckpt_done = resume;
     pl_coord_config cc = pl_job_coord_config(&rt->job, &rt->plan, cfg->n_start, resume);
+    cc.start_grace_ms = START_GRACE_MS;
     if (!(rt->coord = pl_coord_new(&cc, err, errlen))) goto fail;
     if (cfg->npipes > 0 &&
         pl_coord_restore(rt->coord, cfg->generation, cfg->step, cfg->pipes, cfg->npipes,

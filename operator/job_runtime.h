@@ -22,7 +22,7 @@ typedef struct {
     const char *token;        /* the job token; NULL: a fresh one */
     const char *cert_pem;     /* certificate and key to serve (a new leader reuses the */
     const char *key_pem;      /*   Secret's); NULL: a fresh self-signed pair */
-    int n_start;              /* workers before the first plan */
+    int n_start;              /* workers before the first plan (fewer after START_GRACE_MS) */
     int port;                 /* control port; 0: the first free one from port_base up, */
     int port_base;            /*   or any free one when port_base is 0 too */
     /* a new leader takes over a running plan (pl_coord_restore); npipes 0: none */

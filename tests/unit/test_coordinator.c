@@ -849,6 +849,22 @@ static void test_restore_after_coordinator_loss(void)
     sim_free(&s);
 }
 
+/* start_grace_ms: 6 wanted, 4 registered: the first plan comes after the grace. */
+static void test_start_grace(void)
+{
+    sim s;
+    CHECK(sim_init(&s, 9, 6) == 0);
+    s.cfg.start_grace_ms = 1000;
+    CHECK(sim_reconfigure(&s) == 0);
+    for (int w = 0; w < 4; w++)
+        CHECK_EQ_INT(pl_coord_worker_registered(s.c, nm(w), NULL, NULL, 0, 100), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_tick(s.c, 900), PL_COORD_IGNORED);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_WAITING_FOR_WORKERS);
+    CHECK_EQ_INT(pl_coord_tick(s.c, 1100), PL_COORD_IGNORED);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
+    sim_free(&s);
+}
+
 /* maxResets, the wait-for-nodes timeout and the cooldown of a failing node. */
 static void test_limits(void)
 {
@@ -972,6 +988,7 @@ RUN(test_checkpoint_strategy_and_end);
 RUN(test_limits);
 RUN(test_join_checks_and_settling);
 RUN(test_restore_after_coordinator_loss);
+RUN(test_start_grace);
 RUN(test_initial_copy_loss_and_nan);
 RUN(test_bad_config);
 TEST_MAIN_END
