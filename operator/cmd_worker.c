@@ -6,7 +6,7 @@
  * PLIANT_HOST (the address peer links listen on, default 127.0.0.1; 0.0.0.0 in a
  * Pod), PLIANT_ADVERTISE (the address peers dial, default PLIANT_HOST: the Pod
  * IP), PLIANT_PEER_PORT (default 0: any free port) and PLIANT_CHECKPOINT_DIR
- * (overrides spec.checkpoint.dir). Exits with the code of
+ * (overrides spec.checkpoint.dir) and PLIANT_THREADS (as --threads). Exits with the code of
  * the coordinator's `stop`, 1 on a failure, 2 on bad input. */
 #include <getopt.h>
 #include <stdio.h>
@@ -42,6 +42,14 @@ int cmd_worker(int argc, char **argv)
     }
     if (optind != argc - 1) {
         fprintf(stderr, "usage: pliant worker JOB.yaml [--threads N]\n");
+        return 2;
+    }
+    /* PLIANT_THREADS: where Pods share cores (the test suite's fake kubelet), OpenMP
+     * spin-waits badly with more threads than cores */
+    const char *env_threads = env_or("PLIANT_THREADS", NULL);
+    if (!threads && env_threads &&
+        cli_parse_int("PLIANT_THREADS", env_threads, 1, 1024, &threads, err, sizeof err)) {
+        fprintf(stderr, "pliant worker: %s\n", err);
         return 2;
     }
     pl_agent_options o = {.job_path = argv[optind], .threads = (int)threads};
