@@ -87,6 +87,7 @@ struct pl_controller {
     pthread_mutex_t mu;         /* the inbox */
     inbox_item *head, *tail;
     cjob *jobs;
+    int64_t api_t0;             /* when the request being counted began */
 };
 
 /* ------------------------------------------------------------ small helpers */
@@ -128,9 +129,19 @@ static pl_kube_ref job_ref(const cjob *j, const char *plural, const char *name)
     return r;
 }
 
-/* Counts API requests and their errors for /metrics. */
+/* Counts and times API requests, and counts their errors, for /metrics. */
+/* API(c, verb, call, &st): the call, timed (the comma operator orders the clock first). */
+#define API(c, verb, call, st) ((c)->api_t0 = pl_ctl_now_ms(), api_done((c), (verb), (call), (st)))
+
 static int api_done(pl_controller *c, const char *verb, int rc, const pl_kube_status *st)
 {
+    if (c->cfg.metrics) {
+        char lab[64];
+        snprintf(lab, sizeof lab, "verb=\"%s\"", verb);
+        pl_metrics_histogram_observe(c->cfg.metrics, "pliant_kube_request_seconds",
+                                     "Kubernetes API request latency", lab,
+                                     (double)(pl_ctl_now_ms() - c->api_t0) / 1000.0);
+    }
     char labels[64];
     snprintf(labels, sizeof labels, "verb=\"%s\"", verb);
     if (c->cfg.metrics) {
@@ -156,7 +167,7 @@ static void event(pl_controller *c, cjob *j, const char *type, const char *reaso
     va_end(ap);
     pl_kube_event ev = {j->obj, type, reason, action, note, CONTROLLER_NAME, c->cfg.identity};
     pl_kube_status st;
-    if (api_done(c, "create", pl_kube_event_create(c->api, &ev, &st), &st))
+    if (API(c, "create", pl_kube_event_create(c->api, &ev, &st), &st))
         logf_("%s: event %s: %s", j->key, reason, st.message);
 }
 
@@ -351,7 +362,7 @@ static int write_status(pl_controller *c, cjob *j)
     cJSON *s = status_json(c, j);
     pl_kube_ref r = job_ref(j, TJ.plural, j->name);
     pl_kube_status st;
-    int rc = api_done(c, "patch", pl_kube_patch_status(c->api, &r, s, NULL, &st), &st);
+    int rc = API(c, "patch", pl_kube_patch_status(c->api, &r, s, NULL, &st), &st);
     cJSON_Delete(s);
     if (rc) {
         if (st.http != 404) logf_("%s: status: %s", j->key, st.message);
@@ -640,7 +651,7 @@ static int create_owned(pl_controller *c, cjob *j, const char *plural, cJSON *ob
     if (!obj) return -1;
     pl_kube_ref r = job_ref(j, plural, NULL);
     pl_kube_status st;
-    int rc = api_done(c, "create", pl_kube_create(c->api, &r, obj, NULL, &st), &st);
+    int rc = API(c, "create", pl_kube_create(c->api, &r, obj, NULL, &st), &st);
     cJSON_Delete(obj);
     if (rc && st.http != 409) {
         logf_("%s: create %s: %s", j->key, plural, st.message);
@@ -671,7 +682,7 @@ static void restore_config(pl_controller *c, cjob *j, pl_job_runtime_config *rc,
     pl_kube_ref r = job_ref(j, "services", svc);
     pl_kube_status st;
     cJSON *service = NULL;
-    if (api_done(c, "get", pl_kube_get(c->api, &r, NULL, &service, &st), &st)) return;
+    if (API(c, "get", pl_kube_get(c->api, &r, NULL, &service, &st), &st)) return;
     const cJSON *port = cJSON_GetObjectItem(
         cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(service, "spec"), "ports"), 0),
         "port");
@@ -724,7 +735,7 @@ static int start_runtime(pl_controller *c, cjob *j)
     pl_kube_ref r = job_ref(j, "secrets", sname);
     pl_kube_status st;
     cJSON *secret = NULL;
-    if (api_done(c, "get", pl_kube_get(c->api, &r, NULL, &secret, &st), &st) && st.http != 404) {
+    if (API(c, "get", pl_kube_get(c->api, &r, NULL, &secret, &st), &st) && st.http != 404) {
         logf_("%s: secret: %s", j->key, st.message);
         return -1;
     }
@@ -824,7 +835,7 @@ static int delete_obj(pl_controller *c, cjob *j, const char *plural, const char 
 {
     pl_kube_ref r = job_ref(j, plural, name);
     pl_kube_status st;
-    if (api_done(c, "delete", pl_kube_delete(c->api, &r, "Background", &st), &st) &&
+    if (API(c, "delete", pl_kube_delete(c->api, &r, "Background", &st), &st) &&
         st.http != 404) {
         logf_("%s: delete %s %s: %s", j->key, plural, name, st.message);
         return -1;
