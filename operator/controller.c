@@ -792,6 +792,14 @@ static int start_runtime(pl_controller *c, cjob *j)
         }
     }
     set_cond(j, "Created", 1, "Created", "coordinator on port %d", pl_job_runtime_port(j->rt));
+    if (c->cfg.metrics) { /* counters exist from the start (Prometheus practice) */
+        char lab[600];
+        snprintf(lab, sizeof lab, "namespace=\"%s\",job=\"%s\"", j->ns, j->name);
+        pl_metrics_counter_add(c->cfg.metrics, "pliant_reconfigurations_total", "Plan changes",
+                               lab, 0);
+        pl_metrics_counter_add(c->cfg.metrics, "pliant_steps_total", "Committed training steps",
+                               lab, 0);
+    }
     logf_("%s: coordinator on %s:%d", j->key, rc.cert_host, pl_job_runtime_port(j->rt));
     return 0;
 }

@@ -1,0 +1,889 @@
+#!/usr/bin/env python3
+"""End-to-end tests of `pliant-operator` (issue 5) against the Kubernetes API
+emulator (tests/k8s/apiserver.py: fake kubelets run the worker Pods as local
+`pliant worker` processes), with kubectl as the client.
+
+Run: python3 tests/cli/test_operator_e2e.py --build build [-k SUBSTRING]
+
+One emulator (TLS + token, 4 nodes of 2 GPUs in zones a,b,c, a state log) is
+started for the whole file, then one operator watching namespace `default`.
+  crd_applies_and_kubectl_shows_the_columns     kubectl apply -f crds/; a job; kubectl get tj columns
+  invalid_manifests_are_rejected_by_the_schema  kubectl apply refused, message naming the field
+  job_runs_to_succeeded                         issue 5 test 1 (status, Events, Secret/Service/Pods, metrics)
+  deleted_worker_pod_is_replaced_without_restart     test 2, a Pod
+  deleted_node_loses_two_pods_without_restart        test 2, a Node (F = 2, 5 Pods)
+  invalid_spec_gets_a_failed_condition          test 4, beyond the schema
+  api_faults_are_retried                        test 4, injected 500/409/timeouts and a forced re-list
+  deleting_the_job_removes_what_it_created      test 5
+  leader_failover_continues_training            test 3 (two operators with --leader-elect)
+The first two need only the emulator and kubectl; the others are skipped while
+build/bin/pliant-operator is missing, and the failover test while
+`pliant-operator --version`/`--help` does not mention hello_resume (workers
+reconnecting to a new leader). On a failure the operator's and emulator's
+stderr tails and the job's worker logs are printed. Jobs that must outlast a
+disruption are sized from the step rate the previous job ran at (about 20 s of
+training); the disruption comes at 1/8 of their steps. PLIANT_E2E_VERBOSE=1
+prints progress as "#" context lines. Standard library only.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "k8s"))
+
+from clitest import REPO, SHAKESPEARE, Failure, Suite, check  # noqa: E402
+import e2e  # noqa: E402
+from e2e import E2EFailure  # noqa: E402
+
+suite = Suite("operator_e2e", needs=[SHAKESPEARE])
+
+KUBECTL = shutil.which("kubectl")
+TLS = bool(shutil.which("openssl"))      # kubectl sends a token only over https
+GROUP_VERSION = "pliant.dev/v1alpha1"
+NS = "default"
+CRD_NAME = "trainingjobs.pliant.dev"
+COLUMNS = ["NAME", "PHASE", "STEP", "STEPS", "LOSS", "NODES", "PIPELINES", "AGE"]
+WIDE_COLUMNS = COLUMNS + ["PROGRESS", "RUNNING", "MAX", "RECONFIGURATIONS"]
+PIPELINES_RE = re.compile(r"^\d+x\d+(\+\d+x\d+)*$")
+FAILOVER_SKIP = "leader failover: operator reports no hello_resume support"
+
+JOB = """\
+apiVersion: pliant.dev/v1alpha1
+kind: TrainingJob
+metadata:
+  name: {name}
+  namespace: {ns}
+spec:
+  model: {{layers: 3, channels: 32, heads: 2, vocabSize: 256, maxSeqLen: 64, seed: 7}}
+  data: {{train: {data}_train.bin, order: shuffled, seed: 3}}
+  batch: {{global: 8, micro: 2, seqLen: 32}}
+  optimizer: {{lr: 3.0e-3, warmupSteps: 2}}
+  steps: {steps}
+  evalEvery: 0
+  profile: synthetic
+  nodes: {{min: 1, max: {max}}}
+  faultTolerance: {{tolerate: {tolerate}}}
+  # the fake kubelet's Pods share this machine's cores: one compute thread each
+  worker: {{terminationGracePeriodSeconds: 5, env: [{{name: PLIANT_THREADS, value: "1"}}]}}
+{extra}"""
+
+state = {"emu": None, "op": None, "pods": None, "jobs": None, "ops": [], "operator_bin": None}
+
+
+# ---------------------------------------------------------------------------
+# Fixtures
+
+def emu():
+    """The emulator (started once), with Recorders of every Pod and TrainingJob."""
+    if state["emu"] is None:
+        args = ["--kubelet", "--nodes", "4", "--zones", "a,b,c", "--gpus-per-node", "2"]
+        state["emu"] = e2e.Emulator(os.path.join(suite.tmp, "cluster"), args, kubectl=KUBECTL or "kubectl",
+                                    tls=TLS)
+        state["pods"] = e2e.Recorder(state["emu"], "/api/v1/pods")
+    return state["emu"]
+
+
+def ensure_crd():
+    e = emu()
+    if e.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" + CRD_NAME) is None:
+        e.kubectl_ok("apply", "-f", os.path.join(REPO, "crds"))
+    if state["jobs"] is None:
+        wait_for("trainingjobs served", lambda: e.request("GET", "/apis/pliant.dev/v1alpha1/trainingjobs")[0] == 200,
+                 10)
+        state["jobs"] = e2e.Recorder(e, "/apis/pliant.dev/v1alpha1/trainingjobs")
+
+
+def operator():
+    """The operator watching namespace default (started once, after the CRD)."""
+    if state.get("broken"):
+        raise Failure(state["broken"])
+    ensure_crd()
+    old = state["op"]
+    if old is not None and old.dead():
+        why = old.dead()
+        old.killed = True          # reported once: the next test starts a fresh one
+        raise Failure("the operator died since the previous test: " + why)
+    if old is None or not old.alive():
+        op = e2e.Operator(state["operator_bin"], emu(), os.path.join(suite.tmp, "operator"), "operator",
+                          ["--namespace", NS, "--coordinator-host", "127.0.0.1", "--worker-command",
+                           suite.pliant])
+        state["op"] = op
+        state["ops"].append(op)
+        try:
+            wait_for("the operator's /healthz", lambda: op.health("/healthz")[0] == 200, 20, alive=op.dead)
+        except Failure as e:
+            state["broken"] = "the operator never answered /healthz (see the first failure): %s" % str(e)[:300]
+            raise
+    return state["op"]
+
+
+def wait_for(what, fn, timeout=30.0, interval=0.1, alive=None):
+    try:
+        return e2e.wait_for(what, fn, timeout, interval, alive)
+    except E2EFailure as e:
+        raise Failure(str(e))
+
+
+def ops_dead():
+    for op in state["ops"]:
+        why = op.dead()
+        if why:
+            return why
+    if state["emu"] is not None and not state["emu"].alive():
+        return "the emulator exited:\n" + state["emu"].stderr_tail(20)
+    return None
+
+
+def data_prefix():
+    return suite.shakespeare_shards(100000)
+
+
+def job_manifest(name, steps, ns=NS, max_=3, tolerate=1, extra=""):
+    return JOB.format(name=name, ns=ns, data=data_prefix(), steps=steps, max=max_, tolerate=tolerate,
+                      extra=extra)
+
+
+def apply(manifest):
+    return emu().kubectl_ok("apply", "-f", "-", stdin=manifest)
+
+
+def table(out):
+    """kubectl's table output as [{COLUMN: value}] (columns cut at the header's
+    offsets, so empty cells stay empty)."""
+    lines = [l for l in out.splitlines() if l.strip()]
+    header = lines[0]
+    starts = [m.start() for m in re.finditer(r"\S+", header)]
+    names = header.split()
+    rows = []
+    for line in lines[1:]:
+        cells = [line[a:b].strip() for a, b in zip(starts, starts[1:] + [len(line) + 1])]
+        rows.append(dict(zip(names, cells)))
+    return names, rows
+
+
+def rate():
+    """Steps per second the operator's jobs ran at (the last finished job's), used to
+    size the jobs that must outlast a disruption; 10 until a job has finished."""
+    return state.get("rate") or 10.0
+
+
+def note_rate(st):
+    try:
+        t0 = time.mktime(time.strptime(st["startTime"][:19], "%Y-%m-%dT%H:%M:%S"))
+        t1 = time.mktime(time.strptime(st["completionTime"][:19], "%Y-%m-%dT%H:%M:%S"))
+        if t1 > t0 and st.get("step"):
+            state["rate"] = st["step"] / (t1 - t0)
+    except (KeyError, ValueError, TypeError):
+        pass
+
+
+def long_steps(seconds=20):
+    """Steps for a job that should train about `seconds` at the measured rate."""
+    return int(min(20000, max(150, rate() * seconds)))
+
+
+def tj_path(name, ns=NS):
+    return "/apis/pliant.dev/v1alpha1/namespaces/%s/trainingjobs/%s" % (ns, name)
+
+
+def get_tj(name, ns=NS):
+    return emu().get(tj_path(name, ns))
+
+
+def status_of(name, ns=NS):
+    """The job's status as the TrainingJob Recorder last saw it (a GET before it saw any)."""
+    seen = state["jobs"].objects(lambda o: o["metadata"]["name"] == name and o["metadata"].get("namespace") == ns)
+    if seen:
+        return {} if seen[-1][1] == "DELETED" else (seen[-1][2].get("status") or {})
+    tj = get_tj(name, ns)
+    return (tj or {}).get("status") or {}
+
+
+VERBOSE = bool(os.environ.get("PLIANT_E2E_VERBOSE"))
+T0 = time.monotonic()
+
+
+def say(msg, *args):
+    """A context line (PLIANT_E2E_VERBOSE=1): progress with the seconds since the start."""
+    if VERBOSE:
+        print("# %6.1f %s" % (time.monotonic() - T0, msg % args if args else msg))
+        sys.stdout.flush()
+
+
+def wait_status(name, what, pred, timeout, ns=NS, stall=30.0):
+    """Polls the job until pred(status); fails early if an operator or the emulator
+    died, if the job Failed (unless that is what pred wants), or if status.step stood
+    still for `stall` seconds while the job was Running."""
+    last = {"step": None, "since": time.monotonic()}
+    start = time.monotonic()
+
+    def poll():
+        st = status_of(name, ns)
+        if pred(st):
+            return st or True
+        if st.get("phase") == "Failed":
+            raise Failure("job %s Failed while waiting for %s: %s" % (name, what, json.dumps(st)[:1500]))
+        if not st.get("phase") and time.monotonic() - start > 30:
+            raise Failure("job %s: no status.phase written in 30 s (waiting for %s)" % (name, what))
+        step = st.get("step")
+        if step != last["step"]:
+            say("%s: phase %s step %s nodes %s reconfigurations %s", name, st.get("phase"), step,
+                (st.get("nodes") or {}).get("ready"), st.get("reconfigurations"))
+            last["step"], last["since"] = step, time.monotonic()
+        elif st.get("phase") == "Running" and time.monotonic() - last["since"] > stall:
+            raise Failure("job %s: status.step stuck at %s for %.0f s while waiting for %s: %s"
+                          % (name, step, stall, what, json.dumps(st)[:1500]))
+        return None
+    say("%s: waiting for %s", name, what)
+    got = wait_for("%s (job %s)" % (what, name), poll, timeout, 0.05, alive=ops_dead)
+    say("%s: got %s", name, what)
+    return got
+
+
+def step_at_least(n):
+    return lambda st: (st.get("step") or 0) >= n
+
+
+def succeeded(st):
+    return st.get("phase") == "Succeeded"
+
+
+def step_history(name, ns=NS):
+    """status.step values in the order the Recorder saw them (None dropped)."""
+    out = []
+    for _, typ, o in state["jobs"].objects(lambda o: o["metadata"]["name"] == name and
+                                           o["metadata"].get("namespace") == ns):
+        s = (o.get("status") or {}).get("step")
+        if s is not None and typ != "DELETED":
+            out.append(s)
+    return out
+
+
+def check_monotonic(name, ns=NS, slack=0):
+    hist = step_history(name, ns)
+    for a, b in zip(hist, hist[1:]):
+        check(b >= a - slack, "job %s: status.step went back from %d to %d (restart or redone steps): %s",
+              name, a, b, hist[-60:])
+    return hist
+
+
+def job_pods(name, ns=NS):
+    """Names of the job's worker Pods ever seen (label pliant.dev/job)."""
+    return state["pods"].names(lambda o: o["metadata"].get("namespace") == ns and
+                               (o["metadata"].get("labels") or {}).get("pliant.dev/job") == name)
+
+
+def pods_now(name, ns=NS):
+    lst = emu().ok("GET", "/api/v1/namespaces/%s/pods?labelSelector=pliant.dev%%2Fjob%%3D%s" % (ns, name))
+    return lst["items"]
+
+
+def running_pods(name, ns=NS):
+    return [p for p in pods_now(name, ns) if p["status"].get("phase") == "Running" and
+            not p["metadata"].get("deletionTimestamp")]
+
+
+def job_events(name, ns=NS):
+    """events.k8s.io/v1 Events regarding the TrainingJob."""
+    lst = emu().ok("GET", "/apis/events.k8s.io/v1/namespaces/%s/events" % ns)["items"]
+    return [ev for ev in lst if (ev.get("regarding") or {}).get("name") == name and
+            (ev.get("regarding") or {}).get("kind") == "TrainingJob"]
+
+
+def event_reasons(name, ns=NS):
+    return [ev.get("reason") for ev in job_events(name, ns)]
+
+
+def process_gone(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def pod_index(pod_name, job):
+    m = re.match(re.escape(job) + r"-w(\d+)$", pod_name)
+    return int(m.group(1)) if m else None
+
+
+def crd_has(field):
+    """Whether the CRD file mentions a field name (status fields the schema would prune)."""
+    with open(os.path.join(REPO, "crds", "trainingjob.yaml")) as f:
+        return re.search(r"^\s+%s:\s*$" % re.escape(field), f.read(), re.M) is not None
+
+
+def diagnostics(jobs=()):
+    """Stderr tails of the operators and the emulator, and the job's worker logs."""
+    lines = []
+    for op in state["ops"]:
+        lines.append("--- %s (%s) stderr tail:" % (op.name, "running" if op.alive() else
+                                                    "exited %s" % op.proc.returncode))
+        lines.append(op.stderr_tail(30))
+    if state["emu"] is not None:
+        lines.append("--- emulator (%s) stderr tail:" % ("running" if state["emu"].alive() else "exited"))
+        lines.append(state["emu"].stderr_tail(15))
+        for job, ns in jobs:
+            try:
+                st = status_of(job, ns)
+                lines.append("--- job %s status: %s" % (job, json.dumps(st)[:1500]))
+                for pod in pods_now(job, ns)[:6]:
+                    log = state["emu"].text("/api/v1/namespaces/%s/pods/%s/log" % (ns, pod["metadata"]["name"]))
+                    lines.append("--- pod %s (%s) log tail:" % (pod["metadata"]["name"],
+                                                               pod["status"].get("phase")))
+                    lines.append("\n".join(log.splitlines()[-8:]))
+            except Exception as e:  # noqa: BLE001 -- diagnostics are best-effort
+                lines.append("(diagnostics failed: %s)" % e)
+    return "\n".join(lines)
+
+
+_groups = {"emulator": [], "operator": [], "failover": []}
+
+
+def e2e_test(group, jobs=()):
+    """Registers a test of a group (emulator: needs kubectl; operator: needs the
+    operator binary too; failover: and hello_resume). On a failure the diagnostics
+    are appended to the message."""
+    def wrap(fn):
+        def run():
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 -- every failure gets the diagnostics
+                raise Failure("%s: %s\n%s" % (type(e).__name__, e, diagnostics(
+                    [(j, NS) if isinstance(j, str) else j for j in jobs]) if group != "emulator" else
+                    (state["emu"].stderr_tail(15) if state["emu"] else "")))
+        run.__name__ = fn.__name__
+        run.__doc__ = fn.__doc__
+        _groups[group].append(run)
+        return run
+    return wrap
+
+
+# ---------------------------------------------------------------------------
+# Emulator + kubectl only
+
+@e2e_test("emulator")
+def crd_applies_and_kubectl_shows_the_columns():
+    """kubectl apply -f crds/ establishes TrainingJobs (short name tj); a suspended job
+    is accepted with the schema's defaults and `kubectl get tj` prints the CRD's
+    printer columns (the wide ones with -o wide)."""
+    e = emu()
+    out = e.kubectl_ok("apply", "-f", os.path.join(REPO, "crds"))
+    check("customresourcedefinition.apiextensions.k8s.io/%s" % CRD_NAME in out, "kubectl apply -f crds/: %s", out)
+    ensure_crd()
+    e.kubectl_ok("create", "namespace", "schema")
+    try:
+        out = apply(job_manifest("columns", 5, ns="schema", extra="  runPolicy: {suspend: true}\n"))
+        check("trainingjob.pliant.dev/columns created" in out, "apply: %s", out)
+        tj = get_tj("columns", "schema")
+        spec = tj["spec"]
+        check(spec["optimizer"]["schedule"] == "cosine" and spec["checkpoint"]["resume"] == "auto" and
+              spec["faultTolerance"]["strategy"] == "templates" and spec["nodes"]["gpusPerNode"] == 1,
+              "schema defaults not applied: %s", json.dumps(spec)[:800])
+        out = e.kubectl_ok("get", "tj", "-n", "schema")
+        lines = out.splitlines()
+        check(lines[0].split() == COLUMNS, "kubectl get tj header %s, want %s", lines[0].split(), COLUMNS)
+        check(lines[1].split()[0] == "columns", "kubectl get tj:\n%s", out)
+        out = e.kubectl_ok("get", "trainingjobs.pliant.dev", "columns", "-n", "schema", "-o", "wide")
+        names, rows = table(out)
+        check(names == WIDE_COLUMNS, "kubectl get -o wide header:\n%s", out)
+        check(rows[0]["STEPS"] == "5" and rows[0]["MAX"] == "3", "STEPS / MAX columns (spec):\n%s", out)
+        out = e.kubectl_ok("get", "pliant", "-n", "schema")     # the category
+        check("columns" in out, "kubectl get pliant (category):\n%s", out)
+    finally:
+        e.kubectl("delete", "namespace", "schema", "--wait=false")
+
+
+@e2e_test("emulator")
+def invalid_manifests_are_rejected_by_the_schema():
+    """kubectl apply of manifests the CRD schema refuses: exit status 1, the message
+    names the field, nothing is stored."""
+    ensure_crd()
+    e = emu()
+    base = job_manifest("bad", 5, extra="  runPolicy: {suspend: true}\n")
+    cases = [
+        ("micro 0", base.replace("micro: 2", "micro: 0"), ["spec.batch.micro"]),
+        ("micro does not divide global", base.replace("micro: 2", "micro: 3"),
+         ["spec.batch.micro", "must divide spec.batch.global"]),
+        ("seqLen above maxSeqLen", base.replace("seqLen: 32", "seqLen: 128"), ["spec.batch.seqLen"]),
+        ("no data.train", base.replace("train: ", "val: "), ["spec.data.train"]),
+        ("unknown strategy", base.replace("tolerate: 1", "tolerate: 1, strategy: restart"),
+         ["spec.faultTolerance.strategy", "Unsupported value"]),
+        ("negative tolerate", base.replace("tolerate: 1", "tolerate: -1"), ["spec.faultTolerance.tolerate"]),
+        ("no steps", base.replace("  steps: 5\n", ""), ["spec.steps", "Required"]),
+        ("heads do not divide channels", base.replace("heads: 2", "heads: 3"), ["spec.model.heads"]),
+        ("nodes.max below min", base.replace("min: 1, max: 3", "min: 4, max: 3"), ["spec.nodes.max"]),
+    ]
+    for what, manifest, needles in cases:
+        check(manifest != base, "case %s did not change the manifest", what)
+        rc, out = e.kubectl("apply", "-f", "-", stdin=manifest)
+        check(rc != 0, "%s: kubectl apply accepted it:\n%s", what, out)
+        for needle in needles:
+            check(needle in out, "%s: kubectl's message lacks %r:\n%s", what, needle, out)
+        check(get_tj("bad") is None, "%s: the invalid job was stored", what)
+
+
+# ---------------------------------------------------------------------------
+# With the operator
+
+@e2e_test("operator", jobs=["basic"])
+def job_runs_to_succeeded():
+    """Issue 5 test 1: a 3-node job runs to Succeeded; kubectl get tj shows its
+    columns; status, conditions and Events are filled; the Secret, Service and
+    worker Pods exist with labels and controller ownerReferences; /healthz,
+    /readyz and /metrics answer."""
+    op = operator()
+    steps = 100
+    apply(job_manifest("basic", steps))
+    st = wait_status("basic", "Succeeded", succeeded, 90)
+    note_rate(st)
+    tj = get_tj("basic")
+    uid = tj["metadata"]["uid"]
+    # status
+    check(st.get("step") == steps, "status.step %s, want %d", st.get("step"), steps)
+    check(st.get("observedGeneration") == tj["metadata"]["generation"], "observedGeneration %s, generation %s",
+          st.get("observedGeneration"), tj["metadata"]["generation"])
+    check(abs(float(st.get("progressPercentage", -1)) - 100) < 1e-6, "progressPercentage %s",
+          st.get("progressPercentage"))
+    check(isinstance(st.get("loss"), (int, float)) and 0 < st["loss"] < 10, "loss %s", st.get("loss"))
+    check(isinstance(st.get("samplesPerSecond"), (int, float)) and st["samplesPerSecond"] > 0,
+          "samplesPerSecond %s", st.get("samplesPerSecond"))
+    nodes = st.get("nodes") or {}
+    check(nodes.get("desired") == 3, "status.nodes.desired %s, want 3: %s", nodes.get("desired"), nodes)
+    check(re.match(r"^\d+/3$", str(nodes.get("ready", ""))), "status.nodes.ready %r, want 'N/3'", nodes.get("ready"))
+    check(PIPELINES_RE.match(str(st.get("pipelines", ""))), "status.pipelines %r", st.get("pipelines"))
+    check((st.get("planGeneration") or 0) >= 1, "planGeneration %s", st.get("planGeneration"))
+    check((st.get("reconfigurations") or 0) == 0, "reconfigurations %s in an undisturbed run "
+          "(the first plan waits for every Pod)", st.get("reconfigurations"))
+    for key in ("startTime", "completionTime"):
+        check(re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$", str(st.get(key, ""))), "status.%s %r", key,
+              st.get(key))
+    check(st["startTime"] <= st["completionTime"], "startTime %s after completionTime %s", st["startTime"],
+          st["completionTime"])
+    conds = {c.get("type"): c for c in st.get("conditions") or []}
+    check("Succeeded" in conds and conds["Succeeded"].get("status") == "True",
+          "no Succeeded=True condition: %s", st.get("conditions"))
+    for c in st["conditions"]:
+        check(c.get("status") in ("True", "False", "Unknown") and c.get("reason") and c.get("lastTransitionTime"),
+              "condition lacks status/reason/lastTransitionTime: %s", c)
+    check(conds["Succeeded"].get("observedGeneration") in (None, tj["metadata"]["generation"]),
+          "Succeeded condition observedGeneration %s", conds["Succeeded"].get("observedGeneration"))
+    hist = check_monotonic("basic")
+    check(hist and hist[-1] == steps, "status.step history %s", hist[-20:])
+    # kubectl get tj
+    out = emu().kubectl_ok("get", "tj", "basic")
+    names, rows = table(out)
+    check(names == COLUMNS, "kubectl get tj header %s", names)
+    row = rows[0]
+    check([row[c] for c in COLUMNS[:4]] == ["basic", "Succeeded", str(steps), str(steps)], "kubectl get tj:\n%s",
+          out)
+    check(re.match(r"^\d+(\.\d+)?(e[-+]?\d+)?$", row["LOSS"]), "LOSS column %r", row["LOSS"])
+    check(re.match(r"^\d+/3$", row["NODES"]) and PIPELINES_RE.match(row["PIPELINES"]), "NODES / PIPELINES:\n%s",
+          out)
+    out = emu().kubectl_ok("get", "tj", "basic", "-o", "wide")
+    names, rows = table(out)
+    check(names == WIDE_COLUMNS and rows[0]["PROGRESS"] == "100" and rows[0]["MAX"] == "3" and
+          rows[0]["RECONFIGURATIONS"].isdigit(), "kubectl get tj -o wide:\n%s", out)
+    # Events
+    reasons = event_reasons("basic")
+    for r in ("Started", "Succeeded"):
+        check(r in reasons, "no %s Event for the job (reasons %s)", r, reasons)
+    for ev in job_events("basic"):
+        check(ev.get("reportingController") and ev.get("type") in ("Normal", "Warning") and ev.get("note"),
+              "Event lacks reportingController/type/note: %s", json.dumps(ev)[:500])
+    # what it created
+    secret = emu().get("/api/v1/namespaces/default/secrets/basic-pliant")
+    check(secret is not None, "no Secret basic-pliant")
+    keys = set((secret.get("data") or {}).keys())
+    check("token" in keys and "job.yaml" in keys and any(re.search("crt|pem|cert", k) for k in keys),
+          "Secret basic-pliant keys %s (want token, job.yaml and a certificate)", sorted(keys))
+    check(emu().get("/api/v1/namespaces/default/services/basic-coordinator") is not None,
+          "no Service basic-coordinator")
+    names = job_pods("basic")
+    check(sorted(names) == ["basic-w0", "basic-w1", "basic-w2"], "worker Pods %s, want basic-w0..w2", names)
+    pod = [o for _, _, o in state["pods"].objects(lambda o: o["metadata"]["name"] == "basic-w0")][0]
+    labels = pod["metadata"].get("labels") or {}
+    check(labels.get("app.kubernetes.io/name") == "pliant-worker", "worker Pod labels %s", labels)
+    container = pod["spec"]["containers"][0]
+    argv = (container.get("command") or []) + (container.get("args") or [])
+    check(argv[:3] == [suite.pliant, "worker", "/etc/pliant/job.yaml"], "worker command %s", argv)
+    for kind, obj in (("Secret", secret), ("Service", emu().get("/api/v1/namespaces/default/services/"
+                                                                  "basic-coordinator")), ("Pod", pod)):
+        refs = obj["metadata"].get("ownerReferences") or []
+        check(any(r.get("uid") == uid and r.get("controller") is True and r.get("kind") == "TrainingJob"
+                  for r in refs), "%s %s: no controller ownerReference to the job: %s", kind,
+              obj["metadata"]["name"], refs)
+    # health and metrics
+    for path in ("/healthz", "/readyz"):
+        code, body = op.health(path)
+        check(code == 200, "%s: %s %s", path, code, body[:200])
+    samples, text = op.metrics()
+    check(e2e.metric_sum(samples, "pliant_jobs", phase="Succeeded") is not None and
+          e2e.metric_sum(samples, "pliant_jobs", phase="Succeeded") >= 1,
+          "pliant_jobs{phase=\"Succeeded\"} missing or 0:\n%s", text[:1500])
+    for name in ("pliant_steps_total", "pliant_kube_requests_total", "pliant_samples_per_second"):
+        check(e2e.metric_sum(samples, name) is not None, "/metrics lacks %s:\n%s", name, text[:1500])
+    check(e2e.metric_sum(samples, "pliant_steps_total") >= steps, "pliant_steps_total %s < %d",
+          e2e.metric_sum(samples, "pliant_steps_total"), steps)
+    check(op.alive(), "the operator exited")
+
+
+def disrupt_and_finish(job, steps, threshold, disrupt, lost, timeout=150):
+    """Runs job until status.step >= threshold, calls disrupt() (which returns the names
+    of the Pods it took away), then checks: reconfiguration without restart, a
+    replacement Pod with a new index per lost Pod, a NodeLost and a NodeAdded Event,
+    Succeeded with every step, status.step never going back."""
+    wait_status(job, "status.step >= %d" % threshold, step_at_least(threshold), 60)
+    before = status_of(job)
+    check(before.get("phase") in ("Running", "Reconfiguring"), "phase %s at step %s", before.get("phase"),
+          before.get("step"))
+    check((before.get("step") or 0) < steps * 0.8, "the job reached step %s of %d before the disruption: raise "
+          "its steps", before.get("step"), steps)
+    first = sorted(job_pods(job), key=lambda n: pod_index(n, job))
+    taken = disrupt()
+    check(len(taken) == lost, "disruption took %s, want %d Pods", taken, lost)
+    top = max(pod_index(n, job) for n in first)
+    base = before.get("reconfigurations") or 0
+    wait_status(job, "a reconfiguration after the disruption", lambda st: (st.get("reconfigurations") or 0) > base,
+                60)
+    wait_for("%d replacement Pods (%s-w%d and up)" % (lost, job, top + 1),
+             lambda: len([n for n in job_pods(job) if pod_index(n, job) > top]) >= lost, 30, alive=ops_dead)
+    wait_for("a replacement Pod to join (NodeAdded Event of %s)" % job, lambda: "NodeAdded" in event_reasons(job),
+             60, 0.5, alive=ops_dead)
+    st = wait_status(job, "Succeeded", succeeded, timeout)
+    note_rate(st)
+    check(st.get("step") == steps, "final status.step %s, want %d", st.get("step"), steps)
+    hist = check_monotonic(job)
+    check(hist[-1] == steps, "step history ends %s", hist[-5:])
+    new = sorted((n for n in job_pods(job) if n not in first), key=lambda n: pod_index(n, job))
+    idx = [pod_index(n, job) for n in new]
+    check(len(set(idx)) == len(idx) and all(i > top for i in idx), "replacement Pods %s reuse an index (first %s)",
+          new, first)
+    check(not set(taken) & set(new), "a lost Pod's name was reused: %s", new)
+    last = st.get("lastReconfiguration") or {}
+    check(last.get("cause") and last.get("time") and isinstance(last.get("durationSeconds"), (int, float)) and
+          last["durationSeconds"] >= 0 and isinstance(last.get("bytesCopied"), int) and last["bytesCopied"] >= 0,
+          "status.lastReconfiguration %s", last)
+    check(not st.get("lastCheckpoint"), "a checkpoint was used (no checkpoint dir configured): %s",
+          st.get("lastCheckpoint"))
+    reasons = event_reasons(job)
+    for r in ("NodeLost", "Reconfigured", "NodeAdded", "Succeeded"):
+        check(r in reasons, "no %s Event (reasons %s)", r, reasons)
+    return st
+
+
+@e2e_test("operator", jobs=["podloss"])
+def deleted_worker_pod_is_replaced_without_restart():
+    """Issue 5 test 2: `kubectl delete pod` of a worker mid-training: the job
+    reconfigures without a restart or checkpoint, a replacement Pod podloss-w3
+    joins, the job succeeds with every step; metrics count the reconfiguration."""
+    op = operator()
+    steps = long_steps(20)
+    apply(job_manifest("podloss", steps))
+
+    def delete_pod():
+        emu().kubectl_ok("delete", "pod", "podloss-w1", "--wait=true", timeout=60)
+        return ["podloss-w1"]
+    st = disrupt_and_finish("podloss", steps, steps // 8, delete_pod, 1)
+    check(st.get("reconfigurations", 0) >= 1, "reconfigurations %s", st.get("reconfigurations"))
+    samples, text = op.metrics()
+    check((e2e.metric_sum(samples, "pliant_reconfigurations_total") or 0) >= 1,
+          "pliant_reconfigurations_total < 1:\n%s", text[:1500])
+    check((e2e.metric_sum(samples, "pliant_recovery_seconds_count") or 0) >= 1 and
+          e2e.metric_sum(samples, "pliant_recovery_seconds_bucket") is not None,
+          "no pliant_recovery_seconds histogram samples:\n%s", text[:1500])
+    check(op.alive(), "the operator exited")
+
+
+@e2e_test("operator", jobs=["nodeloss"])
+def deleted_node_loses_two_pods_without_restart():
+    """Issue 5 test 2 with a Node: 5 worker Pods (F = 2) on 4 nodes of 2 GPUs, so one
+    Node holds two; `kubectl delete node` kills both at once: one reconfiguration
+    from the survivors, two replacement Pods, Succeeded with every step."""
+    operator()
+    steps = long_steps(20)
+    apply(job_manifest("nodeloss", steps, max_=5, tolerate=2))
+    wait_for("5 running worker Pods", lambda: len(running_pods("nodeloss")) == 5, 60, 0.3, alive=ops_dead)
+
+    def delete_node():
+        by_node = {}
+        for p in running_pods("nodeloss"):
+            by_node.setdefault(p["spec"]["nodeName"], []).append(p["metadata"]["name"])
+        node, names = max(by_node.items(), key=lambda kv: len(kv[1]))
+        check(len(names) == 2, "no node holds two of the job's Pods: %s", by_node)
+        emu().kubectl_ok("delete", "node", node, timeout=60)
+        state["deleted_node"] = node
+        return names
+    try:
+        st = disrupt_and_finish("nodeloss", steps, steps // 8, delete_node, 2)
+    finally:   # the "autoscaler" brings the capacity back for the other tests
+        if state.pop("deleted_node", None):
+            emu().ok("POST", "/_emulator/nodes", {"zone": "a", "gpus": 2})
+    if crd_has("preempted"):
+        check(((st.get("nodes") or {}).get("preempted") or 0) >= 2, "status.nodes.preempted %s, want >= 2",
+              (st.get("nodes") or {}).get("preempted"))
+
+
+@e2e_test("operator", jobs=["badspec", "badheads"])
+def invalid_spec_gets_a_failed_condition():
+    """Issue 5 test 4: specs the schema accepts but the job spec does not (seqLen
+    above the preset's maxSeqLen, heads not dividing the preset's channels): phase
+    Failed, a Failed=True condition whose message names the field, no worker Pods."""
+    op = operator()
+    cases = [("badspec", "spec.batch.seqLen",
+              lambda m: m.replace("layers: 3, channels: 32, heads: 2, vocabSize: 256, maxSeqLen: 64, ",
+                                  "preset: gpt2-tiny, ").replace("seqLen: 32", "seqLen: 1024")),
+             ("badheads", "spec.model.heads",
+              lambda m: m.replace("layers: 3, channels: 32, heads: 2, vocabSize: 256, maxSeqLen: 64, ",
+                                  "preset: gpt2-tiny, channels: 30, "))]
+    for name, field, edit in cases:
+        manifest = edit(job_manifest(name, 10))
+        check(manifest != job_manifest(name, 10), "case %s: manifest unchanged", name)
+        apply(manifest)       # the schema lets it through
+    for name, field, _ in cases:
+        st = wait_status(name, "phase Failed", lambda s: s.get("phase") == "Failed", 30)
+        conds = {c.get("type"): c for c in st.get("conditions") or []}
+        c = conds.get("Failed") or {}
+        check(c.get("status") == "True" and field in (c.get("message") or ""),
+              "job %s: Failed condition %s does not name %s", name, c, field)
+        check(any(field in (ev.get("note") or "") for ev in job_events(name) if ev.get("reason") == "Failed"),
+              "job %s: no Failed Event naming %s: %s", name, field, [ev.get("note") for ev in job_events(name)])
+        check(not job_pods(name), "job %s: worker Pods created for an invalid spec: %s", name, job_pods(name))
+        emu().kubectl_ok("delete", "tj", name)
+    check(op.alive(), "the operator exited")
+
+
+@e2e_test("operator", jobs=["faulty"])
+def api_faults_are_retried():
+    """Issue 5 test 4: 500s, 409s and timeouts injected into the operator's creates,
+    status writes and Events, and a compaction that ends every watch (410, re-list)
+    mid-training: the operator retries, the job succeeds, the operator never exits."""
+    op = operator()
+    ns_path = "^/api/v1/namespaces/default/"
+    required = [
+        {"status": "timeout", "seconds": 3, "count": 1, "method": "POST", "path_regex": ns_path + "pods$"},
+        {"status": 500, "count": 2, "method": "POST", "path_regex": ns_path + "pods$"},
+        {"status": 500, "count": 1, "method": "POST", "path_regex": ns_path + "secrets$"},
+        {"status": 503, "count": 1, "method": "POST", "path_regex": ns_path + "services$"},
+        {"status": 409, "count": 3, "path_regex": "/trainingjobs/faulty/status$"},
+        {"status": 500, "count": 2, "path_regex": "/trainingjobs/faulty/status$"},
+        {"status": "timeout", "seconds": 3, "count": 1, "path_regex": "/trainingjobs/faulty/status$"},
+        {"status": 500, "count": 2, "method": "POST", "path_regex": "/namespaces/default/events$"},
+    ]
+    emu().faults("DELETE")
+    emu().faults("POST", required)
+    steps = long_steps(12)
+    apply(job_manifest("faulty", steps))
+    wait_status("faulty", "status.step >= %d" % (steps // 5), step_at_least(steps // 5), 90)
+    # every watch ends with 410; the next list of TrainingJobs fails once more
+    emu().faults("POST", [{"status": 500, "count": 1, "method": "GET",
+                           "path_regex": "^/apis/pliant.dev/v1alpha1/(namespaces/default/)?trainingjobs$"}])
+    emu().ok("POST", "/_emulator/compact?endWatches=true")
+    st = wait_status("faulty", "Succeeded", succeeded, 120)
+    note_rate(st)
+    check(st.get("step") == steps, "final status.step %s", st.get("step"))
+    check_monotonic("faulty")
+    pending = [f for f in emu().faults() if f.get("path_regex") != "^/apis/pliant.dev/v1alpha1/(namespaces/default/)"
+               "?trainingjobs$"]
+    check(not pending, "faults the operator never met (it did not retry?): %s", pending)
+    check(op.alive(), "the operator exited: %s" % op.dead())
+    check(op.health("/healthz")[0] == 200, "/healthz after the faults")
+    samples, text = op.metrics()
+    errs = [v for (n, _), v in samples.items() if n.startswith("pliant_kube_") and "error" in n]
+    check(errs and sum(errs) >= 1, "no pliant_kube_*error* metric counting the injected failures:\n%s",
+          text[:1500])
+    emu().faults("DELETE")
+
+
+@e2e_test("operator", jobs=["doomed"])
+def deleting_the_job_removes_what_it_created():
+    """Issue 5 test 5: `kubectl delete tj` mid-training: every Pod, Secret and Service
+    the operator created for the job (found in the emulator's state log by owner or
+    label) is removed, the worker processes end, nothing is created again."""
+    op = operator()
+    apply(job_manifest("doomed", long_steps(60)))
+    wait_status("doomed", "status.step >= 5", step_at_least(5), 60)
+    uid = get_tj("doomed")["metadata"]["uid"]
+    emu().kubectl_ok("delete", "tj", "doomed", timeout=60)
+    t0 = time.monotonic()
+
+    def created():
+        out = {}
+        for rec in emu().states():
+            obj = rec.get("object") or {}
+            meta = obj.get("metadata") or {}
+            if rec.get("type") != "ADDED" or rec.get("resource") not in ("pods", "secrets", "services"):
+                continue
+            owned = any(r.get("uid") == uid for r in meta.get("ownerReferences") or [])
+            if owned or (meta.get("labels") or {}).get("pliant.dev/job") == "doomed":
+                out[(rec["resource"], meta.get("namespace"), meta.get("name"))] = obj
+        return out
+    made = created()
+    kinds = {k[0] for k in made}
+    check({"pods", "secrets", "services"} <= kinds, "the state log shows no Pod/Secret/Service for the job: %s",
+          sorted(made))
+    check(("secrets", NS, "doomed-pliant") in made and ("services", NS, "doomed-coordinator") in made,
+          "Secret doomed-pliant / Service doomed-coordinator not among %s", sorted(made))
+
+    def remaining():
+        left = []
+        for (res, ns, name) in created():
+            if emu().get("/api/v1/namespaces/%s/%s/%s" % (ns, res, name)) is not None:
+                left.append("%s/%s" % (res, name))
+        return left
+    wait_for("every Pod, Secret and Service of the job to go", lambda: not remaining(), 30, 0.3, alive=ops_dead)
+    pids = []
+    for (res, _, _), obj in made.items():
+        for _, _, o in state["pods"].objects(lambda o: o["metadata"]["uid"] == obj["metadata"].get("uid")):
+            for cs in (o.get("status") or {}).get("containerStatuses") or []:
+                if "//" in (cs.get("containerID") or ""):
+                    pids.append(int(cs["containerID"].split("//")[1]))
+    for pid in set(pids):
+        wait_for("worker process %d to end" % pid, lambda: process_gone(pid), 10)
+    time.sleep(max(0.0, 3 - (time.monotonic() - t0)))
+    again = remaining() + [p["metadata"]["name"] for p in pods_now("doomed")]
+    check(not again, "created again after the deletion: %s", again)
+    check(get_tj("doomed") is None, "the TrainingJob is still there")
+    check(op.alive(), "the operator exited")
+
+
+@e2e_test("failover", jobs=[("ha", "ha")])
+def leader_failover_continues_training():
+    """Issue 5 test 3: two operators with --leader-elect; SIGKILL of the Lease holder
+    mid-training: the other takes the Lease over and training continues on the same
+    worker Pods (no new Pod, no container restart), status.step never goes back by
+    more than the in-flight step, the job succeeds."""
+    if state["op"] is not None:     # it watches namespace default only, but leave the field to the pair
+        state["op"].stop()
+    ensure_crd()
+    e = emu()
+    e.kubectl_ok("create", "namespace", "ha")
+    pair = {}
+    for ident in ("op-a", "op-b"):
+        op = e2e.Operator(state["operator_bin"], e, os.path.join(suite.tmp, "operator"), ident,
+                          ["--namespace", "ha", "--leader-elect", "--lease-namespace", "ha", "--identity", ident,
+                           "--coordinator-host", "127.0.0.1", "--worker-command", suite.pliant])
+        pair[ident] = op
+        state["ops"].append(op)
+
+    def holder():
+        for lease in e.ok("GET", "/apis/coordination.k8s.io/v1/namespaces/ha/leases")["items"]:
+            h = (lease.get("spec") or {}).get("holderIdentity")
+            if h in pair:
+                return h
+        return None
+    leader = wait_for("a Lease held by op-a or op-b", holder, 30, 0.2, alive=ops_dead)
+    steps = long_steps(20)
+    apply(job_manifest("ha", steps, ns="ha"))
+    wait_status("ha", "status.step >= %d" % (steps // 8), step_at_least(steps // 8), 60, ns="ha")
+    before = {p["metadata"]["name"]: p for p in pods_now("ha", "ha")}
+    check(len(before) == 3, "worker Pods before the failover: %s", sorted(before))
+    s_kill = status_of("ha", "ha").get("step") or 0
+    check(s_kill < steps * 0.8, "step %s of %d before the failover: raise the steps", s_kill, steps)
+    t_kill = time.monotonic()
+    pair[leader].kill()
+    other = "op-b" if leader == "op-a" else "op-a"
+    wait_for("%s to take the Lease over" % other, lambda: holder() == other, 60, 0.2, alive=ops_dead)
+    wait_status("ha", "training to continue after the failover", step_at_least(s_kill + 10), 90, ns="ha",
+                stall=90)
+    st = wait_status("ha", "Succeeded", succeeded, 150, ns="ha", stall=60)
+    check(st.get("step") == steps, "final status.step %s", st.get("step"))
+    hist = check_monotonic("ha", "ha", slack=1)
+    check(hist[-1] == steps, "step history ends %s", hist[-5:])
+    seen = [(t, (o.get("status") or {}).get("step")) for t, typ, o in state["jobs"].objects(
+        lambda o: o["metadata"]["name"] == "ha" and o["metadata"].get("namespace") == "ha") if typ != "DELETED"]
+    top = max([s for t, s in seen if t <= t_kill and s is not None] + [s_kill])
+    after = [s for t, s in seen if t > t_kill and s is not None]
+    check(after and min(after) >= top - 1, "steps redone after the failover: step %d before the kill, then %s",
+          top, after[:30])
+    names = job_pods("ha", "ha")
+    check(sorted(names) == sorted(before), "worker Pods %s after the failover, %s before", names, sorted(before))
+    for p in pods_now("ha", "ha"):
+        name = p["metadata"]["name"]
+        check(p["metadata"]["uid"] == before[name]["metadata"]["uid"], "Pod %s was recreated", name)
+        for cs in p["status"].get("containerStatuses") or []:
+            check(cs.get("restartCount", 0) == 0, "Pod %s restarted its container: %s", name, cs)
+    check(pair[other].alive(), "the new leader exited")
+
+
+# ---------------------------------------------------------------------------
+
+def operator_info(binary):
+    """The text of `--version` (and of `--help` unless --version mentions hello_resume)."""
+    text = ""
+    for flag in ("--version", "--help"):
+        if "hello_resume" in text:
+            break
+        try:
+            p = subprocess.run([binary, flag], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, timeout=10)
+            text += p.stdout.decode(errors="replace") + p.stderr.decode(errors="replace")
+        except (OSError, subprocess.TimeoutExpired) as e:
+            text += str(e)
+    return text
+
+
+def main():
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--build", default="build")
+    ap.add_argument("-k", "--filter", default="")
+    args, _ = ap.parse_known_args()
+    build = args.build if os.path.isabs(args.build) else os.path.join(REPO, args.build)
+    binary = os.path.join(build, "bin", "pliant-operator")
+    state["operator_bin"] = binary
+    skips = []
+    if not KUBECTL:
+        skips = [(t, "kubectl not installed") for g in _groups.values() for t in g]
+    else:
+        for t in _groups["emulator"]:
+            suite.test(t)
+        if not os.access(binary, os.X_OK):
+            skips += [(t, "build/bin/pliant-operator not built") for t in _groups["operator"] + _groups["failover"]]
+        else:
+            for t in _groups["operator"]:
+                suite.test(t)
+            if "hello_resume" in operator_info(binary):
+                for t in _groups["failover"]:
+                    suite.test(t)
+            else:
+                skips += [(t, FAILOVER_SKIP) for t in _groups["failover"]]
+    for t, why in skips:
+        if args.filter in t.__name__:
+            print("skip %s.%s: %s" % (suite.prefix, t.__name__, why))
+    sys.stdout.flush()
+    # Stop the processes inside the last test, before Suite.main removes the temporary
+    # directory they write in (and again below, whatever happens).
+    selected = [i for i, t in enumerate(suite.tests) if args.filter in t.__name__]
+    if selected:
+        last = suite.tests[selected[-1]]
+
+        def last_then_cleanup():
+            try:
+                last()
+            finally:
+                cleanup()
+        last_then_cleanup.__name__ = last.__name__
+        suite.tests[selected[-1]] = last_then_cleanup
+    try:
+        return suite.main()
+    finally:
+        cleanup()
+
+
+def cleanup():
+    for rec in ("pods", "jobs"):
+        if state[rec] is not None:
+            state[rec].stop()
+    e2e.stop_all()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
