@@ -101,6 +101,7 @@ static void on_register(pl_ctl_server *s, pl_ctl_conn *c, const pl_msg *m, void 
         return;
     }
     w->conn = c;
+    if (m->u.reg.zone[0]) pl_coord_set_zone(r->coord, m->u.reg.name, m->u.reg.zone);
 }
 
 static void on_message(pl_ctl_server *s, pl_ctl_conn *c, const pl_msg *m, void *user)

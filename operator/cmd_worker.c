@@ -6,7 +6,8 @@
  * PLIANT_HOST (the address peer links listen on, default 127.0.0.1; 0.0.0.0 in a
  * Pod), PLIANT_ADVERTISE (the address peers dial, default PLIANT_HOST: the Pod
  * IP), PLIANT_PEER_PORT (default 0: any free port) and PLIANT_CHECKPOINT_DIR
- * (overrides spec.checkpoint.dir) and PLIANT_THREADS (as --threads). Exits with the code of
+ * (overrides spec.checkpoint.dir), PLIANT_ZONE (its topology zone, for placement)
+ * and PLIANT_THREADS (as --threads). Exits with the code of
  * the coordinator's `stop`, 1 on a failure, 2 on bad input. */
 #include <getopt.h>
 #include <stdio.h>
@@ -65,6 +66,7 @@ int cmd_worker(int argc, char **argv)
     o.ca_path = env_or("PLIANT_CA", NULL);
     o.name = env_or("PLIANT_WORKER_NAME", NULL);
     o.node = env_or("PLIANT_NODE", NULL);
+    o.zone = env_or("PLIANT_ZONE", NULL);
     o.host = env_or("PLIANT_HOST", NULL);
     o.advertise = env_or("PLIANT_ADVERTISE", NULL);
     o.checkpoint_dir = env_or("PLIANT_CHECKPOINT_DIR", NULL);

@@ -31,6 +31,7 @@ static const char *const COND_TYPES[] = {"Created",   "Running",   "Reconfigurin
 typedef struct cpod {
     char name[256];
     char phase[32];
+    char zone[64];  /* its node's topology.kubernetes.io/zone; "" unknown */
     int deleting, gone_reported, counted;
     struct cpod *next;
 } cpod;
@@ -62,6 +63,11 @@ typedef struct cjob {
     struct cjob *next;
 } cjob;
 
+typedef struct cnode {
+    char name[256], zone[64];
+    struct cnode *next;
+} cnode;
+
 typedef struct inbox_item {
     int is_pod;
     pl_watch_event ev;
@@ -87,6 +93,7 @@ struct pl_controller {
     pthread_mutex_t mu;         /* the inbox */
     inbox_item *head, *tail;
     cjob *jobs;
+    cnode *nodes;               /* zones of the nodes seen */
     int64_t api_t0;             /* when the request being counted began */
 };
 
@@ -519,6 +526,29 @@ static void *informer_main(void *arg)
     return NULL;
 }
 
+/* A node's topology.kubernetes.io/zone ("" unknown), looked up once. */
+static const char *node_zone(pl_controller *c, const char *node)
+{
+    for (cnode *n = c->nodes; n; n = n->next)
+        if (!strcmp(n->name, node)) return n->zone;
+    pl_kube_ref r = {NULL, "v1", NULL, "nodes", node, NULL};
+    pl_kube_status st;
+    cJSON *obj = NULL;
+    if (API(c, "get", pl_kube_get(c->api, &r, NULL, &obj, &st), &st)) return "";
+    cnode *n = calloc(1, sizeof *n);
+    const cJSON *z = cJSON_GetObjectItem(
+        cJSON_GetObjectItem(cJSON_GetObjectItem(obj, "metadata"), "labels"),
+        "topology.kubernetes.io/zone");
+    if (n) {
+        snprintf(n->name, sizeof n->name, "%s", node);
+        snprintf(n->zone, sizeof n->zone, "%s", cJSON_IsString(z) ? z->valuestring : "");
+        n->next = c->nodes;
+        c->nodes = n;
+    }
+    cJSON_Delete(obj);
+    return n ? n->zone : "";
+}
+
 /* The Pod changed: its job's cache, the coordinator (a node lost), a reconcile. */
 static void pod_event(pl_controller *c, pl_watch_event ev, const cJSON *pod)
 {
@@ -538,6 +568,11 @@ static void pod_event(pl_controller *c, pl_watch_event ev, const cJSON *pod)
         snprintf(p->name, sizeof p->name, "%s", name);
         p->next = j->pods;
         j->pods = p;
+    }
+    const char *node = pl_kube_field(pod, "spec.nodeName");
+    if (node && !p->zone[0] && ev != PL_WATCH_DELETED) {
+        snprintf(p->zone, sizeof p->zone, "%s", node_zone(c, node));
+        if (j->rt && p->zone[0]) pl_job_runtime_set_zone(j->rt, name, p->zone);
     }
     const char *phase = pl_kube_field(pod, "status.phase");
     if (strcmp(p->phase, phase ? phase : "Pending")) j->status_dirty = 1; /* nodes.running */
@@ -792,6 +827,8 @@ static int start_runtime(pl_controller *c, cjob *j)
         }
     }
     set_cond(j, "Created", 1, "Created", "coordinator on port %d", pl_job_runtime_port(j->rt));
+    for (const cpod *p = j->pods; p; p = p->next)
+        if (p->zone[0]) pl_job_runtime_set_zone(j->rt, p->name, p->zone);
     if (c->cfg.metrics) { /* counters exist from the start (Prometheus practice) */
         char lab[600];
         snprintf(lab, sizeof lab, "namespace=\"%s\",job=\"%s\"", j->ns, j->name);
@@ -1044,6 +1081,11 @@ void pl_controller_free(pl_controller *c)
     for (int i = 0; i < 2; i++) pl_kube_client_free(c->inf[i].client);
     pl_kube_client_free(c->api);
     pl_workqueue_free(c->q);
+    while (c->nodes) {
+        cnode *n = c->nodes;
+        c->nodes = n->next;
+        free(n);
+    }
     pthread_mutex_destroy(&c->mu);
     free(c);
 }

@@ -12,7 +12,7 @@
 #include "reinstantiate.h"
 
 typedef struct {
-    pl_proto_name name, node;
+    pl_proto_name name, node, zone; /* zone "" : unknown */
     char host[PL_PROTO_HOST_MAX + 1];
     int port, rank;
     int live, leaving;
@@ -465,21 +465,39 @@ static int fresh_plan(pl_coord *c, int live, cplan *np)
     if (!e)
         return 1;
     np->npipes = e->npipelines;
-    if (!(np->p = calloc((size_t)e->npipelines, sizeof *np->p)))
+    char *used = calloc((size_t)c->nw + 1, 1);
+    if (!used || !(np->p = calloc((size_t)e->npipelines, sizeof *np->p))) {
+        free(used);
         return -1;
-    int next = 0;
+    }
     for (int q = 0; q < e->npipelines; q++) {
         cpipe *cq = &np->p[q];
         cq->mb = e->pipelines[q].microbatches;
-        if (!(cq->w = malloc((size_t)e->pipelines[q].template_nodes * sizeof(int))))
+        if (!(cq->w = malloc((size_t)e->pipelines[q].template_nodes * sizeof(int)))) {
+            free(used);
             return -1;
+        }
         cq->nnodes = e->pipelines[q].template_nodes;
+        /* workers in rank order, but a stage's neighbour from another zone where one
+         * is left: simultaneous preemptions come from one zone (Bamboo §3) */
         for (int j = 0; j < cq->nnodes; j++) {
-            while (!c->w[next].live)
-                next++;
-            cq->w[j] = next++;
+            const char *prev = j ? c->w[cq->w[j - 1]].zone : "";
+            int pick = -1;
+            for (int i = 0; i < c->nw && (pick < 0 || prev[0]); i++) {
+                if (!c->w[i].live || used[i])
+                    continue;
+                if (pick < 0)
+                    pick = i;
+                if (prev[0] && c->w[i].zone[0] && strcmp(c->w[i].zone, prev)) {
+                    pick = i;
+                    break;
+                }
+            }
+            used[pick] = 1;
+            cq->w[j] = pick;
         }
     }
+    free(used);
     return 0;
 }
 
@@ -1394,6 +1412,18 @@ int pl_coord_hello_resume(pl_coord *c, const char *name, int64_t gen,
         if (c->w[k].restored && (!c->w[k].live || !c->w[k].resumed))
             return PL_COORD_OK;
     resume_done(c);
+    return PL_COORD_OK;
+}
+
+int pl_coord_set_zone(pl_coord *c, const char *name, const char *zone)
+{
+    c->err[0] = 0;
+    int i = find(c, name);
+    if (i < 0)
+        return fail_err(c, "unknown worker \"%s\"", name ? name : "(null)");
+    if (!zone || strlen(zone) > PL_PROTO_NAME_MAX)
+        return fail_err(c, "bad zone for worker \"%s\"", name);
+    snprintf(c->w[i].zone, sizeof c->w[i].zone, "%s", zone);
     return PL_COORD_OK;
 }
 

@@ -172,6 +172,10 @@ int pl_coord_restore(pl_coord *c, int64_t generation, int64_t step, const pl_msg
                      int npipes, int64_t resume_ms);
 int pl_coord_hello_resume(pl_coord *c, const char *name, int64_t gen,
                           const pl_msg_hello_resume *h);
+/* The topology zone of a worker (its node's), for placement: a fresh plan puts
+ * consecutive stages of a pipeline in different zones where it can. */
+int pl_coord_set_zone(pl_coord *c, const char *name, const char *zone);
+
 /* The stable plan's pipeline q: its worker names in stage order (pointers into the
  * coordinator, valid until the next event) and its microbatches (may be NULL);
  * the count, or -1 past the last. */

@@ -19,6 +19,7 @@
 
 typedef struct worker {
     char name[PL_PROTO_NAME_MAX + 1];
+    pl_proto_name zone;   /* its node's topology zone, "" unknown */
     pl_ctl_conn *conn;
     struct worker *next;
 } worker;
@@ -49,6 +50,16 @@ static worker *find_worker(pl_job_runtime *rt, const char *name)
     return NULL;
 }
 
+static worker *add_worker(pl_job_runtime *rt, const char *name)
+{
+    worker *w = calloc(1, sizeof *w);
+    if (!w) return NULL;
+    snprintf(w->name, sizeof w->name, "%s", name);
+    w->next = rt->workers;
+    rt->workers = w;
+    return w;
+}
+
 static void lost(pl_job_runtime *rt, const char *name, const char *cause)
 {
     pl_coord_phase_t ph = pl_coord_phase(rt->coord);
@@ -70,14 +81,7 @@ static void on_register(pl_ctl_server *s, pl_ctl_conn *c, const pl_msg *m, void 
     else if (pl_coord_worker_registered(rt->coord, r->name, r->node, r->host, r->port,
                                         pl_ctl_now_ms()) == PL_COORD_ERR)
         why = pl_coord_error(rt->coord);
-    if (!why && !w) {
-        if (!(w = calloc(1, sizeof *w))) why = "out of memory";
-        else {
-            snprintf(w->name, sizeof w->name, "%s", r->name);
-            w->next = rt->workers;
-            rt->workers = w;
-        }
-    }
+    if (!why && !w && !(w = add_worker(rt, r->name))) why = "out of memory";
     if (why) {
         pl_msg x;
         pl_msg_init(&x, PL_MSG_REFUSE, pl_coord_generation(rt->coord));
@@ -87,6 +91,8 @@ static void on_register(pl_ctl_server *s, pl_ctl_conn *c, const pl_msg *m, void 
         return;
     }
     w->conn = c;
+    const char *zone = w->zone[0] ? w->zone : r->zone;
+    if (zone[0]) pl_coord_set_zone(rt->coord, w->name, zone);
 }
 
 static void on_message(pl_ctl_server *s, pl_ctl_conn *c, const pl_msg *m, void *user)
@@ -246,6 +252,15 @@ int pl_job_runtime_poll(pl_job_runtime *rt, int timeout_ms)
 void pl_job_runtime_worker_gone(pl_job_runtime *rt, const char *name, const char *cause)
 {
     if (find_worker(rt, name)) lost(rt, name, cause);
+}
+
+void pl_job_runtime_set_zone(pl_job_runtime *rt, const char *name, const char *zone)
+{
+    worker *w = find_worker(rt, name);
+    if (!w && !(w = add_worker(rt, name))) return;
+    if (!strcmp(w->zone, zone)) return;
+    snprintf(w->zone, sizeof w->zone, "%s", zone);
+    if (w->conn) pl_coord_set_zone(rt->coord, name, zone);
 }
 
 pl_coord *pl_job_runtime_coord(pl_job_runtime *rt) { return rt->coord; }

@@ -43,6 +43,9 @@ int pl_job_runtime_poll(pl_job_runtime *rt, int timeout_ms);
  * from its connection): the loss of that node. */
 void pl_job_runtime_worker_gone(pl_job_runtime *rt, const char *name, const char *cause);
 
+/* The zone of worker `name`'s node (known from its Pod before it registers). */
+void pl_job_runtime_set_zone(pl_job_runtime *rt, const char *name, const char *zone);
+
 pl_coord *pl_job_runtime_coord(pl_job_runtime *rt);
 int pl_job_runtime_port(const pl_job_runtime *rt);
 const char *pl_job_runtime_token(const pl_job_runtime *rt);

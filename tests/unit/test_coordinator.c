@@ -849,6 +849,35 @@ static void test_restore_after_coordinator_loss(void)
     sim_free(&s);
 }
 
+/* Zones a, a, b, ?: a fresh plan alternates zones along each pipeline. */
+static void test_zone_placement(void)
+{
+    sim s;
+    CHECK(sim_init(&s, 9, 4) == 0);
+    const char *zones[] = {"a", "a", "b"};
+    for (int w = 0; w < 4; w++) {
+        CHECK_EQ_INT(pl_coord_worker_registered(s.c, nm(w), NULL, NULL, 0, 0), PL_COORD_OK);
+        if (w < 3)
+            CHECK_EQ_INT(pl_coord_set_zone(s.c, nm(w), zones[w]), PL_COORD_OK);
+        s.live[w] = 1;
+        s.nw = w + 1;
+    }
+    CHECK(drain(&s) == 0);
+    const pl_msg_plan *p = &s.plan[0].u.plan;
+    int checked = 0;
+    for (int q = 0; q < p->npipelines; q++)
+        for (int j = 1; j < p->pipelines[q].nnodes; j++) {
+            int a = widx(p->pipelines[q].nodes[j - 1]), b = widx(p->pipelines[q].nodes[j]);
+            if (a < 3 && b < 3) {
+                CHECK(strcmp(zones[a], zones[b]) != 0);
+                checked++;
+            }
+        }
+    CHECK(checked > 0);
+    CHECK_EQ_INT(pl_coord_set_zone(s.c, "nobody", "a"), PL_COORD_ERR);
+    sim_free(&s);
+}
+
 /* start_grace_ms: 6 wanted, 4 registered: the first plan comes after the grace. */
 static void test_start_grace(void)
 {
@@ -989,6 +1018,7 @@ RUN(test_limits);
 RUN(test_join_checks_and_settling);
 RUN(test_restore_after_coordinator_loss);
 RUN(test_start_grace);
+RUN(test_zone_placement);
 RUN(test_initial_copy_loss_and_nan);
 RUN(test_bad_config);
 TEST_MAIN_END

@@ -1165,6 +1165,7 @@ int pl_agent_run(const pl_agent_options *o)
     snprintf(cc.reg.host, sizeof cc.reg.host, "%s",
              o->advertise ? o->advertise : o->host ? o->host : "127.0.0.1");
     cc.reg.port = pl_listener_port(a->lst);
+    snprintf(cc.reg.zone, sizeof cc.reg.zone, "%s", o->zone ? o->zone : "");
     cc.reg.gpus = 0;
     cc.reg.pid = getpid();
     a->cc = cc;

@@ -33,6 +33,7 @@ typedef struct {
     const char *ca_path;      /* coordinator certificate to trust; NULL: insecure */
     const char *name;         /* worker name */
     const char *node;         /* the machine it runs on (NULL: the host name) */
+    const char *zone;         /* its topology zone (NULL: unknown) */
     const char *host;         /* address the peer links listen on (NULL: 127.0.0.1) */
     const char *advertise;    /* address peers dial, sent at registration (NULL: host) */
     int peer_port;            /* TCP port for peer links (0: any free one) */
