@@ -26,7 +26,7 @@ SHARED_SRC := $(wildcard shared/*.c)
 PLIANT_SRC := operator/pliant.c
 OPERATOR_MAIN_SRC := operator/operator_main.c
 OPERATOR_SRC := $(filter-out $(PLIANT_SRC) $(OPERATOR_MAIN_SRC),$(wildcard operator/*.c))
-UNIT_SRC   := $(filter-out tests/unit/test_kernels_cuda.c,$(wildcard tests/unit/test_*.c))
+UNIT_SRC   := $(wildcard tests/unit/test_*.c)
 BENCH_SRC  := $(wildcard bench/*_bench.c)
 CUDA_SRC   := $(wildcard kernels/cuda/*.cu)
 
@@ -38,10 +38,9 @@ UNIT_ASAN_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/asan/tests/%)
 BENCH_BIN       := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 CUDA_OBJ        := $(CUDA_SRC:%.cu=$(BUILD)/cuda/%.o)
 
-# Compute kernels: the backend dispatch (kernels/kernels.c) and the CPU kernels
-# (kernels/cpu/: OpenMP + OpenBLAS), one library (and its sanitized twin)
-# linked into every program, unit test and benchmark.
-KERNEL_SRC      := kernels/kernels.c $(wildcard kernels/cpu/*.c)
+# CPU compute kernels (kernels/cpu/: OpenMP + OpenBLAS), one library (and its
+# sanitized twin) linked into every program, unit test and benchmark.
+KERNEL_SRC      := $(wildcard kernels/cpu/*.c)
 KERNEL_OBJ      := $(KERNEL_SRC:%.c=$(BUILD)/obj/%.o)
 KERNEL_ASAN_OBJ := $(KERNEL_SRC:%.c=$(BUILD)/asan/obj/%.o)
 KERNEL_LIB      := $(BUILD)/lib/libpliant_kernels.a
@@ -135,11 +134,11 @@ $(BUILD)/bench/%: bench/%.c $(LIBS)
 
 unit-tests: $(UNIT_BIN) $(UNIT_ASAN_BIN)
 
-# The whole default suite: unit tests (plain and sanitized) and command-line tests.
 # The operator's end-to-end tests (kubectl against the API emulator); also part of `make test`.
 test-e2e: all
 	@$(PYTHON) tests/run_tests.py --build $(BUILD) -k operator_e2e
 
+# The whole default suite: unit tests (plain and sanitized) and command-line tests.
 test: all unit-tests
 	@$(PYTHON) tests/run_tests.py --build $(BUILD)
 
