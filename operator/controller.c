@@ -1029,10 +1029,13 @@ int pl_controller_run(pl_controller *c, const atomic_int *stop, char *err, size_
     }
     int64_t resync = pl_ctl_now_ms();
     while (!atomic_load(stop)) {
+        /* reconcile from complete caches only (a Pod not listed yet would be created
+         * again): synced is read before draining, as the lists' events come first */
+        int synced = pl_controller_synced(c);
         drain_inbox(c);
-        if (!pl_controller_synced(c)) { /* reconcile from complete caches only: a Pod */
-            struct timespec ts = {0, LOOP_MS * 1000000L}; /* not listed yet would be */
-            nanosleep(&ts, NULL);                         /* created again */
+        if (!synced) {
+            struct timespec ts = {0, LOOP_MS * 1000000L};
+            nanosleep(&ts, NULL);
             continue;
         }
         /* the loop waits on the control servers while jobs run (a step is several
