@@ -501,6 +501,48 @@ static int fresh_plan(pl_coord *c, int live, cplan *np)
     return 0;
 }
 
+/* Same-zone neighbours in the pipelines (zones known on both sides). */
+static int zone_conflicts(const pl_coord *c, const cplan *np)
+{
+    int n = 0;
+    for (int q = 0; q < np->npipes; q++)
+        for (int j = 1; j < np->p[q].nnodes; j++) {
+            const char *a = c->w[np->p[q].w[j - 1]].zone, *b = c->w[np->p[q].w[j]].zone;
+            n += a[0] && b[0] && !strcmp(a, b);
+        }
+    return n;
+}
+
+/* Added workers hold nothing: swapping two of them changes no copy's size or
+ * source, only who receives it. Swaps that leave fewer same-zone neighbours are
+ * kept, so that re-instantiation spreads zones where it costs nothing (Bamboo §3). */
+static void spread_added(pl_coord *c, cplan *np, ccopy *cp, int ncp, const char **ad, int nad)
+{
+    int *slot[PL_PROTO_MAX_NODES];
+    int n = 0;
+    for (int q = 0; q < np->npipes; q++)
+        for (int j = 0; j < np->p[q].nnodes; j++)
+            for (int k = 0; k < nad && n < PL_PROTO_MAX_NODES; k++)
+                if (!strcmp(c->w[np->p[q].w[j]].name, ad[k]))
+                    slot[n++] = &np->p[q].w[j];
+    int best = zone_conflicts(c, np);
+    for (int a = 0; a < n && best > 0; a++)
+        for (int b = a + 1; b < n && best > 0; b++) {
+            int x = *slot[a], y = *slot[b];
+            *slot[a] = y;
+            *slot[b] = x;
+            int now = zone_conflicts(c, np);
+            if (now < best) {
+                best = now;
+                for (int k = 0; k < ncp; k++) /* the copies follow the positions */
+                    cp[k].dest = cp[k].dest == x ? y : cp[k].dest == y ? x : cp[k].dest;
+            } else {
+                *slot[a] = x;
+                *slot[b] = y;
+            }
+        }
+}
+
 /* Re-instantiation of the stable plan for the live workers (§5.1 via
  * pl_reinstantiate): fills np and the layer copies. 0, 1 when too few
  * workers, 2 on a fatal loss (lost layers appended to c->cause), -1 with the
@@ -571,6 +613,7 @@ static int reinstantiate(pl_coord *c, const char **rm, int nrm, const char **ad,
             x->bytes = r.copies[k].layers[j].bytes;
         }
     *bytes_planned = r.bytes_to_copy;
+    spread_added(c, np, *cp, *ncp, ad, nad);
     rc = 0;
     goto out;
 oom:

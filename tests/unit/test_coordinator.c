@@ -878,6 +878,44 @@ static void test_zone_placement(void)
     sim_free(&s);
 }
 
+/* Workers added together are swapped so that neighbours differ in zone where
+ * that costs no copy; the plans stay consistent (copies follow positions). */
+static void test_added_workers_spread_over_zones(void)
+{
+    sim s;
+    CHECK(begin_run(&s, 9, 4) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    for (int w = 0; w < 4; w++)
+        CHECK_EQ_INT(pl_coord_set_zone(s.c, nm(w), "z"), PL_COORD_OK);
+    /* two of the plan die, three join (zones a, a, b) */
+    const char *zones[] = {"a", "a", "b"};
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, "w1", "killed"), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, "w2", "killed"), PL_COORD_OK);
+    s.live[1] = s.live[2] = 0;
+    CHECK(drain(&s) == 0);
+    for (int w = 4; w < 7; w++) {
+        CHECK_EQ_INT(pl_coord_worker_registered(s.c, nm(w), NULL, NULL, 0, 0), PL_COORD_OK);
+        CHECK_EQ_INT(pl_coord_set_zone(s.c, nm(w), zones[w - 4]), PL_COORD_OK);
+        s.live[w] = 1;
+        s.nw = w + 1;
+    }
+    CHECK(drain(&s) == 0);
+    if (pl_coord_phase(s.c) == PL_COORD_COPYING) { /* the joins wait for the boundary */
+        all_copy_done(&s);
+        CHECK(drain(&s) == 0);
+        CHECK(run_step(&s, 1) == 0);
+    }
+    CHECK(plans_valid(&s) == 0);
+    const pl_msg_plan *p = &s.plan[0].u.plan;
+    for (int q = 0; q < p->npipelines; q++)
+        for (int j = 1; j < p->pipelines[q].nnodes; j++) {
+            int a = widx(p->pipelines[q].nodes[j - 1]), b = widx(p->pipelines[q].nodes[j]);
+            if (a >= 4 && b >= 4) /* two added neighbours: a and b are there to pair */
+                CHECK(strcmp(zones[a - 4], zones[b - 4]) != 0);
+        }
+    sim_free(&s);
+}
+
 /* start_grace_ms: 6 wanted, 4 registered: the first plan comes after the grace. */
 static void test_start_grace(void)
 {
@@ -1019,6 +1057,7 @@ RUN(test_join_checks_and_settling);
 RUN(test_restore_after_coordinator_loss);
 RUN(test_start_grace);
 RUN(test_zone_placement);
+RUN(test_added_workers_spread_over_zones);
 RUN(test_initial_copy_loss_and_nan);
 RUN(test_bad_config);
 TEST_MAIN_END
