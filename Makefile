@@ -26,7 +26,7 @@ SHARED_SRC := $(wildcard shared/*.c)
 PLIANT_SRC := operator/pliant.c
 OPERATOR_MAIN_SRC := operator/operator_main.c
 OPERATOR_SRC := $(filter-out $(PLIANT_SRC) $(OPERATOR_MAIN_SRC),$(wildcard operator/*.c))
-UNIT_SRC   := $(wildcard tests/unit/test_*.c)
+UNIT_SRC   := $(filter-out tests/unit/test_kernels_cuda.c,$(wildcard tests/unit/test_*.c))
 BENCH_SRC  := $(wildcard bench/*_bench.c)
 CUDA_SRC   := $(wildcard kernels/cuda/*.cu)
 
@@ -38,9 +38,10 @@ UNIT_ASAN_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/asan/tests/%)
 BENCH_BIN       := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 CUDA_OBJ        := $(CUDA_SRC:%.cu=$(BUILD)/cuda/%.o)
 
-# CPU compute kernels (kernels/cpu/: OpenMP + OpenBLAS), one library (and its
-# sanitized twin) linked into every program, unit test and benchmark.
-KERNEL_SRC      := $(wildcard kernels/cpu/*.c)
+# Compute kernels: the backend dispatch (kernels/kernels.c) and the CPU kernels
+# (kernels/cpu/: OpenMP + OpenBLAS), one library (and its sanitized twin)
+# linked into every program, unit test and benchmark.
+KERNEL_SRC      := kernels/kernels.c $(wildcard kernels/cpu/*.c)
 KERNEL_OBJ      := $(KERNEL_SRC:%.c=$(BUILD)/obj/%.o)
 KERNEL_ASAN_OBJ := $(KERNEL_SRC:%.c=$(BUILD)/asan/obj/%.o)
 KERNEL_LIB      := $(BUILD)/lib/libpliant_kernels.a
@@ -138,8 +139,9 @@ unit-tests: $(UNIT_BIN) $(UNIT_ASAN_BIN)
 test-e2e: all
 	@$(PYTHON) tests/run_tests.py --build $(BUILD) -k operator_e2e
 
-# The whole default suite: unit tests (plain and sanitized) and command-line tests.
-test: all unit-tests
+# The whole default suite: unit tests (plain and sanitized) and command-line tests;
+# where nvcc exists the CUDA backend is built too and its tests run (skipping without a GPU).
+test: all unit-tests $(if $(wildcard $(NVCC)),cuda)
 	@$(PYTHON) tests/run_tests.py --build $(BUILD)
 
 bench: bench-planner bench-kernels bench-train
@@ -157,14 +159,46 @@ bench-comm: $(BUILD)/bench/comm_bench
 bench-trace: $(BUILD)/bin/pliant $(BUILD)/bench/comm_bench
 	$(PYTHON) bench/trace_bench.py --build $(BUILD) $(if $(SPEEDUP),--speedup $(SPEEDUP))
 
-# CUDA parts build only where nvcc exists; the default build never needs it.
-cuda: $(CUDA_OBJ)
-	@if [ ! -x "$(NVCC)" ]; then echo "make cuda: $(NVCC) not found" >&2; exit 1; fi
-	@echo "cuda: built $(words $(CUDA_OBJ)) object(s)"
+# The CUDA backend (kernels/cuda/, cuBLAS) builds only with `make cuda`; the default
+# build never needs nvcc. libpliant_kernels_cuda.a = the CPU kernels + the CUDA
+# kernels + the dispatch built with PLIANT_CUDA (so kn_create("cuda") exists);
+# pliant-cuda and test_kernels_cuda link it in place of libpliant_kernels.a.
+# GPU code: sm_90 (H100) plus its PTX for newer devices.
+CUDA_HOME        ?= /usr/local/cuda
+NVCC_FLAGS       := -std=c++17 -O3 -Ishared -Ikernels -Xcompiler -Wall -MMD -MP \
+                    -gencode arch=compute_90,code=[sm_90,compute_90]
+KERNEL_CUDA_LIB  := $(BUILD)/lib/libpliant_kernels_cuda.a
+CUDA_LIBS        := $(OPERATOR_LIB) $(ENGINE_LIB) $(KERNEL_CUDA_LIB) $(BUILD)/lib/libpliant_shared.a
+CUDA_LDLIBS      := $(LDLIBS) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 \
+                    -lcublasLt -lcublas -lcudart -lstdc++
+.PHONY: test-gpu
+cuda: $(BUILD)/bin/pliant-cuda $(BUILD)/tests/test_kernels_cuda
+
+# The CUDA kernel parity tests (each test prints "skip" where there is no GPU).
+test-gpu: $(BUILD)/tests/test_kernels_cuda
+	$(BUILD)/tests/test_kernels_cuda
 
 $(BUILD)/cuda/%.o: %.cu
 	@mkdir -p $(@D)
-	$(NVCC) -std=c++17 -O3 -Ishared -Ikernels -gencode arch=compute_90,code=[sm_90,compute_90] -c $< -o $@
+	@if [ ! -x "$(NVCC)" ]; then echo "make cuda: $(NVCC) not found" >&2; exit 1; fi
+	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
+
+$(BUILD)/cuda/kernels/kernels.o: kernels/kernels.c
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -DPLIANT_CUDA -c $< -o $@
+
+$(KERNEL_CUDA_LIB): $(BUILD)/cuda/kernels/kernels.o $(filter-out $(BUILD)/obj/kernels/kernels.o,$(KERNEL_OBJ)) $(CUDA_OBJ)
+	@mkdir -p $(@D)
+	rm -f $@
+	$(AR) rcs $@ $^
+
+$(BUILD)/bin/pliant-cuda: $(PLIANT_OBJ) $(CUDA_LIBS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $^ -o $@ $(CUDA_LDLIBS)
+
+$(BUILD)/tests/test_kernels_cuda: tests/unit/test_kernels_cuda.c $(wildcard tests/unit/*.h) $(CUDA_LIBS)
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -Itests/unit $< $(CUDA_LIBS) -o $@ $(CUDA_LDLIBS)
 
 clean:
 	rm -rf $(BUILD)
@@ -190,4 +224,5 @@ demo: data
 	    --checkpoint-dir $(BUILD)/demo-ckpt
 	$(BUILD)/bin/pliant sample $(BUILD)/demo-ckpt --tokens 200 --prompt "ROMEO:"
 
--include $(wildcard $(BUILD)/obj/*/*.d $(BUILD)/obj/*/*/*.d $(BUILD)/asan/obj/*/*.d $(BUILD)/asan/obj/*/*/*.d)
+-include $(wildcard $(BUILD)/obj/*/*.d $(BUILD)/obj/*/*/*.d $(BUILD)/asan/obj/*/*.d $(BUILD)/asan/obj/*/*/*.d \
+                  $(BUILD)/cuda/*/*.d $(BUILD)/cuda/*/*/*.d)

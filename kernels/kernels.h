@@ -1,6 +1,7 @@
 /* The compute kernels of the GPT engine, behind one interface for every
- * backend (CPU now: kernels/cpu/; CUDA later: kernels/cuda/). The engine calls
- * only these functions, never BLAS or CUDA directly.
+ * backend (kernels/cpu/; kernels/cuda/, built in by `make cuda`). kernels.c
+ * dispatches each call to the context's backend. The engine calls only these
+ * functions, never BLAS or CUDA directly.
  *
  * Layouts follow llm.c's train_gpt2.c: activations are row-major [B, T, C]
  * (B sequences of T tokens, C channels); a weight of a linear layer mapping C
@@ -15,9 +16,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct kn_ctx kn_ctx;
 
-/* Creates a backend context ("cpu"). threads ≤ 0 means all available cores. */
+/* Creates a backend context: "cpu" (threads ≤ 0 means all available cores) or
+ * "cuda" (the current CUDA device, one stream; threads is ignored; NULL with
+ * the reason in err when this build has no CUDA backend or there is no
+ * device). On CUDA, PLIANT_TF32=1 in the environment lets matmuls use TF32. */
 kn_ctx *kn_create(const char *backend, int threads, char *err, size_t errlen);
 void kn_destroy(kn_ctx *k);
 const char *kn_backend(const kn_ctx *k);
@@ -100,5 +108,9 @@ double kn_sum_squares(kn_ctx *k, const float *x, size_t n);
 
 /* Σ x in double (losses). */
 double kn_sum(kn_ctx *k, const float *x, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

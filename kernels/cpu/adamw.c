@@ -53,9 +53,9 @@ KN_SIMD static void adam_span(float *restrict p, const float *restrict g, float 
     }
 }
 
-void kn_adamw_update(kn_ctx *k, float *params, const float *grads, float *m, float *v, size_t n,
-                     float lr, float beta1, float beta2, float eps, float weight_decay,
-                     float grad_scale, int t)
+void kn_cpu_adamw_update(kn_ctx *k, float *params, const float *grads, float *m, float *v, size_t n,
+                         float lr, float beta1, float beta2, float eps, float weight_decay,
+                         float grad_scale, int t)
 {
     adam_args a = {
         .lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .wd = weight_decay,

@@ -51,8 +51,8 @@ KN_SIMD static void softmax_backward_row(float *restrict d, const float *restric
     for (int i = len; i < n; i++) d[i] = 0.0f;
 }
 
-void kn_attention_forward(kn_ctx *k, float *out, float *att, const float *qkv, int B, int T,
-                          int C, int NH)
+void kn_cpu_attention_forward(kn_ctx *k, float *out, float *att, const float *qkv, int B, int T,
+                              int C, int NH)
 {
     const int C3 = 3 * C, hs = C / NH, BH = B * NH;
     const float scale = 1.0f / sqrtf((float)hs);
@@ -76,8 +76,8 @@ void kn_attention_forward(kn_ctx *k, float *out, float *att, const float *qkv, i
     }
 }
 
-void kn_attention_backward(kn_ctx *k, float *dqkv, const float *dout, const float *qkv,
-                           const float *att, int B, int T, int C, int NH)
+void kn_cpu_attention_backward(kn_ctx *k, float *dqkv, const float *dout, const float *qkv,
+                               const float *att, int B, int T, int C, int NH)
 {
     const int C3 = 3 * C, hs = C / NH, BH = B * NH;
     const float scale = 1.0f / sqrtf((float)hs);

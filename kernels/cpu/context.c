@@ -1,4 +1,4 @@
-/* CPU backend: context, memory, copies. */
+/* CPU backend: context, memory, copies, and its table of kernels. */
 #include <cblas.h>
 #include <omp.h>
 #include <stdint.h>
@@ -8,43 +8,10 @@
 
 #include "cpu.h"
 
-kn_ctx *kn_create(const char *backend, int threads, char *err, size_t errlen)
+static void cpu_destroy(kn_ctx *k)
 {
-    if (!backend || strcmp(backend, "cpu") != 0) {
-        if (err && errlen)
-            snprintf(err, errlen, "kernel backend \"%s\" is not built in (this build has: cpu)",
-                     backend ? backend : "(null)");
-        return NULL;
-    }
-    kn_ctx *k = calloc(1, sizeof *k);
-    if (!k) {
-        if (err && errlen) snprintf(err, errlen, "out of memory");
-        return NULL;
-    }
-    k->threads = threads > 0 ? threads : omp_get_num_procs();
-    if (k->threads < 1) k->threads = 1;
-    /* One pool of threads: OpenMP's. Matrix products are split across it and
-     * each thread calls a single-threaded sgemm (see cpu.h). */
-    openblas_set_num_threads(1);
-    return k;
-}
-
-void kn_destroy(kn_ctx *k)
-{
-    if (!k) return;
     free(k->ws);
     free(k);
-}
-
-const char *kn_backend(const kn_ctx *k)
-{
-    (void)k;
-    return "cpu";
-}
-
-int kn_threads(const kn_ctx *k)
-{
-    return k->threads;
 }
 
 static size_t round64(size_t bytes) /* 0 when bytes cannot be rounded up */
@@ -66,7 +33,7 @@ void *kn_cpu_workspace(kn_ctx *k, size_t bytes)
     return k->ws;
 }
 
-void kn_zero(kn_ctx *k, void *p, size_t bytes)
+static void cpu_zero(kn_ctx *k, void *p, size_t bytes)
 {
     if (bytes < ((size_t)4 << 20)) {
         memset(p, 0, bytes);
@@ -80,33 +47,77 @@ void kn_zero(kn_ctx *k, void *p, size_t bytes)
     }
 }
 
-void *kn_alloc(kn_ctx *k, size_t bytes)
+static void *cpu_alloc(kn_ctx *k, size_t bytes)
 {
     size_t n = round64(bytes);
     void *p = n ? aligned_alloc(64, n) : NULL;
-    if (p) kn_zero(k, p, n);
+    if (p) cpu_zero(k, p, n);
     return p;
 }
 
-void kn_free(kn_ctx *k, void *p)
+static void cpu_free(kn_ctx *k, void *p)
 {
     (void)k;
     free(p);
 }
 
-void kn_to_device(kn_ctx *k, void *dst, const void *src, size_t bytes)
+static void cpu_to_device(kn_ctx *k, void *dst, const void *src, size_t bytes)
 {
     (void)k;
     if (bytes) memcpy(dst, src, bytes);
 }
 
-void kn_to_host(kn_ctx *k, void *dst, const void *src, size_t bytes)
+static void cpu_to_host(kn_ctx *k, void *dst, const void *src, size_t bytes)
 {
     (void)k;
     if (bytes) memcpy(dst, src, bytes);
 }
 
-void kn_sync(kn_ctx *k)
+static void cpu_sync(kn_ctx *k)
 {
     (void)k;
+}
+
+static const kn_ops kn_cpu_ops = {
+    .name = "cpu",
+    .destroy = cpu_destroy,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .zero = cpu_zero,
+    .to_device = cpu_to_device,
+    .to_host = cpu_to_host,
+    .sync = cpu_sync,
+    .encoder_forward = kn_cpu_encoder_forward,
+    .encoder_backward = kn_cpu_encoder_backward,
+    .layernorm_forward = kn_cpu_layernorm_forward,
+    .layernorm_backward = kn_cpu_layernorm_backward,
+    .matmul_forward = kn_cpu_matmul_forward,
+    .matmul_backward = kn_cpu_matmul_backward,
+    .attention_forward = kn_cpu_attention_forward,
+    .attention_backward = kn_cpu_attention_backward,
+    .gelu_forward = kn_cpu_gelu_forward,
+    .gelu_backward = kn_cpu_gelu_backward,
+    .residual_forward = kn_cpu_residual_forward,
+    .accumulate = kn_cpu_accumulate,
+    .softmax_crossentropy_forward = kn_cpu_softmax_crossentropy_forward,
+    .crossentropy_softmax_backward = kn_cpu_crossentropy_softmax_backward,
+    .adamw_update = kn_cpu_adamw_update,
+    .sum_squares = kn_cpu_sum_squares,
+    .sum = kn_cpu_sum,
+};
+
+kn_ctx *kn_cpu_create(int threads, char *err, size_t errlen)
+{
+    kn_ctx *k = calloc(1, sizeof *k);
+    if (!k) {
+        if (err && errlen) snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    k->ops = &kn_cpu_ops;
+    k->threads = threads > 0 ? threads : omp_get_num_procs();
+    if (k->threads < 1) k->threads = 1;
+    /* One pool of threads: OpenMP's. Matrix products are split across it and
+     * each thread calls a single-threaded sgemm (see cpu.h). */
+    openblas_set_num_threads(1);
+    return k;
 }

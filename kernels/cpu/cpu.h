@@ -31,13 +31,43 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "kernels.h"
+#include "kn_backend.h" /* struct kn_ctx: threads = OpenMP team size, ws = workspace */
 
-struct kn_ctx {
-    int threads;     /* OpenMP team size for every kernel */
-    void *ws;        /* workspace (attention backward scratch, reduction partials) */
-    size_t ws_bytes;
-};
+/* The CPU kernels, one per kernels.h function (same arguments), in the
+ * table kn_cpu_ops of context.c. */
+void kn_cpu_encoder_forward(kn_ctx *k, float *out, const int32_t *inp, const float *wte,
+                            const float *wpe, int B, int T, int C);
+void kn_cpu_encoder_backward(kn_ctx *k, float *dwte, float *dwpe, const float *dout,
+                             const int32_t *inp, int B, int T, int C);
+void kn_cpu_layernorm_forward(kn_ctx *k, float *out, float *mean, float *rstd, const float *inp,
+                              const float *weight, const float *bias, int B, int T, int C);
+void kn_cpu_layernorm_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
+                               const float *dout, const float *inp, const float *weight,
+                               const float *mean, const float *rstd, int B, int T, int C);
+void kn_cpu_matmul_forward(kn_ctx *k, float *out, const float *inp, const float *weight,
+                           const float *bias, int BT, int C, int OC);
+void kn_cpu_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
+                            const float *dout, const float *inp, const float *weight, int BT,
+                            int C, int OC);
+void kn_cpu_attention_forward(kn_ctx *k, float *out, float *att, const float *qkv, int B, int T,
+                              int C, int NH);
+void kn_cpu_attention_backward(kn_ctx *k, float *dqkv, const float *dout, const float *qkv,
+                               const float *att, int B, int T, int C, int NH);
+void kn_cpu_gelu_forward(kn_ctx *k, float *out, const float *inp, size_t n);
+void kn_cpu_gelu_backward(kn_ctx *k, float *dinp, const float *inp, const float *dout, size_t n);
+void kn_cpu_residual_forward(kn_ctx *k, float *out, const float *a, const float *b, size_t n);
+void kn_cpu_accumulate(kn_ctx *k, float *dst, const float *src, size_t n);
+void kn_cpu_softmax_crossentropy_forward(kn_ctx *k, float *losses, float *probs,
+                                         const float *logits, const int32_t *targets, int BT,
+                                         int V, int Vp);
+void kn_cpu_crossentropy_softmax_backward(kn_ctx *k, float *dlogits, const float *probs,
+                                          const int32_t *targets, float dloss_scale, int BT,
+                                          int V, int Vp);
+void kn_cpu_adamw_update(kn_ctx *k, float *params, const float *grads, float *m, float *v,
+                         size_t n, float lr, float beta1, float beta2, float eps,
+                         float weight_decay, float grad_scale, int t);
+double kn_cpu_sum_squares(kn_ctx *k, const float *x, size_t n);
+double kn_cpu_sum(kn_ctx *k, const float *x, size_t n);
 
 /* The workspace, grown to at least `bytes` (64-byte aligned, contents
  * undefined). Aborts with a message when memory runs out: the kernels return

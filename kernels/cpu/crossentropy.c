@@ -35,8 +35,9 @@ KN_SIMD static float softmax_ce_row(float *probs, const float *logits, int targe
     return logf(sum) - (target_logit - maxval);
 }
 
-void kn_softmax_crossentropy_forward(kn_ctx *k, float *losses, float *probs, const float *logits,
-                                     const int32_t *targets, int BT, int V, int Vp)
+void kn_cpu_softmax_crossentropy_forward(kn_ctx *k, float *losses, float *probs,
+                                         const float *logits, const int32_t *targets, int BT, int V,
+                                         int Vp)
 {
 #pragma omp parallel for num_threads(k->threads) schedule(static) \
     if ((long)BT * Vp >= KN_PAR_MIN)
@@ -60,9 +61,9 @@ KN_SIMD static void ce_backward_row(float *dlogits, const float *probs, int targ
     if (target < V) dlogits[target] = (p_target - 1.0f) * scale;
 }
 
-void kn_crossentropy_softmax_backward(kn_ctx *k, float *dlogits, const float *probs,
-                                      const int32_t *targets, float dloss_scale, int BT, int V,
-                                      int Vp)
+void kn_cpu_crossentropy_softmax_backward(kn_ctx *k, float *dlogits, const float *probs,
+                                          const int32_t *targets, float dloss_scale, int BT, int V,
+                                          int Vp)
 {
 #pragma omp parallel for num_threads(k->threads) schedule(static) \
     if ((long)BT * Vp >= KN_PAR_MIN)

@@ -16,8 +16,8 @@ KN_SIMD static void acc_row(float *restrict dst, const float *restrict src, int 
     for (int i = 0; i < n; i++) dst[i] += src[i];
 }
 
-void kn_encoder_forward(kn_ctx *k, float *out, const int32_t *inp, const float *wte,
-                        const float *wpe, int B, int T, int C)
+void kn_cpu_encoder_forward(kn_ctx *k, float *out, const int32_t *inp, const float *wte,
+                            const float *wpe, int B, int T, int C)
 {
     long BT = (long)B * T;
 #pragma omp parallel for num_threads(k->threads) schedule(static) \
@@ -30,8 +30,8 @@ void kn_encoder_forward(kn_ctx *k, float *out, const int32_t *inp, const float *
 
 /* Threads own disjoint channel ranges and walk every position in order, so
  * repeated tokens never race and the sums are the same for any thread count. */
-void kn_encoder_backward(kn_ctx *k, float *dwte, float *dwpe, const float *dout,
-                         const int32_t *inp, int B, int T, int C)
+void kn_cpu_encoder_backward(kn_ctx *k, float *dwte, float *dwpe, const float *dout,
+                             const int32_t *inp, int B, int T, int C)
 {
     long BT = (long)B * T;
 #pragma omp parallel num_threads(k->threads) if (BT * C >= KN_PAR_MIN)

@@ -33,7 +33,7 @@ KN_SIMD static void gelu_bwd_span(float *restrict dinp, const float *restrict in
     }
 }
 
-void kn_gelu_forward(kn_ctx *k, float *out, const float *inp, size_t n)
+void kn_cpu_gelu_forward(kn_ctx *k, float *out, const float *inp, size_t n)
 {
 #pragma omp parallel num_threads(k->threads) if (n >= KN_PAR_MIN)
     {
@@ -43,7 +43,7 @@ void kn_gelu_forward(kn_ctx *k, float *out, const float *inp, size_t n)
     }
 }
 
-void kn_gelu_backward(kn_ctx *k, float *dinp, const float *inp, const float *dout, size_t n)
+void kn_cpu_gelu_backward(kn_ctx *k, float *dinp, const float *inp, const float *dout, size_t n)
 {
 #pragma omp parallel num_threads(k->threads) if (n >= KN_PAR_MIN)
     {

@@ -28,8 +28,8 @@ KN_SIMD static void ln_forward_row(float *restrict out, float *restrict mean, fl
     *rstd = r;
 }
 
-void kn_layernorm_forward(kn_ctx *k, float *out, float *mean, float *rstd, const float *inp,
-                          const float *weight, const float *bias, int B, int T, int C)
+void kn_cpu_layernorm_forward(kn_ctx *k, float *out, float *mean, float *rstd, const float *inp,
+                              const float *weight, const float *bias, int B, int T, int C)
 {
     long BT = (long)B * T;
 #pragma omp parallel for num_threads(k->threads) schedule(static) \
@@ -75,9 +75,9 @@ KN_SIMD static void ln_backward_params(float *restrict dw, float *restrict db,
     }
 }
 
-void kn_layernorm_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                           const float *dout, const float *inp, const float *weight,
-                           const float *mean, const float *rstd, int B, int T, int C)
+void kn_cpu_layernorm_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
+                               const float *dout, const float *inp, const float *weight,
+                               const float *mean, const float *rstd, int B, int T, int C)
 {
     long BT = (long)B * T;
 #pragma omp parallel num_threads(k->threads) if (BT * C >= KN_PAR_MIN)

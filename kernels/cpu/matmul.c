@@ -16,8 +16,8 @@ KN_SIMD static void fill_bias(float *restrict row, const float *restrict bias, i
     for (int i = 0; i < n; i++) row[i] = bias[i];
 }
 
-void kn_matmul_forward(kn_ctx *k, float *out, const float *inp, const float *weight,
-                       const float *bias, int BT, int C, int OC)
+void kn_cpu_matmul_forward(kn_ctx *k, float *out, const float *inp, const float *weight,
+                           const float *bias, int BT, int C, int OC)
 {
     if (BT <= 0 || OC <= 0) return;
     long work = (long)BT * C * OC;
@@ -64,8 +64,8 @@ KN_SIMD static void column_sums(float *restrict dbias, const float *restrict dou
     }
 }
 
-void kn_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
-                        const float *inp, const float *weight, int BT, int C, int OC)
+void kn_cpu_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
+                            const float *inp, const float *weight, int BT, int C, int OC)
 {
     if (BT <= 0 || OC <= 0 || C < 0) return;
     long work = (long)BT * C * OC;

@@ -38,12 +38,12 @@ static double chunked(kn_ctx *k, const float *x, size_t n, double (*span)(const 
     return s;
 }
 
-double kn_sum_squares(kn_ctx *k, const float *x, size_t n)
+double kn_cpu_sum_squares(kn_ctx *k, const float *x, size_t n)
 {
     return chunked(k, x, n, sumsq_span);
 }
 
-double kn_sum(kn_ctx *k, const float *x, size_t n)
+double kn_cpu_sum(kn_ctx *k, const float *x, size_t n)
 {
     return chunked(k, x, n, sum_span);
 }

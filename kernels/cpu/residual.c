@@ -16,7 +16,7 @@ KN_SIMD static void acc_span(float *restrict dst, const float *restrict src, siz
     for (size_t i = 0; i < n; i++) dst[i] += src[i];
 }
 
-void kn_residual_forward(kn_ctx *k, float *out, const float *a, const float *b, size_t n)
+void kn_cpu_residual_forward(kn_ctx *k, float *out, const float *a, const float *b, size_t n)
 {
 #pragma omp parallel num_threads(k->threads) if (n >= KN_PAR_MIN)
     {
@@ -26,7 +26,7 @@ void kn_residual_forward(kn_ctx *k, float *out, const float *a, const float *b, 
     }
 }
 
-void kn_accumulate(kn_ctx *k, float *dst, const float *src, size_t n)
+void kn_cpu_accumulate(kn_ctx *k, float *dst, const float *src, size_t n)
 {
 #pragma omp parallel num_threads(k->threads) if (n >= KN_PAR_MIN)
     {

@@ -1,0 +1,192 @@
+/* CUDA backend: context, device memory, copies, the cuBLAS GEMM wrappers,
+ * and its table of kernels. */
+#include <stdint.h>
+#include <string.h>
+
+#include "cuda.cuh"
+
+void kn_cuda_fail(const char *what, const char *detail, const char *file, int line)
+{
+    fprintf(stderr, "pliant kernels (cuda): %s failed at %s:%d: %s\n", what, file, line, detail);
+    abort();
+}
+
+static void cuda_destroy(kn_ctx *k)
+{
+    struct kn_cuda *c = k->cuda;
+    cudaStreamSynchronize(c->stream); /* teardown: report nothing, free what exists */
+    cudaFree(k->ws);
+    cudaFreeHost(c->host_sum);
+    cublasDestroy(c->blas);
+    cudaStreamDestroy(c->stream);
+    free(c);
+    free(k);
+}
+
+static size_t round64(size_t bytes) /* 0 when bytes cannot be rounded up */
+{
+    return bytes ? (bytes > SIZE_MAX - 63 ? 0 : (bytes + 63) / 64 * 64) : 64;
+}
+
+void *kn_cuda_workspace(kn_ctx *k, size_t bytes)
+{
+    if (bytes <= k->ws_bytes && k->ws) return k->ws;
+    CUDA_CHECK(cudaStreamSynchronize(kn_stream(k))); /* queued kernels may still use the old one */
+    CUDA_CHECK(cudaFree(k->ws));
+    k->ws = NULL;
+    size_t n = round64(bytes);
+    CUDA_CHECK(cudaMalloc(&k->ws, n));
+    k->ws_bytes = n;
+    return k->ws;
+}
+
+static void cuda_zero(kn_ctx *k, void *p, size_t bytes)
+{
+    if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, kn_stream(k)));
+}
+
+static void *cuda_alloc(kn_ctx *k, size_t bytes)
+{
+    size_t n = round64(bytes);
+    void *p = NULL;
+    if (!n || cudaMalloc(&p, n) != cudaSuccess) {
+        cudaGetLastError(); /* clear the error: the caller sees NULL */
+        return NULL;
+    }
+    cuda_zero(k, p, n); /* cudaMalloc memory is 256-byte aligned */
+    return p;
+}
+
+static void cuda_free(kn_ctx *k, void *p)
+{
+    if (!p) return;
+    CUDA_CHECK(cudaStreamSynchronize(kn_stream(k))); /* queued work using p ends first */
+    CUDA_CHECK(cudaFree(p));
+}
+
+/* Both copies wait for the stream: the caller may reuse or read its host
+ * buffer on return (pageable memory; a pinned, asynchronous path for
+ * activations between stages belongs to the comm layer). */
+static void cuda_to_device(kn_ctx *k, void *dst, const void *src, size_t bytes)
+{
+    if (!bytes) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, kn_stream(k)));
+    CUDA_CHECK(cudaStreamSynchronize(kn_stream(k)));
+}
+
+static void cuda_to_host(kn_ctx *k, void *dst, const void *src, size_t bytes)
+{
+    if (!bytes) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, kn_stream(k)));
+    CUDA_CHECK(cudaStreamSynchronize(kn_stream(k)));
+}
+
+static void cuda_sync(kn_ctx *k)
+{
+    CUDA_CHECK(cudaStreamSynchronize(kn_stream(k)));
+}
+
+void kn_cuda_gemm(kn_ctx *k, bool ta, bool tb, int m, int n, int kk, float alpha, const float *A,
+                  int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    CUBLAS_CHECK(cublasGemmEx(k->cuda->blas, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                              tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, kk, &alpha, A, CUDA_R_32F,
+                              lda, B, CUDA_R_32F, ldb, &beta, C, CUDA_R_32F, ldc,
+                              k->cuda->compute, CUBLAS_GEMM_DEFAULT));
+}
+
+void kn_cuda_gemm_batched(kn_ctx *k, bool ta, bool tb, int m, int n, int kk, float alpha,
+                          const float *A, int lda, long long sA, const float *B, int ldb,
+                          long long sB, float beta, float *C, int ldc, long long sC, int batch)
+{
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        k->cuda->blas, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, kk,
+        &alpha, A, CUDA_R_32F, lda, sA, B, CUDA_R_32F, ldb, sB, &beta, C, CUDA_R_32F, ldc, sC,
+        batch, k->cuda->compute, CUBLAS_GEMM_DEFAULT));
+}
+
+static const kn_ops kn_cuda_ops = {
+    /* .name = */ "cuda",
+    /* .destroy = */ cuda_destroy,
+    /* .alloc = */ cuda_alloc,
+    /* .free = */ cuda_free,
+    /* .zero = */ cuda_zero,
+    /* .to_device = */ cuda_to_device,
+    /* .to_host = */ cuda_to_host,
+    /* .sync = */ cuda_sync,
+    /* .encoder_forward = */ kn_cuda_encoder_forward,
+    /* .encoder_backward = */ kn_cuda_encoder_backward,
+    /* .layernorm_forward = */ kn_cuda_layernorm_forward,
+    /* .layernorm_backward = */ kn_cuda_layernorm_backward,
+    /* .matmul_forward = */ kn_cuda_matmul_forward,
+    /* .matmul_backward = */ kn_cuda_matmul_backward,
+    /* .attention_forward = */ kn_cuda_attention_forward,
+    /* .attention_backward = */ kn_cuda_attention_backward,
+    /* .gelu_forward = */ kn_cuda_gelu_forward,
+    /* .gelu_backward = */ kn_cuda_gelu_backward,
+    /* .residual_forward = */ kn_cuda_residual_forward,
+    /* .accumulate = */ kn_cuda_accumulate,
+    /* .softmax_crossentropy_forward = */ kn_cuda_softmax_crossentropy_forward,
+    /* .crossentropy_softmax_backward = */ kn_cuda_crossentropy_softmax_backward,
+    /* .adamw_update = */ kn_cuda_adamw_update,
+    /* .sum_squares = */ kn_cuda_sum_squares,
+    /* .sum = */ kn_cuda_sum,
+};
+
+/* Fails (NULL, message in err) when there is no usable device. */
+kn_ctx *kn_cuda_create(int threads, char *err, size_t errlen)
+{
+    (void)threads;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        if (err && errlen)
+            snprintf(err, errlen, "no CUDA device (%s)",
+                     e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount gave 0");
+        cudaGetLastError();
+        return NULL;
+    }
+    kn_ctx *k = (kn_ctx *)calloc(1, sizeof *k);
+    struct kn_cuda *c = (struct kn_cuda *)calloc(1, sizeof *c);
+    const char *step = "out of memory";
+    cublasStatus_t s;
+    if (!k || !c) goto fail;
+    k->ops = &kn_cuda_ops;
+    k->threads = 1;
+    k->cuda = c;
+    step = "cudaGetDevice";
+    if ((e = cudaGetDevice(&c->device)) != cudaSuccess) goto fail_cuda;
+    step = "cudaStreamCreateWithFlags";
+    if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess)
+        goto fail_cuda;
+    step = "cudaMallocHost";
+    if ((e = cudaMallocHost((void **)&c->host_sum, sizeof(double))) != cudaSuccess)
+        goto fail_cuda;
+    if ((s = cublasCreate(&c->blas)) != CUBLAS_STATUS_SUCCESS) {
+        if (err && errlen) snprintf(err, errlen, "cublasCreate: %s", cublasGetStatusString(s));
+        goto fail_quiet;
+    }
+    if ((s = cublasSetStream(c->blas, c->stream)) != CUBLAS_STATUS_SUCCESS) {
+        if (err && errlen) snprintf(err, errlen, "cublasSetStream: %s", cublasGetStatusString(s));
+        goto fail_quiet;
+    }
+    {
+        const char *tf32 = getenv("PLIANT_TF32");
+        c->compute = tf32 && !strcmp(tf32, "1") ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    }
+    return k;
+fail_cuda:
+    if (err && errlen) snprintf(err, errlen, "%s: %s", step, cudaGetErrorString(e));
+    goto fail_quiet;
+fail:
+    if (err && errlen) snprintf(err, errlen, "%s", step);
+fail_quiet:
+    if (c) {
+        if (c->blas) cublasDestroy(c->blas);
+        if (c->host_sum) cudaFreeHost(c->host_sum);
+        if (c->stream) cudaStreamDestroy(c->stream);
+    }
+    free(c);
+    free(k);
+    return NULL;
+}

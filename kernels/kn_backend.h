@@ -1,0 +1,75 @@
+/* The backend table behind kernels.h (internal to kernels/). kernels.c
+ * implements every public kn_* function as one indirect call through
+ * k->ops; each backend (kernels/cpu/, kernels/cuda/) fills one kn_ops with
+ * its kn_cpu_* / kn_cuda_* functions, whose arguments are exactly those of
+ * the public function. */
+#ifndef PLIANT_KN_BACKEND_H
+#define PLIANT_KN_BACKEND_H
+
+#include "kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kn_ops {
+    const char *name; /* what kn_backend returns */
+    void (*destroy)(kn_ctx *k);
+    void *(*alloc)(kn_ctx *k, size_t bytes);
+    void (*free)(kn_ctx *k, void *p);
+    void (*zero)(kn_ctx *k, void *p, size_t bytes);
+    void (*to_device)(kn_ctx *k, void *dst, const void *src, size_t bytes);
+    void (*to_host)(kn_ctx *k, void *dst, const void *src, size_t bytes);
+    void (*sync)(kn_ctx *k);
+    void (*encoder_forward)(kn_ctx *k, float *out, const int32_t *inp, const float *wte,
+                            const float *wpe, int B, int T, int C);
+    void (*encoder_backward)(kn_ctx *k, float *dwte, float *dwpe, const float *dout,
+                             const int32_t *inp, int B, int T, int C);
+    void (*layernorm_forward)(kn_ctx *k, float *out, float *mean, float *rstd, const float *inp,
+                              const float *weight, const float *bias, int B, int T, int C);
+    void (*layernorm_backward)(kn_ctx *k, float *dinp, float *dweight, float *dbias,
+                               const float *dout, const float *inp, const float *weight,
+                               const float *mean, const float *rstd, int B, int T, int C);
+    void (*matmul_forward)(kn_ctx *k, float *out, const float *inp, const float *weight,
+                           const float *bias, int BT, int C, int OC);
+    void (*matmul_backward)(kn_ctx *k, float *dinp, float *dweight, float *dbias,
+                            const float *dout, const float *inp, const float *weight, int BT,
+                            int C, int OC);
+    void (*attention_forward)(kn_ctx *k, float *out, float *att, const float *qkv, int B, int T,
+                              int C, int NH);
+    void (*attention_backward)(kn_ctx *k, float *dqkv, const float *dout, const float *qkv,
+                               const float *att, int B, int T, int C, int NH);
+    void (*gelu_forward)(kn_ctx *k, float *out, const float *inp, size_t n);
+    void (*gelu_backward)(kn_ctx *k, float *dinp, const float *inp, const float *dout, size_t n);
+    void (*residual_forward)(kn_ctx *k, float *out, const float *a, const float *b, size_t n);
+    void (*accumulate)(kn_ctx *k, float *dst, const float *src, size_t n);
+    void (*softmax_crossentropy_forward)(kn_ctx *k, float *losses, float *probs,
+                                         const float *logits, const int32_t *targets, int BT,
+                                         int V, int Vp);
+    void (*crossentropy_softmax_backward)(kn_ctx *k, float *dlogits, const float *probs,
+                                          const int32_t *targets, float dloss_scale, int BT,
+                                          int V, int Vp);
+    void (*adamw_update)(kn_ctx *k, float *params, const float *grads, float *m, float *v,
+                         size_t n, float lr, float beta1, float beta2, float eps,
+                         float weight_decay, float grad_scale, int t);
+    double (*sum_squares)(kn_ctx *k, const float *x, size_t n);
+    double (*sum)(kn_ctx *k, const float *x, size_t n);
+} kn_ops;
+
+struct kn_ctx {
+    const kn_ops *ops;
+    int threads;          /* CPU: OpenMP team size of every kernel; CUDA: 1 */
+    void *ws;             /* backend scratch (host memory on the CPU, device memory on CUDA) */
+    size_t ws_bytes;
+    struct kn_cuda *cuda; /* CUDA state (device, stream, cuBLAS handle); NULL on the CPU */
+};
+
+/* Backend constructors, called by kn_create. */
+kn_ctx *kn_cpu_create(int threads, char *err, size_t errlen);
+kn_ctx *kn_cuda_create(int threads, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

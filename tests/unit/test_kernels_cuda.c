@@ -1,0 +1,487 @@
+/* Parity tests of the CUDA kernels (kernels/cuda/) against the CPU kernels
+ * (kernels/cpu/, themselves tested against double-precision references in
+ * test_kernels_cpu.c). Built only by `make cuda`; run by `make test-gpu`.
+ *
+ * Every test draws fresh random inputs (a fixed seed per test, so a failure
+ * repeats), runs the CPU kernel on host copies and the CUDA kernel on device
+ * copies, and compares: |gpu − cpu| ≤ tol · max|cpu|. Tolerances: 1e-6 to
+ * 2e-5 for elementwise and row kernels (expf/tanhf differ from the CPU's
+ * vectorized versions by a few ulp, sums run in another order), exact for
+ * residual and accumulate, 1e-4 for matmul-bearing kernels in fp32, 5e-3 when
+ * PLIANT_TF32=1 lets cuBLAS use TF32. Backward kernels start from pre-filled
+ * gradients, so accumulation (+=) is checked too. Shapes include odd sizes
+ * (T = 1, C not a multiple of 32, V < Vp) and GPT-2 124M sizes. Last, the
+ * whole engine (worker/engine/) trains a small GPT for 10 steps on each
+ * backend and the losses must agree.
+ *
+ * Without a usable device every test prints "skip NAME: no CUDA device (...)". */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "engine.h"
+#include "kernels.h"
+#include "rng.h"
+
+static kn_ctx *cpu, *gpu;
+static char no_gpu[192]; /* why gpu is NULL */
+static double tol_mm;    /* tolerance of matmul-bearing kernels */
+
+#define NEED_GPU()                        \
+    do {                                  \
+        if (!gpu) SKIP(no_gpu);           \
+    } while (0)
+
+/* ---- memory: everything a test allocates is freed before the next one ---- */
+
+typedef struct {
+    void *p;
+    kn_ctx *k;
+} arena_item;
+static arena_item arena[512];
+static int narena;
+
+static void arena_reset(void)
+{
+    for (int i = 0; i < narena; i++) kn_free(arena[i].k, arena[i].p);
+    narena = 0;
+}
+
+static void *alloc_on(kn_ctx *k, size_t bytes)
+{
+    void *p = kn_alloc(k, bytes ? bytes : 1);
+    if (!p || narena == (int)(sizeof arena / sizeof arena[0])) {
+        fprintf(stderr, "test_kernels_cuda: out of memory or arena full\n");
+        abort();
+    }
+    arena[narena].p = p;
+    arena[narena].k = k;
+    narena++;
+    return p;
+}
+
+static float *hf(size_t n) { return alloc_on(cpu, n * sizeof(float)); }
+
+static float *hrand(size_t n, double scale) /* host, uniform in [-scale, scale) */
+{
+    float *x = hf(n);
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)(scale * ((double)(rng_next() >> 11) * (2.0 / 9007199254740992.0) - 1.0));
+    return x;
+}
+
+static void *up(const void *h, size_t bytes) /* a device copy of host memory */
+{
+    void *d = alloc_on(gpu, bytes);
+    kn_to_device(gpu, d, h, bytes);
+    return d;
+}
+
+static float *upf(const float *h, size_t n) { return up(h, n * sizeof(float)); }
+
+static float *down(const float *d, size_t n) /* a host copy of device memory */
+{
+    float *h = hf(n);
+    kn_to_host(gpu, h, d, n * sizeof(float));
+    return h;
+}
+
+/* |got − ref| ≤ tol · max|ref| everywhere (tol absolute when ref is all zero). */
+static int close_to(const char *what, const float *got, const float *ref, size_t n, double tol)
+{
+    double scale = 0.0, worst = -1.0;
+    size_t wi = 0;
+    for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(ref[i]));
+    if (scale == 0.0) scale = 1.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - (double)ref[i]);
+        if (!isfinite(got[i]) && !(isnan(got[i]) && isnan(ref[i]))) d = INFINITY;
+        if (isnan(got[i]) && isnan(ref[i])) d = 0.0;
+        if (d > worst) {
+            worst = d;
+            wi = i;
+        }
+    }
+    if (getenv("KN_TEST_VERBOSE"))
+        printf("    %-34s n=%-8zu max error %.2e of max|cpu| (tolerance %.0e)\n", what, n,
+               n ? worst / scale : 0.0, tol);
+    if (n && worst > tol * scale) {
+        printf("    %s: [%zu] = %.9g on the GPU, %.9g on the CPU (error %.3g > %.3g)\n", what,
+               wi, (double)got[wi], (double)ref[wi], worst, tol * scale);
+        return 0;
+    }
+    return 1;
+}
+
+/* ---- context and memory ------------------------------------------------------ */
+
+static void test_context(void)
+{
+    NEED_GPU();
+    arena_reset();
+    CHECK(strcmp(kn_backend(gpu), "cuda") == 0);
+    CHECK_EQ_INT(kn_threads(gpu), 1);
+    size_t sizes[] = {0, 1, 3, 64, 1000, (size_t)5 << 20};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        unsigned char *d = kn_alloc(gpu, sizes[s]), *h = malloc(sizes[s] + 1);
+        CHECK(d != NULL && h != NULL);
+        int aligned = ((uintptr_t)d % 64) == 0, zero = 1;
+        kn_to_host(gpu, h, d, sizes[s]);
+        for (size_t i = 0; i < sizes[s]; i++) zero &= h[i] == 0;
+        memset(h, 0xAB, sizes[s]);
+        kn_to_device(gpu, d, h, sizes[s]);
+        kn_zero(gpu, d, sizes[s]);
+        kn_to_host(gpu, h, d, sizes[s]);
+        for (size_t i = 0; i < sizes[s]; i++) zero &= h[i] == 0;
+        kn_free(gpu, d);
+        free(h);
+        CHECK(aligned);
+        CHECK(zero);
+    }
+    float h[100], back[100];
+    for (int i = 0; i < 100; i++) h[i] = (float)i * 0.5f;
+    float *d = upf(h, 100);
+    kn_sync(gpu);
+    kn_to_host(gpu, back, d, sizeof back);
+    CHECK(memcmp(h, back, sizeof h) == 0);
+    kn_free(gpu, NULL);
+    kn_destroy(NULL);
+}
+
+/* ---- encoder ------------------------------------------------------------------ */
+
+static void test_encoder(void)
+{
+    NEED_GPU();
+    arena_reset();
+    rng_state = 101;
+    int shapes[][4] = {{1, 1, 5, 3}, {2, 7, 13, 11}, {4, 64, 72, 50}, {4, 256, 768, 1000}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int B = shapes[s][0], T = shapes[s][1], C = shapes[s][2], V = shapes[s][3];
+        size_t BT = (size_t)B * T, n = BT * C, nte = (size_t)V * C, npe = (size_t)T * C;
+        int32_t *inp = alloc_on(cpu, BT * sizeof(int32_t));
+        for (size_t i = 0; i < BT; i++) inp[i] = (int32_t)rng_range(0, V - 1); /* repeats */
+        float *wte = hrand(nte, 1), *wpe = hrand(npe, 1), *out = hf(n);
+        int32_t *d_inp = up(inp, BT * sizeof(int32_t));
+        float *d_out = alloc_on(gpu, n * sizeof(float));
+        kn_encoder_forward(cpu, out, inp, wte, wpe, B, T, C);
+        kn_encoder_forward(gpu, d_out, d_inp, upf(wte, nte), upf(wpe, npe), B, T, C);
+        CHECK(close_to("encoder out", down(d_out, n), out, n, 1e-6));
+
+        float *dout = hrand(n, 1), *dwte = hrand(nte, 1), *dwpe = hrand(npe, 1);
+        float *d_dwte = upf(dwte, nte), *d_dwpe = upf(dwpe, npe);
+        kn_encoder_backward(cpu, dwte, dwpe, dout, inp, B, T, C);
+        kn_encoder_backward(gpu, d_dwte, d_dwpe, upf(dout, n), d_inp, B, T, C);
+        CHECK(close_to("encoder dwte (accumulated)", down(d_dwte, nte), dwte, nte, 1e-5));
+        CHECK(close_to("encoder dwpe (accumulated)", down(d_dwpe, npe), dwpe, npe, 1e-5));
+    }
+}
+
+/* ---- layernorm ---------------------------------------------------------------- */
+
+static void test_layernorm(void)
+{
+    NEED_GPU();
+    arena_reset();
+    rng_state = 202;
+    int shapes[][3] = {{1, 1, 1}, {1, 1, 8}, {2, 7, 13}, {3, 33, 200}, {4, 300, 768}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int B = shapes[s][0], T = shapes[s][1], C = shapes[s][2];
+        size_t N = (size_t)B * T, n = N * C;
+        float *x = hrand(n, 2), *w = hrand((size_t)C, 1), *b = hrand((size_t)C, 1);
+        for (size_t i = 0; i < n; i++) x[i] += 0.5f; /* non-zero mean */
+        float *out = hf(n), *mean = hf(N), *rstd = hf(N);
+        float *d_x = upf(x, n), *d_w = upf(w, (size_t)C), *d_b = upf(b, (size_t)C);
+        float *d_out = alloc_on(gpu, n * 4), *d_mean = alloc_on(gpu, N * 4),
+              *d_rstd = alloc_on(gpu, N * 4);
+        kn_layernorm_forward(cpu, out, mean, rstd, x, w, b, B, T, C);
+        kn_layernorm_forward(gpu, d_out, d_mean, d_rstd, d_x, d_w, d_b, B, T, C);
+        CHECK(close_to("layernorm out", down(d_out, n), out, n, 1e-5));
+        CHECK(close_to("layernorm mean", down(d_mean, N), mean, N, 1e-5));
+        if (C > 1) CHECK(close_to("layernorm rstd", down(d_rstd, N), rstd, N, 1e-5));
+
+        float *dout = hrand(n, 1), *dx = hrand(n, 1), *dw = hrand((size_t)C, 1),
+              *db = hrand((size_t)C, 1);
+        float *d_dx = upf(dx, n), *d_dw = upf(dw, (size_t)C), *d_db = upf(db, (size_t)C);
+        /* both sides from the CPU's mean and rstd, so only backward is compared */
+        kn_layernorm_backward(cpu, dx, dw, db, dout, x, w, mean, rstd, B, T, C);
+        kn_layernorm_backward(gpu, d_dx, d_dw, d_db, upf(dout, n), d_x, d_w, upf(mean, N),
+                              upf(rstd, N), B, T, C);
+        /* C = 1: the normalized value is 0 whatever the input, dinp is rounding noise */
+        if (C > 1) CHECK(close_to("layernorm dinp (accumulated)", down(d_dx, n), dx, n, 2e-5));
+        CHECK(close_to("layernorm dweight (accumulated)", down(d_dw, (size_t)C), dw, (size_t)C,
+                       2e-5));
+        CHECK(close_to("layernorm dbias (accumulated)", down(d_db, (size_t)C), db, (size_t)C,
+                       2e-5));
+    }
+}
+
+/* ---- matmul ------------------------------------------------------------------- */
+
+/* BT, C, OC, with bias; C = 0 gives out = bias (or 0). */
+static const int mm_shapes[][4] = {
+    {1, 5, 3, 1},  {7, 13, 9, 1},      {7, 13, 9, 0},      {3, 0, 4, 1},     {3, 0, 4, 0},
+    {37, 45, 70, 1}, {130, 96, 300, 0}, {256, 768, 2304, 1}, {512, 3072, 768, 1},
+};
+
+static void test_matmul(void)
+{
+    NEED_GPU();
+    arena_reset();
+    rng_state = 303;
+    for (size_t s = 0; s < sizeof mm_shapes / sizeof mm_shapes[0]; s++) {
+        int BT = mm_shapes[s][0], C = mm_shapes[s][1], OC = mm_shapes[s][2];
+        int has_bias = mm_shapes[s][3];
+        size_t ni = (size_t)BT * C, nw = (size_t)OC * C, no = (size_t)BT * OC;
+        float *x = hrand(ni, 1), *W = hrand(nw, 0.1), *bias = has_bias ? hrand(OC, 1) : NULL;
+        float *out = hrand(no, 1); /* overwritten */
+        float *d_x = upf(x, ni), *d_W = upf(W, nw), *d_bias = bias ? upf(bias, OC) : NULL;
+        float *d_out = upf(out, no);
+        kn_matmul_forward(cpu, out, x, W, bias, BT, C, OC);
+        kn_matmul_forward(gpu, d_out, d_x, d_W, d_bias, BT, C, OC);
+        CHECK(close_to("matmul out", down(d_out, no), out, no, tol_mm));
+
+        float *dout = hrand(no, 1), *dx = hrand(ni, 1), *dW = hrand(nw, 1);
+        float *db = has_bias ? hrand(OC, 1) : NULL;
+        float *d_dx = upf(dx, ni), *d_dW = upf(dW, nw), *d_db = db ? upf(db, OC) : NULL;
+        kn_matmul_backward(cpu, dx, dW, db, dout, x, W, BT, C, OC);
+        kn_matmul_backward(gpu, d_dx, d_dW, d_db, upf(dout, no), d_x, d_W, BT, C, OC);
+        CHECK(close_to("matmul dinp (accumulated)", down(d_dx, ni), dx, ni, tol_mm));
+        CHECK(close_to("matmul dweight (accumulated)", down(d_dW, nw), dW, nw, tol_mm));
+        if (db) CHECK(close_to("matmul dbias (accumulated)", down(d_db, OC), db, OC, 2e-5));
+    }
+}
+
+/* ---- attention ---------------------------------------------------------------- */
+
+static void test_attention(void)
+{
+    NEED_GPU();
+    arena_reset();
+    rng_state = 505;
+    int shapes[][4] = {{1, 1, 4, 1}, {2, 7, 12, 4}, {2, 65, 64, 4}, {1, 130, 96, 2},
+                       {2, 256, 768, 12}}; /* B T C NH */
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int B = shapes[s][0], T = shapes[s][1], C = shapes[s][2], NH = shapes[s][3];
+        size_t n = (size_t)B * T * C, n3 = 3 * n, na = (size_t)B * NH * T * T;
+        float *qkv = hrand(n3, 1), *out = hrand(n, 1), *att = hrand(na, 1);
+        float *d_qkv = upf(qkv, n3), *d_out = upf(out, n), *d_att = upf(att, na);
+        kn_attention_forward(cpu, out, att, qkv, B, T, C, NH);
+        kn_attention_forward(gpu, d_out, d_att, d_qkv, B, T, C, NH);
+        CHECK(close_to("attention out", down(d_out, n), out, n, tol_mm));
+        CHECK(close_to("attention att (with zeros above the diagonal)", down(d_att, na), att, na,
+                       tol_mm));
+
+        float *dout = hrand(n, 1), *dqkv = hrand(n3, 1), *d_dqkv = upf(dqkv, n3);
+        /* both sides from the CPU's att, so only backward is compared */
+        kn_attention_backward(cpu, dqkv, dout, qkv, att, B, T, C, NH);
+        kn_attention_backward(gpu, d_dqkv, upf(dout, n), d_qkv, upf(att, na), B, T, C, NH);
+        CHECK(close_to("attention dqkv (accumulated)", down(d_dqkv, n3), dqkv, n3, tol_mm));
+    }
+}
+
+/* ---- elementwise -------------------------------------------------------------- */
+
+static void test_gelu(void)
+{
+    NEED_GPU();
+    arena_reset();
+    rng_state = 808;
+    size_t sizes[] = {1, 1000, 100003};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        size_t n = sizes[s];
+        float *x = hrand(n, 5), *out = hf(n), *d_x = upf(x, n), *d_out = alloc_on(gpu, n * 4);
+        kn_gelu_forward(cpu, out, x, n);
+        kn_gelu_forward(gpu, d_out, d_x, n);
+        CHECK(close_to("gelu out", down(d_out, n), out, n, 1e-6));
+        float *dout = hrand(n, 1), *dx = hrand(n, 1), *d_dx = upf(dx, n);
+        kn_gelu_backward(cpu, dx, x, dout, n);
+        kn_gelu_backward(gpu, d_dx, d_x, upf(dout, n), n);
+        CHECK(close_to("gelu dinp (accumulated)", down(d_dx, n), dx, n, 1e-5));
+    }
+}
+
+static void test_residual_accumulate(void)
+{
+    NEED_GPU();
+    arena_reset();
+    rng_state = 909;
+    size_t sizes[] = {1, 4097, 100003};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        size_t n = sizes[s];
+        float *a = hrand(n, 1), *b = hrand(n, 1), *out = hf(n);
+        float *d_a = upf(a, n), *d_b = upf(b, n), *d_out = alloc_on(gpu, n * 4);
+        kn_residual_forward(cpu, out, a, b, n);
+        kn_residual_forward(gpu, d_out, d_a, d_b, n);
+        CHECK(close_to("residual out", down(d_out, n), out, n, 0.0));
+        kn_residual_forward(gpu, d_a, d_a, d_b, n); /* out aliasing a */
+        CHECK(close_to("residual out (in place)", down(d_a, n), out, n, 0.0));
+        float *dst = hrand(n, 1), *d_dst = upf(dst, n);
+        kn_accumulate(cpu, dst, b, n);
+        kn_accumulate(gpu, d_dst, d_b, n);
+        CHECK(close_to("accumulate", down(d_dst, n), dst, n, 0.0));
+    }
+}
+
+/* ---- softmax + cross-entropy -------------------------------------------------- */
+
+static void test_crossentropy(void)
+{
+    NEED_GPU();
+    arena_reset();
+    rng_state = 1010;
+    int shapes[][3] = {{1, 1, 1}, {5, 7, 8}, {33, 1000, 1024}, {4, 500, 500}, {8, 50257, 50304}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int BT = shapes[s][0], V = shapes[s][1], Vp = shapes[s][2];
+        size_t n = (size_t)BT * Vp;
+        float *logits = hrand(n, 4), *probs = hf(n), *losses = hf(BT);
+        int32_t *tg = alloc_on(cpu, BT * sizeof(int32_t));
+        for (int r = 0; r < BT; r++) tg[r] = (int32_t)rng_range(0, V - 1);
+        if (BT > 2) tg[1] = -1; /* masked */
+        if (BT > 3) logits[(size_t)3 * Vp + tg[3]] = -60.0f; /* p[target] ≈ 1e-27 */
+        int32_t *d_tg = up(tg, BT * sizeof(int32_t));
+        float *d_logits = upf(logits, n), *d_losses = alloc_on(gpu, BT * 4);
+        kn_softmax_crossentropy_forward(cpu, losses, probs, logits, tg, BT, V, Vp);
+        /* in place, as the engine calls it */
+        kn_softmax_crossentropy_forward(gpu, d_losses, d_logits, d_logits, d_tg, BT, V, Vp);
+        CHECK(close_to("crossentropy losses", down(d_losses, BT), losses, BT, 1e-5));
+        CHECK(close_to("softmax probs (in place)", down(d_logits, n), probs, n, 1e-5));
+
+        float scale = 1.0f / (float)BT, *dl = hf(n);
+        kn_crossentropy_softmax_backward(cpu, dl, probs, tg, scale, BT, V, Vp);
+        float *d_probs = upf(probs, n);
+        kn_crossentropy_softmax_backward(gpu, d_probs, d_probs, d_tg, scale, BT, V, Vp);
+        CHECK(close_to("crossentropy dlogits (in place)", down(d_probs, n), dl, n, 1e-6));
+    }
+}
+
+/* ---- optimizer and reductions ------------------------------------------------- */
+
+static void test_adamw(void)
+{
+    NEED_GPU();
+    arena_reset();
+    rng_state = 1111;
+    size_t sizes[] = {1, 1000, 300001};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        size_t n = sizes[s];
+        float *p = hrand(n, 1), *m = hf(n), *v = hf(n);
+        float *d_p = upf(p, n), *d_m = upf(m, n), *d_v = upf(v, n);
+        for (int t = 1; t <= 3; t++) {
+            float *g = hrand(n, 1);
+            kn_adamw_update(cpu, p, g, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
+            kn_adamw_update(gpu, d_p, upf(g, n), d_m, d_v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                            0.5f, t);
+        }
+        CHECK(close_to("adamw params", down(d_p, n), p, n, 1e-6));
+        CHECK(close_to("adamw m", down(d_m, n), m, n, 1e-6));
+        CHECK(close_to("adamw v", down(d_v, n), v, n, 1e-6));
+    }
+}
+
+static void test_reductions(void)
+{
+    NEED_GPU();
+    arena_reset();
+    rng_state = 1212;
+    size_t sizes[] = {0, 1, 1000, ((size_t)1 << 22) + 3};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        size_t n = sizes[s];
+        float *x = hrand(n, 1), *d_x = upf(x, n);
+        double cs = kn_sum(cpu, x, n), css = kn_sum_squares(cpu, x, n);
+        double gs = kn_sum(gpu, d_x, n), gss = kn_sum_squares(gpu, d_x, n);
+        if (fabs(gs - cs) > 1e-9 * (fabs(cs) + 1.0) || fabs(gss - css) > 1e-9 * (css + 1.0)) {
+            printf("    n=%zu: sum %.17g vs %.17g on the CPU, sum of squares %.17g vs %.17g\n", n,
+                   gs, cs, gss, css);
+            CHECK(0);
+        }
+        /* the same bits every run (fixed reduction order) */
+        CHECK(kn_sum(gpu, d_x, n) == gs);
+        CHECK(kn_sum_squares(gpu, d_x, n) == gss);
+    }
+}
+
+/* ---- the engine on both backends ------------------------------------------------ */
+
+static void test_engine_parity(void)
+{
+    NEED_GPU();
+    arena_reset();
+    rng_state = 1313;
+    char err[256];
+    pl_gpt_config cfg;
+    CHECK(pl_gpt_config_init(&cfg, 2, 64, 4, 300, 32, err, sizeof err) == 0);
+    const int B = 4, T = 32, BT = B * T, NL = pl_gpt_nlayers(&cfg);
+    pl_engine ec, eg;
+    CHECK(pl_engine_create(&ec, cpu, &cfg, 0, NL, B, T, 1, err, sizeof err) == 0);
+    if (pl_engine_create(&eg, gpu, &cfg, 0, NL, B, T, 1, err, sizeof err) != 0) {
+        pl_engine_destroy(&ec);
+        printf("    %s\n", err);
+        CHECK(0);
+    }
+    pl_engine_init_random(&ec, 77);
+    pl_engine_init_random(&eg, 77);
+    const pl_adamw opt = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                          .weight_decay = 0.1f};
+    int32_t tokens[4 * 32], targets[4 * 32];
+    int bad = 0;
+    for (int step = 1; step <= 10; step++) {
+        for (int i = 0; i < BT; i++) {
+            tokens[i] = (int32_t)rng_range(0, cfg.V - 1);
+            targets[i] = (int32_t)rng_range(0, cfg.V - 1);
+        }
+        float lc = pl_engine_forward(&ec, 0, tokens, NULL, targets);
+        float lg = pl_engine_forward(&eg, 0, tokens, NULL, targets);
+        pl_engine_zero_grads(&ec);
+        pl_engine_zero_grads(&eg);
+        pl_engine_backward(&ec, 0, NULL, 1.0f / (float)BT);
+        pl_engine_backward(&eg, 0, NULL, 1.0f / (float)BT);
+        double gc = pl_engine_grad_sumsq(&ec), gg = pl_engine_grad_sumsq(&eg);
+        pl_engine_adamw(&ec, &opt, 1.0f, step);
+        pl_engine_adamw(&eg, &opt, 1.0f, step);
+        CHECK_COUNT(bad, 5, isfinite(lg) && fabs(lg - lc) <= tol_mm * fabs(lc),
+                    "step %d: loss %.9g on the GPU, %.9g on the CPU", step, lg, lc);
+        CHECK_COUNT(bad, 5, fabs(gg - gc) <= 10 * tol_mm * gc,
+                    "step %d: Σgrad² %.9g on the GPU, %.9g on the CPU", step, gg, gc);
+    }
+    pl_engine_destroy(&ec);
+    pl_engine_destroy(&eg);
+    CHECK_EQ_INT(bad, 0);
+}
+
+TEST_MAIN_BEGIN
+    char err[160] = "";
+    cpu = kn_create("cpu", 2, err, sizeof err);
+    if (!cpu) {
+        printf("FAIL kn_create_cpu: %s\n", err);
+        return 1;
+    }
+    gpu = kn_create("cuda", 1, err, sizeof err);
+    if (!gpu) {
+        /* no device is a skip; a device that fails to start is a failure */
+        if (strncmp(err, "no CUDA device", 14) != 0) {
+            printf("FAIL kn_create_cuda: %s\n", err);
+            return 1;
+        }
+        snprintf(no_gpu, sizeof no_gpu, "%s", err);
+    }
+    const char *tf32 = getenv("PLIANT_TF32");
+    tol_mm = tf32 && !strcmp(tf32, "1") ? 5e-3 : 1e-4;
+    RUN(test_context);
+    RUN(test_encoder);
+    RUN(test_layernorm);
+    RUN(test_matmul);
+    RUN(test_attention);
+    RUN(test_gelu);
+    RUN(test_residual_accumulate);
+    RUN(test_crossentropy);
+    RUN(test_adamw);
+    RUN(test_reductions);
+    RUN(test_engine_parity);
+    arena_reset();
+    kn_destroy(gpu);
+    kn_destroy(cpu);
+TEST_MAIN_END
