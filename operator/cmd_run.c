@@ -92,12 +92,8 @@ static void on_register(pl_ctl_server *s, pl_ctl_conn *c, const pl_msg *m, void 
     if (!w || (w->conn && w->conn != c) ||
         pl_coord_worker_registered(r->coord, m->u.reg.name, m->u.reg.node, m->u.reg.host,
                                    m->u.reg.port, pl_ctl_now_ms()) == PL_COORD_ERR) {
-        pl_msg x;
-        pl_msg_init(&x, PL_MSG_REFUSE, pl_coord_generation(r->coord));
-        snprintf(x.u.refuse.reason, sizeof x.u.refuse.reason, "%s",
-                 w ? pl_coord_error(r->coord) : "unknown worker name");
-        pl_ctl_server_send(s, c, &x);
-        pl_ctl_server_close(s, c, "refused");
+        pl_ctl_server_refuse(s, c, pl_coord_generation(r->coord),
+                             w ? pl_coord_error(r->coord) : "unknown worker name");
         return;
     }
     w->conn = c;

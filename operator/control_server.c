@@ -473,6 +473,15 @@ int pl_ctl_server_send(pl_ctl_server *s, pl_ctl_conn *c, const pl_msg *m)
     return queue_msg(c, m);
 }
 
+void pl_ctl_server_refuse(pl_ctl_server *s, pl_ctl_conn *c, int64_t gen, const char *reason)
+{
+    pl_msg x;
+    pl_msg_init(&x, PL_MSG_REFUSE, gen);
+    snprintf(x.u.refuse.reason, sizeof x.u.refuse.reason, "%s", reason);
+    pl_ctl_server_send(s, c, &x);
+    pl_ctl_server_close(s, c, "refused");
+}
+
 void pl_ctl_server_close(pl_ctl_server *s, pl_ctl_conn *c, const char *reason)
 {
     (void)s;

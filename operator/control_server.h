@@ -70,6 +70,9 @@ int pl_ctl_server_authenticates(const pl_ctl_server *s);
 /* Queues m (encoded now) on c; written when the socket is writable, in order.
  * 0, or -1 (bad message, closing connection, out of memory). */
 int pl_ctl_server_send(pl_ctl_server *s, pl_ctl_conn *c, const pl_msg *m);
+/* Refuses a registration the coordinator does not accept: `refuse {reason}`
+ * (envelope gen), then closes c. */
+void pl_ctl_server_refuse(pl_ctl_server *s, pl_ctl_conn *c, int64_t gen, const char *reason);
 /* Closes c after its queued messages are written; on_close follows. reason
  * (may be NULL) is logged and given to on_close. */
 void pl_ctl_server_close(pl_ctl_server *s, pl_ctl_conn *c, const char *reason);

@@ -83,11 +83,7 @@ static void on_register(pl_ctl_server *s, pl_ctl_conn *c, const pl_msg *m, void 
         why = pl_coord_error(rt->coord);
     if (!why && !w && !(w = add_worker(rt, r->name))) why = "out of memory";
     if (why) {
-        pl_msg x;
-        pl_msg_init(&x, PL_MSG_REFUSE, pl_coord_generation(rt->coord));
-        snprintf(x.u.refuse.reason, sizeof x.u.refuse.reason, "%s", why);
-        pl_ctl_server_send(s, c, &x);
-        pl_ctl_server_close(s, c, "refused");
+        pl_ctl_server_refuse(s, c, pl_coord_generation(rt->coord), why);
         return;
     }
     w->conn = c;
