@@ -11,7 +11,8 @@
 
 static void train_usage(FILE *f)
 {
-    fprintf(f, "usage: pliant train JOB.yaml [--steps N] [--metrics FILE] [--threads N]\n");
+    fprintf(f, "usage: pliant train JOB.yaml [--steps N] [--metrics FILE] [--threads N]\n"
+               "                   [--backend cpu|cuda]   (cuda: the pliant-cuda build of make cuda)\n");
 }
 
 int cmd_train(int argc, char **argv)
@@ -19,6 +20,7 @@ int cmd_train(int argc, char **argv)
     static const struct option opts[] = {{"steps", required_argument, 0, 's'},
                                          {"metrics", required_argument, 0, 'm'},
                                          {"threads", required_argument, 0, 't'},
+                                         {"backend", required_argument, 0, 'b'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     char err[1024] = "";
@@ -38,6 +40,13 @@ int cmd_train(int argc, char **argv)
             o.threads = (int)v;
             break;
         case 'm': o.metrics_path = optarg; break;
+        case 'b':
+            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
+                snprintf(err, sizeof err, "--backend: must be cpu or cuda, not '%s'", optarg);
+                goto bad;
+            }
+            o.backend = optarg;
+            break;
         case 'h': train_usage(stdout); return 0;
         default:
             snprintf(err, sizeof err, "unknown option or missing value: '%s'", argv[optind - 1]);

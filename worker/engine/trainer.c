@@ -193,7 +193,7 @@ int pl_train(const pl_job *job, const pl_train_options *o, char *err, size_t err
     int rc = -1;
     kn_ctx *k = NULL;
     if (pl_job_gpt_config(job, &cfg, err, errlen) || open_data(&r, err, errlen)) goto done;
-    if (!(k = kn_create("cpu", o->threads, err, errlen))) goto done;
+    if (!(k = kn_create(o->backend ? o->backend : "cpu", o->threads, err, errlen))) goto done;
     if (pl_engine_create(&r.e, k, &cfg, 0, cfg.L + 2, job->batch.micro, job->batch.seq_len, 1,
                          err, errlen)) {
         kn_destroy(k);

@@ -12,6 +12,7 @@ typedef struct {
     int steps;                /* > 0 overrides spec.steps */
     const char *metrics_path; /* JSON lines, or NULL */
     int threads;              /* ≤ 0: all cores */
+    const char *backend;      /* kernel backend ("cpu", "cuda"); NULL: "cpu" */
     FILE *out;                /* one progress line per step */
 } pl_train_options;
 
