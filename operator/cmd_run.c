@@ -38,7 +38,7 @@
 #include "chaos.h"
 #include "cli_args.h"
 #include "commands.h"
-#include "control_server.h"
+#include "coord_session.h"
 #include "coordinator.h"
 #include "job_plan.h"
 #include "jobspec.h"
@@ -52,13 +52,12 @@
 
 typedef struct {
     char name[PL_WORKER_NAME_MAX];
-    pl_ctl_conn *conn;
     int exited;
 } run_worker;
 
 typedef struct {
     pl_coord *coord;
-    pl_ctl_server *srv;
+    pl_coord_session *session; /* the control server and the workers' connections */
     run_worker w[MAX_WORKERS];
     int nw;
     /* what a worker is started with */
@@ -85,41 +84,10 @@ static run_worker *find_worker(run_state *r, const char *name)
     return NULL;
 }
 
-static void on_register(pl_ctl_server *s, pl_ctl_conn *c, const pl_msg *m, void *user)
+/* Only the workers this run started register. */
+static const char *admit(void *user, const char *name)
 {
-    run_state *r = user;
-    run_worker *w = find_worker(r, m->u.reg.name);
-    if (!w || (w->conn && w->conn != c) ||
-        pl_coord_worker_registered(r->coord, m->u.reg.name, m->u.reg.node, m->u.reg.host,
-                                   m->u.reg.port, pl_ctl_now_ms()) == PL_COORD_ERR) {
-        pl_ctl_server_refuse(s, c, pl_coord_generation(r->coord),
-                             w ? pl_coord_error(r->coord) : "unknown worker name");
-        return;
-    }
-    w->conn = c;
-    if (m->u.reg.zone[0]) pl_coord_set_zone(r->coord, m->u.reg.name, m->u.reg.zone);
-}
-
-static void on_message(pl_ctl_server *s, pl_ctl_conn *c, const pl_msg *m, void *user)
-{
-    run_state *r = user;
-    (void)s;
-    pl_coord_on_msg(r->coord, pl_ctl_conn_name(c), m, pl_ctl_now_ms());
-}
-
-static void on_close(pl_ctl_server *s, pl_ctl_conn *c, const char *reason, void *user)
-{
-    run_state *r = user;
-    (void)s;
-    run_worker *w = find_worker(r, pl_ctl_conn_name(c));
-    if (!w || w->conn != c) return;
-    w->conn = NULL;
-    pl_coord_phase_t ph = pl_coord_phase(r->coord);
-    if (ph != PL_COORD_DONE && ph != PL_COORD_FAILED) {
-        char cause[256];
-        snprintf(cause, sizeof cause, "connection closed: %s", reason ? reason : "");
-        pl_coord_worker_lost(r->coord, w->name, cause);
-    }
+    return find_worker(user, name) ? NULL : "unknown worker name";
 }
 
 /* Starts worker r->w[i] (its name set). It listens on a free port of its own and
@@ -127,9 +95,10 @@ static void on_close(pl_ctl_server *s, pl_ctl_conn *c, const char *reason, void 
 static int spawn_worker(run_state *r, int i, char *err, size_t errlen)
 {
     char e[6][PL_PATH_MAX + 64];
-    snprintf(e[0], sizeof e[0], "PLIANT_COORDINATOR=127.0.0.1:%d", pl_ctl_server_port(r->srv));
+    pl_ctl_server *srv = pl_coord_session_server(r->session);
+    snprintf(e[0], sizeof e[0], "PLIANT_COORDINATOR=127.0.0.1:%d", pl_ctl_server_port(srv));
     snprintf(e[1], sizeof e[1], "PLIANT_TOKEN=%s", r->token);
-    snprintf(e[2], sizeof e[2], "PLIANT_CA=%s", pl_ctl_server_cert_path(r->srv));
+    snprintf(e[2], sizeof e[2], "PLIANT_CA=%s", pl_ctl_server_cert_path(srv));
     snprintf(e[3], sizeof e[3], "PLIANT_WORKER_NAME=%s", r->w[i].name);
     snprintf(e[4], sizeof e[4], "PLIANT_NODE=%s", r->w[i].name);
     snprintf(e[5], sizeof e[5], "PLIANT_CHECKPOINT_DIR=%s", r->ckpt_dir);
@@ -424,9 +393,10 @@ int cmd_run(int argc, char **argv)
         snprintf(err, sizeof err, "no random bytes for the job token");
         goto done;
     }
-    pl_ctl_server_config sc = {.host = "127.0.0.1", .token = token, .token_len = strlen(token),
-                               .cb = {on_register, on_message, on_close, r}};
-    if (!(r->srv = pl_ctl_server_create(&sc, err, sizeof err))) goto done;
+    pl_coord_session_config sc = {
+        .coord = r->coord, .admit = admit, .user = r,
+        .server = {.host = "127.0.0.1", .token = token, .token_len = strlen(token)}};
+    if (!(r->session = pl_coord_session_new(&sc, err, sizeof err))) goto done;
 
     /* the workers */
     for (int i = 0; i < N; i++)
@@ -455,7 +425,8 @@ int cmd_run(int argc, char **argv)
     }
     printf("run: %s, %d workers (tolerate %d), %d steps, control on 127.0.0.1:%d (CA %s), "
            "planner profile %s\n",
-           job.name, N, F, job.steps, pl_ctl_server_port(r->srv), pl_ctl_server_cert_path(r->srv),
+           job.name, N, F, job.steps, pl_ctl_server_port(pl_coord_session_server(r->session)),
+           pl_ctl_server_cert_path(pl_coord_session_server(r->session)),
            job.profile);
     if (resume_step > 0)
         printf("run: resuming from the checkpoint of step %lld in %s\n", (long long)resume_step,
@@ -502,17 +473,12 @@ int cmd_run(int argc, char **argv)
                 if (fire_chaos(r, e, when) && disrupted_ms < 0) disrupted_ms = now;
             }
         }
-        if (pl_ctl_server_service(r->srv, 10) < 0) {
+        if (pl_coord_session_poll(r->session, 10) < 0) {
             snprintf(err, sizeof err, "control server failed");
             goto done;
         }
-        char to[PL_PROTO_NAME_MAX + 1];
-        pl_msg m;
-        while (pl_coord_next(r->coord, to, sizeof to, &m)) {
-            run_worker *w = find_worker(r, to);
-            if (w && w->conn) pl_ctl_server_send(r->srv, w->conn, &m);
-            pl_msg_free(&m);
-        }
+        int64_t closed_ms = pl_coord_session_take_disruption(r->session);
+        if (closed_ms >= 0 && disrupted_ms < 0) disrupted_ms = closed_ms;
         pl_worker_event ev;
         while (be->ops->watch(be, &ev, 0) == 1) {
             run_worker *w = find_worker(r, ev.name);
@@ -532,12 +498,11 @@ int cmd_run(int argc, char **argv)
                     snprintf(cause, sizeof cause, "killed by signal %d", ev.signal);
                 fprintf(stderr, "pliant run: worker %s %s\n", ev.name, cause);
                 /* news only if the connection's close did not report it already */
-                if (pl_coord_worker_lost(r->coord, ev.name, cause) == PL_COORD_OK &&
-                    disrupted_ms < 0)
+                if (pl_coord_session_lost(r->session, ev.name, cause) && disrupted_ms < 0)
                     disrupted_ms = seen_ms;
+                pl_coord_session_take_disruption(r->session); /* counted above */
             }
         }
-        pl_coord_tick(r->coord, pl_ctl_now_ms());
         if (duration_s > 0 && pl_ctl_now_ms() - start_ms >= duration_s * 1000)
             pl_coord_end(r->coord, "--duration reached");
         if (pl_coord_last_checkpoint(r->coord) > ckpt_done) {
@@ -644,7 +609,7 @@ done:
     if (metrics) fclose(metrics);
     if (be) be->ops->destroy(be);
     if (r) {
-        pl_ctl_server_destroy(r->srv);
+        pl_coord_session_free(r->session);
         pl_coord_free(r->coord);
         free(r);
     }

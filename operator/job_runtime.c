@@ -7,7 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "control_server.h"
+#include "coord_session.h"
 #include "job_plan.h"
 #include "tls_selfsigned.h"
 #include "util.h"
@@ -17,23 +17,15 @@
 #define RESUME_MS 15000
 #define START_GRACE_MS 20000 /* all Pods, or after this long those running (≥ (F+1)·n0) */ /* a restored plan waits this long for its workers to reconnect */
 
-typedef struct worker {
-    char name[PL_PROTO_NAME_MAX + 1];
-    pl_proto_name zone;   /* its node's topology zone, "" unknown */
-    pl_ctl_conn *conn;
-    struct worker *next;
-} worker;
-
 struct pl_job_runtime {
     pl_job job;
     int have_job;
     pl_job_plan plan;
     int have_plan;
     pl_coord *coord;
-    pl_ctl_server *srv;
+    pl_coord_session *session;          /* the control server and its workers */
     pl_tls_selfsigned tls;
     char token[65];
-    worker *workers;
     int64_t ckpt_done;
     int64_t disrupted_ms;               /* first loss since the last plan; -1: none */
     int64_t since[MAX_RECONFIGS];       /* per reconfiguration: its failure's time */
@@ -42,73 +34,6 @@ struct pl_job_runtime {
     int64_t step_ms[8];                 /* times of the last commits, for samples/s */
     int nstep_ms;
 };
-
-static worker *find_worker(pl_job_runtime *rt, const char *name)
-{
-    for (worker *w = rt->workers; w; w = w->next)
-        if (!strcmp(w->name, name)) return w;
-    return NULL;
-}
-
-static worker *add_worker(pl_job_runtime *rt, const char *name)
-{
-    worker *w = calloc(1, sizeof *w);
-    if (!w) return NULL;
-    snprintf(w->name, sizeof w->name, "%s", name);
-    w->next = rt->workers;
-    rt->workers = w;
-    return w;
-}
-
-static void lost(pl_job_runtime *rt, const char *name, const char *cause)
-{
-    pl_coord_phase_t ph = pl_coord_phase(rt->coord);
-    if (ph == PL_COORD_DONE || ph == PL_COORD_FAILED) return;
-    if (pl_coord_worker_lost(rt->coord, name, cause) == PL_COORD_OK && rt->disrupted_ms < 0)
-        rt->disrupted_ms = pl_ctl_now_ms();
-}
-
-static void on_register(pl_ctl_server *s, pl_ctl_conn *c, const pl_msg *m, void *user)
-{
-    pl_job_runtime *rt = user;
-    const pl_msg_register *r = &m->u.reg;
-    const char *why = NULL;
-    worker *w = find_worker(rt, r->name);
-    if (strcmp(r->job, rt->job.name))
-        why = "this coordinator runs another job";
-    else if (w && w->conn)
-        why = "a worker of that name is connected";
-    else if (pl_coord_worker_registered(rt->coord, r->name, r->node, r->host, r->port,
-                                        pl_ctl_now_ms()) == PL_COORD_ERR)
-        why = pl_coord_error(rt->coord);
-    if (!why && !w && !(w = add_worker(rt, r->name))) why = "out of memory";
-    if (why) {
-        pl_ctl_server_refuse(s, c, pl_coord_generation(rt->coord), why);
-        return;
-    }
-    w->conn = c;
-    const char *zone = w->zone[0] ? w->zone : r->zone;
-    if (zone[0]) pl_coord_set_zone(rt->coord, w->name, zone);
-}
-
-static void on_message(pl_ctl_server *s, pl_ctl_conn *c, const pl_msg *m, void *user)
-{
-    pl_job_runtime *rt = user;
-    (void)s;
-    pl_coord_on_msg(rt->coord, pl_ctl_conn_name(c), m, pl_ctl_now_ms());
-}
-
-static void on_close(pl_ctl_server *s, pl_ctl_conn *c, const char *reason, void *user)
-{
-    pl_job_runtime *rt = user;
-    (void)s;
-    worker *w = find_worker(rt, pl_ctl_conn_name(c));
-    if (!w || w->conn != c) return;
-    w->conn = NULL;
-    char cause[256];
-    snprintf(cause, sizeof cause, "connection closed: %s", reason ? reason : "");
-    lost(rt, w->name, cause);
-}
 
 /* cert_pem + key_pem written into a private directory, as the server wants files. */
 static int write_tls(pl_tls_selfsigned *t, const char *cert_pem, const char *key_pem, char *err,
@@ -168,19 +93,16 @@ pl_job_runtime *pl_job_runtime_new(const pl_job_runtime_config *cfg, char *err, 
                                       : pl_tls_selfsigned_create(&rt->tls, cfg->cert_host, 0, NULL,
                                                                  err, errlen))
         goto fail;
-    pl_ctl_server_config sc = {.host = cfg->bind_host ? cfg->bind_host : "0.0.0.0",
-                               .port = cfg->port,
-                               .cert_path = rt->tls.cert_path, .key_path = rt->tls.key_path,
-                               .token = rt->token, .token_len = strlen(rt->token),
-                               .cb = {on_register, on_message, on_close, rt}};
-    /* a job's port: the Service's (a new leader), else the first free one of the
-     * range the chart's NetworkPolicy opens */
-    int tries = cfg->port == 0 && cfg->port_base > 0 ? PORT_RANGE : 1;
-    for (int k = 0; k < tries && !rt->srv; k++) {
-        sc.port = cfg->port ? cfg->port : cfg->port_base > 0 ? cfg->port_base + k : 0;
-        rt->srv = pl_ctl_server_create(&sc, err, errlen);
-    }
-    if (!rt->srv) goto fail;
+    pl_coord_session_config sc = {
+        .coord = rt->coord, .job = rt->job.name,
+        .server = {.host = cfg->bind_host ? cfg->bind_host : "0.0.0.0",
+                   .port = cfg->port ? cfg->port : cfg->port_base,
+                   .cert_path = rt->tls.cert_path, .key_path = rt->tls.key_path,
+                   .token = rt->token, .token_len = strlen(rt->token)},
+        /* a job's port: the Service's (a new leader), else the first free one of the range
+         * the chart's NetworkPolicy opens */
+        .ports = cfg->port == 0 && cfg->port_base > 0 ? PORT_RANGE : 1};
+    if (!(rt->session = pl_coord_session_new(&sc, err, errlen))) goto fail;
     return rt;
 fail:
     pl_job_runtime_free(rt);
@@ -190,14 +112,9 @@ fail:
 void pl_job_runtime_free(pl_job_runtime *rt)
 {
     if (!rt) return;
-    pl_ctl_server_destroy(rt->srv); /* on_close for every connection: coord still alive */
+    pl_coord_session_free(rt->session); /* before the coordinator it reports to */
     pl_coord_free(rt->coord);
     pl_tls_selfsigned_remove(&rt->tls);
-    while (rt->workers) {
-        worker *w = rt->workers;
-        rt->workers = w->next;
-        free(w);
-    }
     if (rt->have_plan) pl_job_plan_free(&rt->plan);
     if (rt->have_job) pl_job_free(&rt->job);
     free(rt);
@@ -206,7 +123,8 @@ void pl_job_runtime_free(pl_job_runtime *rt)
 /* New reconfigurations take the pending failure's time; a commit ends them. */
 static void track_recovery(pl_job_runtime *rt)
 {
-    int64_t now = pl_ctl_now_ms();
+    int64_t now = pl_ctl_now_ms(), lost = pl_coord_session_take_disruption(rt->session);
+    if (lost >= 0 && rt->disrupted_ms < 0) rt->disrupted_ms = lost;
     for (; rt->nrec_seen < pl_coord_nreconfigs(rt->coord); rt->nrec_seen++) {
         if (rt->nrec_seen < MAX_RECONFIGS)
             rt->since[rt->nrec_seen] = rt->disrupted_ms >= 0 ? rt->disrupted_ms : now;
@@ -225,15 +143,7 @@ static void track_recovery(pl_job_runtime *rt)
 
 int pl_job_runtime_poll(pl_job_runtime *rt, int timeout_ms)
 {
-    if (pl_ctl_server_service(rt->srv, timeout_ms) < 0) return -1;
-    char to[PL_PROTO_NAME_MAX + 1];
-    pl_msg m;
-    while (pl_coord_next(rt->coord, to, sizeof to, &m)) {
-        worker *w = find_worker(rt, to);
-        if (w && w->conn) pl_ctl_server_send(rt->srv, w->conn, &m);
-        pl_msg_free(&m);
-    }
-    pl_coord_tick(rt->coord, pl_ctl_now_ms());
+    if (pl_coord_session_poll(rt->session, timeout_ms) < 0) return -1;
     track_recovery(rt);
     if (pl_coord_last_checkpoint(rt->coord) > rt->ckpt_done) {
         char err[512];
@@ -247,20 +157,19 @@ int pl_job_runtime_poll(pl_job_runtime *rt, int timeout_ms)
 
 void pl_job_runtime_worker_gone(pl_job_runtime *rt, const char *name, const char *cause)
 {
-    if (find_worker(rt, name)) lost(rt, name, cause);
+    pl_coord_session_lost(rt->session, name, cause);
 }
 
 void pl_job_runtime_set_zone(pl_job_runtime *rt, const char *name, const char *zone)
 {
-    worker *w = find_worker(rt, name);
-    if (!w && !(w = add_worker(rt, name))) return;
-    if (!strcmp(w->zone, zone)) return;
-    snprintf(w->zone, sizeof w->zone, "%s", zone);
-    if (w->conn) pl_coord_set_zone(rt->coord, name, zone);
+    pl_coord_session_set_zone(rt->session, name, zone);
 }
 
 pl_coord *pl_job_runtime_coord(pl_job_runtime *rt) { return rt->coord; }
-int pl_job_runtime_port(const pl_job_runtime *rt) { return pl_ctl_server_port(rt->srv); }
+int pl_job_runtime_port(const pl_job_runtime *rt)
+{
+    return pl_ctl_server_port(pl_coord_session_server(rt->session));
+}
 const char *pl_job_runtime_token(const pl_job_runtime *rt) { return rt->token; }
 
 char *pl_job_runtime_cert_pem(const pl_job_runtime *rt)
@@ -287,7 +196,5 @@ double pl_job_runtime_samples_per_second(const pl_job_runtime *rt)
 
 int pl_job_runtime_connected(const pl_job_runtime *rt)
 {
-    int n = 0;
-    for (const worker *w = rt->workers; w; w = w->next) n += w->conn != NULL;
-    return n;
+    return pl_coord_session_connected(rt->session);
 }
