@@ -181,6 +181,11 @@ def main():
                len(r["reconfigs"]),
                "%d / %d / %d (%d of %d)" % (durs[len(durs) // 2], durs[int(len(durs) * 0.9)],
                                             durs[-1], ok, len(durs)) if durs else "-"))
+        slow = [x for x in rec if x["duration_ms"] > step_ms + x["bytes_copied"] / (gbps * 1e6) + 300]
+        for x in slow[:5]:
+            print("    over the bound (%s): %d ms, %d bytes, removed %s, added %s: %s" %
+                  (name, x["duration_ms"], x["bytes_copied"], ",".join(x["removed"]),
+                   ",".join(x["added"]), x["cause"][:160]))
     print()
     print("templates keeps %.1f%% of failure-free throughput (target >= 80%%): %s" %
           (100 * results["templates"], "PASS" if results["templates"] >= 0.8 else "FAIL"))
