@@ -214,13 +214,13 @@ train-example: data
 	$(BUILD)/bin/pliant train examples/shakespeare-tiny.yaml --metrics $(BUILD)/shakespeare-tiny.jsonl
 	$(BUILD)/bin/pliant sample $(BUILD)/ckpt/shakespeare-tiny --tokens 400 --prompt "ROMEO:"
 
-# Recovery demo: 6 local workers, two SIGKILLs and a join during 60 steps; reconfiguration
+# Recovery demo: 6 local workers, two SIGKILLs and a join during 300 steps (about a minute); reconfiguration
 # and summary lines in $(BUILD)/demo.jsonl. `pliant run` writes no checkpoint yet: the
 # sample runs only if this run wrote one.
 demo: data
 	rm -rf $(BUILD)/demo-ckpt
-	$(BUILD)/bin/pliant run examples/shakespeare-tiny.yaml --workers 6 --threads 1 --steps 60 \
-	    --chaos kill:1@step=15,kill:4@step=30,add:1@step=45 --metrics $(BUILD)/demo.jsonl \
+	$(BUILD)/bin/pliant run examples/shakespeare-tiny.yaml --workers 6 --threads 1 --steps 300 \
+	    --chaos kill:1@step=50,kill:4@step=100,add:1@step=150 --metrics $(BUILD)/demo.jsonl \
 	    --checkpoint-dir $(BUILD)/demo-ckpt
 	$(BUILD)/bin/pliant sample $(BUILD)/demo-ckpt --tokens 200 --prompt "ROMEO:"
 
