@@ -214,9 +214,9 @@ train-example: data
 	$(BUILD)/bin/pliant train examples/shakespeare-tiny.yaml --metrics $(BUILD)/shakespeare-tiny.jsonl
 	$(BUILD)/bin/pliant sample $(BUILD)/ckpt/shakespeare-tiny --tokens 400 --prompt "ROMEO:"
 
-# Recovery demo: 6 local workers, two SIGKILLs and a join during 300 steps (about a minute); reconfiguration
-# and summary lines in $(BUILD)/demo.jsonl. `pliant run` writes no checkpoint yet: the
-# sample runs only if this run wrote one.
+# Recovery demo: 6 local workers, two SIGKILLs and a join during 300 steps (about a
+# minute); reconfiguration and summary lines in $(BUILD)/demo.jsonl; then text sampled
+# from the run's final checkpoint.
 demo: data
 	rm -rf $(BUILD)/demo-ckpt
 	$(BUILD)/bin/pliant run examples/shakespeare-tiny.yaml --workers 6 --threads 1 --steps 300 \
