@@ -3,6 +3,7 @@
 
 #include "tls_selfsigned.h"
 #include "util.h"
+#include "ws_queue.h"
 
 #include <ctype.h>
 #include <stdarg.h>
@@ -19,12 +20,6 @@
 #define CTL_NONCE_BYTES 32
 #define CTL_MAX_QUEUED ((size_t)256 << 20) /* unsent bytes before a connection is dropped */
 
-typedef struct ctl_tx {
-    struct ctl_tx *next;
-    size_t len;
-    unsigned char buf[]; /* LWS_PRE bytes of headroom, then the message */
-} ctl_tx;
-
 struct pl_ctl_conn {
     pl_ctl_server *s;
     struct lws *wsi;
@@ -37,8 +32,7 @@ struct pl_ctl_conn {
     int64_t opened_ms, last_heard_ms;
     char *rx;
     size_t rx_len, rx_cap;
-    ctl_tx *tx_head, *tx_tail;
-    size_t tx_bytes;
+    pl_ws_queue tx;
     void *user;
 };
 
@@ -85,7 +79,7 @@ static void conn_log(const pl_ctl_conn *c, const char *fmt, ...)
 
 static int queue_text(pl_ctl_conn *c, const char *text, size_t len)
 {
-    if (c->tx_bytes + len > CTL_MAX_QUEUED) {
+    if (c->tx.bytes + len > CTL_MAX_QUEUED) {
         /* A worker that does not read: drop it (nothing more is queued). */
         if (!c->closing) {
             snprintf(c->close_reason, sizeof c->close_reason, "send queue over %zu bytes",
@@ -96,18 +90,10 @@ static int queue_text(pl_ctl_conn *c, const char *text, size_t len)
         }
         return -1;
     }
-    ctl_tx *t = malloc(sizeof *t + LWS_PRE + len);
+    pl_ws_frame *t = pl_ws_frame_new(text, len, LWS_WRITE_TEXT);
     if (!t)
         return -1;
-    t->next = NULL;
-    t->len = len;
-    memcpy(t->buf + LWS_PRE, text, len);
-    c->tx_bytes += len;
-    if (c->tx_tail)
-        c->tx_tail->next = t;
-    else
-        c->tx_head = t;
-    c->tx_tail = t;
+    pl_ws_queue_push(&c->tx, t);
     lws_callback_on_writable(c->wsi);
     return 0;
 }
@@ -203,11 +189,7 @@ static void conn_free(pl_ctl_conn *c)
     if (c->next)
         c->next->prev = c->prev;
     s->nconns--;
-    while (c->tx_head) {
-        ctl_tx *t = c->tx_head;
-        c->tx_head = t->next;
-        free(t);
-    }
+    pl_ws_queue_clear(&c->tx);
     free(c->rx);
     free(c);
 }
@@ -288,21 +270,14 @@ static int ctl_callback(struct lws *wsi, enum lws_callback_reasons reason, void 
     case LWS_CALLBACK_SERVER_WRITEABLE: {
         if (!c)
             return -1;
-        ctl_tx *t = c->tx_head;
-        if (t) {
-            c->tx_head = t->next;
-            if (!c->tx_head)
-                c->tx_tail = NULL;
-            c->tx_bytes -= t->len;
-            int w = lws_write(wsi, t->buf + LWS_PRE, t->len, LWS_WRITE_TEXT);
-            int short_write = w < (int)t->len;
-            free(t);
-            if (short_write) {
-                if (!c->closing)
-                    snprintf(c->close_reason, sizeof c->close_reason, "write failed");
-                return -1;
-            }
-            if (c->tx_head || c->closing)
+        int w = pl_ws_queue_write(&c->tx, wsi);
+        if (w < 0) {
+            if (!c->closing)
+                snprintf(c->close_reason, sizeof c->close_reason, "write failed");
+            return -1;
+        }
+        if (w > 0) {
+            if (c->tx.head || c->closing)
                 lws_callback_on_writable(wsi);
             return 0;
         }

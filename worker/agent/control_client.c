@@ -3,6 +3,7 @@
 
 #include "tls_selfsigned.h"
 #include "util.h"
+#include "ws_queue.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -18,13 +19,6 @@
 
 #define CTL_PATH "/control"
 #define CTL_MAX_QUEUED ((size_t)64 << 20) /* unsent bytes before the connection is dropped */
-
-typedef struct cli_tx {
-    struct cli_tx *next;
-    size_t len;
-    int wflags; /* lws_write protocol flags */
-    unsigned char buf[]; /* LWS_PRE bytes of headroom, then the message */
-} cli_tx;
 
 struct pl_ctl_client {
     struct lws_context *ctx;
@@ -42,10 +36,9 @@ struct pl_ctl_client {
     _Atomic int64_t step, gen;
     char *rx;
     size_t rx_len, rx_cap;
-    cli_tx *tx_head, *tx_tail;
-    size_t tx_bytes;
-    pthread_mutex_t post_lock; /* guards post_head/post_tail (pl_ctl_client_post) */
-    cli_tx *post_head, *post_tail;
+    pl_ws_queue tx;
+    pthread_mutex_t post_lock; /* guards posts (pl_ctl_client_post) */
+    pl_ws_queue posts;
     lws_sorted_usec_list_t wake;
 };
 
@@ -58,52 +51,26 @@ static int64_t now_ms(void)
 
 static void client_fail(pl_ctl_client *c, const char *why);
 
-static cli_tx *tx_new(const char *text, size_t len, int wflags)
-{
-    cli_tx *t = malloc(sizeof *t + LWS_PRE + len);
-    if (!t)
-        return NULL;
-    t->next = NULL;
-    t->len = len;
-    t->wflags = wflags;
-    memcpy(t->buf + LWS_PRE, text, len);
-    return t;
-}
-
-static void tx_free_list(cli_tx *t)
-{
-    while (t) {
-        cli_tx *next = t->next;
-        free(t);
-        t = next;
-    }
-}
-
 /* Appends t to the send queue (takes it); -1 when closed or over the limit. */
-static int tx_append(pl_ctl_client *c, cli_tx *t)
+static int tx_append(pl_ctl_client *c, pl_ws_frame *t)
 {
     if (!c->wsi || c->closing || c->state >= PL_CTL_REFUSED) {
         free(t);
         return -1;
     }
-    if (c->tx_bytes + t->len > CTL_MAX_QUEUED) {
+    if (c->tx.bytes + t->len > CTL_MAX_QUEUED) {
         free(t);
         client_fail(c, "send queue over its limit");
         return -1;
     }
-    c->tx_bytes += t->len;
-    if (c->tx_tail)
-        c->tx_tail->next = t;
-    else
-        c->tx_head = t;
-    c->tx_tail = t;
+    pl_ws_queue_push(&c->tx, t);
     lws_callback_on_writable(c->wsi);
     return 0;
 }
 
 static int queue_text(pl_ctl_client *c, const char *text, size_t len)
 {
-    cli_tx *t = tx_new(text, len, LWS_WRITE_TEXT);
+    pl_ws_frame *t = pl_ws_frame_new(text, len, LWS_WRITE_TEXT);
     return t ? tx_append(c, t) : -1;
 }
 
@@ -116,7 +83,7 @@ int pl_ctl_client_send_fragmented(pl_ctl_client *c, const char *text, size_t len
         size_t n = i == nfrags - 1 ? len - off : len / (size_t)nfrags;
         int fl = (i == 0 ? LWS_WRITE_TEXT : LWS_WRITE_CONTINUATION) |
                  (i == nfrags - 1 ? 0 : LWS_WRITE_NO_FIN);
-        cli_tx *t = tx_new(text + off, n, fl);
+        pl_ws_frame *t = pl_ws_frame_new(text + off, n, fl);
         if (!t || tx_append(c, t))
             return -1;
         off += n;
@@ -128,15 +95,11 @@ int pl_ctl_client_send_fragmented(pl_ctl_client *c, const char *text, size_t len
 static void drain_posts(pl_ctl_client *c)
 {
     pthread_mutex_lock(&c->post_lock);
-    cli_tx *t = c->post_head;
-    c->post_head = c->post_tail = NULL;
+    pl_ws_queue posts = c->posts;
+    memset(&c->posts, 0, sizeof c->posts);
     pthread_mutex_unlock(&c->post_lock);
-    while (t) {
-        cli_tx *next = t->next;
-        t->next = NULL;
-        tx_append(c, t);
-        t = next;
-    }
+    pl_ws_frame *t;
+    while ((t = pl_ws_queue_pop(&posts))) tx_append(c, t);
 }
 
 int pl_ctl_client_post(pl_ctl_client *c, const pl_msg *m)
@@ -144,16 +107,12 @@ int pl_ctl_client_post(pl_ctl_client *c, const pl_msg *m)
     char *text = pl_msg_encode(m);
     if (!text)
         return -1;
-    cli_tx *t = tx_new(text, strlen(text), LWS_WRITE_TEXT);
+    pl_ws_frame *t = pl_ws_frame_new(text, strlen(text), LWS_WRITE_TEXT);
     free(text);
     if (!t)
         return -1;
     pthread_mutex_lock(&c->post_lock);
-    if (c->post_tail)
-        c->post_tail->next = t;
-    else
-        c->post_head = t;
-    c->post_tail = t;
+    pl_ws_queue_push(&c->posts, t);
     pthread_mutex_unlock(&c->post_lock);
     lws_cancel_service(c->ctx);
     return 0;
@@ -326,20 +285,13 @@ static int cli_callback(struct lws *wsi, enum lws_callback_reasons reason, void 
         }
         return 0;
     case LWS_CALLBACK_CLIENT_WRITEABLE: {
-        cli_tx *t = c->tx_head;
-        if (t) {
-            c->tx_head = t->next;
-            if (!c->tx_head)
-                c->tx_tail = NULL;
-            c->tx_bytes -= t->len;
-            int w = lws_write(wsi, t->buf + LWS_PRE, t->len, (enum lws_write_protocol)t->wflags);
-            int short_write = w < (int)t->len;
-            free(t);
-            if (short_write) {
-                set_reason(c, "write failed");
-                return -1;
-            }
-            if (c->tx_head || c->closing)
+        int w = pl_ws_queue_write(&c->tx, wsi);
+        if (w < 0) {
+            set_reason(c, "write failed");
+            return -1;
+        }
+        if (w > 0) {
+            if (c->tx.head || c->closing)
                 lws_callback_on_writable(wsi);
             return 0;
         }
@@ -469,8 +421,8 @@ void pl_ctl_client_destroy(pl_ctl_client *c)
         lws_context_destroy(c->ctx);
     }
     SSL_CTX_free(c->ssl_ctx);
-    tx_free_list(c->tx_head);
-    tx_free_list(c->post_head);
+    pl_ws_queue_clear(&c->tx);
+    pl_ws_queue_clear(&c->posts);
     pthread_mutex_destroy(&c->post_lock);
     free(c->rx);
     if (c->token) {

@@ -1,0 +1,35 @@
+/* The send queue of a WebSocket connection of the control channel (libwebsockets):
+ * frames with the LWS_PRE headroom lws_write wants, written one per writable
+ * callback, in order. Shared by the coordinator's server and the worker's client.
+ * Not thread-safe: the connection's service thread only. */
+#ifndef PLIANT_WS_QUEUE_H
+#define PLIANT_WS_QUEUE_H
+
+#include <stddef.h>
+
+#include <libwebsockets.h>
+
+typedef struct pl_ws_frame {
+    struct pl_ws_frame *next;
+    size_t len;
+    int wflags;          /* lws_write protocol flags */
+    unsigned char buf[]; /* LWS_PRE bytes of headroom, then the message */
+} pl_ws_frame;
+
+typedef struct {
+    pl_ws_frame *head, *tail;
+    size_t bytes;        /* queued, not yet written */
+} pl_ws_queue;
+
+/* A frame holding a copy of text; NULL when out of memory. */
+pl_ws_frame *pl_ws_frame_new(const char *text, size_t len, int wflags);
+/* Appends f (taken). */
+void pl_ws_queue_push(pl_ws_queue *q, pl_ws_frame *f);
+/* Takes the oldest frame off (the caller frees it); NULL when empty. */
+pl_ws_frame *pl_ws_queue_pop(pl_ws_queue *q);
+/* Writes the oldest frame: 1 written, 0 nothing queued, -1 a short write (the
+ * connection is broken). */
+int pl_ws_queue_write(pl_ws_queue *q, struct lws *wsi);
+void pl_ws_queue_clear(pl_ws_queue *q);
+
+#endif
