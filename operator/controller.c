@@ -48,6 +48,7 @@ typedef struct cjob {
     int have_spec, invalid;
     pl_job_runtime *rt;
     int64_t done_ms;            /* when the runtime finished (flushing `stop`); 0: running */
+    int service_ok;             /* the runtime's Service exists */
     cpod *pods;
     int next_k;
     char phase[32];
@@ -210,6 +211,7 @@ static void job_stop(pl_controller *c, cjob *j)
     pl_job_runtime_free(j->rt);
     j->rt = NULL;
     j->done_ms = 0;
+    j->service_ok = 0;
     j->steps_seen = j->reconfigs_seen = j->recovery_seen = 0;
 }
 
@@ -363,9 +365,27 @@ static cJSON *status_json(pl_controller *c, cjob *j)
     return s;
 }
 
+static void update_phase_gauges(pl_controller *c)
+{
+    if (!c->cfg.metrics) return;
+    static const char *const phases[] = {"Pending", "Running", "Reconfiguring", "WaitingForNodes",
+                                         "Suspended", "Succeeded", "Failed"};
+    for (size_t i = 0; i < sizeof phases / sizeof phases[0]; i++) {
+        int n = 0;
+        for (const cjob *j = c->jobs; j; j = j->next)
+            n += j->obj && !strcmp(j->phase[0] ? j->phase : "Pending", phases[i]);
+        char lab[64];
+        snprintf(lab, sizeof lab, "phase=\"%s\"", phases[i]);
+        pl_metrics_gauge_set(c->cfg.metrics, "pliant_jobs", "TrainingJobs by phase", lab, n);
+    }
+}
+
+/* Also refreshes the jobs-by-phase gauges (a phase changes only with a status
+ * write; before it, so that /metrics agrees once the status shows). */
 static int write_status(pl_controller *c, cjob *j)
 {
     if (!j->obj) return 0;
+    update_phase_gauges(c);
     cJSON *s = status_json(c, j);
     pl_kube_ref r = job_ref(j, TJ.plural, j->name);
     pl_kube_status st;
@@ -958,12 +978,13 @@ static int reconcile(pl_controller *c, cjob *j)
     }
     if (!j->rt && start_runtime(c, j)) return -1;
     if (!j->rt) return write_status(c, j); /* it cannot start: Failed */
-    char svc[300];
-    pl_job_service_name(j->obj, svc, sizeof svc);
-    pl_job_objects o = {j->obj, &j->spec, c->cfg.worker_image, c->cfg.worker_command, ""};
-    if (create_owned(c, j, "services", pl_job_service(&o, pl_job_runtime_port(j->rt))) < 0 ||
-        ensure_pods(c, j))
-        return -1;
+    if (!j->service_ok) { /* once per runtime: not a request on every reconcile */
+        pl_job_objects o = {j->obj, &j->spec, c->cfg.worker_image, c->cfg.worker_command, ""};
+        if (create_owned(c, j, "services", pl_job_service(&o, pl_job_runtime_port(j->rt))) < 0)
+            return -1;
+        j->service_ok = 1;
+    }
+    if (ensure_pods(c, j)) return -1;
     if (deadline >= 0) pl_workqueue_add_after(c->q, j->key, 1000);
     return j->status_dirty ? write_status(c, j) : 0;
 }
@@ -1003,21 +1024,6 @@ pl_controller *pl_controller_new(const pl_controller_config *cfg, char *err, siz
 int pl_controller_synced(const pl_controller *c)
 {
     return atomic_load(&c->inf[0].synced) && atomic_load(&c->inf[1].synced);
-}
-
-static void update_phase_gauges(pl_controller *c)
-{
-    if (!c->cfg.metrics) return;
-    static const char *const phases[] = {"Pending", "Running", "Reconfiguring", "WaitingForNodes",
-                                         "Suspended", "Succeeded", "Failed"};
-    for (size_t i = 0; i < sizeof phases / sizeof phases[0]; i++) {
-        int n = 0;
-        for (const cjob *j = c->jobs; j; j = j->next)
-            n += j->obj && !strcmp(j->phase[0] ? j->phase : "Pending", phases[i]);
-        char lab[64];
-        snprintf(lab, sizeof lab, "phase=\"%s\"", phases[i]);
-        pl_metrics_gauge_set(c->cfg.metrics, "pliant_jobs", "TrainingJobs by phase", lab, n);
-    }
 }
 
 int pl_controller_run(pl_controller *c, const atomic_int *stop, char *err, size_t errlen)
@@ -1063,7 +1069,7 @@ int pl_controller_run(pl_controller *c, const atomic_int *stop, char *err, size_
             resync = pl_ctl_now_ms();
             for (cjob *j = c->jobs; j; j = j->next) pl_workqueue_add(c->q, j->key);
         }
-        update_phase_gauges(c);
+
     }
     return 0;
 }
