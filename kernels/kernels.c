@@ -48,6 +48,15 @@ void kn_to_host(kn_ctx *k, void *dst, const void *src, size_t bytes)
 
 void kn_sync(kn_ctx *k) { k->ops->sync(k); }
 
+void kn_copy(kn_ctx *k, void *dst, const void *src, size_t bytes)
+{
+    k->ops->copy(k, dst, src, bytes);
+}
+
+void *kn_host_alloc(kn_ctx *k, size_t bytes) { return k->ops->host_alloc(k, bytes); }
+void kn_host_free(kn_ctx *k, void *p) { k->ops->host_free(k, p); }
+const char *kn_precision(const kn_ctx *k) { return k->precision; }
+
 void kn_encoder_forward(kn_ctx *k, float *out, const int32_t *inp, const float *wte,
                         const float *wpe, int B, int T, int C)
 {
@@ -85,6 +94,11 @@ void kn_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, co
     k->ops->matmul_backward(k, dinp, dweight, dbias, dout, inp, weight, BT, C, OC);
 }
 
+size_t kn_attention_state_floats(kn_ctx *k, int B, int T, int NH)
+{
+    return k->ops->attention_state_floats(k, B, T, NH);
+}
+
 void kn_attention_forward(kn_ctx *k, float *out, float *att, const float *qkv, int B, int T,
                           int C, int NH)
 {
@@ -95,6 +109,19 @@ void kn_attention_backward(kn_ctx *k, float *dqkv, const float *dout, const floa
                            const float *att, int B, int T, int C, int NH)
 {
     k->ops->attention_backward(k, dqkv, dout, qkv, att, B, T, C, NH);
+}
+
+void kn_matmul_gelu_forward(kn_ctx *k, float *out, float *pre, const float *inp,
+                            const float *weight, const float *bias, int BT, int C, int OC)
+{
+    k->ops->matmul_gelu_forward(k, out, pre, inp, weight, bias, BT, C, OC);
+}
+
+void kn_matmul_backward_gelu(kn_ctx *k, float *dpre, float *dweight, float *dbias,
+                             const float *dout, const float *inp, const float *weight,
+                             const float *pre, int BT, int C, int OC)
+{
+    k->ops->matmul_backward_gelu(k, dpre, dweight, dbias, dout, inp, weight, pre, BT, C, OC);
 }
 
 void kn_gelu_forward(kn_ctx *k, float *out, const float *inp, size_t n)

@@ -40,6 +40,18 @@ void kn_to_device(kn_ctx *k, void *dst, const void *src, size_t bytes);
 void kn_to_host(kn_ctx *k, void *dst, const void *src, size_t bytes);
 /* Waits for queued work (a no-op on the CPU). */
 void kn_sync(kn_ctx *k);
+/* Copies within backend memory (device to device on CUDA; queued, no wait). */
+void kn_copy(kn_ctx *k, void *dst, const void *src, size_t bytes);
+/* Host memory for staging transfers to and from backend memory: page-locked on
+ * CUDA (so copies run at full speed), plain aligned memory on the CPU; zero-filled. */
+void *kn_host_alloc(kn_ctx *k, size_t bytes);
+void kn_host_free(kn_ctx *k, void *p);
+
+/* The arithmetic of the matmuls: "fp32" (the CPU; CUDA with PLIANT_PRECISION=fp32),
+ * "tf32" (fp32 tensors, TF32 tensor-core products) or "bf16" (CUDA's default:
+ * bf16 operands, fp32 accumulation and fp32 results). Parameters, optimizer
+ * state and every other kernel stay fp32. */
+const char *kn_precision(const kn_ctx *k);
 
 /* ---- forward / backward kernels ------------------------------------------ */
 
@@ -65,13 +77,28 @@ void kn_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, co
                         const float *inp, const float *weight, int BT, int C, int OC);
 
 /* Causal multi-head self-attention. qkv is [B, T, 3C] (q, k, v, each C = NH·hs
- * channels); out is [B, T, C] (overwritten); att[B, NH, T, T] saves the softmax
- * probabilities (row t uses columns 0..t) for backward. Scale 1/sqrt(hs). */
+ * channels); out is [B, T, C] (overwritten); att, of kn_attention_state_floats
+ * floats, is what the backend keeps for backward: the CPU saves the softmax
+ * probabilities [B, NH, T, T] (row t uses columns 0..t); CUDA runs a fused
+ * (flash) attention that keeps only each row's log-sum-exp [B, NH, T], so no
+ * T×T matrix reaches memory. Scale 1/sqrt(hs). */
+size_t kn_attention_state_floats(kn_ctx *k, int B, int T, int NH);
 void kn_attention_forward(kn_ctx *k, float *out, float *att, const float *qkv, int B, int T,
                           int C, int NH);
 /* dqkv += gradient of the attention w.r.t. qkv. */
 void kn_attention_backward(kn_ctx *k, float *dqkv, const float *dout, const float *qkv,
                            const float *att, int B, int T, int C, int NH);
+
+/* out = gelu(pre), pre = inp · weightᵀ + bias (both overwritten): the MLP's first
+ * matmul with its GELU (one cuBLASLt call with a GELU epilogue on CUDA). */
+void kn_matmul_gelu_forward(kn_ctx *k, float *out, float *pre, const float *inp,
+                            const float *weight, const float *bias, int BT, int C, int OC);
+/* Backward of out = gelu(pre) · weightᵀ + bias for the MLP's second matmul (inp =
+ * gelu(pre), [BT, C]): dpre = (dout · weight) ⊙ gelu'(pre), OVERWRITTEN;
+ * dweight += doutᵀ · inp; dbias += Σ rows of dout. */
+void kn_matmul_backward_gelu(kn_ctx *k, float *dpre, float *dweight, float *dbias,
+                             const float *dout, const float *inp, const float *weight,
+                             const float *pre, int BT, int C, int OC);
 
 /* GELU, tanh approximation (GPT-2). out overwritten; dinp += dout·gelu'(inp). */
 void kn_gelu_forward(kn_ctx *k, float *out, const float *inp, size_t n);

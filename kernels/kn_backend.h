@@ -54,6 +54,15 @@ typedef struct kn_ops {
                          float weight_decay, float grad_scale, int t);
     double (*sum_squares)(kn_ctx *k, const float *x, size_t n);
     double (*sum)(kn_ctx *k, const float *x, size_t n);
+    void (*copy)(kn_ctx *k, void *dst, const void *src, size_t bytes);
+    void *(*host_alloc)(kn_ctx *k, size_t bytes);
+    void (*host_free)(kn_ctx *k, void *p);
+    size_t (*attention_state_floats)(kn_ctx *k, int B, int T, int NH);
+    void (*matmul_gelu_forward)(kn_ctx *k, float *out, float *pre, const float *inp,
+                                const float *weight, const float *bias, int BT, int C, int OC);
+    void (*matmul_backward_gelu)(kn_ctx *k, float *dpre, float *dweight, float *dbias,
+                                 const float *dout, const float *inp, const float *weight,
+                                 const float *pre, int BT, int C, int OC);
 } kn_ops;
 
 struct kn_ctx {
@@ -62,6 +71,7 @@ struct kn_ctx {
     void *ws;             /* backend scratch (host memory on the CPU, device memory on CUDA) */
     size_t ws_bytes;
     struct kn_cuda *cuda; /* CUDA state (device, stream, cuBLAS handle); NULL on the CPU */
+    const char *precision;/* what kn_precision returns */
 };
 
 /* Backend constructors, called by kn_create. */

@@ -78,6 +78,17 @@ static void cpu_sync(kn_ctx *k)
     (void)k;
 }
 
+static void cpu_copy(kn_ctx *k, void *dst, const void *src, size_t bytes)
+{
+    (void)k;
+    if (bytes) memcpy(dst, src, bytes);
+}
+
+static void *cpu_host_alloc(kn_ctx *k, size_t bytes)
+{
+    return cpu_alloc(k, bytes);
+}
+
 static const kn_ops kn_cpu_ops = {
     .name = "cpu",
     .destroy = cpu_destroy,
@@ -104,6 +115,12 @@ static const kn_ops kn_cpu_ops = {
     .adamw_update = kn_cpu_adamw_update,
     .sum_squares = kn_cpu_sum_squares,
     .sum = kn_cpu_sum,
+    .copy = cpu_copy,
+    .host_alloc = cpu_host_alloc,
+    .host_free = cpu_free,
+    .attention_state_floats = kn_cpu_attention_state_floats,
+    .matmul_gelu_forward = kn_cpu_matmul_gelu_forward,
+    .matmul_backward_gelu = kn_cpu_matmul_backward_gelu,
 };
 
 kn_ctx *kn_cpu_create(int threads, char *err, size_t errlen)
@@ -114,6 +131,7 @@ kn_ctx *kn_cpu_create(int threads, char *err, size_t errlen)
         return NULL;
     }
     k->ops = &kn_cpu_ops;
+    k->precision = "fp32";
     k->threads = threads > 0 ? threads : omp_get_num_procs();
     if (k->threads < 1) k->threads = 1;
     /* One pool of threads: OpenMP's. Matrix products are split across it and

@@ -86,6 +86,32 @@ static void cuda_sync(kn_ctx *k)
     CUDA_CHECK(cudaStreamSynchronize(kn_stream(k)));
 }
 
+static void cuda_copy(kn_ctx *k, void *dst, const void *src, size_t bytes)
+{
+    if (bytes)
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, kn_stream(k)));
+}
+
+static void *cuda_host_alloc(kn_ctx *k, size_t bytes)
+{
+    (void)k;
+    size_t n = round64(bytes);
+    void *p = NULL;
+    if (!n || cudaMallocHost(&p, n) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    memset(p, 0, n);
+    return p;
+}
+
+static void cuda_host_free(kn_ctx *k, void *p)
+{
+    if (!p) return;
+    CUDA_CHECK(cudaStreamSynchronize(kn_stream(k))); /* a queued copy may still read it */
+    CUDA_CHECK(cudaFreeHost(p));
+}
+
 void kn_cuda_gemm(kn_ctx *k, bool ta, bool tb, int m, int n, int kk, float alpha, const float *A,
                   int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
@@ -131,6 +157,12 @@ static const kn_ops kn_cuda_ops = {
     /* .adamw_update = */ kn_cuda_adamw_update,
     /* .sum_squares = */ kn_cuda_sum_squares,
     /* .sum = */ kn_cuda_sum,
+    /* .copy = */ cuda_copy,
+    /* .host_alloc = */ cuda_host_alloc,
+    /* .host_free = */ cuda_host_free,
+    /* .attention_state_floats = */ kn_cuda_attention_state_floats,
+    /* .matmul_gelu_forward = */ kn_cuda_matmul_gelu_forward,
+    /* .matmul_backward_gelu = */ kn_cuda_matmul_backward_gelu,
 };
 
 /* Fails (NULL, message in err) when there is no usable device. */
@@ -153,6 +185,7 @@ kn_ctx *kn_cuda_create(int threads, char *err, size_t errlen)
     if (!k || !c) goto fail;
     k->ops = &kn_cuda_ops;
     k->threads = 1;
+    k->precision = "fp32";
     k->cuda = c;
     step = "cudaGetDevice";
     if ((e = cudaGetDevice(&c->device)) != cudaSuccess) goto fail_cuda;
@@ -173,6 +206,7 @@ kn_ctx *kn_cuda_create(int threads, char *err, size_t errlen)
     {
         const char *tf32 = getenv("PLIANT_TF32");
         c->compute = tf32 && !strcmp(tf32, "1") ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+        k->precision = c->compute == CUBLAS_COMPUTE_32F ? "fp32" : "tf32";
     }
     return k;
 fail_cuda:

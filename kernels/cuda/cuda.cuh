@@ -98,6 +98,12 @@ void kn_cuda_attention_forward(kn_ctx *k, float *out, float *att, const float *q
                                int C, int NH);
 void kn_cuda_attention_backward(kn_ctx *k, float *dqkv, const float *dout, const float *qkv,
                                 const float *att, int B, int T, int C, int NH);
+size_t kn_cuda_attention_state_floats(kn_ctx *k, int B, int T, int NH);
+void kn_cuda_matmul_gelu_forward(kn_ctx *k, float *out, float *pre, const float *inp,
+                                 const float *weight, const float *bias, int BT, int C, int OC);
+void kn_cuda_matmul_backward_gelu(kn_ctx *k, float *dpre, float *dweight, float *dbias,
+                                  const float *dout, const float *inp, const float *weight,
+                                  const float *pre, int BT, int C, int OC);
 void kn_cuda_gelu_forward(kn_ctx *k, float *out, const float *inp, size_t n);
 void kn_cuda_gelu_backward(kn_ctx *k, float *dinp, const float *inp, const float *dout, size_t n);
 void kn_cuda_residual_forward(kn_ctx *k, float *out, const float *a, const float *b, size_t n);

@@ -24,8 +24,9 @@ struct pl_slot {
 
 /* Backward (and forward projection) scratch, shared by all slots. */
 typedef struct {
-    float *dres, *dln, *datty, *dqkv, *dfch, *dfch_gelu, *proj;
+    float *dres, *dln, *datty, *dqkv, *dfch, *proj;
 } scratch;
+#define SCRATCH_BTC 11 /* the scratch's size in B·T·C floats (dfch: 4, dqkv: 3) */
 
 static size_t first_block(const pl_engine *e)
 {
@@ -60,7 +61,7 @@ static size_t layout_slot(const pl_engine *e, pl_slot *s, char *base)
         a.ln1_rstd = carve(base, &off, BT);
         a.qkv = carve(base, &off, BT * 3 * C);
         a.atty = carve(base, &off, BT * C);
-        a.att = carve(base, &off, B * (size_t)e->cfg.NH * T * T);
+        a.att = carve(base, &off, kn_attention_state_floats(e->k, e->B, e->T, e->cfg.NH));
         a.res2 = carve(base, &off, BT * C);
         a.ln2 = carve(base, &off, BT * C);
         a.ln2_mean = carve(base, &off, BT);
@@ -84,7 +85,7 @@ static scratch scratch_of(const pl_engine *e)
 {
     const size_t BTC = (size_t)e->B * (size_t)e->T * (size_t)e->cfg.C;
     float *p = e->bw;
-    scratch s = {p, p + BTC, p + 2 * BTC, p + 3 * BTC, p + 6 * BTC, p + 10 * BTC, p + 14 * BTC};
+    scratch s = {p, p + BTC, p + 2 * BTC, p + 3 * BTC, p + 6 * BTC, p + 10 * BTC};
     return s;
 }
 
@@ -140,7 +141,7 @@ int pl_engine_create(pl_engine *e, kn_ctx *k, const pl_gpt_config *cfg, int begi
     e->m = kn_alloc(k, bytes);
     e->v = kn_alloc(k, bytes);
     const size_t BTC = (size_t)B * (size_t)T * (size_t)cfg->C;
-    e->bw = kn_alloc(k, 15 * BTC * sizeof(float));
+    e->bw = kn_alloc(k, SCRATCH_BTC * BTC * sizeof(float));
     if (!e->params || !e->grads || !e->m || !e->v || !e->bw) goto oom;
     for (int i = 0; i < nslots; i++) {
         pl_slot *sl = &e->slots[i];
@@ -151,7 +152,7 @@ int pl_engine_create(pl_engine *e, kn_ctx *k, const pl_gpt_config *cfg, int begi
         layout_slot(e, sl, sl->mem);
         e->act_bytes += sz;
     }
-    e->act_bytes += 15 * BTC * sizeof(float);
+    e->act_bytes += SCRATCH_BTC * BTC * sizeof(float);
     return 0;
 oom:
     pl_engine_destroy(e);
@@ -242,8 +243,7 @@ static void block_forward(pl_engine *e, pl_slot *s, int l)
     kn_residual_forward(k, a->res2, x, proj, (size_t)BT * C);
     kn_layernorm_forward(k, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, P(e, l, 6), P(e, l, 7), B,
                          T, C);
-    kn_matmul_forward(k, a->fch, a->ln2, P(e, l, 8), P(e, l, 9), BT, C, 4 * C);
-    kn_gelu_forward(k, a->fch_gelu, a->fch, (size_t)BT * 4 * C);
+    kn_matmul_gelu_forward(k, a->fch_gelu, a->fch, a->ln2, P(e, l, 8), P(e, l, 9), BT, C, 4 * C);
     kn_matmul_forward(k, proj, a->fch_gelu, P(e, l, 10), P(e, l, 11), BT, 4 * C, C);
     kn_residual_forward(k, a->res3, a->res2, proj, (size_t)BT * C);
 }
@@ -299,11 +299,8 @@ static void block_backward(pl_engine *e, pl_slot *s, int l, const scratch *w)
     block_acts *a = &s->blocks[l - (int)first_block(e)];
     const float *x = block_input(e, s, l);
     /* w->dres holds d(res3) on entry and d(block input) on exit */
-    kn_zero(k, w->dfch_gelu, 4 * BTC * sizeof(float));
-    kn_matmul_backward(k, w->dfch_gelu, G(e, l, 10), G(e, l, 11), w->dres, a->fch_gelu,
-                       P(e, l, 10), BT, 4 * C, C);
-    kn_zero(k, w->dfch, 4 * BTC * sizeof(float));
-    kn_gelu_backward(k, w->dfch, a->fch, w->dfch_gelu, 4 * BTC);
+    kn_matmul_backward_gelu(k, w->dfch, G(e, l, 10), G(e, l, 11), w->dres, a->fch_gelu,
+                            P(e, l, 10), a->fch, BT, 4 * C, C);
     kn_zero(k, w->dln, BTC * sizeof(float));
     kn_matmul_backward(k, w->dln, G(e, l, 8), G(e, l, 9), w->dfch, a->ln2, P(e, l, 8), BT, C,
                        4 * C);
