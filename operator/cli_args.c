@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "util.h"
 
@@ -30,4 +31,10 @@ int cli_parse_double(const char *flag, const char *s, double lo, double hi, doub
     if (v < lo || v > hi) return pl_errf(err, errlen, "%s: %g is out of range [%g, %g]", flag, v, lo, hi);
     *out = v;
     return 0;
+}
+
+int cli_check_backend(const char *flag, const char *s, char *err, size_t errlen)
+{
+    if (!strcmp(s, "auto") || !strcmp(s, "cpu") || !strcmp(s, "cuda")) return 0;
+    return pl_errf(err, errlen, "%s: must be auto, cpu or cuda, not '%s'", flag, s);
 }

@@ -62,14 +62,14 @@ typedef struct {
     int nw;
     /* what a worker is started with */
     pl_backend *be;
-    const char *exe, *job_path, *thr, *token;
+    const char *exe, *job_path, *thr, *token, *backend;
     const char *ckpt_dir; /* the job's checkpoint.dir, or --checkpoint-dir */
 } run_state;
 
 static void run_usage(FILE *f)
 {
     fprintf(f, "usage: pliant run JOB.yaml --workers N [--gpus-per-worker M] [--steps N]\n"
-               "                 [--metrics FILE] [--threads T]\n"
+               "                 [--metrics FILE] [--threads T] [--backend auto|cpu|cuda]\n"
                "                 [--chaos SPEC] [--duration SECONDS] [--checkpoint-dir DIR]\n"
                "  --duration: stop after that long (benchmarks), dropping the step in flight\n"
                "  SPEC: comma-separated kill:W@step=S, term:W@step=S, add:K@step=S\n"
@@ -103,8 +103,8 @@ static int spawn_worker(run_state *r, int i, char *err, size_t errlen)
     snprintf(e[4], sizeof e[4], "PLIANT_NODE=%s", r->w[i].name);
     snprintf(e[5], sizeof e[5], "PLIANT_CHECKPOINT_DIR=%s", r->ckpt_dir);
     char *env[] = {e[0], e[1], e[2], e[3], e[4], r->ckpt_dir[0] ? e[5] : NULL, NULL};
-    char *wargv[] = {(char *)r->exe, "worker", (char *)r->job_path, "--threads", (char *)r->thr,
-                     NULL};
+    char *wargv[] = {(char *)r->exe, "worker",          (char *)r->job_path, "--threads",
+                     (char *)r->thr, "--backend", (char *)r->backend, NULL};
     pl_worker_spec spec = {.argv = wargv, .env = env};
     snprintf(spec.name, sizeof spec.name, "%s", r->w[i].name);
     err[0] = 0;
@@ -256,11 +256,12 @@ int cmd_run(int argc, char **argv)
                                          {"duration", required_argument, 0, 'd'},
                                          {"checkpoint-dir", required_argument, 0, 'k'},
                                          {"gpus-per-worker", required_argument, 0, 'g'},
+                                         {"backend", required_argument, 0, 'b'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     char err[1024] = "";
     long long nworkers = 0, threads = 0, steps_override = 0, duration_s = 0, gpus = 0;
-    const char *metrics_path = NULL, *chaos_spec = NULL, *ckpt_override = NULL;
+    const char *metrics_path = NULL, *chaos_spec = NULL, *ckpt_override = NULL, *backend = "auto";
     pl_chaos chaos;
     memset(&chaos, 0, sizeof chaos);
     int c;
@@ -282,6 +283,10 @@ int cmd_run(int argc, char **argv)
             break;
         case 'c': chaos_spec = optarg; break;
         case 'k': ckpt_override = optarg; break;
+        case 'b':
+            if (cli_check_backend("--backend", optarg, err, sizeof err)) goto bad;
+            backend = optarg;
+            break;
         case 'g':
             if (cli_parse_int("--gpus-per-worker", optarg, 1, 1024, &gpus, err, sizeof err))
                 goto bad;
@@ -415,6 +420,7 @@ int cmd_run(int argc, char **argv)
     r->exe = exe;
     r->job_path = job_path;
     r->thr = thr;
+    r->backend = backend;
     r->token = token;
     r->ckpt_dir = job.checkpoint.dir;
     for (int i = 0; i < N; i++)

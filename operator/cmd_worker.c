@@ -1,4 +1,4 @@
-/* `pliant worker JOB.yaml [--threads N]`: one worker process of `pliant run` or
+/* `pliant worker JOB.yaml [--threads N] [--backend auto|cpu|cuda]`: one worker process of `pliant run` or
  * of a TrainingJob's Pod (worker/agent/agent.h). The coordinator and
  * credentials come from the environment: PLIANT_COORDINATOR (HOST:PORT),
  * PLIANT_TOKEN (or PLIANT_TOKEN_FILE), PLIANT_CA (the coordinator's certificate; unset: no certificate
@@ -7,7 +7,8 @@
  * Pod), PLIANT_ADVERTISE (the address peers dial, default PLIANT_HOST: the Pod
  * IP), PLIANT_PEER_PORT (default 0: any free port) and PLIANT_CHECKPOINT_DIR
  * (overrides spec.checkpoint.dir), PLIANT_ZONE (its topology zone, for placement)
- * and PLIANT_THREADS (as --threads). Exits with the code of
+ * PLIANT_THREADS (as --threads) and PLIANT_BACKEND (as --backend: the kernels; auto
+ * = CUDA where this build has it and a device is visible). Exits with the code of
  * the coordinator's `stop`, 1 on a failure, 2 on bad input. */
 #include <getopt.h>
 #include <stdio.h>
@@ -28,13 +29,19 @@ static const char *env_or(const char *name, const char *dflt)
 int cmd_worker(int argc, char **argv)
 {
     static const struct option opts[] = {{"threads", required_argument, 0, 't'},
+                                         {"backend", required_argument, 0, 'b'},
                                          {0, 0, 0, 0}};
     char err[512] = "";
     long long threads = 0, v;
+    const char *backend = env_or("PLIANT_BACKEND", "auto");
     int c;
     opterr = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        if (c == 'b') {
+            backend = optarg;
+            continue;
+        }
         if (c != 't' || cli_parse_int("--threads", optarg, 1, 1024, &threads, err, sizeof err)) {
             if (!err[0]) snprintf(err, sizeof err, "unknown option '%s'", argv[optind - 1]);
             fprintf(stderr, "pliant worker: %s\n", err);
@@ -42,7 +49,11 @@ int cmd_worker(int argc, char **argv)
         }
     }
     if (optind != argc - 1) {
-        fprintf(stderr, "usage: pliant worker JOB.yaml [--threads N]\n");
+        fprintf(stderr, "usage: pliant worker JOB.yaml [--threads N] [--backend auto|cpu|cuda]\n");
+        return 2;
+    }
+    if (cli_check_backend("--backend (or PLIANT_BACKEND)", backend, err, sizeof err)) {
+        fprintf(stderr, "pliant worker: %s\n", err);
         return 2;
     }
     /* PLIANT_THREADS: where Pods share cores (the test suite's fake kubelet), OpenMP
@@ -53,7 +64,7 @@ int cmd_worker(int argc, char **argv)
         fprintf(stderr, "pliant worker: %s\n", err);
         return 2;
     }
-    pl_agent_options o = {.job_path = argv[optind], .threads = (int)threads};
+    pl_agent_options o = {.job_path = argv[optind], .threads = (int)threads, .backend = backend};
     o.coordinator = env_or("PLIANT_COORDINATOR", NULL);
     o.token = env_or("PLIANT_TOKEN", "");
     const char *token_file = env_or("PLIANT_TOKEN_FILE", NULL);

@@ -312,11 +312,43 @@ static int parse_fault(agent *a, char *err, size_t errlen)
     return 0;
 }
 
+/* Layer copies move host memory: off the CPU backend each tensor passes through a
+ * page-locked staging buffer, grown to the largest tensor. */
+typedef struct {
+    int on;
+    float *buf;
+    size_t cap; /* floats */
+} host_stage;
+
+static int host_staged(kn_ctx *k)
+{
+    return strcmp(kn_backend(k), "cpu") != 0;
+}
+
+static float *stage_room(kn_ctx *k, host_stage *st, size_t n)
+{
+    if (n <= st->cap) return st->buf;
+    kn_host_free(k, st->buf);
+    st->cap = 0;
+    if (!(st->buf = kn_host_alloc(k, n * sizeof(float)))) return NULL;
+    st->cap = n;
+    return st->buf;
+}
+
+/* x (n floats of backend memory) copied to the staging buffer; NULL when out of memory. */
+static const float *stage_out(kn_ctx *k, host_stage *st, const float *x, size_t n)
+{
+    float *h = stage_room(k, st, n);
+    if (h) kn_to_host(k, h, x, n * sizeof(float));
+    return h;
+}
+
 static void *sender_main(void *arg)
 {
     copy_sender *s = arg;
     pl_conn *c = NULL;
     void *req = NULL;
+    host_stage stage = {.on = host_staged(s->src->k)};
     s->rc = -1;
     if (dial_peer(s->a, s->host, s->port, &s->id, -1, COPY_TIMEOUT_MS, &c, s->err,
                   sizeof s->err))
@@ -338,10 +370,16 @@ static void *sender_main(void *arg)
             goto out;
         }
         const float *arr[3] = {s->src->params, s->src->m, s->src->v};
-        for (int j = 0; j < 3; j++)
-            if (pl_conn_send_floats(c, (uint32_t)(3 * k + (size_t)j), arr[j] + t->offset,
-                                    t->spec.numel, PEER_TIMEOUT_MS, s->err, sizeof s->err))
+        for (int j = 0; j < 3; j++) {
+            const float *x = arr[j] + t->offset;
+            if (stage.on && !(x = stage_out(s->src->k, &stage, x, t->spec.numel))) {
+                pl_errf(s->err, sizeof s->err, "out of memory staging a layer for %s", s->dest);
                 goto out;
+            }
+            if (pl_conn_send_floats(c, (uint32_t)(3 * k + (size_t)j), x, t->spec.numel,
+                                    PEER_TIMEOUT_MS, s->err, sizeof s->err))
+                goto out;
+        }
         s->bytes += 3 * (int64_t)t->spec.numel * (int64_t)sizeof(float);
         if (s->a->fault == FAULT_COPY && s->a->gen == s->a->fault_at)
             fault_die(s->a, "a layer copy");
@@ -356,6 +394,7 @@ static void *sender_main(void *arg)
     s->rc = 0;
 out:
     free(req);
+    kn_host_free(s->src->k, stage.buf);
     pl_conn_close(c);
     return NULL;
 }
@@ -380,19 +419,30 @@ static void *receiver_main(void *arg)
                            (size_t)r->nwant * sizeof(tref), PEER_TIMEOUT_MS, r->err,
                            sizeof r->err))
         return NULL;
+    host_stage stage = {.on = host_staged(r->ne->k)};
     for (int k = 0; k < r->nwant; k++) {
         const pl_engine_tensor *t = pl_engine_find(r->ne, r->want[k].layer, r->want[k].index);
         float *arr[3] = {r->ne->params, r->ne->m, r->ne->v};
-        for (int j = 0; j < 3; j++)
-            if (pl_conn_recv_floats(r->c, (uint32_t)(3 * k + j), arr[j] + t->offset,
-                                    t->spec.numel, PEER_TIMEOUT_MS, r->err, sizeof r->err))
-                return NULL;
+        for (int j = 0; j < 3; j++) {
+            float *dst = arr[j] + t->offset;
+            float *x = stage.on ? stage_room(r->ne->k, &stage, t->spec.numel) : dst;
+            if (!x) {
+                pl_errf(r->err, sizeof r->err, "out of memory staging a layer from %s", r->source);
+                goto out;
+            }
+            if (pl_conn_recv_floats(r->c, (uint32_t)(3 * k + j), x, t->spec.numel,
+                                    PEER_TIMEOUT_MS, r->err, sizeof r->err))
+                goto out;
+            if (stage.on) kn_to_device(r->ne->k, dst, x, t->spec.numel * sizeof(float));
+        }
         r->bytes += 3 * (int64_t)t->spec.numel * (int64_t)sizeof(float);
     }
     if (pl_conn_send_frame(r->c, COPY_FRAME_ACK, 0, 0, NULL, 0, PEER_TIMEOUT_MS, r->err,
                            sizeof r->err))
-        return NULL;
+        goto out;
     r->rc = 0;
+out:
+    kn_host_free(r->ne->k, stage.buf);
     return NULL;
 }
 
@@ -424,7 +474,6 @@ static int change_engine(agent *a, const pl_msg_plan *p, const pl_comm_ident *id
         a->have_engine = 0;
         memset(&a->e, 0, sizeof a->e);
     }
-    if (!a->k && !(a->k = kn_create("cpu", a->o->threads, err, errlen))) return -1;
     /* unchanged: keep the engine */
     if (in_pipe && p->nsends == 0 && p->ncopies == 0 && a->have_src && a->src.begin == b &&
         a->src.end == e && a->src.nslots == nslots) {
@@ -491,9 +540,9 @@ static int change_engine(agent *a, const pl_msg_plan *p, const pl_comm_ident *id
                                                      : NULL;
             if (!st) continue;
             size_t nb = t->spec.numel * sizeof(float);
-            memcpy(ne.params + t->offset, a->src.params + st->offset, nb);
-            memcpy(ne.m + t->offset, a->src.m + st->offset, nb);
-            memcpy(ne.v + t->offset, a->src.v + st->offset, nb);
+            kn_copy(a->k, ne.params + t->offset, a->src.params + st->offset, nb);
+            kn_copy(a->k, ne.m + t->offset, a->src.m + st->offset, nb);
+            kn_copy(a->k, ne.v + t->offset, a->src.v + st->offset, nb);
             filled[j] = 1;
         }
         /* receivers: one per distinct source, asking for its tensors */
@@ -1042,6 +1091,21 @@ static void on_close(pl_ctl_client *c, const char *reason, void *user)
     }
 }
 
+/* The kernel backend of o->backend: "cpu", "cuda", or "auto"/NULL = CUDA where this
+ * build has it and a device is visible, else the CPU. */
+static int open_backend(agent *a, char *err, size_t errlen)
+{
+    const char *want = a->o->backend && strcmp(a->o->backend, "auto") ? a->o->backend : NULL;
+    char why[256] = "";
+    if (want) a->k = kn_create(want, a->o->threads, why, sizeof why);
+    else if (!(a->k = kn_create("cuda", a->o->threads, why, sizeof why)))
+        a->k = kn_create("cpu", a->o->threads, why, sizeof why);
+    if (!a->k) return pl_errf(err, errlen, "kernel backend %s: %s", want ? want : "auto", why);
+    if (strcmp(kn_backend(a->k), "cpu"))
+        logf_(a, "kernels: %s, %s matmuls", kn_backend(a->k), kn_precision(a->k));
+    return 0;
+}
+
 static int setup(agent *a, char *err, size_t errlen)
 {
     const pl_agent_options *o = a->o;
@@ -1062,7 +1126,7 @@ static int setup(agent *a, char *err, size_t errlen)
         return -1;
     if (!(a->ckw = pl_ckpt_writer_new(on_saved, a))) return pl_errf(err, errlen, "out of memory");
     if (parse_fault(a, err, errlen)) return -1;
-    return 0;
+    return open_backend(a, err, errlen);
 }
 
 /* SIGTERM is the preemption notice (Kubernetes sends it when a spot node is
@@ -1166,7 +1230,7 @@ int pl_agent_run(const pl_agent_options *o)
              o->advertise ? o->advertise : o->host ? o->host : "127.0.0.1");
     cc.reg.port = pl_listener_port(a->lst);
     snprintf(cc.reg.zone, sizeof cc.reg.zone, "%s", o->zone ? o->zone : "");
-    cc.reg.gpus = 0;
+    cc.reg.gpus = strcmp(kn_backend(a->k), "cpu") ? 1 : 0; /* one device per worker */
     cc.reg.pid = getpid();
     a->cc = cc;
     a->cc.host = host;

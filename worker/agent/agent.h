@@ -39,6 +39,8 @@ typedef struct {
     int peer_port;            /* TCP port for peer links (0: any free one) */
     const char *checkpoint_dir; /* overrides spec.checkpoint.dir (NULL: the job's) */
     int threads;              /* compute threads (≤ 0: all cores) */
+    const char *backend;      /* kernels: "cpu", "cuda", "auto" or NULL (CUDA if there is a
+                                 device and this build has it, else the CPU) */
 } pl_agent_options;
 
 /* Runs the worker until `stop` (returns its exit code) or a failure (1). */

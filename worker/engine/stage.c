@@ -1,8 +1,18 @@
 #include "stage.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "util.h"
+
+/* x (backend memory, n floats) as host memory: x itself on the CPU, else its copy in
+ * staging (a link's send copies the message before returning, so one buffer serves). */
+static const float *host_view(pl_engine *e, float *staging, const float *x, size_t n)
+{
+    if (!staging) return x;
+    kn_to_host(e->k, staging, x, n * sizeof *x);
+    return staging;
+}
 
 int pl_stage_step(pl_engine *e, const pl_schedule *s, const pl_stage_link *link,
                   const pl_stage_batch *batch, double *loss_sum, char *err, size_t errlen)
@@ -18,10 +28,17 @@ int pl_stage_step_notify(pl_engine *e, const pl_schedule *s, const pl_stage_link
         return pl_errf(err, errlen, "stage: schedule needs %d activation slots, engine has %d",
                        s->nslots, e->nslots);
     const size_t BT = (size_t)e->B * (size_t)e->T, n = BT * (size_t)e->cfg.C;
-    float *buf = (!pl_engine_has_embedding(e) || !pl_engine_has_head(e)) ? malloc(n * sizeof *buf)
-                                                                         : NULL;
-    if (!buf && (!pl_engine_has_embedding(e) || !pl_engine_has_head(e)))
+    const int linked = !pl_engine_has_embedding(e) || !pl_engine_has_head(e);
+    /* Links move host memory: received tensors land in buf (the engine copies them
+     * in); off the CPU, what is sent is first staged into out (page-locked). */
+    const int staged = linked && strcmp(kn_backend(e->k), "cpu") != 0;
+    float *buf = linked ? kn_host_alloc(e->k, n * sizeof *buf) : NULL;
+    float *out = staged ? kn_host_alloc(e->k, n * sizeof *out) : NULL;
+    if ((linked && !buf) || (staged && !out)) {
+        kn_host_free(e->k, buf);
+        kn_host_free(e->k, out);
         return pl_errf(err, errlen, "stage: out of memory");
+    }
     /* only the last backward finishes layers: earlier ones are still followed by
      * other microbatches' contributions */
     int last_bw = -1;
@@ -42,7 +59,8 @@ int pl_stage_step_notify(pl_engine *e, const pl_schedule *s, const pl_stage_link
             sum += pl_engine_forward(e, op->slot, tok, buf, tgt);
             if (op->send_to >= 0)
                 rc = link->send(link->ctx, op->send_to, PL_LINK_ACTIVATION, op->mb,
-                                pl_engine_output(e, op->slot), n, err, errlen);
+                                host_view(e, out, pl_engine_output(e, op->slot), n), n, err,
+                                errlen);
         } else {
             if (op->recv_from >= 0)
                 rc = link->recv(link->ctx, op->recv_from, PL_LINK_GRADIENT, op->mb, buf, n, err,
@@ -52,10 +70,11 @@ int pl_stage_step_notify(pl_engine *e, const pl_schedule *s, const pl_stage_link
                                       i == last_bw ? done : NULL, ctx);
             if (op->send_to >= 0)
                 rc = link->send(link->ctx, op->send_to, PL_LINK_GRADIENT, op->mb,
-                                pl_engine_input_grad(e), n, err, errlen);
+                                host_view(e, out, pl_engine_input_grad(e), n), n, err, errlen);
         }
     }
-    free(buf);
+    kn_host_free(e->k, buf);
+    kn_host_free(e->k, out);
     if (loss_sum) *loss_sum = sum;
     return rc;
 }
