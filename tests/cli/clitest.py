@@ -2,7 +2,8 @@
 
 A test file defines functions decorated with @suite.test and ends with
 `sys.exit(suite.main())`. Each test prints "ok NAME", "FAIL NAME" (after
-indented detail lines) or "skip NAME: why", as tests/run_tests.py expects;
+indented detail lines) or "skip NAME: why" (missing inputs, or a test raising
+Skip), as tests/run_tests.py expects;
 main() exits 1 if any test failed. Tests get `suite.pliant` (the binary),
 `suite.tmp` (a temporary directory for the run) and `suite.repo`.
 """
@@ -19,6 +20,10 @@ SHAKESPEARE = os.path.join(os.path.dirname(REPO), "shared", "data", "tinyshakesp
 
 class Failure(Exception):
     pass
+
+
+class Skip(Exception):
+    """Raised by a test that cannot run here (the reason is printed)."""
 
 
 def check(cond, msg, *args):
@@ -81,6 +86,8 @@ class Suite:
                 try:
                     t()
                     print("ok " + name)
+                except Skip as e:
+                    print("skip %s: %s" % (name, e))
                 except Failure as e:
                     failures += 1
                     for line in str(e).splitlines():

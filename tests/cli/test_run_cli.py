@@ -371,6 +371,20 @@ def usage_errors():
     check(rc == 2 and "/nonexistent.yaml" in err, "status %d: %s", rc, err)
     rc, _, err = run("worker", job)
     check(rc == 2 and "PLIANT_COORDINATOR" in err, "status %d: %s", rc, err)
+    rc, _, err = run("run", job, "--workers", 2, "--backend", "tpu")
+    check(rc == 2 and "--backend" in err and "tpu" in err, "status %d: %s", rc, err)
+    rc, _, err = run("worker", job, "--backend", "gpu")
+    check(rc == 2 and "--backend" in err and "gpu" in err, "status %d: %s", rc, err)
+
+
+@test
+def a_backend_the_build_lacks_fails_the_job_naming_it():
+    """--backend cuda in the CPU build: every worker says why, the run fails (no hang)."""
+    job = write_job("nocuda", steps=2)
+    rc, out, err = run("run", job, "--workers", 2, "--threads", 1, "--backend", "cuda",
+                       timeout=60)
+    check(rc != 0 and "kernel backend cuda" in err and "make cuda" in err, "status %d: %s", rc,
+          err[-1500:])
 
 
 def run_chaos(job, workers, chaos, timeout=180, env=None):
