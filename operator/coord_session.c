@@ -58,8 +58,11 @@ static void on_register(pl_ctl_server *srv, pl_ctl_conn *c, const pl_msg *m, voi
         ;
     else if (w && w->conn)
         why = "a worker of that name is connected";
-    else if (pl_coord_worker_registered(s->cfg.coord, r->name, r->node, r->host, r->port,
-                                        pl_ctl_now_ms()) == PL_COORD_ERR)
+    else if (pl_coord_worker_joined(s->cfg.coord,
+                                    &(pl_coord_worker_info){r->name, r->node, r->host, r->port,
+                                                            w && w->zone[0] ? w->zone : r->zone,
+                                                            r->device, r->nccl},
+                                    pl_ctl_now_ms()) == PL_COORD_ERR)
         why = pl_coord_error(s->cfg.coord);
     else if (!w && !(w = get_worker(s, r->name)))
         why = "out of memory";
@@ -68,8 +71,6 @@ static void on_register(pl_ctl_server *srv, pl_ctl_conn *c, const pl_msg *m, voi
         return;
     }
     w->conn = c;
-    const char *zone = w->zone[0] ? w->zone : r->zone;
-    if (zone[0]) pl_coord_set_zone(s->cfg.coord, w->name, zone);
 }
 
 static void on_message(pl_ctl_server *srv, pl_ctl_conn *c, const pl_msg *m, void *user)

@@ -13,6 +13,8 @@
 
 typedef struct {
     pl_proto_name name, node, zone; /* zone "" : unknown */
+    pl_proto_name device;           /* its GPU's UUID; "" : none */
+    int nccl;                       /* it can run the NCCL transport */
     char host[PL_PROTO_HOST_MAX + 1];
     int port, rank;
     int live, leaving;
@@ -71,6 +73,7 @@ struct pl_coord {
     pl_coord_phase_t phase;
     char reason[512], err[512];
     int64_t gen, step;
+    int transport;         /* pl_transport of the current plan */
     cplan cur, stable;
     int has_cur, has_stable;
     int pending;           /* a membership change waits for the step boundary */
@@ -331,6 +334,23 @@ static int holds_any(const pl_coord *c, int i, int b, int e)
     return 0;
 }
 
+/* NCCL when every worker of the current plan can run it on a GPU of its own (NCCL
+ * refuses two ranks on one device), else TCP. */
+static int plan_transport(const pl_coord *c)
+{
+    for (int q = 0; q < c->cur.npipes; q++)
+        for (int j = 0; j < c->cur.p[q].nnodes; j++) {
+            const cworker *w = &c->w[c->cur.p[q].w[j]];
+            if (!w->nccl || !w->device[0])
+                return PL_TRANSPORT_TCP;
+            for (int r = 0; r <= q; r++)
+                for (int k = 0; k < (r == q ? j : c->cur.p[r].nnodes); k++)
+                    if (!strcmp(c->w[c->cur.p[r].w[k]].device, w->device))
+                        return PL_TRANSPORT_TCP;
+        }
+    return PL_TRANSPORT_NCCL;
+}
+
 /* Builds and queues the plan of generation c->gen for worker i. */
 static int send_plan(pl_coord *c, int i, const ccopy *cp, int ncp, char *mark)
 {
@@ -351,6 +371,7 @@ static int send_plan(pl_coord *c, int i, const ccopy *cp, int ncp, char *mark)
                  c->cfg.checkpoint_dir && c->cfg.checkpoint_dir[0] ? c->cfg.checkpoint_dir
                                                                    : "(none)");
     }
+    p->transport = c->transport;
     p->npipelines = c->cur.npipes;
     p->pipelines = calloc((size_t)c->cur.npipes, sizeof *p->pipelines);
     if (!p->pipelines)
@@ -746,6 +767,7 @@ static void replan(pl_coord *c)
         }
     for (int k = 0; k < ncp; k++)
         c->w[cp[k].src].is_source = 1;
+    c->transport = plan_transport(c);
     if (c->gen > 1)
         log_reconfig(c, removed, added, bytes_planned);
     c->cause[0] = 0;
@@ -1074,6 +1096,14 @@ static int rejoin(pl_coord *c, int i, const char *host, int port, int64_t now_ms
 int pl_coord_worker_registered(pl_coord *c, const char *name, const char *node,
                                const char *host, int port, int64_t now_ms)
 {
+    pl_coord_worker_info wi = {.name = name, .node = node, .host = host, .port = port};
+    return pl_coord_worker_joined(c, &wi, now_ms);
+}
+
+int pl_coord_worker_joined(pl_coord *c, const pl_coord_worker_info *wi, int64_t now_ms)
+{
+    const char *name = wi->name, *node = wi->node, *host = wi->host;
+    const int port = wi->port;
     c->err[0] = 0;
     note_time(c, now_ms);
     if (!node)
@@ -1086,13 +1116,21 @@ int pl_coord_worker_registered(pl_coord *c, const char *name, const char *node,
         return fail_err(c, "bad host for worker \"%s\"", name);
     if (port > 65535)
         return fail_err(c, "bad port %d for worker \"%s\"", port, name);
+    if ((wi->zone && strlen(wi->zone) > PL_PROTO_NAME_MAX) ||
+        (wi->device && strlen(wi->device) > PL_PROTO_NAME_MAX))
+        return fail_err(c, "bad zone or device for worker \"%s\"", name);
     if (c->phase == PL_COORD_DONE || c->phase == PL_COORD_FAILED)
         return fail_err(c, "the job is %s", c->phase == PL_COORD_DONE ? "finished" : "failed");
     int old = find(c, name);
     if (old >= 0 && c->w[old].live)
         return fail_err(c, "a worker named \"%s\" is already registered", name);
-    if (old >= 0 && c->phase == PL_COORD_RESUMING && c->w[old].restored)
+    if (old >= 0 && c->phase == PL_COORD_RESUMING && c->w[old].restored) {
+        if (wi->zone && wi->zone[0])
+            snprintf(c->w[old].zone, sizeof c->w[old].zone, "%s", wi->zone);
+        snprintf(c->w[old].device, sizeof c->w[old].device, "%s", wi->device ? wi->device : "");
+        c->w[old].nccl = wi->nccl != 0;
         return rejoin(c, old, host, port, now_ms);
+    }
     if (old >= 0)
         return fail_err(c, "worker \"%s\" was removed from the job; use a new name", name);
     if (c->nw >= PL_PROTO_MAX_NODES)
@@ -1119,6 +1157,9 @@ int pl_coord_worker_registered(pl_coord *c, const char *name, const char *node,
     w->port = port > 0 ? port : c->cfg.peer_port_base + i;
     if (w->port > 65535)
         w->port = 1 + (w->port - 1) % 65535;
+    snprintf(w->zone, sizeof w->zone, "%s", wi->zone ? wi->zone : "");
+    snprintf(w->device, sizeof w->device, "%s", wi->device ? wi->device : "");
+    w->nccl = wi->nccl != 0;
     w->live = 1;
     w->last_heard = now_ms;
     w->pipe = w->pos = -1;
@@ -1299,6 +1340,28 @@ int pl_coord_peer_broken(pl_coord *c, const char *name, int64_t gen, const char 
     char why[PL_PROTO_NAME_MAX + 32];
     snprintf(why, sizeof why, "peer_broken from %s", name);
     return pl_coord_worker_lost(c, peer, why);
+}
+
+/* The plan's rank 0 (the first stage of pipeline 0) made the NCCL id of its
+ * generation: every worker of the plan, the root too, gets it in nccl_init and
+ * creates the plan's communicator from it. An id of a replaced plan is dropped. */
+static int nccl_root(pl_coord *c, const char *name, int64_t gen, const char *id)
+{
+    if (gen != c->gen || !c->has_cur || c->transport != PL_TRANSPORT_NCCL)
+        return PL_COORD_OK;
+    if (c->cur.npipes < 1 || c->cur.p[0].nnodes < 1 || c->cur.p[0].w[0] != find(c, name))
+        return fail_err(c, "worker \"%s\": nccl_root, but rank 0 of generation %lld is another",
+                        name, (long long)gen);
+    for (int q = 0; q < c->cur.npipes; q++)
+        for (int j = 0; j < c->cur.p[q].nnodes; j++) {
+            pl_msg *m = push(c, c->cur.p[q].w[j], PL_MSG_NCCL_INIT, c->gen);
+            if (!m) {
+                set_failed(c, "coordinator: out of memory");
+                return PL_COORD_ERR;
+            }
+            snprintf(m->u.nccl_init.id, sizeof m->u.nccl_init.id, "%s", id);
+        }
+    return PL_COORD_OK;
 }
 
 int pl_coord_saved(pl_coord *c, const char *name, const pl_msg_saved *sv)
@@ -1563,6 +1626,8 @@ int pl_coord_on_msg(pl_coord *c, const char *name, const pl_msg *m, int64_t now_
         return pl_coord_saved(c, name, &m->u.saved);
     case PL_MSG_HELLO_RESUME:
         return pl_coord_hello_resume(c, name, m->gen, &m->u.hello_resume);
+    case PL_MSG_NCCL_ROOT:
+        return nccl_root(c, name, m->gen, m->u.nccl_root.id);
     default:
         return fail_err(c, "worker \"%s\": unexpected message %s", name,
                         pl_msg_type_name(m->type));

@@ -145,6 +145,18 @@ void pl_coord_free(pl_coord *c);
  * the node is cooling down. */
 int pl_coord_worker_registered(pl_coord *c, const char *name, const char *node,
                                const char *host, int port, int64_t now_ms);
+/* The same with everything the worker's register said: its zone (placement, as
+ * pl_coord_set_zone), its GPU (UUID, "" for none) and whether it can run NCCL. A plan
+ * whose workers all can, each on a GPU of its own, moves tensors with NCCL
+ * (plan.transport); its rank 0 then sends nccl_root with the communicator's id, which
+ * the coordinator passes to every worker of the plan in nccl_init. NULL strings: unknown. */
+typedef struct {
+    const char *name, *node, *host;
+    int port;
+    const char *zone, *device;
+    int nccl;
+} pl_coord_worker_info;
+int pl_coord_worker_joined(pl_coord *c, const pl_coord_worker_info *wi, int64_t now_ms);
 int pl_coord_heartbeat(pl_coord *c, const char *name, int64_t step, int64_t now_ms);
 int pl_coord_report(pl_coord *c, const char *name, int64_t gen, const pl_msg_report *r);
 int pl_coord_reduced(pl_coord *c, const char *name, int64_t gen, int64_t step);
@@ -175,6 +187,7 @@ int pl_coord_hello_resume(pl_coord *c, const char *name, int64_t gen,
 /* The topology zone of a worker (its node's), for placement: a fresh plan puts
  * consecutive stages of a pipeline in different zones where it can. */
 int pl_coord_set_zone(pl_coord *c, const char *name, const char *zone);
+
 
 /* The stable plan's pipeline q: its worker names in stage order (pointers into the
  * coordinator, valid until the next event) and its microbatches (may be NULL);

@@ -23,6 +23,7 @@ static const char *const type_names[PL_MSG_COUNT] = {
     [PL_MSG_COPY_DONE] = "copy_done",
     [PL_MSG_HELLO_RESUME] = "hello_resume",
     [PL_MSG_SAVED] = "saved",
+    [PL_MSG_NCCL_ROOT] = "nccl_root",
     [PL_MSG_CHALLENGE] = "challenge",
     [PL_MSG_WELCOME] = "welcome",
     [PL_MSG_PLAN] = "plan",
@@ -31,9 +32,16 @@ static const char *const type_names[PL_MSG_COUNT] = {
     [PL_MSG_ABORT] = "abort",
     [PL_MSG_STOP] = "stop",
     [PL_MSG_REFUSE] = "refuse",
+    [PL_MSG_NCCL_INIT] = "nccl_init",
 };
 
 static const char *const leave_names[PL_LEAVE_COUNT] = {"sigterm", "shutdown", "error"};
+static const char *const transport_names[PL_TRANSPORT_COUNT] = {"tcp", "nccl"};
+
+const char *pl_transport_name(int transport)
+{
+    return transport >= 0 && transport < PL_TRANSPORT_COUNT ? transport_names[transport] : "?";
+}
 
 const char *pl_msg_type_name(int type)
 {
@@ -51,7 +59,7 @@ int pl_msg_type_from_name(const char *name)
 
 int pl_msg_from_worker(int type)
 {
-    if (type > PL_MSG_NONE && type <= PL_MSG_SAVED) return 1;
+    if (type > PL_MSG_NONE && type <= PL_MSG_NCCL_ROOT) return 1;
     if (type >= PL_MSG_CHALLENGE && type < PL_MSG_COUNT) return 0;
     return -1;
 }
@@ -344,6 +352,8 @@ static int dec_register(const cJSON *o, pl_msg *m, char *err, size_t errlen)
         get_str(o, "", "host", S_HOST, 1, PL_PROTO_HOST_MAX, r->host, err, errlen) ||
         get_i32(o, "", "port", 1, 65535, &r->port, err, errlen) ||
         get_i32(o, "", "gpus", 0, 1024, &r->gpus, err, errlen) ||
+        get_str(o, "", "device", S_NAME, 0, PL_PROTO_NAME_MAX, r->device, err, errlen) ||
+        get_bool(o, "", "nccl", &r->nccl, err, errlen) ||
         get_int(o, "", "pid", 1, 2147483647, &r->pid, err, errlen) ||
         get_str(o, "", "token_proof", S_HEX, PL_PROTO_PROOF_LEN, PL_PROTO_PROOF_LEN,
                 r->token_proof, err, errlen))
@@ -400,6 +410,12 @@ static int dec_peer_broken(const cJSON *o, pl_msg *m, char *err, size_t errlen)
 static int dec_copy_done(const cJSON *o, pl_msg *m, char *err, size_t errlen)
 {
     return get_int(o, "", "bytes", 0, PL_PROTO_INT_MAX, &m->u.copy_done.bytes, err, errlen);
+}
+
+static int dec_nccl_id(const cJSON *o, pl_msg *m, char *err, size_t errlen)
+{
+    return get_str(o, "", "id", S_HEX, PL_PROTO_NCCL_ID_HEX, PL_PROTO_NCCL_ID_HEX,
+                   m->u.nccl_root.id, err, errlen);
 }
 
 static int dec_saved(const cJSON *o, pl_msg *m, char *err, size_t errlen)
@@ -702,7 +718,13 @@ static int dec_plan(const cJSON *o, pl_msg *m, char *err, size_t errlen)
             get_int(ck, "checkpoint", "step", 0, PL_PROTO_INT_MAX, &p->checkpoint_step, err, errlen))
             return -1;
     }
-    return 0;
+    const cJSON *t = field(o, "transport");
+    if (!t) return pl_errf(err, errlen, "transport: missing");
+    for (p->transport = 0; p->transport < PL_TRANSPORT_COUNT; p->transport++)
+        if (cJSON_IsString(t) && t->valuestring &&
+            !strcmp(t->valuestring, transport_names[p->transport]))
+            return 0;
+    return pl_errf(err, errlen, "transport: must be \"tcp\" or \"nccl\"");
 }
 
 /* -------------------------------------------------------- the type table */
@@ -710,7 +732,7 @@ static int dec_plan(const cJSON *o, pl_msg *m, char *err, size_t errlen)
 typedef int (*decode_fn)(const cJSON *, pl_msg *, char *, size_t);
 
 #define ENV "v", "type", "gen"
-static const char *const keys_register[] = {ENV, "job", "name", "node", "zone", "host", "port", "gpus", "pid", "token_proof", NULL};
+static const char *const keys_register[] = {ENV, "job", "name", "node", "zone", "host", "port", "gpus", "device", "nccl", "pid", "token_proof", NULL};
 static const char *const keys_step[] = {ENV, "step", NULL};
 static const char *const keys_leaving[] = {ENV, "reason", "grace_ms", NULL};
 static const char *const keys_report[] = {ENV, "step", "loss", "tokens", "ms", "grad_sumsq", "samples_digest", NULL};
@@ -720,7 +742,8 @@ static const char *const keys_hello_resume[] = {ENV, "committed_step", "grad_sca
 static const char *const keys_saved[] = {ENV, "step", "layer_begin", "layer_end", "bytes", NULL};
 static const char *const keys_challenge[] = {ENV, "nonce", NULL};
 static const char *const keys_welcome[] = {ENV, "rank", "job", "token_ok", "heartbeat_ms", NULL};
-static const char *const keys_plan[] = {ENV, "generation", "step", "global_batch", "micro", "seq_len", "pipelines", "you", "peers", "copies", "sends", "checkpoint", NULL};
+static const char *const keys_plan[] = {ENV, "generation", "step", "global_batch", "micro", "seq_len", "pipelines", "you", "peers", "copies", "sends", "checkpoint", "transport", NULL};
+static const char *const keys_nccl_id[] = {ENV, "id", NULL};
 static const char *const keys_commit[] = {ENV, "step", "grad_scale", "lr", "save", NULL};
 static const char *const keys_abort[] = {ENV, "step", "reason", NULL};
 static const char *const keys_stop[] = {ENV, "reason", "exit_code", NULL};
@@ -740,6 +763,7 @@ static const struct {
     [PL_MSG_COPY_DONE] = {keys_copy_done, dec_copy_done},
     [PL_MSG_HELLO_RESUME] = {keys_hello_resume, dec_hello_resume},
     [PL_MSG_SAVED] = {keys_saved, dec_saved},
+    [PL_MSG_NCCL_ROOT] = {keys_nccl_id, dec_nccl_id},
     [PL_MSG_CHALLENGE] = {keys_challenge, dec_challenge},
     [PL_MSG_WELCOME] = {keys_welcome, dec_welcome},
     [PL_MSG_PLAN] = {keys_plan, dec_plan},
@@ -748,6 +772,7 @@ static const struct {
     [PL_MSG_ABORT] = {keys_abort, dec_abort},
     [PL_MSG_STOP] = {keys_stop, dec_stop},
     [PL_MSG_REFUSE] = {keys_refuse, dec_refuse},
+    [PL_MSG_NCCL_INIT] = {keys_nccl_id, dec_nccl_id},
 };
 
 static int decode_root(const cJSON *root, pl_msg *out, char *err, size_t errlen)
@@ -970,6 +995,11 @@ static void enc_plan(enc *e, cJSON *o, const pl_msg_plan *p)
         ADD_STR(e, c, "dir", p->checkpoint_dir);
         add_int(e, c, "step", p->checkpoint_step);
     }
+    if (p->transport < 0 || p->transport >= PL_TRANSPORT_COUNT) {
+        e->bad = 1;
+        return;
+    }
+    if (!cJSON_AddStringToObject(o, "transport", transport_names[p->transport])) e->bad = 1;
 }
 
 static void enc_body(enc *e, cJSON *o, const pl_msg *m)
@@ -984,6 +1014,8 @@ static void enc_body(enc *e, cJSON *o, const pl_msg *m)
         ADD_STR(e, o, "host", r->host);
         add_int(e, o, "port", r->port);
         add_int(e, o, "gpus", r->gpus);
+        ADD_STR(e, o, "device", r->device);
+        if (!cJSON_AddBoolToObject(o, "nccl", r->nccl != 0)) e->bad = 1;
         add_int(e, o, "pid", r->pid);
         ADD_STR(e, o, "token_proof", r->token_proof);
         break;
@@ -1040,6 +1072,10 @@ static void enc_body(enc *e, cJSON *o, const pl_msg *m)
         break;
     case PL_MSG_CHALLENGE:
         ADD_STR(e, o, "nonce", m->u.challenge.nonce);
+        break;
+    case PL_MSG_NCCL_ROOT:
+    case PL_MSG_NCCL_INIT:
+        ADD_STR(e, o, "id", m->u.nccl_root.id);
         break;
     case PL_MSG_WELCOME:
         add_int(e, o, "rank", m->u.welcome.rank);

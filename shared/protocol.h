@@ -52,6 +52,7 @@ typedef enum {
     PL_MSG_COPY_DONE,
     PL_MSG_HELLO_RESUME,
     PL_MSG_SAVED,
+    PL_MSG_NCCL_ROOT,
     /* coordinator → worker */
     PL_MSG_CHALLENGE,
     PL_MSG_WELCOME,
@@ -61,6 +62,7 @@ typedef enum {
     PL_MSG_ABORT,
     PL_MSG_STOP,
     PL_MSG_REFUSE,
+    PL_MSG_NCCL_INIT,
     PL_MSG_COUNT
 } pl_msg_type;
 
@@ -78,6 +80,8 @@ typedef struct {
     char host[PL_PROTO_HOST_MAX + 1];    /* where peers reach this worker's TCP links */
     int port;                            /* 1..65535 */
     int gpus;                            /* 0..1024; 0 = CPU worker */
+    pl_proto_name device;                /* its GPU's UUID ("GPU-…"); "" for a CPU worker */
+    int nccl;                            /* it can run the NCCL transport */
     int64_t pid;                         /* 1..2^31-1 */
     char token_proof[PL_PROTO_PROOF_LEN + 1];
 } pl_msg_register;
@@ -174,7 +178,18 @@ typedef struct {
     int has_checkpoint;
     char checkpoint_dir[PL_PROTO_PATH_MAX + 1];
     int64_t checkpoint_step;
+    int transport;          /* pl_transport: how the plan's workers move tensors */
 } pl_msg_plan;
+
+/* The plan's worker-to-worker transport: TCP (host memory; GPU workers stage
+ * through page-locked buffers), or NCCL between GPUs, one per worker, whose
+ * communicator is made from the id the plan's rank 0 sends in nccl_root and
+ * the coordinator passes on in nccl_init. */
+typedef enum { PL_TRANSPORT_TCP = 0, PL_TRANSPORT_NCCL, PL_TRANSPORT_COUNT } pl_transport;
+
+#define PL_PROTO_NCCL_ID_HEX 256 /* an ncclUniqueId (128 bytes) in hex */
+
+typedef struct { char id[PL_PROTO_NCCL_ID_HEX + 1]; } pl_msg_nccl_id; /* nccl_root, nccl_init */
 
 typedef struct {
     int64_t step;
@@ -207,6 +222,7 @@ typedef struct {
         pl_msg_copy_done copy_done;
         pl_msg_hello_resume hello_resume;
         pl_msg_saved saved;
+        pl_msg_nccl_id nccl_root, nccl_init;
         pl_msg_challenge challenge;
         pl_msg_welcome welcome;
         pl_msg_plan plan;
@@ -243,5 +259,7 @@ int pl_msg_type_from_name(const char *name);
 int pl_msg_from_worker(int type);
 /* "sigterm", "shutdown", "error"; "?" otherwise. */
 const char *pl_leave_reason_name(int reason);
+/* "tcp", "nccl"; "?" otherwise. */
+const char *pl_transport_name(int transport);
 
 #endif

@@ -916,6 +916,91 @@ static void test_added_workers_spread_over_zones(void)
     sim_free(&s);
 }
 
+/* Registers w0..w(n-1) with GPUs devs[w] ("" none) and NCCL where nccl[w]. */
+static int start_gpu_workers(sim *s, int n, const char *const *devs, const int *nccl)
+{
+    for (int w = 0; w < n; w++) {
+        pl_coord_worker_info wi = {.name = nm(w), .device = devs[w], .nccl = nccl[w]};
+        if (pl_coord_worker_joined(s->c, &wi, 0) != PL_COORD_OK)
+            return -1;
+        s->live[w] = 1;
+        s->nw = w + 1;
+    }
+    return drain(s);
+}
+
+/* The transport every plan names (-1 when they differ). */
+static int plan_transport_of(const sim *s)
+{
+    int t = -2;
+    for (int w = 0; w < s->nw; w++)
+        if (s->live[w] && s->have_plan[w] && s->plan[w].gen == s->gen)
+            t = t == -2 || t == s->plan[w].u.plan.transport ? s->plan[w].u.plan.transport : -1;
+    return t;
+}
+
+/* NCCL only where every worker of the plan has a GPU of its own and NCCL; rank 0's
+ * nccl_root reaches every worker of the plan as nccl_init, for its generation only. */
+static void test_transport_and_nccl_id(void)
+{
+    static const char *const own[] = {"GPU-a", "GPU-b", "GPU-c", "GPU-d"};
+    static const char *const shared[] = {"GPU-a", "GPU-b", "GPU-a", "GPU-d"};
+    static const char *const none[] = {"", "", "", ""};
+    static const int yes[] = {1, 1, 1, 1}, one_no[] = {1, 1, 0, 1}, no[] = {0, 0, 0, 0};
+    struct {
+        const char *const *devs;
+        const int *nccl;
+        int want;
+    } cases[] = {{own, yes, PL_TRANSPORT_NCCL}, {shared, yes, PL_TRANSPORT_TCP},
+                 {own, one_no, PL_TRANSPORT_TCP}, {none, no, PL_TRANSPORT_TCP}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        sim s;
+        CHECK(sim_init(&s, 9, 4) == 0);
+        CHECK(start_gpu_workers(&s, 4, cases[k].devs, cases[k].nccl) == 0);
+        CHECK(plans_valid(&s) == 0);
+        CHECK_EQ_INT(plan_transport_of(&s), cases[k].want);
+        sim_free(&s);
+    }
+
+    /* five, so that four (n0 = 2, F = 1) are left after a loss */
+    static const char *const five[] = {"GPU-a", "GPU-b", "GPU-c", "GPU-d", "GPU-e"};
+    static const int five_yes[] = {1, 1, 1, 1, 1};
+    sim s;
+    CHECK(sim_init(&s, 9, 5) == 0);
+    CHECK(start_gpu_workers(&s, 5, five, five_yes) == 0);
+    const pl_msg_plan *p = &s.plan[0].u.plan;
+    const pl_msg_pipeline *last = &p->pipelines[p->npipelines - 1];
+    int root = widx(p->pipelines[0].nodes[0]), other = widx(last->nodes[last->nnodes - 1]);
+    CHECK(root != other);
+    pl_msg m;
+    pl_msg_init(&m, PL_MSG_NCCL_ROOT, s.gen);
+    memset(m.u.nccl_root.id, 'a', PL_PROTO_NCCL_ID_HEX);
+    CHECK_EQ_INT(pl_coord_on_msg(s.c, nm(other), &m, 1), PL_COORD_ERR);
+    CHECK(strstr(pl_coord_error(s.c), "rank 0") != NULL);
+    CHECK_EQ_INT(pl_coord_on_msg(s.c, nm(root), &m, 1), PL_COORD_OK);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_NCCL_INIT), npipeworkers(&s));
+    for (int w = 0; w < s.nw; w++)
+        if (in_pipes(&s, w)) {
+            const pl_msg *init = msg_to(&s, w, PL_MSG_NCCL_INIT);
+            CHECK(init && init->gen == s.gen && !strcmp(init->u.nccl_init.id, m.u.nccl_root.id));
+        }
+    /* an id of a replaced plan goes nowhere */
+    int64_t old = s.gen;
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, nm(other), "killed"), PL_COORD_OK);
+    s.live[other] = 0;
+    CHECK(drain(&s) == 0);
+    CHECK(s.gen > old && plan_transport_of(&s) == PL_TRANSPORT_NCCL);
+    pl_msg_init(&m, PL_MSG_NCCL_ROOT, old);
+    memset(m.u.nccl_root.id, 'b', PL_PROTO_NCCL_ID_HEX);
+    CHECK_EQ_INT(pl_coord_on_msg(s.c, nm(root), &m, 2), PL_COORD_OK);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_NCCL_INIT), 0);
+    sim_free(&s);
+}
+
 /* start_grace_ms: 6 wanted, 4 registered: the first plan comes after the grace. */
 static void test_start_grace(void)
 {
@@ -1058,6 +1143,7 @@ RUN(test_restore_after_coordinator_loss);
 RUN(test_start_grace);
 RUN(test_zone_placement);
 RUN(test_added_workers_spread_over_zones);
+RUN(test_transport_and_nccl_id);
 RUN(test_initial_copy_loss_and_nan);
 RUN(test_bad_config);
 TEST_MAIN_END

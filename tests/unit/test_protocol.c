@@ -142,6 +142,7 @@ static void rand_plan(pl_msg *m)
         if (rng_next() % 2) memcpy(p->checkpoint_dir, "/\xc3\xa9", 3); /* UTF-8 */
         p->checkpoint_step = rand_int(0, PL_PROTO_INT_MAX);
     }
+    p->transport = (int)(rng_next() % PL_TRANSPORT_COUNT);
 }
 
 static void rand_msg(pl_msg *m, int type)
@@ -156,6 +157,8 @@ static void rand_msg(pl_msg *m, int type)
         rand_chars(m->u.reg.host, PL_PROTO_HOST_MAX, 1, "0123456789abcdef.:[]%-");
         m->u.reg.port = (int)rand_int(1, 65535);
         m->u.reg.gpus = (int)rand_int(0, 1024);
+        rand_chars(m->u.reg.device, PL_PROTO_NAME_MAX, 0, NAME_SET);
+        m->u.reg.nccl = (int)(rng_next() % 2);
         m->u.reg.pid = rand_int(1, 2147483647);
         rand_chars(m->u.reg.token_proof, PL_PROTO_PROOF_LEN, PL_PROTO_PROOF_LEN, HEX_SET);
         break;
@@ -230,6 +233,10 @@ static void rand_msg(pl_msg *m, int type)
     case PL_MSG_REFUSE:
         rand_text(m->u.refuse.reason);
         break;
+    case PL_MSG_NCCL_ROOT:
+    case PL_MSG_NCCL_INIT:
+        rand_chars(m->u.nccl_root.id, PL_PROTO_NCCL_ID_HEX, PL_PROTO_NCCL_ID_HEX, HEX_SET);
+        break;
     }
 }
 
@@ -256,7 +263,7 @@ static int msg_equal(const pl_msg *a, const pl_msg *b)
         x->you_pipeline != y->you_pipeline || x->you_stage != y->you_stage ||
         x->you_layer_begin != y->you_layer_begin || x->you_layer_end != y->you_layer_end ||
         x->npeers != y->npeers || x->ncopies != y->ncopies || x->nsends != y->nsends ||
-        x->has_checkpoint != y->has_checkpoint)
+        x->has_checkpoint != y->has_checkpoint || x->transport != y->transport)
         return 0;
     for (int i = 0; i < x->npipelines; i++) {
         const pl_msg_pipeline *p = &x->pipelines[i], *q = &y->pipelines[i];
@@ -292,7 +299,7 @@ static void test_type_names(void)
     for (int t = PL_MSG_NONE + 1; t < PL_MSG_COUNT; t++) {
         CHECK(strcmp(pl_msg_type_name(t), "?"));
         CHECK_EQ_INT(pl_msg_type_from_name(pl_msg_type_name(t)), t);
-        CHECK(pl_msg_from_worker(t) == (t <= PL_MSG_SAVED));
+        CHECK(pl_msg_from_worker(t) == (t <= PL_MSG_NCCL_ROOT));
     }
     CHECK(!strcmp(pl_msg_type_name(PL_MSG_NONE), "?"));
     CHECK(!strcmp(pl_msg_type_name(PL_MSG_COUNT), "?"));
@@ -439,14 +446,17 @@ static void test_reject_fields(void)
     REJECT("{\"v\":1,\"type\":\"committed\",\"gen\":0,\"step\":1e300}", "step: must be an integer");
     REJECT("{\"v\":1,\"type\":\"start_step\",\"gen\":0,\"step\":-1}", "step: must be an integer");
     REJECT("{\"v\":1,\"type\":\"copy_done\",\"gen\":0,\"bytes\":true}", "bytes: must be an integer");
+    REJECT("{\"v\":1,\"type\":\"nccl_root\",\"gen\":2,\"id\":\"00ff\"}", "id: too short (at least 256");
+    REJECT("{\"v\":1,\"type\":\"nccl_init\",\"gen\":2}", "id: missing");
 
     const char *reg_ok = "{\"v\":1,\"type\":\"register\",\"gen\":0,\"job\":\"j\",\"name\":\"w-0\","
-                         "\"node\":\"n1\",\"zone\":\"\",\"host\":\"10.0.0.7\",\"port\":29500,\"gpus\":8,\"pid\":42,\"token_proof\":"
+                         "\"node\":\"n1\",\"zone\":\"\",\"host\":\"10.0.0.7\",\"port\":29500,\"gpus\":8,\"device\":\"GPU-5b2f9c1e-0d7a\",\"nccl\":true,\"pid\":42,\"token_proof\":"
                          "\"00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\"}";
     pl_msg d;
     char err[512];
     CHECK_EQ_INT(pl_msg_decode(reg_ok, strlen(reg_ok), &d, err, sizeof err), 0);
     CHECK(!strcmp(d.u.reg.name, "w-0") && d.u.reg.gpus == 8 && d.u.reg.zone[0] == 0 &&
+          !strcmp(d.u.reg.device, "GPU-5b2f9c1e-0d7a") && d.u.reg.nccl == 1 &&
           !strcmp(d.u.reg.host, "10.0.0.7") && d.u.reg.port == 29500);
     pl_msg_free(&d);
 
@@ -456,26 +466,26 @@ static void test_reject_fields(void)
     longname[sizeof longname - 1] = 0;
     snprintf(big, sizeof big,
              "{\"v\":1,\"type\":\"register\",\"gen\":0,\"job\":\"j\",\"name\":\"%s\",\"node\":\"n\","
-             "\"zone\":\"z\",\"host\":\"h\",\"port\":1,\"gpus\":1,\"pid\":1,\"token_proof\":\"%064d\"}",
+             "\"zone\":\"z\",\"host\":\"h\",\"port\":1,\"gpus\":1,\"device\":\"\",\"nccl\":false,\"pid\":1,\"token_proof\":\"%064d\"}",
              longname, 0);
     REJECT(big, "name: too long (at most 253");
     REJECT("{\"v\":1,\"type\":\"register\",\"gen\":0,\"job\":\"j\",\"name\":\"\",\"node\":\"n\",\"zone\":\"z\","
-           "\"host\":\"h\",\"port\":1,\"gpus\":1,\"pid\":1,\"token_proof\":\"0\"}",
+           "\"host\":\"h\",\"port\":1,\"gpus\":1,\"device\":\"\",\"nccl\":false,\"pid\":1,\"token_proof\":\"0\"}",
            "name: must not be empty");
     REJECT("{\"v\":1,\"type\":\"register\",\"gen\":0,\"job\":\"j\",\"name\":\"a b\",\"node\":\"n\",\"zone\":\"z\","
-           "\"host\":\"h\",\"port\":1,\"gpus\":1,\"pid\":1,\"token_proof\":\"0\"}",
+           "\"host\":\"h\",\"port\":1,\"gpus\":1,\"device\":\"\",\"nccl\":false,\"pid\":1,\"token_proof\":\"0\"}",
            "name: invalid character at offset 1");
     REJECT("{\"v\":1,\"type\":\"register\",\"gen\":0,\"job\":\"j\",\"name\":\"a\",\"node\":\"n\",\"zone\":\"z\","
            "\"host\":\"h\",\"port\":1,\"gpus\":1025,\"pid\":1,\"token_proof\":\"0\"}",
            "gpus: must be an integer in [0, 1024]");
     REJECT("{\"v\":1,\"type\":\"register\",\"gen\":0,\"job\":\"j\",\"name\":\"a\",\"node\":\"n\",\"zone\":\"z\","
-           "\"host\":\"h\",\"port\":1,\"gpus\":1,\"pid\":0,\"token_proof\":\"0\"}",
+           "\"host\":\"h\",\"port\":1,\"gpus\":1,\"device\":\"\",\"nccl\":false,\"pid\":0,\"token_proof\":\"0\"}",
            "pid: must be an integer");
     REJECT("{\"v\":1,\"type\":\"register\",\"gen\":0,\"job\":\"j\",\"name\":\"a\",\"node\":\"n\",\"zone\":\"z\","
-           "\"host\":\"h\",\"port\":1,\"gpus\":1,\"pid\":1,\"token_proof\":\"0123\"}",
+           "\"host\":\"h\",\"port\":1,\"gpus\":1,\"device\":\"\",\"nccl\":false,\"pid\":1,\"token_proof\":\"0123\"}",
            "token_proof: too short (at least 64");
     REJECT("{\"v\":1,\"type\":\"register\",\"gen\":0,\"job\":\"j\",\"name\":\"a\",\"node\":\"n\",\"zone\":\"z\","
-           "\"host\":\"h\",\"port\":1,\"gpus\":1,\"pid\":1}",
+           "\"host\":\"h\",\"port\":1,\"gpus\":1,\"device\":\"\",\"nccl\":false,\"pid\":1}",
            "token_proof: missing");
     REJECT("{\"v\":1,\"type\":\"leaving\",\"gen\":0,\"reason\":\"bored\",\"grace_ms\":0}",
            "reason: must be \"sigterm\"");
@@ -547,7 +557,7 @@ static const char PLAN_OK[] =
     "\"first_microbatch\":6}],\"you\":{\"pipeline\":1,\"stage\":2,\"layer_begin\":8,\"layer_end\":14},"
     "\"peers\":[{\"name\":\"d\",\"host\":\"10.0.0.4\",\"port\":7001}],\"copies\":[{\"layer\":8,"
     "\"source\":\"b\",\"bytes\":1000},{\"layer\":9,\"source\":\"b\",\"bytes\":1000}],\"sends\":"
-    "[{\"layer\":3,\"dest\":\"c\"}],\"checkpoint\":null}";
+    "[{\"layer\":3,\"dest\":\"c\"}],\"checkpoint\":null,\"transport\":\"nccl\"}";
 
 /* PLAN_OK with the first occurrence of `from` replaced by `to`. */
 static int plan_reject(const char *from, const char *to, const char *needle)
@@ -576,14 +586,14 @@ static void test_plan(void)
              p->pipelines[1].first_microbatch == 6 && p->you_pipeline == 1 && p->you_stage == 2 &&
              p->you_layer_begin == 8 && p->you_layer_end == 14 && p->npeers == 1 && p->peers[0].port == 7001 &&
              p->ncopies == 2 && p->copies[1].layer == 9 && p->nsends == 1 && !strcmp(p->sends[0].dest, "c") &&
-             !p->has_checkpoint && d.gen == 3;
+             !p->has_checkpoint && p->transport == PL_TRANSPORT_NCCL && d.gen == 3;
     pl_msg_free(&d);
     CHECK(ok);
 
     PLAN_REJECT("\"generation\":3", "\"generation\":2", "generation: must equal gen (3)");
     REJECT("{\"v\":1,\"type\":\"plan\",\"gen\":0,\"generation\":0,\"step\":0,\"global_batch\":1,"
            "\"micro\":1,\"seq_len\":1,\"pipelines\":[],\"you\":null,\"peers\":[],\"copies\":[],"
-           "\"sends\":[],\"checkpoint\":null}",
+           "\"sends\":[],\"checkpoint\":null,\"transport\":\"tcp\"}",
            "pipelines: must have 1 to 4096 entries");
     PLAN_REJECT("\"pipelines\":", "\"pipelinez\":", "pipelinez: unknown field");
     PLAN_REJECT("[\"c\",", "[7,", "pipelines[1].nodes[0]: must be a string");
@@ -616,13 +626,17 @@ static void test_plan(void)
     PLAN_REJECT("\"checkpoint\":null", "\"checkpoint\":{\"dir\":\"/ck\"}", "checkpoint.step: missing");
     PLAN_REJECT("\"checkpoint\":null", "\"checkpoint\":[]", "checkpoint: must be an object or null");
     PLAN_REJECT(",\"checkpoint\":null", "", "checkpoint: missing");
+    PLAN_REJECT("\"transport\":\"nccl\"", "\"transport\":\"rdma\"", "transport: must be \"tcp\" or \"nccl\"");
+    PLAN_REJECT(",\"transport\":\"nccl\"", "", "transport: missing");
 
     /* An idle worker and a checkpoint */
     char buf[4096];
     const char *you = strstr(PLAN_OK, "\"you\":{");
     const char *you_end = strstr(you, "}");
     const char *ck = strstr(PLAN_OK, "\"checkpoint\":null");
-    snprintf(buf, sizeof buf, "%.*s\"you\":null%.*s\"checkpoint\":{\"dir\":\"/ckpt/job 1\",\"step\":9}}",
+    snprintf(buf, sizeof buf,
+             "%.*s\"you\":null%.*s\"checkpoint\":{\"dir\":\"/ckpt/job 1\",\"step\":9},"
+             "\"transport\":\"tcp\"}",
              (int)(you - PLAN_OK), PLAN_OK, (int)(ck - you_end - 1), you_end + 1);
     rc = pl_msg_decode(buf, strlen(buf), &d, err, sizeof err);
     if (rc) printf("    %s\n    %s\n", err, buf);
