@@ -26,7 +26,7 @@ SHARED_SRC := $(wildcard shared/*.c)
 PLIANT_SRC := operator/pliant.c
 OPERATOR_MAIN_SRC := operator/operator_main.c
 OPERATOR_SRC := $(filter-out $(PLIANT_SRC) $(OPERATOR_MAIN_SRC),$(wildcard operator/*.c))
-UNIT_SRC   := $(filter-out tests/unit/test_kernels_cuda.c,$(wildcard tests/unit/test_*.c))
+UNIT_SRC   := $(filter-out tests/unit/test_kernels_cuda.c tests/unit/test_nccl.c,$(wildcard tests/unit/test_*.c))
 BENCH_SRC  := $(wildcard bench/*_bench.c)
 CUDA_SRC   := $(wildcard kernels/cuda/*.cu)
 
@@ -52,7 +52,7 @@ LDLIBS          += -lopenblas -fopenmp
 # checkpoints, the single-process trainer; linked into `pliant` and the tests.
 # worker/comm/: the worker-to-worker TCP transport and collectives (OpenSSL libcrypto).
 # worker/agent/: the worker's control-channel client (libwebsockets over TLS).
-ENGINE_SRC      := $(wildcard worker/engine/*.c worker/comm/*.c worker/agent/*.c)
+ENGINE_SRC      := $(filter-out worker/comm/nccl_comm.c,$(wildcard worker/engine/*.c worker/comm/*.c worker/agent/*.c))
 ENGINE_LIB      := $(BUILD)/lib/libpliant_engine.a
 ENGINE_ASAN_LIB := $(BUILD)/asan/lib/libpliant_engine.a
 OPERATOR_LIB      := $(BUILD)/lib/libpliant_operator.a
@@ -168,15 +168,20 @@ CUDA_HOME        ?= /usr/local/cuda
 NVCC_FLAGS       := -std=c++17 -O3 -Ishared -Ikernels -Xcompiler -Wall -MMD -MP \
                     -gencode arch=compute_90,code=[sm_90,compute_90]
 KERNEL_CUDA_LIB  := $(BUILD)/lib/libpliant_kernels_cuda.a
-CUDA_LIBS        := $(OPERATOR_LIB) $(ENGINE_LIB) $(KERNEL_CUDA_LIB) $(BUILD)/lib/libpliant_shared.a
+# The NCCL transport (worker/comm/nccl_comm.c, plain C on NCCL's and the CUDA
+# runtime's C APIs; docs/nccl.md): its own library, never in the CPU build.
+NCCL_LIB         := $(BUILD)/lib/libpliant_nccl.a
+CUDA_LIBS        := $(OPERATOR_LIB) $(ENGINE_LIB) $(NCCL_LIB) $(KERNEL_CUDA_LIB) $(BUILD)/lib/libpliant_shared.a
 CUDA_LDLIBS      := $(LDLIBS) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 \
-                    -lcublasLt -lcublas -lcudart -lstdc++
+                    -lnccl -lcublasLt -lcublas -lcudart -lstdc++
 .PHONY: test-gpu
-cuda: $(BUILD)/bin/pliant-cuda $(BUILD)/tests/test_kernels_cuda
+cuda: $(BUILD)/bin/pliant-cuda $(BUILD)/tests/test_kernels_cuda $(BUILD)/tests/test_nccl
 
-# The CUDA kernel parity tests (each test prints "skip" where there is no GPU).
-test-gpu: $(BUILD)/tests/test_kernels_cuda
+# The CUDA kernel parity tests and the NCCL transport's (each test prints "skip"
+# where there is no GPU).
+test-gpu: $(BUILD)/tests/test_kernels_cuda $(BUILD)/tests/test_nccl
 	$(BUILD)/tests/test_kernels_cuda
+	$(BUILD)/tests/test_nccl
 
 $(BUILD)/cuda/%.o: %.cu
 	@mkdir -p $(@D)
@@ -199,6 +204,33 @@ $(BUILD)/bin/pliant-cuda: $(PLIANT_OBJ) $(CUDA_LIBS)
 $(BUILD)/tests/test_kernels_cuda: tests/unit/test_kernels_cuda.c $(wildcard tests/unit/*.h) $(CUDA_LIBS)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -Itests/unit $< $(CUDA_LIBS) -o $@ $(CUDA_LDLIBS)
+
+# GPT-2 124M training throughput and MFU on one GPU, with a per-kernel time
+# table (bench/README.md). Not a *_bench.c, so the CPU build leaves it out.
+# GPU_BENCH_ARGS: e.g. "--steps 20 --warmup 5 --B 16 --T 1024 --tokens 'data/x_*.bin'".
+.PHONY: bench-gpu
+cuda: $(BUILD)/bench/gpu_bench_cuda
+bench-gpu: $(BUILD)/bench/gpu_bench_cuda
+	$(BUILD)/bench/gpu_bench_cuda $(GPU_BENCH_ARGS)
+
+$(BUILD)/bench/gpu_bench_cuda: bench/gpu_bench_cuda.c $(CUDA_LIBS)
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -isystem $(CUDA_HOME)/include $< $(CUDA_LIBS) -o $@ $(CUDA_LDLIBS)
+
+# -isystem: nccl.h's `ncclGroupStart();` would trip -Wstrict-prototypes
+$(BUILD)/cuda/worker/comm/nccl_comm.o: worker/comm/nccl_comm.c
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -isystem $(CUDA_HOME)/include -c $< -o $@
+
+$(NCCL_LIB): $(BUILD)/cuda/worker/comm/nccl_comm.o
+	@mkdir -p $(@D)
+	rm -f $@
+	$(AR) rcs $@ $^
+
+$(BUILD)/tests/test_nccl: tests/unit/test_nccl.c $(wildcard tests/unit/*.h) $(NCCL_LIB) $(BUILD)/lib/libpliant_shared.a
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -isystem $(CUDA_HOME)/include -Itests/unit $< $(NCCL_LIB) \
+	    $(BUILD)/lib/libpliant_shared.a -o $@ $(CUDA_LDLIBS)
 
 clean:
 	rm -rf $(BUILD)

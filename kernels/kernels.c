@@ -3,9 +3,99 @@
  * only by `make cuda`, which builds this file again with PLIANT_CUDA defined
  * into build/lib/libpliant_kernels_cuda.a. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kn_backend.h"
+
+/* ---- kernel-level timing --------------------------------------------------
+ * Each timed call is wrapped by TIMED: while profiling is off that is one
+ * well-predicted branch on k->prof_on; while on, the backend's prof_begin and
+ * prof_end bracket the call and kernels.c counts it. */
+
+enum {
+    OP_ENCODER_FORWARD, OP_ENCODER_BACKWARD, OP_LAYERNORM_FORWARD, OP_LAYERNORM_BACKWARD,
+    OP_MATMUL_FORWARD, OP_MATMUL_BACKWARD, OP_MATMUL_GELU_FORWARD, OP_MATMUL_BACKWARD_GELU,
+    OP_ATTENTION_FORWARD, OP_ATTENTION_BACKWARD, OP_GELU_FORWARD, OP_GELU_BACKWARD,
+    OP_RESIDUAL_FORWARD, OP_ACCUMULATE, OP_SOFTMAX_CROSSENTROPY_FORWARD,
+    OP_CROSSENTROPY_SOFTMAX_BACKWARD, OP_ADAMW_UPDATE, OP_SUM_SQUARES, OP_SUM, OP_ZERO,
+    OP_COUNT
+};
+
+static const char *const op_names[OP_COUNT] = {
+    "encoder_forward", "encoder_backward", "layernorm_forward", "layernorm_backward",
+    "matmul_forward", "matmul_backward", "matmul_gelu_forward", "matmul_backward_gelu",
+    "attention_forward", "attention_backward", "gelu_forward", "gelu_backward",
+    "residual_forward", "accumulate", "softmax_crossentropy_forward",
+    "crossentropy_softmax_backward", "adamw_update", "sum_squares", "sum", "zero",
+};
+
+_Static_assert(OP_COUNT <= KN_PROF_MAX_OPS, "kn_prof holds KN_PROF_MAX_OPS kernels");
+
+#define TIMED(op, call)                                                                    \
+    do {                                                                                   \
+        if (__builtin_expect(k->prof_on, 0)) {                                             \
+            k->ops->prof_begin(k);                                                         \
+            call;                                                                          \
+            k->ops->prof_end(k, (op));                                                     \
+            k->prof->calls[(op)]++;                                                        \
+        } else {                                                                           \
+            call;                                                                          \
+        }                                                                                  \
+    } while (0)
+
+int kn_profile_enable(kn_ctx *k, int on)
+{
+    if (on && !k->prof) {
+        k->prof = calloc(1, sizeof *k->prof);
+        if (!k->prof) {
+            k->prof_on = 0;
+            return -1;
+        }
+    }
+    k->prof_on = on != 0;
+    return 0;
+}
+
+/* Brings every recorded call into k->prof->ms (CUDA: waits for the stream). */
+static void prof_collect(kn_ctx *k)
+{
+    if (k->prof && k->ops->prof_collect) k->ops->prof_collect(k);
+}
+
+int kn_profile_report(kn_ctx *k, kn_profile_entry *out, int max)
+{
+    if (!k->prof) return 0;
+    prof_collect(k);
+    int n = 0;
+    for (int op = 0; op < OP_COUNT; op++) {
+        if (!k->prof->calls[op]) continue;
+        /* insertion by descending time: at most OP_COUNT entries */
+        kn_profile_entry e = {op_names[op], k->prof->calls[op], k->prof->ms[op]};
+        int i = n < max ? n : max;
+        while (i > 0 && out[i - 1].ms < e.ms) {
+            if (i < max) out[i] = out[i - 1];
+            i--;
+        }
+        if (i < max) out[i] = e;
+        n++;
+    }
+    return n;
+}
+
+void kn_profile_reset(kn_ctx *k)
+{
+    if (!k->prof) return;
+    prof_collect(k); /* pending pairs must not land after the reset */
+    memset(k->prof->calls, 0, sizeof k->prof->calls);
+    memset(k->prof->ms, 0, sizeof k->prof->ms);
+}
+
+int kn_memory_stats(kn_ctx *k, kn_mem_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    return k->ops->memory_stats ? k->ops->memory_stats(k, out) : -1;
+}
 
 kn_ctx *kn_create(const char *backend, int threads, char *err, size_t errlen)
 {
@@ -26,7 +116,10 @@ kn_ctx *kn_create(const char *backend, int threads, char *err, size_t errlen)
 
 void kn_destroy(kn_ctx *k)
 {
-    if (k) k->ops->destroy(k);
+    if (!k) return;
+    kn_prof *prof = k->prof; /* kernels.c's; the backend frees k (and its event pool) */
+    k->ops->destroy(k);
+    free(prof);
 }
 
 const char *kn_backend(const kn_ctx *k) { return k->ops->name; }
@@ -34,7 +127,7 @@ int kn_threads(const kn_ctx *k) { return k->threads; }
 
 void *kn_alloc(kn_ctx *k, size_t bytes) { return k->ops->alloc(k, bytes); }
 void kn_free(kn_ctx *k, void *p) { k->ops->free(k, p); }
-void kn_zero(kn_ctx *k, void *p, size_t bytes) { k->ops->zero(k, p, bytes); }
+void kn_zero(kn_ctx *k, void *p, size_t bytes) { TIMED(OP_ZERO, k->ops->zero(k, p, bytes)); }
 
 void kn_to_device(kn_ctx *k, void *dst, const void *src, size_t bytes)
 {
@@ -60,38 +153,41 @@ const char *kn_precision(const kn_ctx *k) { return k->precision; }
 void kn_encoder_forward(kn_ctx *k, float *out, const int32_t *inp, const float *wte,
                         const float *wpe, int B, int T, int C)
 {
-    k->ops->encoder_forward(k, out, inp, wte, wpe, B, T, C);
+    TIMED(OP_ENCODER_FORWARD, k->ops->encoder_forward(k, out, inp, wte, wpe, B, T, C));
 }
 
 void kn_encoder_backward(kn_ctx *k, float *dwte, float *dwpe, const float *dout,
                          const int32_t *inp, int B, int T, int C)
 {
-    k->ops->encoder_backward(k, dwte, dwpe, dout, inp, B, T, C);
+    TIMED(OP_ENCODER_BACKWARD, k->ops->encoder_backward(k, dwte, dwpe, dout, inp, B, T, C));
 }
 
 void kn_layernorm_forward(kn_ctx *k, float *out, float *mean, float *rstd, const float *inp,
                           const float *weight, const float *bias, int B, int T, int C)
 {
-    k->ops->layernorm_forward(k, out, mean, rstd, inp, weight, bias, B, T, C);
+    TIMED(OP_LAYERNORM_FORWARD,
+          k->ops->layernorm_forward(k, out, mean, rstd, inp, weight, bias, B, T, C));
 }
 
 void kn_layernorm_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
                            const float *dout, const float *inp, const float *weight,
                            const float *mean, const float *rstd, int B, int T, int C)
 {
-    k->ops->layernorm_backward(k, dinp, dweight, dbias, dout, inp, weight, mean, rstd, B, T, C);
+    TIMED(OP_LAYERNORM_BACKWARD, k->ops->layernorm_backward(k, dinp, dweight, dbias, dout, inp,
+                                                            weight, mean, rstd, B, T, C));
 }
 
 void kn_matmul_forward(kn_ctx *k, float *out, const float *inp, const float *weight,
                        const float *bias, int BT, int C, int OC)
 {
-    k->ops->matmul_forward(k, out, inp, weight, bias, BT, C, OC);
+    TIMED(OP_MATMUL_FORWARD, k->ops->matmul_forward(k, out, inp, weight, bias, BT, C, OC));
 }
 
 void kn_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
                         const float *inp, const float *weight, int BT, int C, int OC)
 {
-    k->ops->matmul_backward(k, dinp, dweight, dbias, dout, inp, weight, BT, C, OC);
+    TIMED(OP_MATMUL_BACKWARD,
+          k->ops->matmul_backward(k, dinp, dweight, dbias, dout, inp, weight, BT, C, OC));
 }
 
 size_t kn_attention_state_floats(kn_ctx *k, int B, int T, int NH)
@@ -102,68 +198,85 @@ size_t kn_attention_state_floats(kn_ctx *k, int B, int T, int NH)
 void kn_attention_forward(kn_ctx *k, float *out, float *att, const float *qkv, int B, int T,
                           int C, int NH)
 {
-    k->ops->attention_forward(k, out, att, qkv, B, T, C, NH);
+    TIMED(OP_ATTENTION_FORWARD, k->ops->attention_forward(k, out, att, qkv, B, T, C, NH));
 }
 
 void kn_attention_backward(kn_ctx *k, float *dqkv, const float *dout, const float *qkv,
-                           const float *att, int B, int T, int C, int NH)
+                           const float *att, const float *out, int B, int T, int C, int NH)
 {
-    k->ops->attention_backward(k, dqkv, dout, qkv, att, B, T, C, NH);
+    TIMED(OP_ATTENTION_BACKWARD,
+          k->ops->attention_backward(k, dqkv, dout, qkv, att, out, B, T, C, NH));
 }
 
 void kn_matmul_gelu_forward(kn_ctx *k, float *out, float *pre, const float *inp,
                             const float *weight, const float *bias, int BT, int C, int OC)
 {
-    k->ops->matmul_gelu_forward(k, out, pre, inp, weight, bias, BT, C, OC);
+    TIMED(OP_MATMUL_GELU_FORWARD,
+          k->ops->matmul_gelu_forward(k, out, pre, inp, weight, bias, BT, C, OC));
 }
 
 void kn_matmul_backward_gelu(kn_ctx *k, float *dpre, float *dweight, float *dbias,
                              const float *dout, const float *inp, const float *weight,
                              const float *pre, int BT, int C, int OC)
 {
-    k->ops->matmul_backward_gelu(k, dpre, dweight, dbias, dout, inp, weight, pre, BT, C, OC);
+    TIMED(OP_MATMUL_BACKWARD_GELU, k->ops->matmul_backward_gelu(k, dpre, dweight, dbias, dout, inp,
+                                                                weight, pre, BT, C, OC));
 }
 
 void kn_gelu_forward(kn_ctx *k, float *out, const float *inp, size_t n)
 {
-    k->ops->gelu_forward(k, out, inp, n);
+    TIMED(OP_GELU_FORWARD, k->ops->gelu_forward(k, out, inp, n));
 }
 
 void kn_gelu_backward(kn_ctx *k, float *dinp, const float *inp, const float *dout, size_t n)
 {
-    k->ops->gelu_backward(k, dinp, inp, dout, n);
+    TIMED(OP_GELU_BACKWARD, k->ops->gelu_backward(k, dinp, inp, dout, n));
 }
 
 void kn_residual_forward(kn_ctx *k, float *out, const float *a, const float *b, size_t n)
 {
-    k->ops->residual_forward(k, out, a, b, n);
+    TIMED(OP_RESIDUAL_FORWARD, k->ops->residual_forward(k, out, a, b, n));
 }
 
 void kn_accumulate(kn_ctx *k, float *dst, const float *src, size_t n)
 {
-    k->ops->accumulate(k, dst, src, n);
+    TIMED(OP_ACCUMULATE, k->ops->accumulate(k, dst, src, n));
 }
 
 void kn_softmax_crossentropy_forward(kn_ctx *k, float *losses, float *probs, const float *logits,
                                      const int32_t *targets, int BT, int V, int Vp)
 {
-    k->ops->softmax_crossentropy_forward(k, losses, probs, logits, targets, BT, V, Vp);
+    TIMED(OP_SOFTMAX_CROSSENTROPY_FORWARD,
+          k->ops->softmax_crossentropy_forward(k, losses, probs, logits, targets, BT, V, Vp));
 }
 
 void kn_crossentropy_softmax_backward(kn_ctx *k, float *dlogits, const float *probs,
                                       const int32_t *targets, float dloss_scale, int BT, int V,
                                       int Vp)
 {
-    k->ops->crossentropy_softmax_backward(k, dlogits, probs, targets, dloss_scale, BT, V, Vp);
+    TIMED(OP_CROSSENTROPY_SOFTMAX_BACKWARD,
+          k->ops->crossentropy_softmax_backward(k, dlogits, probs, targets, dloss_scale, BT, V,
+                                                Vp));
 }
 
 void kn_adamw_update(kn_ctx *k, float *params, const float *grads, float *m, float *v, size_t n,
                      float lr, float beta1, float beta2, float eps, float weight_decay,
                      float grad_scale, int t)
 {
-    k->ops->adamw_update(k, params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay,
-                         grad_scale, t);
+    TIMED(OP_ADAMW_UPDATE, k->ops->adamw_update(k, params, grads, m, v, n, lr, beta1, beta2, eps,
+                                                weight_decay, grad_scale, t));
 }
 
-double kn_sum_squares(kn_ctx *k, const float *x, size_t n) { return k->ops->sum_squares(k, x, n); }
-double kn_sum(kn_ctx *k, const float *x, size_t n) { return k->ops->sum(k, x, n); }
+double kn_sum_squares(kn_ctx *k, const float *x, size_t n)
+{
+    double s;
+    TIMED(OP_SUM_SQUARES, s = k->ops->sum_squares(k, x, n));
+    return s;
+}
+
+double kn_sum(kn_ctx *k, const float *x, size_t n)
+{
+    double s;
+    TIMED(OP_SUM, s = k->ops->sum(k, x, n));
+    return s;
+}

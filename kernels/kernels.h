@@ -25,7 +25,8 @@ typedef struct kn_ctx kn_ctx;
 /* Creates a backend context: "cpu" (threads ≤ 0 means all available cores) or
  * "cuda" (the current CUDA device, one stream; threads is ignored; NULL with
  * the reason in err when this build has no CUDA backend or there is no
- * device). On CUDA, PLIANT_TF32=1 in the environment lets matmuls use TF32. */
+ * device, or when PLIANT_PRECISION is not one of bf16, fp32, tf32). On CUDA the
+ * environment picks the precision of the matmuls (kn_precision). */
 kn_ctx *kn_create(const char *backend, int threads, char *err, size_t errlen);
 void kn_destroy(kn_ctx *k);
 const char *kn_backend(const kn_ctx *k);
@@ -48,9 +49,11 @@ void *kn_host_alloc(kn_ctx *k, size_t bytes);
 void kn_host_free(kn_ctx *k, void *p);
 
 /* The arithmetic of the matmuls: "fp32" (the CPU; CUDA with PLIANT_PRECISION=fp32),
- * "tf32" (fp32 tensors, TF32 tensor-core products) or "bf16" (CUDA's default:
- * bf16 operands, fp32 accumulation and fp32 results). Parameters, optimizer
- * state and every other kernel stay fp32. */
+ * "tf32" (fp32 tensors, TF32 tensor-core products; PLIANT_PRECISION=tf32, or
+ * PLIANT_TF32=1 when PLIANT_PRECISION is unset) or "bf16" (CUDA's default,
+ * PLIANT_PRECISION=bf16: bf16 copies of the operands, fp32 accumulation and
+ * fp32 results). Read once, at kn_create. Parameters, optimizer state and
+ * every other kernel stay fp32. */
 const char *kn_precision(const kn_ctx *k);
 
 /* ---- forward / backward kernels ------------------------------------------ */
@@ -85,9 +88,11 @@ void kn_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, co
 size_t kn_attention_state_floats(kn_ctx *k, int B, int T, int NH);
 void kn_attention_forward(kn_ctx *k, float *out, float *att, const float *qkv, int B, int T,
                           int C, int NH);
-/* dqkv += gradient of the attention w.r.t. qkv. */
+/* dqkv += gradient of the attention w.r.t. qkv. out is the forward's output
+ * [B, T, C] for these qkv (CUDA uses it for rowsum(dout ∘ out); the CPU
+ * ignores it). */
 void kn_attention_backward(kn_ctx *k, float *dqkv, const float *dout, const float *qkv,
-                           const float *att, int B, int T, int C, int NH);
+                           const float *att, const float *out, int B, int T, int C, int NH);
 
 /* out = gelu(pre), pre = inp · weightᵀ + bias (both overwritten): the MLP's first
  * matmul with its GELU (one cuBLASLt call with a GELU epilogue on CUDA). */
@@ -135,6 +140,39 @@ double kn_sum_squares(kn_ctx *k, const float *x, size_t n);
 
 /* Σ x in double (losses). */
 double kn_sum(kn_ctx *k, const float *x, size_t n);
+
+/* ---- kernel-level timing and memory figures (benchmarks, reports) -------- */
+
+/* Timing of every kernel call above (and kn_zero; not allocation or copies):
+ * per kernel, the number of calls and the total time it ran. The CPU measures
+ * each call with the clock (its kernels are synchronous); CUDA records a pair of
+ * events around each call on the stream, so a kernel's time is the device's and
+ * host gaps between kernels go to no kernel. Off by default; while off each
+ * call pays one predictable branch. On CUDA, timing adds two event records per
+ * call and a wait for the stream when its event pool fills. kn_profile_enable
+ * returns 0, or −1 (out of memory: timing stays off). */
+typedef struct {
+    const char *name; /* the kernels.h function without "kn_": "matmul_forward", ... */
+    long long calls;
+    double ms;        /* total */
+} kn_profile_entry;
+int kn_profile_enable(kn_ctx *k, int on);
+/* Waits for queued work, then writes up to max entries (kernels called at least
+ * once since the last reset, longest total first) and returns how many there are. */
+int kn_profile_report(kn_ctx *k, kn_profile_entry *out, int max);
+/* Forgets what was recorded (waits for queued work first). */
+void kn_profile_reset(kn_ctx *k);
+
+/* Backend memory from kn_alloc (CUDA: the context's arena of cudaMalloc'ed
+ * chunks, workspace included; see kernels/cuda/arena.cu). Returns 0, or −1 where
+ * the backend does not track its memory (the CPU). */
+typedef struct {
+    size_t reserved; /* taken from the device */
+    size_t in_use;   /* handed out by kn_alloc and the workspace */
+    size_t peak;     /* largest in_use so far */
+    int chunks;      /* cudaMalloc calls behind `reserved` */
+} kn_mem_stats;
+int kn_memory_stats(kn_ctx *k, kn_mem_stats *out);
 
 #ifdef __cplusplus
 }

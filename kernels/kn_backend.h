@@ -38,7 +38,7 @@ typedef struct kn_ops {
     void (*attention_forward)(kn_ctx *k, float *out, float *att, const float *qkv, int B, int T,
                               int C, int NH);
     void (*attention_backward)(kn_ctx *k, float *dqkv, const float *dout, const float *qkv,
-                               const float *att, int B, int T, int C, int NH);
+                               const float *att, const float *out, int B, int T, int C, int NH);
     void (*gelu_forward)(kn_ctx *k, float *out, const float *inp, size_t n);
     void (*gelu_backward)(kn_ctx *k, float *dinp, const float *inp, const float *dout, size_t n);
     void (*residual_forward)(kn_ctx *k, float *out, const float *a, const float *b, size_t n);
@@ -63,7 +63,25 @@ typedef struct kn_ops {
     void (*matmul_backward_gelu)(kn_ctx *k, float *dpre, float *dweight, float *dbias,
                                  const float *dout, const float *inp, const float *weight,
                                  const float *pre, int BT, int C, int OC);
+    /* Kernel-level timing (kn_profile_enable; kernels.c calls these only while
+     * it is on): prof_begin before a kernel, prof_end(op) after it; the backend
+     * adds the kernel's milliseconds to k->prof->ms[op], at once (CPU) or at
+     * prof_collect, which waits for queued work (CUDA; NULL where there is
+     * nothing to collect). */
+    void (*prof_begin)(kn_ctx *k);
+    void (*prof_end)(kn_ctx *k, int op);
+    void (*prof_collect)(kn_ctx *k);
+    /* kn_memory_stats; NULL where the backend does not track its memory. */
+    int (*memory_stats)(kn_ctx *k, kn_mem_stats *out);
 } kn_ops;
+
+/* Kernel-level timing state (kernels.c), one per context once enabled. */
+#define KN_PROF_MAX_OPS 32
+typedef struct kn_prof {
+    long long calls[KN_PROF_MAX_OPS];
+    double ms[KN_PROF_MAX_OPS]; /* filled by the backend */
+    double t0;                  /* CPU: when the running kernel started (seconds) */
+} kn_prof;
 
 struct kn_ctx {
     const kn_ops *ops;
@@ -72,6 +90,8 @@ struct kn_ctx {
     size_t ws_bytes;
     struct kn_cuda *cuda; /* CUDA state (device, stream, cuBLAS handle); NULL on the CPU */
     const char *precision;/* what kn_precision returns */
+    int prof_on;          /* kn_profile_enable: the one branch each kernel call pays */
+    kn_prof *prof;        /* NULL until profiling is first enabled */
 };
 
 /* Backend constructors, called by kn_create. */

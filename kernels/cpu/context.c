@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cpu.h"
 
@@ -89,6 +90,22 @@ static void *cpu_host_alloc(kn_ctx *k, size_t bytes)
     return cpu_alloc(k, bytes);
 }
 
+/* Kernel timing (kn_profile_enable): the CPU kernels are synchronous, so the
+ * clock around the call is the kernel's time. */
+static double cpu_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void cpu_prof_begin(kn_ctx *k) { k->prof->t0 = cpu_now_s(); }
+
+static void cpu_prof_end(kn_ctx *k, int op)
+{
+    k->prof->ms[op] += (cpu_now_s() - k->prof->t0) * 1e3;
+}
+
 static const kn_ops kn_cpu_ops = {
     .name = "cpu",
     .destroy = cpu_destroy,
@@ -121,6 +138,8 @@ static const kn_ops kn_cpu_ops = {
     .attention_state_floats = kn_cpu_attention_state_floats,
     .matmul_gelu_forward = kn_cpu_matmul_gelu_forward,
     .matmul_backward_gelu = kn_cpu_matmul_backward_gelu,
+    .prof_begin = cpu_prof_begin,
+    .prof_end = cpu_prof_end,
 };
 
 kn_ctx *kn_cpu_create(int threads, char *err, size_t errlen)

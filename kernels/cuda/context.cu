@@ -15,8 +15,12 @@ static void cuda_destroy(kn_ctx *k)
 {
     struct kn_cuda *c = k->cuda;
     cudaStreamSynchronize(c->stream); /* teardown: report nothing, free what exists */
-    cudaFree(k->ws);
+    kn_cuda_arena_destroy(k);         /* every kn_alloc block and the workspace */
+    kn_cuda_prof_destroy(k);
     cudaFreeHost(c->host_sum);
+    cudaFree(c->lt_ws);
+    if (c->lt) cublasLtDestroy(c->lt);
+    free(c->lt_cache);
     cublasDestroy(c->blas);
     cudaStreamDestroy(c->stream);
     free(c);
@@ -31,11 +35,12 @@ static size_t round64(size_t bytes) /* 0 when bytes cannot be rounded up */
 void *kn_cuda_workspace(kn_ctx *k, size_t bytes)
 {
     if (bytes <= k->ws_bytes && k->ws) return k->ws;
-    CUDA_CHECK(cudaStreamSynchronize(kn_stream(k))); /* queued kernels may still use the old one */
-    CUDA_CHECK(cudaFree(k->ws));
+    kn_cuda_arena_free(k, k->ws); /* waits: queued kernels may still use the old one */
     k->ws = NULL;
+    k->ws_bytes = 0;
     size_t n = round64(bytes);
-    CUDA_CHECK(cudaMalloc(&k->ws, n));
+    if (!n || !(k->ws = kn_cuda_arena_alloc(k, n, 0)))
+        kn_cuda_fail("kn_cuda_workspace", "out of device memory", __FILE__, __LINE__);
     k->ws_bytes = n;
     return k->ws;
 }
@@ -47,21 +52,12 @@ static void cuda_zero(kn_ctx *k, void *p, size_t bytes)
 
 static void *cuda_alloc(kn_ctx *k, size_t bytes)
 {
-    size_t n = round64(bytes);
-    void *p = NULL;
-    if (!n || cudaMalloc(&p, n) != cudaSuccess) {
-        cudaGetLastError(); /* clear the error: the caller sees NULL */
-        return NULL;
-    }
-    cuda_zero(k, p, n); /* cudaMalloc memory is 256-byte aligned */
-    return p;
+    return kn_cuda_arena_alloc(k, bytes, 1); /* arena.cu: 256-byte aligned, zero-filled */
 }
 
 static void cuda_free(kn_ctx *k, void *p)
 {
-    if (!p) return;
-    CUDA_CHECK(cudaStreamSynchronize(kn_stream(k))); /* queued work using p ends first */
-    CUDA_CHECK(cudaFree(p));
+    kn_cuda_arena_free(k, p); /* waits for queued work using p first */
 }
 
 /* Both copies wait for the stream: the caller may reuse or read its host
@@ -163,6 +159,10 @@ static const kn_ops kn_cuda_ops = {
     /* .attention_state_floats = */ kn_cuda_attention_state_floats,
     /* .matmul_gelu_forward = */ kn_cuda_matmul_gelu_forward,
     /* .matmul_backward_gelu = */ kn_cuda_matmul_backward_gelu,
+    /* .prof_begin = */ kn_cuda_prof_begin,
+    /* .prof_end = */ kn_cuda_prof_end,
+    /* .prof_collect = */ kn_cuda_prof_collect,
+    /* .memory_stats = */ kn_cuda_memory_stats,
 };
 
 /* Fails (NULL, message in err) when there is no usable device. */
@@ -176,6 +176,21 @@ kn_ctx *kn_cuda_create(int threads, char *err, size_t errlen)
             snprintf(err, errlen, "no CUDA device (%s)",
                      e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount gave 0");
         cudaGetLastError();
+        return NULL;
+    }
+    /* The matmuls' arithmetic (cuda.cuh); PLIANT_TF32=1 is the older way to ask for tf32. */
+    const char *prec = getenv("PLIANT_PRECISION");
+    if (!prec || !*prec) {
+        const char *tf32 = getenv("PLIANT_TF32");
+        prec = tf32 && !strcmp(tf32, "1") ? "tf32" : "bf16";
+    }
+    const char *precision = !strcmp(prec, "bf16")   ? "bf16"
+                            : !strcmp(prec, "tf32") ? "tf32"
+                            : !strcmp(prec, "fp32") ? "fp32"
+                                                    : NULL;
+    if (!precision) {
+        if (err && errlen)
+            snprintf(err, errlen, "PLIANT_PRECISION=%s: expected bf16, fp32 or tf32", prec);
         return NULL;
     }
     kn_ctx *k = (kn_ctx *)calloc(1, sizeof *k);
@@ -203,10 +218,17 @@ kn_ctx *kn_cuda_create(int threads, char *err, size_t errlen)
         if (err && errlen) snprintf(err, errlen, "cublasSetStream: %s", cublasGetStatusString(s));
         goto fail_quiet;
     }
-    {
-        const char *tf32 = getenv("PLIANT_TF32");
-        c->compute = tf32 && !strcmp(tf32, "1") ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-        k->precision = c->compute == CUBLAS_COMPUTE_32F ? "fp32" : "tf32";
+    k->precision = precision;
+    c->bf16 = !strcmp(precision, "bf16");
+    c->compute = !strcmp(precision, "tf32") ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    if (strcmp(precision, "fp32")) { /* bf16 and tf32: the linear layers run on cuBLASLt */
+        if ((s = cublasLtCreate(&c->lt)) != CUBLAS_STATUS_SUCCESS) {
+            if (err && errlen) snprintf(err, errlen, "cublasLtCreate: %s", cublasGetStatusString(s));
+            goto fail_quiet;
+        }
+        step = "cudaMalloc (cuBLASLt workspace)";
+        c->lt_ws_bytes = (size_t)32 << 20; /* what NVIDIA suggests for Hopper */
+        if ((e = cudaMalloc(&c->lt_ws, c->lt_ws_bytes)) != cudaSuccess) goto fail_cuda;
     }
     return k;
 fail_cuda:
@@ -216,6 +238,8 @@ fail:
     if (err && errlen) snprintf(err, errlen, "%s", step);
 fail_quiet:
     if (c) {
+        if (c->lt_ws) cudaFree(c->lt_ws);
+        if (c->lt) cublasLtDestroy(c->lt);
         if (c->blas) cublasDestroy(c->blas);
         if (c->host_sum) cudaFreeHost(c->host_sum);
         if (c->stream) cudaStreamDestroy(c->stream);

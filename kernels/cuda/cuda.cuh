@@ -7,9 +7,15 @@
  * return as soon as their work is queued; kn_to_host, the sums and kn_sync
  * wait for the stream.
  *
- * Precision: fp32 everywhere. Matmuls use cuBLAS in plain fp32 unless the
- * environment has PLIANT_TF32=1 at kn_create (TF32 tensor cores: about
- * 1e-3 relative error per product, several times faster).
+ * Precision (kn_precision), from PLIANT_PRECISION at kn_create: bf16 (the
+ * default), tf32 or fp32 (PLIANT_TF32=1 alone still means tf32; another value
+ * fails kn_create). Memory stays fp32 in every mode. bf16: each linear layer
+ * (matmul.cu) converts its operands to bf16 in the workspace and runs a
+ * cuBLASLt GEMM with fp32 accumulation and fp32 output, bias and GELU fused
+ * in its epilogue (about 4e-3 relative error per product). tf32: the same
+ * cuBLASLt calls on fp32 operands with TF32 products (about 1e-3). fp32: plain
+ * cublasGemmEx and separate bias/GELU kernels, the reference. The other GEMMs
+ * (kn_cuda_gemm*) are fp32, TF32 only in tf32 mode.
  *
  * Errors: the kernels return void, so a failed CUDA or cuBLAS call prints
  * what failed and where, and aborts (a half-done step must not go unnoticed).
@@ -17,6 +23,7 @@
 #ifndef PLIANT_KERNELS_CUDA_CUH
 #define PLIANT_KERNELS_CUDA_CUH
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -28,8 +35,17 @@ struct kn_cuda {
     int device;
     cudaStream_t stream;
     cublasHandle_t blas;
-    cublasComputeType_t compute; /* CUBLAS_COMPUTE_32F, or _32F_FAST_TF32 with PLIANT_TF32=1 */
+    cublasComputeType_t compute; /* CUBLAS_COMPUTE_32F, or _32F_FAST_TF32 in tf32 mode */
+    bool bf16;                   /* bf16 mode: linear layers on bf16 copies of their operands */
+    cublasLtHandle_t lt;         /* bf16 and tf32 modes: the linear layers' GEMMs; NULL in fp32 */
+    void *lt_ws;                 /* cuBLASLt's own workspace, lt_ws_bytes */
+    size_t lt_ws_bytes;
+    void *lt_cache;              /* matmul.cu's heuristic results per shape (free()d at destroy) */
     double *host_sum;            /* pinned, the result of a reduction */
+    struct kn_arena *arena;      /* device memory (arena.cu); made at the first allocation */
+    cudaEvent_t *prof_ev;        /* kernel timing (profile.cu): events 2i, 2i+1 bracket call i */
+    int *prof_op;                /* the kernel of each recorded call */
+    int prof_n, prof_cap;        /* calls recorded, calls the pool holds */
 };
 
 void kn_cuda_fail(const char *what, const char *detail, const char *file, int line);
@@ -59,6 +75,20 @@ static inline unsigned kn_blocks(size_t n, int threads)
     size_t b = (n + (size_t)threads - 1) / (size_t)threads;
     return (unsigned)(b < 1 ? 1 : b > 65535u * 32u ? 65535u * 32u : b);
 }
+
+/* Device memory from the context's arena (arena.cu): 256-byte aligned blocks,
+ * zero-filled on the stream when `zero`; NULL when the device is out of memory.
+ * kn_cuda_arena_free waits for the stream, then returns the block. */
+void *kn_cuda_arena_alloc(kn_ctx *k, size_t bytes, int zero);
+void kn_cuda_arena_free(kn_ctx *k, void *p);
+void kn_cuda_arena_destroy(kn_ctx *k); /* gives every chunk back (teardown) */
+int kn_cuda_memory_stats(kn_ctx *k, kn_mem_stats *out);
+
+/* Kernel timing (profile.cu), the kn_ops entries behind kn_profile_enable. */
+void kn_cuda_prof_begin(kn_ctx *k);
+void kn_cuda_prof_end(kn_ctx *k, int op);
+void kn_cuda_prof_collect(kn_ctx *k);
+void kn_cuda_prof_destroy(kn_ctx *k); /* teardown */
 
 /* The device workspace, grown to at least `bytes` (contents undefined; valid
  * until the next call, which waits for queued work before freeing a buffer
@@ -97,7 +127,7 @@ void kn_cuda_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbia
 void kn_cuda_attention_forward(kn_ctx *k, float *out, float *att, const float *qkv, int B, int T,
                                int C, int NH);
 void kn_cuda_attention_backward(kn_ctx *k, float *dqkv, const float *dout, const float *qkv,
-                                const float *att, int B, int T, int C, int NH);
+                                const float *att, const float *out, int B, int T, int C, int NH);
 size_t kn_cuda_attention_state_floats(kn_ctx *k, int B, int T, int NH);
 void kn_cuda_matmul_gelu_forward(kn_ctx *k, float *out, float *pre, const float *inp,
                                  const float *weight, const float *bias, int BT, int C, int OC);
@@ -119,6 +149,22 @@ void kn_cuda_adamw_update(kn_ctx *k, float *params, const float *grads, float *m
                           float weight_decay, float grad_scale, int t);
 double kn_cuda_sum_squares(kn_ctx *k, const float *x, size_t n);
 double kn_cuda_sum(kn_ctx *k, const float *x, size_t n);
+
+/* GELU, tanh approximation, and its derivative (kernels/cpu/gelu.c). */
+#define KN_GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
+#define KN_GELU_C 0.044715f
+
+__device__ static inline float kn_gelu(float x)
+{
+    return 0.5f * x * (1.0f + tanhf(KN_GELU_SCALE * (x + KN_GELU_C * x * x * x)));
+}
+
+__device__ static inline float kn_gelu_grad(float x)
+{
+    float th = tanhf(KN_GELU_SCALE * (x + KN_GELU_C * x * x * x));
+    float sech2 = 1.0f - th * th;
+    return 0.5f * (1.0f + th) + x * 0.5f * sech2 * KN_GELU_SCALE * (1.0f + 3.0f * KN_GELU_C * x * x);
+}
 
 /* Warp-level sum and max (all 32 lanes get the result). */
 __device__ static inline float warp_sum(float v)

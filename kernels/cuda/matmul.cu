@@ -1,13 +1,97 @@
-/* Linear layers through cuBLAS (kernels/cpu/matmul.c). Row-major [R, C]
- * matrices are column-major [C, R] to cuBLAS, so out = inp · Wᵀ becomes
- * outᵀ = W'ᵀ · inp' with the primes the column-major views.
+/* Linear layers (kernels/cpu/matmul.c) and the MLP's fused matmul + GELU pair
+ * (kernels/cpu/gelu.c), in the context's precision (cuda.cuh):
+ *   bf16  the fp32 operands are converted to bf16 in the workspace (each once
+ *         per call: the backward's weight and dout serve both of its GEMMs)
+ *         and cuBLASLt multiplies them with fp32 accumulation into fp32
+ *         output, bias and GELU done by its epilogue;
+ *   tf32  the same cuBLASLt calls on the fp32 operands, TF32 products;
+ *   fp32  cublasGemmEx in fp32 and separate bias / GELU kernels (the
+ *         reference: nothing approximated by an epilogue).
+ * A GEMM that cuBLASLt cannot take (a pointer or a leading dimension that is
+ * not a multiple of 16 bytes, the GELU matrix's leading dimension not a
+ * multiple of 8 elements, or no algorithm from its heuristic) runs as
+ * cublasGemmEx on the same operand types plus the separate kernels.
  *
- * Bias is added by filling out with it and accumulating the product (β = 1);
- * the fused alternative is a cuBLASLt matmul with the BIAS (or GELU_BIAS)
- * epilogue, which also saves the GELU pass after the fc layer. */
+ * Layouts. A row-major [R, K] matrix is a column-major [K, R] one with
+ * leading dimension K, so each product is written for cuBLAS on those views
+ * (' marks the column-major view, m × n the output, k the inner size):
+ *   forward  out'[OC, BT]   = (W'[C, OC])ᵀ · inp'[C, BT]     m OC, n BT, k C
+ *   dinp     dinp'[C, BT]  += W'[C, OC] · dout'[OC, BT]      m C,  n BT, k OC
+ *   dweight  dW'[C, OC]    += inp'[C, BT] · (dout'[OC, BT])ᵀ  m C,  n OC, k BT
+ * The BIAS epilogue adds a vector of m = OC entries down every column of
+ * out', i.e. to every row of out; the GELU epilogues' auxiliary matrix (pre)
+ * has the layout of the output (leading dimension m).
+ *
+ * dbias stays a separate, deterministic column sum: the BGRADB epilogue
+ * overwrites its vector, and kernels.h accumulates into dbias. */
+#include <cuda_bf16.h>
+#include <stdint.h>
+#include <string.h>
+
 #include "cuda.cuh"
 
 #define BIAS_ROWS 256 /* rows of dout per block of the dbias partial sums */
+/* The backward converts dout and inp to bf16 in chunks of rows so that its
+ * workspace stays near this size (the LM head's dout is BT × 50304). */
+#define BWD_BF16_BYTES ((size_t)256 << 20)
+#define LT_CACHE_SIZE 128 /* heuristic results remembered per context */
+
+static size_t round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+/* The largest power of two (≤ 256) that divides the address. */
+static unsigned align_of(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    unsigned al = 1;
+    while (al < 256 && !(a & al)) al <<= 1;
+    return al;
+}
+
+/* ---- fp32 → bf16 (round to nearest even) ------------------------------------ */
+
+static __device__ inline unsigned bf16_pair(float lo, float hi)
+{
+    return (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
+           (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16;
+}
+
+/* 4 floats in (16 bytes), 4 bf16 out (8 bytes) per step; little-endian, so
+ * the lower half of each word is the earlier element. */
+__global__ static void to_bf16_vec_kernel(uint2 *dst, const float4 *src, size_t n4)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float4 v = src[i];
+        dst[i] = make_uint2(bf16_pair(v.x, v.y), bf16_pair(v.z, v.w));
+    }
+}
+
+__global__ static void to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+/* dst[0, n) = bf16(src[0, n)); dst is 256-byte aligned (carved from the
+ * workspace), src may be anywhere (a parameter inside the parameter block). */
+static const void *to_bf16(kn_ctx *k, void *dst, const float *src, size_t n)
+{
+    size_t n4 = (uintptr_t)src % 16 == 0 ? n / 4 : 0;
+    if (n4) {
+        to_bf16_vec_kernel<<<kn_blocks(n4, 256), 256, 0, kn_stream(k)>>>(
+            (uint2 *)dst, (const float4 *)src, n4);
+        CUDA_LAUNCHED();
+    }
+    if (n > 4 * n4) {
+        to_bf16_kernel<<<kn_blocks(n - 4 * n4, 256), 256, 0, kn_stream(k)>>>(
+            (__nv_bfloat16 *)dst + 4 * n4, src + 4 * n4, n - 4 * n4);
+        CUDA_LAUNCHED();
+    }
+    return dst;
+}
+
+/* ---- the separate kernels (fp32 mode and the fallback) ---------------------- */
 
 __global__ static void fill_bias_kernel(float *out, const float *bias, int OC, size_t n)
 {
@@ -16,20 +100,290 @@ __global__ static void fill_bias_kernel(float *out, const float *bias, int OC, s
         out[i] = bias[i % OC];
 }
 
-void kn_cuda_matmul_forward(kn_ctx *k, float *out, const float *inp, const float *weight,
-                            const float *bias, int BT, int C, int OC)
+/* On the column-major m × cols matrices pre and out (leading dimension ld):
+ * pre += bias (per row; bias may be NULL), out = gelu(pre). */
+__global__ static void bias_gelu_kernel(float *out, float *pre, const float *bias, int m, int ld,
+                                        size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t col = i / (size_t)m, at = col * (size_t)ld + (i - col * (size_t)m);
+        float x = pre[at];
+        if (bias) x += bias[i - col * (size_t)m];
+        pre[at] = x;
+        out[at] = kn_gelu(x);
+    }
+}
+
+/* d ⊙= gelu'(pre), both column-major m × cols with leading dimension ld. */
+__global__ static void gelu_scale_kernel(float *d, const float *pre, int m, int ld, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t col = i / (size_t)m, at = col * (size_t)ld + (i - col * (size_t)m);
+        d[at] *= kn_gelu_grad(pre[at]);
+    }
+}
+
+/* ---- one GEMM with its epilogue ---------------------------------------------- */
+
+enum {
+    EPI_NONE,  /* D = op(A)·op(B) + beta·D */
+    EPI_BIAS,  /* D = op(A)·op(B) + bias (beta 0) */
+    EPI_GELU,  /* aux = op(A)·op(B) + bias (bias may be NULL), D = gelu(aux) (beta 0) */
+    EPI_DGELU, /* D = (op(A)·op(B)) ⊙ gelu'(aux) (beta 0) */
+};
+
+/* Column-major sizes as cuBLAS sees them. A and B are bf16 in bf16 mode, fp32
+ * otherwise; D, bias and aux are fp32; aux has D's leading dimension. */
+typedef struct {
+    bool ta, tb;
+    int m, n, k;
+    const void *A;
+    int lda;
+    const void *B;
+    int ldb;
+    float beta;
+    float *D;
+    int ldd;
+    int epi;
+    const float *bias;
+    float *aux; /* written by EPI_GELU, read by EPI_DGELU */
+} mm_job;
+
+static cudaDataType_t ab_type(kn_ctx *k) { return k->cuda->bf16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+static void gemm_ex(kn_ctx *k, const mm_job *j, float beta, float *D)
+{
+    const float alpha = 1.0f;
+    cudaDataType_t t = ab_type(k);
+    CUBLAS_CHECK(cublasGemmEx(k->cuda->blas, j->ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                              j->tb ? CUBLAS_OP_T : CUBLAS_OP_N, j->m, j->n, j->k, &alpha, j->A, t,
+                              j->lda, j->B, t, j->ldb, &beta, D, CUDA_R_32F, j->ldd,
+                              k->cuda->compute, CUBLAS_GEMM_DEFAULT));
+}
+
+/* cublasGemmEx and the separate kernels. */
+static void mm_fallback(kn_ctx *k, const mm_job *j)
+{
+    size_t n = (size_t)j->m * (size_t)j->n;
+    switch (j->epi) {
+    case EPI_NONE:
+        gemm_ex(k, j, j->beta, j->D);
+        break;
+    case EPI_BIAS: /* D is contiguous here (ldd = m): fill it with bias, add the product */
+        fill_bias_kernel<<<kn_blocks(n, 256), 256, 0, kn_stream(k)>>>(j->D, j->bias, j->m, n);
+        CUDA_LAUNCHED();
+        gemm_ex(k, j, 1.0f, j->D);
+        break;
+    case EPI_GELU:
+        gemm_ex(k, j, 0.0f, j->aux);
+        bias_gelu_kernel<<<kn_blocks(n, 256), 256, 0, kn_stream(k)>>>(j->D, j->aux, j->bias, j->m,
+                                                                      j->ldd, n);
+        CUDA_LAUNCHED();
+        break;
+    case EPI_DGELU:
+        gemm_ex(k, j, 0.0f, j->D);
+        gelu_scale_kernel<<<kn_blocks(n, 256), 256, 0, kn_stream(k)>>>(j->D, j->aux, j->m, j->ldd,
+                                                                       n);
+        CUDA_LAUNCHED();
+        break;
+    }
+}
+
+/* Heuristic results per problem: the key holds everything the choice depends
+ * on, the alignments of the pointers included (the heuristic reads the bias
+ * and aux pointers' values for theirs, and is told A's to D's). */
+#define LT_KEY 16
+typedef struct {
+    int key[LT_KEY];
+    bool ok; /* false: no algorithm, take the fallback */
+    cublasLtMatmulAlgo_t algo;
+} lt_entry;
+
+typedef struct {
+    int used, next; /* entries filled; the one to replace when full */
+    lt_entry e[LT_CACHE_SIZE];
+} lt_cache;
+
+static void set_attr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void *v,
+                     size_t bytes)
+{
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, a, v, bytes));
+}
+
+static const char *epi_name(int epi)
+{
+    return epi == EPI_BIAS ? "BIAS" : epi == EPI_GELU ? "GELU_AUX" : epi == EPI_DGELU ? "DGELU" : "none";
+}
+
+/* The GEMM through cuBLASLt; false (nothing queued) when it cannot take it. */
+static bool mm_lt(kn_ctx *k, const mm_job *j)
+{
+    struct kn_cuda *c = k->cuda;
+    if (!c->lt) return false;
+    const size_t es = c->bf16 ? 2 : 4;
+    const bool has_aux = j->epi == EPI_GELU || j->epi == EPI_DGELU;
+    const bool has_bias = (j->epi == EPI_BIAS || j->epi == EPI_GELU) && j->bias;
+    /* 16-byte rows and pointers: what the tensor-core kernels load with */
+    if ((uintptr_t)j->A % 16 || (uintptr_t)j->B % 16 || (uintptr_t)j->D % 16) return false;
+    if (((size_t)j->lda * es) % 16 || ((size_t)j->ldb * es) % 16 || ((size_t)j->ldd * 4) % 16)
+        return false;
+    if (has_bias && (uintptr_t)j->bias % 16) return false;
+    if (has_aux && ((uintptr_t)j->aux % 16 || j->ldd % 8)) return false; /* aux ld: multiple of 8 */
+
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+    if (j->epi == EPI_BIAS) epi = CUBLASLT_EPILOGUE_BIAS;
+    if (j->epi == EPI_GELU) epi = has_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    if (j->epi == EPI_DGELU) epi = CUBLASLT_EPILOGUE_DGELU;
+    const float alpha = 1.0f, beta = j->epi == EPI_NONE ? j->beta : 0.0f;
+    const unsigned alA = align_of(j->A), alB = align_of(j->B), alD = align_of(j->D);
+
+    int key[LT_KEY] = {(int)epi,   j->ta, j->tb,      j->m,       j->n,
+                       j->k,       j->lda, j->ldb,    j->ldd,     beta != 0.0f,
+                       (int)alA,   (int)alB, (int)alD,
+                       has_bias ? (int)align_of(j->bias) : 0, has_aux ? (int)align_of(j->aux) : 0,
+                       (int)c->compute};
+    if (!c->lt_cache) {
+        c->lt_cache = calloc(1, sizeof(lt_cache));
+        if (!c->lt_cache) kn_cuda_fail("calloc", "out of memory", __FILE__, __LINE__);
+    }
+    lt_cache *cache = (lt_cache *)c->lt_cache;
+    lt_entry *hit = NULL;
+    for (int i = 0; i < cache->used && !hit; i++)
+        if (!memcmp(cache->e[i].key, key, sizeof key)) hit = &cache->e[i];
+    if (hit && !hit->ok) return false;
+
+    cudaDataType_t t = ab_type(k);
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, ld;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, c->compute, CUDA_R_32F));
+    cublasOperation_t ta = j->ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = j->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    set_attr(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+    set_attr(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+    set_attr(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+    if (has_bias) {
+        const void *bias = j->bias; /* fp32: the bias type defaults to D's */
+        set_attr(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+    }
+    if (has_aux) { /* fp32 as well: the aux type defaults to D's */
+        void *aux = j->aux;
+        int64_t aux_ld = j->ldd;
+        set_attr(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
+        set_attr(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld);
+    }
+    /* stored shapes: op(A) is m × k, op(B) is k × n */
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, t, j->ta ? j->k : j->m, j->ta ? j->m : j->k, j->lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, t, j->tb ? j->n : j->k, j->tb ? j->k : j->n, j->ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, j->m, j->n, j->ldd));
+
+    if (!hit) {
+        cublasLtMatmulPreference_t pref;
+        CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        uint64_t ws = c->lt_ws_bytes;
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+        const cublasLtMatmulPreferenceAttributes_t al_attr[4] = {
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+        const uint32_t al_val[4] = {alA, alB, alD, alD}; /* C is D */
+        for (int i = 0; i < 4; i++)
+            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, al_attr[i], &al_val[i],
+                                                              sizeof al_val[i]));
+        cublasLtMatmulHeuristicResult_t res;
+        memset(&res, 0, sizeof res);
+        int found = 0;
+        cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, ld, ld, pref, 1, &res,
+                                                          &found);
+        CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+        if (cache->used < LT_CACHE_SIZE) {
+            hit = &cache->e[cache->used++];
+        } else { /* full: replace the oldest */
+            hit = &cache->e[cache->next];
+            cache->next = (cache->next + 1) % LT_CACHE_SIZE;
+        }
+        memcpy(hit->key, key, sizeof key);
+        hit->ok = s == CUBLAS_STATUS_SUCCESS && found > 0 && res.state == CUBLAS_STATUS_SUCCESS &&
+                  res.workspaceSize <= c->lt_ws_bytes;
+        hit->algo = res.algo;
+        if (!hit->ok) /* unexpected for an aligned problem: say so once per shape */
+            fprintf(stderr,
+                    "pliant kernels (cuda): no cuBLASLt algorithm for epilogue %s, m %d n %d k %d "
+                    "(%s): cublasGemmEx and separate kernels instead\n",
+                    epi_name(j->epi), j->m, j->n, j->k,
+                    s != CUBLAS_STATUS_SUCCESS ? cublasGetStatusString(s) : "none found");
+    }
+    if (hit->ok) {
+        cublasStatus_t s = cublasLtMatmul(c->lt, op, &alpha, j->A, la, j->B, lb, &beta, j->D, ld,
+                                          j->D, ld, &hit->algo, c->lt_ws, c->lt_ws_bytes,
+                                          kn_stream(k));
+        /* a refusal queues nothing: take the fallback from now on, and say so once */
+        if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) {
+            hit->ok = false;
+            fprintf(stderr,
+                    "pliant kernels (cuda): cublasLtMatmul refused epilogue %s, m %d n %d k %d "
+                    "(%s): cublasGemmEx and separate kernels instead\n",
+                    epi_name(j->epi), j->m, j->n, j->k, cublasGetStatusString(s));
+        } else if (s != CUBLAS_STATUS_SUCCESS) {
+            kn_cuda_fail("cublasLtMatmul", cublasGetStatusString(s), __FILE__, __LINE__);
+        }
+    }
+    bool ok = hit->ok;
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(ld));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
+    CUBLAS_CHECK(cublasLtMatmulDescDestroy(op));
+    return ok;
+}
+
+static void mm(kn_ctx *k, const mm_job *j)
+{
+    if (!mm_lt(k, j)) mm_fallback(k, j);
+}
+
+/* ---- the kernels.h functions -------------------------------------------------- */
+
+/* out = inp·Wᵀ + bias, or with pre: pre = inp·Wᵀ + bias and out = gelu(pre). */
+static void forward(kn_ctx *k, float *out, float *pre, const float *inp, const float *weight,
+                    const float *bias, int BT, int C, int OC)
 {
     if (BT <= 0 || OC <= 0) return;
     size_t n = (size_t)BT * OC;
-    if (bias) {
-        fill_bias_kernel<<<kn_blocks(n, 256), 256, 0, kn_stream(k)>>>(out, bias, OC, n);
-        CUDA_LAUNCHED();
-    } else if (C <= 0) {
-        CUDA_CHECK(cudaMemsetAsync(out, 0, n * sizeof(float), kn_stream(k)));
+    if (C <= 0) { /* no product: bias or 0 */
+        float *dst = pre ? pre : out;
+        if (bias) {
+            fill_bias_kernel<<<kn_blocks(n, 256), 256, 0, kn_stream(k)>>>(dst, bias, OC, n);
+            CUDA_LAUNCHED();
+        } else {
+            CUDA_CHECK(cudaMemsetAsync(dst, 0, n * sizeof(float), kn_stream(k)));
+        }
+        if (pre) kn_cuda_gelu_forward(k, out, pre, n);
+        return;
     }
-    if (C > 0) /* outᵀ[OC, BT] = Wᵀ' · inp' */
-        kn_cuda_gemm(k, true, false, OC, BT, C, 1.0f, weight, C, inp, C, bias ? 1.0f : 0.0f,
-                     out, OC);
+    const void *A = weight, *B = inp;
+    if (k->cuda->bf16) {
+        size_t nw = (size_t)OC * C, ni = (size_t)BT * C;
+        char *ws = (char *)kn_cuda_workspace(k, round256(nw * 2) + round256(ni * 2));
+        A = to_bf16(k, ws, weight, nw);
+        B = to_bf16(k, ws + round256(nw * 2), inp, ni);
+    }
+    mm_job j = {};
+    j.ta = true; /* out'[OC, BT] = (W'[C, OC])ᵀ · inp'[C, BT] */
+    j.tb = false;
+    j.m = OC;
+    j.n = BT;
+    j.k = C;
+    j.A = A;
+    j.lda = C;
+    j.B = B;
+    j.ldb = C;
+    j.beta = 0.0f;
+    j.D = out;
+    j.ldd = OC;
+    j.epi = pre ? EPI_GELU : bias ? EPI_BIAS : EPI_NONE;
+    j.bias = bias;
+    j.aux = pre;
+    mm(k, &j);
 }
 
 /* partial[blockIdx.y][c] = Σ of dout[r, c] over the block's BIAS_ROWS rows;
@@ -51,21 +405,120 @@ __global__ static void bias_partial_kernel(float *partial, const float *dout, in
     }
 }
 
-void kn_cuda_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                             const float *dout, const float *inp, const float *weight, int BT,
-                             int C, int OC)
+/* dinp += dout·W, or with pre: dinp = (dout·W) ⊙ gelu'(pre) (overwritten);
+ * dweight += doutᵀ·inp; dbias += column sums of dout. */
+static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
+                     const float *inp, const float *weight, const float *pre, int BT, int C,
+                     int OC)
 {
     if (BT <= 0 || OC <= 0 || C < 0) return;
-    if (dinp && C > 0) /* dinpᵀ[C, BT] += W' · dout' */
-        kn_cuda_gemm(k, false, false, C, BT, OC, 1.0f, weight, C, dout, OC, 1.0f, dinp, C);
-    if (dweight && C > 0) /* dWᵀ[C, OC] += inp' · dout'ᵀ */
-        kn_cuda_gemm(k, false, true, C, OC, BT, 1.0f, inp, C, dout, OC, 1.0f, dweight, C);
+    const bool gemms = C > 0 && (dinp || dweight);
+    const bool conv = k->cuda->bf16 && gemms;
+    /* bf16 copies: W (for dinp) once, then dout and inp a chunk of rows at a time */
+    size_t w_bytes = conv && dinp ? round256((size_t)OC * C * 2) : 0;
+    size_t row_bytes = 2 * ((size_t)OC + (dweight ? (size_t)C : 0));
+    int rows = BT;
+    if (conv && w_bytes + (size_t)BT * row_bytes > BWD_BF16_BYTES) {
+        size_t room = BWD_BF16_BYTES > 2 * w_bytes ? BWD_BF16_BYTES - w_bytes : BWD_BF16_BYTES / 2;
+        size_t r = room / row_bytes / 64 * 64; /* chunks start at multiples of 64 rows: aligned */
+        if (r < 64) r = 64;
+        if (r < (size_t)BT) rows = (int)r;
+    }
+    size_t dout_bytes = round256((size_t)rows * OC * 2);
+    size_t inp_bytes = dweight ? round256((size_t)rows * C * 2) : 0;
+    size_t conv_bytes = conv ? w_bytes + dout_bytes + inp_bytes : 0;
+    int parts = (BT + BIAS_ROWS - 1) / BIAS_ROWS;
+    size_t partial_bytes = dbias ? (size_t)parts * OC * sizeof(float) : 0;
+    if (!conv_bytes && !partial_bytes && !gemms) return;
+    char *ws = NULL;
+    if (conv_bytes || partial_bytes)
+        ws = (char *)kn_cuda_workspace(k, conv_bytes > partial_bytes ? conv_bytes : partial_bytes);
+
+    /* dbias first, from the fp32 dout: the stream runs it before the bf16
+     * copies below overwrite its partial sums in the workspace */
     if (dbias) {
-        int parts = (BT + BIAS_ROWS - 1) / BIAS_ROWS;
-        float *partial = (float *)kn_cuda_workspace(k, (size_t)parts * OC * sizeof(float));
+        float *partial = (float *)ws;
         dim3 grid((OC + 31) / 32, parts), block(32, 8);
         bias_partial_kernel<<<grid, block, 0, kn_stream(k)>>>(partial, dout, BT, OC);
         CUDA_LAUNCHED();
         kn_cuda_sum_partials(k, dbias, partial, parts, OC);
     }
+    if (!gemms) return;
+    const void *W = weight;
+    if (conv && dinp) W = to_bf16(k, ws, weight, (size_t)OC * C);
+    for (int r0 = 0; r0 < BT; r0 += rows) {
+        int R = BT - r0 < rows ? BT - r0 : rows;
+        const float *dout_r = dout + (size_t)r0 * OC, *inp_r = inp + (size_t)r0 * C;
+        const void *Dr = dout_r, *Ir = inp_r;
+        if (conv) {
+            Dr = to_bf16(k, ws + w_bytes, dout_r, (size_t)R * OC);
+            if (dweight) Ir = to_bf16(k, ws + w_bytes + dout_bytes, inp_r, (size_t)R * C);
+        }
+        if (dinp) { /* dinp'[C, R] (+)= W'[C, OC] · dout'[OC, R] */
+            mm_job j = {};
+            j.ta = false;
+            j.tb = false;
+            j.m = C;
+            j.n = R;
+            j.k = OC;
+            j.A = W;
+            j.lda = C;
+            j.B = Dr;
+            j.ldb = OC;
+            j.D = dinp + (size_t)r0 * C;
+            j.ldd = C;
+            if (pre) {
+                j.epi = EPI_DGELU;
+                j.beta = 0.0f;
+                j.aux = (float *)(pre + (size_t)r0 * C); /* only read */
+            } else {
+                j.epi = EPI_NONE;
+                j.beta = 1.0f;
+            }
+            mm(k, &j);
+        }
+        if (dweight) { /* dW'[C, OC] += inp'[C, R] · (dout'[OC, R])ᵀ */
+            mm_job j = {};
+            j.ta = false;
+            j.tb = true;
+            j.m = C;
+            j.n = OC;
+            j.k = R;
+            j.A = Ir;
+            j.lda = C;
+            j.B = Dr;
+            j.ldb = OC;
+            j.beta = 1.0f;
+            j.D = dweight;
+            j.ldd = C;
+            j.epi = EPI_NONE;
+            mm(k, &j);
+        }
+    }
+}
+
+void kn_cuda_matmul_forward(kn_ctx *k, float *out, const float *inp, const float *weight,
+                            const float *bias, int BT, int C, int OC)
+{
+    forward(k, out, NULL, inp, weight, bias, BT, C, OC);
+}
+
+void kn_cuda_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
+                             const float *dout, const float *inp, const float *weight, int BT,
+                             int C, int OC)
+{
+    backward(k, dinp, dweight, dbias, dout, inp, weight, NULL, BT, C, OC);
+}
+
+void kn_cuda_matmul_gelu_forward(kn_ctx *k, float *out, float *pre, const float *inp,
+                                 const float *weight, const float *bias, int BT, int C, int OC)
+{
+    forward(k, out, pre, inp, weight, bias, BT, C, OC);
+}
+
+void kn_cuda_matmul_backward_gelu(kn_ctx *k, float *dpre, float *dweight, float *dbias,
+                                  const float *dout, const float *inp, const float *weight,
+                                  const float *pre, int BT, int C, int OC)
+{
+    backward(k, dpre, dweight, dbias, dout, inp, weight, pre, BT, C, OC);
 }

@@ -515,7 +515,7 @@ static void test_attention_backward(void)
         float *qkv = frand(nqkv, 2), *out = tf(no), *att = tf(na);
         kn_attention_forward(ctx, out, att, qkv, B, T, C, NH);
         float *dout = frand(no, 1), *dqkv = frand(nqkv, 1), *dqkv0 = fcopy(dqkv, nqkv);
-        kn_attention_backward(ctx, dqkv, dout, qkv, att, B, T, C, NH);
+        kn_attention_backward(ctx, dqkv, dout, qkv, att, out, B, T, C, NH);
         double *qd = to_d(qkv, nqkv), *rout = td(no), *ratt = td(na), *g = td(nqkv);
         ref_attention(rout, ratt, qd, B, T, C, NH);
         ref_attention_backward(g, to_d(dout, no), qd, ratt, B, T, C, NH);
@@ -554,7 +554,7 @@ static void test_attention_causal(void)
         for (int b = 0; b < B; b++)
             for (int t = 0; t <= t0; t++)
                 for (int c = 0; c < C; c++) dout[((size_t)b * T + t) * C + c] = (float)urand();
-        kn_attention_backward(ctx, dqkv, dout, qkv, att, B, T, C, NH);
+        kn_attention_backward(ctx, dqkv, dout, qkv, att, out, B, T, C, NH);
         int zero_after = 1, nonzero_before = 0;
         for (int b = 0; b < B; b++)
             for (int t = 0; t < T; t++)
@@ -863,7 +863,7 @@ static void test_fd_attention(void)
         float *qkv = frand(nqkv, 1.5), *out = tf(no), *att = tf(na);
         float *dout = frand(no, 1), *dqkv = tf(nqkv);
         kn_attention_forward(ctx, out, att, qkv, B, T, C, NH);
-        kn_attention_backward(ctx, dqkv, dout, qkv, att, B, T, C, NH);
+        kn_attention_backward(ctx, dqkv, dout, qkv, att, out, B, T, C, NH);
         fd.B = B, fd.T = T, fd.C = C, fd.NH = NH;
         fd.x = to_d(qkv, nqkv), fd.wsum = to_d(dout, no), fd.out = td(no);
         CHECK(fd_check("fd attention dqkv", loss_attention, fd.x, nqkv, dqkv, 1e-5));
@@ -976,7 +976,7 @@ static void test_threads_agree(void)
         o[6] = tf(n), o[7] = tf((size_t)B * NH * T * T);
         kn_attention_forward(K, o[6], o[7], qkv, B, T, C, NH);
         o[8] = tf(3 * n);
-        kn_attention_backward(K, o[8], dout, qkv, o[7], B, T, C, NH);
+        kn_attention_backward(K, o[8], dout, qkv, o[7], o[6], B, T, C, NH);
         o[9] = tf(n), o[10] = fcopy(g0, n);
         kn_gelu_forward(K, o[9], x, n);
         kn_gelu_backward(K, o[10], x, dout, n);
@@ -1013,6 +1013,65 @@ static void test_threads_agree(void)
     CHECK(sums_same);
 }
 
+/* ---- kernel timing (kn_profile_*) ------------------------------------------ */
+
+static const kn_profile_entry *prof_find(const kn_profile_entry *e, int n, const char *name)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(e[i].name, name)) return &e[i];
+    return NULL;
+}
+
+/* Off: nothing is recorded. On: each kernel called is listed once with its
+ * calls and a non-negative time, longest first; reset and a short out[] work. */
+static void test_profile(void)
+{
+    char err[128];
+    kn_ctx *k = kn_create("cpu", 1, err, sizeof err);
+    CHECK(k != NULL);
+    enum { N = 2 * 8 * 16 };
+    float *a = kn_alloc(k, N * 4), *b = kn_alloc(k, N * 4), *w = kn_alloc(k, 16 * 16 * 4),
+          *out = kn_alloc(k, N * 4);
+    CHECK(a && b && w && out);
+    for (int i = 0; i < N; i++) a[i] = b[i] = 1.0f;
+    kn_profile_entry e[32], top[2];
+    kn_mem_stats ms;
+    int ok = kn_memory_stats(k, &ms) == -1; /* the CPU does not track its memory */
+
+    kn_residual_forward(k, out, a, b, N);
+    ok &= kn_profile_report(k, e, 32) == 0;
+    ok &= kn_profile_enable(k, 1) == 0;
+    for (int i = 0; i < 3; i++) kn_residual_forward(k, out, a, b, N);
+    kn_gelu_forward(k, out, a, N);
+    kn_gelu_forward(k, out, a, N);
+    kn_matmul_forward(k, out, a, w, NULL, 16, 16, 16);
+    ok &= kn_sum(k, b, N) == (double)N; /* the timed call still returns its value */
+    kn_zero(k, out, N * 4);
+    int n = kn_profile_report(k, e, 32);
+    ok &= n == 5;
+    const char *names[] = {"residual_forward", "gelu_forward", "matmul_forward", "sum", "zero"};
+    const long long calls[] = {3, 2, 1, 1, 1};
+    for (int i = 0; i < 5 && ok; i++) {
+        const kn_profile_entry *p = prof_find(e, n, names[i]);
+        ok &= p && p->calls == calls[i] && p->ms >= 0.0;
+    }
+    for (int i = 1; i < n && ok; i++) ok &= e[i - 1].ms >= e[i].ms;
+    ok &= kn_profile_report(k, top, 2) == 5 && !strcmp(top[0].name, e[0].name) &&
+          !strcmp(top[1].name, e[1].name);
+
+    ok &= kn_profile_enable(k, 0) == 0; /* off again: totals stay, nothing added */
+    kn_gelu_forward(k, out, a, N);
+    ok &= kn_profile_report(k, e, 32) == 5 && prof_find(e, 5, "gelu_forward")->calls == 2;
+    kn_profile_reset(k);
+    ok &= kn_profile_report(k, e, 32) == 0;
+    kn_free(k, a);
+    kn_free(k, b);
+    kn_free(k, w);
+    kn_free(k, out);
+    kn_destroy(k);
+    CHECK(ok);
+}
+
 TEST_MAIN_BEGIN
     char err[128];
     ctx = kn_create("cpu", 2, err, sizeof err);
@@ -1042,6 +1101,7 @@ TEST_MAIN_BEGIN
     RUN(test_fd_crossentropy);
     RUN(test_fd_encoder);
     RUN(test_threads_agree);
+    RUN(test_profile);
     arena_reset();
     kn_destroy(ctx);
 TEST_MAIN_END
