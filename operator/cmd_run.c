@@ -63,6 +63,8 @@ typedef struct {
     /* what a worker is started with */
     pl_backend *be;
     const char *exe, *job_path, *thr, *token, *backend;
+    int devices[MAX_WORKERS]; /* --devices: worker i sees GPU devices[i mod ndevices] */
+    int ndevices;
     const char *ckpt_dir; /* the job's checkpoint.dir, or --checkpoint-dir */
 } run_state;
 
@@ -70,11 +72,29 @@ static void run_usage(FILE *f)
 {
     fprintf(f, "usage: pliant run JOB.yaml --workers N [--gpus-per-worker M] [--steps N]\n"
                "                 [--metrics FILE] [--threads T] [--backend auto|cpu|cuda]\n"
+               "                 [--devices 0,1,...]\n"
                "                 [--chaos SPEC] [--duration SECONDS] [--checkpoint-dir DIR]\n"
                "  --duration: stop after that long (benchmarks), dropping the step in flight\n"
                "  SPEC: comma-separated kill:W@step=S, term:W@step=S, add:K@step=S\n"
                "        (or @t=SECONDS, or @waiting: when too few workers are left), trace:FILE[:SPEEDUP];\n"
                "        W: worker number in start order\n");
+}
+
+/* --devices 0,1,3: GPU ordinals, worker i gets CUDA_VISIBLE_DEVICES=list[i mod n]
+ * (one GPU each, so that NCCL can join them; several workers may share one). */
+static int parse_devices(const char *s, int *out, int *n, char *err, size_t errlen)
+{
+    *n = 0;
+    for (const char *p = s;;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v > 1023 || (*end && *end != ','))
+            return pl_errf(err, errlen, "--devices: expected GPU numbers like 0,1,2, not '%s'", s);
+        if (*n == MAX_WORKERS) return pl_errf(err, errlen, "--devices: at most %d", MAX_WORKERS);
+        out[(*n)++] = (int)v;
+        if (!*end) return 0;
+        p = end + 1;
+    }
 }
 
 static run_worker *find_worker(run_state *r, const char *name)
@@ -94,7 +114,7 @@ static const char *admit(void *user, const char *name)
  * registers it; each local worker is its own node. */
 static int spawn_worker(run_state *r, int i, char *err, size_t errlen)
 {
-    char e[6][PL_PATH_MAX + 64];
+    char e[7][PL_PATH_MAX + 64];
     pl_ctl_server *srv = pl_coord_session_server(r->session);
     snprintf(e[0], sizeof e[0], "PLIANT_COORDINATOR=127.0.0.1:%d", pl_ctl_server_port(srv));
     snprintf(e[1], sizeof e[1], "PLIANT_TOKEN=%s", r->token);
@@ -102,7 +122,14 @@ static int spawn_worker(run_state *r, int i, char *err, size_t errlen)
     snprintf(e[3], sizeof e[3], "PLIANT_WORKER_NAME=%s", r->w[i].name);
     snprintf(e[4], sizeof e[4], "PLIANT_NODE=%s", r->w[i].name);
     snprintf(e[5], sizeof e[5], "PLIANT_CHECKPOINT_DIR=%s", r->ckpt_dir);
-    char *env[] = {e[0], e[1], e[2], e[3], e[4], r->ckpt_dir[0] ? e[5] : NULL, NULL};
+    snprintf(e[6], sizeof e[6], "CUDA_VISIBLE_DEVICES=%d",
+             r->ndevices ? r->devices[i % r->ndevices] : 0);
+    char *env[8];
+    int ne = 0;
+    for (int k = 0; k < 5; k++) env[ne++] = e[k];
+    if (r->ckpt_dir[0]) env[ne++] = e[5];
+    if (r->ndevices) env[ne++] = e[6];
+    env[ne] = NULL;
     char *wargv[] = {(char *)r->exe, "worker",          (char *)r->job_path, "--threads",
                      (char *)r->thr, "--backend", (char *)r->backend, NULL};
     pl_worker_spec spec = {.argv = wargv, .env = env};
@@ -257,11 +284,13 @@ int cmd_run(int argc, char **argv)
                                          {"checkpoint-dir", required_argument, 0, 'k'},
                                          {"gpus-per-worker", required_argument, 0, 'g'},
                                          {"backend", required_argument, 0, 'b'},
+                                         {"devices", required_argument, 0, 'D'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     char err[1024] = "";
     long long nworkers = 0, threads = 0, steps_override = 0, duration_s = 0, gpus = 0;
     const char *metrics_path = NULL, *chaos_spec = NULL, *ckpt_override = NULL, *backend = "auto";
+    int devices[MAX_WORKERS], ndevices = 0;
     pl_chaos chaos;
     memset(&chaos, 0, sizeof chaos);
     int c;
@@ -286,6 +315,9 @@ int cmd_run(int argc, char **argv)
         case 'b':
             if (cli_check_backend("--backend", optarg, err, sizeof err)) goto bad;
             backend = optarg;
+            break;
+        case 'D':
+            if (parse_devices(optarg, devices, &ndevices, err, sizeof err)) goto bad;
             break;
         case 'g':
             if (cli_parse_int("--gpus-per-worker", optarg, 1, 1024, &gpus, err, sizeof err))
@@ -421,6 +453,8 @@ int cmd_run(int argc, char **argv)
     r->job_path = job_path;
     r->thr = thr;
     r->backend = backend;
+    memcpy(r->devices, devices, sizeof devices);
+    r->ndevices = ndevices;
     r->token = token;
     r->ckpt_dir = job.checkpoint.dir;
     for (int i = 0; i < N; i++)

@@ -378,6 +378,36 @@ def usage_errors():
 
 
 @test
+def devices_give_each_worker_its_own_gpu():
+    """--devices 4,7 with 3 workers: worker i sees CUDA_VISIBLE_DEVICES = 4, 7, 4 (one GPU
+    each, so NCCL could join them); the job is unaffected on CPU workers."""
+    job = write_job("devices", steps=60)
+    p = subprocess.Popen([suite.pliant, "run", job, "--workers", "3", "--threads", "1",
+                          "--devices", "4,7"], cwd=REPO, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = None
+    try:
+        for line in p.stdout:
+            if seen is None and line.startswith("step "):
+                seen = []
+                for kid in children(p.pid):
+                    with open("/proc/%d/environ" % kid, "rb") as f:
+                        env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+                    seen.append((env.get(b"PLIANT_WORKER_NAME", b"").decode(),
+                                 env.get(b"CUDA_VISIBLE_DEVICES", b"").decode()))
+        err = p.stderr.read()
+        p.wait(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    check(p.returncode == 0, "run failed (%d): %s", p.returncode, err[-1500:])
+    check(sorted(seen or []) == [("w0", "4"), ("w1", "7"), ("w2", "4")], "workers saw %s", seen)
+    rc, _, err = run("run", job, "--workers", 2, "--devices", "0,x")
+    check(rc == 2 and "--devices" in err, "status %d: %s", rc, err)
+
+
+@test
 def a_backend_the_build_lacks_fails_the_job_naming_it():
     """--backend cuda in the CPU build: every worker says why, the run fails (no hang)."""
     job = write_job("nocuda", steps=2)
