@@ -52,7 +52,7 @@ LDLIBS          += -lopenblas -fopenmp
 # checkpoints, the single-process trainer; linked into `pliant` and the tests.
 # worker/comm/: the worker-to-worker TCP transport and collectives (OpenSSL libcrypto).
 # worker/agent/: the worker's control-channel client (libwebsockets over TLS).
-ENGINE_SRC      := $(filter-out worker/comm/nccl_comm.c,$(wildcard worker/engine/*.c worker/comm/*.c worker/agent/*.c))
+ENGINE_SRC      := $(filter-out worker/comm/nccl_comm.c worker/comm/nccl_xport.c,$(wildcard worker/engine/*.c worker/comm/*.c worker/agent/*.c))
 ENGINE_LIB      := $(BUILD)/lib/libpliant_engine.a
 ENGINE_ASAN_LIB := $(BUILD)/asan/lib/libpliant_engine.a
 OPERATOR_LIB      := $(BUILD)/lib/libpliant_operator.a
@@ -171,7 +171,10 @@ KERNEL_CUDA_LIB  := $(BUILD)/lib/libpliant_kernels_cuda.a
 # The NCCL transport (worker/comm/nccl_comm.c, plain C on NCCL's and the CUDA
 # runtime's C APIs; docs/nccl.md): its own library, never in the CPU build.
 NCCL_LIB         := $(BUILD)/lib/libpliant_nccl.a
-CUDA_LIBS        := $(OPERATOR_LIB) $(ENGINE_LIB) $(NCCL_LIB) $(KERNEL_CUDA_LIB) $(BUILD)/lib/libpliant_shared.a
+# libpliant_engine_cuda.a: the engine library with worker/agent/nccl_plan.c built with
+# PLIANT_NCCL (the CPU build's copy says NCCL is not there), as kernels.c is built twice.
+ENGINE_CUDA_LIB  := $(BUILD)/lib/libpliant_engine_cuda.a
+CUDA_LIBS        := $(OPERATOR_LIB) $(ENGINE_CUDA_LIB) $(NCCL_LIB) $(KERNEL_CUDA_LIB) $(BUILD)/lib/libpliant_shared.a
 CUDA_LDLIBS      := $(LDLIBS) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 \
                     -lnccl -lcublasLt -lcublas -lcudart -lstdc++
 .PHONY: test-gpu
@@ -217,12 +220,27 @@ $(BUILD)/bench/gpu_bench_cuda: bench/gpu_bench_cuda.c $(CUDA_LIBS)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -isystem $(CUDA_HOME)/include $< $(CUDA_LIBS) -o $@ $(CUDA_LDLIBS)
 
+$(BUILD)/cuda/worker/agent/nccl_plan.o: worker/agent/nccl_plan.c
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -DPLIANT_NCCL -isystem $(CUDA_HOME)/include -c $< -o $@
+
+$(ENGINE_CUDA_LIB): $(filter-out $(BUILD)/obj/worker/agent/nccl_plan.o,$(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)) \
+                    $(BUILD)/cuda/worker/agent/nccl_plan.o
+	@mkdir -p $(@D)
+	rm -f $@
+	$(AR) rcs $@ $^
+
 # -isystem: nccl.h's `ncclGroupStart();` would trip -Wstrict-prototypes
 $(BUILD)/cuda/worker/comm/nccl_comm.o: worker/comm/nccl_comm.c
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -isystem $(CUDA_HOME)/include -c $< -o $@
 
-$(NCCL_LIB): $(BUILD)/cuda/worker/comm/nccl_comm.o
+# nccl_xport.c: pl_xport (the step's ordered transport) over nccl_comm.c
+$(BUILD)/cuda/worker/comm/nccl_xport.o: worker/comm/nccl_xport.c
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -isystem $(CUDA_HOME)/include -c $< -o $@
+
+$(NCCL_LIB): $(BUILD)/cuda/worker/comm/nccl_comm.o $(BUILD)/cuda/worker/comm/nccl_xport.o
 	@mkdir -p $(@D)
 	rm -f $@
 	$(AR) rcs $@ $^

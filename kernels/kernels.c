@@ -149,6 +149,8 @@ void kn_copy(kn_ctx *k, void *dst, const void *src, size_t bytes)
 void *kn_host_alloc(kn_ctx *k, size_t bytes) { return k->ops->host_alloc(k, bytes); }
 void kn_host_free(kn_ctx *k, void *p) { k->ops->host_free(k, p); }
 const char *kn_precision(const kn_ctx *k) { return k->precision; }
+const char *kn_device_id(const kn_ctx *k) { return k->device; }
+void *kn_stream_handle(kn_ctx *k) { return k->stream; }
 
 void kn_encoder_forward(kn_ctx *k, float *out, const int32_t *inp, const float *wte,
                         const float *wpe, int B, int T, int C)

@@ -56,6 +56,14 @@ void kn_host_free(kn_ctx *k, void *p);
  * every other kernel stay fp32. */
 const char *kn_precision(const kn_ctx *k);
 
+/* The device's identity for the runtime: its UUID as nvidia-smi prints it
+ * ("GPU-8-4-4-4-12 hex digits"), "" on the CPU. Two workers with the same id share
+ * a GPU (then NCCL cannot join them). */
+const char *kn_device_id(const kn_ctx *k);
+/* The cudaStream_t that every kernel and copy of the context is queued on (for a
+ * transport that orders its own stream against it with events); NULL on the CPU. */
+void *kn_stream_handle(kn_ctx *k);
+
 /* ---- forward / backward kernels ------------------------------------------ */
 
 /* out[b,t,:] = wte[inp[b,t],:] + wpe[t,:] */

@@ -90,6 +90,8 @@ struct kn_ctx {
     size_t ws_bytes;
     struct kn_cuda *cuda; /* CUDA state (device, stream, cuBLAS handle); NULL on the CPU */
     const char *precision;/* what kn_precision returns */
+    void *stream;         /* kn_stream_handle: the cudaStream_t every kernel runs on; NULL on the CPU */
+    char device[64];      /* kn_device_id: the GPU's UUID ("GPU-…"); "" on the CPU */
     int prof_on;          /* kn_profile_enable: the one branch each kernel call pays */
     kn_prof *prof;        /* NULL until profiling is first enabled */
 };

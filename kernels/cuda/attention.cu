@@ -6,10 +6,12 @@
  *
  * Layout: qkv is [B, T, 3C], q at channel 0, k at C, v at 2C; head h uses
  * channels h·hs .. h·hs+hs−1 of each, and of out [B, T, C]. Scale 1/sqrt(hs);
- * query t sees keys 0..t. Everything is fp32, computed on CUDA cores from
- * shared-memory tiles. The kernels are compiled for tiles 16, 32, 64 and 128
- * channels wide; a head size in between (or below 16) runs in the next width
- * up with its extra channels zero.
+ * query t sees keys 0..t. In fp32 and tf32 modes everything is fp32, computed
+ * on CUDA cores from shared-memory tiles (the kernels below: the reference);
+ * in bf16 mode the products run on tensor cores ("bf16 tensor cores" below).
+ * The kernels are compiled for tiles 16, 32, 64 and 128 channels wide; a head
+ * size in between (or below 16) runs in the next width up with its extra
+ * channels zero.
  *
  * Tiles: 64 queries × 64 keys per step, 256 threads as a 16 × 16 grid; thread
  * (ty, tx) computes the 4 × 4 scores of rows ty + 16i and columns tx + 16j
@@ -23,17 +25,19 @@
  *   forward:  one block per (b·h, query tile): online softmax over the key
  *             tiles 0..diagonal (running max m and sum l per row); writes out
  *             and lse = ln(Σ exp(s − m)) + m.
- *   backward: (1) D_i = dO_i · O_i, O recomputed by the forward kernel (the
- *             interface does not pass out to backward), written to the
- *             workspace; (2) one block per (b·h, key tile) accumulates dK and
- *             dV over the query tiles from the diagonal on; (3) one block per
- *             (b·h, query tile) accumulates dQ over the key tiles up to the
- *             diagonal. P = exp(s − lse) is recomputed in both. Each gradient
- *             element has exactly one owner thread and a fixed summation
- *             order: no atomics, the same bits every run.
+ *   backward: (1) D_i = dO_i · O_i from the forward's out (one warp per
+ *             row) into the workspace; (2) one block per (b·h, key tile)
+ *             accumulates dK and dV over the query tiles from the diagonal
+ *             on; (3) one block per (b·h, query tile) accumulates dQ over
+ *             the key tiles up to the diagonal. P = exp(s − lse) is
+ *             recomputed in both. Each gradient element has exactly one owner
+ *             thread and a fixed summation order: no atomics, the same bits
+ *             every run.
  *
  * Scores are kept in base 2 (s·log2 e, then exp2f: one hardware instruction). */
+#include <cuda_bf16.h>
 #include <math.h>
+#include <mma.h>
 
 #include "cuda.cuh"
 
@@ -149,12 +153,10 @@ static constexpr size_t fwd_smem()
 }
 
 /* Block (bh, query tile): thread (ty, tx) owns query rows ty + 16i, scores
- * S[query ty+16i][key tx+16j], output columns tx + 16m. With DELTA (the first
- * step of backward) it writes delta[bh·T + t] = dO_t · O_t instead of out and lse. */
-template <int D, bool DELTA>
+ * S[query ty+16i][key tx+16j], output columns tx + 16m. */
+template <int D>
 __global__ static void __launch_bounds__(FA_THREADS)
-flash_forward_kernel(float *out, float *lse, float *delta, const float *dout, const float *qkv,
-                     int T, int NH, int hs, float sc)
+flash_forward_kernel(float *out, float *lse, const float *qkv, int T, int NH, int hs, float sc)
 {
     extern __shared__ float4 smem4[]; /* float4: 16-byte aligned */
     float *smem = reinterpret_cast<float *>(smem4);
@@ -218,16 +220,7 @@ flash_forward_kernel(float *out, float *lse, float *delta, const float *dout, co
         const int row = q0 + ty + 16 * i;
         const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
         const size_t at = ((size_t)b * T + row) * C + (size_t)h * hs + tx;
-        if (DELTA) {
-            float dsum = 0.0f;
-            if (row < T) {
-#pragma unroll
-                for (int c = 0; c < M; c++)
-                    if (tx + 16 * c < hs) dsum += dout[at + 16 * c] * (o[i][c] * inv);
-            }
-            dsum = half_warp_sum(dsum); /* outside the branch: all lanes take part */
-            if (row < T && tx == 0) delta[(size_t)bh * T + row] = dsum;
-        } else if (row < T) {
+        if (row < T) {
 #pragma unroll
             for (int c = 0; c < M; c++)
                 if (tx + 16 * c < hs) out[at + 16 * c] = o[i][c] * inv;
@@ -397,6 +390,399 @@ flash_backward_dq_kernel(float *dqkv, const float *dout, const float *qkv, const
     }
 }
 
+/* ---- bf16 tensor cores ------------------------------------------------------------
+ *
+ * In bf16 mode (kn_precision, the CUDA default) the four products per tile (S =
+ * QKᵀ, O += PV; dP = dO Vᵀ, dV += Pᵀ dO, dK += dSᵀ Q, dQ += dS K) run on the
+ * tensor cores through the WMMA API (16 × 16 × 16 fragments, bf16 operands,
+ * fp32 accumulators), the rest as above in fp32: the online softmax, lse, the
+ * masking, D and the final scaling. As in FlashAttention-2, q, k, v and dO are
+ * rounded to bf16 when they enter shared memory, and P and dS just before their
+ * products; accumulation is fp32 throughout. Error: about 2⁻⁹ relative per
+ * rounded operand, i.e. ~1e-2 of max|x| on out and dqkv, like the bf16 matmuls.
+ *
+ * Only documented WMMA semantics are relied on: fragments are loaded from and
+ * stored to shared memory as 16 × 16 matrices (given ldm and layout), never
+ * indexed. Scores and dP go through fp32 tiles in shared memory, where plain
+ * threads mask them and apply the softmax; the forward's O lives in shared
+ * memory too (fp32) so that rescaling by exp(m_old − m_new) is a plain row
+ * operation; backward's dK, dV, dQ stay in accumulator fragments over the
+ * whole loop (nothing rescales them) and go through shared memory once at the
+ * end.
+ *
+ * Tiles: 64 queries × 64 keys, 128 threads = 4 warps; warp w owns rows
+ * 16w..16w+15 of the block's own tile (query rows in forward and dQ, key rows
+ * in dK/dV) and computes only strips of those rows, so between the tile loads
+ * (__syncthreads) a warp synchronizes only with itself (__syncwarp). On the
+ * diagonal tile a warp skips the 16 × 16 blocks entirely above the diagonal.
+ * Row-wise work (softmax) loops over the warp's 16 rows with the 32 lanes
+ * across the 64 columns, reductions by shuffles. Each gradient element still
+ * has one owner and a fixed order of summation: deterministic, no atomics.
+ *
+ * Shared memory (bf16 rows padded by 8 elements, 16 bytes, so the 8 rows of an
+ * ldmatrix phase hit distinct banks; fp32 rows by 4): forward 3 bf16 tiles +
+ * P + S + O = 70 KiB at D = 64 (3 blocks per SM on an H100), 110 KiB at 128;
+ * dK/dV 4 bf16 tiles + Pᵀ, dSᵀ (bf16) + Sᵀ, dPᵀ (fp32) = 88.5 KiB at 64;
+ * dQ 4 bf16 tiles + dS + S, dP = 79.5 KiB at 64. Every fragment pointer is a
+ * multiple of 32 bytes from the 128-byte aligned base (the WMMA requirement):
+ * the region sizes and the 16-row and 16-column steps all are.
+ *
+ * Expected speed (H100, D = 64, not yet measured): a 64 × 64 tile step is 1
+ * MFLOP of mma.sync (WMMA; not Hopper's wgmma), ~0.3 µs of one SM's tensor
+ * cores, against ~160 KB of shared-memory traffic per block (fragment loads,
+ * the fp32 S and O round trips) at 128 B/clock and 4K exp2f: shared memory
+ * bounds it near 200 TFLOP/s, so we expect roughly 80-150 TFLOP/s forward and
+ * somewhat less backward (dQ recomputes S and dP), against 20-30 for the fp32
+ * kernels: at T = 1024 attention drops to a small part of a GPT-2 124M step. */
+
+namespace wmma = nvcuda::wmma;
+typedef __nv_bfloat16 bf16;
+
+#define TC_THREADS 128           /* 4 warps */
+#define TC_LB(D) ((D) + 8)       /* row stride of the bf16 64 × D tiles, in elements */
+#define TC_LPB (FA_TILE + 8)     /* of the bf16 64 × 64 tiles (P, dS) */
+#define TC_LS (FA_TILE + 4)      /* of the fp32 64 × 64 tiles (S, dP) */
+#define TC_LO(D) ((D) + 4)       /* of the fp32 64 × D tiles (O; dK, dV, dQ at the end) */
+
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> frag_a;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> frag_b;
+/* B = Xᵀ for X stored by rows: the same memory read column-major */
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> frag_bt;
+typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
+
+/* warp_max, warp_sum: cuda.cuh */
+
+/* dst[r][c] (row stride TC_LB(D)) = bf16(src[(row0 + r)·ld + c]) for r < 64,
+ * c < D; zero at rows ≥ T and channels ≥ hs. Consecutive threads read
+ * consecutive channels. */
+template <int D>
+__device__ static inline void load_tile_bf16(bf16 *dst, const float *src, size_t ld, int row0,
+                                             int T, int hs)
+{
+    for (int idx = threadIdx.x; idx < FA_TILE * D; idx += TC_THREADS) {
+        const int r = idx / D, c = idx % D, t = row0 + r;
+        dst[r * TC_LB(D) + c] = __float2bfloat16(t < T && c < hs ? src[(size_t)t * ld + c] : 0.0f);
+    }
+}
+
+/* Out[16 × 16n .. 16n+15] = A · Bᵀ for the column blocks n0 ≤ n < n1, where A
+ * is 16 rows × D (stride TC_LB(D)) and B is 64 rows × D (the same stride), one
+ * warp; Out fp32 of row stride TC_LS. */
+template <int D>
+__device__ static inline void strip_abt(float *Out, const bf16 *A, const bf16 *Bm, int n0, int n1)
+{
+    constexpr int LB = TC_LB(D);
+    frag_a a[D / 16];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) wmma::load_matrix_sync(a[kk], A + 16 * kk, LB);
+    for (int n = n0; n < n1; n++) {
+        frag_c c;
+        wmma::fill_fragment(c, 0.0f);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            frag_bt bt;
+            wmma::load_matrix_sync(bt, Bm + 16 * n * LB + 16 * kk, LB);
+            wmma::mma_sync(c, a[kk], bt, c);
+        }
+        wmma::store_matrix_sync(Out + 16 * n, c, TC_LS, wmma::mem_row_major);
+    }
+}
+
+/* acc[n] += P · X[:, 16n .. 16n+15] for n < D/16, summing over the row blocks
+ * kk0 ≤ kk < kk1 of X (64 rows × D, stride TC_LB(D)); P is 16 × 64 bf16 of
+ * stride TC_LPB. */
+template <int D>
+__device__ static inline void strip_acc(frag_c acc[D / 16], const bf16 *P, const bf16 *X, int kk0,
+                                        int kk1)
+{
+    constexpr int LB = TC_LB(D);
+    for (int kk = kk0; kk < kk1; kk++) {
+        frag_a a;
+        wmma::load_matrix_sync(a, P + 16 * kk, TC_LPB);
+#pragma unroll
+        for (int n = 0; n < D / 16; n++) {
+            frag_b x;
+            wmma::load_matrix_sync(x, X + 16 * kk * LB + 16 * n, LB);
+            wmma::mma_sync(acc[n], a, x, acc[n]);
+        }
+    }
+}
+
+/* Stores the warp's 16 × D accumulators to F (fp32, stride TC_LO(D)), then adds
+ * F[r][c]·mult to dst[(row0 + r)·ld + c] for rows < T and channels < hs. */
+template <int D>
+__device__ static inline void strip_add_out(float *dst, size_t ld, frag_c acc[D / 16], float *F,
+                                            int row0, int T, int hs, float mult)
+{
+    constexpr int LO = TC_LO(D);
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int n = 0; n < D / 16; n++)
+        wmma::store_matrix_sync(F + 16 * n, acc[n], LO, wmma::mem_row_major);
+    __syncwarp();
+    for (int r = 0; r < 16; r++) {
+        if (row0 + r >= T) break;
+        float *d = dst + (size_t)(row0 + r) * ld;
+        for (int c = lane; c < hs; c += 32) d[c] += F[r * LO + c] * mult;
+    }
+    __syncwarp(); /* F is reused */
+}
+
+/* Shared memory: Q, K, V (bf16), P (bf16), S (fp32), O (fp32). */
+template <int D>
+static constexpr size_t tc_fwd_smem()
+{
+    return (size_t)3 * FA_TILE * TC_LB(D) * 2 + (size_t)FA_TILE * TC_LPB * 2 +
+           (size_t)FA_TILE * TC_LS * 4 + (size_t)FA_TILE * TC_LO(D) * 4;
+}
+
+/* Block (bh, query tile); warp w owns query rows 16w..16w+15: their S strip,
+ * softmax state (m, l: every lane keeps all 16 rows'), P strip and O rows. */
+template <int D>
+__global__ static void __launch_bounds__(TC_THREADS)
+flash_forward_bf16_kernel(float *out, float *lse, const float *qkv, int T, int NH, int hs, float sc)
+{
+    extern __shared__ __align__(128) unsigned char tc_smem[];
+    constexpr int LB = TC_LB(D), LO = TC_LO(D);
+    bf16 *Qb = reinterpret_cast<bf16 *>(tc_smem), *Kb = Qb + FA_TILE * LB, *Vb = Kb + FA_TILE * LB;
+    bf16 *Pb = Vb + FA_TILE * LB;
+    float *S = reinterpret_cast<float *>(Pb + FA_TILE * TC_LPB), *O = S + FA_TILE * TC_LS;
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * FA_TILE; /* the longest rows first */
+    const int C = NH * hs;
+    const size_t C3 = 3 * (size_t)C;
+    const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs, *k = q + C, *v = q + 2 * C;
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float *Sw = S + 16 * w * TC_LS, *Ow = O + 16 * w * LO;
+    bf16 *Pw = Pb + 16 * w * TC_LPB;
+
+    load_tile_bf16<D>(Qb, q, C3, q0, T, hs);
+    for (int i = lane; i < 16 * LO; i += 32) Ow[i] = 0.0f;
+    float m[16], l[16];
+#pragma unroll
+    for (int r = 0; r < 16; r++) m[r] = -INFINITY, l[r] = 0.0f;
+
+    for (int k0 = 0; k0 <= q0; k0 += FA_TILE) {
+        __syncthreads(); /* everyone is done with the previous Kb, Vb (and Qb is complete) */
+        load_tile_bf16<D>(Kb, k, C3, k0, T, hs);
+        load_tile_bf16<D>(Vb, v, C3, k0, T, hs);
+        __syncthreads();
+        /* key blocks with a key ≤ some row of the warp: all, or on the diagonal 0..w */
+        const int nb = k0 == q0 ? w + 1 : 4;
+        strip_abt<D>(Sw, Qb + 16 * w * LB, Kb, 0, nb); /* S = Q Kᵀ */
+        __syncwarp();
+#pragma unroll
+        for (int r = 0; r < 16; r++) {
+            const int row = q0 + 16 * w + r;
+            /* a masked score is never read: blocks past nb are not computed */
+            const float s0 = k0 + lane <= row ? Sw[r * TC_LS + lane] * sc : -INFINITY;
+            const float s1 = k0 + lane + 32 <= row ? Sw[r * TC_LS + lane + 32] * sc : -INFINITY;
+            /* key k0 ≤ row is unmasked, so mn is finite (q0 ≥ k0) */
+            const float mn = fmaxf(m[r], warp_max(fmaxf(s0, s1)));
+            const float alpha = exp2f(m[r] - mn); /* 0 on the first tile */
+            const float p0 = exp2f(s0 - mn), p1 = exp2f(s1 - mn);
+            Pw[r * TC_LPB + lane] = __float2bfloat16(p0);
+            Pw[r * TC_LPB + lane + 32] = __float2bfloat16(p1);
+            l[r] = l[r] * alpha + warp_sum(p0 + p1); /* of the fp32 p, as FlashAttention-2 */
+            m[r] = mn;
+            if (alpha != 1.0f) /* the same in every lane; once the max settles, mostly 1 */
+                for (int c = lane; c < D; c += 32) Ow[r * LO + c] *= alpha;
+        }
+        __syncwarp(); /* Pw and Ow complete */
+        frag_a p[4];
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            if (kk < nb) wmma::load_matrix_sync(p[kk], Pw + 16 * kk, TC_LPB);
+#pragma unroll
+        for (int n = 0; n < D / 16; n++) { /* O += P V, through the fp32 O rows */
+            frag_c o;
+            wmma::load_matrix_sync(o, Ow + 16 * n, LO, wmma::mem_row_major);
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                if (kk >= nb) break;
+                frag_b x;
+                wmma::load_matrix_sync(x, Vb + 16 * kk * LB + 16 * n, LB);
+                wmma::mma_sync(o, p[kk], x, o);
+            }
+            wmma::store_matrix_sync(Ow + 16 * n, o, LO, wmma::mem_row_major);
+        }
+        __syncwarp(); /* Ow stored before its next reader (rescaling or the output) */
+    }
+
+#pragma unroll
+    for (int r = 0; r < 16; r++) {
+        const int row = q0 + 16 * w + r;
+        if (row >= T) break;
+        const float inv = 1.0f / l[r]; /* l ≥ 1: the row's maximum contributes exp2(0) */
+        float *o = out + ((size_t)b * T + row) * C + (size_t)h * hs;
+        for (int c = lane; c < hs; c += 32) o[c] = Ow[r * LO + c] * inv;
+        if (lane == 0) lse[(size_t)bh * T + row] = (m[r] + log2f(l[r])) * FA_LN2;
+    }
+}
+
+/* Shared memory: K, V, Q, dO (bf16), Pᵀ, dSᵀ (bf16), Sᵀ, dPᵀ (fp32), lse (base 2)
+ * and D of the 64 query rows. */
+template <int D>
+static constexpr size_t tc_dkv_smem()
+{
+    return (size_t)4 * FA_TILE * TC_LB(D) * 2 + (size_t)2 * FA_TILE * TC_LPB * 2 +
+           (size_t)2 * FA_TILE * TC_LS * 4 + (size_t)2 * FA_TILE * 4;
+}
+
+/* Block (bh, key tile); warp w owns key rows 16w..16w+15 and their dK, dV
+ * (accumulator fragments); its strips are transposed, Sᵀ[key][query]. */
+template <int D>
+__global__ static void __launch_bounds__(TC_THREADS)
+flash_backward_dkv_bf16_kernel(float *dqkv, const float *dout, const float *qkv, const float *lse,
+                               const float *delta, int T, int NH, int hs, float scale, float sc)
+{
+    extern __shared__ __align__(128) unsigned char tc_smem[];
+    constexpr int LB = TC_LB(D), M = D / 16;
+    static_assert(2 * FA_TILE * TC_LS >= FA_TILE * TC_LO(D), "dK, dV pass through St, dPt");
+    bf16 *Kb = reinterpret_cast<bf16 *>(tc_smem), *Vb = Kb + FA_TILE * LB, *Qb = Vb + FA_TILE * LB;
+    bf16 *dOb = Qb + FA_TILE * LB, *Pt = dOb + FA_TILE * LB, *dSt = Pt + FA_TILE * TC_LPB;
+    float *St = reinterpret_cast<float *>(dSt + FA_TILE * TC_LPB), *dPt = St + FA_TILE * TC_LS;
+    float *lse2 = dPt + FA_TILE * TC_LS, *Ds = lse2 + FA_TILE;
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    const int k0 = blockIdx.y * FA_TILE; /* the first key tiles see the most queries: first */
+    const int C = NH * hs;
+    const size_t C3 = 3 * (size_t)C;
+    const size_t base = (size_t)b * T * C3 + (size_t)h * hs;
+    const float *q = qkv + base, *k = q + C, *v = q + 2 * C;
+    const float *dO = dout + (size_t)b * T * C + (size_t)h * hs;
+    const float *L = lse + (size_t)bh * T, *Dl = delta + (size_t)bh * T;
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float *Sw = St + 16 * w * TC_LS, *dPw = dPt + 16 * w * TC_LS;
+    bf16 *Pw = Pt + 16 * w * TC_LPB, *dSw = dSt + 16 * w * TC_LPB;
+
+    load_tile_bf16<D>(Kb, k, C3, k0, T, hs);
+    load_tile_bf16<D>(Vb, v, C3, k0, T, hs);
+    frag_c dk[M], dv[M];
+#pragma unroll
+    for (int n = 0; n < M; n++) wmma::fill_fragment(dk[n], 0.0f), wmma::fill_fragment(dv[n], 0.0f);
+
+    /* queries before k0 see none of these keys */
+    for (int q0 = k0; q0 < T; q0 += FA_TILE) {
+        __syncthreads(); /* everyone is done with the previous Qb, dOb, lse2, Ds */
+        load_tile_bf16<D>(Qb, q, C3, q0, T, hs);
+        load_tile_bf16<D>(dOb, dO, (size_t)C, q0, T, hs);
+        if (threadIdx.x < FA_TILE) {
+            const int t = q0 + threadIdx.x;
+            lse2[threadIdx.x] = t < T ? L[t] * FA_LOG2E : 0.0f;
+            Ds[threadIdx.x] = t < T ? Dl[t] : 0.0f;
+        }
+        __syncthreads();
+        /* query blocks with a query ≥ some key of the warp: all, or on the diagonal w..3 */
+        const int n0 = q0 == k0 ? w : 0;
+        strip_abt<D>(Sw, Kb + 16 * w * LB, Qb, n0, 4);   /* Sᵀ = K Qᵀ */
+        strip_abt<D>(dPw, Vb + 16 * w * LB, dOb, n0, 4); /* dPᵀ = V dOᵀ */
+        __syncwarp();
+        for (int i = lane; i < 16 * FA_TILE; i += 32) {
+            const int r = i / FA_TILE, c = i % FA_TILE, key = k0 + 16 * w + r, query = q0 + c;
+            /* selects, not products: a masked score is not even computed */
+            const bool live = key <= query && query < T;
+            const float p = live ? exp2f(Sw[r * TC_LS + c] * sc - lse2[c]) : 0.0f;
+            Pw[r * TC_LPB + c] = __float2bfloat16(p);
+            dSw[r * TC_LPB + c] = __float2bfloat16(live ? p * (dPw[r * TC_LS + c] - Ds[c]) : 0.0f);
+        }
+        __syncwarp(); /* Pw, dSw complete */
+        strip_acc<D>(dv, Pw, dOb, n0, 4); /* dV += Pᵀ dO */
+        strip_acc<D>(dk, dSw, Qb, n0, 4); /* dK += dSᵀ Q (times scale below) */
+    }
+
+    __syncthreads(); /* St and dPt are free: the fp32 staging of dK, dV */
+    float *F = St + 16 * w * TC_LO(D);
+    const int row0 = k0 + 16 * w;
+    strip_add_out<D>(dqkv + base + C, C3, dk, F, row0, T, hs, scale);
+    strip_add_out<D>(dqkv + base + 2 * (size_t)C, C3, dv, F, row0, T, hs, 1.0f);
+}
+
+/* Shared memory: Q, dO, K, V (bf16), dS (bf16), S, dP (fp32), lse (base 2) and D
+ * of the block's 64 query rows. */
+template <int D>
+static constexpr size_t tc_dq_smem()
+{
+    return (size_t)4 * FA_TILE * TC_LB(D) * 2 + (size_t)FA_TILE * TC_LPB * 2 +
+           (size_t)2 * FA_TILE * TC_LS * 4 + (size_t)2 * FA_TILE * 4;
+}
+
+/* Block (bh, query tile); warp w owns query rows 16w..16w+15 and their dQ
+ * (accumulator fragments). */
+template <int D>
+__global__ static void __launch_bounds__(TC_THREADS)
+flash_backward_dq_bf16_kernel(float *dqkv, const float *dout, const float *qkv, const float *lse,
+                              const float *delta, int T, int NH, int hs, float scale, float sc)
+{
+    extern __shared__ __align__(128) unsigned char tc_smem[];
+    constexpr int LB = TC_LB(D), M = D / 16;
+    static_assert(2 * FA_TILE * TC_LS >= FA_TILE * TC_LO(D), "dQ passes through S, dP");
+    bf16 *Qb = reinterpret_cast<bf16 *>(tc_smem), *dOb = Qb + FA_TILE * LB;
+    bf16 *Kb = dOb + FA_TILE * LB, *Vb = Kb + FA_TILE * LB, *dSb = Vb + FA_TILE * LB;
+    float *S = reinterpret_cast<float *>(dSb + FA_TILE * TC_LPB), *dP = S + FA_TILE * TC_LS;
+    float *lse2 = dP + FA_TILE * TC_LS, *Ds = lse2 + FA_TILE;
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * FA_TILE; /* the longest rows first */
+    const int C = NH * hs;
+    const size_t C3 = 3 * (size_t)C;
+    const size_t base = (size_t)b * T * C3 + (size_t)h * hs;
+    const float *q = qkv + base, *k = q + C, *v = q + 2 * C;
+    const float *dO = dout + (size_t)b * T * C + (size_t)h * hs;
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float *Sw = S + 16 * w * TC_LS, *dPw = dP + 16 * w * TC_LS;
+    bf16 *dSw = dSb + 16 * w * TC_LPB;
+
+    load_tile_bf16<D>(Qb, q, C3, q0, T, hs);
+    load_tile_bf16<D>(dOb, dO, (size_t)C, q0, T, hs);
+    if (threadIdx.x < FA_TILE) {
+        const int t = q0 + threadIdx.x;
+        lse2[threadIdx.x] = t < T ? lse[(size_t)bh * T + t] * FA_LOG2E : 0.0f;
+        Ds[threadIdx.x] = t < T ? delta[(size_t)bh * T + t] : 0.0f;
+    }
+    frag_c dq[M];
+#pragma unroll
+    for (int n = 0; n < M; n++) wmma::fill_fragment(dq[n], 0.0f);
+
+    for (int k0 = 0; k0 <= q0; k0 += FA_TILE) {
+        __syncthreads(); /* all done with the previous Kb, Vb (and Qb, dOb, lse2, Ds complete) */
+        load_tile_bf16<D>(Kb, k, C3, k0, T, hs);
+        load_tile_bf16<D>(Vb, v, C3, k0, T, hs);
+        __syncthreads();
+        const int nb = k0 == q0 ? w + 1 : 4; /* as in forward */
+        strip_abt<D>(Sw, Qb + 16 * w * LB, Kb, 0, nb);   /* S = Q Kᵀ */
+        strip_abt<D>(dPw, dOb + 16 * w * LB, Vb, 0, nb); /* dP = dO Vᵀ */
+        __syncwarp();
+        for (int i = lane; i < 16 * FA_TILE; i += 32) {
+            const int r = i / FA_TILE, c = i % FA_TILE, qr = 16 * w + r, row = q0 + qr;
+            const bool live = k0 + c <= row && row < T;
+            const float p = live ? exp2f(Sw[r * TC_LS + c] * sc - lse2[qr]) : 0.0f;
+            dSw[r * TC_LPB + c] = __float2bfloat16(live ? p * (dPw[r * TC_LS + c] - Ds[qr]) : 0.0f);
+        }
+        __syncwarp(); /* dSw complete */
+        strip_acc<D>(dq, dSw, Kb, 0, nb); /* dQ += dS K (times scale below) */
+    }
+
+    __syncthreads(); /* S and dP are free: the fp32 staging of dQ */
+    strip_add_out<D>(dqkv + base, C3, dq, S + 16 * w * TC_LO(D), q0 + 16 * w, T, hs, scale);
+}
+
+/* ---- D = rowsum(dO ∘ O) ------------------------------------------------------------ */
+
+/* delta[bh·T + t] = Σ_c dout[b, t, h·hs + c] · out[b, t, h·hs + c]: one warp
+ * per (b, h, t), lanes over channels, a fixed shuffle tree (deterministic). */
+__global__ static void attention_delta_kernel(float *delta, const float *dout, const float *out,
+                                              int B, int T, int NH, int hs)
+{
+    const size_t g = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (g >= (size_t)B * NH * T) return; /* whole warps: blockDim is a multiple of 32 */
+    const int t = (int)(g % T), bh = (int)(g / T), b = bh / NH, h = bh % NH;
+    const size_t at = ((size_t)b * T + t) * NH * hs + (size_t)h * hs;
+    float s = 0.0f;
+    for (int c = lane; c < hs; c += 32) s += dout[at + c] * out[at + c];
+    s = warp_sum(s);
+    if (lane == 0) delta[g] = s;
+}
+
 /* ---- host side ------------------------------------------------------------------ */
 
 /* The tile width for head size hs = C / NH: the kernels are compiled for 16, 32,
@@ -433,36 +819,51 @@ static void allow_smem(F *kernel, size_t bytes)
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
-/* out and lse, or (delta non-NULL) delta = rowsum(dout ∘ out) for backward. */
+/* out and lse: bf16 tensor cores in bf16 mode, fp32 otherwise. */
 template <int D>
-static void forward_tiles(kn_ctx *k, float *out, float *lse, float *delta, const float *dout,
-                          const float *qkv, int B, int T, int C, int NH)
+static void forward_tiles(kn_ctx *k, float *out, float *lse, const float *qkv, int B, int T,
+                          int C, int NH)
 {
     const int hs = C / NH;
     const float sc = log2_scale(hs);
     const dim3 grid((unsigned)(B * NH), (unsigned)((T + FA_TILE - 1) / FA_TILE));
-    const size_t sm = fwd_smem<D>();
-    if (delta) {
-        allow_smem(flash_forward_kernel<D, true>, sm);
-        flash_forward_kernel<D, true><<<grid, FA_THREADS, sm, kn_stream(k)>>>(
-            nullptr, nullptr, delta, dout, qkv, T, NH, hs, sc);
+    if (k->cuda->bf16) {
+        const size_t sm = tc_fwd_smem<D>();
+        allow_smem(flash_forward_bf16_kernel<D>, sm);
+        flash_forward_bf16_kernel<D><<<grid, TC_THREADS, sm, kn_stream(k)>>>(out, lse, qkv, T,
+                                                                             NH, hs, sc);
     } else {
-        allow_smem(flash_forward_kernel<D, false>, sm);
-        flash_forward_kernel<D, false><<<grid, FA_THREADS, sm, kn_stream(k)>>>(
-            out, lse, nullptr, nullptr, qkv, T, NH, hs, sc);
+        const size_t sm = fwd_smem<D>();
+        allow_smem(flash_forward_kernel<D>, sm);
+        flash_forward_kernel<D><<<grid, FA_THREADS, sm, kn_stream(k)>>>(out, lse, qkv, T, NH, hs,
+                                                                        sc);
     }
     CUDA_LAUNCHED();
 }
 
 template <int D>
 static void backward_tiles(kn_ctx *k, float *dqkv, const float *dout, const float *qkv,
-                           const float *lse, int B, int T, int C, int NH)
+                           const float *lse, const float *out, int B, int T, int C, int NH)
 {
     const int hs = C / NH;
-    float *delta = (float *)kn_cuda_workspace(k, (size_t)B * NH * T * sizeof(float));
-    forward_tiles<D>(k, nullptr, nullptr, delta, dout, qkv, B, T, C, NH);
+    const size_t rows = (size_t)B * NH * T;
+    float *delta = (float *)kn_cuda_workspace(k, rows * sizeof(float));
+    attention_delta_kernel<<<kn_blocks(rows * 32, 256), 256, 0, kn_stream(k)>>>(delta, dout, out,
+                                                                               B, T, NH, hs);
+    CUDA_LAUNCHED();
     const float scale = 1.0f / sqrtf((float)hs), sc = log2_scale(hs);
     const dim3 grid((unsigned)(B * NH), (unsigned)((T + FA_TILE - 1) / FA_TILE));
+    if (k->cuda->bf16) {
+        allow_smem(flash_backward_dkv_bf16_kernel<D>, tc_dkv_smem<D>());
+        flash_backward_dkv_bf16_kernel<D><<<grid, TC_THREADS, tc_dkv_smem<D>(), kn_stream(k)>>>(
+            dqkv, dout, qkv, lse, delta, T, NH, hs, scale, sc);
+        CUDA_LAUNCHED();
+        allow_smem(flash_backward_dq_bf16_kernel<D>, tc_dq_smem<D>());
+        flash_backward_dq_bf16_kernel<D><<<grid, TC_THREADS, tc_dq_smem<D>(), kn_stream(k)>>>(
+            dqkv, dout, qkv, lse, delta, T, NH, hs, scale, sc);
+        CUDA_LAUNCHED();
+        return;
+    }
     allow_smem(flash_backward_dkv_kernel<D>, dkv_smem<D>());
     flash_backward_dkv_kernel<D><<<grid, FA_THREADS, dkv_smem<D>(), kn_stream(k)>>>(
         dqkv, dout, qkv, lse, delta, T, NH, hs, scale, sc);
@@ -478,22 +879,22 @@ void kn_cuda_attention_forward(kn_ctx *k, float *out, float *att, const float *q
 {
     if (B <= 0 || T <= 0) return;
     switch (tile_width("kn_attention_forward", T, C, NH)) {
-    case 16: forward_tiles<16>(k, out, att, nullptr, nullptr, qkv, B, T, C, NH); break;
-    case 32: forward_tiles<32>(k, out, att, nullptr, nullptr, qkv, B, T, C, NH); break;
-    case 64: forward_tiles<64>(k, out, att, nullptr, nullptr, qkv, B, T, C, NH); break;
-    default: forward_tiles<128>(k, out, att, nullptr, nullptr, qkv, B, T, C, NH); break;
+    case 16: forward_tiles<16>(k, out, att, qkv, B, T, C, NH); break;
+    case 32: forward_tiles<32>(k, out, att, qkv, B, T, C, NH); break;
+    case 64: forward_tiles<64>(k, out, att, qkv, B, T, C, NH); break;
+    default: forward_tiles<128>(k, out, att, qkv, B, T, C, NH); break;
     }
 }
 
 void kn_cuda_attention_backward(kn_ctx *k, float *dqkv, const float *dout, const float *qkv,
-                                const float *att, int B, int T, int C, int NH)
+                                const float *att, const float *out, int B, int T, int C, int NH)
 {
     if (B <= 0 || T <= 0) return;
     switch (tile_width("kn_attention_backward", T, C, NH)) {
-    case 16: backward_tiles<16>(k, dqkv, dout, qkv, att, B, T, C, NH); break;
-    case 32: backward_tiles<32>(k, dqkv, dout, qkv, att, B, T, C, NH); break;
-    case 64: backward_tiles<64>(k, dqkv, dout, qkv, att, B, T, C, NH); break;
-    default: backward_tiles<128>(k, dqkv, dout, qkv, att, B, T, C, NH); break;
+    case 16: backward_tiles<16>(k, dqkv, dout, qkv, att, out, B, T, C, NH); break;
+    case 32: backward_tiles<32>(k, dqkv, dout, qkv, att, out, B, T, C, NH); break;
+    case 64: backward_tiles<64>(k, dqkv, dout, qkv, att, out, B, T, C, NH); break;
+    default: backward_tiles<128>(k, dqkv, dout, qkv, att, out, B, T, C, NH); break;
     }
 }
 

@@ -207,6 +207,17 @@ kn_ctx *kn_cuda_create(int threads, char *err, size_t errlen)
     step = "cudaStreamCreateWithFlags";
     if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess)
         goto fail_cuda;
+    k->stream = c->stream;
+    step = "cudaGetDeviceProperties";
+    {
+        cudaDeviceProp prop;
+        if ((e = cudaGetDeviceProperties(&prop, c->device)) != cudaSuccess) goto fail_cuda;
+        const unsigned char *u = (const unsigned char *)prop.uuid.bytes;
+        snprintf(k->device, sizeof k->device,
+                 "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
+                 u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
+                 u[14], u[15]);
+    }
     step = "cudaMallocHost";
     if ((e = cudaMallocHost((void **)&c->host_sum, sizeof(double))) != cudaSuccess)
         goto fail_cuda;

@@ -8,14 +8,15 @@
  * 2e-5 for elementwise and row kernels (expf/tanhf differ from the CPU's
  * vectorized versions by a few ulp, sums run in another order), exact for
  * residual, accumulate and the encoder's backward (whose results must also
- * repeat bit for bit), 1e-4 for fp32 GEMMs (attention), 5e-3 in tf32
- * mode; the linear layers follow kn_precision (PLIANT_PRECISION): 1e-4 in
- * fp32, 5e-3 in tf32, 2e-2 in bf16 (bf16 operands, inner sizes up to 3072;
- * the engine's loss too). Backward kernels start from pre-filled
- * gradients, so accumulation (+=) is checked too. Shapes include odd sizes
- * (T = 1, C not a multiple of 32, V < Vp) and GPT-2 124M sizes. Last, the
- * whole engine (worker/engine/) trains a small GPT for 10 steps on each
- * backend and the losses must agree.
+ * repeat bit for bit), 1e-4 for fp32 GEMMs, 5e-3 in tf32 mode; the linear
+ * layers follow kn_precision (PLIANT_PRECISION): 1e-4 in fp32, 5e-3 in tf32,
+ * 2e-2 in bf16 (bf16 operands, inner sizes up to 3072; the engine's loss
+ * too); test_attention runs both attention kernels (fp32, and bf16 tensor
+ * cores at 1e-2 on bf16-valued inputs). Backward kernels start from
+ * pre-filled gradients, so accumulation (+=) is checked too. Shapes include
+ * odd sizes (T = 1, C not a multiple of 32, V < Vp) and GPT-2 124M sizes.
+ * Last, the whole engine (worker/engine/) trains a small GPT for 10 steps on
+ * each backend and the losses must agree.
  *
  * Without a usable device every test prints "skip NAME: no CUDA device (...)". */
 #include <math.h>
@@ -31,7 +32,7 @@
 
 static kn_ctx *cpu, *gpu;
 static char no_gpu[192]; /* why gpu is NULL */
-static double tol_mm;    /* tolerance of fp32 GEMM-bearing kernels (attention) */
+static double tol_mm;    /* tolerance of fp32 GEMM-bearing kernels (fp32 attention) */
 static double tol_lin;   /* tolerance of the linear layers, by kn_precision */
 
 #define NEED_GPU()                        \
@@ -353,12 +354,28 @@ static void attention_lse_reference(float *lse, const float *qkv, int B, int T, 
             }
 }
 
+/* x rounded to the nearest bf16 (ties to even); x finite. */
+static float bf16_round(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
 /* Each backend keeps its own attention state (the CPU the probabilities, CUDA
  * each row's log-sum-exp), so forward compares out (and the CUDA lse against a
- * double reference) and backward runs each side from its own forward. */
-static void test_attention(void)
+ * double reference) and backward runs each side from its own forward. Both
+ * CUDA attentions run: the context's own (bf16 tensor cores in bf16 mode, fp32
+ * otherwise) and, in a second context, the other one. The fp32 kernels get
+ * tol_mm. For the bf16 kernels (bf16 set) qkv and dout are first rounded to
+ * bf16 values, for the CPU too: rounding q and k alone moves these peaked
+ * softmaxes by up to 2e-2 of max|out| (hs 128), which would hide the kernels'
+ * own error; what is left is P and dS in bf16 and fp32 sums (about 3e-3 in a
+ * CPU emulation of the kernels), checked against 1e-2. */
+static void attention_cases(double tol, int bf16)
 {
-    NEED_GPU();
     arena_reset();
     rng_state = 505;
     /* B T C NH: T = 1, T not a multiple of the 64-row tiles, head sizes 32, 64
@@ -376,33 +393,60 @@ static void test_attention(void)
         char what[96]; /* names the shape on failure */
         /* scores of standard deviation about 3: peaked rows, so the running max matters */
         float *qkv = hrand(n3, 3), *out = hrand(n, 1), *att = hrand(na, 1);
+        for (size_t i = 0; bf16 && i < n3; i++) qkv[i] = bf16_round(qkv[i]);
         float *d_qkv = upf(qkv, n3), *d_out = upf(out, n), *d_lse = upf(hrand(nl, 1), nl);
         kn_attention_forward(cpu, out, att, qkv, B, T, C, NH);
         kn_attention_forward(gpu, d_out, d_lse, d_qkv, B, T, C, NH);
         snprintf(what, sizeof what, "attention out (B %d T %d C %d NH %d)", B, T, C, NH);
-        CHECK(close_to(what, down(d_out, n), out, n, tol_mm));
+        CHECK(close_to(what, down(d_out, n), out, n, tol));
         if ((double)B * NH * T * T * (C / NH) <= 2e8) { /* the reference is O(T²) in double */
             float *lse = hf(nl);
             attention_lse_reference(lse, qkv, B, T, C, NH);
             snprintf(what, sizeof what, "attention lse (B %d T %d C %d NH %d)", B, T, C, NH);
-            CHECK(close_to(what, down(d_lse, nl), lse, nl, tol_mm));
+            CHECK(close_to(what, down(d_lse, nl), lse, nl, tol));
         }
 
-        float *dout = hrand(n, 1), *dqkv = hrand(n3, 1), *d_dout = upf(dout, n);
+        float *dout = hrand(n, 1), *dqkv = hrand(n3, 1);
+        for (size_t i = 0; bf16 && i < n; i++) dout[i] = bf16_round(dout[i]);
+        float *d_dout = upf(dout, n);
         float *d_dqkv = upf(dqkv, n3), *d_dqkv2 = upf(dqkv, n3);
-        kn_attention_backward(cpu, dqkv, dout, qkv, att, B, T, C, NH);
-        kn_attention_backward(gpu, d_dqkv, d_dout, d_qkv, d_lse, B, T, C, NH);
+        kn_attention_backward(cpu, dqkv, dout, qkv, att, out, B, T, C, NH);
+        kn_attention_backward(gpu, d_dqkv, d_dout, d_qkv, d_lse, d_out, B, T, C, NH);
         float *got = down(d_dqkv, n3);
         snprintf(what, sizeof what, "attention dqkv (B %d T %d C %d NH %d)", B, T, C, NH);
-        CHECK(close_to(what, got, dqkv, n3, tol_mm));
+        CHECK(close_to(what, got, dqkv, n3, tol));
         /* no atomics: a second run gives the same bits */
-        kn_attention_backward(gpu, d_dqkv2, d_dout, d_qkv, d_lse, B, T, C, NH);
+        kn_attention_backward(gpu, d_dqkv2, d_dout, d_qkv, d_lse, d_out, B, T, C, NH);
         int same = memcmp(down(d_dqkv2, n3), got, n3 * sizeof(float)) == 0;
         if (!same)
             printf("    attention dqkv differs between two runs (B %d T %d C %d NH %d)\n", B, T,
                    C, NH);
         CHECK(same);
     }
+}
+
+static void test_attention(void)
+{
+    NEED_GPU();
+    const int bf16 = !strcmp(kn_precision(gpu), "bf16");
+    attention_cases(bf16 ? 1e-2 : tol_mm, bf16);
+    /* the other kernels: PLIANT_PRECISION for a second context */
+    const char *was = getenv("PLIANT_PRECISION");
+    char saved[64] = "", err[192] = "";
+    if (was) snprintf(saved, sizeof saved, "%s", was);
+    setenv("PLIANT_PRECISION", bf16 ? "fp32" : "bf16", 1);
+    kn_ctx *other = kn_create("cuda", 1, err, sizeof err);
+    if (was) setenv("PLIANT_PRECISION", saved, 1);
+    else unsetenv("PLIANT_PRECISION");
+    CHECK(other != NULL);
+    if (!other) return;
+    printf("    attention in %s\n", kn_precision(other));
+    kn_ctx *own = gpu;
+    gpu = other; /* up, down and the arena follow gpu */
+    attention_cases(bf16 ? 1e-4 : 1e-2, !bf16);
+    arena_reset();
+    gpu = own;
+    kn_destroy(other);
 }
 
 /* ---- elementwise -------------------------------------------------------------- */

@@ -17,6 +17,7 @@
 #include "control_client.h"
 #include "engine.h"
 #include "jobspec.h"
+#include "nccl_plan.h"
 #include "protocol.h"
 #include "sampler.h"
 #include "schedule.h"
@@ -87,6 +88,9 @@ typedef struct {
     int nranks;
     pl_conn **conns;
     pl_tcp_link *link;
+    pl_nccl_plan *ncp;    /* under mu: the NCCL world of a plan whose transport is nccl */
+    char nccl_id[PL_PROTO_NCCL_ID_HEX + 1]; /* under mu: the id of nccl_init for nccl_gen */
+    int64_t nccl_gen;
     pl_syncgroups g;
     int have_groups;
     int64_t gen;
@@ -158,9 +162,12 @@ static void teardown_links(agent *a)
 {
     pthread_mutex_lock(&a->mu);
     pl_tcp_link *link = a->link;
+    pl_nccl_plan *ncp = a->ncp;
     a->link = NULL;
+    a->ncp = NULL;
     pthread_mutex_unlock(&a->mu);
     pl_tcp_link_destroy(link);
+    pl_nccl_plan_close(ncp);
     if (a->conns) {
         for (int r = 0; r < a->nranks; r++)
             if (a->conns[r]) pl_conn_close(a->conns[r]);
@@ -674,6 +681,48 @@ static int mp_last(const pl_msg_plan *p)
     return p->pipelines[0].layers[p->pipelines[0].nnodes];
 }
 
+/* A plan on NCCL (docs/nccl.md): rank 0 makes the world's id and sends it (nccl_root);
+ * every rank waits for the coordinator's nccl_init of this generation and joins. Layer
+ * copies went over TCP already (change_engine); steps then run on the NCCL world. */
+static int join_nccl(agent *a, int n, char *err, size_t errlen)
+{
+    char why[256];
+    if (!pl_nccl_plan_supported(a->k, why, sizeof why))
+        return pl_errf(err, errlen, "the plan's transport is nccl but %s", why);
+    if (a->rank == 0) {
+        pl_msg m;
+        pl_msg_init(&m, PL_MSG_NCCL_ROOT, a->gen);
+        if (pl_nccl_plan_make_id(m.u.nccl_root.id, sizeof m.u.nccl_root.id, err, errlen))
+            return -1;
+        if (post(a, &m)) return pl_errf(err, errlen, "cannot send nccl_root");
+    }
+    char id[PL_PROTO_NCCL_ID_HEX + 1] = "";
+    const double deadline = now_ms() + PEER_TIMEOUT_MS;
+    pthread_mutex_lock(&a->mu);
+    while (a->nccl_gen != a->gen && !superseded(a) && now_ms() < deadline) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&a->cv, &a->mu, &ts);
+    }
+    if (a->nccl_gen == a->gen) memcpy(id, a->nccl_id, sizeof id);
+    pthread_mutex_unlock(&a->mu);
+    if (!id[0])
+        return pl_errf(err, errlen, "%s", superseded(a) ? SUPERSEDED_MSG
+                                                        : "no nccl_init from the coordinator");
+    pl_nccl_plan *ncp;
+    if (pl_nccl_plan_open(a->k, id, n, a->rank, &a->g, PEER_TIMEOUT_MS, &ncp, err, errlen))
+        return -1;
+    pthread_mutex_lock(&a->mu);
+    a->ncp = ncp;
+    pthread_mutex_unlock(&a->mu);
+    return 0;
+}
+
 static int install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err, size_t errlen)
 {
     const pl_msg_plan *p = &m->u.plan;
@@ -770,8 +819,12 @@ static int install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err,
             goto out;
         }
     }
-    /* which ranks share a sync group with this one */
     a->nranks = n;
+    if (p->transport == PL_TRANSPORT_NCCL) {
+        rc = join_nccl(a, n, err, errlen);
+        goto out;
+    }
+    /* which ranks share a sync group with this one */
     a->conns = calloc((size_t)n, sizeof *a->conns);
     char *need_rank = calloc((size_t)n, 1);
     if (!a->conns || !need_rank) {
@@ -873,6 +926,7 @@ static void abort_step(agent *a, int64_t gen, int64_t step)
     if (a->reduced_step == step) a->reduced_step = -1;
     if (a->stepping && gen == a->gen) {
         if (a->link) pl_tcp_link_abort(a->link, "step aborted by the coordinator");
+        pl_nccl_plan_abort(a->ncp, "step aborted by the coordinator");
         for (int r = 0; a->conns && r < a->nranks; r++) pl_conn_shutdown(a->conns[r]);
     }
     pthread_mutex_unlock(&a->mu);
@@ -903,13 +957,15 @@ static int run_step(agent *a, int64_t s, char *err, size_t errlen)
     if (pl_sampler_fill(&a->smp, &a->train, s, a->first_mb * B, a->nmb * B, a->tok + off,
                         a->tgt + off))
         return pl_errf(err, errlen, "sampling step %lld failed", (long long)s);
-    pl_stage_link link = pl_tcp_link_stage(a->link);
+    pl_stage_link link = {0};
+    if (a->link) link = pl_tcp_link_stage(a->link);
     pl_peer_table peers = {a->rank, a->nranks, a->conns};
     pl_worker_step_args args = {.engine = &a->e, .schedule = &a->sched, .link = &link,
                                 .tokens = a->tok, .targets = a->tgt, .first_micro = a->first_mb,
                                 .global_micro = a->global_micro, .groups = &a->g,
                                 .peers = &peers, .step = (uint32_t)s,
-                                .timeout_ms = PEER_TIMEOUT_MS};
+                                .timeout_ms = PEER_TIMEOUT_MS,
+                                .xport = a->ncp ? pl_nccl_plan_xport(a->ncp) : NULL};
     if (a->fault == FAULT_SYNC && s == a->fault_at) {
         args.before_reduce = fault_before_reduce;
         args.hook_ctx = a;
@@ -1069,6 +1125,13 @@ static void on_message(pl_ctl_client *c, const pl_msg *m, void *user)
         if (m->u.stop.exit_code) logf_(a, "stopped: %s", m->u.stop.reason);
         atomic_store(&a->exit_code, m->u.stop.exit_code);
         atomic_store(&a->done, 1);
+        return;
+    case PL_MSG_NCCL_INIT: /* for the compute thread waiting in join_nccl */
+        pthread_mutex_lock(&a->mu);
+        memcpy(a->nccl_id, m->u.nccl_init.id, sizeof a->nccl_id);
+        a->nccl_gen = m->gen;
+        pthread_cond_broadcast(&a->cv);
+        pthread_mutex_unlock(&a->mu);
         return;
     default: {
         if (m->type == PL_MSG_ABORT) abort_step(a, m->gen, m->u.abort_.step);
@@ -1231,6 +1294,12 @@ int pl_agent_run(const pl_agent_options *o)
     cc.reg.port = pl_listener_port(a->lst);
     snprintf(cc.reg.zone, sizeof cc.reg.zone, "%s", o->zone ? o->zone : "");
     cc.reg.gpus = strcmp(kn_backend(a->k), "cpu") ? 1 : 0; /* one device per worker */
+    snprintf(cc.reg.device, sizeof cc.reg.device, "%s", kn_device_id(a->k));
+    /* PLIANT_NCCL=0 keeps a GPU worker on TCP (host-staged), e.g. to compare */
+    const char *use_nccl = getenv("PLIANT_NCCL");
+    char why[256];
+    cc.reg.nccl = pl_nccl_plan_supported(a->k, why, sizeof why) &&
+                  !(use_nccl && !strcmp(use_nccl, "0"));
     cc.reg.pid = getpid();
     a->cc = cc;
     a->cc.host = host;
@@ -1275,6 +1344,7 @@ done:;
         if (code) { /* a step may be blocked on a stage neighbour: wake it */
             pthread_mutex_lock(&a->mu);
             if (a->link) pl_tcp_link_abort(a->link, "worker exiting");
+            pl_nccl_plan_abort(a->ncp, "worker exiting");
             pthread_mutex_unlock(&a->mu);
         }
         push(a, NULL);

@@ -255,8 +255,10 @@ static const float *last_output(const pl_engine *e, const pl_slot *s)
     return n ? s->blocks[n - 1].res3 : s->input;
 }
 
-float pl_engine_forward(pl_engine *e, int slot, const int32_t *tokens, const float *in,
-                        const int32_t *targets)
+/* `in` is host memory (dev = 0) or backend memory (dev = 1; the slot's input itself:
+ * nothing to copy). */
+static float forward(pl_engine *e, int slot, const int32_t *tokens, const float *in, int dev,
+                     const int32_t *targets)
 {
     kn_ctx *k = e->k;
     pl_slot *s = &e->slots[slot];
@@ -264,8 +266,10 @@ float pl_engine_forward(pl_engine *e, int slot, const int32_t *tokens, const flo
     if (pl_engine_has_embedding(e)) {
         kn_to_device(k, s->tokens, tokens, (size_t)BT * sizeof(int32_t));
         kn_encoder_forward(k, s->input, s->tokens, P(e, 0, 0), P(e, 0, 1), B, T, C);
-    } else {
+    } else if (!dev) {
         kn_to_device(k, s->input, in, (size_t)BT * C * sizeof(float));
+    } else if (in != s->input) {
+        kn_copy(k, s->input, in, (size_t)BT * C * sizeof(float));
     }
     int lo = (int)first_block(e);
     for (int b = 0; b < nblocks(e); b++) block_forward(e, s, lo + b);
@@ -279,6 +283,23 @@ float pl_engine_forward(pl_engine *e, int slot, const int32_t *tokens, const flo
     kn_softmax_crossentropy_forward(k, s->losses, s->probs, s->probs, s->targets, BT, e->cfg.V,
                                     e->cfg.Vp);
     return (float)(kn_sum(k, s->losses, (size_t)BT) / BT);
+}
+
+float pl_engine_forward(pl_engine *e, int slot, const int32_t *tokens, const float *in,
+                        const int32_t *targets)
+{
+    return forward(e, slot, tokens, in, 0, targets);
+}
+
+float pl_engine_forward_dev(pl_engine *e, int slot, const int32_t *tokens, const float *in,
+                            const int32_t *targets)
+{
+    return forward(e, slot, tokens, in, 1, targets);
+}
+
+float *pl_engine_input_buffer(pl_engine *e, int slot)
+{
+    return e->slots[slot].input;
 }
 
 const float *pl_engine_output(const pl_engine *e, int slot)
@@ -310,7 +331,7 @@ static void block_backward(pl_engine *e, pl_slot *s, int l, const scratch *w)
     kn_matmul_backward(k, w->datty, G(e, l, 4), G(e, l, 5), w->dres, a->atty, P(e, l, 4), BT, C,
                        C);
     kn_zero(k, w->dqkv, 3 * BTC * sizeof(float));
-    kn_attention_backward(k, w->dqkv, w->datty, a->qkv, a->att, B, T, C, e->cfg.NH);
+    kn_attention_backward(k, w->dqkv, w->datty, a->qkv, a->att, a->atty, B, T, C, e->cfg.NH);
     kn_zero(k, w->dln, BTC * sizeof(float));
     kn_matmul_backward(k, w->dln, G(e, l, 2), G(e, l, 3), w->dqkv, a->ln1, P(e, l, 2), BT, C,
                        3 * C);
@@ -323,8 +344,9 @@ void pl_engine_backward(pl_engine *e, int slot, const float *dout, float dloss_s
     pl_engine_backward_notify(e, slot, dout, dloss_scale, NULL, NULL);
 }
 
-void pl_engine_backward_notify(pl_engine *e, int slot, const float *dout, float dloss_scale,
-                               pl_layer_done_fn done, void *ctx)
+/* dout is host memory (dev = 0) or backend memory (dev = 1). */
+static void backward(pl_engine *e, int slot, const float *dout, int dev, float dloss_scale,
+                     pl_layer_done_fn done, void *ctx)
 {
     kn_ctx *k = e->k;
     pl_slot *s = &e->slots[slot];
@@ -343,8 +365,10 @@ void pl_engine_backward_notify(pl_engine *e, int slot, const float *dout, float 
         kn_layernorm_backward(k, w.dres, G(e, H, 0), G(e, H, 1), w.dln, last_output(e, s),
                               P(e, H, 0), s->lnf_mean, s->lnf_rstd, B, T, C);
         if (done) done(ctx, H);
-    } else {
+    } else if (!dev) {
         kn_to_device(k, w.dres, dout, BTC * sizeof(float));
+    } else {
+        kn_copy(k, w.dres, dout, BTC * sizeof(float));
     }
     int lo = (int)first_block(e);
     for (int b = nblocks(e) - 1; b >= 0; b--) {
@@ -357,6 +381,18 @@ void pl_engine_backward_notify(pl_engine *e, int slot, const float *dout, float 
     }
 }
 
+void pl_engine_backward_notify(pl_engine *e, int slot, const float *dout, float dloss_scale,
+                               pl_layer_done_fn done, void *ctx)
+{
+    backward(e, slot, dout, 0, dloss_scale, done, ctx);
+}
+
+void pl_engine_backward_notify_dev(pl_engine *e, int slot, const float *dout, float dloss_scale,
+                                   pl_layer_done_fn done, void *ctx)
+{
+    backward(e, slot, dout, 1, dloss_scale, done, ctx);
+}
+
 const float *pl_engine_input_grad(const pl_engine *e)
 {
     return scratch_of(e).dres;
@@ -367,15 +403,14 @@ void pl_engine_zero_grads(pl_engine *e)
     kn_zero(e->k, e->grads, e->nparams * sizeof(float));
 }
 
+/* One reduction over the contiguous gradients (off the CPU each one waits for the
+ * device): a head-only range's wte copy, left out, is its first tensor. */
 double pl_engine_grad_sumsq(pl_engine *e)
 {
-    double s = 0;
-    for (int i = 0; i < e->ntensors; i++) {
-        const pl_engine_tensor *t = &e->tensors[i];
-        if (i == e->wte_tensor && !pl_engine_has_embedding(e)) continue;
-        s += kn_sum_squares(e->k, e->grads + t->offset, t->spec.numel);
-    }
-    return s;
+    size_t start = 0;
+    if (e->wte_tensor >= 0 && !pl_engine_has_embedding(e))
+        start = e->tensors[0].offset + e->tensors[0].spec.numel;
+    return kn_sum_squares(e->k, e->grads + start, e->nparams - start);
 }
 
 void pl_engine_adamw(pl_engine *e, const pl_adamw *o, float grad_scale, int t)

@@ -90,6 +90,19 @@ void pl_engine_backward_notify(pl_engine *e, int slot, const float *dout, float 
                                pl_layer_done_fn done, void *ctx);
 const float *pl_engine_input_grad(const pl_engine *e);
 
+/* The same with the stage input `in` / output gradient `dout` already in BACKEND
+ * memory (a receive of an ordered transport, xport.h): copied within the backend
+ * (kn_copy), or not at all when `in` is pl_engine_input_buffer(e, slot). Tokens and
+ * targets stay host memory. */
+float pl_engine_forward_dev(pl_engine *e, int slot, const int32_t *tokens, const float *in,
+                            const int32_t *targets);
+void pl_engine_backward_notify_dev(pl_engine *e, int slot, const float *dout, float dloss_scale,
+                                   pl_layer_done_fn done, void *ctx);
+/* Backend memory [B,T,C] that slot's next forward reads as its input (without the
+ * embedding): a transport may receive into it once the slot's previous microbatch is
+ * through its backward. */
+float *pl_engine_input_buffer(pl_engine *e, int slot);
+
 void pl_engine_zero_grads(pl_engine *e);
 
 /* Σ grad² over the range's tensors, the tied wte counted only where the

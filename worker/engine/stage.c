@@ -78,3 +78,84 @@ int pl_stage_step_notify(pl_engine *e, const pl_schedule *s, const pl_stage_link
     if (loss_sum) *loss_sum = sum;
     return rc;
 }
+
+/* ---- over an ordered transport (xport.h) ---- */
+
+/* What op `op` sends after computing: its output activation or the input gradient, in
+ * the engine's backend memory. */
+static pl_xport_op send_of(pl_engine *e, const pl_stage_xlink *x, const pl_sched_op *op,
+                           size_t n)
+{
+    const float *data = op->kind == PL_SCHED_FORWARD ? pl_engine_output(e, op->slot)
+                                                     : pl_engine_input_grad(e);
+    return (pl_xport_op){x->stage_ranks[op->send_to], 1, (float *)data, n};
+}
+
+int pl_stage_step_xport(pl_engine *e, const pl_schedule *s, const pl_stage_xlink *x,
+                        const pl_stage_batch *batch, pl_layer_done_fn done, void *ctx,
+                        double *loss_sum, char *err, size_t errlen)
+{
+    const pl_xport *xp = x->xport;
+    if (s->nslots > e->nslots)
+        return pl_errf(err, errlen, "stage: schedule needs %d activation slots, engine has %d",
+                       s->nslots, e->nslots);
+    if (s->nstages > 1) {
+        if (!x->stage_ranks || x->stage_ranks[s->stage] != xp->self)
+            return pl_errf(err, errlen, "stage: stage %d of the pipeline is not this rank (%d)",
+                           s->stage, xp->self);
+        for (int k = s->stage - 1; k <= s->stage + 1; k += 2)
+            if (k >= 0 && k < s->nstages &&
+                (x->stage_ranks[k] < 0 || x->stage_ranks[k] >= xp->nranks ||
+                 x->stage_ranks[k] == xp->self))
+                return pl_errf(err, errlen, "stage: stage %d has world rank %d (of %d)", k,
+                               x->stage_ranks[k], xp->nranks);
+    }
+    const size_t BT = (size_t)e->B * (size_t)e->T, n = BT * (size_t)e->cfg.C;
+    /* received gradients land here (not in the input gradient scratch: the send of the
+     * previous backward's input gradient may be in the same group) */
+    float *gbuf = NULL;
+    if (s->stage < s->nstages - 1 && !(gbuf = kn_alloc(e->k, n * sizeof *gbuf)))
+        return pl_errf(err, errlen, "stage: out of backend memory");
+    int last_bw = -1;
+    for (int i = 0; i < s->nops; i++)
+        if (s->ops[i].kind == PL_SCHED_BACKWARD) last_bw = i;
+    double sum = 0;
+    int rc = 0;
+    for (int i = 0; i < s->nops && rc == 0; i++) {
+        const pl_sched_op *op = &s->ops[i];
+        /* the paired group: the send after op i−1 and the receive before op i */
+        pl_xport_op g[2];
+        int ng = 0;
+        if (i > 0 && s->ops[i - 1].send_to >= 0) g[ng++] = send_of(e, x, &s->ops[i - 1], n);
+        float *in = NULL;
+        if (op->recv_from >= 0) {
+            in = op->kind == PL_SCHED_FORWARD ? pl_engine_input_buffer(e, op->slot) : gbuf;
+            g[ng++] = (pl_xport_op){x->stage_ranks[op->recv_from], 0, in, n};
+        }
+        if (ng && (xp->after_compute(xp->ctx, err, errlen) ||
+                   xp->p2p(xp->ctx, g, ng, err, errlen) ||
+                   xp->before_compute(xp->ctx, err, errlen))) {
+            rc = -1;
+            break;
+        }
+        if (op->kind == PL_SCHED_FORWARD) {
+            const size_t off = (size_t)op->mb * BT;
+            const int32_t *tok = pl_engine_has_embedding(e) ? batch->tokens + off : NULL;
+            const int32_t *tgt = pl_engine_has_head(e) ? batch->targets + off : NULL;
+            sum += pl_engine_forward_dev(e, op->slot, tok, in, tgt);
+        } else {
+            pl_engine_backward_notify_dev(e, op->slot, in, batch->dloss_scale,
+                                          i == last_bw ? done : NULL, ctx);
+        }
+    }
+    if (rc == 0 && s->nops > 0 && s->ops[s->nops - 1].send_to >= 0) {
+        const pl_xport_op last = send_of(e, x, &s->ops[s->nops - 1], n);
+        if (xp->after_compute(xp->ctx, err, errlen) || xp->p2p(xp->ctx, &last, 1, err, errlen))
+            rc = -1;
+    }
+    /* the last reader of gbuf is the last backward's copy, queued on the compute stream
+     * before anything allocated later can use the memory */
+    kn_free(e->k, gbuf);
+    if (loss_sum) *loss_sum = sum;
+    return rc;
+}

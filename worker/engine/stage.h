@@ -10,6 +10,7 @@
 
 #include "engine.h"
 #include "schedule.h"
+#include "xport.h"
 
 typedef enum { PL_LINK_ACTIVATION = 0, PL_LINK_GRADIENT = 1 } pl_link_kind;
 
@@ -48,5 +49,39 @@ int pl_stage_step(pl_engine *e, const pl_schedule *s, const pl_stage_link *link,
 int pl_stage_step_notify(pl_engine *e, const pl_schedule *s, const pl_stage_link *link,
                          const pl_stage_batch *batch, pl_layer_done_fn done, void *ctx,
                          double *loss_sum, char *err, size_t errlen);
+
+/* The pipeline on an ORDERED transport (xport.h: NCCL's model, rendezvous p2p). */
+typedef struct {
+    const pl_xport *xport;
+    const int *stage_ranks; /* world rank of each stage 0 .. S−1 of the pipeline;
+                               stage_ranks[k] is xport->self (NULL when S = 1) */
+} pl_stage_xlink;
+
+/* pl_stage_step_notify over an ordered transport, in the schedule's PAIRED mode (what
+ * Megatron does): before computing op t it enqueues ONE group holding the send that
+ * follows op t−1 (if any) and the receive that precedes op t (if any), after
+ * after_compute and followed by before_compute; after the last op, its send alone.
+ * Tensors stay in backend memory: activations are received straight into the slot's
+ * input (pl_engine_input_buffer), gradients into one backend buffer the backward
+ * copies from; sends read the slot's output or the engine's input gradient in place.
+ *
+ * Buffer lifetimes (every one follows from the per-rank issue order):
+ *  - what op t−1 sends is read by the transport before op t computes (before_compute
+ *    after the group), so the input gradient scratch, which op t's backward
+ *    overwrites, needs no copy; the slot output is not written again before that
+ *    slot's backward;
+ *  - the group before op t overwrites the gradient buffer and the slot input only
+ *    after the compute queued so far (after_compute), which is the last reader of
+ *    either (op t−1's copy, the slot's previous microbatch's backward);
+ *  - the last send is only ENQUEUED when this returns: the caller enqueues what must
+ *    follow it (the tied-wte all-reduce) and then waits (xport->wait) before touching
+ *    the engine again. On −1 the transport may still hold operations on the engine's
+ *    buffers (xport.h: abort it).
+ * done (may be NULL) is called during the last backward, highest layer first, after
+ * that layer's kernels are queued: a callback enqueuing a collective on the layer's
+ * gradients calls after_compute first. */
+int pl_stage_step_xport(pl_engine *e, const pl_schedule *s, const pl_stage_xlink *x,
+                        const pl_stage_batch *batch, pl_layer_done_fn done, void *ctx,
+                        double *loss_sum, char *err, size_t errlen);
 
 #endif

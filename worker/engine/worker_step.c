@@ -118,6 +118,7 @@ static void *sync_main(void *arg)
 static int plan_sync(sync_state *s, const pl_sync_rank *me, float **buf, char *err,
                      size_t errlen)
 {
+    const int self = s->a->xport ? s->a->xport->self : (int)s->a->peers->self;
     const pl_worker_step_args *a = s->a;
     pl_engine *e = a->engine;
     s->njobs = me->ngroups;
@@ -134,7 +135,7 @@ static int plan_sync(sync_state *s, const pl_sync_rank *me, float **buf, char *e
             char name[32];
             pl_sync_key_name(j->g->key, name, sizeof name);
             return pl_errf(err, errlen, "worker step: rank %d is in group %s but holds none of it",
-                           (int)a->peers->self, name);
+                           self, name);
         }
         /* wte is complete with the embedding's backward, or the head's without it */
         j->layer = j->g->key != PL_SYNC_WTE ? j->g->key
@@ -179,6 +180,151 @@ static int stage_and_sync(sync_state *s, const pl_stage_batch *batch, double *lo
     return rc;
 }
 
+/* ---- on an ordered transport (xport.h) ----
+ *
+ * One queue per rank, in issue order: the stage's paired p2p groups G_0 .. G_{n−1},
+ * then, during the last backward, the all-reduces of the rank's layers (highest
+ * first), then the final send (the last backward's input gradient to stage k − 1),
+ * then the wte all-reduce. Why this cannot deadlock, even with heterogeneous
+ * pipelines (layer l on stage a of one pipeline and stage b of another):
+ *
+ *  (1) Which p2p a stage needs before its all-reduces: its groups G_0 .. G_{n−1}.
+ *      Downwards they pair only with groups of stage k−1 before ITS last one (in the
+ *      cool-down k's G_{n−d} pairs with k−1's G_{n−1−d}: one index lower per stage
+ *      down, and activations go up earlier still), so no final send of a stage ≤ k is
+ *      needed. Upwards G_{n−1} receives stage k+1's FINAL send, which follows k+1's
+ *      all-reduces and needs k+1's own G_{n−1}, i.e. k+2's final send, and so on: the
+ *      stages above k (holding only higher layers) must have done their all-reduces,
+ *      nothing else. Apart from that, each pipeline's p2p is deadlock-free in paired
+ *      mode for any compute times (pl_pipeline_simulate, tests/unit/test_schedule.c):
+ *      a block of all-reduces that completes is just a longer last backward.
+ *  (2) Induction, layers L+1 down to 0: all-reduce(l) completes. Every member holds l
+ *      at some stage k of its pipeline; by (1) it reaches its all-reduces once the
+ *      stages above it (holding only layers > l) made their final sends, which they
+ *      do once their all-reduces (layers > l: done by the induction) are. Then it
+ *      runs its all-reduces of layers > l (done) and is at all-reduce(l), like every
+ *      other member: it completes. A rank's all-reduces being a subsequence of the
+ *      one global order (L+1 .. 0, then wte) is what lets the induction go layer by
+ *      layer.
+ *  (3) wte, last everywhere: once every layer's all-reduce and so every final send is
+ *      done (stage 0 holds layer 0 and has received its last gradient), every wte
+ *      holder has only the wte all-reduce left.
+ * Enqueuing wte with the head's layer instead breaks (1): the head stage's final send
+ * would wait for wte, which waits for stage 0, which waits for that send
+ * (tests/unit/test_xport_step.c shows the deadlock in the simulator). */
+
+/* Enqueues job i's all-reduce (after the compute that wrote it). */
+static int xport_reduce(sync_state *s, int i, char *err, size_t errlen)
+{
+    const pl_worker_step_args *a = s->a;
+    const pl_xport *x = a->xport;
+    const sync_job *j = &s->jobs[i];
+    const pl_sync_group *g = j->g;
+    if (g->nranks == 1) return 0;
+    if (a->before_reduce) a->before_reduce(a->hook_ctx, g->key);
+    int32_t *group = malloc((size_t)g->nranks * sizeof *group);
+    if (!group) return pl_errf(err, errlen, "worker step: out of memory");
+    for (int r = 0; r < g->nranks; r++) group[r] = g->ranks[r];
+    float *bufs[PL_MAX_LAYER_TENSORS];
+    size_t counts[PL_MAX_LAYER_TENSORS];
+    for (int t = 0; t < j->n; t++) bufs[t] = j->refs[t].data, counts[t] = j->refs[t].count;
+    char msg[1024];
+    int rc = x->after_compute(x->ctx, msg, sizeof msg) ||
+             x->allreduce(x->ctx, group, g->nranks, bufs, counts, j->n, msg, sizeof msg);
+    free(group);
+    if (rc) {
+        char name[32];
+        pl_sync_key_name(g->key, name, sizeof name);
+        return pl_errf(err, errlen, "worker step: all-reduce of %s: %s", name, msg);
+    }
+    return 0;
+}
+
+/* The stage's callback: enqueue, in the rank's order, the groups `layer` completes
+ * (never wte: that one waits for the final send). An error is kept for the end. */
+typedef struct {
+    sync_state *s;
+    int next; /* the next job to enqueue */
+} xport_sync;
+
+static void xport_layer_done(void *ctx, int layer)
+{
+    xport_sync *x = ctx;
+    sync_state *s = x->s;
+    while (x->next < s->njobs && s->rc == 0 && s->jobs[x->next].g->key != PL_SYNC_WTE &&
+           s->jobs[x->next].layer == layer) {
+        s->rc = xport_reduce(s, x->next, s->err, sizeof s->err);
+        if (s->rc == 0 && s->jobs[x->next].g->nranks > 1) s->overlapped++;
+        x->next++;
+    }
+}
+
+static int xport_stage_and_sync(sync_state *s, const pl_stage_batch *batch, double *loss,
+                                char *err, size_t errlen)
+{
+    const pl_worker_step_args *a = s->a;
+    const pl_xport *x = a->xport;
+    const pl_schedule *sch = a->schedule;
+    int *ranks = NULL;
+    const int *stage_ranks = a->stage_ranks;
+    if (!stage_ranks && sch->nstages > 1) {
+        if (!(ranks = malloc((size_t)sch->nstages * sizeof *ranks)))
+            return pl_errf(err, errlen, "worker step: out of memory");
+        for (int k = 0; k < sch->nstages; k++) ranks[k] = x->self - sch->stage + k;
+        stage_ranks = ranks;
+    }
+    for (int i = 0; i < s->njobs; i++)
+        for (int r = 0; r < s->jobs[i].g->nranks; r++)
+            if (s->jobs[i].g->ranks[r] >= x->nranks) {
+                free(ranks);
+                return pl_errf(err, errlen,
+                               "worker step: sync group rank %d outside the world of %d",
+                               s->jobs[i].g->ranks[r], x->nranks);
+            }
+    pl_stage_xlink link = {x, stage_ranks};
+    xport_sync xs = {s, 0};
+    int rc = pl_stage_step_xport(a->engine, sch, &link, batch, xport_layer_done, &xs, loss,
+                                 err, errlen);
+    free(ranks);
+    if (rc == 0 && s->rc != 0) rc = pl_errf(err, errlen, "%s", s->err);
+    /* what the last backward did not enqueue: wte, after the final send */
+    for (int i = xs.next; i < s->njobs && rc == 0; i++) rc = xport_reduce(s, i, err, errlen);
+    char msg[1024];
+    if (rc == 0 && x->wait(x->ctx, a->timeout_ms, msg, sizeof msg))
+        rc = pl_errf(err, errlen, "worker step: waiting for the transport: %s", msg);
+    return rc;
+}
+
+static int by_address(const void *x, const void *y)
+{
+    const float *a = ((const pl_tensor_ref *)x)->data, *b = ((const pl_tensor_ref *)y)->data;
+    return (a > b) - (a < b);
+}
+
+/* Σ g² of the groups whose lowest rank is this one, in as few reductions as possible
+ * (off the CPU each waits for the device): their tensors are runs of the engine's
+ * contiguous gradients, merged in address order. */
+static int counted_sumsq(const sync_state *s, int self, double *out, char *err, size_t errlen)
+{
+    pl_tensor_ref *r = malloc(((size_t)s->njobs * PL_MAX_LAYER_TENSORS + 1) * sizeof *r);
+    if (!r) return pl_errf(err, errlen, "worker step: out of memory");
+    int n = 0;
+    for (int i = 0; i < s->njobs; i++)
+        if (s->jobs[i].g->ranks[0] == self)
+            for (int t = 0; t < s->jobs[i].n; t++) r[n++] = s->jobs[i].refs[t];
+    qsort(r, (size_t)n, sizeof *r, by_address);
+    double sum = 0;
+    for (int i = 0; i < n;) {
+        float *run = r[i].data;
+        size_t len = 0;
+        for (; i < n && r[i].data == run + len; i++) len += r[i].count;
+        sum += kn_sum_squares(s->a->engine->k, run, len);
+    }
+    free(r);
+    *out = sum;
+    return 0;
+}
+
 int pl_worker_step(const pl_worker_step_args *a, pl_worker_step_result *out, char *err,
                    size_t errlen)
 {
@@ -189,10 +335,9 @@ int pl_worker_step(const pl_worker_step_args *a, pl_worker_step_result *out, cha
         return pl_errf(err, errlen,
                        "worker step: microbatches [%d, %d) outside the step's %d",
                        a->first_micro, a->first_micro + sch->nmicro, a->global_micro);
-    const pl_sync_rank *me = pl_syncgroups_rank(a->groups, (int)a->peers->self);
-    if (!me)
-        return pl_errf(err, errlen, "worker step: rank %d runs no stage in the plan",
-                       (int)a->peers->self);
+    const int self = a->xport ? a->xport->self : (int)a->peers->self;
+    const pl_sync_rank *me = pl_syncgroups_rank(a->groups, self);
+    if (!me) return pl_errf(err, errlen, "worker step: rank %d runs no stage in the plan", self);
 
     const size_t BT = (size_t)e->B * (size_t)e->T, off = (size_t)a->first_micro * BT;
     pl_stage_batch batch = {
@@ -205,11 +350,15 @@ int pl_worker_step(const pl_worker_step_args *a, pl_worker_step_result *out, cha
     if (pl_engine_has_head(e) && !batch.targets)
         return pl_errf(err, errlen, "worker step: the stage has the head and needs targets");
 
-    sync_state s = {.a = a, .host = strcmp(kn_backend(e->k), "cpu") == 0};
+    /* on an ordered transport the gradients are reduced where they are */
+    sync_state s = {.a = a, .host = a->xport || strcmp(kn_backend(e->k), "cpu") == 0};
     float *buf = NULL;
     int rc = plan_sync(&s, me, &buf, err, errlen);
     double loss = 0;
-    if (rc == 0) {
+    if (rc == 0 && a->xport) {
+        pl_engine_zero_grads(e);
+        rc = xport_stage_and_sync(&s, &batch, &loss, err, errlen);
+    } else if (rc == 0) {
         pl_engine_zero_grads(e);
         pthread_mutex_init(&s.mu, NULL);
         pthread_cond_init(&s.cv, NULL);
@@ -217,17 +366,15 @@ int pl_worker_step(const pl_worker_step_args *a, pl_worker_step_result *out, cha
         pthread_cond_destroy(&s.cv);
         pthread_mutex_destroy(&s.mu);
     }
-    double sumsq = 0;
     for (int i = 0; i < s.njobs && rc == 0; i++) {
         const sync_job *j = &s.jobs[i];
         if (!s.host && j->g->nranks > 1)
             for (int t = 0; t < j->n; t++)
                 kn_to_device(e->k, j->refs[t].data, j->ring[t].data,
                              j->refs[t].count * sizeof(float));
-        if (j->g->ranks[0] == (int)a->peers->self)
-            for (int t = 0; t < j->n; t++)
-                sumsq += kn_sum_squares(e->k, j->refs[t].data, j->refs[t].count);
     }
+    double sumsq = 0;
+    if (rc == 0) rc = counted_sumsq(&s, self, &sumsq, err, errlen);
     kn_host_free(e->k, buf);
     free(s.jobs);
     if (rc != 0) return -1;

@@ -39,11 +39,22 @@ typedef struct {
     const pl_syncgroups *groups;     /* of the current plan */
     const pl_peer_table *peers;      /* peers->self is this rank; conn[r] for every group peer */
     uint32_t step;                   /* mixed into the all-reduce tags */
-    int timeout_ms;                  /* all-reduce idle timeout */
+    int timeout_ms;                  /* all-reduce idle timeout (with xport: the deadline
+                                        of the wait at the end) */
     /* Fault injection for recovery tests: called on the comm thread before the
      * all-reduce of each group shared with other ranks. NULL: none. */
     void (*before_reduce)(void *ctx, int key);
     void *hook_ctx;
+    /* The ordered transport (xport.h: NCCL on GPU workers, docs/nccl.md "The step on
+     * NCCL"), or NULL for the TCP path above (link, peers, a comm thread). With it, link
+     * and peers are not used, the rank is xport->self, the sync groups' ranks are world
+     * ranks, and before_reduce runs on the calling thread before each shared group's
+     * all-reduce is enqueued. */
+    const pl_xport *xport;
+    /* With xport: the world rank of each stage of this pipeline (schedule->nstages);
+     * NULL: consecutive ranks, stage k at self − stage + k (the plan's rank order,
+     * pipelines flattened). */
+    const int *stage_ranks;
 } pl_worker_step_args;
 
 typedef struct {
@@ -68,6 +79,15 @@ typedef struct {
  * next group, a transport failure is reported once the stage is over). */
 int pl_worker_step(const pl_worker_step_args *a, pl_worker_step_result *out, char *err,
                    size_t errlen);
+/* With a->xport, the same step on ONE ordered queue of transport operations, no thread:
+ * the stage in paired mode (pl_stage_step_xport); during its last backward, as each
+ * layer finishes, after_compute and the all-reduce of the layer's groups, in the rank's
+ * pl_syncgroups order; the tied-wte group only AFTER the stage's final send (enqueued
+ * with the head's layer, a head-only stage's wte all-reduce would sit before the
+ * gradient that stage 0 needs to ever reach its own: a deadlock); then wait
+ * (a->timeout_ms) and Σgrad². Sums are in the transport's order (NCCL's, not the TCP
+ * ring's). On −1 the transport may still hold operations on the engine's buffers: abort
+ * it (xport.h). */
 
 /* The tensors (in engine order) a sync group key covers on this engine; returns their
  * number (0 when the engine holds none). refs needs room for PL_MAX_LAYER_TENSORS. */
