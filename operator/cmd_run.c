@@ -505,6 +505,9 @@ int cmd_run(int argc, char **argv)
                 } else if (e->when == PL_CHAOS_WHEN_WAITING) {
                     if (cph != PL_COORD_WAITING_FOR_NODES) continue;
                     snprintf(when, sizeof when, "waiting");
+                } else if (e->when == PL_CHAOS_AT_CHECKPOINT) {
+                    if (pl_coord_last_checkpoint(r->coord) < e->step) continue;
+                    snprintf(when, sizeof when, "checkpoint %lld", (long long)e->step);
                 } else {
                     if (now - start_ms < e->t_ms) continue;
                     snprintf(when, sizeof when, "t=%.3fs", (double)e->t_ms / 1000.0);

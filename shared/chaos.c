@@ -190,7 +190,8 @@ static int add_event(pl_chaos *c, const char *s, size_t len, char *err, size_t e
         e.action = PL_CHAOS_ADD;
     else
         return pl_errf(err, errlen, "unknown action (expected kill, term, add or trace)");
-    if (!at || at < colon) return pl_errf(err, errlen, "expected @step=S, @t=SECONDS or @waiting");
+    if (!at || at < colon)
+        return pl_errf(err, errlen, "expected @step=S, @t=SECONDS, @waiting or @checkpoint=S");
     int64_t v;
     if (parse_i64(colon + 1, at, e.action == PL_CHAOS_ADD ? 1 : 0, 100000, &v))
         return pl_errf(err, errlen, "%s must be a number",
@@ -209,8 +210,12 @@ static int add_event(pl_chaos *c, const char *s, size_t len, char *err, size_t e
             return pl_errf(err, errlen, "t must be a non-negative number of seconds");
     } else if ((size_t)(end - at) == 8 && !memcmp(at, "@waiting", 8)) {
         e.when = PL_CHAOS_WHEN_WAITING;
+    } else if ((size_t)(end - at) >= 12 && !memcmp(at, "@checkpoint=", 12)) {
+        e.when = PL_CHAOS_AT_CHECKPOINT;
+        if (parse_i64(at + 12, end, 1, INT64_MAX / 2, &e.step))
+            return pl_errf(err, errlen, "checkpoint must be a step ≥ 1");
     } else {
-        return pl_errf(err, errlen, "expected @step=S, @t=SECONDS or @waiting");
+        return pl_errf(err, errlen, "expected @step=S, @t=SECONDS, @waiting or @checkpoint=S");
     }
     return push(c, &e) ? pl_errf(err, errlen, "out of memory") : 0;
 }

@@ -8,6 +8,8 @@
  *   add:K@step=S         start K new workers when step S begins
  *   add:K@t=SECONDS
  *   add:K@waiting        (any action) once the job waits for workers (too few to run)
+ *   kill:W@checkpoint=S  (any action) once the checkpoint of step S is complete (tests that
+ *                        need a checkpoint written in the background to exist first)
  *   trace:FILE[:SPEEDUP] replay a trace of ../shared/traces/ format, time-compressed by SPEEDUP
  *
  * A trace is CSV without header, one event per row, `t_ms,add|remove,nodeN`, rows sorted by time,
@@ -22,12 +24,17 @@
 #include <stdint.h>
 
 typedef enum { PL_CHAOS_KILL, PL_CHAOS_TERM, PL_CHAOS_ADD } pl_chaos_action;
-typedef enum { PL_CHAOS_AT_STEP, PL_CHAOS_AT_TIME, PL_CHAOS_WHEN_WAITING } pl_chaos_when;
+typedef enum {
+    PL_CHAOS_AT_STEP,
+    PL_CHAOS_AT_TIME,
+    PL_CHAOS_WHEN_WAITING,
+    PL_CHAOS_AT_CHECKPOINT
+} pl_chaos_when;
 
 typedef struct {
     pl_chaos_action action;
     pl_chaos_when when;
-    int64_t step;  /* PL_CHAOS_AT_STEP */
+    int64_t step;  /* PL_CHAOS_AT_STEP; PL_CHAOS_AT_CHECKPOINT: the checkpoint's step */
     int64_t t_ms;  /* PL_CHAOS_AT_TIME, after the job started (trace times from its first
                       timestamp, divided by SPEEDUP) */
     int worker;    /* KILL, TERM: worker number in start order */

@@ -494,17 +494,22 @@ def two_simultaneous_kills_with_tolerate_two():
 
 @test
 def fatal_loss_restarts_from_the_checkpoint():
-    """Both workers (2x1, every layer on each) SIGKILLed at step 6 and two new ones
-    started: no live holder of any layer, so the job restarts from the checkpoint of
-    step 4 (written during training by pipeline 0, completed by checkpoint.json);
-    steps 4 and 5 are redone with the same samples and every loss equals train's."""
+    """Both workers (2x1, every layer on each) SIGKILLed once the checkpoint of step 4 is
+    complete (written during training by pipeline 0, completed by checkpoint.json) and two
+    new ones started: no live holder of any layer, so the job restarts from that checkpoint;
+    the steps from 4 on are redone with the same samples and every loss equals train's."""
     steps = 12
     ck = ckpt_dir("fatal")
     job = write_job("fatal", steps=steps, extra="  checkpoint: {dir: %s, every: 4}\n" % ck)
-    m, out, err = run_chaos(job, 2, "kill:0@step=6,kill:1@step=6,add:2@step=6")
+    # both killed once the checkpoint of step 4 (written in the background) is complete
+    m, out, err = run_chaos(job, 2, "kill:0@checkpoint=4,kill:1@checkpoint=4,add:2@checkpoint=4")
+    # the two deaths usually make one plan; on a loaded machine the first may be noticed
+    # (and replanned) alone: the last reconfiguration is the fatal one either way
     rec = events(m, "reconfigure")
-    check(len(rec) == 1 and rec[0]["from_checkpoint"] is True and rec[0]["step"] == 4 and
-          "fatal: no live holder of layer" in rec[0]["cause"], "reconfigure: %s", rec)
+    check(rec and rec[-1]["from_checkpoint"] is True and rec[-1]["step"] in (4, 8) and
+          "fatal: no live holder of layer" in rec[-1]["cause"] and
+          not any(r["from_checkpoint"] for r in rec[:-1]), "reconfigure: %s", rec)
+    restart = rec[-1]["step"]
     check([e["step"] for e in events(m, "checkpoint")] == [4, 8, 12], "checkpoints: %s",
           events(m, "checkpoint"))
     for step in (4, 8, 12):
@@ -512,7 +517,7 @@ def fatal_loss_restarts_from_the_checkpoint():
               "no checkpoint.json for step %d", step)
     check("loaded from" in err, "no worker loaded the checkpoint:\n%s", err[-1500:])
     rows = metrics(m)
-    check([r["step"] for r in rows].count(5) == 2, "step 5 not redone: %s",
+    check([r["step"] for r in rows].count(restart) == 2, "step %d not redone: %s", restart,
           [r["step"] for r in rows])
     check_steps_match(rows, reference(reference_job("fatal", steps)), steps, once=False)
     # the finished job's checkpoint is complete: a second run has nothing to do
@@ -529,10 +534,13 @@ def strategy_checkpoint_restarts_every_worker_from_the_checkpoint():
     job = write_job("strategy", steps=steps,
                     extra="  checkpoint: {dir: %s, every: 3}\n"
                           "  faultTolerance: {strategy: checkpoint}\n" % ck)
-    m, out, err = run_chaos(job, 3, "kill:1@step=5")
+    # once the checkpoint of step 3 (written in the background) is complete
+    m, out, err = run_chaos(job, 3, "kill:1@checkpoint=3")
     rec = events(m, "reconfigure")
-    check(len(rec) == 1 and rec[0]["from_checkpoint"] is True and rec[0]["step"] == 3 and
-          rec[0]["bytes_copied"] == 0, "reconfigure: %s", rec)
+    # the newest complete checkpoint when the loss is handled: 3, or a later one on a
+    # loaded machine
+    check(len(rec) == 1 and rec[0]["from_checkpoint"] is True and rec[0]["step"] in (3, 6, 9)
+          and rec[0]["bytes_copied"] == 0, "reconfigure: %s", rec)
     check_steps_match(metrics(m), reference(reference_job("strategy", steps)), steps,
                       once=False)
 

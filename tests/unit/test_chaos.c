@@ -26,6 +26,10 @@ static void test_step_and_time_events(void)
     pl_chaos_free(&c);
     CHECK(pl_chaos_parse("", &c, err, sizeof err) == 0 && c.n == 0);
     pl_chaos_free(&c);
+    CHECK(pl_chaos_parse("kill:1@checkpoint=3", &c, err, sizeof err) == 0);
+    CHECK(c.n == 1 && c.events[0].when == PL_CHAOS_AT_CHECKPOINT && c.events[0].step == 3 &&
+          c.events[0].worker == 1);
+    pl_chaos_free(&c);
 }
 
 static void test_bad_specs_name_the_event(void)
@@ -35,8 +39,9 @@ static void test_bad_specs_name_the_event(void)
     } bad[] = {
         {"kill:x@step=3", "event 1 (kill:x@step=3): worker must be a number"},
         {"kill:1@step=3,boom:1@step=2", "event 2 (boom:1@step=2): unknown action"},
-        {"kill:1", "expected @step=S, @t=SECONDS or @waiting"},
-        {"kill:1@when=3", "expected @step=S, @t=SECONDS or @waiting"},
+        {"kill:1", "expected @step=S, @t=SECONDS, @waiting or @checkpoint=S"},
+        {"kill:1@when=3", "expected @step=S, @t=SECONDS, @waiting or @checkpoint=S"},
+        {"kill:1@checkpoint=0", "checkpoint must be a step"},
         {"add:0@step=3", "count of workers to add"},
         {"term:1@t=-2", "t must be a non-negative number"},
         {"kill:1@step=", "step must be a non-negative integer"},
