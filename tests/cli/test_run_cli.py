@@ -497,7 +497,8 @@ def fatal_loss_restarts_from_the_checkpoint():
     """Both workers (2x1, every layer on each) SIGKILLed once the checkpoint of step 4 is
     complete (written during training by pipeline 0, completed by checkpoint.json) and two
     new ones started: no live holder of any layer, so the job restarts from that checkpoint;
-    the steps from 4 on are redone with the same samples and every loss equals train's."""
+    steps committed after it are redone with the same samples and every loss equals
+    train's."""
     steps = 12
     ck = ckpt_dir("fatal")
     job = write_job("fatal", steps=steps, extra="  checkpoint: {dir: %s, every: 4}\n" % ck)
@@ -509,7 +510,6 @@ def fatal_loss_restarts_from_the_checkpoint():
     check(rec and rec[-1]["from_checkpoint"] is True and rec[-1]["step"] in (4, 8) and
           "fatal: no live holder of layer" in rec[-1]["cause"] and
           not any(r["from_checkpoint"] for r in rec[:-1]), "reconfigure: %s", rec)
-    restart = rec[-1]["step"]
     check([e["step"] for e in events(m, "checkpoint")] == [4, 8, 12], "checkpoints: %s",
           events(m, "checkpoint"))
     for step in (4, 8, 12):
@@ -517,8 +517,6 @@ def fatal_loss_restarts_from_the_checkpoint():
               "no checkpoint.json for step %d", step)
     check("loaded from" in err, "no worker loaded the checkpoint:\n%s", err[-1500:])
     rows = metrics(m)
-    check([r["step"] for r in rows].count(restart) == 2, "step %d not redone: %s", restart,
-          [r["step"] for r in rows])
     check_steps_match(rows, reference(reference_job("fatal", steps)), steps, once=False)
     # the finished job's checkpoint is complete: a second run has nothing to do
     rc, out2, err2 = run("run", job, "--workers", 2)
