@@ -17,6 +17,7 @@
 #include "control_client.h"
 #include "engine.h"
 #include "jobspec.h"
+#include "layer_copy.h"
 #include "nccl_plan.h"
 #include "protocol.h"
 #include "sampler.h"
@@ -461,6 +462,12 @@ static const char *copy_source(const pl_msg_plan *p, int layer)
     return NULL;
 }
 
+/* A copy that goes over the plan's NCCL world rather than TCP (layer_copy.h). */
+static int xport_copy(const pl_msg_plan *p, const char *source, const char *dest)
+{
+    return pl_layer_copy_xport_possible(p) && pl_layer_copy_xport_pair(p, source, dest);
+}
+
 /* Installs the engine of the plan: for a pipeline worker layers [b, e) with nslots (in_pipe),
  * serving the plan's sends from the previous engine, copying what it holds (a layer not in
  * the plan's copies) and receiving the plan's copies (params, AdamW m and v of every tensor;
@@ -504,8 +511,10 @@ static int change_engine(agent *a, const pl_msg_plan *p, const pl_comm_ident *id
         pl_errf(err, errlen, "out of memory");
         goto out;
     }
-    /* senders: one thread per destination */
+    /* senders: one thread per destination (copies between ranks of an NCCL plan go over
+     * NCCL later, install_plan) */
     for (int i = 0; i < p->nsends; i++) {
+        if (xport_copy(p, a->o->name, p->sends[i].dest)) continue;
         int seen = 0;
         for (int j = 0; j < nsend && !seen; j++) seen = !strcmp(snd[j].dest, p->sends[i].dest);
         if (seen) continue;
@@ -558,6 +567,15 @@ static int change_engine(agent *a, const pl_msg_plan *p, const pl_comm_ident *id
             for (int k = 0; k < nrecv && !seen; k++)
                 seen = !strcmp(rcv[k].source, p->copies[i].source);
             if (seen) continue;
+            if (xport_copy(p, p->copies[i].source, a->o->name)) { /* arrives over NCCL */
+                for (int j = 0; j < ne.ntensors; j++) {
+                    int layer = j == ne.wte_tensor && !pl_engine_has_embedding(&ne)
+                                    ? L1 : ne.tensors[j].layer;
+                    const char *from = copy_source(p, layer);
+                    if (from && !strcmp(from, p->copies[i].source)) filled[j] = 1;
+                }
+                continue;
+            }
             copy_receiver *r = &rcv[nrecv++];
             r->source = p->copies[i].source;
             r->ne = &ne;
@@ -682,8 +700,9 @@ static int mp_last(const pl_msg_plan *p)
 }
 
 /* A plan on NCCL (docs/nccl.md): rank 0 makes the world's id and sends it (nccl_root);
- * every rank waits for the coordinator's nccl_init of this generation and joins. Layer
- * copies went over TCP already (change_engine); steps then run on the NCCL world. */
+ * every rank waits for the coordinator's nccl_init of this generation and joins. Then the
+ * layer copies between ranks go over it (those from idle sources came over TCP in
+ * change_engine), and the steps run on it. */
 static int join_nccl(agent *a, int n, char *err, size_t errlen)
 {
     char why[256];
@@ -821,7 +840,12 @@ static int install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err,
     }
     a->nranks = n;
     if (p->transport == PL_TRANSPORT_NCCL) {
+        int64_t got = 0;
         rc = join_nccl(a, n, err, errlen);
+        if (rc == 0 && pl_layer_copy_xport_possible(p))
+            rc = pl_layer_copy_xport(pl_nccl_plan_xport(a->ncp), p, &a->cfg,
+                                     a->have_src ? &a->src : NULL, &a->e, &got, err, errlen);
+        *bytes_in += got;
         goto out;
     }
     /* which ranks share a sync group with this one */
@@ -1135,8 +1159,14 @@ static void on_message(pl_ctl_client *c, const pl_msg *m, void *user)
         return;
     default: {
         if (m->type == PL_MSG_ABORT) abort_step(a, m->gen, m->u.abort_.step);
-        if (m->type == PL_MSG_PLAN && m->gen > atomic_load(&a->newest_plan))
+        if (m->type == PL_MSG_PLAN && m->gen > atomic_load(&a->newest_plan)) {
             atomic_store(&a->newest_plan, m->gen);
+            /* a copy or step blocked in the old plan's NCCL world gives up now, so that
+             * the compute thread gets to the new plan (TCP links time out or break) */
+            pthread_mutex_lock(&a->mu);
+            pl_nccl_plan_abort(a->ncp, "superseded by a newer plan");
+            pthread_mutex_unlock(&a->mu);
+        }
         char *text = pl_msg_encode(m);
         if (text) push(a, text);
         return;
