@@ -9,7 +9,8 @@ why, where it is not built or sees no CUDA device.
   - 4 workers (2 pipelines of 2 stages), one SIGKILLed by --chaos at step 3: the
     survivors re-form and receive layers (parameters, AdamW m and v) from the
     surviving holders through host staging; every step is committed once with
-    train's samples, and the losses stay within the GPU's tolerance of train's.
+    train's samples, and the losses stay within the GPU's tolerance of train's;
+  - on a machine with 2 or more GPUs, one per worker (--devices): the same on NCCL.
 
 Run: python3 tests/cli/test_run_gpu.py --build build [-k SUBSTRING]
 """
@@ -136,6 +137,45 @@ def killed_gpu_worker_recovers_through_host_staging():
     rows = rows_of(m)
     check(rows[0]["pipelines"] == "2x2", "first step: %s", rows[0])
     check_losses(rows, gpu_train(exe, job), steps)
+
+
+def gpu_count():
+    try:
+        p = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(l.startswith("GPU ") for l in p.stdout.splitlines()) if p.returncode == 0 else 0
+
+
+@test
+def a_gpu_per_worker_runs_on_nccl_and_survives_a_kill():
+    """With 4 GPUs (--devices: one per worker) the plan's transport is NCCL: workers join
+    its world, steps run on it; a SIGKILLed worker's survivors make a new world and receive
+    its layers GPU to GPU; losses stay within the GPU tolerance of train's. With 2 or 3 GPUs,
+    one pipeline of 2 stages without a kill."""
+    exe = pliant_cuda()
+    n = min(gpu_count(), 4)
+    if n < 2:
+        raise Skip("needs 2 or more GPUs (NCCL puts one rank on each), found %d" % n)
+    steps = 12
+    job = write_job("nccl", steps=steps, global_=4 if n == 4 else 2)
+    devices = ",".join(str(i) for i in range(n if n == 4 else 2))
+    m = job + ".run.jsonl"
+    args = [exe, "run", job, "--workers", str(len(devices.split(","))), "--backend", "cuda",
+            "--devices", devices, "--metrics", m]
+    if n == 4:
+        args += ["--chaos", "kill:3@step=3"]
+    p = subprocess.run(args, cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True,
+                       text=True, timeout=600)
+    check(p.returncode == 0, "run failed (%d):\n%s\n%s", p.returncode, p.stdout[-2000:],
+          p.stderr[-3000:])
+    check("joined the NCCL world" in p.stderr, "no worker joined an NCCL world:\n%s",
+          p.stderr[-3000:])
+    check_losses(rows_of(m), gpu_train(exe, job), steps)
+    if n == 4:
+        rec = events_of(m, "reconfigure")
+        check(len(rec) == 1 and rec[0]["bytes_copied"] > 0 and not rec[0]["from_checkpoint"],
+              "reconfigure lines: %s", rec)
 
 
 if __name__ == "__main__":

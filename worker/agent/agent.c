@@ -734,8 +734,11 @@ static int join_nccl(agent *a, int n, char *err, size_t errlen)
         return pl_errf(err, errlen, "%s", superseded(a) ? SUPERSEDED_MSG
                                                         : "no nccl_init from the coordinator");
     pl_nccl_plan *ncp;
+    const double t0 = now_ms();
     if (pl_nccl_plan_open(a->k, id, n, a->rank, &a->g, PEER_TIMEOUT_MS, &ncp, err, errlen))
         return -1;
+    logf_(a, "generation %lld: joined the NCCL world as rank %d of %d in %.1f ms",
+          (long long)a->gen, a->rank, n, now_ms() - t0);
     pthread_mutex_lock(&a->mu);
     a->ncp = ncp;
     pthread_mutex_unlock(&a->mu);
