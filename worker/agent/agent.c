@@ -716,7 +716,8 @@ static int join_nccl(agent *a, int n, char *err, size_t errlen)
         if (post(a, &m)) return pl_errf(err, errlen, "cannot send nccl_root");
     }
     char id[PL_PROTO_NCCL_ID_HEX + 1] = "";
-    const double deadline = now_ms() + PEER_TIMEOUT_MS;
+    /* ranks come after their TCP copies from idle sources: as long as those may take */
+    const double deadline = now_ms() + COPY_TIMEOUT_MS;
     pthread_mutex_lock(&a->mu);
     while (a->nccl_gen != a->gen && !superseded(a) && now_ms() < deadline) {
         struct timespec ts;
@@ -735,7 +736,7 @@ static int join_nccl(agent *a, int n, char *err, size_t errlen)
                                                         : "no nccl_init from the coordinator");
     pl_nccl_plan *ncp;
     const double t0 = now_ms();
-    if (pl_nccl_plan_open(a->k, id, n, a->rank, &a->g, PEER_TIMEOUT_MS, &ncp, err, errlen))
+    if (pl_nccl_plan_open(a->k, id, n, a->rank, &a->g, COPY_TIMEOUT_MS, &ncp, err, errlen))
         return -1;
     logf_(a, "generation %lld: joined the NCCL world as rank %d of %d in %.1f ms",
           (long long)a->gen, a->rank, n, now_ms() - t0);
