@@ -634,30 +634,15 @@ static void test_a_dead_rank_fails_its_peers(void)
     CHECK_EQ_INT(rc0, 0); /* nothing to move */
 }
 
-/* The runtime's control thread aborts the transport (a lost peer, `abort`): a destination
- * waiting for a source that never comes returns. */
-typedef struct {
-    xsim *sim;
-    int delay_ms;
-} aborter;
-
-static void *abort_main(void *arg)
-{
-    aborter *a = arg;
-    usleep((useconds_t)a->delay_ms * 1000);
-    xsim_abort(a->sim, "aborted by the control thread");
-    return NULL;
-}
-
 static void test_abort_ends_a_stuck_copy(void)
 {
     world *w = calloc(1, sizeof *w);
     char err[256];
     CHECK(w && world_init(w, &LOSS, PL_TRANSPORT_NCCL, 60000, err, sizeof err) == 0);
     by_name(w, "a2")->absent = 1;
-    aborter ab = {w->sim, 200};
+    xsim_aborter ab = {w->sim, 200};
     pthread_t ta;
-    pthread_create(&ta, NULL, abort_main, &ab);
+    pthread_create(&ta, NULL, xsim_abort_later, &ab);
     const double t0 = xsim_now_ms();
     world_run(w);
     const double ms = xsim_now_ms() - t0;

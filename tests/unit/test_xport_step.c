@@ -617,21 +617,6 @@ static void test_a_dead_rank_fails_every_step(void)
     CHECK(ms < 10000);
 }
 
-/* A control thread's abort (the runtime's reaction to `abort {s}` or a lost peer) ends
- * steps that would otherwise wait for a rank that never comes. */
-typedef struct {
-    xsim *sim;
-    int delay_ms;
-} aborter;
-
-static void *abort_main(void *arg)
-{
-    aborter *a = arg;
-    usleep((useconds_t)a->delay_ms * 1000);
-    xsim_abort(a->sim, "aborted by the control thread");
-    return NULL;
-}
-
 static void test_abort_ends_a_stuck_step(void)
 {
     const pipe_spec p[1] = {{2, {2, 5}, 3}};
@@ -641,9 +626,9 @@ static void test_abort_ends_a_stuck_step(void)
     step_data(w, 0);
     /* rank 1 never runs (its process hangs before the step): rank 0 alone */
     xsim_park(w->sim, 0, 0);
-    aborter ab = {w->sim, 200};
+    xsim_aborter ab = {w->sim, 200};
     pthread_t th, ta;
-    pthread_create(&ta, NULL, abort_main, &ab);
+    pthread_create(&ta, NULL, xsim_abort_later, &ab);
     const double t0 = now_ms();
     w->r[0].step = 0;
     pthread_create(&th, NULL, rank_main, &w->r[0]);

@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "gpt.h"
@@ -392,6 +393,21 @@ static void xsim_abort(xsim *s, const char *reason)
     pthread_mutex_lock(&s->mu);
     xsim_stop_locked(s, reason);
     pthread_mutex_unlock(&s->mu);
+}
+
+/* An abort from another thread after delay_ms (the runtime's control thread reacting to
+ * `abort` or a lost peer): pthread_create(&t, NULL, xsim_abort_later, &ab). */
+typedef struct {
+    xsim *sim;
+    int delay_ms;
+} xsim_aborter;
+
+static void *xsim_abort_later(void *arg)
+{
+    xsim_aborter *a = arg;
+    usleep((useconds_t)a->delay_ms * 1000);
+    xsim_abort(a->sim, "aborted by the control thread");
+    return NULL;
 }
 
 #endif
