@@ -100,7 +100,7 @@ void kn_cuda_layernorm_backward(kn_ctx *k, float *dinp, float *dweight, float *d
                                 const float *mean, const float *rstd, int B, int T, int C)
 {
     long BT = (long)B * T;
-    if (BT <= 0) return;
+    if (BT <= 0 || C <= 0) return; /* C = 0: nothing to do (and a 0-block grid would abort) */
     if (dinp) {
         unsigned blocks = (unsigned)((BT * 32 + 255) / 256);
         layernorm_dinp_kernel<<<blocks, 256, 0, kn_stream(k)>>>(dinp, dout, inp, weight, mean,

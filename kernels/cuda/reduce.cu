@@ -70,6 +70,7 @@ __global__ static void sum_partials_kernel(float *dst, const float *partial, int
 
 void kn_cuda_sum_partials(kn_ctx *k, float *dst, const float *partial, int parts, int n)
 {
+    if (n <= 0) return; /* a grid of 0 blocks is a launch error (abort), not a no-op */
     sum_partials_kernel<<<(n + 255) / 256, 256, 0, kn_stream(k)>>>(dst, partial, parts, n);
     CUDA_LAUNCHED();
 }

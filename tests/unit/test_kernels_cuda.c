@@ -14,7 +14,9 @@
  * too); test_attention runs both attention kernels (fp32, and bf16 tensor
  * cores at 1e-2 on bf16-valued inputs). Backward kernels start from
  * pre-filled gradients, so accumulation (+=) is checked too. Shapes include
- * odd sizes (T = 1, C not a multiple of 32, V < Vp) and GPT-2 124M sizes.
+ * odd sizes (T = 1, C not a multiple of 32, V < Vp), GPT-2 124M sizes, and
+ * (linear layers) tensors 4 or 8 bytes past a 16-byte boundary, as a tensor
+ * inside the engine's parameter block may be.
  * Last, the whole engine (worker/engine/) trains a small GPT for 10 steps on
  * each backend and the losses must agree.
  *
@@ -24,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "engine.h"
@@ -86,6 +89,16 @@ static void *up(const void *h, size_t bytes) /* a device copy of host memory */
 }
 
 static float *upf(const float *h, size_t n) { return up(h, n * sizeof(float)); }
+
+/* A device copy `off` floats past a 256-byte boundary: like a tensor at an
+ * arbitrary offset inside the engine's parameter block (off 1..3 is not
+ * 16-byte aligned, so cuBLASLt and the vector loads must be skipped). */
+static float *upf_at(const float *h, size_t n, int off)
+{
+    float *d = (float *)alloc_on(gpu, (n + (size_t)off) * sizeof(float)) + off;
+    kn_to_device(gpu, d, h, n * sizeof(float));
+    return d;
+}
 
 static float *down(const float *d, size_t n) /* a host copy of device memory */
 {
@@ -250,13 +263,16 @@ static void test_layernorm(void)
 
 /* ---- matmul ------------------------------------------------------------------- */
 
-/* BT, C, OC, with bias; C = 0 gives out = bias (or 0). On CUDA, C and OC
- * multiples of 8 in bf16 (of 4 in tf32) take cuBLASLt (BT any), others
- * cublasGemmEx; the last shape's bf16 backward converts dout in two chunks. */
-static const int mm_shapes[][4] = {
-    {1, 5, 3, 1},      {7, 13, 9, 1},      {7, 13, 9, 0},       {3, 0, 4, 1},
-    {3, 0, 4, 0},      {37, 45, 70, 1},    {130, 96, 300, 0},   {37, 64, 96, 1},
-    {3, 32, 40, 0},    {256, 768, 2304, 1}, {512, 3072, 768, 1}, {131072, 8, 1024, 1},
+/* BT, C, OC, with bias, and the offset in floats of every device tensor from
+ * a 256-byte boundary; C = 0 gives out = bias (or 0). On CUDA, C and OC
+ * multiples of 8 in bf16 (of 4 in tf32) with 16-byte aligned tensors take
+ * cuBLASLt (BT any), others cublasGemmEx (the offset shapes: Lt-sized but
+ * misaligned); the last shape's bf16 backward converts dout in two chunks. */
+static const int mm_shapes[][5] = {
+    {1, 5, 3, 1, 0},      {7, 13, 9, 1, 0},      {7, 13, 9, 0, 0},       {3, 0, 4, 1, 0},
+    {3, 0, 4, 0, 0},      {37, 45, 70, 1, 0},    {130, 96, 300, 0, 0},   {37, 64, 96, 1, 0},
+    {3, 32, 40, 0, 0},    {37, 64, 96, 1, 1},    {130, 96, 304, 1, 2},   {256, 768, 2304, 1, 0},
+    {512, 3072, 768, 1, 0}, {131072, 8, 1024, 1, 0},
 };
 
 static void test_matmul(void)
@@ -266,21 +282,22 @@ static void test_matmul(void)
     rng_state = 303;
     for (size_t s = 0; s < sizeof mm_shapes / sizeof mm_shapes[0]; s++) {
         int BT = mm_shapes[s][0], C = mm_shapes[s][1], OC = mm_shapes[s][2];
-        int has_bias = mm_shapes[s][3];
+        int has_bias = mm_shapes[s][3], off = mm_shapes[s][4];
         size_t ni = (size_t)BT * C, nw = (size_t)OC * C, no = (size_t)BT * OC;
         float *x = hrand(ni, 1), *W = hrand(nw, 0.1), *bias = has_bias ? hrand(OC, 1) : NULL;
         float *out = hrand(no, 1); /* overwritten */
-        float *d_x = upf(x, ni), *d_W = upf(W, nw), *d_bias = bias ? upf(bias, OC) : NULL;
-        float *d_out = upf(out, no);
+        float *d_x = upf_at(x, ni, off), *d_W = upf_at(W, nw, off);
+        float *d_bias = bias ? upf_at(bias, OC, off) : NULL, *d_out = upf_at(out, no, off);
         kn_matmul_forward(cpu, out, x, W, bias, BT, C, OC);
         kn_matmul_forward(gpu, d_out, d_x, d_W, d_bias, BT, C, OC);
         CHECK(close_to("matmul out", down(d_out, no), out, no, tol_lin));
 
         float *dout = hrand(no, 1), *dx = hrand(ni, 1), *dW = hrand(nw, 1);
         float *db = has_bias ? hrand(OC, 1) : NULL;
-        float *d_dx = upf(dx, ni), *d_dW = upf(dW, nw), *d_db = db ? upf(db, OC) : NULL;
+        float *d_dx = upf_at(dx, ni, off), *d_dW = upf_at(dW, nw, off);
+        float *d_db = db ? upf_at(db, OC, off) : NULL;
         kn_matmul_backward(cpu, dx, dW, db, dout, x, W, BT, C, OC);
-        kn_matmul_backward(gpu, d_dx, d_dW, d_db, upf(dout, no), d_x, d_W, BT, C, OC);
+        kn_matmul_backward(gpu, d_dx, d_dW, d_db, upf_at(dout, no, off), d_x, d_W, BT, C, OC);
         CHECK(close_to("matmul dinp (accumulated)", down(d_dx, ni), dx, ni, tol_lin));
         CHECK(close_to("matmul dweight (accumulated)", down(d_dW, nw), dW, nw, tol_lin));
         if (db) CHECK(close_to("matmul dbias (accumulated)", down(d_db, OC), db, OC, 2e-5));
@@ -290,34 +307,39 @@ static void test_matmul(void)
 
 /* The MLP pair: kn_matmul_gelu_forward (inp [BT, C] · W1[H, C]ᵀ + b1 → pre,
  * out = gelu(pre)), then kn_matmul_backward_gelu of the next layer (dout
- * [BT, C], W2 [C, H]) with inp = out. BT, C, H, with bias. H a multiple of 8
- * takes the GELU_AUX(_BIAS) / DGELU epilogues in bf16 and tf32. */
+ * [BT, C], W2 [C, H]) with inp = out. BT, C, H, with bias, offset of the
+ * device tensors in floats (as test_matmul). H a multiple of 8 with aligned
+ * tensors takes the GELU_AUX(_BIAS) / DGELU epilogues in bf16 and tf32. */
 static void test_matmul_gelu(void)
 {
     NEED_GPU();
     arena_reset();
     rng_state = 404;
-    const int shapes[][4] = {{5, 13, 9, 1},  {37, 64, 100, 1}, {3, 32, 40, 1},
-                             {64, 96, 136, 0}, {2048, 768, 3072, 1}};
+    const int shapes[][5] = {{5, 13, 9, 1, 0},    {37, 64, 100, 1, 0}, {3, 32, 40, 1, 0},
+                             {64, 96, 136, 0, 0},  {37, 64, 104, 1, 1}, {2048, 768, 3072, 1, 0}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int BT = shapes[s][0], C = shapes[s][1], H = shapes[s][2], has_bias = shapes[s][3];
+        int off = shapes[s][4];
         size_t ni = (size_t)BT * C, nw = (size_t)H * C, nh = (size_t)BT * H;
         float *x = hrand(ni, 1), *W1 = hrand(nw, 0.1), *b1 = has_bias ? hrand(H, 1) : NULL;
         float *out = hrand(nh, 1), *pre = hrand(nh, 1); /* both overwritten */
-        float *d_out = upf(out, nh), *d_pre = upf(pre, nh), *d_W1 = upf(W1, nw);
+        float *d_out = upf_at(out, nh, off), *d_pre = upf_at(pre, nh, off);
+        float *d_W1 = upf_at(W1, nw, off);
         kn_matmul_gelu_forward(cpu, out, pre, x, W1, b1, BT, C, H);
-        kn_matmul_gelu_forward(gpu, d_out, d_pre, upf(x, ni), d_W1, b1 ? upf(b1, H) : NULL, BT,
-                               C, H);
+        kn_matmul_gelu_forward(gpu, d_out, d_pre, upf_at(x, ni, off), d_W1,
+                               b1 ? upf_at(b1, H, off) : NULL, BT, C, H);
         CHECK(close_to("matmul_gelu pre", down(d_pre, nh), pre, nh, tol_lin));
         CHECK(close_to("matmul_gelu out", down(d_out, nh), out, nh, tol_lin));
 
         /* backward from the CPU's pre and out, so only backward is compared */
         float *W2 = hrand(nw, 0.1), *dout = hrand(ni, 1), *dpre = hrand(nh, 1); /* overwritten */
         float *dW2 = hrand(nw, 1), *db2 = has_bias ? hrand(C, 1) : NULL;
-        float *d_dpre = upf(dpre, nh), *d_dW2 = upf(dW2, nw), *d_db2 = db2 ? upf(db2, C) : NULL;
+        float *d_dpre = upf_at(dpre, nh, off), *d_dW2 = upf_at(dW2, nw, off);
+        float *d_db2 = db2 ? upf_at(db2, C, off) : NULL;
         kn_matmul_backward_gelu(cpu, dpre, dW2, db2, dout, out, W2, pre, BT, H, C);
-        kn_matmul_backward_gelu(gpu, d_dpre, d_dW2, d_db2, upf(dout, ni), upf(out, nh),
-                                upf(W2, nw), upf(pre, nh), BT, H, C);
+        kn_matmul_backward_gelu(gpu, d_dpre, d_dW2, d_db2, upf_at(dout, ni, off),
+                                upf_at(out, nh, off), upf_at(W2, nw, off), upf_at(pre, nh, off),
+                                BT, H, C);
         CHECK(close_to("matmul_backward_gelu dpre", down(d_dpre, nh), dpre, nh, tol_lin));
         CHECK(close_to("matmul_backward_gelu dweight (accumulated)", down(d_dW2, nw), dW2, nw,
                        tol_lin));
@@ -665,8 +687,10 @@ TEST_MAIN_BEGIN
     }
     gpu = kn_create("cuda", 1, err, sizeof err);
     if (!gpu) {
-        /* no device is a skip; a device that fails to start is a failure */
-        if (strncmp(err, "no CUDA device", 14) != 0) {
+        /* no device is a skip; a device that fails to start is a failure, and so
+         * is a GPU node (/dev/nvidia0) whose driver the runtime rejects ("CUDA
+         * driver version is insufficient"): every test would skip and pass */
+        if (strncmp(err, "no CUDA device", 14) != 0 || access("/dev/nvidia0", F_OK) == 0) {
             printf("FAIL kn_create_cuda: %s\n", err);
             return 1;
         }
