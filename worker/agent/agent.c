@@ -703,6 +703,10 @@ static int mp_last(const pl_msg_plan *p)
  * every rank waits for the coordinator's nccl_init of this generation and joins. Then the
  * layer copies between ranks go over it (those from idle sources came over TCP in
  * change_engine), and the steps run on it. */
+/* pl_nccl_plan_open's cancel test: polled by the compute thread while NCCL waits for
+ * other ranks (the only thread that reads a->gen). */
+static int nccl_cancelled(void *ctx) { return superseded((agent *)ctx); }
+
 static int join_nccl(agent *a, int n, char *err, size_t errlen)
 {
     char why[256];
@@ -736,12 +740,20 @@ static int join_nccl(agent *a, int n, char *err, size_t errlen)
                                                         : "no nccl_init from the coordinator");
     pl_nccl_plan *ncp;
     const double t0 = now_ms();
-    if (pl_nccl_plan_open(a->k, id, n, a->rank, &a->g, COPY_TIMEOUT_MS, &ncp, err, errlen))
+    /* cancelled by a newer plan (or the exit): the create waits for every rank, and
+     * one that died after rank 0's nccl_root never comes */
+    if (pl_nccl_plan_open(a->k, id, n, a->rank, &a->g, COPY_TIMEOUT_MS, nccl_cancelled, a, &ncp,
+                          err, errlen)) {
+        if (superseded(a)) pl_errf(err, errlen, "%s", SUPERSEDED_MSG);
         return -1;
+    }
     logf_(a, "generation %lld: joined the NCCL world as rank %d of %d in %.1f ms",
           (long long)a->gen, a->rank, n, now_ms() - t0);
     pthread_mutex_lock(&a->mu);
     a->ncp = ncp;
+    /* A newer plan (or the exit) that came while a->ncp was still NULL found nothing
+     * to abort: newest_plan / done are set before the control thread takes mu. */
+    if (superseded(a)) pl_nccl_plan_abort(ncp, SUPERSEDED_MSG);
     pthread_mutex_unlock(&a->mu);
     return 0;
 }
@@ -1067,9 +1079,17 @@ static void handle(agent *a, const pl_msg *m)
          * answers abort + a new plan, which rebuilds the links. */
         int failed = run_step(a, m->u.start_step.step, err, sizeof err);
         step_end(a);
-        if (failed)
+        if (failed) {
+            /* On NCCL a failed step leaves operations queued (a peer that never comes):
+             * abort the world now (xport.h) rather than at the next plan, so that its
+             * kernels stop holding the GPU and the kernels' stream meanwhile. A failed
+             * world never recovers: the next plan makes a new one. */
+            pthread_mutex_lock(&a->mu);
+            pl_nccl_plan_abort(a->ncp, "step failed");
+            pthread_mutex_unlock(&a->mu);
             logf_(a, "step %lld failed: %s (waiting for the coordinator)",
                   (long long)m->u.start_step.step, err);
+        }
         return;
     case PL_MSG_COMMIT: {
         if (m->gen != a->gen || a->pipe < 0) return;

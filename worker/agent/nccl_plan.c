@@ -57,7 +57,8 @@ out:
 }
 
 int pl_nccl_plan_open(kn_ctx *k, const char *id, int nranks, int rank, const pl_syncgroups *g,
-                      int timeout_ms, pl_nccl_plan **out, char *err, size_t errlen)
+                      int timeout_ms, int (*cancel)(void *), void *cancel_ctx,
+                      pl_nccl_plan **out, char *err, size_t errlen)
 {
     *out = NULL;
     int dev = 0;
@@ -65,7 +66,8 @@ int pl_nccl_plan_open(kn_ctx *k, const char *id, int nranks, int rank, const pl_
     if (e != cudaSuccess) return pl_errf(err, errlen, "cudaGetDevice: %s", cudaGetErrorString(e));
     pl_nccl_plan *p = calloc(1, sizeof *p);
     if (!p) return pl_errf(err, errlen, "out of memory");
-    if (pl_nccl_create(id, nranks, rank, dev, timeout_ms, &p->n, err, errlen) ||
+    if (pl_nccl_create_cancel(id, nranks, rank, dev, timeout_ms, cancel, cancel_ctx, &p->n, err,
+                              errlen) ||
         prepare_sets(p->n, g, timeout_ms, err, errlen) ||
         pl_xport_nccl(p->n, k, &p->x, err, errlen)) {
         pl_nccl_plan_close(p);
@@ -110,9 +112,11 @@ int pl_nccl_plan_make_id(char *out, size_t outlen, char *err, size_t errlen)
 }
 
 int pl_nccl_plan_open(kn_ctx *k, const char *id, int nranks, int rank, const pl_syncgroups *g,
-                      int timeout_ms, pl_nccl_plan **out, char *err, size_t errlen)
+                      int timeout_ms, int (*cancel)(void *), void *cancel_ctx,
+                      pl_nccl_plan **out, char *err, size_t errlen)
 {
-    (void)k, (void)id, (void)nranks, (void)rank, (void)g, (void)timeout_ms;
+    (void)k, (void)id, (void)nranks, (void)rank, (void)g, (void)timeout_ms, (void)cancel,
+        (void)cancel_ctx;
     *out = NULL;
     return pl_errf(err, errlen, "this build has no NCCL (make cuda)");
 }

@@ -27,9 +27,14 @@ int pl_nccl_plan_make_id(char *out, size_t outlen, char *err, size_t errlen);
 
 /* Joins the plan's world as `rank` of `nranks` on the kernels' device and splits
  * the communicators of g's member sets (the same on every rank: g comes from the
- * plan). Waits at most timeout_ms for every rank. 0, or −1 with err. */
+ * plan). Waits at most timeout_ms for every rank, and gives up as soon as
+ * cancel(cancel_ctx) returns nonzero (polled by the calling thread while it waits
+ * for other ranks, also later during the plan's steps; NULL: never; ctx must
+ * outlive the plan): a newer plan must not wait for a rank that died before
+ * joining. 0, or −1 with err. */
 int pl_nccl_plan_open(kn_ctx *k, const char *id, int nranks, int rank, const pl_syncgroups *g,
-                      int timeout_ms, pl_nccl_plan **out, char *err, size_t errlen);
+                      int timeout_ms, int (*cancel)(void *), void *cancel_ctx,
+                      pl_nccl_plan **out, char *err, size_t errlen);
 
 /* The ordered transport of the plan for pl_worker_step. */
 const pl_xport *pl_nccl_plan_xport(pl_nccl_plan *p);

@@ -52,6 +52,9 @@ struct pl_nccl {
     /* NCCL's asynchronous split / shrink job writes the new communicator here
      * when it finishes: it must outlive the call that started it. */
     ncclComm_t split_slot;
+    /* pl_nccl_create_cancel's test, polled by settle (the waiting thread only) */
+    pl_nccl_cancel_fn cancel;
+    void *cancel_ctx;
     int failed;
     char why[WHY_LEN];
 };
@@ -176,6 +179,12 @@ static int settle(pl_nccl *n, ncclComm_t c, double deadline, int timeout_ms, con
         if (passed(deadline)) {
             pl_errf(err, errlen, "timeout: %s not done after %d ms (a peer missing or dead?)",
                     what, timeout_ms);
+            return fail(n, err);
+        }
+        /* the caller gave up (a newer plan): the failed module is aborted by its
+         * destroy, or by pl_nccl_abort */
+        if (n->cancel && n->cancel(n->cancel_ctx)) {
+            pl_errf(err, errlen, "%s: cancelled by the caller", what);
             return fail(n, err);
         }
         backoff(&polls);
@@ -363,6 +372,14 @@ static void free_sets(nset *s, int ns)
 int pl_nccl_create(const char *id_text, int nranks, int rank, int cuda_device, int timeout_ms,
                    pl_nccl **out, char *err, size_t errlen)
 {
+    return pl_nccl_create_cancel(id_text, nranks, rank, cuda_device, timeout_ms, NULL, NULL, out,
+                                 err, errlen);
+}
+
+int pl_nccl_create_cancel(const char *id_text, int nranks, int rank, int cuda_device,
+                          int timeout_ms, pl_nccl_cancel_fn cancel, void *cancel_ctx,
+                          pl_nccl **out, char *err, size_t errlen)
+{
     NEED_ERRBUF(err, errlen);
     if (out) *out = NULL;
     if (!out || nranks < 1 || rank < 0 || rank >= nranks || cuda_device < 0 || timeout_ms <= 0)
@@ -373,6 +390,8 @@ int pl_nccl_create(const char *id_text, int nranks, int rank, int cuda_device, i
     double deadline = deadline_of(timeout_ms);
     pl_nccl *n = module_new(cuda_device, rank, nranks, err, errlen);
     if (!n) return -1;
+    n->cancel = cancel;
+    n->cancel_ctx = cancel_ctx;
     ncclConfig_t cfg = comm_config("pliant-world");
     /* With blocking = 0 this returns at once (ncclInProgress) and n->world is
      * set; the bootstrap with the other ranks runs in an NCCL thread. */
@@ -483,7 +502,9 @@ int pl_nccl_prepare_groups(pl_nccl *n, const int *const *sets, const int *sizes,
 
     nset *ns = calloc(nsets > 0 ? (size_t)nsets : 1, sizeof *ns);
     int *round = calloc(nsets > 0 ? (size_t)nsets : 1, sizeof *round);
-    if (!ns || !round) goto oom;
+    char *kept = calloc(nsets > 0 ? (size_t)nsets : 1, 1);
+    char *claimed = NULL;
+    if (!ns || !round || !kept) goto oom;
     for (int i = 0; i < nsets; i++) {
         ns[i].n = sizes[i];
         ns[i].ranks = malloc((size_t)sizes[i] * sizeof(int));
@@ -499,19 +520,34 @@ int pl_nccl_prepare_groups(pl_nccl *n, const int *const *sets, const int *sizes,
         pthread_mutex_unlock(&n->mu);
         free_sets(ns, nsets);
         free(round);
+        free(kept);
         return -1;
+    }
+    /* Whether a set is kept must be decided from the LISTS only, never from which
+     * communicators this rank holds: a rank outside a set never had its
+     * communicator, and deciding from that it must be split again would make it
+     * call ncclCommSplit for a round that the members skip (a hang). Each old set
+     * is claimed once, so a set listed twice is kept once and split once. */
+    claimed = calloc(n->nsets > 0 ? (size_t)n->nsets : 1, 1);
+    if (!claimed) {
+        pthread_mutex_unlock(&n->mu);
+        goto oom;
     }
     for (int i = 0; i < nsets; i++) {
         if (!needs_split(n, &ns[i])) continue;
         for (int j = 0; j < n->nsets; j++) {
             nset *o = &n->sets[j];
-            if (o->comm && same_ranks(o->ranks, o->n, ns[i].ranks, ns[i].n)) {
-                ns[i].comm = o->comm;
+            if (!claimed[j] && needs_split(n, o) &&
+                same_ranks(o->ranks, o->n, ns[i].ranks, ns[i].n)) {
+                claimed[j] = 1;
+                kept[i] = 1;
+                ns[i].comm = o->comm; /* NULL on a rank outside the set */
                 o->comm = NULL;
                 break;
             }
         }
     }
+    free(claimed);
     nset *old = n->sets;
     int nold = n->nsets;
     n->sets = ns;
@@ -527,14 +563,16 @@ int pl_nccl_prepare_groups(pl_nccl *n, const int *const *sets, const int *sizes,
     int nrounds = pl_nccl_split_rounds(sets, sizes, nsets, n->nranks, round);
     if (nrounds < 0) {
         free(round);
-        return pl_errf(err, errlen, "pl_nccl_prepare_groups: out of memory");
+        free(kept);
+        pl_errf(err, errlen, "pl_nccl_prepare_groups: out of memory");
+        return fail(n, err); /* the sets are installed half-split: unusable */
     }
     ncclConfig_t cfg = comm_config("pliant-group");
     int rc = 0;
     for (int rd = 0; rd < nrounds && rc == 0; rd++) {
         int color = NCCL_SPLIT_NOCOLOR, mine = -1, any = 0;
         for (int i = 0; i < nsets; i++) {
-            if (round[i] != rd || ns[i].comm) continue;
+            if (round[i] != rd || kept[i]) continue;
             any = 1;
             if (contains(ns[i].ranks, ns[i].n, n->rank)) color = mine = i;
         }
@@ -590,11 +628,13 @@ int pl_nccl_prepare_groups(pl_nccl *n, const int *const *sets, const int *sizes,
             rc = -1;
     }
     free(round);
+    free(kept);
     return rc;
 
 oom:
     if (ns) free_sets(ns, nsets);
     free(round);
+    free(kept);
     return pl_errf(err, errlen, "pl_nccl_prepare_groups: out of memory");
 }
 
@@ -1060,6 +1100,16 @@ void pl_nccl_destroy(pl_nccl *n)
             if (n->sets[i].comm) ncclCommAbort(n->sets[i].comm);
     }
     if (n->split_slot) ncclCommAbort(n->split_slot);
+    /* ncclCommAbort stops NCCL's kernels but does not wait for the module's stream:
+     * an aborted receive may still be exiting there, and the caller frees or reuses
+     * the buffers of the operations once this returns (xport.h). Wait for the
+     * stream to drain, bounded (its work after an abort is short). */
+    {
+        double deadline = deadline_of(CLOSE_MS);
+        int polls = 0;
+        while (cudaStreamQuery(n->stream) == cudaErrorNotReady && !passed(deadline))
+            backoff(&polls);
+    }
     /* returns at once; CUDA frees the stream once its work is done */
     cudaStreamDestroy(n->stream);
     free_sets(n->sets, n->nsets);

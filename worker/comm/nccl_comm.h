@@ -44,8 +44,8 @@
  * thread at any time (the control thread, on `abort` or a broken peer): a thread
  * blocked in pl_nccl_wait, in an enqueue or in pl_nccl_prepare_groups returns −1
  * within a poll interval (about 100 µs), as does pl_nccl_shrink when the old
- * module is aborted. pl_nccl_create is bounded by its timeout only (no handle
- * exists yet to abort). */
+ * module is aborted. pl_nccl_create has no handle to abort yet: it ends at its
+ * timeout, or earlier through pl_nccl_create_cancel's test. */
 #ifndef PLIANT_NCCL_COMM_H
 #define PLIANT_NCCL_COMM_H
 
@@ -80,6 +80,18 @@ int pl_nccl_make_id(char *out, size_t outlen, char *err, size_t errlen);
  * ("timeout: ..."): a rank that never comes does not hang the others. */
 int pl_nccl_create(const char *id_text, int nranks, int rank, int cuda_device,
                    int timeout_ms, pl_nccl **out, char *err, size_t errlen);
+
+/* A test the module polls, from the thread that waits, while it waits for other
+ * ranks to connect (init, split, the first operation with a peer): nonzero gives
+ * up at once (−1, "cancelled", the module failed). It is what the caller has
+ * before it holds the module to pl_nccl_abort: a newer plan arriving while this
+ * rank waits in pl_nccl_create for a rank that died (up to timeout_ms otherwise).
+ * ctx must outlive the module. */
+typedef int (*pl_nccl_cancel_fn)(void *ctx);
+/* pl_nccl_create with a cancel test (NULL: none), kept for the module's life. */
+int pl_nccl_create_cancel(const char *id_text, int nranks, int rank, int cuda_device,
+                          int timeout_ms, pl_nccl_cancel_fn cancel, void *cancel_ctx,
+                          pl_nccl **out, char *err, size_t errlen);
 
 int pl_nccl_rank(const pl_nccl *n);
 int pl_nccl_nranks(const pl_nccl *n);

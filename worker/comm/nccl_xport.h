@@ -11,7 +11,9 @@
  * The kernels' stream is kn_stream_handle(k); both streams are on the module's device,
  * and the thread issuing the step has that device current (the kernels' thread). Every
  * enqueue waits at most PL_XPORT_NCCL_ENQUEUE_MS (the first operation between two
- * ranks also connects them); wait takes the step's own timeout. */
+ * ranks also connects them); wait takes the step's own timeout. Any failure also
+ * aborts the module (pl_nccl_abort) before returning −1: the caller may free or reuse
+ * the buffers of queued operations, and synchronise the kernels' stream, right away. */
 #ifndef PLIANT_NCCL_XPORT_H
 #define PLIANT_NCCL_XPORT_H
 
