@@ -1342,6 +1342,22 @@ int pl_coord_peer_broken(pl_coord *c, const char *name, int64_t gen, const char 
     return pl_coord_worker_lost(c, peer, why);
 }
 
+/* A worker's step failed with no loss known here (an NCCL error or deadline, a broken
+ * link): nothing else would end that step, so it is aborted and the plan made again in
+ * a new generation (new links, a new NCCL world). A loss behind the failure joins the
+ * same plan (SETTLING); maxResets bounds a failure that keeps coming back. */
+static int step_failed(pl_coord *c, const char *name, int64_t gen, int64_t step,
+                       const char *reason)
+{
+    int rc = PL_COORD_OK;
+    if (step_check(c, name, gen, step, PL_COORD_RUNNING, &rc) < 0)
+        return rc;
+    add_cause(c, "step failed on %s (%.200s)", name, reason);
+    to_pipeline_workers(c, PL_MSG_ABORT, "a worker's step failed");
+    replan_soon(c);
+    return PL_COORD_OK;
+}
+
 /* The plan's rank 0 (the first stage of pipeline 0) made the NCCL id of its
  * generation: every worker of the plan, the root too, gets it in nccl_init and
  * creates the plan's communicator from it. An id of a replaced plan is dropped. */
@@ -1628,6 +1644,8 @@ int pl_coord_on_msg(pl_coord *c, const char *name, const pl_msg *m, int64_t now_
         return pl_coord_hello_resume(c, name, m->gen, &m->u.hello_resume);
     case PL_MSG_NCCL_ROOT:
         return nccl_root(c, name, m->gen, m->u.nccl_root.id);
+    case PL_MSG_STEP_FAILED:
+        return step_failed(c, name, m->gen, m->u.step_failed.step, m->u.step_failed.reason);
     default:
         return fail_err(c, "worker \"%s\": unexpected message %s", name,
                         pl_msg_type_name(m->type));

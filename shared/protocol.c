@@ -24,6 +24,7 @@ static const char *const type_names[PL_MSG_COUNT] = {
     [PL_MSG_HELLO_RESUME] = "hello_resume",
     [PL_MSG_SAVED] = "saved",
     [PL_MSG_NCCL_ROOT] = "nccl_root",
+    [PL_MSG_STEP_FAILED] = "step_failed",
     [PL_MSG_CHALLENGE] = "challenge",
     [PL_MSG_WELCOME] = "welcome",
     [PL_MSG_PLAN] = "plan",
@@ -59,7 +60,7 @@ int pl_msg_type_from_name(const char *name)
 
 int pl_msg_from_worker(int type)
 {
-    if (type > PL_MSG_NONE && type <= PL_MSG_NCCL_ROOT) return 1;
+    if (type > PL_MSG_NONE && type <= PL_MSG_STEP_FAILED) return 1;
     if (type >= PL_MSG_CHALLENGE && type < PL_MSG_COUNT) return 0;
     return -1;
 }
@@ -418,6 +419,12 @@ static int dec_nccl_id(const cJSON *o, pl_msg *m, char *err, size_t errlen)
                    m->u.nccl_root.id, err, errlen);
 }
 
+static int dec_step_failed(const cJSON *o, pl_msg *m, char *err, size_t errlen)
+{
+    return STEP(o, "step", &m->u.step_failed.step) ||
+           TEXT(o, "", "reason", m->u.step_failed.reason);
+}
+
 static int dec_saved(const cJSON *o, pl_msg *m, char *err, size_t errlen)
 {
     pl_msg_saved *s = &m->u.saved;
@@ -744,6 +751,7 @@ static const char *const keys_challenge[] = {ENV, "nonce", NULL};
 static const char *const keys_welcome[] = {ENV, "rank", "job", "token_ok", "heartbeat_ms", NULL};
 static const char *const keys_plan[] = {ENV, "generation", "step", "global_batch", "micro", "seq_len", "pipelines", "you", "peers", "copies", "sends", "checkpoint", "transport", NULL};
 static const char *const keys_nccl_id[] = {ENV, "id", NULL};
+static const char *const keys_step_failed[] = {ENV, "step", "reason", NULL};
 static const char *const keys_commit[] = {ENV, "step", "grad_scale", "lr", "save", NULL};
 static const char *const keys_abort[] = {ENV, "step", "reason", NULL};
 static const char *const keys_stop[] = {ENV, "reason", "exit_code", NULL};
@@ -764,6 +772,7 @@ static const struct {
     [PL_MSG_HELLO_RESUME] = {keys_hello_resume, dec_hello_resume},
     [PL_MSG_SAVED] = {keys_saved, dec_saved},
     [PL_MSG_NCCL_ROOT] = {keys_nccl_id, dec_nccl_id},
+    [PL_MSG_STEP_FAILED] = {keys_step_failed, dec_step_failed},
     [PL_MSG_CHALLENGE] = {keys_challenge, dec_challenge},
     [PL_MSG_WELCOME] = {keys_welcome, dec_welcome},
     [PL_MSG_PLAN] = {keys_plan, dec_plan},
@@ -1076,6 +1085,10 @@ static void enc_body(enc *e, cJSON *o, const pl_msg *m)
     case PL_MSG_NCCL_ROOT:
     case PL_MSG_NCCL_INIT:
         ADD_STR(e, o, "id", m->u.nccl_root.id);
+        break;
+    case PL_MSG_STEP_FAILED:
+        add_int(e, o, "step", m->u.step_failed.step);
+        ADD_STR(e, o, "reason", m->u.step_failed.reason);
         break;
     case PL_MSG_WELCOME:
         add_int(e, o, "rank", m->u.welcome.rank);

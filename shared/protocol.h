@@ -53,6 +53,7 @@ typedef enum {
     PL_MSG_HELLO_RESUME,
     PL_MSG_SAVED,
     PL_MSG_NCCL_ROOT,
+    PL_MSG_STEP_FAILED,
     /* coordinator → worker */
     PL_MSG_CHALLENGE,
     PL_MSG_WELCOME,
@@ -193,6 +194,11 @@ typedef struct { char id[PL_PROTO_NCCL_ID_HEX + 1]; } pl_msg_nccl_id; /* nccl_ro
 
 typedef struct {
     int64_t step;
+    char reason[PL_PROTO_TEXT_MAX + 1];
+} pl_msg_step_failed;
+
+typedef struct {
+    int64_t step;
     double grad_scale;      /* finite, > 0: the clip factor min(1, max_norm / norm) */
     double lr;              /* finite, ≥ 0 */
     int save;               /* write this worker's layers as the checkpoint of step + 1 */
@@ -223,6 +229,7 @@ typedef struct {
         pl_msg_hello_resume hello_resume;
         pl_msg_saved saved;
         pl_msg_nccl_id nccl_root, nccl_init;
+        pl_msg_step_failed step_failed;
         pl_msg_challenge challenge;
         pl_msg_welcome welcome;
         pl_msg_plan plan;

@@ -1001,6 +1001,33 @@ static void test_transport_and_nccl_id(void)
     sim_free(&s);
 }
 
+/* step_failed (an NCCL error with every worker alive): the step is aborted and the same
+ * workers get a new generation; a stale or foreign step_failed changes nothing. */
+static void test_step_failed_replans(void)
+{
+    sim s;
+    CHECK(begin_run(&s, 9, 4) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    const int64_t gen = s.gen;
+    pl_msg m;
+    pl_msg_init(&m, PL_MSG_STEP_FAILED, gen);
+    m.u.step_failed.step = 0; /* a step already committed */
+    snprintf(m.u.step_failed.reason, sizeof m.u.step_failed.reason, "nccl: timeout");
+    CHECK_EQ_INT(pl_coord_on_msg(s.c, "w0", &m, 1), PL_COORD_IGNORED);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(s.nm, 0);
+    m.u.step_failed.step = 1;
+    CHECK_EQ_INT(pl_coord_on_msg(s.c, "w0", &m, 2), PL_COORD_OK);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_ABORT), npipeworkers(&s));
+    CHECK_EQ_INT(count_type(&s, PL_MSG_PLAN), 4);
+    CHECK(s.gen == gen + 1 && plans_valid(&s) == 0);
+    CHECK_EQ_INT(s.plan[0].u.plan.step, 1);
+    const pl_coord_reconfig_rec *rec = pl_coord_reconfig(s.c, pl_coord_nreconfigs(s.c) - 1);
+    CHECK(rec && strstr(rec->cause, "step failed on w0 (nccl: timeout)") && !rec->removed[0]);
+    sim_free(&s);
+}
+
 /* start_grace_ms: 6 wanted, 4 registered: the first plan comes after the grace. */
 static void test_start_grace(void)
 {
@@ -1144,6 +1171,7 @@ RUN(test_start_grace);
 RUN(test_zone_placement);
 RUN(test_added_workers_spread_over_zones);
 RUN(test_transport_and_nccl_id);
+RUN(test_step_failed_replans);
 RUN(test_initial_copy_loss_and_nan);
 RUN(test_bad_config);
 TEST_MAIN_END

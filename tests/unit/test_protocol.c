@@ -237,6 +237,10 @@ static void rand_msg(pl_msg *m, int type)
     case PL_MSG_NCCL_INIT:
         rand_chars(m->u.nccl_root.id, PL_PROTO_NCCL_ID_HEX, PL_PROTO_NCCL_ID_HEX, HEX_SET);
         break;
+    case PL_MSG_STEP_FAILED:
+        m->u.step_failed.step = rand_int(0, PL_PROTO_INT_MAX);
+        rand_text(m->u.step_failed.reason);
+        break;
     }
 }
 
@@ -299,7 +303,7 @@ static void test_type_names(void)
     for (int t = PL_MSG_NONE + 1; t < PL_MSG_COUNT; t++) {
         CHECK(strcmp(pl_msg_type_name(t), "?"));
         CHECK_EQ_INT(pl_msg_type_from_name(pl_msg_type_name(t)), t);
-        CHECK(pl_msg_from_worker(t) == (t <= PL_MSG_NCCL_ROOT));
+        CHECK(pl_msg_from_worker(t) == (t <= PL_MSG_STEP_FAILED));
     }
     CHECK(!strcmp(pl_msg_type_name(PL_MSG_NONE), "?"));
     CHECK(!strcmp(pl_msg_type_name(PL_MSG_COUNT), "?"));
@@ -448,6 +452,7 @@ static void test_reject_fields(void)
     REJECT("{\"v\":1,\"type\":\"copy_done\",\"gen\":0,\"bytes\":true}", "bytes: must be an integer");
     REJECT("{\"v\":1,\"type\":\"nccl_root\",\"gen\":2,\"id\":\"00ff\"}", "id: too short (at least 256");
     REJECT("{\"v\":1,\"type\":\"nccl_init\",\"gen\":2}", "id: missing");
+    REJECT("{\"v\":1,\"type\":\"step_failed\",\"gen\":2,\"step\":4}", "reason: missing");
 
     const char *reg_ok = "{\"v\":1,\"type\":\"register\",\"gen\":0,\"job\":\"j\",\"name\":\"w-0\","
                          "\"node\":\"n1\",\"zone\":\"\",\"host\":\"10.0.0.7\",\"port\":29500,\"gpus\":8,\"device\":\"GPU-5b2f9c1e-0d7a\",\"nccl\":true,\"pid\":42,\"token_proof\":"

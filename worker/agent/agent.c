@@ -1075,8 +1075,9 @@ static void handle(agent *a, const pl_msg *m)
         pl_ctl_client_set_step(a->cli, m->u.start_step.step);
         if (!step_begin(a, m->u.start_step.step)) return; /* aborted before it began */
         /* A failed step (a peer died or its link broke) is not fatal here: the
-         * coordinator learns of the loss (process end, closed connection) and
-         * answers abort + a new plan, which rebuilds the links. */
+         * coordinator learns of a loss (process end, closed connection) and answers
+         * abort + a new plan, which rebuilds the links; a failure it cannot see (an NCCL
+         * error or deadline with every worker alive) is told to it in step_failed. */
         int failed = run_step(a, m->u.start_step.step, err, sizeof err);
         step_end(a);
         if (failed) {
@@ -1086,9 +1087,17 @@ static void handle(agent *a, const pl_msg *m)
              * world never recovers: the next plan makes a new one. */
             pthread_mutex_lock(&a->mu);
             pl_nccl_plan_abort(a->ncp, "step failed");
+            const int aborted = a->aborted_gen == a->gen &&
+                                a->aborted_step == m->u.start_step.step;
             pthread_mutex_unlock(&a->mu);
             logf_(a, "step %lld failed: %s (waiting for the coordinator)",
                   (long long)m->u.start_step.step, err);
+            if (!aborted && !superseded(a)) {
+                pl_msg_init(&r, PL_MSG_STEP_FAILED, a->gen);
+                r.u.step_failed.step = m->u.start_step.step;
+                snprintf(r.u.step_failed.reason, sizeof r.u.step_failed.reason, "%.900s", err);
+                post(a, &r);
+            }
         }
         return;
     case PL_MSG_COMMIT: {
