@@ -178,13 +178,19 @@ CUDA_LIBS        := $(OPERATOR_LIB) $(ENGINE_CUDA_LIB) $(NCCL_LIB) $(KERNEL_CUDA
 CUDA_LDLIBS      := $(LDLIBS) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 \
                     -lnccl -lcublasLt -lcublas -lcudart -lstdc++
 .PHONY: test-gpu
-cuda: $(BUILD)/bin/pliant-cuda $(BUILD)/tests/test_kernels_cuda $(BUILD)/tests/test_nccl
+cuda: $(BUILD)/bin/pliant-cuda $(BUILD)/bin/pliant-worker $(BUILD)/tests/test_kernels_cuda \
+      $(BUILD)/tests/test_nccl
 
-# The CUDA kernel parity tests and the NCCL transport's (each test prints "skip"
-# where there is no GPU).
-test-gpu: $(BUILD)/tests/test_kernels_cuda $(BUILD)/tests/test_nccl
+# pliant-worker: pliant-cuda under the worker's name (it runs `pliant worker`)
+$(BUILD)/bin/pliant-worker: $(BUILD)/bin/pliant-cuda
+	ln -f $< $@
+
+# The CUDA kernel parity tests, the NCCL transport's, and `pliant run` with workers on
+# the GPU(s) (each test prints "skip" where there is no GPU).
+test-gpu: cuda all
 	$(BUILD)/tests/test_kernels_cuda
 	$(BUILD)/tests/test_nccl
+	$(PYTHON) tests/cli/test_run_gpu.py --build $(BUILD)
 
 $(BUILD)/cuda/%.o: %.cu
 	@mkdir -p $(@D)

@@ -27,6 +27,10 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+    /* installed as pliant-worker (make cuda builds that name, the worker image's
+     * entry point): the worker subcommand itself */
+    const char *base = strrchr(argv[0], '/');
+    if (!strcmp(base ? base + 1 : argv[0], "pliant-worker")) return cmd_worker(argc, argv);
     if (argc < 2) {
         usage(stderr);
         return 2;
