@@ -3,15 +3,14 @@
 # for a GPU machine that has CUDA but not this project's build dependencies (the device
 # tool's machines: no package installs there). Run here after `make cuda`:
 #   tools/gpu_bundle.sh .gpu        (add /.gpu/ to .git/info/exclude, carry .gpu)
-# and there:
-#   . .gpu/env.sh && .gpu/bin/test_kernels_cuda && .gpu/bin/test_nccl && .gpu/bin/gpu_bench_cuda
+# and there `tools/gpu_check.sh .gpu` (or `. .gpu/env.sh` and run .gpu/bin/* yourself).
 # env.sh puts .gpu/lib first on LD_LIBRARY_PATH, and NCCL from the machine (CUDA's lib64, or
 # the nvidia-nccl wheel of its PyTorch) after it.
 set -eu
 out=${1:-.gpu}
 mkdir -p "$out/bin" "$out/lib"
 for b in build/tests/test_kernels_cuda build/tests/test_nccl build/bin/pliant-cuda \
-         build/bench/gpu_bench_cuda; do
+         build/bin/pliant build/bench/gpu_bench_cuda; do
     [ -x "$b" ] || { echo "gpu_bundle: $b is missing (make cuda)" >&2; exit 1; }
     cp "$b" "$out/bin/"
 done
@@ -19,10 +18,13 @@ done
 for b in "$out"/bin/*; do ldd "$b"; done | awk '$2 == "=>" && $3 ~ /^\// { print $3 }' | sort -u |
     grep -v -E '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*)\.so|/usr/local/cuda|lib(cuda|cudart|cublas|cublasLt|nccl)\.so' |
     while read -r lib; do cp -L "$lib" "$out/lib/"; done
+# the CLI tests' corpus (the GPU machine gets the repository without ../shared)
+if [ -f ../shared/data/tinyshakespeare.txt ]; then cp ../shared/data/tinyshakespeare.txt "$out/"; fi
 cat > "$out/env.sh" <<'ENV'
 # Source me: the bundle's libraries first, then NCCL from the machine.
 here=$(cd "$(dirname "${BASH_SOURCE:-$0}")" 2>/dev/null && pwd || echo .gpu)
 nccl=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0] + "/lib")' 2>/dev/null || true)
 export LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64${nccl:+:$nccl}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if [ -f "$here/tinyshakespeare.txt" ]; then export PLIANT_SHAKESPEARE="$here/tinyshakespeare.txt"; fi
 ENV
 du -sh "$out"

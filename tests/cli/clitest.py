@@ -15,7 +15,9 @@ import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SHAKESPEARE = os.path.join(os.path.dirname(REPO), "shared", "data", "tinyshakespeare.txt")
+# PLIANT_SHAKESPEARE: another copy (a GPU machine gets the repository without ../shared)
+SHAKESPEARE = os.environ.get("PLIANT_SHAKESPEARE") or os.path.join(
+    os.path.dirname(REPO), "shared", "data", "tinyshakespeare.txt")
 
 
 class Failure(Exception):
