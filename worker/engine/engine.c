@@ -172,9 +172,26 @@ void pl_engine_destroy(pl_engine *e)
     kn_free(e->k, e->m);
     kn_free(e->k, e->v);
     kn_free(e->k, e->bw);
+    for (int i = 0; i < PL_IO_COUNT; i++) {
+        if (i == PL_IO_DEV_GRAD) kn_free(e->k, e->io[i]);
+        else kn_host_free(e->k, e->io[i]);
+    }
     free(e->slots);
     free(e->tensors);
     memset(e, 0, sizeof *e);
+}
+
+float *pl_engine_io_buffer(pl_engine *e, pl_engine_io which, size_t nfloats)
+{
+    if (nfloats <= e->io_floats[which] && e->io[which]) return e->io[which];
+    const int dev = which == PL_IO_DEV_GRAD;
+    if (dev) kn_free(e->k, e->io[which]);
+    else kn_host_free(e->k, e->io[which]);
+    e->io_floats[which] = 0;
+    e->io[which] = dev ? kn_alloc(e->k, nfloats * sizeof(float))
+                       : kn_host_alloc(e->k, nfloats * sizeof(float));
+    if (e->io[which]) e->io_floats[which] = nfloats;
+    return e->io[which];
 }
 
 const pl_engine_tensor *pl_engine_find(const pl_engine *e, int layer, int index)

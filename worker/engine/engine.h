@@ -25,6 +25,15 @@ typedef struct {
 
 typedef struct pl_slot pl_slot; /* activations of one microbatch */
 
+/* The transports' buffers an engine keeps between steps (pl_engine_io_buffer). */
+typedef enum {
+    PL_IO_RECV,      /* host: a stage link's received activation or gradient */
+    PL_IO_SEND,      /* host: what a stage link sends, staged off the CPU */
+    PL_IO_GRADS,     /* host: gradients staged for the TCP all-reduce, off the CPU */
+    PL_IO_DEV_GRAD,  /* backend memory: a gradient received over an ordered transport */
+    PL_IO_COUNT
+} pl_engine_io;
+
 typedef struct {
     pl_gpt_config cfg;
     int begin, end;  /* layer range */
@@ -39,6 +48,8 @@ typedef struct {
     pl_slot *slots;
     float *bw;       /* backward scratch, shared by all slots */
     size_t act_bytes;/* activation memory, for reports */
+    float *io[PL_IO_COUNT];    /* pl_engine_io_buffer, allocated on first use */
+    size_t io_floats[PL_IO_COUNT];
 } pl_engine;
 
 /* A stage for layers [begin, end) with microbatches of B×T tokens and nslots
@@ -104,6 +115,12 @@ void pl_engine_backward_notify_dev(pl_engine *e, int slot, const float *dout, fl
 float *pl_engine_input_buffer(pl_engine *e, int slot);
 
 void pl_engine_zero_grads(pl_engine *e);
+
+/* The buffer `which` with room for nfloats, kept until the engine is destroyed (grown,
+ * contents lost, when a step needs more), so that steps allocate nothing: host memory
+ * (page-locked off the CPU: kn_host_alloc) but PL_IO_DEV_GRAD, backend memory. NULL when
+ * memory runs out. Not counted in act_bytes (the planner's activation figure). */
+float *pl_engine_io_buffer(pl_engine *e, pl_engine_io which, size_t nfloats);
 
 /* Σ grad² over the range's tensors, the tied wte counted only where the
  * embedding is (so per-range sums add up to the global norm²). */

@@ -20,30 +20,35 @@ int pl_stage_step(pl_engine *e, const pl_schedule *s, const pl_stage_link *link,
     return pl_stage_step_notify(e, s, link, batch, NULL, NULL, loss_sum, err, errlen);
 }
 
-int pl_stage_step_notify(pl_engine *e, const pl_schedule *s, const pl_stage_link *link,
-                         const pl_stage_batch *batch, pl_layer_done_fn done, void *ctx,
-                         double *loss_sum, char *err, size_t errlen)
+/* Checks that the engine has the schedule's slots and finds its last backward (*last_bw):
+ * only that one finishes layers, earlier ones are still followed by other microbatches'
+ * contributions. 0, or −1 with err. */
+static int stage_begin(const pl_engine *e, const pl_schedule *s, int *last_bw, char *err,
+                       size_t errlen)
 {
     if (s->nslots > e->nslots)
         return pl_errf(err, errlen, "stage: schedule needs %d activation slots, engine has %d",
                        s->nslots, e->nslots);
+    *last_bw = -1;
+    for (int i = 0; i < s->nops; i++)
+        if (s->ops[i].kind == PL_SCHED_BACKWARD) *last_bw = i;
+    return 0;
+}
+
+int pl_stage_step_notify(pl_engine *e, const pl_schedule *s, const pl_stage_link *link,
+                         const pl_stage_batch *batch, pl_layer_done_fn done, void *ctx,
+                         double *loss_sum, char *err, size_t errlen)
+{
+    int last_bw = -1;
+    if (stage_begin(e, s, &last_bw, err, errlen)) return -1;
     const size_t BT = (size_t)e->B * (size_t)e->T, n = BT * (size_t)e->cfg.C;
     const int linked = !pl_engine_has_embedding(e) || !pl_engine_has_head(e);
     /* Links move host memory: received tensors land in buf (the engine copies them
      * in); off the CPU, what is sent is first staged into out (page-locked). */
     const int staged = linked && strcmp(kn_backend(e->k), "cpu") != 0;
-    float *buf = linked ? kn_host_alloc(e->k, n * sizeof *buf) : NULL;
-    float *out = staged ? kn_host_alloc(e->k, n * sizeof *out) : NULL;
-    if ((linked && !buf) || (staged && !out)) {
-        kn_host_free(e->k, buf);
-        kn_host_free(e->k, out);
-        return pl_errf(err, errlen, "stage: out of memory");
-    }
-    /* only the last backward finishes layers: earlier ones are still followed by
-     * other microbatches' contributions */
-    int last_bw = -1;
-    for (int i = 0; i < s->nops; i++)
-        if (s->ops[i].kind == PL_SCHED_BACKWARD) last_bw = i;
+    float *buf = linked ? pl_engine_io_buffer(e, PL_IO_RECV, n) : NULL;
+    float *out = staged ? pl_engine_io_buffer(e, PL_IO_SEND, n) : NULL;
+    if ((linked && !buf) || (staged && !out)) return pl_errf(err, errlen, "stage: out of memory");
     double sum = 0;
     int rc = 0;
     for (int i = 0; i < s->nops && rc == 0; i++) {
@@ -73,8 +78,6 @@ int pl_stage_step_notify(pl_engine *e, const pl_schedule *s, const pl_stage_link
                                 host_view(e, out, pl_engine_input_grad(e), n), n, err, errlen);
         }
     }
-    kn_host_free(e->k, buf);
-    kn_host_free(e->k, out);
     if (loss_sum) *loss_sum = sum;
     return rc;
 }
@@ -96,9 +99,8 @@ int pl_stage_step_xport(pl_engine *e, const pl_schedule *s, const pl_stage_xlink
                         double *loss_sum, char *err, size_t errlen)
 {
     const pl_xport *xp = x->xport;
-    if (s->nslots > e->nslots)
-        return pl_errf(err, errlen, "stage: schedule needs %d activation slots, engine has %d",
-                       s->nslots, e->nslots);
+    int last_bw = -1;
+    if (stage_begin(e, s, &last_bw, err, errlen)) return -1;
     if (s->nstages > 1) {
         if (!x->stage_ranks || x->stage_ranks[s->stage] != xp->self)
             return pl_errf(err, errlen, "stage: stage %d of the pipeline is not this rank (%d)",
@@ -114,11 +116,8 @@ int pl_stage_step_xport(pl_engine *e, const pl_schedule *s, const pl_stage_xlink
     /* received gradients land here (not in the input gradient scratch: the send of the
      * previous backward's input gradient may be in the same group) */
     float *gbuf = NULL;
-    if (s->stage < s->nstages - 1 && !(gbuf = kn_alloc(e->k, n * sizeof *gbuf)))
+    if (s->stage < s->nstages - 1 && !(gbuf = pl_engine_io_buffer(e, PL_IO_DEV_GRAD, n)))
         return pl_errf(err, errlen, "stage: out of backend memory");
-    int last_bw = -1;
-    for (int i = 0; i < s->nops; i++)
-        if (s->ops[i].kind == PL_SCHED_BACKWARD) last_bw = i;
     double sum = 0;
     int rc = 0;
     for (int i = 0; i < s->nops && rc == 0; i++) {
@@ -153,9 +152,6 @@ int pl_stage_step_xport(pl_engine *e, const pl_schedule *s, const pl_stage_xlink
         if (xp->after_compute(xp->ctx, err, errlen) || xp->p2p(xp->ctx, &last, 1, err, errlen))
             rc = -1;
     }
-    /* the last reader of gbuf is the last backward's copy, queued on the compute stream
-     * before anything allocated later can use the memory */
-    kn_free(e->k, gbuf);
     if (loss_sum) *loss_sum = sum;
     return rc;
 }

@@ -113,8 +113,8 @@ static void *sync_main(void *arg)
     return NULL;
 }
 
-/* The rank's jobs in its run order; host staging (one page-locked buffer) off the CPU
- * backend. */
+/* The rank's jobs in its run order; host staging (the engine's PL_IO_GRADS buffer) off
+ * the CPU backend. */
 static int plan_sync(sync_state *s, const pl_sync_rank *me, float **buf, char *err,
                      size_t errlen)
 {
@@ -145,7 +145,7 @@ static int plan_sync(sync_state *s, const pl_sync_rank *me, float **buf, char *e
             for (int t = 0; t < j->n; t++) staged += j->refs[t].count;
     }
     if (staged == 0) return 0;
-    *buf = kn_host_alloc(e->k, staged * sizeof **buf); /* page-locked: faster copies */
+    *buf = pl_engine_io_buffer(e, PL_IO_GRADS, staged);
     if (!*buf) return pl_errf(err, errlen, "worker step: out of memory");
     size_t off = 0;
     for (int i = 0; i < s->njobs; i++) {
@@ -375,7 +375,6 @@ int pl_worker_step(const pl_worker_step_args *a, pl_worker_step_result *out, cha
     }
     double sumsq = 0;
     if (rc == 0) rc = counted_sumsq(&s, self, &sumsq, err, errlen);
-    kn_host_free(e->k, buf);
     free(s.jobs);
     if (rc != 0) return -1;
     out->grad_sumsq = sumsq;
