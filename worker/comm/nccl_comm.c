@@ -669,6 +669,34 @@ static void group_text(const int32_t *group, int size, char *buf, size_t len)
         o += (size_t)snprintf(buf + o, len - o, "%s%d", k ? "," : "", (int)group[k]);
 }
 
+/* Starts the group of an enqueue on the module's device (under n->mu); *r is what the
+ * operations of the group then report. −1 (module failed, err) when it cannot start. */
+static int begin_group(pl_nccl *n, ncclResult_t *r, char *err, size_t errlen)
+{
+    cudaSetDevice(n->device);
+    if ((*r = ncclGroupStart()) == ncclSuccess) return 0;
+    nccl_errf(err, errlen, "ncclGroupStart", *r);
+    fail_locked(n, err);
+    return -1;
+}
+
+/* Ends the group (always: a group is per-thread state). −1 (module failed) when one of its
+ * operations failed (r, already in err) or the end did (what). Under n->mu. */
+static int end_group(pl_nccl *n, ncclResult_t r, const char *what, char *err, size_t errlen)
+{
+    ncclResult_t re = ncclGroupEnd();
+    if (r != ncclSuccess && r != ncclInProgress) {
+        fail_locked(n, err);
+        return -1;
+    }
+    if (re != ncclSuccess && re != ncclInProgress) {
+        nccl_errf(err, errlen, what, re);
+        fail_locked(n, err);
+        return -1;
+    }
+    return 0;
+}
+
 int pl_nccl_group_allreduce(pl_nccl *n, const int32_t *group, int group_size, float *const *bufs,
                             const size_t *counts, int nbufs, int timeout_ms, char *err,
                             size_t errlen)
@@ -697,13 +725,8 @@ int pl_nccl_group_allreduce(pl_nccl *n, const int32_t *group, int group_size, fl
                 in ? "was not prepared" : "does not contain this rank");
         goto out_unlock;
     }
-    cudaSetDevice(n->device);
-    ncclResult_t r = ncclGroupStart();
-    if (r != ncclSuccess) {
-        nccl_errf(err, errlen, "ncclGroupStart", r);
-        fail_locked(n, err);
-        goto out_unlock;
-    }
+    ncclResult_t r;
+    if (begin_group(n, &r, err, errlen)) goto out_unlock;
     int issued = 0;
     for (int i = 0; i < nbufs; i++) {
         if (counts[i] == 0) continue;
@@ -714,17 +737,7 @@ int pl_nccl_group_allreduce(pl_nccl *n, const int32_t *group, int group_size, fl
         }
         issued++;
     }
-    /* always end the group: it is per-thread state */
-    ncclResult_t re = ncclGroupEnd();
-    if (r != ncclSuccess && r != ncclInProgress) {
-        fail_locked(n, err);
-        goto out_unlock;
-    }
-    if (re != ncclSuccess && re != ncclInProgress) {
-        nccl_errf(err, errlen, "ncclGroupEnd (all-reduce)", re);
-        fail_locked(n, err);
-        goto out_unlock;
-    }
+    if (end_group(n, r, "ncclGroupEnd (all-reduce)", err, errlen)) goto out_unlock;
     pthread_mutex_unlock(&n->mu);
     if (!issued) return 0;
     return settle(n, comm, deadline, timeout_ms, "ncclAllReduce (enqueue)", err, errlen);
@@ -758,13 +771,8 @@ int pl_nccl_p2p_batch(pl_nccl *n, const pl_nccl_p2p *ops, int nops, int timeout_
         pthread_mutex_unlock(&n->mu);
         return 0;
     }
-    cudaSetDevice(n->device);
-    ncclResult_t r = ncclGroupStart();
-    if (r != ncclSuccess) {
-        nccl_errf(err, errlen, "ncclGroupStart", r);
-        fail_locked(n, err);
-        goto out_unlock;
-    }
+    ncclResult_t r;
+    if (begin_group(n, &r, err, errlen)) goto out_unlock;
     for (int i = 0; i < nops; i++) {
         const pl_nccl_p2p *o = &ops[i];
         if (o->count == 0) continue;
@@ -778,16 +786,7 @@ int pl_nccl_p2p_batch(pl_nccl *n, const pl_nccl_p2p *ops, int nops, int timeout_
             break;
         }
     }
-    ncclResult_t re = ncclGroupEnd();
-    if (r != ncclSuccess && r != ncclInProgress) {
-        fail_locked(n, err);
-        goto out_unlock;
-    }
-    if (re != ncclSuccess && re != ncclInProgress) {
-        nccl_errf(err, errlen, "ncclGroupEnd (send/recv)", re);
-        fail_locked(n, err);
-        goto out_unlock;
-    }
+    if (end_group(n, r, "ncclGroupEnd (send/recv)", err, errlen)) goto out_unlock;
     ncclComm_t world = n->world;
     pthread_mutex_unlock(&n->mu);
     /* the first exchange with a peer connects to it here: a dead peer shows as a timeout */
