@@ -183,6 +183,27 @@ def children(pid):
     return sorted(out)
 
 
+def run_watching(args, on_line, timeout):
+    """`pliant ARGS` with on_line(line, pid) called on each line of its stdout as it comes
+    (to kill a worker at a step, look at the workers, ...): (status, stdout, stderr). The
+    run is killed if the test fails meanwhile."""
+    p = subprocess.Popen([suite.pliant] + [str(a) for a in args], cwd=REPO,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    out = []
+    try:
+        for line in p.stdout:
+            out.append(line)
+            on_line(line, p.pid)
+        err = p.stderr.read()
+        p.wait(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return p.returncode, "".join(out), err
+
+
 @test
 def killed_data_parallel_worker_recovers_and_matches_train():
     """SIGKILL one of 3 single-node pipelines after step 10: the coordinator
@@ -191,29 +212,19 @@ def killed_data_parallel_worker_recovers_and_matches_train():
     steps = 100
     job = write_job("killed", steps=steps)
     m = job + ".run.jsonl"
-    p = subprocess.Popen([suite.pliant, "run", job, "--workers", "3", "--metrics", m,
-                          "--threads", "1"], cwd=REPO, stdin=subprocess.DEVNULL,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    killed = None
-    out = []
-    try:
-        for line in p.stdout:
-            out.append(line)
-            if killed is None and line.startswith("step ") and \
-                    int(line.split()[1].split("/")[0]) >= 10:
-                kids = children(p.pid)
-                check(len(kids) == 3, "run has %d children", len(kids))
-                killed = kids[-1]
-                os.kill(killed, signal.SIGKILL)
-        err = p.stderr.read()
-        p.wait(timeout=120)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    text = "".join(out)
-    check(killed is not None, "no step 10 seen:\n%s", text[-1500:])
-    check(p.returncode == 0, "run failed (%d):\n%s\n%s", p.returncode, text[-2000:], err[-2000:])
+    killed = []
+
+    def kill_at_step_10(line, pid):
+        if not killed and line.startswith("step ") and int(line.split()[1].split("/")[0]) >= 10:
+            kids = children(pid)
+            check(len(kids) == 3, "run has %d children", len(kids))
+            killed.append(kids[-1])
+            os.kill(kids[-1], signal.SIGKILL)
+
+    rc, text, err = run_watching(["run", job, "--workers", 3, "--metrics", m, "--threads", 1],
+                                 kill_at_step_10, 120)
+    check(killed, "no step 10 seen:\n%s", text[-1500:])
+    check(rc == 0, "run failed (%d):\n%s\n%s", rc, text[-2000:], err[-2000:])
     check("reconfigure: generation 2" in text, "no reconfiguration:\n%s", text[-1500:])
     rows = metrics(m)
     ref = reference(job)
@@ -237,30 +248,21 @@ def killed_pipeline_workers_move_layers_and_match_train():
     steps = 16
     job = write_job("moved", steps=steps, global_=4)
     m = job + ".run.jsonl"
-    p = subprocess.Popen([suite.pliant, "run", job, "--workers", "6", "--metrics", m,
-                          "--threads", "1"], cwd=REPO, stdin=subprocess.DEVNULL,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    kids = None
+    kids = []
     kills = [(3, 5), (8, 4)]  # (after step, child index)
-    out = []
-    try:
-        for line in p.stdout:
-            out.append(line)
-            if kills and line.startswith("step ") and \
-                    int(line.split()[1].split("/")[0]) >= kills[0][0]:
-                if kids is None:
-                    kids = children(p.pid)
-                    check(len(kids) == 6, "run has %d children", len(kids))
-                os.kill(kids[kills.pop(0)[1]], signal.SIGKILL)
-        err = p.stderr.read()
-        p.wait(timeout=180)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    text = "".join(out)
+
+    def kill_at_steps(line, pid):
+        if kills and line.startswith("step ") and \
+                int(line.split()[1].split("/")[0]) >= kills[0][0]:
+            if not kids:
+                kids.extend(children(pid))
+                check(len(kids) == 6, "run has %d children", len(kids))
+            os.kill(kids[kills.pop(0)[1]], signal.SIGKILL)
+
+    rc, text, err = run_watching(["run", job, "--workers", 6, "--metrics", m, "--threads", 1],
+                                 kill_at_steps, 180)
     check(not kills, "not every kill happened:\n%s", text[-1500:])
-    check(p.returncode == 0, "run failed (%d):\n%s\n%s", p.returncode, text[-2000:],
+    check(rc == 0, "run failed (%d):\n%s\n%s", rc, text[-2000:],
           err[-3000:])
     check("reconfigure: generation 2" in text and "reconfigure: generation 3" in text,
           "no reconfiguration:\n%s", text[-1500:])
@@ -382,27 +384,20 @@ def devices_give_each_worker_its_own_gpu():
     """--devices 4,7 with 3 workers: worker i sees CUDA_VISIBLE_DEVICES = 4, 7, 4 (one GPU
     each, so NCCL could join them); the job is unaffected on CPU workers."""
     job = write_job("devices", steps=60)
-    p = subprocess.Popen([suite.pliant, "run", job, "--workers", "3", "--threads", "1",
-                          "--devices", "4,7"], cwd=REPO, stdin=subprocess.DEVNULL,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    seen = None
-    try:
-        for line in p.stdout:
-            if seen is None and line.startswith("step "):
-                seen = []
-                for kid in children(p.pid):
-                    with open("/proc/%d/environ" % kid, "rb") as f:
-                        env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
-                    seen.append((env.get(b"PLIANT_WORKER_NAME", b"").decode(),
-                                 env.get(b"CUDA_VISIBLE_DEVICES", b"").decode()))
-        err = p.stderr.read()
-        p.wait(timeout=120)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    check(p.returncode == 0, "run failed (%d): %s", p.returncode, err[-1500:])
-    check(sorted(seen or []) == [("w0", "4"), ("w1", "7"), ("w2", "4")], "workers saw %s", seen)
+    seen = []
+
+    def look_at_workers(line, pid):
+        if not seen and line.startswith("step "):
+            for kid in children(pid):
+                with open("/proc/%d/environ" % kid, "rb") as f:
+                    env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+                seen.append((env.get(b"PLIANT_WORKER_NAME", b"").decode(),
+                             env.get(b"CUDA_VISIBLE_DEVICES", b"").decode()))
+
+    rc, _, err = run_watching(["run", job, "--workers", 3, "--threads", 1, "--devices", "4,7"],
+                              look_at_workers, 120)
+    check(rc == 0, "run failed (%d): %s", rc, err[-1500:])
+    check(sorted(seen) == [("w0", "4"), ("w1", "7"), ("w2", "4")], "workers saw %s", seen)
     rc, _, err = run("run", job, "--workers", 2, "--devices", "0,x")
     check(rc == 2 and "--devices" in err, "status %d: %s", rc, err)
 
