@@ -14,14 +14,7 @@ class Collector(threading.Thread):
         self.store = api.store
 
     def run(self):
-        seen = None
-        with self.store.cond:
-            while True:
-                if self.store.rv == seen:
-                    self.store.cond.wait()
-                    continue
-                seen = self.store.rv
-                self.collect()
+        self.store.run_on_changes(self.collect)
 
     def collect(self):
         for rkey in list(self.store.objects):

@@ -143,14 +143,7 @@ class Kubelet:
     # -- the control loop ----------------------------------------------------------
 
     def _loop(self):
-        seen = None
-        with self.store.cond:
-            while True:
-                if self.store.rv == seen:
-                    self.store.cond.wait()
-                    continue
-                seen = self.store.rv
-                self.sync()
+        self.store.run_on_changes(self.sync)
 
     def sync(self):
         nodes = {n["metadata"]["name"]: n for n in self.store.items("nodes")}

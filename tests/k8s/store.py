@@ -33,6 +33,18 @@ class Store:
         self.watch_epoch = 0              # bumped to end every open watch with 410
         self.listeners = []               # called with each Event, under the lock
 
+    def run_on_changes(self, fn):
+        """Calls fn() (under the lock) now and after every change to the store, forever:
+        the body of a controller thread (the kubelet, the garbage collector)."""
+        seen = None
+        with self.cond:
+            while True:
+                if self.rv == seen:
+                    self.cond.wait()
+                    continue
+                seen = self.rv
+                fn()
+
     # -- reads (caller holds cond) -------------------------------------------------
 
     def get(self, rkey, namespace, name):
