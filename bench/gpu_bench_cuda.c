@@ -160,7 +160,7 @@ static double step(bench *b, int t)
     double t0 = now_s();
     pl_engine_zero_grads(e);
     b->loss = pl_engine_forward(e, 0, b->tok, NULL, b->tok + 1);
-    pl_engine_backward(e, 0, NULL, 1.0f / (float)(e->B * e->T));
+    pl_engine_backward_last(e, 0, NULL, 1.0f / (float)(e->B * e->T), NULL, NULL);
     b->norm = sqrt(pl_engine_grad_sumsq(e));
     pl_engine_adamw(e, &opt, b->norm > 1.0 ? (float)(1.0 / b->norm) : 1.0f, t);
     kn_sync(e->k);

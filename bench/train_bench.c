@@ -82,7 +82,7 @@ static int run_pliant(int B, int T, int steps, int threads, result *res)
         double t0 = now_s();
         pl_engine_zero_grads(&e);
         pl_engine_forward(&e, 0, tok, NULL, tok + 1);
-        pl_engine_backward(&e, 0, NULL, 1.0f / (float)(B * T));
+        pl_engine_backward_last(&e, 0, NULL, 1.0f / (float)(B * T), NULL, NULL);
         (void)pl_engine_grad_sumsq(&e);
         pl_engine_adamw(&e, &o, 1.0f, s + 1);
         if (s) ms[s - 1] = (now_s() - t0) * 1e3; /* step 0 warms up */

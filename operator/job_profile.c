@@ -45,7 +45,7 @@ static int time_layer(kn_ctx *k, const pl_gpt_config *cfg, int l, int B, int T, 
         pl_engine_forward(&e, 0, tok, act, tok);
         kn_sync(k);
         double t1 = now_ms();
-        pl_engine_backward(&e, 0, act, 1.0f / (float)BT);
+        pl_engine_backward_last(&e, 0, act, 1.0f / (float)BT, NULL, NULL);
         kn_sync(k);
         double t2 = now_ms();
         if (r) {

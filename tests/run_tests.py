@@ -3,9 +3,14 @@
 
 It runs, in this order:
   1. every unit-test binary BUILD/tests/test_*,
-  2. the same tests built under AddressSanitizer + UBSan, BUILD/asan/tests/test_*
+  2. the exactness tests (EXACTNESS_TESTS: splits of the model equal the whole model bit
+     for bit, kernels against references) again under every OpenBLAS kernel set this
+     CPU can execute (OPENBLAS_CORETYPE; names prefixed "openblas-<core>/"): OpenBLAS
+     picks different sgemm kernels, with different blockings, on different machines,
+     and the exactness must hold for each,
+  3. the unit tests built under AddressSanitizer + UBSan, BUILD/asan/tests/test_*
      (their test names are prefixed with "asan/"),
-  3. every command-line test script tests/cli/test_*.py, as `python3 FILE --build BUILD`.
+  4. every command-line test script tests/cli/test_*.py, as `python3 FILE --build BUILD`.
 
 Every program speaks one line protocol on its output (tests/unit/check.h):
   "ok NAME"              a test passed
@@ -36,6 +41,22 @@ ASAN_ENV = {
     "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
 }
 
+# The unit tests whose assertions are bit-exact comparisons between code paths that
+# multiply matrices with OpenBLAS.
+EXACTNESS_TESTS = ("test_kernels_cpu", "test_engine", "test_stage", "test_stage_link",
+                   "test_worker_step", "test_xport_step", "test_layer_copy", "test_llmc_parity")
+
+# OpenBLAS 0.3.21's x86-64 kernel sets and the CPU flags (/proc/cpuinfo) each needs.
+OPENBLAS_CORES = (
+    ("Prescott", {"pni"}),
+    ("Sandybridge", {"avx"}),
+    ("Haswell", {"avx2", "fma"}),
+    ("Zen", {"avx2", "fma"}),
+    ("SkylakeX", {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"}),
+    ("Cooperlake", {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16"}),
+)
+CORE_RE = re.compile(r"^Core: (\S+)")
+
 RESULT_RE = re.compile(r"^(ok|FAIL|skip)\s+(\S+?):?(?:\s+(.*))?$")
 TAIL_LINES = 40
 
@@ -43,11 +64,12 @@ TAIL_LINES = 40
 class Program:
     """One test program and what its run produced."""
 
-    def __init__(self, label, argv, prefix="", env=None):
+    def __init__(self, label, argv, prefix="", env=None, core=None):
         self.label = label          # shown in progress lines and synthetic failure names
         self.argv = argv
         self.prefix = prefix        # prepended to every test name it reports
         self.env = env or {}
+        self.core = core            # the OpenBLAS kernel set it must run with, or None
         self.passed = []            # names
         self.failed = []            # (name, [detail lines])
         self.skipped = []           # (name, reason)
@@ -93,6 +115,13 @@ def run_program(prog, timeout):
     prog.seconds = time.monotonic() - start
 
     lines = raw.decode("utf-8", errors="replace").splitlines()
+    if prog.core:
+        cores = [m.group(1) for m in map(CORE_RE.match, lines) if m]
+        if cores[:1] != [prog.core]:
+            # this OpenBLAS lacks the kernel set and chose another one: nothing new to test
+            prog.skipped.append((prog.label, "OpenBLAS ran %s kernels, not %s"
+                                 % (cores[0] if cores else "unknown", prog.core)))
+            return prog
     context = []   # non-result lines since the previous result line
     for line in lines:
         m = RESULT_RE.match(line.rstrip())
@@ -127,17 +156,43 @@ def run_program(prog, timeout):
     return prog
 
 
-def discover(build, pattern_filter):
+def cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def openblas_cores():
+    """The OpenBLAS kernel sets this CPU can execute (none off x86-64)."""
+    flags = cpu_flags()
+    return [name for name, need in OPENBLAS_CORES if need <= flags]
+
+
+def unit_programs(d, prefix, env):
     progs = []
-    for sub, prefix, env in (("tests", "", {}), (os.path.join("asan", "tests"), "asan/", ASAN_ENV)):
-        d = os.path.join(build, sub)
-        if not os.path.isdir(d):
-            continue
-        for name in sorted(os.listdir(d)):
-            path = os.path.join(d, name)
-            if (name.startswith("test_") and os.path.isfile(path) and os.access(path, os.X_OK)
-                    and "." not in name):
-                progs.append(Program(prefix + name, [os.path.abspath(path)], prefix, env))
+    if not os.path.isdir(d):
+        return progs
+    for name in sorted(os.listdir(d)):
+        path = os.path.join(d, name)
+        if (name.startswith("test_") and os.path.isfile(path) and os.access(path, os.X_OK)
+                and "." not in name):
+            progs.append(Program(prefix + name, [os.path.abspath(path)], prefix, env))
+    return progs
+
+
+def discover(build, pattern_filter):
+    progs = unit_programs(os.path.join(build, "tests"), "", {})
+    for core in openblas_cores():
+        prefix = "openblas-%s/" % core
+        env = {"OPENBLAS_CORETYPE": core, "OPENBLAS_VERBOSE": "2"}
+        progs += [Program(prefix + p.label, p.argv, prefix, env, core)
+                  for p in progs if p.label in EXACTNESS_TESTS]
+    progs += unit_programs(os.path.join(build, "asan", "tests"), "asan/", ASAN_ENV)
     cli = os.path.join(REPO, "tests", "cli")
     if os.path.isdir(cli):
         for name in sorted(os.listdir(cli)):

@@ -662,8 +662,8 @@ static void test_engine_parity(void)
         float lg = pl_engine_forward(&eg, 0, tokens, NULL, targets);
         pl_engine_zero_grads(&ec);
         pl_engine_zero_grads(&eg);
-        pl_engine_backward(&ec, 0, NULL, 1.0f / (float)BT);
-        pl_engine_backward(&eg, 0, NULL, 1.0f / (float)BT);
+        pl_engine_backward_last(&ec, 0, NULL, 1.0f / (float)BT, NULL, NULL);
+        pl_engine_backward_last(&eg, 0, NULL, 1.0f / (float)BT, NULL, NULL);
         double gc = pl_engine_grad_sumsq(&ec), gg = pl_engine_grad_sumsq(&eg);
         pl_engine_adamw(&ec, &opt, 1.0f, step);
         pl_engine_adamw(&eg, &opt, 1.0f, step);

@@ -21,6 +21,7 @@
 #include "mailbox.h"
 #include "rng.h"
 #include "util.h"
+#include "whole_model.h"
 #include "worker_step.h"
 
 
@@ -212,11 +213,8 @@ static void test_two_heterogeneous_pipelines_equal_one_process(void)
         /* reference step over the same microbatches */
         step_data(step, tok, tgt);
         pl_engine_zero_grads(&whole);
-        double ref_loss = 0;
-        for (int m = 0; m < GLOBAL_MB; m++) {
-            ref_loss += pl_engine_forward(&whole, 0, tok + m * BT, NULL, tgt + m * BT);
-            pl_engine_backward(&whole, 0, NULL, 1.0f / (float)(GLOBAL_MB * BT));
-        }
+        double ref_loss =
+            whole_model_step(&whole, tok, tgt, GLOBAL_MB, 1.0f / (float)(GLOBAL_MB * BT));
         ref_loss /= GLOBAL_MB;
         const double ref_norm = sqrt(pl_engine_grad_sumsq(&whole));
         const float ref_scale = ref_norm > CLIP ? CLIP / (float)ref_norm : 1.0f;

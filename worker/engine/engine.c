@@ -143,6 +143,9 @@ int pl_engine_create(pl_engine *e, kn_ctx *k, const pl_gpt_config *cfg, int begi
     const size_t BTC = (size_t)B * (size_t)T * (size_t)cfg->C;
     e->bw = kn_alloc(k, SCRATCH_BTC * BTC * sizeof(float));
     if (!e->params || !e->grads || !e->m || !e->v || !e->bw) goto oom;
+    if (pl_engine_has_embedding(e) && pl_engine_has_head(e) &&
+        !(e->head_dwte = kn_alloc(k, e->tensors[e->wte_tensor].spec.numel * sizeof(float))))
+        goto oom;
     for (int i = 0; i < nslots; i++) {
         pl_slot *sl = &e->slots[i];
         size_t sz = layout_slot(e, sl, NULL);
@@ -172,6 +175,7 @@ void pl_engine_destroy(pl_engine *e)
     kn_free(e->k, e->m);
     kn_free(e->k, e->v);
     kn_free(e->k, e->bw);
+    kn_free(e->k, e->head_dwte);
     for (int i = 0; i < PL_IO_COUNT; i++) {
         if (i == PL_IO_DEV_GRAD) kn_free(e->k, e->io[i]);
         else kn_host_free(e->k, e->io[i]);
@@ -356,14 +360,17 @@ static void block_backward(pl_engine *e, pl_slot *s, int l, const scratch *w)
                           a->ln1_rstd, B, T, C);
 }
 
-void pl_engine_backward(pl_engine *e, int slot, const float *dout, float dloss_scale)
+/* The head's share of wte's gradient: wte's own gradient, or kept apart until the
+ * step's last backward when the range also holds the embedding (engine.h). */
+static float *head_dwte(const pl_engine *e)
 {
-    pl_engine_backward_notify(e, slot, dout, dloss_scale, NULL, NULL);
+    return e->head_dwte ? e->head_dwte : e->grads + e->tensors[e->wte_tensor].offset;
 }
 
-/* dout is host memory (dev = 0) or backend memory (dev = 1). */
+/* dout is host memory (dev = 0) or backend memory (dev = 1); last: the step's last
+ * backward, which adds the head's share of wte's gradient before layer 0 is done. */
 static void backward(pl_engine *e, int slot, const float *dout, int dev, float dloss_scale,
-                     pl_layer_done_fn done, void *ctx)
+                     int last, pl_layer_done_fn done, void *ctx)
 {
     kn_ctx *k = e->k;
     pl_slot *s = &e->slots[slot];
@@ -373,11 +380,12 @@ static void backward(pl_engine *e, int slot, const float *dout, int dev, float d
     if (pl_engine_has_head(e)) {
         const int H = e->cfg.L + 1;
         float *wte = e->params + e->tensors[e->wte_tensor].offset;
-        float *dwte = e->grads + e->tensors[e->wte_tensor].offset;
         kn_crossentropy_softmax_backward(k, s->probs, s->probs, s->targets, dloss_scale, BT,
                                          e->cfg.V, e->cfg.Vp);
         kn_zero(k, w.dln, BTC * sizeof(float));
-        kn_matmul_backward(k, w.dln, dwte, NULL, s->probs, s->lnf, wte, BT, C, e->cfg.Vp);
+        kn_matmul_backward(k, w.dln, head_dwte(e), NULL, s->probs, s->lnf, wte, BT, C,
+                           e->cfg.Vp);
+        e->head_pending = e->head_dwte != NULL;
         kn_zero(k, w.dres, BTC * sizeof(float));
         kn_layernorm_backward(k, w.dres, G(e, H, 0), G(e, H, 1), w.dln, last_output(e, s),
                               P(e, H, 0), s->lnf_mean, s->lnf_rstd, B, T, C);
@@ -394,20 +402,35 @@ static void backward(pl_engine *e, int slot, const float *dout, int dev, float d
     }
     if (pl_engine_has_embedding(e)) {
         kn_encoder_backward(k, G(e, 0, 0), G(e, 0, 1), w.dres, s->tokens, B, T, C);
+        if (last && e->head_pending) {
+            const pl_engine_tensor *t = &e->tensors[e->wte_tensor];
+            kn_accumulate(k, e->grads + t->offset, e->head_dwte, t->spec.numel);
+            e->head_pending = 0;
+        }
         if (done) done(ctx, 0);
     }
 }
 
-void pl_engine_backward_notify(pl_engine *e, int slot, const float *dout, float dloss_scale,
-                               pl_layer_done_fn done, void *ctx)
+void pl_engine_backward(pl_engine *e, int slot, const float *dout, float dloss_scale)
 {
-    backward(e, slot, dout, 0, dloss_scale, done, ctx);
+    backward(e, slot, dout, 0, dloss_scale, 0, NULL, NULL);
 }
 
-void pl_engine_backward_notify_dev(pl_engine *e, int slot, const float *dout, float dloss_scale,
-                                   pl_layer_done_fn done, void *ctx)
+void pl_engine_backward_last(pl_engine *e, int slot, const float *dout, float dloss_scale,
+                             pl_layer_done_fn done, void *ctx)
 {
-    backward(e, slot, dout, 1, dloss_scale, done, ctx);
+    backward(e, slot, dout, 0, dloss_scale, 1, done, ctx);
+}
+
+void pl_engine_backward_dev(pl_engine *e, int slot, const float *dout, float dloss_scale)
+{
+    backward(e, slot, dout, 1, dloss_scale, 0, NULL, NULL);
+}
+
+void pl_engine_backward_last_dev(pl_engine *e, int slot, const float *dout, float dloss_scale,
+                                 pl_layer_done_fn done, void *ctx)
+{
+    backward(e, slot, dout, 1, dloss_scale, 1, done, ctx);
 }
 
 const float *pl_engine_input_grad(const pl_engine *e)
@@ -418,12 +441,25 @@ const float *pl_engine_input_grad(const pl_engine *e)
 void pl_engine_zero_grads(pl_engine *e)
 {
     kn_zero(e->k, e->grads, e->nparams * sizeof(float));
+    if (e->head_dwte)
+        kn_zero(e->k, e->head_dwte, e->tensors[e->wte_tensor].spec.numel * sizeof(float));
+    e->head_pending = 0;
+}
+
+/* Gradients read before the step's last backward would miss the head's share of wte. */
+static void require_complete(const pl_engine *e, const char *what)
+{
+    if (!e->head_pending) return;
+    fprintf(stderr, "pl_engine: %s before the step's last backward (pl_engine_backward_last)\n",
+            what);
+    abort();
 }
 
 /* One reduction over the contiguous gradients (off the CPU each one waits for the
  * device): a head-only range's wte copy, left out, is its first tensor. */
 double pl_engine_grad_sumsq(pl_engine *e)
 {
+    require_complete(e, "pl_engine_grad_sumsq");
     size_t start = 0;
     if (e->wte_tensor >= 0 && !pl_engine_has_embedding(e))
         start = e->tensors[0].offset + e->tensors[0].spec.numel;
@@ -432,6 +468,7 @@ double pl_engine_grad_sumsq(pl_engine *e)
 
 void pl_engine_adamw(pl_engine *e, const pl_adamw *o, float grad_scale, int t)
 {
+    require_complete(e, "pl_engine_adamw");
     for (int i = 0; i < e->ntensors; i++) {
         const pl_engine_tensor *x = &e->tensors[i];
         size_t off = x->offset;

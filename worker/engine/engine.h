@@ -5,7 +5,11 @@
  * Gradients accumulate over microbatches until pl_engine_zero_grads. The
  * tied wte is held by the embedding and by the head: a range with the head but
  * not the embedding keeps its own copy of wte and accumulates its gradient
- * there; combining the holders' gradients is the distributed runtime's job. */
+ * there; combining the holders' gradients is the distributed runtime's job.
+ * A range with both keeps the head's share apart until the step's last backward
+ * (pl_engine_backward_last), so that every split of the model computes the same
+ * floats as the whole: each holder's sum is the same sequence of operations, and
+ * the two are added once at the end, whatever sgemm kernel the machine picks. */
 #ifndef PLIANT_ENGINE_H
 #define PLIANT_ENGINE_H
 
@@ -45,6 +49,8 @@ typedef struct {
     int ntensors;
     pl_engine_tensor *tensors;
     int wte_tensor;  /* index in tensors of wte, or −1 */
+    float *head_dwte;/* with both ends: the head's share of wte's gradient (pl_engine_backward) */
+    int head_pending;/* head_dwte holds a share not yet added (a backward_last is missing) */
     pl_slot *slots;
     float *bw;       /* backward scratch, shared by all slots */
     size_t act_bytes;/* activation memory, for reports */
@@ -88,17 +94,22 @@ const float *pl_engine_probs(const pl_engine *e, int slot);
  * dloss_scale per position (1/(tokens of the whole step) for a mean loss);
  * without it `dout` [B,T,C] is the next stage's input gradient. Without the
  * embedding, the gradient w.r.t. this stage's input is pl_engine_input_grad()
- * until the next backward. Frees the slot for the next forward. */
+ * until the next backward. Frees the slot for the next forward.
+ *
+ * The step's LAST backward must be pl_engine_backward_last: with both ends of the
+ * model, the LM head's share of the tied wte gradient is kept apart (head_dwte)
+ * until then and added to the embedding's once, as a pipeline's two wte holders
+ * are added by their all-reduce. So one range sums exactly what any split sums. */
 void pl_engine_backward(pl_engine *e, int slot, const float *dout, float dloss_scale);
 
-/* pl_engine_backward that calls done(ctx, l) as soon as this backward's
- * contribution to layer l's gradients is in place, for every layer of the
- * range from high to low: the head (L+1, with the head's wte copy), the
- * blocks, then layer 0 (with the embedding's wte). The runtime uses it to sync
- * finished layers while lower ones still run (Oobleck §6.1). */
+/* The step's last backward: completes the gradients, and calls done(ctx, l) (when
+ * not NULL) as soon as layer l's gradients are final, for every layer of the range
+ * from high to low: the head (L+1, with the head's wte copy), the blocks, then
+ * layer 0 (with the embedding's wte, the head's share added). The runtime uses it
+ * to sync finished layers while lower ones still run (Oobleck §6.1). */
 typedef void (*pl_layer_done_fn)(void *ctx, int layer);
-void pl_engine_backward_notify(pl_engine *e, int slot, const float *dout, float dloss_scale,
-                               pl_layer_done_fn done, void *ctx);
+void pl_engine_backward_last(pl_engine *e, int slot, const float *dout, float dloss_scale,
+                             pl_layer_done_fn done, void *ctx);
 const float *pl_engine_input_grad(const pl_engine *e);
 
 /* The same with the stage input `in` / output gradient `dout` already in BACKEND
@@ -107,8 +118,9 @@ const float *pl_engine_input_grad(const pl_engine *e);
  * targets stay host memory. */
 float pl_engine_forward_dev(pl_engine *e, int slot, const int32_t *tokens, const float *in,
                             const int32_t *targets);
-void pl_engine_backward_notify_dev(pl_engine *e, int slot, const float *dout, float dloss_scale,
-                                   pl_layer_done_fn done, void *ctx);
+void pl_engine_backward_dev(pl_engine *e, int slot, const float *dout, float dloss_scale);
+void pl_engine_backward_last_dev(pl_engine *e, int slot, const float *dout, float dloss_scale,
+                                 pl_layer_done_fn done, void *ctx);
 /* Backend memory [B,T,C] that slot's next forward reads as its input (without the
  * embedding): a transport may receive into it once the slot's previous microbatch is
  * through its backward. */

@@ -71,8 +71,10 @@ int pl_stage_step_notify(pl_engine *e, const pl_schedule *s, const pl_stage_link
                 rc = link->recv(link->ctx, op->recv_from, PL_LINK_GRADIENT, op->mb, buf, n, err,
                                 errlen);
             if (rc) break;
-            pl_engine_backward_notify(e, op->slot, buf, batch->dloss_scale,
-                                      i == last_bw ? done : NULL, ctx);
+            if (i == last_bw)
+                pl_engine_backward_last(e, op->slot, buf, batch->dloss_scale, done, ctx);
+            else
+                pl_engine_backward(e, op->slot, buf, batch->dloss_scale);
             if (op->send_to >= 0)
                 rc = link->send(link->ctx, op->send_to, PL_LINK_GRADIENT, op->mb,
                                 host_view(e, out, pl_engine_input_grad(e), n), n, err, errlen);
@@ -143,8 +145,10 @@ int pl_stage_step_xport(pl_engine *e, const pl_schedule *s, const pl_stage_xlink
             const int32_t *tgt = pl_engine_has_head(e) ? batch->targets + off : NULL;
             sum += pl_engine_forward_dev(e, op->slot, tok, in, tgt);
         } else {
-            pl_engine_backward_notify_dev(e, op->slot, in, batch->dloss_scale,
-                                          i == last_bw ? done : NULL, ctx);
+            if (i == last_bw)
+                pl_engine_backward_last_dev(e, op->slot, in, batch->dloss_scale, done, ctx);
+            else
+                pl_engine_backward_dev(e, op->slot, in, batch->dloss_scale);
         }
     }
     if (rc == 0 && s->nops > 0 && s->ops[s->nops - 1].send_to >= 0) {

@@ -43,7 +43,7 @@ int pl_stage_step(pl_engine *e, const pl_schedule *s, const pl_stage_link *link,
                   const pl_stage_batch *batch, double *loss_sum, char *err, size_t errlen);
 
 /* pl_stage_step that reports, during the schedule's last backward, each layer
- * whose gradient for the whole step is then final (pl_engine_backward_notify:
+ * whose gradient for the whole step is then final (pl_engine_backward_last:
  * highest first), so the runtime can all-reduce it while the lower layers
  * still run backward (Oobleck §6.1). done may be NULL. */
 int pl_stage_step_notify(pl_engine *e, const pl_schedule *s, const pl_stage_link *link,

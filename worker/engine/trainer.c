@@ -172,7 +172,9 @@ static int train_step(run *r, int64_t s, double *loss, double *norm, float *lr)
     for (int i = 0; i < G / B; i++) {
         if (pl_sampler_fill(&r->smp, &r->train, s, i * B, B, r->inputs, r->targets)) return -1;
         sum += pl_engine_forward(&r->e, 0, r->inputs, NULL, r->targets);
-        pl_engine_backward(&r->e, 0, NULL, 1.0f / (float)((size_t)G * (size_t)T));
+        const float scale = 1.0f / (float)((size_t)G * (size_t)T);
+        if (i + 1 < G / B) pl_engine_backward(&r->e, 0, NULL, scale);
+        else pl_engine_backward_last(&r->e, 0, NULL, scale, NULL, NULL);
     }
     *loss = sum / (G / B);
     *norm = sqrt(pl_engine_grad_sumsq(&r->e));
