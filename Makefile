@@ -9,7 +9,10 @@ BUILD   := build
 
 WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter
 CSTD    := -std=c17 -D_GNU_SOURCE
-INCS    := -Ishared -Ikernels -Iworker/engine -Iworker/comm -Iworker/agent -Ioperator $(shell pkg-config --cflags libcjson 2>/dev/null) \
+# One include path per folder, bottom layer first; tools/check_layers.py refuses an
+# include that goes up a layer (docs/architecture.md).
+INCS    := -Ishared -Ikernels -Iworker/engine -Iworker/comm -Iworker/agent -Ioperator/runtime \
+           -Ioperator/k8s -Ioperator/cli $(shell pkg-config --cflags libcjson 2>/dev/null) \
            $(shell pkg-config --cflags libwebsockets openssl libcurl 2>/dev/null)
 CFLAGS  ?= -O2 -g
 ALL_CFLAGS := $(CSTD) $(WARN) $(INCS) $(CFLAGS) -MMD -MP
@@ -20,12 +23,15 @@ SAN     := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-fram
 
 # The common library: everything in shared/.
 SHARED_SRC := $(wildcard shared/*.c)
-# The `pliant` command: its subcommands live in operator/ (pliant run shares the controller there).
-# operator/: the `pliant` command's main (pliant.c) and, in a library the tests
-# link too, its subcommands, the controller and the worker backends.
-PLIANT_SRC := operator/pliant.c
-OPERATOR_MAIN_SRC := operator/operator_main.c
-OPERATOR_SRC := $(filter-out $(PLIANT_SRC) $(OPERATOR_MAIN_SRC),$(wildcard operator/*.c))
+# operator/runtime/: the coordinator runtime shared by `pliant run` and the operator;
+# operator/k8s/: pliant-operator (main: operator_main.c) and its Kubernetes client;
+# operator/cli/: the `pliant` command (main: pliant.c) and its subcommands. Each folder
+# but its main is a library the tests link too.
+PLIANT_SRC := operator/cli/pliant.c
+OPERATOR_MAIN_SRC := operator/k8s/operator_main.c
+RUNTIME_SRC := $(wildcard operator/runtime/*.c)
+K8S_SRC := $(filter-out $(OPERATOR_MAIN_SRC),$(wildcard operator/k8s/*.c))
+CLI_SRC := $(filter-out $(PLIANT_SRC),$(wildcard operator/cli/*.c))
 UNIT_SRC   := $(filter-out tests/unit/test_kernels_cuda.c tests/unit/test_nccl.c,$(wildcard tests/unit/test_*.c))
 BENCH_SRC  := $(wildcard bench/*_bench.c)
 CUDA_SRC   := $(wildcard kernels/cuda/*.cu)
@@ -55,10 +61,13 @@ LDLIBS          += -lopenblas -fopenmp
 ENGINE_SRC      := $(filter-out worker/comm/nccl_comm.c worker/comm/nccl_xport.c,$(wildcard worker/engine/*.c worker/comm/*.c worker/agent/*.c))
 ENGINE_LIB      := $(BUILD)/lib/libpliant_engine.a
 ENGINE_ASAN_LIB := $(BUILD)/asan/lib/libpliant_engine.a
-OPERATOR_LIB      := $(BUILD)/lib/libpliant_operator.a
-OPERATOR_ASAN_LIB := $(BUILD)/asan/lib/libpliant_operator.a
-LIBS            := $(OPERATOR_LIB) $(ENGINE_LIB) $(KERNEL_LIB) $(BUILD)/lib/libpliant_shared.a
-ASAN_LIBS       := $(OPERATOR_ASAN_LIB) $(ENGINE_ASAN_LIB) $(KERNEL_ASAN_LIB) $(BUILD)/asan/lib/libpliant_shared.a
+RUNTIME_LIB     := $(BUILD)/lib/libpliant_runtime.a
+K8S_LIB         := $(BUILD)/lib/libpliant_k8s.a
+CLI_LIB         := $(BUILD)/lib/libpliant_cli.a
+# below the runtime: what every program links
+BASE_LIBS       := $(ENGINE_LIB) $(KERNEL_LIB) $(BUILD)/lib/libpliant_shared.a
+LIBS            := $(CLI_LIB) $(K8S_LIB) $(RUNTIME_LIB) $(BASE_LIBS)
+ASAN_LIBS       := $(LIBS:$(BUILD)/lib/%=$(BUILD)/asan/lib/%)
 
 DEBIAN_DEPS := build-essential pkg-config python3 libcjson-dev libcurl4-openssl-dev libyaml-dev \
                libwebsockets-dev libssl-dev libopenblas-dev
@@ -81,12 +90,15 @@ $(BUILD)/asan/lib/libpliant_shared.a: $(SHARED_ASAN_OBJ)
 
 $(KERNEL_OBJ) $(KERNEL_ASAN_OBJ) $(BUILD)/bench/kernels_bench: ALL_CFLAGS += -fopenmp
 
-$(OPERATOR_LIB): $(OPERATOR_SRC:%.c=$(BUILD)/obj/%.o)
+$(RUNTIME_LIB): $(RUNTIME_SRC:%.c=$(BUILD)/obj/%.o)
+$(K8S_LIB): $(K8S_SRC:%.c=$(BUILD)/obj/%.o)
+$(CLI_LIB): $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
+$(RUNTIME_LIB:$(BUILD)/%=$(BUILD)/asan/%): $(RUNTIME_SRC:%.c=$(BUILD)/asan/obj/%.o)
+$(K8S_LIB:$(BUILD)/%=$(BUILD)/asan/%): $(K8S_SRC:%.c=$(BUILD)/asan/obj/%.o)
+$(CLI_LIB:$(BUILD)/%=$(BUILD)/asan/%): $(CLI_SRC:%.c=$(BUILD)/asan/obj/%.o)
+$(RUNTIME_LIB) $(K8S_LIB) $(CLI_LIB) $(patsubst $(BUILD)/%,$(BUILD)/asan/%,$(RUNTIME_LIB) $(K8S_LIB) $(CLI_LIB)):
 	@mkdir -p $(@D)
-	$(AR) rcs $@ $^
-
-$(OPERATOR_ASAN_LIB): $(OPERATOR_SRC:%.c=$(BUILD)/asan/obj/%.o)
-	@mkdir -p $(@D)
+	rm -f $@
 	$(AR) rcs $@ $^
 
 $(ENGINE_LIB): $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
@@ -105,19 +117,26 @@ $(KERNEL_ASAN_LIB): $(KERNEL_ASAN_OBJ)
 	@mkdir -p $(@D)
 	$(AR) rcs $@ $^
 
-$(BUILD)/obj/%.o: %.c
+# Every include checked against the layers before anything compiles.
+LAYER_CHECK := $(BUILD)/layers.ok
+$(LAYER_CHECK): tools/check_layers.py $(wildcard shared/*.[ch] kernels/*.[ch] kernels/*/*.[ch] \
+                kernels/cuda/*.cu kernels/cuda/*.cuh worker/*/*.[ch] operator/*/*.[ch])
+	@$(PYTHON) tools/check_layers.py
+	@mkdir -p $(@D) && touch $@
+
+$(BUILD)/obj/%.o: %.c | $(LAYER_CHECK)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
-$(BUILD)/asan/obj/%.o: %.c
+$(BUILD)/asan/obj/%.o: %.c | $(LAYER_CHECK)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -O1 $(SAN) -c $< -o $@
 
-$(BUILD)/bin/pliant: $(PLIANT_OBJ) $(LIBS)
+$(BUILD)/bin/pliant: $(PLIANT_OBJ) $(CLI_LIB) $(RUNTIME_LIB) $(BASE_LIBS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/bin/pliant-operator: $(BUILD)/obj/$(OPERATOR_MAIN_SRC:.c=.o) $(LIBS)
+$(BUILD)/bin/pliant-operator: $(BUILD)/obj/$(OPERATOR_MAIN_SRC:.c=.o) $(K8S_LIB) $(RUNTIME_LIB) $(BASE_LIBS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
@@ -174,7 +193,7 @@ NCCL_LIB         := $(BUILD)/lib/libpliant_nccl.a
 # libpliant_engine_cuda.a: the engine library with worker/agent/nccl_plan.c built with
 # PLIANT_NCCL (the CPU build's copy says NCCL is not there), as kernels.c is built twice.
 ENGINE_CUDA_LIB  := $(BUILD)/lib/libpliant_engine_cuda.a
-CUDA_LIBS        := $(OPERATOR_LIB) $(ENGINE_CUDA_LIB) $(NCCL_LIB) $(KERNEL_CUDA_LIB) $(BUILD)/lib/libpliant_shared.a
+CUDA_LIBS        := $(CLI_LIB) $(RUNTIME_LIB) $(ENGINE_CUDA_LIB) $(NCCL_LIB) $(KERNEL_CUDA_LIB) $(BUILD)/lib/libpliant_shared.a
 CUDA_LDLIBS      := $(LDLIBS) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 \
                     -lnccl -lcublasLt -lcublas -lcudart -lstdc++
 .PHONY: test-gpu
@@ -192,7 +211,7 @@ test-gpu: cuda all
 	$(BUILD)/tests/test_nccl
 	$(PYTHON) tests/cli/test_run_gpu.py --build $(BUILD)
 
-$(BUILD)/cuda/%.o: %.cu
+$(BUILD)/cuda/%.o: %.cu | $(LAYER_CHECK)
 	@mkdir -p $(@D)
 	@if [ ! -x "$(NVCC)" ]; then echo "make cuda: $(NVCC) not found" >&2; exit 1; fi
 	$(NVCC) $(NVCC_FLAGS) -c $< -o $@

@@ -31,13 +31,7 @@
 #include "engine.h"
 #include "kernels.h"
 #include "tokens.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "util.h"
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -157,14 +151,14 @@ static double step(bench *b, int t)
     pl_engine *e = b->e;
     const pl_adamw opt = {.lr = 6e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                           .weight_decay = 0.1f};
-    double t0 = now_s();
+    double t0 = (pl_now_ms() / 1e3);
     pl_engine_zero_grads(e);
     b->loss = pl_engine_forward(e, 0, b->tok, NULL, b->tok + 1);
     pl_engine_backward_last(e, 0, NULL, 1.0f / (float)(e->B * e->T), NULL, NULL);
     b->norm = sqrt(pl_engine_grad_sumsq(e));
     pl_engine_adamw(e, &opt, b->norm > 1.0 ? (float)(1.0 / b->norm) : 1.0f, t);
     kn_sync(e->k);
-    return (now_s() - t0) * 1e3;
+    return ((pl_now_ms() / 1e3) - t0) * 1e3;
 }
 
 static void usage(void)

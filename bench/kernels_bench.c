@@ -20,15 +20,9 @@
 #include <time.h>
 
 #include "kernels.h"
+#include "util.h"
 
 static int quick;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* best time of STMT over at least 3 runs and 0.4 s (1 run and 0.1 s with --quick) */
 #define TIME_BEST(best, stmt)                                                                \
@@ -37,9 +31,9 @@ static double now_s(void)
         (best) = 1e30;                                                                       \
         for (int rep_ = 0; rep_ < 1000 && (rep_ < (quick ? 1 : 3) ||                         \
                                            total_ < (quick ? 0.1 : 0.4)); rep_++) {          \
-            double t0_ = now_s();                                                            \
+            double t0_ = (pl_now_ms() / 1e3);                                                            \
             stmt;                                                                            \
-            double dt_ = now_s() - t0_;                                                      \
+            double dt_ = (pl_now_ms() / 1e3) - t0_;                                                      \
             total_ += dt_;                                                                   \
             if (dt_ < (best)) (best) = dt_;                                                  \
         }                                                                                    \

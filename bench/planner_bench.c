@@ -13,13 +13,7 @@
 #include "profile.h"
 #include "reinstantiate.h"
 #include "templates.h"
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
+#include "util.h"
 
 static uint64_t rng = 88172645463325252ull;
 static double jitter(void) /* deterministic ±3% measurement noise */
@@ -65,18 +59,18 @@ static int bench_full_plan(const char *name, pl_profile *p, int nodes, int toler
     char err[256];
     pl_template_set ts;
     pl_coverage cov;
-    double t0 = now_ms();
+    double t0 = pl_now_ms();
     if (pl_templates_plan(p, nodes, tolerate, &ts, err, sizeof err)) {
         fprintf(stderr, "%s: %s\n", name, err);
         return 1;
     }
-    double t1 = now_ms();
+    double t1 = pl_now_ms();
     if (pl_coverage_compute(&ts, nodes, tolerate, batch, p->microbatch_size, &cov, err,
                             sizeof err)) {
         fprintf(stderr, "%s: %s\n", name, err);
         return 1;
     }
-    double t2 = now_ms();
+    double t2 = pl_now_ms();
     int feasible = 0;
     for (int i = 0; i < ts.count; i++) feasible += ts.templates[i].feasible;
     printf("%-44s templates %3d (n0=%d) %9.1f ms  coverage %7.1f ms  total %9.1f ms  "
@@ -132,13 +126,13 @@ static int bench_coverage_vs_enumeration(pl_profile *p, int nodes, int tolerate,
         fprintf(stderr, "%s\n", err);
         return 1;
     }
-    double t0 = now_ms();
+    double t0 = pl_now_ms();
     if (pl_coverage_compute(&ts, nodes, tolerate, batch, p->microbatch_size, &cov, err,
                             sizeof err)) {
         fprintf(stderr, "%s\n", err);
         return 1;
     }
-    double t1 = now_ms();
+    double t1 = pl_now_ms();
     enum_state *s = calloc(1, sizeof *s);
     s->ts = &ts;
     s->tolerate = tolerate;
@@ -150,7 +144,7 @@ static int bench_coverage_vs_enumeration(pl_profile *p, int nodes, int tolerate,
         if (cov.entries[i].covered ? s->best != cov.entries[i].iteration_ns : s->best >= 0)
             mismatches++;
     }
-    double t2 = now_ms();
+    double t2 = pl_now_ms();
     printf("coverage N=%d (%d node counts): knapsack search %.2f ms, paper's enumeration "
            "(%ld combinations) %.1f ms, ratio %.0fx, optimum mismatches %d\n",
            nodes, cov.count, t1 - t0, s->combos, t2 - t1, (t2 - t1) / (t1 - t0 > 1e-3 ? t1 - t0 : 1e-3),
@@ -200,7 +194,7 @@ static int bench_reinstantiate(pl_profile *p, int nodes, int tolerate, int64_t b
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         int nr = cases[c][0], na = cases[c][1], reps = 20;
         pl_reinstantiation r;
-        double t0 = now_ms();
+        double t0 = pl_now_ms();
         for (int k = 0; k < reps; k++) {
             if (pl_reinstantiate(p, &ts, &cov, tolerate, batch, &cur, removed, nr, added, na, &r,
                                  err, sizeof err)) {
@@ -209,14 +203,14 @@ static int bench_reinstantiate(pl_profile *p, int nodes, int tolerate, int64_t b
             }
             if (k < reps - 1) pl_reinstantiation_free(&r);
         }
-        double t1 = now_ms();
+        double t1 = pl_now_ms();
         pl_instance_plan scratch;
         if (pl_instantiate(&ts, nodes - nr + na, tolerate, batch, p->microbatch_size, &scratch,
                            err, sizeof err)) {
             fprintf(stderr, "instantiate: %s\n", err);
             return 1;
         }
-        double t2 = now_ms(), per = (t1 - t0) / reps;
+        double t2 = pl_now_ms(), per = (t1 - t0) / reps;
         printf("reinstantiate N=%d remove %d add %d: %7.3f ms (target 10 ms) %s; "
                "instantiating from scratch %7.2f ms (%.0fx); %d pipelines, %.1f GB to copy\n",
                nodes, nr, na, per, per <= 10 ? "ok" : "SLOW", t2 - t1, (t2 - t1) / per,

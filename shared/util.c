@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 int pl_errf(char *err, size_t errlen, const char *fmt, ...)
 {
@@ -132,4 +133,11 @@ int pl_write_atomic(const char *path, const pl_piece *pieces, int npieces, char 
     free(tmp);
     fsync_parent(path);
     return 0;
+}
+
+double pl_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }

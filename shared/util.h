@@ -1,4 +1,4 @@
-/* Small helpers shared by every module: error messages, files, allocation. */
+/* Small helpers shared by every module: error messages, files, allocation, the clock. */
 #ifndef PLIANT_UTIL_H
 #define PLIANT_UTIL_H
 
@@ -28,5 +28,9 @@ int pl_write_atomic(const char *path, const pl_piece *pieces, int npieces, char 
 
 /* calloc that treats overflow as failure. */
 void *pl_calloc(size_t n, size_t size);
+
+/* Milliseconds on the monotonic clock, with sub-millisecond resolution: the one
+ * clock of every deadline, timeout and duration (never the wall clock, which jumps). */
+double pl_now_ms(void);
 
 #endif

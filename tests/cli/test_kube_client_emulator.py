@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The operator's Kubernetes client (operator/kube_*.c) against the API emulator
+"""The operator's Kubernetes client (operator/k8s/kube_*.c) against the API emulator
 (tests/k8s/apiserver.py) over TLS with a bearer token: `build/tests/test_kube_client
 --kubeconfig KUBECONFIG` runs its emulator tests (CRUD, AlreadyExists and Conflict
 Statuses, the 409 retry under injected conflicts, merge and JSON patches, the

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Leader election (operator/leader.c) against the API emulator (tests/k8s/apiserver.py)
+"""Leader election (operator/k8s/leader.c) against the API emulator (tests/k8s/apiserver.py)
 over TLS with a bearer token: `build/tests/test_leader --kubeconfig KUBECONFIG` runs two
 electors on one Lease (exactly one leads; a stopped leader hands over at once; a leader
 whose renewals fail under injected 500s steps down and the other takes over once the lease

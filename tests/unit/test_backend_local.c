@@ -1,4 +1,4 @@
-/* The local worker backend (operator/backend_local.c): real child processes,
+/* The local worker backend (operator/runtime/backend_local.c): real child processes,
  * real signals, ends seen through pidfds. */
 #include <signal.h>
 #include <stdio.h>

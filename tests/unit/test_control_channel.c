@@ -5,6 +5,7 @@
 #include "control_client.h"
 #include "control_server.h"
 #include "tls_selfsigned.h"
+#include "util.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -116,11 +117,11 @@ static pl_ctl_client *cli[MAXC];
 /* Services the server and every client until pred() holds or max_ms pass. */
 static int pump(int (*pred)(void), int max_ms)
 {
-    int64_t end = pl_ctl_now_ms() + max_ms;
+    int64_t end = pl_now_ms() + max_ms;
     for (;;) {
         if (pred && pred())
             return 1;
-        if (pl_ctl_now_ms() >= end)
+        if (pl_now_ms() >= end)
             return pred ? 0 : 1;
         pl_ctl_server_service(srv, 2);
         for (int i = 0; i < MAXC; i++)
@@ -234,8 +235,8 @@ static void test_untrusted_certificate(void)
     cli[0] = pl_ctl_client_create(&cc, err, sizeof err);
     pl_tls_selfsigned_remove(&other);
     CHECK(cli[0] != NULL);
-    int64_t end = pl_ctl_now_ms() + 5000;
-    while (!st.closed && pl_ctl_now_ms() < end)
+    int64_t end = pl_now_ms() + 5000;
+    while (!st.closed && pl_now_ms() < end)
         pump(NULL, 10);
     CHECK(st.closed == 1);
     CHECK(pl_ctl_client_get_state(cli[0]) == PL_CTL_CLOSED);
@@ -397,8 +398,8 @@ static void test_channel(void)
     /* The server closes the good worker: on_close on both sides. */
     pl_ctl_server_close(srv, S.conns[0], "test done");
     CHECK(pump(NULL, 0));
-    int64_t end = pl_ctl_now_ms() + 3000;
-    while (!good.closed && pl_ctl_now_ms() < end)
+    int64_t end = pl_now_ms() + 3000;
+    while (!good.closed && pl_now_ms() < end)
         pump(NULL, 10);
     CHECK(good.closed == 1);
     CHECK(strcmp(S.last_closed_name, "w-good") == 0);

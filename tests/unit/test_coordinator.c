@@ -1,4 +1,4 @@
-/* The coordinator's state machine (operator/coordinator.c) driven by simulated
+/* The coordinator's state machine (operator/runtime/coordinator.c) driven by simulated
  * workers: registration, first plan, steps, commit values, a worker killed mid
  * step (abort, new generation, copies from live holders, the step redone),
  * stale generations, leaving at the step boundary, missed heartbeats, too few
@@ -9,7 +9,7 @@
 #include "check.h"
 #include "coordinator.h"
 #include "coverage.h"
-#include "engine.h"
+#include "training_schedule.h"
 #include "templates.h"
 
 #define L 6

@@ -13,6 +13,7 @@
 
 #include "check.h"
 #include "engine.h"
+#include "training_schedule.h"
 #include "gpt_reference.h"
 #include "kernels.h"
 #include "rng.h"

@@ -23,6 +23,7 @@
 
 #include "check.h"
 #include "nccl_comm.h"
+#include "util.h"
 
 #define T_MS 20000 /* generous deadline of the operations that must succeed */
 
@@ -33,13 +34,6 @@ static char no_gpu[192];
     do {                            \
         if (!have_gpu) SKIP(no_gpu); \
     } while (0)
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 /* A fresh world of one rank on device 0, or NULL (the reason printed). */
 static pl_nccl *world1(void)
@@ -351,9 +345,9 @@ static void test_wait_timeout(void)
     pl_nccl *n = world1();
     CHECK(n != NULL);
     int held = hold_stream(n);
-    double t0 = now_ms();
+    double t0 = pl_now_ms();
     int rc = held == 0 ? pl_nccl_wait(n, 300, err, sizeof err) : 0;
-    double waited = now_ms() - t0;
+    double waited = pl_now_ms() - t0;
     /* failed for good: later calls fail at once */
     float dummy_host = 1.0f;
     float *d = dev_floats(&dummy_host, 1);
@@ -425,9 +419,9 @@ static void test_abort_while_waiting(void)
     abort_args a = {n, 200, "peer lost"};
     pthread_t th;
     int started = held == 0 && pthread_create(&th, NULL, abort_later, &a) == 0;
-    double t0 = now_ms();
+    double t0 = pl_now_ms();
     int rc = started ? pl_nccl_wait(n, 60000, err, sizeof err) : 0;
-    double waited = now_ms() - t0;
+    double waited = pl_now_ms() - t0;
     atomic_store(&hold_released, 1);
     if (started) pthread_join(th, NULL);
     cudaStreamSynchronize((cudaStream_t)pl_nccl_stream(n));
@@ -446,9 +440,9 @@ static void test_missing_rank(void)
     char id[PL_NCCL_ID_TEXT_LEN], err[320] = "";
     CHECK_EQ_INT(pl_nccl_make_id(id, sizeof id, err, sizeof err), 0);
     pl_nccl *n = NULL;
-    double t0 = now_ms();
+    double t0 = pl_now_ms();
     int rc = pl_nccl_create(id, 2, 0, 0, 3000, &n, err, sizeof err);
-    double took = now_ms() - t0;
+    double took = pl_now_ms() - t0;
     printf("    create gave up after %.0f ms: %s\n", took, err);
     if (n) pl_nccl_destroy(n);
     CHECK_EQ_INT(rc, -1);

@@ -345,13 +345,6 @@ typedef struct {
     char err[512];
 } dp_rank;
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 /* The step as it was before the overlap, for the timing context line: the whole stage,
  * then every group in the rank's order, on the calling thread. */
 static int serial_step(const pl_worker_step_args *a, char *err, size_t errlen)
@@ -393,7 +386,7 @@ static void *dp_run(void *arg)
     pl_stage_link none = {NULL, NULL, NULL}; /* one stage: no neighbours */
     for (int step = 0; step < r->steps && r->rc == 0; step++) {
         const int serial = r->compare && step % 2;
-        const double t0 = now_ms();
+        const double t0 = pl_now_ms();
         pl_worker_step_args a = {
             .engine = &r->e, .schedule = &r->s, .link = &none, .tokens = r->tok,
             .targets = r->tgt, .first_micro = r->rank * DP_MB, .global_micro = 2 * DP_MB,
@@ -407,7 +400,7 @@ static void *dp_run(void *arg)
             r->overlapped += r->res.overlapped;
         }
         if (step >= 2) { /* the first two warm the caches up */
-            r->ms[serial] += now_ms() - t0;
+            r->ms[serial] += pl_now_ms() - t0;
             r->nms[serial]++;
         }
         if (r->compare && !serial && r->rc == 0) {
@@ -519,9 +512,9 @@ static void test_transport_failure_during_backward_fails_the_step(void)
     const int timeout_ms = 20000;
     CHECK_EQ_INT(dp_setup(p, 0, 1, timeout_ms), 0);
     p->r[1].shut = 1;
-    double t0 = now_ms();
+    double t0 = pl_now_ms();
     dp_run_both(p);
-    double ms = now_ms() - t0;
+    double ms = pl_now_ms() - t0;
     char first[32];
     snprintf(first, sizeof first, "all-reduce of layer.%d", DP_L + 1);
     for (int i = 0; i < 2; i++) {

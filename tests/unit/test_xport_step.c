@@ -580,11 +580,6 @@ static void test_wte_before_the_final_send_deadlocks(void)
 
 /* ---- (d) failures ---- */
 
-static double now_ms(void)
-{
-    return xsim_now_ms();
-}
-
 /* Rank 1 (stage 1 of the 3-stage pipeline) dies at its 4th enqueue: its step fails, and
  * every other rank's fails too once nothing has moved for idle_ms (they all need it,
  * directly or through shared groups), naming the dead rank. */
@@ -597,9 +592,9 @@ static void test_a_dead_rank_fails_every_step(void)
     step_data(w, 0);
     xsim_fail_at(w->sim, 1, 4);
     w->dead_rank = 1;
-    const double t0 = now_ms();
+    const double t0 = pl_now_ms();
     world_step(w, 0);
-    const double ms = now_ms() - t0;
+    const double ms = pl_now_ms() - t0;
     int ok = 1;
     for (int i = 0; i < w->nranks; i++) {
         const xrank *r = &w->r[i];
@@ -627,12 +622,12 @@ static void test_abort_ends_a_stuck_step(void)
     xsim_aborter ab = {w->sim, 200};
     pthread_t th, ta;
     pthread_create(&ta, NULL, xsim_abort_later, &ab);
-    const double t0 = now_ms();
+    const double t0 = pl_now_ms();
     w->r[0].step = 0;
     pthread_create(&th, NULL, rank_main, &w->r[0]);
     pthread_join(th, NULL);
     pthread_join(ta, NULL);
-    const double ms = now_ms() - t0;
+    const double ms = pl_now_ms() - t0;
     const int rc = w->r[0].rc;
     char msg[sizeof w->r[0].err];
     snprintf(msg, sizeof msg, "%s", w->r[0].err);

@@ -61,7 +61,7 @@ typedef struct {
     atomic_int disconnected; /* the control connection closed: reconnect (a new coordinator) */
     double lost_since;       /* control thread: when the connection was lost; -1: connected */
     int reconnects;
-    pl_ckpt_writer *ckw;  /* checkpoints of this worker's layers, in the background */
+    pl_checkpoint_writer *ckw;  /* checkpoints of this worker's layers, in the background */
     /* fault injection (tests): PLIANT_FAULT_<name> = sync:STEP or copy:GEN */
     enum { FAULT_NONE, FAULT_SYNC, FAULT_COPY } fault;
     pl_proto_name broken; /* the peer whose link or copy failed the plan being installed */
@@ -107,13 +107,6 @@ typedef struct {
     int32_t *tok, *tgt;
     size_t tokcap;
 } agent;
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 static void logf_(agent *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void logf_(agent *a, const char *fmt, ...)
@@ -233,7 +226,7 @@ static int accept_conn(agent *a, const pl_comm_ident *id, double deadline, pl_co
 {
     for (;;) {
         if (superseded(a)) return pl_errf(err, errlen, SUPERSEDED_MSG);
-        int left = (int)(deadline - now_ms());
+        int left = (int)(deadline - pl_now_ms());
         if (left <= 0) return pl_errf(err, errlen, "timed out waiting for peers");
         if (left > 250) left = 250;
         char e2[512] = "";
@@ -260,10 +253,10 @@ static int accept_conn(agent *a, const pl_comm_ident *id, double deadline, pl_co
 static int dial_peer(agent *a, const char *host, int port, const pl_comm_ident *id,
                      int32_t expect_rank, int timeout_ms, pl_conn **out, char *err, size_t errlen)
 {
-    double deadline = now_ms() + timeout_ms;
+    double deadline = pl_now_ms() + timeout_ms;
     for (;;) {
         if (superseded(a)) return pl_errf(err, errlen, SUPERSEDED_MSG);
-        int left = (int)(deadline - now_ms());
+        int left = (int)(deadline - pl_now_ms());
         if (left <= 0) return -1; /* err says why */
         int rc = pl_conn_connect(host, port, id, expect_rank, left < 500 ? left : 500, out,
                                  err, errlen);
@@ -604,7 +597,7 @@ static int change_engine(agent *a, const pl_msg_plan *p, const pl_comm_ident *id
     }
     /* accept the sources' connections; stage and all-reduce peers that come early wait in
      * the stash for install_plan */
-    double deadline = now_ms() + COPY_TIMEOUT_MS;
+    double deadline = pl_now_ms() + COPY_TIMEOUT_MS;
     for (int got = 0; got < nrecv;) {
         pl_conn *c = NULL;
         if (accept_conn(a, id, deadline, &c, err, errlen)) goto out;
@@ -668,10 +661,10 @@ static int load_checkpoint(agent *a, const pl_msg_plan *p, char *err, size_t err
     if (pl_pathf(dir, sizeof dir, err, errlen, "%s/step-%08lld", p->checkpoint_dir,
                  (long long)p->checkpoint_step))
         return -1;
-    double t0 = now_ms();
+    double t0 = pl_now_ms();
     if (pl_checkpoint_load(&a->e, dir, 1, err, errlen)) return -1;
     logf_(a, "generation %lld: layers [%d, %d) loaded from %s in %.1f ms", (long long)a->gen,
-          a->e.begin, a->e.end, dir, now_ms() - t0);
+          a->e.begin, a->e.end, dir, pl_now_ms() - t0);
     return 0;
 }
 
@@ -721,9 +714,9 @@ static int join_nccl(agent *a, int n, char *err, size_t errlen)
     }
     char id[PL_PROTO_NCCL_ID_HEX + 1] = "";
     /* ranks come after their TCP copies from idle sources: as long as those may take */
-    const double deadline = now_ms() + COPY_TIMEOUT_MS;
+    const double deadline = pl_now_ms() + COPY_TIMEOUT_MS;
     pthread_mutex_lock(&a->mu);
-    while (a->nccl_gen != a->gen && !superseded(a) && now_ms() < deadline) {
+    while (a->nccl_gen != a->gen && !superseded(a) && pl_now_ms() < deadline) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 100 * 1000000L;
@@ -739,7 +732,7 @@ static int join_nccl(agent *a, int n, char *err, size_t errlen)
         return pl_errf(err, errlen, "%s", superseded(a) ? SUPERSEDED_MSG
                                                         : "no nccl_init from the coordinator");
     pl_nccl_plan *ncp;
-    const double t0 = now_ms();
+    const double t0 = pl_now_ms();
     /* cancelled by a newer plan (or the exit): the create waits for every rank, and
      * one that died after rank 0's nccl_root never comes */
     if (pl_nccl_plan_open(a->k, id, n, a->rank, &a->g, COPY_TIMEOUT_MS, nccl_cancelled, a, &ncp,
@@ -748,7 +741,7 @@ static int join_nccl(agent *a, int n, char *err, size_t errlen)
         return -1;
     }
     logf_(a, "generation %lld: joined the NCCL world as rank %d of %d in %.1f ms",
-          (long long)a->gen, a->rank, n, now_ms() - t0);
+          (long long)a->gen, a->rank, n, pl_now_ms() - t0);
     pthread_mutex_lock(&a->mu);
     a->ncp = ncp;
     /* A newer plan (or the exit) that came while a->ncp was still NULL found nothing
@@ -829,7 +822,7 @@ static int install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err,
     a->have_sched = 1;
     pl_comm_ident id = {.token = a->o->token, .token_len = strlen(a->o->token),
                         .rank = a->rank, .name = a->o->name, .generation = (uint64_t)a->gen};
-    double tc = now_ms();
+    double tc = pl_now_ms();
     int ob = a->have_src ? a->src.begin : a->have_engine ? a->e.begin : 0;
     int oe = a->have_src ? a->src.end : a->have_engine ? a->e.end : 0;
     if (change_engine(a, p, &id, 1, p->you_layer_begin, p->you_layer_end, a->sched.nslots,
@@ -839,7 +832,7 @@ static int install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err,
     if (p->ncopies || p->nsends)
         logf_(a, "generation %lld: layers [%d, %d) -> [%d, %d), received %d layers (%lld bytes), "
               "sent %d, in %.1f ms", (long long)a->gen, ob, oe, p->you_layer_begin,
-              p->you_layer_end, p->ncopies, (long long)*bytes_in, p->nsends, now_ms() - tc);
+              p->you_layer_end, p->ncopies, (long long)*bytes_in, p->nsends, pl_now_ms() - tc);
     a->global_micro = (int)(p->global_batch / p->micro);
     size_t need = (size_t)p->global_batch * (size_t)p->seq_len;
     if (need > a->tokcap) {
@@ -912,7 +905,7 @@ static int install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err,
         a->broken[0] = 0;
     }
     int ok = !err[0];
-    double t0 = now_ms();
+    double t0 = pl_now_ms();
     while (ok && expect > 0) {
         pl_conn *c = NULL;
         if (a->nstash > 0) {
@@ -992,7 +985,7 @@ static void step_end(agent *a)
 static int run_step(agent *a, int64_t s, char *err, size_t errlen)
 {
     const int B = a->job.batch.micro, T = a->job.batch.seq_len;
-    double t0 = now_ms();
+    double t0 = pl_now_ms();
     size_t off = (size_t)a->first_mb * (size_t)B * (size_t)T;
     if (pl_sampler_fill(&a->smp, &a->train, s, a->first_mb * B, a->nmb * B, a->tok + off,
                         a->tgt + off))
@@ -1018,7 +1011,7 @@ static int run_step(agent *a, int64_t s, char *err, size_t errlen)
     m.u.report.has_loss = res.has_loss;
     m.u.report.loss = res.loss_sum;
     m.u.report.tokens = (int64_t)a->nmb * B * T;
-    m.u.report.ms = now_ms() - t0;
+    m.u.report.ms = pl_now_ms() - t0;
     m.u.report.grad_sumsq = res.grad_sumsq;
     m.u.report.samples_digest =
         a->stage == 0 ? pl_sampler_digest(&a->smp, s, a->first_mb * B, a->nmb * B) : 0;
@@ -1113,7 +1106,7 @@ static void handle(agent *a, const pl_msg *m)
         a->reduced_step = -1;
         pthread_mutex_unlock(&a->mu);
         if (m->u.commit.save && a->job.checkpoint.dir[0] &&
-            pl_ckpt_writer_start(a->ckw, &a->e, a->job.checkpoint.dir, m->u.commit.step + 1,
+            pl_checkpoint_writer_start(a->ckw, &a->e, a->job.checkpoint.dir, m->u.commit.step + 1,
                                  err, sizeof err))
             logf_(a, "checkpoint of step %lld: %s", (long long)m->u.commit.step + 1, err);
         pl_msg_init(&r, PL_MSG_COMMITTED, a->gen);
@@ -1250,7 +1243,7 @@ static int setup(agent *a, char *err, size_t errlen)
         return -1;
     if (pl_listener_open(o->host ? o->host : "127.0.0.1", o->peer_port, &a->lst, err, errlen))
         return -1;
-    if (!(a->ckw = pl_ckpt_writer_new(on_saved, a))) return pl_errf(err, errlen, "out of memory");
+    if (!(a->ckw = pl_checkpoint_writer_new(on_saved, a))) return pl_errf(err, errlen, "out of memory");
     if (parse_fault(a, err, errlen)) return -1;
     return open_backend(a, err, errlen);
 }
@@ -1286,7 +1279,7 @@ static void announce_leaving(agent *a, int *sent)
  * PL_PROTO_RECONNECT_WINDOW_MS; the next welcome sends hello_resume. -1: give up. */
 static int reconnect(agent *a)
 {
-    double now = now_ms();
+    double now = pl_now_ms();
     if (a->lost_since < 0) a->lost_since = now;
     if (now - a->lost_since > PL_PROTO_RECONNECT_WINDOW_MS) {
         logf_(a, "no coordinator for %d s: giving up", PL_PROTO_RECONNECT_WINDOW_MS / 1000);
@@ -1413,7 +1406,7 @@ done:;
         push(a, NULL);
         pthread_join(th, NULL);
     }
-    pl_ckpt_writer_free(a->ckw); /* a write in flight ends first */
+    pl_checkpoint_writer_free(a->ckw); /* a write in flight ends first */
     pl_ctl_client_destroy(a->cli);
     for (qitem *q = a->head; q;) {
         qitem *nx = q->next;

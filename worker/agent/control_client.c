@@ -42,13 +42,6 @@ struct pl_ctl_client {
     lws_sorted_usec_list_t wake;
 };
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void client_fail(pl_ctl_client *c, const char *why);
 
 /* Appends t to the send queue (takes it); -1 when closed or over the limit. */
@@ -208,7 +201,7 @@ static void handle_message(pl_ctl_client *c, const char *text, size_t len)
             c->rank = m.u.welcome.rank;
             c->heartbeat_ms = c->cfg.heartbeat_ms > 0 ? c->cfg.heartbeat_ms
                                                        : m.u.welcome.heartbeat_ms;
-            c->next_hb_ms = now_ms(); /* the first heartbeat at once */
+            c->next_hb_ms = pl_now_ms(); /* the first heartbeat at once */
         } else if (m.type == PL_MSG_REFUSE) {
             c->state = PL_CTL_REFUSED;
             set_reason(c, "refused: %s", m.u.refuse.reason);
@@ -437,7 +430,7 @@ int pl_ctl_client_service(pl_ctl_client *c, int timeout_ms)
     if (c->state >= PL_CTL_REFUSED && !c->wsi)
         return -1;
     drain_posts(c);
-    int64_t now = now_ms();
+    int64_t now = pl_now_ms();
     if (c->state == PL_CTL_WELCOMED && !c->closing && c->wsi && now >= c->next_hb_ms) {
         pl_msg hb;
         pl_msg_init(&hb, PL_MSG_HEARTBEAT, atomic_load(&c->gen));

@@ -9,7 +9,6 @@
 int pl_comm_errf(char *err, size_t errlen, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* Monotonic milliseconds. */
-int64_t pl_comm_now_ms(void);
 /* now + timeout_ms, or −1 (forever) for a negative timeout. */
 int64_t pl_comm_deadline(int timeout_ms);
 /* Milliseconds left until deadline for poll(): −1 forever, 0 when passed. */

@@ -61,13 +61,6 @@ struct pl_nccl {
 
 /* ---- time and polling ---- */
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 /* Between polls: yield for the first ~100 polls (fast collectives), then sleep
  * 100 µs, so a long wait costs no CPU the compute thread could use. */
 static void backoff(int *polls)
@@ -80,8 +73,8 @@ static void backoff(int *polls)
     }
 }
 
-static double deadline_of(int timeout_ms) { return timeout_ms < 0 ? -1.0 : now_ms() + timeout_ms; }
-static int passed(double deadline) { return deadline >= 0 && now_ms() >= deadline; }
+static double deadline_of(int timeout_ms) { return timeout_ms < 0 ? -1.0 : pl_now_ms() + timeout_ms; }
+static int passed(double deadline) { return deadline >= 0 && pl_now_ms() >= deadline; }
 
 /* ---- errors ---- */
 
@@ -227,7 +220,7 @@ static void abort_comms(ncclComm_t *cs, const int *revoked, int nc)
         if (r == ncclInProgress) pending = 1;
     }
     /* Give the revokes a moment to quiesce; ncclCommAbort stops whatever is left. */
-    double deadline = now_ms() + REVOKE_MS;
+    double deadline = pl_now_ms() + REVOKE_MS;
     for (int polls = 0; pending && !passed(deadline); backoff(&polls)) {
         pending = 0;
         for (int i = 0; i < nc; i++) {

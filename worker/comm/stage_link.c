@@ -1,6 +1,7 @@
 /* The TCP stage link: see stage_link.h. */
 #include "stage_link.h"
 #include "comm_io.h"
+#include "util.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -74,8 +75,6 @@ struct pl_tcp_link {
     lconn c[2]; /* 0: prev, 1: next */
     int has[2];
 };
-
-static int64_t now_ms(void) { return pl_comm_now_ms(); }
 
 static const char *kind_name(int kind)
 {
@@ -159,7 +158,7 @@ static int do_write(lconn *c)
             }
             c->tx_done += (size_t)w;
             moved += (size_t)w;
-            c->tx_last_ms = now_ms();
+            c->tx_last_ms = pl_now_ms();
         }
         if (c->tx_done == PL_FRAME_HDR_BYTES + c->tx_clen) { /* frame complete */
             c->tx_off += c->tx_clen;
@@ -326,7 +325,7 @@ static int do_read(lconn *c)
     if (moved) {
         pl_tcp_link *l = c->link;
         pthread_mutex_lock(&l->mu);
-        c->last_rx_ms = now_ms();
+        c->last_rx_ms = pl_now_ms();
         pthread_mutex_unlock(&l->mu);
     }
     return rc;
@@ -349,7 +348,7 @@ static void *io_main(void *arg)
             c->txq_head = c->tx->next;
             if (!c->txq_head) c->txq_tail = NULL;
             c->tx_busy = 1;
-            c->tx_last_ms = now_ms();
+            c->tx_last_ms = pl_now_ms();
         }
         int want_w = c->tx != NULL;
         int want_r = c->rx_hgot > 0 || c->rx_in_body || c->rx || c->nstash < c->max_pending;
@@ -360,7 +359,7 @@ static void *io_main(void *arg)
                               {.fd = c->wakefd, .events = POLLIN}};
         int timeout = -1;
         if (want_w) {
-            int64_t left = c->tx_last_ms + l->timeout_ms - now_ms();
+            int64_t left = c->tx_last_ms + l->timeout_ms - pl_now_ms();
             timeout = left < 0 ? 0 : (int)left;
         }
         int r = poll(p, 2, timeout);
@@ -379,7 +378,7 @@ static void *io_main(void *arg)
         if (want_r && (re & (POLLIN | POLLHUP | POLLERR)) && do_read(c)) break;
         if (want_w && (re & (POLLOUT | POLLHUP | POLLERR)) && do_write(c)) break;
         if (!want_r && !want_w && (re & (POLLHUP | POLLERR))) c->hup = 1; /* seen when read */
-        if (want_w && c->tx && now_ms() - c->tx_last_ms >= l->timeout_ms) {
+        if (want_w && c->tx && pl_now_ms() - c->tx_last_ms >= l->timeout_ms) {
             conn_fail(c, PL_COMM_ETIMEOUT,
                       "send: peer stopped reading (no byte written for %d ms, %s %d queued)",
                       l->timeout_ms, kind_name(c->tx->kind), c->tx->mb);
@@ -467,7 +466,7 @@ int pl_tcp_link_create(const pl_tcp_link_config *cfg, pl_tcp_link **out, char *e
         if (c->chunk < 4) c->chunk = 4;
         c->fd = pl_conn_fd(c->conn);
         c->max_pending = maxp[i];
-        c->last_rx_ms = now_ms();
+        c->last_rx_ms = pl_now_ms();
         c->stash = calloc((size_t)c->max_pending, sizeof *c->stash);
         c->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
         if (!c->stash || c->wakefd < 0) {
@@ -565,7 +564,7 @@ int pl_tcp_link_recv(pl_tcp_link *l, int peer, pl_link_kind kind, int mb, float 
     if (!c)
         return pl_comm_errf(err, errlen, -1, "stage link of stage %d: no connection to stage %d",
                             l->stage, peer);
-    const int64_t start = now_ms();
+    const int64_t start = pl_now_ms();
     msg *m = NULL;
     int rc = 0;
     pthread_mutex_lock(&l->mu);
@@ -587,7 +586,7 @@ int pl_tcp_link_recv(pl_tcp_link *l, int peer, pl_link_kind kind, int mb, float 
         }
         int64_t since = c->last_rx_ms > start ? c->last_rx_ms : start;
         int64_t deadline = since + l->timeout_ms;
-        if (now_ms() >= deadline) {
+        if (pl_now_ms() >= deadline) {
             rc = pl_comm_errf(err, errlen, -1,
                               "stage link: timeout: no %s %d from stage %d (rank %d, %s): "
                               "nothing arrived for %d ms",
@@ -615,7 +614,7 @@ int pl_tcp_link_recv(pl_tcp_link *l, int peer, pl_link_kind kind, int mb, float 
 
 int pl_tcp_link_flush(pl_tcp_link *l, int timeout_ms, char *err, size_t errlen)
 {
-    const int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+    const int64_t deadline = timeout_ms < 0 ? -1 : pl_now_ms() + timeout_ms;
     int rc = 0;
     pthread_mutex_lock(&l->mu);
     for (;;) {
@@ -626,7 +625,7 @@ int pl_tcp_link_flush(pl_tcp_link *l, int timeout_ms, char *err, size_t errlen)
             busy |= l->c[i].tx_busy;
         }
         if (rc || !busy) break;
-        if (deadline >= 0 && now_ms() >= deadline) {
+        if (deadline >= 0 && pl_now_ms() >= deadline) {
             rc = pl_comm_errf(err, errlen, -1, "stage link: flush: queued sends not written "
                                                "within %d ms", timeout_ms);
             break;

@@ -1,6 +1,7 @@
 /* Authenticated TCP connections and framing: see tcp.h. */
 #include "tcp.h"
 #include "comm_io.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -69,23 +70,16 @@ int pl_comm_errf(char *err, size_t errlen, int code, const char *fmt, ...)
 
 /* ---- low-level non-blocking I/O with poll deadlines ---- */
 
-int64_t pl_comm_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 int64_t pl_comm_deadline(int timeout_ms)
 {
-    return timeout_ms < 0 ? -1 : pl_comm_now_ms() + timeout_ms;
+    return timeout_ms < 0 ? -1 : pl_now_ms() + timeout_ms;
 }
 
 int pl_comm_poll_timeout(int64_t deadline)
 {
     if (deadline < 0)
         return -1;
-    int64_t left = deadline - pl_comm_now_ms();
+    int64_t left = deadline - pl_now_ms();
     if (left <= 0)
         return 0;
     return left > INT_MAX ? INT_MAX : (int)left;

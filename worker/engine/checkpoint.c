@@ -51,11 +51,6 @@ static int make_dir(const char *path, char *err, size_t errlen)
     return 0;
 }
 
-int pl_checkpoint_due(const char *dir, int every, int64_t steps, int64_t done)
-{
-    return dir && dir[0] && done > 0 && (done == steps || (every > 0 && done % every == 0));
-}
-
 int pl_checkpoint_save(const pl_engine *e, const char *dir, int64_t step, const char *info_json,
                        char *err, size_t errlen)
 {

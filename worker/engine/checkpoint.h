@@ -15,11 +15,6 @@
 
 #include "engine.h"
 
-/* 1 when the state after `done` committed steps (of `steps`) gets a
- * checkpoint: dir set, and done the last step or a multiple of every (> 0).
- * The rule `pliant train`, the coordinator and its workers share. */
-int pl_checkpoint_due(const char *dir, int every, int64_t steps, int64_t done);
-
 /* Writes the engine's range into DIR/step-<step>/ and, when `info_json` is
  * not NULL, checkpoint.json with that content (a JSON object text; the
  * caller puts step, config and data order in it). Files are written to

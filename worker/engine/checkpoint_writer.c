@@ -6,8 +6,8 @@
 #include "checkpoint.h"
 #include "util.h"
 
-struct pl_ckpt_writer {
-    pl_ckpt_done_fn done;
+struct pl_checkpoint_writer {
+    pl_checkpoint_done_fn done;
     void *user;
     pthread_t th;
     int running;
@@ -19,9 +19,9 @@ struct pl_ckpt_writer {
     int64_t step;
 };
 
-pl_ckpt_writer *pl_ckpt_writer_new(pl_ckpt_done_fn done, void *user)
+pl_checkpoint_writer *pl_checkpoint_writer_new(pl_checkpoint_done_fn done, void *user)
 {
-    pl_ckpt_writer *w = calloc(1, sizeof *w);
+    pl_checkpoint_writer *w = calloc(1, sizeof *w);
     if (w) {
         w->done = done;
         w->user = user;
@@ -29,7 +29,7 @@ pl_ckpt_writer *pl_ckpt_writer_new(pl_ckpt_done_fn done, void *user)
     return w;
 }
 
-void pl_ckpt_writer_wait(pl_ckpt_writer *w)
+void pl_checkpoint_writer_wait(pl_checkpoint_writer *w)
 {
     if (w && w->running) {
         pthread_join(w->th, NULL);
@@ -37,10 +37,10 @@ void pl_ckpt_writer_wait(pl_ckpt_writer *w)
     }
 }
 
-void pl_ckpt_writer_free(pl_ckpt_writer *w)
+void pl_checkpoint_writer_free(pl_checkpoint_writer *w)
 {
     if (!w) return;
-    pl_ckpt_writer_wait(w);
+    pl_checkpoint_writer_wait(w);
     free(w->layout.tensors);
     for (int i = 0; i < 3; i++) free(w->host[i]);
     free(w);
@@ -48,7 +48,7 @@ void pl_ckpt_writer_free(pl_ckpt_writer *w)
 
 static void *write_main(void *arg)
 {
-    pl_ckpt_writer *w = arg;
+    pl_checkpoint_writer *w = arg;
     char err[512] = "";
     int rc = pl_checkpoint_save_host(&w->layout, (const float *const *)w->host, w->dir, w->step,
                                      err, sizeof err);
@@ -57,10 +57,10 @@ static void *write_main(void *arg)
     return NULL;
 }
 
-int pl_ckpt_writer_start(pl_ckpt_writer *w, const pl_engine *e, const char *dir, int64_t step,
+int pl_checkpoint_writer_start(pl_checkpoint_writer *w, const pl_engine *e, const char *dir, int64_t step,
                          char *err, size_t errlen)
 {
-    pl_ckpt_writer_wait(w);
+    pl_checkpoint_writer_wait(w);
     if (w->cap < e->nparams) {
         for (int i = 0; i < 3; i++) {
             free(w->host[i]);

@@ -12,23 +12,23 @@
 
 #include "engine.h"
 
-typedef struct pl_ckpt_writer pl_ckpt_writer;
+typedef struct pl_checkpoint_writer pl_checkpoint_writer;
 
 /* Called on the writer's thread when a write ends: rc 0 (bytes written) or −1 (err). */
-typedef void (*pl_ckpt_done_fn)(void *user, int64_t step, int layer_begin, int layer_end,
+typedef void (*pl_checkpoint_done_fn)(void *user, int64_t step, int layer_begin, int layer_end,
                                 int rc, int64_t bytes, const char *err);
 
-pl_ckpt_writer *pl_ckpt_writer_new(pl_ckpt_done_fn done, void *user);
+pl_checkpoint_writer *pl_checkpoint_writer_new(pl_checkpoint_done_fn done, void *user);
 /* Waits for the write in flight, then frees. NULL is fine. */
-void pl_ckpt_writer_free(pl_ckpt_writer *w);
+void pl_checkpoint_writer_free(pl_checkpoint_writer *w);
 
 /* Snapshots e (CPU memory or a device copy) and starts writing it as the layers
  * of DIR/step-<step>/. Returns 0, or −1 with err (out of memory, no thread);
  * write errors come through the callback. */
-int pl_ckpt_writer_start(pl_ckpt_writer *w, const pl_engine *e, const char *dir, int64_t step,
+int pl_checkpoint_writer_start(pl_checkpoint_writer *w, const pl_engine *e, const char *dir, int64_t step,
                          char *err, size_t errlen);
 
 /* Waits for the write in flight, if any. */
-void pl_ckpt_writer_wait(pl_ckpt_writer *w);
+void pl_checkpoint_writer_wait(pl_checkpoint_writer *w);
 
 #endif

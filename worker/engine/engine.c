@@ -477,14 +477,3 @@ void pl_engine_adamw(pl_engine *e, const pl_adamw *o, float grad_scale, int t)
                         x->spec.decay ? o->weight_decay : 0.0f, grad_scale, t);
     }
 }
-
-float pl_lr_at(float lr, int cosine, int warmup, float min_ratio, int step, int steps)
-{
-    if (step < warmup) return lr * (float)(step + 1) / (float)warmup;
-    if (!cosine || steps - 1 <= warmup) return lr;
-    /* the last step (steps − 1) runs at exactly lr·min_ratio */
-    float ratio = (float)(step - warmup) / (float)(steps - 1 - warmup);
-    float coeff = 0.5f * (1.0f + cosf(3.14159265358979f * ratio));
-    float lo = lr * min_ratio;
-    return lo + coeff * (lr - lo);
-}

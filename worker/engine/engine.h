@@ -149,8 +149,4 @@ void pl_engine_adamw(pl_engine *e, const pl_adamw *o, float grad_scale, int t);
 /* The tensor of (layer, index), or NULL if the range does not hold it. */
 const pl_engine_tensor *pl_engine_find(const pl_engine *e, int layer, int index);
 
-/* Learning rate at step s (0-based) of `steps`: linear warmup, then cosine
- * decay to lr·min_ratio (or constant). */
-float pl_lr_at(float lr, int cosine, int warmup, float min_ratio, int step, int steps);
-
 #endif

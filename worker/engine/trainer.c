@@ -8,6 +8,7 @@
 #include "checkpoint.h"
 #include "sampler.h"
 #include "tokens.h"
+#include "training_schedule.h"
 #include "util.h"
 
 int pl_job_gpt_config(const pl_job *job, pl_gpt_config *cfg, char *err, size_t errlen)
@@ -42,13 +43,6 @@ int pl_engine_init_from_job(pl_engine *e, const pl_job *job, char *err, size_t e
     }
     }
     return pl_errf(err, errlen, "spec.model.init: unknown kind");
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 typedef struct {
@@ -216,13 +210,13 @@ int pl_train(const pl_job *job, const pl_train_options *o, char *err, size_t err
     if (resumed) fprintf(out, "resumed at step %lld\n", (long long)start);
     const double tokens_per_step = (double)job->batch.global * job->batch.seq_len;
     for (int64_t s = start; s < r.steps; s++) {
-        double t0 = now_s(), loss, norm, val = NAN;
+        double t0 = (pl_now_ms() / 1e3), loss, norm, val = NAN;
         float lr;
         if (train_step(&r, s, &loss, &norm, &lr)) {
             pl_errf(err, errlen, "train: sampling step %lld failed", (long long)s);
             goto done;
         }
-        double ms = (now_s() - t0) * 1e3, tps = tokens_per_step / (ms / 1e3);
+        double ms = ((pl_now_ms() / 1e3) - t0) * 1e3, tps = tokens_per_step / (ms / 1e3);
         int last = s + 1 == r.steps;
         if (r.have_val && ((s + 1) % job->eval_every == 0 || last) &&
             evaluate(&r, &val, err, errlen))

@@ -42,7 +42,7 @@ int pl_coord_session_lost(pl_coord_session *s, const char *name, const char *cau
     pl_coord_phase_t ph = pl_coord_phase(s->cfg.coord);
     if (ph == PL_COORD_DONE || ph == PL_COORD_FAILED || !find_worker(s, name)) return 0;
     if (pl_coord_worker_lost(s->cfg.coord, name, cause) != PL_COORD_OK) return 0;
-    if (s->disrupted_ms < 0) s->disrupted_ms = pl_ctl_now_ms();
+    if (s->disrupted_ms < 0) s->disrupted_ms = pl_now_ms();
     return 1;
 }
 
@@ -62,7 +62,7 @@ static void on_register(pl_ctl_server *srv, pl_ctl_conn *c, const pl_msg *m, voi
                                     &(pl_coord_worker_info){r->name, r->node, r->host, r->port,
                                                             w && w->zone[0] ? w->zone : r->zone,
                                                             r->device, r->nccl},
-                                    pl_ctl_now_ms()) == PL_COORD_ERR)
+                                    pl_now_ms()) == PL_COORD_ERR)
         why = pl_coord_error(s->cfg.coord);
     else if (!w && !(w = get_worker(s, r->name)))
         why = "out of memory";
@@ -77,7 +77,7 @@ static void on_message(pl_ctl_server *srv, pl_ctl_conn *c, const pl_msg *m, void
 {
     pl_coord_session *s = user;
     (void)srv;
-    pl_coord_on_msg(s->cfg.coord, pl_ctl_conn_name(c), m, pl_ctl_now_ms());
+    pl_coord_on_msg(s->cfg.coord, pl_ctl_conn_name(c), m, pl_now_ms());
 }
 
 static void on_close(pl_ctl_server *srv, pl_ctl_conn *c, const char *reason, void *user)
@@ -138,7 +138,7 @@ int pl_coord_session_poll(pl_coord_session *s, int timeout_ms)
         if (w && w->conn) pl_ctl_server_send(s->srv, w->conn, &m);
         pl_msg_free(&m);
     }
-    pl_coord_tick(s->cfg.coord, pl_ctl_now_ms());
+    pl_coord_tick(s->cfg.coord, pl_now_ms());
     return 0;
 }
 

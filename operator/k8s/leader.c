@@ -32,13 +32,6 @@ struct pl_leader {
 
 typedef enum { TRY_OK, TRY_HELD, TRY_FAILED } try_result;
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 void pl_leader_micro_time(char out[32])
 {
     struct timespec ts;
@@ -52,10 +45,10 @@ void pl_leader_micro_time(char out[32])
 /* Sleeps ms or until stop; 1 when stopping. */
 static int wait_ms(pl_leader *l, int64_t ms)
 {
-    int64_t until = now_ms() + ms;
+    int64_t until = pl_now_ms() + ms;
     struct timespec ts = {(time_t)(until / 1000), (long)(until % 1000) * 1000000L};
     pthread_mutex_lock(&l->lock);
-    while (!l->stop && now_ms() < until) pthread_cond_timedwait(&l->cond, &l->lock, &ts);
+    while (!l->stop && pl_now_ms() < until) pthread_cond_timedwait(&l->cond, &l->lock, &ts);
     int stop = l->stop;
     pthread_mutex_unlock(&l->lock);
     return stop;
@@ -80,7 +73,7 @@ static void observe(pl_leader *l, cJSON *lease)
     if (!spec || !l->observed_spec || strcmp(spec, l->observed_spec) != 0) {
         free(l->observed_spec);
         l->observed_spec = spec;
-        l->observed_ms = now_ms();
+        l->observed_ms = pl_now_ms();
     } else {
         free(spec);
     }
@@ -161,7 +154,7 @@ static try_result try_acquire_or_renew(pl_leader *l, int64_t timeout_ms)
         const char *holder = spec_string(old, "holderIdentity");
         const cJSON *dur = cJSON_GetObjectItemCaseSensitive(old, "leaseDurationSeconds");
         int64_t dur_ms = cJSON_IsNumber(dur) ? (int64_t)(dur->valuedouble * 1000) : l->cfg.lease_ms;
-        if (*holder && strcmp(holder, l->identity) != 0 && l->observed_ms + dur_ms > now_ms())
+        if (*holder && strcmp(holder, l->identity) != 0 && l->observed_ms + dur_ms > pl_now_ms())
             return TRY_HELD;
         cJSON *obj = cJSON_Duplicate(lease, 1);
         if (put_spec(obj, new_spec(l, old)) != 0) {
@@ -215,7 +208,7 @@ static void *run(void *arg)
     int64_t renewed; /* when the last successful write was sent: no later than
                       * others saw its renewTime */
     for (;;) {
-        renewed = now_ms();
+        renewed = pl_now_ms();
         if (try_acquire_or_renew(l, l->cfg.renew_ms) == TRY_OK) break;
         double r;
         drand48_r(&l->rng, &r);
@@ -224,11 +217,11 @@ static void *run(void *arg)
     set_leading(l, 1);
     /* renew */
     while (!wait_ms(l, l->cfg.retry_ms)) {
-        int64_t start = now_ms(), left = renewed + l->cfg.renew_ms - start;
+        int64_t start = pl_now_ms(), left = renewed + l->cfg.renew_ms - start;
         try_result tr = left > 0 ? try_acquire_or_renew(l, left) : TRY_FAILED;
         if (tr == TRY_OK) {
             renewed = start;
-        } else if (tr == TRY_HELD || now_ms() - renewed >= l->cfg.renew_ms) {
+        } else if (tr == TRY_HELD || pl_now_ms() - renewed >= l->cfg.renew_ms) {
             fprintf(stderr, "leader: %s lost lease %s/%s\n", l->identity, l->ns, l->name);
             set_leading(l, 0);
             return NULL;
@@ -288,7 +281,7 @@ pl_leader *pl_leader_start(const pl_leader_config *cfg, char *err, size_t errlen
     l->cfg.namespace_ = l->ns;
     l->cfg.name = l->name;
     l->cfg.identity = l->identity;
-    srand48_r((long)now_ms() ^ (long)getpid() ^ (long)(uintptr_t)l, &l->rng);
+    srand48_r((long)pl_now_ms() ^ (long)getpid() ^ (long)(uintptr_t)l, &l->rng);
     l->client = pl_kube_client_new(c.kc, err, errlen);
     if (!l->client) {
         leader_free(l);

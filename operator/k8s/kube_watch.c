@@ -306,13 +306,6 @@ static int on_line(char *line, size_t len, void *user)
     return rc;
 }
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static uint64_t next_random(watcher *w)
 {
     w->rng ^= w->rng << 13; /* xorshift64 */
@@ -340,10 +333,10 @@ static watch_end watch_once(watcher *w)
         return WATCH_FAILED;
     }
     w->stats->watches++;
-    int64_t start = now_ms();
+    int64_t start = pl_now_ms();
     int rc = pl_kube_stream(w->c, path, (t + 30) * 1000L, on_line, &s, &st);
     if (pl_kube_client_stopped(w->c)) return WATCH_AGAIN;
-    int quick = now_ms() - start < 1000;
+    int quick = pl_now_ms() - start < 1000;
     if (s.gone || (rc && st.http == 410)) {
         w->stats->relists_gone++;
         w->failures += quick;

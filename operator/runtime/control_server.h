@@ -80,11 +80,10 @@ void pl_ctl_server_close(pl_ctl_server *s, pl_ctl_conn *c, const char *reason);
 /* Per-connection facts. */
 uint64_t pl_ctl_conn_id(const pl_ctl_conn *c);          /* unique per server, from 1 */
 const char *pl_ctl_conn_name(const pl_ctl_conn *c);     /* the registered worker name */
-int64_t pl_ctl_conn_last_heard_ms(const pl_ctl_conn *c); /* pl_ctl_now_ms() of the last message */
+int64_t pl_ctl_conn_last_heard_ms(const pl_ctl_conn *c); /* pl_now_ms() of the last message */
 void pl_ctl_conn_set_user(pl_ctl_conn *c, void *user);
 void *pl_ctl_conn_user(const pl_ctl_conn *c);
 
 /* CLOCK_MONOTONIC in milliseconds: the clock of last_heard. */
-int64_t pl_ctl_now_ms(void);
 
 #endif

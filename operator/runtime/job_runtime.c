@@ -123,7 +123,7 @@ void pl_job_runtime_free(pl_job_runtime *rt)
 /* New reconfigurations take the pending failure's time; a commit ends them. */
 static void track_recovery(pl_job_runtime *rt)
 {
-    int64_t now = pl_ctl_now_ms(), lost = pl_coord_session_take_disruption(rt->session);
+    int64_t now = pl_now_ms(), lost = pl_coord_session_take_disruption(rt->session);
     if (lost >= 0 && rt->disrupted_ms < 0) rt->disrupted_ms = lost;
     for (; rt->nrec_seen < pl_coord_nreconfigs(rt->coord); rt->nrec_seen++) {
         if (rt->nrec_seen < MAX_RECONFIGS)

@@ -1,10 +1,10 @@
 /* `pliant run JOB.yaml --workers N [--steps N] [--metrics FILE] [--threads T]
  * [--chaos SPEC]`: trains a TrainingJob with N local worker processes
- * (`pliant worker`, same binary) under the coordinator (operator/coordinator.h)
+ * (`pliant worker`, same binary) under the coordinator (operator/runtime/coordinator.h)
  * and the control server (WebSocket over TLS, a self-signed certificate, a random job token).
  *
  * Planner profile: spec.profile when it is a path; auto measures every layer
- * here at start (operator/job_profile.h); synthetic derives it from the
+ * here at start (operator/runtime/job_profile.h); synthetic derives it from the
  * model's sizes (reproducible plans). The file is given to every worker so
  * that all plan the same stage layouts.
  *
@@ -266,13 +266,6 @@ static int complete_checkpoint(const pl_job *job, int64_t step, FILE *metrics, c
     return 0;
 }
 
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 int cmd_run(int argc, char **argv)
 {
     static const struct option opts[] = {{"workers", required_argument, 0, 'w'},
@@ -478,10 +471,10 @@ int cmd_run(int argc, char **argv)
     int64_t ckpt_done = resume_step;
     pl_coord_phase_t last_phase = PL_COORD_WAITING_FOR_WORKERS;
     int error_exits = 0, last_status = 0, same_status = 1; /* workers that exited with an error */
-    double last_t = mono_s();
+    double last_t = (pl_now_ms() / 1e3);
     const double t0 = last_t;
     int64_t end_ms = 0, disrupted_ms = -1;
-    const int64_t start_ms = pl_ctl_now_ms();
+    const int64_t start_ms = pl_now_ms();
     int64_t rec_since[512];
     fired = chaos.n ? calloc((size_t)chaos.n, 1) : NULL;
     if (chaos.n && !fired) {
@@ -493,7 +486,7 @@ int cmd_run(int argc, char **argv)
         /* chaos: step events when their step begins, time events when their time has passed */
         {
             pl_coord_phase_t cph = pl_coord_phase(r->coord);
-            int64_t cur = pl_coord_step(r->coord), now = pl_ctl_now_ms();
+            int64_t cur = pl_coord_step(r->coord), now = pl_now_ms();
             int begun = cph != PL_COORD_WAITING_FOR_WORKERS; /* step S reached */
             for (int i = 0; i < chaos.n && cph != PL_COORD_DONE && cph != PL_COORD_FAILED; i++) {
                 const pl_chaos_event *e = &chaos.events[i];
@@ -528,7 +521,7 @@ int cmd_run(int argc, char **argv)
             if (w) w->exited = 1;
             pl_coord_phase_t ph = pl_coord_phase(r->coord);
             if (ph != PL_COORD_DONE && ph != PL_COORD_FAILED) {
-                const int64_t seen_ms = pl_ctl_now_ms();
+                const int64_t seen_ms = pl_now_ms();
                 char cause[128];
                 if (ev.end == PL_WORKER_EXITED && ev.status != 0) {
                     same_status = !error_exits || ev.status == last_status;
@@ -546,7 +539,7 @@ int cmd_run(int argc, char **argv)
                 pl_coord_session_take_disruption(r->session); /* counted above */
             }
         }
-        if (duration_s > 0 && pl_ctl_now_ms() - start_ms >= duration_s * 1000)
+        if (duration_s > 0 && pl_now_ms() - start_ms >= duration_s * 1000)
             pl_coord_end(r->coord, "--duration reached");
         if (pl_coord_last_checkpoint(r->coord) > ckpt_done) {
             ckpt_done = pl_coord_last_checkpoint(r->coord);
@@ -557,7 +550,7 @@ int cmd_run(int argc, char **argv)
         for (; reconfigs < pl_coord_nreconfigs(r->coord); reconfigs++) {
             const pl_coord_reconfig_rec *x = pl_coord_reconfig(r->coord, reconfigs);
             if (reconfigs < (int)(sizeof rec_since / sizeof rec_since[0]))
-                rec_since[reconfigs] = disrupted_ms >= 0 ? disrupted_ms : pl_ctl_now_ms();
+                rec_since[reconfigs] = disrupted_ms >= 0 ? disrupted_ms : pl_now_ms();
             disrupted_ms = -1;
             printf("reconfigure: generation %lld at step %lld: %s; pipelines %s\n",
                    (long long)x->generation, (long long)x->step, x->cause, x->pipelines);
@@ -570,9 +563,9 @@ int cmd_run(int argc, char **argv)
                  reported++)
                 write_reconfig(metrics, pl_coord_reconfig(r->coord, reported),
                                reported < (int)(sizeof rec_since / sizeof rec_since[0])
-                                   ? pl_ctl_now_ms() - rec_since[reported]
+                                   ? pl_now_ms() - rec_since[reported]
                                    : -1);
-            double t = mono_s(), tps = tokens_per_step / (t - last_t > 1e-9 ? t - last_t : 1e-9);
+            double t = (pl_now_ms() / 1e3), tps = tokens_per_step / (t - last_t > 1e-9 ? t - last_t : 1e-9);
             last_t = t;
             int live = pl_coord_live_workers(r->coord);
             printf("step %6lld/%d | loss %.6f | lr %.3e | norm %.4f | %8.0f tok/s | gen %lld | "
@@ -599,12 +592,12 @@ int cmd_run(int argc, char **argv)
         last_phase = ph;
         if ((ph == PL_COORD_DONE || ph == PL_COORD_FAILED) && !finished) {
             finished = 1;
-            end_ms = pl_ctl_now_ms();
+            end_ms = pl_now_ms();
         }
         if (finished) {
             int left = 0;
             for (int i = 0; i < r->nw; i++) left += !r->w[i].exited;
-            if (!left || pl_ctl_now_ms() - end_ms > FINISH_GRACE_MS) break;
+            if (!left || pl_now_ms() - end_ms > FINISH_GRACE_MS) break;
         } else {
             int left = 0;
             for (int i = 0; i < r->nw; i++) left += !r->w[i].exited;
@@ -624,7 +617,7 @@ int cmd_run(int argc, char **argv)
     for (; reported < reconfigs; reported++)
         write_reconfig(metrics, pl_coord_reconfig(r->coord, reported), -1);
     {
-        const double secs = mono_s() - t0;
+        const double secs = (pl_now_ms() / 1e3) - t0;
         const int ns = pl_coord_nsteps(r->coord);
         const double final_loss = ns ? pl_coord_step_log(r->coord, ns - 1)->loss : NAN;
         const double tps = secs > 0 ? ns * tokens_per_step / secs : 0;

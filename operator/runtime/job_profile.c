@@ -12,13 +12,6 @@
 #include "trainer.h"
 #include "util.h"
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -41,13 +34,13 @@ static int time_layer(kn_ctx *k, const pl_gpt_config *cfg, int l, int B, int T, 
     for (size_t i = 0; rc == 0 && i < BTC; i++)
         act[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
     for (int r = 0; rc == 0 && r <= repeat; r++) { /* run 0 warms up */
-        double t0 = now_ms();
+        double t0 = pl_now_ms();
         pl_engine_forward(&e, 0, tok, act, tok);
         kn_sync(k);
-        double t1 = now_ms();
+        double t1 = pl_now_ms();
         pl_engine_backward_last(&e, 0, act, 1.0f / (float)BT, NULL, NULL);
         kn_sync(k);
-        double t2 = now_ms();
+        double t2 = pl_now_ms();
         if (r) {
             tf[r - 1] = t1 - t0;
             tb[r - 1] = t2 - t1;

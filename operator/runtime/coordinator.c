@@ -7,9 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "checkpoint.h"
-#include "engine.h"
 #include "reinstantiate.h"
+#include "training_schedule.h"
 
 typedef struct {
     pl_proto_name name, node, zone; /* zone "" : unknown */

@@ -58,13 +58,6 @@ struct pl_ctl_server {
     lws_sorted_usec_list_t wake;
 };
 
-int64_t pl_ctl_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void conn_log(const pl_ctl_conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void conn_log(const pl_ctl_conn *c, const char *fmt, ...)
 {
@@ -145,7 +138,7 @@ static void handle_message(pl_ctl_conn *c, const char *text, size_t len)
         conn_fail(c, 1, "invalid message: %s", err);
         return;
     }
-    c->last_heard_ms = pl_ctl_now_ms();
+    c->last_heard_ms = pl_now_ms();
     if (pl_msg_from_worker(m.type) != 1) {
         conn_fail(c, 1, "%s is not a worker message", pl_msg_type_name(m.type));
     } else if (!c->registered) {
@@ -214,7 +207,7 @@ static int ctl_callback(struct lws *wsi, enum lws_callback_reasons reason, void 
         c->s = s;
         c->wsi = wsi;
         c->id = ++s->next_id;
-        c->opened_ms = c->last_heard_ms = pl_ctl_now_ms();
+        c->opened_ms = c->last_heard_ms = pl_now_ms();
         if (pl_random_hex(c->nonce, CTL_NONCE_BYTES)) {
             free(c);
             return -1;
@@ -427,7 +420,7 @@ int pl_ctl_server_service(pl_ctl_server *s, int timeout_ms)
         lws_sul_schedule(s->ctx, 0, &s->wake, wake_cb, (lws_usec_t)timeout_ms * 1000);
     int rc = lws_service(s->ctx, timeout_ms > 0 ? 0 : -1);
     lws_sul_cancel(&s->wake);
-    int64_t now = pl_ctl_now_ms();
+    int64_t now = pl_now_ms();
     for (pl_ctl_conn *c = s->conns; c; c = c->next)
         if (!c->registered && !c->closing && now - c->opened_ms > PL_PROTO_REGISTER_TIMEOUT_MS)
             conn_fail(c, 1, "no register within %d ms", PL_PROTO_REGISTER_TIMEOUT_MS);

@@ -27,13 +27,6 @@ struct pl_probe_server {
     pthread_t thread;
 };
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* ---- one connection ---- */
 
 static void send_all(int fd, const char *p, size_t len)
@@ -70,11 +63,11 @@ static void respond(int fd, int code, const char *extra_headers, const char *cty
 static int read_head(pl_probe_server *s, int fd, char *buf, size_t cap)
 {
     size_t len = 0;
-    int64_t deadline = now_ms() + REQUEST_TIMEOUT_MS;
+    int64_t deadline = pl_now_ms() + REQUEST_TIMEOUT_MS;
     buf[0] = 0;
     while (!strstr(buf, "\r\n\r\n") && !strstr(buf, "\n\n")) {
         if (len == cap - 1) return 431;
-        int64_t left = deadline - now_ms();
+        int64_t left = deadline - pl_now_ms();
         if (left <= 0) return -1;
         struct pollfd p[2] = {{fd, POLLIN, 0}, {s->wake[0], POLLIN, 0}};
         int r = poll(p, 2, (int)left);
@@ -134,9 +127,9 @@ static void serve(pl_probe_server *s, int fd)
 static void linger_close(int fd)
 {
     shutdown(fd, SHUT_WR);
-    int64_t deadline = now_ms() + LINGER_MS;
+    int64_t deadline = pl_now_ms() + LINGER_MS;
     char scratch[4096];
-    for (int64_t left; (left = deadline - now_ms()) > 0;) {
+    for (int64_t left; (left = deadline - pl_now_ms()) > 0;) {
         struct pollfd p = {fd, POLLIN, 0};
         if (poll(&p, 1, (int)left) <= 0 || recv(fd, scratch, sizeof scratch, 0) <= 0) break;
     }

@@ -1,4 +1,5 @@
 #include "workqueue.h"
+#include "util.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -30,13 +31,6 @@ struct pl_workqueue {
     struct drand48_data rng;
 };
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 pl_workqueue *pl_workqueue_new(void)
 {
     pl_workqueue *q = calloc(1, sizeof *q);
@@ -51,7 +45,7 @@ pl_workqueue *pl_workqueue_new(void)
         free(q);
         return NULL;
     }
-    srand48_r((long)now_ms() ^ (long)(uintptr_t)q, &q->rng);
+    srand48_r((long)pl_now_ms() ^ (long)(uintptr_t)q, &q->rng);
     return q;
 }
 
@@ -168,7 +162,7 @@ static void add_after_locked(pl_workqueue *q, item *it, int64_t delay_ms)
         enqueue(q, it);
         return;
     }
-    int64_t due = now_ms() + delay_ms;
+    int64_t due = pl_now_ms() + delay_ms;
     if (it->due_ms == NO_DUE || due < it->due_ms) it->due_ms = due;
     pthread_cond_broadcast(&q->cond); /* waiters may need an earlier wake-up */
 }
@@ -231,7 +225,7 @@ static struct timespec to_timespec(int64_t ms)
 
 int pl_workqueue_get(pl_workqueue *q, char *key, size_t keylen, int timeout_ms)
 {
-    int64_t deadline = timeout_ms < 0 ? INT64_MAX : now_ms() + timeout_ms;
+    int64_t deadline = timeout_ms < 0 ? INT64_MAX : pl_now_ms() + timeout_ms;
     int rc;
     pthread_mutex_lock(&q->lock);
     for (;;) {
@@ -239,7 +233,7 @@ int pl_workqueue_get(pl_workqueue *q, char *key, size_t keylen, int timeout_ms)
             rc = -1;
             break;
         }
-        int64_t now = now_ms();
+        int64_t now = pl_now_ms();
         int64_t next_due = promote_due(q, now);
         if (q->count) {
             item *it = q->fifo[q->head];

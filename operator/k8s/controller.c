@@ -139,7 +139,7 @@ static pl_kube_ref job_ref(const cjob *j, const char *plural, const char *name)
 
 /* Counts and times API requests, and counts their errors, for /metrics. */
 /* API(c, verb, call, &st): the call, timed (the comma operator orders the clock first). */
-#define API(c, verb, call, st) ((c)->api_t0 = pl_ctl_now_ms(), api_done((c), (verb), (call), (st)))
+#define API(c, verb, call, st) ((c)->api_t0 = pl_now_ms(), api_done((c), (verb), (call), (st)))
 
 static int api_done(pl_controller *c, const char *verb, int rc, const pl_kube_status *st)
 {
@@ -148,7 +148,7 @@ static int api_done(pl_controller *c, const char *verb, int rc, const pl_kube_st
         snprintf(lab, sizeof lab, "verb=\"%s\"", verb);
         pl_metrics_histogram_observe(c->cfg.metrics, "pliant_kube_request_seconds",
                                      "Kubernetes API request latency", lab,
-                                     (double)(pl_ctl_now_ms() - c->api_t0) / 1000.0);
+                                     (double)(pl_now_ms() - c->api_t0) / 1000.0);
     }
     char labels[64];
     snprintf(labels, sizeof labels, "verb=\"%s\"", verb);
@@ -396,7 +396,7 @@ static int write_status(pl_controller *c, cjob *j)
         return -1;
     }
     j->status_dirty = 0;
-    j->status_ms = pl_ctl_now_ms();
+    j->status_ms = pl_now_ms();
     return 0;
 }
 
@@ -442,7 +442,7 @@ static void observe(pl_controller *c, cjob *j)
                                  pl_job_runtime_samples_per_second(j->rt));
         }
         j->steps_seen = ns;
-        if (pl_ctl_now_ms() - j->status_ms >= STATUS_EVERY_MS) j->status_dirty = 1;
+        if (pl_now_ms() - j->status_ms >= STATUS_EVERY_MS) j->status_dirty = 1;
     }
     for (; j->reconfigs_seen < pl_coord_nreconfigs(co); j->reconfigs_seen++) {
         const pl_coord_reconfig_rec *x = pl_coord_reconfig(co, j->reconfigs_seen);
@@ -482,7 +482,7 @@ static void observe(pl_controller *c, cjob *j)
         }
         if (!strcmp(phase, "Succeeded") || !strcmp(phase, "Failed")) {
             now_rfc3339(j->completion_time, sizeof j->completion_time);
-            j->done_ms = pl_ctl_now_ms();
+            j->done_ms = pl_now_ms();
             event(c, j, !strcmp(phase, "Failed") ? "Warning" : "Normal", phase, "Finish", "%s",
                   !strcmp(phase, "Failed") ? pl_coord_reason(co) : "every step committed");
             pl_workqueue_add_after(c->q, j->key, FLUSH_MS + 100);
@@ -947,7 +947,7 @@ static int reconcile(pl_controller *c, cjob *j)
     if (j->invalid) return j->status_dirty ? write_status(c, j) : 0;
     char policy[16];
     run_policy_str(j, "cleanPodPolicy", policy, sizeof policy, "Running");
-    if (j->rt && j->done_ms && pl_ctl_now_ms() - j->done_ms >= FLUSH_MS) job_stop(c, j);
+    if (j->rt && j->done_ms && pl_now_ms() - j->done_ms >= FLUSH_MS) job_stop(c, j);
     if (finished(j) && !j->rt) {
         int64_t ttl = run_policy_int(j, "ttlSecondsAfterFinished");
         time_t done = parse_rfc3339(j->completion_time[0] ? j->completion_time
@@ -972,7 +972,7 @@ static int reconcile(pl_controller *c, cjob *j)
         set_phase(j, "Failed", "DeadlineExceeded", "spec.runPolicy.activeDeadlineSeconds passed");
         event(c, j, "Warning", "Failed", "Deadline", "activeDeadlineSeconds (%lld) passed",
               (long long)deadline);
-        j->done_ms = pl_ctl_now_ms();
+        j->done_ms = pl_now_ms();
         now_rfc3339(j->completion_time, sizeof j->completion_time);
         return write_status(c, j);
     }
@@ -1033,7 +1033,7 @@ int pl_controller_run(pl_controller *c, const atomic_int *stop, char *err, size_
             return pl_errf(err, errlen, "cannot start an informer thread");
         c->inf[i].started = 1;
     }
-    int64_t resync = pl_ctl_now_ms();
+    int64_t resync = pl_now_ms();
     while (!atomic_load(stop)) {
         /* reconcile from complete caches only (a Pod not listed yet would be created
          * again): synced is read before draining, as the lists' events come first */
@@ -1063,10 +1063,10 @@ int pl_controller_run(pl_controller *c, const atomic_int *stop, char *err, size_
             else pl_workqueue_forget(c->q, key);
         }
         for (cjob *j = c->jobs; j; j = j->next)
-            if (j->status_dirty && pl_ctl_now_ms() - j->status_ms >= STATUS_EVERY_MS / 4)
+            if (j->status_dirty && pl_now_ms() - j->status_ms >= STATUS_EVERY_MS / 4)
                 write_status(c, j);
-        if (pl_ctl_now_ms() - resync >= RESYNC_MS) {
-            resync = pl_ctl_now_ms();
+        if (pl_now_ms() - resync >= RESYNC_MS) {
+            resync = pl_now_ms();
             for (cjob *j = c->jobs; j; j = j->next) pl_workqueue_add(c->q, j->key);
         }
 

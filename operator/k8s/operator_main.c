@@ -1,4 +1,4 @@
-/* `pliant-operator`: the TrainingJob operator (operator/controller.h) with
+/* `pliant-operator`: the TrainingJob operator (operator/k8s/controller.h) with
  * leader election (leader.h: only the Lease holder reconciles and runs
  * coordinators; a replica that loses the Lease exits so that it restarts as a
  * candidate), /metrics on --metrics-addr and /healthz, /readyz on

@@ -1,7 +1,7 @@
 /* `pliant profile JOB.yaml [--out FILE] [--repeat N]`: measures each layer of
  * the job's model for one microbatch (forward and backward ms, parameter,
  * activation and output bytes) and writes the planner's profile JSON
- * (operator/job_profile.h). */
+ * (operator/runtime/job_profile.h). */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
