@@ -30,6 +30,14 @@ typedef struct kn_ctx kn_ctx;
 kn_ctx *kn_create(const char *backend, int threads, char *err, size_t errlen);
 void kn_destroy(kn_ctx *k);
 const char *kn_backend(const kn_ctx *k);
+
+/* OpenBLAS chooses its CPU kernels once, as the program loads, by CPU model; on a
+ * model newer than the library it falls back to its oldest, SSE3 ones (Debian
+ * bookworm's 0.3.21 on Sapphire and Emerald Rapids: a tenth of the sgemm speed).
+ * When OpenBLAS runs kernels without AVX2 on a CPU that has AVX2 and FMA: the best
+ * kernel set the CPU can run, as an OPENBLAS_CORETYPE value; else NULL. A program
+ * sets OPENBLAS_CORETYPE to it and executes itself again (pliant's main does). */
+const char *kn_cpu_blas_better_core(void);
 int kn_threads(const kn_ctx *k);
 
 /* Memory of the backend, 64-byte aligned, zero-filled. NULL on failure. */
