@@ -1,7 +1,9 @@
 /* `pliant run JOB.yaml --workers N [--steps N] [--metrics FILE] [--threads T]
  * [--chaos SPEC]`: trains a TrainingJob with N local worker processes
- * (`pliant worker`, same binary) under the coordinator (operator/runtime/coordinator.h)
- * and the control server (WebSocket over TLS, a self-signed certificate, a random job token).
+ * (`pliant worker`, same binary; operator/runtime/local_workers.h) under the job
+ * driver (operator/runtime/job_driver.h: the coordinator behind its control
+ * server, WebSocket over TLS, a self-signed certificate, a random job token).
+ * What is here: the arguments, the workers, chaos, and the output.
  *
  * Planner profile: spec.profile when it is a path; auto measures every layer
  * here at start (operator/runtime/job_profile.h); synthetic derives it from the
@@ -30,25 +32,29 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
-
-#include "backend.h"
 #include "chaos.h"
 #include "cli_args.h"
 #include "commands.h"
-#include "coord_session.h"
-#include "coordinator.h"
-#include "job_plan.h"
-#include "jobspec.h"
+#include "job_driver.h"
+#include "local_workers.h"
 #include "sampler.h"
-#include "tls_selfsigned.h"
 #include "tokens.h"
 #include "util.h"
 
 #define MAX_WORKERS 256
 #define FINISH_GRACE_MS 15000
+#define POLL_MS 10
+
+/* The command line. */
+typedef struct {
+    const char *job_path, *metrics_path, *chaos_spec, *ckpt_dir, *backend;
+    long long nworkers, threads, steps, duration_s, gpus;
+    int devices[MAX_WORKERS]; /* --devices: worker i sees GPU devices[i mod ndevices] */
+    int ndevices;
+    pl_chaos chaos;
+} run_args;
 
 typedef struct {
     char name[PL_WORKER_NAME_MAX];
@@ -56,16 +62,23 @@ typedef struct {
 } run_worker;
 
 typedef struct {
-    pl_coord *coord;
-    pl_coord_session *session; /* the control server and the workers' connections */
+    const run_args *a;
+    pl_job_driver *drv;
+    const pl_job *job;
+    pl_coord *coord;          /* the driver's */
+    pl_local_workers *lw;
     run_worker w[MAX_WORKERS];
     int nw;
-    /* what a worker is started with */
-    pl_backend *be;
-    const char *exe, *job_path, *thr, *token, *backend;
-    int devices[MAX_WORKERS]; /* --devices: worker i sees GPU devices[i mod ndevices] */
-    int ndevices;
-    const char *ckpt_dir; /* the job's checkpoint.dir, or --checkpoint-dir */
+    char exe[4096], thr[24];  /* what a worker is started with */
+    pl_sampler smp;           /* the samples of each step, for their digests */
+    FILE *metrics;
+    char *fired;              /* per chaos event: fired already */
+    /* the loop */
+    int reconfigs, recovered, finished;
+    int error_exits, last_status, same_status; /* workers that exited with an error */
+    pl_coord_phase_t last_phase;
+    double t0, last_t;        /* seconds: the loop's start, the last step line */
+    int64_t start_ms, end_ms;
 } run_state;
 
 static void run_usage(FILE *f)
@@ -78,6 +91,14 @@ static void run_usage(FILE *f)
                "  SPEC: comma-separated kill:W@step=S, term:W@step=S, add:K@step=S\n"
                "        (or @t=SECONDS, or @waiting: when too few workers are left), trace:FILE[:SPEEDUP];\n"
                "        W: worker number in start order\n");
+}
+
+/* Bad input: the message and the usage, exit status 2. */
+static int bad_usage(const char *err)
+{
+    fprintf(stderr, "pliant run: %s\n", err);
+    run_usage(stderr);
+    return 2;
 }
 
 /* --devices 0,1,3: GPU ordinals, worker i gets CUDA_VISIBLE_DEVICES=list[i mod n]
@@ -95,6 +116,84 @@ static int parse_devices(const char *s, int *out, int *n, char *err, size_t errl
         if (!*end) return 0;
         p = end + 1;
     }
+}
+
+/* One option into a: 0, 1 for --help, -1 and err. */
+static int parse_option(int c, run_args *a, char **argv, char *err, size_t errlen)
+{
+    switch (c) {
+    case 'w': return cli_parse_int("--workers", optarg, 1, MAX_WORKERS, &a->nworkers, err, errlen);
+    case 't': return cli_parse_int("--threads", optarg, 1, 1024, &a->threads, err, errlen);
+    case 's': return cli_parse_int("--steps", optarg, 1, 1000000000, &a->steps, err, errlen);
+    case 'g': return cli_parse_int("--gpus-per-worker", optarg, 1, 1024, &a->gpus, err, errlen);
+    case 'd': return cli_parse_int("--duration", optarg, 1, 1000000, &a->duration_s, err, errlen);
+    case 'm': a->metrics_path = optarg; return 0;
+    case 'c': a->chaos_spec = optarg; return 0;
+    case 'k': a->ckpt_dir = optarg; return 0;
+    case 'b':
+        a->backend = optarg;
+        return cli_check_backend("--backend", optarg, err, errlen);
+    case 'D': return parse_devices(optarg, a->devices, &a->ndevices, err, errlen);
+    case 'h': return 1;
+    default:
+        return pl_errf(err, errlen, "unknown option or missing value: '%s'", argv[optind - 1]);
+    }
+}
+
+/* The chaos spec, and the worker count a trace starts with. -1 to go on, else the
+ * exit status (messages printed). */
+static int settle_workers(run_args *a)
+{
+    char err[1024] = "";
+    if (a->chaos_spec && pl_chaos_parse(a->chaos_spec, &a->chaos, err, sizeof err)) {
+        fprintf(stderr, "pliant run: %s\n", err);
+        return 2;
+    }
+    if (a->chaos.initial_workers > 0) {
+        if (a->chaos.initial_workers > MAX_WORKERS) {
+            snprintf(err, sizeof err, "the trace starts %d workers (at most %d)",
+                     a->chaos.initial_workers, MAX_WORKERS);
+            return bad_usage(err);
+        }
+        if (a->nworkers > 0 && a->nworkers != a->chaos.initial_workers)
+            fprintf(stderr, "pliant run: the trace starts %d workers: --workers %lld ignored\n",
+                    a->chaos.initial_workers, a->nworkers);
+        a->nworkers = a->chaos.initial_workers;
+    }
+    return a->nworkers > 0 ? -1 : bad_usage("--workers N is required");
+}
+
+/* The command line into a: -1 to go on, else the exit status (messages printed). */
+static int parse_args(int argc, char **argv, run_args *a)
+{
+    static const struct option opts[] = {{"workers", required_argument, 0, 'w'},
+                                         {"metrics", required_argument, 0, 'm'},
+                                         {"threads", required_argument, 0, 't'},
+                                         {"steps", required_argument, 0, 's'},
+                                         {"chaos", required_argument, 0, 'c'},
+                                         {"duration", required_argument, 0, 'd'},
+                                         {"checkpoint-dir", required_argument, 0, 'k'},
+                                         {"gpus-per-worker", required_argument, 0, 'g'},
+                                         {"backend", required_argument, 0, 'b'},
+                                         {"devices", required_argument, 0, 'D'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    char err[1024] = "";
+    a->backend = "auto";
+    int c;
+    opterr = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        int rc = parse_option(c, a, argv, err, sizeof err);
+        if (rc > 0) {
+            run_usage(stdout);
+            return 0;
+        }
+        if (rc < 0) return bad_usage(err);
+    }
+    if (optind != argc - 1) return bad_usage("expects exactly one JOB.yaml");
+    a->job_path = argv[optind];
+    return settle_workers(a);
 }
 
 static run_worker *find_worker(run_state *r, const char *name)
@@ -115,27 +214,26 @@ static const char *admit(void *user, const char *name)
 static int spawn_worker(run_state *r, int i, char *err, size_t errlen)
 {
     char e[7][PL_PATH_MAX + 64];
-    pl_ctl_server *srv = pl_coord_session_server(r->session);
-    snprintf(e[0], sizeof e[0], "PLIANT_COORDINATOR=127.0.0.1:%d", pl_ctl_server_port(srv));
-    snprintf(e[1], sizeof e[1], "PLIANT_TOKEN=%s", r->token);
-    snprintf(e[2], sizeof e[2], "PLIANT_CA=%s", pl_ctl_server_cert_path(srv));
+    snprintf(e[0], sizeof e[0], "PLIANT_COORDINATOR=127.0.0.1:%d", pl_job_driver_port(r->drv));
+    snprintf(e[1], sizeof e[1], "PLIANT_TOKEN=%s", pl_job_driver_token(r->drv));
+    snprintf(e[2], sizeof e[2], "PLIANT_CA=%s", pl_job_driver_cert_path(r->drv));
     snprintf(e[3], sizeof e[3], "PLIANT_WORKER_NAME=%s", r->w[i].name);
     snprintf(e[4], sizeof e[4], "PLIANT_NODE=%s", r->w[i].name);
-    snprintf(e[5], sizeof e[5], "PLIANT_CHECKPOINT_DIR=%s", r->ckpt_dir);
+    snprintf(e[5], sizeof e[5], "PLIANT_CHECKPOINT_DIR=%s", r->job->checkpoint.dir);
     snprintf(e[6], sizeof e[6], "CUDA_VISIBLE_DEVICES=%d",
-             r->ndevices ? r->devices[i % r->ndevices] : 0);
+             r->a->ndevices ? r->a->devices[i % r->a->ndevices] : 0);
     char *env[8];
     int ne = 0;
     for (int k = 0; k < 5; k++) env[ne++] = e[k];
-    if (r->ckpt_dir[0]) env[ne++] = e[5];
-    if (r->ndevices) env[ne++] = e[6];
+    if (r->job->checkpoint.dir[0]) env[ne++] = e[5];
+    if (r->a->ndevices) env[ne++] = e[6];
     env[ne] = NULL;
-    char *wargv[] = {(char *)r->exe, "worker",          (char *)r->job_path, "--threads",
-                     (char *)r->thr, "--backend", (char *)r->backend, NULL};
+    char *wargv[] = {r->exe,           "worker",  (char *)r->a->job_path,  "--threads",
+                     r->thr, "--backend", (char *)r->a->backend, NULL};
     pl_worker_spec spec = {.argv = wargv, .env = env};
     snprintf(spec.name, sizeof spec.name, "%s", r->w[i].name);
     err[0] = 0;
-    int crc = r->be->ops->create(r->be, &spec, err, errlen);
+    int crc = pl_local_workers_start(r->lw, &spec, err, errlen);
     if (crc && !err[0]) snprintf(err, errlen, "cannot start worker %s", r->w[i].name);
     return crc;
 }
@@ -143,10 +241,7 @@ static int spawn_worker(run_state *r, int i, char *err, size_t errlen)
 /* Starts k more workers named w<nw>, w<nw+1>, ... */
 static int add_workers(run_state *r, int k, char *err, size_t errlen)
 {
-    if (k > MAX_WORKERS - r->nw) {
-        snprintf(err, errlen, "at most %d workers", MAX_WORKERS);
-        return -1;
-    }
+    if (k > MAX_WORKERS - r->nw) return pl_errf(err, errlen, "at most %d workers", MAX_WORKERS);
     for (int j = 0; j < k; j++) {
         run_worker *w = &r->w[r->nw];
         memset(w, 0, sizeof *w);
@@ -160,39 +255,109 @@ static int add_workers(run_state *r, int k, char *err, size_t errlen)
     return 0;
 }
 
+/* A kill or term chaos event: 1 if it signalled its worker, 0 if it was ignored. */
+static int signal_chaos(run_state *r, const pl_chaos_event *e, const char *when)
+{
+    char err[512] = "";
+    const char *what = e->action == PL_CHAOS_KILL ? "kill" : "term";
+    int sig = e->action == PL_CHAOS_KILL ? SIGKILL : SIGTERM;
+    if (e->worker < 0 || e->worker >= r->nw || r->w[e->worker].exited) {
+        printf("chaos: %s: %s w%d ignored (%s)\n", when, what, e->worker,
+               e->worker < 0 || e->worker >= r->nw ? "no such worker" : "already ended");
+        return 0;
+    }
+    if (pl_local_workers_signal(r->lw, r->w[e->worker].name, sig, err, sizeof err)) {
+        printf("chaos: %s: %s w%d ignored (%s)\n", when, what, e->worker, err);
+        return 0;
+    }
+    printf("chaos: %s: %s w%d (%s)\n", when, what, e->worker,
+           sig == SIGKILL ? "SIGKILL" : "SIGTERM");
+    return 1;
+}
+
 /* Fires one chaos event (kill, term or add): 1 if it acted, 0 if it was ignored. */
 static int fire_chaos(run_state *r, const pl_chaos_event *e, const char *when)
 {
     char err[512] = "";
     int acted = 0;
-    if (e->action == PL_CHAOS_ADD) {
-        int first = r->nw;
-        if (add_workers(r, e->count, err, sizeof err))
-            fprintf(stderr, "pliant run: chaos %s: add %d: %s\n", when, e->count, err);
-        else if ((acted = 1))
-        {
-            if (e->count == 1)
-                printf("chaos: %s: started 1 worker (w%d)\n", when, first);
-            else
-                printf("chaos: %s: started %d workers (w%d..w%d)\n", when, e->count, first,
-                       r->nw - 1);
-        }
+    if (e->action != PL_CHAOS_ADD) {
+        acted = signal_chaos(r, e, when);
+    } else if (add_workers(r, e->count, err, sizeof err)) {
+        fprintf(stderr, "pliant run: chaos %s: add %d: %s\n", when, e->count, err);
     } else {
-        const char *what = e->action == PL_CHAOS_KILL ? "kill" : "term";
-        int sig = e->action == PL_CHAOS_KILL ? SIGKILL : SIGTERM;
-        if (e->worker < 0 || e->worker >= r->nw || r->w[e->worker].exited) {
-            printf("chaos: %s: %s w%d ignored (%s)\n", when, what, e->worker,
-                   e->worker < 0 || e->worker >= r->nw ? "no such worker" : "already ended");
-        } else if (r->be->ops->signal(r->be, r->w[e->worker].name, sig, err, sizeof err)) {
-            printf("chaos: %s: %s w%d ignored (%s)\n", when, what, e->worker, err);
-        } else {
-            acted = 1;
-            printf("chaos: %s: %s w%d (%s)\n", when, what, e->worker,
-                   sig == SIGKILL ? "SIGKILL" : "SIGTERM");
-        }
+        acted = 1;
+        if (e->count == 1)
+            printf("chaos: %s: started 1 worker (w%d)\n", when, r->nw - 1);
+        else
+            printf("chaos: %s: started %d workers (w%d..w%d)\n", when, e->count,
+                   r->nw - e->count, r->nw - 1);
     }
     fflush(stdout);
     return acted;
+}
+
+/* Whether chaos event e is due, with its description in when. */
+static int chaos_due(run_state *r, const pl_chaos_event *e, int64_t now, char *when,
+                     size_t len)
+{
+    pl_coord_phase_t ph = pl_coord_phase(r->coord);
+    int begun = ph != PL_COORD_WAITING_FOR_WORKERS; /* step S reached */
+    switch (e->when) {
+    case PL_CHAOS_AT_STEP:
+        if (!(begun && pl_coord_step(r->coord) >= e->step)) return 0;
+        snprintf(when, len, "step %lld", (long long)e->step);
+        return 1;
+    case PL_CHAOS_WHEN_WAITING:
+        if (ph != PL_COORD_WAITING_FOR_NODES) return 0;
+        snprintf(when, len, "waiting");
+        return 1;
+    case PL_CHAOS_AT_CHECKPOINT:
+        if (pl_coord_last_checkpoint(r->coord) < e->step) return 0;
+        snprintf(when, len, "checkpoint %lld", (long long)e->step);
+        return 1;
+    default:
+        if (now - r->start_ms < e->t_ms) return 0;
+        snprintf(when, len, "t=%.3fs", (double)e->t_ms / 1000.0);
+        return 1;
+    }
+}
+
+/* Chaos: step events when their step begins, time events when their time has passed. */
+static void fire_due_chaos(run_state *r)
+{
+    pl_coord_phase_t ph = pl_coord_phase(r->coord);
+    int64_t now = pl_now_ms();
+    for (int i = 0; i < r->a->chaos.n && ph != PL_COORD_DONE && ph != PL_COORD_FAILED; i++) {
+        char when[64];
+        if (r->fired[i] || !chaos_due(r, &r->a->chaos.events[i], now, when, sizeof when))
+            continue;
+        r->fired[i] = 1;
+        if (fire_chaos(r, &r->a->chaos.events[i], when)) pl_job_driver_disrupted(r->drv, now);
+    }
+}
+
+/* Workers that ended: each the loss of its worker while the job runs. */
+static void reap_workers(run_state *r)
+{
+    pl_worker_event ev;
+    while (pl_local_workers_wait(r->lw, &ev, 0) == 1) {
+        run_worker *w = find_worker(r, ev.name);
+        if (w) w->exited = 1;
+        pl_coord_phase_t ph = pl_coord_phase(r->coord);
+        if (ph == PL_COORD_DONE || ph == PL_COORD_FAILED) continue;
+        char cause[128];
+        if (ev.end == PL_WORKER_EXITED && ev.status != 0) {
+            r->same_status = !r->error_exits || ev.status == r->last_status;
+            r->last_status = ev.status;
+            r->error_exits++;
+        }
+        if (ev.end == PL_WORKER_EXITED)
+            snprintf(cause, sizeof cause, "exited with status %d", ev.status);
+        else
+            snprintf(cause, sizeof cause, "killed by signal %d", ev.signal);
+        fprintf(stderr, "pliant run: worker %s %s\n", ev.name, cause);
+        pl_job_driver_worker_gone(r->drv, ev.name, cause);
+    }
 }
 
 static void json_string(FILE *f, const char *s)
@@ -249,413 +414,263 @@ static void write_reconfig(FILE *f, const pl_coord_reconfig_rec *x, int64_t dura
     fflush(f);
 }
 
-/* Every layer of the checkpoint of `step` is written: its checkpoint.json marks it complete. */
-static int complete_checkpoint(const pl_job *job, int64_t step, FILE *metrics, char *err,
-                               size_t errlen)
+/* The checkpoint of `step` is complete (checkpoint.json written), or it failed. */
+static void print_checkpoint(run_state *r, int64_t step, const char *error)
 {
-    if (pl_job_complete_checkpoint(job, step, err, errlen)) return -1;
-    printf("checkpoint: step %lld saved to %s\n", (long long)step, job->checkpoint.dir);
+    if (error) {
+        fprintf(stderr, "pliant run: checkpoint of step %lld: %s\n", (long long)step, error);
+        return;
+    }
+    printf("checkpoint: step %lld saved to %s\n", (long long)step, r->job->checkpoint.dir);
     fflush(stdout);
-    if (metrics) {
-        fprintf(metrics, "{\"event\": \"checkpoint\", \"step\": %lld, \"dir\": ",
+    if (r->metrics) {
+        fprintf(r->metrics, "{\"event\": \"checkpoint\", \"step\": %lld, \"dir\": ",
                 (long long)step);
-        json_string(metrics, job->checkpoint.dir);
-        fputs("}\n", metrics);
-        fflush(metrics);
+        json_string(r->metrics, r->job->checkpoint.dir);
+        fputs("}\n", r->metrics);
+        fflush(r->metrics);
+    }
+}
+
+static void print_reconfig(const pl_coord_reconfig_rec *x)
+{
+    printf("reconfigure: generation %lld at step %lld: %s; pipelines %s\n",
+           (long long)x->generation, (long long)x->step, x->cause, x->pipelines);
+    fflush(stdout);
+}
+
+static double tokens_per_step(const run_state *r)
+{
+    return (double)r->job->batch.global * r->job->batch.seq_len;
+}
+
+/* A step line, and its metrics line. */
+static void print_step(run_state *r, const pl_coord_step_rec *s)
+{
+    double t = pl_now_ms() / 1e3;
+    double tps = tokens_per_step(r) / (t - r->last_t > 1e-9 ? t - r->last_t : 1e-9);
+    r->last_t = t;
+    int live = pl_coord_live_workers(r->coord);
+    printf("step %6lld/%d | loss %.6f | lr %.3e | norm %.4f | %8.0f tok/s | gen %lld | "
+           "pipelines %s | workers %d\n",
+           (long long)s->step, r->job->steps, s->loss, s->lr, s->norm, tps,
+           (long long)s->generation, s->pipelines, live);
+    fflush(stdout);
+    if (!r->metrics) return;
+    fprintf(r->metrics,
+            "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+            "\"tokens_per_second\": %.1f, \"plan_generation\": %lld, "
+            "\"pipelines\": \"%s\", \"workers\": %d, \"samples_digest\": \"%016llx\"}\n",
+            (long long)s->step, s->loss, s->lr, s->norm, tps, (long long)s->generation,
+            s->pipelines, live,
+            (unsigned long long)pl_sampler_digest(&r->smp, s->step, 0, r->job->batch.global));
+    fflush(r->metrics);
+}
+
+/* What the driver reports since the last poll, and the wait for workers. */
+static void report(run_state *r)
+{
+    pl_job_driver_event ev;
+    while (pl_job_driver_next(r->drv, &ev)) {
+        switch (ev.kind) {
+        case PL_JOB_DRIVER_CHECKPOINT: print_checkpoint(r, ev.step, ev.error); break;
+        case PL_JOB_DRIVER_RECONFIG:
+            r->reconfigs++;
+            print_reconfig(pl_coord_reconfig(r->coord, ev.index));
+            break;
+        case PL_JOB_DRIVER_RECOVERED:
+            r->recovered++;
+            write_reconfig(r->metrics, pl_coord_reconfig(r->coord, ev.index), ev.ms);
+            break;
+        case PL_JOB_DRIVER_STEP: print_step(r, pl_coord_step_log(r->coord, ev.index)); break;
+        }
+    }
+    pl_coord_phase_t ph = pl_coord_phase(r->coord);
+    if (ph != r->last_phase && ph == PL_COORD_WAITING_FOR_NODES) {
+        printf("waiting: %s\n", pl_coord_reason(r->coord));
+        fflush(stdout);
+    }
+    r->last_phase = ph;
+}
+
+/* 1 when the loop is over (the job ended and its workers too, or the grace time
+ * passed), -1 and err when every worker ended before the job, else 0. */
+static int check_end(run_state *r, char *err, size_t errlen)
+{
+    pl_coord_phase_t ph = pl_coord_phase(r->coord);
+    if ((ph == PL_COORD_DONE || ph == PL_COORD_FAILED) && !r->finished) {
+        r->finished = 1;
+        r->end_ms = pl_now_ms();
+    }
+    int left = 0;
+    for (int i = 0; i < r->nw; i++) left += !r->w[i].exited;
+    if (r->finished) return !left || pl_now_ms() - r->end_ms > FINISH_GRACE_MS;
+    if (left) return 0;
+    if (r->error_exits == r->nw && r->same_status)
+        return pl_errf(err, errlen, "every worker failed the same way (exit status %d) before "
+                       "the job finished: a bug in the job or its data, not a preemption; see "
+                       "the workers' messages above", r->last_status);
+    return pl_errf(err, errlen, "every worker ended before the job finished (%s)",
+                   pl_coord_phase_name(ph));
+}
+
+/* The loop: chaos, the control channel, ended workers, the output. 0 once the
+ * job ended, -1 and err. */
+static int run_loop(run_state *r, char *err, size_t errlen)
+{
+    r->t0 = r->last_t = pl_now_ms() / 1e3;
+    r->start_ms = pl_now_ms();
+    r->same_status = 1;
+    r->last_phase = PL_COORD_WAITING_FOR_WORKERS;
+    for (int end = 0; !end;) {
+        fire_due_chaos(r);
+        if (pl_job_driver_poll(r->drv, POLL_MS, err, errlen)) return -1;
+        reap_workers(r);
+        if (r->a->duration_s > 0 && pl_now_ms() - r->start_ms >= r->a->duration_s * 1000)
+            pl_coord_end(r->coord, "--duration reached");
+        report(r);
+        if ((end = check_end(r, err, errlen)) < 0) return -1;
     }
     return 0;
 }
 
-int cmd_run(int argc, char **argv)
+/* After the loop: plans that never committed a step, the summary; 0 when every
+ * step was committed, else 1 and err. */
+static int finish(run_state *r, char *err, size_t errlen)
 {
-    static const struct option opts[] = {{"workers", required_argument, 0, 'w'},
-                                         {"metrics", required_argument, 0, 'm'},
-                                         {"threads", required_argument, 0, 't'},
-                                         {"steps", required_argument, 0, 's'},
-                                         {"chaos", required_argument, 0, 'c'},
-                                         {"duration", required_argument, 0, 'd'},
-                                         {"checkpoint-dir", required_argument, 0, 'k'},
-                                         {"gpus-per-worker", required_argument, 0, 'g'},
-                                         {"backend", required_argument, 0, 'b'},
-                                         {"devices", required_argument, 0, 'D'},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
+    for (; r->recovered < r->reconfigs; r->recovered++) /* no duration */
+        write_reconfig(r->metrics, pl_coord_reconfig(r->coord, r->recovered), -1);
+    const double secs = (pl_now_ms() / 1e3) - r->t0;
+    const int ns = pl_coord_nsteps(r->coord);
+    const double final_loss = ns ? pl_coord_step_log(r->coord, ns - 1)->loss : NAN;
+    const double tps = secs > 0 ? ns * tokens_per_step(r) / secs : 0;
+    printf("summary: %d steps, %d reconfigurations, final loss %.6f, %.1f s, %.0f tok/s\n", ns,
+           r->reconfigs, final_loss, secs, tps);
+    if (r->metrics) {
+        fprintf(r->metrics, "{\"event\": \"summary\", \"steps\": %d, \"reconfigurations\": %d, "
+                            "\"final_loss\": ", ns, r->reconfigs);
+        if (isfinite(final_loss)) fprintf(r->metrics, "%.9g", final_loss);
+        else fputs("null", r->metrics);
+        fprintf(r->metrics, ", \"seconds\": %.3f, \"tokens_per_second\": %.1f}\n", secs, tps);
+        fflush(r->metrics);
+    }
+    if (pl_coord_phase(r->coord) != PL_COORD_DONE)
+        return pl_errf(err, errlen, "job failed: %s", pl_coord_reason(r->coord));
+    printf("run: done, %d steps committed, generation %lld\n", ns,
+           (long long)pl_coord_generation(r->coord));
+    return 0;
+}
+
+/* The job with its overrides, checked for local workers, its data order: -1 to go
+ * on, else the exit status (messages printed). */
+static int open_job(run_state *r)
+{
+    const run_args *a = r->a;
     char err[1024] = "";
-    long long nworkers = 0, threads = 0, steps_override = 0, duration_s = 0, gpus = 0;
-    const char *metrics_path = NULL, *chaos_spec = NULL, *ckpt_override = NULL, *backend = "auto";
-    int devices[MAX_WORKERS], ndevices = 0;
-    pl_chaos chaos;
-    memset(&chaos, 0, sizeof chaos);
-    int c;
-    opterr = 0;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (c) {
-        case 'w':
-            if (cli_parse_int("--workers", optarg, 1, MAX_WORKERS, &nworkers, err, sizeof err))
-                goto bad;
-            break;
-        case 't':
-            if (cli_parse_int("--threads", optarg, 1, 1024, &threads, err, sizeof err)) goto bad;
-            break;
-        case 'm': metrics_path = optarg; break;
-        case 's':
-            if (cli_parse_int("--steps", optarg, 1, 1000000000, &steps_override, err, sizeof err))
-                goto bad;
-            break;
-        case 'c': chaos_spec = optarg; break;
-        case 'k': ckpt_override = optarg; break;
-        case 'b':
-            if (cli_check_backend("--backend", optarg, err, sizeof err)) goto bad;
-            backend = optarg;
-            break;
-        case 'D':
-            if (parse_devices(optarg, devices, &ndevices, err, sizeof err)) goto bad;
-            break;
-        case 'g':
-            if (cli_parse_int("--gpus-per-worker", optarg, 1, 1024, &gpus, err, sizeof err))
-                goto bad;
-            break;
-        case 'd':
-            if (cli_parse_int("--duration", optarg, 1, 1000000, &duration_s, err, sizeof err))
-                goto bad;
-            break;
-        case 'h': run_usage(stdout); return 0;
-        default:
-            snprintf(err, sizeof err, "unknown option or missing value: '%s'", argv[optind - 1]);
-            goto bad;
-        }
-    }
-    if (optind != argc - 1) {
-        snprintf(err, sizeof err, "expects exactly one JOB.yaml");
-        goto bad;
-    }
-    if (chaos_spec && pl_chaos_parse(chaos_spec, &chaos, err, sizeof err)) {
-        fprintf(stderr, "pliant run: %s\n", err);
+    pl_job_driver_config cfg = {.path = a->job_path, .steps = (int)a->steps,
+                                .gpus_per_node = (int)a->gpus, .checkpoint_dir = a->ckpt_dir,
+                                .n_start = (int)a->nworkers, .admit = admit, .user = r};
+    if (!(r->drv = pl_job_driver_new(&cfg, err, sizeof err))) {
+        fprintf(stderr, "pliant run: %s: %s\n", a->job_path, err);
         return 2;
     }
-    if (chaos.initial_workers > 0) {
-        if (chaos.initial_workers > MAX_WORKERS) {
-            snprintf(err, sizeof err, "the trace starts %d workers (at most %d)",
-                     chaos.initial_workers, MAX_WORKERS);
-            pl_chaos_free(&chaos);
-            goto bad;
-        }
-        if (nworkers > 0 && nworkers != chaos.initial_workers)
-            fprintf(stderr, "pliant run: the trace starts %d workers: --workers %lld ignored\n",
-                    chaos.initial_workers, nworkers);
-        nworkers = chaos.initial_workers;
-    }
-    if (nworkers <= 0) {
-        pl_chaos_free(&chaos);
-        snprintf(err, sizeof err, "--workers N is required");
-        goto bad;
-    }
-    const char *job_path = argv[optind];
-    pl_job job;
-    if (pl_job_load(job_path, &job, err, sizeof err)) {
-        pl_chaos_free(&chaos);
-        fprintf(stderr, "pliant run: %s: %s\n", job_path, err);
-        return 2;
-    }
-    if (steps_override > 0) job.steps = (int)steps_override;
-    if (gpus > 0) job.nodes.gpus_per_node = (int)gpus;
-    if (job.nodes.gpus_per_node > 1) {
+    r->job = pl_job_driver_job(r->drv);
+    if (r->job->nodes.gpus_per_node > 1) {
         /* a local worker is one CPU engine: one device; GPU workers plan with the
          * profile's per-GPU-count timings */
         snprintf(err, sizeof err, "%s %d: local workers run the CPU engine, one device each "
                  "(more than one needs GPU workers)",
-                 gpus > 0 ? "--gpus-per-worker" : "spec.nodes.gpusPerNode",
-                 job.nodes.gpus_per_node);
-        pl_job_free(&job);
-        pl_chaos_free(&chaos);
-        goto bad;
+                 a->gpus > 0 ? "--gpus-per-worker" : "spec.nodes.gpusPerNode",
+                 r->job->nodes.gpus_per_node);
+        return bad_usage(err);
     }
-    if (ckpt_override && pl_pathf(job.checkpoint.dir, sizeof job.checkpoint.dir, err, sizeof err,
-                                  "%s", ckpt_override)) {
-        pl_job_free(&job);
-        pl_chaos_free(&chaos);
-        goto bad;
+    pl_tokens tok;
+    if (pl_tokens_open(r->job->data.train, &tok, err, sizeof err)) {
+        fprintf(stderr, "pliant run: %s\n", err);
+        return 1;
     }
-    const int N = (int)nworkers, F = job.fault_tolerance.tolerate;
+    int src = pl_sampler_init(&r->smp, r->job->data.order, r->job->data.seed,
+                              pl_tokens_count(&tok), r->job->batch.seq_len, r->job->batch.global,
+                              err, sizeof err);
+    pl_tokens_close(&tok);
+    if (src) {
+        fprintf(stderr, "pliant run: %s\n", err);
+        return 1;
+    }
+    return -1;
+}
+
+/* The planner, the coordinator and its server, then the workers and the metrics
+ * file. 0, 1 when there is nothing to train (said), -1 and err. */
+static int start_run(run_state *r, char *err, size_t errlen)
+{
+    int src = pl_job_driver_start(r->drv, err, errlen);
+    if (src == 1) {
+        printf("run: %s: the checkpoint of step %lld in %s is the last step: nothing to do\n",
+               r->job->name, (long long)pl_job_driver_resume_step(r->drv),
+               r->job->checkpoint.dir);
+        return 1;
+    }
+    if (src) return -1;
+    r->coord = pl_job_driver_coord(r->drv);
+    const int N = (int)r->a->nworkers;
+    long long threads = r->a->threads;
     if (threads <= 0) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         threads = cores / N > 0 ? cores / N : 1;
     }
-
-    int rc = 1, have_plan = 0, have_tok = 0;
-    pl_job_plan plan;
-    pl_tokens tok;
-    pl_sampler smp;
-    run_state *r = calloc(1, sizeof *r);
-    pl_backend *be = NULL;
-    FILE *metrics = NULL;
-    char *fired = NULL;
-    if (!r) {
-        snprintf(err, sizeof err, "out of memory");
-        goto done;
-    }
-    if (pl_tokens_open(job.data.train, &tok, err, sizeof err)) goto done;
-    have_tok = 1;
-    if (pl_sampler_init(&smp, job.data.order, job.data.seed, pl_tokens_count(&tok),
-                        job.batch.seq_len, job.batch.global, err, sizeof err))
-        goto done;
-
-    /* the planner, for spec.nodes.max when it is larger: workers added later have plans */
-    const int Nplan = job.nodes.max > N ? job.nodes.max : N;
-    if (pl_job_plan_init(&plan, &job, Nplan, err, sizeof err)) goto done;
-    have_plan = 1;
-
-    /* resume: the newest complete checkpoint (spec.checkpoint.resume auto) */
-    int64_t resume_step = 0;
-    if (pl_job_resume_step(&job, &resume_step, err, sizeof err)) goto done;
-    if (resume_step >= job.steps) {
-        printf("run: %s: the checkpoint of step %lld in %s is the last step: nothing to do\n",
-               job.name, (long long)resume_step, job.checkpoint.dir);
-        rc = 0;
-        goto done;
-    }
-    /* the coordinator and the control server */
-    pl_coord_config cc = pl_job_coord_config(&job, &plan, N, resume_step);
-    if (!(r->coord = pl_coord_new(&cc, err, sizeof err))) goto done;
-    char token[65];
-    if (pl_random_hex(token, 32)) {
-        snprintf(err, sizeof err, "no random bytes for the job token");
-        goto done;
-    }
-    pl_coord_session_config sc = {
-        .coord = r->coord, .admit = admit, .user = r,
-        .server = {.host = "127.0.0.1", .token = token, .token_len = strlen(token)}};
-    if (!(r->session = pl_coord_session_new(&sc, err, sizeof err))) goto done;
-
-    /* the workers */
+    snprintf(r->thr, sizeof r->thr, "%lld", threads);
+    ssize_t n = readlink("/proc/self/exe", r->exe, sizeof r->exe - 1);
+    if (n <= 0) return pl_errf(err, errlen, "cannot find this program (/proc/self/exe)");
+    r->exe[n] = 0;
+    if (!(r->lw = pl_local_workers_new(err, errlen))) return -1;
+    if (r->a->chaos.n && !(r->fired = calloc((size_t)r->a->chaos.n, 1)))
+        return pl_errf(err, errlen, "out of memory");
+    for (int i = 0; i < N; i++) snprintf(r->w[r->nw++].name, sizeof r->w[0].name, "w%d", i);
     for (int i = 0; i < N; i++)
-        snprintf(r->w[r->nw++].name, sizeof r->w[0].name, "w%d", i);
-    char exe[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0) {
-        snprintf(err, sizeof err, "cannot find this program (/proc/self/exe)");
-        goto done;
-    }
-    exe[n] = 0;
-    if (!(be = pl_backend_local_new(err, sizeof err))) goto done;
-    char thr[16];
-    snprintf(thr, sizeof thr, "%lld", threads);
-    r->be = be;
-    r->exe = exe;
-    r->job_path = job_path;
-    r->thr = thr;
-    r->backend = backend;
-    memcpy(r->devices, devices, sizeof devices);
-    r->ndevices = ndevices;
-    r->token = token;
-    r->ckpt_dir = job.checkpoint.dir;
-    for (int i = 0; i < N; i++)
-        if (spawn_worker(r, i, err, sizeof err)) goto done;
-    if (metrics_path && !(metrics = fopen(metrics_path, "w"))) {
-        snprintf(err, sizeof err, "--metrics %s: cannot open for writing", metrics_path);
-        goto done;
-    }
+        if (spawn_worker(r, i, err, errlen)) return -1;
+    if (r->a->metrics_path && !(r->metrics = fopen(r->a->metrics_path, "w")))
+        return pl_errf(err, errlen, "--metrics %s: cannot open for writing", r->a->metrics_path);
     printf("run: %s, %d workers (tolerate %d), %d steps, control on 127.0.0.1:%d (CA %s), "
            "planner profile %s\n",
-           job.name, N, F, job.steps, pl_ctl_server_port(pl_coord_session_server(r->session)),
-           pl_ctl_server_cert_path(pl_coord_session_server(r->session)),
-           job.profile);
-    if (resume_step > 0)
-        printf("run: resuming from the checkpoint of step %lld in %s\n", (long long)resume_step,
-               job.checkpoint.dir);
+           r->job->name, N, r->job->fault_tolerance.tolerate, r->job->steps,
+           pl_job_driver_port(r->drv), pl_job_driver_cert_path(r->drv), r->job->profile);
+    if (pl_job_driver_resume_step(r->drv) > 0)
+        printf("run: resuming from the checkpoint of step %lld in %s\n",
+               (long long)pl_job_driver_resume_step(r->drv), r->job->checkpoint.dir);
     fflush(stdout);
+    return 0;
+}
 
-    /* the loop */
-    int printed = 0, reconfigs = 0, finished = 0, reported = 0;
-    int64_t ckpt_done = resume_step;
-    pl_coord_phase_t last_phase = PL_COORD_WAITING_FOR_WORKERS;
-    int error_exits = 0, last_status = 0, same_status = 1; /* workers that exited with an error */
-    double last_t = (pl_now_ms() / 1e3);
-    const double t0 = last_t;
-    int64_t end_ms = 0, disrupted_ms = -1;
-    const int64_t start_ms = pl_now_ms();
-    int64_t rec_since[512];
-    fired = chaos.n ? calloc((size_t)chaos.n, 1) : NULL;
-    if (chaos.n && !fired) {
-        snprintf(err, sizeof err, "out of memory");
-        goto done;
-    }
-    const double tokens_per_step = (double)job.batch.global * job.batch.seq_len;
-    for (;;) {
-        /* chaos: step events when their step begins, time events when their time has passed */
-        {
-            pl_coord_phase_t cph = pl_coord_phase(r->coord);
-            int64_t cur = pl_coord_step(r->coord), now = pl_now_ms();
-            int begun = cph != PL_COORD_WAITING_FOR_WORKERS; /* step S reached */
-            for (int i = 0; i < chaos.n && cph != PL_COORD_DONE && cph != PL_COORD_FAILED; i++) {
-                const pl_chaos_event *e = &chaos.events[i];
-                if (fired[i]) continue;
-                char when[64];
-                if (e->when == PL_CHAOS_AT_STEP) {
-                    if (!(begun && cur >= e->step)) continue;
-                    snprintf(when, sizeof when, "step %lld", (long long)e->step);
-                } else if (e->when == PL_CHAOS_WHEN_WAITING) {
-                    if (cph != PL_COORD_WAITING_FOR_NODES) continue;
-                    snprintf(when, sizeof when, "waiting");
-                } else if (e->when == PL_CHAOS_AT_CHECKPOINT) {
-                    if (pl_coord_last_checkpoint(r->coord) < e->step) continue;
-                    snprintf(when, sizeof when, "checkpoint %lld", (long long)e->step);
-                } else {
-                    if (now - start_ms < e->t_ms) continue;
-                    snprintf(when, sizeof when, "t=%.3fs", (double)e->t_ms / 1000.0);
-                }
-                fired[i] = 1;
-                if (fire_chaos(r, e, when) && disrupted_ms < 0) disrupted_ms = now;
-            }
-        }
-        if (pl_coord_session_poll(r->session, 10) < 0) {
-            snprintf(err, sizeof err, "control server failed");
-            goto done;
-        }
-        int64_t closed_ms = pl_coord_session_take_disruption(r->session);
-        if (closed_ms >= 0 && disrupted_ms < 0) disrupted_ms = closed_ms;
-        pl_worker_event ev;
-        while (be->ops->watch(be, &ev, 0) == 1) {
-            run_worker *w = find_worker(r, ev.name);
-            if (w) w->exited = 1;
-            pl_coord_phase_t ph = pl_coord_phase(r->coord);
-            if (ph != PL_COORD_DONE && ph != PL_COORD_FAILED) {
-                const int64_t seen_ms = pl_now_ms();
-                char cause[128];
-                if (ev.end == PL_WORKER_EXITED && ev.status != 0) {
-                    same_status = !error_exits || ev.status == last_status;
-                    last_status = ev.status;
-                    error_exits++;
-                }
-                if (ev.end == PL_WORKER_EXITED)
-                    snprintf(cause, sizeof cause, "exited with status %d", ev.status);
-                else
-                    snprintf(cause, sizeof cause, "killed by signal %d", ev.signal);
-                fprintf(stderr, "pliant run: worker %s %s\n", ev.name, cause);
-                /* news only if the connection's close did not report it already */
-                if (pl_coord_session_lost(r->session, ev.name, cause) && disrupted_ms < 0)
-                    disrupted_ms = seen_ms;
-                pl_coord_session_take_disruption(r->session); /* counted above */
-            }
-        }
-        if (duration_s > 0 && pl_now_ms() - start_ms >= duration_s * 1000)
-            pl_coord_end(r->coord, "--duration reached");
-        if (pl_coord_last_checkpoint(r->coord) > ckpt_done) {
-            ckpt_done = pl_coord_last_checkpoint(r->coord);
-            if (complete_checkpoint(&job, ckpt_done, metrics, err, sizeof err))
-                fprintf(stderr, "pliant run: checkpoint of step %lld: %s\n",
-                        (long long)ckpt_done, err);
-        }
-        for (; reconfigs < pl_coord_nreconfigs(r->coord); reconfigs++) {
-            const pl_coord_reconfig_rec *x = pl_coord_reconfig(r->coord, reconfigs);
-            if (reconfigs < (int)(sizeof rec_since / sizeof rec_since[0]))
-                rec_since[reconfigs] = disrupted_ms >= 0 ? disrupted_ms : pl_now_ms();
-            disrupted_ms = -1;
-            printf("reconfigure: generation %lld at step %lld: %s; pipelines %s\n",
-                   (long long)x->generation, (long long)x->step, x->cause, x->pipelines);
-            fflush(stdout);
-        }
-        for (; printed < pl_coord_nsteps(r->coord); printed++) {
-            const pl_coord_step_rec *s = pl_coord_step_log(r->coord, printed);
-            for (; reported < reconfigs &&
-                   pl_coord_reconfig(r->coord, reported)->generation <= s->generation;
-                 reported++)
-                write_reconfig(metrics, pl_coord_reconfig(r->coord, reported),
-                               reported < (int)(sizeof rec_since / sizeof rec_since[0])
-                                   ? pl_now_ms() - rec_since[reported]
-                                   : -1);
-            double t = (pl_now_ms() / 1e3), tps = tokens_per_step / (t - last_t > 1e-9 ? t - last_t : 1e-9);
-            last_t = t;
-            int live = pl_coord_live_workers(r->coord);
-            printf("step %6lld/%d | loss %.6f | lr %.3e | norm %.4f | %8.0f tok/s | gen %lld | "
-                   "pipelines %s | workers %d\n",
-                   (long long)s->step, job.steps, s->loss, s->lr, s->norm, tps,
-                   (long long)s->generation, s->pipelines, live);
-            fflush(stdout);
-            if (metrics) {
-                fprintf(metrics,
-                        "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
-                        "\"tokens_per_second\": %.1f, \"plan_generation\": %lld, "
-                        "\"pipelines\": \"%s\", \"workers\": %d, \"samples_digest\": \"%016llx\"}\n",
-                        (long long)s->step, s->loss, s->lr, s->norm, tps,
-                        (long long)s->generation, s->pipelines, live,
-                        (unsigned long long)pl_sampler_digest(&smp, s->step, 0, job.batch.global));
-                fflush(metrics);
-            }
-        }
-        pl_coord_phase_t ph = pl_coord_phase(r->coord);
-        if (ph != last_phase && ph == PL_COORD_WAITING_FOR_NODES) {
-            printf("waiting: %s\n", pl_coord_reason(r->coord));
-            fflush(stdout);
-        }
-        last_phase = ph;
-        if ((ph == PL_COORD_DONE || ph == PL_COORD_FAILED) && !finished) {
-            finished = 1;
-            end_ms = pl_now_ms();
-        }
-        if (finished) {
-            int left = 0;
-            for (int i = 0; i < r->nw; i++) left += !r->w[i].exited;
-            if (!left || pl_now_ms() - end_ms > FINISH_GRACE_MS) break;
-        } else {
-            int left = 0;
-            for (int i = 0; i < r->nw; i++) left += !r->w[i].exited;
-            if (!left) {
-                if (error_exits == r->nw && same_status)
-                    snprintf(err, sizeof err, "every worker failed the same way (exit status %d) "
-                             "before the job finished: a bug in the job or its data, not a "
-                             "preemption; see the workers' messages above", last_status);
-                else
-                    snprintf(err, sizeof err, "every worker ended before the job finished (%s)",
-                             pl_coord_phase_name(ph));
-                goto done;
-            }
-        }
-    }
-    /* plans that never committed a step: no duration */
-    for (; reported < reconfigs; reported++)
-        write_reconfig(metrics, pl_coord_reconfig(r->coord, reported), -1);
-    {
-        const double secs = (pl_now_ms() / 1e3) - t0;
-        const int ns = pl_coord_nsteps(r->coord);
-        const double final_loss = ns ? pl_coord_step_log(r->coord, ns - 1)->loss : NAN;
-        const double tps = secs > 0 ? ns * tokens_per_step / secs : 0;
-        printf("summary: %d steps, %d reconfigurations, final loss %.6f, %.1f s, %.0f tok/s\n",
-               ns, reconfigs, final_loss, secs, tps);
-        if (metrics) {
-            fprintf(metrics, "{\"event\": \"summary\", \"steps\": %d, \"reconfigurations\": %d, "
-                             "\"final_loss\": ", ns, reconfigs);
-            if (isfinite(final_loss)) fprintf(metrics, "%.9g", final_loss);
-            else fputs("null", metrics);
-            fprintf(metrics, ", \"seconds\": %.3f, \"tokens_per_second\": %.1f}\n", secs, tps);
-            fflush(metrics);
-        }
-    }
-    if (pl_coord_phase(r->coord) == PL_COORD_DONE) {
-        printf("run: done, %d steps committed, generation %lld\n", pl_coord_nsteps(r->coord),
-               (long long)pl_coord_generation(r->coord));
-        rc = 0;
-    } else {
-        snprintf(err, sizeof err, "job failed: %s", pl_coord_reason(r->coord));
-    }
-done:
-    free(fired);
-    if (rc && err[0]) fprintf(stderr, "pliant run: %s\n", err);
-    if (metrics) fclose(metrics);
-    if (be) be->ops->destroy(be);
+/* The job from start to end: the exit status (messages printed). */
+static int run_job(run_state *r)
+{
+    char err[1024] = "";
+    int src = start_run(r, err, sizeof err);
+    if (src > 0) return 0; /* nothing to do */
+    if (!src && !run_loop(r, err, sizeof err) && !finish(r, err, sizeof err)) return 0;
+    if (err[0]) fprintf(stderr, "pliant run: %s\n", err);
+    return 1;
+}
+
+int cmd_run(int argc, char **argv)
+{
+    run_args a;
+    memset(&a, 0, sizeof a);
+    int rc = parse_args(argc, argv, &a);
+    run_state *r = rc < 0 ? calloc(1, sizeof *r) : NULL;
     if (r) {
-        pl_coord_session_free(r->session);
-        pl_coord_free(r->coord);
+        r->a = &a;
+        if ((rc = open_job(r)) < 0) rc = run_job(r);
+        if (r->metrics) fclose(r->metrics);
+        pl_local_workers_free(r->lw); /* kills and reaps the workers left */
+        pl_job_driver_free(r->drv);
+        free(r->fired);
         free(r);
+    } else if (rc < 0) {
+        fprintf(stderr, "pliant run: out of memory\n");
+        rc = 1;
     }
-    if (have_plan) pl_job_plan_free(&plan);
-    if (have_tok) pl_tokens_close(&tok);
-    pl_job_free(&job);
-    pl_chaos_free(&chaos);
+    pl_chaos_free(&a.chaos);
     return rc;
-bad:
-    fprintf(stderr, "pliant run: %s\n", err);
-    run_usage(stderr);
-    return 2;
 }

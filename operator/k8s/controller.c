@@ -10,7 +10,7 @@
 
 #include "control_server.h"
 #include "job_objects.h"
-#include "job_runtime.h"
+#include "job_driver.h"
 #include "jobspec.h"
 #include "kube_client.h"
 #include "kube_watch.h"
@@ -22,6 +22,8 @@
 #define FLUSH_MS 3000          /* a finished job's server lives on to deliver `stop` */
 #define RESYNC_MS 15000        /* every job is reconciled again this often */
 #define API_ATTEMPTS 5         /* optimistic-concurrency retries */
+#define START_GRACE_MS 20000   /* the first plan: all Pods, or after this long those running */
+#define PORT_RANGE 256         /* control ports tried from port_base (the chart's NetworkPolicy) */
 #define CONTROLLER_NAME "pliant.dev/operator"
 
 static const char *const COND_TYPES[] = {"Created",   "Running",   "Reconfiguring", "WaitingForNodes",
@@ -46,7 +48,7 @@ typedef struct cjob {
     cJSON *obj;                 /* the latest TrainingJob seen; NULL once deleted */
     pl_job spec;
     int have_spec, invalid;
-    pl_job_runtime *rt;
+    pl_job_driver *rt;          /* the job's driver (its coordinator), while it runs */
     int64_t done_ms;            /* when the runtime finished (flushing `stop`); 0: running */
     int service_ok;             /* the runtime's Service exists */
     cpod *pods;
@@ -55,8 +57,7 @@ typedef struct cjob {
     ccond cond[NCOND];
     int status_dirty;
     int64_t status_ms;
-    /* what the Events and counters already covered */
-    int steps_seen, reconfigs_seen, recovery_seen;
+    /* what the Events already covered */
     int64_t ckpt_seen;
     int reconfigs_before;       /* of runtimes that ended (a new leader, a restart) */
     int preempted, failed_pods;
@@ -206,13 +207,12 @@ static void job_stop(pl_controller *c, cjob *j)
 {
     (void)c;
     if (!j->rt) return;
-    pl_coord *co = pl_job_runtime_coord(j->rt);
+    pl_coord *co = pl_job_driver_coord(j->rt);
     j->reconfigs_before += pl_coord_nreconfigs(co);
-    pl_job_runtime_free(j->rt);
+    pl_job_driver_free(j->rt);
     j->rt = NULL;
     j->done_ms = 0;
     j->service_ok = 0;
-    j->steps_seen = j->reconfigs_seen = j->recovery_seen = 0;
 }
 
 static void job_free(pl_controller *c, cjob *j)
@@ -314,10 +314,10 @@ static cJSON *status_json(pl_controller *c, cjob *j)
     int training = 0;
     cJSON *nodes = cJSON_AddObjectToObject(s, "nodes");
     if (j->rt) {
-        pl_coord *co = pl_job_runtime_coord(j->rt);
+        pl_coord *co = pl_job_driver_coord(j->rt);
         int64_t step = pl_coord_step(co), steps = j->spec.steps;
         training = pl_coord_live_workers(co);
-        double sps = pl_job_runtime_samples_per_second(j->rt);
+        double sps = pl_job_driver_samples_per_second(j->rt);
         cJSON_AddNumberToObject(s, "step", (double)step);
         cJSON_AddNumberToObject(s, "progressPercentage", floor(100.0 * (double)step / (double)steps));
         if (sps > 0)
@@ -339,7 +339,7 @@ static cJSON *status_json(pl_controller *c, cjob *j)
             cJSON *lr = cJSON_AddObjectToObject(s, "lastReconfiguration");
             cJSON_AddStringToObject(lr, "time", j->last_reconfig_time);
             cJSON_AddStringToObject(lr, "cause", x->cause);
-            int64_t ms = pl_job_runtime_recovery_ms(j->rt, nr - 1);
+            int64_t ms = pl_job_driver_recovery_ms(j->rt, nr - 1);
             if (ms >= 0) cJSON_AddNumberToObject(lr, "durationSeconds", (double)ms / 1000.0);
             cJSON_AddNumberToObject(lr, "bytesCopied", (double)x->bytes_copied);
             cJSON_AddBoolToObject(lr, "fromCheckpoint", x->from_checkpoint);
@@ -426,45 +426,66 @@ static void name_events(pl_controller *c, cjob *j, const char *list, const char 
               "worker %s %s", n, strcmp(reason, "NodeLost") ? "joined" : "left the job");
 }
 
-/* Events, status, metrics from the coordinator's logs since the last look. */
-static void observe(pl_controller *c, cjob *j)
+/* A new plan: Events for the workers it removed and added and for itself. */
+static void observe_reconfig(pl_controller *c, cjob *j, const pl_coord_reconfig_rec *x,
+                             const char *lab)
 {
-    pl_coord *co = pl_job_runtime_coord(j->rt);
+    now_rfc3339(j->last_reconfig_time, sizeof j->last_reconfig_time);
+    name_events(c, j, x->removed, "NodeLost", "RemoveNode");
+    name_events(c, j, x->added, "NodeAdded", "AddNode");
+    event(c, j, "Normal", "Reconfigured", "Reconfigure",
+          "generation %lld at step %lld: %s; pipelines %s%s", (long long)x->generation,
+          (long long)x->step, x->cause, x->pipelines,
+          x->from_checkpoint ? " (from the checkpoint)" : "");
+    if (c->cfg.metrics)
+        pl_metrics_counter_add(c->cfg.metrics, "pliant_reconfigurations_total", "Plan changes",
+                               lab, 1);
+    j->status_dirty = 1;
+}
+
+/* Events and metrics from what the driver reports since the last look. */
+static void observe_driver(pl_controller *c, cjob *j, const char *lab)
+{
     pl_metrics *m = c->cfg.metrics;
-    char lab[600];
-    snprintf(lab, sizeof lab, "namespace=\"%s\",job=\"%s\"", j->ns, j->name);
-    int ns = pl_coord_nsteps(co);
-    if (ns > j->steps_seen) {
+    int steps = 0;
+    pl_job_driver_event ev;
+    while (pl_job_driver_next(j->rt, &ev)) {
+        switch (ev.kind) {
+        case PL_JOB_DRIVER_STEP: steps++; break;
+        case PL_JOB_DRIVER_RECONFIG:
+            observe_reconfig(c, j, pl_coord_reconfig(pl_job_driver_coord(j->rt), ev.index), lab);
+            break;
+        case PL_JOB_DRIVER_RECOVERED:
+            if (m)
+                pl_metrics_histogram_observe(m, "pliant_recovery_seconds",
+                                             "Failure to the next committed step", NULL,
+                                             ev.ms / 1000.0);
+            j->status_dirty = 1;
+            break;
+        case PL_JOB_DRIVER_CHECKPOINT:
+            if (ev.error)
+                logf_("%s: checkpoint of step %lld: %s", j->key, (long long)ev.step, ev.error);
+            break;
+        }
+    }
+    if (steps > 0) {
         if (m) {
             pl_metrics_counter_add(m, "pliant_steps_total", "Committed training steps", lab,
-                                   ns - j->steps_seen);
+                                   steps);
             pl_metrics_gauge_set(m, "pliant_samples_per_second", "Training throughput", lab,
-                                 pl_job_runtime_samples_per_second(j->rt));
+                                 pl_job_driver_samples_per_second(j->rt));
         }
-        j->steps_seen = ns;
         if (pl_now_ms() - j->status_ms >= STATUS_EVERY_MS) j->status_dirty = 1;
     }
-    for (; j->reconfigs_seen < pl_coord_nreconfigs(co); j->reconfigs_seen++) {
-        const pl_coord_reconfig_rec *x = pl_coord_reconfig(co, j->reconfigs_seen);
-        now_rfc3339(j->last_reconfig_time, sizeof j->last_reconfig_time);
-        name_events(c, j, x->removed, "NodeLost", "RemoveNode");
-        name_events(c, j, x->added, "NodeAdded", "AddNode");
-        event(c, j, "Normal", "Reconfigured", "Reconfigure",
-              "generation %lld at step %lld: %s; pipelines %s%s", (long long)x->generation,
-              (long long)x->step, x->cause, x->pipelines,
-              x->from_checkpoint ? " (from the checkpoint)" : "");
-        if (m)
-            pl_metrics_counter_add(m, "pliant_reconfigurations_total", "Plan changes", lab, 1);
-        j->status_dirty = 1;
-    }
-    for (; j->recovery_seen < j->reconfigs_seen; j->recovery_seen++) {
-        int64_t ms = pl_job_runtime_recovery_ms(j->rt, j->recovery_seen);
-        if (ms < 0) break;
-        if (m)
-            pl_metrics_histogram_observe(m, "pliant_recovery_seconds",
-                                         "Failure to the next committed step", NULL, ms / 1000.0);
-        j->status_dirty = 1;
-    }
+}
+
+/* Events, status, metrics from the driver and the coordinator since the last look. */
+static void observe(pl_controller *c, cjob *j)
+{
+    pl_coord *co = pl_job_driver_coord(j->rt);
+    char lab[600];
+    snprintf(lab, sizeof lab, "namespace=\"%s\",job=\"%s\"", j->ns, j->name);
+    observe_driver(c, j, lab);
     if (pl_coord_last_checkpoint(co) > j->ckpt_seen) {
         j->ckpt_seen = pl_coord_last_checkpoint(co);
         now_rfc3339(j->last_ckpt_time, sizeof j->last_ckpt_time);
@@ -592,7 +613,7 @@ static void pod_event(pl_controller *c, pl_watch_event ev, const cJSON *pod)
     const char *node = pl_kube_field(pod, "spec.nodeName");
     if (node && !p->zone[0] && ev != PL_WATCH_DELETED) {
         snprintf(p->zone, sizeof p->zone, "%s", node_zone(c, node));
-        if (j->rt && p->zone[0]) pl_job_runtime_set_zone(j->rt, name, p->zone);
+        if (j->rt && p->zone[0]) pl_job_driver_set_zone(j->rt, name, p->zone);
     }
     const char *phase = pl_kube_field(pod, "status.phase");
     if (strcmp(p->phase, phase ? phase : "Pending")) j->status_dirty = 1; /* nodes.running */
@@ -620,7 +641,7 @@ static void pod_event(pl_controller *c, pl_watch_event ev, const cJSON *pod)
         p->gone_reported = 1;
         char cause[96];
         snprintf(cause, sizeof cause, "pod %s", ev == PL_WATCH_DELETED ? "deleted" : p->phase);
-        pl_job_runtime_worker_gone(j->rt, name, cause);
+        pl_job_driver_worker_gone(j->rt, name, cause);
     }
     if (ev == PL_WATCH_DELETED) {
         *pp = p->next;
@@ -730,7 +751,7 @@ static const char *coordinator_host(const pl_controller *c, const cjob *j, char 
 /* A new leader (the Secret exists): the same control port (the Service's, which
  * the workers reconnect to), and, when the job was training, the plan of its
  * status to take over. */
-static void restore_config(pl_controller *c, cjob *j, pl_job_runtime_config *rc, pl_msg *plan)
+static void restore_config(pl_controller *c, cjob *j, pl_job_driver_config *rc, pl_msg *plan)
 {
     char svc[300];
     pl_job_service_name(j->obj, svc, sizeof svc);
@@ -781,6 +802,17 @@ static void restore_config(pl_controller *c, cjob *j, pl_job_runtime_config *rc,
     if (st0) snprintf(j->start_time, sizeof j->start_time, "%s", st0);
 }
 
+/* A job's driver, started: NULL and err when the job cannot run. */
+static pl_job_driver *start_driver(const pl_job_driver_config *cfg, char *err, size_t errlen)
+{
+    pl_job_driver *d = pl_job_driver_new(cfg, err, errlen);
+    if (d && pl_job_driver_start(d, err, errlen)) {
+        pl_job_driver_free(d);
+        d = NULL;
+    }
+    return d;
+}
+
 /* The runtime: token and certificate from the Secret when it exists (a new
  * leader), else fresh ones, put into a new Secret. */
 static int start_runtime(pl_controller *c, cjob *j)
@@ -797,22 +829,24 @@ static int start_runtime(pl_controller *c, cjob *j)
     char host[600];
     char *token = secret_field(secret, "token"), *cert = secret_field(secret, "ca.crt"),
          *key = secret_field(secret, "tls.key"), *text = manifest_text(j->obj);
-    pl_job_runtime_config rc = {.manifest = text, .bind_host = c->cfg.bind_host,
-                                .cert_host = coordinator_host(c, j, host, sizeof host),
-                                .token = token,
-                                .cert_pem = cert, .key_pem = key,
-                                .n_start = j->spec.nodes.max > 0 ? j->spec.nodes.max
-                                                                 : j->spec.nodes.min,
-                                .port_base = c->cfg.port_base};
+    pl_job_driver_config rc = {.manifest = text,
+                               .bind_host = c->cfg.bind_host ? c->cfg.bind_host : "0.0.0.0",
+                               .cert_host = coordinator_host(c, j, host, sizeof host),
+                               .token = token,
+                               .cert_pem = cert, .key_pem = key,
+                               .n_start = j->spec.nodes.max > 0 ? j->spec.nodes.max
+                                                                : j->spec.nodes.min,
+                               .start_grace_ms = START_GRACE_MS,
+                               .port_base = c->cfg.port_base, .ports = PORT_RANGE};
     pl_msg plan; /* its pipelines: the plan a new leader takes over */
     pl_msg_init(&plan, PL_MSG_PLAN, 0);
     if (secret) restore_config(c, j, &rc, &plan);
     char err[1024] = "";
-    j->rt = text ? pl_job_runtime_new(&rc, err, sizeof err) : NULL;
+    j->rt = text ? start_driver(&rc, err, sizeof err) : NULL;
     if (!j->rt && rc.npipes) { /* cannot take over (the port is taken): start afresh */
         logf_("%s: %s; starting a new plan", j->key, err);
         rc.npipes = rc.port = 0;
-        j->rt = pl_job_runtime_new(&rc, err, sizeof err);
+        j->rt = start_driver(&rc, err, sizeof err);
     } else if (j->rt && rc.npipes) {
         logf_("%s: taking over generation %lld at step %lld on port %d", j->key,
               (long long)rc.generation, (long long)rc.step, rc.port);
@@ -834,10 +868,10 @@ static int start_runtime(pl_controller *c, cjob *j)
     }
     if (!secret) {
         pl_job_objects o = {j->obj, &j->spec, c->cfg.worker_image, c->cfg.worker_command, ""};
-        char *pem = pl_job_runtime_cert_pem(j->rt), *kpem = pl_job_runtime_key_pem(j->rt);
+        char *pem = pl_job_driver_cert_pem(j->rt), *kpem = pl_job_driver_key_pem(j->rt);
         int crc = pem && kpem
                       ? create_owned(c, j, "secrets",
-                                     pl_job_secret(&o, pl_job_runtime_token(j->rt), pem, kpem))
+                                     pl_job_secret(&o, pl_job_driver_token(j->rt), pem, kpem))
                       : -1;
         free(pem);
         free(kpem);
@@ -846,9 +880,9 @@ static int start_runtime(pl_controller *c, cjob *j)
             return -1;
         }
     }
-    set_cond(j, "Created", 1, "Created", "coordinator on port %d", pl_job_runtime_port(j->rt));
+    set_cond(j, "Created", 1, "Created", "coordinator on port %d", pl_job_driver_port(j->rt));
     for (const cpod *p = j->pods; p; p = p->next)
-        if (p->zone[0]) pl_job_runtime_set_zone(j->rt, p->name, p->zone);
+        if (p->zone[0]) pl_job_driver_set_zone(j->rt, p->name, p->zone);
     if (c->cfg.metrics) { /* counters exist from the start (Prometheus practice) */
         char lab[600];
         snprintf(lab, sizeof lab, "namespace=\"%s\",job=\"%s\"", j->ns, j->name);
@@ -857,7 +891,7 @@ static int start_runtime(pl_controller *c, cjob *j)
         pl_metrics_counter_add(c->cfg.metrics, "pliant_steps_total", "Committed training steps",
                                lab, 0);
     }
-    logf_("%s: coordinator on %s:%d", j->key, rc.cert_host, pl_job_runtime_port(j->rt));
+    logf_("%s: coordinator on %s:%d", j->key, rc.cert_host, pl_job_driver_port(j->rt));
     return 0;
 }
 
@@ -877,7 +911,7 @@ static int ensure_pods(pl_controller *c, cjob *j)
     char coord[700];
     char host[600];
     snprintf(coord, sizeof coord, "%s:%d", coordinator_host(c, j, host, sizeof host),
-             pl_job_runtime_port(j->rt));
+             pl_job_driver_port(j->rt));
     pl_job_objects o = {j->obj, &j->spec, c->cfg.worker_image, c->cfg.worker_command, coord};
     for (; live < desired; live++) {
         int rc, k;
@@ -968,7 +1002,7 @@ static int reconcile(pl_controller *c, cjob *j)
     int64_t deadline = run_policy_int(j, "activeDeadlineSeconds");
     time_t started = parse_rfc3339(j->start_time);
     if (j->rt && deadline >= 0 && started && time(NULL) > started + deadline) {
-        pl_coord_end(pl_job_runtime_coord(j->rt), "activeDeadlineSeconds passed");
+        pl_coord_end(pl_job_driver_coord(j->rt), "activeDeadlineSeconds passed");
         set_phase(j, "Failed", "DeadlineExceeded", "spec.runPolicy.activeDeadlineSeconds passed");
         event(c, j, "Warning", "Failed", "Deadline", "activeDeadlineSeconds (%lld) passed",
               (long long)deadline);
@@ -980,7 +1014,7 @@ static int reconcile(pl_controller *c, cjob *j)
     if (!j->rt) return write_status(c, j); /* it cannot start: Failed */
     if (!j->service_ok) { /* once per runtime: not a request on every reconcile */
         pl_job_objects o = {j->obj, &j->spec, c->cfg.worker_image, c->cfg.worker_command, ""};
-        if (create_owned(c, j, "services", pl_job_service(&o, pl_job_runtime_port(j->rt))) < 0)
+        if (create_owned(c, j, "services", pl_job_service(&o, pl_job_driver_port(j->rt))) < 0)
             return -1;
         j->service_ok = 1;
     }
@@ -1051,7 +1085,8 @@ int pl_controller_run(pl_controller *c, const atomic_int *stop, char *err, size_
         for (cjob *j = c->jobs; j; j = j->next) {
             if (!j->rt) continue;
             int wait = pl_workqueue_len(c->q) ? 0 : LOOP_MS / nrt;
-            if (pl_job_runtime_poll(j->rt, wait)) logf_("%s: control server failed", j->key);
+            char why[256];
+            if (pl_job_driver_poll(j->rt, wait, why, sizeof why)) logf_("%s: %s", j->key, why);
             observe(c, j);
         }
         char key[512];

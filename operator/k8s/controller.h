@@ -3,7 +3,7 @@
  * label) on their own threads feed one loop that owns everything else — a
  * work queue keyed by job with back-off on errors, an idempotent reconcile
  * (Secret, Service, worker Pods, clean-up, suspend, deadlines, TTL), and for
- * each running job its coordinator (job_runtime.h) served in the same loop.
+ * each running job its coordinator (job_driver.h) served in the same loop.
  * Status goes through the /status subresource (merge patch), Events through
  * events.k8s.io/v1. A deleted or failed Pod is the loss of that node; Pods
  * stopped by a disruption (condition DisruptionTarget, node gone) count as

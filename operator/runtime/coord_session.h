@@ -2,8 +2,8 @@
  * the table of workers and their connections, registrations (refused with a
  * reason, or given to the coordinator with their zone), messages in, the
  * coordinator's messages out, a closed connection as the loss of its worker.
- * What `pliant run` and the operator's job runtime share. Single-threaded, as
- * the server. */
+ * The job driver's (job_driver.h), for `pliant run` and the operator alike.
+ * Single-threaded, as the server. */
 #ifndef PLIANT_COORD_SESSION_H
 #define PLIANT_COORD_SESSION_H
 

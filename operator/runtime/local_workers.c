@@ -1,5 +1,5 @@
-/* The local backend: workers are child processes, each watched through a
- * pidfd so that the controller's loop can wait on them with a timeout. */
+/* Local workers (local_workers.h): child processes, each watched through a pidfd
+ * so that `pliant run`'s loop can wait on them with a timeout. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -12,7 +12,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
-#include "backend.h"
+#include "local_workers.h"
 #include "util.h"
 
 extern char **environ;
@@ -23,16 +23,15 @@ typedef struct {
     int pidfd;
 } child;
 
-typedef struct {
-    pl_backend base;
+struct pl_local_workers {
     child *kids;
     int n, cap;
-} local_backend;
+};
 
-static child *find(local_backend *lb, const char *name)
+static child *find(pl_local_workers *lw, const char *name)
 {
-    for (int i = 0; i < lb->n; i++)
-        if (!strcmp(lb->kids[i].name, name)) return &lb->kids[i];
+    for (int i = 0; i < lw->n; i++)
+        if (!strcmp(lw->kids[i].name, name)) return &lw->kids[i];
     return NULL;
 }
 
@@ -56,19 +55,19 @@ static char **merged_env(char *const *extra)
     return env;
 }
 
-static int local_create(pl_backend *b, const pl_worker_spec *w, char *err, size_t errlen)
+int pl_local_workers_start(pl_local_workers *lw, const pl_worker_spec *w, char *err,
+                           size_t errlen)
 {
-    local_backend *lb = (local_backend *)b;
-    if (!w->name[0] || find(lb, w->name))
+    if (!w->name[0] || find(lw, w->name))
         return pl_errf(err, errlen, "worker \"%s\": %s", w->name,
                        w->name[0] ? "a worker of that name is already running" : "empty name");
     if (!w->argv || !w->argv[0]) return pl_errf(err, errlen, "worker \"%s\": no command", w->name);
-    if (lb->n == lb->cap) {
-        int cap = lb->cap ? 2 * lb->cap : 16;
-        child *grown = realloc(lb->kids, (size_t)cap * sizeof *grown);
+    if (lw->n == lw->cap) {
+        int cap = lw->cap ? 2 * lw->cap : 16;
+        child *grown = realloc(lw->kids, (size_t)cap * sizeof *grown);
         if (!grown) return pl_errf(err, errlen, "worker \"%s\": out of memory", w->name);
-        lb->kids = grown;
-        lb->cap = cap;
+        lw->kids = grown;
+        lw->cap = cap;
     }
     char **env = merged_env(w->env);
     int logfd = w->log_path ? open(w->log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) : -1;
@@ -119,7 +118,7 @@ static int local_create(pl_backend *b, const pl_worker_spec *w, char *err, size_
         waitpid(pid, NULL, 0);
         return pl_errf(err, errlen, "worker \"%s\": pidfd_open: %s", w->name, strerror(e));
     }
-    child *c = &lb->kids[lb->n++];
+    child *c = &lw->kids[lw->n++];
     snprintf(c->name, sizeof c->name, "%s", w->name);
     c->pid = pid;
     c->pidfd = pidfd;
@@ -128,9 +127,10 @@ static int local_create(pl_backend *b, const pl_worker_spec *w, char *err, size_
 
 /* Signals go to the worker's whole process group (everything on a "node"
  * dies with it); the group id stays valid until we reap the leader. */
-static int local_signal(pl_backend *b, const char *name, int sig, char *err, size_t errlen)
+int pl_local_workers_signal(pl_local_workers *lw, const char *name, int sig, char *err,
+                            size_t errlen)
 {
-    child *c = find((local_backend *)b, name);
+    child *c = find(lw, name);
     if (!c) return pl_errf(err, errlen, "worker \"%s\": not running", name);
     if (kill(-c->pid, sig) && pidfd_send_signal(c->pidfd, sig, NULL, 0))
         return pl_errf(err, errlen, "worker \"%s\": signal %d: %s", name, sig, strerror(errno));
@@ -138,14 +138,14 @@ static int local_signal(pl_backend *b, const char *name, int sig, char *err, siz
 }
 
 /* Reaps child i (its pidfd is readable) into ev and drops it from the table. */
-static void reap(local_backend *lb, int i, pl_worker_event *ev)
+static void reap(pl_local_workers *lw, int i, pl_worker_event *ev)
 {
-    child c = lb->kids[i];
+    child c = lw->kids[i];
     int status = 0;
     while (waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
     }
     close(c.pidfd);
-    lb->kids[i] = lb->kids[--lb->n];
+    lw->kids[i] = lw->kids[--lw->n];
     memset(ev, 0, sizeof *ev);
     snprintf(ev->name, sizeof ev->name, "%s", c.name);
     if (WIFSIGNALED(status)) {
@@ -157,55 +157,47 @@ static void reap(local_backend *lb, int i, pl_worker_event *ev)
     }
 }
 
-static int local_watch(pl_backend *b, pl_worker_event *ev, int timeout_ms)
+int pl_local_workers_wait(pl_local_workers *lw, pl_worker_event *ev, int timeout_ms)
 {
-    local_backend *lb = (local_backend *)b;
-    if (lb->n == 0) {
+    if (lw->n == 0) {
         if (timeout_ms > 0) poll(NULL, 0, timeout_ms);
         return 0;
     }
-    struct pollfd *fds = calloc((size_t)lb->n, sizeof *fds);
+    struct pollfd *fds = calloc((size_t)lw->n, sizeof *fds);
     if (!fds) return -1;
-    for (int i = 0; i < lb->n; i++) fds[i] = (struct pollfd){.fd = lb->kids[i].pidfd, .events = POLLIN};
+    for (int i = 0; i < lw->n; i++) fds[i] = (struct pollfd){.fd = lw->kids[i].pidfd, .events = POLLIN};
     int r;
-    while ((r = poll(fds, (nfds_t)lb->n, timeout_ms)) < 0 && errno == EINTR) {
+    while ((r = poll(fds, (nfds_t)lw->n, timeout_ms)) < 0 && errno == EINTR) {
     }
     int found = -1;
-    for (int i = 0; r > 0 && i < lb->n && found < 0; i++)
+    for (int i = 0; r > 0 && i < lw->n && found < 0; i++)
         if (fds[i].revents) found = i;
     free(fds);
     if (r < 0) return -1;
     if (found < 0) return 0;
-    reap(lb, found, ev);
+    reap(lw, found, ev);
     return 1;
 }
 
-static int local_count(const pl_backend *b)
+int pl_local_workers_count(const pl_local_workers *lw)
 {
-    return ((const local_backend *)b)->n;
+    return lw->n;
 }
 
-static void local_destroy(pl_backend *b)
+void pl_local_workers_free(pl_local_workers *lw)
 {
-    local_backend *lb = (local_backend *)b;
-    for (int i = 0; i < lb->n; i++)
-        if (kill(-lb->kids[i].pid, SIGKILL)) pidfd_send_signal(lb->kids[i].pidfd, SIGKILL, NULL, 0);
+    if (!lw) return;
+    for (int i = 0; i < lw->n; i++)
+        if (kill(-lw->kids[i].pid, SIGKILL)) pidfd_send_signal(lw->kids[i].pidfd, SIGKILL, NULL, 0);
     pl_worker_event ev;
-    while (lb->n) reap(lb, lb->n - 1, &ev);
-    free(lb->kids);
-    free(lb);
+    while (lw->n) reap(lw, lw->n - 1, &ev);
+    free(lw->kids);
+    free(lw);
 }
 
-static const pl_backend_ops LOCAL_OPS = {local_create, local_signal, local_watch, local_count,
-                                         local_destroy};
-
-pl_backend *pl_backend_local_new(char *err, size_t errlen)
+pl_local_workers *pl_local_workers_new(char *err, size_t errlen)
 {
-    local_backend *lb = calloc(1, sizeof *lb);
-    if (!lb) {
-        pl_errf(err, errlen, "backend: out of memory");
-        return NULL;
-    }
-    lb->base.ops = &LOCAL_OPS;
-    return &lb->base;
+    pl_local_workers *lw = calloc(1, sizeof *lw);
+    if (!lw) pl_errf(err, errlen, "local workers: out of memory");
+    return lw;
 }

@@ -1,0 +1,282 @@
+/* The job driver (job_driver.h): what `pliant run` and the operator do around the
+ * coordinator for one TrainingJob — set-up (job, plan, resume step, token, TLS,
+ * control server, a plan taken over), and in every poll the checkpoints to
+ * complete and the disruption, reconfiguration and commit times that make the
+ * recovery times and the throughput. */
+#include "job_driver.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "coord_session.h"
+#include "job_plan.h"
+#include "tls_selfsigned.h"
+#include "util.h"
+
+#define MAX_RECONFIGS 4096 /* with recovery times; later ones have none */
+#define RATE_STEPS 8       /* samples/s over this many last commits */
+#define RESUME_MS 15000    /* a restored plan waits this long for its workers to reconnect */
+
+struct pl_job_driver {
+    pl_job_driver_config cfg;
+    pl_job job;
+    pl_job_plan plan;
+    int have_plan, started;
+    int64_t resume_step;
+    pl_coord *coord;
+    pl_coord_session *session;       /* the control server and its workers */
+    pl_tls_selfsigned tls;
+    char token[65];
+    /* checkpoints: completed (checkpoint.json written or failed), reported */
+    int64_t ckpt_done, ckpt_reported;
+    char ckpt_err[512];
+    /* recovery: the first loss since the last plan; per reconfiguration the time of
+     * its failure, its recovery and the step record that ended it */
+    int64_t disrupted_ms;            /* -1: none */
+    int64_t since[MAX_RECONFIGS], recovery[MAX_RECONFIGS];
+    int recovered_by[MAX_RECONFIGS];
+    int nrec_seen, nsteps_seen, nrecovered;
+    /* what pl_job_driver_next gave */
+    int rec_reported, steps_reported, recovered_reported;
+    int64_t step_ms[RATE_STEPS];     /* times of the last commits, newest first */
+    int nstep_ms;
+};
+
+pl_job_driver *pl_job_driver_new(const pl_job_driver_config *cfg, char *err, size_t errlen)
+{
+    pl_job_driver *d = calloc(1, sizeof *d);
+    if (!d) {
+        pl_errf(err, errlen, "out of memory");
+        return NULL;
+    }
+    d->cfg = *cfg;
+    d->disrupted_ms = -1;
+    for (int i = 0; i < MAX_RECONFIGS; i++) d->recovery[i] = -1;
+    if (cfg->manifest ? pl_job_parse(cfg->manifest, NULL, &d->job, err, errlen)
+                      : pl_job_load(cfg->path, &d->job, err, errlen)) {
+        free(d);
+        return NULL;
+    }
+    if (cfg->steps > 0) d->job.steps = cfg->steps;
+    if (cfg->gpus_per_node > 0) d->job.nodes.gpus_per_node = cfg->gpus_per_node;
+    if (cfg->checkpoint_dir &&
+        pl_pathf(d->job.checkpoint.dir, sizeof d->job.checkpoint.dir, err, errlen, "%s",
+                 cfg->checkpoint_dir)) {
+        pl_job_driver_free(d);
+        return NULL;
+    }
+    return d;
+}
+
+void pl_job_driver_free(pl_job_driver *d)
+{
+    if (!d) return;
+    pl_coord_session_free(d->session); /* before the coordinator it reports to */
+    pl_coord_free(d->coord);
+    pl_tls_selfsigned_remove(&d->tls);
+    if (d->have_plan) pl_job_plan_free(&d->plan);
+    pl_job_free(&d->job);
+    free(d);
+}
+
+/* cert_pem + key_pem written into a private directory, as the server wants files. */
+static int write_tls(pl_tls_selfsigned *t, const char *cert_pem, const char *key_pem, char *err,
+                     size_t errlen)
+{
+    memset(t, 0, sizeof *t);
+    snprintf(t->dir, sizeof t->dir, "/tmp/pliant-job-tls-XXXXXX");
+    if (!mkdtemp(t->dir)) return pl_errf(err, errlen, "mkdtemp: %s", strerror(errno));
+    snprintf(t->cert_path, sizeof t->cert_path, "%s/cert.pem", t->dir);
+    snprintf(t->key_path, sizeof t->key_path, "%s/key.pem", t->dir);
+    if (pl_write_atomic(t->cert_path, &(pl_piece){cert_pem, strlen(cert_pem)}, 1, err, errlen) ||
+        pl_write_atomic(t->key_path, &(pl_piece){key_pem, strlen(key_pem)}, 1, err, errlen) ||
+        chmod(t->key_path, 0600)) {
+        pl_tls_selfsigned_remove(t);
+        return err[0] ? -1 : pl_errf(err, errlen, "cannot write the job's key");
+    }
+    return 0;
+}
+
+/* The coordinator, and the running plan it takes over when there is one. */
+static int start_coord(pl_job_driver *d, char *err, size_t errlen)
+{
+    const pl_job_driver_config *cfg = &d->cfg;
+    pl_coord_config cc = pl_job_coord_config(&d->job, &d->plan, cfg->n_start, d->resume_step);
+    cc.start_grace_ms = cfg->start_grace_ms;
+    if (!(d->coord = pl_coord_new(&cc, err, errlen))) return -1;
+    if (cfg->npipes > 0 &&
+        pl_coord_restore(d->coord, cfg->generation, cfg->step, cfg->pipes, cfg->npipes,
+                         RESUME_MS) != PL_COORD_OK)
+        return pl_errf(err, errlen, "restoring the plan: %s", pl_coord_error(d->coord));
+    return 0;
+}
+
+/* The token, the certificate and the control server in front of the coordinator. */
+static int start_server(pl_job_driver *d, char *err, size_t errlen)
+{
+    const pl_job_driver_config *cfg = &d->cfg;
+    if (cfg->token) snprintf(d->token, sizeof d->token, "%s", cfg->token);
+    else if (pl_random_hex(d->token, 32))
+        return pl_errf(err, errlen, "no random bytes for the job token");
+    if (cfg->cert_pem && cfg->key_pem
+            ? write_tls(&d->tls, cfg->cert_pem, cfg->key_pem, err, errlen)
+            : pl_tls_selfsigned_create(&d->tls, cfg->cert_host, 0, NULL, err, errlen))
+        return -1;
+    pl_coord_session_config sc = {
+        .coord = d->coord, .job = d->job.name, .admit = cfg->admit, .user = cfg->user,
+        .server = {.host = cfg->bind_host ? cfg->bind_host : "127.0.0.1",
+                   .port = cfg->port ? cfg->port : cfg->port_base,
+                   .cert_path = d->tls.cert_path, .key_path = d->tls.key_path,
+                   .token = d->token, .token_len = strlen(d->token)},
+        .ports = cfg->port == 0 && cfg->port_base > 0 ? cfg->ports : 1};
+    return (d->session = pl_coord_session_new(&sc, err, errlen)) ? 0 : -1;
+}
+
+int pl_job_driver_start(pl_job_driver *d, char *err, size_t errlen)
+{
+    if (d->started) return pl_errf(err, errlen, "job driver: started already");
+    d->started = 1;
+    int nmax = d->job.nodes.max > d->cfg.n_start ? d->job.nodes.max : d->cfg.n_start;
+    if (pl_job_plan_init(&d->plan, &d->job, nmax, err, errlen)) return -1;
+    d->have_plan = 1;
+    if (pl_job_resume_step(&d->job, &d->resume_step, err, errlen)) return -1;
+    if (d->resume_step >= d->job.steps) {
+        pl_errf(err, errlen, "the checkpoint of step %lld in %s is the last step",
+                (long long)d->resume_step, d->job.checkpoint.dir);
+        return 1;
+    }
+    d->ckpt_done = d->ckpt_reported = d->resume_step;
+    return start_coord(d, err, errlen) || start_server(d, err, errlen) ? -1 : 0;
+}
+
+/* The session's first loss since the last look, unless an earlier one is pending. */
+static void take_disruption(pl_job_driver *d)
+{
+    pl_job_driver_disrupted(d, pl_coord_session_take_disruption(d->session));
+}
+
+void pl_job_driver_disrupted(pl_job_driver *d, int64_t at_ms)
+{
+    if (at_ms >= 0 && d->disrupted_ms < 0) d->disrupted_ms = at_ms;
+}
+
+/* New reconfigurations take the pending failure's time; a commit by their plan ends them. */
+static void track_recovery(pl_job_driver *d)
+{
+    int64_t now = pl_now_ms();
+    take_disruption(d);
+    for (; d->nrec_seen < pl_coord_nreconfigs(d->coord); d->nrec_seen++) {
+        if (d->nrec_seen < MAX_RECONFIGS)
+            d->since[d->nrec_seen] = d->disrupted_ms >= 0 ? d->disrupted_ms : now;
+        d->disrupted_ms = -1;
+    }
+    for (; d->nsteps_seen < pl_coord_nsteps(d->coord); d->nsteps_seen++) {
+        const pl_coord_step_rec *s = pl_coord_step_log(d->coord, d->nsteps_seen);
+        for (; d->nrecovered < d->nrec_seen && d->nrecovered < MAX_RECONFIGS &&
+               pl_coord_reconfig(d->coord, d->nrecovered)->generation <= s->generation;
+             d->nrecovered++) {
+            d->recovery[d->nrecovered] = now - d->since[d->nrecovered];
+            d->recovered_by[d->nrecovered] = d->nsteps_seen;
+        }
+        memmove(d->step_ms + 1, d->step_ms, sizeof d->step_ms - sizeof d->step_ms[0]);
+        d->step_ms[0] = now;
+        if (d->nstep_ms < RATE_STEPS) d->nstep_ms++;
+    }
+}
+
+/* Every layer of the newest checkpoint is written: its checkpoint.json marks it complete. */
+static void complete_checkpoint(pl_job_driver *d)
+{
+    if (pl_coord_last_checkpoint(d->coord) <= d->ckpt_done) return;
+    d->ckpt_done = pl_coord_last_checkpoint(d->coord);
+    d->ckpt_err[0] = 0;
+    pl_job_complete_checkpoint(&d->job, d->ckpt_done, d->ckpt_err, sizeof d->ckpt_err);
+}
+
+int pl_job_driver_poll(pl_job_driver *d, int timeout_ms, char *err, size_t errlen)
+{
+    if (pl_coord_session_poll(d->session, timeout_ms) < 0)
+        return pl_errf(err, errlen, "control server failed");
+    complete_checkpoint(d);
+    track_recovery(d);
+    return 0;
+}
+
+int pl_job_driver_worker_gone(pl_job_driver *d, const char *name, const char *cause)
+{
+    int news = pl_coord_session_lost(d->session, name, cause);
+    take_disruption(d);
+    return news;
+}
+
+void pl_job_driver_set_zone(pl_job_driver *d, const char *name, const char *zone)
+{
+    pl_coord_session_set_zone(d->session, name, zone);
+}
+
+int pl_job_driver_next(pl_job_driver *d, pl_job_driver_event *ev)
+{
+    memset(ev, 0, sizeof *ev);
+    if (d->ckpt_reported < d->ckpt_done) {
+        d->ckpt_reported = d->ckpt_done;
+        *ev = (pl_job_driver_event){.kind = PL_JOB_DRIVER_CHECKPOINT, .step = d->ckpt_done,
+                                    .error = d->ckpt_err[0] ? d->ckpt_err : NULL};
+        return 1;
+    }
+    if (d->rec_reported < d->nrec_seen) {
+        *ev = (pl_job_driver_event){.kind = PL_JOB_DRIVER_RECONFIG, .index = d->rec_reported++};
+        return 1;
+    }
+    if (d->steps_reported >= d->nsteps_seen) return 0;
+    int j = d->recovered_reported;
+    if (j < d->nrecovered && d->recovered_by[j] <= d->steps_reported) {
+        *ev = (pl_job_driver_event){.kind = PL_JOB_DRIVER_RECOVERED, .index = j,
+                                    .ms = d->recovery[j]};
+        d->recovered_reported++;
+        return 1;
+    }
+    *ev = (pl_job_driver_event){.kind = PL_JOB_DRIVER_STEP, .index = d->steps_reported++};
+    return 1;
+}
+
+const pl_job *pl_job_driver_job(const pl_job_driver *d) { return &d->job; }
+int64_t pl_job_driver_resume_step(const pl_job_driver *d) { return d->resume_step; }
+pl_coord *pl_job_driver_coord(pl_job_driver *d) { return d->coord; }
+
+int pl_job_driver_port(const pl_job_driver *d)
+{
+    return pl_ctl_server_port(pl_coord_session_server(d->session));
+}
+
+const char *pl_job_driver_token(const pl_job_driver *d) { return d->token; }
+const char *pl_job_driver_cert_path(const pl_job_driver *d) { return d->tls.cert_path; }
+
+char *pl_job_driver_cert_pem(const pl_job_driver *d)
+{
+    return pl_read_file(d->tls.cert_path, NULL, 0);
+}
+
+char *pl_job_driver_key_pem(const pl_job_driver *d)
+{
+    return pl_read_file(d->tls.key_path, NULL, 0);
+}
+
+int64_t pl_job_driver_recovery_ms(const pl_job_driver *d, int i)
+{
+    return i >= 0 && i < MAX_RECONFIGS ? d->recovery[i] : -1;
+}
+
+double pl_job_driver_samples_per_second(const pl_job_driver *d)
+{
+    if (d->nstep_ms < 2) return 0;
+    int64_t span = d->step_ms[0] - d->step_ms[d->nstep_ms - 1];
+    return span > 0 ? 1000.0 * (d->nstep_ms - 1) * d->job.batch.global / (double)span : 0;
+}
+
+int pl_job_driver_connected(const pl_job_driver *d)
+{
+    return pl_coord_session_connected(d->session);
+}
