@@ -687,36 +687,31 @@ static int dec_entries(const cJSON *arr, const char *key, const char *const *key
     return 0;
 }
 
+/* The entries of "peers", "copies" and "sends": nonzero on error. */
 static int dec_peer(const cJSON *e, const char *q, pl_msg_plan *p, int i, char *err,
                     size_t errlen)
 {
     pl_msg_peer *x = &p->peers[i];
-    if (NAME(e, q, "name", x->name) ||
-        get_str(e, q, "host", S_HOST, 1, PL_PROTO_HOST_MAX, x->host, err, errlen) ||
-        get_i32(e, q, "port", 1, 65535, &x->port, err, errlen))
-        return -1;
-    return 0;
+    return NAME(e, q, "name", x->name) ||
+           get_str(e, q, "host", S_HOST, 1, PL_PROTO_HOST_MAX, x->host, err, errlen) ||
+           get_i32(e, q, "port", 1, 65535, &x->port, err, errlen);
 }
 
 static int dec_copy(const cJSON *e, const char *q, pl_msg_plan *p, int i, char *err,
                     size_t errlen)
 {
     pl_msg_copy *x = &p->copies[i];
-    if (get_i32(e, q, "layer", 0, PL_PROTO_MAX_LAYERS - 1, &x->layer, err, errlen) ||
-        NAME(e, q, "source", x->source) ||
-        get_int(e, q, "bytes", 0, PL_PROTO_INT_MAX, &x->bytes, err, errlen))
-        return -1;
-    return 0;
+    return get_i32(e, q, "layer", 0, PL_PROTO_MAX_LAYERS - 1, &x->layer, err, errlen) ||
+           NAME(e, q, "source", x->source) ||
+           get_int(e, q, "bytes", 0, PL_PROTO_INT_MAX, &x->bytes, err, errlen);
 }
 
 static int dec_send(const cJSON *e, const char *q, pl_msg_plan *p, int i, char *err,
                     size_t errlen)
 {
     pl_msg_send *x = &p->sends[i];
-    if (get_i32(e, q, "layer", 0, PL_PROTO_MAX_LAYERS - 1, &x->layer, err, errlen) ||
-        NAME(e, q, "dest", x->dest))
-        return -1;
-    return 0;
+    return get_i32(e, q, "layer", 0, PL_PROTO_MAX_LAYERS - 1, &x->layer, err, errlen) ||
+           NAME(e, q, "dest", x->dest);
 }
 
 /* "peers", "copies" and "sends". */
@@ -999,14 +994,19 @@ static int enc_pipelines(enc *e, cJSON *o, const pl_msg_plan *p)
     return 0;
 }
 
+/* key: a new object when present (NULL and e->bad on failure), else null. */
+static cJSON *add_object_or_null(enc *e, cJSON *o, const char *key, int present)
+{
+    cJSON *x = present ? cJSON_AddObjectToObject(o, key) : NULL;
+    if (present ? !x : !cJSON_AddNullToObject(o, key)) e->bad = 1;
+    return x;
+}
+
 static int enc_you(enc *e, cJSON *o, const pl_msg_plan *p)
 {
-    if (p->you_pipeline < 0) {
-        if (!cJSON_AddNullToObject(o, "you")) e->bad = 1;
-        return 0;
-    }
-    cJSON *y = cJSON_AddObjectToObject(o, "you");
-    if (!y) return enc_stop(e);
+    int present = p->you_pipeline >= 0;
+    cJSON *y = add_object_or_null(e, o, "you", present);
+    if (!y) return present ? -1 : 0;
     add_int(e, y, "pipeline", p->you_pipeline);
     add_int(e, y, "stage", p->you_stage);
     add_int(e, y, "layer_begin", p->you_layer_begin);
@@ -1048,12 +1048,8 @@ static int enc_plan_lists(enc *e, cJSON *o, const pl_msg_plan *p)
 
 static int enc_checkpoint(enc *e, cJSON *o, const pl_msg_plan *p)
 {
-    if (!p->has_checkpoint) {
-        if (!cJSON_AddNullToObject(o, "checkpoint")) e->bad = 1;
-        return 0;
-    }
-    cJSON *c = cJSON_AddObjectToObject(o, "checkpoint");
-    if (!c) return enc_stop(e);
+    cJSON *c = add_object_or_null(e, o, "checkpoint", p->has_checkpoint);
+    if (!c) return p->has_checkpoint ? -1 : 0;
     ADD_STR(e, c, "dir", p->checkpoint_dir);
     add_int(e, c, "step", p->checkpoint_step);
     return 0;

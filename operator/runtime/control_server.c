@@ -221,28 +221,12 @@ static int on_established(pl_ctl_server *s, struct lws *wsi, pl_ctl_conn **pc)
 /* Appends a fragment to the message being received; −1 when it fails the connection. */
 static int rx_append(pl_ctl_conn *c, const void *in, size_t len)
 {
-    if (len > PL_PROTO_MAX_BYTES - c->rx_len) {
+    int r = pl_ws_rx_append(&c->rx, &c->rx_len, &c->rx_cap, in, len, PL_PROTO_MAX_BYTES);
+    if (r > 0)
         conn_fail(c, 1, "message over %u bytes", PL_PROTO_MAX_BYTES);
-        return -1;
-    }
-    if (c->rx_len + len > c->rx_cap) {
-        size_t cap = c->rx_cap ? c->rx_cap : 4096;
-        while (cap < c->rx_len + len)
-            cap *= 2;
-        if (cap > PL_PROTO_MAX_BYTES)
-            cap = PL_PROTO_MAX_BYTES;
-        char *nb = realloc(c->rx, cap);
-        if (!nb) {
-            conn_fail(c, 0, "out of memory");
-            return -1;
-        }
-        c->rx = nb;
-        c->rx_cap = cap;
-    }
-    if (len)
-        memcpy(c->rx + c->rx_len, in, len);
-    c->rx_len += len;
-    return 0;
+    else if (r < 0)
+        conn_fail(c, 0, "out of memory");
+    return r ? -1 : 0;
 }
 
 /* A text fragment; the message is handled once its last fragment is in. */
