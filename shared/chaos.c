@@ -1,3 +1,5 @@
+/* Fault injection: the --chaos SPEC and spot-instance traces parsed into timed kill,
+ * term and add events (chaos.h). */
 #include "chaos.h"
 
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* The planner's results as JSON, the `pliant plan` output format (plan_json.h). */
 #include "plan_json.h"
 
 double pl_ns_to_ms(int64_t ns)

@@ -1,3 +1,5 @@
+/* The control protocol's messages: strict JSON decoding (every field checked, errors
+ * named by path) and encoding that only emits what the decoder accepts. */
 #include "protocol.h"
 
 #include <math.h>
@@ -628,10 +630,142 @@ static int dec_pipelines(const cJSON *o, pl_msg_plan *p, char *err, size_t errle
     return rc;
 }
 
+/* "you": this worker's place in the plan, or null when it has none. */
+static int dec_you(const cJSON *o, pl_msg_plan *p, int *isnull, char *err, size_t errlen)
+{
+    const cJSON *you = get_obj(o, "", "you", 1, isnull, err, errlen);
+    if (!you && !*isnull) return -1;
+    if (*isnull) {
+        p->you_pipeline = -1;
+        return 0;
+    }
+    if (check_keys(you, "you", you_keys, err, errlen) ||
+        get_i32(you, "you", "pipeline", 0, p->npipelines - 1, &p->you_pipeline, err, errlen) ||
+        get_i32(you, "you", "stage", 0, p->pipelines[p->you_pipeline].nnodes - 1, &p->you_stage,
+                err, errlen) ||
+        get_i32(you, "you", "layer_begin", 0, PL_PROTO_MAX_LAYERS - 1, &p->you_layer_begin, err,
+                errlen) ||
+        get_i32(you, "you", "layer_end", p->you_layer_begin + 1, PL_PROTO_MAX_LAYERS,
+                &p->you_layer_end, err, errlen))
+        return -1;
+    const int *b = p->pipelines[p->you_pipeline].layers;
+    if (p->you_layer_begin != b[p->you_stage] || p->you_layer_end != b[p->you_stage + 1])
+        return pl_errf(err, errlen, "you: layers [%d, %d) differ from pipelines[%d].layers "
+                       "(%d, %d) of stage %d", p->you_layer_begin, p->you_layer_end,
+                       p->you_pipeline, b[p->you_stage], b[p->you_stage + 1], p->you_stage);
+    return 0;
+}
+
+/* The array "key" of 0..max entries; *mem receives n zeroed entries of elem
+ * bytes (NULL when there are none). */
+static const cJSON *get_list(const cJSON *o, const char *key, int max, size_t elem, void **mem,
+                             int *n, char *err, size_t errlen)
+{
+    const cJSON *arr = get_arr(o, key, 0, max, n, err, errlen);
+    *mem = NULL;
+    if (arr && *n && !(*mem = pl_calloc((size_t)*n, elem))) {
+        pl_errf(err, errlen, "%s: out of memory", key);
+        return NULL;
+    }
+    return arr;
+}
+
+typedef int (*dec_entry_fn)(const cJSON *e, const char *path, pl_msg_plan *p, int i, char *err,
+                            size_t errlen);
+
+/* Each entry of arr, "key[i]", an object with the given keys, decoded by entry. */
+static int dec_entries(const cJSON *arr, const char *key, const char *const *keys,
+                       dec_entry_fn entry, pl_msg_plan *p, char *err, size_t errlen)
+{
+    path_buf q;
+    int i = 0;
+    for (const cJSON *e = arr->child; e; e = e->next, i++) {
+        snprintf(q, sizeof q, "%s[%d]", key, i);
+        if (!cJSON_IsObject(e)) return pl_errf(err, errlen, "%s: must be an object", q);
+        if (check_keys(e, q, keys, err, errlen) || entry(e, q, p, i, err, errlen)) return -1;
+    }
+    return 0;
+}
+
+/* The entries of "peers", "copies" and "sends": nonzero on error. */
+static int dec_peer(const cJSON *e, const char *q, pl_msg_plan *p, int i, char *err,
+                    size_t errlen)
+{
+    pl_msg_peer *x = &p->peers[i];
+    return NAME(e, q, "name", x->name) ||
+           get_str(e, q, "host", S_HOST, 1, PL_PROTO_HOST_MAX, x->host, err, errlen) ||
+           get_i32(e, q, "port", 1, 65535, &x->port, err, errlen);
+}
+
+static int dec_copy(const cJSON *e, const char *q, pl_msg_plan *p, int i, char *err,
+                    size_t errlen)
+{
+    pl_msg_copy *x = &p->copies[i];
+    return get_i32(e, q, "layer", 0, PL_PROTO_MAX_LAYERS - 1, &x->layer, err, errlen) ||
+           NAME(e, q, "source", x->source) ||
+           get_int(e, q, "bytes", 0, PL_PROTO_INT_MAX, &x->bytes, err, errlen);
+}
+
+static int dec_send(const cJSON *e, const char *q, pl_msg_plan *p, int i, char *err,
+                    size_t errlen)
+{
+    pl_msg_send *x = &p->sends[i];
+    return get_i32(e, q, "layer", 0, PL_PROTO_MAX_LAYERS - 1, &x->layer, err, errlen) ||
+           NAME(e, q, "dest", x->dest);
+}
+
+/* "peers", "copies" and "sends". */
+static int dec_plan_lists(const cJSON *o, pl_msg_plan *p, char *err, size_t errlen)
+{
+    void *mem;
+    const cJSON *arr;
+    if (!(arr = get_list(o, "peers", PL_PROTO_MAX_NODES, sizeof *p->peers, &mem, &p->npeers,
+                         err, errlen)))
+        return -1;
+    p->peers = mem;
+    if (dec_entries(arr, "peers", peer_keys, dec_peer, p, err, errlen)) return -1;
+    if (!(arr = get_list(o, "copies", PL_PROTO_MAX_LAYERS, sizeof *p->copies, &mem, &p->ncopies,
+                         err, errlen)))
+        return -1;
+    p->copies = mem;
+    if (dec_entries(arr, "copies", copy_keys, dec_copy, p, err, errlen)) return -1;
+    if (!(arr = get_list(o, "sends", PL_PROTO_MAX_SENDS, sizeof *p->sends, &mem, &p->nsends,
+                         err, errlen)))
+        return -1;
+    p->sends = mem;
+    return dec_entries(arr, "sends", send_keys, dec_send, p, err, errlen);
+}
+
+/* "checkpoint": where to load from, or null. *isnull comes from dec_you: after
+ * "you": null, a missing "checkpoint" reads as null. */
+static int dec_checkpoint(const cJSON *o, pl_msg_plan *p, int *isnull, char *err, size_t errlen)
+{
+    const cJSON *ck = get_obj(o, "", "checkpoint", 1, isnull, err, errlen);
+    if (!ck && !*isnull) return -1;
+    if (*isnull) return 0;
+    p->has_checkpoint = 1;
+    if (check_keys(ck, "checkpoint", ckpt_keys, err, errlen) ||
+        get_str(ck, "checkpoint", "dir", S_PATH, 1, PL_PROTO_PATH_MAX, p->checkpoint_dir, err,
+                errlen) ||
+        get_int(ck, "checkpoint", "step", 0, PL_PROTO_INT_MAX, &p->checkpoint_step, err, errlen))
+        return -1;
+    return 0;
+}
+
+static int dec_transport(const cJSON *o, pl_msg_plan *p, char *err, size_t errlen)
+{
+    const cJSON *t = field(o, "transport");
+    if (!t) return pl_errf(err, errlen, "transport: missing");
+    for (p->transport = 0; p->transport < PL_TRANSPORT_COUNT; p->transport++)
+        if (cJSON_IsString(t) && t->valuestring &&
+            !strcmp(t->valuestring, transport_names[p->transport]))
+            return 0;
+    return pl_errf(err, errlen, "transport: must be \"tcp\" or \"nccl\"");
+}
+
 static int dec_plan(const cJSON *o, pl_msg *m, char *err, size_t errlen)
 {
     pl_msg_plan *p = &m->u.plan;
-    path_buf q;
     int isnull = 0;
     if (STEP(o, "generation", &p->generation)) return -1;
     if (p->generation != m->gen)
@@ -640,98 +774,10 @@ static int dec_plan(const cJSON *o, pl_msg *m, char *err, size_t errlen)
         get_int(o, "", "global_batch", 1, PL_PROTO_INT_MAX, &p->global_batch, err, errlen) ||
         get_i32(o, "", "micro", 1, PL_PROTO_MAX_MICRO, &p->micro, err, errlen) ||
         get_i32(o, "", "seq_len", 1, PL_PROTO_MAX_SEQ_LEN, &p->seq_len, err, errlen) ||
-        dec_pipelines(o, p, err, errlen))
+        dec_pipelines(o, p, err, errlen) || dec_you(o, p, &isnull, err, errlen) ||
+        dec_plan_lists(o, p, err, errlen) || dec_checkpoint(o, p, &isnull, err, errlen))
         return -1;
-
-    const cJSON *you = get_obj(o, "", "you", 1, &isnull, err, errlen);
-    if (!you && !isnull) return -1;
-    if (isnull) {
-        p->you_pipeline = -1;
-    } else {
-        if (check_keys(you, "you", you_keys, err, errlen) ||
-            get_i32(you, "you", "pipeline", 0, p->npipelines - 1, &p->you_pipeline, err, errlen) ||
-            get_i32(you, "you", "stage", 0, p->pipelines[p->you_pipeline].nnodes - 1, &p->you_stage,
-                    err, errlen) ||
-            get_i32(you, "you", "layer_begin", 0, PL_PROTO_MAX_LAYERS - 1, &p->you_layer_begin, err,
-                    errlen) ||
-            get_i32(you, "you", "layer_end", p->you_layer_begin + 1, PL_PROTO_MAX_LAYERS,
-                    &p->you_layer_end, err, errlen))
-            return -1;
-        const int *b = p->pipelines[p->you_pipeline].layers;
-        if (p->you_layer_begin != b[p->you_stage] || p->you_layer_end != b[p->you_stage + 1])
-            return pl_errf(err, errlen, "you: layers [%d, %d) differ from pipelines[%d].layers "
-                           "(%d, %d) of stage %d", p->you_layer_begin, p->you_layer_end,
-                           p->you_pipeline, b[p->you_stage], b[p->you_stage + 1], p->you_stage);
-    }
-
-    int n, i;
-    const cJSON *arr = get_arr(o, "peers", 0, PL_PROTO_MAX_NODES, &n, err, errlen);
-    if (!arr) return -1;
-    if (n) {
-        if (!(p->peers = pl_calloc((size_t)n, sizeof *p->peers)))
-            return pl_errf(err, errlen, "peers: out of memory");
-        p->npeers = n;
-    }
-    i = 0;
-    for (const cJSON *e = arr->child; e; e = e->next, i++) {
-        snprintf(q, sizeof q, "peers[%d]", i);
-        if (!cJSON_IsObject(e)) return pl_errf(err, errlen, "%s: must be an object", q);
-        if (check_keys(e, q, peer_keys, err, errlen) || NAME(e, q, "name", p->peers[i].name) ||
-            get_str(e, q, "host", S_HOST, 1, PL_PROTO_HOST_MAX, p->peers[i].host, err, errlen) ||
-            get_i32(e, q, "port", 1, 65535, &p->peers[i].port, err, errlen))
-            return -1;
-    }
-
-    if (!(arr = get_arr(o, "copies", 0, PL_PROTO_MAX_LAYERS, &n, err, errlen))) return -1;
-    if (n) {
-        if (!(p->copies = pl_calloc((size_t)n, sizeof *p->copies)))
-            return pl_errf(err, errlen, "copies: out of memory");
-        p->ncopies = n;
-    }
-    i = 0;
-    for (const cJSON *e = arr->child; e; e = e->next, i++) {
-        snprintf(q, sizeof q, "copies[%d]", i);
-        if (!cJSON_IsObject(e)) return pl_errf(err, errlen, "%s: must be an object", q);
-        if (check_keys(e, q, copy_keys, err, errlen) ||
-            get_i32(e, q, "layer", 0, PL_PROTO_MAX_LAYERS - 1, &p->copies[i].layer, err, errlen) ||
-            NAME(e, q, "source", p->copies[i].source) ||
-            get_int(e, q, "bytes", 0, PL_PROTO_INT_MAX, &p->copies[i].bytes, err, errlen))
-            return -1;
-    }
-
-    if (!(arr = get_arr(o, "sends", 0, PL_PROTO_MAX_SENDS, &n, err, errlen))) return -1;
-    if (n) {
-        if (!(p->sends = pl_calloc((size_t)n, sizeof *p->sends)))
-            return pl_errf(err, errlen, "sends: out of memory");
-        p->nsends = n;
-    }
-    i = 0;
-    for (const cJSON *e = arr->child; e; e = e->next, i++) {
-        snprintf(q, sizeof q, "sends[%d]", i);
-        if (!cJSON_IsObject(e)) return pl_errf(err, errlen, "%s: must be an object", q);
-        if (check_keys(e, q, send_keys, err, errlen) ||
-            get_i32(e, q, "layer", 0, PL_PROTO_MAX_LAYERS - 1, &p->sends[i].layer, err, errlen) ||
-            NAME(e, q, "dest", p->sends[i].dest))
-            return -1;
-    }
-
-    const cJSON *ck = get_obj(o, "", "checkpoint", 1, &isnull, err, errlen);
-    if (!ck && !isnull) return -1;
-    if (!isnull) {
-        p->has_checkpoint = 1;
-        if (check_keys(ck, "checkpoint", ckpt_keys, err, errlen) ||
-            get_str(ck, "checkpoint", "dir", S_PATH, 1, PL_PROTO_PATH_MAX, p->checkpoint_dir, err,
-                    errlen) ||
-            get_int(ck, "checkpoint", "step", 0, PL_PROTO_INT_MAX, &p->checkpoint_step, err, errlen))
-            return -1;
-    }
-    const cJSON *t = field(o, "transport");
-    if (!t) return pl_errf(err, errlen, "transport: missing");
-    for (p->transport = 0; p->transport < PL_TRANSPORT_COUNT; p->transport++)
-        if (cJSON_IsString(t) && t->valuestring &&
-            !strcmp(t->valuestring, transport_names[p->transport]))
-            return 0;
-    return pl_errf(err, errlen, "transport: must be \"tcp\" or \"nccl\"");
+    return dec_transport(o, p, err, errlen);
 }
 
 /* -------------------------------------------------------- the type table */
@@ -892,6 +938,123 @@ static void add_str(enc *e, cJSON *o, const char *key, const char *s, size_t cap
 
 #define ADD_STR(e, o, key, arr) add_str(e, o, key, arr, sizeof(arr))
 
+/* The encoders below return -1 where encoding stops (e->bad is then set). */
+
+static int enc_stop(enc *e)
+{
+    e->bad = 1;
+    return -1;
+}
+
+/* A new object appended to arr; NULL (e->bad) on failure. */
+static cJSON *add_item(enc *e, cJSON *arr)
+{
+    cJSON *x = cJSON_CreateObject();
+    if (!x || !cJSON_AddItemToArray(arr, x)) {
+        cJSON_Delete(x);
+        e->bad = 1;
+        return NULL;
+    }
+    return x;
+}
+
+static int enc_pipeline(enc *e, cJSON *pj, const pl_msg_pipeline *pp)
+{
+    cJSON *nodes = cJSON_AddArrayToObject(pj, "nodes");
+    if (!nodes || pp->nnodes < 0 || (pp->nnodes && !pp->nodes)) return enc_stop(e);
+    for (int j = 0; j < pp->nnodes && !e->bad; j++) {
+        if (strnlen(pp->nodes[j], sizeof pp->nodes[j]) == sizeof pp->nodes[j]) {
+            e->what = "nodes";
+            return enc_stop(e);
+        }
+        cJSON *s = cJSON_CreateString(pp->nodes[j]);
+        if (!s || !cJSON_AddItemToArray(nodes, s)) {
+            cJSON_Delete(s);
+            e->bad = 1;
+        }
+    }
+    cJSON *bounds = cJSON_AddArrayToObject(pj, "layers");
+    if (!bounds || !pp->layers) return enc_stop(e);
+    for (int j = 0; j <= pp->nnodes; j++)
+        if (!cJSON_AddItemToArray(bounds, cJSON_CreateNumber(pp->layers[j]))) e->bad = 1;
+    add_int(e, pj, "template_nodes", pp->template_nodes);
+    add_int(e, pj, "microbatches", pp->microbatches);
+    add_int(e, pj, "first_microbatch", pp->first_microbatch);
+    return 0;
+}
+
+static int enc_pipelines(enc *e, cJSON *o, const pl_msg_plan *p)
+{
+    cJSON *arr = cJSON_AddArrayToObject(o, "pipelines");
+    if (!arr || p->npipelines < 0 || (p->npipelines && !p->pipelines)) return enc_stop(e);
+    for (int i = 0; i < p->npipelines && !e->bad; i++) {
+        cJSON *pj = add_item(e, arr);
+        if (!pj || enc_pipeline(e, pj, &p->pipelines[i])) return -1;
+    }
+    return 0;
+}
+
+/* key: a new object when present (NULL and e->bad on failure), else null. */
+static cJSON *add_object_or_null(enc *e, cJSON *o, const char *key, int present)
+{
+    cJSON *x = present ? cJSON_AddObjectToObject(o, key) : NULL;
+    if (present ? !x : !cJSON_AddNullToObject(o, key)) e->bad = 1;
+    return x;
+}
+
+static int enc_you(enc *e, cJSON *o, const pl_msg_plan *p)
+{
+    int present = p->you_pipeline >= 0;
+    cJSON *y = add_object_or_null(e, o, "you", present);
+    if (!y) return present ? -1 : 0;
+    add_int(e, y, "pipeline", p->you_pipeline);
+    add_int(e, y, "stage", p->you_stage);
+    add_int(e, y, "layer_begin", p->you_layer_begin);
+    add_int(e, y, "layer_end", p->you_layer_end);
+    return 0;
+}
+
+/* "peers", "copies" and "sends". */
+static int enc_plan_lists(enc *e, cJSON *o, const pl_msg_plan *p)
+{
+    cJSON *peers = cJSON_AddArrayToObject(o, "peers");
+    cJSON *copies = cJSON_AddArrayToObject(o, "copies");
+    cJSON *sends = cJSON_AddArrayToObject(o, "sends");
+    if (!peers || !copies || !sends || p->npeers < 0 || p->ncopies < 0 || p->nsends < 0 ||
+        (p->npeers && !p->peers) || (p->ncopies && !p->copies) || (p->nsends && !p->sends))
+        return enc_stop(e);
+    for (int i = 0; i < p->npeers && !e->bad; i++) {
+        cJSON *x = add_item(e, peers);
+        if (!x) return -1;
+        ADD_STR(e, x, "name", p->peers[i].name);
+        ADD_STR(e, x, "host", p->peers[i].host);
+        add_int(e, x, "port", p->peers[i].port);
+    }
+    for (int i = 0; i < p->ncopies && !e->bad; i++) {
+        cJSON *x = add_item(e, copies);
+        if (!x) return -1;
+        add_int(e, x, "layer", p->copies[i].layer);
+        ADD_STR(e, x, "source", p->copies[i].source);
+        add_int(e, x, "bytes", p->copies[i].bytes);
+    }
+    for (int i = 0; i < p->nsends && !e->bad; i++) {
+        cJSON *x = add_item(e, sends);
+        if (!x) return -1;
+        add_int(e, x, "layer", p->sends[i].layer);
+        ADD_STR(e, x, "dest", p->sends[i].dest);
+    }
+    return 0;
+}
+
+static int enc_checkpoint(enc *e, cJSON *o, const pl_msg_plan *p)
+{
+    cJSON *c = add_object_or_null(e, o, "checkpoint", p->has_checkpoint);
+    if (!c) return p->has_checkpoint ? -1 : 0;
+    ADD_STR(e, c, "dir", p->checkpoint_dir);
+    add_int(e, c, "step", p->checkpoint_step);
+    return 0;
+}
+
 static void enc_plan(enc *e, cJSON *o, const pl_msg_plan *p)
 {
     add_int(e, o, "generation", p->generation);
@@ -899,111 +1062,9 @@ static void enc_plan(enc *e, cJSON *o, const pl_msg_plan *p)
     add_int(e, o, "global_batch", p->global_batch);
     add_int(e, o, "micro", p->micro);
     add_int(e, o, "seq_len", p->seq_len);
-    cJSON *arr = cJSON_AddArrayToObject(o, "pipelines");
-    if (!arr || p->npipelines < 0 || (p->npipelines && !p->pipelines)) {
-        e->bad = 1;
+    if (enc_pipelines(e, o, p) || enc_you(e, o, p) || enc_plan_lists(e, o, p) ||
+        enc_checkpoint(e, o, p))
         return;
-    }
-    for (int i = 0; i < p->npipelines && !e->bad; i++) {
-        const pl_msg_pipeline *pp = &p->pipelines[i];
-        cJSON *pj = cJSON_CreateObject();
-        if (!pj || !cJSON_AddItemToArray(arr, pj)) {
-            cJSON_Delete(pj);
-            e->bad = 1;
-            return;
-        }
-        cJSON *nodes = cJSON_AddArrayToObject(pj, "nodes"); /* pj now belongs to arr */
-        if (!nodes || pp->nnodes < 0 || (pp->nnodes && !pp->nodes)) {
-            e->bad = 1;
-            return;
-        }
-        for (int j = 0; j < pp->nnodes && !e->bad; j++) {
-            if (strnlen(pp->nodes[j], sizeof pp->nodes[j]) == sizeof pp->nodes[j]) {
-                e->bad = 1;
-                e->what = "nodes";
-                return;
-            }
-            cJSON *s = cJSON_CreateString(pp->nodes[j]);
-            if (!s || !cJSON_AddItemToArray(nodes, s)) {
-                cJSON_Delete(s);
-                e->bad = 1;
-            }
-        }
-        cJSON *bounds = cJSON_AddArrayToObject(pj, "layers");
-        if (!bounds || !pp->layers) {
-            e->bad = 1;
-            return;
-        }
-        for (int j = 0; j <= pp->nnodes; j++)
-            if (!cJSON_AddItemToArray(bounds, cJSON_CreateNumber(pp->layers[j]))) e->bad = 1;
-        add_int(e, pj, "template_nodes", pp->template_nodes);
-        add_int(e, pj, "microbatches", pp->microbatches);
-        add_int(e, pj, "first_microbatch", pp->first_microbatch);
-    }
-    if (p->you_pipeline < 0) {
-        if (!cJSON_AddNullToObject(o, "you")) e->bad = 1;
-    } else {
-        cJSON *y = cJSON_AddObjectToObject(o, "you");
-        if (!y) {
-            e->bad = 1;
-            return;
-        }
-        add_int(e, y, "pipeline", p->you_pipeline);
-        add_int(e, y, "stage", p->you_stage);
-        add_int(e, y, "layer_begin", p->you_layer_begin);
-        add_int(e, y, "layer_end", p->you_layer_end);
-    }
-    cJSON *peers = cJSON_AddArrayToObject(o, "peers");
-    cJSON *copies = cJSON_AddArrayToObject(o, "copies");
-    cJSON *sends = cJSON_AddArrayToObject(o, "sends");
-    if (!peers || !copies || !sends || p->npeers < 0 || p->ncopies < 0 || p->nsends < 0 ||
-        (p->npeers && !p->peers) || (p->ncopies && !p->copies) || (p->nsends && !p->sends)) {
-        e->bad = 1;
-        return;
-    }
-    for (int i = 0; i < p->npeers && !e->bad; i++) {
-        cJSON *x = cJSON_CreateObject();
-        if (!x || !cJSON_AddItemToArray(peers, x)) {
-            cJSON_Delete(x);
-            e->bad = 1;
-            return;
-        }
-        ADD_STR(e, x, "name", p->peers[i].name);
-        ADD_STR(e, x, "host", p->peers[i].host);
-        add_int(e, x, "port", p->peers[i].port);
-    }
-    for (int i = 0; i < p->ncopies && !e->bad; i++) {
-        cJSON *x = cJSON_CreateObject();
-        if (!x || !cJSON_AddItemToArray(copies, x)) {
-            cJSON_Delete(x);
-            e->bad = 1;
-            return;
-        }
-        add_int(e, x, "layer", p->copies[i].layer);
-        ADD_STR(e, x, "source", p->copies[i].source);
-        add_int(e, x, "bytes", p->copies[i].bytes);
-    }
-    for (int i = 0; i < p->nsends && !e->bad; i++) {
-        cJSON *x = cJSON_CreateObject();
-        if (!x || !cJSON_AddItemToArray(sends, x)) {
-            cJSON_Delete(x);
-            e->bad = 1;
-            return;
-        }
-        add_int(e, x, "layer", p->sends[i].layer);
-        ADD_STR(e, x, "dest", p->sends[i].dest);
-    }
-    if (!p->has_checkpoint) {
-        if (!cJSON_AddNullToObject(o, "checkpoint")) e->bad = 1;
-    } else {
-        cJSON *c = cJSON_AddObjectToObject(o, "checkpoint");
-        if (!c) {
-            e->bad = 1;
-            return;
-        }
-        ADD_STR(e, c, "dir", p->checkpoint_dir);
-        add_int(e, c, "step", p->checkpoint_step);
-    }
     if (p->transport < 0 || p->transport >= PL_TRANSPORT_COUNT) {
         e->bad = 1;
         return;
@@ -1011,24 +1072,54 @@ static void enc_plan(enc *e, cJSON *o, const pl_msg_plan *p)
     if (!cJSON_AddStringToObject(o, "transport", transport_names[p->transport])) e->bad = 1;
 }
 
+static void enc_register(enc *e, cJSON *o, const pl_msg_register *r)
+{
+    ADD_STR(e, o, "job", r->job);
+    ADD_STR(e, o, "name", r->name);
+    ADD_STR(e, o, "node", r->node);
+    ADD_STR(e, o, "zone", r->zone);
+    ADD_STR(e, o, "host", r->host);
+    add_int(e, o, "port", r->port);
+    add_int(e, o, "gpus", r->gpus);
+    ADD_STR(e, o, "device", r->device);
+    if (!cJSON_AddBoolToObject(o, "nccl", r->nccl != 0)) e->bad = 1;
+    add_int(e, o, "pid", r->pid);
+    ADD_STR(e, o, "token_proof", r->token_proof);
+}
+
+static void enc_leaving(enc *e, cJSON *o, const pl_msg_leaving *l)
+{
+    if (l->reason < 0 || l->reason >= PL_LEAVE_COUNT) {
+        e->bad = 1;
+        e->what = "reason";
+        return;
+    }
+    if (!cJSON_AddStringToObject(o, "reason", leave_names[l->reason])) e->bad = 1;
+    add_int(e, o, "grace_ms", l->grace_ms);
+}
+
+static void enc_report(enc *e, cJSON *o, const pl_msg_report *r)
+{
+    char hex[17];
+    add_int(e, o, "step", r->step);
+    if (!r->has_loss) {
+        if (!cJSON_AddNullToObject(o, "loss")) e->bad = 1;
+    } else {
+        add_num(e, o, "loss", r->loss);
+    }
+    add_int(e, o, "tokens", r->tokens);
+    add_num(e, o, "ms", r->ms);
+    add_num(e, o, "grad_sumsq", r->grad_sumsq);
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)r->samples_digest);
+    ADD_STR(e, o, "samples_digest", hex);
+}
+
 static void enc_body(enc *e, cJSON *o, const pl_msg *m)
 {
     switch (m->type) {
-    case PL_MSG_REGISTER: {
-        const pl_msg_register *r = &m->u.reg;
-        ADD_STR(e, o, "job", r->job);
-        ADD_STR(e, o, "name", r->name);
-        ADD_STR(e, o, "node", r->node);
-        ADD_STR(e, o, "zone", r->zone);
-        ADD_STR(e, o, "host", r->host);
-        add_int(e, o, "port", r->port);
-        add_int(e, o, "gpus", r->gpus);
-        ADD_STR(e, o, "device", r->device);
-        if (!cJSON_AddBoolToObject(o, "nccl", r->nccl != 0)) e->bad = 1;
-        add_int(e, o, "pid", r->pid);
-        ADD_STR(e, o, "token_proof", r->token_proof);
+    case PL_MSG_REGISTER:
+        enc_register(e, o, &m->u.reg);
         break;
-    }
     case PL_MSG_HEARTBEAT:
     case PL_MSG_REDUCED:
     case PL_MSG_COMMITTED:
@@ -1036,30 +1127,11 @@ static void enc_body(enc *e, cJSON *o, const pl_msg *m)
         add_int(e, o, "step", m->u.heartbeat.step);
         break;
     case PL_MSG_LEAVING:
-        if (m->u.leaving.reason < 0 || m->u.leaving.reason >= PL_LEAVE_COUNT) {
-            e->bad = 1;
-            e->what = "reason";
-            break;
-        }
-        if (!cJSON_AddStringToObject(o, "reason", leave_names[m->u.leaving.reason])) e->bad = 1;
-        add_int(e, o, "grace_ms", m->u.leaving.grace_ms);
+        enc_leaving(e, o, &m->u.leaving);
         break;
-    case PL_MSG_REPORT: {
-        const pl_msg_report *r = &m->u.report;
-        char hex[17];
-        add_int(e, o, "step", r->step);
-        if (!r->has_loss) {
-            if (!cJSON_AddNullToObject(o, "loss")) e->bad = 1;
-        } else {
-            add_num(e, o, "loss", r->loss);
-        }
-        add_int(e, o, "tokens", r->tokens);
-        add_num(e, o, "ms", r->ms);
-        add_num(e, o, "grad_sumsq", r->grad_sumsq);
-        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)r->samples_digest);
-        ADD_STR(e, o, "samples_digest", hex);
+    case PL_MSG_REPORT:
+        enc_report(e, o, &m->u.report);
         break;
-    }
     case PL_MSG_PEER_BROKEN:
         ADD_STR(e, o, "peer", m->u.peer_broken.peer);
         ADD_STR(e, o, "reason", m->u.peer_broken.reason);

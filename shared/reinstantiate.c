@@ -470,17 +470,13 @@ static int replace_lost(ctx *c)
     return 0;
 }
 
-/* §5.1 in order: simple re-instantiation, borrowing nodes, merging pipelines.
- * Returns 1 when the result keeps the rules, 0 when a replan is needed. */
-static int handle_failures(ctx *c)
+/* A wiped-out pipeline disappears unless it is needed for f+1 replicas: then
+ * it is rebuilt by borrowing, like Figure 8b from zero nodes. */
+static int drop_wiped_out(ctx *c)
 {
-    if (replace_lost(c))
-        return -1;
     int nonempty = 0;
     for (int i = 0; i < c->ng; i++)
         nonempty += c->g[i].nodes.n > 0;
-    /* A wiped-out pipeline disappears unless it is needed for f+1 replicas:
-     * then it is rebuilt by borrowing, like Figure 8b from zero nodes. */
     int keep = c->tolerate + 1 - nonempty;
     for (int i = 0; i < c->ng; i++) {
         group *g = &c->g[i];
@@ -492,14 +488,56 @@ static int handle_failures(ctx *c)
         if (add_step(c, "drop: pipeline %d (%d -> 0 nodes)", g->label, g->size0))
             return -1;
     }
+    return 0;
+}
 
+/* Damaged pipelines with a template for what remains are simply re-instantiated. */
+static int note_simple(ctx *c)
+{
     for (int i = 0; i < c->ng; i++) {
         group *g = &c->g[i];
         if (!g->gone && g->nodes.n < g->size0 && tmpl(c, g->nodes.n) &&
             add_step(c, "simple: pipeline %d (%d -> %d nodes)", g->label, g->size0, g->nodes.n))
             return -1;
     }
+    return 0;
+}
 
+/* Group i, which lacks a template, borrows nodes one at a time up to the next
+ * size that has one, while some pipeline can lend. missing and mb are
+ * lend_position's scratch. */
+static int borrow_into(ctx *c, int i, unsigned char *missing, int64_t *mb)
+{
+    group *g = &c->g[i];
+    int target = 0;
+    for (int m = g->nodes.n + 1; m <= c->ts->n_max && !target; m++)
+        if (tmpl(c, m))
+            target = m;
+    /* replace_lost() left no added node when a pipeline lacks a template */
+    while (target && g->nodes.n < target) {
+        int n = g->nodes.n;
+        int li = best_lender(c, i);
+        if (li < 0)
+            break;
+        group *lg = &c->g[li];
+        int pos = lend_position(c, li, i, missing, mb), u = lg->nodes.v[pos];
+        ivec_remove_at(&lg->nodes, pos);
+        lg->changed = 1;
+        if (ivec_push(&g->nodes, u))
+            return oom(c);
+        g->changed = 1;
+        if (add_step(c,
+                     "borrow: pipeline %d (%d -> %d nodes) borrows %s "
+                     "from pipeline %d (%d -> %d nodes)",
+                     g->label, n, n + 1, c->name[u], lg->label, lg->nodes.n + 1, lg->nodes.n))
+            return -1;
+    }
+    return 0;
+}
+
+/* §5.1 borrowing, for every pipeline still without a template, in plan order. */
+static int borrow_nodes(ctx *c)
+{
     int L = c->p->nlayers;
     unsigned char *missing = malloc((size_t)L + 1);
     int64_t *mb = malloc((size_t)(L + 1) * sizeof *mb);
@@ -509,42 +547,18 @@ static int handle_failures(ctx *c)
         return oom(c);
     }
     int rc = 0;
-    for (int i = 0; i < c->ng && rc == 0; i++) {
-        group *g = &c->g[i];
-        if (g->gone || tmpl(c, g->nodes.n))
-            continue;
-        int target = 0;
-        for (int m = g->nodes.n + 1; m <= c->ts->n_max && !target; m++)
-            if (tmpl(c, m))
-                target = m;
-        /* replace_lost() left no added node when a pipeline lacks a template */
-        while (target && g->nodes.n < target) {
-            int n = g->nodes.n;
-            int li = best_lender(c, i);
-            if (li < 0)
-                break;
-            group *lg = &c->g[li];
-            int pos = lend_position(c, li, i, missing, mb), u = lg->nodes.v[pos];
-            ivec_remove_at(&lg->nodes, pos);
-            lg->changed = 1;
-            if (ivec_push(&g->nodes, u)) {
-                rc = oom(c);
-                break;
-            }
-            g->changed = 1;
-            if ((rc = add_step(c,
-                               "borrow: pipeline %d (%d -> %d nodes) borrows %s "
-                               "from pipeline %d (%d -> %d nodes)",
-                               g->label, n, n + 1, c->name[u], lg->label, lg->nodes.n + 1,
-                               lg->nodes.n)))
-                break;
-        }
-    }
+    for (int i = 0; i < c->ng && rc == 0; i++)
+        if (!c->g[i].gone && !tmpl(c, c->g[i].nodes.n))
+            rc = borrow_into(c, i, missing, mb);
     free(missing);
     free(mb);
-    if (rc)
-        return -1;
+    return rc ? -1 : 0;
+}
 
+/* Appendix B: pipelines still broken are merged, the smallest pairwise until
+ * one has a template; a last one joins a healthy pipeline. Empty ones drop. */
+static int merge_broken(ctx *c)
+{
     ivec broken = {0};
     for (int i = 0; i < c->ng; i++) {
         group *g = &c->g[i];
@@ -563,8 +577,6 @@ static int handle_failures(ctx *c)
         oom(c);
         goto fail;
     }
-    /* Appendix B: merge the smallest broken pipelines pairwise until one has a
-     * template; a last one joins a healthy pipeline. */
     for (int i = 0; i < broken.n;) {
         int acc = broken.v[i++];
         while (!tmpl(c, c->g[acc].nodes.n)) {
@@ -576,7 +588,15 @@ static int handle_failures(ctx *c)
         }
     }
     free(broken.v);
+    return 0;
+fail:
+    free(broken.v);
+    return -1;
+}
 
+/* 1 when every live pipeline has a template and there are f+1 of them. */
+static int keeps_rules(const ctx *c)
+{
     int live = 0;
     for (int i = 0; i < c->ng; i++) {
         if (c->g[i].gone)
@@ -586,15 +606,273 @@ static int handle_failures(ctx *c)
         live++;
     }
     return live >= c->tolerate + 1;
-fail:
-    free(broken.v);
-    return -1;
+}
+
+/* §5.1 in order: simple re-instantiation, borrowing nodes, merging pipelines.
+ * Returns 1 when the result keeps the rules, 0 when a replan is needed. */
+static int handle_failures(ctx *c)
+{
+    if (replace_lost(c) || drop_wiped_out(c) || note_simple(c) || borrow_nodes(c) ||
+        merge_broken(c))
+        return -1;
+    return keeps_rules(c);
 }
 
 /* Bytes node u held before the change. */
 static int64_t held_total(const ctx *c, int u)
 {
     return held_in(c, u, 0, c->p->nlayers);
+}
+
+/* The best plan for the largest covered node count up to total (an uncovered
+ * count leaves nodes idle; (f+1)·n0 at worst). Counts in the precomputed
+ * coverage table are a lookup (§4.2: plans are precomputed so that
+ * reconfiguration is fast); others are computed into *owned, which the caller
+ * frees. *used receives the node count planned for; NULL on error. */
+static const pl_instance_plan *find_target_plan(ctx *c, int total, int64_t global_batch,
+                                                pl_instance_plan *owned, int *used)
+{
+    for (int n = total; n >= (c->tolerate + 1) * c->ts->n0; n--) {
+        *used = n;
+        if (c->cov && n >= c->cov->nodes_lo && n <= c->cov->nodes_hi) {
+            const pl_instance_plan *e = &c->cov->entries[c->cov->nodes_hi - n];
+            if (e->covered)
+                return e;
+            continue;
+        }
+        if (pl_instantiate(c->ts, n, c->tolerate, global_batch, c->p->microbatch_size, owned,
+                           c->err, c->errlen))
+            return NULL;
+        if (owned->covered)
+            return owned;
+        pl_instance_plan_free(owned);
+    }
+    pl_errf(c->err, c->errlen, "templates: no plan covers %d nodes or fewer", total);
+    return NULL;
+}
+
+/* How the live pipelines map onto the target plan's pipelines. */
+typedef struct {
+    int nt, ng0;  /* pipelines in the plan; groups before any new one */
+    int *tsize;   /* nodes of plan pipeline k, largest first */
+    int *tgroup;  /* group taking plan pipeline k, or -1 */
+    int *gtarget; /* plan pipeline group i takes, or -1 */
+    ivec freed;   /* nodes free for the plan: released ones first, then added ones */
+    int head;     /* freed nodes handed out so far */
+} pairing;
+
+static int pairing_init(ctx *c, const pl_instance_plan *plan, pairing *pr)
+{
+    int nt = plan->npipelines, ng0 = c->ng;
+    pr->nt = nt;
+    pr->ng0 = ng0;
+    pr->tsize = malloc((size_t)(nt ? nt : 1) * sizeof *pr->tsize);
+    pr->tgroup = malloc((size_t)(nt ? nt : 1) * sizeof *pr->tgroup);
+    pr->gtarget = malloc((size_t)(ng0 ? ng0 : 1) * sizeof *pr->gtarget);
+    if (!pr->tsize || !pr->tgroup || !pr->gtarget)
+        return oom(c);
+    for (int k = 0; k < nt; k++) {
+        pr->tsize[k] = plan->pipelines[k].template_nodes;
+        pr->tgroup[k] = -1;
+    }
+    for (int i = 0; i < ng0; i++)
+        pr->gtarget[i] = -1;
+    return 0;
+}
+
+static void pairing_free(pairing *pr)
+{
+    free(pr->tsize);
+    free(pr->tgroup);
+    free(pr->gtarget);
+    free(pr->freed.v);
+}
+
+/* "plan: best plan for 9 nodes is 2x3 + 1x3 nodes": counts of each template
+ * size, largest first. */
+static int add_plan_step(ctx *c, const pairing *pr, int total, int used)
+{
+    char desc[160] = "";
+    int len = 0;
+    for (int k = 0, run = 1; k < pr->nt; k++, run++)
+        if ((k + 1 == pr->nt || pr->tsize[k + 1] != pr->tsize[k]) && len < (int)sizeof desc) {
+            len += snprintf(desc + len, sizeof desc - (size_t)len, "%s%dx%d", len ? " + " : "",
+                            run, pr->tsize[k]);
+            run = 0;
+        }
+    return used < total ? add_step(c, "plan: best plan for %d nodes is %s nodes (%d idle)", total,
+                                   desc, total - used)
+                        : add_step(c, "plan: best plan for %d nodes is %s nodes", total, desc);
+}
+
+/* Exact matches: both lists largest first, and within a size unchanged
+ * pipelines first, then the earliest; a merge-like walk pairs equal sizes. */
+static int pair_equal_sizes(ctx *c, pairing *pr)
+{
+    sized *byfit = malloc((size_t)(pr->ng0 ? pr->ng0 : 1) * sizeof *byfit);
+    if (!byfit)
+        return oom(c);
+    int nlive = 0;
+    for (int i = 0; i < pr->ng0; i++)
+        if (!c->g[i].gone)
+            byfit[nlive++] = (sized){2 * c->g[i].nodes.n + !c->g[i].changed, i};
+    qsort(byfit, (size_t)nlive, sizeof *byfit, cmp_largest_first);
+    for (int k = 0, j = 0; k < pr->nt && j < nlive;) {
+        int n = byfit[j].size / 2;
+        if (n == pr->tsize[k]) {
+            pr->gtarget[byfit[j].id] = k;
+            pr->tgroup[k++] = byfit[j++].id;
+        } else if (n > pr->tsize[k]) {
+            j++; /* no later plan size is as large */
+        } else {
+            k++;
+        }
+    }
+    free(byfit);
+    return 0;
+}
+
+/* Group g leaves the plan; its nodes become free. */
+static int dissolve(ctx *c, group *g, ivec *freed)
+{
+    for (int j = 0; j < g->nodes.n; j++)
+        if (ivec_push(freed, g->nodes.v[j]))
+            return oom(c);
+    if (add_step(c, "dissolve: pipeline %d (%d nodes)", g->label, g->nodes.n))
+        return -1;
+    g->nodes.n = 0;
+    g->gone = 1;
+    return 0;
+}
+
+/* Releases the nodes of g holding least until t remain: their state is
+ * cheapest to rebuild. */
+static int shrink(ctx *c, group *g, int t, ivec *freed)
+{
+    int n = g->nodes.n;
+    if (n <= t)
+        return 0;
+    while (g->nodes.n > t) {
+        int best = 0;
+        int64_t best_b = INT64_MAX;
+        for (int j = 0; j < g->nodes.n; j++) {
+            int64_t b = held_total(c, g->nodes.v[j]);
+            if (b < best_b) {
+                best = j;
+                best_b = b;
+            }
+        }
+        if (ivec_push(freed, g->nodes.v[best]))
+            return oom(c);
+        ivec_remove_at(&g->nodes, best);
+    }
+    g->changed = 1;
+    return add_step(c, "shrink: pipeline %d (%d -> %d nodes)", g->label, n, t);
+}
+
+/* The pipelines without an equal plan size, largest first, take the plan's
+ * remaining sizes, largest first, shrinking to them; those left over dissolve. */
+static int resize_unpaired(ctx *c, pairing *pr)
+{
+    ivec rg = {0}, rt = {0};
+    int rc = -1;
+    for (int i = 0; i < pr->ng0; i++)
+        if (!c->g[i].gone && pr->gtarget[i] < 0 && ivec_push(&rg, i)) {
+            oom(c);
+            goto done;
+        }
+    for (int k = 0; k < pr->nt; k++)
+        if (pr->tgroup[k] < 0 && ivec_push(&rt, k)) {
+            oom(c);
+            goto done;
+        }
+    if (sort_groups(c, &rg, -1)) { /* plan sizes are already largest first */
+        oom(c);
+        goto done;
+    }
+    for (int r = 0; r < rg.n; r++) {
+        int i = rg.v[r];
+        if (r >= rt.n) {
+            if (dissolve(c, &c->g[i], &pr->freed))
+                goto done;
+            continue;
+        }
+        pr->gtarget[i] = rt.v[r];
+        pr->tgroup[rt.v[r]] = i;
+        if (shrink(c, &c->g[i], pr->tsize[rt.v[r]], &pr->freed))
+            goto done;
+    }
+    rc = 0;
+done:
+    free(rg.v);
+    free(rt.v);
+    return rc;
+}
+
+/* Nodes left in the pool (added ones) are free after the released ones. */
+static int free_pool(ctx *c, pairing *pr)
+{
+    for (int j = c->pool_head; j < c->pool.n; j++)
+        if (ivec_push(&pr->freed, c->pool.v[j]))
+            return oom(c);
+    return 0;
+}
+
+/* Hands out free nodes to nodes until it has size of them. */
+static int take_freed(ctx *c, pairing *pr, ivec *nodes, int size)
+{
+    while (nodes->n < size)
+        if (ivec_push(nodes, pr->freed.v[pr->head++]))
+            return oom(c);
+    return 0;
+}
+
+/* Paired pipelines smaller than their plan size grow with free nodes. */
+static int grow_paired(ctx *c, pairing *pr)
+{
+    for (int i = 0; i < pr->ng0; i++) {
+        group *g = &c->g[i];
+        if (g->gone || pr->gtarget[i] < 0 || g->nodes.n >= pr->tsize[pr->gtarget[i]])
+            continue;
+        int n = g->nodes.n;
+        if (take_freed(c, pr, &g->nodes, pr->tsize[pr->gtarget[i]]))
+            return -1;
+        g->changed = 1;
+        if (add_step(c, "grow: pipeline %d (%d -> %d nodes)", g->label, n, g->nodes.n))
+            return -1;
+    }
+    return 0;
+}
+
+/* Plan pipelines no group took are formed from free nodes. */
+static int form_unpaired(ctx *c, pairing *pr)
+{
+    for (int k = 0; k < pr->nt; k++) {
+        if (pr->tgroup[k] >= 0)
+            continue;
+        int gi = new_group(c, -1, 0);
+        if (gi < 0)
+            return oom(c);
+        c->g[gi].changed = 1;
+        if (take_freed(c, pr, &c->g[gi].nodes, pr->tsize[k]))
+            return -1;
+        if (add_step(c, "new: pipeline of %d nodes", pr->tsize[k]))
+            return -1;
+    }
+    return 0;
+}
+
+/* What the plan cannot use stays idle: the free nodes not handed out become the pool. */
+static int leave_idle(ctx *c, pairing *pr)
+{
+    free(c->pool.v);
+    c->pool = pr->freed;
+    c->pool_head = pr->head;
+    pr->freed = (ivec){0};
+    for (int j = c->pool_head; j < c->pool.n; j++)
+        if (add_step(c, "idle: %s", c->name[c->pool.v[j]]))
+            return -1;
+    return 0;
 }
 
 /* Moves toward the best plan for the live node count: pipelines whose size
@@ -607,188 +885,20 @@ static int replan(ctx *c, int64_t global_batch)
     for (int i = 0; i < c->ng; i++)
         if (!c->g[i].gone)
             total += c->g[i].nodes.n;
-    /* An uncovered count leaves nodes idle: the best plan is then the one
-     * for the largest covered smaller count, (f+1)·n0 at worst. Counts in
-     * the precomputed coverage table are a lookup (§4.2: plans are
-     * precomputed so that reconfiguration is fast). */
     pl_instance_plan owned = {0};
-    const pl_instance_plan *target = NULL;
-    int used = total + 1;
-    while (!target) {
-        used--;
-        if (used < (c->tolerate + 1) * c->ts->n0)
-            return pl_errf(c->err, c->errlen, "templates: no plan covers %d nodes or fewer", total);
-        if (c->cov && used >= c->cov->nodes_lo && used <= c->cov->nodes_hi) {
-            const pl_instance_plan *e = &c->cov->entries[c->cov->nodes_hi - used];
-            if (e->covered) target = e;
-            continue;
-        }
-        if (pl_instantiate(c->ts, used, c->tolerate, global_batch, c->p->microbatch_size, &owned,
-                           c->err, c->errlen))
-            return -1;
-        if (owned.covered)
-            target = &owned;
-        else
-            pl_instance_plan_free(&owned);
-    }
-    const pl_instance_plan plan = *target;
-    int rc = -1, nt = plan.npipelines, ng0 = c->ng;
-    int *tsize = malloc((size_t)(nt ? nt : 1) * sizeof *tsize);
-    int *tgroup = malloc((size_t)(nt ? nt : 1) * sizeof *tgroup);
-    int *gtarget = malloc((size_t)(ng0 ? ng0 : 1) * sizeof *gtarget);
-    sized *byfit = malloc((size_t)(ng0 ? ng0 : 1) * sizeof *byfit);
-    ivec rg = {0}, rt = {0}, freed = {0};
-    if (!tsize || !tgroup || !gtarget || !byfit) {
-        oom(c);
-        goto done;
-    }
-    /* "2x4 + 1x3": counts of each template size, largest first. */
-    char desc[160] = "";
-    int len = 0;
-    for (int k = 0; k < nt; k++) {
-        tsize[k] = plan.pipelines[k].template_nodes;
-        tgroup[k] = -1;
-    }
-    for (int k = 0, run = 1; k < nt; k++, run++)
-        if ((k + 1 == nt || tsize[k + 1] != tsize[k]) && len < (int)sizeof desc) {
-            len += snprintf(desc + len, sizeof desc - (size_t)len, "%s%dx%d", len ? " + " : "",
-                            run, tsize[k]);
-            run = 0;
-        }
-    if (used < total ? add_step(c, "plan: best plan for %d nodes is %s nodes (%d idle)", total,
-                                desc, total - used)
-                     : add_step(c, "plan: best plan for %d nodes is %s nodes", total, desc))
-        goto done;
-    /* Exact matches: both lists largest first, and within a size unchanged
-     * pipelines first, then the earliest; a merge-like walk pairs equal sizes. */
-    int nlive = 0;
-    for (int i = 0; i < ng0; i++) {
-        gtarget[i] = -1;
-        if (!c->g[i].gone)
-            byfit[nlive++] = (sized){2 * c->g[i].nodes.n + !c->g[i].changed, i};
-    }
-    qsort(byfit, (size_t)nlive, sizeof *byfit, cmp_largest_first);
-    for (int k = 0, j = 0; k < nt && j < nlive;) {
-        int n = byfit[j].size / 2;
-        if (n == tsize[k]) {
-            gtarget[byfit[j].id] = k;
-            tgroup[k++] = byfit[j++].id;
-        } else if (n > tsize[k]) {
-            j++; /* no later plan size is as large */
-        } else {
-            k++;
-        }
-    }
-    for (int i = 0; i < ng0; i++)
-        if (!c->g[i].gone && gtarget[i] < 0 && ivec_push(&rg, i)) {
-            oom(c);
-            goto done;
-        }
-    for (int k = 0; k < nt; k++)
-        if (tgroup[k] < 0 && ivec_push(&rt, k)) {
-            oom(c);
-            goto done;
-        }
-    if (sort_groups(c, &rg, -1)) { /* plan sizes are already largest first */
-        oom(c);
-        goto done;
-    }
-    for (int r = 0; r < rg.n; r++) {
-        int i = rg.v[r];
-        group *g = &c->g[i];
-        if (r >= rt.n) {
-            for (int j = 0; j < g->nodes.n; j++)
-                if (ivec_push(&freed, g->nodes.v[j])) {
-                    oom(c);
-                    goto done;
-                }
-            if (add_step(c, "dissolve: pipeline %d (%d nodes)", g->label, g->nodes.n))
-                goto done;
-            g->nodes.n = 0;
-            g->gone = 1;
-            continue;
-        }
-        int t = tsize[rt.v[r]], n = g->nodes.n;
-        gtarget[i] = rt.v[r];
-        tgroup[rt.v[r]] = i;
-        if (n <= t)
-            continue;
-        /* Release the nodes holding least: their state is cheapest to rebuild. */
-        while (g->nodes.n > t) {
-            int best = 0;
-            int64_t best_b = INT64_MAX;
-            for (int j = 0; j < g->nodes.n; j++) {
-                int64_t b = held_total(c, g->nodes.v[j]);
-                if (b < best_b) {
-                    best = j;
-                    best_b = b;
-                }
-            }
-            if (ivec_push(&freed, g->nodes.v[best])) {
-                oom(c);
-                goto done;
-            }
-            ivec_remove_at(&g->nodes, best);
-        }
-        g->changed = 1;
-        if (add_step(c, "shrink: pipeline %d (%d -> %d nodes)", g->label, n, t))
-            goto done;
-    }
-    for (int j = c->pool_head; j < c->pool.n; j++)
-        if (ivec_push(&freed, c->pool.v[j])) {
-            oom(c);
-            goto done;
-        }
-    int head = 0;
-    for (int i = 0; i < ng0; i++) {
-        group *g = &c->g[i];
-        if (g->gone || gtarget[i] < 0 || g->nodes.n >= tsize[gtarget[i]])
-            continue;
-        int n = g->nodes.n;
-        while (g->nodes.n < tsize[gtarget[i]])
-            if (ivec_push(&g->nodes, freed.v[head++])) {
-                oom(c);
-                goto done;
-            }
-        g->changed = 1;
-        if (add_step(c, "grow: pipeline %d (%d -> %d nodes)", g->label, n, g->nodes.n))
-            goto done;
-    }
-    for (int k = 0; k < nt; k++) {
-        if (tgroup[k] >= 0)
-            continue;
-        int gi = new_group(c, -1, 0);
-        if (gi < 0) {
-            oom(c);
-            goto done;
-        }
-        c->g[gi].changed = 1;
-        while (c->g[gi].nodes.n < tsize[k])
-            if (ivec_push(&c->g[gi].nodes, freed.v[head++])) {
-                oom(c);
-                goto done;
-            }
-        if (add_step(c, "new: pipeline of %d nodes", tsize[k]))
-            goto done;
-    }
-    /* What the plan cannot use stays idle. */
-    free(c->pool.v);
-    c->pool = freed;
-    c->pool_head = head;
-    freed = (ivec){0};
-    for (int j = c->pool_head; j < c->pool.n; j++)
-        if (add_step(c, "idle: %s", c->name[c->pool.v[j]]))
-            goto done;
-    rc = 0;
-done:
+    int used = 0;
+    const pl_instance_plan *target = find_target_plan(c, total, global_batch, &owned, &used);
+    if (!target)
+        return -1;
+    pairing pr = {0};
+    int rc = pairing_init(c, target, &pr) || add_plan_step(c, &pr, total, used) ||
+                     pair_equal_sizes(c, &pr) || resize_unpaired(c, &pr) ||
+                     free_pool(c, &pr) || grow_paired(c, &pr) || form_unpaired(c, &pr) ||
+                     leave_idle(c, &pr)
+                 ? -1
+                 : 0;
+    pairing_free(&pr);
     pl_instance_plan_free(&owned);
-    free(tsize);
-    free(tgroup);
-    free(gtarget);
-    free(byfit);
-    free(rg.v);
-    free(rt.v);
-    free(freed.v);
     return rc;
 }
 

@@ -1,3 +1,5 @@
+/* safetensors files: the atomic writer and the strict, mmap-backed reader (format and
+ * checks in safetensors.h). */
 #include "safetensors.h"
 
 #include "util.h"
@@ -383,9 +385,10 @@ static int parse_tensor(const char *path, const cJSON *item, uint64_t data_len, 
     return 0;
 }
 
-int pl_st_open(const char *path, pl_st_file *f, char *err, size_t errlen)
+/* Maps the file read-only into f (map, map_len, path). On failure f may hold
+ * the mapping; the caller releases it with pl_st_close. */
+static int map_file(const char *path, pl_st_file *f, char *err, size_t errlen)
 {
-    memset(f, 0, sizeof *f);
     int fd = open(path, O_RDONLY);
     if (fd < 0) return pl_errf(err, errlen, "%s: %s", path, strerror(errno));
     struct stat st;
@@ -407,59 +410,157 @@ int pl_st_open(const char *path, pl_st_file *f, char *err, size_t errlen)
     f->map = map;
     f->map_len = size;
     f->path = strdup(path);
-    cJSON *root = NULL;
-    span *spans = NULL;
-    if (!f->path) {
-        pl_errf(err, errlen, "%s: out of memory", path);
-        goto fail;
-    }
+    if (!f->path) return pl_errf(err, errlen, "%s: out of memory", path);
+    return 0;
+}
 
-    const unsigned char *bytes = map;
+/* The little-endian header length, checked against the file; then the JSON
+ * object it frames (only whitespace may pad it). */
+static cJSON *parse_header(const char *path, const pl_st_file *f, uint64_t *hlen_out,
+                           char *err, size_t errlen)
+{
+    const unsigned char *bytes = f->map;
+    size_t size = f->map_len;
     uint64_t hlen = 0;
     for (int i = 0; i < 8; i++) hlen |= (uint64_t)bytes[i] << (8 * i);
     if (hlen < 2) {
         pl_errf(err, errlen, "%s: header length %" PRIu64 " is too small for a JSON object",
                 path, hlen);
-        goto fail;
+        return NULL;
     }
     if (hlen > PL_ST_MAX_HEADER) {
         pl_errf(err, errlen, "%s: header length %" PRIu64 " exceeds the %d-byte limit", path,
                 hlen, PL_ST_MAX_HEADER);
-        goto fail;
+        return NULL;
     }
     if (hlen > size - 8) {
         pl_errf(err, errlen,
                 "%s: header length %" PRIu64 " runs past the end of the file (%zu bytes)", path,
                 hlen, size);
-        goto fail;
+        return NULL;
     }
     const char *hdr = (const char *)bytes + 8;
     if (hdr[0] != '{') {
         pl_errf(err, errlen, "%s: header does not start with '{'", path);
-        goto fail;
+        return NULL;
     }
     const char *end = NULL;
-    root = cJSON_ParseWithLengthOpts(hdr, (size_t)hlen, &end, 0);
+    cJSON *root = cJSON_ParseWithLengthOpts(hdr, (size_t)hlen, &end, 0);
     if (!root) {
         long at = (end && end >= hdr && end <= hdr + hlen) ? (long)(end - hdr) : -1;
         pl_errf(err, errlen, "%s: header is not valid JSON (error near byte %ld of %" PRIu64 ")",
                 path, at, hlen);
-        goto fail;
+        return NULL;
     }
     for (const char *p = end; p < hdr + hlen; p++) {
         if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
             pl_errf(err, errlen, "%s: header has trailing bytes after the JSON object (byte %ld)",
                     path, (long)(p - hdr));
-            goto fail;
+            cJSON_Delete(root);
+            return NULL;
         }
     }
     if (!cJSON_IsObject(root)) {
         pl_errf(err, errlen, "%s: header is not a JSON object", path);
-        goto fail;
+        cJSON_Delete(root);
+        return NULL;
     }
+    *hlen_out = hlen;
+    return root;
+}
 
-    uint64_t data_len = size - 8 - hlen;
-    const unsigned char *data = bytes + 8 + hlen;
+/* Copies the "__metadata__" object's string pairs into f. */
+static int read_metadata(const char *path, const cJSON *meta, pl_st_file *f, char *err,
+                         size_t errlen)
+{
+    if (!cJSON_IsObject(meta))
+        return pl_errf(err, errlen, "%s: \"__metadata__\" is not an object", path);
+    int nm = cJSON_GetArraySize(meta);
+    f->meta_keys = pl_calloc((size_t)nm, sizeof(char *));
+    f->meta_values = pl_calloc((size_t)nm, sizeof(char *));
+    if (!f->meta_keys || !f->meta_values) return pl_errf(err, errlen, "%s: out of memory", path);
+    for (const cJSON *it = meta->child; it; it = it->next) {
+        if (!cJSON_IsString(it))
+            return pl_errf(err, errlen, "%s: metadata \"%s\": value is not a string", path,
+                           it->string);
+        int i = f->nmeta;
+        f->meta_keys[i] = strdup(it->string);
+        f->meta_values[i] = strdup(it->valuestring);
+        f->nmeta++;
+        if (!f->meta_keys[i] || !f->meta_values[i])
+            return pl_errf(err, errlen, "%s: out of memory", path);
+    }
+    const char *dup = find_duplicate(f->meta_keys, f->nmeta);
+    if (dup) return pl_errf(err, errlen, "%s: metadata \"%s\" appears twice", path, dup);
+    return 0;
+}
+
+/* Parses every entry but meta into f->tensors (nt of them) and spans[i], the
+ * byte range of tensor i within the data section. */
+static int read_tensors(const char *path, const cJSON *root, const cJSON *meta, int nt,
+                        uint64_t hlen, pl_st_file *f, span *spans, char *err, size_t errlen)
+{
+    uint64_t data_len = f->map_len - 8 - hlen;
+    const unsigned char *data = (const unsigned char *)f->map + 8 + hlen;
+    f->tensors = pl_calloc((size_t)nt, sizeof *f->tensors);
+    if (!f->tensors) return pl_errf(err, errlen, "%s: out of memory", path);
+    for (const cJSON *it = root->child; it; it = it->next) {
+        if (it == meta) continue;
+        int i = f->ntensors;
+        pl_st_tensor *t = &f->tensors[i];
+        t->name = strdup(it->string);
+        f->ntensors++;
+        if (!t->name) return pl_errf(err, errlen, "%s: out of memory", path);
+        if (parse_tensor(path, it, data_len, t, &spans[i].begin, &spans[i].end, err, errlen) !=
+            0)
+            return -1;
+        spans[i].index = i;
+        t->data = data + spans[i].begin;
+    }
+    char **names = pl_calloc((size_t)nt, sizeof *names);
+    if (!names) return pl_errf(err, errlen, "%s: out of memory", path);
+    for (int i = 0; i < nt; i++) names[i] = f->tensors[i].name;
+    const char *dup = find_duplicate(names, nt);
+    if (dup) pl_errf(err, errlen, "%s: tensor \"%s\" appears twice", path, dup);
+    free(names);
+    return dup ? -1 : 0;
+}
+
+/* The tensors' byte ranges must tile the data section exactly: no overlap, no
+ * gap, nothing after the last. Sorts spans. */
+static int check_tiling(const char *path, const pl_st_file *f, span *spans, int nt,
+                        uint64_t data_len, char *err, size_t errlen)
+{
+    qsort(spans, (size_t)nt, sizeof *spans, span_cmp);
+    uint64_t pos = 0;
+    for (int i = 0; i < nt; i++) {
+        const span *s = &spans[i];
+        const char *name = f->tensors[s->index].name;
+        if (s->begin < pos)
+            return pl_errf(err, errlen,
+                           "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64
+                           "] overlap tensor \"%s\" (ends at %" PRIu64 ")",
+                           path, name, s->begin, s->end, f->tensors[spans[i - 1].index].name,
+                           pos);
+        if (s->begin > pos)
+            return pl_errf(err, errlen,
+                           "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64
+                           "] leave a gap of %" PRIu64 " bytes before it",
+                           path, name, s->begin, s->end, s->begin - pos);
+        pos = s->end;
+    }
+    if (pos != data_len)
+        return pl_errf(err, errlen,
+                       "%s: tensors cover %" PRIu64 " bytes but the data section has %" PRIu64
+                       " (truncated or trailing data)",
+                       path, pos, data_len);
+    return 0;
+}
+
+/* Parses the header's entries: metadata, then tensors, then their layout. */
+static int read_entries(const char *path, const cJSON *root, uint64_t hlen, pl_st_file *f,
+                        char *err, size_t errlen)
+{
     int nt = 0, nmeta_obj = 0;
     const cJSON *meta = NULL;
     for (const cJSON *it = root->child; it; it = it->next) {
@@ -470,114 +571,32 @@ int pl_st_open(const char *path, pl_st_file *f, char *err, size_t errlen)
             nt++;
         }
     }
-    if (nmeta_obj > 1) {
-        pl_errf(err, errlen, "%s: \"__metadata__\" appears twice", path);
-        goto fail;
-    }
-    if (meta) {
-        if (!cJSON_IsObject(meta)) {
-            pl_errf(err, errlen, "%s: \"__metadata__\" is not an object", path);
-            goto fail;
-        }
-        int nm = cJSON_GetArraySize(meta);
-        f->meta_keys = pl_calloc((size_t)nm, sizeof(char *));
-        f->meta_values = pl_calloc((size_t)nm, sizeof(char *));
-        if (!f->meta_keys || !f->meta_values) {
-            pl_errf(err, errlen, "%s: out of memory", path);
-            goto fail;
-        }
-        for (const cJSON *it = meta->child; it; it = it->next) {
-            if (!cJSON_IsString(it)) {
-                pl_errf(err, errlen, "%s: metadata \"%s\": value is not a string", path,
-                        it->string);
-                goto fail;
-            }
-            int i = f->nmeta;
-            f->meta_keys[i] = strdup(it->string);
-            f->meta_values[i] = strdup(it->valuestring);
-            f->nmeta++;
-            if (!f->meta_keys[i] || !f->meta_values[i]) {
-                pl_errf(err, errlen, "%s: out of memory", path);
-                goto fail;
-            }
-        }
-        const char *dup = find_duplicate(f->meta_keys, f->nmeta);
-        if (dup) {
-            pl_errf(err, errlen, "%s: metadata \"%s\" appears twice", path, dup);
-            goto fail;
-        }
-    }
-
-    f->tensors = pl_calloc((size_t)nt, sizeof *f->tensors);
-    spans = pl_calloc((size_t)nt, sizeof *spans);
-    if (!f->tensors || !spans) {
-        pl_errf(err, errlen, "%s: out of memory", path);
-        goto fail;
-    }
-    for (const cJSON *it = root->child; it; it = it->next) {
-        if (it == meta) continue;
-        int i = f->ntensors;
-        pl_st_tensor *t = &f->tensors[i];
-        t->name = strdup(it->string);
-        f->ntensors++;
-        if (!t->name) {
-            pl_errf(err, errlen, "%s: out of memory", path);
-            goto fail;
-        }
-        if (parse_tensor(path, it, data_len, t, &spans[i].begin, &spans[i].end, err, errlen) !=
-            0)
-            goto fail;
-        spans[i].index = i;
-        t->data = data + spans[i].begin;
-    }
-    {
-        char **names = pl_calloc((size_t)nt, sizeof *names);
-        if (!names) {
-            pl_errf(err, errlen, "%s: out of memory", path);
-            goto fail;
-        }
-        for (int i = 0; i < nt; i++) names[i] = f->tensors[i].name;
-        const char *dup = find_duplicate(names, nt);
-        if (dup) pl_errf(err, errlen, "%s: tensor \"%s\" appears twice", path, dup);
-        free(names);
-        if (dup) goto fail;
-    }
-    qsort(spans, (size_t)nt, sizeof *spans, span_cmp);
-    uint64_t pos = 0;
-    for (int i = 0; i < nt; i++) {
-        const span *s = &spans[i];
-        const char *name = f->tensors[s->index].name;
-        if (s->begin < pos) {
-            pl_errf(err, errlen,
-                    "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64
-                    "] overlap tensor \"%s\" (ends at %" PRIu64 ")",
-                    path, name, s->begin, s->end, f->tensors[spans[i - 1].index].name, pos);
-            goto fail;
-        }
-        if (s->begin > pos) {
-            pl_errf(err, errlen,
-                    "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64
-                    "] leave a gap of %" PRIu64 " bytes before it",
-                    path, name, s->begin, s->end, s->begin - pos);
-            goto fail;
-        }
-        pos = s->end;
-    }
-    if (pos != data_len) {
-        pl_errf(err, errlen,
-                "%s: tensors cover %" PRIu64 " bytes but the data section has %" PRIu64
-                " (truncated or trailing data)",
-                path, pos, data_len);
-        goto fail;
-    }
+    if (nmeta_obj > 1) return pl_errf(err, errlen, "%s: \"__metadata__\" appears twice", path);
+    if (meta && read_metadata(path, meta, f, err, errlen) != 0) return -1;
+    span *spans = pl_calloc((size_t)nt, sizeof *spans);
+    if (!spans) return pl_errf(err, errlen, "%s: out of memory", path);
+    int rc = read_tensors(path, root, meta, nt, hlen, f, spans, err, errlen);
+    if (rc == 0) rc = check_tiling(path, f, spans, nt, f->map_len - 8 - hlen, err, errlen);
     free(spans);
+    return rc;
+}
+
+int pl_st_open(const char *path, pl_st_file *f, char *err, size_t errlen)
+{
+    memset(f, 0, sizeof *f);
+    if (map_file(path, f, err, errlen) != 0) {
+        pl_st_close(f);
+        return -1;
+    }
+    uint64_t hlen = 0;
+    cJSON *root = parse_header(path, f, &hlen, err, errlen);
+    if (!root || read_entries(path, root, hlen, f, err, errlen) != 0) {
+        cJSON_Delete(root);
+        pl_st_close(f);
+        return -1;
+    }
     cJSON_Delete(root);
     return 0;
-fail:
-    free(spans);
-    cJSON_Delete(root);
-    pl_st_close(f);
-    return -1;
 }
 
 const pl_st_tensor *pl_st_find(const pl_st_file *f, const char *name)

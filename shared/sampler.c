@@ -1,3 +1,5 @@
+/* The sample order, a pure function of (seed, step), with an O(1) keyed
+ * permutation of each epoch's windows (sampler.h). */
 #include "sampler.h"
 
 #include "util.h"

@@ -1,3 +1,5 @@
+/* Per-layer gradient all-reduce groups between heterogeneous pipelines
+ * (Oobleck §6.1; syncgroups.h). */
 #include "syncgroups.h"
 
 #include <stdio.h>

@@ -1,3 +1,5 @@
+/* llm.c token shards: reading a glob of them, mapped, as one token stream, and
+ * writing them (tokens.h). */
 #include "tokens.h"
 
 #include "util.h"

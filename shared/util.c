@@ -1,3 +1,5 @@
+/* Helpers every module shares: error formatting, whole-file reads, atomic writes,
+ * checked allocation, the monotonic clock (util.h). */
 #include "util.h"
 
 #include <fcntl.h>

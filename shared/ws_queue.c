@@ -1,3 +1,5 @@
+/* The ordered send queue and the receive buffer of a control-channel WebSocket
+ * connection (ws_queue.h). */
 #include "ws_queue.h"
 
 #include <stdlib.h>
@@ -47,4 +49,21 @@ void pl_ws_queue_clear(pl_ws_queue *q)
 {
     pl_ws_frame *f;
     while ((f = pl_ws_queue_pop(q))) free(f);
+}
+
+int pl_ws_rx_append(char **buf, size_t *len, size_t *cap, const void *in, size_t n, size_t max)
+{
+    if (n > max - *len) return 1;
+    if (*len + n > *cap) {
+        size_t grown = *cap ? *cap : 4096;
+        while (grown < *len + n) grown *= 2;
+        if (grown > max) grown = max;
+        char *nb = realloc(*buf, grown);
+        if (!nb) return -1;
+        *buf = nb;
+        *cap = grown;
+    }
+    if (n) memcpy(*buf + *len, in, n);
+    *len += n;
+    return 0;
 }

@@ -1,6 +1,7 @@
 /* The send queue of a WebSocket connection of the control channel (libwebsockets):
  * frames with the LWS_PRE headroom lws_write wants, written one per writable
- * callback, in order. Shared by the coordinator's server and the worker's client.
+ * callback, in order; and the buffer a message is received into, fragment by
+ * fragment. Shared by the coordinator's server and the worker's client.
  * Not thread-safe: the connection's service thread only. */
 #ifndef PLIANT_WS_QUEUE_H
 #define PLIANT_WS_QUEUE_H
@@ -31,5 +32,10 @@ pl_ws_frame *pl_ws_queue_pop(pl_ws_queue *q);
  * connection is broken). */
 int pl_ws_queue_write(pl_ws_queue *q, struct lws *wsi);
 void pl_ws_queue_clear(pl_ws_queue *q);
+
+/* Appends a received fragment (n bytes at in) to the message in *buf, *len of
+ * *cap bytes used; the buffer grows by doubling, never past max. 0, 1 when the
+ * message would exceed max bytes, -1 when out of memory (nothing appended). */
+int pl_ws_rx_append(char **buf, size_t *len, size_t *cap, const void *in, size_t n, size_t max);
 
 #endif

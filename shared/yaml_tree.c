@@ -1,3 +1,5 @@
+/* A small YAML loader on libyaml that builds a typed tree with line numbers, for
+ * manifests (yaml_tree.h). */
 #include "yaml_tree.h"
 
 #include <math.h>

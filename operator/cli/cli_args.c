@@ -1,3 +1,5 @@
+/* Integer and number flag values of the `pliant` subcommands, range-checked with
+ * messages that name the flag (cli_args.h). */
 #include "cli_args.h"
 
 #include <errno.h>

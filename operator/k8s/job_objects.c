@@ -1,3 +1,5 @@
+/* The Secret, Service and worker Pods a TrainingJob owns, built as cJSON objects
+ * (job_objects.h); no API calls here. */
 #include "job_objects.h"
 
 #include <stdio.h>

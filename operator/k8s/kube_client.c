@@ -1,3 +1,5 @@
+/* The Kubernetes REST client on libcurl and cJSON (kube_client.h): paths, requests,
+ * Status errors, 409 retries, status updates and Events. */
 #include "kube_client.h"
 
 #include <pthread.h>

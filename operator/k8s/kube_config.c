@@ -1,3 +1,5 @@
+/* Finding the Kubernetes API and its credentials: kubeconfig files and the
+ * in-cluster service account (kube_config.h). */
 #include "kube_config.h"
 
 #include <ctype.h>

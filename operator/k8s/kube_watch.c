@@ -1,3 +1,5 @@
+/* The informer (kube_watch.h): paged lists, watches resumed from the last
+ * resourceVersion, re-lists on 410 Gone, and the store that turns a re-list into events. */
 #include "kube_watch.h"
 
 #include <stdint.h>

@@ -1,3 +1,4 @@
+/* Leader election on a coordination.k8s.io/v1 Lease, as client-go does it (leader.h). */
 #include "leader.h"
 
 #include <pthread.h>

@@ -1,3 +1,4 @@
+/* The operator's Prometheus registry and its text exposition for /metrics (metrics.h). */
 #include "metrics.h"
 
 #include <math.h>

@@ -108,7 +108,33 @@ static const char *env_or(const char *name, const char *dflt)
     return v && *v ? v : dflt;
 }
 
-int main(int argc, char **argv)
+/* The command line, with the defaults the Pod's environment gives. */
+typedef struct {
+    const char *kubeconfig, *ns, *lease_name, *lease_ns, *metrics_addr, *health_addr,
+        *coord_host, *bind_host, *image, *command;
+    char identity[256];
+    int leader_elect, lease_s, port_base;
+} op_args;
+
+static void default_args(op_args *a)
+{
+    *a = (op_args){.lease_name = "pliant-operator", .lease_ns = env_or("POD_NAMESPACE", NULL),
+                   .metrics_addr = ":8080", .health_addr = ":8081",
+                   /* in a Pod: the jobs' Services (they follow the leader); else this host */
+                   .coord_host = getenv("POD_NAME") ? NULL : "127.0.0.1",
+                   .image = env_or("PLIANT_WORKER_IMAGE", NULL), .lease_s = 15,
+                   .port_base = atoi(env_or("PLIANT_COORDINATOR_PORT", "0"))};
+    snprintf(a->identity, sizeof a->identity, "%s", env_or("POD_NAME", ""));
+    if (!a->identity[0]) {
+        char host[200] = "operator";
+        gethostname(host, sizeof host - 1);
+        snprintf(a->identity, sizeof a->identity, "%s-%d", host, (int)getpid());
+    }
+}
+
+/* Fills a from argv; the exit status when the command ends here (--help,
+ * --version, a usage error), else -1. */
+static int parse_args(int argc, char **argv, op_args *a)
 {
     static const struct option opts[] = {
         {"kubeconfig", required_argument, 0, 'k'},   {"namespace", required_argument, 0, 'n'},
@@ -121,36 +147,23 @@ int main(int argc, char **argv)
         {"lease-duration", required_argument, 0, 'D'},
         {"coordinator-port", required_argument, 0, 'P'},
         {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
-    const char *kubeconfig = NULL, *ns = NULL, *lease_name = "pliant-operator",
-               *lease_ns = env_or("POD_NAMESPACE", NULL), *metrics_addr = ":8080",
-               *health_addr = ":8081",
-               /* in a Pod: the jobs' Services (they follow the leader); else this host */
-               *coord_host = getenv("POD_NAME") ? NULL : "127.0.0.1",
-               *bind_host = NULL, *image = env_or("PLIANT_WORKER_IMAGE", NULL),
-               *command = NULL;
-    char identity[256];
-    snprintf(identity, sizeof identity, "%s", env_or("POD_NAME", ""));
-    if (!identity[0]) {
-        char host[200] = "operator";
-        gethostname(host, sizeof host - 1);
-        snprintf(identity, sizeof identity, "%s-%d", host, (int)getpid());
-    }
-    int leader_elect = 0, lease_s = 15, port_base = atoi(env_or("PLIANT_COORDINATOR_PORT", "0")), c;
+    default_args(a);
+    int c;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
-        case 'k': kubeconfig = optarg; break;
-        case 'n': ns = optarg; break;
-        case 'l': leader_elect = 1; break;
-        case 'L': lease_name = optarg; break;
-        case 'N': lease_ns = optarg; break;
-        case 'i': snprintf(identity, sizeof identity, "%s", optarg); break;
-        case 'm': metrics_addr = optarg; break;
-        case 'H': health_addr = optarg; break;
-        case 'c': coord_host = optarg; break;
-        case 'b': bind_host = optarg; break;
-        case 'I': image = optarg; break;
-        case 'w': command = optarg; break;
+        case 'k': a->kubeconfig = optarg; break;
+        case 'n': a->ns = optarg; break;
+        case 'l': a->leader_elect = 1; break;
+        case 'L': a->lease_name = optarg; break;
+        case 'N': a->lease_ns = optarg; break;
+        case 'i': snprintf(a->identity, sizeof a->identity, "%s", optarg); break;
+        case 'm': a->metrics_addr = optarg; break;
+        case 'H': a->health_addr = optarg; break;
+        case 'c': a->coord_host = optarg; break;
+        case 'b': a->bind_host = optarg; break;
+        case 'I': a->image = optarg; break;
+        case 'w': a->command = optarg; break;
         case 'v':
             if (strcmp(optarg, "debug") && strcmp(optarg, "info")) {
                 fprintf(stderr, "pliant-operator: --log-level: must be debug or info\n");
@@ -158,13 +171,13 @@ int main(int argc, char **argv)
             }
             break;
         case 'D':
-            lease_s = atoi(optarg);
-            if (lease_s < 2 || lease_s > 3600) {
+            a->lease_s = atoi(optarg);
+            if (a->lease_s < 2 || a->lease_s > 3600) {
                 fprintf(stderr, "pliant-operator: --lease-duration: seconds in 2..3600\n");
                 return 2;
             }
             break;
-        case 'P': port_base = atoi(optarg); break;
+        case 'P': a->port_base = atoi(optarg); break;
         case 'V': puts(VERSION); return 0;
         case 'h': usage(stdout); return 0;
         default:
@@ -178,53 +191,66 @@ int main(int argc, char **argv)
         fprintf(stderr, "pliant-operator: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
-    char err[1024] = "";
-    pl_kube_config kc;
-    if (pl_kube_config_load_default(&kc, kubeconfig, err, sizeof err)) {
-        fprintf(stderr, "pliant-operator: %s\n", err);
-        return 2;
-    }
+    return -1;
+}
+
+static void catch_signals(void)
+{
     struct sigaction sa = {.sa_handler = on_signal};
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+}
 
+/* With --leader-elect: campaigns for the Lease (*leader) and waits until this
+ * replica leads or is stopped. Without, it leads at once. */
+static int lead(const op_args *a, pl_kube_config *kc, pl_leader **leader, char *err,
+                size_t errlen)
+{
+    if (!a->leader_elect) {
+        atomic_store(&leading, 1);
+        return 0;
+    }
+    pl_leader_config lc = {.kc = kc, .namespace_ = a->lease_ns, .name = a->lease_name,
+                           .identity = a->identity, .lease_ms = a->lease_s * 1000,
+                           .renew_ms = a->lease_s * 2000 / 3, .retry_ms = a->lease_s * 2000 / 15,
+                           .on_started = on_started, .on_stopped = on_stopped};
+    if (!(*leader = pl_leader_start(&lc, err, errlen))) return -1;
+    while (!atomic_load(&stop_flag) && !atomic_load(&leading)) usleep(50 * 1000);
+    if (atomic_load(&leading)) {
+        fprintf(stderr, "pliant-operator: %s leads\n", a->identity);
+        label_leader(kc);
+    }
+    return 0;
+}
+
+/* The controller, its probe servers and, once this replica leads, its loop
+ * until stopped. The exit status. */
+static int run(const op_args *a, pl_kube_config *kc)
+{
+    char err[1024] = "";
     int rc = 1;
     pl_metrics *metrics = pl_metrics_new();
-    probe_state ps = {metrics, NULL, leader_elect};
+    probe_state ps = {metrics, NULL, a->leader_elect};
     pl_probe_server *mp = NULL, *hp = NULL;
     pl_leader *leader = NULL;
-    pl_controller_config cc = {.kc = &kc, .namespace_ = ns, .coordinator_host = coord_host,
-                               .bind_host = bind_host, .port_base = port_base,
-                               .worker_image = image,
-                               .worker_command = command, .identity = identity,
-                               .metrics = metrics};
+    pl_controller_config cc = {.kc = kc, .namespace_ = a->ns, .coordinator_host = a->coord_host,
+                               .bind_host = a->bind_host, .port_base = a->port_base,
+                               .worker_image = a->image, .worker_command = a->command,
+                               .identity = a->identity, .metrics = metrics};
     if (!metrics || !(ps.ctl = pl_controller_new(&cc, err, sizeof err))) goto done;
-    pl_probe_config mc = {.addr = metrics_addr, .metrics = metrics_text, .ready = ready,
+    pl_probe_config mc = {.addr = a->metrics_addr, .metrics = metrics_text, .ready = ready,
                           .user = &ps};
-    pl_probe_config hc = {.addr = health_addr, .ready = ready, .user = &ps};
-    if ((metrics_addr[0] && !(mp = pl_probe_start(&mc, err, sizeof err))) ||
-        (health_addr[0] && !(hp = pl_probe_start(&hc, err, sizeof err))))
+    pl_probe_config hc = {.addr = a->health_addr, .ready = ready, .user = &ps};
+    if ((a->metrics_addr[0] && !(mp = pl_probe_start(&mc, err, sizeof err))) ||
+        (a->health_addr[0] && !(hp = pl_probe_start(&hc, err, sizeof err))))
         goto done;
     fprintf(stderr, "pliant-operator: %s, identity %s, workers dial %s, metrics port %d, "
-            "health port %d\n", VERSION, identity, coord_host ? coord_host : "each job's Service",
-            mp ? pl_probe_port(mp) : 0,
+            "health port %d\n", VERSION, a->identity,
+            a->coord_host ? a->coord_host : "each job's Service", mp ? pl_probe_port(mp) : 0,
             hp ? pl_probe_port(hp) : 0);
-    if (leader_elect) {
-        pl_leader_config lc = {.kc = &kc, .namespace_ = lease_ns, .name = lease_name,
-                               .identity = identity, .lease_ms = lease_s * 1000,
-                               .renew_ms = lease_s * 2000 / 3, .retry_ms = lease_s * 2000 / 15,
-                               .on_started = on_started, .on_stopped = on_stopped};
-        if (!(leader = pl_leader_start(&lc, err, sizeof err))) goto done;
-        while (!atomic_load(&stop_flag) && !atomic_load(&leading)) usleep(50 * 1000);
-        if (atomic_load(&leading)) {
-            fprintf(stderr, "pliant-operator: %s leads\n", identity);
-            label_leader(&kc);
-        }
-    } else {
-        atomic_store(&leading, 1);
-    }
+    if (lead(a, kc, &leader, err, sizeof err)) goto done;
     if (!atomic_load(&stop_flag) && pl_controller_run(ps.ctl, &stop_flag, err, sizeof err))
         goto done;
     rc = atomic_load(&lost_lease) ? 1 : 0;
@@ -236,6 +262,22 @@ done:
     pl_probe_stop(hp);
     pl_probe_stop(mp);
     pl_metrics_free(metrics);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    op_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc >= 0) return rc;
+    char err[1024] = "";
+    pl_kube_config kc;
+    if (pl_kube_config_load_default(&kc, a.kubeconfig, err, sizeof err)) {
+        fprintf(stderr, "pliant-operator: %s\n", err);
+        return 2;
+    }
+    catch_signals();
+    rc = run(&a, &kc);
     pl_kube_config_free(&kc);
     return rc;
 }

@@ -1,3 +1,5 @@
+/* The operator's HTTP endpoint for /metrics, /healthz and /readyz, on its own
+ * thread (probe_server.h). */
 #include "probe_server.h"
 
 #include <errno.h>

@@ -1,3 +1,5 @@
+/* The controller's rate-limited work queue of object keys, as controller-runtime's
+ * (workqueue.h). */
 #include "workqueue.h"
 #include "util.h"
 

@@ -187,6 +187,105 @@ static void conn_free(pl_ctl_conn *c)
     free(c);
 }
 
+/* A worker connected on CTL_PATH: a new connection, challenged at once. */
+static int on_established(pl_ctl_server *s, struct lws *wsi, pl_ctl_conn **pc)
+{
+    char uri[64] = "";
+    if (lws_hdr_copy(wsi, uri, sizeof uri, WSI_TOKEN_GET_URI) < 0 || strcmp(uri, CTL_PATH) != 0)
+        return -1;
+    pl_ctl_conn *c = calloc(1, sizeof *c);
+    if (!c)
+        return -1;
+    c->s = s;
+    c->wsi = wsi;
+    c->id = ++s->next_id;
+    c->opened_ms = c->last_heard_ms = pl_now_ms();
+    if (pl_random_hex(c->nonce, CTL_NONCE_BYTES)) {
+        free(c);
+        return -1;
+    }
+    c->next = s->conns;
+    if (s->conns)
+        s->conns->prev = c;
+    s->conns = c;
+    s->nconns++;
+    *pc = c;
+    pl_msg ch;
+    pl_msg_init(&ch, PL_MSG_CHALLENGE, 0);
+    memcpy(ch.u.challenge.nonce, c->nonce, sizeof c->nonce);
+    if (queue_msg(c, &ch))
+        return -1;
+    return 0;
+}
+
+/* Appends a fragment to the message being received; −1 when it fails the connection. */
+static int rx_append(pl_ctl_conn *c, const void *in, size_t len)
+{
+    int r = pl_ws_rx_append(&c->rx, &c->rx_len, &c->rx_cap, in, len, PL_PROTO_MAX_BYTES);
+    if (r > 0)
+        conn_fail(c, 1, "message over %u bytes", PL_PROTO_MAX_BYTES);
+    else if (r < 0)
+        conn_fail(c, 0, "out of memory");
+    return r ? -1 : 0;
+}
+
+/* A text fragment; the message is handled once its last fragment is in. */
+static int on_receive(pl_ctl_conn *c, struct lws *wsi, const void *in, size_t len)
+{
+    if (!c || c->closing)
+        return 0;
+    if (lws_frame_is_binary(wsi)) {
+        conn_fail(c, 1, "binary frame (text frames only)");
+        return 0;
+    }
+    if (rx_append(c, in, len) || !lws_is_final_fragment(wsi))
+        return 0;
+    size_t n = c->rx_len;
+    c->rx_len = 0;
+    handle_message(c, c->rx, n);
+    return 0;
+}
+
+/* Writes what is queued; a closing connection closes once its queue drained. */
+static int on_writeable(pl_ctl_conn *c, struct lws *wsi)
+{
+    if (!c)
+        return -1;
+    int w = pl_ws_queue_write(&c->tx, wsi);
+    if (w < 0) {
+        if (!c->closing)
+            snprintf(c->close_reason, sizeof c->close_reason, "write failed");
+        return -1;
+    }
+    if (w > 0) {
+        if (c->tx.head || c->closing)
+            lws_callback_on_writable(wsi);
+        return 0;
+    }
+    if (c->closing) {
+        /* The reason travels in the close frame (at most 123 bytes there). */
+        size_t n = strlen(c->close_reason);
+        lws_close_reason(wsi, LWS_CLOSE_STATUS_POLICY_VIOLATION, (unsigned char *)c->close_reason,
+                         n > 120 ? 120 : n);
+        return -1;
+    }
+    return 0;
+}
+
+static int on_closed(pl_ctl_server *s, pl_ctl_conn *c, pl_ctl_conn **pc)
+{
+    if (!c)
+        return 0;
+    *pc = NULL;
+    const char *why = c->close_reason[0] ? c->close_reason
+                      : s->destroying    ? "server shutting down"
+                                         : "connection closed by the worker";
+    if (c->registered && s->cb.on_close)
+        s->cb.on_close(s, c, why, s->cb.user);
+    conn_free(c);
+    return 0;
+}
+
 static int ctl_callback(struct lws *wsi, enum lws_callback_reasons reason, void *user, void *in,
                         size_t len)
 {
@@ -195,106 +294,15 @@ static int ctl_callback(struct lws *wsi, enum lws_callback_reasons reason, void 
     pl_ctl_conn **pc = user;
     pl_ctl_server *s = lws_context_user(lws_get_context(wsi));
     pl_ctl_conn *c = pc ? *pc : NULL;
-
     switch (reason) {
-    case LWS_CALLBACK_ESTABLISHED: {
-        char uri[64] = "";
-        if (lws_hdr_copy(wsi, uri, sizeof uri, WSI_TOKEN_GET_URI) < 0 || strcmp(uri, CTL_PATH) != 0)
-            return -1;
-        c = calloc(1, sizeof *c);
-        if (!c)
-            return -1;
-        c->s = s;
-        c->wsi = wsi;
-        c->id = ++s->next_id;
-        c->opened_ms = c->last_heard_ms = pl_now_ms();
-        if (pl_random_hex(c->nonce, CTL_NONCE_BYTES)) {
-            free(c);
-            return -1;
-        }
-        c->next = s->conns;
-        if (s->conns)
-            s->conns->prev = c;
-        s->conns = c;
-        s->nconns++;
-        *pc = c;
-        pl_msg ch;
-        pl_msg_init(&ch, PL_MSG_CHALLENGE, 0);
-        memcpy(ch.u.challenge.nonce, c->nonce, sizeof c->nonce);
-        if (queue_msg(c, &ch))
-            return -1;
-        return 0;
-    }
-    case LWS_CALLBACK_RECEIVE: {
-        if (!c || c->closing)
-            return 0;
-        if (lws_frame_is_binary(wsi)) {
-            conn_fail(c, 1, "binary frame (text frames only)");
-            return 0;
-        }
-        if (len > PL_PROTO_MAX_BYTES - c->rx_len) {
-            conn_fail(c, 1, "message over %u bytes", PL_PROTO_MAX_BYTES);
-            return 0;
-        }
-        if (c->rx_len + len > c->rx_cap) {
-            size_t cap = c->rx_cap ? c->rx_cap : 4096;
-            while (cap < c->rx_len + len)
-                cap *= 2;
-            if (cap > PL_PROTO_MAX_BYTES)
-                cap = PL_PROTO_MAX_BYTES;
-            char *nb = realloc(c->rx, cap);
-            if (!nb) {
-                conn_fail(c, 0, "out of memory");
-                return 0;
-            }
-            c->rx = nb;
-            c->rx_cap = cap;
-        }
-        if (len)
-            memcpy(c->rx + c->rx_len, in, len);
-        c->rx_len += len;
-        if (!lws_is_final_fragment(wsi))
-            return 0;
-        size_t n = c->rx_len;
-        c->rx_len = 0;
-        handle_message(c, c->rx, n);
-        return 0;
-    }
-    case LWS_CALLBACK_SERVER_WRITEABLE: {
-        if (!c)
-            return -1;
-        int w = pl_ws_queue_write(&c->tx, wsi);
-        if (w < 0) {
-            if (!c->closing)
-                snprintf(c->close_reason, sizeof c->close_reason, "write failed");
-            return -1;
-        }
-        if (w > 0) {
-            if (c->tx.head || c->closing)
-                lws_callback_on_writable(wsi);
-            return 0;
-        }
-        if (c->closing) {
-            /* The reason travels in the close frame (at most 123 bytes there). */
-            size_t n = strlen(c->close_reason);
-            lws_close_reason(wsi, LWS_CLOSE_STATUS_POLICY_VIOLATION,
-                             (unsigned char *)c->close_reason, n > 120 ? 120 : n);
-            return -1;
-        }
-        return 0;
-    }
-    case LWS_CALLBACK_CLOSED: {
-        if (!c)
-            return 0;
-        *pc = NULL;
-        const char *why = c->close_reason[0] ? c->close_reason
-                          : s->destroying    ? "server shutting down"
-                                             : "connection closed by the worker";
-        if (c->registered && s->cb.on_close)
-            s->cb.on_close(s, c, why, s->cb.user);
-        conn_free(c);
-        return 0;
-    }
+    case LWS_CALLBACK_ESTABLISHED:
+        return on_established(s, wsi, pc);
+    case LWS_CALLBACK_RECEIVE:
+        return on_receive(c, wsi, in, len);
+    case LWS_CALLBACK_SERVER_WRITEABLE:
+        return on_writeable(c, wsi);
+    case LWS_CALLBACK_CLOSED:
+        return on_closed(s, c, pc);
     default:
         return 0;
     }

@@ -1,3 +1,5 @@
+/* A coordinator behind its control server: worker connections, registrations and
+ * messages in and out (coord_session.h). */
 #include "coord_session.h"
 
 #include <stdio.h>

@@ -350,27 +350,9 @@ static int plan_transport(const pl_coord *c)
     return PL_TRANSPORT_NCCL;
 }
 
-/* Builds and queues the plan of generation c->gen for worker i. */
-static int send_plan(pl_coord *c, int i, const ccopy *cp, int ncp, char *mark)
+/* The current plan's pipelines, each node's layer range contiguous in stage order. */
+static int plan_pipelines(const pl_coord *c, pl_msg_plan *p)
 {
-    pl_msg *m = push(c, i, PL_MSG_PLAN, c->gen);
-    if (!m)
-        return -1;
-    pl_msg_plan *p = &m->u.plan;
-    cworker *w = &c->w[i];
-    p->generation = c->gen;
-    p->step = c->step;
-    p->global_batch = c->cfg.global_batch;
-    p->micro = c->micro;
-    p->seq_len = c->cfg.seq_len;
-    if (c->plan_ckpt >= 0) { /* step 0: the initial state, no directory is read */
-        p->has_checkpoint = 1;
-        p->checkpoint_step = c->plan_ckpt;
-        snprintf(p->checkpoint_dir, sizeof p->checkpoint_dir, "%s",
-                 c->cfg.checkpoint_dir && c->cfg.checkpoint_dir[0] ? c->cfg.checkpoint_dir
-                                                                   : "(none)");
-    }
-    p->transport = c->transport;
     p->npipelines = c->cur.npipes;
     p->pipelines = calloc((size_t)c->cur.npipes, sizeof *p->pipelines);
     if (!p->pipelines)
@@ -384,39 +366,52 @@ static int send_plan(pl_coord *c, int i, const ccopy *cp, int ncp, char *mark)
         mp->nnodes = mp->template_nodes = cq->nnodes;
         if (!(mp->layers = malloc(((size_t)cq->nnodes + 1) * sizeof *mp->layers)))
             return -1;
-        for (int j = 0; j < cq->nnodes; j++) /* each node's range, contiguous in stage order */
+        for (int j = 0; j < cq->nnodes; j++)
             node_layers(c, cq->nnodes, j, &mp->layers[j], &mp->layers[j + 1]);
         mp->microbatches = cq->mb;
         mp->first_microbatch = cq->first;
         for (int j = 0; j < cq->nnodes; j++)
             memcpy(mp->nodes[j], c->w[cq->w[j]].name, sizeof mp->nodes[j]);
     }
-    p->you_pipeline = -1;
-    memset(mark, 0, (size_t)c->nw);
+    return 0;
+}
+
+/* Worker i's place in the plan ("you"); mark receives the peers that place
+ * gives it: its stage neighbours and its sync-group members. */
+static void plan_you(const pl_coord *c, int i, pl_msg_plan *p, char *mark)
+{
+    const cworker *w = &c->w[i];
     int L = c->nlayers;
-    if (w->pipe >= 0) {
-        const cpipe *cq = &c->cur.p[w->pipe];
-        p->you_pipeline = w->pipe;
-        p->you_stage = w->pos;
-        node_layers(c, cq->nnodes, w->pos, &p->you_layer_begin, &p->you_layer_end);
-        if (w->pos > 0)
-            mark[cq->w[w->pos - 1]] = 1;
-        if (w->pos + 1 < cq->nnodes)
-            mark[cq->w[w->pos + 1]] = 1;
-        int b = p->you_layer_begin, e = p->you_layer_end;
-        int tied = b == 0 || e == L; /* embedding or head: the wte group */
-        /* sync-group members: holders of our layers in other pipelines, and every wte holder
-         * (embedding or head) when we hold one — the first and last stage of our own pipeline
-         * share the tied wte too */
-        for (int k = 0; k < c->nw; k++) {
-            if (!c->w[k].live || c->w[k].pipe < 0)
-                continue;
-            int other = c->w[k].pipe != w->pipe;
-            if ((other && holds_any(c, k, b, e)) ||
-                (tied && (holds(c, k, 0) || holds(c, k, L - 1))))
-                mark[k] = 1;
-        }
+    p->you_pipeline = -1;
+    if (w->pipe < 0)
+        return;
+    const cpipe *cq = &c->cur.p[w->pipe];
+    p->you_pipeline = w->pipe;
+    p->you_stage = w->pos;
+    node_layers(c, cq->nnodes, w->pos, &p->you_layer_begin, &p->you_layer_end);
+    if (w->pos > 0)
+        mark[cq->w[w->pos - 1]] = 1;
+    if (w->pos + 1 < cq->nnodes)
+        mark[cq->w[w->pos + 1]] = 1;
+    int b = p->you_layer_begin, e = p->you_layer_end;
+    int tied = b == 0 || e == L; /* embedding or head: the wte group */
+    /* sync-group members: holders of our layers in other pipelines, and every wte holder
+     * (embedding or head) when we hold one — the first and last stage of our own pipeline
+     * share the tied wte too */
+    for (int k = 0; k < c->nw; k++) {
+        if (!c->w[k].live || c->w[k].pipe < 0)
+            continue;
+        int other = c->w[k].pipe != w->pipe;
+        if ((other && holds_any(c, k, b, e)) || (tied && (holds(c, k, 0) || holds(c, k, L - 1))))
+            mark[k] = 1;
     }
+}
+
+/* The layers worker i receives (copies) and sends, whose other ends are peers
+ * too; then the peers, every marked worker but i. */
+static int plan_transfers(const pl_coord *c, int i, const ccopy *cp, int ncp, char *mark,
+                          pl_msg_plan *p)
+{
     for (int k = 0; k < ncp; k++) {
         if (cp[k].dest == i) {
             mark[cp[k].src] = 1;
@@ -453,6 +448,33 @@ static int send_plan(pl_coord *c, int i, const ccopy *cp, int ncp, char *mark)
         }
     }
     return 0;
+}
+
+/* Builds and queues the plan of generation c->gen for worker i. */
+static int send_plan(pl_coord *c, int i, const ccopy *cp, int ncp, char *mark)
+{
+    pl_msg *m = push(c, i, PL_MSG_PLAN, c->gen);
+    if (!m)
+        return -1;
+    pl_msg_plan *p = &m->u.plan;
+    p->generation = c->gen;
+    p->step = c->step;
+    p->global_batch = c->cfg.global_batch;
+    p->micro = c->micro;
+    p->seq_len = c->cfg.seq_len;
+    if (c->plan_ckpt >= 0) { /* step 0: the initial state, no directory is read */
+        p->has_checkpoint = 1;
+        p->checkpoint_step = c->plan_ckpt;
+        snprintf(p->checkpoint_dir, sizeof p->checkpoint_dir, "%s",
+                 c->cfg.checkpoint_dir && c->cfg.checkpoint_dir[0] ? c->cfg.checkpoint_dir
+                                                                   : "(none)");
+    }
+    p->transport = c->transport;
+    if (plan_pipelines(c, p))
+        return -1;
+    memset(mark, 0, (size_t)c->nw);
+    plan_you(c, i, p, mark);
+    return plan_transfers(c, i, cp, ncp, mark, p);
 }
 
 static void waiting_for_nodes(pl_coord *c, int live)
@@ -666,89 +688,91 @@ static void log_reconfig(pl_coord *c, const char *removed, const char *added,
     memcpy(x->pipelines, c->cur.desc, sizeof x->pipelines);
 }
 
-/* Makes a new plan for the live workers and sends it (or enters
- * WAITING_FOR_NODES / FAILED). */
-static void replan(pl_coord *c)
+/* Leaving workers go now: they are removed, survivors are the sources. */
+static void stop_leaving(pl_coord *c)
 {
-    /* leaving workers go now: they are removed, survivors are the sources */
     for (int i = 0; i < c->nw; i++)
         if (c->w[i].live && c->w[i].leaving) {
             send_text(c, i, PL_MSG_STOP, c->gen, 0, "left the job", 0);
             c->w[i].live = 0;
         }
-    int live = pl_coord_live_workers(c);
-    cplan np = {0};
-    ccopy *cp = NULL;
-    int ncp = 0;
-    int64_t bytes_planned = 0;
-    char removed[512] = "", added[512] = "", *mark = NULL;
-    const char **rm = NULL, **ad = NULL;
-    if (!(mark = calloc((size_t)c->nw + 1, 1)) || !(rm = calloc((size_t)c->nw + 1, sizeof *rm)) ||
-        !(ad = calloc((size_t)c->nw + 1, sizeof *ad))) {
-        set_failed(c, "coordinator: out of memory");
-        goto done;
-    }
-    int nrm = 0, nad = 0;
-    if (c->has_stable) {
-        for (int q = 0; q < c->stable.npipes; q++)
-            for (int j = 0; j < c->stable.p[q].nnodes; j++) {
-                int i = c->stable.p[q].w[j];
-                mark[i] = 1;
-                if (!c->w[i].live)
-                    rm[nrm++] = c->w[i].name;
-            }
-        for (int i = 0; i < c->nw; i++)
-            if (c->w[i].live && !mark[i])
-                ad[nad++] = c->w[i].name;
-        names_list(removed, sizeof removed, rm, nrm);
-        names_list(added, sizeof added, ad, nad);
-        if (c->cfg.max_resets > 0 && c->nrec >= c->cfg.max_resets) {
-            char why[700];
-            snprintf(why, sizeof why, "maxResets (%d) exceeded: %s", c->cfg.max_resets, c->cause);
-            set_failed(c, why);
-            goto done;
+}
+
+/* What changed since the stable plan. */
+typedef struct {
+    const char **rm, **ad; /* its workers no longer live; live workers not in it */
+    int nrm, nad;
+    char removed[512], added[512]; /* the same as text */
+} cchange;
+
+/* Fills ch from the stable plan (mark: scratch, one byte a worker). */
+static void find_change(const pl_coord *c, char *mark, cchange *ch)
+{
+    for (int q = 0; q < c->stable.npipes; q++)
+        for (int j = 0; j < c->stable.p[q].nnodes; j++) {
+            int i = c->stable.p[q].w[j];
+            mark[i] = 1;
+            if (!c->w[i].live)
+                ch->rm[ch->nrm++] = c->w[i].name;
         }
-    }
-    /* restart from the checkpoint after a fatal loss, for strategy checkpoint, or
-     * to resume a job (the first plan) */
-    int64_t ckpt = -1;
+    for (int i = 0; i < c->nw; i++)
+        if (c->w[i].live && !mark[i])
+            ch->ad[ch->nad++] = c->w[i].name;
+    names_list(ch->removed, sizeof ch->removed, ch->rm, ch->nrm);
+    names_list(ch->added, sizeof ch->added, ch->ad, ch->nad);
+}
+
+/* The checkpoint the next plan restarts from, or -1: after a fatal loss, for
+ * strategy checkpoint, or to resume a job (the first plan). */
+static int64_t restart_step(const pl_coord *c)
+{
     if (!c->has_stable && c->cfg.resume_step > 0)
-        ckpt = c->cfg.resume_step;
-    else if (c->has_stable && (c->need_ckpt || c->cfg.strategy_checkpoint))
-        ckpt = c->ckpt_last;
+        return c->cfg.resume_step;
+    if (c->has_stable && (c->need_ckpt || c->cfg.strategy_checkpoint))
+        return c->ckpt_last;
+    return -1;
+}
+
+/* The next plan np: the stable plan re-instantiated, or a fresh one (the first
+ * plan, or a restart from checkpoint *ckpt, which a fatal loss sets). 0, 1
+ * when too few workers, -1 failed. */
+static int next_plan(pl_coord *c, const cchange *ch, int live, int64_t *ckpt, cplan *np,
+                     ccopy **cp, int *ncp, int64_t *bytes_planned)
+{
     int rc = 1;
-    if (c->has_stable && ckpt < 0) {
-        rc = reinstantiate(c, rm, nrm, ad, nad, &np, &cp, &ncp, &bytes_planned);
+    if (c->has_stable && *ckpt < 0) {
+        rc = reinstantiate(c, ch->rm, ch->nrm, ch->ad, ch->nad, np, cp, ncp, bytes_planned);
         if (rc < 0)
-            goto done;
+            return -1;
         if (rc == 2) { /* no live holder: the checkpoint is all there is */
             c->need_ckpt = 1;
-            ckpt = c->ckpt_last;
-            cplan_free(&np);
+            *ckpt = c->ckpt_last;
+            cplan_free(np);
         }
     }
-    if (ckpt >= 0 || !c->has_stable) {
-        rc = fresh_plan(c, live, &np);
+    if (*ckpt >= 0 || !c->has_stable) {
+        rc = fresh_plan(c, live, np);
         if (rc < 0) {
             set_failed(c, "coordinator: out of memory");
-            goto done;
+            return -1;
         }
     }
-    if (rc == 1) {
-        cplan_free(&np);
-        waiting_for_nodes(c, live);
-        goto done;
-    }
-    /* install: microbatch ranges, places, generation */
+    return rc;
+}
+
+/* Makes np the current plan, of a new generation: microbatch ranges, the
+ * workers' places, the copies' sources, the transport. */
+static void install_plan(pl_coord *c, cplan *np, int64_t ckpt, const ccopy *cp, int ncp)
+{
     int64_t first = 0;
-    for (int q = 0; q < np.npipes; q++) {
-        np.p[q].first = first;
-        first += np.p[q].mb;
+    for (int q = 0; q < np->npipes; q++) {
+        np->p[q].first = first;
+        first += np->p[q].mb;
     }
-    cplan_describe(&np);
+    cplan_describe(np);
     cplan_free(&c->cur);
-    c->cur = np;
-    memset(&np, 0, sizeof np);
+    c->cur = *np;
+    memset(np, 0, sizeof *np);
     c->has_cur = 1;
     c->gen++;
     c->plan_ckpt = ckpt;
@@ -767,8 +791,46 @@ static void replan(pl_coord *c)
     for (int k = 0; k < ncp; k++)
         c->w[cp[k].src].is_source = 1;
     c->transport = plan_transport(c);
+}
+
+/* Makes a new plan for the live workers and sends it (or enters
+ * WAITING_FOR_NODES / FAILED). */
+static void replan(pl_coord *c)
+{
+    stop_leaving(c);
+    int live = pl_coord_live_workers(c);
+    cplan np = {0};
+    ccopy *cp = NULL;
+    int ncp = 0;
+    int64_t bytes_planned = 0;
+    char *mark = NULL;
+    cchange ch = {0};
+    if (!(mark = calloc((size_t)c->nw + 1, 1)) ||
+        !(ch.rm = calloc((size_t)c->nw + 1, sizeof *ch.rm)) ||
+        !(ch.ad = calloc((size_t)c->nw + 1, sizeof *ch.ad))) {
+        set_failed(c, "coordinator: out of memory");
+        goto done;
+    }
+    if (c->has_stable) {
+        find_change(c, mark, &ch);
+        if (c->cfg.max_resets > 0 && c->nrec >= c->cfg.max_resets) {
+            char why[700];
+            snprintf(why, sizeof why, "maxResets (%d) exceeded: %s", c->cfg.max_resets, c->cause);
+            set_failed(c, why);
+            goto done;
+        }
+    }
+    int64_t ckpt = restart_step(c);
+    int rc = next_plan(c, &ch, live, &ckpt, &np, &cp, &ncp, &bytes_planned);
+    if (rc < 0)
+        goto done;
+    if (rc == 1) {
+        waiting_for_nodes(c, live);
+        goto done;
+    }
+    install_plan(c, &np, ckpt, cp, ncp);
     if (c->gen > 1)
-        log_reconfig(c, removed, added, bytes_planned);
+        log_reconfig(c, ch.removed, ch.added, bytes_planned);
     c->cause[0] = 0;
     c->pending = c->join_pending = 0;
     c->reason[0] = 0;
@@ -786,8 +848,8 @@ done:
     cplan_free(&np);
     free(cp);
     free(mark);
-    free(rm);
-    free(ad);
+    free(ch.rm);
+    free(ch.ad);
 }
 
 static void check_copy_complete(pl_coord *c)

@@ -1,3 +1,5 @@
+/* Everything a coordinator needs for a TrainingJob: profile, templates, coverage
+ * table, configuration and resume checkpoint (job_plan.h). */
 #include "job_plan.h"
 
 #include <stdlib.h>

@@ -1,3 +1,5 @@
+/* Planner profiles of a job's model, measured on this machine or synthetic
+ * (job_profile.h). */
 #include "job_profile.h"
 
 #include <math.h>

@@ -482,50 +482,34 @@ int pl_nccl_split_rounds(const int *const *sets, const int *sizes, int nsets, in
     return nrounds;
 }
 
-int pl_nccl_prepare_groups(pl_nccl *n, const int *const *sets, const int *sizes, int nsets,
-                           int timeout_ms, char *err, size_t errlen)
+/* The sets as given, each with a copy of its ranks; NULL when out of memory. */
+static nset *copy_sets(const int *const *sets, const int *sizes, int nsets)
 {
-    NEED_ERRBUF(err, errlen);
-    if (nsets < 0 || (nsets > 0 && (!sets || !sizes)) || timeout_ms == 0)
-        return pl_errf(err, errlen, "pl_nccl_prepare_groups: bad arguments");
-    for (int i = 0; i < nsets; i++)
-        if (check_set(n, sets[i], sizes[i], i, err, errlen) < 0) return -1;
-    double deadline = deadline_of(timeout_ms);
-    cudaSetDevice(n->device);
-
     nset *ns = calloc(nsets > 0 ? (size_t)nsets : 1, sizeof *ns);
-    int *round = calloc(nsets > 0 ? (size_t)nsets : 1, sizeof *round);
-    char *kept = calloc(nsets > 0 ? (size_t)nsets : 1, 1);
-    char *claimed = NULL;
-    if (!ns || !round || !kept) goto oom;
+    if (!ns) return NULL;
     for (int i = 0; i < nsets; i++) {
         ns[i].n = sizes[i];
         ns[i].ranks = malloc((size_t)sizes[i] * sizeof(int));
-        if (!ns[i].ranks) goto oom;
+        if (!ns[i].ranks) {
+            free_sets(ns, nsets);
+            return NULL;
+        }
         memcpy(ns[i].ranks, sets[i], (size_t)sizes[i] * sizeof(int));
     }
+    return ns;
+}
 
-    /* Install the new sets: keep the communicators of sets already split (every
-     * rank has the same old and new lists, so all keep the same ones), and take
-     * the others out to close them. */
-    pthread_mutex_lock(&n->mu);
-    if (check_sound(n, err, errlen) < 0) {
-        pthread_mutex_unlock(&n->mu);
-        free_sets(ns, nsets);
-        free(round);
-        free(kept);
-        return -1;
-    }
-    /* Whether a set is kept must be decided from the LISTS only, never from which
-     * communicators this rank holds: a rank outside a set never had its
-     * communicator, and deciding from that it must be split again would make it
-     * call ncclCommSplit for a round that the members skip (a hang). Each old set
-     * is claimed once, so a set listed twice is kept once and split once. */
-    claimed = calloc(n->nsets > 0 ? (size_t)n->nsets : 1, 1);
-    if (!claimed) {
-        pthread_mutex_unlock(&n->mu);
-        goto oom;
-    }
+/* With n->mu held: moves the communicator of every old set that ns lists again
+ * into ns (kept[i] = 1). Whether a set is kept must be decided from the LISTS
+ * only, never from which communicators this rank holds: a rank outside a set
+ * never had its communicator, and deciding from that it must be split again
+ * would make it call ncclCommSplit for a round that the members skip (a hang).
+ * Each old set is claimed once, so a set listed twice is kept once and split
+ * once. −1 when out of memory. */
+static int keep_split_sets_locked(pl_nccl *n, nset *ns, int nsets, char *kept)
+{
+    char *claimed = calloc(n->nsets > 0 ? (size_t)n->nsets : 1, 1);
+    if (!claimed) return -1;
     for (int i = 0; i < nsets; i++) {
         if (!needs_split(n, &ns[i])) continue;
         for (int j = 0; j < n->nsets; j++) {
@@ -541,6 +525,23 @@ int pl_nccl_prepare_groups(pl_nccl *n, const int *const *sets, const int *sizes,
         }
     }
     free(claimed);
+    return 0;
+}
+
+/* Installs the new sets: keeps the communicators of sets already split (every
+ * rank has the same old and new lists, so all keep the same ones) and closes
+ * the others. 0 (n owns ns), or −1 with err (ns not installed). */
+static int install_sets(pl_nccl *n, nset *ns, int nsets, char *kept, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&n->mu);
+    if (check_sound(n, err, errlen) < 0) {
+        pthread_mutex_unlock(&n->mu);
+        return -1;
+    }
+    if (keep_split_sets_locked(n, ns, nsets, kept) < 0) {
+        pthread_mutex_unlock(&n->mu);
+        return pl_errf(err, errlen, "pl_nccl_prepare_groups: out of memory");
+    }
     nset *old = n->sets;
     int nold = n->nsets;
     n->sets = ns;
@@ -548,11 +549,126 @@ int pl_nccl_prepare_groups(pl_nccl *n, const int *const *sets, const int *sizes,
     pthread_mutex_unlock(&n->mu);
     for (int j = 0; j < nold; j++) close_comm(old[j].comm, 1, deadline_of(CLOSE_MS));
     free_sets(old, nold);
+    return 0;
+}
+
+/* This rank's color in round rd: the index of its set among the round's sets
+ * still to split (also *mine), else NCCL_SPLIT_NOCOLOR (*mine −1). 0 when the
+ * round has no set to split: every rank skips it alike. */
+static int round_color(const pl_nccl *n, const nset *ns, int nsets, const int *round,
+                       const char *kept, int rd, int *color, int *mine)
+{
+    int any = 0;
+    *color = NCCL_SPLIT_NOCOLOR;
+    *mine = -1;
+    for (int i = 0; i < nsets; i++) {
+        if (round[i] != rd || kept[i]) continue;
+        any = 1;
+        if (contains(ns[i].ranks, ns[i].n, n->rank)) *color = *mine = i;
+    }
+    return any;
+}
+
+/* Starts the split of the world with color; *world: the parent whose state
+ * says when the child exists. */
+static int start_split(pl_nccl *n, int color, ncclConfig_t *cfg, ncclComm_t *world, char *err,
+                       size_t errlen)
+{
+    pthread_mutex_lock(&n->mu);
+    if (check_sound(n, err, errlen) < 0) {
+        pthread_mutex_unlock(&n->mu);
+        return -1;
+    }
+    cudaSetDevice(n->device);
+    n->split_slot = NULL;
+    /* key = world rank: members keep the world's order in the new communicator */
+    ncclResult_t r = ncclCommSplit(n->world, color, n->rank, &n->split_slot, cfg);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        nccl_errf(err, errlen, "ncclCommSplit", r);
+        int rc = fail_locked(n, err);
+        pthread_mutex_unlock(&n->mu);
+        return rc;
+    }
+    *world = n->world;
+    pthread_mutex_unlock(&n->mu);
+    return 0;
+}
+
+/* Takes the finished split's communicator into set mine (−1: this rank had no
+ * color and must get none). *child: the communicator to settle, or NULL. */
+static int adopt_child(pl_nccl *n, nset *ns, int mine, ncclComm_t *child, char *err,
+                       size_t errlen)
+{
+    *child = NULL;
+    pthread_mutex_lock(&n->mu);
+    ncclComm_t c = n->split_slot;
+    n->split_slot = NULL;
+    if (n->failed) {
+        /* aborted meanwhile: the abort did not see this child */
+        pl_errf(err, errlen, "ncclCommSplit: stopped: %s", n->why);
+        pthread_mutex_unlock(&n->mu);
+        if (c) ncclCommAbort(c);
+        return -1;
+    }
+    int rc = 0;
+    if (mine >= 0 && !c) {
+        pl_errf(err, errlen, "ncclCommSplit: no communicator for set %d", mine);
+        rc = fail_locked(n, err);
+    } else if (mine < 0 && c) {
+        pl_errf(err, errlen, "ncclCommSplit: unexpected communicator (no color)");
+        rc = fail_locked(n, err);
+        ncclCommAbort(c);
+    } else if (c) {
+        ns[mine].comm = c; /* from now on abort and destroy see it */
+    }
+    pthread_mutex_unlock(&n->mu);
+    if (rc == 0) *child = c;
+    return rc;
+}
+
+/* One round's ncclCommSplit, waited for on the parent and then on the child. */
+static int split_round(pl_nccl *n, nset *ns, int color, int mine, ncclConfig_t *cfg,
+                       double deadline, int timeout_ms, char *err, size_t errlen)
+{
+    ncclComm_t world = NULL, child = NULL;
+    if (start_split(n, color, cfg, &world, err, errlen) < 0 ||
+        settle(n, world, deadline, timeout_ms, "ncclCommSplit", err, errlen) < 0 ||
+        adopt_child(n, ns, mine, &child, err, errlen) < 0)
+        return -1;
+    if (child && settle(n, child, deadline, timeout_ms, "ncclCommSplit (child)", err, errlen) < 0)
+        return -1;
+    return 0;
+}
+
+int pl_nccl_prepare_groups(pl_nccl *n, const int *const *sets, const int *sizes, int nsets,
+                           int timeout_ms, char *err, size_t errlen)
+{
+    NEED_ERRBUF(err, errlen);
+    if (nsets < 0 || (nsets > 0 && (!sets || !sizes)) || timeout_ms == 0)
+        return pl_errf(err, errlen, "pl_nccl_prepare_groups: bad arguments");
+    for (int i = 0; i < nsets; i++)
+        if (check_set(n, sets[i], sizes[i], i, err, errlen) < 0) return -1;
+    double deadline = deadline_of(timeout_ms);
+    cudaSetDevice(n->device);
+
+    nset *ns = copy_sets(sets, sizes, nsets);
+    int *round = calloc(nsets > 0 ? (size_t)nsets : 1, sizeof *round);
+    char *kept = calloc(nsets > 0 ? (size_t)nsets : 1, 1);
+    int rc = 0;
+    if (!ns || !round || !kept)
+        rc = pl_errf(err, errlen, "pl_nccl_prepare_groups: out of memory");
+    else
+        rc = install_sets(n, ns, nsets, kept, err, errlen);
+    if (rc < 0) {
+        if (ns) free_sets(ns, nsets);
+        free(round);
+        free(kept);
+        return -1;
+    }
 
     /* Split the rest in rounds (pl_nccl_split_rounds: the same on every rank, as
      * the list is), one ncclCommSplit per round: color = set index for the
-     * members of a set of the round, NCCL_SPLIT_NOCOLOR for the other ranks. A
-     * round whose sets were all kept is skipped, by every rank alike. */
+     * members of a set of the round, NCCL_SPLIT_NOCOLOR for the other ranks. */
     int nrounds = pl_nccl_split_rounds(sets, sizes, nsets, n->nranks, round);
     if (nrounds < 0) {
         free(round);
@@ -561,74 +677,14 @@ int pl_nccl_prepare_groups(pl_nccl *n, const int *const *sets, const int *sizes,
         return fail(n, err); /* the sets are installed half-split: unusable */
     }
     ncclConfig_t cfg = comm_config("pliant-group");
-    int rc = 0;
     for (int rd = 0; rd < nrounds && rc == 0; rd++) {
-        int color = NCCL_SPLIT_NOCOLOR, mine = -1, any = 0;
-        for (int i = 0; i < nsets; i++) {
-            if (round[i] != rd || kept[i]) continue;
-            any = 1;
-            if (contains(ns[i].ranks, ns[i].n, n->rank)) color = mine = i;
-        }
-        if (!any) continue;
-
-        pthread_mutex_lock(&n->mu);
-        if (check_sound(n, err, errlen) < 0) {
-            pthread_mutex_unlock(&n->mu);
-            rc = -1;
-            break;
-        }
-        cudaSetDevice(n->device);
-        n->split_slot = NULL;
-        /* key = world rank: members keep the world's order in the new communicator */
-        ncclResult_t r = ncclCommSplit(n->world, color, n->rank, &n->split_slot, &cfg);
-        if (r != ncclSuccess && r != ncclInProgress) {
-            nccl_errf(err, errlen, "ncclCommSplit", r);
-            rc = fail_locked(n, err);
-            pthread_mutex_unlock(&n->mu);
-            break;
-        }
-        ncclComm_t world = n->world;
-        pthread_mutex_unlock(&n->mu);
-        /* the split job runs on the parent: its state says when the child exists */
-        if (settle(n, world, deadline, timeout_ms, "ncclCommSplit", err, errlen) < 0) {
-            rc = -1;
-            break;
-        }
-        pthread_mutex_lock(&n->mu);
-        ncclComm_t child = n->split_slot;
-        n->split_slot = NULL;
-        if (n->failed) {
-            /* aborted meanwhile: the abort did not see this child */
-            pl_errf(err, errlen, "ncclCommSplit: stopped: %s", n->why);
-            pthread_mutex_unlock(&n->mu);
-            if (child) ncclCommAbort(child);
-            rc = -1;
-            break;
-        }
-        if (mine >= 0 && !child) {
-            pl_errf(err, errlen, "ncclCommSplit: no communicator for set %d", mine);
-            rc = fail_locked(n, err);
-        } else if (mine < 0 && child) {
-            pl_errf(err, errlen, "ncclCommSplit: unexpected communicator (no color)");
-            rc = fail_locked(n, err);
-            ncclCommAbort(child);
-        } else if (child) {
-            ns[mine].comm = child; /* from now on abort and destroy see it */
-        }
-        pthread_mutex_unlock(&n->mu);
-        if (rc == 0 && child &&
-            settle(n, child, deadline, timeout_ms, "ncclCommSplit (child)", err, errlen) < 0)
-            rc = -1;
+        int color, mine;
+        if (round_color(n, ns, nsets, round, kept, rd, &color, &mine))
+            rc = split_round(n, ns, color, mine, &cfg, deadline, timeout_ms, err, errlen);
     }
     free(round);
     free(kept);
     return rc;
-
-oom:
-    if (ns) free_sets(ns, nsets);
-    free(round);
-    free(kept);
-    return pl_errf(err, errlen, "pl_nccl_prepare_groups: out of memory");
 }
 
 /* With n->mu held: the communicator of a prepared set (of ≥ 2 ranks) equal to
@@ -966,14 +1022,12 @@ static int wait_parent(pl_nccl *n, ncclComm_t parent, double deadline, int timeo
     }
 }
 
-int pl_nccl_shrink(pl_nccl *n, const int *excluded_ranks, int nexcluded, int timeout_ms,
-                   pl_nccl **out, char *err, size_t errlen)
+/* The excluded ranks must be in range, other than this one and distinct;
+ * *below counts those under this rank. */
+static int check_excluded(const pl_nccl *n, const int *excluded_ranks, int nexcluded, int *below,
+                          char *err, size_t errlen)
 {
-    NEED_ERRBUF(err, errlen);
-    if (out) *out = NULL;
-    if (!out || !excluded_ranks || nexcluded < 1 || nexcluded >= n->nranks || timeout_ms <= 0)
-        return pl_errf(err, errlen, "pl_nccl_shrink: bad arguments");
-    int below = 0;
+    *below = 0;
     for (int i = 0; i < nexcluded; i++) {
         int r = excluded_ranks[i];
         if (r < 0 || r >= n->nranks)
@@ -983,8 +1037,76 @@ int pl_nccl_shrink(pl_nccl *n, const int *excluded_ranks, int nexcluded, int tim
         for (int j = 0; j < i; j++)
             if (excluded_ranks[j] == r)
                 return pl_errf(err, errlen, "pl_nccl_shrink: rank %d excluded twice", r);
-        below += r < n->rank;
+        *below += r < n->rank;
     }
+    return 0;
+}
+
+/* The world to shrink (*parent), revoked first when it failed: NCCL refuses to
+ * shrink a parent whose state is an error, and a finished revoke resets it to
+ * success (the collective → revoke → shrink flow). *failed and *revoked: its
+ * state then. */
+static int shrink_parent(pl_nccl *n, ncclComm_t *parent, int *failed, int *revoked, char *err,
+                         size_t errlen)
+{
+    pthread_mutex_lock(&n->mu);
+    wait_quiet_locked(n); /* a pl_nccl_revoke may still be aborting sub-communicators */
+    *parent = n->world;
+    *failed = n->failed;
+    if (*parent && *failed && !n->world_revoked) {
+        cudaSetDevice(n->device);
+        ncclResult_t rr = ncclCommRevoke(*parent, NCCL_REVOKE_DEFAULT);
+        n->world_revoked = 1;
+        if (rr != ncclSuccess && rr != ncclInProgress) {
+            pthread_mutex_unlock(&n->mu);
+            return nccl_errf(err, errlen, "ncclCommRevoke (before shrink)", rr);
+        }
+    }
+    *revoked = n->world_revoked;
+    pthread_mutex_unlock(&n->mu);
+    if (!*parent)
+        return pl_errf(err, errlen, "pl_nccl_shrink: the world communicator was aborted (create "
+                                    "a new one from a fresh id)");
+    return 0;
+}
+
+/* Starts the shrink of parent, still n's world, into m->world. */
+static int start_shrink(pl_nccl *n, pl_nccl *m, ncclComm_t parent, int *excl, int nexcluded,
+                        int failed, ncclConfig_t *cfg, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&n->mu);
+    if (n->world != parent) {
+        pthread_mutex_unlock(&n->mu);
+        return pl_errf(err, errlen, "pl_nccl_shrink: the world communicator was aborted");
+    }
+    cudaSetDevice(n->device);
+    /* SHRINK_ABORT first stops whatever the failed world still runs */
+    ncclResult_t r = ncclCommShrink(parent, excl, nexcluded, &m->world, cfg,
+                                    failed ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
+    pthread_mutex_unlock(&n->mu);
+    if (r != ncclSuccess && r != ncclInProgress) return nccl_errf(err, errlen, "ncclCommShrink", r);
+    return 0;
+}
+
+/* The shrink job runs on the parent and writes m->world when done; then the
+ * new world settles. */
+static int await_new_world(pl_nccl *n, pl_nccl *m, ncclComm_t parent, double deadline,
+                           int timeout_ms, char *why, size_t whylen)
+{
+    if (wait_parent(n, parent, deadline, timeout_ms, "ncclCommShrink", why, whylen) < 0) return -1;
+    if (!m->world) return pl_errf(why, whylen, "ncclCommShrink: no communicator");
+    return settle(m, m->world, deadline, timeout_ms, "ncclCommShrink (new world)", why, whylen);
+}
+
+int pl_nccl_shrink(pl_nccl *n, const int *excluded_ranks, int nexcluded, int timeout_ms,
+                   pl_nccl **out, char *err, size_t errlen)
+{
+    NEED_ERRBUF(err, errlen);
+    if (out) *out = NULL;
+    if (!out || !excluded_ranks || nexcluded < 1 || nexcluded >= n->nranks || timeout_ms <= 0)
+        return pl_errf(err, errlen, "pl_nccl_shrink: bad arguments");
+    int below;
+    if (check_excluded(n, excluded_ranks, nexcluded, &below, err, errlen) < 0) return -1;
     double deadline = deadline_of(timeout_ms);
     /* NCCL sorts the list in place: give it a copy */
     int *excl = malloc((size_t)nexcluded * sizeof *excl);
@@ -996,59 +1118,22 @@ int pl_nccl_shrink(pl_nccl *n, const int *excluded_ranks, int nexcluded, int tim
         return -1;
     }
 
-    pthread_mutex_lock(&n->mu);
-    wait_quiet_locked(n); /* a pl_nccl_revoke may still be aborting sub-communicators */
-    ncclComm_t parent = n->world;
-    int failed = n->failed;
-    if (parent && failed && !n->world_revoked) {
-        /* NCCL refuses to shrink a parent whose state is an error; a finished
-         * revoke resets it to success (the collective → revoke → shrink flow) */
-        cudaSetDevice(n->device);
-        ncclResult_t rr = ncclCommRevoke(parent, NCCL_REVOKE_DEFAULT);
-        n->world_revoked = 1;
-        if (rr != ncclSuccess && rr != ncclInProgress) {
-            pthread_mutex_unlock(&n->mu);
-            nccl_errf(err, errlen, "ncclCommRevoke (before shrink)", rr);
-            goto fail_new;
-        }
-    }
-    int revoked = n->world_revoked;
-    pthread_mutex_unlock(&n->mu);
-    if (!parent) {
-        pl_errf(err, errlen, "pl_nccl_shrink: the world communicator was aborted (create a new "
-                             "one from a fresh id)");
-        goto fail_new;
-    }
-    /* ncclCommRevoke finishes asynchronously; shrink only once it has */
-    if (revoked && wait_parent(n, parent, deadline, timeout_ms, "ncclCommRevoke", err, errlen) < 0)
-        goto fail_new;
-
     ncclConfig_t cfg = comm_config("pliant-world");
-    pthread_mutex_lock(&n->mu);
-    if (n->world != parent) {
-        pthread_mutex_unlock(&n->mu);
-        pl_errf(err, errlen, "pl_nccl_shrink: the world communicator was aborted");
-        goto fail_new;
-    }
-    cudaSetDevice(n->device);
-    /* SHRINK_ABORT first stops whatever the failed world still runs */
-    ncclResult_t r = ncclCommShrink(parent, excl, nexcluded, &m->world, &cfg,
-                                    failed ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
-    pthread_mutex_unlock(&n->mu);
+    ncclComm_t parent = NULL;
+    int failed = 0, revoked = 0;
+    int rc = shrink_parent(n, &parent, &failed, &revoked, err, errlen);
+    /* ncclCommRevoke finishes asynchronously; shrink only once it has */
+    if (rc == 0 && revoked)
+        rc = wait_parent(n, parent, deadline, timeout_ms, "ncclCommRevoke", err, errlen);
+    if (rc == 0) rc = start_shrink(n, m, parent, excl, nexcluded, failed, &cfg, err, errlen);
     free(excl);
-    excl = NULL;
-    if (r != ncclSuccess && r != ncclInProgress) {
-        nccl_errf(err, errlen, "ncclCommShrink", r);
-        goto fail_new;
+    if (rc < 0) {
+        fail(m, err);
+        pl_nccl_destroy(m);
+        return -1;
     }
-    /* The shrink job runs on the parent and writes m->world when done. */
     char why[WHY_LEN] = "";
-    int bad = wait_parent(n, parent, deadline, timeout_ms, "ncclCommShrink", why, sizeof why) < 0;
-    if (!bad && !m->world) bad = pl_errf(why, sizeof why, "ncclCommShrink: no communicator");
-    if (!bad)
-        bad = settle(m, m->world, deadline, timeout_ms, "ncclCommShrink (new world)", why,
-                     sizeof why) < 0;
-    if (bad) {
+    if (await_new_world(n, m, parent, deadline, timeout_ms, why, sizeof why) < 0) {
         pl_errf(err, errlen, "%s", why);
         /* the job may still be running: only aborting the parent ends it for sure */
         pl_nccl_abort(n, "shrink failed");
@@ -1061,12 +1146,6 @@ int pl_nccl_shrink(pl_nccl *n, const int *excluded_ranks, int nexcluded, int tim
     }
     *out = m;
     return 0;
-
-fail_new:
-    free(excl);
-    fail(m, err);
-    pl_nccl_destroy(m);
-    return -1;
 }
 
 /* ---- destroy ---- */

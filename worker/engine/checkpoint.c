@@ -1,3 +1,5 @@
+/* Checkpoints of an engine's layer range: safetensors files and checkpoint.json
+ * written, found and loaded (checkpoint.h). */
 #include "checkpoint.h"
 
 #include <dirent.h>

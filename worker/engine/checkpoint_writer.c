@@ -1,3 +1,5 @@
+/* Checkpoints written by a background thread from a copy of the engine's state
+ * (checkpoint_writer.h). */
 #include "checkpoint_writer.h"
 
 #include <stdlib.h>

@@ -1,3 +1,5 @@
+/* The GPT-2 model as layers: configuration, tensor shapes and names, deterministic
+ * initialization, llm.c model files (gpt.h). */
 #include "gpt.h"
 
 #include <errno.h>

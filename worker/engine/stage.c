@@ -1,3 +1,5 @@
+/* One pipeline stage's share of a step: the 1F1B schedule run over the engine, with
+ * activations and gradients exchanged through a link or a transport (stage.h). */
 #include "stage.h"
 
 #include <stdlib.h>

@@ -1,3 +1,4 @@
+/* `pliant train`: a TrainingJob's whole model trained in one process (trainer.h). */
 #include "trainer.h"
 
 #include <math.h>

@@ -1,3 +1,5 @@
+/* The worker's share of one distributed step: its stage over its microbatches,
+ * then the sync groups' gradient all-reduces (worker_step.h). */
 #include "worker_step.h"
 
 #include <pthread.h>
