@@ -307,6 +307,7 @@ static const cJSON *get_obj(const cJSON *obj, const char *path, const char *key,
 {
     path_buf p;
     const cJSON *it = field(obj, key);
+    if (isnull) *isnull = 0;
     if (!it) {
         pl_errf(err, errlen, "%s: missing", fpath(p, path, key));
         return NULL;
@@ -319,7 +320,6 @@ static const cJSON *get_obj(const cJSON *obj, const char *path, const char *key,
         pl_errf(err, errlen, "%s: must be an object%s", fpath(p, path, key), nullable ? " or null" : "");
         return NULL;
     }
-    if (isnull) *isnull = 0;
     return it;
 }
 
@@ -631,13 +631,13 @@ static int dec_pipelines(const cJSON *o, pl_msg_plan *p, char *err, size_t errle
 }
 
 /* "you": this worker's place in the plan, or null when it has none. */
-static int dec_you(const cJSON *o, pl_msg_plan *p, int *isnull, char *err, size_t errlen)
+static int dec_you(const cJSON *o, pl_msg_plan *p, char *err, size_t errlen)
 {
-    const cJSON *you = get_obj(o, "", "you", 1, isnull, err, errlen);
-    if (!you && !*isnull) return -1;
-    if (*isnull) {
+    int isnull;
+    const cJSON *you = get_obj(o, "", "you", 1, &isnull, err, errlen);
+    if (!you) {
         p->you_pipeline = -1;
-        return 0;
+        return isnull ? 0 : -1;
     }
     if (check_keys(you, "you", you_keys, err, errlen) ||
         get_i32(you, "you", "pipeline", 0, p->npipelines - 1, &p->you_pipeline, err, errlen) ||
@@ -736,13 +736,12 @@ static int dec_plan_lists(const cJSON *o, pl_msg_plan *p, char *err, size_t errl
     return dec_entries(arr, "sends", send_keys, dec_send, p, err, errlen);
 }
 
-/* "checkpoint": where to load from, or null. *isnull comes from dec_you: after
- * "you": null, a missing "checkpoint" reads as null. */
-static int dec_checkpoint(const cJSON *o, pl_msg_plan *p, int *isnull, char *err, size_t errlen)
+/* "checkpoint": where to load from, or null (it must be there either way). */
+static int dec_checkpoint(const cJSON *o, pl_msg_plan *p, char *err, size_t errlen)
 {
-    const cJSON *ck = get_obj(o, "", "checkpoint", 1, isnull, err, errlen);
-    if (!ck && !*isnull) return -1;
-    if (*isnull) return 0;
+    int isnull;
+    const cJSON *ck = get_obj(o, "", "checkpoint", 1, &isnull, err, errlen);
+    if (!ck) return isnull ? 0 : -1;
     p->has_checkpoint = 1;
     if (check_keys(ck, "checkpoint", ckpt_keys, err, errlen) ||
         get_str(ck, "checkpoint", "dir", S_PATH, 1, PL_PROTO_PATH_MAX, p->checkpoint_dir, err,
@@ -766,7 +765,6 @@ static int dec_transport(const cJSON *o, pl_msg_plan *p, char *err, size_t errle
 static int dec_plan(const cJSON *o, pl_msg *m, char *err, size_t errlen)
 {
     pl_msg_plan *p = &m->u.plan;
-    int isnull = 0;
     if (STEP(o, "generation", &p->generation)) return -1;
     if (p->generation != m->gen)
         return pl_errf(err, errlen, "generation: must equal gen (%lld)", (long long)m->gen);
@@ -774,8 +772,8 @@ static int dec_plan(const cJSON *o, pl_msg *m, char *err, size_t errlen)
         get_int(o, "", "global_batch", 1, PL_PROTO_INT_MAX, &p->global_batch, err, errlen) ||
         get_i32(o, "", "micro", 1, PL_PROTO_MAX_MICRO, &p->micro, err, errlen) ||
         get_i32(o, "", "seq_len", 1, PL_PROTO_MAX_SEQ_LEN, &p->seq_len, err, errlen) ||
-        dec_pipelines(o, p, err, errlen) || dec_you(o, p, &isnull, err, errlen) ||
-        dec_plan_lists(o, p, err, errlen) || dec_checkpoint(o, p, &isnull, err, errlen))
+        dec_pipelines(o, p, err, errlen) || dec_you(o, p, err, errlen) ||
+        dec_plan_lists(o, p, err, errlen) || dec_checkpoint(o, p, err, errlen))
         return -1;
     return dec_transport(o, p, err, errlen);
 }

@@ -650,6 +650,11 @@ static void test_plan(void)
          !strcmp(d.u.plan.checkpoint_dir, "/ckpt/job 1");
     pl_msg_free(&d);
     CHECK(ok);
+
+    /* an idle worker's plan needs "checkpoint" too ("you": null must not excuse it) */
+    snprintf(buf, sizeof buf, "%.*s\"you\":null%.*s\"transport\":\"tcp\"}",
+             (int)(you - PLAN_OK), PLAN_OK, (int)(ck - you_end - 1), you_end + 1);
+    CHECK(expect_reject(buf, strlen(buf), "checkpoint: missing"));
 }
 
 static void test_reject_size_and_nesting(void)
