@@ -5,6 +5,7 @@
  * each rank actually sends per second in a ring (comparable with NCCL's figure).
  * Usage: comm_bench [--mb N] [--reps R] */
 #include "allreduce.h"
+#include "mesh.h"
 #include "tcp.h"
 #include "util.h"
 

@@ -19,6 +19,7 @@
 
 #include "check.h"
 #include "mailbox.h"
+#include "mesh.h"
 #include "rng.h"
 #include "util.h"
 #include "whole_model.h"
