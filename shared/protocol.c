@@ -678,6 +678,33 @@ static int dec_pipelines(const cJSON *o, pl_msg_plan *p, char *err, size_t errle
     return rc;
 }
 
+/* The plan's "you": this worker's place, null for an idle worker (you_pipeline = -1). */
+static int dec_you(const cJSON *o, pl_msg_plan *p, char *err, size_t errlen)
+{
+    int isnull = 0;
+    const cJSON *you = get_obj(o, "", "you", 1, &isnull, err, errlen);
+    if (!you && !isnull) return -1;
+    if (isnull) {
+        p->you_pipeline = -1;
+        return 0;
+    }
+    if (check_keys(you, "you", you_keys, err, errlen) ||
+        get_i32(you, "you", "pipeline", 0, p->npipelines - 1, &p->you_pipeline, err, errlen) ||
+        get_i32(you, "you", "stage", 0, p->pipelines[p->you_pipeline].nnodes - 1, &p->you_stage,
+                err, errlen) ||
+        get_i32(you, "you", "layer_begin", 0, PL_PROTO_MAX_LAYERS - 1, &p->you_layer_begin, err,
+                errlen) ||
+        get_i32(you, "you", "layer_end", p->you_layer_begin + 1, PL_PROTO_MAX_LAYERS,
+                &p->you_layer_end, err, errlen))
+        return -1;
+    const int *b = p->pipelines[p->you_pipeline].layers;
+    if (p->you_layer_begin != b[p->you_stage] || p->you_layer_end != b[p->you_stage + 1])
+        return pl_errf(err, errlen, "you: layers [%d, %d) differ from pipelines[%d].layers "
+                       "(%d, %d) of stage %d", p->you_layer_begin, p->you_layer_end,
+                       p->you_pipeline, b[p->you_stage], b[p->you_stage + 1], p->you_stage);
+    return 0;
+}
+
 static int dec_plan(const cJSON *o, pl_msg *m, char *err, size_t errlen)
 {
     pl_msg_plan *p = &m->u.plan;
@@ -693,26 +720,7 @@ static int dec_plan(const cJSON *o, pl_msg *m, char *err, size_t errlen)
         dec_pipelines(o, p, err, errlen))
         return -1;
 
-    const cJSON *you = get_obj(o, "", "you", 1, &isnull, err, errlen);
-    if (!you && !isnull) return -1;
-    if (isnull) {
-        p->you_pipeline = -1;
-    } else {
-        if (check_keys(you, "you", you_keys, err, errlen) ||
-            get_i32(you, "you", "pipeline", 0, p->npipelines - 1, &p->you_pipeline, err, errlen) ||
-            get_i32(you, "you", "stage", 0, p->pipelines[p->you_pipeline].nnodes - 1, &p->you_stage,
-                    err, errlen) ||
-            get_i32(you, "you", "layer_begin", 0, PL_PROTO_MAX_LAYERS - 1, &p->you_layer_begin, err,
-                    errlen) ||
-            get_i32(you, "you", "layer_end", p->you_layer_begin + 1, PL_PROTO_MAX_LAYERS,
-                    &p->you_layer_end, err, errlen))
-            return -1;
-        const int *b = p->pipelines[p->you_pipeline].layers;
-        if (p->you_layer_begin != b[p->you_stage] || p->you_layer_end != b[p->you_stage + 1])
-            return pl_errf(err, errlen, "you: layers [%d, %d) differ from pipelines[%d].layers "
-                           "(%d, %d) of stage %d", p->you_layer_begin, p->you_layer_end,
-                           p->you_pipeline, b[p->you_stage], b[p->you_stage + 1], p->you_stage);
-    }
+    if (dec_you(o, p, err, errlen)) return -1;
 
     int n, i;
     const cJSON *arr = get_arr(o, "peers", 0, PL_PROTO_MAX_NODES, &n, err, errlen);
@@ -942,6 +950,79 @@ static void add_str(enc *e, cJSON *o, const char *key, const char *s, size_t cap
 
 #define ADD_STR(e, o, key, arr) add_str(e, o, key, arr, sizeof(arr))
 
+/* A new object appended to arr; NULL (e->bad) when memory runs out. */
+static cJSON *add_object(enc *e, cJSON *arr)
+{
+    cJSON *x = cJSON_CreateObject();
+    if (!x || !cJSON_AddItemToArray(arr, x)) {
+        cJSON_Delete(x);
+        e->bad = 1;
+        return NULL;
+    }
+    return x;
+}
+
+static void enc_pipeline(enc *e, cJSON *arr, const pl_msg_pipeline *pp)
+{
+    cJSON *pj = add_object(e, arr);
+    if (!pj) return;
+    cJSON *nodes = cJSON_AddArrayToObject(pj, "nodes"); /* pj now belongs to arr */
+    if (!nodes || pp->nnodes < 0 || (pp->nnodes && !pp->nodes)) {
+        e->bad = 1;
+        return;
+    }
+    for (int j = 0; j < pp->nnodes && !e->bad; j++) {
+        if (strnlen(pp->nodes[j], sizeof pp->nodes[j]) == sizeof pp->nodes[j]) {
+            e->bad = 1;
+            e->what = "nodes";
+            return;
+        }
+        cJSON *s = cJSON_CreateString(pp->nodes[j]);
+        if (!s || !cJSON_AddItemToArray(nodes, s)) {
+            cJSON_Delete(s);
+            e->bad = 1;
+        }
+    }
+    cJSON *bounds = cJSON_AddArrayToObject(pj, "layers");
+    if (!bounds || !pp->layers) {
+        e->bad = 1;
+        return;
+    }
+    for (int j = 0; j <= pp->nnodes; j++)
+        if (!cJSON_AddItemToArray(bounds, cJSON_CreateNumber(pp->layers[j]))) e->bad = 1;
+    add_int(e, pj, "template_nodes", pp->template_nodes);
+    add_int(e, pj, "microbatches", pp->microbatches);
+    add_int(e, pj, "first_microbatch", pp->first_microbatch);
+}
+
+/* The plan's peers, copies and sends. */
+static void enc_plan_lists(enc *e, cJSON *o, const pl_msg_plan *p)
+{
+    cJSON *peers = cJSON_AddArrayToObject(o, "peers");
+    cJSON *copies = cJSON_AddArrayToObject(o, "copies");
+    cJSON *sends = cJSON_AddArrayToObject(o, "sends");
+    if (!peers || !copies || !sends || p->npeers < 0 || p->ncopies < 0 || p->nsends < 0 ||
+        (p->npeers && !p->peers) || (p->ncopies && !p->copies) || (p->nsends && !p->sends)) {
+        e->bad = 1;
+        return;
+    }
+    cJSON *x;
+    for (int i = 0; i < p->npeers && !e->bad && (x = add_object(e, peers)); i++) {
+        ADD_STR(e, x, "name", p->peers[i].name);
+        ADD_STR(e, x, "host", p->peers[i].host);
+        add_int(e, x, "port", p->peers[i].port);
+    }
+    for (int i = 0; i < p->ncopies && !e->bad && (x = add_object(e, copies)); i++) {
+        add_int(e, x, "layer", p->copies[i].layer);
+        ADD_STR(e, x, "source", p->copies[i].source);
+        add_int(e, x, "bytes", p->copies[i].bytes);
+    }
+    for (int i = 0; i < p->nsends && !e->bad && (x = add_object(e, sends)); i++) {
+        add_int(e, x, "layer", p->sends[i].layer);
+        ADD_STR(e, x, "dest", p->sends[i].dest);
+    }
+}
+
 static void enc_plan(enc *e, cJSON *o, const pl_msg_plan *p)
 {
     add_int(e, o, "generation", p->generation);
@@ -954,42 +1035,8 @@ static void enc_plan(enc *e, cJSON *o, const pl_msg_plan *p)
         e->bad = 1;
         return;
     }
-    for (int i = 0; i < p->npipelines && !e->bad; i++) {
-        const pl_msg_pipeline *pp = &p->pipelines[i];
-        cJSON *pj = cJSON_CreateObject();
-        if (!pj || !cJSON_AddItemToArray(arr, pj)) {
-            cJSON_Delete(pj);
-            e->bad = 1;
-            return;
-        }
-        cJSON *nodes = cJSON_AddArrayToObject(pj, "nodes"); /* pj now belongs to arr */
-        if (!nodes || pp->nnodes < 0 || (pp->nnodes && !pp->nodes)) {
-            e->bad = 1;
-            return;
-        }
-        for (int j = 0; j < pp->nnodes && !e->bad; j++) {
-            if (strnlen(pp->nodes[j], sizeof pp->nodes[j]) == sizeof pp->nodes[j]) {
-                e->bad = 1;
-                e->what = "nodes";
-                return;
-            }
-            cJSON *s = cJSON_CreateString(pp->nodes[j]);
-            if (!s || !cJSON_AddItemToArray(nodes, s)) {
-                cJSON_Delete(s);
-                e->bad = 1;
-            }
-        }
-        cJSON *bounds = cJSON_AddArrayToObject(pj, "layers");
-        if (!bounds || !pp->layers) {
-            e->bad = 1;
-            return;
-        }
-        for (int j = 0; j <= pp->nnodes; j++)
-            if (!cJSON_AddItemToArray(bounds, cJSON_CreateNumber(pp->layers[j]))) e->bad = 1;
-        add_int(e, pj, "template_nodes", pp->template_nodes);
-        add_int(e, pj, "microbatches", pp->microbatches);
-        add_int(e, pj, "first_microbatch", pp->first_microbatch);
-    }
+    for (int i = 0; i < p->npipelines && !e->bad; i++) enc_pipeline(e, arr, &p->pipelines[i]);
+    if (e->bad) return;
     if (p->you_pipeline < 0) {
         if (!cJSON_AddNullToObject(o, "you")) e->bad = 1;
     } else {
@@ -1003,46 +1050,8 @@ static void enc_plan(enc *e, cJSON *o, const pl_msg_plan *p)
         add_int(e, y, "layer_begin", p->you_layer_begin);
         add_int(e, y, "layer_end", p->you_layer_end);
     }
-    cJSON *peers = cJSON_AddArrayToObject(o, "peers");
-    cJSON *copies = cJSON_AddArrayToObject(o, "copies");
-    cJSON *sends = cJSON_AddArrayToObject(o, "sends");
-    if (!peers || !copies || !sends || p->npeers < 0 || p->ncopies < 0 || p->nsends < 0 ||
-        (p->npeers && !p->peers) || (p->ncopies && !p->copies) || (p->nsends && !p->sends)) {
-        e->bad = 1;
-        return;
-    }
-    for (int i = 0; i < p->npeers && !e->bad; i++) {
-        cJSON *x = cJSON_CreateObject();
-        if (!x || !cJSON_AddItemToArray(peers, x)) {
-            cJSON_Delete(x);
-            e->bad = 1;
-            return;
-        }
-        ADD_STR(e, x, "name", p->peers[i].name);
-        ADD_STR(e, x, "host", p->peers[i].host);
-        add_int(e, x, "port", p->peers[i].port);
-    }
-    for (int i = 0; i < p->ncopies && !e->bad; i++) {
-        cJSON *x = cJSON_CreateObject();
-        if (!x || !cJSON_AddItemToArray(copies, x)) {
-            cJSON_Delete(x);
-            e->bad = 1;
-            return;
-        }
-        add_int(e, x, "layer", p->copies[i].layer);
-        ADD_STR(e, x, "source", p->copies[i].source);
-        add_int(e, x, "bytes", p->copies[i].bytes);
-    }
-    for (int i = 0; i < p->nsends && !e->bad; i++) {
-        cJSON *x = cJSON_CreateObject();
-        if (!x || !cJSON_AddItemToArray(sends, x)) {
-            cJSON_Delete(x);
-            e->bad = 1;
-            return;
-        }
-        add_int(e, x, "layer", p->sends[i].layer);
-        ADD_STR(e, x, "dest", p->sends[i].dest);
-    }
+    enc_plan_lists(e, o, p);
+    if (e->bad) return;
     if (!p->has_checkpoint) {
         if (!cJSON_AddNullToObject(o, "checkpoint")) e->bad = 1;
     } else {
@@ -1061,7 +1070,8 @@ static void enc_plan(enc *e, cJSON *o, const pl_msg_plan *p)
     if (!cJSON_AddStringToObject(o, "transport", transport_names[p->transport])) e->bad = 1;
 }
 
-static void enc_body(enc *e, cJSON *o, const pl_msg *m)
+/* The fields of a worker → coordinator message. */
+static void enc_from_worker(enc *e, cJSON *o, const pl_msg *m)
 {
     switch (m->type) {
     case PL_MSG_REGISTER: {
@@ -1082,7 +1092,6 @@ static void enc_body(enc *e, cJSON *o, const pl_msg *m)
     case PL_MSG_HEARTBEAT:
     case PL_MSG_REDUCED:
     case PL_MSG_COMMITTED:
-    case PL_MSG_START_STEP:
         add_int(e, o, "step", m->u.heartbeat.step);
         break;
     case PL_MSG_LEAVING:
@@ -1129,16 +1138,30 @@ static void enc_body(enc *e, cJSON *o, const pl_msg *m)
         add_int(e, o, "layer_end", m->u.saved.layer_end);
         add_int(e, o, "bytes", m->u.saved.bytes);
         break;
-    case PL_MSG_CHALLENGE:
-        ADD_STR(e, o, "nonce", m->u.challenge.nonce);
-        break;
     case PL_MSG_NCCL_ROOT:
-    case PL_MSG_NCCL_INIT:
         ADD_STR(e, o, "id", m->u.nccl_root.id);
         break;
     case PL_MSG_STEP_FAILED:
         add_int(e, o, "step", m->u.step_failed.step);
         ADD_STR(e, o, "reason", m->u.step_failed.reason);
+        break;
+    default:
+        e->bad = 1;
+    }
+}
+
+/* The fields of a coordinator → worker message. */
+static void enc_from_coordinator(enc *e, cJSON *o, const pl_msg *m)
+{
+    switch (m->type) {
+    case PL_MSG_CHALLENGE:
+        ADD_STR(e, o, "nonce", m->u.challenge.nonce);
+        break;
+    case PL_MSG_NCCL_INIT:
+        ADD_STR(e, o, "id", m->u.nccl_init.id);
+        break;
+    case PL_MSG_START_STEP:
+        add_int(e, o, "step", m->u.start_step.step);
         break;
     case PL_MSG_WELCOME:
         add_int(e, o, "rank", m->u.welcome.rank);
@@ -1169,6 +1192,14 @@ static void enc_body(enc *e, cJSON *o, const pl_msg *m)
     default:
         e->bad = 1;
     }
+}
+
+static void enc_body(enc *e, cJSON *o, const pl_msg *m)
+{
+    const int from_worker = pl_msg_from_worker(m->type);
+    if (from_worker == 1) enc_from_worker(e, o, m);
+    else if (from_worker == 0) enc_from_coordinator(e, o, m);
+    else e->bad = 1;
 }
 
 char *pl_msg_encode_err(const pl_msg *m, char *err, size_t errlen)
