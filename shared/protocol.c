@@ -1,3 +1,5 @@
+/* The control messages (protocol.h): strict JSON decoding with field paths in errors,
+ * encoding that decode always accepts, deep copies, names of types and reasons. */
 #include "protocol.h"
 
 #include <math.h>

@@ -1,5 +1,6 @@
-/* The worker-to-worker TCP transport (worker/comm/): handshake, frames, tensors,
- * timeouts, ring all-reduce. Peers are threads of this process on 127.0.0.1. */
+/* The worker-to-worker TCP transport (worker/comm/): handshake (token, generation, rank,
+ * purpose), frames, tensors, timeouts, full mesh, ring all-reduce. Peers are threads of
+ * this process on 127.0.0.1. */
 #include "allreduce.h"
 #include "check.h"
 #include "mesh.h"

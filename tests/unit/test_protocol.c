@@ -1,6 +1,7 @@
 /* The control protocol (shared/protocol.h): lossless round trips of every
- * message type with random contents, rejection of each kind of bad input with
- * the field path in the error, and a deterministic mutation fuzz loop. */
+ * message type with random contents, copies that own their arrays (pl_msg_dup),
+ * rejection of each kind of bad input with the field path in the error, and a
+ * deterministic mutation fuzz loop. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

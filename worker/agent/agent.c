@@ -373,6 +373,13 @@ static int send_nccl_root(agent *a, char *err, size_t errlen)
     return 0;
 }
 
+/* A time on pl_now_ms's clock as a timespec: a->cv's clock (pl_agent_run). */
+static struct timespec timespec_at(double ms)
+{
+    const time_t sec = (time_t)(ms / 1e3);
+    return (struct timespec){.tv_sec = sec, .tv_nsec = (long)((ms - 1e3 * (double)sec) * 1e6)};
+}
+
 /* The id of the coordinator's nccl_init for this generation into id; "" when a newer plan
  * came first or it did not come while copies may take (ranks join after their TCP copies
  * from idle sources). */
@@ -382,13 +389,7 @@ static void wait_nccl_id(agent *a, char id[PL_PROTO_NCCL_ID_HEX + 1])
     id[0] = 0;
     pthread_mutex_lock(&a->mu);
     while (a->nccl_gen != a->gen && !superseded(a) && pl_now_ms() < deadline) {
-        struct timespec ts; /* pthread_cond_timedwait takes the realtime clock */
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 100 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        const struct timespec ts = timespec_at(pl_now_ms() + 100); /* superseded is polled */
         pthread_cond_timedwait(&a->cv, &a->mu, &ts);
     }
     if (a->nccl_gen == a->gen) memcpy(id, a->nccl_id, PL_PROTO_NCCL_ID_HEX + 1);
@@ -1037,7 +1038,11 @@ int pl_agent_run(const pl_agent_options *o)
     a->o = o;
     pthread_mutex_init(&a->mu, NULL);
     pthread_mutex_init(&a->cli_mu, NULL);
-    pthread_cond_init(&a->cv, NULL);
+    pthread_condattr_t ca; /* timed waits on the monotonic clock: pl_now_ms's */
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&a->cv, &ca);
+    pthread_condattr_destroy(&ca);
     a->lost_since = -1;
     a->last_committed = a->reduced_step = -1;
     atomic_store(&a->exit_code, 1);
