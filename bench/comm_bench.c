@@ -191,8 +191,8 @@ static int bench_stream(float *a, float *b, size_t n, int reps, double memcpy_gb
     }
     qsort(ts, (size_t)reps, sizeof ts[0], cmp_double);
     double gbs = bytes / ts[reps / 2] / 1e9;
-    printf("%-34s %9.1f ms %7.2f GB/s (%.0f%% of memcpy)\n", "send/recv 1 stream", ts[reps / 2] * 1e3,
-           gbs, 100 * gbs / memcpy_gbs);
+    printf("%-34s %9.1f ms %7.2f GB/s (%.0f%% of memcpy)\n", "send/recv 1 stream",
+           ts[reps / 2] * 1e3, gbs, 100 * gbs / memcpy_gbs);
     return 0;
 }
 

@@ -615,9 +615,9 @@ static int run_step(agent *a, int64_t s, char *err, size_t errlen)
                                 .global_micro = a->global_micro, .groups = &a->g,
                                 .peers = &peers, .step = (uint32_t)s,
                                 .timeout_ms = PEER_TIMEOUT_MS,
-                                .xport = a->ncp ? pl_nccl_plan_xport(a->ncp) : NULL};
-    args.before_reduce = pl_fault_step_hook(&a->fault, s);
-    args.hook_ctx = &a->fault;
+                                .xport = a->ncp ? pl_nccl_plan_xport(a->ncp) : NULL,
+                                .before_reduce = pl_fault_step_hook(&a->fault, s),
+                                .hook_ctx = &a->fault};
     pl_worker_step_result res;
     if (pl_worker_step(&args, &res, err, errlen)) return -1;
     pl_msg m;

@@ -83,6 +83,9 @@ int pl_mesh_dial(pl_mesh *m, const char *host, int port, pl_conn_purpose purpose
                  int32_t expect_rank, int timeout_ms, pl_conn **out, char *err, size_t errlen)
 {
     *out = NULL;
+    if (timeout_ms <= 0)
+        return pl_comm_errf(err, errlen, PL_COMM_EINVAL, "dial %s:%d: timeout %d ms", host, port,
+                            timeout_ms);
     const pl_comm_ident id = ident(m, purpose);
     const double deadline = pl_now_ms() + timeout_ms;
     const int slice = m->cfg.redial ? PL_MESH_DIAL_SLICE_MS : timeout_ms;
@@ -90,9 +93,9 @@ int pl_mesh_dial(pl_mesh *m, const char *host, int port, pl_conn_purpose purpose
         if (cancelled(m))
             return pl_comm_errf(err, errlen, PL_COMM_ECANCELED, "dial %s:%d: cancelled", host,
                                 port);
-        const int left = (int)(deadline - pl_now_ms());
-        int rc = pl_conn_connect(host, port, &id, expect_rank, left < slice ? left : slice, out,
-                                 err, errlen);
+        const double left = deadline - pl_now_ms(); /* ≥ 1: a negative timeout never ends */
+        const int try_ms = left < 1 ? 1 : left < slice ? (int)left : slice;
+        int rc = pl_conn_connect(host, port, &id, expect_rank, try_ms, out, err, errlen);
         if (rc == 0) {
             if (errlen) err[0] = 0; /* forget the failed tries */
             return 0;
@@ -101,8 +104,8 @@ int pl_mesh_dial(pl_mesh *m, const char *host, int port, pl_conn_purpose purpose
         if (!m->cfg.redial ||
             (rc != PL_COMM_ETIMEOUT && rc != PL_COMM_ECLOSED && rc != PL_COMM_ESTALE))
             return rc;
-        if (deadline - pl_now_ms() <= 0) return rc; /* err says why */
         if (rc != PL_COMM_ETIMEOUT) usleep(20000);
+        if (deadline - pl_now_ms() <= 0) return rc; /* err says why */
     }
 }
 
@@ -160,7 +163,8 @@ int pl_mesh_accept(pl_mesh *m, unsigned want, unsigned later, double deadline, p
         pl_conn *c = NULL;
         int rc = pl_listener_accept(m->cfg.listener, &id, left < slice ? left : slice, &c, why,
                                     sizeof why);
-        if (rc == PL_COMM_ESYS || rc == PL_COMM_EINVAL) return pl_comm_errf(err, errlen, rc, "%s", why);
+        if (rc == PL_COMM_ESYS || rc == PL_COMM_EINVAL)
+            return pl_comm_errf(err, errlen, rc, "%s", why);
         if (rc) {
             if (rc != PL_COMM_ETIMEOUT) refused(m, "refused a peer connection: %s", why);
             continue;

@@ -23,8 +23,9 @@
  * A new plan (pl_mesh_set_plan) closes the stash.
  *
  * Threads: pl_mesh_dial may run on several threads at once (a layer copy source dials
- * each destination on a thread of its own); every other call comes from one thread (the
- * worker's compute thread) while no dial runs. Ownership: the mesh borrows the listener,
+ * each destination on a thread of its own), alongside one thread's accepts (the worker's
+ * compute thread: pl_mesh_accept, pl_mesh_connect); pl_mesh_set_plan, pl_mesh_drop_stash
+ * and pl_mesh_destroy run while nothing else does. Ownership: the mesh borrows the listener,
  * the token and the name (they outlive it) and owns the stash; a connection returned
  * belongs to the caller. Errors: tcp.h's codes with "what: reason" in err. */
 #ifndef PLIANT_MESH_H
@@ -74,8 +75,9 @@ void pl_mesh_drop_stash(pl_mesh *m);
 /* How many connections wait in the stash. */
 int pl_mesh_stashed(const pl_mesh *m);
 
-/* Dials host:port for purpose, as this worker's rank in the plan, until timeout_ms has
- * passed (see "Waiting"). expect_rank ≥ 0 refuses a peer of another rank, −1 takes any. */
+/* Dials host:port for purpose, as this worker's rank in the plan, until timeout_ms (> 0)
+ * has passed (see "Waiting"). expect_rank ≥ 0 refuses a peer of another rank, −1 takes
+ * any. */
 int pl_mesh_dial(pl_mesh *m, const char *host, int port, pl_conn_purpose purpose,
                  int32_t expect_rank, int timeout_ms, pl_conn **out, char *err,
                  size_t errlen);
