@@ -5,7 +5,9 @@
  * peers, stage-link connections to its pipeline neighbours, or the plan's NCCL world),
  * runs steps with pl_worker_step and applies commits, writing its layers of a
  * checkpoint in the background when a commit asks (checkpoint_writer.h). The control
- * thread hands the compute thread decoded copies of the messages (msg_queue.h).
+ * thread hands the compute thread decoded copies of the messages (msg_queue.h). agent.c
+ * holds the two threads' loops, plan_install.c the installation of a plan, agent_state.h
+ * the state they share.
  *
  * Layer copies (layer_copy.h): on a plan that changes this worker's layers, the engine
  * of the previous plan is kept as the copy source (until the next start_step, the
