@@ -141,7 +141,7 @@ static int locate(const pl_engine *e, const pl_gpt_config *cfg, segment *g, char
 
 /* The pair's items [i, j) (one peer and direction, layers ascending) as segments: runs of
  * consecutive layers, then the tied wte when the destination's range has the head but not
- * the embedding (it comes with the head, as change_engine decides). */
+ * the embedding (it comes with the head, as pl_layer_copy_layer_of says). */
 static int add_segments(const item *it, int i, int j, int dest_begin, int L, segment *seg,
                         int nseg)
 {
