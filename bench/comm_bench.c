@@ -5,6 +5,7 @@
  * each rank actually sends per second in a ring (comparable with NCCL's figure).
  * Usage: comm_bench [--mb N] [--reps R] */
 #include "allreduce.h"
+#include "mesh.h"
 #include "tcp.h"
 #include "util.h"
 
@@ -142,40 +143,12 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-int main(int argc, char **argv)
+/* memcpy of the buffer on one thread: the baseline, in GB/s. */
+static double bench_memcpy(float *a, float *b, size_t n, int reps)
 {
-    size_t mb = 100;
-    int reps = 5;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--mb") && i + 1 < argc)
-            mb = (size_t)atol(argv[++i]);
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "usage: %s [--mb N] [--reps R]\n", argv[0]);
-            return 2;
-        }
-    }
-    if (reps < 1 || reps > 16 || mb < 1) {
-        fprintf(stderr, "comm_bench: --reps 1..16, --mb >= 1\n");
-        return 2;
-    }
-    size_t bytes = mb * 1000 * 1000, n = bytes / sizeof(float);
-    bytes = n * sizeof(float);
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    printf("comm_bench: %zu MB fp32 buffers, loopback TCP, %d reps (median), %ld CPU cores\n",
-           bytes / 1000000, reps, cores);
-
-    /* memcpy baseline */
-    float *a = malloc(bytes), *b = malloc(bytes);
-    if (!a || !b) {
-        fprintf(stderr, "comm_bench: out of memory\n");
-        return 1;
-    }
-    for (size_t i = 0; i < n; i++)
-        a[i] = (float)(i % 1000) * 0.001f;
-    memcpy(b, a, bytes);
+    const size_t bytes = n * sizeof(float);
     double ts[16];
+    memcpy(b, a, bytes);
     for (int k = 0; k < reps; k++) {
         double t0 = (pl_now_ms() / 1e3);
         memcpy(b, a, bytes);
@@ -185,8 +158,14 @@ int main(int argc, char **argv)
     qsort(ts, (size_t)reps, sizeof ts[0], cmp_double);
     double memcpy_gbs = bytes / ts[reps / 2] / 1e9;
     printf("%-34s %9.1f ms %7.2f GB/s\n", "memcpy (one thread)", ts[reps / 2] * 1e3, memcpy_gbs);
+    return memcpy_gbs;
+}
 
-    /* send/recv between two connected threads */
+/* send/recv between two connected threads. 0, or 1 on failure. */
+static int bench_stream(float *a, float *b, size_t n, int reps, double memcpy_gbs)
+{
+    const size_t bytes = n * sizeof(float);
+    double ts[16];
     mesh_job m[MAXR];
     if (mesh_open(m, 2))
         return 1;
@@ -212,68 +191,116 @@ int main(int argc, char **argv)
     }
     qsort(ts, (size_t)reps, sizeof ts[0], cmp_double);
     double gbs = bytes / ts[reps / 2] / 1e9;
-    printf("%-34s %9.1f ms %7.2f GB/s (%.0f%% of memcpy)\n", "send/recv 1 stream", ts[reps / 2] * 1e3,
-           gbs, 100 * gbs / memcpy_gbs);
-    free(b);
-
-    /* ring all-reduce among p ranks */
-    for (int p = 2; p <= MAXR; p++) {
-        if (mesh_open(m, p))
-            return 1;
-        ar_job jobs[MAXR];
-        pthread_t t[MAXR];
-        pthread_barrier_t bar;
-        pthread_barrier_init(&bar, NULL, (unsigned)p);
-        int oom = 0;
-        for (int r = 0; r < p; r++) {
-            jobs[r] = (ar_job){.m = m, .rank = r, .p = p, .n = n, .reps = reps, .bar = &bar};
-            jobs[r].buf = malloc(bytes);
-            if (!jobs[r].buf)
-                oom = 1;
-            else
-                for (size_t i = 0; i < n; i++)
-                    jobs[r].buf[i] = 1e-3f * (float)((i + (size_t)r) % 7);
-        }
-        if (oom) {
-            fprintf(stderr, "comm_bench: out of memory for %d ranks\n", p);
-            return 1;
-        }
-        for (int r = 0; r < p; r++)
-            pthread_create(&t[r], NULL, ar_main, &jobs[r]);
-        int bad = 0;
-        for (int r = 0; r < p; r++) {
-            pthread_join(t[r], NULL);
-            if (jobs[r].rc) {
-                fprintf(stderr, "comm_bench: all-reduce p=%d rank %d: %s\n", p, r, jobs[r].err);
-                bad = 1;
-            }
-        }
-        for (int r = 1; r < p && !bad; r++)
-            if (memcmp(jobs[0].buf, jobs[r].buf, bytes) != 0) {
-                fprintf(stderr, "comm_bench: all-reduce p=%d: ranks 0 and %d differ\n", p, r);
-                bad = 1;
-            }
-        /* the slowest rank's time per repetition, median over repetitions */
-        for (int k = 0; k < reps; k++) {
-            ts[k] = 0;
-            for (int r = 0; r < p; r++)
-                if (jobs[r].t[k] > ts[k])
-                    ts[k] = jobs[r].t[k];
-        }
-        for (int r = 0; r < p; r++)
-            free(jobs[r].buf);
-        pthread_barrier_destroy(&bar);
-        mesh_close(m, p);
-        if (bad)
-            return 1;
-        qsort(ts, (size_t)reps, sizeof ts[0], cmp_double);
-        double alg = bytes / ts[reps / 2] / 1e9, bus = alg * 2.0 * (p - 1) / p;
-        char name[64];
-        snprintf(name, sizeof name, "ring all-reduce, %d ranks", p);
-        printf("%-34s %9.1f ms %7.2f GB/s algbw, %5.2f GB/s busbw (%.0f%% of memcpy)%s\n", name,
-               ts[reps / 2] * 1e3, alg, bus, 100 * bus / memcpy_gbs,
-               p > cores ? "  [more ranks than cores]" : "");
-    }
-    free(a);
+    printf("%-34s %9.1f ms %7.2f GB/s (%.0f%% of memcpy)\n", "send/recv 1 stream",
+           ts[reps / 2] * 1e3, gbs, 100 * gbs / memcpy_gbs);
     return 0;
+}
+
+/* Runs the all-reduce on p rank threads; ts[k]: the slowest rank's time of repetition k.
+ * 0, or 1 on failure (the ranks' results must agree). */
+static int run_allreduce(mesh_job *m, int p, size_t n, int reps, double *ts)
+{
+    const size_t bytes = n * sizeof(float);
+    ar_job jobs[MAXR];
+    pthread_t t[MAXR];
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, (unsigned)p);
+    int bad = 0;
+    for (int r = 0; r < p; r++) {
+        jobs[r] = (ar_job){.m = m, .rank = r, .p = p, .n = n, .reps = reps, .bar = &bar};
+        jobs[r].buf = malloc(bytes);
+        if (!jobs[r].buf)
+            bad = 1;
+        else
+            for (size_t i = 0; i < n; i++)
+                jobs[r].buf[i] = 1e-3f * (float)((i + (size_t)r) % 7);
+    }
+    if (bad)
+        fprintf(stderr, "comm_bench: out of memory for %d ranks\n", p);
+    for (int r = 0; r < p && !bad; r++)
+        pthread_create(&t[r], NULL, ar_main, &jobs[r]);
+    for (int r = 0; r < p && !bad; r++) {
+        pthread_join(t[r], NULL);
+        if (jobs[r].rc) {
+            fprintf(stderr, "comm_bench: all-reduce p=%d rank %d: %s\n", p, r, jobs[r].err);
+            bad = 1;
+        }
+    }
+    for (int r = 1; r < p && !bad; r++)
+        if (memcmp(jobs[0].buf, jobs[r].buf, bytes) != 0) {
+            fprintf(stderr, "comm_bench: all-reduce p=%d: ranks 0 and %d differ\n", p, r);
+            bad = 1;
+        }
+    for (int k = 0; k < reps; k++) {
+        ts[k] = 0;
+        for (int r = 0; r < p && !bad; r++)
+            if (jobs[r].t[k] > ts[k])
+                ts[k] = jobs[r].t[k];
+    }
+    for (int r = 0; r < p; r++)
+        free(jobs[r].buf);
+    pthread_barrier_destroy(&bar);
+    return bad;
+}
+
+/* ring all-reduce among p ranks. 0, or 1 on failure. */
+static int bench_allreduce(int p, size_t n, int reps, double memcpy_gbs, long cores)
+{
+    const size_t bytes = n * sizeof(float);
+    double ts[16];
+    mesh_job m[MAXR];
+    if (mesh_open(m, p))
+        return 1;
+    const int bad = run_allreduce(m, p, n, reps, ts);
+    mesh_close(m, p);
+    if (bad)
+        return 1;
+    /* the slowest rank's time per repetition, median over repetitions */
+    qsort(ts, (size_t)reps, sizeof ts[0], cmp_double);
+    double alg = bytes / ts[reps / 2] / 1e9, bus = alg * 2.0 * (p - 1) / p;
+    char name[64];
+    snprintf(name, sizeof name, "ring all-reduce, %d ranks", p);
+    printf("%-34s %9.1f ms %7.2f GB/s algbw, %5.2f GB/s busbw (%.0f%% of memcpy)%s\n", name,
+           ts[reps / 2] * 1e3, alg, bus, 100 * bus / memcpy_gbs,
+           p > cores ? "  [more ranks than cores]" : "");
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    size_t mb = 100;
+    int reps = 5;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--mb") && i + 1 < argc)
+            mb = (size_t)atol(argv[++i]);
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: %s [--mb N] [--reps R]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (reps < 1 || reps > 16 || mb < 1) {
+        fprintf(stderr, "comm_bench: --reps 1..16, --mb >= 1\n");
+        return 2;
+    }
+    size_t bytes = mb * 1000 * 1000, n = bytes / sizeof(float);
+    bytes = n * sizeof(float);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    printf("comm_bench: %zu MB fp32 buffers, loopback TCP, %d reps (median), %ld CPU cores\n",
+           bytes / 1000000, reps, cores);
+    float *a = malloc(bytes), *b = malloc(bytes);
+    if (!a || !b) {
+        fprintf(stderr, "comm_bench: out of memory\n");
+        return 1;
+    }
+    for (size_t i = 0; i < n; i++)
+        a[i] = (float)(i % 1000) * 0.001f;
+    const double memcpy_gbs = bench_memcpy(a, b, n, reps);
+    int rc = bench_stream(a, b, n, reps, memcpy_gbs);
+    free(b);
+    for (int p = 2; p <= MAXR && !rc; p++)
+        rc = bench_allreduce(p, n, reps, memcpy_gbs, cores);
+    free(a);
+    return rc;
 }

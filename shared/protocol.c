@@ -98,6 +98,56 @@ void pl_msg_free(pl_msg *m)
     memset(m, 0, sizeof *m);
 }
 
+/* A malloc'd copy of n elements of size bytes at src; NULL for none, or when memory runs
+ * out (then *failed = 1). */
+static void *dup_array(const void *src, size_t n, size_t size, int *failed)
+{
+    if (!src || n == 0) return NULL;
+    void *p = malloc(n * size);
+    if (!p) {
+        *failed = 1;
+        return NULL;
+    }
+    return memcpy(p, src, n * size);
+}
+
+/* p starts as a shallow copy of from: each array is replaced by a copy of its own. */
+static int dup_plan(pl_msg_plan *p, const pl_msg_plan *from)
+{
+    int failed = 0;
+    const size_t np = from->pipelines ? (size_t)from->npipelines : 0;
+    p->pipelines = np ? calloc(np, sizeof *p->pipelines) : NULL;
+    failed = np && !p->pipelines;
+    for (size_t i = 0; i < np && !failed; i++) {
+        const pl_msg_pipeline *f = &from->pipelines[i];
+        pl_msg_pipeline *q = &p->pipelines[i];
+        *q = *f;
+        q->nodes = dup_array(f->nodes, (size_t)f->nnodes, sizeof *f->nodes, &failed);
+        q->layers = dup_array(f->layers, f->layers ? (size_t)f->nnodes + 1 : 0,
+                              sizeof *f->layers, &failed);
+    }
+    p->peers = dup_array(from->peers, (size_t)from->npeers, sizeof *from->peers, &failed);
+    p->copies = dup_array(from->copies, (size_t)from->ncopies, sizeof *from->copies, &failed);
+    p->sends = dup_array(from->sends, (size_t)from->nsends, sizeof *from->sends, &failed);
+    return failed ? -1 : 0;
+}
+
+int pl_msg_dup(const pl_msg *m, pl_msg *out)
+{
+    *out = *m;
+    if (m->type != PL_MSG_PLAN) return 0;
+    if (dup_plan(&out->u.plan, &m->u.plan) == 0) return 0;
+    pl_msg_free(out);
+    return -1;
+}
+
+const pl_msg_peer *pl_msg_plan_peer(const pl_msg_plan *p, const char *name)
+{
+    for (int i = 0; i < p->npeers; i++)
+        if (!strcmp(p->peers[i].name, name)) return &p->peers[i];
+    return NULL;
+}
+
 /* ------------------------------------------------------- decode helpers */
 
 /* A short printable rendering of untrusted text for error messages. */

@@ -258,6 +258,14 @@ char *pl_msg_encode_err(const pl_msg *m, char *err, size_t errlen);
  * zeroed message. Callers building a plan allocate its arrays with malloc. */
 void pl_msg_free(pl_msg *m);
 
+/* A deep copy of m into out, owning its own arrays (free with pl_msg_free), so that it
+ * outlives m: e.g. queued for another thread. -1 when memory runs out (out is then
+ * zeroed). */
+int pl_msg_dup(const pl_msg *m, pl_msg *out);
+
+/* The entry of the plan's peers named name, or NULL. */
+const pl_msg_peer *pl_msg_plan_peer(const pl_msg_plan *p, const char *name);
+
 /* "register", "plan", ...; "?" for an unknown type. */
 const char *pl_msg_type_name(int type);
 /* The type for a name, or PL_MSG_NONE. */

@@ -1,13 +1,16 @@
-/* The worker-to-worker TCP transport (worker/comm/): handshake, frames, tensors,
- * timeouts, ring all-reduce. Peers are threads of this process on 127.0.0.1. */
+/* The worker-to-worker TCP transport (worker/comm/): handshake (token, generation, rank,
+ * purpose), frames, tensors, timeouts, full mesh, ring all-reduce. Peers are threads of
+ * this process on 127.0.0.1. */
 #include "allreduce.h"
 #include "check.h"
+#include "mesh.h"
 #include "rng.h"
 #include "tcp.h"
 #include "util.h"
 
 #include <math.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -20,7 +23,7 @@
 static pl_comm_ident ident(int rank, const char *name, const char *token, uint64_t gen)
 {
     pl_comm_ident id = {.token = token, .token_len = strlen(token), .rank = rank,
-                        .name = name, .generation = gen};
+                        .name = name, .generation = gen, .purpose = PL_CONN_RING};
     return id;
 }
 
@@ -70,6 +73,19 @@ static void close_pair(pair_result *r)
     pl_conn_close(r->a);
     pl_conn_close(r->c);
     r->a = r->c = NULL;
+}
+
+/* A plain TCP connection to 127.0.0.1:port, no handshake; −1 on failure. */
+static int raw_connect(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
 }
 
 /* ---- handshake ---- */
@@ -149,6 +165,132 @@ static void test_stale_generation_refused(void)
     CHECK_EQ_INT(r.arc, PL_COMM_EPROTO);
     CHECK_STR_CONTAINS(r.cerr, "expected rank 3");
     CHECK_STR_CONTAINS(r.aerr, "unexpected rank");
+}
+
+/* ---- purpose ---- */
+
+static pl_comm_ident with_purpose(pl_comm_ident id, pl_conn_purpose purpose)
+{
+    id.purpose = purpose;
+    return id;
+}
+
+static void test_purpose_accepted(void)
+{
+    char err[256];
+    pl_listener *l;
+    CHECK_EQ_INT(pl_listener_open(HOST, 0, &l, err, sizeof err), 0);
+    /* the purpose the acceptor takes: both ends know it */
+    pair_result r = connect_pair(l, with_purpose(ident(0, "a", TOKEN, 5), PL_CONN_STAGE_LINK),
+                                 with_purpose(ident(1, "b", TOKEN, 5), PL_CONN_STAGE_LINK), 0);
+    int ok = r.arc == 0 && r.crc == 0 && pl_conn_purpose_of(r.a) == PL_CONN_STAGE_LINK &&
+             pl_conn_purpose_of(r.c) == PL_CONN_STAGE_LINK;
+    close_pair(&r);
+    /* an acceptor of any purpose learns the dialer's; a layer copy's dialer may have no rank */
+    pair_result r2 = connect_pair(l, with_purpose(ident(0, "a", TOKEN, 5), PL_CONN_ANY),
+                                  with_purpose(ident(PL_COMM_NO_RANK, "idle", TOKEN, 5),
+                                               PL_CONN_LAYER_COPY), -1);
+    pl_listener_close(l);
+    if (!ok || r2.arc || r2.crc)
+        printf("    accept: %s / %s\n    connect: %s / %s\n", r.aerr, r2.aerr, r.cerr, r2.cerr);
+    CHECK(ok);
+    CHECK_EQ_INT(r2.arc, 0);
+    CHECK_EQ_INT(r2.crc, 0);
+    CHECK_EQ_INT(pl_conn_purpose_of(r2.a), PL_CONN_LAYER_COPY);
+    CHECK_EQ_INT(pl_conn_peer_rank(r2.a), PL_COMM_NO_RANK);
+    close_pair(&r2);
+}
+
+static void test_wrong_purpose_refused(void)
+{
+    char err[256];
+    pl_listener *l;
+    CHECK_EQ_INT(pl_listener_open(HOST, 0, &l, err, sizeof err), 0);
+    pair_result r = connect_pair(l, with_purpose(ident(0, "a", TOKEN, 5), PL_CONN_STAGE_LINK),
+                                 with_purpose(ident(1, "b", TOKEN, 5), PL_CONN_RING), 0);
+    CHECK_EQ_INT(r.arc, PL_COMM_EPROTO);
+    CHECK_EQ_INT(r.crc, PL_COMM_EPROTO);
+    CHECK(r.a == NULL && r.c == NULL);
+    /* each side names both purposes */
+    CHECK_STR_CONTAINS(r.aerr, "wrong connection purpose");
+    CHECK_STR_CONTAINS(r.aerr, "dials a ring connection");
+    CHECK_STR_CONTAINS(r.aerr, "accepts stage link connections");
+    CHECK_STR_CONTAINS(r.cerr, "wrong connection purpose");
+    CHECK_STR_CONTAINS(r.cerr, "accepts stage link connections");
+    CHECK_STR_CONTAINS(r.cerr, "dials a ring connection");
+    /* the listener is unaffected */
+    r = connect_pair(l, with_purpose(ident(0, "a", TOKEN, 5), PL_CONN_RING),
+                     with_purpose(ident(1, "b", TOKEN, 5), PL_CONN_RING), 0);
+    pl_listener_close(l);
+    CHECK(r.arc == 0 && r.crc == 0);
+    close_pair(&r);
+    /* a dialer names one purpose; only a layer copy's dialer may have no rank */
+    pl_conn *c;
+    pl_comm_ident any = with_purpose(ident(1, "b", TOKEN, 5), PL_CONN_ANY);
+    CHECK_EQ_INT(pl_conn_connect(HOST, 1, &any, -1, 100, &c, err, sizeof err), PL_COMM_EINVAL);
+    pl_comm_ident norank = with_purpose(ident(PL_COMM_NO_RANK, "b", TOKEN, 5), PL_CONN_RING);
+    CHECK_EQ_INT(pl_conn_connect(HOST, 1, &norank, -1, 100, &c, err, sizeof err), PL_COMM_EINVAL);
+}
+
+/* A relay between a dialer and a listener that rewrites the purpose byte of the dialer's
+ * hello (the hello's last byte, tcp.c's HELLO_PURPOSE_AT): the listener must refuse the
+ * proof, as the purpose is part of what it proves. */
+#define HELLO_PURPOSE_AT 123
+typedef struct {
+    int lfd, target_port, tamper_to;
+} relay_job;
+
+static void *relay_main(void *arg)
+{
+    relay_job *j = arg;
+    int cfd = accept(j->lfd, NULL, NULL), sfd = cfd >= 0 ? raw_connect(j->target_port) : -1;
+    size_t from_client = 0;
+    while (cfd >= 0 && sfd >= 0) {
+        struct pollfd pf[2] = {{.fd = cfd, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
+        if (poll(pf, 2, 5000) <= 0) break;
+        unsigned char buf[4096];
+        const int from = pf[0].revents ? 0 : 1;
+        ssize_t n = read(pf[from].fd, buf, sizeof buf);
+        if (n <= 0) break;
+        if (from == 0 && from_client <= HELLO_PURPOSE_AT && from_client + (size_t)n > HELLO_PURPOSE_AT)
+            buf[HELLO_PURPOSE_AT - from_client] = (unsigned char)j->tamper_to;
+        if (from == 0) from_client += (size_t)n;
+        if (write(pf[1 - from].fd, buf, (size_t)n) != n) break;
+    }
+    if (cfd >= 0) close(cfd);
+    if (sfd >= 0) close(sfd);
+    return NULL;
+}
+
+static void test_purpose_is_authenticated(void)
+{
+    char err[256];
+    pl_listener *l;
+    CHECK_EQ_INT(pl_listener_open(HOST, 0, &l, err, sizeof err), 0);
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof sa;
+    CHECK(bind(lfd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(lfd, 4) == 0 &&
+          getsockname(lfd, (struct sockaddr *)&sa, &sl) == 0);
+    relay_job rj = {.lfd = lfd, .target_port = pl_listener_port(l),
+                    .tamper_to = PL_CONN_STAGE_LINK};
+    pthread_t rt, at;
+    pthread_create(&rt, NULL, relay_main, &rj);
+    accept_job j = {.l = l, .id = with_purpose(ident(0, "a", TOKEN, 5), PL_CONN_ANY),
+                    .timeout_ms = 5000};
+    pthread_create(&at, NULL, accept_main, &j);
+    pl_comm_ident dial = with_purpose(ident(1, "b", TOKEN, 5), PL_CONN_RING);
+    pl_conn *c = NULL;
+    int crc = pl_conn_connect(HOST, ntohs(sa.sin_port), &dial, -1, 5000, &c, err, sizeof err);
+    pthread_join(at, NULL);
+    pthread_join(rt, NULL);
+    close(lfd);
+    pl_listener_close(l);
+    pl_conn_close(c);
+    pl_conn_close(j.c);
+    CHECK_EQ_INT(j.rc, PL_COMM_EAUTH);
+    CHECK_EQ_INT(crc, PL_COMM_EAUTH);
+    CHECK_STR_CONTAINS(j.err, "failed authentication");
 }
 
 /* ---- frames ---- */
@@ -295,18 +437,6 @@ static void test_tensor_stream(void)
 }
 
 /* ---- timeouts and closed peers ---- */
-
-static int raw_connect(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
 
 static void test_timeouts_silent_peer(void)
 {
@@ -829,6 +959,9 @@ TEST_MAIN_BEGIN
 RUN(test_handshake_ok);
 RUN(test_wrong_token_refused);
 RUN(test_stale_generation_refused);
+RUN(test_purpose_accepted);
+RUN(test_wrong_purpose_refused);
+RUN(test_purpose_is_authenticated);
 RUN(test_frames_many_sizes);
 RUN(test_tensor_stream);
 RUN(test_timeouts_silent_peer);

@@ -1,6 +1,7 @@
 /* The control protocol (shared/protocol.h): lossless round trips of every
- * message type with random contents, rejection of each kind of bad input with
- * the field path in the error, and a deterministic mutation fuzz loop. */
+ * message type with random contents, copies that own their arrays (pl_msg_dup),
+ * rejection of each kind of bad input with the field path in the error, and a
+ * deterministic mutation fuzz loop. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -341,6 +342,41 @@ static void test_round_trip_every_type(void)
             pl_msg_free(&d);
             CHECK(eq);
             CHECK(same);
+        }
+    }
+}
+
+/* A copy owns its arrays: it equals the message, encodes to the same text after the
+ * original is freed, and shares no array with it. Every type, random plans included. */
+static void test_dup_every_type(void)
+{
+    rng_state = 7;
+    for (int t = PL_MSG_NONE + 1; t < PL_MSG_COUNT; t++) {
+        for (int rep = 0; rep < 50; rep++) {
+            pl_msg m, c;
+            rand_msg(&m, t);
+            char *text = pl_msg_encode(&m);
+            CHECK(text);
+            CHECK_EQ_INT(pl_msg_dup(&m, &c), 0);
+            int eq = msg_equal(&m, &c), shared = 0;
+            if (t == PL_MSG_PLAN) {
+                const pl_msg_plan *a = &m.u.plan, *b = &c.u.plan;
+                shared = (a->pipelines && a->pipelines == b->pipelines) ||
+                         (a->peers && a->peers == b->peers) ||
+                         (a->copies && a->copies == b->copies) ||
+                         (a->sends && a->sends == b->sends) ||
+                         (a->npipelines && a->pipelines[0].nodes == b->pipelines[0].nodes);
+            }
+            pl_msg_free(&m);
+            char *again = pl_msg_encode(&c);
+            int same = again && !strcmp(again, text);
+            if (!eq || !same || shared)
+                printf("    %s: equal %d, same text %d, shared arrays %d\n", pl_msg_type_name(t),
+                       eq, same, shared);
+            free(text);
+            free(again);
+            pl_msg_free(&c);
+            CHECK(eq && same && !shared);
         }
     }
 }
@@ -837,6 +873,7 @@ static void test_fuzz_mutations(void)
 TEST_MAIN_BEGIN
 RUN(test_type_names);
 RUN(test_round_trip_every_type);
+RUN(test_dup_every_type);
 RUN(test_known_encoding);
 RUN(test_reject_envelope);
 RUN(test_reject_fields);

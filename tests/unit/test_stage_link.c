@@ -24,7 +24,7 @@ static const char *const names[MAXST] = {"s0", "s1", "s2", "s3", "s4", "s5", "s6
 static pl_comm_ident ident(int rank)
 {
     return (pl_comm_ident){.token = "t", .token_len = 1, .rank = rank, .name = names[rank],
-                           .generation = 1};
+                           .generation = 1, .purpose = PL_CONN_STAGE_LINK};
 }
 
 static int64_t ms_now(void)

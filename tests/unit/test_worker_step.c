@@ -19,6 +19,7 @@
 
 #include "check.h"
 #include "mailbox.h"
+#include "mesh.h"
 #include "rng.h"
 #include "util.h"
 #include "whole_model.h"
@@ -155,6 +156,144 @@ static int close_rel(const float *x, const float *ref, size_t n, double tol, dou
     return *rel <= tol;
 }
 
+/* The first failed expectation of a test, with its line. */
+typedef struct {
+    int ok, line;
+    char detail[600];
+} verdict;
+
+#define EXPECT(v, cond, ...)                                                                 \
+    do {                                                                                     \
+        if ((v)->ok && !(cond)) {                                                            \
+            (v)->ok = 0, (v)->line = __LINE__;                                               \
+            snprintf((v)->detail, sizeof (v)->detail, __VA_ARGS__);                          \
+        }                                                                                    \
+    } while (0)
+
+/* Every rank's kernels, schedule, engine (the reference's initial state), mailbox endpoint
+ * and listener. */
+static int make_ranks(shared_state *sh, const pl_gpt_config *c, char *err, size_t errlen)
+{
+    for (int i = 0; i < NRANKS; i++) {
+        rank_thread *r = &sh->r[i];
+        const pl_sync_stage *st = PIPE_OF[i] ? &P1[STAGE_OF[i]] : &P0[STAGE_OF[i]];
+        r->rank = i, r->sh = sh;
+        if (!(r->k = kn_create("cpu", 1, err, errlen)) ||
+            pl_schedule_1f1b(NSTAGES[PIPE_OF[i]], STAGE_OF[i], NMB[PIPE_OF[i]], &r->s, err,
+                             errlen) ||
+            pl_engine_create(&r->e, r->k, c, st->layer_begin, st->layer_end, B, T, r->s.nslots,
+                             err, errlen))
+            return -1;
+        pl_engine_init_random(&r->e, SEED);
+        r->ep = (endpoint){sh->box[PIPE_OF[i]], STAGE_OF[i]};
+        if (pl_listener_open("127.0.0.1", 0, &r->l, err, errlen)) return -1;
+        sh->ports[i] = pl_listener_port(r->l);
+    }
+    return 0;
+}
+
+static void free_ranks(shared_state *sh)
+{
+    for (int i = 0; i < NRANKS; i++) {
+        rank_thread *r = &sh->r[i];
+        for (int j = 0; j < NRANKS; j++)
+            if (r->conns[j]) pl_conn_close(r->conns[j]);
+        pl_listener_close(r->l);
+        pl_engine_destroy(&r->e);
+        pl_schedule_free(&r->s);
+        if (r->k) kn_destroy(r->k);
+    }
+}
+
+/* The main thread's side of the ranks' barriers: each step of the reference over the same
+ * microbatches, compared with what the ranks reduced; after each step every group's holders
+ * must be bitwise equal. */
+static void check_steps(shared_state *sh, pl_engine *whole, verdict *v)
+{
+    int32_t *tok = malloc(sizeof tok[0] * GLOBAL_MB * BT), *tgt = malloc(sizeof tgt[0] * GLOBAL_MB * BT);
+    for (int step = 0; step < STEPS && v->ok; step++) {
+        step_data(step, tok, tgt);
+        pl_engine_zero_grads(whole);
+        double ref_loss =
+            whole_model_step(whole, tok, tgt, GLOBAL_MB, 1.0f / (float)(GLOBAL_MB * BT));
+        ref_loss /= GLOBAL_MB;
+        const double ref_norm = sqrt(pl_engine_grad_sumsq(whole));
+        const float ref_scale = ref_norm > CLIP ? CLIP / (float)ref_norm : 1.0f;
+
+        pthread_barrier_wait(&sh->bar); /* reduced */
+        double sumsq = 0, loss = 0;
+        int nloss = 0;
+        for (int i = 0; i < NRANKS; i++) {
+            EXPECT(v, sh->r[i].rc == 0, "step %d rank %d: %s", step, i, sh->r[i].err);
+            sumsq += sh->r[i].res.grad_sumsq;
+            if (sh->r[i].res.has_loss) loss += sh->r[i].res.loss_sum, nloss++;
+        }
+        loss /= GLOBAL_MB;
+        const double norm = sqrt(sumsq);
+        EXPECT(v, nloss == NPIPE, "step %d: %d ranks with the head", step, nloss);
+        EXPECT(v, fabs(loss - ref_loss) <= 1e-5 * fabs(ref_loss), "step %d: loss %.9g vs %.9g",
+               step, loss, ref_loss);
+        EXPECT(v, fabs(norm - ref_norm) <= 1e-5 * ref_norm, "step %d: norm %.9g vs %.9g", step,
+               norm, ref_norm);
+        printf("    step %d: loss %.7f (ref %.7f), norm %.7f (ref %.7f)\n", step, loss, ref_loss,
+               norm, ref_norm);
+        sh->grad_scale = norm > CLIP ? CLIP / (float)norm : 1.0f;
+        sh->failed = !v->ok;
+        pthread_barrier_wait(&sh->bar); /* committed */
+        if (!v->ok) break;
+        pl_engine_adamw(whole, &ADAMW, ref_scale, step + 1);
+        pthread_barrier_wait(&sh->bar); /* applied */
+        for (int gi = 0; gi < sh->g.ngroups; gi++) {
+            char name[32];
+            pl_sync_key_name(sh->g.groups[gi].key, name, sizeof name);
+            EXPECT(v, holders_identical(sh, &sh->g.groups[gi]),
+                   "step %d: holders of %s differ after the step", step, name);
+        }
+        if (step + 1 < STEPS) step_data(step + 1, sh->tok, sh->tgt);
+        sh->failed = !v->ok;
+        pthread_barrier_wait(&sh->bar); /* checked */
+    }
+    free(tok);
+    free(tgt);
+}
+
+/* Every rank's parameters equal the reference's; the worst relative difference. */
+static double compare_with_whole(const shared_state *sh, const pl_engine *whole,
+                                 const pl_gpt_config *c, verdict *v)
+{
+    double worst = 0;
+    for (int i = 0; i < NRANKS && v->ok; i++) {
+        const pl_engine *e = &sh->r[i].e;
+        for (int j = 0; j < e->ntensors; j++) {
+            const pl_engine_tensor *t = &e->tensors[j];
+            const pl_engine_tensor *w = pl_engine_find(whole, t->layer, t->index);
+            const size_t n = t->spec.numel;
+            float *x = malloc(n * sizeof *x), *ref = malloc(n * sizeof *ref);
+            memcpy(x, e->params + t->offset, n * sizeof *x);
+            memcpy(ref, whole->params + w->offset, n * sizeof *ref);
+            if (strstr(t->name, ".qkvb")) {
+                /* The key bias has no gradient in exact arithmetic (it shifts every score
+                 * of a query alike: softmax ignores it), so its gradient is rounding noise
+                 * in both runs, summed in another order, and AdamW's m/√v turns that noise
+                 * into updates: it starts at 0 and must stay noise-sized, nothing more. */
+                for (size_t q = (size_t)c->C; q < 2 * (size_t)c->C; q++) {
+                    EXPECT(v, fabsf(x[q]) < 1e-4f && fabsf(ref[q]) < 1e-4f,
+                           "rank %d %s: key bias %g (reference %g) is not noise", i, t->name,
+                           x[q], ref[q]);
+                    x[q] = ref[q] = 0;
+                }
+            }
+            double rel = 0;
+            EXPECT(v, close_rel(x, ref, n, 1e-5, &rel),
+                   "rank %d %s: parameters %.3g relative from the reference", i, t->name, rel);
+            free(x);
+            free(ref);
+            if (rel > worst) worst = rel;
+        }
+    }
+    return worst;
+}
+
 static void test_two_heterogeneous_pipelines_equal_one_process(void)
 {
     const pl_gpt_config *c = config();
@@ -172,142 +311,36 @@ static void test_two_heterogeneous_pipelines_equal_one_process(void)
     pl_engine whole;
     CHECK_EQ_INT(pl_engine_create(&whole, kw, c, 0, c->L + 2, B, T, 1, err, sizeof err), 0);
     pl_engine_init_random(&whole, SEED);
-
-    for (int i = 0; i < NRANKS; i++) {
-        rank_thread *r = &sh->r[i];
-        const pl_sync_stage *st = PIPE_OF[i] ? &P1[STAGE_OF[i]] : &P0[STAGE_OF[i]];
-        r->rank = i, r->sh = sh;
-        r->k = kn_create("cpu", 1, err, sizeof err);
-        CHECK(r->k);
-        CHECK_EQ_INT(pl_schedule_1f1b(NSTAGES[PIPE_OF[i]], STAGE_OF[i], NMB[PIPE_OF[i]], &r->s,
-                                      err, sizeof err), 0);
-        CHECK_EQ_INT(pl_engine_create(&r->e, r->k, c, st->layer_begin, st->layer_end, B, T,
-                                      r->s.nslots, err, sizeof err), 0);
-        pl_engine_init_random(&r->e, SEED);
-        r->ep = (endpoint){sh->box[PIPE_OF[i]], STAGE_OF[i]};
-        CHECK_EQ_INT(pl_listener_open("127.0.0.1", 0, &r->l, err, sizeof err), 0);
-        sh->ports[i] = pl_listener_port(r->l);
-    }
+    const int made = make_ranks(sh, c, err, sizeof err) == 0;
+    if (!made) printf("    %s\n", err);
+    CHECK(made);
     step_data(0, sh->tok, sh->tgt);
     pthread_t th[NRANKS];
     for (int i = 0; i < NRANKS; i++) pthread_create(&th[i], NULL, run_rank, &sh->r[i]);
 
-    int ok = 1, line = 0;
-    char detail[600] = "";
-#define EXPECT(cond, ...)                                                                    \
-    do {                                                                                     \
-        if (ok && !(cond)) {                                                                 \
-            ok = 0, line = __LINE__;                                                         \
-            snprintf(detail, sizeof detail, __VA_ARGS__);                                    \
-        }                                                                                    \
-    } while (0)
-
+    verdict v = {.ok = 1};
     pthread_barrier_wait(&sh->bar); /* mesh done */
     for (int i = 0; i < NRANKS; i++)
-        EXPECT(sh->r[i].rc == 0, "rank %d mesh: %s", i, sh->r[i].err);
-    sh->failed = !ok;
+        EXPECT(&v, sh->r[i].rc == 0, "rank %d mesh: %s", i, sh->r[i].err);
+    sh->failed = !v.ok;
     pthread_barrier_wait(&sh->bar);
-
-    int32_t *tok = malloc(sizeof tok[0] * GLOBAL_MB * BT), *tgt = malloc(sizeof tgt[0] * GLOBAL_MB * BT);
-    for (int step = 0; step < STEPS && ok; step++) {
-        /* reference step over the same microbatches */
-        step_data(step, tok, tgt);
-        pl_engine_zero_grads(&whole);
-        double ref_loss =
-            whole_model_step(&whole, tok, tgt, GLOBAL_MB, 1.0f / (float)(GLOBAL_MB * BT));
-        ref_loss /= GLOBAL_MB;
-        const double ref_norm = sqrt(pl_engine_grad_sumsq(&whole));
-        const float ref_scale = ref_norm > CLIP ? CLIP / (float)ref_norm : 1.0f;
-
-        pthread_barrier_wait(&sh->bar); /* reduced */
-        double sumsq = 0, loss = 0;
-        int nloss = 0;
-        for (int i = 0; i < NRANKS; i++) {
-            EXPECT(sh->r[i].rc == 0, "step %d rank %d: %s", step, i, sh->r[i].err);
-            sumsq += sh->r[i].res.grad_sumsq;
-            if (sh->r[i].res.has_loss) loss += sh->r[i].res.loss_sum, nloss++;
-        }
-        loss /= GLOBAL_MB;
-        const double norm = sqrt(sumsq);
-        EXPECT(nloss == NPIPE, "step %d: %d ranks with the head", step, nloss);
-        EXPECT(fabs(loss - ref_loss) <= 1e-5 * fabs(ref_loss), "step %d: loss %.9g vs %.9g", step,
-               loss, ref_loss);
-        EXPECT(fabs(norm - ref_norm) <= 1e-5 * ref_norm, "step %d: norm %.9g vs %.9g", step, norm,
-               ref_norm);
-        printf("    step %d: loss %.7f (ref %.7f), norm %.7f (ref %.7f)\n", step, loss, ref_loss,
-               norm, ref_norm);
-        sh->grad_scale = norm > CLIP ? CLIP / (float)norm : 1.0f;
-        sh->failed = !ok;
-        pthread_barrier_wait(&sh->bar); /* committed */
-        if (!ok) break;
-        pl_engine_adamw(&whole, &ADAMW, ref_scale, step + 1);
-        pthread_barrier_wait(&sh->bar); /* applied */
-        for (int gi = 0; gi < sh->g.ngroups; gi++) {
-            char name[32];
-            pl_sync_key_name(sh->g.groups[gi].key, name, sizeof name);
-            EXPECT(holders_identical(sh, &sh->g.groups[gi]),
-                   "step %d: holders of %s differ after the step", step, name);
-        }
-        if (step + 1 < STEPS) step_data(step + 1, sh->tok, sh->tgt);
-        sh->failed = !ok;
-        pthread_barrier_wait(&sh->bar); /* checked */
-    }
+    check_steps(sh, &whole, &v);
     for (int i = 0; i < NRANKS; i++) pthread_join(th[i], NULL);
-
-    /* every rank's parameters (and Adam moments) equal the reference's */
-    double worst = 0;
-    for (int i = 0; i < NRANKS && ok; i++) {
-        const pl_engine *e = &sh->r[i].e;
-        for (int j = 0; j < e->ntensors; j++) {
-            const pl_engine_tensor *t = &e->tensors[j];
-            const pl_engine_tensor *w = pl_engine_find(&whole, t->layer, t->index);
-            const size_t n = t->spec.numel;
-            float *x = malloc(n * sizeof *x), *ref = malloc(n * sizeof *ref);
-            memcpy(x, e->params + t->offset, n * sizeof *x);
-            memcpy(ref, whole.params + w->offset, n * sizeof *ref);
-            if (strstr(t->name, ".qkvb")) {
-                /* The key bias has no gradient in exact arithmetic (it shifts every score
-                 * of a query alike: softmax ignores it), so its gradient is rounding noise
-                 * in both runs, summed in another order, and AdamW's m/√v turns that noise
-                 * into updates: it starts at 0 and must stay noise-sized, nothing more. */
-                for (size_t q = (size_t)c->C; q < 2 * (size_t)c->C; q++) {
-                    EXPECT(fabsf(x[q]) < 1e-4f && fabsf(ref[q]) < 1e-4f,
-                           "rank %d %s: key bias %g (reference %g) is not noise", i, t->name,
-                           x[q], ref[q]);
-                    x[q] = ref[q] = 0;
-                }
-            }
-            double rel = 0;
-            EXPECT(close_rel(x, ref, n, 1e-5, &rel),
-                   "rank %d %s: parameters %.3g relative from the reference", i, t->name, rel);
-            free(x);
-            free(ref);
-            if (rel > worst) worst = rel;
-        }
-    }
+    const double worst = compare_with_whole(sh, &whole, c, &v);
     printf("    worst parameter relative difference after %d steps: %.3g\n", STEPS, worst);
-    if (!ok) printf("    %s:%d: %s\n", __FILE__, line, detail);
-#undef EXPECT
+    if (!v.ok) printf("    %s:%d: %s\n", __FILE__, v.line, v.detail);
 
-    for (int i = 0; i < NRANKS; i++) {
-        rank_thread *r = &sh->r[i];
-        for (int j = 0; j < NRANKS; j++)
-            if (r->conns[j]) pl_conn_close(r->conns[j]);
-        pl_listener_close(r->l);
-        pl_engine_destroy(&r->e);
-        pl_schedule_free(&r->s);
-        kn_destroy(r->k);
-    }
+    free_ranks(sh);
     pl_engine_destroy(&whole);
     kn_destroy(kw);
     for (int p = 0; p < NPIPE; p++) mailbox_free(sh->box[p]);
     pthread_barrier_destroy(&sh->bar);
     pl_syncgroups_free(&sh->g);
     free(sh);
-    free(tok);
-    free(tgt);
-    CHECK(ok);
+    CHECK(v.ok);
 }
+
+#undef EXPECT
 
 /* ---- two data-parallel ranks, each the whole model ---- */
 

@@ -1,28 +1,33 @@
 /* The worker process of `pliant run` (docs/runtime.md "Processes"): a control
  * thread (the WebSocket client of control_client.h: register, heartbeats, the
- * coordinator's messages) and a compute thread that installs plans (engine for
- * its layer range, all-reduce connections to its sync-group peers, stage-link
- * connections to its pipeline neighbours), runs steps with pl_worker_step and
- * applies commits, writing its layers of a checkpoint in the background when a
- * commit asks (checkpoint_writer.h). No hello_resume yet.
+ * coordinator's messages, reconnection with hello_resume) and a compute thread that
+ * installs plans (engine for its layer range, all-reduce connections to its sync-group
+ * peers, stage-link connections to its pipeline neighbours, or the plan's NCCL world),
+ * runs steps with pl_worker_step and applies commits, writing its layers of a
+ * checkpoint in the background when a commit asks (checkpoint_writer.h). The control
+ * thread hands the compute thread decoded copies of the messages (msg_queue.h). agent.c
+ * holds the two threads' loops, plan_install.c the installation of a plan, agent_state.h
+ * the state they share.
  *
- * Layer copies: on a plan that changes this worker's layers, the engine of the
- * previous plan is kept as the copy source (until the next start_step, the
- * coordinator's stable plan), a new engine is made for the new range, layers
- * still held are copied locally, and each layer of the plan's `copies` is
- * received from its source (params, AdamW m and v of every tensor; a head-only
- * range's tied wte comes with the head), while one thread per destination
- * serves the plan's `sends` over a dedicated connection (handshake rank 8192:
- * the destination asks for tensors, the source streams them, the destination
- * acknowledges). copy_done carries the bytes received. A newer plan arriving
- * while one is installed gives that one up (no copy_done for it).
+ * Layer copies (layer_copy.h): on a plan that changes this worker's layers, the engine
+ * of the previous plan is kept as the copy source (until the next start_step, the
+ * coordinator's stable plan), a new engine is made for the new range, layers still held
+ * are copied locally, and each layer of the plan's `copies` is received from its source
+ * (params, AdamW m and v of every tensor; a head-only range's tied wte comes with the
+ * head) while the plan's `sends` are served, over TCP or the plan's NCCL world.
+ * copy_done carries the bytes received. A newer plan arriving while one is installed
+ * gives that one up (no copy_done for it); a peer whose copy or dial failed is reported
+ * in peer_broken.
  *
- * Peer TCP: the worker listens on peer_port for both kinds of connections and
- * registers that address; a connection's handshake rank says which (plan rank
- * r: all-reduce, r + 4096: stage link). The higher plan rank dials the lower
- * one. Plan ranks are positions in the plan's pipelines flattened in order;
- * every pipeline's stage layout comes in the plan (pipelines[].layers), peers'
- * addresses in its peers. */
+ * Peer TCP (mesh.h): the worker listens on peer_port for every kind of connection and
+ * registers that address; a connection's handshake names its purpose (ring, stage link,
+ * layer copy) and carries the plan rank. The higher plan rank dials the lower one; a
+ * copy's source dials its destination. Plan ranks are positions in the plan's pipelines
+ * flattened in order; every pipeline's stage layout comes in the plan
+ * (pipelines[].layers), peers' addresses in its peers.
+ *
+ * Threads and ownership: pl_agent_run owns everything it makes and returns when the
+ * worker ends; the options must outlive it. */
 #ifndef PLIANT_AGENT_H
 #define PLIANT_AGENT_H
 

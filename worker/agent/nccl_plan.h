@@ -5,7 +5,7 @@
  * ordered transport (worker/comm/xport.h) the worker step runs on.
  *
  * Built twice, like kernels/kernels.c: in the CPU build (and everywhere without
- * PLIANT_NCCL) every function says NCCL is not there, so agent.c needs no #ifdef;
+ * PLIANT_NCCL) every function says NCCL is not there, so the agent needs no #ifdef;
  * `make cuda` builds it with PLIANT_NCCL into the engine library of pliant-cuda. */
 #ifndef PLIANT_NCCL_PLAN_H
 #define PLIANT_NCCL_PLAN_H

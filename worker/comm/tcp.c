@@ -38,6 +38,7 @@ struct pl_conn {
     uint64_t generation;
     uint64_t max_frame;
     int broken; /* 0 or the error code that broke it */
+    pl_conn_purpose purpose;
     char peer_name[PL_COMM_NAME_MAX + 1];
     char peer_addr[64];
 };
@@ -53,6 +54,7 @@ const char *pl_comm_strerror(int code)
     case PL_COMM_ESTALE: return "stale plan generation";
     case PL_COMM_ESYS: return "system error";
     case PL_COMM_EINVAL: return "invalid argument";
+    case PL_COMM_ECANCELED: return "cancelled";
     default: return "unknown error";
     }
 }
@@ -335,186 +337,265 @@ void pl_listener_close(pl_listener *l)
 /* ---- handshake ---- */
 
 #define HELLO_MAGIC "PLNTHSK1"
-#define HELLO_VERSION 1u
-#define HELLO_BYTES (8 + 4 + 4 + 8 + 2 + PL_COMM_NAME_MAX + 32 + 1 + 1)
+#define HELLO_VERSION 2u /* 2: the purpose byte */
 #define NONCE_BYTES 32
 #define PROOF_BYTES 32
+/* HELLO: magic, version, rank, generation, name length, name (zero-padded), nonce, role,
+ * purpose; little-endian */
+#define HELLO_NAME_AT 26
+#define HELLO_NONCE_AT (HELLO_NAME_AT + PL_COMM_NAME_MAX)
+#define HELLO_ROLE_AT (HELLO_NONCE_AT + NONCE_BYTES)
+#define HELLO_PURPOSE_AT (HELLO_ROLE_AT + 1)
+#define HELLO_BYTES (HELLO_PURPOSE_AT + 1)
 enum { ROLE_DIALER = 0, ROLE_LISTENER = 1 };
-enum { V_OK = 0, V_AUTH = 1, V_STALE = 2, V_RANK = 3 };
-static const char *const role_label[2] = {"pliant-comm-v1 dialer proof",
-                                          "pliant-comm-v1 listener proof"};
+enum { V_OK = 0, V_AUTH = 1, V_STALE = 2, V_RANK = 3, V_PURPOSE = 4 };
+static const char *const role_label[2] = {"pliant-comm-v2 dialer proof",
+                                          "pliant-comm-v2 listener proof"};
 
 typedef struct {
     int32_t rank;
     uint64_t generation;
     uint16_t name_len;
-    char name[PL_COMM_NAME_MAX + 1];
+    char name[PL_COMM_NAME_MAX + 1]; /* as sent (the proof covers these bytes) */
     unsigned char nonce[NONCE_BYTES];
-    int role;
+    int role, purpose;
 } hello_msg;
 
-static int compute_proof(const pl_comm_ident *self_key, int role, const char *name,
-                         size_t name_len, int32_t rank, uint64_t gen,
-                         const unsigned char own_nonce[NONCE_BYTES],
-                         const unsigned char peer_nonce[NONCE_BYTES],
+const char *pl_conn_purpose_name(int purpose)
+{
+    switch (purpose) {
+    case PL_CONN_ANY: return "any";
+    case PL_CONN_RING: return "ring";
+    case PL_CONN_STAGE_LINK: return "stage link";
+    case PL_CONN_LAYER_COPY: return "layer copy";
+    default: return "?";
+    }
+}
+
+static void hello_encode(const hello_msg *h, unsigned char out[HELLO_BYTES])
+{
+    memset(out, 0, HELLO_BYTES);
+    memcpy(out, HELLO_MAGIC, 8);
+    put32(out + 8, HELLO_VERSION);
+    put32(out + 12, (uint32_t)h->rank);
+    put64(out + 16, h->generation);
+    put16(out + 24, h->name_len);
+    memcpy(out + HELLO_NAME_AT, h->name, h->name_len);
+    memcpy(out + HELLO_NONCE_AT, h->nonce, NONCE_BYTES);
+    out[HELLO_ROLE_AT] = (unsigned char)h->role;
+    out[HELLO_PURPOSE_AT] = (unsigned char)h->purpose;
+}
+
+/* Only a layer copy's dialer may be a worker without a plan rank (an idle one). */
+static int rank_allowed(int32_t rank, int role, int purpose)
+{
+    return rank >= 0 ||
+           (rank == PL_COMM_NO_RANK && role == ROLE_DIALER && purpose == PL_CONN_LAYER_COPY);
+}
+
+/* The peer's hello; it must come from the other role, and a dialer names one purpose. */
+static int hello_decode(const unsigned char in[HELLO_BYTES], int peer_role, hello_msg *h,
+                        const char *addr, char *err, size_t errlen)
+{
+    if (memcmp(in, HELLO_MAGIC, 8) != 0)
+        return pl_comm_errf(err, errlen, PL_COMM_EPROTO,
+                            "handshake with %s: not a pliant peer (bad hello)", addr);
+    if (get32(in + 8) != HELLO_VERSION)
+        return pl_comm_errf(err, errlen, PL_COMM_EPROTO,
+                            "handshake with %s: protocol version %u, expected %u", addr,
+                            get32(in + 8), HELLO_VERSION);
+    h->rank = (int32_t)get32(in + 12);
+    h->generation = get64(in + 16);
+    h->name_len = get16(in + 24);
+    h->role = in[HELLO_ROLE_AT];
+    h->purpose = in[HELLO_PURPOSE_AT];
+    const int first_purpose = peer_role == ROLE_DIALER ? PL_CONN_RING : PL_CONN_ANY;
+    if (h->name_len > PL_COMM_NAME_MAX || h->role != peer_role || h->purpose < first_purpose ||
+        h->purpose >= PL_CONN_PURPOSE_COUNT || !rank_allowed(h->rank, h->role, h->purpose))
+        return pl_comm_errf(err, errlen, PL_COMM_EPROTO, "handshake with %s: malformed hello",
+                            addr);
+    memcpy(h->name, in + HELLO_NAME_AT, h->name_len);
+    h->name[h->name_len] = 0;
+    memcpy(h->nonce, in + HELLO_NONCE_AT, NONCE_BYTES);
+    return 0;
+}
+
+/* The proof of h's sender: what it claims (name, rank, generation, purpose) bound to both
+ * nonces under the job token. */
+static int compute_proof(const pl_comm_ident *key, const hello_msg *h,
+                         const unsigned char other_nonce[NONCE_BYTES],
                          unsigned char out[PROOF_BYTES])
 {
-    unsigned char msg[64 + 2 + PL_COMM_NAME_MAX + 4 + 8 + 2 * NONCE_BYTES];
-    size_t n = 0, ll = strlen(role_label[role]);
-    memcpy(msg, role_label[role], ll);
-    n += ll;
-    put16(msg + n, (uint16_t)name_len);
+    unsigned char msg[64 + 2 + PL_COMM_NAME_MAX + 4 + 8 + 1 + 2 * NONCE_BYTES];
+    size_t n = strlen(role_label[h->role]);
+    memcpy(msg, role_label[h->role], n);
+    put16(msg + n, h->name_len);
     n += 2;
-    memcpy(msg + n, name, name_len);
-    n += name_len;
-    put32(msg + n, (uint32_t)rank);
+    memcpy(msg + n, h->name, h->name_len);
+    n += h->name_len;
+    put32(msg + n, (uint32_t)h->rank);
     n += 4;
-    put64(msg + n, gen);
+    put64(msg + n, h->generation);
     n += 8;
-    memcpy(msg + n, own_nonce, NONCE_BYTES);
+    msg[n++] = (unsigned char)h->purpose;
+    memcpy(msg + n, h->nonce, NONCE_BYTES);
     n += NONCE_BYTES;
-    memcpy(msg + n, peer_nonce, NONCE_BYTES);
+    memcpy(msg + n, other_nonce, NONCE_BYTES);
     n += NONCE_BYTES;
     unsigned int md_len = 0;
-    if (!HMAC(EVP_sha256(), self_key->token, (int)self_key->token_len, msg, n, out, &md_len) ||
+    if (!HMAC(EVP_sha256(), key->token, (int)key->token_len, msg, n, out, &md_len) ||
         md_len != PROOF_BYTES)
         return -1;
     return 0;
 }
 
-static const char *verdict_text(int v)
+/* This side's verdict on the peer, most basic first: who it is, then its plan, then
+ * what the connection is for, then its place. */
+static int judge(const hello_msg *mine, const hello_msg *peer, int32_t expect_rank,
+                 const unsigned char expect[PROOF_BYTES],
+                 const unsigned char got[PROOF_BYTES])
 {
-    switch (v) {
-    case V_AUTH: return "job token mismatch (a peer of another job, or a wrong token)";
-    case V_STALE: return "plan generation mismatch (stale plan)";
-    case V_RANK: return "unexpected rank";
-    default: return "unknown verdict";
+    const hello_msg *dialer = mine->role == ROLE_DIALER ? mine : peer;
+    const hello_msg *acceptor = mine->role == ROLE_DIALER ? peer : mine;
+    if (CRYPTO_memcmp(expect, got, PROOF_BYTES) != 0)
+        return V_AUTH;
+    if (peer->generation != mine->generation)
+        return V_STALE;
+    if (acceptor->purpose != PL_CONN_ANY && acceptor->purpose != dialer->purpose)
+        return V_PURPOSE;
+    if (expect_rank >= 0 && peer->rank != expect_rank)
+        return V_RANK;
+    return V_OK;
+}
+
+/* "dials a ring connection" / "accepts stage link connections". */
+static void describe_purpose(const hello_msg *h, char *out, size_t outlen)
+{
+    if (h->role == ROLE_DIALER)
+        snprintf(out, outlen, "dials a %s connection", pl_conn_purpose_name(h->purpose));
+    else if (h->purpose == PL_CONN_ANY)
+        snprintf(out, outlen, "accepts any connection");
+    else
+        snprintf(out, outlen, "accepts %s connections", pl_conn_purpose_name(h->purpose));
+}
+
+/* The peer's name as sent, made printable for messages (n bytes, then a NUL). */
+static void printable_name(char *out, const char *name, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] = (unsigned char)name[i] < 0x20 || (unsigned char)name[i] > 0x7e ? '?' : name[i];
+    out[n] = 0;
+}
+
+/* The error of a handshake that a verdict ended; by_peer: the peer's verdict. */
+static int refusal(const pl_conn *c, int verdict, int by_peer, const hello_msg *mine,
+                   const hello_msg *peer, int32_t expect_rank, char *err, size_t errlen)
+{
+    char shown[PL_COMM_NAME_MAX + 1], ours[64], theirs[64];
+    printable_name(shown, peer->name, peer->name_len);
+    describe_purpose(mine, ours, sizeof ours);
+    describe_purpose(peer, theirs, sizeof theirs);
+    const int code = verdict == V_AUTH ? PL_COMM_EAUTH
+                     : verdict == V_STALE ? PL_COMM_ESTALE : PL_COMM_EPROTO;
+    if (by_peer) {
+        char detail[160] = "";
+        if (verdict == V_PURPOSE)
+            snprintf(detail, sizeof detail, " (the peer %s, this worker %s)", theirs, ours);
+        return pl_comm_errf(err, errlen, code,
+                            "handshake with %s: peer rank %d (\"%s\") refused this worker: %s%s",
+                            c->peer_addr, (int)peer->rank, shown,
+                            verdict == V_AUTH    ? "job token mismatch"
+                            : verdict == V_STALE ? "plan generation mismatch (stale plan)"
+                            : verdict == V_RANK  ? "unexpected rank"
+                                                 : "wrong connection purpose",
+                            detail);
+    }
+    switch (verdict) {
+    case V_AUTH:
+        return pl_comm_errf(err, errlen, code,
+                            "handshake with %s: peer claiming rank %d (\"%s\") failed "
+                            "authentication: job token mismatch (a peer of another job, or a "
+                            "wrong token)", c->peer_addr, (int)peer->rank, shown);
+    case V_STALE:
+        return pl_comm_errf(err, errlen, code,
+                            "handshake with %s: peer rank %d (\"%s\") is at plan generation "
+                            "%llu, this worker at %llu: refused (stale plan)", c->peer_addr,
+                            (int)peer->rank, shown, (unsigned long long)peer->generation,
+                            (unsigned long long)mine->generation);
+    case V_PURPOSE:
+        return pl_comm_errf(err, errlen, code,
+                            "handshake with %s: wrong connection purpose: peer rank %d (\"%s\") "
+                            "%s, this worker %s", c->peer_addr, (int)peer->rank, shown, theirs,
+                            ours);
+    default:
+        return pl_comm_errf(err, errlen, code,
+                            "handshake with %s: peer is rank %d (\"%s\"), expected rank %d",
+                            c->peer_addr, (int)peer->rank, shown, (int)expect_rank);
     }
 }
 
-static int verdict_code(int v)
+/* Sends n bytes and receives n from the peer before the deadline. */
+static int exchange(pl_conn *c, const void *out, void *in, size_t n, int64_t deadline,
+                    const char *what_msg, char *err, size_t errlen)
 {
-    return v == V_AUTH ? PL_COMM_EAUTH : v == V_STALE ? PL_COMM_ESTALE : PL_COMM_EPROTO;
+    const char *what = "";
+    size_t got;
+    struct iovec iov = {(void *)out, n};
+    int rc = write_iov(c->fd, &iov, 1, pl_comm_poll_timeout(deadline), &what);
+    const char *stage = "sending";
+    if (rc == 0) {
+        rc = read_full(c->fd, in, n, pl_comm_poll_timeout(deadline), &got, &what);
+        stage = "waiting for";
+    }
+    if (rc)
+        return pl_comm_errf(err, errlen, rc, "handshake with %s (%s %s): %s: %s", c->peer_addr,
+                            stage, what_msg, pl_comm_strerror(rc), what);
+    return 0;
 }
 
 static int handshake(pl_conn *c, const pl_comm_ident *self, int role, int32_t expect_rank,
                      int64_t deadline, char *err, size_t errlen)
 {
-    const char *what = "";
-    size_t got;
-    int rc;
-    hello_msg mine = {0}, peer = {0};
-    size_t my_name_len = strlen(self->name);
-    mine.rank = self->rank;
-    mine.generation = self->generation;
-    mine.role = role;
+    hello_msg mine = {.rank = self->rank, .generation = self->generation,
+                      .name_len = (uint16_t)strlen(self->name), .role = role,
+                      .purpose = self->purpose},
+              peer;
+    memcpy(mine.name, self->name, mine.name_len);
     if (RAND_bytes(mine.nonce, NONCE_BYTES) != 1)
         return pl_comm_errf(err, errlen, PL_COMM_ESYS, "handshake: RAND_bytes failed");
-
-    unsigned char hb[HELLO_BYTES] = {0};
-    memcpy(hb, HELLO_MAGIC, 8);
-    put32(hb + 8, HELLO_VERSION);
-    put32(hb + 12, (uint32_t)self->rank);
-    put64(hb + 16, self->generation);
-    put16(hb + 24, (uint16_t)my_name_len);
-    memcpy(hb + 26, self->name, my_name_len);
-    memcpy(hb + 26 + PL_COMM_NAME_MAX, mine.nonce, NONCE_BYTES);
-    hb[26 + PL_COMM_NAME_MAX + NONCE_BYTES] = (unsigned char)role;
-
-#define HS_TIMEOUT pl_comm_poll_timeout(deadline)
-#define HS_IO_FAIL(stage)                                                                  \
-    return pl_comm_errf(err, errlen, rc, "handshake with %s (%s): %s: %s", c->peer_addr,  \
-                        stage, pl_comm_strerror(rc), what)
-
-    struct iovec iov = {hb, sizeof hb};
-    if ((rc = write_iov(c->fd, &iov, 1, HS_TIMEOUT, &what)))
-        HS_IO_FAIL("sending hello");
-    unsigned char pb[HELLO_BYTES];
-    if ((rc = read_full(c->fd, pb, sizeof pb, HS_TIMEOUT, &got, &what)))
-        HS_IO_FAIL("waiting for hello");
-    if (memcmp(pb, HELLO_MAGIC, 8) != 0)
-        return pl_comm_errf(err, errlen, PL_COMM_EPROTO,
-                            "handshake with %s: not a pliant peer (bad hello)", c->peer_addr);
-    if (get32(pb + 8) != HELLO_VERSION)
-        return pl_comm_errf(err, errlen, PL_COMM_EPROTO,
-                            "handshake with %s: protocol version %u, expected %u",
-                            c->peer_addr, get32(pb + 8), HELLO_VERSION);
-    peer.rank = (int32_t)get32(pb + 12);
-    peer.generation = get64(pb + 16);
-    peer.name_len = get16(pb + 24);
-    peer.role = pb[26 + PL_COMM_NAME_MAX + NONCE_BYTES];
-    if (peer.name_len > PL_COMM_NAME_MAX || peer.role != 1 - role)
-        return pl_comm_errf(err, errlen, PL_COMM_EPROTO,
-                            "handshake with %s: malformed hello", c->peer_addr);
-    memcpy(peer.name, pb + 26, peer.name_len);
-    peer.name[peer.name_len] = 0;
-    for (size_t i = 0; i < peer.name_len; i++)
-        if ((unsigned char)peer.name[i] < 0x20 || (unsigned char)peer.name[i] > 0x7e)
-            peer.name[i] = '?';
-    memcpy(peer.nonce, pb + 26 + PL_COMM_NAME_MAX, NONCE_BYTES);
-
-    /* proofs */
+    unsigned char hb[HELLO_BYTES], pb[HELLO_BYTES];
+    hello_encode(&mine, hb);
+    int rc = exchange(c, hb, pb, HELLO_BYTES, deadline, "hello", err, errlen);
+    if (rc || (rc = hello_decode(pb, 1 - role, &peer, c->peer_addr, err, errlen)))
+        return rc;
     unsigned char proof[PROOF_BYTES], expect[PROOF_BYTES], peer_proof[PROOF_BYTES];
-    if (compute_proof(self, role, self->name, my_name_len, self->rank, self->generation,
-                      mine.nonce, peer.nonce, proof) ||
-        compute_proof(self, 1 - role, (const char *)(pb + 26), peer.name_len, peer.rank, peer.generation,
-                      peer.nonce, mine.nonce, expect))
+    if (compute_proof(self, &mine, peer.nonce, proof) ||
+        compute_proof(self, &peer, mine.nonce, expect))
         return pl_comm_errf(err, errlen, PL_COMM_ESYS, "handshake: HMAC failed");
-    iov = (struct iovec){proof, sizeof proof};
-    if ((rc = write_iov(c->fd, &iov, 1, HS_TIMEOUT, &what)))
-        HS_IO_FAIL("sending proof");
-    if ((rc = read_full(c->fd, peer_proof, sizeof peer_proof, HS_TIMEOUT, &got, &what)))
-        HS_IO_FAIL("waiting for proof");
-
-    int my_verdict = V_OK;
-    if (CRYPTO_memcmp(expect, peer_proof, PROOF_BYTES) != 0)
-        my_verdict = V_AUTH;
-    else if (peer.generation != self->generation)
-        my_verdict = V_STALE;
-    else if (expect_rank >= 0 && peer.rank != expect_rank)
-        my_verdict = V_RANK;
+    if ((rc = exchange(c, proof, peer_proof, PROOF_BYTES, deadline, "proof", err, errlen)))
+        return rc;
+    const int verdict = judge(&mine, &peer, expect_rank, expect, peer_proof);
     OPENSSL_cleanse(expect, sizeof expect);
-
-    unsigned char vb[4] = {'V', (unsigned char)my_verdict, 0, 0}, pvb[4];
-    iov = (struct iovec){vb, sizeof vb};
-    rc = write_iov(c->fd, &iov, 1, HS_TIMEOUT, &what);
-    if (rc == 0)
-        rc = read_full(c->fd, pvb, sizeof pvb, HS_TIMEOUT, &got, &what);
+    unsigned char vb[4] = {'V', (unsigned char)verdict, 0, 0}, pvb[4];
+    rc = exchange(c, vb, pvb, sizeof vb, deadline, "verdict", err, errlen);
     /* our own verdict is reported first: it needs nothing from the peer */
-    if (my_verdict == V_AUTH)
-        return pl_comm_errf(err, errlen, PL_COMM_EAUTH,
-                            "handshake with %s: peer claiming rank %d (\"%s\") failed "
-                            "authentication: %s",
-                            c->peer_addr, (int)peer.rank, peer.name, verdict_text(V_AUTH));
-    if (my_verdict == V_STALE)
-        return pl_comm_errf(err, errlen, PL_COMM_ESTALE,
-                            "handshake with %s: peer rank %d (\"%s\") is at plan generation "
-                            "%llu, this worker at %llu: refused (stale plan)",
-                            c->peer_addr, (int)peer.rank, peer.name,
-                            (unsigned long long)peer.generation,
-                            (unsigned long long)self->generation);
-    if (my_verdict == V_RANK)
-        return pl_comm_errf(err, errlen, PL_COMM_EPROTO,
-                            "handshake with %s: peer is rank %d (\"%s\"), expected rank %d",
-                            c->peer_addr, (int)peer.rank, peer.name, (int)expect_rank);
+    if (verdict != V_OK)
+        return refusal(c, verdict, 0, &mine, &peer, expect_rank, err, errlen);
     if (rc)
-        HS_IO_FAIL("waiting for verdict");
-    if (pvb[0] != 'V' || pvb[1] > V_RANK)
+        return rc;
+    if (pvb[0] != 'V' || pvb[1] > V_PURPOSE)
         return pl_comm_errf(err, errlen, PL_COMM_EPROTO,
                             "handshake with %s: malformed verdict", c->peer_addr);
     if (pvb[1] != V_OK)
-        return pl_comm_errf(err, errlen, verdict_code(pvb[1]),
-                            "handshake with %s: peer rank %d (\"%s\") refused this worker: %s",
-                            c->peer_addr, (int)peer.rank, peer.name, verdict_text(pvb[1]));
-#undef HS_TIMEOUT
-#undef HS_IO_FAIL
+        return refusal(c, pvb[1], 1, &mine, &peer, expect_rank, err, errlen);
     c->peer_rank = peer.rank;
     c->generation = self->generation;
-    memcpy(c->peer_name, peer.name, peer.name_len + 1);
+    c->purpose = role == ROLE_DIALER ? mine.purpose : peer.purpose;
+    printable_name(c->peer_name, peer.name, peer.name_len);
     return 0;
 }
 
-static int check_ident(const pl_comm_ident *self, char *err, size_t errlen)
+static int check_ident(const pl_comm_ident *self, int role, char *err, size_t errlen)
 {
     if (!self || !self->token || self->token_len < PL_COMM_TOKEN_MIN ||
         self->token_len > INT_MAX)
@@ -523,8 +604,15 @@ static int check_ident(const pl_comm_ident *self, char *err, size_t errlen)
         return pl_comm_errf(err, errlen, PL_COMM_EINVAL,
                             "comm: worker name missing or longer than %d bytes",
                             PL_COMM_NAME_MAX);
-    if (self->rank < 0)
-        return pl_comm_errf(err, errlen, PL_COMM_EINVAL, "comm: negative rank %d",
+    const int first_purpose = role == ROLE_DIALER ? PL_CONN_RING : PL_CONN_ANY;
+    if ((int)self->purpose < first_purpose || self->purpose >= PL_CONN_PURPOSE_COUNT)
+        return pl_comm_errf(err, errlen, PL_COMM_EINVAL, "comm: purpose %d: a %s %s",
+                            (int)self->purpose, role == ROLE_DIALER ? "dialer" : "listener",
+                            role == ROLE_DIALER ? "names what the connection is for"
+                                                : "accepts one purpose or any");
+    if (!rank_allowed(self->rank, role, self->purpose))
+        return pl_comm_errf(err, errlen, PL_COMM_EINVAL,
+                            "comm: rank %d (only a layer copy's dialer may have no rank)",
                             (int)self->rank);
     return 0;
 }
@@ -550,7 +638,7 @@ int pl_listener_accept(pl_listener *l, const pl_comm_ident *self, int timeout_ms
                        pl_conn **out, char *err, size_t errlen)
 {
     *out = NULL;
-    int rc = check_ident(self, err, errlen);
+    int rc = check_ident(self, ROLE_LISTENER, err, errlen);
     if (rc)
         return rc;
     int64_t deadline = pl_comm_deadline(timeout_ms);
@@ -600,7 +688,7 @@ int pl_conn_connect(const char *host, int port, const pl_comm_ident *self,
                     size_t errlen)
 {
     *out = NULL;
-    int rc = check_ident(self, err, errlen);
+    int rc = check_ident(self, ROLE_DIALER, err, errlen);
     if (rc)
         return rc;
     if (port <= 0 || port > 65535)
@@ -692,6 +780,7 @@ void pl_conn_close(pl_conn *c)
 }
 
 int32_t pl_conn_peer_rank(const pl_conn *c) { return c->peer_rank; }
+pl_conn_purpose pl_conn_purpose_of(const pl_conn *c) { return c->purpose; }
 const char *pl_conn_peer_name(const pl_conn *c) { return c->peer_name; }
 uint64_t pl_conn_generation(const pl_conn *c) { return c->generation; }
 int pl_conn_fd(const pl_conn *c) { return c->fd; }
@@ -898,57 +987,4 @@ int pl_conn_recv_floats(pl_conn *c, uint32_t tag, float *x, size_t n, int timeou
         idx++;
     } while (off < n);
     return 0;
-}
-
-/* ---- mesh ---- */
-
-int pl_comm_mesh(pl_listener *l, const pl_comm_ident *self, int nranks,
-                 const char *const *hosts, const int *ports, int timeout_ms, pl_conn **conns,
-                 char *err, size_t errlen)
-{
-    int me = self ? self->rank : -1;
-    if (nranks < 1 || me < 0 || me >= nranks)
-        return pl_comm_errf(err, errlen, PL_COMM_EINVAL, "mesh: rank %d of %d", me, nranks);
-    for (int r = 0; r < nranks; r++)
-        conns[r] = NULL;
-    int64_t deadline = pl_comm_deadline(timeout_ms);
-    int rc = 0;
-    for (int r = 0; r < me && rc == 0; r++)
-        rc = pl_conn_connect(hosts[r], ports[r], self, r, pl_comm_poll_timeout(deadline),
-                             &conns[r], err, errlen);
-    int missing = nranks - 1 - me;
-    char last[256] = "";
-    while (rc == 0 && missing > 0) {
-        int left = pl_comm_poll_timeout(deadline);
-        if (left == 0 && deadline >= 0) {
-            rc = pl_comm_errf(err, errlen, PL_COMM_ETIMEOUT,
-                              "mesh: rank %d still waits for %d higher rank(s)%s%s", me,
-                              missing, last[0] ? "; last refused: " : "", last);
-            break;
-        }
-        /* a silent or slow stranger holds up the mesh at most PL_COMM_MESH_HANDSHAKE_MS */
-        if (left < 0 || left > PL_COMM_MESH_HANDSHAKE_MS)
-            left = PL_COMM_MESH_HANDSHAKE_MS;
-        pl_conn *c = NULL;
-        int arc = pl_listener_accept(l, self, left, &c, last, sizeof last);
-        if (arc == PL_COMM_ETIMEOUT && strstr(last, "no peer within"))
-            last[0] = 0; /* nobody came in this slice: not a refusal */
-        if (arc)
-            continue; /* a failed handshake affects nobody else; keep waiting */
-        int pr = pl_conn_peer_rank(c);
-        if (pr <= me || pr >= nranks || conns[pr]) {
-            snprintf(last, sizeof last, "unexpected or duplicate rank %d", pr);
-            pl_conn_close(c);
-            continue;
-        }
-        conns[pr] = c;
-        missing--;
-    }
-    if (rc) {
-        for (int r = 0; r < nranks; r++) {
-            pl_conn_close(conns[r]);
-            conns[r] = NULL;
-        }
-    }
-    return rc;
 }

@@ -1,15 +1,21 @@
 /* Worker-to-worker transport over plain TCP (no TLS): connections authenticated by
  * the job token, length-prefixed frames, float tensors.
  *
- * Authentication (see ARCHITECTURE.md, "Security"): after TCP connect both sides send a
- * HELLO (rank, name, plan generation, a fresh 32-byte nonce from RAND_bytes), then a
- * PROOF = HMAC-SHA256(token, direction label || own name || own rank || generation ||
- * own nonce || peer nonce), then a one-byte VERDICT on the peer's proof. Proofs are
- * checked with CRYPTO_memcmp. The direction labels differ for the dialing and the
- * accepting side, so a proof cannot be reflected back. A wrong token (another job),
- * a different plan generation (a stale plan) or an unexpected rank makes both sides
- * close the connection and return PL_COMM_EAUTH / PL_COMM_ESTALE / PL_COMM_EPROTO with
- * a message that says which; the listener stays usable.
+ * Authentication (docs/runtime.md "Peer connections"): after TCP connect both sides
+ * send a HELLO (rank, name, plan generation, purpose, a fresh 32-byte nonce from
+ * RAND_bytes), then a PROOF = HMAC-SHA256(token, direction label || own name || own
+ * rank || generation || own purpose || own nonce || peer nonce), then a one-byte
+ * VERDICT on the peer's proof. Proofs are checked with CRYPTO_memcmp. The direction
+ * labels differ for the dialing and the accepting side, so a proof cannot be reflected
+ * back. A wrong token (another job), a different plan generation (a stale plan), a
+ * purpose the other side does not take or an unexpected rank makes both sides close the
+ * connection and return PL_COMM_EAUTH / PL_COMM_ESTALE / PL_COMM_EPROTO with a message
+ * that says which; the listener stays usable.
+ *
+ * Purpose: every connection is for one thing (pl_conn_purpose), named by the dialer in
+ * its hello and covered by its proof. The accepting side states what it takes (one
+ * purpose, or PL_CONN_ANY) in its own hello; each side refuses a mismatch, naming both
+ * purposes. The rank is then the plan rank whatever the purpose.
  *
  * Frames: a 32-byte little-endian header (magic, type, tag, aux, generation, length)
  * then `length` payload bytes; length ≤ the connection's maximum frame size. Sockets
@@ -45,6 +51,7 @@ enum {
     PL_COMM_ESTALE = -6,   /* handshake or frame: plan generation differs */
     PL_COMM_ESYS = -7,     /* a system call failed (socket, bind, resolve, memory) */
     PL_COMM_EINVAL = -8,   /* bad arguments from the caller */
+    PL_COMM_ECANCELED = -9,/* a wait given up on its caller's request (mesh.h: a newer plan) */
 };
 
 /* A short name for a code ("timeout", "closed", ...). */
@@ -55,15 +62,34 @@ const char *pl_comm_strerror(int code);
 #define PL_COMM_MAX_FRAME_DEFAULT (64u << 20)       /* default per-connection frame cap */
 #define PL_COMM_TENSOR_CHUNK_BYTES (4u << 20)       /* frame size of streamed tensors */
 
+/* What a connection is for: the handshake carries it (see above). */
+typedef enum {
+    PL_CONN_ANY = 0,        /* accepting only: take a connection of any purpose */
+    PL_CONN_RING,           /* an all-reduce ring neighbour (allreduce.h) */
+    PL_CONN_STAGE_LINK,     /* a pipeline stage neighbour (stage_link.h) */
+    PL_CONN_LAYER_COPY,     /* a layer copy: the source dials the destination */
+    PL_CONN_PURPOSE_COUNT
+} pl_conn_purpose;
+
+/* "any", "ring", "stage link", "layer copy"; "?" otherwise. */
+const char *pl_conn_purpose_name(int purpose);
+
+/* The rank of a worker that has none in the plan (an idle worker): it only dials
+ * layer copies. */
+#define PL_COMM_NO_RANK (-1)
+
 /* Who this process is, for the handshake. token: the job token (raw bytes);
- * name: printable, at most PL_COMM_NAME_MAX bytes; generation: the plan generation
- * the connection belongs to. */
+ * name: printable, at most PL_COMM_NAME_MAX bytes; rank: its plan rank (≥ 0, or
+ * PL_COMM_NO_RANK for a layer copy's dialer); generation: the plan generation the
+ * connection belongs to; purpose: for pl_conn_connect the connection's purpose (not
+ * PL_CONN_ANY), for pl_listener_accept the purpose accepted (PL_CONN_ANY: any). */
 typedef struct {
     const void *token;
     size_t token_len;
     int32_t rank;
     const char *name;
     uint64_t generation;
+    pl_conn_purpose purpose;
 } pl_comm_ident;
 
 typedef struct pl_listener pl_listener;
@@ -79,7 +105,8 @@ void pl_listener_close(pl_listener *l);
 
 /* Accepts one connection and runs the handshake, all within timeout_ms. On a failed
  * handshake the new connection is closed, the listener is untouched, and the code
- * says why (EAUTH, ESTALE, EPROTO, ECLOSED, ETIMEOUT). */
+ * says why (EAUTH, ESTALE, EPROTO, ECLOSED, ETIMEOUT). pl_conn_purpose says what the
+ * accepted connection is for. */
 int pl_listener_accept(pl_listener *l, const pl_comm_ident *self, int timeout_ms,
                        pl_conn **out, char *err, size_t errlen);
 
@@ -95,6 +122,8 @@ void pl_conn_close(pl_conn *c);
  * so do later ones. Thread-safe (the one call that is); the owner still closes c. */
 void pl_conn_shutdown(pl_conn *c);
 int32_t pl_conn_peer_rank(const pl_conn *c);
+/* The purpose the dialer named (never PL_CONN_ANY). */
+pl_conn_purpose pl_conn_purpose_of(const pl_conn *c);
 const char *pl_conn_peer_name(const pl_conn *c);
 uint64_t pl_conn_generation(const pl_conn *c);
 int pl_conn_fd(const pl_conn *c);
@@ -150,20 +179,5 @@ int pl_conn_send_floats(pl_conn *c, uint32_t tag, const float *x, size_t n,
                         int timeout_ms, char *err, size_t errlen);
 int pl_conn_recv_floats(pl_conn *c, uint32_t tag, float *x, size_t n, int timeout_ms,
                         char *err, size_t errlen);
-
-/* ---- a full mesh ---- */
-
-/* Connects this rank to every other rank of 0..nranks-1: it dials every lower rank
- * (hosts[r], ports[r]) and accepts every higher rank on l. conns[r] receives the
- * connection to rank r (conns[self->rank] = NULL). Accepted connections that fail
- * the handshake or claim a rank that is not expected are dropped and the wait goes
- * on (each accepted connection gets at most PL_COMM_MESH_HANDSHAKE_MS to finish its
- * handshake, so a silent stranger cannot hold the mesh up for long); the whole call is
- * bounded by timeout_ms. On failure every connection made is closed and conns is all
- * NULL; the message names the last refused peer, if any. */
-#define PL_COMM_MESH_HANDSHAKE_MS 5000
-int pl_comm_mesh(pl_listener *l, const pl_comm_ident *self, int nranks,
-                 const char *const *hosts, const int *ports, int timeout_ms,
-                 pl_conn **conns, char *err, size_t errlen);
 
 #endif

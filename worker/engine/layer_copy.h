@@ -1,23 +1,38 @@
-/* Layer copies of a reconfiguration over an ORDERED transport (worker/comm/xport.h: NCCL's
- * model), so that GPU workers move weights and AdamW state GPU to GPU instead of through
- * host memory and TCP. It moves what change_engine (worker/agent/agent.c) receives over
- * TCP: params, m and v of every tensor of each layer in the plan's copies, and a head-only
- * range's tied wte with the head (layer L+1). Locally held tensors stay the caller's
- * (kn_copy).
+/* Layer copies of a reconfiguration (docs/runtime.md "Recovery"). A worker whose layers
+ * change gets a new engine for its range of the new plan; each tensor comes from the engine
+ * of the previous plan when this worker held it (pl_layer_copy_local, kn_copy on the
+ * backend), else from the copy source the plan names: params, AdamW m and v of every
+ * tensor of each layer in the plan's copies, and a head-only range's tied wte with the
+ * head (layer L+1). Meanwhile the worker serves the plan's sends from its previous engine.
+ *
+ * Two copiers move tensors between workers, behind one interface (pl_layer_copier):
+ *  - TCP (pl_layer_copier_tcp, layer_copy_tcp.c): a source dials each destination over the
+ *    mesh (worker/comm/mesh.h, purpose PL_CONN_LAYER_COPY) from a thread of its own; the
+ *    destination asks for tensors (one PL_LAYER_COPY_FRAME_REQ frame: pairs of int32 layer,
+ *    index), the source streams params, m and v of each (tensor frames, tags 3k, 3k+1,
+ *    3k+2), the destination answers PL_LAYER_COPY_FRAME_ACK. Off the CPU backend each
+ *    tensor passes through a page-locked host buffer.
+ *  - an ORDERED transport (pl_layer_copier_xport, layer_copy_xport.c; worker/comm/xport.h:
+ *    NCCL's model), so that GPU workers move weights and AdamW state GPU to GPU.
+ * The plan's transport chooses (pl_layer_copy_over_xport): on an NCCL plan whose pipelines
+ * name each worker once, every copy between two ranks goes over the transport; the others
+ * (a source idle in the new plan has no rank) go over TCP. Both ends of a copy decide the
+ * same from the pipelines alone, so no worker needs to know the others' copies.
  *
  * Ranks are the plan's: its pipelines flattened in order (pipeline 0 stage 0 is rank 0).
  * A worker's plan lists only ITS copies and sends, so each end of a copy derives the same
  * operations from what it knows: the destination from its copies, the source from its
- * sends and the destination's layer bounds in the pipelines. No request is exchanged.
+ * sends and the destination's layer bounds in the pipelines.
  *
  * Idle sources. The coordinator picks a copy's source among the live holders of the
  * previous plan, and such a holder may be idle in the new plan (pl_reinstantiate dissolved
- * or shrank its pipeline and left it over): it has no rank, so the transport cannot carry
- * its copies. Those stay on TCP (the idle worker serves its sends, the destination
- * receives them), every copy between two ranks goes over the transport. Both ends of a
- * copy decide the same from the pipelines alone (pl_layer_copy_xport_pair), so no worker
- * needs to know the others' copies. Destinations are always ranks: idle workers receive
- * nothing. */
+ * or shrank its pipeline and left it over). Destinations are always ranks: idle workers
+ * receive nothing.
+ *
+ * Threads and ownership: a copier runs on the caller's thread (the TCP one starts and
+ * joins threads of its own inside copy); the job's engines stay the caller's and must not
+ * be used elsewhere while a copy runs. One timeout bounds every copy:
+ * PL_LAYER_COPY_TIMEOUT_MS. */
 #ifndef PLIANT_LAYER_COPY_H
 #define PLIANT_LAYER_COPY_H
 
@@ -26,23 +41,87 @@
 
 #include "engine.h"
 #include "gpt.h"
+#include "mesh.h"
 #include "protocol.h"
 #include "xport.h"
 
-/* How long the copies may take once enqueued: the TCP path's limit (agent.c's
- * COPY_TIMEOUT_MS). */
+/* How long a copy may take: a TCP source's dial, a destination's wait for its sources,
+ * the idle timeout of the TCP streams, the ordered transport's wait (and the NCCL join of
+ * a plan, which waits for ranks receiving TCP copies from idle sources). */
 #define PL_LAYER_COPY_TIMEOUT_MS 180000
+
+#define PL_LAYER_COPY_FRAME_REQ (PL_FRAME_USER + 64)
+#define PL_LAYER_COPY_FRAME_ACK (PL_FRAME_USER + 65)
+
+/* One worker's copies in a reconfiguration. */
+typedef struct {
+    const pl_msg_plan *plan;  /* this worker's plan message */
+    const char *self;         /* this worker's name */
+    const pl_gpt_config *cfg;
+    const pl_engine *src;     /* the engine of the previous plan: what it sends; NULL: none */
+    pl_engine *dst;           /* the new engine, the plan's range of this worker; NULL: idle */
+} pl_layer_copy_job;
+
+typedef struct {
+    int64_t bytes_in;           /* bytes received: 3 · numel · 4 per tensor */
+    pl_proto_name failed_peer;  /* a copy from or to this peer failed ("": none, or a
+                                   failure no peer is known for) */
+} pl_layer_copy_result;
+
+typedef struct pl_layer_copier pl_layer_copier;
+struct pl_layer_copier {
+    /* Moves the copier's share of job's copies and sends (pl_layer_copy_over_xport) and
+     * returns when they are complete, adding to res->bytes_in. 0, or −1 with err. */
+    int (*copy)(const pl_layer_copier *c, const pl_layer_copy_job *job,
+                pl_layer_copy_result *res, char *err, size_t errlen);
+    void *ctx;
+};
+
+/* The TCP copier's setting; it outlives the copier. */
+typedef struct {
+    pl_mesh *mesh;                 /* set to the plan (pl_mesh_set_plan); a destination
+                                      accepts its sources there, keeping the ring and stage
+                                      link connections that come early in the stash */
+    void (*after_send)(void *ctx); /* after each tensor a source sent; NULL: none (the
+                                      recovery tests' faults kill the worker here) */
+    void *hook_ctx;
+} pl_layer_copy_tcp;
+
+/* Copies over TCP: the job's copies and sends that do not go over the transport. Before
+ * anything moves, −1 when the plan asks for sends and src is NULL, or gives an idle worker
+ * copies. A destination waits PL_LAYER_COPY_TIMEOUT_MS at most for its sources; a failed
+ * copy names its peer in res->failed_peer. */
+pl_layer_copier pl_layer_copier_tcp(pl_layer_copy_tcp *t);
+
+/* Copies over the ordered transport x: pl_layer_copy_xport. x outlives the copier. */
+pl_layer_copier pl_layer_copier_xport(const pl_xport *x);
+
+/* Fills job->dst from job->src where this worker held a tensor and the plan copies its layer
+ * from nowhere else. *fresh = 1 when no tensor of dst has any source (no previous engine and
+ * no copies: the caller initialises dst). −1 with err when some tensors have neither a local
+ * copy nor a copy source. */
+int pl_layer_copy_local(const pl_layer_copy_job *job, int *fresh, char *err, size_t errlen);
+
+/* The layer under which the plan copies tensor j of e: its own, but L + 1 (the head) for
+ * the tied wte of a range without the embedding. */
+int pl_layer_copy_layer_of(const pl_engine *e, int j);
+
+/* The copy source of a layer in the plan's copies, or NULL. */
+const char *pl_layer_copy_source(const pl_msg_plan *p, int layer);
 
 /* 1 when the plan's copies between its ranks may go over the ordered transport: its
  * transport is NCCL and its pipelines name each worker once. It reads only what every
  * worker's plan message holds alike (transport, pipelines), so every worker, idle ones
- * included, gets the same answer. 0: the runtime moves every copy over TCP. */
+ * included, gets the same answer. 0: every copy goes over TCP. */
 int pl_layer_copy_xport_possible(const pl_msg_plan *p);
 
 /* 1 when the copy from worker `source` to worker `dest` goes over the transport (both are
  * ranks of p), 0 when it goes over TCP (one of them is idle in p). Both ends get the same
  * answer from the pipelines. */
 int pl_layer_copy_xport_pair(const pl_msg_plan *p, const char *source, const char *dest);
+
+/* The rule the two copiers share: pl_layer_copy_xport_possible and _pair. */
+int pl_layer_copy_over_xport(const pl_msg_plan *p, const char *source, const char *dest);
 
 /* Moves this worker's copies between ranks over x (x->self: this worker's rank in p): it
  * receives into dst every copy whose source is a rank, and sends from src every one of its

@@ -1,0 +1,413 @@
+/* The connections of a plan (worker/comm/mesh.h): the stash keeps a connection for a
+ * later purpose and is bounded, a connection for no wanted purpose is closed, accepts and
+ * dials time out and give up when cancelled, a peer at another generation is dialed
+ * again, and a plan's ring and stage-link connections come out where they belong. Peers
+ * are threads of this process on 127.0.0.1. */
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "mesh.h"
+#include "util.h"
+
+#define TOKEN "mesh-test-token"
+#define HOST "127.0.0.1"
+#define RING PL_MESH_PURPOSE(PL_CONN_RING)
+#define LINK PL_MESH_PURPOSE(PL_CONN_STAGE_LINK)
+#define COPY PL_MESH_PURPOSE(PL_CONN_LAYER_COPY)
+
+typedef struct {
+    pl_listener *l;
+    pl_mesh *m;
+    atomic_int cancel;
+    char log[512]; /* the last line logged */
+} node;
+
+static int node_cancelled(void *ctx) { return atomic_load(&((node *)ctx)->cancel); }
+
+static void node_log(void *ctx, const char *line)
+{
+    node *n = ctx;
+    snprintf(n->log, sizeof n->log, "%s", line);
+}
+
+/* A worker's mesh: a listener (listen = 1), generation gen, rank. */
+static int node_open(node *n, const char *name, int listen, uint64_t gen, int32_t rank)
+{
+    char err[256];
+    memset(n, 0, sizeof *n);
+    if (listen && pl_listener_open(HOST, 0, &n->l, err, sizeof err)) return -1;
+    pl_mesh_config cfg = {.listener = n->l, .token = TOKEN, .token_len = strlen(TOKEN),
+                          .name = name, .cancelled = node_cancelled, .log = node_log, .ctx = n,
+                          .redial = 1};
+    if (pl_mesh_create(&cfg, &n->m, err, sizeof err)) return -1;
+    pl_mesh_set_plan(n->m, gen, rank);
+    return 0;
+}
+
+static void node_close(node *n)
+{
+    pl_mesh_destroy(n->m);
+    pl_listener_close(n->l);
+}
+
+/* ---- a dialer thread: connections of the given purposes, one after another ---- */
+
+#define MAXDIAL 80
+
+typedef struct {
+    int port;
+    uint64_t gen;
+    int n;
+    pl_conn_purpose purpose[MAXDIAL];
+    pl_conn *c[MAXDIAL];
+    int rc[MAXDIAL];
+    pthread_t th;
+} dialer;
+
+static void *dialer_main(void *arg)
+{
+    dialer *d = arg;
+    for (int i = 0; i < d->n; i++) {
+        pl_comm_ident id = {.token = TOKEN, .token_len = strlen(TOKEN), .rank = 1, .name = "peer",
+                            .generation = d->gen, .purpose = d->purpose[i]};
+        char err[256];
+        d->rc[i] = pl_conn_connect(HOST, d->port, &id, -1, 5000, &d->c[i], err, sizeof err);
+    }
+    return NULL;
+}
+
+static void dialer_start(dialer *d, const node *to, uint64_t gen)
+{
+    d->port = pl_listener_port(to->l);
+    d->gen = gen;
+    pthread_create(&d->th, NULL, dialer_main, d);
+}
+
+static void dialer_end(dialer *d)
+{
+    pthread_join(d->th, NULL);
+    for (int i = 0; i < d->n; i++) pl_conn_close(d->c[i]);
+}
+
+/* 1 when the peer has closed c within wait_ms. */
+static int closed_by_peer(const pl_conn *c, int wait_ms)
+{
+    struct pollfd pf = {.fd = pl_conn_fd(c), .events = POLLIN | POLLRDHUP};
+    return poll(&pf, 1, wait_ms) == 1 && (pf.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+/* ---- tests ---- */
+
+static void test_later_purposes_wait_in_the_stash(void)
+{
+    node a;
+    CHECK_EQ_INT(node_open(&a, "a", 1, 3, 0), 0);
+    /* a stage neighbour and a ring neighbour come before the layer copy */
+    dialer d = {.n = 3, .purpose = {PL_CONN_STAGE_LINK, PL_CONN_RING, PL_CONN_LAYER_COPY}};
+    dialer_start(&d, &a, 3);
+    char err[256];
+    pl_conn *copy = NULL, *first = NULL, *second = NULL, *none = NULL;
+    int rc = pl_mesh_accept(a.m, COPY, RING | LINK, pl_now_ms() + 5000, &copy, err, sizeof err);
+    pthread_join(d.th, NULL);
+    const int stashed = pl_mesh_stashed(a.m);
+    /* the links' accepts take them from the stash, in order; nobody dials any more */
+    int rc1 = pl_mesh_accept(a.m, RING | LINK, 0, pl_now_ms() + 100, &first, err, sizeof err);
+    int rc2 = pl_mesh_accept(a.m, RING | LINK, 0, pl_now_ms() + 100, &second, err, sizeof err);
+    int rc3 = pl_mesh_accept(a.m, RING | LINK, 0, pl_now_ms() + 100, &none, err, sizeof err);
+    int ok = rc == 0 && copy && pl_conn_purpose_of(copy) == PL_CONN_LAYER_COPY && stashed == 2 &&
+             rc1 == 0 && rc2 == 0 && pl_conn_purpose_of(first) == PL_CONN_STAGE_LINK &&
+             pl_conn_purpose_of(second) == PL_CONN_RING && pl_mesh_stashed(a.m) == 0 &&
+             rc3 == PL_COMM_ETIMEOUT;
+    if (!ok) printf("    rc %d %d %d %d, stashed %d: %s\n", rc, rc1, rc2, rc3, stashed, err);
+    pl_conn_close(copy);
+    pl_conn_close(first);
+    pl_conn_close(second);
+    for (int i = 0; i < d.n; i++) pl_conn_close(d.c[i]);
+    node_close(&a);
+    CHECK(ok);
+}
+
+static void test_the_stash_is_bounded_and_a_new_plan_empties_it(void)
+{
+    node a;
+    CHECK_EQ_INT(node_open(&a, "a", 1, 3, 0), 0);
+    dialer d = {.n = PL_MESH_STASH_MAX + 3};
+    for (int i = 0; i < d.n - 1; i++) d.purpose[i] = PL_CONN_RING;
+    d.purpose[d.n - 1] = PL_CONN_LAYER_COPY;
+    dialer_start(&d, &a, 3);
+    char err[256];
+    pl_conn *copy = NULL;
+    int rc = pl_mesh_accept(a.m, COPY, RING, pl_now_ms() + 10000, &copy, err, sizeof err);
+    pthread_join(d.th, NULL);
+    const int stashed = pl_mesh_stashed(a.m);
+    /* the first ones are kept, the ones beyond the bound closed */
+    const int kept_open = !closed_by_peer(d.c[0], 0);
+    const int dropped = closed_by_peer(d.c[d.n - 2], 2000);
+    pl_mesh_set_plan(a.m, 4, 0);
+    const int emptied = pl_mesh_stashed(a.m) == 0 && closed_by_peer(d.c[0], 2000);
+    for (int i = 0; i < d.n; i++) pl_conn_close(d.c[i]);
+    pl_conn_close(copy);
+    node_close(&a);
+    if (rc) printf("    %s\n", err);
+    CHECK_EQ_INT(rc, 0);
+    CHECK_EQ_INT(stashed, PL_MESH_STASH_MAX);
+    CHECK(kept_open && dropped);
+    CHECK_STR_CONTAINS(a.log, "stash is full");
+    CHECK(emptied);
+}
+
+static void test_a_purpose_not_wanted_is_closed(void)
+{
+    node a;
+    CHECK_EQ_INT(node_open(&a, "a", 1, 3, 0), 0);
+    dialer d = {.n = 2, .purpose = {PL_CONN_LAYER_COPY, PL_CONN_RING}};
+    dialer_start(&d, &a, 3);
+    char err[256];
+    pl_conn *ring = NULL;
+    int rc = pl_mesh_accept(a.m, RING, 0, pl_now_ms() + 5000, &ring, err, sizeof err);
+    pthread_join(d.th, NULL);
+    const int copy_closed = closed_by_peer(d.c[0], 2000);
+    for (int i = 0; i < d.n; i++) pl_conn_close(d.c[i]);
+    pl_conn_close(ring);
+    node_close(&a);
+    CHECK_EQ_INT(rc, 0);
+    CHECK(copy_closed);
+    CHECK_STR_CONTAINS(a.log, "layer copy connection from peer");
+    CHECK_STR_CONTAINS(a.log, "not wanted now");
+}
+
+static void test_timeouts_name_the_last_refusal(void)
+{
+    node a;
+    CHECK_EQ_INT(node_open(&a, "a", 1, 3, 0), 0);
+    char err[256];
+    pl_conn *c = NULL;
+    double t0 = pl_now_ms();
+    int rc = pl_mesh_accept(a.m, RING, 0, t0 + 300, &c, err, sizeof err);
+    const double waited = pl_now_ms() - t0;
+    CHECK_EQ_INT(rc, PL_COMM_ETIMEOUT);
+    CHECK(waited >= 250 && waited < 3000);
+    CHECK_STR_CONTAINS(err, "timed out waiting for peers");
+    /* a peer at another generation is refused; the timeout says so */
+    dialer d = {.n = 1, .purpose = {PL_CONN_RING}};
+    dialer_start(&d, &a, 2);
+    rc = pl_mesh_accept(a.m, RING, 0, pl_now_ms() + 600, &c, err, sizeof err);
+    dialer_end(&d);
+    node_close(&a);
+    CHECK_EQ_INT(rc, PL_COMM_ETIMEOUT);
+    CHECK_STR_CONTAINS(err, "last refused");
+    CHECK_STR_CONTAINS(err, "stale");
+}
+
+typedef struct {
+    node *n;
+    int dial_port; /* > 0: dial there; else accept */
+    int rc;
+    double ms;
+    char err[256];
+} cancel_job;
+
+static void *wait_until_cancelled(void *arg)
+{
+    cancel_job *j = arg;
+    pl_conn *c = NULL;
+    const double t0 = pl_now_ms();
+    if (j->dial_port > 0)
+        j->rc = pl_mesh_dial(j->n->m, HOST, j->dial_port, PL_CONN_RING, 0, 20000, &c, j->err,
+                             sizeof j->err);
+    else
+        j->rc = pl_mesh_accept(j->n->m, RING, 0, t0 + 20000, &c, j->err, sizeof j->err);
+    j->ms = pl_now_ms() - t0;
+    pl_conn_close(c);
+    return NULL;
+}
+
+static void test_cancel_ends_waits(void)
+{
+    /* b at generation 5 dials a at generation 3: a refuses it as stale, b dials again,
+     * until both are cancelled */
+    node a, b;
+    CHECK_EQ_INT(node_open(&a, "a", 1, 3, 0), 0);
+    CHECK_EQ_INT(node_open(&b, "b", 0, 5, 1), 0);
+    cancel_job ja = {.n = &a}, jb = {.n = &b, .dial_port = pl_listener_port(a.l)};
+    pthread_t ta, tb;
+    pthread_create(&ta, NULL, wait_until_cancelled, &ja);
+    pthread_create(&tb, NULL, wait_until_cancelled, &jb);
+    usleep(600 * 1000);
+    atomic_store(&a.cancel, 1);
+    atomic_store(&b.cancel, 1);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    node_close(&a);
+    node_close(&b);
+    CHECK_EQ_INT(ja.rc, PL_COMM_ECANCELED);
+    CHECK_EQ_INT(jb.rc, PL_COMM_ECANCELED);
+    CHECK(ja.ms < 5000 && jb.ms < 5000);
+    CHECK_STR_CONTAINS(a.log, "stale");
+}
+
+typedef struct {
+    node *n;
+    uint64_t later_gen;
+    int rc;
+    pl_conn *c;
+    char err[256];
+} stale_job;
+
+/* Accepts at the old generation for a while (the dialer is refused as stale), then moves
+ * to the dialer's generation and accepts it. */
+static void *accept_after_moving_on(void *arg)
+{
+    stale_job *j = arg;
+    pl_conn *c = NULL;
+    pl_mesh_accept(j->n->m, RING, 0, pl_now_ms() + 400, &c, j->err, sizeof j->err);
+    pl_conn_close(c);
+    pl_mesh_set_plan(j->n->m, j->later_gen, 0);
+    j->rc = pl_mesh_accept(j->n->m, RING, 0, pl_now_ms() + 5000, &j->c, j->err, sizeof j->err);
+    return NULL;
+}
+
+static void test_a_peer_at_an_older_plan_is_dialed_again(void)
+{
+    node a, b;
+    CHECK_EQ_INT(node_open(&a, "a", 1, 3, 0), 0);
+    CHECK_EQ_INT(node_open(&b, "b", 0, 4, 1), 0);
+    stale_job j = {.n = &a, .later_gen = 4};
+    pthread_t t;
+    pthread_create(&t, NULL, accept_after_moving_on, &j);
+    pl_conn *c = NULL;
+    char err[256];
+    int rc = pl_mesh_dial(b.m, HOST, pl_listener_port(a.l), PL_CONN_RING, 0, 5000, &c, err,
+                          sizeof err);
+    pthread_join(t, NULL);
+    const int ok = rc == 0 && j.rc == 0 && pl_conn_generation(c) == 4 &&
+                   pl_conn_peer_rank(j.c) == 1;
+    if (!ok) printf("    dial %d: %s\n    accept %d: %s\n", rc, err, j.rc, j.err);
+    pl_conn_close(c);
+    pl_conn_close(j.c);
+    node_close(&a);
+    node_close(&b);
+    CHECK(ok);
+}
+
+/* ---- a plan's connections: 3 ranks of one pipeline, all in one ring ---- */
+
+#define NR 3
+
+typedef struct {
+    node n;
+    int rank;
+    const char *const *hosts;
+    const int *ports;
+    pl_conn *ring[NR];
+    pl_mesh_links links;
+    int rc;
+    char err[256];
+} rank_job;
+
+static void *connect_main(void *arg)
+{
+    rank_job *j = arg;
+    static const char *const names[NR] = {"w0", "w1", "w2"};
+    static const unsigned char ring_all[NR] = {1, 1, 1};
+    const int me = j->rank;
+    unsigned char ring[NR];
+    memcpy(ring, ring_all, sizeof ring);
+    const pl_mesh_peers peers = {.nranks = NR, .names = names, .hosts = j->hosts,
+                                 .ports = j->ports, .ring = ring,
+                                 .link_prev = me > 0 ? me - 1 : -1,
+                                 .link_next = me + 1 < NR ? me + 1 : -1};
+    j->links.ring = j->ring;
+    j->rc = pl_mesh_connect(j->n.m, &peers, 10000, &j->links, j->err, sizeof j->err);
+    return NULL;
+}
+
+static void test_a_plans_connections(void)
+{
+    rank_job j[NR];
+    const char *hosts[NR];
+    int ports[NR];
+    static const char *const names[NR] = {"w0", "w1", "w2"};
+    for (int r = 0; r < NR; r++) {
+        memset(&j[r], 0, sizeof j[r]);
+        CHECK_EQ_INT(node_open(&j[r].n, names[r], 1, 7, r), 0);
+        hosts[r] = HOST;
+        ports[r] = pl_listener_port(j[r].n.l);
+    }
+    pthread_t t[NR];
+    for (int r = 0; r < NR; r++) {
+        j[r].hosts = hosts;
+        j[r].ports = ports;
+        j[r].rank = r;
+        pthread_create(&t[r], NULL, connect_main, &j[r]);
+    }
+    for (int r = 0; r < NR; r++) pthread_join(t[r], NULL);
+    int ok = 1;
+    for (int r = 0; r < NR; r++) {
+        if (j[r].rc) printf("    rank %d: %s\n", r, j[r].err);
+        ok &= j[r].rc == 0 && j[r].links.failed_rank == -1;
+        for (int s = 0; s < NR && ok; s++)
+            ok &= s == r ? !j[r].ring[s]
+                         : j[r].ring[s] && pl_conn_peer_rank(j[r].ring[s]) == s &&
+                               pl_conn_purpose_of(j[r].ring[s]) == PL_CONN_RING;
+        ok &= r > 0 ? j[r].links.prev && pl_conn_peer_rank(j[r].links.prev) == r - 1 &&
+                          pl_conn_purpose_of(j[r].links.prev) == PL_CONN_STAGE_LINK
+                    : !j[r].links.prev;
+        ok &= r + 1 < NR ? j[r].links.next && pl_conn_peer_rank(j[r].links.next) == r + 1 &&
+                               pl_conn_purpose_of(j[r].links.next) == PL_CONN_STAGE_LINK
+                         : !j[r].links.next;
+    }
+    for (int r = 0; r < NR; r++) {
+        for (int s = 0; s < NR; s++) pl_conn_close(j[r].ring[s]);
+        pl_conn_close(j[r].links.prev);
+        pl_conn_close(j[r].links.next);
+        node_close(&j[r].n);
+    }
+    CHECK(ok);
+}
+
+static void test_a_missing_address_and_a_failed_dial(void)
+{
+    node a;
+    CHECK_EQ_INT(node_open(&a, "w1", 1, 7, 1), 0);
+    const char *hosts[2] = {NULL, HOST};
+    int ports[2] = {0, pl_listener_port(a.l)};
+    const unsigned char ring[2] = {1, 0};
+    pl_conn *conns[2];
+    pl_mesh_peers peers = {.nranks = 2, .hosts = hosts, .ports = ports, .ring = ring,
+                           .link_prev = -1, .link_next = -1};
+    pl_mesh_links links = {.ring = conns};
+    char err[256];
+    int rc = pl_mesh_connect(a.m, &peers, 500, &links, err, sizeof err);
+    CHECK_EQ_INT(rc, PL_COMM_EINVAL);
+    CHECK_STR_CONTAINS(err, "no address for peer rank 0");
+    CHECK_EQ_INT(links.failed_rank, -1);
+    /* rank 0 at a port where nobody answers: the dial fails and names the rank */
+    pl_listener *dead;
+    CHECK_EQ_INT(pl_listener_open(HOST, 0, &dead, err, sizeof err), 0);
+    hosts[0] = HOST;
+    ports[0] = pl_listener_port(dead);
+    pl_listener_close(dead);
+    rc = pl_mesh_connect(a.m, &peers, 500, &links, err, sizeof err);
+    node_close(&a);
+    CHECK_EQ_INT(rc, PL_COMM_ETIMEOUT);
+    CHECK_EQ_INT(links.failed_rank, 0);
+    CHECK(conns[0] == NULL && conns[1] == NULL);
+}
+
+TEST_MAIN_BEGIN
+RUN(test_later_purposes_wait_in_the_stash);
+RUN(test_the_stash_is_bounded_and_a_new_plan_empties_it);
+RUN(test_a_purpose_not_wanted_is_closed);
+RUN(test_timeouts_name_the_last_refusal);
+RUN(test_cancel_ends_waits);
+RUN(test_a_peer_at_an_older_plan_is_dialed_again);
+RUN(test_a_plans_connections);
+RUN(test_a_missing_address_and_a_failed_dial);
+TEST_MAIN_END

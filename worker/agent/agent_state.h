@@ -1,0 +1,119 @@
+/* The worker's state, shared by agent.c (its two threads: the control loop and the
+ * compute thread's messages and steps) and plan_install.c (installing a plan: engine,
+ * layer copies, peer connections). Internal to worker/agent.
+ *
+ * Threads: the compute thread owns every field but those marked "under mu" (also read or
+ * written by the control thread, with mu held), the atomics, and cli (replaced by the
+ * control thread under cli_mu). Ownership: pl_agent_run makes the state and frees it and
+ * everything it holds when the worker ends. */
+#ifndef PLIANT_AGENT_STATE_H
+#define PLIANT_AGENT_STATE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "agent.h"
+#include "checkpoint_writer.h"
+#include "control_client.h"
+#include "engine.h"
+#include "fault.h"
+#include "jobspec.h"
+#include "mesh.h"
+#include "msg_queue.h"
+#include "nccl_plan.h"
+#include "protocol.h"
+#include "sampler.h"
+#include "schedule.h"
+#include "stage_link.h"
+#include "syncgroups.h"
+#include "tokens.h"
+
+/* A peer that makes no progress for this long has failed (dials, the step's links). */
+#define PEER_TIMEOUT_MS 60000
+#define SUPERSEDED_MSG "superseded by a newer plan"
+
+typedef struct {
+    const pl_agent_options *o;
+    pl_job job;
+    int have_job;
+    pl_gpt_config cfg;
+    pl_tokens train;
+    int have_train;
+    pl_sampler smp;
+    pl_ctl_client *cli;   /* replaced on reconnection under cli_mu (posts come from any thread) */
+    pthread_mutex_t cli_mu;
+    pl_ctl_client_config cc;
+    char coordinator_host[PL_PROTO_HOST_MAX + 1]; /* cc.host */
+    atomic_int disconnected; /* the control connection closed: reconnect (a new coordinator) */
+    double lost_since;       /* control thread: when the connection was lost; -1: connected */
+    int reconnects;
+    pl_checkpoint_writer *ckw;  /* checkpoints of this worker's layers, in the background */
+    pl_fault fault;
+    pl_proto_name broken; /* the peer whose link or copy failed the plan being installed */
+    pl_msg_queue *queue;  /* the control thread's messages for the compute thread */
+
+    pthread_mutex_t mu;   /* the fields marked "under mu" */
+    pthread_cond_t cv;    /* nccl_init arrived */
+    atomic_int done;      /* the control loop ends */
+    atomic_int exit_code;
+    atomic_llong newest_plan; /* the newest plan generation received (control thread) */
+
+    /* compute thread state */
+    kn_ctx *k;
+    pl_engine e;
+    int have_engine;
+    pl_engine src;   /* the engine of the last plan before this one: copy source until */
+    int have_src;    /* the next start_step (the coordinator's stable plan) */
+    pl_schedule sched;
+    int have_sched;
+    pl_listener *lst;
+    pl_mesh *mesh;   /* the peer connections over lst */
+    int nranks;
+    pl_conn **conns; /* ring connections by plan rank */
+    pl_tcp_link *link;
+    pl_nccl_plan *ncp;    /* under mu: the NCCL world of a plan whose transport is nccl */
+    char nccl_id[PL_PROTO_NCCL_ID_HEX + 1]; /* under mu: the id of nccl_init for nccl_gen */
+    int64_t nccl_gen;
+    pl_syncgroups g;
+    int have_groups;
+    int64_t gen;
+    /* under mu: the step running (its links may be interrupted from the control
+     * thread) and the newest step the coordinator aborted */
+    int stepping;
+    int64_t aborted_gen, aborted_step;
+    /* under mu: what hello_resume tells a new coordinator */
+    int64_t last_committed, reduced_step;
+    double last_scale, last_lr;
+    int rank, pipe, stage, nstages;
+    int first_mb, nmb, global_micro;
+    int32_t *tok, *tgt;
+    size_t tokcap;
+} agent;
+
+/* agent.c */
+
+/* One line on stderr: "worker NAME: ...". Any thread. */
+void agent_log(agent *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Sends m to the coordinator from any thread (a message posted while disconnected is
+ * lost) and frees it. 0, or -1. */
+int agent_post(agent *a, pl_msg *m);
+/* What heartbeats carry: the plan generation and the step (step < 0: unchanged). */
+void agent_tell_client(agent *a, int64_t gen, int64_t step);
+/* A newer plan is waiting (or the worker ends): the one being installed can be given up.
+ * Read by the compute thread and the threads it waits for (copy senders, NCCL's), never
+ * while a->gen moves. */
+int agent_superseded(agent *a);
+
+/* plan_install.c: compute thread */
+
+/* Installs plan message m (generation m->gen): this worker's place, its engine and layer
+ * copies, its checkpoint when the plan restarts from one, its peer connections on the
+ * plan's transport. *bytes_in: bytes received in copies. 0, or -1 with err; a->broken then
+ * names the peer whose copy or dial failed, if one did. */
+int agent_install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err, size_t errlen);
+/* Closes the plan's links, NCCL world and connections and frees its groups and schedule. */
+void agent_teardown_links(agent *a);
+
+#endif

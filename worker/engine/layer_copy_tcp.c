@@ -1,0 +1,317 @@
+/* Layer copies over TCP (layer_copy.h): a source serves each destination from a thread of
+ * its own; a destination accepts its sources on the mesh and receives from each on a
+ * thread of its own. */
+#include "layer_copy.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+/* A tensor asked for: the frame carries pairs of int32 (layer, index). */
+typedef struct {
+    int32_t layer, index;
+} tensor_ref;
+
+#define ARRAYS 3 /* params, AdamW m, AdamW v */
+
+/* Layer copies move host memory: off the CPU backend each tensor passes through a
+ * page-locked staging buffer, grown to the largest tensor. */
+typedef struct {
+    kn_ctx *k;
+    int on;
+    float *buf;
+    size_t cap; /* floats */
+} host_stage;
+
+static host_stage stage_for(kn_ctx *k)
+{
+    return (host_stage){.k = k, .on = strcmp(kn_backend(k), "cpu") != 0};
+}
+
+static float *stage_room(host_stage *st, size_t n)
+{
+    if (n <= st->cap) return st->buf;
+    kn_host_free(st->k, st->buf);
+    st->cap = 0;
+    if (!(st->buf = kn_host_alloc(st->k, n * sizeof(float)))) return NULL;
+    st->cap = n;
+    return st->buf;
+}
+
+static void stage_free(host_stage *st)
+{
+    kn_host_free(st->k, st->buf);
+    st->buf = NULL;
+    st->cap = 0;
+}
+
+/* ---- the source's side: one thread per destination ---- */
+
+typedef struct {
+    const pl_layer_copy_tcp *t;
+    const pl_engine *src;
+    const pl_msg_peer *dest;
+    int rc;
+    char err[512];
+    pthread_t th;
+} copy_sender;
+
+/* Streams params, m and v of the n tensors asked for. */
+static int send_tensors(copy_sender *s, pl_conn *c, const tensor_ref *r, size_t n,
+                        host_stage *stage)
+{
+    for (size_t k = 0; k < n; k++) {
+        const pl_engine_tensor *t = pl_engine_find(s->src, r[k].layer, r[k].index);
+        if (!t)
+            return pl_errf(s->err, sizeof s->err, "%s asks for tensor (%d, %d), not held here",
+                           s->dest->name, r[k].layer, r[k].index);
+        const float *arr[ARRAYS] = {s->src->params, s->src->m, s->src->v};
+        for (int j = 0; j < ARRAYS; j++) {
+            const float *x = arr[j] + t->offset;
+            if (stage->on) {
+                float *h = stage_room(stage, t->spec.numel);
+                if (!h)
+                    return pl_errf(s->err, sizeof s->err, "out of memory staging a layer for %s",
+                                   s->dest->name);
+                kn_to_host(stage->k, h, x, t->spec.numel * sizeof(float));
+                x = h;
+            }
+            if (pl_conn_send_floats(c, (uint32_t)(ARRAYS * k + (size_t)j), x, t->spec.numel,
+                                    PL_LAYER_COPY_TIMEOUT_MS, s->err, sizeof s->err))
+                return -1;
+        }
+        if (s->t->after_send) s->t->after_send(s->t->hook_ctx);
+    }
+    return 0;
+}
+
+/* One frame of the expected type from the destination (its request or acknowledgement). */
+static int recv_control(copy_sender *s, pl_conn *c, uint16_t type, void **data, size_t *len)
+{
+    pl_frame_hdr h;
+    if (pl_conn_recv_frame_alloc(c, &h, data, PL_LAYER_COPY_TIMEOUT_MS, s->err, sizeof s->err))
+        return -1;
+    *len = (size_t)h.len;
+    if (h.type != type || (type == PL_LAYER_COPY_FRAME_REQ && h.len % sizeof(tensor_ref)))
+        return pl_errf(s->err, sizeof s->err, "%s from %s: frame type %u of %llu bytes",
+                       type == PL_LAYER_COPY_FRAME_REQ ? "bad copy request"
+                                                       : "no copy acknowledgement",
+                       s->dest->name, h.type, (unsigned long long)h.len);
+    return 0;
+}
+
+static void *sender_main(void *arg)
+{
+    copy_sender *s = arg;
+    pl_conn *c = NULL;
+    void *req = NULL, *ack = NULL;
+    size_t len = 0;
+    host_stage stage = stage_for(s->src->k);
+    s->rc = pl_mesh_dial(s->t->mesh, s->dest->host, s->dest->port, PL_CONN_LAYER_COPY, -1,
+                         PL_LAYER_COPY_TIMEOUT_MS, &c, s->err, sizeof s->err) ||
+            recv_control(s, c, PL_LAYER_COPY_FRAME_REQ, &req, &len) ||
+            send_tensors(s, c, req, len / sizeof(tensor_ref), &stage) ||
+            recv_control(s, c, PL_LAYER_COPY_FRAME_ACK, &ack, &len);
+    free(req);
+    free(ack);
+    stage_free(&stage);
+    pl_conn_close(c);
+    return NULL;
+}
+
+/* ---- the destination's side: one thread per source ---- */
+
+typedef struct {
+    const char *source;
+    pl_conn *c;
+    pl_engine *dst;
+    tensor_ref *want;
+    int nwant;
+    int64_t bytes;
+    int rc, started;
+    char err[512];
+    pthread_t th;
+} copy_receiver;
+
+static int recv_tensors(copy_receiver *r, host_stage *stage)
+{
+    for (int k = 0; k < r->nwant; k++) {
+        const pl_engine_tensor *t = pl_engine_find(r->dst, r->want[k].layer, r->want[k].index);
+        float *arr[ARRAYS] = {r->dst->params, r->dst->m, r->dst->v};
+        for (int j = 0; j < ARRAYS; j++) {
+            float *dst = arr[j] + t->offset;
+            float *x = stage->on ? stage_room(stage, t->spec.numel) : dst;
+            if (!x)
+                return pl_errf(r->err, sizeof r->err, "out of memory staging a layer from %s",
+                               r->source);
+            if (pl_conn_recv_floats(r->c, (uint32_t)(ARRAYS * k + j), x, t->spec.numel,
+                                    PL_LAYER_COPY_TIMEOUT_MS, r->err, sizeof r->err))
+                return -1;
+            if (stage->on) kn_to_device(stage->k, dst, x, t->spec.numel * sizeof(float));
+        }
+        r->bytes += ARRAYS * (int64_t)t->spec.numel * (int64_t)sizeof(float);
+    }
+    return 0;
+}
+
+static void *receiver_main(void *arg)
+{
+    copy_receiver *r = arg;
+    host_stage stage = stage_for(r->dst->k);
+    r->rc = pl_conn_send_frame(r->c, PL_LAYER_COPY_FRAME_REQ, 0, 0, r->want,
+                               (size_t)r->nwant * sizeof(tensor_ref), PL_LAYER_COPY_TIMEOUT_MS,
+                               r->err, sizeof r->err) ||
+            recv_tensors(r, &stage) ||
+            pl_conn_send_frame(r->c, PL_LAYER_COPY_FRAME_ACK, 0, 0, NULL, 0,
+                               PL_LAYER_COPY_TIMEOUT_MS, r->err, sizeof r->err);
+    stage_free(&stage);
+    return NULL;
+}
+
+/* ---- one plan's copies ---- */
+
+typedef struct {
+    const pl_layer_copy_tcp *t;
+    const pl_layer_copy_job *job;
+    copy_sender *snd;
+    int nsend;
+    copy_receiver *rcv;
+    int nrecv;
+    tensor_ref *wants; /* the receivers' lists, one after another */
+} tcp_copies;
+
+/* A copy of this plan over TCP: not one over the ordered transport. */
+static int over_tcp(const pl_layer_copy_job *job, const char *source, const char *dest)
+{
+    return !pl_layer_copy_over_xport(job->plan, source, dest);
+}
+
+/* One sender thread per destination of the plan's sends. */
+static int start_senders(tcp_copies *tc, char *err, size_t errlen)
+{
+    const pl_msg_plan *p = tc->job->plan;
+    for (int i = 0; i < p->nsends; i++) {
+        const char *dest = p->sends[i].dest;
+        int seen = !over_tcp(tc->job, tc->job->self, dest);
+        for (int j = 0; j < tc->nsend && !seen; j++) seen = !strcmp(tc->snd[j].dest->name, dest);
+        if (seen) continue;
+        copy_sender *s = &tc->snd[tc->nsend];
+        *s = (copy_sender){.t = tc->t, .src = tc->job->src, .dest = pl_msg_plan_peer(p, dest)};
+        if (!s->dest || s->dest->port <= 0)
+            return pl_errf(err, errlen, "no address for copy destination %s", dest);
+        if (pthread_create(&s->th, NULL, sender_main, s))
+            return pl_errf(err, errlen, "cannot start a copy thread");
+        tc->nsend++;
+    }
+    return 0;
+}
+
+/* One receiver per source, with the tensors of dst that come from it. */
+static void plan_receivers(tcp_copies *tc)
+{
+    const pl_layer_copy_job *job = tc->job;
+    int nwant = 0;
+    for (int i = 0; i < job->plan->ncopies; i++) {
+        const char *source = job->plan->copies[i].source;
+        int seen = !over_tcp(job, source, job->self);
+        for (int k = 0; k < tc->nrecv && !seen; k++) seen = !strcmp(tc->rcv[k].source, source);
+        if (seen) continue;
+        copy_receiver *r = &tc->rcv[tc->nrecv++];
+        *r = (copy_receiver){.source = source, .dst = job->dst, .want = tc->wants + nwant};
+        for (int j = 0; j < job->dst->ntensors; j++) {
+            const char *from = pl_layer_copy_source(job->plan, pl_layer_copy_layer_of(job->dst, j));
+            if (from && !strcmp(from, source))
+                tc->wants[nwant++] = (tensor_ref){job->dst->tensors[j].layer,
+                                                  job->dst->tensors[j].index};
+        }
+        r->nwant = (int)(tc->wants + nwant - r->want);
+    }
+}
+
+/* Accepts every source's connection and starts its receiver; the ring and stage link
+ * connections that come meanwhile wait in the mesh's stash. */
+static int accept_sources(tcp_copies *tc, char *err, size_t errlen)
+{
+    const double deadline = pl_now_ms() + PL_LAYER_COPY_TIMEOUT_MS;
+    const unsigned later = PL_MESH_PURPOSE(PL_CONN_RING) | PL_MESH_PURPOSE(PL_CONN_STAGE_LINK);
+    for (int got = 0; got < tc->nrecv;) {
+        pl_conn *c = NULL;
+        if (pl_mesh_accept(tc->t->mesh, PL_MESH_PURPOSE(PL_CONN_LAYER_COPY), later, deadline, &c,
+                           err, errlen))
+            return -1;
+        copy_receiver *r = NULL;
+        for (int k = 0; k < tc->nrecv && !r; k++)
+            if (!tc->rcv[k].c && !strcmp(tc->rcv[k].source, pl_conn_peer_name(c))) r = &tc->rcv[k];
+        if (!r) { /* not a source of this worker, or one twice */
+            pl_conn_close(c);
+            continue;
+        }
+        r->c = c;
+        if (pthread_create(&r->th, NULL, receiver_main, r))
+            return pl_errf(err, errlen, "cannot start a copy thread");
+        r->started = 1;
+        got++;
+    }
+    return 0;
+}
+
+/* Waits for every thread; the first failure is the copy's (rc 0 so far). */
+static int join_all(tcp_copies *tc, int rc, pl_layer_copy_result *res, char *err, size_t errlen)
+{
+    for (int k = 0; k < tc->nrecv; k++) {
+        copy_receiver *r = &tc->rcv[k];
+        if (r->started) {
+            pthread_join(r->th, NULL);
+            if (r->rc && rc == 0) {
+                rc = pl_errf(err, errlen, "copy from %s: %s", r->source, r->err);
+                snprintf(res->failed_peer, sizeof res->failed_peer, "%s", r->source);
+            }
+            res->bytes_in += r->bytes;
+        }
+        pl_conn_close(r->c);
+    }
+    for (int k = 0; k < tc->nsend; k++) {
+        copy_sender *s = &tc->snd[k];
+        pthread_join(s->th, NULL);
+        if (s->rc && rc == 0) {
+            rc = pl_errf(err, errlen, "copy to %s: %s", s->dest->name, s->err);
+            snprintf(res->failed_peer, sizeof res->failed_peer, "%s", s->dest->name);
+        }
+    }
+    return rc;
+}
+
+static int copy_tcp(const pl_layer_copier *self, const pl_layer_copy_job *job,
+                    pl_layer_copy_result *res, char *err, size_t errlen)
+{
+    const pl_msg_plan *p = job->plan;
+    if (p->nsends > 0 && !job->src)
+        return pl_errf(err, errlen, "plan asks for %d layer sends but this worker holds none",
+                       p->nsends);
+    if (!job->dst && p->ncopies > 0)
+        return pl_errf(err, errlen, "plan gives an idle worker %d layers to receive", p->ncopies);
+    tcp_copies tc = {.t = self->ctx, .job = job};
+    tc.snd = calloc((size_t)p->nsends + 1, sizeof *tc.snd);
+    tc.rcv = calloc((size_t)p->ncopies + 1, sizeof *tc.rcv);
+    tc.wants = calloc(job->dst ? (size_t)job->dst->ntensors + 1 : 1, sizeof *tc.wants);
+    int rc = -1;
+    if (!tc.snd || !tc.rcv || !tc.wants) {
+        pl_errf(err, errlen, "out of memory");
+    } else if (start_senders(&tc, err, errlen) == 0) {
+        if (job->dst) plan_receivers(&tc);
+        rc = accept_sources(&tc, err, errlen);
+    }
+    rc = join_all(&tc, rc, res, err, errlen);
+    free(tc.snd);
+    free(tc.rcv);
+    free(tc.wants);
+    return rc;
+}
+
+pl_layer_copier pl_layer_copier_tcp(pl_layer_copy_tcp *t)
+{
+    return (pl_layer_copier){.copy = copy_tcp, .ctx = t};
+}
