@@ -250,27 +250,14 @@ static int cli_callback(struct lws *wsi, enum lws_callback_reasons reason, void 
             client_fail(c, "binary frame from the coordinator");
             return 0;
         }
-        if (len > PL_PROTO_MAX_BYTES - c->rx_len) {
+        switch (pl_ws_rx_append(&c->rx, &c->rx_len, &c->rx_cap, in, len, PL_PROTO_MAX_BYTES)) {
+        case 1:
             client_fail(c, "message from the coordinator over the size limit");
             return 0;
+        case -1:
+            client_fail(c, "out of memory");
+            return 0;
         }
-        if (c->rx_len + len > c->rx_cap) {
-            size_t cap = c->rx_cap ? c->rx_cap : 4096;
-            while (cap < c->rx_len + len)
-                cap *= 2;
-            if (cap > PL_PROTO_MAX_BYTES)
-                cap = PL_PROTO_MAX_BYTES;
-            char *nb = realloc(c->rx, cap);
-            if (!nb) {
-                client_fail(c, "out of memory");
-                return 0;
-            }
-            c->rx = nb;
-            c->rx_cap = cap;
-        }
-        if (len)
-            memcpy(c->rx + c->rx_len, in, len);
-        c->rx_len += len;
         if (lws_is_final_fragment(wsi)) {
             size_t n = c->rx_len;
             c->rx_len = 0;
