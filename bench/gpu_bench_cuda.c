@@ -1,4 +1,4 @@
-/* GPU training benchmark (issue 6): GPT-2 124M (L=12, C=768, NH=12, V=50257
+/* GPU training benchmark: GPT-2 124M (L=12, C=768, NH=12, V=50257
  * padded to 50304, maxT=1024) on the CUDA backend, the whole model in one
  * engine, B=16, T=1024. Each step is what `pliant train` does on one worker:
  * zero the gradients, forward, backward (loss gradient 1/(B·T) per position),

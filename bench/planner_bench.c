@@ -1,5 +1,5 @@
-/* Planner benchmark (issue: foundation and planner). Times the full plan for
- * the issue's sizes on synthetic transformer profiles, and compares the
+/* Planner benchmark. Times the full plan for
+ * the target sizes on synthetic transformer profiles, and compares the
  * coverage search with the paper's method (§4.2.1: list every template
  * combination by coin change, distribute the batch for each) in the same run.
  * Usage: planner_bench [--quick] */

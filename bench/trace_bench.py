@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Spot-trace replay benchmark (issue 4): `make bench-trace`.
+"""Spot-trace replay benchmark: `make bench-trace`.
 
 Replays a preemption trace (default ../shared/traces/p3-trace.csv, 11.4 h) time-compressed
 by SPEEDUP against `pliant run` on a small model, once with faultTolerance.strategy

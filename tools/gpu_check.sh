@@ -1,5 +1,5 @@
 #!/bin/bash
-# The first GPU session's checklist (docs/gpu.md) in one command, for a machine that got
+# The GPU checklist (docs/gpu.md) in one command, for a machine that got
 # the repository and a bundle from tools/gpu_bundle.sh:
 #   tools/gpu_check.sh .gpu [OUTDIR]
 # Each part's output goes to OUTDIR (default $OUT, else gpu-check/) and the summary to

@@ -1,3 +1,5 @@
+/* The TrainingJob controller (controller.h): informers in, one reconcile loop, each running
+ * job's driver polled in the same loop, status and Events out. */
 #include "controller.h"
 
 #include <math.h>

@@ -1,4 +1,4 @@
-/* The TrainingJob controller of `pliant-operator` (issue 5, "Controller"), in
+/* The TrainingJob controller of `pliant-operator`, in
  * controller-runtime's manner: two informers (TrainingJobs; worker Pods by
  * label) on their own threads feed one loop that owns everything else — a
  * work queue keyed by job with back-off on errors, an idempotent reconcile

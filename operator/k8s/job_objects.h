@@ -1,5 +1,4 @@
-/* The Kubernetes objects the operator makes for a TrainingJob (issue 5,
- * "Controller"): each owned by the job (ownerReferences, controller: true) so
+/* The Kubernetes objects the operator makes for a TrainingJob: each owned by the job (ownerReferences, controller: true) so
  * that deleting the job deletes them, and labelled app.kubernetes.io/name and
  * pliant.dev/job.
  *

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tests of the Helm chart charts/pliant (issue 5: packaging).
+"""Tests of the Helm chart charts/pliant (packaging).
 
 `helm` is not installed where the tests run, so this file carries a renderer of
 the subset of Helm's template language the chart keeps to: {{ }} actions with

@@ -493,7 +493,7 @@ def crd_fields_are_jobspec_fields():
         node = at(s, path) if path else s
         crd_fields = set(node["properties"])
         extra = crd_fields - set(known)
-        # imagePullPolicy: in the CRD (issue 5) and, once jobspec.c lists it, in both.
+        # imagePullPolicy: in the CRD and, once jobspec.c lists it, in both.
         pending = extra & {"imagePullPolicy"} if path == "spec.worker" else set()
         check(set(known) <= crd_fields, "%s: jobspec.c fields missing from the CRD: %s", path or "<root>",
               sorted(set(known) - crd_fields))
@@ -781,7 +781,7 @@ def every_crd_field_accepted_by_pliant():
     check(not missing, "fields not exercised: %s", missing)
     ok, err = pliant_verdict(m, "every-field")
     if not ok and "spec.worker.imagePullPolicy: unknown field" in err:
-        # The CRD has it (issue 5); jobspec.c's parse_worker has not listed it yet.
+        # The CRD has it; jobspec.c's parse_worker has not listed it yet.
         ok, err = pliant_verdict(with_field("spec.worker.imagePullPolicy", None, m), "every-field-2")
         check(ok, "pliant rejects a job using every field: %s", err)
         print("skip crd.every_crd_field_accepted_by_pliant.imagePullPolicy: "

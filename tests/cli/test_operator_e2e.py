@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""End-to-end tests of `pliant-operator` (issue 5) against the Kubernetes API
+"""End-to-end tests of `pliant-operator` against the Kubernetes API
 emulator (tests/k8s/apiserver.py: fake kubelets run the worker Pods as local
 `pliant worker` processes), with kubectl as the client.
 
@@ -9,13 +9,13 @@ One emulator (TLS + token, 4 nodes of 2 GPUs in zones a,b,c, a state log) is
 started for the whole file, then one operator watching namespace `default`.
   crd_applies_and_kubectl_shows_the_columns     kubectl apply -f crds/; a job; kubectl get tj columns
   invalid_manifests_are_rejected_by_the_schema  kubectl apply refused, message naming the field
-  job_runs_to_succeeded                         issue 5 test 1 (status, Events, Secret/Service/Pods, metrics)
-  deleted_worker_pod_is_replaced_without_restart     test 2, a Pod
-  deleted_node_loses_two_pods_without_restart        test 2, a Node (F = 2, 5 Pods)
-  invalid_spec_gets_a_failed_condition          test 4, beyond the schema
-  api_faults_are_retried                        test 4, injected 500/409/timeouts and a forced re-list
-  deleting_the_job_removes_what_it_created      test 5
-  leader_failover_continues_training            test 3 (two operators with --leader-elect)
+  job_runs_to_succeeded                         status, Events, Secret/Service/Pods, metrics
+  deleted_worker_pod_is_replaced_without_restart     a Pod deleted mid-training
+  deleted_node_loses_two_pods_without_restart        a Node deleted (F = 2, 5 Pods)
+  invalid_spec_gets_a_failed_condition          specs beyond the schema
+  api_faults_are_retried                        injected 500/409/timeouts and a forced re-list
+  deleting_the_job_removes_what_it_created      kubectl delete tj mid-training
+  leader_failover_continues_training            two operators with --leader-elect
 The first two need only the emulator and kubectl; the others are skipped while
 build/bin/pliant-operator is missing, and the failover test while
 `pliant-operator --version`/`--help` does not mention hello_resume (workers
@@ -436,7 +436,7 @@ def invalid_manifests_are_rejected_by_the_schema():
 
 @e2e_test("operator", jobs=["basic"])
 def job_runs_to_succeeded():
-    """Issue 5 test 1: a 3-node job runs to Succeeded; kubectl get tj shows its
+    """a 3-node job runs to Succeeded; kubectl get tj shows its
     columns; status, conditions and Events are filled; the Secret, Service and
     worker Pods exist with labels and controller ownerReferences; /healthz,
     /readyz and /metrics answer."""
@@ -582,7 +582,7 @@ def disrupt_and_finish(job, steps, threshold, disrupt, lost, timeout=150):
 
 @e2e_test("operator", jobs=["podloss"])
 def deleted_worker_pod_is_replaced_without_restart():
-    """Issue 5 test 2: `kubectl delete pod` of a worker mid-training: the job
+    """`kubectl delete pod` of a worker mid-training: the job
     reconfigures without a restart or checkpoint, a replacement Pod podloss-w3
     joins, the job succeeds with every step; metrics count the reconfiguration."""
     op = operator()
@@ -605,7 +605,7 @@ def deleted_worker_pod_is_replaced_without_restart():
 
 @e2e_test("operator", jobs=["nodeloss"])
 def deleted_node_loses_two_pods_without_restart():
-    """Issue 5 test 2 with a Node: 5 worker Pods (F = 2) on 4 nodes of 2 GPUs, so one
+    """With a Node: 5 worker Pods (F = 2) on 4 nodes of 2 GPUs, so one
     Node holds two; `kubectl delete node` kills both at once: one reconfiguration
     from the survivors, two replacement Pods, Succeeded with every step."""
     operator()
@@ -634,7 +634,7 @@ def deleted_node_loses_two_pods_without_restart():
 
 @e2e_test("operator", jobs=["badspec", "badheads"])
 def invalid_spec_gets_a_failed_condition():
-    """Issue 5 test 4: specs the schema accepts but the job spec does not (seqLen
+    """specs the schema accepts but the job spec does not (seqLen
     above the preset's maxSeqLen, heads not dividing the preset's channels): phase
     Failed, a Failed=True condition whose message names the field, no worker Pods."""
     op = operator()
@@ -663,7 +663,7 @@ def invalid_spec_gets_a_failed_condition():
 
 @e2e_test("operator", jobs=["faulty"])
 def api_faults_are_retried():
-    """Issue 5 test 4: 500s, 409s and timeouts injected into the operator's creates,
+    """500s, 409s and timeouts injected into the operator's creates,
     status writes and Events, and a compaction that ends every watch (410, re-list)
     mid-training: the operator retries, the job succeeds, the operator never exits."""
     op = operator()
@@ -705,7 +705,7 @@ def api_faults_are_retried():
 
 @e2e_test("operator", jobs=["doomed"])
 def deleting_the_job_removes_what_it_created():
-    """Issue 5 test 5: `kubectl delete tj` mid-training: every Pod, Secret and Service
+    """`kubectl delete tj` mid-training: every Pod, Secret and Service
     the operator created for the job (found in the emulator's state log by owner or
     label) is removed, the worker processes end, nothing is created again."""
     op = operator()
@@ -757,7 +757,7 @@ def deleting_the_job_removes_what_it_created():
 
 @e2e_test("failover", jobs=[("ha", "ha")])
 def leader_failover_continues_training():
-    """Issue 5 test 3: two operators with --leader-elect; SIGKILL of the Lease holder
+    """two operators with --leader-elect; SIGKILL of the Lease holder
     mid-training: the other takes the Lease over and training continues on the same
     worker Pods (no new Pod, no container restart), status.step never goes back by
     more than the in-flight step, the job succeeds."""

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Command-line tests of `pliant plan` (issue 2: the planner's contract).
+"""Command-line tests of `pliant plan` (the planner's contract).
 
 Run: python3 tests/cli/test_plan_cli.py --build build [-k SUBSTRING]
 Prints one line per test, "ok NAME", "FAIL NAME" (after indented detail lines) or
 "skip NAME: why", as tests/run_tests.py expects; exits 1 if any test failed.
 
-The checks recompute the cost model of the issue independently, in integer
+The checks recompute the cost model of README.md independently, in integer
 nanoseconds, from the profile: stage times W_k, communication C_k, memory, T(Nb).
 On the tiny profile (6 layers, 2 GPUs a node) the templates are checked against
 exhaustive search, and on every profile the coverage table is checked against an
@@ -103,7 +103,7 @@ def load(path):
 
 
 # ---------------------------------------------------------------------------
-# The cost model of issue 2, in integer nanoseconds
+# The cost model (README.md, "Profiles"), in integer nanoseconds
 
 class Model:
     def __init__(self, prof):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Command-line tests of `pliant run` and `pliant worker` (issue 4: the
+"""Command-line tests of `pliant run` and `pliant worker` (the
 distributed runtime, failure-free path): N local worker processes under the
 coordinator train the job with the same per-step losses and samples as
 `pliant train`, with one pipeline per worker, a two-stage pipeline beside
@@ -156,7 +156,7 @@ def five_workers_with_a_two_stage_pipeline_match_train():
 
 @test
 def heterogeneous_pipelines_match_train():
-    """Issue 4, test 1: global 4 = 2 microbatches: 5 workers make 2 pipelines, of 3 and 2
+    """global 4 = 2 microbatches: 5 workers make 2 pipelines, of 3 and 2
     stages; 20 steps within 1e-4 of train's losses."""
     rows = run_and_compare(write_job("hetero20", steps=20, global_=4), 5, 20)
     check(rows[0]["pipelines"] == "1x3+1x2", "pipelines %s", rows[0]["pipelines"])
@@ -442,7 +442,7 @@ def check_steps_match(rows, ref, steps, once=True):
 
 @test
 def six_workers_one_kill_recovers_without_a_checkpoint():
-    """Issue 4, test 2: 6 workers (F = 1, 2x3), one SIGKILLed at step 5: one
+    """6 workers (F = 1, 2x3), one SIGKILLed at step 5: one
     reconfigure line with the bytes copied and its duration, no checkpoint read, every
     step committed once, final loss within 1% of the failure-free run (it is equal)."""
     steps = 14
@@ -462,7 +462,7 @@ def six_workers_one_kill_recovers_without_a_checkpoint():
 
 @test
 def two_kills_and_an_add_keep_the_exact_sample_order():
-    """Issue 4, test 3: 6 workers, kills at steps 3 and 7, one worker added at step 10:
+    """6 workers, kills at steps 3 and 7, one worker added at step 10:
     the per-step sample digests (and losses) equal the failure-free run's, every step once."""
     steps = 40  # the added worker needs time to start: the run must outlast it
     job = write_job("exact", steps=steps, global_=4)

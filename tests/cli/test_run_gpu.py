@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Command-line tests of `pliant run` on a GPU (issue 6, "make test-gpu"): worker
+"""Command-line tests of `pliant run` on a GPU ("make test-gpu"): worker
 processes sharing one GPU train with the CUDA kernels and the TCP transport,
 which stages tensors through page-locked host memory (NCCL cannot put two ranks
 on one device). They use build/bin/pliant-cuda (`make cuda`) and skip, saying

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Command-line tests of `pliant tokenize`, `train`, `sample`, `export` and
-`profile` (issue 3: the training engine), on a small model and a slice of
+`profile` (the training engine), on a small model and a slice of
 Tiny Shakespeare so that the whole file runs in well under a minute.
 
 Run: python3 tests/cli/test_train_cli.py --build build [-k SUBSTRING]
