@@ -243,6 +243,7 @@ static void bench_elementwise(kn_ctx *k)
 
 int main(int argc, char **argv)
 {
+    kn_cpu_use_fast_blas(argv); /* the kernels pliant itself runs (kernels.h) */
     int threads = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick"))

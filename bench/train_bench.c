@@ -144,6 +144,7 @@ static int in_child(int B, int T, int steps, int threads, result *res)
 
 int main(int argc, char **argv)
 {
+    kn_cpu_use_fast_blas(argv); /* the kernels pliant itself runs (kernels.h) */
     int steps = 4, threads = 0;
     const char *llmc[2] = {NULL, NULL};
     for (int i = 1; i + 1 < argc; i += 2) {

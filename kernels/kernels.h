@@ -38,6 +38,10 @@ const char *kn_backend(const kn_ctx *k);
  * kernel set the CPU can run, as an OPENBLAS_CORETYPE value; else NULL. A program
  * sets OPENBLAS_CORETYPE to it and executes itself again (pliant's main does). */
 const char *kn_cpu_blas_better_core(void);
+/* The above, done: called first thing in main (nothing to undo yet), it executes the
+ * program again with OPENBLAS_CORETYPE set when that helps and the user did not set it;
+ * it returns only when it does nothing or the exec fails (then the slow kernels stay). */
+void kn_cpu_use_fast_blas(char **argv);
 int kn_threads(const kn_ctx *k);
 
 /* Memory of the backend, 64-byte aligned, zero-filled. NULL on failure. */

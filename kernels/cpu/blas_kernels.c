@@ -1,7 +1,9 @@
 /* Which OpenBLAS kernel set this CPU deserves (kn_cpu_blas_better_core, kernels.h):
  * OpenBLAS picks its kernels by CPU model when the program loads, and falls back to
  * its oldest (SSE3) ones on a model newer than the library. */
+#include <stdlib.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "cpu.h"
 
@@ -27,4 +29,11 @@ const char *kn_cpu_blas_better_core(void)
     if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return NULL;
     /* (Cooperlake's sgemm is SkylakeX's, and 0.3.21 cannot be forced to Cooperlake) */
     return avx512_core() ? "SkylakeX" : "Haswell";
+}
+
+void kn_cpu_use_fast_blas(char **argv)
+{
+    const char *core = getenv("OPENBLAS_CORETYPE") ? NULL : kn_cpu_blas_better_core();
+    if (!core || setenv("OPENBLAS_CORETYPE", core, 1)) return;
+    execv("/proc/self/exe", argv);
 }

@@ -1,8 +1,6 @@
 /* `pliant`: one command for planning, training and running jobs. */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "commands.h"
 #include "kernels.h"
@@ -28,18 +26,9 @@ static void usage(FILE *f)
             "Run 'pliant COMMAND --help' for a command's options.\n");
 }
 
-/* OpenBLAS chose kernels older than this CPU (kernels.h): run again with the best it
- * can execute, before anything else happens. OPENBLAS_CORETYPE, when set, is obeyed. */
-static void use_fast_blas(char **argv)
-{
-    const char *core = getenv("OPENBLAS_CORETYPE") ? NULL : kn_cpu_blas_better_core();
-    if (!core || setenv("OPENBLAS_CORETYPE", core, 1)) return;
-    execv("/proc/self/exe", argv); /* returns only on failure: keep the slow kernels */
-}
-
 int main(int argc, char **argv)
 {
-    use_fast_blas(argv);
+    kn_cpu_use_fast_blas(argv); /* OpenBLAS's kernels for this CPU (kernels.h) */
     /* installed as pliant-worker (make cuda builds that name, the worker image's
      * entry point): the worker subcommand itself */
     const char *base = strrchr(argv[0], '/');
