@@ -14,7 +14,7 @@
  * loss, lr, grad_norm, tokens_per_second, plan_generation, pipelines, workers,
  * samples_digest); after them, for every plan after the first, a line
  * {"event": "reconfigure", cause, removed, added, duration_ms, bytes_copied,
- * from_checkpoint (always false: no checkpoint fallback yet), plan_generation,
+ * from_checkpoint (the plan restarts from a checkpoint), plan_generation,
  * step, pipelines}, written when the new plan commits its first step
  * (duration_ms: from the first chaos event or worker end noticed since the
  * previous plan, else from when the plan was seen, to that commit; null if it
