@@ -119,6 +119,12 @@ from collector import Collector  # noqa: E402
 import protobuf  # noqa: E402
 from errors import ApiError, method_not_allowed, status_object  # noqa: E402
 from registry import group_document, table  # noqa: E402
+import rbac  # noqa: E402
+import admission  # noqa: E402
+from auth import Authenticator  # noqa: E402
+from deployments import DeploymentController  # noqa: E402
+from endpoints import EndpointsController  # noqa: E402
+from serviceaccounts import ServiceAccountController  # noqa: E402
 from store import Store  # noqa: E402
 from watch import Watch  # noqa: E402
 
@@ -135,9 +141,11 @@ class Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, addr, opts, api, kubelet):
+    def __init__(self, addr, opts, api, kubelet, authenticator, authorizer=None):
         super().__init__(addr, Handler)
         self.opts, self.api, self.kubelet = opts, api, kubelet
+        self.authenticator, self.authorizer = authenticator, authorizer
+        self.admin_hosts = None     # client addresses the /_emulator/ endpoints answer (None: any)
         self.tls = None
         self.lock = threading.Lock()        # faults and the request log
         self.faults = []
@@ -167,11 +175,11 @@ class Server(ThreadingHTTPServer):
                     return fault
         return None
 
-    def log_request_done(self, method, path, code, agent):
+    def log_request_done(self, method, path, code, agent, user):
         with self.lock:
             self.seq += 1
             self.requests.append({"seq": self.seq, "method": method, "path": path, "status": code,
-                                  "userAgent": agent})
+                                  "userAgent": agent, "user": user})
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -203,6 +211,7 @@ class Handler(BaseHTTPRequestHandler):
         url = urllib.parse.urlsplit(self.path)
         self.query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query, keep_blank_values=True).items()}
         self.code = 0
+        self.user = None
         path = url.path.rstrip("/") or "/"
         try:
             body = self.read_body()
@@ -211,7 +220,9 @@ class Handler(BaseHTTPRequestHandler):
             elif path in OPEN_PATHS:
                 self.send_text(200, "ok")
             else:
-                self.authenticate()
+                self.user = self.server.authenticator.authenticate(self.headers.get("Authorization", ""))
+                if self.server.authorizer:
+                    self.server.authorizer.authorize(self.user, rbac.request_info(method, path, self.query))
                 if not self.inject_fault(method, path):
                     return
                 self.route(method, path, body)
@@ -228,7 +239,8 @@ class Handler(BaseHTTPRequestHandler):
                                                   % (type(e).__name__, e)))
         finally:
             if not path.startswith("/_emulator/"):
-                self.server.log_request_done(method, self.path, self.code, self.headers.get("User-Agent", ""))
+                self.server.log_request_done(method, self.path, self.code, self.headers.get("User-Agent", ""),
+                                             self.user.name if self.user else "")
 
     def read_body(self):
         kind = self.headers.get("Content-Type", "")
@@ -249,11 +261,6 @@ class Handler(BaseHTTPRequestHandler):
             return json.loads(raw)
         except ValueError as e:
             raise ApiError(400, "BadRequest", "the body is not JSON (YAML is not accepted): %s" % e)
-
-    def authenticate(self):
-        token = self.server.opts.token
-        if token and self.headers.get("Authorization", "") != "Bearer " + token:
-            raise ApiError(401, "Unauthorized", "Unauthorized")
 
     def inject_fault(self, method, path):
         """False when a configured fault answered (or swallowed) the request."""
@@ -368,6 +375,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.collection_request(method, res, namespace, body)
         if sub in ("log", "binding", "eviction"):
             return self.pod_subresource(method, res, namespace, name, sub, body)
+        if sub == "token" and method == "POST":
+            return self.send_json(201, self.server.authenticator.token_request(namespace, name, body))
         if method == "GET":
             obj = api.get(res, namespace, name)
             if self.wants_table():
@@ -458,6 +467,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def admin(self, method, path, body):
         server, api = self.server, self.server.api
+        if server.admin_hosts is not None and self.client_address[0] not in server.admin_hosts:
+            raise ApiError(403, "Forbidden", "the emulator's admin endpoints answer this machine only")
         if path == "/_emulator/compact" and method == "POST":
             with api.store.cond:
                 api.store.compact(end_watches=self.query.get("endWatches") in ("1", "true"))
@@ -571,7 +582,43 @@ def parse_args(argv):
     ap.add_argument("--state-log", help="append every write as a JSON line to this file")
     ap.add_argument("--work-dir", help="where Pod files and logs go (default: a temporary directory)")
     ap.add_argument("--verbose", action="store_true")
-    return ap.parse_args(argv)
+    ap.add_argument("--authorization-mode", choices=["AlwaysAllow", "RBAC"], default="AlwaysAllow",
+                    help="RBAC: rbac.py authorizes every API request")
+    ap.add_argument("--enable-admission-plugins", default="",
+                    help="comma-separated: " + ", ".join(admission.PLUGINS))
+    ap.add_argument("--default-toleration-seconds", type=int, default=300)
+    ap.add_argument("--controllers", default="",
+                    help="comma-separated: " + ", ".join(CONTROLLERS) + " (or all)")
+    opts = ap.parse_args(argv)
+    opts.admission_plugins = [p for p in opts.enable_admission_plugins.split(",") if p]
+    opts.controller_names = CONTROLLERS if opts.controllers == "all" else [
+        c for c in opts.controllers.split(",") if c]
+    for name in opts.controller_names:
+        if name not in CONTROLLERS:
+            ap.error("unknown controller %s" % name)
+    return opts
+
+
+# --controllers: kube-controller-manager's controllers beyond the garbage collector
+CONTROLLERS = ("endpoints", "deployments", "serviceaccounts")
+
+
+def start_controllers(api, names, ca_pem, api_endpoint=None):
+    if "serviceaccounts" in names:
+        ServiceAccountController(api, ca_pem).start()
+    if "endpoints" in names:
+        EndpointsController(api, api_endpoint).start()
+    if "deployments" in names:
+        DeploymentController(api).start()
+
+
+def bootstrap_rbac(api):
+    """The default ClusterRoles and ClusterRoleBindings (rbac.bootstrap_policy)."""
+    with api.store.cond:
+        for plural, obj in rbac.bootstrap_policy():
+            res = api.registry.lookup(rbac.GROUP + "/v1", plural)
+            if api.store.get(res.rkey, "", obj["metadata"]["name"]) is None:
+                api.create(res, None, obj)
 
 
 def state_logger(path):
@@ -593,11 +640,18 @@ def main(argv=None):
     if opts.state_log:
         store.listeners.append(state_logger(opts.state_log))
     Collector(api).start()
+    authenticator = Authenticator(store, opts.token)
+    authorizer = None
+    if opts.authorization_mode == "RBAC":
+        authorizer = rbac.Authorizer(store)
+        bootstrap_rbac(api)
+    if opts.admission_plugins:
+        api.admission = admission.Admission(store, opts.admission_plugins, opts.default_toleration_seconds)
     kubelet = None
     if opts.kubelet:
         from kubelet import Kubelet
         kubelet = Kubelet(api, work, zones=opts.zones.split(","), gpus=opts.gpus_per_node)
-    server = Server((opts.host, opts.port), opts, api, kubelet)
+    server = Server((opts.host, opts.port), opts, api, kubelet, authenticator, authorizer)
     scheme = "http"
     if opts.tls:
         ca_pem, pem, key = make_certificates(work, opts.host)
@@ -607,6 +661,7 @@ def main(argv=None):
     else:
         ca_pem = None
     url = "%s://%s:%d" % (scheme, opts.host, server.server_address[1])
+    start_controllers(api, opts.controller_names, ca_pem)
     if opts.kubeconfig:
         write_kubeconfig(opts.kubeconfig, url, ca_pem, opts.token)
     if kubelet:

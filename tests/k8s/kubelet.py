@@ -57,7 +57,6 @@ import signal
 import subprocess
 import threading
 import time
-import uuid
 
 from api import now, set_condition
 from errors import ApiError
@@ -232,16 +231,7 @@ class Kubelet:
 
     def event(self, pod, kind, reason, message, component):
         """A core/v1 Event about the Pod, as the scheduler and kubelet report them."""
-        meta = pod["metadata"]
-        stamp = now()
-        self.api.create(self.api.registry.lookup("v1", "events"), meta["namespace"], {
-            "metadata": {"name": "%s.%s" % (meta["name"], uuid.uuid4().hex[:16])},
-            "involvedObject": {"kind": "Pod", "apiVersion": "v1", "namespace": meta["namespace"],
-                               "name": meta["name"], "uid": meta["uid"]},
-            "reason": reason, "message": message, "type": kind, "count": 1,
-            "firstTimestamp": stamp, "lastTimestamp": stamp,
-            "source": {"component": component, "host": pod["spec"].get("nodeName", "")},
-            "reportingComponent": component, "reportingInstance": pod["spec"].get("nodeName", component)})
+        self.api.record_event(pod, kind, reason, message, component, pod["spec"].get("nodeName", ""))
 
     def _unfit(self, pod, node, want, pods):
         if not _ready(node) or node["spec"].get("unschedulable"):
