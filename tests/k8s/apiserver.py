@@ -121,6 +121,7 @@ from errors import ApiError, method_not_allowed, status_object  # noqa: E402
 from registry import group_document, table  # noqa: E402
 import rbac  # noqa: E402
 import admission  # noqa: E402
+import clustermode  # noqa: E402
 from auth import Authenticator  # noqa: E402
 from deployments import DeploymentController  # noqa: E402
 from endpoints import EndpointsController  # noqa: E402
@@ -146,6 +147,7 @@ class Server(ThreadingHTTPServer):
         self.opts, self.api, self.kubelet = opts, api, kubelet
         self.authenticator, self.authorizer = authenticator, authorizer
         self.admin_hosts = None     # client addresses the /_emulator/ endpoints answer (None: any)
+        self.node_faults = None     # faults.Faults with --cluster
         self.tls = None
         self.lock = threading.Lock()        # faults and the request log
         self.faults = []
@@ -497,6 +499,9 @@ class Handler(BaseHTTPRequestHandler):
             if server.kubelet is None:
                 raise ApiError(400, "BadRequest", "nodes are added by the fake kubelet: start with --kubelet")
             parts = path.split("/")
+            if len(parts) == 5 and server.node_faults:
+                action = "lose" if parts[4] == "notready" else parts[4]
+                return self.send_json(200, server.node_faults.act(parts[3], action, body))
             if len(parts) == 5 and parts[4] == "notready":
                 return self.send_json(200, server.kubelet.node_not_ready(parts[3]))
             return self.send_json(201, server.kubelet.add_node(body or {}))
@@ -531,7 +536,8 @@ def make_certificates(directory, host):
     ca_key, ca_pem = os.path.join(directory, "ca.key"), os.path.join(directory, "ca.pem")
     key, csr, pem = (os.path.join(directory, n) for n in ("server.key", "server.csr", "server.pem"))
     ext = os.path.join(directory, "san.ext")
-    alt = "subjectAltName=IP:127.0.0.1,DNS:localhost" + (
+    alt = "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default," \
+          "DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local" + (
         ",IP:%s" % host if re.match(r"^[\d.]+$", host) and host != "127.0.0.1" else "")
     with open(ext, "w") as f:
         f.write(alt + "\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
@@ -589,6 +595,7 @@ def parse_args(argv):
     ap.add_argument("--default-toleration-seconds", type=int, default=300)
     ap.add_argument("--controllers", default="",
                     help="comma-separated: " + ", ".join(CONTROLLERS) + " (or all)")
+    clustermode.add_options(ap)
     opts = ap.parse_args(argv)
     opts.admission_plugins = [p for p in opts.enable_admission_plugins.split(",") if p]
     opts.controller_names = CONTROLLERS if opts.controllers == "all" else [
@@ -596,6 +603,7 @@ def parse_args(argv):
     for name in opts.controller_names:
         if name not in CONTROLLERS:
             ap.error("unknown controller %s" % name)
+    clustermode.apply_options(opts)
     return opts
 
 
@@ -603,7 +611,7 @@ def parse_args(argv):
 CONTROLLERS = ("endpoints", "deployments", "serviceaccounts")
 
 
-def start_controllers(api, names, ca_pem, api_endpoint=None):
+def start_controllers(api, names, ca_pem, api_endpoint):
     if "serviceaccounts" in names:
         ServiceAccountController(api, ca_pem).start()
     if "endpoints" in names:
@@ -647,36 +655,51 @@ def main(argv=None):
         bootstrap_rbac(api)
     if opts.admission_plugins:
         api.admission = admission.Admission(store, opts.admission_plugins, opts.default_toleration_seconds)
-    kubelet = None
-    if opts.kubelet:
+    kubelet = cluster = None
+    if opts.cluster:
+        why = clustermode.missing(opts.name)
+        if why:
+            print("apiserver.py --cluster: this machine cannot run it: " + why, file=sys.stderr)
+            sys.exit(3)
+        cluster = clustermode.Cluster(opts, api, authenticator, work)
+        kubelet = cluster.kubelet
+    elif opts.kubelet:
         from kubelet import Kubelet
         kubelet = Kubelet(api, work, zones=opts.zones.split(","), gpus=opts.gpus_per_node)
-    server = Server((opts.host, opts.port), opts, api, kubelet, authenticator, authorizer)
-    scheme = "http"
-    if opts.tls:
-        ca_pem, pem, key = make_certificates(work, opts.host)
-        server.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        server.tls.load_cert_chain(pem, key)
-        scheme = "https"
-    else:
-        ca_pem = None
-    url = "%s://%s:%d" % (scheme, opts.host, server.server_address[1])
-    start_controllers(api, opts.controller_names, ca_pem)
-    if opts.kubeconfig:
-        write_kubeconfig(opts.kubeconfig, url, ca_pem, opts.token)
-    if kubelet:
-        kubelet.start(url, opts.nodes, opts.token, ca_pem)
 
     def stop(signum, frame):
         raise SystemExit(0)
-    signal.signal(signal.SIGTERM, stop)
-    print("listening " + url, flush=True)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
     try:
+        server = Server((opts.host, opts.port), opts, api, kubelet, authenticator, authorizer)
+        server.node_faults = cluster.faults if cluster else None
+        server.admin_hosts = cluster.admin_hosts if cluster else None
+        scheme = "http"
+        if opts.tls:
+            ca_pem, pem, key = make_certificates(work, opts.host)
+            server.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            server.tls.load_cert_chain(pem, key)
+            scheme = "https"
+        else:
+            ca_pem = None
+        url = "%s://%s:%d" % (scheme, opts.host, server.server_address[1])
+        start_controllers(api, opts.controller_names, ca_pem,
+                          (opts.host, server.server_address[1]) if cluster else None)
+        if opts.kubeconfig:
+            write_kubeconfig(opts.kubeconfig, url, ca_pem, opts.token)
+        if cluster:
+            cluster.start(url, ca_pem)
+        if kubelet:
+            kubelet.start(url, opts.nodes, opts.token, ca_pem)
+        print("listening " + url, flush=True)
         server.serve_forever()
     except (SystemExit, KeyboardInterrupt):
         pass
     finally:
-        if kubelet:
+        if cluster:
+            cluster.shutdown()
+        elif kubelet:
             kubelet.shutdown()
 
 

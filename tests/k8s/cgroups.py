@@ -74,9 +74,10 @@ class Cgroups:
             return self.mount
         try:
             self.setup()
-            path = self.pod("probe", 64 << 20)
-            self.remove("probe")
-            return None if path else "cannot make a cgroup"
+            self.pod("probe", 64 << 20)
+            _kill_and_remove(self.root, 5.0)
+            self.root = None
+            return None
         except OSError as e:
             return "cgroup v%d at %s: %s" % (self.version, self.mount, e)
 

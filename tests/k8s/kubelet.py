@@ -63,6 +63,7 @@ from probes import Prober
 from errors import ApiError
 
 GPU = "nvidia.com/gpu"
+SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 _prctl = ctypes.CDLL(None, use_errno=True).prctl    # resolved here, not in a forked child
 _PR_SET_PDEATHSIG = 1
@@ -86,7 +87,8 @@ class Kubelet:
         self.url = None
         self.next_node = 0
         self.node_index = {}       # node name -> index (its place in the runtime's network)
-        self.runtime = runtime or LocalRuntime(self)
+        self.runtime = runtime or LocalRuntime()
+        self.runtime.kubelet = self
         # the nodes' heartbeats (nodes.py), in the namespaced cluster: a node whose
         # kubelet cannot reach the API server neither starts nor reports its Pods;
         # without them a not-ready node's Pods are lost at once
@@ -118,7 +120,7 @@ class Kubelet:
             name = spec.get("name") or "node-%d" % index
             if self.store.get("nodes", "", name) is not None:
                 raise ApiError(409, "AlreadyExists", 'nodes "%s" already exists' % name)
-        address, pod_cidr = self.runtime.add_node(index)      # the machine boots (slow: outside the lock)
+        address, pod_cidr = self.runtime.add_node(index, name)     # the machine boots (slow: outside the lock)
         with self.store.cond:
             self.node_index[name] = index
             zone = spec.get("zone") or self.zones[index % len(self.zones)]
@@ -176,7 +178,7 @@ class Kubelet:
         for uid in [u for u in self.unschedulable if u not in live]:
             del self.unschedulable[uid]
         for name in [n for n in self.node_index if n not in nodes]:
-            self.runtime.remove_node(self.node_index.pop(name))     # the machine is gone
+            self.runtime.remove_node(self.node_index.pop(name), name)     # the machine is gone
 
     def connected(self, node):
         """Whether the node's kubelet reaches the API server (its last heartbeat did)."""
@@ -186,7 +188,7 @@ class Kubelet:
         uid = pod["metadata"]["uid"]
         runner = self.runners.get(uid)
         if runner:
-            runner.flush()
+            runner.flush(pod)
         if pod["metadata"].get("deletionTimestamp"):
             if runner and not runner.done:
                 runner.terminate(pod["metadata"].get("deletionGracePeriodSeconds") or 0)
@@ -326,6 +328,7 @@ class Runner:
         self.last_state = None
         self.ready = not kubelet.probes    # probes.py sets it where probes run
         self.pending = []          # status changes made while the node was cut off
+        self.node_shutdown = False # stopped by its node's shutdown, not by a deletion
 
     # Called with the store lock held.
     def prepare(self):
@@ -358,6 +361,14 @@ class Runner:
         timer = threading.Timer(grace, self._signal, (signal.SIGKILL,))
         timer.daemon = True
         timer.start()
+
+    def shut_down(self, grace):
+        """The node shuts down (a spot preemption): DisruptionTarget, SIGTERM, SIGKILL
+        after grace; the Pod ends Failed (reason Terminated) and stays until its node goes."""
+        self.node_shutdown = True
+        self._write_status(lambda s: set_condition({"status": s}, "DisruptionTarget", "True", "TerminationByKubelet",
+                                                   SHUTDOWN_MESSAGE))
+        self.terminate(grace)
 
     def kill(self):
         """The Pod is gone: stop at once, write nothing more, drop its files."""
@@ -429,14 +440,16 @@ class Runner:
     def _finish(self, code, started):
         """The container ended: terminal status, and the removal of a deleted Pod."""
         def final(status):
-            phase = "Succeeded" if code == 0 else "Failed"
+            phase = "Succeeded" if code == 0 and not self.node_shutdown else "Failed"
             state = self._terminated(code if code is not None else 137, started)
             status.update(phase=phase, containerStatuses=[self._container_status(state, False)])
+            if self.node_shutdown:
+                status.update(reason="Terminated", message=SHUTDOWN_MESSAGE)
             for kind in ("ContainersReady", "Ready"):
                 set_condition({"status": status}, kind, "False", "PodCompleted" if code == 0 else
                               "ContainersNotReady", "")
         self._write_status(final)
-        if self.stopping:
+        if self.stopping and not self.node_shutdown:
             self.api.finish_pod_deletion(self.namespace, self.name)
 
     def _running_status(self, started):
@@ -501,10 +514,17 @@ class Runner:
                             sub="status")
         self.pending = []
 
-    def flush(self):
-        """The node reaches the API server again: what happened meanwhile is reported."""
-        if self.pending and not self.abandoned:
+    def flush(self, pod):
+        """The node reaches the API server (again): what happened meanwhile is
+        reported, and a Ready condition others changed is set right."""
+        if self.abandoned:
+            return
+        if self.pending:
             self._write_status(lambda status: None)
+        stored = next((c["status"] == "True" for c in pod.get("status", {}).get("conditions", [])
+                       if c["type"] == "Ready"), False)
+        if self.running() and not self.stopping and getattr(self, "started", None) and stored != self.ready:
+            self._write_status(self._running_status(self.started))
 
     # -- what the container sees (shared by the runtimes) ---------------------------
 
@@ -597,8 +617,8 @@ class LocalRuntime:
     PLIANT_POD_ROOT=<dir>, and command, args and env values that start with a
     mountPath are rewritten to <dir><mountPath>... so unmodified commands find them."""
 
-    def __init__(self, kubelet):
-        self.kubelet = kubelet
+    def __init__(self):
+        self.kubelet = None        # set by Kubelet
         self.service_account = {}  # file name -> bytes of the mounted service-account directory
         self.url = None
 
@@ -612,10 +632,10 @@ class LocalRuntime:
     def shutdown(self):
         pass
 
-    def add_node(self, index):
+    def add_node(self, index, name):
         return "127.0.0.1", None
 
-    def remove_node(self, index):
+    def remove_node(self, index, name):
         pass
 
     def host_ip(self, node):
@@ -780,12 +800,12 @@ def _count_on(node, pods):
     return sum(1 for p in pods if p["spec"].get("nodeName") == node["metadata"]["name"])
 
 
+def toleration_matches(t, taint):
+    if t.get("effect") and t["effect"] != taint.get("effect"):
+        return False
+    return t.get("operator") == "Exists" and (not t.get("key") or t["key"] == taint["key"]) or \
+        t.get("key") == taint["key"] and t.get("value", "") == taint.get("value", "")
+
+
 def _tolerates(pod, taint):
-    for t in pod["spec"].get("tolerations") or []:
-        if t.get("effect") and t["effect"] != taint.get("effect"):
-            continue
-        if t.get("operator") == "Exists" and (not t.get("key") or t["key"] == taint["key"]):
-            return True
-        if t.get("key") == taint["key"] and t.get("value", "") == taint.get("value", ""):
-            return True
-    return False
+    return any(toleration_matches(t, taint) for t in pod["spec"].get("tolerations") or [])

@@ -94,6 +94,8 @@ def build_root(spec):
     for d in spec.get("dirs", []):
         os.makedirs(inside(d["path"]), exist_ok=True)
         os.chmod(inside(d["path"]), d.get("mode", 0o755))
+        if d.get("owner"):
+            os.chown(inside(d["path"]), *d["owner"])
     for link, target in spec.get("symlinks", []):
         os.symlink(target, inside(link))
     for f in spec.get("files", []):
