@@ -133,6 +133,7 @@ VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0-pliant-emulator",
            "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "python",
            "compiler": "python", "platform": "linux/amd64"}
 OPEN_PATHS = ("/healthz", "/livez", "/readyz")
+CLIENT_GONE = (BrokenPipeError, ConnectionResetError, ssl.SSLError)
 REASONS = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 409: "Conflict",
            410: "Expired", 422: "Invalid", 429: "TooManyRequests", 500: "InternalError",
            503: "ServiceUnavailable", 504: "Timeout"}
@@ -229,8 +230,11 @@ class Handler(BaseHTTPRequestHandler):
                     return
                 self.route(method, path, body)
         except ApiError as e:
-            self.send_json(e.code, e.status())
-        except (BrokenPipeError, ConnectionResetError):
+            try:
+                self.send_json(e.code, e.status())
+            except CLIENT_GONE:         # the client left (a timed-out heartbeat, say)
+                self.close_connection = True
+        except CLIENT_GONE:
             self.close_connection = True
         except Exception as e:  # an emulator bug: say so, as a real server's 500 would
             traceback.print_exc()
@@ -668,6 +672,8 @@ def main(argv=None):
         kubelet = Kubelet(api, work, zones=opts.zones.split(","), gpus=opts.gpus_per_node)
 
     def stop(signum, frame):
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)     # a second signal must not cut the clean-up short
         raise SystemExit(0)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, stop)

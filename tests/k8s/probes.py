@@ -11,7 +11,6 @@ failures the container is killed and restarted by its restartPolicy. exec and
 grpc probes are not run (they count as succeeding).
 """
 
-import socket
 import ssl
 import threading
 import time
