@@ -617,7 +617,9 @@ def operator_smoke_trainingjob():
     stages.append("in the restricted namespace: phase %s" % phase())
     refused = _operator_log_line("forbidden")
     if phase() != "Succeeded" and refused:
-        stages.append("worker Pods refused: " + refused[:400])
+        print("# smoke: the operator logs: " + refused)
+        stages.append("its worker Pods are refused (%s)" % (
+            "Pod Security restricted: no securityContext" if "PodSecurity" in refused else refused[-200:]))
         code, _ = api.request("PATCH", "/api/v1/namespaces/pliant", {"metadata": {"labels": {
             "pod-security.kubernetes.io/enforce": "baseline"}}}, content_type="application/merge-patch+json")
         check(code == 200, "relabelling the namespace: %d", code)
@@ -627,9 +629,10 @@ def operator_smoke_trainingjob():
         stages.append("with Pod Security baseline: phase %s, step %s" % (
             phase(), (api.get(path) or {}).get("status", {}).get("step")))
     denied = [r for r in api_ok("GET", "/_emulator/requests?since=%d" % since)["requests"]
-              if r["status"] == 403 and r["user"] == "system:serviceaccount:pliant:pliant-operator"]
-    stages.append("403s for the operator: %d%s" % (len(denied), " (%s)" % ", ".join(sorted(
-        {"%s %s" % (r["method"], r["path"]) for r in denied})[:5]) if denied else ""))
+              if r["status"] == 403 and r["user"] == "system:serviceaccount:pliant:pliant-operator"
+              and "PodSecurity" not in r.get("message", "")]
+    stages.append("RBAC denials of the operator: %d%s" % (len(denied), " (%s)" % "; ".join(sorted(
+        {r.get("message", r["path"]) for r in denied})[:3]) if denied else ""))
     for line in stages:
         print("# smoke: " + line)
     if not stages[0].endswith("Succeeded"):

@@ -7,6 +7,10 @@ Usage:
   python3 tests/k8s/apiserver.py --port 0 [--host 127.0.0.1] [--tls] [--kubeconfig PATH]
       [--token TOKEN] [--kubelet] [--nodes N] [--zones z1,z2,z3] [--gpus-per-node G]
       [--bookmark-seconds S] [--history N] [--state-log PATH] [--work-dir DIR] [--verbose]
+      [--authorization-mode AlwaysAllow|RBAC] [--enable-admission-plugins P1,P2]
+      [--default-toleration-seconds S] [--controllers endpoints,deployments,serviceaccounts|all]
+      [--cluster [--name pl] [--subnet 10.244.0.0/16] [--build-bin DIR]
+                 [--node-monitor-grace-period S]]
 
 It prints exactly one line, `listening URL` (e.g. `listening https://127.0.0.1:41234`),
 once it accepts connections, and runs until SIGTERM/SIGINT (it then kills the Pod
@@ -18,6 +22,18 @@ makes a throwaway CA (ca.pem in the --work-dir) and a server certificate for
 127.0.0.1/localhost with the `openssl` command. With --token every API request needs `Authorization: Bearer
 TOKEN` (else 401 with a Status); /healthz, /livez, /readyz and /_emulator/ are open.
 kubectl (client-go) sends a token only over https: use --token with --tls.
+ServiceAccount tokens (auth.py: TokenRequest, `kubectl create token`, the
+tokens the --cluster kubelet mounts) are accepted besides --token.
+
+--authorization-mode RBAC: rbac.py authorizes every request (the --token user is
+system:masters, cluster-admin); a denied one is a 403 worded as kube-apiserver
+words it. --enable-admission-plugins: admission.py's ServiceAccount,
+DefaultTolerationSeconds and PodSecurity (podsecurity.py). --controllers: the
+endpoints/EndpointSlice (endpoints.py), Deployment/ReplicaSet (deployments.py)
+and ServiceAccount/root CA (serviceaccounts.py) controllers. --cluster: all of
+these and the namespaced cluster (clustermode.py: nodes as network namespaces,
+Pods in Linux namespaces with memory cgroups, DNS, node failures; needs root;
+cluster.py is its front end); it listens on the bridge's address.
 
 What is emulated (faithful to Kubernetes for what an operator and kubectl use):
 - Discovery: /version, /api, /api/v1, /apis, /apis/GROUP, /apis/GROUP/VERSION
@@ -62,9 +78,17 @@ What is emulated (faithful to Kubernetes for what an operator and kubectl use):
   references; Foreground deletes the dependents before the owner.
 - --kubelet (see kubelet.py): Nodes node-0..N-1 with zone labels, a scheduler
   (nodeSelector, nvidia.com/gpu), and kubelets that run each Pod's first container
-  command as a local process with its own 127.0.0.X podIP.
+  command as a local process with its own 127.0.0.X podIP (with --cluster: in
+  its sandbox, runtime.py).
+- Workloads, RBAC, service discovery and storage objects: deployments and
+  replicasets (apps/v1), roles, clusterroles, rolebindings, clusterrolebindings
+  (rbac.authorization.k8s.io/v1), endpoints, endpointslices (discovery.k8s.io/v1),
+  persistentvolumeclaims (bound at once), poddisruptionbudgets (policy/v1, not
+  enforced), networkpolicies (networking.k8s.io/v1, not enforced),
+  serviceaccounts/NAME/token (authentication.k8s.io/v1 TokenRequest).
 
-Admin endpoints (no authentication; JSON in and out):
+Admin endpoints (no authentication; with --cluster they answer this machine only,
+not Pods; JSON in and out):
   POST   /_emulator/compact[?endWatches=true]  drop the event history (410 for older RVs);
                                                endWatches also ends open watches with 410
   POST   /_emulator/faults   {"status": 500|409|429|503|"timeout", "count": N, "method": "PUT",
@@ -74,19 +98,23 @@ Admin endpoints (no authentication; JSON in and out):
                               for S seconds (default 10), then the connection closes); a list of
                               such objects is accepted too; GET lists pending faults, DELETE clears them
   GET    /_emulator/requests[?since=SEQ]       {"count": N, "requests": [{"seq", "method", "path",
-                                               "status", "userAgent"}]} (the last 5000)
+                                               "status", "userAgent", "user", "message" (of an
+                                               error answer)}]} (the last 5000)
   POST   /_emulator/nodes    {"name"?, "zone"?, "gpus"?, "labels"?}  add a Ready node (the
                               "autoscaler"; needs --kubelet); delete one with DELETE /api/v1/nodes/NAME
   POST   /_emulator/nodes/NAME/notready   the node stops heartbeating: Ready=Unknown, taints
                               unreachable; its Pods are evicted (DisruptionTarget DeletionByTaintManager)
+                              (with --cluster: the same as lose)
+  POST   /_emulator/nodes/NAME/ACTION     with --cluster: preempt, lose, partition-from-peers,
+                              partition-from-coordinator ({"address": IP}), restore (faults.py)
 
 Not emulated: server-side apply (415), protobuf beyond the request bodies of
-`kubectl create namespace|configmap|secret` and `kubectl drain` (see
-protobuf.py; answers are JSON), aggregated discovery, OpenAPI schemas,
-admission webhooks, RBAC (any valid token may do anything), CRD conversion
-(versions differ only in apiVersion), Deployments and other workload
-controllers, Service networking and DNS (Services get a ClusterIP, nothing
-routes to it), PodDisruptionBudgets, resource quotas, event TTLs.
+kubectl's typed create commands and `kubectl drain` (see protobuf.py; answers
+are JSON), aggregated discovery, OpenAPI schemas, admission webhooks, RBAC
+escalation checks, CRD conversion (versions differ only in apiVersion),
+StatefulSets, Jobs and DaemonSets, ClusterIP routing (Services get a ClusterIP
+that nothing routes to; the --cluster DNS answers with the endpoints'
+addresses), PodDisruptionBudgets, NetworkPolicies, resource quotas, event TTLs.
 
 --state-log PATH appends one JSON line per write: {"rv", "type" (ADDED, MODIFIED,
 DELETED), "resource" (storage key, e.g. "pods", "pliant.dev/trainingjobs"),
@@ -178,11 +206,14 @@ class Server(ThreadingHTTPServer):
                     return fault
         return None
 
-    def log_request_done(self, method, path, code, agent, user):
+    def log_request_done(self, method, path, code, agent, user, message):
         with self.lock:
             self.seq += 1
-            self.requests.append({"seq": self.seq, "method": method, "path": path, "status": code,
-                                  "userAgent": agent, "user": user})
+            entry = {"seq": self.seq, "method": method, "path": path, "status": code, "userAgent": agent,
+                     "user": user}
+            if message:
+                entry["message"] = message[:300]
+            self.requests.append(entry)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -215,6 +246,7 @@ class Handler(BaseHTTPRequestHandler):
         self.query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query, keep_blank_values=True).items()}
         self.code = 0
         self.user = None
+        self.error = None           # the message of an error answer, for the request log
         path = url.path.rstrip("/") or "/"
         try:
             body = self.read_body()
@@ -246,7 +278,7 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             if not path.startswith("/_emulator/"):
                 self.server.log_request_done(method, self.path, self.code, self.headers.get("User-Agent", ""),
-                                             self.user.name if self.user else "")
+                                             self.user.name if self.user else "", self.error)
 
     def read_body(self):
         kind = self.headers.get("Content-Type", "")
@@ -287,6 +319,8 @@ class Handler(BaseHTTPRequestHandler):
     def send_json(self, code, obj, headers=None):
         data = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
         self.code = code
+        if code >= 400 and isinstance(obj, dict):
+            self.error = obj.get("message")
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))

@@ -82,16 +82,32 @@ class Cgroups:
             return "cgroup v%d at %s: %s" % (self.version, self.mount, e)
 
     def setup(self):
+        """Makes BASE/pliant-NAME. On v2 the memory controller must be enabled below
+        BASE, which a cgroup holding processes refuses (no internal processes):
+        then the hierarchy's root is BASE."""
         if self.root:
             return
-        base = os.path.join(self.mount, _own_path(self.version).lstrip("/"))
-        root = os.path.join(base, "pliant-" + self.name)
-        os.makedirs(root, exist_ok=True)
+        bases = [os.path.join(self.mount, _own_path(self.version).lstrip("/"))]
         if self.version == 2:
-            for parent in (base, root):
-                if "memory" not in _read(os.path.join(parent, "cgroup.subtree_control")).split():
-                    _write(os.path.join(parent, "cgroup.subtree_control"), "+memory")
-        self.root = root
+            bases.append(self.mount)
+        errors = []
+        for base in dict.fromkeys(bases):
+            root = os.path.join(base, "pliant-" + self.name)
+            try:
+                os.makedirs(root, exist_ok=True)
+                if self.version == 2:
+                    for parent in (base, root):
+                        if "memory" not in _read(os.path.join(parent, "cgroup.subtree_control")).split():
+                            _write(os.path.join(parent, "cgroup.subtree_control"), "+memory")
+                self.root = root
+                return
+            except OSError as e:
+                errors.append("%s: %s" % (root, e.strerror or e))
+                try:
+                    os.rmdir(root)
+                except OSError:
+                    pass
+        raise OSError("; ".join(errors))
 
     def path(self, uid):
         return os.path.join(self.root, "pod-" + uid)

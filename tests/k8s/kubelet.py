@@ -15,7 +15,10 @@ preference: maxSkew and DoNotSchedule are not enforced), then the emptiest.
 Affinity is not read. A Pod that fits nowhere
 gets PodScheduled=False/Unschedulable and waits (e.g. for POST /_emulator/nodes).
 
-Kubelet: runs the first container's command + args (with $(VAR) expansion) as
+Kubelet: a runtime (LocalRuntime here; runtime.py's SandboxRuntime with
+--cluster, where Pods get namespaces, cgroups and the images' entrypoints) makes
+each Pod's process. LocalRuntime, the default: it runs the first container's
+command + args (with $(VAR) expansion) as
 a process in its own process group, in the emulator's working directory (or
 workingDir), stdout and stderr to a log file (GET pods/NAME/log). Images are
 taken to have no ENTRYPOINT and an idle CMD: without `command` the args are the
@@ -31,8 +34,11 @@ by the Pods using that claim). Command, args and env values that start with a
 mountPath are rewritten to <dir><mountPath>..., so unmodified commands find
 their files. restartPolicy Always/OnFailure restarts the container (1 s back-off).
 Status: phase Pending/Running/Succeeded/Failed, conditions (PodScheduled,
-Initialized, ContainersReady, Ready; ready as soon as the process runs, probes
-are not run), containerStatuses with state, restartCount and exit code.
+Initialized, ContainersReady, Ready; ready as soon as the process runs; with
+--cluster the readiness and liveness probes run, probes.py), containerStatuses
+with state (reason OOMKilled where the runtime says so), restartCount and exit
+code. A container that cannot be made waits (ContainerCreating for a missing
+Secret, ConfigMap or claim, CreateContainerConfigError).
 
 Events (core/v1) as a real cluster records them: Scheduled and FailedScheduling
 from default-scheduler, Started and Killing from the kubelet.
@@ -45,7 +51,11 @@ Deleting a running Pod: SIGTERM to its process group, SIGKILL after the grace
 period, then the final status and the removal. Deleting a Node (or marking it
 not ready): its processes are killed at once, their Pods become Failed with a
 DisruptionTarget condition (DeletionByPodGC / DeletionByTaintManager) and are
-removed, as the pod garbage collector and taint manager do.
+removed, as the pod garbage collector and taint manager do. With --cluster a
+not-ready node is left to nodelifecycle.py's taint manager instead, and a node
+whose heartbeats do not get through (heartbeat.py) neither starts Pods nor
+reports their status until they do (its Pods go on running, cut off); a node's
+graceful shutdown (faults.py's preempt) ends its Pods Failed, reason Terminated.
 """
 
 import base64
