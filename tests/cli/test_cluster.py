@@ -41,8 +41,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "k8s"))
 
 from clitest import REPO, SHAKESPEARE, Failure, Skip, Suite, check  # noqa: E402
 import cgroups  # noqa: E402
+import cluster as cluster_py  # noqa: E402
 import clustermode  # noqa: E402
 import netns  # noqa: E402
+import e2e  # noqa: E402
 import yamlmini  # noqa: E402
 from client import ApiClient, E2EFailure  # noqa: E402
 
@@ -107,14 +109,10 @@ def api_ok(method, path, body=None):
 
 
 def wait_for(what, fn, timeout=30.0, interval=0.2):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise Failure("timed out after %.0f s waiting for %s" % (timeout, what))
-        time.sleep(interval)
+    try:
+        return e2e.wait_for(what, fn, timeout, interval)
+    except E2EFailure as e:
+        raise Failure(str(e))
 
 
 def namespace(name, labels=None):
@@ -648,15 +646,6 @@ def _operator_log_line(word):
     return None
 
 
-def _running(pid):
-    """Whether pid is a live process (a zombie waiting for its reaper is not)."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @test
 def down_leaves_nothing():
     cluster()
@@ -672,9 +661,9 @@ def down_leaves_nothing():
     check(p.stdout.startswith("down: stopped the cluster") and "leftovers" not in p.stdout, "down says %r",
           p.stdout)
     deadline = time.monotonic() + 5          # the kernel ends a PID namespace's processes asynchronously
-    while [pid for pid in pids + pod_pids if _running(pid)] and time.monotonic() < deadline:
+    while [pid for pid in pids + pod_pids if cluster_py.running(pid)] and time.monotonic() < deadline:
         time.sleep(0.1)
-    alive = [pid for pid in pids + pod_pids if _running(pid)]
+    alive = [pid for pid in pids + pod_pids if cluster_py.running(pid)]
     check(not alive, "processes left: %s", alive)
     check(not netns.namespaces(NAME) and not netns.links(NAME), "left: %s %s", netns.namespaces(NAME),
           netns.links(NAME))

@@ -457,6 +457,11 @@ class Api:
         self.registry.remove_crd(crd["metadata"]["name"])
 
 
+def condition_true(obj, kind):
+    """Whether obj's status has the condition kind (Ready, ...) with status True."""
+    return any(c["type"] == kind and c["status"] == "True" for c in (obj.get("status") or {}).get("conditions", []))
+
+
 def set_condition(obj, kind, status, reason, message):
     conds = obj.setdefault("status", {}).setdefault("conditions", [])
     old = next((c for c in conds if c["type"] == kind), None)

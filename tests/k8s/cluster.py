@@ -73,16 +73,11 @@ def _read_info(state):
         return None
 
 
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
+def running(pid):
+    """Whether pid is a live process (a zombie waiting for its reaper is not)."""
     try:
         with open("/proc/%d/stat" % pid) as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
 
@@ -169,7 +164,7 @@ def wait_for_operator(api, deployment, timeout, apiserver):
 def up(args):
     state = _state(args)
     info = _read_info(state)
-    if info and _alive(info.get("pid", 0)):
+    if info and running(info.get("pid", 0)):
         print("cluster.py up: a cluster is already up (state %s, API %s); `cluster.py down --state %s` first"
               % (state, info["url"], state), file=sys.stderr)
         return 1
@@ -301,13 +296,13 @@ def down(args):
     state = _state(args)
     info = _read_info(state) or {}
     pids = [p for p in (info.get("pid"), info.get("apiserver_pid")) if p]
-    if pids and _alive(pids[0]):
+    if pids and running(pids[0]):
         os.kill(pids[0], signal.SIGTERM)
         deadline = time.monotonic() + 90
-        while _alive(pids[0]) and time.monotonic() < deadline:
+        while running(pids[0]) and time.monotonic() < deadline:
             time.sleep(0.2)
     for pid in pids:
-        if _alive(pid):
+        if running(pid):
             os.kill(pid, signal.SIGKILL)
     left = sweep(info.get("name") or args.name)
     if info.get("state"):
@@ -334,7 +329,7 @@ def node(args):
 
 def status(args):
     info = _read_info(_state(args))
-    if not info or not _alive(info.get("pid", 0)):
+    if not info or not running(info.get("pid", 0)):
         print("no cluster is up (state %s)" % _state(args))
         return 1
     api = client(info)

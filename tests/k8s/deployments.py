@@ -19,10 +19,10 @@ ReplicaFailure condition, and is retried after a back-off, as in Kubernetes.
 import copy
 import hashlib
 import json
-import threading
 import time
 
-from api import now, set_condition
+from api import condition_true, now, set_condition
+from controller import Controller
 from errors import ApiError
 
 _ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
@@ -48,22 +48,14 @@ def _active(pod):
         "Succeeded", "Failed")
 
 
-def _ready(pod):
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
-
-
-class DeploymentController(threading.Thread):
-    BACKOFF = 5.0       # seconds before a refused Pod is tried again
+class DeploymentController(Controller):
+    resync = BACKOFF = 5.0      # seconds before a refused Pod is tried again
 
     def __init__(self, api):
-        super().__init__(name="deployments", daemon=True)
-        self.api, self.store = api, api.store
+        super().__init__(api, "deployments")
         self.deploy_res = api.registry.lookup("apps/v1", "deployments")
         self.rs_res = api.registry.lookup("apps/v1", "replicasets")
         self.failed = {}        # ReplicaSet uid -> monotonic time of the last refused create
-
-    def run(self):
-        self.store.run_on_changes(self.sync, every=self.BACKOFF)
 
     def sync(self):
         for dep in self.store.items("apps/deployments"):
@@ -148,12 +140,12 @@ class DeploymentController(threading.Thread):
                     self._event(rs, "Warning", "FailedCreate", "Error creating: " + failure)
                     break
         if len(active) > want:
-            for pod in sorted(active, key=lambda p: (_ready(p), p["metadata"]["creationTimestamp"]))[:len(active) - want]:
+            for pod in sorted(active, key=lambda p: (condition_true(p, "Ready"), p["metadata"]["creationTimestamp"]))[:len(active) - want]:
                 self.api.delete(self.api.pod_res, ns, pod["metadata"]["name"], {})
                 active.remove(pod)
         status = {"replicas": len(active), "fullyLabeledReplicas": len(active),
-                  "readyReplicas": sum(1 for p in active if _ready(p)),
-                  "availableReplicas": sum(1 for p in active if _ready(p)),
+                  "readyReplicas": sum(1 for p in active if condition_true(p, "Ready")),
+                  "availableReplicas": sum(1 for p in active if condition_true(p, "Ready")),
                   "observedGeneration": meta.get("generation", 1)}
         status = {k: v for k, v in status.items() if v or k in ("replicas", "observedGeneration")}
         old = rs.get("status") or {}

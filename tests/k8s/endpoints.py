@@ -17,15 +17,12 @@ server) with its Endpoints and EndpointSlice at start, as kube-apiserver does.
 """
 
 import hashlib
-import threading
 
+from api import condition_true
+from controller import Controller
 from selection import parse_labels
 
 MANAGED_BY = "endpointslice-controller.k8s.io"
-
-
-def _ready(pod):
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
 
 
 def _target_port(pod, port):
@@ -76,7 +73,7 @@ def endpoints_subsets(svc, pods):
         ports = _resolved_ports(svc, pod)
         key = repr(ports)
         subset = groups.setdefault(key, {"ports": ports})
-        subset.setdefault("addresses" if _ready(pod) else "notReadyAddresses", []).append(_address(pod))
+        subset.setdefault("addresses" if condition_true(pod, "Ready") else "notReadyAddresses", []).append(_address(pod))
     subsets = [groups[k] for k in sorted(groups)]
     for subset in subsets:
         for key in ("addresses", "notReadyAddresses"):
@@ -92,24 +89,20 @@ def slice_endpoints(pods):
     for pod in sorted(pods, key=lambda p: p["status"]["podIP"]):
         address = _address(pod)
         terminating = bool(pod["metadata"].get("deletionTimestamp"))
-        ready = _ready(pod)
+        ready = condition_true(pod, "Ready")
         out.append({"addresses": [address["ip"]], "nodeName": address["nodeName"],
                     "targetRef": address["targetRef"],
                     "conditions": {"ready": ready and not terminating, "serving": ready, "terminating": terminating}})
     return out
 
 
-class EndpointsController(threading.Thread):
+class EndpointsController(Controller):
     def __init__(self, api, api_endpoint=None):
-        super().__init__(name="endpoints", daemon=True)
-        self.api, self.store = api, api.store
+        super().__init__(api, "endpoints")
         self.ep_res = api.registry.lookup("v1", "endpoints")
         self.slice_res = api.registry.lookup("discovery.k8s.io/v1", "endpointslices")
         if api_endpoint:
             self._kubernetes_service(*api_endpoint)
-
-    def run(self):
-        self.store.run_on_changes(self.sync)
 
     def _kubernetes_service(self, ip, port):
         with self.store.cond:

@@ -68,7 +68,7 @@ import subprocess
 import threading
 import time
 
-from api import now, set_condition
+from api import condition_true, now, set_condition
 from probes import Prober
 from errors import ApiError
 
@@ -178,7 +178,7 @@ class Kubelet:
                     self._schedule(pod, nodes)
             elif node not in nodes:
                 self._lose(pod, "DeletionByPodGC", "PodGC: node no longer exists")
-            elif self.agents is None and not _ready(nodes[node]):
+            elif self.agents is None and not condition_true(nodes[node], "Ready"):
                 self._lose(pod, "DeletionByTaintManager", "Taint manager: deleting due to NoExecute taint")
             elif self.connected(node):
                 self._run(pod)
@@ -266,7 +266,7 @@ class Kubelet:
         self.api.record_event(pod, kind, reason, message, component, pod["spec"].get("nodeName", ""))
 
     def _unfit(self, pod, node, want, pods):
-        if not _ready(node) or node["spec"].get("unschedulable"):
+        if not condition_true(node, "Ready") or node["spec"].get("unschedulable"):
             return "node(s) were unschedulable or not ready"
         labels = node["metadata"].get("labels", {})
         if any(labels.get(k) != v for k, v in (pod["spec"].get("nodeSelector") or {}).items()):
@@ -770,10 +770,6 @@ def _terminated(code, started):
     if code < 0:
         state["signal"] = -code
     return {"terminated": state}
-
-
-def _ready(node):
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in node.get("status", {}).get("conditions", []))
 
 
 def _gpus(pod):

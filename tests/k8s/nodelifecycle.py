@@ -17,10 +17,10 @@ for the namespaced cluster:
 """
 
 import calendar
-import threading
 import time
 
 from api import now, set_condition
+from controller import Controller
 from kubelet import toleration_matches
 
 UNREACHABLE = "node.kubernetes.io/unreachable"
@@ -50,15 +50,12 @@ def toleration_seconds(pod, taint):
     return best
 
 
-class NodeLifecycle(threading.Thread):
+class NodeLifecycle(Controller):
     def __init__(self, api, grace):
-        super().__init__(name="node-lifecycle", daemon=True)
-        self.api, self.store = api, api.store
+        super().__init__(api, "node-lifecycle")
         self.grace = grace
+        self.resync = min(1.0, grace / 4)
         self.node_res = api.registry.lookup("v1", "nodes")
-
-    def run(self):
-        self.store.run_on_changes(self.sync, every=min(1.0, self.grace / 4))
 
     def sync(self):
         wall = time.time()

@@ -3,22 +3,18 @@ every active Namespace gets the ServiceAccount `default` and the ConfigMap
 `kube-root-ca.crt` (data ca.crt: the cluster's CA, when it has one). Tokens are
 not Secrets: auth.py issues them (TokenRequest, the kubelet's projected token)."""
 
-import threading
+from controller import Controller
 
 
-class ServiceAccountController(threading.Thread):
+class ServiceAccountController(Controller):
     def __init__(self, api, ca_pem=None):
-        super().__init__(name="serviceaccounts", daemon=True)
-        self.api, self.store = api, api.store
+        super().__init__(api, "serviceaccounts")
         self.sa_res = api.registry.lookup("v1", "serviceaccounts")
         self.cm_res = api.registry.lookup("v1", "configmaps")
         self.ca = None
         if ca_pem:
             with open(ca_pem) as f:
                 self.ca = f.read()
-
-    def run(self):
-        self.store.run_on_changes(self.sync)
 
     def sync(self):
         for ns in self.store.items("namespaces"):
