@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tests of the namespaced test cluster (tests/k8s/cluster.py, apiserver.py
 --cluster): one cluster is brought up with `cluster.py up` (3 nodes in zones
-a,b, the chart's operator, a node-monitor grace period of 3 s and default
+a,b, the chart's operator, a node-monitor grace period of 4 s and default
 tolerations of 4 s) and brought down by the last test. Workloads are tiny
 python3 and sleep Pods.
 
@@ -52,7 +52,7 @@ suite = Suite("cluster")
 test = suite.test
 CLUSTER_PY = os.path.join(REPO, "tests", "k8s", "cluster.py")
 NAME = "pt%d" % (os.getpid() % 10000)
-GRACE, TOLERATION = 3, 4
+GRACE, TOLERATION = 4, 4
 state = {}
 
 
@@ -60,11 +60,9 @@ state = {}
 # The cluster
 
 def _free_subnet():
-    """A 10.X.0.0/16 no route of this machine touches."""
-    routes = subprocess.run(["ip", "-4", "route", "show", "table", "all"], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL).stdout.decode()
+    """A 10.X.0.0/16 no address or route of this machine touches."""
     for x in range(200, 250):
-        if not re.search(r"\b10\.%d\." % x, routes):
+        if not netns.conflicts("10.%d.0.0/16" % x):
             return "10.%d.0.0/16" % x
     raise Skip("no free 10.X.0.0/16 for the cluster's bridge")
 
@@ -73,6 +71,8 @@ def cluster():
     """The cluster's ApiClient (brought up by the first test that needs it)."""
     if "skip" in state:
         raise Skip(state["skip"])
+    if "broken" in state:
+        raise Failure(state["broken"])
     if "api" in state:
         return state["api"]
     why = clustermode.missing(NAME)
@@ -89,7 +89,9 @@ def cluster():
         state["skip"] = p.stderr.strip()
         raise Skip(state["skip"])
     state["up"] = p
-    check(p.returncode == 0, "cluster.py up: exit %d\n%s\n%s", p.returncode, p.stdout, p.stderr)
+    if p.returncode != 0:
+        state["broken"] = "cluster.py up: exit %d\n%s\n%s" % (p.returncode, p.stdout, p.stderr)
+        raise Failure(state["broken"])
     with open(os.path.join(st, "cluster.json")) as f:
         info = state["info"] = json.load(f)
     state["api"] = ApiClient(info["url"], info["token"], info["ca"], info["kubeconfig"], workdir=st)

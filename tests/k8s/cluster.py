@@ -172,6 +172,17 @@ def up(args):
     if why:
         print("cluster.py up: this machine cannot run the cluster: %s" % why, file=sys.stderr)
         return 2
+    left = netns.namespaces(args.name) + netns.links(args.name)
+    if left:
+        print("cluster.py up: a cluster named %s has namespaces or links here (%s): another `cluster.py up`, or "
+              "left by a crash (`cluster.py down --name %s --state DIR` removes them); or choose --name"
+              % (args.name, ", ".join(left[:4]), args.name), file=sys.stderr)
+        return 1
+    used = netns.conflicts(args.subnet)
+    if used:
+        print("cluster.py up: %s is in use on this machine (%s): choose another --subnet"
+              % (args.subnet, used[0]), file=sys.stderr)
+        return 1
     operator = os.path.join(os.path.abspath(args.build), "bin", "pliant-operator")
     if not args.no_operator and not os.access(operator, os.X_OK):
         print("cluster.py up: %s is not built (make all)" % operator, file=sys.stderr)

@@ -53,7 +53,10 @@ class Faults:
         if action == "partition-from-coordinator":
             address = (body or {}).get("address") or self._coordinator()
             self.network.isolate(k, [address], self._pod_namespaces())
-            return {"node": name, "action": action, "addresses": [address]}
+            out = {"node": name, "action": action, "addresses": [address]}
+            if self.network.node_of(address) == k:
+                out["note"] = "%s is on %s itself: nothing is cut" % (address, name)
+            return out
         self.network.heal(k)
         self.network.set_link(k, True)
         return {"node": name, "action": action}

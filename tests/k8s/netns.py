@@ -185,7 +185,7 @@ class Network:
         ip_batch(["link set lo up", "addr add %s/32 dev eth0" % address, "link set eth0 up",
                   "route add %s dev eth0 scope link" % GATEWAY, "route add default via %s dev eth0" % GATEWAY,
                   "neigh replace %s lladdr %s nud permanent dev eth0" % (GATEWAY, node_mac)], ns=ns)
-        ip_batch(["link set %s up" % node_end, "route add %s/32 dev %s" % (address, node_end),
+        ip_batch(["link set %s up" % node_end, "route replace %s/32 dev %s" % (address, node_end),
                   "neigh replace %s lladdr %s nud permanent dev %s" % (address, pod_mac, node_end)],
                  ns=self.node_ns(k))
         return ns
@@ -266,6 +266,14 @@ def sweep(name):
     for link in links(name):
         ip("link", "del", link, check=False)
     return found
+
+
+def conflicts(subnet):
+    """This machine's addresses and routes inside subnet (another network's)."""
+    base = str(ipaddress.ip_network(subnet).network_address).rsplit(".", 2)[0] + "."
+    lines = ip("-4", "-o", "addr", "show", check=False).splitlines() + ip("-4", "route", "show", "table", "all",
+                                                                           check=False).splitlines()
+    return [l.strip() for l in lines if base in l]
 
 
 def missing():

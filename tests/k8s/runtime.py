@@ -6,7 +6,8 @@ What a container sees:
 - program files, read-only: this machine's /usr (and /bin, /lib* as they are
   here), the pieces of /etc programs need (ld.so.cache, nsswitch.conf, ssl, ...)
   and the build's bin/ at /usr/local/bin, where Dockerfile.operator and
-  Dockerfile.worker put pliant-operator and pliant;
+  Dockerfile.worker put pliant-operator and pliant (over this machine's
+  /usr/local/bin, whose programs, python3 on some machines, stay visible);
 - a writable tmpfs root (read-only with readOnlyRootFilesystem) with /tmp, its
   own /proc, /sys and /dev, and /etc/hosts, /etc/resolv.conf (the cluster DNS,
   search NS.svc.cluster.local svc.cluster.local cluster.local, ndots 5),
@@ -282,7 +283,7 @@ class SandboxRuntime:
         for pattern in ETC:
             mounts += [{"source": p, "target": p, "readOnly": True} for p in sorted(glob.glob("/etc/" + pattern))]
         if os.path.isdir("/usr/local/bin") and os.path.isdir(self.build_bin):
-            mounts.append({"source": self.build_bin, "target": "/usr/local/bin", "readOnly": True})
+            mounts.append({"type": "overlay", "target": "/usr/local/bin", "lower": [self.build_bin, "/usr/local/bin"]})
         return mounts + [{"type": "proc", "target": "/proc"}, {"type": "sysfs", "target": "/sys"},
                          {"type": "dev", "target": "/dev"}]
 

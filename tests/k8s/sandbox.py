@@ -11,9 +11,10 @@ side) it builds the container's file system and starts the container process:
   readOnlyRootFilesystem), holding spec.dirs, spec.files (/etc/hosts,
   /etc/resolv.conf, /etc/passwd, ...) and spec.symlinks (bin -> usr/bin);
 - spec.mounts in order: bind mounts of host paths (read-only ones remounted
-  read-only), tmpfs mounts, /proc (this PID namespace's), /sys (read-only, this
-  network namespace's), a minimal /dev (null, zero, full, random, urandom, tty,
-  shm) and nothing else of the host;
+  read-only), read-only overlays of host directories (the first layer wins),
+  tmpfs mounts, /proc (this PID namespace's), /sys (read-only, this network
+  namespace's), a minimal /dev (null, zero, full, random, urandom, tty, shm) and
+  nothing else of the host;
 - pivot_root into it, the old root detached;
 - the hostname (spec.hostname) in its UTS namespace;
 - the process: its own session, oom_score_adj, supplementary groups, gid and
@@ -121,6 +122,13 @@ def build_root(spec):
             mount("sysfs", target, "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY)
         elif kind == "dev":
             _make_dev(target)
+        elif kind == "overlay":
+            _mountpoint(target, False)
+            try:
+                mount("overlay", target, "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV,
+                      "lowerdir=" + ":".join(m["lower"]))
+            except OSError:             # no overlayfs here: the first layer alone
+                bind(m["lower"][0], target, True)
     _pivot(root)
     if spec.get("readOnlyRootFilesystem"):
         mount(None, "/", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
