@@ -601,7 +601,7 @@ def operator_smoke_trainingjob():
     api_ok("POST", "/api/v1/namespaces/pliant/persistentvolumeclaims", {"metadata": {"name": "data"}, "spec": {
         "resources": {"requests": {"storage": "1Gi"}}}})
     claim = os.path.join(state["dir"], "work", "pvc", "pliant", "data")
-    os.makedirs(claim, exist_ok=True)
+    wait_for("the claim's directory", lambda: os.path.isdir(claim), 10)
     with open(prefix + "_train.bin", "rb") as src, open(os.path.join(claim, "ts_train.bin"), "wb") as dst:
         dst.write(src.read())
     since = api_ok("GET", "/_emulator/requests")["count"]

@@ -26,7 +26,7 @@ from faults import Faults
 from heartbeat import NodeAgents
 from kubelet import Kubelet
 from nodelifecycle import NodeLifecycle
-from runtime import SandboxRuntime
+from runtime import ClaimProvisioner, SandboxRuntime
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -81,6 +81,7 @@ class Cluster:
             self.faults = Faults(api, self.kubelet, self.network)
             self.dns = DnsServer(api.store, self.network.host_ip)
             self.lifecycle = NodeLifecycle(api, opts.node_monitor_grace_period)
+            self.provisioner = ClaimProvisioner(api, work)
         except BaseException:
             self.shutdown()
             raise
@@ -90,6 +91,7 @@ class Cluster:
         self.agents.start(url, ca_pem)
         self.dns.start()
         self.lifecycle.start()
+        self.provisioner.start()
 
     def shutdown(self):
         """Stops every Pod; removes the namespaces, links and cgroups."""

@@ -15,7 +15,8 @@ What a container sees:
 - its declared volumes at their mountPaths (subPath and readOnly honoured):
   emptyDir (a directory of the Pod, mode 0777; medium Memory: a tmpfs),
   persistentVolumeClaim (WORK/pvc/NS/CLAIM, one directory shared by every node:
-  ReadWriteMany; the claim must exist), secret, configMap and downwardAPI (files
+  ReadWriteMany, mode 0777, made when the claim is (ClaimProvisioner); the claim
+  must exist), secret, configMap and downwardAPI (files
   with items, defaultMode and mode; read-only; group fsGroup and group-readable
   when the Pod has an fsGroup), projected (their sources), hostPath;
 - the ServiceAccount's token (issued for this Pod by auth.py), ca.crt and
@@ -46,6 +47,7 @@ import sys
 import threading
 
 import netns
+from controller import Controller
 from kubelet import SERVICE_ACCOUNT_DIR, MissingSource, Waiting, _die_with_supervisor, write_files
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -91,6 +93,34 @@ def image_config(image):
         if pattern.search(image or ""):
             return config
     return {}
+
+
+def claim_path(work, namespace, name):
+    return os.path.join(work, "pvc", namespace, name)
+
+
+def provision(path):
+    """A claim's volume: a directory every node shares, writable by any user (mode 0777)."""
+    if not os.path.isdir(path):
+        os.makedirs(path)
+        os.chmod(path, 0o777)
+
+
+class ClaimProvisioner(Controller):
+    """The dynamic provisioner: each claim's directory exists once the claim does
+    (so its data can be put there before a Pod mounts it)."""
+
+    def __init__(self, api, work):
+        super().__init__(api, "provisioner")
+        self.work = work
+        self.done = set()
+
+    def sync(self):
+        for claim in self.store.items("persistentvolumeclaims"):
+            key = (claim["metadata"]["namespace"], claim["metadata"]["name"])
+            if key not in self.done:
+                provision(claim_path(self.work, *key))
+                self.done.add(key)
 
 
 class SandboxRuntime:
@@ -339,10 +369,8 @@ class SandboxRuntime:
             name = volume["persistentVolumeClaim"]["claimName"]
             if runner.source("persistentvolumeclaims", name, False).get("status", {}).get("phase") != "Bound":
                 raise MissingSource('persistentvolumeclaim "%s" is not bound' % name)
-            path = os.path.join(self.work, "pvc", runner.namespace, name)
-            if not os.path.isdir(path):
-                os.makedirs(path)
-                os.chmod(path, 0o777)
+            path = claim_path(self.work, runner.namespace, name)
+            provision(path)
             return path, bool(volume["persistentVolumeClaim"].get("readOnly")), None
         if "hostPath" in volume:
             if volume["hostPath"].get("type") == "DirectoryOrCreate":
