@@ -30,6 +30,7 @@ directories). Standard library only.
 """
 
 import argparse
+import atexit
 import ctypes
 import json
 import os
@@ -241,6 +242,7 @@ def serve(args, state):
         with open(os.path.join(state, "apiserver.log"), "ab") as err:
             apiserver = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
                                          preexec_fn=_term_with_parent)
+        atexit.register(shutdown, apiserver, args.name, state)
         line = apiserver.stdout.readline().decode()
         if not line.startswith("listening "):
             raise ClusterError("the API server did not start:\n" + _tail(os.path.join(state, "apiserver.log")))
@@ -273,13 +275,20 @@ def serve(args, state):
         shutdown(apiserver, args.name, state)
 
 
+_shut_down = set()
+
+
 def _term_with_parent():
     """In the API server's process: SIGTERM (so it cleans up) when the supervisor dies."""
     ctypes.CDLL(None).prctl(1, signal.SIGTERM)     # PR_SET_PDEATHSIG
 
 
 def shutdown(apiserver, name, state):
-    """The API server stops its Pods and removes its namespaces; what a crash left is swept."""
+    """The API server stops its Pods and removes its namespaces; what a crash left is
+    swept (once: at the end of serve() or at exit)."""
+    if state in _shut_down:
+        return
+    _shut_down.add(state)
     if apiserver is not None and apiserver.poll() is None:
         apiserver.terminate()
         try:

@@ -16,6 +16,7 @@ network namespaces, a cgroup memory controller), or None. Cluster.shutdown()
 stops every Pod and removes every namespace, link and cgroup it made.
 """
 
+import atexit
 import os
 import sys
 
@@ -69,6 +70,7 @@ class Cluster:
         self.api = api
         self.network = netns.Network(opts.name, opts.subnet)
         self.cgroups = cgroups.Cgroups(opts.name)
+        atexit.register(self.shutdown)
         self.network.setup()
         try:
             self.cgroups.setup()
@@ -94,7 +96,10 @@ class Cluster:
         self.provisioner.start()
 
     def shutdown(self):
-        """Stops every Pod; removes the namespaces, links and cgroups."""
+        """Stops every Pod; removes the namespaces, links and cgroups (once; also at exit)."""
+        if getattr(self, "down", False):
+            return
+        self.down = True
         if getattr(self, "agents", None):
             self.agents.stop()
         if getattr(self, "dns", None):

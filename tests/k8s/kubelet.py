@@ -69,8 +69,8 @@ import threading
 import time
 
 from api import condition_true, now, set_condition
-from probes import Prober
 from errors import ApiError
+from probes import Prober
 
 GPU = "nvidia.com/gpu"
 SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
@@ -99,7 +99,7 @@ class Kubelet:
         self.node_index = {}       # node name -> index (its place in the runtime's network)
         self.runtime = runtime or LocalRuntime()
         self.runtime.kubelet = self
-        # the nodes' heartbeats (nodes.py), in the namespaced cluster: a node whose
+        # the nodes' heartbeats (heartbeat.py), in the namespaced cluster: a node whose
         # kubelet cannot reach the API server neither starts nor reports its Pods;
         # without them a not-ready node's Pods are lost at once
         self.agents = agents
@@ -339,6 +339,7 @@ class Runner:
         self.ready = not kubelet.probes    # probes.py sets it where probes run
         self.pending = []          # status changes made while the node was cut off
         self.node_shutdown = False # stopped by its node's shutdown, not by a deletion
+        self.started = None        # when the running container started
 
     # Called with the store lock held.
     def prepare(self):
@@ -531,9 +532,7 @@ class Runner:
             return
         if self.pending:
             self._write_status(lambda status: None)
-        stored = next((c["status"] == "True" for c in pod.get("status", {}).get("conditions", [])
-                       if c["type"] == "Ready"), False)
-        if self.running() and not self.stopping and getattr(self, "started", None) and stored != self.ready:
+        if self.running() and not self.stopping and self.started and condition_true(pod, "Ready") != self.ready:
             self._write_status(self._running_status(self.started))
 
     # -- what the container sees (shared by the runtimes) ---------------------------
