@@ -158,6 +158,17 @@ unit-tests: $(UNIT_BIN) $(UNIT_ASAN_BIN)
 test-e2e: all
 	@$(PYTHON) tests/run_tests.py --build $(BUILD) -k operator_e2e
 
+# A test cluster with a real cluster's boundaries (tests/k8s/README.md): 4 nodes as network
+# namespaces in zones a,b, the chart's operator running as Pods; needs root. It stays up in
+# the background: `python3 tests/k8s/cluster.py down --state build/cluster` stops it.
+.PHONY: cluster
+cluster: all
+	@$(PYTHON) tests/k8s/cluster.py up --nodes 4 --zones a,b --state $(BUILD)/cluster \
+	    --kubeconfig $(BUILD)/cluster/kubeconfig --build $(BUILD)
+	@echo "reach it:  kubectl --kubeconfig $(BUILD)/cluster/kubeconfig get nodes,pods -A"
+	@echo "break it:  $(PYTHON) tests/k8s/cluster.py node node-1 preempt|lose|partition-from-peers|partition-from-coordinator|restore --state $(BUILD)/cluster"
+	@echo "stop it:   $(PYTHON) tests/k8s/cluster.py down --state $(BUILD)/cluster"
+
 # The whole default suite: unit tests (plain and sanitized) and command-line tests;
 # where nvcc exists the CUDA backend is built too and its tests run (skipping without a GPU).
 test: all unit-tests $(if $(wildcard $(NVCC)),cuda)

@@ -40,6 +40,7 @@ class Api:
             self.registry.add(res)
         self.ns_res = self.registry.lookup("v1", "namespaces")
         self.pod_res = self.registry.lookup("v1", "pods")
+        self.admission = None       # admission.Admission: called on every create (after validation)
         with store.cond:
             for ns in ("default", "kube-system", "kube-public", "kube-node-lease"):
                 self.create(self.ns_res, None, {"metadata": {"name": ns}})
@@ -152,6 +153,8 @@ class Api:
             warnings = self._admit(res, obj, None, query)
             if namespace is not None:
                 self._check_namespace(namespace)
+            if self.admission:
+                warnings += self.admission(res, obj)
             if self.store.get(res.rkey, namespace, meta["name"]) is not None:
                 raise already_exists(res, meta["name"])
             if query.get("dryRun") == "All":
@@ -263,6 +266,11 @@ class Api:
         name = meta.get("name")
         if not name:
             return [("FieldValueRequired", "metadata.name", "name or generateName is required")]
+        if res.group == "rbac.authorization.k8s.io":     # path segment names (system:discovery)
+            if name in (".", "..") or "/" in name or "%" in name:
+                return [("FieldValueInvalid", "metadata.name", 'Invalid value: "%s": may not contain \'/\' or '
+                         "'%%'" % name)]
+            return []
         label = res.rkey in ("namespaces", "services")
         if label and (len(name) > 63 or not _LABEL.match(name)):
             return [("FieldValueInvalid", "metadata.name", 'Invalid value: "%s": a lowercase RFC 1123 label must '
@@ -405,6 +413,19 @@ class Api:
                         return res
         return None
 
+    def record_event(self, obj, kind, reason, message, component, host=""):
+        """A core/v1 Event about obj, as controllers and kubelets report them."""
+        meta = obj["metadata"]
+        stamp = now()
+        source = {"component": component, "host": host} if host else {"component": component}
+        self.create(self.registry.lookup("v1", "events"), meta.get("namespace") or "default", {
+            "metadata": {"name": "%s.%s" % (meta["name"], uuid.uuid4().hex[:16])},
+            "involvedObject": {"kind": obj["kind"], "apiVersion": obj["apiVersion"],
+                               "namespace": meta.get("namespace", ""), "name": meta["name"], "uid": meta["uid"]},
+            "reason": reason, "message": message, "type": kind, "count": 1,
+            "firstTimestamp": stamp, "lastTimestamp": stamp, "source": source,
+            "reportingComponent": component, "reportingInstance": host or component})
+
     # -- CustomResourceDefinitions ---------------------------------------------------
 
     def _after_write(self, res, stored):
@@ -434,6 +455,11 @@ class Api:
             self.remove_now(res, obj)
         self.store.drop_resource(rkey)
         self.registry.remove_crd(crd["metadata"]["name"])
+
+
+def condition_true(obj, kind):
+    """Whether obj's status has the condition kind (Ready, ...) with status True."""
+    return any(c["type"] == kind and c["status"] == "True" for c in (obj.get("status") or {}).get("conditions", []))
 
 
 def set_condition(obj, kind, status, reason, message):

@@ -7,6 +7,10 @@ Usage:
   python3 tests/k8s/apiserver.py --port 0 [--host 127.0.0.1] [--tls] [--kubeconfig PATH]
       [--token TOKEN] [--kubelet] [--nodes N] [--zones z1,z2,z3] [--gpus-per-node G]
       [--bookmark-seconds S] [--history N] [--state-log PATH] [--work-dir DIR] [--verbose]
+      [--authorization-mode AlwaysAllow|RBAC] [--enable-admission-plugins P1,P2]
+      [--default-toleration-seconds S] [--controllers endpoints,deployments,serviceaccounts|all]
+      [--cluster [--name pl] [--subnet 10.244.0.0/16] [--build-bin DIR]
+                 [--node-monitor-grace-period S]]
 
 It prints exactly one line, `listening URL` (e.g. `listening https://127.0.0.1:41234`),
 once it accepts connections, and runs until SIGTERM/SIGINT (it then kills the Pod
@@ -18,6 +22,18 @@ makes a throwaway CA (ca.pem in the --work-dir) and a server certificate for
 127.0.0.1/localhost with the `openssl` command. With --token every API request needs `Authorization: Bearer
 TOKEN` (else 401 with a Status); /healthz, /livez, /readyz and /_emulator/ are open.
 kubectl (client-go) sends a token only over https: use --token with --tls.
+ServiceAccount tokens (auth.py: TokenRequest, `kubectl create token`, the
+tokens the --cluster kubelet mounts) are accepted besides --token.
+
+--authorization-mode RBAC: rbac.py authorizes every request (the --token user is
+system:masters, cluster-admin); a denied one is a 403 worded as kube-apiserver
+words it. --enable-admission-plugins: admission.py's ServiceAccount,
+DefaultTolerationSeconds and PodSecurity (podsecurity.py). --controllers: the
+endpoints/EndpointSlice (endpoints.py), Deployment/ReplicaSet (deployments.py)
+and ServiceAccount/root CA (serviceaccounts.py) controllers. --cluster: all of
+these and the namespaced cluster (clustermode.py: nodes as network namespaces,
+Pods in Linux namespaces with memory cgroups, DNS, node failures; needs root;
+cluster.py is its front end); it listens on the bridge's address.
 
 What is emulated (faithful to Kubernetes for what an operator and kubectl use):
 - Discovery: /version, /api, /api/v1, /apis, /apis/GROUP, /apis/GROUP/VERSION
@@ -62,9 +78,17 @@ What is emulated (faithful to Kubernetes for what an operator and kubectl use):
   references; Foreground deletes the dependents before the owner.
 - --kubelet (see kubelet.py): Nodes node-0..N-1 with zone labels, a scheduler
   (nodeSelector, nvidia.com/gpu), and kubelets that run each Pod's first container
-  command as a local process with its own 127.0.0.X podIP.
+  command as a local process with its own 127.0.0.X podIP (with --cluster: in
+  its sandbox, runtime.py).
+- Workloads, RBAC, service discovery and storage objects: deployments and
+  replicasets (apps/v1), roles, clusterroles, rolebindings, clusterrolebindings
+  (rbac.authorization.k8s.io/v1), endpoints, endpointslices (discovery.k8s.io/v1),
+  persistentvolumeclaims (bound at once), poddisruptionbudgets (policy/v1, not
+  enforced), networkpolicies (networking.k8s.io/v1, not enforced),
+  serviceaccounts/NAME/token (authentication.k8s.io/v1 TokenRequest).
 
-Admin endpoints (no authentication; JSON in and out):
+Admin endpoints (no authentication; with --cluster they answer this machine only,
+not Pods; JSON in and out):
   POST   /_emulator/compact[?endWatches=true]  drop the event history (410 for older RVs);
                                                endWatches also ends open watches with 410
   POST   /_emulator/faults   {"status": 500|409|429|503|"timeout", "count": N, "method": "PUT",
@@ -74,19 +98,23 @@ Admin endpoints (no authentication; JSON in and out):
                               for S seconds (default 10), then the connection closes); a list of
                               such objects is accepted too; GET lists pending faults, DELETE clears them
   GET    /_emulator/requests[?since=SEQ]       {"count": N, "requests": [{"seq", "method", "path",
-                                               "status", "userAgent"}]} (the last 5000)
+                                               "status", "userAgent", "user", "message" (of an
+                                               error answer)}]} (the last 5000)
   POST   /_emulator/nodes    {"name"?, "zone"?, "gpus"?, "labels"?}  add a Ready node (the
                               "autoscaler"; needs --kubelet); delete one with DELETE /api/v1/nodes/NAME
   POST   /_emulator/nodes/NAME/notready   the node stops heartbeating: Ready=Unknown, taints
                               unreachable; its Pods are evicted (DisruptionTarget DeletionByTaintManager)
+                              (with --cluster: the same as lose)
+  POST   /_emulator/nodes/NAME/ACTION     with --cluster: preempt, lose, partition-from-peers,
+                              partition-from-coordinator ({"address": IP}), restore (faults.py)
 
 Not emulated: server-side apply (415), protobuf beyond the request bodies of
-`kubectl create namespace|configmap|secret` and `kubectl drain` (see
-protobuf.py; answers are JSON), aggregated discovery, OpenAPI schemas,
-admission webhooks, RBAC (any valid token may do anything), CRD conversion
-(versions differ only in apiVersion), Deployments and other workload
-controllers, Service networking and DNS (Services get a ClusterIP, nothing
-routes to it), PodDisruptionBudgets, resource quotas, event TTLs.
+kubectl's typed create commands and `kubectl drain` (see protobuf.py; answers
+are JSON), aggregated discovery, OpenAPI schemas, admission webhooks, RBAC
+escalation checks, CRD conversion (versions differ only in apiVersion),
+StatefulSets, Jobs and DaemonSets, ClusterIP routing (Services get a ClusterIP
+that nothing routes to; the --cluster DNS answers with the endpoints'
+addresses), PodDisruptionBudgets, NetworkPolicies, resource quotas, event TTLs.
 
 --state-log PATH appends one JSON line per write: {"rv", "type" (ADDED, MODIFIED,
 DELETED), "resource" (storage key, e.g. "pods", "pliant.dev/trainingjobs"),
@@ -119,6 +147,13 @@ from collector import Collector  # noqa: E402
 import protobuf  # noqa: E402
 from errors import ApiError, method_not_allowed, status_object  # noqa: E402
 from registry import group_document, table  # noqa: E402
+import rbac  # noqa: E402
+import admission  # noqa: E402
+import clustermode  # noqa: E402
+from auth import Authenticator  # noqa: E402
+from deployments import DeploymentController  # noqa: E402
+from endpoints import EndpointsController  # noqa: E402
+from serviceaccounts import ServiceAccountController  # noqa: E402
 from store import Store  # noqa: E402
 from watch import Watch  # noqa: E402
 
@@ -126,6 +161,7 @@ VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0-pliant-emulator",
            "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "python",
            "compiler": "python", "platform": "linux/amd64"}
 OPEN_PATHS = ("/healthz", "/livez", "/readyz")
+CLIENT_GONE = (BrokenPipeError, ConnectionResetError, ssl.SSLError)
 REASONS = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 409: "Conflict",
            410: "Expired", 422: "Invalid", 429: "TooManyRequests", 500: "InternalError",
            503: "ServiceUnavailable", 504: "Timeout"}
@@ -135,9 +171,12 @@ class Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, addr, opts, api, kubelet):
+    def __init__(self, addr, opts, api, kubelet, authenticator, authorizer=None):
         super().__init__(addr, Handler)
         self.opts, self.api, self.kubelet = opts, api, kubelet
+        self.authenticator, self.authorizer = authenticator, authorizer
+        self.admin_hosts = None     # client addresses the /_emulator/ endpoints answer (None: any)
+        self.node_faults = None     # faults.Faults with --cluster
         self.tls = None
         self.lock = threading.Lock()        # faults and the request log
         self.faults = []
@@ -167,11 +206,14 @@ class Server(ThreadingHTTPServer):
                     return fault
         return None
 
-    def log_request_done(self, method, path, code, agent):
+    def log_request_done(self, method, path, code, agent, user, message):
         with self.lock:
             self.seq += 1
-            self.requests.append({"seq": self.seq, "method": method, "path": path, "status": code,
-                                  "userAgent": agent})
+            entry = {"seq": self.seq, "method": method, "path": path, "status": code, "userAgent": agent,
+                     "user": user}
+            if message:
+                entry["message"] = message[:300]
+            self.requests.append(entry)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -203,6 +245,8 @@ class Handler(BaseHTTPRequestHandler):
         url = urllib.parse.urlsplit(self.path)
         self.query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query, keep_blank_values=True).items()}
         self.code = 0
+        self.user = None
+        self.error = None           # the message of an error answer, for the request log
         path = url.path.rstrip("/") or "/"
         try:
             body = self.read_body()
@@ -211,13 +255,18 @@ class Handler(BaseHTTPRequestHandler):
             elif path in OPEN_PATHS:
                 self.send_text(200, "ok")
             else:
-                self.authenticate()
+                self.user = self.server.authenticator.authenticate(self.headers.get("Authorization", ""))
+                if self.server.authorizer:
+                    self.server.authorizer.authorize(self.user, rbac.request_info(method, path, self.query))
                 if not self.inject_fault(method, path):
                     return
                 self.route(method, path, body)
         except ApiError as e:
-            self.send_json(e.code, e.status())
-        except (BrokenPipeError, ConnectionResetError):
+            try:
+                self.send_json(e.code, e.status())
+            except CLIENT_GONE:         # the client left (a timed-out heartbeat, say)
+                self.close_connection = True
+        except CLIENT_GONE:
             self.close_connection = True
         except Exception as e:  # an emulator bug: say so, as a real server's 500 would
             traceback.print_exc()
@@ -228,7 +277,8 @@ class Handler(BaseHTTPRequestHandler):
                                                   % (type(e).__name__, e)))
         finally:
             if not path.startswith("/_emulator/"):
-                self.server.log_request_done(method, self.path, self.code, self.headers.get("User-Agent", ""))
+                self.server.log_request_done(method, self.path, self.code, self.headers.get("User-Agent", ""),
+                                             self.user.name if self.user else "", self.error)
 
     def read_body(self):
         kind = self.headers.get("Content-Type", "")
@@ -250,11 +300,6 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError as e:
             raise ApiError(400, "BadRequest", "the body is not JSON (YAML is not accepted): %s" % e)
 
-    def authenticate(self):
-        token = self.server.opts.token
-        if token and self.headers.get("Authorization", "") != "Bearer " + token:
-            raise ApiError(401, "Unauthorized", "Unauthorized")
-
     def inject_fault(self, method, path):
         """False when a configured fault answered (or swallowed) the request."""
         fault = self.server.take_fault(method, path)
@@ -274,6 +319,8 @@ class Handler(BaseHTTPRequestHandler):
     def send_json(self, code, obj, headers=None):
         data = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
         self.code = code
+        if code >= 400 and isinstance(obj, dict):
+            self.error = obj.get("message")
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -368,6 +415,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.collection_request(method, res, namespace, body)
         if sub in ("log", "binding", "eviction"):
             return self.pod_subresource(method, res, namespace, name, sub, body)
+        if sub == "token" and method == "POST":
+            return self.send_json(201, self.server.authenticator.token_request(namespace, name, body))
         if method == "GET":
             obj = api.get(res, namespace, name)
             if self.wants_table():
@@ -458,6 +507,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def admin(self, method, path, body):
         server, api = self.server, self.server.api
+        if server.admin_hosts is not None and self.client_address[0] not in server.admin_hosts:
+            raise ApiError(403, "Forbidden", "the emulator's admin endpoints answer this machine only")
         if path == "/_emulator/compact" and method == "POST":
             with api.store.cond:
                 api.store.compact(end_watches=self.query.get("endWatches") in ("1", "true"))
@@ -486,6 +537,9 @@ class Handler(BaseHTTPRequestHandler):
             if server.kubelet is None:
                 raise ApiError(400, "BadRequest", "nodes are added by the fake kubelet: start with --kubelet")
             parts = path.split("/")
+            if len(parts) == 5 and server.node_faults:
+                action = "lose" if parts[4] == "notready" else parts[4]
+                return self.send_json(200, server.node_faults.act(parts[3], action, body))
             if len(parts) == 5 and parts[4] == "notready":
                 return self.send_json(200, server.kubelet.node_not_ready(parts[3]))
             return self.send_json(201, server.kubelet.add_node(body or {}))
@@ -520,7 +574,8 @@ def make_certificates(directory, host):
     ca_key, ca_pem = os.path.join(directory, "ca.key"), os.path.join(directory, "ca.pem")
     key, csr, pem = (os.path.join(directory, n) for n in ("server.key", "server.csr", "server.pem"))
     ext = os.path.join(directory, "san.ext")
-    alt = "subjectAltName=IP:127.0.0.1,DNS:localhost" + (
+    alt = "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default," \
+          "DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local" + (
         ",IP:%s" % host if re.match(r"^[\d.]+$", host) and host != "127.0.0.1" else "")
     with open(ext, "w") as f:
         f.write(alt + "\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
@@ -571,7 +626,45 @@ def parse_args(argv):
     ap.add_argument("--state-log", help="append every write as a JSON line to this file")
     ap.add_argument("--work-dir", help="where Pod files and logs go (default: a temporary directory)")
     ap.add_argument("--verbose", action="store_true")
-    return ap.parse_args(argv)
+    ap.add_argument("--authorization-mode", choices=["AlwaysAllow", "RBAC"], default="AlwaysAllow",
+                    help="RBAC: rbac.py authorizes every API request")
+    ap.add_argument("--enable-admission-plugins", default="",
+                    help="comma-separated: " + ", ".join(admission.PLUGINS))
+    ap.add_argument("--default-toleration-seconds", type=int, default=300)
+    ap.add_argument("--controllers", default="",
+                    help="comma-separated: " + ", ".join(CONTROLLERS) + " (or all)")
+    clustermode.add_options(ap)
+    opts = ap.parse_args(argv)
+    opts.admission_plugins = [p for p in opts.enable_admission_plugins.split(",") if p]
+    opts.controller_names = CONTROLLERS if opts.controllers == "all" else [
+        c for c in opts.controllers.split(",") if c]
+    for name in opts.controller_names:
+        if name not in CONTROLLERS:
+            ap.error("unknown controller %s" % name)
+    clustermode.apply_options(opts)
+    return opts
+
+
+# --controllers: kube-controller-manager's controllers beyond the garbage collector
+CONTROLLERS = ("endpoints", "deployments", "serviceaccounts")
+
+
+def start_controllers(api, names, ca_pem, api_endpoint):
+    if "serviceaccounts" in names:
+        ServiceAccountController(api, ca_pem).start()
+    if "endpoints" in names:
+        EndpointsController(api, api_endpoint).start()
+    if "deployments" in names:
+        DeploymentController(api).start()
+
+
+def bootstrap_rbac(api):
+    """The default ClusterRoles and ClusterRoleBindings (rbac.bootstrap_policy)."""
+    with api.store.cond:
+        for plural, obj in rbac.bootstrap_policy():
+            res = api.registry.lookup(rbac.GROUP + "/v1", plural)
+            if api.store.get(res.rkey, "", obj["metadata"]["name"]) is None:
+                api.create(res, None, obj)
 
 
 def state_logger(path):
@@ -593,35 +686,60 @@ def main(argv=None):
     if opts.state_log:
         store.listeners.append(state_logger(opts.state_log))
     Collector(api).start()
-    kubelet = None
-    if opts.kubelet:
+    authenticator = Authenticator(store, opts.token)
+    authorizer = None
+    if opts.authorization_mode == "RBAC":
+        authorizer = rbac.Authorizer(store)
+        bootstrap_rbac(api)
+    if opts.admission_plugins:
+        api.admission = admission.Admission(store, opts.admission_plugins, opts.default_toleration_seconds)
+    kubelet = cluster = None
+    if opts.cluster:
+        why = clustermode.missing(opts.name)
+        if why:
+            print("apiserver.py --cluster: this machine cannot run it: " + why, file=sys.stderr)
+            sys.exit(3)
+        cluster = clustermode.Cluster(opts, api, authenticator, work)
+        kubelet = cluster.kubelet
+    elif opts.kubelet:
         from kubelet import Kubelet
         kubelet = Kubelet(api, work, zones=opts.zones.split(","), gpus=opts.gpus_per_node)
-    server = Server((opts.host, opts.port), opts, api, kubelet)
-    scheme = "http"
-    if opts.tls:
-        ca_pem, pem, key = make_certificates(work, opts.host)
-        server.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        server.tls.load_cert_chain(pem, key)
-        scheme = "https"
-    else:
-        ca_pem = None
-    url = "%s://%s:%d" % (scheme, opts.host, server.server_address[1])
-    if opts.kubeconfig:
-        write_kubeconfig(opts.kubeconfig, url, ca_pem, opts.token)
-    if kubelet:
-        kubelet.start(url, opts.nodes, opts.token, ca_pem)
 
     def stop(signum, frame):
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)     # a second signal must not cut the clean-up short
         raise SystemExit(0)
-    signal.signal(signal.SIGTERM, stop)
-    print("listening " + url, flush=True)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
     try:
+        server = Server((opts.host, opts.port), opts, api, kubelet, authenticator, authorizer)
+        server.node_faults = cluster.faults if cluster else None
+        server.admin_hosts = cluster.admin_hosts if cluster else None
+        scheme = "http"
+        if opts.tls:
+            ca_pem, pem, key = make_certificates(work, opts.host)
+            server.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            server.tls.load_cert_chain(pem, key)
+            scheme = "https"
+        else:
+            ca_pem = None
+        url = "%s://%s:%d" % (scheme, opts.host, server.server_address[1])
+        start_controllers(api, opts.controller_names, ca_pem,
+                          (opts.host, server.server_address[1]) if cluster else None)
+        if opts.kubeconfig:
+            write_kubeconfig(opts.kubeconfig, url, ca_pem, opts.token)
+        if cluster:
+            cluster.start(url, ca_pem)
+        if kubelet:
+            kubelet.start(url, opts.nodes, opts.token, ca_pem)
+        print("listening " + url, flush=True)
         server.serve_forever()
     except (SystemExit, KeyboardInterrupt):
         pass
     finally:
-        if kubelet:
+        if cluster:
+            cluster.shutdown()
+        elif kubelet:
             kubelet.shutdown()
 
 

@@ -4,19 +4,14 @@ deleted in the background, dangling references to some gone owners are removed,
 Foreground deletions wait for their dependents, and a deleted Namespace is
 emptied before it disappears."""
 
-import threading
+from controller import Controller
 
 
-class Collector(threading.Thread):
+class Collector(Controller):
     def __init__(self, api):
-        super().__init__(name="collector", daemon=True)
-        self.api = api
-        self.store = api.store
+        super().__init__(api, "collector")
 
-    def run(self):
-        self.store.run_on_changes(self.collect)
-
-    def collect(self):
+    def sync(self):
         for rkey in list(self.store.objects):
             res = self.api.storage_resource(rkey)
             for obj in self.store.items(rkey):

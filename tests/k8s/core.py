@@ -6,6 +6,7 @@ Kubernetes)."""
 import base64
 import copy
 import itertools
+import json
 
 from registry import AGE, NAME, Resource, _col, age
 
@@ -88,7 +89,7 @@ def builtin_resources():
         Resource("", "v1", "configmaps", "ConfigMap", True, ["cm"], columns=[
             NAME, _col("Data", lambda c: len(c.get("data") or {}) + len(c.get("binaryData") or {}), "integer"),
             AGE]),
-        Resource("", "v1", "serviceaccounts", "ServiceAccount", True, ["sa"]),
+        Resource("", "v1", "serviceaccounts", "ServiceAccount", True, ["sa"], subresources=["token"]),
         Resource("", "v1", "nodes", "Node", False, ["no"], status=True, columns=NODE_COLUMNS,
                  fields=["spec.unschedulable"]),
         Resource("", "v1", "events", "Event", True, ["ev"], columns=EVENT_COLUMNS, fields=None, rkey="events"),
@@ -97,8 +98,58 @@ def builtin_resources():
         Resource("coordination.k8s.io", "v1", "leases", "Lease", True, columns=[
             NAME, _col("Holder", lambda l: l.get("spec", {}).get("holderIdentity", "")), AGE]),
         Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False,
-                 ["crd", "crds"], status=True, columns=[
-                     NAME, _col("Created At", lambda c: c["metadata"].get("creationTimestamp"), "date")]),
+                 ["crd", "crds"], status=True, columns=CREATED_AT_COLUMNS),
+    ] + cluster_resources()
+
+
+CREATED_AT_COLUMNS = [NAME, _col("Created At", lambda o: o["metadata"].get("creationTimestamp"), "date")]
+
+
+def _endpoints(ep):
+    addrs = ["%s:%s" % (a["ip"], p["port"]) for s in ep.get("subsets") or [] for a in s.get("addresses") or []
+             for p in s.get("ports") or [{"port": ""}]]
+    return ",".join(addrs[:3]) + (" + %d more..." % (len(addrs) - 3) if len(addrs) > 3 else "") or "<none>"
+
+
+def _replicas(kind):
+    return lambda o: "%d/%d" % (o.get("status", {}).get(kind) or 0, o.get("spec", {}).get("replicas", 1))
+
+
+def cluster_resources():
+    """What the namespaced cluster (cluster.py) adds: workloads, RBAC, service discovery,
+    claims, disruption budgets and network policies (stored and served; see the
+    controllers that act on them)."""
+    return [
+        Resource("", "v1", "endpoints", "Endpoints", True, ["ep"], columns=[NAME, _col("Endpoints", _endpoints),
+                                                                          AGE]),
+        Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", True, ["pvc"], status=True, columns=[
+            NAME, _col("Status", lambda c: c.get("status", {}).get("phase", "")),
+            _col("Volume", lambda c: c["spec"].get("volumeName", "")),
+            _col("Capacity", lambda c: c.get("status", {}).get("capacity", {}).get("storage", "")),
+            _col("Access Modes", lambda c: ",".join(c["spec"].get("accessModes", []))), AGE]),
+        Resource("apps", "v1", "deployments", "Deployment", True, ["deploy"], status=True, columns=[
+            NAME, _col("Ready", _replicas("readyReplicas")),
+            _col("Up-to-date", lambda d: d.get("status", {}).get("updatedReplicas") or 0, "integer"),
+            _col("Available", lambda d: d.get("status", {}).get("availableReplicas") or 0, "integer"), AGE],
+                 categories=["all"]),
+        Resource("apps", "v1", "replicasets", "ReplicaSet", True, ["rs"], status=True, columns=[
+            NAME, _col("Desired", lambda r: r["spec"].get("replicas", 1), "integer"),
+            _col("Current", lambda r: r.get("status", {}).get("replicas") or 0, "integer"),
+            _col("Ready", lambda r: r.get("status", {}).get("readyReplicas") or 0, "integer"), AGE],
+                 categories=["all"]),
+        Resource("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False, columns=CREATED_AT_COLUMNS),
+        Resource("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False, columns=[
+            NAME, _col("Role", lambda b: "%s/%s" % (b["roleRef"]["kind"], b["roleRef"]["name"])), AGE]),
+        Resource("rbac.authorization.k8s.io", "v1", "roles", "Role", True, columns=CREATED_AT_COLUMNS),
+        Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True, columns=[
+            NAME, _col("Role", lambda b: "%s/%s" % (b["roleRef"]["kind"], b["roleRef"]["name"])), AGE]),
+        Resource("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", True, columns=[
+            NAME, _col("AddressType", lambda s: s.get("addressType", "")),
+            _col("Ports", lambda s: ",".join(str(p.get("port")) for p in s.get("ports") or []) or "<unset>"),
+            _col("Endpoints", lambda s: ",".join(a for e in s.get("endpoints") or [] for a in e["addresses"])
+                 or "<unset>"), AGE]),
+        Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, ["pdb"], status=True),
+        Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, ["netpol"]),
     ]
 
 
@@ -138,17 +189,87 @@ _cluster_ips = itertools.count(10)
 def _default_pod(pod, old):
     spec = pod.setdefault("spec", {})
     if old is None:
-        for key, value in [("restartPolicy", "Always"), ("terminationGracePeriodSeconds", 30),
-                           ("dnsPolicy", "ClusterFirst"), ("schedulerName", "default-scheduler"),
-                           ("serviceAccountName", "default"), ("priority", 0)]:
-            spec.setdefault(key, value)
-        for c in spec.get("containers", []):
-            res = c.get("resources") or {}
-            # Requests default to limits, which is how extended resources (GPUs) are given.
-            if res.get("limits"):
-                c["resources"] = dict(res, requests=dict(res["limits"], **(res.get("requests") or {})))
-        qos = "Burstable" if any(c.get("resources") for c in spec.get("containers", [])) else "BestEffort"
-        pod["status"] = {"phase": "Pending", "qosClass": qos}
+        _default_pod_spec(spec)
+        pod["status"] = {"phase": "Pending", "qosClass": qos_class(spec)}
+
+
+def _default_pod_spec(spec):
+    for key, value in [("restartPolicy", "Always"), ("terminationGracePeriodSeconds", 30),
+                       ("dnsPolicy", "ClusterFirst"), ("schedulerName", "default-scheduler"),
+                       ("serviceAccountName", "default"), ("priority", 0)]:
+        spec.setdefault(key, value)
+    for c in spec.get("containers", []):
+        res = c.get("resources") or {}
+        # Requests default to limits, which is how extended resources (GPUs) are given.
+        if res.get("limits"):
+            c["resources"] = dict(res, requests=dict(res["limits"], **(res.get("requests") or {})))
+
+
+def qos_class(spec):
+    """Guaranteed (every container's requests equal its cpu and memory limits),
+    Burstable (some resources) or BestEffort (none)."""
+    resources = [c.get("resources") or {} for c in spec.get("containers", [])]
+    if resources and all(all(r.get("limits", {}).get(k) and r.get("limits", {}).get(k) ==
+                                 r.get("requests", {}).get(k) for k in ("cpu", "memory")) for r in resources):
+        return "Guaranteed"
+    return "Burstable" if any(r.get("limits") or r.get("requests") for r in resources) else "BestEffort"
+
+
+def _default_deployment(dep, old):
+    spec = dep.setdefault("spec", {})
+    spec.setdefault("replicas", 1)
+    spec.setdefault("revisionHistoryLimit", 10)
+    spec.setdefault("progressDeadlineSeconds", 600)
+    strategy = spec.setdefault("strategy", {"type": "RollingUpdate"})
+    if strategy.get("type") == "RollingUpdate":
+        strategy.setdefault("rollingUpdate", {"maxUnavailable": "25%", "maxSurge": "25%"})
+    _default_pod_spec(spec.setdefault("template", {}).setdefault("spec", {}))
+
+
+def _validate_selected_template(obj, old):
+    """Deployments and ReplicaSets: a selector that selects the template's labels."""
+    spec = obj.get("spec", {})
+    selector = (spec.get("selector") or {}).get("matchLabels") or {}
+    labels = spec.get("template", {}).get("metadata", {}).get("labels") or {}
+    if not spec.get("selector"):
+        return [("FieldValueRequired", "spec.selector", "Required value")]
+    if any(labels.get(k) != v for k, v in selector.items()):
+        return [("FieldValueInvalid", "spec.template.metadata.labels", "Invalid value: %s: `selector` does not "
+                 "match template `labels`" % _go_map(labels))]
+    if old is not None and old["spec"].get("selector") != spec.get("selector"):
+        return [("FieldValueInvalid", "spec.selector", "Invalid value: %s: field is immutable"
+                 % _go_map(selector))]
+    return []
+
+
+def _go_map(labels):
+    return "map[string]string{%s}" % ", ".join('"%s":"%s"' % kv for kv in sorted(labels.items()))
+
+
+def _validate_binding(binding, old):
+    ref = binding.get("roleRef") or {}
+    kinds = ("ClusterRole",) if binding["kind"] == "ClusterRoleBinding" else ("Role", "ClusterRole")
+    errs = []
+    if ref.get("kind") not in kinds:
+        errs.append(("FieldValueNotSupported", "roleRef.kind", 'Unsupported value: "%s": supported values: %s'
+                     % (ref.get("kind", ""), ", ".join('"%s"' % k for k in kinds))))
+    if not ref.get("name"):
+        errs.append(("FieldValueRequired", "roleRef.name", "Required value"))
+    if old is not None and old.get("roleRef") != ref:
+        errs.append(("FieldValueInvalid", "roleRef", "Invalid value: %s: cannot change roleRef"
+                     % json.dumps(ref, separators=(",", ":"))))
+    return errs
+
+
+def _default_claim(claim, old):
+    """A provisioner that binds every claim at once (a host directory: ReadWriteMany)."""
+    spec = claim.setdefault("spec", {})
+    spec.setdefault("accessModes", ["ReadWriteMany"])
+    spec.setdefault("volumeMode", "Filesystem")
+    if old is None:
+        spec.setdefault("volumeName", "pvc-" + claim["metadata"]["uid"])
+    claim["status"] = {"phase": "Bound", "accessModes": spec["accessModes"],
+                       "capacity": {"storage": spec.get("resources", {}).get("requests", {}).get("storage", "1Gi")}}
 
 
 def _validate_pod(pod, old):
@@ -270,4 +391,10 @@ STRATEGIES = {
     "secrets": (_default_secret, None),
     "events": (None, _validate_event),
     "apiextensions.k8s.io/customresourcedefinitions": (_default_crd, _validate_crd),
+    "apps/deployments": (_default_deployment, _validate_selected_template),
+    "apps/replicasets": (lambda rs, old: _default_pod_spec(rs.setdefault("spec", {}).setdefault(
+        "template", {}).setdefault("spec", {})), _validate_selected_template),
+    "rbac.authorization.k8s.io/rolebindings": (None, _validate_binding),
+    "rbac.authorization.k8s.io/clusterrolebindings": (None, _validate_binding),
+    "persistentvolumeclaims": (_default_claim, None),
 }

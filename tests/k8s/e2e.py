@@ -20,27 +20,17 @@ import os
 import re
 import signal
 import socket
-import ssl
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
+
+from client import ApiClient, E2EFailure, fail  # noqa: F401 (E2EFailure: for the test files)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 APISERVER = os.path.join(HERE, "apiserver.py")
 
 _procs = []          # every Emulator / Operator started, for stop_all()
-
-
-class E2EFailure(Exception):
-    """Raised by the helpers; the test file maps it to its harness' Failure."""
-
-
-def fail(msg, *args):
-    raise E2EFailure(msg % args if args else msg)
 
 
 def free_port():
@@ -110,7 +100,7 @@ def wait_for(what, fn, timeout=30.0, interval=0.1, alive=None):
 
 # ---------------------------------------------------------------------------
 
-class Emulator:
+class Emulator(ApiClient):
     """apiserver.py --kubelet; args are extra flags (e.g. --nodes 4)."""
 
     def __init__(self, workdir, args=(), kubectl="kubectl", token="e2e-token", tls=True):
@@ -119,8 +109,6 @@ class Emulator:
         self.kubeconfig = os.path.join(workdir, "kubeconfig")
         self.state_log = os.path.join(workdir, "state.jsonl")
         self.stderr_path = os.path.join(workdir, "apiserver.stderr")
-        self.kubectl_bin = kubectl
-        self._local = threading.local()
         self.token = token if tls else None
         cmd = [sys.executable, APISERVER, "--port", "0", "--kubeconfig", self.kubeconfig, "--work-dir", workdir,
                "--state-log", self.state_log] + list(args)
@@ -133,10 +121,8 @@ class Emulator:
         if not line.startswith("listening "):
             self.stop()
             fail("apiserver.py printed %r, want 'listening URL'\n%s", line, tail(self.stderr_path))
-        self.url = line.split()[1]
-        u = urllib.parse.urlsplit(self.url)
-        self.host, self.port = u.hostname, u.port
-        self.ssl = ssl.create_default_context(cafile=os.path.join(workdir, "ca.pem")) if tls else None
+        ApiClient.__init__(self, line.split()[1], self.token, os.path.join(workdir, "ca.pem") if tls else None,
+                           self.kubeconfig, kubectl, workdir)
 
     def __repr__(self):
         return "emulator pid %d" % self.proc.pid
@@ -161,92 +147,6 @@ class Emulator:
 
     def stderr_tail(self, n=30):
         return tail(self.stderr_path, n)
-
-    # -- HTTP
-
-    def connection(self, timeout=20):
-        if self.ssl:
-            return http.client.HTTPSConnection(self.host, self.port, context=self.ssl, timeout=timeout)
-        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
-
-    def request(self, method, path, body=None, content_type="application/json", timeout=20):
-        """(HTTP status, decoded JSON body or None), over a keep-alive connection of
-        this thread (a TLS handshake per request would cost the 2 cores the job needs)."""
-        data = json.dumps(body).encode() if body is not None else None
-        headers = {"User-Agent": "pliant-e2e-test", "Accept": "application/json"}
-        if data is not None:
-            headers["Content-Type"] = content_type
-        if self.token:
-            headers["Authorization"] = "Bearer " + self.token
-        for attempt in (0, 1):
-            conn = getattr(self._local, "conn", None)
-            if conn is None:
-                conn = self._local.conn = self.connection(timeout)
-            try:
-                conn.timeout = timeout
-                if conn.sock is not None:
-                    conn.sock.settimeout(timeout)
-                conn.request(method, path, body=data, headers=headers)
-                resp = conn.getresponse()
-                raw = resp.read()
-                if resp.getheader("Connection", "").lower() == "close":
-                    conn.close()
-                    self._local.conn = None
-                break
-            except (OSError, http.client.HTTPException):
-                conn.close()
-                self._local.conn = None
-                if attempt:
-                    raise
-        try:
-            return resp.status, (json.loads(raw) if raw.strip() else None)
-        except ValueError:
-            return resp.status, raw.decode(errors="replace")
-
-    def ok(self, method, path, body=None, **kw):
-        code, obj = self.request(method, path, body, **kw)
-        if not 200 <= code < 300:
-            fail("%s %s: %d %s", method, path, code, json.dumps(obj)[:400])
-        return obj
-
-    def get(self, path):
-        """The object, or None on 404."""
-        code, obj = self.request("GET", path)
-        if code == 404:
-            return None
-        if code != 200:
-            fail("GET %s: %d %s", path, code, json.dumps(obj)[:400])
-        return obj
-
-    def text(self, path, timeout=10):
-        """GET returning text (pods/NAME/log); '' on errors."""
-        try:
-            conn = self.connection(timeout)
-            conn.request("GET", path, headers={"Authorization": "Bearer " + self.token} if self.token else {})
-            resp = conn.getresponse()
-            data = resp.read().decode(errors="replace")
-            conn.close()
-            return data if resp.status == 200 else ""
-        except (OSError, http.client.HTTPException):
-            return ""
-
-    # -- kubectl
-
-    def kubectl(self, *args, stdin=None, timeout=60):
-        """(exit status, stdout + stderr)."""
-        cmd = [self.kubectl_bin, "--kubeconfig", self.kubeconfig, "--cache-dir", os.path.join(self.dir, "kcache")]
-        try:
-            p = subprocess.run(cmd + [str(a) for a in args], input=stdin.encode() if isinstance(stdin, str) else stdin,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            fail("kubectl %s: no answer in %d s", " ".join(map(str, args)), timeout)
-        return p.returncode, p.stdout.decode(errors="replace") + p.stderr.decode(errors="replace")
-
-    def kubectl_ok(self, *args, **kw):
-        rc, out = self.kubectl(*args, **kw)
-        if rc != 0:
-            fail("kubectl %s: exit %d:\n%s", " ".join(map(str, args)), rc, out[-1500:])
-        return out
 
     # -- admin endpoints
 

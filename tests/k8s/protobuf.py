@@ -1,6 +1,6 @@
 """Decoding the few protobuf request bodies kubectl's typed commands send: `kubectl
-create namespace|configmap|secret` and the Evictions and DeleteOptions of
-`kubectl drain`. A body
+create namespace|configmap|secret|serviceaccount|token|role|clusterrole|rolebinding|
+clusterrolebinding` and the Evictions and DeleteOptions of `kubectl drain`. A body
 is "k8s\\0" + runtime.Unknown{typeMeta{apiVersion, kind}, raw}; raw is the object,
 read here with the field numbers of k8s.io/api's generated.proto. Anything else
 is 415 (answers are always JSON, which these clients accept)."""
@@ -10,6 +10,8 @@ import base64
 from errors import ApiError
 
 MAGIC = b"k8s\x00"
+KINDS = ("Namespace", "ConfigMap", "Secret", "ServiceAccount", "Eviction", "DeleteOptions", "TokenRequest", "Role",
+         "ClusterRole", "RoleBinding", "ClusterRoleBinding")
 
 
 def _fields(data):
@@ -56,7 +58,7 @@ def _meta(data):
     meta = {}
     for number, key in ((1, "name"), (2, "generateName"), (3, "namespace")):
         values = [v for f, v in fields if f == number]
-        if values:
+        if values and values[-1]:
             meta[key] = values[-1].decode()
     for number, key in ((11, "labels"), (12, "annotations")):
         entries = [v for f, v in fields if f == number]
@@ -94,7 +96,36 @@ def _object(kind, raw):
         obj["deleteOptions"] = _delete_options(first.get(2, b""))
     elif kind == "DeleteOptions":
         return _delete_options(raw)
+    elif kind == "TokenRequest":
+        spec = _fields(first.get(2, b""))
+        obj["spec"] = {"audiences": [v.decode() for f, v in spec if f == 1]}
+        obj["spec"].update({"expirationSeconds": v for f, v in spec if f == 4})
+    elif kind in ("Role", "ClusterRole"):
+        obj["rules"] = [_strings(rule, _RULE_FIELDS) for f, rule in fields if f == 2]
+    elif kind in ("RoleBinding", "ClusterRoleBinding"):
+        obj["subjects"] = [_strings(s, _SUBJECT_FIELDS, single=True) for f, s in fields if f == 2]
+        obj["roleRef"] = _strings(first.get(3, b""), _ROLE_REF_FIELDS, single=True)
     return {k: v for k, v in obj.items() if v != {}}
+
+
+_RULE_FIELDS = {1: "verbs", 2: "apiGroups", 3: "resources", 4: "resourceNames", 5: "nonResourceURLs"}
+_SUBJECT_FIELDS = {1: "kind", 2: "apiGroup", 3: "name", 4: "namespace"}
+_ROLE_REF_FIELDS = {1: "apiGroup", 2: "kind", 3: "name"}
+
+
+def _strings(data, names, single=False):
+    """A message of string fields: lists of the repeated ones, or single values."""
+    out = {}
+    for number, value in _fields(data):
+        key = names.get(number)
+        if key is None:
+            continue
+        if single:
+            if value:
+                out[key] = value.decode()
+        else:
+            out.setdefault(key, []).append(value.decode())
+    return out
 
 
 def decode(body):
@@ -105,10 +136,9 @@ def decode(body):
         unknown = dict(_fields(body[len(MAGIC):]))
         type_meta = dict(_fields(unknown.get(1, b"")))
         api_version, kind = type_meta.get(1, b"").decode(), type_meta.get(2, b"").decode()
-        if kind not in ("Namespace", "ConfigMap", "Secret", "Eviction", "DeleteOptions"):
-            raise ApiError(415, "UnsupportedMediaType", "the emulator reads protobuf only for Namespace, "
-                           "ConfigMap, Secret, Eviction and DeleteOptions, not %s: send JSON"
-                           % (kind or "this body"))
+        if kind not in KINDS:
+            raise ApiError(415, "UnsupportedMediaType", "the emulator reads protobuf only for %s, not %s: send "
+                           "JSON" % (", ".join(KINDS), kind or "this body"))
         return dict(_object(kind, unknown.get(2, b"")), apiVersion=api_version, kind=kind)
     except (ValueError, IndexError) as e:
         raise ApiError(400, "BadRequest", "cannot decode the protobuf body: %s" % e)

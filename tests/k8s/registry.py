@@ -49,12 +49,15 @@ class Resource:
         if self.categories:
             out[0]["categories"] = self.categories
         for sub in self.subresources:
-            verbs = {"log": ["get"], "binding": ["create"], "eviction": ["create"]}.get(sub, ["get", "patch", "update"])
-            kind = {"binding": "Binding", "eviction": "Eviction"}.get(sub, self.kind)
+            verbs = {"log": ["get"], "binding": ["create"], "eviction": ["create"], "token": ["create"]}.get(
+                sub, ["get", "patch", "update"])
+            kind = {"binding": "Binding", "eviction": "Eviction", "token": "TokenRequest"}.get(sub, self.kind)
             entry = {"name": self.plural + "/" + sub, "singularName": "", "namespaced": self.namespaced,
                      "kind": kind, "verbs": verbs}
             if sub == "eviction":       # kubectl drain evicts only where discovery says policy/v1
                 entry.update(group="policy", version="v1")
+            if sub == "token":          # kubectl create token
+                entry.update(group="authentication.k8s.io", version="v1")
             out.append(entry)
         return out
 

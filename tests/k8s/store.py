@@ -33,15 +33,17 @@ class Store:
         self.watch_epoch = 0              # bumped to end every open watch with 410
         self.listeners = []               # called with each Event, under the lock
 
-    def run_on_changes(self, fn):
+    def run_on_changes(self, fn, every=None):
         """Calls fn() (under the lock) now and after every change to the store, forever:
-        the body of a controller thread (the kubelet, the garbage collector)."""
+        the body of a controller thread (the kubelet, the garbage collector); with
+        `every`, also after that many seconds without a change (a resync)."""
         seen = None
         with self.cond:
             while True:
                 if self.rv == seen:
-                    self.cond.wait()
-                    continue
+                    self.cond.wait(every)
+                    if self.rv == seen and every is None:
+                        continue
                 seen = self.rv
                 fn()
 

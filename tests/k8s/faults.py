@@ -1,0 +1,103 @@
+"""Failures as clouds make them, for the namespaced cluster (POST
+/_emulator/nodes/NAME/ACTION, `cluster.py node NAME ACTION`):
+
+  preempt                    a spot reclaim: the node's kubelet shuts down
+                             gracefully (Ready=False "node is shutting down"); each
+                             Pod gets DisruptionTarget (TerminationByKubelet),
+                             SIGTERM, its terminationGracePeriodSeconds, SIGKILL and
+                             ends Failed (reason Terminated); then the machine and
+                             its Node are deleted (the Pod garbage collector removes
+                             the Pods)
+  lose                       the node's link goes down: no RST, no FIN; its
+                             heartbeats stop, so it becomes NotReady after the
+                             node-monitor grace period and its Pods are evicted
+                             after their tolerationSeconds (nodelifecycle.py)
+  partition-from-peers       blackholes between the node and every other node
+  partition-from-coordinator blackholes between the node and one address
+                             (body {"address": IP}; default: the leading operator
+                             Pod's address, label pliant.dev/role=leader, else the
+                             API server's)
+  restore                    the partitions go and the link comes up
+"""
+
+import threading
+import time
+
+from api import now
+from errors import ApiError
+
+ACTIONS = ("preempt", "lose", "partition-from-peers", "partition-from-coordinator", "restore")
+LEADER_LABEL = "pliant.dev/role"
+
+
+class Faults:
+    def __init__(self, api, kubelet, network):
+        self.api, self.store, self.kubelet, self.network = api, api.store, kubelet, network
+
+    def act(self, name, action, body):
+        if action not in ACTIONS:
+            raise ApiError(404, "NotFound", "unknown node action %r (one of %s)" % (action, ", ".join(ACTIONS)))
+        with self.store.cond:
+            if self.store.get("nodes", "", name) is None or name not in self.kubelet.node_index:
+                raise ApiError(404, "NotFound", 'nodes "%s" not found' % name)
+            k = self.kubelet.node_index[name]
+        if action == "preempt":
+            return self._preempt(name)
+        if action == "lose":
+            self.network.set_link(k, False)
+            return {"node": name, "action": action, "link": "down"}
+        if action == "partition-from-peers":
+            peers = [self.network.node_ip(j) for j in self.network.nodes if j != k]
+            self.network.isolate(k, peers)
+            return {"node": name, "action": action, "addresses": peers}
+        if action == "partition-from-coordinator":
+            address = (body or {}).get("address") or self._coordinator()
+            self.network.isolate(k, [address], self._pod_namespaces())
+            out = {"node": name, "action": action, "addresses": [address]}
+            if self.network.node_of(address) == k:
+                out["note"] = "%s is on %s itself: nothing is cut" % (address, name)
+            return out
+        self.network.heal(k)
+        self.network.set_link(k, True)
+        return {"node": name, "action": action}
+
+    def _coordinator(self):
+        with self.store.cond:
+            for pod in self.store.items("pods"):
+                if (pod["metadata"].get("labels") or {}).get(LEADER_LABEL) == "leader" and \
+                        pod.get("status", {}).get("podIP"):
+                    return pod["status"]["podIP"]
+        return self.network.host_ip
+
+    def _pod_namespaces(self):
+        with self.store.cond:
+            return {r.ip: r.netns for r in self.kubelet.runners.values() if getattr(r, "netns", None)}
+
+    def _preempt(self, name):
+        node_res = self.api.registry.lookup("v1", "nodes")
+        with self.store.cond:
+            def shutting_down(node):
+                for c in node["status"].get("conditions", []):
+                    if c["type"] == "Ready":
+                        c.update(status="False", reason="KubeletNotReady", message="node is shutting down",
+                                 lastTransitionTime=now())
+            self.api.mutate(node_res, None, name, shutting_down, sub="status")
+            runners = [r for r in self.kubelet.runners.values() if r.pod["spec"].get("nodeName") == name
+                       and not r.done and not r.abandoned]
+            grace = 0
+            for r in runners:
+                seconds = r.pod["spec"].get("terminationGracePeriodSeconds", 30)
+                grace = max(grace, seconds)
+                r.shut_down(seconds)
+        threading.Thread(target=self._delete_after, args=(name, runners, grace), daemon=True,
+                         name="preempt-" + name).start()
+        return {"node": name, "action": "preempt", "pods": [r.name for r in runners], "graceSeconds": grace}
+
+    def _delete_after(self, name, runners, grace):
+        """The machine powers off once its Pods stopped (or their grace ran out); its Node goes."""
+        deadline = time.monotonic() + grace + 2
+        while time.monotonic() < deadline and not all(r.done for r in runners):
+            time.sleep(0.1)
+        with self.store.cond:
+            if self.store.get("nodes", "", name) is not None:
+                self.api.delete(self.api.registry.lookup("v1", "nodes"), None, name, {})
