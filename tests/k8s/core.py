@@ -99,6 +99,13 @@ def builtin_resources():
         Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False,
                  ["crd", "crds"], status=True, columns=[
                      NAME, _col("Created At", lambda c: c["metadata"].get("creationTimestamp"), "date")]),
+        # stored and served (the operator writes them; nothing here acts on them)
+        Resource("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", True, columns=[
+            NAME, _col("AddressType", lambda s: s.get("addressType", "")),
+            _col("Ports", lambda s: ",".join(str(p.get("port")) for p in s.get("ports") or []) or "<unset>"),
+            _col("Endpoints", lambda s: ",".join(a for e in s.get("endpoints") or [] for a in e["addresses"])
+                 or "<unset>"), AGE]),
+        Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, ["netpol"]),
     ]
 
 
