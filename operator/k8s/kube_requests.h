@@ -3,7 +3,7 @@
  * (API() in controller.c, PL_REQ elsewhere), so that a request missing here does not
  * compile; tests/cli/test_chart.py reads this table, checks that every call site names
  * a row whose verb fits the call, and that the chart's RBAC grants every row and
- * nothing else. Rows are written one per line, X(ID, "group", "resource", "verb"). */
+ * nothing else. Rows are written one per line: X(ID, group, resource, verb). */
 #ifndef PLIANT_KUBE_REQUESTS_H
 #define PLIANT_KUBE_REQUESTS_H
 
