@@ -1234,7 +1234,10 @@ static int reconcile(pl_controller *c, cjob *j)
     }
     if (!j->rt && start_runtime(c, j)) return -1;
     if (!j->rt) return write_status(c, j); /* it cannot start: Failed */
-    if (ensure_network(c, j) || ensure_pods(c, j) || prune_finished(c, j)) return -1;
+    if (ensure_network(c, j) || ensure_pods(c, j) || prune_finished(c, j)) {
+        if (j->status_dirty) write_status(c, j); /* a FailedCreate condition shows at once */
+        return -1;
+    }
     return j->status_dirty ? write_status(c, j) : 0;
 }
 
