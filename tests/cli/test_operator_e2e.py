@@ -886,9 +886,11 @@ def long_job_name_gets_short_object_names():
 @e2e_test("operator", jobs=["stuck"])
 def pending_job_meets_its_deadline():
     """activeDeadlineSeconds counts from status.startTime, set when the job is first
-    reconciled: a job whose Pods can never be scheduled fails with DeadlineExceeded."""
+    reconciled: a job whose Pods can never be scheduled fails with DeadlineExceeded, its
+    Pods are cleaned up, and ttlSecondsAfterFinished deletes it."""
     operator()
-    manifest = job_manifest("stuck", 50, extra="  runPolicy: {activeDeadlineSeconds: 4}\n").replace(
+    manifest = job_manifest("stuck", 50, extra="  runPolicy: {activeDeadlineSeconds: 4, "
+                                               "ttlSecondsAfterFinished: 6}\n").replace(
         "worker: {", "worker: {nodeSelector: {pool: none}, ")
     apply(manifest)
     st = wait_status("stuck", "startTime while Pending", lambda s: s.get("startTime"), 20)
@@ -899,7 +901,7 @@ def pending_job_meets_its_deadline():
     check(not st.get("step"), "the stuck job trained: %s", st.get("step"))
     check("DeadlineExceeded" in event_reasons("stuck"), "Events %s", event_reasons("stuck"))
     wait_for("the pending Pods to be cleaned up", lambda: not pods_now("stuck"), 30, 0.3, alive=ops_dead)
-    emu().kubectl_ok("delete", "tj", "stuck")
+    wait_for("ttlSecondsAfterFinished to delete the job", lambda: get_tj("stuck") is None, 30, 0.3, alive=ops_dead)
 
 
 @e2e_test("operator", jobs=["refused", "ckpt"])
