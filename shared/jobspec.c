@@ -290,30 +290,17 @@ static void set_defaults(pl_job *job)
     snprintf(job->profile, sizeof job->profile, "auto");
 }
 
-/* DNS-1123 label: [a-z0-9]([-a-z0-9]*[a-z0-9])?, at most 63 characters. */
-static int dns_label(const char *s)
+/* A DNS-1123 label ([a-z0-9]([-a-z0-9]*[a-z0-9])?) of at most max characters; with dots,
+ * a DNS-1123 subdomain (such labels joined by dots: a Kubernetes object name). */
+static int dns_name(const char *s, size_t max, int dots)
 {
     size_t n = strlen(s);
-    if (n == 0 || n > 63) return 0;
-    for (size_t i = 0; i < n; i++) {
-        char ch = s[i];
-        int alnum = (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9');
-        if (!alnum && !(ch == '-' && i > 0 && i < n - 1)) return 0;
-    }
-    return 1;
-}
-
-/* DNS-1123 subdomain (a Kubernetes object name): DNS-1123 labels joined by dots, at most
- * 253 characters. */
-static int dns_subdomain(const char *s)
-{
-    size_t n = strlen(s);
-    if (n == 0 || n > 253) return 0;
+    if (n == 0 || n > max) return 0;
     for (size_t i = 0; i < n; i++) {
         char ch = s[i];
         int alnum = (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9');
         int edge = i == 0 || i == n - 1 || s[i - 1] == '.' || s[i + 1] == '.';
-        if (!alnum && !((ch == '-' || ch == '.') && !edge)) return 0;
+        if (!alnum && !((ch == '-' || (dots && ch == '.')) && !edge)) return 0;
     }
     return 1;
 }
@@ -324,13 +311,13 @@ static int parse_metadata(pctx *c, const pl_ynode *root, pl_job *job)
     if (get_map(c, root, "", "metadata", 1, &md)) return -1;
     /* Other ObjectMeta fields (labels, annotations, uid, ...) are the API server's business. */
     if (get_str(c, md, "metadata", "name", 1, job->name, sizeof job->name)) return -1;
-    if (!dns_subdomain(job->name))
+    if (!dns_name(job->name, 253, 1))
         return pl_errf(c->err, c->errlen,
                        "metadata.name: must be lowercase letters, digits, '-' and '.', starting and "
                        "ending with a letter or digit, at most 253 characters (got \"%.70s\")",
                        job->name);
     if (get_str(c, md, "metadata", "namespace", 0, job->namespace_, sizeof job->namespace_)) return -1;
-    if (job->namespace_[0] && !dns_label(job->namespace_))
+    if (job->namespace_[0] && !dns_name(job->namespace_, 63, 0))
         return pl_errf(c->err, c->errlen,
                        "metadata.namespace: must be lowercase letters, digits and '-', starting and "
                        "ending with a letter or digit, at most 63 characters (got \"%.70s\")",

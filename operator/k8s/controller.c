@@ -386,8 +386,9 @@ static void update_phase_gauges(pl_controller *c)
     }
 }
 
-/* The job's series of /metrics, as its status shows it. The validation loss is NaN
- * until the job driver reports one (the series then appears). */
+/* The job's series of /metrics, as its status shows it. Hook: the validation loss stays
+ * NaN (its series absent) until the job driver reports one; set s.validation_loss from
+ * the driver here then. */
 static void update_job_metrics(pl_controller *c, cjob *j)
 {
     if (!c->cfg.metrics) return;
@@ -1094,6 +1095,7 @@ static int ensure_pods(pl_controller *c, cjob *j)
         if (k >= j->next_k) j->next_k = k + 1;
     }
     int allowed = pods_allowed(c, j, desired);
+    if (live >= desired) set_cond(j, "PodsCreated", 1, "Created", "every worker Pod was created");
     if (live >= allowed) return 0;
     char coord[700], host[600];
     snprintf(coord, sizeof coord, "%s:%d", coordinator_host(c, j, host, sizeof host),
@@ -1116,7 +1118,7 @@ static int ensure_pods(pl_controller *c, cjob *j)
         if (!p) return -1;
         pl_job_pod_name(j->obj, k, p->name, sizeof p->name);
         snprintf(p->phase, sizeof p->phase, "Pending");
-        pl_log(PL_LOG_DEBUG, "%s: created pod %s%s", j->key, p->name,
+        pl_log(PL_LOG_INFO, "%s: created pod %s%s", j->key, p->name,
                o.navoid ? " (kept off nodes cooling down)" : "");
         p->next = j->pods;
         j->pods = p;

@@ -38,6 +38,21 @@ static int valid_name(const char *s, int dots)
     return 1;
 }
 
+/* A parsed spec of HEAD + more (YAML lines of spec), its job object named "basic" (the
+ * result) and the builders' input o. */
+static cJSON *fixture(pl_job *spec, const char *more, pl_job_objects *o)
+{
+    char text[4096], err[256];
+    snprintf(text, sizeof text, "%s%s", HEAD, more);
+    if (pl_job_parse(text, NULL, spec, err, sizeof err)) {
+        printf("    %s\n", err);
+        return NULL;
+    }
+    cJSON *j = job_object("basic");
+    *o = (pl_job_objects){j, spec, "img", "/pliant", "basic-coordinator.training.svc:8443", NULL, 0};
+    return j;
+}
+
 /* The item of an array whose field `key` is `value`, or NULL. */
 static const cJSON *find(const cJSON *arr, const char *key, const char *value)
 {
@@ -121,10 +136,9 @@ static void test_owner_name(void)
 static void test_service_slice_policy(void)
 {
     pl_job spec;
-    char err[256];
-    CHECK_EQ_INT(pl_job_parse(HEAD, NULL, &spec, err, sizeof err), 0);
-    cJSON *j = job_object("basic");
-    pl_job_objects o = {j, &spec, "img", "/pliant", "", NULL, 0};
+    pl_job_objects o;
+    cJSON *j = fixture(&spec, "", &o);
+    CHECK(j);
     cJSON *svc = pl_job_service(&o, 8443);
     CHECK(!cJSON_GetObjectItem(cJSON_GetObjectItem(svc, "spec"), "selector"));
     const cJSON *port = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(svc, "spec"),
@@ -177,10 +191,9 @@ static void test_service_slice_policy(void)
 static void test_default_pod(void)
 {
     pl_job spec;
-    char err[256];
-    CHECK_EQ_INT(pl_job_parse(HEAD, NULL, &spec, err, sizeof err), 0);
-    cJSON *j = job_object("basic");
-    pl_job_objects o = {j, &spec, "img", "/pliant", "basic-coordinator.training.svc:8443", NULL, 0};
+    pl_job_objects o;
+    cJSON *j = fixture(&spec, "", &o);
+    CHECK(j);
     cJSON *pod = pl_job_pod(&o, 0);
     const cJSON *ps = cJSON_GetObjectItem(pod, "spec");
     CHECK(cJSON_IsFalse(cJSON_GetObjectItem(ps, "automountServiceAccountToken")));
@@ -244,13 +257,13 @@ static void test_default_pod(void)
 static void test_merged_pod(void)
 {
     pl_job spec;
+    pl_job_objects o;
     char err[256];
-    int rc = pl_job_parse(HEAD WORKER, NULL, &spec, err, sizeof err);
-    if (rc) printf("    %s\n", err);
-    CHECK_EQ_INT(rc, 0);
-    cJSON *j = job_object("basic");
+    cJSON *j = fixture(&spec, WORKER, &o);
+    CHECK(j);
     const char *avoid[] = {"node-1", "node-7"};
-    pl_job_objects o = {j, &spec, "img", "/pliant", "c:1", avoid, 2};
+    o.avoid = avoid;
+    o.navoid = 2;
     cJSON *pod = pl_job_pod(&o, 3);
     const cJSON *md = cJSON_GetObjectItem(pod, "metadata"), *labels = cJSON_GetObjectItem(md, "labels");
     CHECK(!strcmp(cJSON_GetObjectItem(labels, "kueue.x-k8s.io/queue-name")->valuestring, "gpu"));
@@ -277,7 +290,7 @@ static void test_merged_pod(void)
     int coordinators = 0;
     cJSON_ArrayForEach(e, env) coordinators += !strcmp(pl_kube_field(e, "name"), "PLIANT_COORDINATOR");
     CHECK_EQ_INT(coordinators, 1);
-    CHECK(!strcmp(pl_kube_field(find(env, "name", "PLIANT_COORDINATOR"), "value"), "c:1"));
+    CHECK(!strcmp(pl_kube_field(find(env, "name", "PLIANT_COORDINATOR"), "value"), o.coordinator));
     CHECK(!strcmp(pl_kube_field(find(env, "name", "PLIANT_THREADS"), "value"), "2"));
     /* the checkpoint PVC at checkpoint.dir; the user's pliant-job volume and
      * /etc/pliant mount are dropped */
@@ -324,12 +337,10 @@ static void test_merged_pod(void)
 static void test_user_tmp(void)
 {
     pl_job spec;
-    char err[256];
-    CHECK_EQ_INT(pl_job_parse(HEAD "  worker: {volumes: [{name: scratch, emptyDir: {medium: Memory}}],\n"
-                                   "           volumeMounts: [{name: scratch, mountPath: /tmp}]}\n",
-                              NULL, &spec, err, sizeof err), 0);
-    cJSON *j = job_object("basic");
-    pl_job_objects o = {j, &spec, "img", "/pliant", "c:1", NULL, 0};
+    pl_job_objects o;
+    cJSON *j = fixture(&spec, "  worker: {volumes: [{name: scratch, emptyDir: {medium: Memory}}],\n"
+                              "           volumeMounts: [{name: scratch, mountPath: /tmp}]}\n", &o);
+    CHECK(j);
     cJSON *pod = pl_job_pod(&o, 0);
     const cJSON *ps = cJSON_GetObjectItem(pod, "spec");
     const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(ps, "containers"), 0), *m;
