@@ -290,15 +290,17 @@ static void set_defaults(pl_job *job)
     snprintf(job->profile, sizeof job->profile, "auto");
 }
 
-/* DNS-1123 label: [a-z0-9]([-a-z0-9]*[a-z0-9])?, at most 63 characters. */
-static int dns_label(const char *s)
+/* A DNS-1123 label ([a-z0-9]([-a-z0-9]*[a-z0-9])?) of at most max characters; with dots,
+ * a DNS-1123 subdomain (such labels joined by dots: a Kubernetes object name). */
+static int dns_name(const char *s, size_t max, int dots)
 {
     size_t n = strlen(s);
-    if (n == 0 || n > 63) return 0;
+    if (n == 0 || n > max) return 0;
     for (size_t i = 0; i < n; i++) {
         char ch = s[i];
         int alnum = (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9');
-        if (!alnum && !(ch == '-' && i > 0 && i < n - 1)) return 0;
+        int edge = i == 0 || i == n - 1 || s[i - 1] == '.' || s[i + 1] == '.';
+        if (!alnum && !((ch == '-' || (dots && ch == '.')) && !edge)) return 0;
     }
     return 1;
 }
@@ -309,13 +311,13 @@ static int parse_metadata(pctx *c, const pl_ynode *root, pl_job *job)
     if (get_map(c, root, "", "metadata", 1, &md)) return -1;
     /* Other ObjectMeta fields (labels, annotations, uid, ...) are the API server's business. */
     if (get_str(c, md, "metadata", "name", 1, job->name, sizeof job->name)) return -1;
-    if (!dns_label(job->name))
+    if (!dns_name(job->name, 253, 1))
         return pl_errf(c->err, c->errlen,
-                       "metadata.name: must be lowercase letters, digits and '-', starting and ending "
-                       "with a letter or digit, at most 63 characters (got \"%.70s\")",
+                       "metadata.name: must be lowercase letters, digits, '-' and '.', starting and "
+                       "ending with a letter or digit, at most 253 characters (got \"%.70s\")",
                        job->name);
     if (get_str(c, md, "metadata", "namespace", 0, job->namespace_, sizeof job->namespace_)) return -1;
-    if (job->namespace_[0] && !dns_label(job->namespace_))
+    if (job->namespace_[0] && !dns_name(job->namespace_, 63, 0))
         return pl_errf(c->err, c->errlen,
                        "metadata.namespace: must be lowercase letters, digits and '-', starting and "
                        "ending with a letter or digit, at most 63 characters (got \"%.70s\")",
@@ -536,12 +538,58 @@ static int subtree_json(pctx *c, const pl_ynode *map, const char *path, char **o
     return 0;
 }
 
+/* A mapping of strings (labels, annotations, nodeSelector; null values pass as absent),
+ * each at most maxlen bytes (0: any length). */
+static int string_map(pctx *c, const pl_ynode *map, const char *parent, const char *key, size_t maxlen)
+{
+    const pl_ynode *m;
+    if (get_map(c, map, parent, key, 0, &m)) return -1;
+    if (!m) return 0;
+    char path[FIELD_MAX];
+    join(path, parent, key);
+    for (size_t i = 0; i < m->n; i++) {
+        const pl_ynode *v = field(m, m->keys[i]);
+        if (v && v->type != PL_Y_STR)
+            return pl_errf(c->err, c->errlen, "%s.%.100s: must be a string", path, m->keys[i]);
+        if (v && maxlen && v->len > maxlen)
+            return pl_errf(c->err, c->errlen, "%s.%.100s: must be at most %zu characters", path,
+                           m->keys[i], maxlen);
+    }
+    return 0;
+}
+
+/* A sequence of mappings, each with the string fields `req` (NULL-terminated). */
+static int map_list(pctx *c, const pl_ynode *map, const char *parent, const char *key,
+                    const char *const *req)
+{
+    const pl_ynode *v = field(map, key);
+    char path[FIELD_MAX];
+    join(path, parent, key);
+    if (!v) return 0;
+    if (v->type != PL_Y_SEQ) return type_error(c, path, pl_yaml_type_name(PL_Y_SEQ), v);
+    for (size_t i = 0; i < v->n; i++) {
+        char item[FIELD_MAX], buf[PL_PATH_MAX];
+        snprintf(item, sizeof item, "%.200s[%zu]", path, i);
+        if (v->kids[i]->type != PL_Y_MAP)
+            return type_error(c, item, pl_yaml_type_name(PL_Y_MAP), v->kids[i]);
+        for (const char *const *r = req; *r; r++)
+            if (get_str(c, v->kids[i], item, *r, 1, buf, sizeof buf)) return -1;
+    }
+    return 0;
+}
+
 static int parse_worker(pctx *c, const pl_ynode *spec, pl_job *job)
 {
     static const char *const known[] = {"image", "imagePullPolicy", "resources", "nodeSelector",
                                         "tolerations", "affinity", "priorityClassName", "env",
                                         "volumes", "volumeMounts",
-                                        "terminationGracePeriodSeconds", NULL};
+                                        "terminationGracePeriodSeconds", "labels", "annotations",
+                                        "imagePullSecrets", "serviceAccountName",
+                                        "automountServiceAccountToken", "schedulerName",
+                                        "runtimeClassName", "podSecurityContext", "securityContext",
+                                        NULL};
+    static const char *const named[] = {"name", NULL}, *const mount[] = {"name", "mountPath", NULL};
+    static const char *const none[] = {NULL};
     const char *P = "spec.worker";
     const pl_ynode *map;
     if (get_map(c, spec, "spec", "worker", 0, &map)) return -1;
@@ -549,12 +597,18 @@ static int parse_worker(pctx *c, const pl_ynode *spec, pl_job *job)
     if (check_fields(c, map, P, known)) return -1;
     uint64_t grace = 0;
     if (want_type(c, map, P, "image", PL_Y_STR) || want_type(c, map, P, "imagePullPolicy", PL_Y_STR) ||
-        want_type(c, map, P, "resources", PL_Y_MAP) ||
-        want_type(c, map, P, "nodeSelector", PL_Y_MAP) || want_type(c, map, P, "tolerations", PL_Y_SEQ) ||
-        want_type(c, map, P, "affinity", PL_Y_MAP) || want_type(c, map, P, "priorityClassName", PL_Y_STR) ||
-        want_type(c, map, P, "env", PL_Y_SEQ) || want_type(c, map, P, "volumes", PL_Y_SEQ) ||
-        want_type(c, map, P, "volumeMounts", PL_Y_SEQ) ||
-        get_u64(c, map, P, "terminationGracePeriodSeconds", INT64_MAX, &grace))
+        want_type(c, map, P, "resources", PL_Y_MAP) || string_map(c, map, P, "nodeSelector", 0) ||
+        map_list(c, map, P, "tolerations", none) || want_type(c, map, P, "affinity", PL_Y_MAP) ||
+        want_type(c, map, P, "priorityClassName", PL_Y_STR) || map_list(c, map, P, "env", named) ||
+        map_list(c, map, P, "volumes", named) || map_list(c, map, P, "volumeMounts", mount) ||
+        get_u64(c, map, P, "terminationGracePeriodSeconds", INT64_MAX, &grace) ||
+        string_map(c, map, P, "labels", 63) || string_map(c, map, P, "annotations", 0) ||
+        map_list(c, map, P, "imagePullSecrets", named) ||
+        want_type(c, map, P, "serviceAccountName", PL_Y_STR) ||
+        want_type(c, map, P, "automountServiceAccountToken", PL_Y_BOOL) ||
+        want_type(c, map, P, "schedulerName", PL_Y_STR) || want_type(c, map, P, "runtimeClassName", PL_Y_STR) ||
+        want_type(c, map, P, "podSecurityContext", PL_Y_MAP) ||
+        want_type(c, map, P, "securityContext", PL_Y_MAP))
         return -1;
     return subtree_json(c, map, P, &job->worker_json);
 }
@@ -562,7 +616,7 @@ static int parse_worker(pctx *c, const pl_ynode *spec, pl_job *job)
 static int parse_run_policy(pctx *c, const pl_ynode *spec, pl_job *job)
 {
     static const char *const known[] = {"suspend", "activeDeadlineSeconds", "ttlSecondsAfterFinished",
-                                        "cleanPodPolicy", NULL};
+                                        "cleanPodPolicy", "backoffLimit", NULL};
     static const char *const policies[] = {"All", "Running", "None", NULL};
     const char *P = "spec.runPolicy";
     const pl_ynode *map;
@@ -570,11 +624,12 @@ static int parse_run_policy(pctx *c, const pl_ynode *spec, pl_job *job)
     if (!map) return 0;
     if (check_fields(c, map, P, known)) return -1;
     uint64_t secs = 0;
-    int policy = 0;
+    int policy = 0, limit = 0;
     if (want_type(c, map, P, "suspend", PL_Y_BOOL) ||
         get_u64(c, map, P, "activeDeadlineSeconds", INT64_MAX, &secs) ||
         get_u64(c, map, P, "ttlSecondsAfterFinished", INT64_MAX, &secs) ||
-        get_enum(c, map, P, "cleanPodPolicy", policies, &policy))
+        get_enum(c, map, P, "cleanPodPolicy", policies, &policy) ||
+        get_int(c, map, P, "backoffLimit", 0, 0, INT_MAX, &limit))
         return -1;
     return subtree_json(c, map, P, &job->run_policy_json);
 }

@@ -8,14 +8,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "control_server.h"
-#include "job_objects.h"
 #include "job_driver.h"
+#include "job_metrics.h"
+#include "job_objects.h"
+#include "job_policy.h"
 #include "jobspec.h"
 #include "kube_client.h"
+#include "kube_requests.h"
 #include "kube_watch.h"
+#include "oplog.h"
 #include "util.h"
 #include "workqueue.h"
 
@@ -26,10 +29,11 @@
 #define API_ATTEMPTS 5         /* optimistic-concurrency retries */
 #define START_GRACE_MS 20000   /* the first plan: all Pods, or after this long those running */
 #define PORT_RANGE 256         /* control ports tried from port_base (the chart's NetworkPolicy) */
+#define MAX_AVOID 64           /* nodes cooling down a Pod is kept off, at most */
 #define CONTROLLER_NAME "pliant.dev/operator"
 
 static const char *const COND_TYPES[] = {"Created",   "Running",   "Reconfiguring", "WaitingForNodes",
-                                         "Suspended", "Succeeded", "Failed"};
+                                         "Suspended", "Succeeded", "Failed",        "PodsCreated"};
 #define NCOND (int)(sizeof COND_TYPES / sizeof COND_TYPES[0])
 
 typedef struct cpod {
@@ -52,7 +56,7 @@ typedef struct cjob {
     int have_spec, invalid;
     pl_job_driver *rt;          /* the job's driver (its coordinator), while it runs */
     int64_t done_ms;            /* when the runtime finished (flushing `stop`); 0: running */
-    int service_ok;             /* the runtime's Service exists */
+    int service_ok, slice_ok, policy_ok; /* the runtime's Service, EndpointSlice, NetworkPolicy */
     cpod *pods;
     int next_k;
     char phase[32];
@@ -60,15 +64,18 @@ typedef struct cjob {
     int status_dirty;
     int64_t status_ms;
     /* what the Events already covered */
-    int64_t ckpt_seen;
+    int64_t ckpt_seen, checkpoints;
     int reconfigs_before;       /* of runtimes that ended (a new leader, a restart) */
     int preempted, failed_pods;
+    int64_t failed_ms;          /* pl_now_ms() of the last failure counted */
+    int owed, streak;           /* failed Pods not replaced yet (back-off); failures in a row */
+    int64_t start_ms, end_ms;   /* startTime and completionTime on pl_now_ms()'s clock */
     char start_time[40], completion_time[40], last_ckpt_time[40], last_reconfig_time[40];
     struct cjob *next;
 } cjob;
 
 typedef struct cnode {
-    char name[256], zone[64];
+    char name[256], zone[64], hostname[256]; /* hostname: its kubernetes.io/hostname */
     struct cnode *next;
 } cnode;
 
@@ -103,65 +110,42 @@ struct pl_controller {
 
 /* ------------------------------------------------------------ small helpers */
 
-static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void logf_(const char *fmt, ...)
+/* The object (or collection) of request id's resource in the job's namespace; the
+ * status subresource's requests take the resource's ref. */
+static pl_kube_ref job_ref(const cjob *j, pl_kube_req id, const char *name)
 {
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("pliant-operator: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-}
-
-static void now_rfc3339(char *buf, size_t len)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    struct tm tm;
-    gmtime_r(&ts.tv_sec, &tm);
-    strftime(buf, len, "%Y-%m-%dT%H:%M:%SZ", &tm);
-}
-
-/* Seconds since the epoch of an RFC 3339 UTC time; 0 when it does not parse. */
-static time_t parse_rfc3339(const char *s)
-{
-    struct tm tm = {0};
-    if (!s || !strptime(s, "%Y-%m-%dT%H:%M:%S", &tm)) return 0;
-    return timegm(&tm);
-}
-
-static const pl_kube_ref TJ = {"pliant.dev", "v1alpha1", NULL, "trainingjobs", NULL, NULL};
-
-static pl_kube_ref job_ref(const cjob *j, const char *plural, const char *name)
-{
-    pl_kube_ref r = {plural == TJ.plural ? TJ.group : NULL, plural == TJ.plural ? TJ.version : "v1",
-                     j->ns, plural, name, NULL};
+    static char plurals[PL_REQ_COUNT][64];
+    const pl_kube_req_row *row = &pl_kube_req_rows[id];
+    snprintf(plurals[id], sizeof plurals[id], "%.*s", (int)strcspn(row->resource, "/"),
+             row->resource);
+    int tj = !strcmp(row->group, "pliant.dev");
+    pl_kube_ref r = {row->group[0] ? row->group : NULL, tj ? "v1alpha1" : "v1", j->ns,
+                     plurals[id], name, NULL};
     return r;
 }
 
-/* Counts and times API requests, and counts their errors, for /metrics. */
-/* API(c, verb, call, &st): the call, timed (the comma operator orders the clock first). */
-#define API(c, verb, call, st) ((c)->api_t0 = pl_now_ms(), api_done((c), (verb), (call), (st)))
+/* API(c, ID, call, &st): the call, which makes request ID of kube_requests.h, timed (the
+ * comma operator orders the clock first), counted for /metrics and logged at debug. */
+#define API(c, id, call, st) \
+    ((c)->api_t0 = pl_now_ms(), api_done((c), PL_REQ_##id, (call), (st)))
 
-static int api_done(pl_controller *c, const char *verb, int rc, const pl_kube_status *st)
+static int api_done(pl_controller *c, pl_kube_req id, int rc, const pl_kube_status *st)
 {
+    const pl_kube_req_row *row = &pl_kube_req_rows[id];
+    double s = (double)(pl_now_ms() - c->api_t0) / 1000.0;
     if (c->cfg.metrics) {
-        char lab[64];
-        snprintf(lab, sizeof lab, "verb=\"%s\"", verb);
+        char lab[160];
+        snprintf(lab, sizeof lab, "verb=\"%s\",resource=\"%s\"", row->verb, row->resource);
         pl_metrics_histogram_observe(c->cfg.metrics, "pliant_kube_request_seconds",
-                                     "Kubernetes API request latency", lab,
-                                     (double)(pl_now_ms() - c->api_t0) / 1000.0);
-    }
-    char labels[64];
-    snprintf(labels, sizeof labels, "verb=\"%s\"", verb);
-    if (c->cfg.metrics) {
+                                     "Kubernetes API request latency", lab, s);
         pl_metrics_counter_add(c->cfg.metrics, "pliant_kube_requests_total",
-                               "Kubernetes API requests", labels, 1);
+                               "Kubernetes API requests", lab, 1);
         if (rc && st->http != 404 && st->http != 409)
             pl_metrics_counter_add(c->cfg.metrics, "pliant_kube_request_errors_total",
-                                   "Kubernetes API requests that failed", labels, 1);
+                                   "Kubernetes API requests that failed", lab, 1);
     }
+    pl_log(PL_LOG_DEBUG, "%s %s: %s (%.3f s)", row->verb, row->resource,
+           rc ? st->message : "ok", s);
     return rc;
 }
 
@@ -178,8 +162,8 @@ static void event(pl_controller *c, cjob *j, const char *type, const char *reaso
     va_end(ap);
     pl_kube_event ev = {j->obj, type, reason, action, note, CONTROLLER_NAME, c->cfg.identity};
     pl_kube_status st;
-    if (API(c, "create", pl_kube_event_create(c->api, &ev, &st), &st))
-        logf_("%s: event %s: %s", j->key, reason, st.message);
+    if (API(c, EVENT_CREATE, pl_kube_event_create(c->api, &ev, &st), &st))
+        pl_log(PL_LOG_WARN, "%s: event %s: %s", j->key, reason, st.message);
 }
 
 /* ------------------------------------------------------------------ jobs */
@@ -214,12 +198,13 @@ static void job_stop(pl_controller *c, cjob *j)
     pl_job_driver_free(j->rt);
     j->rt = NULL;
     j->done_ms = 0;
-    j->service_ok = 0;
+    j->service_ok = j->slice_ok = j->policy_ok = 0;
 }
 
 static void job_free(pl_controller *c, cjob *j)
 {
     job_stop(c, j);
+    pl_job_metrics_forget(c->cfg.metrics, j->ns, j->name);
     for (cjob **p = &c->jobs; *p; p = &(*p)->next)
         if (*p == j) {
             *p = j->next;
@@ -235,6 +220,7 @@ static void job_free(pl_controller *c, cjob *j)
     free(j);
 }
 
+/* Sets a condition; the status is written when it changed. */
 static void set_cond(cjob *j, const char *type, int on, const char *reason, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 static void set_cond(cjob *j, const char *type, int on, const char *reason, const char *fmt, ...)
@@ -243,13 +229,17 @@ static void set_cond(cjob *j, const char *type, int on, const char *reason, cons
         if (strcmp(COND_TYPES[i], type)) continue;
         ccond *k = &j->cond[i];
         const char *st = on ? "True" : "False";
-        if (strcmp(k->status, st)) now_rfc3339(k->since, sizeof k->since);
-        snprintf(k->status, sizeof k->status, "%s", st);
-        snprintf(k->reason, sizeof k->reason, "%s", reason);
+        char message[sizeof k->message];
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(k->message, sizeof k->message, fmt, ap);
+        vsnprintf(message, sizeof message, fmt, ap);
         va_end(ap);
+        if (!strcmp(k->status, st) && !strcmp(k->reason, reason) && !strcmp(k->message, message))
+            return;
+        if (strcmp(k->status, st)) pl_rfc3339_now(k->since, sizeof k->since);
+        snprintf(k->status, sizeof k->status, "%s", st);
+        snprintf(k->reason, sizeof k->reason, "%s", reason);
+        snprintf(k->message, sizeof k->message, "%s", message);
         j->status_dirty = 1;
     }
 }
@@ -266,6 +256,19 @@ static void set_phase(cjob *j, const char *phase, const char *reason, const char
             set_cond(j, exclusive[i], 0, reason, "%s", msg);
     if (strcmp(phase, "Pending")) set_cond(j, phase, 1, reason, "%s", msg);
     j->status_dirty = 1;
+}
+
+/* The job ends now: phase Failed with reason, a Warning Event, its coordinator told. */
+static void fail_job(pl_controller *c, cjob *j, const char *reason, const char *msg)
+{
+    if (j->rt) {
+        pl_coord_end(pl_job_driver_coord(j->rt), msg);
+        j->done_ms = pl_now_ms();
+    }
+    set_phase(j, "Failed", reason, msg);
+    event(c, j, "Warning", reason, "Fail", "%s", msg);
+    pl_rfc3339_now(j->completion_time, sizeof j->completion_time);
+    j->end_ms = pl_now_ms();
 }
 
 /* ------------------------------------------------------------------ status */
@@ -362,6 +365,7 @@ static cJSON *status_json(pl_controller *c, cjob *j)
     cJSON_AddNumberToObject(nodes, "preempted", j->preempted);
     cJSON_AddNumberToObject(nodes, "failed", j->failed_pods);
     if (j->start_time[0]) cJSON_AddStringToObject(s, "startTime", j->start_time);
+    else cJSON_AddNullToObject(s, "startTime"); /* reset by a suspension */
     if (j->completion_time[0]) cJSON_AddStringToObject(s, "completionTime", j->completion_time);
     (void)c;
     return s;
@@ -382,19 +386,43 @@ static void update_phase_gauges(pl_controller *c)
     }
 }
 
-/* Also refreshes the jobs-by-phase gauges (a phase changes only with a status
- * write; before it, so that /metrics agrees once the status shows). */
+/* The job's series of /metrics, as its status shows it. Hook: the validation loss stays
+ * NaN (its series absent) until the job driver reports one; set s.validation_loss from
+ * the driver here then. */
+static void update_job_metrics(pl_controller *c, cjob *j)
+{
+    if (!c->cfg.metrics) return;
+    pl_job_sample s = {.workers_desired = j->have_spec ? (j->spec.nodes.max > 0 ? j->spec.nodes.max
+                                                                                : j->spec.nodes.min)
+                                                       : 0,
+                       .preemptions = j->preempted, .failed_pods = j->failed_pods,
+                       .reconfigurations = j->reconfigs_before, .checkpoints = j->checkpoints,
+                       .loss = NAN, .validation_loss = NAN};
+    if (j->rt) {
+        pl_coord *co = pl_job_driver_coord(j->rt);
+        s.workers_ready = pl_coord_live_workers(co);
+        s.reconfigurations += pl_coord_nreconfigs(co);
+        s.checkpoint_step = pl_coord_last_checkpoint(co);
+        int ns = pl_coord_nsteps(co);
+        if (ns > 0) s.loss = pl_coord_step_log(co, ns - 1)->loss;
+    }
+    pl_job_metrics_set(c->cfg.metrics, j->ns, j->name, &s);
+}
+
+/* Also refreshes the jobs-by-phase gauges and the job's series (a phase changes only
+ * with a status write; before it, so that /metrics agrees once the status shows). */
 static int write_status(pl_controller *c, cjob *j)
 {
     if (!j->obj) return 0;
     update_phase_gauges(c);
+    update_job_metrics(c, j);
     cJSON *s = status_json(c, j);
-    pl_kube_ref r = job_ref(j, TJ.plural, j->name);
+    pl_kube_ref r = job_ref(j, PL_REQ_JOB_STATUS_PATCH, j->name);
     pl_kube_status st;
-    int rc = API(c, "patch", pl_kube_patch_status(c->api, &r, s, NULL, &st), &st);
+    int rc = API(c, JOB_STATUS_PATCH, pl_kube_patch_status(c->api, &r, s, NULL, &st), &st);
     cJSON_Delete(s);
     if (rc) {
-        if (st.http != 404) logf_("%s: status: %s", j->key, st.message);
+        if (st.http != 404) pl_log(PL_LOG_WARN, "%s: status: %s", j->key, st.message);
         return -1;
     }
     j->status_dirty = 0;
@@ -429,24 +457,20 @@ static void name_events(pl_controller *c, cjob *j, const char *list, const char 
 }
 
 /* A new plan: Events for the workers it removed and added and for itself. */
-static void observe_reconfig(pl_controller *c, cjob *j, const pl_coord_reconfig_rec *x,
-                             const char *lab)
+static void observe_reconfig(pl_controller *c, cjob *j, const pl_coord_reconfig_rec *x)
 {
-    now_rfc3339(j->last_reconfig_time, sizeof j->last_reconfig_time);
+    pl_rfc3339_now(j->last_reconfig_time, sizeof j->last_reconfig_time);
     name_events(c, j, x->removed, "NodeLost", "RemoveNode");
     name_events(c, j, x->added, "NodeAdded", "AddNode");
     event(c, j, "Normal", "Reconfigured", "Reconfigure",
           "generation %lld at step %lld: %s; pipelines %s%s", (long long)x->generation,
           (long long)x->step, x->cause, x->pipelines,
           x->from_checkpoint ? " (from the checkpoint)" : "");
-    if (c->cfg.metrics)
-        pl_metrics_counter_add(c->cfg.metrics, "pliant_reconfigurations_total", "Plan changes",
-                               lab, 1);
     j->status_dirty = 1;
 }
 
 /* Events and metrics from what the driver reports since the last look. */
-static void observe_driver(pl_controller *c, cjob *j, const char *lab)
+static void observe_driver(pl_controller *c, cjob *j)
 {
     pl_metrics *m = c->cfg.metrics;
     int steps = 0;
@@ -455,7 +479,7 @@ static void observe_driver(pl_controller *c, cjob *j, const char *lab)
         switch (ev.kind) {
         case PL_JOB_DRIVER_STEP: steps++; break;
         case PL_JOB_DRIVER_RECONFIG:
-            observe_reconfig(c, j, pl_coord_reconfig(pl_job_driver_coord(j->rt), ev.index), lab);
+            observe_reconfig(c, j, pl_coord_reconfig(pl_job_driver_coord(j->rt), ev.index));
             break;
         case PL_JOB_DRIVER_RECOVERED:
             if (m)
@@ -466,17 +490,13 @@ static void observe_driver(pl_controller *c, cjob *j, const char *lab)
             break;
         case PL_JOB_DRIVER_CHECKPOINT:
             if (ev.error)
-                logf_("%s: checkpoint of step %lld: %s", j->key, (long long)ev.step, ev.error);
+                pl_log(PL_LOG_WARN, "%s: checkpoint of step %lld: %s", j->key, (long long)ev.step,
+                       ev.error);
             break;
         }
     }
     if (steps > 0) {
-        if (m) {
-            pl_metrics_counter_add(m, "pliant_steps_total", "Committed training steps", lab,
-                                   steps);
-            pl_metrics_gauge_set(m, "pliant_samples_per_second", "Training throughput", lab,
-                                 pl_job_driver_samples_per_second(j->rt));
-        }
+        pl_job_metrics_steps(m, j->ns, j->name, steps, pl_job_driver_samples_per_second(j->rt));
         if (pl_now_ms() - j->status_ms >= STATUS_EVERY_MS) j->status_dirty = 1;
     }
 }
@@ -485,27 +505,23 @@ static void observe_driver(pl_controller *c, cjob *j, const char *lab)
 static void observe(pl_controller *c, cjob *j)
 {
     pl_coord *co = pl_job_driver_coord(j->rt);
-    char lab[600];
-    snprintf(lab, sizeof lab, "namespace=\"%s\",job=\"%s\"", j->ns, j->name);
-    observe_driver(c, j, lab);
+    observe_driver(c, j);
     if (pl_coord_last_checkpoint(co) > j->ckpt_seen) {
         j->ckpt_seen = pl_coord_last_checkpoint(co);
-        now_rfc3339(j->last_ckpt_time, sizeof j->last_ckpt_time);
+        j->checkpoints++;
+        pl_rfc3339_now(j->last_ckpt_time, sizeof j->last_ckpt_time);
         event(c, j, "Normal", "CheckpointSaved", "Checkpoint", "step %lld saved to %s",
               (long long)j->ckpt_seen, j->spec.checkpoint.dir);
         j->status_dirty = 1;
     }
     const char *phase = phase_of(co);
     if (strcmp(phase, j->phase)) {
-        int first_run = !strcmp(phase, "Running") && !j->start_time[0];
-        if (first_run) {
-            now_rfc3339(j->start_time, sizeof j->start_time);
+        if (!strcmp(phase, "Running") && (!j->phase[0] || !strcmp(j->phase, "Pending")))
             event(c, j, "Normal", "Started", "Train", "training on %d workers",
                   pl_coord_live_workers(co));
-        }
         if (!strcmp(phase, "Succeeded") || !strcmp(phase, "Failed")) {
-            now_rfc3339(j->completion_time, sizeof j->completion_time);
-            j->done_ms = pl_now_ms();
+            pl_rfc3339_now(j->completion_time, sizeof j->completion_time);
+            j->end_ms = j->done_ms = pl_now_ms();
             event(c, j, !strcmp(phase, "Failed") ? "Warning" : "Normal", phase, "Finish", "%s",
                   !strcmp(phase, "Failed") ? pl_coord_reason(co) : "every step committed");
             pl_workqueue_add_after(c->q, j->key, FLUSH_MS + 100);
@@ -548,7 +564,8 @@ static void on_synced(void *user)
 static void on_error(const pl_kube_status *st, void *user)
 {
     informer *inf = user;
-    logf_("%s watch: %s (retrying)", inf->is_pod ? "Pod" : "TrainingJob", st->message);
+    pl_log(PL_LOG_WARN, "%s watch: %s (retrying)", inf->is_pod ? "Pod" : "TrainingJob",
+           st->message);
 }
 
 static void *informer_main(void *arg)
@@ -557,48 +574,83 @@ static void *informer_main(void *arg)
     pl_controller *c = inf->c;
     pl_watch_config wc = {.on_event = on_event, .on_synced = on_synced, .on_error = on_error,
                           .user = inf};
+    char err[512];
+    int rc;
     if (inf->is_pod) {
         wc.ref = (pl_kube_ref){NULL, "v1", c->cfg.namespace_, "pods", NULL, NULL};
         wc.label_selector = "app.kubernetes.io/name=" PL_WORKER_LABEL;
+        rc = PL_REQ(POD_WATCH, pl_watch_run(inf->client, &wc, NULL, err, sizeof err));
     } else {
-        wc.ref = TJ;
-        wc.ref.namespace_ = c->cfg.namespace_;
+        wc.ref = (pl_kube_ref){"pliant.dev", "v1alpha1", c->cfg.namespace_, "trainingjobs", NULL,
+                               NULL};
+        rc = PL_REQ(JOB_WATCH, pl_watch_run(inf->client, &wc, NULL, err, sizeof err));
     }
-    char err[512];
-    if (pl_watch_run(inf->client, &wc, NULL, err, sizeof err)) logf_("watch: %s", err);
+    if (rc) pl_log(PL_LOG_ERROR, "watch: %s", err);
     return NULL;
 }
 
-/* A node's topology.kubernetes.io/zone ("" unknown), looked up once. */
-static const char *node_zone(pl_controller *c, const char *node)
+/* A node's topology.kubernetes.io/zone and kubernetes.io/hostname, looked up once;
+ * NULL when it cannot be read. */
+static const cnode *node_info(pl_controller *c, const char *node)
 {
     for (cnode *n = c->nodes; n; n = n->next)
-        if (!strcmp(n->name, node)) return n->zone;
+        if (!strcmp(n->name, node)) return n;
     pl_kube_ref r = {NULL, "v1", NULL, "nodes", node, NULL};
     pl_kube_status st;
     cJSON *obj = NULL;
-    if (API(c, "get", pl_kube_get(c->api, &r, NULL, &obj, &st), &st)) return "";
+    if (API(c, NODE_GET, pl_kube_get(c->api, &r, NULL, &obj, &st), &st)) return NULL;
     cnode *n = calloc(1, sizeof *n);
-    const cJSON *z = cJSON_GetObjectItem(
-        cJSON_GetObjectItem(cJSON_GetObjectItem(obj, "metadata"), "labels"),
-        "topology.kubernetes.io/zone");
+    const cJSON *labels = cJSON_GetObjectItem(cJSON_GetObjectItem(obj, "metadata"), "labels");
+    const cJSON *z = cJSON_GetObjectItem(labels, "topology.kubernetes.io/zone");
+    const cJSON *h = cJSON_GetObjectItem(labels, "kubernetes.io/hostname");
     if (n) {
         snprintf(n->name, sizeof n->name, "%s", node);
         snprintf(n->zone, sizeof n->zone, "%s", cJSON_IsString(z) ? z->valuestring : "");
+        snprintf(n->hostname, sizeof n->hostname, "%s", cJSON_IsString(h) ? h->valuestring : node);
         n->next = c->nodes;
         c->nodes = n;
     }
     cJSON_Delete(obj);
-    return n ? n->zone : "";
+    return n;
+}
+
+/* Whether the Pod was stopped by a disruption (condition DisruptionTarget). */
+static int disrupted(const cJSON *pod)
+{
+    const cJSON *cond;
+    cJSON_ArrayForEach(cond, cJSON_GetObjectItem(cJSON_GetObjectItem(pod, "status"), "conditions"))
+    {
+        const char *t = pl_kube_field(cond, "type"), *s = pl_kube_field(cond, "status");
+        if (t && s && !strcmp(t, "DisruptionTarget") && !strcmp(s, "True")) return 1;
+    }
+    return 0;
+}
+
+/* A Pod ended or was disrupted: counted once, as preempted (a spot reclaim, an eviction,
+ * a lost node, a deletion) or failed (on its own: it counts toward backoffLimit and its
+ * replacement waits for the back-off). */
+static void count_pod(cjob *j, cpod *p, pl_watch_event ev, int disruption)
+{
+    int ended = ev == PL_WATCH_DELETED || !strcmp(p->phase, "Failed") ||
+                !strcmp(p->phase, "Succeeded");
+    if (p->counted || !(disruption || (ended && strcmp(p->phase, "Succeeded")))) return;
+    p->counted = 1;
+    if (disruption || p->deleting || ev == PL_WATCH_DELETED) {
+        j->preempted++;
+    } else {
+        int64_t now = pl_now_ms();
+        j->failed_pods++;
+        j->owed++;
+        j->streak = pl_failure_streak(j->streak, j->failed_ms ? now - j->failed_ms : -1);
+        j->failed_ms = now;
+    }
+    j->status_dirty = 1;
 }
 
 /* The Pod changed: its job's cache, the coordinator (a node lost), a reconcile. */
 static void pod_event(pl_controller *c, pl_watch_event ev, const cJSON *pod)
 {
-    /* the label key has dots: no dotted path */
-    const cJSON *label = cJSON_GetObjectItem(
-        cJSON_GetObjectItem(cJSON_GetObjectItem(pod, "metadata"), "labels"), PL_JOB_LABEL);
-    const char *job = cJSON_IsString(label) ? label->valuestring : NULL;
+    const char *job = pl_job_owner_name(pod);
     const char *ns = pl_kube_field(pod, "metadata.namespace");
     const char *name = pl_kube_field(pod, "metadata.name");
     if (!job || !ns || !name) return;
@@ -613,32 +665,20 @@ static void pod_event(pl_controller *c, pl_watch_event ev, const cJSON *pod)
         j->pods = p;
     }
     const char *node = pl_kube_field(pod, "spec.nodeName");
-    if (node && !p->zone[0] && ev != PL_WATCH_DELETED) {
-        snprintf(p->zone, sizeof p->zone, "%s", node_zone(c, node));
+    const cnode *info = node && !p->zone[0] && ev != PL_WATCH_DELETED ? node_info(c, node) : NULL;
+    if (info) {
+        snprintf(p->zone, sizeof p->zone, "%s", info->zone);
         if (j->rt && p->zone[0]) pl_job_driver_set_zone(j->rt, name, p->zone);
     }
     const char *phase = pl_kube_field(pod, "status.phase");
     if (strcmp(p->phase, phase ? phase : "Pending")) j->status_dirty = 1; /* nodes.running */
     snprintf(p->phase, sizeof p->phase, "%s", phase ? phase : "Pending");
     p->deleting = pl_kube_field(pod, "metadata.deletionTimestamp") != NULL;
-    /* a spot reclaim, an eviction or a lost node: preempted, not failed */
-    int disrupted = 0;
-    const cJSON *cond;
-    cJSON_ArrayForEach(cond, cJSON_GetObjectItem(cJSON_GetObjectItem(pod, "status"), "conditions"))
-    {
-        const char *t = pl_kube_field(cond, "type"), *s = pl_kube_field(cond, "status");
-        disrupted |= t && s && !strcmp(t, "DisruptionTarget") && !strcmp(s, "True");
-    }
-    int ended = ev == PL_WATCH_DELETED || !strcmp(p->phase, "Failed") ||
-                !strcmp(p->phase, "Succeeded");
-    if (!p->counted && (disrupted || (ended && strcmp(p->phase, "Succeeded")))) {
-        p->counted = 1;
-        if (disrupted || p->deleting || ev == PL_WATCH_DELETED) j->preempted++;
-        else j->failed_pods++;
-        j->status_dirty = 1;
-    }
+    count_pod(j, p, ev, disrupted(pod));
     /* a deleting Pod's worker got SIGTERM and leaves at a step boundary; the Pod's
      * end is a loss if it has not left by then */
+    int ended = ev == PL_WATCH_DELETED || !strcmp(p->phase, "Failed") ||
+                !strcmp(p->phase, "Succeeded");
     if (ended && !p->gone_reported && j->rt) {
         p->gone_reported = 1;
         char cause[96];
@@ -723,31 +763,80 @@ static char *secret_field(const cJSON *secret, const char *key)
     return cJSON_IsString(v) ? pl_base64_decode(v->valuestring) : NULL;
 }
 
-/* Creates an object; an existing one (409) is fine: reconcile is idempotent. */
-static int create_owned(pl_controller *c, cjob *j, const char *plural, cJSON *obj)
+/* API(c, ...) with the request's id in a variable (of a caller that names the row). */
+#define API_ID(c, id, call, st) ((c)->api_t0 = pl_now_ms(), api_done((c), (id), (call), (st)))
+
+/* Creates an object (request id, a create row): 0, 1 when it exists (409: reconcile is
+ * idempotent), −1 with *st. */
+static int create_owned(pl_controller *c, cjob *j, pl_kube_req id, cJSON *obj, pl_kube_status *st)
 {
-    if (!obj) return -1;
-    pl_kube_ref r = job_ref(j, plural, NULL);
-    pl_kube_status st;
-    int rc = API(c, "create", pl_kube_create(c->api, &r, obj, NULL, &st), &st);
+    if (!obj) return pl_kube_status_set(st, 0, "InternalError", "out of memory");
+    pl_kube_ref r = job_ref(j, id, NULL);
+    int rc = API_ID(c, id, pl_kube_create(c->api, &r, obj, NULL, st), st);
     cJSON_Delete(obj);
-    if (rc && st.http != 409) {
-        logf_("%s: create %s: %s", j->key, plural, st.message);
+    if (rc && st->http != 409) {
+        pl_log(PL_LOG_WARN, "%s: create %s: %s", j->key, r.plural, st->message);
         return -1;
     }
     return rc ? 1 : 0;
 }
 
-/* The address workers dial: the configured one, or the job's Service (its
- * endpoints follow the leader, whose Pod carries pliant.dev/role=leader), so
- * that a new leader is reached at the same name. */
+/* Deletes an object (request id, a delete row); one already gone is fine. */
+static int delete_obj(pl_controller *c, cjob *j, pl_kube_req id, const char *name)
+{
+    pl_kube_ref r = job_ref(j, id, name);
+    pl_kube_status st;
+    if (API_ID(c, id, pl_kube_delete(c->api, &r, "Background", &st), &st) && st.http != 404) {
+        pl_log(PL_LOG_WARN, "%s: delete %s %s: %s", j->key, r.plural, name, st.message);
+        return -1;
+    }
+    return 0;
+}
+
+/* The address workers dial: the configured one, or the job's Service (whose
+ * EndpointSlice the leader writes), so that a new leader is reached at the same name. */
 static const char *coordinator_host(const pl_controller *c, const cjob *j, char *buf, size_t len)
 {
     if (c->cfg.coordinator_host) return c->cfg.coordinator_host;
-    char svc[300];
+    char svc[PL_NAME_LEN];
     pl_job_service_name(j->obj, svc, sizeof svc);
     snprintf(buf, len, "%s.%s.svc", svc, j->ns);
     return buf;
+}
+
+static pl_job_objects job_objects(const pl_controller *c, const cjob *j, const char *coordinator)
+{
+    return (pl_job_objects){j->obj, &j->spec, c->cfg.worker_image, c->cfg.worker_command,
+                            coordinator, NULL, 0};
+}
+
+/* The first reconcile of a job by this process: its spec parsed, and what its status
+ * recorded (phase, Pods failed and preempted, start and completion times) taken up, so
+ * that a new leader goes on where the last one stopped. */
+static void first_look(pl_controller *c, cjob *j)
+{
+    char *text = manifest_text(j->obj), err[1024] = "";
+    if (text && pl_job_parse(text, NULL, &j->spec, err, sizeof err) == 0) j->have_spec = 1;
+    else j->invalid = 1;
+    free(text);
+    const char *prior = pl_kube_field(j->obj, "status.phase");
+    if (prior) snprintf(j->phase, sizeof j->phase, "%s", prior);
+    const cJSON *nodes = cJSON_GetObjectItem(cJSON_GetObjectItem(j->obj, "status"), "nodes");
+    const cJSON *failed = cJSON_GetObjectItem(nodes, "failed");
+    const cJSON *preempted = cJSON_GetObjectItem(nodes, "preempted");
+    if (cJSON_IsNumber(failed)) j->failed_pods = failed->valueint;
+    if (cJSON_IsNumber(preempted)) j->preempted = preempted->valueint;
+    j->owed = j->streak = 0; /* Pods listed before: replaced by the last leader, or now */
+    const char *t0 = pl_kube_field(j->obj, "status.startTime");
+    const char *t1 = pl_kube_field(j->obj, "status.completionTime");
+    if (t0 && (j->start_ms = pl_rfc3339_to_now_ms(t0, pl_now_ms())) != PL_NO_TIME)
+        snprintf(j->start_time, sizeof j->start_time, "%s", t0);
+    if (t1 && (j->end_ms = pl_rfc3339_to_now_ms(t1, pl_now_ms())) != PL_NO_TIME)
+        snprintf(j->completion_time, sizeof j->completion_time, "%s", t1);
+    if (j->invalid) {
+        set_phase(j, "Failed", "InvalidSpec", err);
+        event(c, j, "Warning", "Failed", "Validate", "%s", err);
+    }
 }
 
 /* A new leader (the Secret exists): the same control port (the Service's, which
@@ -755,12 +844,12 @@ static const char *coordinator_host(const pl_controller *c, const cjob *j, char 
  * status to take over. */
 static void restore_config(pl_controller *c, cjob *j, pl_job_driver_config *rc, pl_msg *plan)
 {
-    char svc[300];
+    char svc[PL_NAME_LEN];
     pl_job_service_name(j->obj, svc, sizeof svc);
-    pl_kube_ref r = job_ref(j, "services", svc);
+    pl_kube_ref r = job_ref(j, PL_REQ_SERVICE_GET, svc);
     pl_kube_status st;
     cJSON *service = NULL;
-    if (API(c, "get", pl_kube_get(c->api, &r, NULL, &service, &st), &st)) return;
+    if (API(c, SERVICE_GET, pl_kube_get(c->api, &r, NULL, &service, &st), &st)) return;
     const cJSON *port = cJSON_GetObjectItem(
         cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(service, "spec"), "ports"), 0),
         "port");
@@ -800,8 +889,6 @@ static void restore_config(pl_controller *c, cjob *j, pl_job_driver_config *rc, 
     const cJSON *nr = cJSON_GetObjectItem(status, "reconfigurations");
     if (cJSON_IsNumber(nr)) j->reconfigs_before = (int)nr->valuedouble;
     snprintf(j->phase, sizeof j->phase, "%s", phase); /* no new Started event */
-    const char *st0 = pl_kube_field(j->obj, "status.startTime");
-    if (st0) snprintf(j->start_time, sizeof j->start_time, "%s", st0);
 }
 
 /* A job's driver, started: NULL and err when the job cannot run. */
@@ -815,17 +902,32 @@ static pl_job_driver *start_driver(const pl_job_driver_config *cfg, char *err, s
     return d;
 }
 
+/* A new Secret with the runtime's token, certificate and key. */
+static int create_secret(pl_controller *c, cjob *j)
+{
+    pl_job_objects o = job_objects(c, j, "");
+    char *pem = pl_job_driver_cert_pem(j->rt), *kpem = pl_job_driver_key_pem(j->rt);
+    pl_kube_status st;
+    int rc = pem && kpem ? create_owned(c, j, PL_REQ_SECRET_CREATE,
+                                        pl_job_secret(&o, pl_job_driver_token(j->rt), pem, kpem),
+                                        &st)
+                         : -1;
+    free(pem);
+    free(kpem);
+    return rc < 0 ? -1 : 0;
+}
+
 /* The runtime: token and certificate from the Secret when it exists (a new
  * leader), else fresh ones, put into a new Secret. */
 static int start_runtime(pl_controller *c, cjob *j)
 {
-    char sname[300];
+    char sname[PL_NAME_LEN];
     pl_job_secret_name(j->obj, sname, sizeof sname);
-    pl_kube_ref r = job_ref(j, "secrets", sname);
+    pl_kube_ref r = job_ref(j, PL_REQ_SECRET_GET, sname);
     pl_kube_status st;
     cJSON *secret = NULL;
-    if (API(c, "get", pl_kube_get(c->api, &r, NULL, &secret, &st), &st) && st.http != 404) {
-        logf_("%s: secret: %s", j->key, st.message);
+    if (API(c, SECRET_GET, pl_kube_get(c->api, &r, NULL, &secret, &st), &st) && st.http != 404) {
+        pl_log(PL_LOG_WARN, "%s: secret: %s", j->key, st.message);
         return -1;
     }
     char host[600];
@@ -846,12 +948,12 @@ static int start_runtime(pl_controller *c, cjob *j)
     char err[1024] = "";
     j->rt = text ? start_driver(&rc, err, sizeof err) : NULL;
     if (!j->rt && rc.npipes) { /* cannot take over (the port is taken): start afresh */
-        logf_("%s: %s; starting a new plan", j->key, err);
+        pl_log(PL_LOG_WARN, "%s: %s; starting a new plan", j->key, err);
         rc.npipes = rc.port = 0;
         j->rt = start_driver(&rc, err, sizeof err);
     } else if (j->rt && rc.npipes) {
-        logf_("%s: taking over generation %lld at step %lld on port %d", j->key,
-              (long long)rc.generation, (long long)rc.step, rc.port);
+        pl_log(PL_LOG_INFO, "%s: taking over generation %lld at step %lld on port %d", j->key,
+               (long long)rc.generation, (long long)rc.step, rc.port);
     }
     pl_msg_free(&plan);
     free(token);
@@ -862,86 +964,188 @@ static int start_runtime(pl_controller *c, cjob *j)
     if (!j->rt) {
         /* a job the coordinator cannot run (a missing data file, no checkpoint to
          * resume): Failed, naming why */
-        logf_("%s: %s", j->key, err);
+        pl_log(PL_LOG_WARN, "%s: %s", j->key, err);
         set_phase(j, "Failed", "CannotStart", err);
         event(c, j, "Warning", "Failed", "Start", "%s", err);
-        now_rfc3339(j->completion_time, sizeof j->completion_time);
+        pl_rfc3339_now(j->completion_time, sizeof j->completion_time);
+        j->end_ms = pl_now_ms();
         return 0;
     }
-    if (!secret) {
-        pl_job_objects o = {j->obj, &j->spec, c->cfg.worker_image, c->cfg.worker_command, ""};
-        char *pem = pl_job_driver_cert_pem(j->rt), *kpem = pl_job_driver_key_pem(j->rt);
-        int crc = pem && kpem
-                      ? create_owned(c, j, "secrets",
-                                     pl_job_secret(&o, pl_job_driver_token(j->rt), pem, kpem))
-                      : -1;
-        free(pem);
-        free(kpem);
-        if (crc < 0) {
-            job_stop(c, j);
-            return -1;
-        }
+    if (!secret && create_secret(c, j)) {
+        job_stop(c, j);
+        return -1;
     }
     set_cond(j, "Created", 1, "Created", "coordinator on port %d", pl_job_driver_port(j->rt));
     for (const cpod *p = j->pods; p; p = p->next)
         if (p->zone[0]) pl_job_driver_set_zone(j->rt, p->name, p->zone);
-    if (c->cfg.metrics) { /* counters exist from the start (Prometheus practice) */
-        char lab[600];
-        snprintf(lab, sizeof lab, "namespace=\"%s\",job=\"%s\"", j->ns, j->name);
-        pl_metrics_counter_add(c->cfg.metrics, "pliant_reconfigurations_total", "Plan changes",
-                               lab, 0);
-        pl_metrics_counter_add(c->cfg.metrics, "pliant_steps_total", "Committed training steps",
-                               lab, 0);
-    }
-    logf_("%s: coordinator on %s:%d", j->key, rc.cert_host, pl_job_driver_port(j->rt));
+    /* counters exist from the start (Prometheus practice) */
+    pl_job_metrics_steps(c->cfg.metrics, j->ns, j->name, 0, NAN);
+    pl_log(PL_LOG_INFO, "%s: coordinator on %s:%d", j->key, rc.cert_host,
+           pl_job_driver_port(j->rt));
     return 0;
 }
 
-/* Worker Pods up to the desired count, named <job>-w<k>, k never reused. */
+/* The Service's EndpointSlice names this replica (the leader): created, or patched to
+ * this replica's address and the job's port (a new leader takes over). */
+static int ensure_slice(pl_controller *c, cjob *j)
+{
+    if (j->slice_ok || !c->cfg.advertise_ip) return 0;
+    pl_job_objects o = job_objects(c, j, "");
+    cJSON *slice = pl_job_endpoint_slice(&o, c->cfg.advertise_ip, pl_job_driver_port(j->rt));
+    pl_kube_status st;
+    int rc = create_owned(c, j, PL_REQ_SLICE_CREATE, cJSON_Duplicate(slice, 1), &st);
+    if (rc == 1) {
+        cJSON *patch = cJSON_CreateObject();
+        cJSON_AddItemToObject(patch, "endpoints", cJSON_DetachItemFromObject(slice, "endpoints"));
+        cJSON_AddItemToObject(patch, "ports", cJSON_DetachItemFromObject(slice, "ports"));
+        pl_kube_ref r = job_ref(j, PL_REQ_SLICE_PATCH, pl_kube_field(slice, "metadata.name"));
+        rc = API(c, SLICE_PATCH, pl_kube_patch(c->api, &r, PL_KUBE_MERGE_PATCH, patch, NULL, &st),
+                 &st);
+        if (rc) pl_log(PL_LOG_WARN, "%s: endpoint slice: %s", j->key, st.message);
+        cJSON_Delete(patch);
+    }
+    cJSON_Delete(slice);
+    if (rc) return -1;
+    j->slice_ok = 1;
+    return 0;
+}
+
+/* The job's Service, EndpointSlice and (when enabled) NetworkPolicy, once per runtime:
+ * not a request on every reconcile. */
+static int ensure_network(pl_controller *c, cjob *j)
+{
+    pl_job_objects o = job_objects(c, j, "");
+    pl_kube_status st;
+    if (!j->service_ok) {
+        if (create_owned(c, j, PL_REQ_SERVICE_CREATE,
+                         pl_job_service(&o, pl_job_driver_port(j->rt)), &st) < 0)
+            return -1;
+        j->service_ok = 1;
+    }
+    if (ensure_slice(c, j)) return -1;
+    if (c->cfg.network_policy && !j->policy_ok) {
+        if (create_owned(c, j, PL_REQ_POLICY_CREATE,
+                         pl_job_network_policy(&o, c->cfg.operator_namespace), &st) < 0)
+            return -1;
+        j->policy_ok = 1;
+    }
+    return 0;
+}
+
+/* k of a Pod named <job>-w<k>; −1 for another name. */
+static int pod_index(const char *prefix, const char *name)
+{
+    size_t n = strlen(prefix);
+    if (strncmp(name, prefix, n) || !name[n] || strspn(name + n, "0123456789") != strlen(name + n))
+        return -1;
+    return atoi(name + n);
+}
+
+static int pod_finished(const cpod *p)
+{
+    return !strcmp(p->phase, "Failed") || !strcmp(p->phase, "Succeeded");
+}
+
+/* The host names of the nodes the coordinator refuses now (cooling down). */
+static int avoid_nodes(pl_controller *c, cjob *j, const char **out)
+{
+    const char *names[MAX_AVOID];
+    int n = pl_coord_cooling_nodes(pl_job_driver_coord(j->rt), (int64_t)pl_now_ms(), names,
+                                   MAX_AVOID);
+    for (int i = 0; i < n; i++) {
+        const cnode *info = node_info(c, names[i]);
+        out[i] = info ? info->hostname : names[i];
+    }
+    return n;
+}
+
+/* How many worker Pods may exist now: all desired, but while failed ones wait for
+ * their back-off, not their replacements (the key comes back when it ends). */
+static int pods_allowed(pl_controller *c, cjob *j, int desired)
+{
+    if (!j->owed) return desired;
+    int64_t wait = j->failed_ms + pl_replacement_backoff_ms(j->streak) - (int64_t)pl_now_ms();
+    if (wait <= 0) {
+        j->owed = 0;
+        return desired;
+    }
+    pl_workqueue_add_after(c->q, j->key, wait);
+    return desired - j->owed;
+}
+
+/* A Pod the API server refused (quota, an admission webhook, Pod Security): a Warning
+ * Event and condition PodsCreated=False with its message, as controllers do; the
+ * caller retries with back-off. */
+static void failed_create(pl_controller *c, cjob *j, const pl_kube_status *st)
+{
+    set_cond(j, "PodsCreated", 0, "FailedCreate", "%s", st->message);
+    event(c, j, "Warning", "FailedCreate", "CreatePod", "Error creating: %s", st->message);
+}
+
+/* Worker Pods up to the desired count, named <job>-w<k>, k never reused, kept off the
+ * nodes cooling down. */
 static int ensure_pods(pl_controller *c, cjob *j)
 {
     int desired = j->spec.nodes.max > 0 ? j->spec.nodes.max : j->spec.nodes.min, live = 0;
-    size_t plen = strlen(j->name) + 2;
+    char prefix[PL_NAME_LEN];
+    pl_job_pod_prefix(j->obj, prefix, sizeof prefix);
     for (const cpod *p = j->pods; p; p = p->next) {
-        live += !p->deleting && strcmp(p->phase, "Failed") && strcmp(p->phase, "Succeeded");
-        if (!strncmp(p->name, j->name, plen - 2) && p->name[plen - 2] == '-' &&
-            p->name[plen - 1] == 'w') {
-            int k = atoi(p->name + plen);
-            if (k >= j->next_k) j->next_k = k + 1;
-        }
+        live += !p->deleting && !pod_finished(p);
+        int k = pod_index(prefix, p->name);
+        if (k >= j->next_k) j->next_k = k + 1;
     }
-    char coord[700];
-    char host[600];
+    int allowed = pods_allowed(c, j, desired);
+    if (live >= desired) set_cond(j, "PodsCreated", 1, "Created", "every worker Pod was created");
+    if (live >= allowed) return 0;
+    char coord[700], host[600];
     snprintf(coord, sizeof coord, "%s:%d", coordinator_host(c, j, host, sizeof host),
              pl_job_driver_port(j->rt));
-    pl_job_objects o = {j->obj, &j->spec, c->cfg.worker_image, c->cfg.worker_command, coord};
-    for (; live < desired; live++) {
+    const char *avoid[MAX_AVOID];
+    pl_job_objects o = job_objects(c, j, coord);
+    o.avoid = avoid;
+    o.navoid = avoid_nodes(c, j, avoid);
+    for (; live < allowed; live++) {
         int rc, k;
-        do rc = create_owned(c, j, "pods", pl_job_pod(&o, k = j->next_k++));
+        pl_kube_status st;
+        do rc = create_owned(c, j, PL_REQ_POD_CREATE, pl_job_pod(&o, k = j->next_k++), &st);
         while (rc == 1); /* the name exists: the next one */
-        if (rc) return -1;
+        if (rc) {
+            failed_create(c, j, &st);
+            return -1;
+        }
         /* counted at once: the watch reports it later (controller-runtime's expectations) */
         cpod *p = calloc(1, sizeof *p);
         if (!p) return -1;
         pl_job_pod_name(j->obj, k, p->name, sizeof p->name);
         snprintf(p->phase, sizeof p->phase, "Pending");
-        logf_("%s: created pod %s", j->key, p->name);
+        pl_log(PL_LOG_INFO, "%s: created pod %s%s", j->key, p->name,
+               o.navoid ? " (kept off nodes cooling down)" : "");
         p->next = j->pods;
         j->pods = p;
     }
+    if (live >= desired)
+        set_cond(j, "PodsCreated", 1, "Created", "every worker Pod was created");
     return 0;
 }
 
-static int delete_obj(pl_controller *c, cjob *j, const char *plural, const char *name)
+/* Finished worker Pods beyond the newest few, once the failed ones were replaced (the
+ * last few stay for their logs). */
+static int prune_finished(pl_controller *c, cjob *j)
 {
-    pl_kube_ref r = job_ref(j, plural, name);
-    pl_kube_status st;
-    if (API(c, "delete", pl_kube_delete(c->api, &r, "Background", &st), &st) &&
-        st.http != 404) {
-        logf_("%s: delete %s %s: %s", j->key, plural, name, st.message);
-        return -1;
+    if (j->owed) return 0;
+    char prefix[PL_NAME_LEN];
+    pl_job_pod_prefix(j->obj, prefix, sizeof prefix);
+    int n = 0, ks[256], del[256], rc = 0;
+    for (const cpod *p = j->pods; p && n < 256; p = p->next)
+        if (!p->deleting && pod_finished(p) && pod_index(prefix, p->name) >= 0)
+            ks[n++] = pod_index(prefix, p->name);
+    int m = pl_finished_to_delete(ks, n, del);
+    for (int i = 0; i < m; i++) {
+        char name[PL_NAME_LEN];
+        pl_job_pod_name(j->obj, del[i], name, sizeof name);
+        rc |= delete_obj(c, j, PL_REQ_POD_DELETE, name);
     }
-    return 0;
+    return rc;
 }
 
 /* A finished or suspended job's Pods, by runPolicy.cleanPodPolicy. */
@@ -951,7 +1155,7 @@ static int clean_pods(pl_controller *c, cjob *j, const char *policy)
     for (const cpod *p = j->pods; p; p = p->next) {
         int running = !strcmp(p->phase, "Running") || !strcmp(p->phase, "Pending");
         if (!p->deleting && (!strcmp(policy, "All") || (!strcmp(policy, "Running") && running)))
-            rc |= delete_obj(c, j, "pods", p->name);
+            rc |= delete_obj(c, j, PL_REQ_POD_DELETE, p->name);
     }
     return rc;
 }
@@ -961,6 +1165,48 @@ static int finished(const cjob *j)
     return !strcmp(j->phase, "Succeeded") || !strcmp(j->phase, "Failed");
 }
 
+/* A finished job: its Pods cleaned by cleanPodPolicy, deleted after
+ * ttlSecondsAfterFinished. */
+static int reconcile_finished(pl_controller *c, cjob *j)
+{
+    char policy[16];
+    run_policy_str(j, "cleanPodPolicy", policy, sizeof policy, "Running");
+    int64_t ttl = run_policy_int(j, "ttlSecondsAfterFinished");
+    if (ttl >= 0 && j->completion_time[0]) {
+        int64_t left = j->end_ms + ttl * 1000 - (int64_t)pl_now_ms();
+        if (left <= 0) return delete_obj(c, j, PL_REQ_JOB_DELETE, j->name);
+        pl_workqueue_add_after(c->q, j->key, left);
+    }
+    if (clean_pods(c, j, policy)) return -1;
+    return j->status_dirty ? write_status(c, j) : 0;
+}
+
+/* activeDeadlineSeconds (from status.startTime, Pending included) or backoffLimit
+ * passed: the job fails. 1 when it did. */
+static int past_limits(pl_controller *c, cjob *j)
+{
+    int64_t deadline = run_policy_int(j, "activeDeadlineSeconds");
+    int64_t limit = run_policy_int(j, "backoffLimit");
+    char msg[200];
+    if (deadline >= 0 && j->start_time[0]) {
+        int64_t left = j->start_ms + deadline * 1000 - (int64_t)pl_now_ms();
+        if (left <= 0) {
+            snprintf(msg, sizeof msg, "spec.runPolicy.activeDeadlineSeconds (%lld) passed",
+                     (long long)deadline);
+            fail_job(c, j, "DeadlineExceeded", msg);
+            return 1;
+        }
+        pl_workqueue_add_after(c->q, j->key, left);
+    }
+    if (pl_backoff_limit_exceeded(j->failed_pods, limit)) {
+        snprintf(msg, sizeof msg, "%d worker Pods failed, more than spec.runPolicy.backoffLimit (%lld)",
+                 j->failed_pods, (long long)limit);
+        fail_job(c, j, "BackoffLimitExceeded", msg);
+        return 1;
+    }
+    return 0;
+}
+
 static int reconcile(pl_controller *c, cjob *j)
 {
     if (!j->obj || pl_kube_field(j->obj, "metadata.deletionTimestamp")) {
@@ -968,60 +1214,32 @@ static int reconcile(pl_controller *c, cjob *j)
         if (!j->obj) job_free(c, j);
         return 0;
     }
-    if (!j->have_spec && !j->invalid) {
-        char *text = manifest_text(j->obj), err[1024] = "";
-        if (text && pl_job_parse(text, NULL, &j->spec, err, sizeof err) == 0) j->have_spec = 1;
-        else j->invalid = 1;
-        free(text);
-        const char *prior = pl_kube_field(j->obj, "status.phase");
-        if (prior) snprintf(j->phase, sizeof j->phase, "%s", prior);
-        if (j->invalid) {
-            set_phase(j, "Failed", "InvalidSpec", err);
-            event(c, j, "Warning", "Failed", "Validate", "%s", err);
-        }
-    }
+    if (!j->have_spec && !j->invalid) first_look(c, j);
     if (j->invalid) return j->status_dirty ? write_status(c, j) : 0;
-    char policy[16];
-    run_policy_str(j, "cleanPodPolicy", policy, sizeof policy, "Running");
     if (j->rt && j->done_ms && pl_now_ms() - j->done_ms >= FLUSH_MS) job_stop(c, j);
-    if (finished(j) && !j->rt) {
-        int64_t ttl = run_policy_int(j, "ttlSecondsAfterFinished");
-        time_t done = parse_rfc3339(j->completion_time[0] ? j->completion_time
-                                                          : pl_kube_field(j->obj, "status.completionTime"));
-        if (ttl >= 0 && done && time(NULL) >= done + ttl)
-            return delete_obj(c, j, TJ.plural, j->name);
-        if (ttl >= 0 && done) pl_workqueue_add_after(c->q, j->key, 1000 * (done + ttl - time(NULL)));
-        if (clean_pods(c, j, policy)) return -1;
-        return j->status_dirty ? write_status(c, j) : 0;
-    }
-    if (finished(j)) return 0; /* flushing stop to the workers */
+    if (finished(j)) return j->rt ? 0 : reconcile_finished(c, j); /* or flushing `stop` */
     if (run_policy_int(j, "suspend") == 1) {
         job_stop(c, j);
         set_phase(j, "Suspended", "Suspended", "spec.runPolicy.suspend is true");
+        j->start_time[0] = 0; /* the deadline counts again from the resumption (Job's) */
         if (clean_pods(c, j, "All")) return -1;
         return write_status(c, j);
     }
-    int64_t deadline = run_policy_int(j, "activeDeadlineSeconds");
-    time_t started = parse_rfc3339(j->start_time);
-    if (j->rt && deadline >= 0 && started && time(NULL) > started + deadline) {
-        pl_coord_end(pl_job_driver_coord(j->rt), "activeDeadlineSeconds passed");
-        set_phase(j, "Failed", "DeadlineExceeded", "spec.runPolicy.activeDeadlineSeconds passed");
-        event(c, j, "Warning", "Failed", "Deadline", "activeDeadlineSeconds (%lld) passed",
-              (long long)deadline);
-        j->done_ms = pl_now_ms();
-        now_rfc3339(j->completion_time, sizeof j->completion_time);
+    if (!j->start_time[0]) { /* the job starts when first reconciled */
+        pl_rfc3339_now(j->start_time, sizeof j->start_time);
+        j->start_ms = pl_now_ms();
+        j->status_dirty = 1;
+    }
+    if (past_limits(c, j)) {
+        pl_workqueue_add_after(c->q, j->key, FLUSH_MS + 100);
         return write_status(c, j);
     }
     if (!j->rt && start_runtime(c, j)) return -1;
     if (!j->rt) return write_status(c, j); /* it cannot start: Failed */
-    if (!j->service_ok) { /* once per runtime: not a request on every reconcile */
-        pl_job_objects o = {j->obj, &j->spec, c->cfg.worker_image, c->cfg.worker_command, ""};
-        if (create_owned(c, j, "services", pl_job_service(&o, pl_job_driver_port(j->rt))) < 0)
-            return -1;
-        j->service_ok = 1;
+    if (ensure_network(c, j) || ensure_pods(c, j) || prune_finished(c, j)) {
+        if (j->status_dirty) write_status(c, j); /* a FailedCreate condition shows at once */
+        return -1;
     }
-    if (ensure_pods(c, j)) return -1;
-    if (deadline >= 0) pl_workqueue_add_after(c->q, j->key, 1000);
     return j->status_dirty ? write_status(c, j) : 0;
 }
 
@@ -1088,7 +1306,8 @@ int pl_controller_run(pl_controller *c, const atomic_int *stop, char *err, size_
             if (!j->rt) continue;
             int wait = pl_workqueue_len(c->q) ? 0 : LOOP_MS / nrt;
             char why[256];
-            if (pl_job_driver_poll(j->rt, wait, why, sizeof why)) logf_("%s: %s", j->key, why);
+            if (pl_job_driver_poll(j->rt, wait, why, sizeof why))
+                pl_log(PL_LOG_WARN, "%s: %s", j->key, why);
             observe(c, j);
         }
         char key[512];

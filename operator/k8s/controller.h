@@ -2,12 +2,13 @@
  * controller-runtime's manner: two informers (TrainingJobs; worker Pods by
  * label) on their own threads feed one loop that owns everything else — a
  * work queue keyed by job with back-off on errors, an idempotent reconcile
- * (Secret, Service, worker Pods, clean-up, suspend, deadlines, TTL), and for
- * each running job its coordinator (job_driver.h) served in the same loop.
- * Status goes through the /status subresource (merge patch), Events through
- * events.k8s.io/v1. A deleted or failed Pod is the loss of that node; Pods
- * stopped by a disruption (condition DisruptionTarget, node gone) count as
- * preempted, not failed. */
+ * (Secret, Service and its EndpointSlice, NetworkPolicy, worker Pods, clean-up,
+ * suspend, deadlines, back-off and backoffLimit, TTL), and for each running job
+ * its coordinator (job_driver.h) served in the same loop. Status goes through
+ * the /status subresource (merge patch), Events through events.k8s.io/v1. A
+ * deleted or failed Pod is the loss of that node; Pods stopped by a disruption
+ * (condition DisruptionTarget, node gone) count as preempted, not failed.
+ * Every API request it makes is a row of kube_requests.h. */
 #ifndef PLIANT_CONTROLLER_H
 #define PLIANT_CONTROLLER_H
 
@@ -26,6 +27,10 @@ typedef struct {
     const char *worker_image;      /* when spec.worker.image is unset */
     const char *worker_command;    /* the pliant binary in the worker image */
     const char *identity;          /* this operator instance (Events' reportingInstance) */
+    const char *advertise_ip;      /* this replica's IP, the jobs' EndpointSlices' endpoint;
+                                    * NULL: no EndpointSlice is written */
+    int network_policy;            /* 1: a NetworkPolicy per job (pl_job_network_policy) */
+    const char *operator_namespace;/* where the operator's Pods run (that policy's peer) */
     pl_metrics *metrics;           /* may be NULL */
 } pl_controller_config;
 

@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include "kube_client.h"
+#include "kube_requests.h"
+#include "oplog.h"
 #include "util.h"
 
 #define JITTER 1.2 /* candidates wait retry_ms · [1, JITTER) */
@@ -129,9 +131,10 @@ static try_result create_lease(pl_leader *l)
              put_spec(obj, new_spec(l, NULL)) == 0;
     cJSON *out = NULL;
     pl_kube_status st;
-    if (ok && pl_kube_create(l->client, &r, obj, &out, &st) == 0) observe(l, out);
+    if (ok && PL_REQ(LEASE_CREATE, pl_kube_create(l->client, &r, obj, &out, &st)) == 0)
+        observe(l, out);
     else if (ok && st.http != 409) /* 409: another candidate created it first */
-        fprintf(stderr, "leader: create lease %s: %s\n", l->name, st.message);
+        pl_log(PL_LOG_WARN, "leader: create lease %s: %s", l->name, st.message);
     cJSON_Delete(obj);
     return out ? TRY_OK : TRY_FAILED;
 }
@@ -145,9 +148,9 @@ static try_result try_acquire_or_renew(pl_leader *l, int64_t timeout_ms)
     for (int attempt = 0; attempt < 2; attempt++) {
         cJSON *lease = NULL;
         pl_kube_status st;
-        if (pl_kube_get(l->client, &r, NULL, &lease, &st) != 0) {
+        if (PL_REQ(LEASE_GET, pl_kube_get(l->client, &r, NULL, &lease, &st)) != 0) {
             if (st.http == 404) return create_lease(l);
-            fprintf(stderr, "leader: get lease %s: %s\n", l->name, st.message);
+            pl_log(PL_LOG_WARN, "leader: get lease %s: %s", l->name, st.message);
             return TRY_FAILED;
         }
         observe(l, lease);
@@ -163,14 +166,14 @@ static try_result try_acquire_or_renew(pl_leader *l, int64_t timeout_ms)
             return TRY_FAILED;
         }
         cJSON *out = NULL;
-        int rc = pl_kube_replace(l->client, &r, obj, &out, &st);
+        int rc = PL_REQ(LEASE_UPDATE, pl_kube_replace(l->client, &r, obj, &out, &st));
         cJSON_Delete(obj);
         if (rc == 0) {
             observe(l, out);
             return TRY_OK;
         }
         if (st.http != 409) {
-            fprintf(stderr, "leader: update lease %s: %s\n", l->name, st.message);
+            pl_log(PL_LOG_WARN, "leader: update lease %s: %s", l->name, st.message);
             return TRY_FAILED;
         }
     }
@@ -191,8 +194,8 @@ static void release(pl_leader *l)
     pl_kube_ref r = lease_ref(l);
     pl_kube_status st;
     pl_kube_client_set_timeout(l->client, l->cfg.renew_ms);
-    if (pl_kube_replace(l->client, &r, l->lease, NULL, &st) != 0)
-        fprintf(stderr, "leader: release lease %s: %s\n", l->name, st.message);
+    if (PL_REQ(LEASE_UPDATE, pl_kube_replace(l->client, &r, l->lease, NULL, &st)) != 0)
+        pl_log(PL_LOG_WARN, "leader: release lease %s: %s", l->name, st.message);
 }
 
 static void set_leading(pl_leader *l, int leading)
@@ -223,7 +226,7 @@ static void *run(void *arg)
         if (tr == TRY_OK) {
             renewed = start;
         } else if (tr == TRY_HELD || pl_now_ms() - renewed >= l->cfg.renew_ms) {
-            fprintf(stderr, "leader: %s lost lease %s/%s\n", l->identity, l->ns, l->name);
+            pl_log(PL_LOG_ERROR, "leader: %s lost lease %s/%s", l->identity, l->ns, l->name);
             set_leading(l, 0);
             return NULL;
         }

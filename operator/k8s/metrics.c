@@ -127,6 +127,16 @@ void pl_metrics_counter_add(pl_metrics *m, const char *name, const char *help,
     pthread_mutex_unlock(&m->lock);
 }
 
+void pl_metrics_counter_set(pl_metrics *m, const char *name, const char *help,
+                            const char *labels, double total)
+{
+    if (!(total >= 0)) return;
+    pthread_mutex_lock(&m->lock);
+    series *s = lookup(m, name, help, COUNTER, labels);
+    if (s && total > s->value) s->value = total;
+    pthread_mutex_unlock(&m->lock);
+}
+
 void pl_metrics_gauge_set(pl_metrics *m, const char *name, const char *help, const char *labels,
                           double v)
 {
@@ -158,6 +168,25 @@ void pl_metrics_clear(pl_metrics *m, const char *name)
             free_series(f->series);
             f->series = NULL;
             break;
+        }
+    }
+    pthread_mutex_unlock(&m->lock);
+}
+
+void pl_metrics_drop_series(pl_metrics *m, const char *labels)
+{
+    size_t n = strlen(labels);
+    pthread_mutex_lock(&m->lock);
+    for (family *f = m->families; f; f = f->next) {
+        for (series **sp = &f->series; *sp;) {
+            series *s = *sp;
+            if (!strncmp(s->labels, labels, n) && (!s->labels[n] || s->labels[n] == ',')) {
+                *sp = s->next;
+                s->next = NULL;
+                free_series(s);
+            } else {
+                sp = &s->next;
+            }
         }
     }
     pthread_mutex_unlock(&m->lock);

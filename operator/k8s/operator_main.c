@@ -2,10 +2,11 @@
  * leader election (leader.h: only the Lease holder reconciles and runs
  * coordinators; a replica that loses the Lease exits so that it restarts as a
  * candidate), /metrics on --metrics-addr and /healthz, /readyz on
- * --health-addr (probe_server.h). Defaults come from the Pod's environment
- * the chart sets: POD_NAME (identity), POD_NAMESPACE (the Lease's),
- * POD_IP (the address workers dial), PLIANT_WORKER_IMAGE. SIGTERM or SIGINT
- * stops it cleanly (exit 0). */
+ * --health-addr (probe_server.h), its log filtered by --log-level (oplog.h).
+ * Defaults come from the Pod's environment the chart sets: POD_NAME (identity),
+ * POD_NAMESPACE (the Lease's, and the operator's in the jobs' NetworkPolicies),
+ * POD_IP (the endpoint of the jobs' coordinator Services), PLIANT_WORKER_IMAGE.
+ * SIGTERM or SIGINT stops it cleanly (exit 0). */
 #include <getopt.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -15,11 +16,10 @@
 #include <unistd.h>
 
 #include "controller.h"
-#include "job_objects.h"
-#include "kube_client.h"
 #include "kube_config.h"
 #include "leader.h"
 #include "metrics.h"
+#include "oplog.h"
 #include "probe_server.h"
 
 #define VERSION "pliant-operator 0.1 (control protocol 1, hello_resume)"
@@ -33,15 +33,21 @@ static void on_signal(int sig)
     atomic_store(&stop_flag, 1);
 }
 
+/* pliant_leader: 1 while this replica leads. */
+static void set_leader_gauge(pl_metrics *m, int on)
+{
+    pl_metrics_gauge_set(m, "pliant_leader", "1 while this replica leads", NULL, on);
+}
+
 static void on_started(void *user)
 {
-    (void)user;
     atomic_store(&leading, 1);
+    set_leader_gauge(user, 1);
 }
 
 static void on_stopped(void *user)
 {
-    (void)user;
+    set_leader_gauge(user, 0);
     if (!atomic_load(&leading)) return;
     atomic_store(&lost_lease, 1);
     atomic_store(&stop_flag, 1); /* the controller stops: another replica leads now */
@@ -66,26 +72,6 @@ static int ready(void *user)
     return p->ctl && pl_controller_synced(p->ctl);
 }
 
-/* In a Pod: label it the leader, so that the jobs' Services (selector
- * pliant.dev/role=leader) send workers here. Best effort: logged on failure. */
-static void label_leader(pl_kube_config *kc)
-{
-    const char *pod = getenv("POD_NAME"), *ns = getenv("POD_NAMESPACE");
-    if (!pod || !ns) return;
-    char err[512] = "";
-    pl_kube_client *c = pl_kube_client_new(kc, err, sizeof err);
-    cJSON *patch = cJSON_CreateObject();
-    cJSON_AddStringToObject(
-        cJSON_AddObjectToObject(cJSON_AddObjectToObject(patch, "metadata"), "labels"),
-        PL_LEADER_LABEL, "leader");
-    pl_kube_ref r = {NULL, "v1", ns, "pods", pod, NULL};
-    pl_kube_status st = {0};
-    if (!c || pl_kube_patch(c, &r, PL_KUBE_MERGE_PATCH, patch, NULL, &st))
-        fprintf(stderr, "pliant-operator: labelling pod %s: %s\n", pod, c ? st.message : err);
-    cJSON_Delete(patch);
-    pl_kube_client_free(c);
-}
-
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -93,13 +79,20 @@ static void usage(FILE *f)
             "         [--lease-name NAME] [--lease-namespace NS] [--lease-duration S] [--identity ID]\n"
             "         [--metrics-addr HOST:PORT] [--health-addr HOST:PORT]\n"
             "         [--coordinator-host HOST] [--coordinator-port BASE] [--bind-host HOST]\n"
-            "         [--worker-image IMAGE]\n"
-            "         [--worker-command PATH] [--log-level debug|info] [--version]\n"
+            "         [--worker-image IMAGE] [--worker-command PATH]\n"
+            "         [--advertise-address IP] [--job-network-policy] [--operator-namespace NS]\n"
+            "         [--log-level error|warn|info|debug] [--version]\n"
             "  --kubeconfig: else $KUBECONFIG, the in-cluster service account, ~/.kube/config\n"
             "  --namespace: watch one namespace (default: all)\n"
             "  --metrics-addr, --health-addr: default :8080 and :8081; \"\" turns one off\n"
             "  --coordinator-host: the address worker Pods dial (default: in a Pod, each job's\n"
-            "      Service, whose endpoints follow the leader; else 127.0.0.1)\n");
+            "      Service, whose EndpointSlice the leader writes; else 127.0.0.1)\n"
+            "  --advertise-address: this replica's IP in those EndpointSlices (default $POD_IP;\n"
+            "      none: no EndpointSlice)\n"
+            "  --job-network-policy: a NetworkPolicy per job: ingress to its worker Pods from\n"
+            "      its own Pods and from operator Pods of --operator-namespace (default\n"
+            "      $POD_NAMESPACE)\n"
+            "  --log-level: messages at this level and above are written (default info)\n");
 }
 
 static const char *env_or(const char *name, const char *dflt)
@@ -111,9 +104,9 @@ static const char *env_or(const char *name, const char *dflt)
 /* The command line, with the defaults the Pod's environment gives. */
 typedef struct {
     const char *kubeconfig, *ns, *lease_name, *lease_ns, *metrics_addr, *health_addr,
-        *coord_host, *bind_host, *image, *command;
+        *coord_host, *bind_host, *image, *command, *advertise, *operator_ns;
     char identity[256];
-    int leader_elect, lease_s, port_base;
+    int leader_elect, lease_s, port_base, network_policy;
 } op_args;
 
 static void default_args(op_args *a)
@@ -123,6 +116,8 @@ static void default_args(op_args *a)
                    /* in a Pod: the jobs' Services (they follow the leader); else this host */
                    .coord_host = getenv("POD_NAME") ? NULL : "127.0.0.1",
                    .image = env_or("PLIANT_WORKER_IMAGE", NULL), .lease_s = 15,
+                   .advertise = env_or("POD_IP", NULL),
+                   .operator_ns = env_or("POD_NAMESPACE", NULL),
                    .port_base = atoi(env_or("PLIANT_COORDINATOR_PORT", "0"))};
     snprintf(a->identity, sizeof a->identity, "%s", env_or("POD_NAME", ""));
     if (!a->identity[0]) {
@@ -146,6 +141,9 @@ static int parse_args(int argc, char **argv, op_args *a)
         {"log-level", required_argument, 0, 'v'},     {"version", no_argument, 0, 'V'},
         {"lease-duration", required_argument, 0, 'D'},
         {"coordinator-port", required_argument, 0, 'P'},
+        {"advertise-address", required_argument, 0, 'A'},
+        {"job-network-policy", no_argument, 0, 'p'},
+        {"operator-namespace", required_argument, 0, 'O'},
         {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
     default_args(a);
     int c;
@@ -164,31 +162,41 @@ static int parse_args(int argc, char **argv, op_args *a)
         case 'b': a->bind_host = optarg; break;
         case 'I': a->image = optarg; break;
         case 'w': a->command = optarg; break;
-        case 'v':
-            if (strcmp(optarg, "debug") && strcmp(optarg, "info")) {
-                fprintf(stderr, "pliant-operator: --log-level: must be debug or info\n");
+        case 'v': {
+            pl_log_level level;
+            if (pl_log_parse_level(optarg, &level)) {
+                pl_log(PL_LOG_ERROR, "--log-level: must be error, warn, info or debug (got %s)",
+                       optarg);
                 return 2;
             }
+            pl_log_set_level(level);
             break;
+        }
         case 'D':
             a->lease_s = atoi(optarg);
             if (a->lease_s < 2 || a->lease_s > 3600) {
-                fprintf(stderr, "pliant-operator: --lease-duration: seconds in 2..3600\n");
+                pl_log(PL_LOG_ERROR, "--lease-duration: seconds in 2..3600");
                 return 2;
             }
             break;
         case 'P': a->port_base = atoi(optarg); break;
+        case 'A': a->advertise = optarg[0] ? optarg : NULL; break;
+        case 'p': a->network_policy = 1; break;
+        case 'O': a->operator_ns = optarg; break;
         case 'V': puts(VERSION); return 0;
         case 'h': usage(stdout); return 0;
         default:
-            fprintf(stderr, "pliant-operator: unknown option or missing value: '%s'\n",
-                    argv[optind - 1]);
+            pl_log(PL_LOG_ERROR, "unknown option or missing value: '%s'", argv[optind - 1]);
             usage(stderr);
             return 2;
         }
     }
     if (optind != argc) {
-        fprintf(stderr, "pliant-operator: unexpected argument '%s'\n", argv[optind]);
+        pl_log(PL_LOG_ERROR, "unexpected argument '%s'", argv[optind]);
+        return 2;
+    }
+    if (a->network_policy && !a->operator_ns) {
+        pl_log(PL_LOG_ERROR, "--job-network-policy: needs --operator-namespace or $POD_NAMESPACE");
         return 2;
     }
     return -1;
@@ -205,9 +213,10 @@ static void catch_signals(void)
 
 /* With --leader-elect: campaigns for the Lease (*leader) and waits until this
  * replica leads or is stopped. Without, it leads at once. */
-static int lead(const op_args *a, pl_kube_config *kc, pl_leader **leader, char *err,
-                size_t errlen)
+static int lead(const op_args *a, pl_kube_config *kc, pl_metrics *metrics, pl_leader **leader,
+                char *err, size_t errlen)
 {
+    set_leader_gauge(metrics, !a->leader_elect);
     if (!a->leader_elect) {
         atomic_store(&leading, 1);
         return 0;
@@ -215,13 +224,10 @@ static int lead(const op_args *a, pl_kube_config *kc, pl_leader **leader, char *
     pl_leader_config lc = {.kc = kc, .namespace_ = a->lease_ns, .name = a->lease_name,
                            .identity = a->identity, .lease_ms = a->lease_s * 1000,
                            .renew_ms = a->lease_s * 2000 / 3, .retry_ms = a->lease_s * 2000 / 15,
-                           .on_started = on_started, .on_stopped = on_stopped};
+                           .on_started = on_started, .on_stopped = on_stopped, .user = metrics};
     if (!(*leader = pl_leader_start(&lc, err, errlen))) return -1;
     while (!atomic_load(&stop_flag) && !atomic_load(&leading)) usleep(50 * 1000);
-    if (atomic_load(&leading)) {
-        fprintf(stderr, "pliant-operator: %s leads\n", a->identity);
-        label_leader(kc);
-    }
+    if (atomic_load(&leading)) pl_log(PL_LOG_INFO, "%s leads", a->identity);
     return 0;
 }
 
@@ -238,7 +244,9 @@ static int run(const op_args *a, pl_kube_config *kc)
     pl_controller_config cc = {.kc = kc, .namespace_ = a->ns, .coordinator_host = a->coord_host,
                                .bind_host = a->bind_host, .port_base = a->port_base,
                                .worker_image = a->image, .worker_command = a->command,
-                               .identity = a->identity, .metrics = metrics};
+                               .identity = a->identity, .metrics = metrics,
+                               .advertise_ip = a->advertise, .network_policy = a->network_policy,
+                               .operator_namespace = a->operator_ns};
     if (!metrics || !(ps.ctl = pl_controller_new(&cc, err, sizeof err))) goto done;
     pl_probe_config mc = {.addr = a->metrics_addr, .metrics = metrics_text, .ready = ready,
                           .user = &ps};
@@ -246,17 +254,16 @@ static int run(const op_args *a, pl_kube_config *kc)
     if ((a->metrics_addr[0] && !(mp = pl_probe_start(&mc, err, sizeof err))) ||
         (a->health_addr[0] && !(hp = pl_probe_start(&hc, err, sizeof err))))
         goto done;
-    fprintf(stderr, "pliant-operator: %s, identity %s, workers dial %s, metrics port %d, "
-            "health port %d\n", VERSION, a->identity,
-            a->coord_host ? a->coord_host : "each job's Service", mp ? pl_probe_port(mp) : 0,
-            hp ? pl_probe_port(hp) : 0);
-    if (lead(a, kc, &leader, err, sizeof err)) goto done;
+    pl_log(PL_LOG_INFO, "%s, identity %s, workers dial %s, metrics port %d, health port %d",
+           VERSION, a->identity, a->coord_host ? a->coord_host : "each job's Service",
+           mp ? pl_probe_port(mp) : 0, hp ? pl_probe_port(hp) : 0);
+    if (lead(a, kc, metrics, &leader, err, sizeof err)) goto done;
     if (!atomic_load(&stop_flag) && pl_controller_run(ps.ctl, &stop_flag, err, sizeof err))
         goto done;
     rc = atomic_load(&lost_lease) ? 1 : 0;
     if (rc) snprintf(err, sizeof err, "lost the lease: exiting so that another replica leads");
 done:
-    if (rc && err[0]) fprintf(stderr, "pliant-operator: %s\n", err);
+    if (rc && err[0]) pl_log(PL_LOG_ERROR, "%s", err);
     pl_controller_free(ps.ctl);
     pl_leader_stop(leader);
     pl_probe_stop(hp);
@@ -273,7 +280,7 @@ int main(int argc, char **argv)
     char err[1024] = "";
     pl_kube_config kc;
     if (pl_kube_config_load_default(&kc, a.kubeconfig, err, sizeof err)) {
-        fprintf(stderr, "pliant-operator: %s\n", err);
+        pl_log(PL_LOG_ERROR, "%s", err);
         return 2;
     }
     catch_signals();

@@ -1,6 +1,8 @@
 /* The controller's rate-limited work queue of object keys, as controller-runtime's
  * (workqueue.h). */
 #include "workqueue.h"
+
+#include "oplog.h"
 #include "util.h"
 
 #include <pthread.h>
@@ -80,13 +82,13 @@ static item *find_or_new(pl_workqueue *q, const char *key)
     item *it = find(q, key);
     if (it) return it;
     if (strlen(key) >= PL_WORKQUEUE_KEY_MAX) {
-        fprintf(stderr, "workqueue: key too long, ignored: %.64s...\n", key);
+        pl_log(PL_LOG_ERROR, "workqueue: key too long, ignored: %.64s...", key);
         return NULL;
     }
     it = calloc(1, sizeof *it);
     if (!it || !(it->key = strdup(key))) {
         free(it);
-        fprintf(stderr, "workqueue: out of memory, %s dropped\n", key);
+        pl_log(PL_LOG_ERROR, "workqueue: out of memory, %s dropped", key);
         return NULL;
     }
     it->due_ms = NO_DUE;
@@ -117,7 +119,7 @@ static void enqueue(pl_workqueue *q, item *it)
         size_t cap = q->cap ? q->cap * 2 : 16;
         item **f = malloc(cap * sizeof *f);
         if (!f) {
-            fprintf(stderr, "workqueue: out of memory, %s dropped\n", it->key);
+            pl_log(PL_LOG_ERROR, "workqueue: out of memory, %s dropped", it->key);
             drop_if_idle(q, it);
             return;
         }

@@ -1773,3 +1773,11 @@ const pl_coord_reconfig_rec *pl_coord_reconfig(const pl_coord *c, int i)
 {
     return i >= 0 && i < c->nrec ? &c->rec[i] : NULL;
 }
+
+int pl_coord_cooling_nodes(const pl_coord *c, int64_t now_ms, const char **names, int max)
+{
+    int n = 0;
+    for (int k = 0; k < c->nnodes && n < max; k++)
+        if (c->nodes[k].until > now_ms) names[n++] = c->nodes[k].name;
+    return n;
+}

@@ -222,5 +222,9 @@ int pl_coord_nsteps(const pl_coord *c); /* committed steps logged */
 const pl_coord_step_rec *pl_coord_step_log(const pl_coord *c, int i);
 int pl_coord_nreconfigs(const pl_coord *c); /* plans after the first */
 const pl_coord_reconfig_rec *pl_coord_reconfig(const pl_coord *c, int i);
+/* The nodes refused at now_ms because they are cooling down (their workers failed
+ * twice or more): up to max names (pointers into the coordinator, valid until the next
+ * event) into names; the count. */
+int pl_coord_cooling_nodes(const pl_coord *c, int64_t now_ms, const char **names, int max);
 
 #endif

@@ -118,9 +118,10 @@ def chart_crd_is_the_crd():
 def renders_default_values():
     objs = render()
     kinds = sorted(o["kind"] for _, o in objs)
+    # one NetworkPolicy: the operator's (the workers' are per job, written by the operator)
     check(kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
                            "ClusterRoleBinding", "Role", "RoleBinding", "Deployment", "Service",
-                           "NetworkPolicy", "NetworkPolicy", "PodDisruptionBudget"]),
+                           "NetworkPolicy", "PodDisruptionBudget"]),
           "kinds %r", kinds)
     names = set()
     for tmpl, o in objs:
@@ -165,8 +166,8 @@ def deployment_defaults():
     c = _container(dep)
     check(c["image"] == "ghcr.io/pliant-dev/pliant-operator:0.1.0", "image %r", c["image"])
     check(c["command"] == ["/usr/local/bin/pliant-operator"], "command %r", c["command"])
-    check(c["args"] == ["--leader-elect", "--metrics-addr=:8080", "--health-addr=:8081", "--log-level=info"],
-          "args %r", c["args"])
+    check(c["args"] == ["--leader-elect", "--metrics-addr=:8080", "--health-addr=:8081", "--log-level=info",
+                        "--job-network-policy"], "args %r", c["args"])
     env = {e["name"]: e for e in c["env"]}
     check(env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}, "POD_NAME %r", env["POD_NAME"])
     check(env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}},
@@ -174,6 +175,8 @@ def deployment_defaults():
     check(env["PLIANT_WORKER_IMAGE"]["value"] == "ghcr.io/pliant-dev/pliant-worker:0.1.0", "worker image %r",
           env["PLIANT_WORKER_IMAGE"])
     check(env["PLIANT_COORDINATOR_PORT"]["value"] == "8443", "coordinator port env %r", env["PLIANT_COORDINATOR_PORT"])
+    check(env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}},
+          "POD_IP (the jobs' EndpointSlices' address) %r", env.get("POD_IP"))
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     check(ports == {"metrics": 8080, "health": 8081, "coordinator": 8443}, "ports %r", ports)
     check(c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}, "liveness %r", c["livenessProbe"])
@@ -206,16 +209,16 @@ def _rules(role):
     return rules
 
 
-RW = ["create", "delete", "get", "list", "patch", "watch"]
 OPERATOR_RULES = {
-    ("pliant.dev", "trainingjobs"): ["get", "list", "patch", "update", "watch"],
-    ("pliant.dev", "trainingjobs/status"): ["get", "patch", "update"],
+    ("pliant.dev", "trainingjobs"): ["delete", "list", "watch"],
+    ("pliant.dev", "trainingjobs/status"): ["patch"],
     ("pliant.dev", "trainingjobs/finalizers"): ["update"],
-    ("", "pods"): RW,
-    ("", "services"): RW,
-    ("", "secrets"): RW,
-    ("events.k8s.io", "events"): ["create", "patch"],
-    ("networking.k8s.io", "networkpolicies"): RW,
+    ("", "pods"): ["create", "delete", "list", "watch"],
+    ("", "services"): ["create", "get"],
+    ("", "secrets"): ["create", "get"],
+    ("discovery.k8s.io", "endpointslices"): ["create", "patch"],
+    ("events.k8s.io", "events"): ["create"],
+    ("networking.k8s.io", "networkpolicies"): ["create"],
 }
 
 
@@ -233,7 +236,7 @@ def rbac_least_privilege():
     got = _rules(roles["pliant-operator"])
     check(got == OPERATOR_RULES, "ClusterRole rules:\n  got  %r\n  want %r", got, OPERATOR_RULES)
     got = _rules(roles["pliant-operator-nodes"])
-    check(got == {("", "nodes"): ["get", "list", "watch"]}, "nodes ClusterRole %r", got)
+    check(got == {("", "nodes"): ["get"]}, "nodes ClusterRole %r", got)
     lease = one(objs, "Role")
     check(lease["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
                               "verbs": ["get", "create", "update"]}], "lease Role %r", lease["rules"])
@@ -247,6 +250,110 @@ def rbac_least_privilege():
         check(b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": role_obj["kind"],
                                "name": role_obj["metadata"]["name"]}, "%s roleRef %r", kind, b["roleRef"])
         check(b["subjects"] == subjects, "%s subjects %r", kind, b["subjects"])
+
+
+REQUESTS_H = os.path.join(REPO, "operator", "k8s", "kube_requests.h")
+K8S_DIR = os.path.join(REPO, "operator", "k8s")
+# The client's calls and the RBAC verbs they need; the client and watch themselves,
+# and the table, are not call sites.
+CALL_VERBS = {"pl_kube_get": "get", "pl_kube_create": "create", "pl_kube_event_create": "create",
+              "pl_kube_replace": "update", "pl_kube_update_retry": "update", "pl_kube_patch": "patch",
+              "pl_kube_patch_status": "patch", "pl_kube_delete": "delete", "pl_watch_run": "watch",
+              "pl_kube_request": None, "pl_kube_stream": None}
+NOT_CALL_SITES = {"kube_client.c", "kube_watch.c", "kube_requests.c"}
+# The controller's wrappers that take the request's id as an argument, and their verb.
+WRAPPERS = {"create_owned": "create", "delete_obj": "delete"}
+
+
+def request_table():
+    """{ID: (group, resource, verb)} of operator/k8s/kube_requests.h."""
+    with open(REQUESTS_H) as f:
+        rows = re.findall(r'X\((\w+), "([^"]*)", "([^"]*)", "([^"]*)"\)', f.read())
+    return {r[0]: r[1:] for r in rows}
+
+
+def operator_sources():
+    out = {}
+    for name in sorted(os.listdir(K8S_DIR)):
+        if name.endswith(".c") and name not in NOT_CALL_SITES:
+            with open(os.path.join(K8S_DIR, name)) as f:
+                out[name] = f.read()
+    return out
+
+
+def call_site_requests():
+    """[(where, ID, verb the call needs)] of every API request in operator/k8s, and the
+    problems found: a call that names no row of the table, or one whose row's verb
+    does not fit it."""
+    table, found, problems = request_table(), [], []
+    call_re = re.compile(r"\b(%s)\s*\(" % "|".join(CALL_VERBS))
+    for name, src in operator_sources().items():
+        for no, line in enumerate(src.splitlines(), 1):
+            where = "%s:%d" % (name, no)
+            for m in call_re.finditer(line):
+                fn = m.group(1)
+                tag = re.search(r"\b(?:API\(c, |PL_REQ\()(\w+),", line[:m.start()])
+                if tag:
+                    found.append((where, tag.group(1), CALL_VERBS[fn], fn))
+                elif "API_ID(" in line[:m.start()]:
+                    owner = [w for w in WRAPPERS if re.search(r"^static int %s\(" % w, src, re.M)]
+                    if not owner:
+                        problems.append("%s: %s through API_ID outside the wrappers %s" % (where, fn, sorted(WRAPPERS)))
+                else:
+                    problems.append("%s: %s names no request of kube_requests.h (API(c, ID, ...) or PL_REQ(ID, ...))"
+                                    % (where, fn))
+        for w, verb in WRAPPERS.items():
+            for m in re.finditer(r"\b%s\(([^;]*?)[,)]" % w, src):
+                line = src[:m.start()].count("\n") + 1
+                if re.match(r"pl_controller \*c", m.group(1)):
+                    continue            # the definition
+                tag = re.search(r"\b%s\(c, j, PL_REQ_(\w+)," % w, src[m.start():m.start() + 200])
+                if not tag:
+                    problems.append("%s:%d: %s without a PL_REQ_ row" % (name, line, w))
+                else:
+                    found.append(("%s:%d" % (name, line), tag.group(1), verb, w))
+    for where, rid, verb, fn in found:
+        if rid not in table:
+            problems.append("%s: %s names %s, which is not a row of kube_requests.h" % (where, fn, rid))
+        elif verb and table[rid][2] != verb:
+            problems.append("%s: %s makes a %s request but names %s (%s)" % (where, fn, verb, rid, table[rid][2]))
+        elif fn == "pl_kube_patch_status" and not table[rid][1].endswith("/status"):
+            problems.append("%s: a status patch names %s (%s)" % (where, rid, table[rid][1]))
+    return found, problems
+
+
+@test
+def rbac_grants_every_request_the_operator_makes():
+    """RBAC audit: every Kubernetes API call in operator/k8s names its row of the request
+    table (kube_requests.h) with the verb the call needs; every row is used; the rendered
+    ClusterRoles (operator, nodes) and the leader-election Role grant exactly the rows."""
+    table = request_table()
+    check(len(table) >= 15, "only %d rows read from %s", len(table), REQUESTS_H)
+    found, problems = call_site_requests()
+    check(len(found) >= 15, "only %d call sites found", len(found))
+    check(not problems, "call sites:\n%s", "\n".join(problems))
+    text = "\n".join(operator_sources().values())
+    used = lambda rid: re.search(r"\b(PL_REQ_%s\b|API\(c, %s,|PL_REQ\(%s,)" % (rid, rid, rid), text)
+    for rid, (group, resource, verb) in table.items():
+        # an informer (pl_watch_run, tagged with the watch row) lists before it watches
+        watch = [w for w, row in table.items() if row == (group, resource, "watch")]
+        check(used(rid) or (verb == "list" and watch and used(watch[0])),
+              "row %s (%s %s/%s) is used nowhere in operator/k8s", rid, verb, group, resource)
+        if verb == "watch":
+            check((group, resource, "list") in table.values(),
+                  "%s: a watch (an informer) lists %s first: no list row", rid, resource)
+    objs = render()
+    granted = {}
+    for role in by_kind(objs, "ClusterRole") + by_kind(objs, "Role"):
+        for (g, res), verbs in _rules(role).items():
+            granted.setdefault((g, res), set()).update(verbs)
+    want = {}
+    for rid, (group, resource, verb) in table.items():
+        check(verb in granted.get((group, resource), set()), "the chart's RBAC does not grant %s on %s/%s (%s)",
+              verb, group or "core", resource, rid)
+        want.setdefault((group, resource), set()).add(verb)
+    extra = {k: sorted(v - want.get(k, set())) for k, v in granted.items() if v - want.get(k, set())}
+    check(not extra, "the chart grants what the operator never requests: %s", extra)
 
 
 @test
@@ -267,7 +374,7 @@ def rbac_one_namespace():
 
 @test
 def service_and_network_policies():
-    objs = render()
+    objs = render({"networkPolicy": {"perJob": False}})
     dep = one(objs, "Deployment")
     sel = dep["spec"]["selector"]["matchLabels"]
     svc = one(objs, "Service")
@@ -289,6 +396,8 @@ def service_and_network_policies():
           ws["podSelector"])
     check(ws["ingress"][0] == {"from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "pliant-worker"}}}]},
           "worker-to-worker ingress %r", ws["ingress"][0])
+    check("pliant-operator-workers" not in {o["metadata"]["name"] for o in by_kind(render(), "NetworkPolicy")},
+          "the namespace-wide worker policy is rendered with perJob (it would widen the per-job ones)")
     opeer = ws["ingress"][1]["from"][0]
     check(opeer["podSelector"]["matchLabels"] == sel and
           opeer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "pliant-system"},

@@ -71,8 +71,6 @@ def _has(obj, *keys):
 
 
 RULES = {
-    "size(self.metadata.name) <= 63":
-        lambda s: len(s.get("metadata", {}).get("name", "")) <= 63,
     "!has(self.faultTolerance) || !has(self.faultTolerance.strategy) || "
     "self.faultTolerance.strategy != 'checkpoint' || (has(self.checkpoint) && "
     "has(self.checkpoint.dir) && self.checkpoint.dir != '')":
@@ -661,10 +659,25 @@ INVALID = [
     ("spec.worker.env", "A=B"),
     ("spec.worker.terminationGracePeriodSeconds", -1),
     ("spec.worker.hostNetwork", True),          # unknown field
+    ("spec.worker.labels", {"team": 1}),
+    ("spec.worker.labels", {"team": "x" * 64}),  # a label value has at most 63 characters
+    ("spec.worker.annotations", ["a"]),
+    ("spec.worker.nodeSelector", {"pool": 1}),
+    ("spec.worker.imagePullSecrets", [{}]),
+    ("spec.worker.imagePullSecrets", {"name": "regcred"}),
+    ("spec.worker.volumeMounts", [{"name": "ckpt"}]),
+    ("spec.worker.serviceAccountName", 3),
+    ("spec.worker.automountServiceAccountToken", "yes"),
+    ("spec.worker.schedulerName", ["a"]),
+    ("spec.worker.runtimeClassName", 1),
+    ("spec.worker.podSecurityContext", []),
+    ("spec.worker.securityContext", "restricted"),
     ("spec.runPolicy.suspend", "yes"),
     ("spec.runPolicy.cleanPodPolicy", "all"),
     ("spec.runPolicy.activeDeadlineSeconds", -5),
     ("spec.runPolicy.ttlSecondsAfterFinished", 1.5),
+    ("spec.runPolicy.backoffLimit", -1),
+    ("spec.runPolicy.backoffLimit", "3"),
     ("spec.extra", 1),                          # unknown field
 ]
 
@@ -686,6 +699,24 @@ def invalid_manifests_rejected_naming_the_field():
         elif path not in err:
             problems.append("%s: pliant's error does not name %s: %s" % (label, path, err.strip()))
     check(not problems, "\n".join(problems))
+
+
+@test
+def job_names_are_kubernetes_object_names():
+    """metadata.name is any Kubernetes object name (a DNS-1123 subdomain of up to 253
+    characters: the operator shortens the names it derives), for the schema and pliant."""
+    for name in ("a" * 253, "team.a.job-1", "9lives"):
+        m = copy.deepcopy(BASE)
+        m["metadata"]["name"] = name
+        _, errs = admit(m)
+        check(not errs, "CRD rejects name %r: %r", name, errs)
+        ok, err = pliant_verdict(m, "name")
+        check(ok, "pliant rejects name %r: %s", name, err)
+    for name in ("a" * 254, "a..b", "a.-b", "-a", "a.", "Big"):
+        m = copy.deepcopy(BASE)
+        m["metadata"]["name"] = name
+        ok, err = pliant_verdict(m, "badname")
+        check(not ok and "metadata.name" in err, "pliant accepts name %r: %s", name, err)
 
 
 @test
@@ -742,10 +773,15 @@ def every_crd_field_accepted_by_pliant():
               "tolerations": [{"key": "spot", "operator": "Exists"}], "affinity": {"nodeAffinity": {}},
               "priorityClassName": "spot", "env": [{"name": "A", "value": "b"}],
               "volumes": [{"name": "d", "emptyDir": {}}], "volumeMounts": [{"name": "d", "mountPath": "/d"}],
-              "terminationGracePeriodSeconds": 30}
+              "terminationGracePeriodSeconds": 30, "labels": {"kueue.x-k8s.io/queue-name": "gpu"},
+              "annotations": {"karpenter.sh/do-not-disrupt": "true"}, "imagePullSecrets": [{"name": "regcred"}],
+              "serviceAccountName": "trainer", "automountServiceAccountToken": True,
+              "schedulerName": "volcano", "runtimeClassName": "nvidia",
+              "podSecurityContext": {"fsGroup": 1000}, "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}}}
     m = with_field("spec.worker", worker)
     m = with_field("spec.runPolicy", {"suspend": True, "activeDeadlineSeconds": 3600,
-                                      "ttlSecondsAfterFinished": 0, "cleanPodPolicy": "None"}, m)
+                                      "ttlSecondsAfterFinished": 0, "cleanPodPolicy": "None",
+                                      "backoffLimit": 3}, m)
     m = with_field("spec.checkpoint", {"dir": "/ckpt", "every": 5, "resume": "never"}, m)
     m = with_field("spec.faultTolerance", {"strategy": "checkpoint", "tolerate": 2, "maxResets": 3,
                                            "hostsAddedCheckEvery": 2, "heartbeatSeconds": 0.5,

@@ -6,7 +6,8 @@ emulator (tests/k8s/apiserver.py: fake kubelets run the worker Pods as local
 Run: python3 tests/cli/test_operator_e2e.py --build build [-k SUBSTRING]
 
 One emulator (TLS + token, 4 nodes of 2 GPUs in zones a,b,c, a state log) is
-started for the whole file, then one operator watching namespace `default`.
+started for the whole file, then one operator watching namespace `default` (writing
+each job's EndpointSlice with address 127.0.0.1 and a NetworkPolicy per job).
   crd_applies_and_kubectl_shows_the_columns     kubectl apply -f crds/; a job; kubectl get tj columns
   invalid_manifests_are_rejected_by_the_schema  kubectl apply refused, message naming the field
   job_runs_to_succeeded                         status, Events, Secret/Service/Pods, metrics
@@ -14,8 +15,13 @@ started for the whole file, then one operator watching namespace `default`.
   deleted_node_loses_two_pods_without_restart        a Node deleted (F = 2, 5 Pods)
   invalid_spec_gets_a_failed_condition          specs beyond the schema
   api_faults_are_retried                        injected 500/409/timeouts and a forced re-list
-  deleting_the_job_removes_what_it_created      kubectl delete tj mid-training
-  leader_failover_continues_training            two operators with --leader-elect
+  deleting_the_job_removes_what_it_created      kubectl delete tj mid-training; its metrics go
+  long_job_name_gets_short_object_names         a 253-character job name; names and labels <= 63
+  pending_job_meets_its_deadline                activeDeadlineSeconds from startTime, Pending included
+  refused_pods_and_worker_pod_fields            403 on Pod creation (FailedCreate); spec.worker's Pod fields
+  failed_pods_back_off_then_exhaust_the_backoff_limit   killed workers: back-off, BackoffLimitExceeded
+  log_levels                                    --log-level error|warn|info|debug
+  leader_failover_continues_training            two operators with --leader-elect; the EndpointSlice follows
 The first two need only the emulator and kubectl; the others are skipped while
 build/bin/pliant-operator is missing, and the failover test while
 `pliant-operator --version`/`--help` does not mention hello_resume (workers
@@ -49,6 +55,7 @@ KUBECTL = shutil.which("kubectl")
 TLS = bool(shutil.which("openssl"))      # kubectl sends a token only over https
 GROUP_VERSION = "pliant.dev/v1alpha1"
 NS = "default"
+OPERATOR_NS = "pliant-system"      # where the operator would run (the per-job NetworkPolicy's peer)
 CRD_NAME = "trainingjobs.pliant.dev"
 COLUMNS = ["NAME", "PHASE", "STEP", "STEPS", "LOSS", "NODES", "PIPELINES", "AGE"]
 WIDE_COLUMNS = COLUMNS + ["PROGRESS", "RUNNING", "MAX", "RECONFIGURATIONS"]
@@ -114,7 +121,8 @@ def operator():
     if old is None or not old.alive():
         op = e2e.Operator(state["operator_bin"], emu(), os.path.join(suite.tmp, "operator"), "operator",
                           ["--namespace", NS, "--coordinator-host", "127.0.0.1", "--worker-command",
-                           suite.pliant])
+                           suite.pliant, "--advertise-address", "127.0.0.1", "--job-network-policy",
+                           "--operator-namespace", OPERATOR_NS])
         state["op"] = op
         state["ops"].append(op)
         try:
@@ -367,6 +375,89 @@ def e2e_test(group, jobs=()):
     return wrap
 
 
+def owned_by(name, ns=NS):
+    """Objects of a recorded kind are the job's when their controller ownerReference names it."""
+    return lambda o: o["metadata"].get("namespace") == ns and any(
+        r.get("kind") == "TrainingJob" and r.get("name") == name and r.get("controller")
+        for r in o["metadata"].get("ownerReferences") or [])
+
+
+def check_network_objects(job, address, ns=NS, service=None):
+    """The job's coordinator Service has no selector (a Service selects Pods of its own
+    namespace only); its EndpointSlice names `address` and the Service's port; the
+    per-job NetworkPolicy admits the job's Pods and the operator's."""
+    service = service or job + "-coordinator"
+    svc = emu().get("/api/v1/namespaces/%s/services/%s" % (ns, service))
+    check(svc is not None, "no Service %s/%s", ns, service)
+    check(not svc["spec"].get("selector"), "Service %s has a selector: %s", service, svc["spec"])
+    port = svc["spec"]["ports"][0]
+    sl = emu().get("/apis/discovery.k8s.io/v1/namespaces/%s/endpointslices/%s" % (ns, service))
+    check(sl is not None, "no EndpointSlice %s/%s", ns, service)
+    check((sl["metadata"].get("labels") or {}).get("kubernetes.io/service-name") == service,
+          "EndpointSlice labels %s", sl["metadata"].get("labels"))
+    check([e["addresses"] for e in sl["endpoints"]] == [[address]] and
+          sl["endpoints"][0].get("conditions", {}).get("ready") is True,
+          "EndpointSlice endpoints %s, want %s ready", sl["endpoints"], address)
+    check(sl["ports"] == [{"name": port["name"], "protocol": "TCP", "port": port["port"]}],
+          "EndpointSlice ports %s, Service ports %s", sl["ports"], svc["spec"]["ports"])
+    label = (svc["metadata"].get("labels") or {}).get("pliant.dev/job")
+    pols = [o for o in emu().ok("GET", "/apis/networking.k8s.io/v1/namespaces/%s/networkpolicies" % ns)["items"]
+            if owned_by(job, ns)(o)]
+    check(len(pols) == 1, "NetworkPolicies of job %s: %s", job, [p["metadata"]["name"] for p in pols])
+    spec = pols[0]["spec"]
+    check(spec["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "pliant-worker", "pliant.dev/job": label}
+          and spec["policyTypes"] == ["Ingress"], "NetworkPolicy %s", spec)
+    peers = [r["from"][0] for r in spec["ingress"]]
+    check(peers[0]["podSelector"] == spec["podSelector"] and
+          peers[1]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": OPERATOR_NS},
+          "NetworkPolicy ingress %s", spec["ingress"])
+
+
+def check_worker_pod(pod):
+    """A worker Pod passes Pod Security "restricted" and reads only what workers need."""
+    spec = pod["spec"]
+    c = spec["containers"][0]
+    psc, sc = spec.get("securityContext") or {}, c.get("securityContext") or {}
+    check(psc.get("runAsNonRoot") is True and psc.get("runAsUser") == 65532 and
+          psc.get("seccompProfile") == {"type": "RuntimeDefault"}, "Pod securityContext %s", psc)
+    check(sc.get("allowPrivilegeEscalation") is False and sc.get("capabilities") == {"drop": ["ALL"]} and
+          sc.get("readOnlyRootFilesystem") is True, "container securityContext %s", sc)
+    check(spec.get("automountServiceAccountToken") is False, "automountServiceAccountToken %s",
+          spec.get("automountServiceAccountToken"))
+    vols = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    secret = vols[mounts["/etc/pliant"]["name"]]["secret"]
+    check(sorted(i["key"] for i in secret.get("items") or []) == ["ca.crt", "job.yaml", "token"] and
+          secret.get("defaultMode") in (0o400, 0o440), "Secret volume %s (want token, ca.crt, job.yaml only)",
+          secret)
+    check("/tmp" in mounts and "emptyDir" in vols[mounts["/tmp"]["name"]], "no emptyDir at /tmp: %s", mounts)
+
+
+def check_job_metrics(samples, text, job, steps, ns=NS):
+    """The job's series are labelled trainingjob and trainingjob_namespace (never job or
+    namespace, which Prometheus gives the target), and include workers, checkpoints and
+    the loss; pliant_leader is 1."""
+    lab = {"trainingjob": job, "trainingjob_namespace": ns}
+    for name in ("pliant_steps_total", "pliant_workers_desired", "pliant_workers_ready",
+                 "pliant_preemptions_total", "pliant_failed_pods_total", "pliant_reconfigurations_total",
+                 "pliant_checkpoints_total", "pliant_loss"):
+        check(e2e.metric_sum(samples, name, **lab) is not None, "/metrics lacks %s%s:\n%s", name, lab, text[:3000])
+    check(e2e.metric_sum(samples, "pliant_steps_total", **lab) >= steps, "pliant_steps_total of %s", job)
+    check(e2e.metric_sum(samples, "pliant_workers_desired", **lab) == 3, "pliant_workers_desired of %s", job)
+    check(0 < e2e.metric_sum(samples, "pliant_loss", **lab) < 10, "pliant_loss of %s", job)
+    bad = [k for k in samples if any(name in ("job", "namespace") for name, _ in k[1])]
+    check(not bad, "series labelled job or namespace: %s", bad[:5])
+    check(e2e.metric_sum(samples, "pliant_leader") == 1, "pliant_leader %s", e2e.metric_sum(samples, "pliant_leader"))
+
+
+def kill_worker(pod_name, ns=NS):
+    """SIGKILL of a worker Pod's process: the Pod fails on its own (no disruption)."""
+    pod = emu().get("/api/v1/namespaces/%s/pods/%s" % (ns, pod_name))
+    cid = ((pod or {}).get("status", {}).get("containerStatuses") or [{}])[0].get("containerID", "")
+    check("//" in cid, "pod %s has no process: %s", pod_name, cid)
+    os.kill(int(cid.split("//")[1]), 9)
+
+
 # ---------------------------------------------------------------------------
 # Emulator + kubectl only
 
@@ -521,6 +612,8 @@ def job_runs_to_succeeded():
         check(any(r.get("uid") == uid and r.get("controller") is True and r.get("kind") == "TrainingJob"
                   for r in refs), "%s %s: no controller ownerReference to the job: %s", kind,
               obj["metadata"]["name"], refs)
+    check_network_objects("basic", "127.0.0.1")
+    check_worker_pod(pod)
     # health and metrics
     for path in ("/healthz", "/readyz"):
         code, body = op.health(path)
@@ -533,6 +626,7 @@ def job_runs_to_succeeded():
         check(e2e.metric_sum(samples, name) is not None, "/metrics lacks %s:\n%s", name, text[:1500])
     check(e2e.metric_sum(samples, "pliant_steps_total") >= steps, "pliant_steps_total %s < %d",
           e2e.metric_sum(samples, "pliant_steps_total"), steps)
+    check_job_metrics(samples, text, "basic", steps)
     check(op.alive(), "the operator exited")
 
 
@@ -752,7 +846,169 @@ def deleting_the_job_removes_what_it_created():
     again = remaining() + [p["metadata"]["name"] for p in pods_now("doomed")]
     check(not again, "created again after the deletion: %s", again)
     check(get_tj("doomed") is None, "the TrainingJob is still there")
+    samples, text = op.metrics()
+    left = [k for k in samples if ("trainingjob", "doomed") in k[1]]
+    check(not left, "series of the deleted job remain on /metrics: %s", left[:5])
     check(op.alive(), "the operator exited")
+
+
+LONG_NAME = ("a-job-whose-name-is-as-long-as-kubernetes-allows." * 6)[:250] + "end"
+
+
+@e2e_test("operator", jobs=[LONG_NAME])
+def long_job_name_gets_short_object_names():
+    """a job named with 253 characters (dots included) runs to Succeeded: its Secret,
+    Service, EndpointSlice, NetworkPolicy and Pods have names of at most 63 characters
+    (cut, with a hash of the whole name) and their pliant.dev/job label too."""
+    operator()
+    check(len(LONG_NAME) == 253, "name of %d characters", len(LONG_NAME))
+    apply(job_manifest(LONG_NAME, 20))
+    st = wait_status(LONG_NAME, "Succeeded", succeeded, 90)
+    check(st.get("step") == 20, "status.step %s", st.get("step"))
+    pods = [o for _, _, o in state["pods"].objects(owned_by(LONG_NAME))]
+    check(len({p["metadata"]["name"] for p in pods}) >= 3, "worker Pods %s", {p["metadata"]["name"] for p in pods})
+    made = [(res, o) for res in ("secrets", "services") for o in
+            emu().ok("GET", "/api/v1/namespaces/%s/%s" % (NS, res))["items"] if owned_by(LONG_NAME)(o)]
+    for res in ("apis/discovery.k8s.io/v1/namespaces/%s/endpointslices", "apis/networking.k8s.io/v1/namespaces/%s/networkpolicies"):
+        made += [(res.split("/")[-1], o) for o in emu().ok("GET", "/" + res % NS)["items"] if owned_by(LONG_NAME)(o)]
+    made += [("pods", p) for p in pods]
+    check({r for r, _ in made} == {"secrets", "services", "endpointslices", "networkpolicies", "pods"},
+          "objects of the job: %s", sorted({r for r, _ in made}))
+    for res, o in made:
+        name, label = o["metadata"]["name"], (o["metadata"].get("labels") or {}).get("pliant.dev/job", "")
+        check(len(name) <= 63 and re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", name), "%s name %r", res, name)
+        check(0 < len(label) <= 63, "%s %s: pliant.dev/job label %r", res, name, label)
+    svc = [o for r, o in made if r == "services"][0]
+    check_network_objects(LONG_NAME, "127.0.0.1", service=svc["metadata"]["name"])
+    emu().kubectl_ok("delete", "tj", LONG_NAME)
+
+
+@e2e_test("operator", jobs=["stuck"])
+def pending_job_meets_its_deadline():
+    """activeDeadlineSeconds counts from status.startTime, set when the job is first
+    reconciled: a job whose Pods can never be scheduled fails with DeadlineExceeded, its
+    Pods are cleaned up, and ttlSecondsAfterFinished deletes it."""
+    operator()
+    manifest = job_manifest("stuck", 50, extra="  runPolicy: {activeDeadlineSeconds: 4, "
+                                               "ttlSecondsAfterFinished: 6}\n").replace(
+        "worker: {", "worker: {nodeSelector: {pool: none}, ")
+    apply(manifest)
+    st = wait_status("stuck", "startTime while Pending", lambda s: s.get("startTime"), 20)
+    check(st.get("phase") in (None, "Pending"), "phase %s before the deadline", st.get("phase"))
+    st = wait_status("stuck", "phase Failed", lambda s: s.get("phase") == "Failed", 30)
+    conds = {c.get("type"): c for c in st.get("conditions") or []}
+    check(conds.get("Failed", {}).get("reason") == "DeadlineExceeded", "Failed condition %s", conds.get("Failed"))
+    check(not st.get("step"), "the stuck job trained: %s", st.get("step"))
+    check("DeadlineExceeded" in event_reasons("stuck"), "Events %s", event_reasons("stuck"))
+    wait_for("the pending Pods to be cleaned up", lambda: not pods_now("stuck"), 30, 0.3, alive=ops_dead)
+    wait_for("ttlSecondsAfterFinished to delete the job", lambda: get_tj("stuck") is None, 30, 0.3, alive=ops_dead)
+
+
+@e2e_test("operator", jobs=["refused", "ckpt"])
+def refused_pods_and_worker_pod_fields():
+    """a Pod creation the API server refuses (403) is a Warning Event FailedCreate and
+    condition PodsCreated=False with its message, retried until created
+    (PodsCreated=True); spec.worker's Pod fields reach the Pods: labels, annotations,
+    image pull secrets, service account, scheduler, and the checkpoint PVC at
+    checkpoint.dir."""
+    operator()
+    emu().faults("POST", [{"status": 403, "count": 2, "method": "POST",
+                           "path_regex": "^/api/v1/namespaces/%s/pods$" % NS}])
+    worker = ("worker: {terminationGracePeriodSeconds: 5, labels: {kueue.x-k8s.io/queue-name: gpu}, "
+              "annotations: {karpenter.sh/do-not-disrupt: 'true'}, imagePullSecrets: [{name: regcred}], "
+              "serviceAccountName: trainer, "
+              "volumes: [{name: ckpt, persistentVolumeClaim: {claimName: ckpt}}], "
+              "volumeMounts: [{name: ckpt, mountPath: /ckpt}], ")
+    manifest = job_manifest("refused", 20000, extra="  checkpoint: {dir: /ckpt, every: 0}\n").replace(
+        "worker: {terminationGracePeriodSeconds: 5, ", worker)
+    apply(manifest)
+    wait_for("3 worker Pods of job refused", lambda: len(pods_now("refused")) == 3, 60, 0.3, alive=ops_dead)
+    seen = [(o.get("status") or {}).get("conditions") or [] for _, _, o in
+            state["jobs"].objects(lambda o: o["metadata"]["name"] == "refused")]
+    refused = [c for cs in seen for c in cs if c.get("type") == "PodsCreated" and c.get("status") == "False"]
+    check(refused and refused[0].get("reason") == "FailedCreate" and "Forbidden" in refused[0].get("message", ""),
+          "no PodsCreated=False/FailedCreate condition with the API's message: %s", seen[-3:])
+    evs = [ev for ev in job_events("refused") if ev.get("reason") == "FailedCreate"]
+    check(evs and evs[0].get("type") == "Warning" and "Forbidden" in evs[0].get("note", ""), "FailedCreate Events %s",
+          [(ev.get("reason"), ev.get("note")) for ev in job_events("refused")])
+    wait_status("refused", "PodsCreated=True", lambda st: any(
+        c.get("type") == "PodsCreated" and c.get("status") == "True" for c in st.get("conditions") or []), 30)
+    for pod in pods_now("refused"):
+        md, spec = pod["metadata"], pod["spec"]
+        c = spec["containers"][0]
+        check(md["labels"].get("kueue.x-k8s.io/queue-name") == "gpu" and
+              md["labels"].get("app.kubernetes.io/name") == "pliant-worker" and
+              (md.get("annotations") or {}).get("karpenter.sh/do-not-disrupt") == "true", "metadata %s", md)
+        check(spec.get("imagePullSecrets") == [{"name": "regcred"}] and spec.get("serviceAccountName") == "trainer",
+              "Pod spec %s", {k: spec.get(k) for k in ("imagePullSecrets", "serviceAccountName")})
+        vols = {v["name"]: v for v in spec["volumes"]}
+        check(vols.get("ckpt", {}).get("persistentVolumeClaim") == {"claimName": "ckpt"} and
+              {"name": "ckpt", "mountPath": "/ckpt"} in c["volumeMounts"],
+              "checkpoint PVC volume / mount: %s %s", spec["volumes"], c["volumeMounts"])
+        check_worker_pod(pod)
+    emu().faults("DELETE")
+    emu().kubectl_ok("delete", "tj", "refused")
+
+
+@e2e_test("operator", jobs=["flaky"])
+def failed_pods_back_off_then_exhaust_the_backoff_limit():
+    """a worker process killed (a Pod that fails on its own, not a disruption) counts
+    in status.nodes.failed, not preempted; its replacement waits for the 10 s back-off;
+    the failed Pod is kept for its logs; a second failure with backoffLimit 1 fails
+    the job with reason BackoffLimitExceeded and an Event."""
+    op = operator()
+    # as many steps as it may take: the second failure ends it
+    apply(job_manifest("flaky", 20000, extra="  runPolicy: {backoffLimit: 1}\n"))
+    wait_for("3 running worker Pods", lambda: len(running_pods("flaky")) == 3, 60, 0.3, alive=ops_dead)
+    wait_status("flaky", "status.step >= 3", step_at_least(3), 60)
+    first = sorted(p["metadata"]["name"] for p in pods_now("flaky"))
+    kill_worker(first[0])
+    t_fail = time.monotonic()
+    st = wait_status("flaky", "status.nodes.failed == 1",
+                     lambda s: (s.get("nodes") or {}).get("failed") == 1, 30)
+    check(not (st.get("nodes") or {}).get("preempted"), "a failure counted as a preemption: %s", st.get("nodes"))
+    time.sleep(max(0.0, 6 - (time.monotonic() - t_fail)))
+    check(sorted(job_pods("flaky")) == first, "a replacement was created within the back-off: %s",
+          sorted(job_pods("flaky")))
+    wait_for("the replacement after the back-off", lambda: len(job_pods("flaky")) == 4, 30, 0.3, alive=ops_dead)
+    waited = time.monotonic() - t_fail
+    check(waited >= 9, "the replacement came %.1f s after the failure (back-off 10 s)", waited)
+    check(emu().get("/api/v1/namespaces/%s/pods/%s" % (NS, first[0])) is not None,
+          "the failed Pod %s was deleted (the last few stay for their logs)", first[0])
+    kill_worker(first[1])
+    st = wait_status("flaky", "phase Failed", lambda s: s.get("phase") == "Failed", 30)
+    conds = {c.get("type"): c for c in st.get("conditions") or []}
+    check(conds.get("Failed", {}).get("reason") == "BackoffLimitExceeded" and
+          "backoffLimit" in conds["Failed"].get("message", ""), "Failed condition %s", conds.get("Failed"))
+    check((st.get("nodes") or {}).get("failed") == 2, "status.nodes %s", st.get("nodes"))
+    check("BackoffLimitExceeded" in event_reasons("flaky"), "Events %s", event_reasons("flaky"))
+    samples, text = op.metrics()
+    check(e2e.metric_sum(samples, "pliant_failed_pods_total", trainingjob="flaky") == 2,
+          "pliant_failed_pods_total of flaky:\n%s", text[:2000])
+    emu().kubectl_ok("delete", "tj", "flaky")
+
+
+@e2e_test("operator")
+def log_levels():
+    """--log-level takes error, warn, info and debug (anything else: exit 2) and
+    filters: at error, a healthy operator writes nothing."""
+    for level in ("error", "warn", "info", "debug"):
+        p = subprocess.run([state["operator_bin"], "--log-level", level, "--version"], stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=10)
+        check(p.returncode == 0, "--log-level %s: exit %d %s", level, p.returncode, p.stderr.decode())
+    p = subprocess.run([state["operator_bin"], "--log-level", "verbose"], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=10)
+    check(p.returncode == 2 and "--log-level" in p.stderr.decode(), "--log-level verbose: %d %s", p.returncode,
+          p.stderr.decode())
+    ensure_crd()
+    quiet = e2e.Operator(state["operator_bin"], emu(), os.path.join(suite.tmp, "operator"), "quiet",
+                         ["--namespace", "quiet", "--log-level", "error", "--coordinator-host", "127.0.0.1"])
+    state["ops"].append(quiet)
+    wait_for("the quiet operator's /readyz", lambda: quiet.health("/readyz")[0] == 200, 20, alive=quiet.dead)
+    quiet.stop()
+    check(not quiet.stderr_tail(5).strip(), "an operator at --log-level error wrote:\n%s", quiet.stderr_tail(5))
+    check("debug: " in state["op"].stderr_tail(400) if state["op"] else True,
+          "the operator at --log-level debug logs no requests")
 
 
 @e2e_test("failover", jobs=[("ha", "ha")])
@@ -767,10 +1023,12 @@ def leader_failover_continues_training():
     e = emu()
     e.kubectl_ok("create", "namespace", "ha")
     pair = {}
+    address = {"op-a": "127.0.0.2", "op-b": "127.0.0.3"}   # what each writes into the EndpointSlice
     for ident in ("op-a", "op-b"):
         op = e2e.Operator(state["operator_bin"], e, os.path.join(suite.tmp, "operator"), ident,
                           ["--namespace", "ha", "--leader-elect", "--lease-namespace", "ha", "--identity", ident,
-                           "--coordinator-host", "127.0.0.1", "--worker-command", suite.pliant])
+                           "--coordinator-host", "127.0.0.1", "--worker-command", suite.pliant,
+                           "--advertise-address", address[ident]])
         pair[ident] = op
         state["ops"].append(op)
 
@@ -786,12 +1044,21 @@ def leader_failover_continues_training():
     wait_status("ha", "status.step >= %d" % (steps // 8), step_at_least(steps // 8), 60, ns="ha")
     before = {p["metadata"]["name"]: p for p in pods_now("ha", "ha")}
     check(len(before) == 3, "worker Pods before the failover: %s", sorted(before))
+    slice_path = "/apis/discovery.k8s.io/v1/namespaces/ha/endpointslices/ha-coordinator"
+    check(emu().get(slice_path)["endpoints"][0]["addresses"] == [address[leader]],
+          "the EndpointSlice does not name the leader %s: %s", leader, emu().get(slice_path))
     s_kill = status_of("ha", "ha").get("step") or 0
     check(s_kill < steps * 0.8, "step %s of %d before the failover: raise the steps", s_kill, steps)
     t_kill = time.monotonic()
     pair[leader].kill()
     other = "op-b" if leader == "op-a" else "op-a"
     wait_for("%s to take the Lease over" % other, lambda: holder() == other, 60, 0.2, alive=ops_dead)
+    wait_for("the new leader %s to rewrite the EndpointSlice" % other,
+             lambda: emu().get(slice_path)["endpoints"][0]["addresses"] == [address[other]], 60, 0.2,
+             alive=ops_dead)
+    samples, _ = pair[other].metrics()
+    check(e2e.metric_sum(samples, "pliant_leader") == 1, "pliant_leader of the new leader %s",
+          e2e.metric_sum(samples, "pliant_leader"))
     wait_status("ha", "training to continue after the failover", step_at_least(s_kill + 10), 90, ns="ha",
                 stall=90)
     st = wait_status("ha", "Succeeded", succeeded, 150, ns="ha", stall=60)

@@ -43,7 +43,8 @@ What is emulated (faithful to Kubernetes for what an operator and kubectl use):
 - Resources: namespaces, pods (+status, log, binding, eviction), services, secrets,
   configmaps, serviceaccounts, nodes (+status), events (core/v1 and events.k8s.io/v1,
   one storage with field conversion), leases (coordination.k8s.io/v1),
-  customresourcedefinitions (apiextensions.k8s.io/v1; established at once). A CRD
+  endpointslices (discovery.k8s.io/v1) and networkpolicies (networking.k8s.io/v1)
+  (stored only), customresourcedefinitions (apiextensions.k8s.io/v1; established at once). A CRD
   serves its resources (every served version, scope, short names, categories,
   status subresource, additionalPrinterColumns) with its structural schema:
   pruning (unknown fields: warning, or 400 with fieldValidation=Strict, which

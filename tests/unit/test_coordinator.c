@@ -1073,6 +1073,10 @@ static void test_limits(void)
     CHECK_EQ_INT(pl_coord_worker_lost(s.c, "b", "process ended"), PL_COORD_OK);
     CHECK_EQ_INT(pl_coord_worker_registered(s.c, "c", "n1", NULL, 0, 600), PL_COORD_ERR);
     CHECK_STR_CONTAINS(pl_coord_error(s.c), "node n1 is kept out for 1 s more after 2 failures");
+    const char *cooling[4]; /* what the operator keeps replacement Pods off */
+    CHECK_EQ_INT(pl_coord_cooling_nodes(s.c, 600, cooling, 4), 1);
+    CHECK(strcmp(cooling[0], "n1") == 0);
+    CHECK_EQ_INT(pl_coord_cooling_nodes(s.c, 1200, cooling, 4), 0);
     CHECK_EQ_INT(pl_coord_worker_registered(s.c, "c", "n1", NULL, 0, 1200), PL_COORD_OK);
     CHECK_EQ_INT(pl_coord_worker_registered(s.c, "d", "n2", NULL, 0, 1200), PL_COORD_OK);
     CHECK_EQ_INT(pl_coord_tick(s.c, 4000), PL_COORD_IGNORED);

@@ -14,6 +14,10 @@
 #define BATCH "  batch:\n    global: 64\n    micro: 4\n    seqLen: 128\n"
 #define STEPS "  steps: 10\n"
 #define MINIMAL HEAD DATA BATCH STEPS
+#define X16 "xxxxxxxxxxxxxxxx"
+#define NAME64 X16 X16 X16 X16                                   /* 64 characters */
+#define NAME253 NAME64 NAME64 NAME64 X16 X16 X16 "xxxxxxxxxxxxx" /* 253 */
+#define NAME254 NAME253 "x"
 
 static char err_[1024];
 
@@ -289,6 +293,50 @@ static void test_worker_yaml_to_json(void)
     pl_job_free(&job);
 }
 
+/* metadata.name is a Kubernetes object name (253 characters, dots); the operator-only
+ * fields a Pod takes from spec.worker, and runPolicy.backoffLimit, pass through. */
+static void test_names_and_pod_fields(void)
+{
+    const char *names[] = {NAME253, "team.a.job-1", "9lives"};
+    char text[4096], err[256];
+    pl_job job;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        snprintf(text, sizeof text,
+                 "apiVersion: pliant.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: '%s'}\n"
+                 "spec:\n" DATA BATCH STEPS, names[i]);
+        int rc = pl_job_parse(text, NULL, &job, err, sizeof err);
+        if (rc) printf("    %s\n", err);
+        CHECK_EQ_INT(rc, 0);
+        CHECK(strcmp(job.name, names[i]) == 0);
+        pl_job_free(&job);
+    }
+    const char *pod = MINIMAL "  worker:\n"
+                              "    labels: {kueue.x-k8s.io/queue-name: gpu, empty: null}\n"
+                              "    annotations: {karpenter.sh/do-not-disrupt: 'true'}\n"
+                              "    imagePullSecrets: [{name: regcred}]\n"
+                              "    serviceAccountName: trainer\n"
+                              "    automountServiceAccountToken: true\n"
+                              "    schedulerName: volcano\n"
+                              "    runtimeClassName: nvidia\n"
+                              "    podSecurityContext: {fsGroup: 1000}\n"
+                              "    securityContext: {capabilities: {add: [IPC_LOCK]}}\n"
+                              "    volumes: [{name: ckpt, persistentVolumeClaim: {claimName: ckpt}}]\n"
+                              "    volumeMounts: [{name: ckpt, mountPath: /ckpt}]\n"
+                              "  runPolicy: {backoffLimit: 0}\n";
+    int rc = pl_job_parse(pod, NULL, &job, err, sizeof err);
+    if (rc) printf("    %s\n", err);
+    CHECK_EQ_INT(rc, 0);
+    cJSON *w = cJSON_Parse(job.worker_json), *rp = cJSON_Parse(job.run_policy_json);
+    CHECK(w && rp);
+    CHECK(strcmp(cJSON_GetObjectItem(w, "serviceAccountName")->valuestring, "trainer") == 0);
+    CHECK(cJSON_IsTrue(cJSON_GetObjectItem(w, "automountServiceAccountToken")));
+    CHECK_EQ_INT(cJSON_GetArraySize(cJSON_GetObjectItem(w, "imagePullSecrets")), 1);
+    CHECK_EQ_INT(cJSON_GetObjectItem(rp, "backoffLimit")->valueint, 0);
+    cJSON_Delete(w);
+    cJSON_Delete(rp);
+    pl_job_free(&job);
+}
+
 static void test_paths(void)
 {
     const char *text = HEAD "  data: {train: tr/*.bin, val: /abs/val.bin}\n" BATCH STEPS
@@ -423,14 +471,17 @@ static void test_validation_errors(void)
         {"apiVersion: pliant.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: Big}\n", "metadata.name: must be"},
         {"apiVersion: pliant.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: -a}\n", "metadata.name: must be"},
         {"apiVersion: pliant.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: a-}\n", "metadata.name: must be"},
-        {"apiVersion: pliant.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: a.b}\n", "metadata.name: must be"},
+        {"apiVersion: pliant.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: a..b}\n", "metadata.name: must be"},
+        {"apiVersion: pliant.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: a.-b}\n", "metadata.name: must be"},
+        {"apiVersion: pliant.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: a.}\n", "metadata.name: must be"},
         {"apiVersion: pliant.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: a_b}\n", "metadata.name: must be"},
         {"apiVersion: pliant.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: ''}\n", "metadata.name: must be"},
         {"apiVersion: pliant.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: 12}\n",
          "metadata.name: must be a string"},
-        {"apiVersion: pliant.dev/v1alpha1\nkind: TrainingJob\nmetadata:\n  name: "
-         "a234567890123456789012345678901234567890123456789012345678901234\n",
-         "metadata.name: must be"},
+        {"apiVersion: pliant.dev/v1alpha1\nkind: TrainingJob\nmetadata:\n  name: " NAME254 "\n",
+         "metadata.name: too long (at most 253 bytes)"},
+        {"apiVersion: pliant.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: t, namespace: a.b}\n",
+         "metadata.namespace: must be"},
         {"apiVersion: pliant.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: t, namespace: Ns}\n",
          "metadata.namespace: must be"},
         /* required */
@@ -453,7 +504,7 @@ static void test_validation_errors(void)
         {MINIMAL "  faultTolerance: {f: 1}\n", "spec.faultTolerance.f: unknown field"},
         {MINIMAL "  nodes: {count: 1}\n", "spec.nodes.count: unknown field"},
         {MINIMAL "  worker: {imag: x}\n", "spec.worker.imag: unknown field"},
-        {MINIMAL "  runPolicy: {backoffLimit: 3}\n", "spec.runPolicy.backoffLimit: unknown field"},
+        {MINIMAL "  runPolicy: {restartPolicy: Never}\n", "spec.runPolicy.restartPolicy: unknown field"},
         /* types */
         {HEAD DATA "  batch: {global: 64.0, micro: 4, seqLen: 128}\n" STEPS, "spec.batch.global: must be an integer"},
         {HEAD DATA "  batch: {global: \"64\", micro: 4, seqLen: 128}\n" STEPS, "spec.batch.global: must be an integer"},
@@ -490,6 +541,26 @@ static void test_validation_errors(void)
         {MINIMAL "  runPolicy: {cleanPodPolicy: all}\n", "spec.runPolicy.cleanPodPolicy: must be All, Running or None"},
         {MINIMAL "  runPolicy: {activeDeadlineSeconds: -5}\n", "spec.runPolicy.activeDeadlineSeconds: must be a non-negative"},
         {MINIMAL "  runPolicy: {ttlSecondsAfterFinished: 1.5}\n", "spec.runPolicy.ttlSecondsAfterFinished: must be an integer"},
+        {MINIMAL "  runPolicy: {backoffLimit: -1}\n", "spec.runPolicy.backoffLimit: must be at least 0"},
+        {MINIMAL "  runPolicy: {backoffLimit: 2147483648}\n", "spec.runPolicy.backoffLimit: must be at most"},
+        {MINIMAL "  runPolicy: {backoffLimit: \"3\"}\n", "spec.runPolicy.backoffLimit: must be an integer"},
+        {MINIMAL "  worker: {labels: {team: 1}}\n", "spec.worker.labels.team: must be a string"},
+        {MINIMAL "  worker: {labels: {team: " NAME64 "}}\n", "spec.worker.labels.team: must be at most 63"},
+        {MINIMAL "  worker: {labels: [a]}\n", "spec.worker.labels: must be a mapping"},
+        {MINIMAL "  worker: {annotations: {a: [1]}}\n", "spec.worker.annotations.a: must be a string"},
+        {MINIMAL "  worker: {nodeSelector: {pool: 1}}\n", "spec.worker.nodeSelector.pool: must be a string"},
+        {MINIMAL "  worker: {imagePullSecrets: [{}]}\n", "spec.worker.imagePullSecrets[0].name: required"},
+        {MINIMAL "  worker: {imagePullSecrets: [regcred]}\n", "spec.worker.imagePullSecrets[0]: must be a mapping"},
+        {MINIMAL "  worker: {volumes: [{emptyDir: {}}]}\n", "spec.worker.volumes[0].name: required"},
+        {MINIMAL "  worker: {volumeMounts: [{name: c}]}\n", "spec.worker.volumeMounts[0].mountPath: required"},
+        {MINIMAL "  worker: {env: [{name: 3}]}\n", "spec.worker.env[0].name: must be a string"},
+        {MINIMAL "  worker: {serviceAccountName: 3}\n", "spec.worker.serviceAccountName: must be a string"},
+        {MINIMAL "  worker: {automountServiceAccountToken: 1}\n",
+         "spec.worker.automountServiceAccountToken: must be a boolean"},
+        {MINIMAL "  worker: {schedulerName: [a]}\n", "spec.worker.schedulerName: must be a string"},
+        {MINIMAL "  worker: {runtimeClassName: 1}\n", "spec.worker.runtimeClassName: must be a string"},
+        {MINIMAL "  worker: {podSecurityContext: 1}\n", "spec.worker.podSecurityContext: must be a mapping"},
+        {MINIMAL "  worker: {securityContext: []}\n", "spec.worker.securityContext: must be a mapping"},
         /* integers that do not fit */
         {MINIMAL "  evalBatches: 2147483648\n", "spec.evalBatches: must be at most 2147483647"},
         {MINIMAL "  evalBatches: 99999999999999999999999\n", "spec.evalBatches: must be at most"},
@@ -710,6 +781,7 @@ RUN(test_presets);
 RUN(test_preset_overrides);
 RUN(test_json_input);
 RUN(test_worker_yaml_to_json);
+    RUN(test_names_and_pod_fields);
 RUN(test_paths);
 RUN(test_init_kinds);
 RUN(test_yaml_scalars);

@@ -1,10 +1,13 @@
 /* The Prometheus registry: the exact text exposition of counters, gauges and
  * histograms, sorting, help escaping, clear, refused calls, and concurrent
- * updates. */
+ * updates; counters set to totals, a job's series dropped, and the per-job series
+ * (job_metrics.h: labels trainingjob_namespace and trainingjob). */
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 
 #include "check.h"
+#include "job_metrics.h"
 #include "metrics.h"
 
 static void test_text_format(void)
@@ -137,8 +140,78 @@ static void test_concurrent_updates(void)
     pl_metrics_free(m);
 }
 
+/* counter_set keeps a total (never down); drop_series removes exactly one label set's
+ * series, whatever more labels they have, in every family. */
+static void test_totals_and_drop(void)
+{
+    pl_metrics *m = pl_metrics_new();
+    CHECK(m);
+    pl_metrics_counter_set(m, "x_total", "X.", "a=\"1\"", 5);
+    pl_metrics_counter_set(m, "x_total", NULL, "a=\"1\"", 3); /* below: ignored */
+    pl_metrics_counter_set(m, "x_total", NULL, "a=\"10\"", 7);
+    pl_metrics_counter_set(m, "x_total", NULL, "a=\"1\"", -1);
+    pl_metrics_gauge_set(m, "y", "Y.", "a=\"1\",verb=\"get\"", 2);
+    pl_metrics_gauge_set(m, "y", NULL, "a=\"2\"", 4);
+    pl_metrics_histogram_observe(m, "z_seconds", "Z.", "a=\"1\"", 0.1);
+    char *text = pl_metrics_text(m);
+    CHECK_STR_CONTAINS(text, "x_total{a=\"1\"} 5\n");
+    free(text);
+    pl_metrics_drop_series(m, "a=\"1\"");
+    text = pl_metrics_text(m);
+    CHECK(!strstr(text, "a=\"1\"") && !strstr(text, "z_seconds"));
+    CHECK_STR_CONTAINS(text, "x_total{a=\"10\"} 7\n");
+    CHECK_STR_CONTAINS(text, "y{a=\"2\"} 4\n");
+    free(text);
+    pl_metrics_free(m);
+}
+
+static void test_job_series(void)
+{
+    pl_metrics *m = pl_metrics_new();
+    CHECK(m);
+    char lab[256];
+    pl_job_metrics_labels(lab, sizeof lab, "team-a", "gpt\"2");
+    CHECK(!strcmp(lab, "trainingjob_namespace=\"team-a\",trainingjob=\"gpt\\\"2\""));
+    pl_job_sample s = {.workers_desired = 4, .workers_ready = 3, .preemptions = 2, .failed_pods = 1,
+                       .reconfigurations = 3, .checkpoints = 2, .checkpoint_step = 200, .loss = 2.5,
+                       .validation_loss = NAN};
+    pl_job_metrics_set(m, "team-a", "gpt", &s);
+    pl_job_metrics_set(m, "team-b", "gpt", &s);
+    pl_job_metrics_steps(m, "team-a", "gpt", 7, 12.5);
+    pl_job_metrics_set(NULL, "team-a", "gpt", &s); /* no registry: nothing */
+    char *text = pl_metrics_text(m);
+    const char *want[] = {
+        "pliant_workers_desired{trainingjob_namespace=\"team-a\",trainingjob=\"gpt\"} 4\n",
+        "pliant_workers_ready{trainingjob_namespace=\"team-a\",trainingjob=\"gpt\"} 3\n",
+        "pliant_preemptions_total{trainingjob_namespace=\"team-a\",trainingjob=\"gpt\"} 2\n",
+        "pliant_failed_pods_total{trainingjob_namespace=\"team-a\",trainingjob=\"gpt\"} 1\n",
+        "pliant_reconfigurations_total{trainingjob_namespace=\"team-a\",trainingjob=\"gpt\"} 3\n",
+        "pliant_checkpoints_total{trainingjob_namespace=\"team-a\",trainingjob=\"gpt\"} 2\n",
+        "pliant_checkpoint_last_step{trainingjob_namespace=\"team-a\",trainingjob=\"gpt\"} 200\n",
+        "pliant_loss{trainingjob_namespace=\"team-a\",trainingjob=\"gpt\"} 2.5\n",
+        "pliant_steps_total{trainingjob_namespace=\"team-a\",trainingjob=\"gpt\"} 7\n",
+        "pliant_samples_per_second{trainingjob_namespace=\"team-a\",trainingjob=\"gpt\"} 12.5\n"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) CHECK_STR_CONTAINS(text, want[i]);
+    CHECK(!strstr(text, "pliant_validation_loss")); /* unknown: not written */
+    CHECK(!strstr(text, "{job=") && !strstr(text, ",job=") && !strstr(text, "{namespace="));
+    free(text);
+    s.validation_loss = 2.75;
+    pl_job_metrics_set(m, "team-a", "gpt", &s);
+    text = pl_metrics_text(m);
+    CHECK_STR_CONTAINS(text, "pliant_validation_loss{trainingjob_namespace=\"team-a\",trainingjob=\"gpt\"} 2.75\n");
+    free(text);
+    pl_job_metrics_forget(m, "team-a", "gpt");
+    text = pl_metrics_text(m);
+    CHECK(!strstr(text, "team-a"));
+    CHECK_STR_CONTAINS(text, "pliant_loss{trainingjob_namespace=\"team-b\",trainingjob=\"gpt\"} 2.5\n");
+    free(text);
+    pl_metrics_free(m);
+}
+
 TEST_MAIN_BEGIN
 RUN(test_text_format);
+RUN(test_totals_and_drop);
+RUN(test_job_series);
 RUN(test_clear_and_refusals);
 RUN(test_concurrent_updates);
 TEST_MAIN_END
