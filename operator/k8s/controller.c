@@ -64,6 +64,7 @@ typedef struct cjob {
     int reconfigs_before;       /* of runtimes that ended (a new leader, a restart) */
     int preempted, failed_pods;
     char start_time[40], completion_time[40], last_ckpt_time[40], last_reconfig_time[40];
+    int profile_saved;          /* status.profile holds the profile a worker measured */
     struct cjob *next;
 } cjob;
 
@@ -288,6 +289,29 @@ static void add_plan(cJSON *s, pl_coord *co)
     }
 }
 
+/* What the workers' duties add to the status: the newest validation loss
+ * (status.lastValidation), and once the profile a worker measured (status.profile: a new
+ * leader plans from it instead of measuring again; merge patches keep it). */
+static void add_duties_status(cJSON *s, const cjob *j)
+{
+    int64_t vstep;
+    double vloss = pl_job_driver_validation_loss(j->rt, &vstep);
+    if (isfinite(vloss)) {
+        cJSON *v = cJSON_AddObjectToObject(s, "lastValidation");
+        cJSON_AddNumberToObject(v, "step", (double)vstep);
+        cJSON_AddNumberToObject(v, "loss", vloss);
+    }
+    const char *profile = pl_job_driver_profile_json(j->rt);
+    if (profile && !j->profile_saved) cJSON_AddStringToObject(s, "profile", profile);
+}
+
+/* The profile a new leader passes to its driver: status.profile (spec.profile auto). */
+static const char *stored_profile(const cjob *j)
+{
+    const char *text = pl_kube_field(j->obj, "status.profile");
+    return text && !strcmp(j->spec.profile, "auto") ? text : NULL;
+}
+
 static cJSON *status_json(pl_controller *c, cjob *j)
 {
     cJSON *s = cJSON_CreateObject();
@@ -346,6 +370,7 @@ static cJSON *status_json(pl_controller *c, cjob *j)
             cJSON_AddNumberToObject(lr, "bytesCopied", (double)x->bytes_copied);
             cJSON_AddBoolToObject(lr, "fromCheckpoint", x->from_checkpoint);
         }
+        add_duties_status(s, j);
         if (pl_coord_last_checkpoint(co) > 0) {
             cJSON *lc = cJSON_AddObjectToObject(s, "lastCheckpoint");
             cJSON_AddNumberToObject(lc, "step", (double)pl_coord_last_checkpoint(co));
@@ -370,8 +395,8 @@ static cJSON *status_json(pl_controller *c, cjob *j)
 static void update_phase_gauges(pl_controller *c)
 {
     if (!c->cfg.metrics) return;
-    static const char *const phases[] = {"Pending", "Running", "Reconfiguring", "WaitingForNodes",
-                                         "Suspended", "Succeeded", "Failed"};
+    static const char *const phases[] = {"Pending", "Profiling", "Running", "Reconfiguring",
+                                         "WaitingForNodes", "Suspended", "Succeeded", "Failed"};
     for (size_t i = 0; i < sizeof phases / sizeof phases[0]; i++) {
         int n = 0;
         for (const cjob *j = c->jobs; j; j = j->next)
@@ -392,6 +417,7 @@ static int write_status(pl_controller *c, cjob *j)
     pl_kube_ref r = job_ref(j, TJ.plural, j->name);
     pl_kube_status st;
     int rc = API(c, "patch", pl_kube_patch_status(c->api, &r, s, NULL, &st), &st);
+    if (!rc && cJSON_GetObjectItem(s, "profile")) j->profile_saved = 1;
     cJSON_Delete(s);
     if (rc) {
         if (st.http != 404) logf_("%s: status: %s", j->key, st.message);
@@ -408,6 +434,7 @@ static const char *phase_of(pl_coord *co)
 {
     switch (pl_coord_phase(co)) {
     case PL_COORD_WAITING_FOR_WORKERS: return "Pending";
+    case PL_COORD_PROFILING: return "Profiling";
     case PL_COORD_WAITING_FOR_NODES: return "WaitingForNodes";
     case PL_COORD_COPYING:
     case PL_COORD_SETTLING: return pl_coord_generation(co) > 1 ? "Reconfiguring" : "Running";
@@ -445,6 +472,21 @@ static void observe_reconfig(pl_controller *c, cjob *j, const pl_coord_reconfig_
     j->status_dirty = 1;
 }
 
+/* What the workers' duties brought: a checkpoint a worker could not complete, the resume
+ * point they reported, the profile one measured (saved in the status). */
+static void observe_duty_event(cjob *j, const pl_job_driver_event *ev)
+{
+    if (ev->kind == PL_JOB_DRIVER_CHECKPOINT && ev->error)
+        logf_("%s: checkpoint of step %lld: %s", j->key, (long long)ev->step, ev->error);
+    if (ev->kind == PL_JOB_DRIVER_RESUME && (ev->step > 0 || ev->error))
+        logf_("%s: starting from the checkpoint of step %lld%s%s", j->key, (long long)ev->step,
+              ev->error ? ": " : "", ev->error ? ev->error : "");
+    if (ev->kind == PL_JOB_DRIVER_PROFILED) {
+        logf_("%s: the profile measured by a worker is planned", j->key);
+        j->status_dirty = 1;
+    }
+}
+
 /* Events and metrics from what the driver reports since the last look. */
 static void observe_driver(pl_controller *c, cjob *j, const char *lab)
 {
@@ -465,9 +507,8 @@ static void observe_driver(pl_controller *c, cjob *j, const char *lab)
             j->status_dirty = 1;
             break;
         case PL_JOB_DRIVER_CHECKPOINT:
-            if (ev.error)
-                logf_("%s: checkpoint of step %lld: %s", j->key, (long long)ev.step, ev.error);
-            break;
+        case PL_JOB_DRIVER_RESUME:
+        case PL_JOB_DRIVER_PROFILED: observe_duty_event(j, &ev); break;
         }
     }
     if (steps > 0) {
@@ -843,6 +884,8 @@ static int start_runtime(pl_controller *c, cjob *j)
     pl_msg plan; /* its pipelines: the plan a new leader takes over */
     pl_msg_init(&plan, PL_MSG_PLAN, 0);
     if (secret) restore_config(c, j, &rc, &plan);
+    rc.profile_json = stored_profile(j);
+    j->profile_saved = rc.profile_json != NULL;
     char err[1024] = "";
     j->rt = text ? start_driver(&rc, err, sizeof err) : NULL;
     if (!j->rt && rc.npipes) { /* cannot take over (the port is taken): start afresh */
