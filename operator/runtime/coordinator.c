@@ -800,22 +800,31 @@ static void resume_reports(const pl_coord *c, char *buf, size_t len)
 /* The first plan's checkpoint: the newest complete one that a live worker reported at
  * register. 1 when the job ended here (its last step's checkpoint exists: DONE; no worker
  * can read the directory: FAILED), else 0. */
-static int decide_resume(pl_coord *c)
+/* The newest checkpoint step a live worker can read (0: none); how many could read the
+ * directory, how many could not, and whether those that could disagree. */
+static int64_t newest_reported(const pl_coord *c, int *nread, int *nerr, int *differ)
 {
     int64_t best = 0;
-    int nread = 0, nerr = 0, differ = 0;
+    *nread = *nerr = *differ = 0;
     for (int i = 0; i < c->nw; i++) {
         const cworker *w = &c->w[i];
         if (!w->live || !w->has_ckpt)
             continue;
         if (w->ckpt_err[0]) {
-            nerr++;
+            (*nerr)++;
             continue;
         }
-        differ |= nread && w->ckpt_step != best;
-        if (!nread++ || w->ckpt_step > best)
+        *differ |= *nread && w->ckpt_step != best;
+        if (!(*nread)++ || w->ckpt_step > best)
             best = w->ckpt_step;
     }
+    return best;
+}
+
+static int decide_resume(pl_coord *c)
+{
+    int nread, nerr, differ;
+    const int64_t best = newest_reported(c, &nread, &nerr, &differ);
     char seen[400];
     resume_reports(c, seen, sizeof seen);
     if (!nread && nerr) {
@@ -1361,6 +1370,15 @@ static void welcome(pl_coord *c, int i)
     m->u.welcome.heartbeat_ms = c->cfg.heartbeat_ms;
 }
 
+/* What the worker's register said about the checkpoint directory. */
+static void note_checkpoint_report(cworker *w, const pl_coord_worker_info *wi)
+{
+    w->has_ckpt = wi->has_checkpoint != 0;
+    w->ckpt_step = wi->has_checkpoint && wi->checkpoint_step > 0 ? wi->checkpoint_step : 0;
+    snprintf(w->ckpt_err, sizeof w->ckpt_err, "%s",
+             wi->has_checkpoint && wi->checkpoint_error ? wi->checkpoint_error : "");
+}
+
 /* A worker of the restored plan is back (its hello_resume follows). */
 static int rejoin(pl_coord *c, int i, const char *host, int port, int64_t now_ms)
 {
@@ -1410,6 +1428,7 @@ int pl_coord_worker_joined(pl_coord *c, const pl_coord_worker_info *wi, int64_t 
             snprintf(c->w[old].zone, sizeof c->w[old].zone, "%s", wi->zone);
         snprintf(c->w[old].device, sizeof c->w[old].device, "%s", wi->device ? wi->device : "");
         c->w[old].nccl = wi->nccl != 0;
+        note_checkpoint_report(&c->w[old], wi);
         return rejoin(c, old, host, port, now_ms);
     }
     if (old >= 0)
@@ -1444,10 +1463,7 @@ int pl_coord_worker_joined(pl_coord *c, const pl_coord_worker_info *wi, int64_t 
     w->live = 1;
     w->last_heard = now_ms;
     w->pipe = w->pos = -1;
-    w->has_ckpt = wi->has_checkpoint != 0;
-    w->ckpt_step = wi->has_checkpoint && wi->checkpoint_step > 0 ? wi->checkpoint_step : 0;
-    snprintf(w->ckpt_err, sizeof w->ckpt_err, "%s",
-             wi->has_checkpoint && wi->checkpoint_error ? wi->checkpoint_error : "");
+    note_checkpoint_report(w, wi);
     welcome(c, i);
     reassign_duties(c); /* a duty nobody could take (no live worker) */
     if (c->phase == PL_COORD_PROFILING) {
@@ -1902,6 +1918,12 @@ static void resume_done(pl_coord *c)
     }
     if (committer >= 0)
         c->step = last + 1;
+    if (c->cfg.resume_auto) { /* what a fatal loss would restart from */
+        int nread, nerr, differ;
+        const int64_t best = newest_reported(c, &nread, &nerr, &differ);
+        if (best > c->ckpt_last && best <= c->step)
+            c->ckpt_last = best;
+    }
     add_cause(c, "%s%s", "resumed by a new coordinator", "");
     replan(c);
 }

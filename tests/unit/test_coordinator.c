@@ -1324,6 +1324,42 @@ static void test_resume_from_the_workers(void)
     sim_free(&s);
 }
 
+/* A new coordinator taking over a running plan learns the newest checkpoint from the
+ * workers that come back (what a fatal loss would restart from); nothing restarts. */
+static void test_restore_learns_the_checkpoint(void)
+{
+    sim s;
+    CHECK(sim_init(&s, 9, 4) == 0);
+    s.cfg.checkpoint_dir = "/ckpt";
+    s.cfg.checkpoint_every = 2;
+    s.cfg.resume_auto = 1;
+    CHECK(sim_reconfigure(&s) == 0);
+    const char *n0[] = {"w0", "w1"}, *n1[] = {"w2", "w3"};
+    pl_msg_pipeline pipes[2] = {{.nnodes = 2, .template_nodes = 2, .microbatches = 8},
+                                {.nnodes = 2, .template_nodes = 2, .microbatches = 8}};
+    pipes[0].nodes = calloc(2, sizeof *pipes[0].nodes);
+    pipes[1].nodes = calloc(2, sizeof *pipes[1].nodes);
+    for (int j = 0; j < 2; j++) {
+        strcpy(pipes[0].nodes[j], n0[j]);
+        strcpy(pipes[1].nodes[j], n1[j]);
+    }
+    CHECK_EQ_INT(pl_coord_restore(s.c, 3, 5, pipes, 2, 500), PL_COORD_OK);
+    for (int w = 0; w < 4; w++) {
+        CHECK_EQ_INT(join_with_checkpoint(&s, w, 1, w == 3 ? 2 : 4, ""), PL_COORD_OK);
+        pl_msg_hello_resume h = {4, 0.5, 1e-3, -1};
+        CHECK_EQ_INT(pl_coord_hello_resume(s.c, nm(w), 3, &h), PL_COORD_OK);
+    }
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
+    CHECK_EQ_INT(pl_coord_last_checkpoint(s.c), 4);
+    CHECK_EQ_INT(pl_coord_resume_step(s.c), -1); /* the job did not start from it */
+    CHECK_EQ_INT(s.plan[0].u.plan.step, 5);
+    CHECK(!s.plan[0].u.plan.has_checkpoint);
+    free(pipes[0].nodes);
+    free(pipes[1].nodes);
+    sim_free(&s);
+}
+
 /* The checkpoint of the last step: nothing to train, the job is done at once. */
 static void test_resume_at_the_last_step(void)
 {
@@ -1550,6 +1586,7 @@ RUN(test_checkpoint_completed_by_one_worker);
 RUN(test_last_checkpoint_waits_for_its_completion);
 RUN(test_resume_from_the_workers);
 RUN(test_resume_at_the_last_step);
+RUN(test_restore_learns_the_checkpoint);
 RUN(test_profiling_on_a_worker);
 RUN(test_profiling_failures);
 RUN(test_eval_aggregation);
