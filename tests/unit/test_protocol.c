@@ -198,27 +198,31 @@ static void rand_duty(pl_msg *m)
     }
 }
 
+static void rand_register(pl_msg_register *r)
+{
+    rand_name(r->job);
+    rand_name(r->name);
+    rand_name(r->node);
+    rand_chars(r->zone, PL_PROTO_NAME_MAX, 0, NAME_SET);
+    rand_chars(r->host, PL_PROTO_HOST_MAX, 1, "0123456789abcdef.:[]%-");
+    r->port = (int)rand_int(1, 65535);
+    r->gpus = (int)rand_int(0, 1024);
+    rand_chars(r->device, PL_PROTO_NAME_MAX, 0, NAME_SET);
+    r->nccl = (int)(rng_next() % 2);
+    r->pid = rand_int(1, 2147483647);
+    rand_chars(r->token_proof, PL_PROTO_PROOF_LEN, PL_PROTO_PROOF_LEN, HEX_SET);
+    if ((r->has_checkpoint = (int)(rng_next() % 2))) { /* the optional checkpoint */
+        if (rng_next() % 3 == 0) rand_text(r->checkpoint_error);
+        if (!r->checkpoint_error[0]) r->checkpoint_step = rand_int(0, PL_PROTO_INT_MAX);
+    }
+}
+
 static void rand_msg(pl_msg *m, int type)
 {
     pl_msg_init(m, type, rand_int(0, PL_PROTO_INT_MAX));
     switch (type) {
     case PL_MSG_REGISTER:
-        rand_name(m->u.reg.job);
-        rand_name(m->u.reg.name);
-        rand_name(m->u.reg.node);
-        rand_chars(m->u.reg.zone, PL_PROTO_NAME_MAX, 0, NAME_SET);
-        rand_chars(m->u.reg.host, PL_PROTO_HOST_MAX, 1, "0123456789abcdef.:[]%-");
-        m->u.reg.port = (int)rand_int(1, 65535);
-        m->u.reg.gpus = (int)rand_int(0, 1024);
-        rand_chars(m->u.reg.device, PL_PROTO_NAME_MAX, 0, NAME_SET);
-        m->u.reg.nccl = (int)(rng_next() % 2);
-        m->u.reg.pid = rand_int(1, 2147483647);
-        rand_chars(m->u.reg.token_proof, PL_PROTO_PROOF_LEN, PL_PROTO_PROOF_LEN, HEX_SET);
-        if ((m->u.reg.has_checkpoint = (int)(rng_next() % 2))) {
-            if (rng_next() % 3 == 0) rand_text(m->u.reg.checkpoint_error);
-            if (!m->u.reg.checkpoint_error[0])
-                m->u.reg.checkpoint_step = rand_int(0, PL_PROTO_INT_MAX);
-        }
+        rand_register(&m->u.reg);
         break;
     case PL_MSG_HEARTBEAT:
     case PL_MSG_REDUCED:
