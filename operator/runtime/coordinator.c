@@ -797,9 +797,6 @@ static void resume_reports(const pl_coord *c, char *buf, size_t len)
     }
 }
 
-/* The first plan's checkpoint: the newest complete one that a live worker reported at
- * register. 1 when the job ended here (its last step's checkpoint exists: DONE; no worker
- * can read the directory: FAILED), else 0. */
 /* The newest checkpoint step a live worker can read (0: none); how many could read the
  * directory, how many could not, and whether those that could disagree. */
 static int64_t newest_reported(const pl_coord *c, int *nread, int *nerr, int *differ)
@@ -821,6 +818,9 @@ static int64_t newest_reported(const pl_coord *c, int *nread, int *nerr, int *di
     return best;
 }
 
+/* The first plan's checkpoint: the newest complete one that a live worker reported at
+ * register. 1 when the job ended here (its last step's checkpoint exists: DONE; no worker
+ * can read the directory: FAILED), else 0. */
 static int decide_resume(pl_coord *c)
 {
     int nread, nerr, differ;
@@ -1045,6 +1045,15 @@ static void after_step(pl_coord *c)
         start_step(c);
 }
 
+/* A committed step's record in the log, then what follows the step. */
+static void record_step(pl_coord *c, const pl_coord_step_rec *rec)
+{
+    if (log_step(c, rec))
+        set_failed(c, "coordinator: out of memory");
+    else
+        after_step(c);
+}
+
 /* Every live pipeline worker committed: the step counts. Its record is logged now, or
  * once its evaluation is in (every eval_every-th step and the last). */
 static void step_boundary(pl_coord *c)
@@ -1062,11 +1071,7 @@ static void step_boundary(pl_coord *c)
         start_eval(c);
         return;
     }
-    if (log_step(c, &x)) {
-        set_failed(c, "coordinator: out of memory");
-        return;
-    }
-    after_step(c);
+    record_step(c, &x);
 }
 
 /* Every live pipeline worker of the plan evaluated: the validation loss is the mean over
@@ -1080,11 +1085,7 @@ static void check_eval_complete(pl_coord *c)
             return;
     c->eval_rec.val_loss = c->val_batches ? c->val_sum / (double)c->val_batches : NAN;
     c->eval_pending = 0;
-    if (log_step(c, &c->eval_rec)) {
-        set_failed(c, "coordinator: out of memory");
-        return;
-    }
-    after_step(c);
+    record_step(c, &c->eval_rec);
 }
 
 static void check_reduced_complete(pl_coord *c)
@@ -1724,7 +1725,8 @@ int pl_coord_saved(pl_coord *c, const char *name, const pl_msg_saved *sv)
     if (find(c, name) < 0)
         return fail_err(c, "unknown worker \"%s\"", name ? name : "(null)");
     /* any generation: the state after step s is the same in every plan */
-    if (c->phase == PL_COORD_DONE || c->phase == PL_COORD_FAILED || sv->step <= c->ckpt_last || sv->step > c->cfg.steps || sv->layer_end > c->nlayers)
+    if (c->phase == PL_COORD_DONE || c->phase == PL_COORD_FAILED || sv->step <= c->ckpt_last ||
+        sv->step > c->cfg.steps || sv->layer_end > c->nlayers)
         return PL_COORD_IGNORED;
     csaving *slot = NULL, *oldest = &c->saving[0];
     for (int k = 0; k < SAVING_SLOTS && !slot; k++) {

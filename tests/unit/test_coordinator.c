@@ -661,9 +661,8 @@ static int complete_asked(sim *s, const char *error)
 }
 
 /* `saved` for step st from the workers of pipeline 0 (every layer once), the
- * stage `skip` excepted (-1: none); the worker asked to complete the checkpoint
- * does. */
-static void save_all(sim *s, int64_t st, int skip)
+ * stage `skip` excepted (-1: none). */
+static void save_layers(sim *s, int64_t st, int skip)
 {
     for (int w = 0; w < s->nw; w++) {
         const pl_msg_plan *p = &s->plan[w].u.plan;
@@ -672,7 +671,34 @@ static void save_all(sim *s, int64_t st, int skip)
         pl_msg_saved sv = {st, p->you_layer_begin, p->you_layer_end, 1000};
         pl_coord_saved(s->c, nm(w), &sv);
     }
+}
+
+/* save_layers, then the worker asked to complete the checkpoint does. */
+static void save_all(sim *s, int64_t st, int skip)
+{
+    save_layers(s, st, skip);
     complete_asked(s, NULL);
+}
+
+/* A coordinator with checkpoints in /ckpt every `every` steps (0: the last only);
+ * resume_auto: its first plan starts from the workers' reports. */
+static int sim_checkpointed(sim *s, int64_t steps, int n_start, int every, int resume_auto)
+{
+    if (sim_init(s, steps, n_start))
+        return -1;
+    s->cfg.checkpoint_dir = "/ckpt";
+    s->cfg.checkpoint_every = every;
+    s->cfg.resume_auto = resume_auto;
+    return sim_reconfigure(s);
+}
+
+/* Workers w0..w<n-1> registered and the first plan's copies done. */
+static int sim_started(sim *s, int n)
+{
+    if (start_workers(s, n))
+        return -1;
+    all_copy_done(s);
+    return drain(s);
 }
 
 /* Every holder of layer 0 goes silent at step 2: no live copy of it, so the
@@ -680,13 +706,8 @@ static void save_all(sim *s, int64_t st, int skip)
 static void test_fatal_loss(void)
 {
     sim s;
-    CHECK(sim_init(&s, 5, 6) == 0);
-    s.cfg.checkpoint_dir = "/ckpt";
-    s.cfg.checkpoint_every = 1;
-    CHECK(sim_reconfigure(&s) == 0);
-    CHECK(start_workers(&s, 6) == 0);
-    all_copy_done(&s);
-    CHECK(drain(&s) == 0);
+    CHECK(sim_checkpointed(&s, 5, 6, 1, 0) == 0);
+    CHECK(sim_started(&s, 6) == 0);
     CHECK(run_step(&s, 0) == 0);
     save_all(&s, 1, -1);
     CHECK_EQ_INT(pl_coord_last_checkpoint(s.c), 1);
@@ -1159,20 +1180,10 @@ static void test_initial_copy_loss_and_nan(void)
 static void test_checkpoint_completed_by_one_worker(void)
 {
     sim s;
-    CHECK(sim_init(&s, 5, 6) == 0);
-    s.cfg.checkpoint_dir = "/ckpt";
-    s.cfg.checkpoint_every = 1;
-    CHECK(sim_reconfigure(&s) == 0);
-    CHECK(start_workers(&s, 6) == 0);
-    all_copy_done(&s);
-    CHECK(drain(&s) == 0);
+    CHECK(sim_checkpointed(&s, 5, 6, 1, 0) == 0);
+    CHECK(sim_started(&s, 6) == 0);
     CHECK(run_step(&s, 0) == 0);
-    for (int w = 0; w < s.nw; w++) { /* every layer of step 1 saved */
-        const pl_msg_plan *p = &s.plan[w].u.plan;
-        pl_msg_saved sv = {1, p->you_layer_begin, p->you_layer_end, 1000};
-        if (p->you_pipeline == 0)
-            CHECK_EQ_INT(pl_coord_saved(s.c, nm(w), &sv), PL_COORD_OK);
-    }
+    save_layers(&s, 1, -1); /* every layer of step 1 saved */
     CHECK(drain(&s) == 0);
     CHECK_EQ_INT(count_type(&s, PL_MSG_COMPLETE_CHECKPOINT), 1);
     const pl_msg *cc = msg_to(&s, 0, PL_MSG_COMPLETE_CHECKPOINT);
@@ -1202,12 +1213,7 @@ static void test_checkpoint_completed_by_one_worker(void)
     save_all(&s, 2, -1); /* answered without an error... */
     CHECK_EQ_INT(pl_coord_last_checkpoint(s.c), 2);
     CHECK(run_step(&s, 2) == 0);
-    for (int w = 0; w < s.nw; w++) {
-        const pl_msg_plan *p = &s.plan[w].u.plan;
-        pl_msg_saved sv = {3, p->you_layer_begin, p->you_layer_end, 1000};
-        if (s.live[w] && p->you_pipeline == 0)
-            pl_coord_saved(s.c, nm(w), &sv);
-    }
+    save_layers(&s, 3, -1);
     CHECK_EQ_INT(complete_asked(&s, "/ckpt/step-00000003: read-only file system"), 1);
     CHECK_EQ_INT(pl_coord_last_checkpoint(s.c), 2);
     const char *why = NULL;
@@ -1220,21 +1226,12 @@ static void test_checkpoint_completed_by_one_worker(void)
 static void test_last_checkpoint_waits_for_its_completion(void)
 {
     sim s;
-    CHECK(sim_init(&s, 2, 6) == 0);
-    s.cfg.checkpoint_dir = "/ckpt";
-    CHECK(sim_reconfigure(&s) == 0);
-    CHECK(start_workers(&s, 6) == 0);
-    all_copy_done(&s);
-    CHECK(drain(&s) == 0);
+    CHECK(sim_checkpointed(&s, 2, 6, 0, 0) == 0);
+    CHECK(sim_started(&s, 6) == 0);
     CHECK(run_step(&s, 0) == 0);
     CHECK(run_step(&s, 1) == 0);
     CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_SAVING);
-    for (int w = 0; w < s.nw; w++) {
-        const pl_msg_plan *p = &s.plan[w].u.plan;
-        pl_msg_saved sv = {2, p->you_layer_begin, p->you_layer_end, 1000};
-        if (p->you_pipeline == 0)
-            pl_coord_saved(s.c, nm(w), &sv);
-    }
+    save_layers(&s, 2, -1);
     CHECK(drain(&s) == 0);
     CHECK_EQ_INT(count_type(&s, PL_MSG_COMPLETE_CHECKPOINT), 1);
     CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_SAVING);
@@ -1272,9 +1269,9 @@ static void test_resume_from_the_workers(void)
 {
     sim s;
     CHECK(sim_init(&s, 10, 4) == 0);
+    s.cfg.resume_step = 99; /* not read */
     s.cfg.checkpoint_dir = "/ckpt";
     s.cfg.resume_auto = 1;
-    s.cfg.resume_step = 99; /* not read */
     CHECK(sim_reconfigure(&s) == 0);
     CHECK_EQ_INT(pl_coord_resume_step(s.c), -1);
     for (int w = 0; w < 4; w++)
@@ -1291,10 +1288,7 @@ static void test_resume_from_the_workers(void)
     }
     sim_free(&s);
     /* they disagree: the newest one a worker can read, and a note */
-    CHECK(sim_init(&s, 10, 4) == 0);
-    s.cfg.checkpoint_dir = "/ckpt";
-    s.cfg.resume_auto = 1;
-    CHECK(sim_reconfigure(&s) == 0);
+    CHECK(sim_checkpointed(&s, 10, 4, 0, 1) == 0);
     CHECK_EQ_INT(join_with_checkpoint(&s, 0, 1, 4, ""), PL_COORD_OK);
     CHECK_EQ_INT(join_with_checkpoint(&s, 1, 1, 2, NULL), PL_COORD_OK);
     CHECK_EQ_INT(join_with_checkpoint(&s, 2, 1, 0, "permission denied"), PL_COORD_OK);
@@ -1311,10 +1305,7 @@ static void test_resume_from_the_workers(void)
     CHECK(run_step(&s, 4) == 0);
     sim_free(&s);
     /* no worker can read the directory: FAILED */
-    CHECK(sim_init(&s, 10, 4) == 0);
-    s.cfg.checkpoint_dir = "/ckpt";
-    s.cfg.resume_auto = 1;
-    CHECK(sim_reconfigure(&s) == 0);
+    CHECK(sim_checkpointed(&s, 10, 4, 0, 1) == 0);
     for (int w = 0; w < 4; w++)
         CHECK_EQ_INT(join_with_checkpoint(&s, w, 1, 0, "no such volume"), PL_COORD_OK);
     CHECK(drain(&s) == 0);
@@ -1329,11 +1320,7 @@ static void test_resume_from_the_workers(void)
 static void test_restore_learns_the_checkpoint(void)
 {
     sim s;
-    CHECK(sim_init(&s, 9, 4) == 0);
-    s.cfg.checkpoint_dir = "/ckpt";
-    s.cfg.checkpoint_every = 2;
-    s.cfg.resume_auto = 1;
-    CHECK(sim_reconfigure(&s) == 0);
+    CHECK(sim_checkpointed(&s, 9, 4, 2, 1) == 0);
     const char *n0[] = {"w0", "w1"}, *n1[] = {"w2", "w3"};
     pl_msg_pipeline pipes[2] = {{.nnodes = 2, .template_nodes = 2, .microbatches = 8},
                                 {.nnodes = 2, .template_nodes = 2, .microbatches = 8}};
@@ -1364,10 +1351,7 @@ static void test_restore_learns_the_checkpoint(void)
 static void test_resume_at_the_last_step(void)
 {
     sim s;
-    CHECK(sim_init(&s, 6, 4) == 0);
-    s.cfg.checkpoint_dir = "/ckpt";
-    s.cfg.resume_auto = 1;
-    CHECK(sim_reconfigure(&s) == 0);
+    CHECK(sim_checkpointed(&s, 6, 4, 0, 1) == 0);
     for (int w = 0; w < 4; w++)
         CHECK_EQ_INT(join_with_checkpoint(&s, w, 1, 6, ""), PL_COORD_OK);
     CHECK(drain(&s) == 0);
@@ -1383,16 +1367,23 @@ static void test_resume_at_the_last_step(void)
 
 /* spec.profile auto: the first registered worker measures; another when it is lost; the
  * profile comes back, the caller's planner made from it starts the job. */
+/* A coordinator without a planner: a worker measures the profile (`repeat` runs). */
+static int sim_profiling(sim *s, int64_t steps, int repeat)
+{
+    if (sim_init(s, steps, 5))
+        return -1;
+    s->cfg.profile = NULL;
+    s->cfg.templates = NULL;
+    s->cfg.coverage = NULL;
+    s->cfg.profile_repeat = repeat;
+    s->cfg.n_start = 1;
+    return sim_reconfigure(s);
+}
+
 static void test_profiling_on_a_worker(void)
 {
     sim s;
-    CHECK(sim_init(&s, 3, 5) == 0);
-    s.cfg.profile = NULL;
-    s.cfg.templates = NULL;
-    s.cfg.coverage = NULL;
-    s.cfg.profile_repeat = 3;
-    s.cfg.n_start = 1;
-    CHECK(sim_reconfigure(&s) == 0);
+    CHECK(sim_profiling(&s, 3, 3) == 0);
     CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_PROFILING);
     CHECK(!strcmp(pl_coord_phase_name(PL_COORD_PROFILING), "profiling"));
     CHECK_STR_CONTAINS(pl_coord_reason(s.c), "waiting for a worker to measure");
@@ -1440,12 +1431,7 @@ static void test_profiling_on_a_worker(void)
 static void test_profiling_failures(void)
 {
     sim s;
-    CHECK(sim_init(&s, 3, 5) == 0);
-    s.cfg.profile = NULL;
-    s.cfg.templates = NULL;
-    s.cfg.coverage = NULL;
-    s.cfg.profile_repeat = 1;
-    CHECK(sim_reconfigure(&s) == 0);
+    CHECK(sim_profiling(&s, 3, 1) == 0);
     CHECK(start_workers(&s, 2) == 0);
     CHECK_EQ_INT(pl_coord_profile_done(s.c, "w0", NULL, "out of device memory"), PL_COORD_OK);
     CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_FAILED);
@@ -1453,11 +1439,7 @@ static void test_profiling_failures(void)
     CHECK(drain(&s) == 0);
     CHECK_EQ_INT(count_type(&s, PL_MSG_STOP), 2);
     sim_free(&s);
-    CHECK(sim_init(&s, 3, 5) == 0);
-    s.cfg.profile = NULL;
-    s.cfg.templates = NULL;
-    s.cfg.coverage = NULL;
-    s.cfg.profile_repeat = 1;
+    CHECK(sim_profiling(&s, 3, 1) == 0);
     s.cfg.global_batch = 8; /* the coverage table plans 16 */
     CHECK(sim_reconfigure(&s) == 0);
     CHECK(start_workers(&s, 1) == 0);
@@ -1499,9 +1481,7 @@ static void test_eval_aggregation(void)
     CHECK(sim_init(&s, 3, 6) == 0);
     s.cfg.eval_every = 2;
     CHECK(sim_reconfigure(&s) == 0);
-    CHECK(start_workers(&s, 6) == 0);
-    all_copy_done(&s);
-    CHECK(drain(&s) == 0);
+    CHECK(sim_started(&s, 6) == 0);
     CHECK(run_step(&s, 0) == 0);
     CHECK_EQ_INT(count_type(&s, PL_MSG_EVAL), 0);
     CHECK(run_step(&s, 1) == 0);

@@ -13,17 +13,10 @@
 #include "mailbox.h"
 #include "rng.h"
 #include "stage.h"
+#include "whole_model.h"
 #include "xport_sim.h"
 
 enum { B = 2, T = 5, BT = B * T, SEED = 3, MAXST = 4 };
-
-static const pl_gpt_config *config(void)
-{
-    static pl_gpt_config c;
-    char err[128];
-    pl_gpt_config_init(&c, 3, 16, 2, 37, 8, err, sizeof err);
-    return &c;
-}
 
 typedef struct {
     pl_engine e;
@@ -56,7 +49,7 @@ static void *run_eval(void *arg)
 /* n microbatches through stages cut at cuts (nst stages) vs the whole model. */
 static int compare(const int *cuts, int nst, int n, int xport)
 {
-    const pl_gpt_config *c = config();
+    const pl_gpt_config *c = whole_model_config();
     char err[256];
     int32_t *tok = malloc(sizeof *tok * (size_t)(n * BT)), *tgt = malloc(sizeof *tgt * (size_t)(n * BT));
     rng_state = 11;
@@ -68,8 +61,7 @@ static int compare(const int *cuts, int nst, int n, int xport)
     pl_engine whole;
     pl_engine_create(&whole, kw, c, 0, c->L + 2, B, T, 1, err, sizeof err);
     pl_engine_init_random(&whole, SEED);
-    double want = 0;
-    for (int i = 0; i < n; i++) want += pl_engine_forward(&whole, 0, tok + i * BT, NULL, tgt + i * BT);
+    const double want = whole_model_forward(&whole, tok, tgt, n);
     mailbox *box = mailbox_new();
     xsim *sim = xport ? xsim_new(nst, 20000) : NULL;
     eval_stage st[MAXST];
@@ -130,7 +122,7 @@ static void test_eval_over_an_ordered_transport(void)
  * stage that runs fails instead of waiting forever. */
 static int fault_run(int abort_mode)
 {
-    const pl_gpt_config *c = config();
+    const pl_gpt_config *c = whole_model_config();
     static const int cuts[2] = {1, 4};
     const int n = 4;
     char err[256];
