@@ -548,7 +548,7 @@ static void observe(pl_controller *c, cjob *j)
             now_rfc3339(j->completion_time, sizeof j->completion_time);
             j->done_ms = pl_now_ms();
             event(c, j, !strcmp(phase, "Failed") ? "Warning" : "Normal", phase, "Finish", "%s",
-                  !strcmp(phase, "Failed") ? pl_coord_reason(co) : "every step committed");
+                  pl_coord_reason(co)[0] ? pl_coord_reason(co) : "every step committed");
             pl_workqueue_add_after(c->q, j->key, FLUSH_MS + 100);
         }
         set_phase(j, phase, phase, pl_coord_reason(co)[0] ? pl_coord_reason(co) : phase);
