@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kn_backend.h"
 
@@ -150,6 +151,12 @@ void *kn_host_alloc(kn_ctx *k, size_t bytes) { return k->ops->host_alloc(k, byte
 void kn_host_free(kn_ctx *k, void *p) { k->ops->host_free(k, p); }
 const char *kn_precision(const kn_ctx *k) { return k->precision; }
 const char *kn_device_id(const kn_ctx *k) { return k->device; }
+
+size_t kn_device_memory(const kn_ctx *k)
+{
+    if (k && k->device_memory) return k->device_memory;
+    return (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+}
 void *kn_stream_handle(kn_ctx *k) { return k->stream; }
 
 void kn_encoder_forward(kn_ctx *k, float *out, const int32_t *inp, const float *wte,

@@ -72,6 +72,9 @@ const char *kn_precision(const kn_ctx *k);
  * ("GPU-8-4-4-4-12 hex digits"), "" on the CPU. Two workers with the same id share
  * a GPU (then NCCL cannot join them). */
 const char *kn_device_id(const kn_ctx *k);
+/* Bytes of memory the backend computes in: the GPU's (CUDA), the machine's RAM on the CPU
+ * (and for k NULL). */
+size_t kn_device_memory(const kn_ctx *k);
 /* The cudaStream_t that every kernel and copy of the context is queued on (for a
  * transport that orders its own stream against it with events); NULL on the CPU. */
 void *kn_stream_handle(kn_ctx *k);

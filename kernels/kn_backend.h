@@ -92,6 +92,7 @@ struct kn_ctx {
     const char *precision;/* what kn_precision returns */
     void *stream;         /* kn_stream_handle: the cudaStream_t every kernel runs on; NULL on the CPU */
     char device[64];      /* kn_device_id: the GPU's UUID ("GPU-…"); "" on the CPU */
+    size_t device_memory; /* kn_device_memory: the GPU's global memory; 0 on the CPU */
     int prof_on;          /* kn_profile_enable: the one branch each kernel call pays */
     kn_prof *prof;        /* NULL until profiling is first enabled */
 };

@@ -9,6 +9,7 @@
 
 #include <cJSON.h>
 
+#include "profile.h"
 #include "util.h"
 
 /* ---------------------------------------------------------------- names */
@@ -36,6 +37,12 @@ static const char *const type_names[PL_MSG_COUNT] = {
     [PL_MSG_STOP] = "stop",
     [PL_MSG_REFUSE] = "refuse",
     [PL_MSG_NCCL_INIT] = "nccl_init",
+    [PL_MSG_CHECKPOINT_DONE] = "checkpoint_done",
+    [PL_MSG_PROFILE_DONE] = "profile_done",
+    [PL_MSG_EVAL_DONE] = "eval_done",
+    [PL_MSG_COMPLETE_CHECKPOINT] = "complete_checkpoint",
+    [PL_MSG_PROFILE_REQUEST] = "profile_request",
+    [PL_MSG_EVAL] = "eval",
 };
 
 static const char *const leave_names[PL_LEAVE_COUNT] = {"sigterm", "shutdown", "error"};
@@ -62,7 +69,7 @@ int pl_msg_type_from_name(const char *name)
 
 int pl_msg_from_worker(int type)
 {
-    if (type > PL_MSG_NONE && type <= PL_MSG_STEP_FAILED) return 1;
+    if (type > PL_MSG_NONE && type <= PL_MSG_EVAL_DONE) return 1;
     if (type >= PL_MSG_CHALLENGE && type < PL_MSG_COUNT) return 0;
     return -1;
 }
@@ -83,6 +90,7 @@ void pl_msg_init(pl_msg *m, int type, int64_t gen)
 void pl_msg_free(pl_msg *m)
 {
     if (!m) return;
+    if (m->type == PL_MSG_PROFILE_DONE) free(m->u.profile_done.profile);
     if (m->type == PL_MSG_PLAN) {
         pl_msg_plan *p = &m->u.plan;
         if (p->pipelines)
@@ -135,6 +143,11 @@ static int dup_plan(pl_msg_plan *p, const pl_msg_plan *from)
 int pl_msg_dup(const pl_msg *m, pl_msg *out)
 {
     *out = *m;
+    if (m->type == PL_MSG_PROFILE_DONE && m->u.profile_done.profile) {
+        if ((out->u.profile_done.profile = strdup(m->u.profile_done.profile))) return 0;
+        memset(out, 0, sizeof *out);
+        return -1;
+    }
     if (m->type != PL_MSG_PLAN) return 0;
     if (dup_plan(&out->u.plan, &m->u.plan) == 0) return 0;
     pl_msg_free(out);
@@ -396,6 +409,24 @@ static const cJSON *get_arr(const cJSON *obj, const char *key, int lo, int hi, i
 
 /* --------------------------------------------------- per-type decoders */
 
+static const char *const reg_ckpt_keys[] = {"step", "error", NULL};
+
+/* register's optional "checkpoint": {"step", "error"}, step 0 with an error. */
+static int dec_register_checkpoint(const cJSON *o, pl_msg_register *r, char *err, size_t errlen)
+{
+    if (!field(o, "checkpoint")) return 0;
+    const cJSON *ck = get_obj(o, "", "checkpoint", 0, NULL, err, errlen);
+    if (!ck) return -1;
+    r->has_checkpoint = 1;
+    if (check_keys(ck, "checkpoint", reg_ckpt_keys, err, errlen) ||
+        get_int(ck, "checkpoint", "step", 0, PL_PROTO_INT_MAX, &r->checkpoint_step, err, errlen) ||
+        TEXT(ck, "checkpoint", "error", r->checkpoint_error))
+        return -1;
+    if (r->checkpoint_error[0] && r->checkpoint_step)
+        return pl_errf(err, errlen, "checkpoint.step: must be 0 when checkpoint.error is given");
+    return 0;
+}
+
 static int dec_register(const cJSON *o, pl_msg *m, char *err, size_t errlen)
 {
     pl_msg_register *r = &m->u.reg;
@@ -411,7 +442,7 @@ static int dec_register(const cJSON *o, pl_msg *m, char *err, size_t errlen)
         get_str(o, "", "token_proof", S_HEX, PL_PROTO_PROOF_LEN, PL_PROTO_PROOF_LEN,
                 r->token_proof, err, errlen))
         return -1;
-    return 0;
+    return dec_register_checkpoint(o, r, err, errlen);
 }
 
 static int dec_step(const cJSON *o, pl_msg *m, char *err, size_t errlen)
@@ -432,17 +463,18 @@ static int dec_leaving(const cJSON *o, pl_msg *m, char *err, size_t errlen)
     return get_int(o, "", "grace_ms", 0, PL_PROTO_INT_MAX, &m->u.leaving.grace_ms, err, errlen);
 }
 
+/* "loss": a number, "nan", "inf", "-inf", or null (*has 0: a rank without the head). */
+static int get_loss(const cJSON *o, int *has, double *loss, char *err, size_t errlen)
+{
+    const cJSON *l = field(o, "loss");
+    *has = !(l && cJSON_IsNull(l));
+    return *has ? get_num(o, "", "loss", -INFINITY, 0, NUM_NONFINITE, loss, err, errlen) : 0;
+}
+
 static int dec_report(const cJSON *o, pl_msg *m, char *err, size_t errlen)
 {
     pl_msg_report *r = &m->u.report;
-    if (STEP(o, "step", &r->step)) return -1;
-    const cJSON *l = field(o, "loss");
-    if (l && cJSON_IsNull(l)) {
-        r->has_loss = 0;
-    } else {
-        r->has_loss = 1;
-        if (get_num(o, "", "loss", -INFINITY, 0, NUM_NONFINITE, &r->loss, err, errlen)) return -1;
-    }
+    if (STEP(o, "step", &r->step) || get_loss(o, &r->has_loss, &r->loss, err, errlen)) return -1;
     if (get_int(o, "", "tokens", 0, PL_PROTO_INT_MAX, &r->tokens, err, errlen) ||
         get_num(o, "", "ms", 0, 0, NUM_FINITE, &r->ms, err, errlen) ||
         get_num(o, "", "grad_sumsq", 0, 0, NUM_NONFINITE, &r->grad_sumsq, err, errlen))
@@ -503,6 +535,76 @@ static int dec_hello_resume(const cJSON *o, pl_msg *m, char *err, size_t errlen)
         return pl_errf(err, errlen, "reduced_step: must be -1 or committed_step + 1 (%lld)",
                        (long long)(h->committed_step + 1));
     return 0;
+}
+
+static int dec_checkpoint_step(const cJSON *o, int64_t *step, char *err, size_t errlen)
+{
+    return get_int(o, "", "step", 1, PL_PROTO_INT_MAX, step, err, errlen);
+}
+
+static int dec_complete_checkpoint(const cJSON *o, pl_msg *m, char *err, size_t errlen)
+{
+    return dec_checkpoint_step(o, &m->u.complete_checkpoint.step, err, errlen);
+}
+
+static int dec_checkpoint_done(const cJSON *o, pl_msg *m, char *err, size_t errlen)
+{
+    return dec_checkpoint_step(o, &m->u.checkpoint_done.step, err, errlen) ||
+           TEXT(o, "", "error", m->u.checkpoint_done.error);
+}
+
+static int dec_profile_request(const cJSON *o, pl_msg *m, char *err, size_t errlen)
+{
+    return get_i32(o, "", "repeat", 1, PL_PROTO_PROFILE_REPEAT_MAX, &m->u.profile_request.repeat,
+                   err, errlen);
+}
+
+/* "profile": the planner's profile JSON text (it must parse as one) or null. */
+static int get_profile_text(const cJSON *o, char **out, char *err, size_t errlen)
+{
+    const cJSON *it = field(o, "profile");
+    *out = NULL;
+    if (!it) return pl_errf(err, errlen, "profile: missing");
+    if (cJSON_IsNull(it)) return 0;
+    size_t n = cJSON_IsString(it) && it->valuestring ? strlen(it->valuestring) : 0;
+    char *text = malloc((n < PL_PROTO_PROFILE_MAX ? n : PL_PROTO_PROFILE_MAX) + 1);
+    if (!text) return pl_errf(err, errlen, "profile: out of memory");
+    if (get_str_item(it, "profile", S_TEXT, 1, PL_PROTO_PROFILE_MAX, text, err, errlen)) {
+        free(text);
+        return -1;
+    }
+    pl_profile p;
+    char why[384];
+    if (pl_profile_parse(text, &p, why, sizeof why)) {
+        free(text);
+        return pl_errf(err, errlen, "profile: not a planner profile: %s", why);
+    }
+    pl_profile_free(&p);
+    *out = text;
+    return 0;
+}
+
+static int dec_profile_done(const cJSON *o, pl_msg *m, char *err, size_t errlen)
+{
+    pl_msg_profile_done *p = &m->u.profile_done;
+    if (get_profile_text(o, &p->profile, err, errlen) || TEXT(o, "", "error", p->error))
+        return -1;
+    if (!p->profile && !p->error[0])
+        return pl_errf(err, errlen, "error: must say why when profile is null");
+    if (p->profile && p->error[0]) return pl_errf(err, errlen, "error: must be \"\" with a profile");
+    return 0;
+}
+
+static int dec_eval(const cJSON *o, pl_msg *m, char *err, size_t errlen)
+{
+    return STEP(o, "step", &m->u.eval.step);
+}
+
+static int dec_eval_done(const cJSON *o, pl_msg *m, char *err, size_t errlen)
+{
+    pl_msg_eval_done *e = &m->u.eval_done;
+    return STEP(o, "step", &e->step) || get_loss(o, &e->has_loss, &e->loss, err, errlen) ||
+           get_int(o, "", "batches", 0, PL_PROTO_INT_MAX, &e->batches, err, errlen);
 }
 
 static int dec_challenge(const cJSON *o, pl_msg *m, char *err, size_t errlen)
@@ -833,7 +935,7 @@ static int dec_plan(const cJSON *o, pl_msg *m, char *err, size_t errlen)
 typedef int (*decode_fn)(const cJSON *, pl_msg *, char *, size_t);
 
 #define ENV "v", "type", "gen"
-static const char *const keys_register[] = {ENV, "job", "name", "node", "zone", "host", "port", "gpus", "device", "nccl", "pid", "token_proof", NULL};
+static const char *const keys_register[] = {ENV, "job", "name", "node", "zone", "host", "port", "gpus", "device", "nccl", "pid", "token_proof", "checkpoint", NULL};
 static const char *const keys_step[] = {ENV, "step", NULL};
 static const char *const keys_leaving[] = {ENV, "reason", "grace_ms", NULL};
 static const char *const keys_report[] = {ENV, "step", "loss", "tokens", "ms", "grad_sumsq", "samples_digest", NULL};
@@ -850,6 +952,10 @@ static const char *const keys_commit[] = {ENV, "step", "grad_scale", "lr", "save
 static const char *const keys_abort[] = {ENV, "step", "reason", NULL};
 static const char *const keys_stop[] = {ENV, "reason", "exit_code", NULL};
 static const char *const keys_refuse[] = {ENV, "reason", NULL};
+static const char *const keys_checkpoint_done[] = {ENV, "step", "error", NULL};
+static const char *const keys_profile_request[] = {ENV, "repeat", NULL};
+static const char *const keys_profile_done[] = {ENV, "profile", "error", NULL};
+static const char *const keys_eval_done[] = {ENV, "step", "loss", "batches", NULL};
 
 static const struct {
     const char *const *keys;
@@ -876,6 +982,12 @@ static const struct {
     [PL_MSG_STOP] = {keys_stop, dec_stop},
     [PL_MSG_REFUSE] = {keys_refuse, dec_refuse},
     [PL_MSG_NCCL_INIT] = {keys_nccl_id, dec_nccl_id},
+    [PL_MSG_CHECKPOINT_DONE] = {keys_checkpoint_done, dec_checkpoint_done},
+    [PL_MSG_PROFILE_DONE] = {keys_profile_done, dec_profile_done},
+    [PL_MSG_EVAL_DONE] = {keys_eval_done, dec_eval_done},
+    [PL_MSG_COMPLETE_CHECKPOINT] = {keys_step, dec_complete_checkpoint},
+    [PL_MSG_PROFILE_REQUEST] = {keys_profile_request, dec_profile_request},
+    [PL_MSG_EVAL] = {keys_step, dec_eval},
 };
 
 static int decode_root(const cJSON *root, pl_msg *out, char *err, size_t errlen)
@@ -1133,6 +1245,14 @@ static void enc_register(enc *e, cJSON *o, const pl_msg_register *r)
     if (!cJSON_AddBoolToObject(o, "nccl", r->nccl != 0)) e->bad = 1;
     add_int(e, o, "pid", r->pid);
     ADD_STR(e, o, "token_proof", r->token_proof);
+    if (!r->has_checkpoint) return;
+    cJSON *c = cJSON_AddObjectToObject(o, "checkpoint");
+    if (!c) {
+        e->bad = 1;
+        return;
+    }
+    add_int(e, c, "step", r->checkpoint_step);
+    ADD_STR(e, c, "error", r->checkpoint_error);
 }
 
 static void enc_leaving(enc *e, cJSON *o, const pl_msg_leaving *l)
@@ -1146,20 +1266,65 @@ static void enc_leaving(enc *e, cJSON *o, const pl_msg_leaving *l)
     add_int(e, o, "grace_ms", l->grace_ms);
 }
 
+/* "loss": the number, or null without one. */
+static void add_loss(enc *e, cJSON *o, int has_loss, double loss)
+{
+    if (has_loss) add_num(e, o, "loss", loss);
+    else if (!cJSON_AddNullToObject(o, "loss")) e->bad = 1;
+}
+
 static void enc_report(enc *e, cJSON *o, const pl_msg_report *r)
 {
     char hex[17];
     add_int(e, o, "step", r->step);
-    if (!r->has_loss) {
-        if (!cJSON_AddNullToObject(o, "loss")) e->bad = 1;
-    } else {
-        add_num(e, o, "loss", r->loss);
-    }
+    add_loss(e, o, r->has_loss, r->loss);
     add_int(e, o, "tokens", r->tokens);
     add_num(e, o, "ms", r->ms);
     add_num(e, o, "grad_sumsq", r->grad_sumsq);
     snprintf(hex, sizeof hex, "%016llx", (unsigned long long)r->samples_digest);
     ADD_STR(e, o, "samples_digest", hex);
+}
+
+static void enc_profile_done(enc *e, cJSON *o, const pl_msg_profile_done *p)
+{
+    if (!p->profile) {
+        if (!cJSON_AddNullToObject(o, "profile")) e->bad = 1;
+    } else if (strnlen(p->profile, PL_PROTO_PROFILE_MAX + 1) > PL_PROTO_PROFILE_MAX) {
+        e->bad = 1;
+        e->what = "profile";
+    } else if (!cJSON_AddStringToObject(o, "profile", p->profile)) {
+        e->bad = 1;
+    }
+    ADD_STR(e, o, "error", p->error);
+}
+
+/* The types added with the workers' duties (checkpoint completion, profiling, evaluation). */
+static void enc_duty(enc *e, cJSON *o, const pl_msg *m)
+{
+    switch (m->type) {
+    case PL_MSG_COMPLETE_CHECKPOINT:
+    case PL_MSG_EVAL:
+        add_int(e, o, "step", m->type == PL_MSG_EVAL ? m->u.eval.step
+                                                     : m->u.complete_checkpoint.step);
+        break;
+    case PL_MSG_CHECKPOINT_DONE:
+        add_int(e, o, "step", m->u.checkpoint_done.step);
+        ADD_STR(e, o, "error", m->u.checkpoint_done.error);
+        break;
+    case PL_MSG_PROFILE_REQUEST:
+        add_int(e, o, "repeat", m->u.profile_request.repeat);
+        break;
+    case PL_MSG_PROFILE_DONE:
+        enc_profile_done(e, o, &m->u.profile_done);
+        break;
+    case PL_MSG_EVAL_DONE:
+        add_int(e, o, "step", m->u.eval_done.step);
+        add_loss(e, o, m->u.eval_done.has_loss, m->u.eval_done.loss);
+        add_int(e, o, "batches", m->u.eval_done.batches);
+        break;
+    default:
+        e->bad = 1;
+    }
 }
 
 static void enc_body(enc *e, cJSON *o, const pl_msg *m)
@@ -1237,7 +1402,7 @@ static void enc_body(enc *e, cJSON *o, const pl_msg *m)
         ADD_STR(e, o, "reason", m->u.refuse.reason);
         break;
     default:
-        e->bad = 1;
+        enc_duty(e, o, m);
     }
 }
 

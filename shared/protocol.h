@@ -29,6 +29,8 @@
 #define PL_PROTO_MAX_SEQ_LEN (1 << 24)
 #define PL_PROTO_MAX_MICROBATCHES (1LL << 40) /* per pipeline */
 #define PL_PROTO_INT_MAX 9007199254740991LL /* 2^53 - 1: integers JSON carries exactly */
+#define PL_PROTO_PROFILE_MAX (PL_PROTO_MAX_BYTES / 2) /* profile_done.profile: bytes of JSON text */
+#define PL_PROTO_PROFILE_REPEAT_MAX 1000 /* profile_request.repeat */
 
 /* Timing (milliseconds), see docs/protocol.md "Liveness". The heartbeat
  * interval is the job's heartbeatSeconds, sent in welcome.heartbeat_ms. */
@@ -54,6 +56,9 @@ typedef enum {
     PL_MSG_SAVED,
     PL_MSG_NCCL_ROOT,
     PL_MSG_STEP_FAILED,
+    PL_MSG_CHECKPOINT_DONE,
+    PL_MSG_PROFILE_DONE,
+    PL_MSG_EVAL_DONE,
     /* coordinator → worker */
     PL_MSG_CHALLENGE,
     PL_MSG_WELCOME,
@@ -64,6 +69,9 @@ typedef enum {
     PL_MSG_STOP,
     PL_MSG_REFUSE,
     PL_MSG_NCCL_INIT,
+    PL_MSG_COMPLETE_CHECKPOINT,
+    PL_MSG_PROFILE_REQUEST,
+    PL_MSG_EVAL,
     PL_MSG_COUNT
 } pl_msg_type;
 
@@ -85,6 +93,13 @@ typedef struct {
     int nccl;                            /* it can run the NCCL transport */
     int64_t pid;                         /* 1..2^31-1 */
     char token_proof[PL_PROTO_PROOF_LEN + 1];
+    /* optional "checkpoint": what the worker sees under the job's checkpoint directory,
+     * for the coordinator's resume point; absent (0) when it does not look (no directory,
+     * spec.checkpoint.resume never) */
+    int has_checkpoint;
+    int64_t checkpoint_step;             /* the newest complete checkpoint's step; 0: none */
+    char checkpoint_error[PL_PROTO_TEXT_MAX + 1]; /* "" or why the directory could not be
+                                                     read (checkpoint_step is then 0) */
 } pl_msg_register;
 
 typedef struct { int64_t step; } pl_msg_step; /* heartbeat, reduced, committed, start_step */
@@ -216,6 +231,37 @@ typedef struct {
 
 typedef struct { char reason[PL_PROTO_TEXT_MAX + 1]; } pl_msg_refuse;
 
+/* complete_checkpoint (coordinator → one worker): every layer of the checkpoint of `step`
+ * is saved, write its checkpoint.json; checkpoint_done (the answer): error "" when
+ * written, else why not. */
+typedef struct { int64_t step; } pl_msg_complete_checkpoint; /* ≥ 1 */
+typedef struct {
+    int64_t step;                        /* ≥ 1 */
+    char error[PL_PROTO_TEXT_MAX + 1];
+} pl_msg_checkpoint_done;
+
+/* profile_request (coordinator → one worker): measure the job's model on this worker's
+ * device, `repeat` timed runs per layer. profile_done (the answer): the planner's profile
+ * JSON (shared/profile.h; malloc'd, owned by the message, at most PL_PROTO_PROFILE_MAX
+ * bytes) with error "", or NULL with why not. */
+typedef struct { int repeat; } pl_msg_profile_request; /* 1..PL_PROTO_PROFILE_REPEAT_MAX */
+typedef struct {
+    char *profile;
+    char error[PL_PROTO_TEXT_MAX + 1];
+} pl_msg_profile_done;
+
+/* eval (coordinator → the plan's pipeline workers): with the state after step `step`
+ * committed, run the validation batches of this worker's pipeline forward; eval_done (the
+ * answer of each): on the stage with the head, the sum of its batches' mean losses and
+ * their number; elsewhere has_loss 0 (loss null) and the batches it forwarded. */
+typedef struct { int64_t step; } pl_msg_eval;
+typedef struct {
+    int64_t step;
+    int has_loss;
+    double loss;            /* may be NaN or ±inf */
+    int64_t batches;        /* ≥ 0 */
+} pl_msg_eval_done;
+
 typedef struct {
     int type;               /* pl_msg_type */
     int64_t gen;            /* plan generation, 0..PL_PROTO_INT_MAX */
@@ -237,6 +283,12 @@ typedef struct {
         pl_msg_abort abort_;
         pl_msg_stop stop;
         pl_msg_refuse refuse;
+        pl_msg_complete_checkpoint complete_checkpoint;
+        pl_msg_checkpoint_done checkpoint_done;
+        pl_msg_profile_request profile_request;
+        pl_msg_profile_done profile_done;
+        pl_msg_eval eval;
+        pl_msg_eval_done eval_done;
     } u;
 } pl_msg;
 
@@ -254,11 +306,11 @@ char *pl_msg_encode(const pl_msg *m);
 /* The same, with the reason for NULL in err. */
 char *pl_msg_encode_err(const pl_msg *m, char *err, size_t errlen);
 
-/* Frees a plan's arrays (with free()) and zeroes m; safe on any decoded or
- * zeroed message. Callers building a plan allocate its arrays with malloc. */
+/* Frees a plan's arrays and a profile_done's text (with free()) and zeroes m; safe on any
+ * decoded or zeroed message. Callers building either allocate with malloc. */
 void pl_msg_free(pl_msg *m);
 
-/* A deep copy of m into out, owning its own arrays (free with pl_msg_free), so that it
+/* A deep copy of m into out, owning its own arrays and text (free with pl_msg_free), so that it
  * outlives m: e.g. queued for another thread. -1 when memory runs out (out is then
  * zeroed). */
 int pl_msg_dup(const pl_msg *m, pl_msg *out);

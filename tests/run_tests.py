@@ -43,8 +43,9 @@ ASAN_ENV = {
 
 # The unit tests whose assertions are bit-exact comparisons between code paths that
 # multiply matrices with OpenBLAS.
-EXACTNESS_TESTS = ("test_kernels_cpu", "test_engine", "test_stage", "test_stage_link",
-                   "test_worker_step", "test_xport_step", "test_layer_copy", "test_llmc_parity")
+EXACTNESS_TESTS = ("test_kernels_cpu", "test_engine", "test_stage", "test_stage_eval",
+                   "test_stage_link", "test_worker_step", "test_xport_step", "test_layer_copy",
+                   "test_llmc_parity")
 
 # OpenBLAS 0.3.21's x86-64 kernel sets and the CPU flags (/proc/cpuinfo) each needs.
 OPENBLAS_CORES = (

@@ -212,6 +212,7 @@ kn_ctx *kn_cuda_create(int threads, char *err, size_t errlen)
     {
         cudaDeviceProp prop;
         if ((e = cudaGetDeviceProperties(&prop, c->device)) != cudaSuccess) goto fail_cuda;
+        k->device_memory = prop.totalGlobalMem;
         const unsigned char *u = (const unsigned char *)prop.uuid.bytes;
         snprintf(k->device, sizeof k->device,
                  "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],

@@ -1,15 +1,16 @@
 /* `pliant profile JOB.yaml [--out FILE] [--repeat N]`: measures each layer of
  * the job's model for one microbatch (forward and backward ms, parameter,
  * activation and output bytes) and writes the planner's profile JSON
- * (operator/runtime/job_profile.h). */
+ * (worker/engine/model_profile.h: the code a worker measures with when the coordinator
+ * asks, here on this machine's CPU). */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "cli_args.h"
 #include "commands.h"
-#include "job_profile.h"
 #include "jobspec.h"
+#include "model_profile.h"
 
 int cmd_profile(int argc, char **argv)
 {
@@ -40,7 +41,7 @@ int cmd_profile(int argc, char **argv)
         fprintf(stderr, "pliant profile: %s: %s\n", argv[optind], err);
         return 2;
     }
-    char *text = pl_job_profile_measure(&job, (int)repeat, err, sizeof err);
+    char *text = pl_model_profile_measure(&job, NULL, (int)repeat, err, sizeof err);
     pl_job_free(&job);
     if (!text) {
         fprintf(stderr, "pliant profile: %s\n", err);

@@ -5,14 +5,18 @@
  * server, WebSocket over TLS, a self-signed certificate, a random job token).
  * What is here: the arguments, the workers, chaos, and the output.
  *
- * Planner profile: spec.profile when it is a path; auto measures every layer
- * here at start (operator/runtime/job_profile.h); synthetic derives it from the
- * model's sizes (reproducible plans). The file is given to every worker so
- * that all plan the same stage layouts.
+ * Planner profile: spec.profile when it is a path; auto is measured by the first
+ * worker to register, on its own device (worker/engine/model_profile.h), before
+ * the first plan ("profiling: ..." lines); synthetic derives it from the model's
+ * sizes (reproducible plans). Plans carry every stage's layers: workers plan
+ * nothing themselves. The resume point (spec.checkpoint.resume auto) is the
+ * newest complete checkpoint the workers report; the checkpoint of the last step
+ * means nothing to do.
  *
  * One line per committed step on stdout; --metrics writes JSON lines (step,
  * loss, lr, grad_norm, tokens_per_second, plan_generation, pipelines, workers,
- * samples_digest); after them, for every plan after the first, a line
+ * samples_digest, and val_loss after the steps the workers evaluated,
+ * spec.evalEvery); after them, for every plan after the first, a line
  * {"event": "reconfigure", cause, removed, added, duration_ms, bytes_copied,
  * from_checkpoint (the plan restarts from a checkpoint), plan_generation,
  * step, pipelines}, written when the new plan commits its first step
@@ -77,6 +81,7 @@ typedef struct {
     int reconfigs, recovered, finished;
     int error_exits, last_status, same_status; /* workers that exited with an error */
     pl_coord_phase_t last_phase;
+    char last_profiling[512]; /* the PROFILING reason printed last */
     double t0, last_t;        /* seconds: the loop's start, the last step line */
     int64_t start_ms, end_ms;
 } run_state;
@@ -301,7 +306,7 @@ static int chaos_due(run_state *r, const pl_chaos_event *e, int64_t now, char *w
                      size_t len)
 {
     pl_coord_phase_t ph = pl_coord_phase(r->coord);
-    int begun = ph != PL_COORD_WAITING_FOR_WORKERS; /* step S reached */
+    int begun = ph != PL_COORD_WAITING_FOR_WORKERS && ph != PL_COORD_PROFILING; /* step S */
     switch (e->when) {
     case PL_CHAOS_AT_STEP:
         if (!(begun && pl_coord_step(r->coord) >= e->step)) return 0;
@@ -452,27 +457,62 @@ static void print_step(run_state *r, const pl_coord_step_rec *s)
     r->last_t = t;
     int live = pl_coord_live_workers(r->coord);
     printf("step %6lld/%d | loss %.6f | lr %.3e | norm %.4f | %8.0f tok/s | gen %lld | "
-           "pipelines %s | workers %d\n",
+           "pipelines %s | workers %d",
            (long long)s->step, r->job->steps, s->loss, s->lr, s->norm, tps,
            (long long)s->generation, s->pipelines, live);
+    if (!isnan(s->val_loss)) printf(" | val %.6f", s->val_loss);
+    putchar('\n');
     fflush(stdout);
     if (!r->metrics) return;
     fprintf(r->metrics,
             "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
             "\"tokens_per_second\": %.1f, \"plan_generation\": %lld, "
-            "\"pipelines\": \"%s\", \"workers\": %d, \"samples_digest\": \"%016llx\"}\n",
+            "\"pipelines\": \"%s\", \"workers\": %d, \"samples_digest\": \"%016llx\"",
             (long long)s->step, s->loss, s->lr, s->norm, tps, (long long)s->generation,
             s->pipelines, live,
             (unsigned long long)pl_sampler_digest(&r->smp, s->step, 0, r->job->batch.global));
+    if (!isnan(s->val_loss)) fprintf(r->metrics, ", \"val_loss\": %.9g", s->val_loss);
+    fputs("}\n", r->metrics);
     fflush(r->metrics);
+}
+
+/* The resume point the workers reported: the checkpoint the job starts from, how they
+ * disagreed, or nothing to do. */
+static void print_resume(run_state *r, int64_t step, const char *note)
+{
+    if (note) printf("run: %s\n", note);
+    if (step >= r->job->steps)
+        printf("run: %s: the checkpoint of step %lld in %s is the last step: nothing to do\n",
+               r->job->name, (long long)step, r->job->checkpoint.dir);
+    else if (step > 0)
+        printf("run: resuming from the checkpoint of step %lld in %s\n", (long long)step,
+               r->job->checkpoint.dir);
+    fflush(stdout);
+}
+
+/* PROFILING: who measures the model, as it changes. */
+static void print_profiling(run_state *r)
+{
+    const char *why = pl_coord_reason(r->coord);
+    if (pl_coord_phase(r->coord) != PL_COORD_PROFILING || !strcmp(why, r->last_profiling))
+        return;
+    snprintf(r->last_profiling, sizeof r->last_profiling, "%s", why);
+    printf("profiling: %s\n", why);
+    fflush(stdout);
 }
 
 /* What the driver reports since the last poll, and the wait for workers. */
 static void report(run_state *r)
 {
     pl_job_driver_event ev;
+    print_profiling(r);
     while (pl_job_driver_next(r->drv, &ev)) {
         switch (ev.kind) {
+        case PL_JOB_DRIVER_RESUME: print_resume(r, ev.step, ev.error); break;
+        case PL_JOB_DRIVER_PROFILED:
+            printf("profiling: done, the measured profile is planned\n");
+            fflush(stdout);
+            break;
         case PL_JOB_DRIVER_CHECKPOINT: print_checkpoint(r, ev.step, ev.error); break;
         case PL_JOB_DRIVER_RECONFIG:
             r->reconfigs++;
@@ -601,17 +641,10 @@ static int open_job(run_state *r)
 }
 
 /* The planner, the coordinator and its server, then the workers and the metrics
- * file. 0, 1 when there is nothing to train (said), -1 and err. */
+ * file. 0, or -1 and err. */
 static int start_run(run_state *r, char *err, size_t errlen)
 {
-    int src = pl_job_driver_start(r->drv, err, errlen);
-    if (src == 1) {
-        printf("run: %s: the checkpoint of step %lld in %s is the last step: nothing to do\n",
-               r->job->name, (long long)pl_job_driver_resume_step(r->drv),
-               r->job->checkpoint.dir);
-        return 1;
-    }
-    if (src) return -1;
+    if (pl_job_driver_start(r->drv, err, errlen)) return -1;
     r->coord = pl_job_driver_coord(r->drv);
     const int N = (int)r->a->nworkers;
     long long threads = r->a->threads;
@@ -635,9 +668,6 @@ static int start_run(run_state *r, char *err, size_t errlen)
            "planner profile %s\n",
            r->job->name, N, r->job->fault_tolerance.tolerate, r->job->steps,
            pl_job_driver_port(r->drv), pl_job_driver_cert_path(r->drv), r->job->profile);
-    if (pl_job_driver_resume_step(r->drv) > 0)
-        printf("run: resuming from the checkpoint of step %lld in %s\n",
-               (long long)pl_job_driver_resume_step(r->drv), r->job->checkpoint.dir);
     fflush(stdout);
     return 0;
 }
@@ -646,9 +676,9 @@ static int start_run(run_state *r, char *err, size_t errlen)
 static int run_job(run_state *r)
 {
     char err[1024] = "";
-    int src = start_run(r, err, sizeof err);
-    if (src > 0) return 0; /* nothing to do */
-    if (!src && !run_loop(r, err, sizeof err) && !finish(r, err, sizeof err)) return 0;
+    if (!start_run(r, err, sizeof err) && !run_loop(r, err, sizeof err) &&
+        !finish(r, err, sizeof err))
+        return 0;
     if (err[0]) fprintf(stderr, "pliant run: %s\n", err);
     return 1;
 }

@@ -71,6 +71,7 @@ typedef struct cjob {
     int owed, streak;           /* failed Pods not replaced yet (back-off); failures in a row */
     int64_t start_ms, end_ms;   /* startTime and completionTime on pl_now_ms()'s clock */
     char start_time[40], completion_time[40], last_ckpt_time[40], last_reconfig_time[40];
+    int profile_saved;          /* status.profile holds the profile a worker measured */
     struct cjob *next;
 } cjob;
 
@@ -291,6 +292,29 @@ static void add_plan(cJSON *s, pl_coord *co)
     }
 }
 
+/* What the workers' duties add to the status: the newest validation loss
+ * (status.lastValidation), and once the profile a worker measured (status.profile: a new
+ * leader plans from it instead of measuring again; merge patches keep it). */
+static void add_duties_status(cJSON *s, const cjob *j)
+{
+    int64_t vstep;
+    double vloss = pl_job_driver_validation_loss(j->rt, &vstep);
+    if (isfinite(vloss)) {
+        cJSON *v = cJSON_AddObjectToObject(s, "lastValidation");
+        cJSON_AddNumberToObject(v, "step", (double)vstep);
+        cJSON_AddNumberToObject(v, "loss", vloss);
+    }
+    const char *profile = pl_job_driver_profile_json(j->rt);
+    if (profile && !j->profile_saved) cJSON_AddStringToObject(s, "profile", profile);
+}
+
+/* The profile a new leader passes to its driver: status.profile (spec.profile auto). */
+static const char *stored_profile(const cjob *j)
+{
+    const char *text = pl_kube_field(j->obj, "status.profile");
+    return text && !strcmp(j->spec.profile, "auto") ? text : NULL;
+}
+
 static cJSON *status_json(pl_controller *c, cjob *j)
 {
     cJSON *s = cJSON_CreateObject();
@@ -349,6 +373,7 @@ static cJSON *status_json(pl_controller *c, cjob *j)
             cJSON_AddNumberToObject(lr, "bytesCopied", (double)x->bytes_copied);
             cJSON_AddBoolToObject(lr, "fromCheckpoint", x->from_checkpoint);
         }
+        add_duties_status(s, j);
         if (pl_coord_last_checkpoint(co) > 0) {
             cJSON *lc = cJSON_AddObjectToObject(s, "lastCheckpoint");
             cJSON_AddNumberToObject(lc, "step", (double)pl_coord_last_checkpoint(co));
@@ -374,8 +399,8 @@ static cJSON *status_json(pl_controller *c, cjob *j)
 static void update_phase_gauges(pl_controller *c)
 {
     if (!c->cfg.metrics) return;
-    static const char *const phases[] = {"Pending", "Running", "Reconfiguring", "WaitingForNodes",
-                                         "Suspended", "Succeeded", "Failed"};
+    static const char *const phases[] = {"Pending", "Profiling", "Running", "Reconfiguring",
+                                         "WaitingForNodes", "Suspended", "Succeeded", "Failed"};
     for (size_t i = 0; i < sizeof phases / sizeof phases[0]; i++) {
         int n = 0;
         for (const cjob *j = c->jobs; j; j = j->next)
@@ -420,6 +445,7 @@ static int write_status(pl_controller *c, cjob *j)
     pl_kube_ref r = job_ref(j, PL_REQ_JOB_STATUS_PATCH, j->name);
     pl_kube_status st;
     int rc = API(c, JOB_STATUS_PATCH, pl_kube_patch_status(c->api, &r, s, NULL, &st), &st);
+    if (!rc && cJSON_GetObjectItem(s, "profile")) j->profile_saved = 1;
     cJSON_Delete(s);
     if (rc) {
         if (st.http != 404) pl_log(PL_LOG_WARN, "%s: status: %s", j->key, st.message);
@@ -436,6 +462,7 @@ static const char *phase_of(pl_coord *co)
 {
     switch (pl_coord_phase(co)) {
     case PL_COORD_WAITING_FOR_WORKERS: return "Pending";
+    case PL_COORD_PROFILING: return "Profiling";
     case PL_COORD_WAITING_FOR_NODES: return "WaitingForNodes";
     case PL_COORD_COPYING:
     case PL_COORD_SETTLING: return pl_coord_generation(co) > 1 ? "Reconfiguring" : "Running";
@@ -469,6 +496,22 @@ static void observe_reconfig(pl_controller *c, cjob *j, const pl_coord_reconfig_
     j->status_dirty = 1;
 }
 
+/* What the workers' duties brought: a checkpoint a worker could not complete, the resume
+ * point they reported, the profile one measured (saved in the status). */
+static void observe_duty_event(cjob *j, const pl_job_driver_event *ev)
+{
+    if (ev->kind == PL_JOB_DRIVER_CHECKPOINT && ev->error)
+        pl_log(PL_LOG_WARN, "%s: checkpoint of step %lld: %s", j->key, (long long)ev->step,
+               ev->error);
+    if (ev->kind == PL_JOB_DRIVER_RESUME && (ev->step > 0 || ev->error))
+        pl_log(ev->error ? PL_LOG_WARN : PL_LOG_INFO, "%s: starting from the checkpoint of step %lld%s%s",
+               j->key, (long long)ev->step, ev->error ? ": " : "", ev->error ? ev->error : "");
+    if (ev->kind == PL_JOB_DRIVER_PROFILED) {
+        pl_log(PL_LOG_INFO, "%s: the profile measured by a worker is planned", j->key);
+        j->status_dirty = 1;
+    }
+}
+
 /* Events and metrics from what the driver reports since the last look. */
 static void observe_driver(pl_controller *c, cjob *j)
 {
@@ -489,10 +532,8 @@ static void observe_driver(pl_controller *c, cjob *j)
             j->status_dirty = 1;
             break;
         case PL_JOB_DRIVER_CHECKPOINT:
-            if (ev.error)
-                pl_log(PL_LOG_WARN, "%s: checkpoint of step %lld: %s", j->key, (long long)ev.step,
-                       ev.error);
-            break;
+        case PL_JOB_DRIVER_RESUME:
+        case PL_JOB_DRIVER_PROFILED: observe_duty_event(j, &ev); break;
         }
     }
     if (steps > 0) {
@@ -523,7 +564,7 @@ static void observe(pl_controller *c, cjob *j)
             pl_rfc3339_now(j->completion_time, sizeof j->completion_time);
             j->end_ms = j->done_ms = pl_now_ms();
             event(c, j, !strcmp(phase, "Failed") ? "Warning" : "Normal", phase, "Finish", "%s",
-                  !strcmp(phase, "Failed") ? pl_coord_reason(co) : "every step committed");
+                  pl_coord_reason(co)[0] ? pl_coord_reason(co) : "every step committed");
             pl_workqueue_add_after(c->q, j->key, FLUSH_MS + 100);
         }
         set_phase(j, phase, phase, pl_coord_reason(co)[0] ? pl_coord_reason(co) : phase);
@@ -945,6 +986,8 @@ static int start_runtime(pl_controller *c, cjob *j)
     pl_msg plan; /* its pipelines: the plan a new leader takes over */
     pl_msg_init(&plan, PL_MSG_PLAN, 0);
     if (secret) restore_config(c, j, &rc, &plan);
+    rc.profile_json = stored_profile(j);
+    j->profile_saved = rc.profile_json != NULL;
     char err[1024] = "";
     j->rt = text ? start_driver(&rc, err, sizeof err) : NULL;
     if (!j->rt && rc.npipes) { /* cannot take over (the port is taken): start afresh */

@@ -60,11 +60,12 @@ static void on_register(pl_ctl_server *srv, pl_ctl_conn *c, const pl_msg *m, voi
         ;
     else if (w && w->conn)
         why = "a worker of that name is connected";
-    else if (pl_coord_worker_joined(s->cfg.coord,
-                                    &(pl_coord_worker_info){r->name, r->node, r->host, r->port,
-                                                            w && w->zone[0] ? w->zone : r->zone,
-                                                            r->device, r->nccl},
-                                    pl_now_ms()) == PL_COORD_ERR)
+    else if (pl_coord_worker_joined(s->cfg.coord, &(pl_coord_worker_info){
+                 .name = r->name, .node = r->node, .host = r->host, .port = r->port,
+                 .zone = w && w->zone[0] ? w->zone : r->zone, .device = r->device,
+                 .nccl = r->nccl, .has_checkpoint = r->has_checkpoint,
+                 .checkpoint_step = r->checkpoint_step,
+                 .checkpoint_error = r->checkpoint_error}, pl_now_ms()) == PL_COORD_ERR)
         why = pl_coord_error(s->cfg.coord);
     else if (!w && !(w = get_worker(s, r->name)))
         why = "out of memory";

@@ -1,4 +1,6 @@
-/* The coordinator's core state machine: see coordinator.h. */
+/* The coordinator's core state machine (coordinator.h): membership, plans, the atomic
+ * step, recovery, and the duties it gives workers (checkpoint completion, the resume
+ * point, profiling, evaluation). */
 #include "coordinator.h"
 
 #include <math.h>
@@ -9,6 +11,7 @@
 
 #include "reinstantiate.h"
 #include "training_schedule.h"
+#include "util.h"
 
 typedef struct {
     pl_proto_name name, node, zone; /* zone "" : unknown */
@@ -23,6 +26,10 @@ typedef struct {
     int64_t r_committed, r_reduced;
     double r_scale, r_lr;
     int pipe, pos; /* place in the current plan; pipe -1: idle */
+    int has_ckpt;  /* register.checkpoint: ckpt_step, or ckpt_err when it cannot read it */
+    int64_t ckpt_step;
+    char ckpt_err[256];
+    int evaluated; /* EVALUATING: its eval_done came */
 } cworker;
 
 typedef struct {
@@ -54,11 +61,14 @@ typedef struct {
     int64_t until;
 } cnode;
 
-/* A checkpoint being written: which layers' `saved` arrived. */
+/* A checkpoint being written: which layers' `saved` arrived; once all, the worker asked
+ * to write its checkpoint.json. */
 #define SAVING_SLOTS 4
 typedef struct {
     int64_t step; /* 0: free */
     unsigned char *covered;
+    int completing; /* every layer saved: checkpoint.json asked of worker `asked` */
+    int asked;      /* -1: nobody yet (no live worker) */
 } csaving;
 
 struct pl_coord {
@@ -93,8 +103,20 @@ struct pl_coord {
     int64_t plan_ckpt;     /* the current plan loads this checkpoint; -1: none */
     int need_ckpt;         /* a fatal loss: the next plan restarts from the checkpoint */
     csaving saving[SAVING_SLOTS];
+    int64_t ckpt_fail_step; /* the newest checkpoint.json that could not be written; 0: none */
+    char ckpt_fail[512];
     cnode *nodes;
     int nnodes, capnodes;
+    /* the workers' duties */
+    int have_planner;      /* profile, templates and coverage are known */
+    char *profile_text;    /* PROFILING: the measured profile's JSON */
+    int profiler;          /* PROFILING: the worker asked to measure; -1: none */
+    int64_t resume_step;   /* the first plan's checkpoint; -1: not decided yet */
+    char resume_note[512];
+    int eval_pending;      /* the step of eval_rec waits for its validation loss */
+    pl_coord_step_rec eval_rec;
+    double val_sum;
+    int64_t val_batches;
 };
 
 static int fail_err(pl_coord *c, const char *fmt, ...)
@@ -199,6 +221,18 @@ static int find_live(pl_coord *c, const char *name)
     return i;
 }
 
+/* The worker a duty goes to: the lowest-ranked live one not leaving; -1 when none. */
+static int pick_worker(const pl_coord *c)
+{
+    for (int i = 0; i < c->nw; i++)
+        if (c->w[i].live && !c->w[i].leaving)
+            return i;
+    return -1;
+}
+
+static void reassign_duties(pl_coord *c);
+static void ask_completion(pl_coord *c, csaving *slot);
+
 static pl_msg *push(pl_coord *c, int widx, int type, int64_t gen)
 {
     if (c->nout == c->capout) {
@@ -275,8 +309,34 @@ static void stop_all(pl_coord *c, const char *why, int code)
             send_text(c, i, PL_MSG_STOP, c->gen, 0, why, code);
 }
 
+/* Appends a committed step's record to the log: 0, or -1 when memory ran out. */
+static int log_step(pl_coord *c, const pl_coord_step_rec *rec)
+{
+    if (c->nlog == c->caplog) {
+        int cap = c->caplog ? 2 * c->caplog : 16;
+        pl_coord_step_rec *x = realloc(c->log, (size_t)cap * sizeof *x);
+        if (!x)
+            return -1;
+        c->log = x;
+        c->caplog = cap;
+    }
+    c->log[c->nlog++] = *rec;
+    return 0;
+}
+
+/* A committed step whose evaluation will not happen: logged without a validation loss. */
+static void flush_eval(pl_coord *c)
+{
+    if (!c->eval_pending)
+        return;
+    c->eval_pending = 0;
+    c->eval_rec.val_loss = NAN;
+    log_step(c, &c->eval_rec); /* best effort: the job ends or restarts anyway */
+}
+
 static void set_failed(pl_coord *c, const char *why)
 {
+    flush_eval(c);
     c->reason[0] = 0;
     appendf(c->reason, sizeof c->reason, "%s", why);
     c->phase = PL_COORD_FAILED;
@@ -722,12 +782,77 @@ static void find_change(const pl_coord *c, char *mark, cchange *ch)
     names_list(ch->added, sizeof ch->added, ch->ad, ch->nad);
 }
 
+/* "w0: 8, w1: 4, w2: cannot read (why)": what each live worker reported. */
+static void resume_reports(const pl_coord *c, char *buf, size_t len)
+{
+    buf[0] = 0;
+    for (int i = 0; i < c->nw; i++) {
+        const cworker *w = &c->w[i];
+        if (!w->live || !w->has_ckpt)
+            continue;
+        if (w->ckpt_err[0])
+            appendf(buf, len, "%s%s: cannot read (%s)", buf[0] ? ", " : "", w->name, w->ckpt_err);
+        else
+            appendf(buf, len, "%s%s: %lld", buf[0] ? ", " : "", w->name, (long long)w->ckpt_step);
+    }
+}
+
+/* The newest checkpoint step a live worker can read (0: none); how many could read the
+ * directory, how many could not, and whether those that could disagree. */
+static int64_t newest_reported(const pl_coord *c, int *nread, int *nerr, int *differ)
+{
+    int64_t best = 0;
+    *nread = *nerr = *differ = 0;
+    for (int i = 0; i < c->nw; i++) {
+        const cworker *w = &c->w[i];
+        if (!w->live || !w->has_ckpt)
+            continue;
+        if (w->ckpt_err[0]) {
+            (*nerr)++;
+            continue;
+        }
+        *differ |= *nread && w->ckpt_step != best;
+        if (!(*nread)++ || w->ckpt_step > best)
+            best = w->ckpt_step;
+    }
+    return best;
+}
+
+/* The first plan's checkpoint: the newest complete one that a live worker reported at
+ * register. 1 when the job ended here (its last step's checkpoint exists: DONE; no worker
+ * can read the directory: FAILED), else 0. */
+static int decide_resume(pl_coord *c)
+{
+    int nread, nerr, differ;
+    const int64_t best = newest_reported(c, &nread, &nerr, &differ);
+    char seen[400];
+    resume_reports(c, seen, sizeof seen);
+    if (!nread && nerr) {
+        char why[512];
+        snprintf(why, sizeof why, "no worker can read the checkpoint directory: %s", seen);
+        set_failed(c, why);
+        return 1;
+    }
+    if (differ || nerr)
+        snprintf(c->resume_note, sizeof c->resume_note,
+                 "the workers disagree on the newest checkpoint (%s): resuming from step %lld",
+                 seen, (long long)best);
+    c->resume_step = c->ckpt_last = c->step = best;
+    if (best < c->cfg.steps)
+        return 0;
+    snprintf(c->reason, sizeof c->reason,
+             "the checkpoint of step %lld is the last step: nothing to do", (long long)best);
+    c->phase = PL_COORD_DONE;
+    stop_all(c, "nothing to do", 0);
+    return 1;
+}
+
 /* The checkpoint the next plan restarts from, or -1: after a fatal loss, for
  * strategy checkpoint, or to resume a job (the first plan). */
 static int64_t restart_step(const pl_coord *c)
 {
-    if (!c->has_stable && c->cfg.resume_step > 0)
-        return c->cfg.resume_step;
+    if (!c->has_stable && c->resume_step > 0)
+        return c->resume_step;
     if (c->has_stable && (c->need_ckpt || c->cfg.strategy_checkpoint))
         return c->ckpt_last;
     return -1;
@@ -776,8 +901,10 @@ static void install_plan(pl_coord *c, cplan *np, int64_t ckpt, const ccopy *cp, 
     c->has_cur = 1;
     c->gen++;
     c->plan_ckpt = ckpt;
-    if (ckpt >= 0)
+    if (ckpt >= 0) {
+        flush_eval(c); /* its steps are redone: evaluated again when they are */
         c->step = ckpt;
+    }
     for (int i = 0; i < c->nw; i++) {
         cworker *w = &c->w[i];
         w->pipe = w->pos = -1;
@@ -798,6 +925,11 @@ static void install_plan(pl_coord *c, cplan *np, int64_t ckpt, const ccopy *cp, 
 static void replan(pl_coord *c)
 {
     stop_leaving(c);
+    reassign_duties(c);
+    if (c->phase == PL_COORD_DONE || c->phase == PL_COORD_FAILED)
+        return;
+    if (!c->has_stable && c->resume_step < 0 && decide_resume(c))
+        return; /* nothing to train, or no worker can read the checkpoints */
     int live = pl_coord_live_workers(c);
     cplan np = {0};
     ccopy *cp = NULL;
@@ -852,6 +984,22 @@ done:
     free(ch.ad);
 }
 
+/* The pipeline workers evaluate the state after the step of eval_rec (phase EVALUATING). */
+static void start_eval(pl_coord *c)
+{
+    c->val_sum = 0;
+    c->val_batches = 0;
+    c->phase = PL_COORD_EVALUATING;
+    for (int i = 0; i < c->nw; i++) {
+        c->w[i].evaluated = 0;
+        if (!c->w[i].live || !in_pipes(c, i))
+            continue;
+        pl_msg *m = push(c, i, PL_MSG_EVAL, c->gen);
+        if (m)
+            m->u.eval.step = c->eval_rec.step;
+    }
+}
+
 static void check_copy_complete(pl_coord *c)
 {
     if (c->phase != PL_COORD_COPYING)
@@ -865,39 +1013,23 @@ static void check_copy_complete(pl_coord *c)
     }
     c->has_stable = 1;
     c->need_ckpt = 0;
-    start_step(c);
+    if (c->eval_pending) /* a loss interrupted the evaluation of a committed step */
+        start_eval(c);
+    else
+        start_step(c);
 }
 
 static void finish(pl_coord *c)
 {
+    flush_eval(c);
     c->phase = PL_COORD_DONE;
     stop_all(c, "done", 0);
 }
 
-/* Every live pipeline worker committed: the step counts. */
-static void step_boundary(pl_coord *c)
+/* After a committed step (and its evaluation): the last checkpoint or the end, a new
+ * plan at the step boundary, or the next step. */
+static void after_step(pl_coord *c)
 {
-    if (c->nlog == c->caplog) {
-        int cap = c->caplog ? 2 * c->caplog : 16;
-        pl_coord_step_rec *x = realloc(c->log, (size_t)cap * sizeof *x);
-        if (!x) {
-            set_failed(c, "coordinator: out of memory");
-            return;
-        }
-        c->log = x;
-        c->caplog = cap;
-    }
-    pl_coord_step_rec *x = &c->log[c->nlog++];
-    memset(x, 0, sizeof *x);
-    x->step = c->step;
-    int64_t mbs = c->cfg.global_batch / c->micro;
-    x->loss = c->nloss ? c->loss_sum / (double)mbs : NAN;
-    x->norm = c->norm;
-    x->grad_scale = c->grad_scale;
-    x->lr = c->lr;
-    x->generation = c->gen;
-    memcpy(x->pipelines, c->cur.desc, sizeof x->pipelines);
-    c->step++;
     if (c->step >= c->cfg.steps) {
         if (pl_checkpoint_due(c->cfg.checkpoint_dir, c->cfg.checkpoint_every, c->cfg.steps,
                               c->step) && c->ckpt_last < c->step)
@@ -911,6 +1043,49 @@ static void step_boundary(pl_coord *c)
         replan(c);
     else
         start_step(c);
+}
+
+/* A committed step's record in the log, then what follows the step. */
+static void record_step(pl_coord *c, const pl_coord_step_rec *rec)
+{
+    if (log_step(c, rec))
+        set_failed(c, "coordinator: out of memory");
+    else
+        after_step(c);
+}
+
+/* Every live pipeline worker committed: the step counts. Its record is logged now, or
+ * once its evaluation is in (every eval_every-th step and the last). */
+static void step_boundary(pl_coord *c)
+{
+    pl_coord_step_rec x = {.step = c->step, .norm = c->norm, .grad_scale = c->grad_scale,
+                           .lr = c->lr, .val_loss = NAN, .generation = c->gen};
+    int64_t mbs = c->cfg.global_batch / c->micro;
+    x.loss = c->nloss ? c->loss_sum / (double)mbs : NAN;
+    memcpy(x.pipelines, c->cur.desc, sizeof x.pipelines);
+    c->step++;
+    int every = c->cfg.eval_every;
+    if (every > 0 && (c->step % every == 0 || c->step >= c->cfg.steps)) {
+        c->eval_rec = x;
+        c->eval_pending = 1;
+        start_eval(c);
+        return;
+    }
+    record_step(c, &x);
+}
+
+/* Every live pipeline worker of the plan evaluated: the validation loss is the mean over
+ * the batches of every pipeline, as one process computes it over all of them. */
+static void check_eval_complete(pl_coord *c)
+{
+    if (c->phase != PL_COORD_EVALUATING)
+        return;
+    for (int i = 0; i < c->nw; i++)
+        if (c->w[i].live && in_pipes(c, i) && !c->w[i].evaluated)
+            return;
+    c->eval_rec.val_loss = c->val_batches ? c->val_sum / (double)c->val_batches : NAN;
+    c->eval_pending = 0;
+    record_step(c, &c->eval_rec);
 }
 
 static void check_reduced_complete(pl_coord *c)
@@ -991,6 +1166,14 @@ static void after_loss(pl_coord *c, const int *idx, int n)
         c->pending = 1;
         check_committed_complete(c);
         break;
+    case PL_COORD_EVALUATING: /* the step is committed: evaluated again under the new plan */
+        if (critical) {
+            replan_soon(c);
+        } else {
+            c->pending = 1;
+            check_eval_complete(c);
+        }
+        break;
     case PL_COORD_SETTLING:
         replan_soon(c); /* one more loss of the same event: wait for the rest too */
         break;
@@ -1007,62 +1190,108 @@ static void after_loss(pl_coord *c, const int *idx, int n)
     }
 }
 
-pl_coord *pl_coord_new(const pl_coord_config *cfg, char *err, size_t errlen)
+/* The planner's inputs against the configuration: 0, or -1 and err. */
+static int check_planner(const pl_coord_config *cfg, const pl_profile *p, const pl_template_set *ts,
+                         const pl_coverage *cov, int n_start, char *err, size_t errlen)
 {
-#define BAD(...) do { snprintf(err, errlen, __VA_ARGS__); return NULL; } while (0)
-    if (!cfg || !cfg->profile || !cfg->templates || !cfg->coverage)
-        BAD("coordinator: profile, templates and coverage are required");
-    const pl_coverage *cov = cfg->coverage;
-    int micro = cfg->microbatch_size ? cfg->microbatch_size : cfg->profile->microbatch_size;
-    if (micro != cfg->profile->microbatch_size || micro < 1)
-        BAD("microbatch_size: %d differs from the profile's %d", micro,
-            cfg->profile->microbatch_size);
+    if (!p || !ts || !cov)
+        return pl_errf(err, errlen, "coordinator: profile, templates and coverage are required");
+    int micro = cfg->microbatch_size ? cfg->microbatch_size : p->microbatch_size;
+    if (micro != p->microbatch_size || micro < 1)
+        return pl_errf(err, errlen, "microbatch_size: %d differs from the profile's %d", micro,
+                       p->microbatch_size);
     if (cfg->tolerate != cov->tolerate)
-        BAD("tolerate: %d differs from the coverage table's %d", cfg->tolerate, cov->tolerate);
+        return pl_errf(err, errlen, "tolerate: %d differs from the coverage table's %d",
+                       cfg->tolerate, cov->tolerate);
     if (cfg->global_batch != cov->global_batch || cfg->global_batch % micro)
-        BAD("global_batch: %lld differs from the coverage table's %lld or is not a multiple "
-            "of %d", (long long)cfg->global_batch, (long long)cov->global_batch, micro);
-    if (cfg->templates->n0 < 1 || cov->count < 1)
-        BAD("templates: no feasible template");
+        return pl_errf(err, errlen, "global_batch: %lld differs from the coverage table's %lld "
+                       "or is not a multiple of %d", (long long)cfg->global_batch,
+                       (long long)cov->global_batch, micro);
+    if (ts->n0 < 1 || cov->count < 1)
+        return pl_errf(err, errlen, "templates: no feasible template");
+    if (n_start < cov->nodes_lo || n_start > PL_PROTO_MAX_NODES)
+        return pl_errf(err, errlen, "n_start: %d workers cannot run a plan: need %d..%d", n_start,
+                       cov->nodes_lo, PL_PROTO_MAX_NODES);
+    return 0;
+}
+
+static void take_planner(pl_coord *c, const pl_profile *p, const pl_template_set *ts,
+                         const pl_coverage *cov, int n_start)
+{
+    c->cfg.profile = p;
+    c->cfg.templates = ts;
+    c->cfg.coverage = cov;
+    c->cfg.n_start = n_start;
+    c->micro = p->microbatch_size;
+    c->nlayers = p->nlayers;
+    c->have_planner = 1;
+}
+
+/* The rest of the configuration: 0, or -1 and err. */
+static int check_config(const pl_coord_config *cfg, char *err, size_t errlen)
+{
     if (cfg->seq_len < 1 || cfg->seq_len > PL_PROTO_MAX_SEQ_LEN)
-        BAD("seq_len: must be in 1..%d", PL_PROTO_MAX_SEQ_LEN);
+        return pl_errf(err, errlen, "seq_len: must be in 1..%d", PL_PROTO_MAX_SEQ_LEN);
     if (cfg->steps < 1 || cfg->steps > 2147483647)
-        BAD("steps: must be >= 1");
+        return pl_errf(err, errlen, "steps: must be >= 1");
     if (!(cfg->lr >= 0) || !(cfg->grad_clip >= 0) || !isfinite(cfg->grad_clip))
-        BAD("lr and grad_clip: must be finite and >= 0");
+        return pl_errf(err, errlen, "lr and grad_clip: must be finite and >= 0");
     if (cfg->heartbeat_ms < PL_PROTO_HEARTBEAT_MIN_MS || cfg->heartbeat_ms > PL_PROTO_HEARTBEAT_MAX_MS)
-        BAD("heartbeat_ms: must be in %d..%d", PL_PROTO_HEARTBEAT_MIN_MS, PL_PROTO_HEARTBEAT_MAX_MS);
+        return pl_errf(err, errlen, "heartbeat_ms: must be in %d..%d", PL_PROTO_HEARTBEAT_MIN_MS,
+                       PL_PROTO_HEARTBEAT_MAX_MS);
     if (cfg->heartbeat_misses < 0)
-        BAD("heartbeat_misses: must be >= 0");
-    if (cfg->n_start < cov->nodes_lo || cfg->n_start > PL_PROTO_MAX_NODES)
-        BAD("n_start: %d workers cannot run a plan: need %d..%d", cfg->n_start, cov->nodes_lo,
-            PL_PROTO_MAX_NODES);
+        return pl_errf(err, errlen, "heartbeat_misses: must be >= 0");
+    if (cfg->n_start < 1 || cfg->n_start > PL_PROTO_MAX_NODES)
+        return pl_errf(err, errlen, "n_start: must be in 1..%d", PL_PROTO_MAX_NODES);
     if (cfg->peer_port_base < 0 || cfg->peer_port_base > 65535)
-        BAD("peer_port_base: must be in 0..65535");
+        return pl_errf(err, errlen, "peer_port_base: must be in 0..65535");
     if (cfg->checkpoint_every < 0 || cfg->max_resets < 0 || cfg->wait_for_nodes_ms < 0 ||
-        cfg->cooldown_ms < 0)
-        BAD("checkpoint_every, max_resets, wait_for_nodes_ms, cooldown_ms: must be >= 0");
-    if (cfg->resume_step < 0 || cfg->resume_step >= cfg->steps)
-        BAD("resume_step: %lld is not before the last step %lld", (long long)cfg->resume_step,
-            (long long)cfg->steps);
+        cfg->cooldown_ms < 0 || cfg->eval_every < 0)
+        return pl_errf(err, errlen, "checkpoint_every, max_resets, wait_for_nodes_ms, "
+                       "cooldown_ms, eval_every: must be >= 0");
+    if (cfg->profile_repeat < 0 || cfg->profile_repeat > PL_PROTO_PROFILE_REPEAT_MAX)
+        return pl_errf(err, errlen, "profile_repeat: must be in 0..%d", PL_PROTO_PROFILE_REPEAT_MAX);
+    if (!cfg->resume_auto && (cfg->resume_step < 0 || cfg->resume_step >= cfg->steps))
+        return pl_errf(err, errlen, "resume_step: %lld is not before the last step %lld",
+                       (long long)cfg->resume_step, (long long)cfg->steps);
     const char *job = cfg->job ? cfg->job : "job";
     if (!*job || strlen(job) > PL_PROTO_NAME_MAX)
-        BAD("job: bad name");
+        return pl_errf(err, errlen, "job: bad name");
+    return 0;
+}
+
+pl_coord *pl_coord_new(const pl_coord_config *cfg, char *err, size_t errlen)
+{
+    if (!cfg) {
+        pl_errf(err, errlen, "coordinator: no configuration");
+        return NULL;
+    }
+    const int profiling = cfg->profile_repeat > 0 && !cfg->profile;
+    if ((!profiling && check_planner(cfg, cfg->profile, cfg->templates, cfg->coverage,
+                                     cfg->n_start, err, errlen)) ||
+        check_config(cfg, err, errlen))
+        return NULL;
     pl_coord *c = calloc(1, sizeof *c);
-    if (!c)
-        BAD("coordinator: out of memory");
-#undef BAD
+    if (!c) {
+        pl_errf(err, errlen, "coordinator: out of memory");
+        return NULL;
+    }
     c->cfg = *cfg;
-    snprintf(c->job, sizeof c->job, "%s", job);
-    c->micro = micro;
+    snprintf(c->job, sizeof c->job, "%s", cfg->job ? cfg->job : "job");
+    if (!profiling)
+        take_planner(c, cfg->profile, cfg->templates, cfg->coverage, cfg->n_start);
     c->misses = cfg->heartbeat_misses ? cfg->heartbeat_misses : PL_PROTO_HEARTBEAT_MISSES;
-    c->nlayers = cfg->profile->nlayers;
     if (!c->cfg.peer_port_base)
         c->cfg.peer_port_base = 29500;
-    c->phase = PL_COORD_WAITING_FOR_WORKERS;
+    c->phase = profiling ? PL_COORD_PROFILING : PL_COORD_WAITING_FOR_WORKERS;
+    if (profiling)
+        snprintf(c->reason, sizeof c->reason,
+                 "waiting for a worker to measure the model (spec.profile: auto)");
     c->wait_since = -1;
     c->plan_ckpt = -1;
-    c->ckpt_last = cfg->resume_step > 0 ? cfg->resume_step : 0;
+    c->profiler = -1;
+    c->resume_step = cfg->resume_auto ? -1 : cfg->resume_step;
+    c->ckpt_last = c->resume_step > 0 ? c->resume_step : 0;
     c->step = c->ckpt_last;
     if (!c->cfg.cooldown_ms)
         c->cfg.cooldown_ms = 10000;
@@ -1084,6 +1313,7 @@ void pl_coord_free(pl_coord *c)
     for (int k = 0; k < SAVING_SLOTS; k++)
         free(c->saving[k].covered);
     free(c->nodes);
+    free(c->profile_text);
     free(c);
 }
 
@@ -1141,6 +1371,15 @@ static void welcome(pl_coord *c, int i)
     m->u.welcome.heartbeat_ms = c->cfg.heartbeat_ms;
 }
 
+/* What the worker's register said about the checkpoint directory. */
+static void note_checkpoint_report(cworker *w, const pl_coord_worker_info *wi)
+{
+    w->has_ckpt = wi->has_checkpoint != 0;
+    w->ckpt_step = wi->has_checkpoint && wi->checkpoint_step > 0 ? wi->checkpoint_step : 0;
+    snprintf(w->ckpt_err, sizeof w->ckpt_err, "%s",
+             wi->has_checkpoint && wi->checkpoint_error ? wi->checkpoint_error : "");
+}
+
 /* A worker of the restored plan is back (its hello_resume follows). */
 static int rejoin(pl_coord *c, int i, const char *host, int port, int64_t now_ms)
 {
@@ -1190,6 +1429,7 @@ int pl_coord_worker_joined(pl_coord *c, const pl_coord_worker_info *wi, int64_t 
             snprintf(c->w[old].zone, sizeof c->w[old].zone, "%s", wi->zone);
         snprintf(c->w[old].device, sizeof c->w[old].device, "%s", wi->device ? wi->device : "");
         c->w[old].nccl = wi->nccl != 0;
+        note_checkpoint_report(&c->w[old], wi);
         return rejoin(c, old, host, port, now_ms);
     }
     if (old >= 0)
@@ -1224,8 +1464,12 @@ int pl_coord_worker_joined(pl_coord *c, const pl_coord_worker_info *wi, int64_t 
     w->live = 1;
     w->last_heard = now_ms;
     w->pipe = w->pos = -1;
+    note_checkpoint_report(w, wi);
     welcome(c, i);
-    if (c->phase == PL_COORD_RESUMING) {
+    reassign_duties(c); /* a duty nobody could take (no live worker) */
+    if (c->phase == PL_COORD_PROFILING) {
+        /* placed once the planner is known */
+    } else if (c->phase == PL_COORD_RESUMING) {
         add_cause(c, "joined %s%s", name, "");
     } else if (c->phase == PL_COORD_WAITING_FOR_WORKERS) {
         if (pl_coord_live_workers(c) >= c->cfg.n_start)
@@ -1351,6 +1595,26 @@ int pl_coord_copy_done(pl_coord *c, const char *name, int64_t gen, int64_t bytes
     return PL_COORD_OK;
 }
 
+int pl_coord_eval_done(pl_coord *c, const char *name, int64_t gen, const pl_msg_eval_done *e)
+{
+    int rc = PL_COORD_OK;
+    if (!e)
+        return fail_err(c, "eval_done: NULL");
+    int i = gen_check(c, name, gen, &rc);
+    if (i < 0)
+        return rc;
+    if (c->phase != PL_COORD_EVALUATING || e->step != c->eval_rec.step || !in_pipes(c, i) ||
+        c->w[i].evaluated)
+        return PL_COORD_IGNORED;
+    c->w[i].evaluated = 1;
+    if (e->has_loss) {
+        c->val_sum += e->loss;
+        c->val_batches += e->batches;
+    }
+    check_eval_complete(c);
+    return PL_COORD_OK;
+}
+
 int pl_coord_leaving(pl_coord *c, const char *name, int reason)
 {
     c->err[0] = 0;
@@ -1364,8 +1628,10 @@ int pl_coord_leaving(pl_coord *c, const char *name, int reason)
     switch (c->phase) {
     case PL_COORD_WAITING_FOR_WORKERS:
     case PL_COORD_WAITING_FOR_NODES:
+    case PL_COORD_PROFILING:
         send_text(c, i, PL_MSG_STOP, c->gen, 0, "left the job", 0);
         c->w[i].live = 0;
+        reassign_duties(c);
         break;
     case PL_COORD_DONE:
     case PL_COORD_FAILED:
@@ -1390,6 +1656,7 @@ int pl_coord_worker_lost(pl_coord *c, const char *name, const char *cause)
     if (!c->w[i].leaving)
         node_failed(c, c->w[i].node);
     after_loss(c, &i, 1);
+    reassign_duties(c);
     return PL_COORD_OK;
 }
 
@@ -1411,6 +1678,15 @@ static int step_failed(pl_coord *c, const char *name, int64_t gen, int64_t step,
                        const char *reason)
 {
     int rc = PL_COORD_OK;
+    if (c->phase == PL_COORD_EVALUATING && c->eval_pending && step == c->eval_rec.step) {
+        /* the evaluation of a committed step: a new plan, and the evaluation under it */
+        int i = gen_check(c, name, gen, &rc);
+        if (i < 0 || !in_pipes(c, i))
+            return i < 0 ? rc : PL_COORD_IGNORED;
+        add_cause(c, "evaluation failed on %s (%.200s)", name, reason);
+        replan_soon(c);
+        return PL_COORD_OK;
+    }
     if (step_check(c, name, gen, step, PL_COORD_RUNNING, &rc) < 0)
         return rc;
     add_cause(c, "step failed on %s (%.200s)", name, reason);
@@ -1449,7 +1725,8 @@ int pl_coord_saved(pl_coord *c, const char *name, const pl_msg_saved *sv)
     if (find(c, name) < 0)
         return fail_err(c, "unknown worker \"%s\"", name ? name : "(null)");
     /* any generation: the state after step s is the same in every plan */
-    if (sv->step <= c->ckpt_last || sv->step > c->cfg.steps || sv->layer_end > c->nlayers)
+    if (c->phase == PL_COORD_DONE || c->phase == PL_COORD_FAILED || sv->step <= c->ckpt_last ||
+        sv->step > c->cfg.steps || sv->layer_end > c->nlayers)
         return PL_COORD_IGNORED;
     csaving *slot = NULL, *oldest = &c->saving[0];
     for (int k = 0; k < SAVING_SLOTS && !slot; k++) {
@@ -1461,24 +1738,157 @@ int pl_coord_saved(pl_coord *c, const char *name, const pl_msg_saved *sv)
     if (!slot) { /* a new checkpoint: reuse the oldest slot */
         slot = oldest;
         free(slot->covered);
-        slot->step = 0;
+        memset(slot, 0, sizeof *slot);
         if (!(slot->covered = calloc((size_t)c->nlayers, 1)))
             return fail_err(c, "out of memory");
         slot->step = sv->step;
     }
+    if (slot->completing)
+        return PL_COORD_IGNORED;
     memset(slot->covered + sv->layer_begin, 1, (size_t)(sv->layer_end - sv->layer_begin));
     for (int l = 0; l < c->nlayers; l++)
         if (!slot->covered[l])
             return PL_COORD_OK;
-    c->ckpt_last = sv->step;
+    slot->completing = 1; /* every layer is written: one worker writes checkpoint.json */
+    ask_completion(c, slot);
+    return PL_COORD_OK;
+}
+
+/* Frees the slots of checkpoints up to `step` (complete, or given up). */
+static void drop_saving(pl_coord *c, int64_t step)
+{
     for (int k = 0; k < SAVING_SLOTS; k++)
-        if (c->saving[k].step <= c->ckpt_last) {
+        if (c->saving[k].step && c->saving[k].step <= step) {
             free(c->saving[k].covered);
-            c->saving[k].covered = NULL;
-            c->saving[k].step = 0;
+            memset(&c->saving[k], 0, sizeof c->saving[k]);
         }
+}
+
+int pl_coord_checkpoint_done(pl_coord *c, const char *name, int64_t step, const char *error)
+{
+    c->err[0] = 0;
+    int i = find_live(c, name);
+    if (i < 0)
+        return PL_COORD_ERR;
+    csaving *slot = NULL;
+    for (int k = 0; k < SAVING_SLOTS && !slot; k++)
+        if (c->saving[k].step == step && c->saving[k].completing)
+            slot = &c->saving[k];
+    if (!slot || slot->asked != i)
+        return PL_COORD_IGNORED; /* asked of another worker since, or complete already */
+    if (error && error[0]) {
+        c->ckpt_fail_step = step;
+        c->ckpt_fail[0] = 0;
+        appendf(c->ckpt_fail, sizeof c->ckpt_fail, "%s (on %s)", error, name);
+        free(slot->covered);
+        memset(slot, 0, sizeof *slot);
+        if (c->phase == PL_COORD_SAVING && step >= c->cfg.steps) {
+            c->reason[0] = 0;
+            appendf(c->reason, sizeof c->reason, "the last checkpoint is incomplete: %s",
+                    c->ckpt_fail);
+            finish(c);
+        }
+        return PL_COORD_OK;
+    }
+    if (step > c->ckpt_last)
+        c->ckpt_last = step;
+    drop_saving(c, c->ckpt_last);
     if (c->phase == PL_COORD_SAVING && c->ckpt_last >= c->cfg.steps)
         finish(c);
+    return PL_COORD_OK;
+}
+
+/* complete_checkpoint of the slot's step to a worker (none live: a later one is asked). */
+static void ask_completion(pl_coord *c, csaving *slot)
+{
+    slot->asked = pick_worker(c);
+    if (slot->asked < 0)
+        return;
+    pl_msg *m = push(c, slot->asked, PL_MSG_COMPLETE_CHECKPOINT, c->gen);
+    if (m)
+        m->u.complete_checkpoint.step = slot->step;
+}
+
+/* profile_request to a worker (none live: the next to register is asked). */
+static void ask_profile(pl_coord *c)
+{
+    c->profiler = pick_worker(c);
+    if (c->profiler < 0) {
+        snprintf(c->reason, sizeof c->reason,
+                 "waiting for a worker to measure the model (spec.profile: auto)");
+        return;
+    }
+    pl_msg *m = push(c, c->profiler, PL_MSG_PROFILE_REQUEST, c->gen);
+    if (m)
+        m->u.profile_request.repeat = c->cfg.profile_repeat;
+    snprintf(c->reason, sizeof c->reason, "measuring the model on %s (spec.profile: auto)",
+             c->w[c->profiler].name);
+}
+
+/* Duties whose worker is gone (or that found no live worker) go to another one. */
+static void reassign_duties(pl_coord *c)
+{
+    if (c->phase == PL_COORD_DONE || c->phase == PL_COORD_FAILED)
+        return;
+    if (c->phase == PL_COORD_PROFILING && !c->profile_text &&
+        (c->profiler < 0 || !c->w[c->profiler].live))
+        ask_profile(c);
+    for (int k = 0; k < SAVING_SLOTS; k++) {
+        csaving *slot = &c->saving[k];
+        if (!slot->completing || (slot->asked >= 0 && c->w[slot->asked].live))
+            continue;
+        ask_completion(c, slot);
+        if (slot->asked < 0 && c->phase == PL_COORD_SAVING && slot->step >= c->cfg.steps) {
+            snprintf(c->reason, sizeof c->reason, "the last checkpoint is incomplete: no worker "
+                     "left to write its checkpoint.json");
+            finish(c);
+        }
+    }
+}
+
+int pl_coord_profile_done(pl_coord *c, const char *name, const char *profile, const char *error)
+{
+    c->err[0] = 0;
+    int i = find_live(c, name);
+    if (i < 0)
+        return PL_COORD_ERR;
+    if (c->phase != PL_COORD_PROFILING || i != c->profiler || c->profile_text)
+        return PL_COORD_IGNORED;
+    char why[700];
+    if (!profile) {
+        snprintf(why, sizeof why, "measuring the model on %s failed: %s", name,
+                 error && error[0] ? error : "no profile");
+        set_failed(c, why);
+        return PL_COORD_OK;
+    }
+    if (!(c->profile_text = strdup(profile))) {
+        set_failed(c, "coordinator: out of memory");
+        return PL_COORD_ERR;
+    }
+    c->profiler = -1;
+    snprintf(c->reason, sizeof c->reason, "the model was measured on %s: planning", name);
+    return PL_COORD_OK;
+}
+
+int pl_coord_set_planner(pl_coord *c, const pl_profile *profile, const pl_template_set *ts,
+                         const pl_coverage *coverage, int n_start)
+{
+    c->err[0] = 0;
+    if (c->have_planner)
+        return fail_err(c, "the planner is known already");
+    if (c->phase != PL_COORD_PROFILING)
+        return PL_COORD_IGNORED; /* the job ended meanwhile */
+    char why[512];
+    if (check_planner(&c->cfg, profile, ts, coverage, n_start, why, sizeof why)) {
+        set_failed(c, why);
+        return fail_err(c, "%s", why);
+    }
+    take_planner(c, profile, ts, coverage, n_start);
+    c->phase = PL_COORD_WAITING_FOR_WORKERS;
+    c->reason[0] = 0;
+    c->wait_since = c->now;
+    if (pl_coord_live_workers(c) >= n_start)
+        replan(c);
     return PL_COORD_OK;
 }
 
@@ -1510,6 +1920,12 @@ static void resume_done(pl_coord *c)
     }
     if (committer >= 0)
         c->step = last + 1;
+    if (c->cfg.resume_auto) { /* what a fatal loss would restart from */
+        int nread, nerr, differ;
+        const int64_t best = newest_reported(c, &nread, &nerr, &differ);
+        if (best > c->ckpt_last && best <= c->step)
+            c->ckpt_last = best;
+    }
     add_cause(c, "%s%s", "resumed by a new coordinator", "");
     replan(c);
 }
@@ -1520,6 +1936,8 @@ int pl_coord_restore(pl_coord *c, int64_t generation, int64_t step, const pl_msg
     c->err[0] = 0;
     if (c->nw || c->has_stable || npipes < 1 || generation < 1 || step < 0 || step >= c->cfg.steps)
         return fail_err(c, "restore: only a new coordinator restores a running plan");
+    if (!c->have_planner)
+        return fail_err(c, "restore: the plan needs the planner's profile (not measured yet)");
     cplan p = {0};
     if (!(p.p = calloc((size_t)npipes, sizeof *p.p)))
         return fail_err(c, "out of memory");
@@ -1623,6 +2041,12 @@ int pl_coord_plan_pipeline(const pl_coord *c, int q, const char **names, int max
     return p->nnodes;
 }
 
+void pl_coord_fail(pl_coord *c, const char *why)
+{
+    if (c->phase != PL_COORD_DONE && c->phase != PL_COORD_FAILED)
+        set_failed(c, why);
+}
+
 void pl_coord_end(pl_coord *c, const char *why)
 {
     if (c->phase == PL_COORD_DONE || c->phase == PL_COORD_FAILED)
@@ -1671,8 +2095,10 @@ int pl_coord_tick(pl_coord *c, int64_t now_ms)
                 node_failed(c, c->w[i].node);
             idx[n++] = i;
         }
-    if (n)
+    if (n) {
         after_loss(c, idx, n);
+        reassign_duties(c);
+    }
     free(idx);
     return n ? PL_COORD_OK : PL_COORD_IGNORED;
 }
@@ -1707,6 +2133,14 @@ int pl_coord_on_msg(pl_coord *c, const char *name, const pl_msg *m, int64_t now_
         return nccl_root(c, name, m->gen, m->u.nccl_root.id);
     case PL_MSG_STEP_FAILED:
         return step_failed(c, name, m->gen, m->u.step_failed.step, m->u.step_failed.reason);
+    case PL_MSG_CHECKPOINT_DONE:
+        return pl_coord_checkpoint_done(c, name, m->u.checkpoint_done.step,
+                                        m->u.checkpoint_done.error);
+    case PL_MSG_PROFILE_DONE:
+        return pl_coord_profile_done(c, name, m->u.profile_done.profile,
+                                     m->u.profile_done.error);
+    case PL_MSG_EVAL_DONE:
+        return pl_coord_eval_done(c, name, m->gen, &m->u.eval_done);
     default:
         return fail_err(c, "worker \"%s\": unexpected message %s", name,
                         pl_msg_type_name(m->type));
@@ -1736,7 +2170,7 @@ const char *pl_coord_phase_name(pl_coord_phase_t p)
 {
     static const char *const names[] = {"waiting_for_workers", "copying", "running", "committing",
                                         "waiting_for_nodes", "saving", "settling", "resuming",
-                                        "done", "failed"};
+                                        "profiling", "evaluating", "done", "failed"};
     return (unsigned)p < sizeof names / sizeof names[0] ? names[p] : "?";
 }
 
@@ -1761,6 +2195,16 @@ int pl_coord_live_workers(const pl_coord *c)
 
 int pl_coord_nsteps(const pl_coord *c) { return c->nlog; }
 int64_t pl_coord_last_checkpoint(const pl_coord *c) { return c->ckpt_last; }
+int64_t pl_coord_resume_step(const pl_coord *c) { return c->resume_step; }
+const char *pl_coord_resume_note(const pl_coord *c) { return c->resume_note; }
+const char *pl_coord_profile_json(const pl_coord *c) { return c->profile_text; }
+
+int64_t pl_coord_checkpoint_failed(const pl_coord *c, const char **why)
+{
+    if (why)
+        *why = c->ckpt_fail;
+    return c->ckpt_fail_step;
+}
 
 const pl_coord_step_rec *pl_coord_step_log(const pl_coord *c, int i)
 {

@@ -27,9 +27,31 @@
  * - Checkpoints: after committing step s with s+1 a checkpoint step (every
  *   checkpoint_every steps and the last), the workers of pipeline 0 (every
  *   layer exactly once) write their layers asynchronously and send `saved`;
- *   when `saved` messages cover every layer the checkpoint of s+1 is complete
- *   (pl_coord_last_checkpoint; the caller writes checkpoint.json). The job is
- *   DONE when the last step's checkpoint is complete.
+ *   when `saved` messages cover every layer, ONE live worker (the lowest-ranked
+ *   one not leaving) is asked to write its checkpoint.json (complete_checkpoint);
+ *   its checkpoint_done makes the checkpoint of s+1 complete
+ *   (pl_coord_last_checkpoint), or records why not (pl_coord_checkpoint_failed).
+ *   A worker lost before answering: another is asked. The job is DONE when the
+ *   last step's checkpoint is complete.
+ * - Resume (resume_auto): every worker's register says which complete checkpoint
+ *   it sees under the job's checkpoint directory (or why it cannot read it);
+ *   before the first plan the coordinator takes the newest one a worker can read
+ *   (pl_coord_resume_step; pl_coord_resume_note says when the workers disagree).
+ *   No worker able to read it: FAILED. The last step's checkpoint: DONE at once
+ *   (nothing to train).
+ * - Profiling (profile_repeat > 0 without a profile): phase PROFILING; the first
+ *   registered worker is asked to measure the model on its device
+ *   (profile_request); another when it is lost first. Its profile_done gives the
+ *   profile's JSON (pl_coord_profile_json): the caller computes templates and
+ *   coverage from it and hands them over with pl_coord_set_planner, which leaves
+ *   PROFILING for WAITING_FOR_WORKERS (or FAILED: pl_coord_fail).
+ * - Evaluation (eval_every > 0): after committing step s with s+1 a multiple of
+ *   eval_every or the last, phase EVALUATING: the pipeline workers run the
+ *   validation batches of their pipeline forward (eval s) and answer eval_done;
+ *   the step's record (pl_coord_step_log) is logged once every one did, its
+ *   val_loss = Σ losses / Σ batches of the last stages. A pipeline worker lost
+ *   meanwhile: a new plan, and the evaluation again under it (a plan restarting
+ *   from a checkpoint logs the record without a validation loss).
  * - Fatal loss (a layer with no live holder): a fresh plan over the live workers
  *   that loads the newest complete checkpoint (step 0 without one: the initial
  *   state), rewinding the step; the data order makes the redone steps identical.
@@ -87,6 +109,13 @@ typedef struct {
     int hosts_added_check_every;  /* steps between placements of joined workers; ≤ 1: every */
     int settle_ms;                /* replan this long after the last of a burst of losses
                                      (pl_coord_tick); 0: at once */
+    /* the workers' duties */
+    int resume_auto;              /* the first plan's checkpoint is the newest complete one
+                                     the workers report at register (resume_step unused) */
+    int profile_repeat;           /* > 0 with profile, templates and coverage NULL: a worker
+                                     measures the model (timed runs per layer), PROFILING */
+    int eval_every;               /* > 0: validation loss after every eval_every-th step and
+                                     the last (EVALUATING) */
 } pl_coord_config;
 
 typedef enum {
@@ -98,6 +127,8 @@ typedef enum {
     PL_COORD_SAVING,                  /* every step committed, the last checkpoint pending */
     PL_COORD_SETTLING,                /* a loss: the new plan waits for settle_ms of quiet */
     PL_COORD_RESUMING,                /* restored: waiting for the plan's workers to reconnect */
+    PL_COORD_PROFILING,               /* a worker measures the model; no plan before its profile */
+    PL_COORD_EVALUATING,              /* a step committed, its validation loss pending */
     PL_COORD_DONE,                    /* every step committed, stop sent */
     PL_COORD_FAILED                   /* fatal: see pl_coord_reason */
 } pl_coord_phase_t;
@@ -113,6 +144,7 @@ typedef struct {
     double norm;          /* √Σ grad_sumsq */
     double grad_scale;
     double lr;
+    double val_loss;      /* validation loss after the step; NaN: not evaluated */
     int64_t generation;   /* plan generation that ran it */
     char pipelines[64];   /* "2x3+1x2": 2 pipelines of 3 nodes and 1 of 2 (largest first) */
 } pl_coord_step_rec;
@@ -155,6 +187,12 @@ typedef struct {
     int port;
     const char *zone, *device;
     int nccl;
+    /* register.checkpoint: the newest complete checkpoint the worker sees (0: none), or
+     * checkpoint_error (non-empty: it cannot read the directory); has_checkpoint 0: it
+     * did not say */
+    int has_checkpoint;
+    int64_t checkpoint_step;
+    const char *checkpoint_error;
 } pl_coord_worker_info;
 int pl_coord_worker_joined(pl_coord *c, const pl_coord_worker_info *wi, int64_t now_ms);
 int pl_coord_heartbeat(pl_coord *c, const char *name, int64_t step, int64_t now_ms);
@@ -165,6 +203,15 @@ int pl_coord_copy_done(pl_coord *c, const char *name, int64_t gen, int64_t bytes
 int pl_coord_leaving(pl_coord *c, const char *name, int reason /* pl_leave_reason */);
 int pl_coord_peer_broken(pl_coord *c, const char *name, int64_t gen, const char *peer);
 int pl_coord_saved(pl_coord *c, const char *name, const pl_msg_saved *s);
+/* The worker asked to complete the checkpoint of `step` answered: error NULL or "" when its
+ * checkpoint.json is written. */
+int pl_coord_checkpoint_done(pl_coord *c, const char *name, int64_t step, const char *error);
+/* The worker asked to measure the model answered: the profile's JSON, or NULL and why not
+ * (the job fails). */
+int pl_coord_profile_done(pl_coord *c, const char *name, const char *profile,
+                          const char *error);
+/* A pipeline worker evaluated the step of `eval` (message generation gen). */
+int pl_coord_eval_done(pl_coord *c, const char *name, int64_t gen, const pl_msg_eval_done *e);
 /* The connection closed / the process ended / anything fatal for that worker. */
 int pl_coord_worker_lost(pl_coord *c, const char *name, const char *cause);
 /* Declares lost every live worker silent for more than misses × heartbeat_ms;
@@ -198,6 +245,18 @@ int pl_coord_plan_pipeline(const pl_coord *c, int q, const char **names, int max
 /* Ends the job now (a time limit): a step not committed yet is dropped, every
  * worker gets stop {0}, the phase is DONE with `why` as the reason. */
 void pl_coord_end(pl_coord *c, const char *why);
+/* Fails the job now (what the caller could not do for it): stop {1}, FAILED. */
+void pl_coord_fail(pl_coord *c, const char *why);
+
+/* PROFILING: the profile a worker measured (JSON text, owned by the coordinator), NULL
+ * before. */
+const char *pl_coord_profile_json(const pl_coord *c);
+/* The planner made from it (borrowed, as in the configuration: they must outlive the
+ * coordinator) and n_start (at least coverage->nodes_lo): PROFILING ends; the first plan
+ * follows as for a coordinator configured with them. ERR (and FAILED) when they do not fit
+ * the configuration. */
+int pl_coord_set_planner(pl_coord *c, const pl_profile *profile, const pl_template_set *ts,
+                         const pl_coverage *coverage, int n_start);
 
 /* Dispatches a decoded worker → coordinator message (register excepted: use
  * pl_coord_worker_registered) after noting that the worker was heard at now_ms. */
@@ -217,6 +276,13 @@ int64_t pl_coord_step(const pl_coord *c);        /* the step running or to run n
 int pl_coord_rank(const pl_coord *c, const char *name); /* -1 if unknown */
 int pl_coord_live_workers(const pl_coord *c);
 int64_t pl_coord_last_checkpoint(const pl_coord *c); /* newest complete checkpoint step, 0: none */
+/* The newest checkpoint whose checkpoint.json could not be written (0: none) and why. */
+int64_t pl_coord_checkpoint_failed(const pl_coord *c, const char **why);
+/* The checkpoint the job started from (0: the initial state); -1 while the workers' reports
+ * are awaited (resume_auto, before the first plan). */
+int64_t pl_coord_resume_step(const pl_coord *c);
+/* How the workers' reports disagreed when the resume step was taken; "" when they agreed. */
+const char *pl_coord_resume_note(const pl_coord *c);
 
 int pl_coord_nsteps(const pl_coord *c); /* committed steps logged */
 const pl_coord_step_rec *pl_coord_step_log(const pl_coord *c, int i);

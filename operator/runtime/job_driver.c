@@ -1,11 +1,13 @@
 /* The job driver (job_driver.h): what `pliant run` and the operator do around the
- * coordinator for one TrainingJob — set-up (job, plan, resume step, token, TLS,
- * control server, a plan taken over), and in every poll the checkpoints to
- * complete and the disruption, reconfiguration and commit times that make the
- * recovery times and the throughput. */
+ * coordinator for one TrainingJob — set-up (job, plan, token, TLS, control server,
+ * a plan taken over), and in every poll the plan made from a measured profile, the
+ * checkpoints and resume point the workers reported, and the disruption,
+ * reconfiguration and commit times that make the recovery times and the
+ * throughput. */
 #include "job_driver.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,15 +26,19 @@ struct pl_job_driver {
     pl_job_driver_config cfg;
     pl_job job;
     pl_job_plan plan;
-    int have_plan, started;
-    int64_t resume_step;
+    int have_plan, started, nmax;
+    char *profile_json;              /* spec.profile auto: measured or given; NULL before */
+    int profiled, profiled_reported; /* the measured profile was planned; said */
+    int64_t resume_step;             /* -1 until the coordinator took it */
+    int resume_reported;
     pl_coord *coord;
     pl_coord_session *session;       /* the control server and its workers */
     pl_tls_selfsigned tls;
     char token[65];
-    /* checkpoints: completed (checkpoint.json written or failed), reported */
-    int64_t ckpt_done, ckpt_reported;
-    char ckpt_err[512];
+    /* checkpoints completed by a worker, and those it could not complete: reported */
+    int64_t ckpt_done, ckpt_reported, ckpt_failed_reported;
+    double val_loss;                 /* the newest validation loss, after step val_step */
+    int64_t val_step;
     /* recovery: the first loss since the last plan; per reconfiguration the time of
      * its failure, its recovery and the step record that ended it */
     int64_t disrupted_ms;            /* -1: none */
@@ -54,6 +60,9 @@ pl_job_driver *pl_job_driver_new(const pl_job_driver_config *cfg, char *err, siz
     }
     d->cfg = *cfg;
     d->disrupted_ms = -1;
+    d->resume_step = -1;
+    d->val_loss = NAN;
+    d->val_step = -1;
     for (int i = 0; i < MAX_RECONFIGS; i++) d->recovery[i] = -1;
     if (cfg->manifest ? pl_job_parse(cfg->manifest, NULL, &d->job, err, errlen)
                       : pl_job_load(cfg->path, &d->job, err, errlen)) {
@@ -78,6 +87,7 @@ void pl_job_driver_free(pl_job_driver *d)
     pl_coord_free(d->coord);
     pl_tls_selfsigned_remove(&d->tls);
     if (d->have_plan) pl_job_plan_free(&d->plan);
+    free(d->profile_json);
     pl_job_free(&d->job);
     free(d);
 }
@@ -104,7 +114,8 @@ static int write_tls(pl_tls_selfsigned *t, const char *cert_pem, const char *key
 static int start_coord(pl_job_driver *d, char *err, size_t errlen)
 {
     const pl_job_driver_config *cfg = &d->cfg;
-    pl_coord_config cc = pl_job_coord_config(&d->job, &d->plan, cfg->n_start, d->resume_step);
+    pl_coord_config cc = pl_job_coord_config(&d->job, d->have_plan ? &d->plan : NULL,
+                                             cfg->n_start);
     cc.start_grace_ms = cfg->start_grace_ms;
     if (!(d->coord = pl_coord_new(&cc, err, errlen))) return -1;
     if (cfg->npipes > 0 &&
@@ -135,21 +146,53 @@ static int start_server(pl_job_driver *d, char *err, size_t errlen)
     return (d->session = pl_coord_session_new(&sc, err, errlen)) ? 0 : -1;
 }
 
+/* The planner now, unless spec.profile auto has no profile yet (a worker measures it). */
+static int plan_job(pl_job_driver *d, const char *profile_json, char *err, size_t errlen)
+{
+    const int measured = !strcmp(d->job.profile, "auto");
+    if (measured && !profile_json) return 0;
+    if (measured ? pl_job_plan_from_json(&d->plan, &d->job, profile_json, d->nmax, err, errlen)
+                 : pl_job_plan_init(&d->plan, &d->job, d->nmax, err, errlen)) {
+        pl_job_plan_free(&d->plan);
+        return -1;
+    }
+    if (measured && !(d->profile_json = strdup(profile_json))) {
+        pl_job_plan_free(&d->plan);
+        return pl_errf(err, errlen, "out of memory");
+    }
+    d->have_plan = 1;
+    return 0;
+}
+
 int pl_job_driver_start(pl_job_driver *d, char *err, size_t errlen)
 {
     if (d->started) return pl_errf(err, errlen, "job driver: started already");
     d->started = 1;
-    int nmax = d->job.nodes.max > d->cfg.n_start ? d->job.nodes.max : d->cfg.n_start;
-    if (pl_job_plan_init(&d->plan, &d->job, nmax, err, errlen)) return -1;
-    d->have_plan = 1;
-    if (pl_job_resume_step(&d->job, &d->resume_step, err, errlen)) return -1;
-    if (d->resume_step >= d->job.steps) {
-        pl_errf(err, errlen, "the checkpoint of step %lld in %s is the last step",
-                (long long)d->resume_step, d->job.checkpoint.dir);
-        return 1;
-    }
-    d->ckpt_done = d->ckpt_reported = d->resume_step;
+    err[0] = 0;
+    d->nmax = d->job.nodes.max > d->cfg.n_start ? d->job.nodes.max : d->cfg.n_start;
+    if (plan_job(d, d->cfg.profile_json, err, errlen)) return -1;
+    if (!d->have_plan && d->cfg.npipes > 0)
+        return pl_errf(err, errlen, "taking over a running plan needs the profile a worker "
+                       "measured (spec.profile auto)");
     return start_coord(d, err, errlen) || start_server(d, err, errlen) ? -1 : 0;
+}
+
+/* spec.profile auto: the profile a worker measured becomes the job's planner, or the job
+ * fails naming why. */
+static void plan_measured_profile(pl_job_driver *d)
+{
+    const char *text = pl_coord_profile_json(d->coord);
+    if (d->have_plan || d->profiled || !text) return;
+    d->profiled = 1;
+    char err[512] = "";
+    if (plan_job(d, text, err, sizeof err)) {
+        char why[700];
+        snprintf(why, sizeof why, "spec.profile auto: planning the measured profile: %s", err);
+        pl_coord_fail(d->coord, why);
+        return;
+    }
+    pl_coord_set_planner(d->coord, &d->plan.prof, &d->plan.ts, &d->plan.cov,
+                         pl_job_plan_n_start(&d->plan, d->cfg.n_start));
 }
 
 /* The session's first loss since the last look, unless an earlier one is pending. */
@@ -183,24 +226,33 @@ static void track_recovery(pl_job_driver *d)
         }
         memmove(d->step_ms + 1, d->step_ms, sizeof d->step_ms - sizeof d->step_ms[0]);
         d->step_ms[0] = now;
+        if (!isnan(s->val_loss)) {
+            d->val_loss = s->val_loss;
+            d->val_step = s->step;
+        }
         if (d->nstep_ms < RATE_STEPS) d->nstep_ms++;
     }
 }
 
-/* Every layer of the newest checkpoint is written: its checkpoint.json marks it complete. */
-static void complete_checkpoint(pl_job_driver *d)
+/* The resume point once the coordinator took it (a checkpoint it starts from is no news),
+ * then the checkpoints completed since. */
+static void track_checkpoints(pl_job_driver *d)
 {
-    if (pl_coord_last_checkpoint(d->coord) <= d->ckpt_done) return;
-    d->ckpt_done = pl_coord_last_checkpoint(d->coord);
-    d->ckpt_err[0] = 0;
-    pl_job_complete_checkpoint(&d->job, d->ckpt_done, d->ckpt_err, sizeof d->ckpt_err);
+    int64_t r = pl_coord_resume_step(d->coord);
+    if (d->resume_step < 0 && r >= 0) {
+        d->resume_step = r;
+        if (d->ckpt_done < r) d->ckpt_done = d->ckpt_reported = r;
+    }
+    if (pl_coord_last_checkpoint(d->coord) > d->ckpt_done)
+        d->ckpt_done = pl_coord_last_checkpoint(d->coord);
 }
 
 int pl_job_driver_poll(pl_job_driver *d, int timeout_ms, char *err, size_t errlen)
 {
     if (pl_coord_session_poll(d->session, timeout_ms) < 0)
         return pl_errf(err, errlen, "control server failed");
-    complete_checkpoint(d);
+    plan_measured_profile(d);
+    track_checkpoints(d);
     track_recovery(d);
     return 0;
 }
@@ -217,15 +269,42 @@ void pl_job_driver_set_zone(pl_job_driver *d, const char *name, const char *zone
     pl_coord_session_set_zone(d->session, name, zone);
 }
 
+/* Events of the workers' duties: the profile planned, the resume point, checkpoints
+ * completed or not. 1 and *ev, or 0. */
+static int next_duty_event(pl_job_driver *d, pl_job_driver_event *ev)
+{
+    if (d->profiled && d->have_plan && !d->profiled_reported) {
+        d->profiled_reported = 1;
+        *ev = (pl_job_driver_event){.kind = PL_JOB_DRIVER_PROFILED};
+        return 1;
+    }
+    if (d->resume_step >= 0 && !d->resume_reported) {
+        d->resume_reported = 1;
+        const char *note = pl_coord_resume_note(d->coord);
+        *ev = (pl_job_driver_event){.kind = PL_JOB_DRIVER_RESUME, .step = d->resume_step,
+                                    .error = note[0] ? note : NULL};
+        return 1;
+    }
+    const char *why = NULL;
+    int64_t failed = pl_coord_checkpoint_failed(d->coord, &why);
+    if (failed > d->ckpt_failed_reported) {
+        d->ckpt_failed_reported = failed;
+        *ev = (pl_job_driver_event){.kind = PL_JOB_DRIVER_CHECKPOINT, .step = failed,
+                                    .error = why};
+        return 1;
+    }
+    if (d->ckpt_reported < d->ckpt_done) {
+        d->ckpt_reported = d->ckpt_done;
+        *ev = (pl_job_driver_event){.kind = PL_JOB_DRIVER_CHECKPOINT, .step = d->ckpt_done};
+        return 1;
+    }
+    return 0;
+}
+
 int pl_job_driver_next(pl_job_driver *d, pl_job_driver_event *ev)
 {
     memset(ev, 0, sizeof *ev);
-    if (d->ckpt_reported < d->ckpt_done) {
-        d->ckpt_reported = d->ckpt_done;
-        *ev = (pl_job_driver_event){.kind = PL_JOB_DRIVER_CHECKPOINT, .step = d->ckpt_done,
-                                    .error = d->ckpt_err[0] ? d->ckpt_err : NULL};
-        return 1;
-    }
+    if (next_duty_event(d, ev)) return 1;
     if (d->rec_reported < d->nrec_seen) {
         *ev = (pl_job_driver_event){.kind = PL_JOB_DRIVER_RECONFIG, .index = d->rec_reported++};
         return 1;
@@ -244,6 +323,13 @@ int pl_job_driver_next(pl_job_driver *d, pl_job_driver_event *ev)
 
 const pl_job *pl_job_driver_job(const pl_job_driver *d) { return &d->job; }
 int64_t pl_job_driver_resume_step(const pl_job_driver *d) { return d->resume_step; }
+const char *pl_job_driver_profile_json(const pl_job_driver *d) { return d->profile_json; }
+
+double pl_job_driver_validation_loss(const pl_job_driver *d, int64_t *step)
+{
+    if (step) *step = d->val_step;
+    return d->val_loss;
+}
 pl_coord *pl_job_driver_coord(pl_job_driver *d) { return d->coord; }
 
 int pl_job_driver_port(const pl_job_driver *d)

@@ -1,11 +1,13 @@
 /* One TrainingJob driven to its end, the same for `pliant run` (local worker
  * processes) and the operator (worker Pods): the job (parsed), its plan
- * (job_plan.h), the coordinator (coordinator.h) behind its control server
- * (coord_session.h) with the job token and a TLS certificate, checkpoints
- * completed (checkpoint.json), the time of each disruption and the recovery time
- * of each reconfiguration, samples per second. Where the workers run is the front
- * end's business: it tells the driver when one is gone and reads what happened
- * since its last poll with pl_job_driver_next, printing or logging it its own way.
+ * (job_plan.h; with spec.profile auto, made once a worker measured the model),
+ * the coordinator (coordinator.h) behind its control server (coord_session.h)
+ * with the job token and a TLS certificate, the time of each disruption and the
+ * recovery time of each reconfiguration, samples per second. The driver touches
+ * no file of the job: workers complete checkpoints, report the one to resume
+ * from and measure the profile. Where the workers run is the front end's
+ * business: it tells the driver when one is gone and reads what happened since
+ * its last poll with pl_job_driver_next, printing or logging it its own way.
  *
  * Single-threaded: every function runs on the thread of the front end's loop,
  * which calls pl_job_driver_poll often. The driver owns everything it creates
@@ -51,20 +53,25 @@ typedef struct {
     const pl_msg_pipeline *pipes;
     int npipes;
     int64_t generation, step;
+    /* spec.profile auto: the profile a worker measured before (pl_job_driver_profile_json
+     * of an earlier driver of the job, e.g. kept by the operator for a new leader): nothing
+     * is measured again. NULL: a worker measures it. */
+    const char *profile_json;
 } pl_job_driver_config;
 
 /* Reads the job (with the overrides); nothing runs yet. NULL and err on failure. */
 pl_job_driver *pl_job_driver_new(const pl_job_driver_config *cfg, char *err, size_t errlen);
-/* Plans the job, finds the checkpoint to resume from and starts the coordinator and
- * its control server: 0; 1 when the newest complete checkpoint is of the last step
- * (nothing to train; err says so); -1 and err on failure. Once per driver. */
+/* Plans the job (unless a worker is to measure its profile) and starts the coordinator
+ * and its control server: 0, or -1 and err on failure. Once per driver. A job whose
+ * newest complete checkpoint is of the last step ends at once (the coordinator DONE)
+ * once the workers reported it. */
 int pl_job_driver_start(pl_job_driver *d, char *err, size_t errlen);
 /* Closes the server (the coordinator records the losses) and frees all. NULL is fine. */
 void pl_job_driver_free(pl_job_driver *d);
 
 /* Serves the control channel for up to timeout_ms, forwards the coordinator's
- * messages, ticks it, completes checkpoints and records what happened for
- * pl_job_driver_next. 0, or -1 and err when the server failed. */
+ * messages, ticks it, plans the job once its profile is measured and records what
+ * happened for pl_job_driver_next. 0, or -1 and err when the server failed. */
 int pl_job_driver_poll(pl_job_driver *d, int timeout_ms, char *err, size_t errlen);
 /* Worker `name` ended (its process or Pod): the loss of that worker. 1 when the
  * coordinator learned it now, 0 when it knew (its connection closed first). */
@@ -77,17 +84,22 @@ void pl_job_driver_set_zone(pl_job_driver *d, const char *name, const char *zone
 
 /* What happened, oldest first: the front end drains it after every poll. */
 typedef enum {
-    PL_JOB_DRIVER_CHECKPOINT, /* the checkpoint of `step` is complete, unless error */
+    PL_JOB_DRIVER_CHECKPOINT, /* the checkpoint of `step` is complete (a worker wrote its
+                                 checkpoint.json), unless error */
     PL_JOB_DRIVER_RECONFIG,   /* reconfiguration `index` (pl_coord_reconfig) was made */
     PL_JOB_DRIVER_RECOVERED,  /* reconfiguration `index` recovered: ms from its failure to
                                  the first step its plan committed (the STEP that follows) */
     PL_JOB_DRIVER_STEP,       /* step record `index` (pl_coord_step_log) was committed */
+    PL_JOB_DRIVER_RESUME,     /* the first plan starts from the checkpoint of `step` (0: the
+                                 initial state); error: how the workers disagreed, or NULL */
+    PL_JOB_DRIVER_PROFILED,   /* the profile a worker measured is planned
+                                 (pl_job_driver_profile_json) */
 } pl_job_driver_event_kind;
 
 typedef struct {
     pl_job_driver_event_kind kind;
     int index;
-    int64_t step;      /* CHECKPOINT */
+    int64_t step;      /* CHECKPOINT, RESUME */
     const char *error; /* CHECKPOINT: why checkpoint.json was not written, or NULL */
     int64_t ms;        /* RECOVERED */
 } pl_job_driver_event;
@@ -96,8 +108,14 @@ typedef struct {
 int pl_job_driver_next(pl_job_driver *d, pl_job_driver_event *ev);
 
 const pl_job *pl_job_driver_job(const pl_job_driver *d);
-/* The step the job resumed from (0: the initial state); known after start. */
+/* The step the job resumed from (0: the initial state); -1 until the workers reported
+ * what they see (the first plan). */
 int64_t pl_job_driver_resume_step(const pl_job_driver *d);
+/* spec.profile auto: the profile's JSON in use (measured by a worker, or given in the
+ * configuration); NULL before it is known and for other profiles. */
+const char *pl_job_driver_profile_json(const pl_job_driver *d);
+/* The newest validation loss (NaN: none yet) and the step it was computed after. */
+double pl_job_driver_validation_loss(const pl_job_driver *d, int64_t *step);
 /* The rest: after a successful start. */
 pl_coord *pl_job_driver_coord(pl_job_driver *d);
 int pl_job_driver_port(const pl_job_driver *d);

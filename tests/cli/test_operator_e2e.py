@@ -21,6 +21,7 @@ each job's EndpointSlice with address 127.0.0.1 and a NetworkPolicy per job).
   refused_pods_and_worker_pod_fields            403 on Pod creation (FailedCreate); spec.worker's Pod fields
   failed_pods_back_off_then_exhaust_the_backoff_limit   killed workers: back-off, BackoffLimitExceeded
   log_levels                                    --log-level error|warn|info|debug
+  workers_profile_evaluate_and_checkpoint       profile auto, evalEvery, checkpoints: status, resume
   leader_failover_continues_training            two operators with --leader-elect; the EndpointSlice follows
 The first two need only the emulator and kubectl; the others are skipped while
 build/bin/pliant-operator is missing, and the failover test while
@@ -1009,6 +1010,45 @@ def log_levels():
     check(not quiet.stderr_tail(5).strip(), "an operator at --log-level error wrote:\n%s", quiet.stderr_tail(5))
     check("debug: " in state["op"].stderr_tail(400) if state["op"] else True,
           "the operator at --log-level debug logs no requests")
+
+
+@e2e_test("operator", jobs=["duties", "duties-again"])
+def workers_profile_evaluate_and_checkpoint():
+    """spec.profile auto, evalEvery with validation data and checkpoints: a worker measures
+    the model (status.profile, its JSON with the model's layers), the workers' validation
+    loss reaches status.lastValidation, a worker completes each checkpoint (checkpoint.json,
+    status.lastCheckpoint, CheckpointSaved); a second job over the same checkpoint
+    directory finds the last step's checkpoint through its workers and succeeds at once."""
+    op = operator()
+    ck = os.path.join(suite.tmp, "duties.ckpt")
+    steps = 20
+
+    def manifest(name):
+        m = job_manifest(name, steps, max_=2,
+                         extra="  checkpoint: {dir: %s, every: 10}\n  evalBatches: 4\n" % ck)
+        return (m.replace("evalEvery: 0", "evalEvery: 5").replace("profile: synthetic", "profile: auto")
+                 .replace("_train.bin,", "_train.bin, val: %s_val.bin," % data_prefix(), 1))
+    apply(manifest("duties"))
+    st = wait_status("duties", "Succeeded", succeeded, 120)
+    prof = st.get("profile")
+    check(isinstance(prof, str) and len(json.loads(prof).get("layers", [])) == 5,
+          "status.profile %r (want the measured profile of 3 blocks + embedding + head)",
+          str(prof)[:300])
+    val = st.get("lastValidation") or {}
+    check(val.get("step") == steps - 1 and isinstance(val.get("loss"), (int, float)) and
+          0 < val["loss"] < 10, "status.lastValidation %s", val)
+    check((st.get("lastCheckpoint") or {}).get("step") == steps, "status.lastCheckpoint %s",
+          st.get("lastCheckpoint"))
+    for step in (10, 20):
+        check(os.path.exists(os.path.join(ck, "step-%08d" % step, "checkpoint.json")),
+              "no checkpoint.json for step %d", step)
+    check("CheckpointSaved" in event_reasons("duties"), "no CheckpointSaved Event: %s",
+          event_reasons("duties"))
+    apply(manifest("duties-again"))
+    st = wait_status("duties-again", "Succeeded", succeeded, 60)
+    check(st.get("step") == steps and not st.get("lastValidation"),
+          "the second job trained: status %s", json.dumps(st)[:800])
+    check(op.alive(), "the operator exited")
 
 
 @e2e_test("failover", jobs=[("ha", "ha")])

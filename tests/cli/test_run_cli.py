@@ -10,7 +10,10 @@ killed pipeline workers whose recovery moves layers between workers, and
 checkpoints written during training and the restart from them after a fatal
 loss and with strategy checkpoint; too few workers, then workers back; two
 simultaneous kills with F = 2; a worker with a wrong token and malformed or
-oversized control messages refused without harm to the job.
+oversized control messages refused without harm to the job; the validation loss
+the workers compute (evalEvery) equal to train's with one and two pipelines;
+spec.profile auto measured by a worker; a job resumed from the checkpoint its
+workers report.
 
 Run: python3 tests/cli/test_run_cli.py --build build [-k SUBSTRING]
 """
@@ -19,6 +22,7 @@ import base64
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import ssl
@@ -166,6 +170,104 @@ def heterogeneous_pipelines_match_train():
 def two_three_stage_pipelines_match_train():
     rows = run_and_compare(write_job("hetero", steps=6, global_=4), 6, 6)
     check(rows[0]["pipelines"] == "2x3", "pipelines %s", rows[0]["pipelines"])
+
+
+def write_eval_job(name, steps, global_, every, extra=""):
+    """A job with validation data (PREFIX_val.bin) evaluated every `every` steps."""
+    path = write_job(name, steps=steps, global_=global_, extra="  evalEvery: %d\n%s" % (every, extra))
+    with open(path) as f:
+        text = f.read()
+    text = text.replace("_train.bin,", "_train.bin, val: %s_val.bin," % data_prefix(), 1)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def check_val_losses(job, workers, steps, every, pipelines):
+    """The run's val_loss after steps every-1, 2·every-1, ... and the last equals train's
+    within 1e-4 relative (none elsewhere); its step lines say it too."""
+    m = "%s.run%d.jsonl" % (job, workers)
+    rc, out, err = run("run", job, "--workers", workers, "--metrics", m, "--threads", 1)
+    check(rc == 0, "run failed (%d):\n%s\n%s", rc, out[-2000:], err[-2000:])
+    rows, ref = metrics(m), reference(job)
+    check(len(rows) == steps and rows[0]["pipelines"] == pipelines, "rows %d, pipelines %s",
+          len(rows), rows[0]["pipelines"] if rows else None)
+    want = [s_ for s_ in range(steps) if (s_ + 1) % every == 0 or s_ == steps - 1]
+    check([r["step"] for r in rows if "val_loss" in r] == want, "val_loss at %s, want %s",
+          [r["step"] for r in rows if "val_loss" in r], want)
+    check([r["step"] for r in ref if "val_loss" in r] == want, "train's val_loss at %s",
+          [r["step"] for r in ref if "val_loss" in r])
+    for a, b in zip(rows, ref):
+        check(abs(a["loss"] - b["loss"]) <= 1e-4 * abs(b["loss"]), "step %d: loss %.9g, train %.9g",
+              a["step"], a["loss"], b["loss"])
+        if "val_loss" in b:
+            check(abs(a["val_loss"] - b["val_loss"]) <= 1e-4 * abs(b["val_loss"]),
+                  "step %d: val_loss %.9g, train %.9g", a["step"], a["val_loss"], b["val_loss"])
+    lines = [l for l in out.splitlines() if l.startswith("step ") and "| val " in l]
+    check(len(lines) == len(want), "step lines with a validation loss:\n%s", out[-1500:])
+
+
+@test
+def validation_loss_matches_train_with_one_pipeline():
+    """evalEvery 2 over 5 steps, one pipeline of 3 stages (F = 0, one microbatch): the
+    workers' validation loss after steps 1, 3 and 4 (the last) equals train's."""
+    job = write_eval_job("eval1", steps=5, global_=2, every=2,
+                         extra="  faultTolerance: {tolerate: 0}\n")
+    check_val_losses(job, 3, 5, 2, "1x3")
+
+
+@test
+def validation_loss_matches_train_with_two_pipelines():
+    """evalEvery 3 over 7 steps, pipelines of 3 and 2 stages sharing the validation
+    batches: the loss summed by the coordinator equals train's after steps 2, 5 and 6."""
+    job = write_eval_job("eval2", steps=7, global_=4, every=3)
+    check_val_losses(job, 5, 7, 3, "1x3+1x2")
+
+
+@test
+def profile_auto_is_measured_by_a_worker():
+    """spec.profile auto: the first worker to register measures the model on its device
+    before the first plan ("profiling: ..." lines); the job then trains as train does."""
+    job = write_job("profiled", steps=4)
+    with open(job) as f:
+        text = f.read()
+    with open(job, "w") as f:
+        f.write(text.replace("profile: synthetic", "profile: auto"))
+    m = job + ".run.jsonl"
+    rc, out, err = run("run", job, "--workers", 2, "--metrics", m, "--threads", 1)
+    check(rc == 0, "run failed (%d):\n%s\n%s", rc, out[-2000:], err[-2000:])
+    check(re.search(r"profiling: measuring the model on w[01]", out) and
+          "profiling: done" in out and "measured the model on cpu" in err,
+          "no profiling by a worker:\n%s\n%s", out[-1500:], err[-1500:])
+    check(out.index("profiling: done") < out.index("step "), "a step before the profile")
+    check_steps_match(metrics(m), reference(job), 4)
+
+
+@test
+def a_run_resumes_from_the_checkpoint_its_workers_report():
+    """A job checkpointed at step 4, run again for 8 steps: the workers report the
+    checkpoint of step 4, the run starts there and steps 4..7 equal train's resuming from a
+    copy of the same checkpoint."""
+    ck, ck2 = ckpt_dir("resumed"), ckpt_dir("resumed-train")
+    job = write_job("resumed", steps=8, extra="  checkpoint: {dir: %s, every: 4}\n" % ck)
+    rc, out, err = run("run", job, "--workers", 2, "--steps", 4, "--threads", 1)
+    check(rc == 0 and "checkpoint: step 4 saved" in out, "first run (%d):\n%s\n%s", rc,
+          out[-1500:], err[-1500:])
+    shutil.rmtree(ck2, ignore_errors=True)
+    shutil.copytree(ck, ck2)
+    m = job + ".run.jsonl"
+    rc, out, err = run("run", job, "--workers", 2, "--metrics", m, "--threads", 1)
+    check(rc == 0 and "run: resuming from the checkpoint of step 4" in out,
+          "second run (%d):\n%s\n%s", rc, out[-1500:], err[-1500:])
+    rows = metrics(m)
+    check([r["step"] for r in rows] == [4, 5, 6, 7], "steps %s", [r["step"] for r in rows])
+    tjob = write_job("resumed-train", steps=8, extra="  checkpoint: {dir: %s, every: 4}\n" % ck2)
+    ref = reference(tjob)
+    check([r["step"] for r in ref] == [4, 5, 6, 7], "train's steps %s", [r["step"] for r in ref])
+    for a, b in zip(rows, ref):
+        check(abs(a["loss"] - b["loss"]) <= 1e-4 * abs(b["loss"]) and
+              a["samples_digest"] == b["samples_digest"], "step %d: loss %.9g, train %.9g",
+              a["step"], a["loss"], b["loss"])
 
 
 def children(pid):

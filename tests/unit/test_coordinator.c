@@ -645,9 +645,24 @@ static int sim_reconfigure(sim *s)
     return s->c ? 0 : -1;
 }
 
+/* Drains the outbox and answers every complete_checkpoint in it: checkpoint.json
+ * written (error NULL) or not. The number asked. */
+static int complete_asked(sim *s, const char *error)
+{
+    if (drain(s))
+        return -1;
+    int n = 0;
+    for (int k = 0; k < s->nm; k++)
+        if (s->m[k].type == PL_MSG_COMPLETE_CHECKPOINT) {
+            pl_coord_checkpoint_done(s->c, s->to[k], s->m[k].u.complete_checkpoint.step, error);
+            n++;
+        }
+    return n;
+}
+
 /* `saved` for step st from the workers of pipeline 0 (every layer once), the
  * stage `skip` excepted (-1: none). */
-static void save_all(sim *s, int64_t st, int skip)
+static void save_layers(sim *s, int64_t st, int skip)
 {
     for (int w = 0; w < s->nw; w++) {
         const pl_msg_plan *p = &s->plan[w].u.plan;
@@ -658,18 +673,41 @@ static void save_all(sim *s, int64_t st, int skip)
     }
 }
 
+/* save_layers, then the worker asked to complete the checkpoint does. */
+static void save_all(sim *s, int64_t st, int skip)
+{
+    save_layers(s, st, skip);
+    complete_asked(s, NULL);
+}
+
+/* A coordinator with checkpoints in /ckpt every `every` steps (0: the last only);
+ * resume_auto: its first plan starts from the workers' reports. */
+static int sim_checkpointed(sim *s, int64_t steps, int n_start, int every, int resume_auto)
+{
+    if (sim_init(s, steps, n_start))
+        return -1;
+    s->cfg.checkpoint_dir = "/ckpt";
+    s->cfg.checkpoint_every = every;
+    s->cfg.resume_auto = resume_auto;
+    return sim_reconfigure(s);
+}
+
+/* Workers w0..w<n-1> registered and the first plan's copies done. */
+static int sim_started(sim *s, int n)
+{
+    if (start_workers(s, n))
+        return -1;
+    all_copy_done(s);
+    return drain(s);
+}
+
 /* Every holder of layer 0 goes silent at step 2: no live copy of it, so the
  * job goes back to the newest complete checkpoint (step 1; step 2's is partial). */
 static void test_fatal_loss(void)
 {
     sim s;
-    CHECK(sim_init(&s, 5, 6) == 0);
-    s.cfg.checkpoint_dir = "/ckpt";
-    s.cfg.checkpoint_every = 1;
-    CHECK(sim_reconfigure(&s) == 0);
-    CHECK(start_workers(&s, 6) == 0);
-    all_copy_done(&s);
-    CHECK(drain(&s) == 0);
+    CHECK(sim_checkpointed(&s, 5, 6, 1, 0) == 0);
+    CHECK(sim_started(&s, 6) == 0);
     CHECK(run_step(&s, 0) == 0);
     save_all(&s, 1, -1);
     CHECK_EQ_INT(pl_coord_last_checkpoint(s.c), 1);
@@ -1140,6 +1178,357 @@ static void test_initial_copy_loss_and_nan(void)
     sim_free(&s);
 }
 
+/* A checkpoint whose layers are all saved is completed by ONE worker (checkpoint.json):
+ * only its checkpoint_done makes it complete; the worker lost first, another is asked; an
+ * error leaves it incomplete, said by pl_coord_checkpoint_failed. */
+static void test_checkpoint_completed_by_one_worker(void)
+{
+    sim s;
+    CHECK(sim_checkpointed(&s, 5, 6, 1, 0) == 0);
+    CHECK(sim_started(&s, 6) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    save_layers(&s, 1, -1); /* every layer of step 1 saved */
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_COMPLETE_CHECKPOINT), 1);
+    const pl_msg *cc = msg_to(&s, 0, PL_MSG_COMPLETE_CHECKPOINT);
+    CHECK(cc && cc->u.complete_checkpoint.step == 1);
+    CHECK_EQ_INT(pl_coord_last_checkpoint(s.c), 0);
+    CHECK_EQ_INT(pl_coord_checkpoint_done(s.c, "w3", 1, ""), PL_COORD_IGNORED); /* not asked */
+    CHECK_EQ_INT(pl_coord_last_checkpoint(s.c), 0);
+    /* w0 is lost before answering: w1 is asked */
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, "w0", "killed"), PL_COORD_OK);
+    s.live[0] = 0;
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_COMPLETE_CHECKPOINT), 1);
+    cc = msg_to(&s, 1, PL_MSG_COMPLETE_CHECKPOINT);
+    CHECK(cc && cc->u.complete_checkpoint.step == 1);
+    CHECK_EQ_INT(pl_coord_checkpoint_done(s.c, "w0", 1, ""), PL_COORD_ERR); /* gone */
+    pl_msg done;
+    pl_msg_init(&done, PL_MSG_CHECKPOINT_DONE, s.gen);
+    done.u.checkpoint_done.step = 1;
+    CHECK_EQ_INT(pl_coord_on_msg(s.c, "w1", &done, 10), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_last_checkpoint(s.c), 1);
+    CHECK_EQ_INT(pl_coord_checkpoint_done(s.c, "w1", 1, ""), PL_COORD_IGNORED); /* once */
+    CHECK_EQ_INT(pl_coord_checkpoint_failed(s.c, NULL), 0);
+    /* the next checkpoint cannot be written */
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 1) == 0);
+    save_all(&s, 2, -1); /* answered without an error... */
+    CHECK_EQ_INT(pl_coord_last_checkpoint(s.c), 2);
+    CHECK(run_step(&s, 2) == 0);
+    save_layers(&s, 3, -1);
+    CHECK_EQ_INT(complete_asked(&s, "/ckpt/step-00000003: read-only file system"), 1);
+    CHECK_EQ_INT(pl_coord_last_checkpoint(s.c), 2);
+    const char *why = NULL;
+    CHECK_EQ_INT(pl_coord_checkpoint_failed(s.c, &why), 3);
+    CHECK_STR_CONTAINS(why, "read-only file system (on w1)");
+    sim_free(&s);
+}
+
+/* The last step's checkpoint: the job waits (SAVING) for its checkpoint_done. */
+static void test_last_checkpoint_waits_for_its_completion(void)
+{
+    sim s;
+    CHECK(sim_checkpointed(&s, 2, 6, 0, 0) == 0);
+    CHECK(sim_started(&s, 6) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    CHECK(run_step(&s, 1) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_SAVING);
+    save_layers(&s, 2, -1);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_COMPLETE_CHECKPOINT), 1);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_SAVING);
+    /* the asked worker (w0, idle or not) leaves the job by dying: w1 is asked */
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, "w0", "killed"), PL_COORD_OK);
+    s.live[0] = 0;
+    if (pl_coord_phase(s.c) == PL_COORD_SAVING) {
+        CHECK_EQ_INT(complete_asked(&s, ""), 1);
+        CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_DONE);
+        CHECK_EQ_INT(pl_coord_last_checkpoint(s.c), 2);
+    } else { /* w0 wrote layers of pipeline 0: the last checkpoint is incomplete anyway */
+        CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_DONE);
+        CHECK_STR_CONTAINS(pl_coord_reason(s.c), "incomplete");
+    }
+    sim_free(&s);
+}
+
+/* Registers worker w with what it sees under the checkpoint directory: step (≥ 0), or
+ * an error; has 0: says nothing. */
+static int join_with_checkpoint(sim *s, int w, int has, int64_t step, const char *error)
+{
+    pl_coord_worker_info wi = {.name = nm(w), .has_checkpoint = has, .checkpoint_step = step,
+                               .checkpoint_error = error};
+    int rc = pl_coord_worker_joined(s->c, &wi, 0);
+    if (rc == PL_COORD_OK) {
+        s->live[w] = 1;
+        if (w >= s->nw)
+            s->nw = w + 1;
+    }
+    return rc;
+}
+
+/* resume_auto: the first plan loads the newest checkpoint the workers can read. */
+static void test_resume_from_the_workers(void)
+{
+    sim s;
+    CHECK(sim_init(&s, 10, 4) == 0);
+    s.cfg.resume_step = 99; /* not read */
+    s.cfg.checkpoint_dir = "/ckpt";
+    s.cfg.resume_auto = 1;
+    CHECK(sim_reconfigure(&s) == 0);
+    CHECK_EQ_INT(pl_coord_resume_step(s.c), -1);
+    for (int w = 0; w < 4; w++)
+        CHECK_EQ_INT(join_with_checkpoint(&s, w, 1, 4, ""), PL_COORD_OK);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_resume_step(s.c), 4);
+    CHECK(!pl_coord_resume_note(s.c)[0]);
+    CHECK_EQ_INT(pl_coord_last_checkpoint(s.c), 4);
+    CHECK(plans_valid(&s) == 0);
+    for (int w = 0; w < 4; w++) {
+        const pl_msg_plan *p = &s.plan[w].u.plan;
+        CHECK(p->has_checkpoint && p->checkpoint_step == 4 && p->step == 4 &&
+              !strcmp(p->checkpoint_dir, "/ckpt"));
+    }
+    sim_free(&s);
+    /* they disagree: the newest one a worker can read, and a note */
+    CHECK(sim_checkpointed(&s, 10, 4, 0, 1) == 0);
+    CHECK_EQ_INT(join_with_checkpoint(&s, 0, 1, 4, ""), PL_COORD_OK);
+    CHECK_EQ_INT(join_with_checkpoint(&s, 1, 1, 2, NULL), PL_COORD_OK);
+    CHECK_EQ_INT(join_with_checkpoint(&s, 2, 1, 0, "permission denied"), PL_COORD_OK);
+    CHECK_EQ_INT(join_with_checkpoint(&s, 3, 0, 0, NULL), PL_COORD_OK);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_resume_step(s.c), 4);
+    CHECK_STR_CONTAINS(pl_coord_resume_note(s.c), "disagree");
+    CHECK_STR_CONTAINS(pl_coord_resume_note(s.c), "w1: 2");
+    CHECK_STR_CONTAINS(pl_coord_resume_note(s.c), "w2: cannot read (permission denied)");
+    CHECK_STR_CONTAINS(pl_coord_resume_note(s.c), "resuming from step 4");
+    CHECK_EQ_INT(s.plan[3].u.plan.checkpoint_step, 4);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 4) == 0);
+    sim_free(&s);
+    /* no worker can read the directory: FAILED */
+    CHECK(sim_checkpointed(&s, 10, 4, 0, 1) == 0);
+    for (int w = 0; w < 4; w++)
+        CHECK_EQ_INT(join_with_checkpoint(&s, w, 1, 0, "no such volume"), PL_COORD_OK);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_FAILED);
+    CHECK_STR_CONTAINS(pl_coord_reason(s.c), "no worker can read the checkpoint directory");
+    CHECK_EQ_INT(count_type(&s, PL_MSG_STOP), 4);
+    sim_free(&s);
+}
+
+/* A new coordinator taking over a running plan learns the newest checkpoint from the
+ * workers that come back (what a fatal loss would restart from); nothing restarts. */
+static void test_restore_learns_the_checkpoint(void)
+{
+    sim s;
+    CHECK(sim_checkpointed(&s, 9, 4, 2, 1) == 0);
+    const char *n0[] = {"w0", "w1"}, *n1[] = {"w2", "w3"};
+    pl_msg_pipeline pipes[2] = {{.nnodes = 2, .template_nodes = 2, .microbatches = 8},
+                                {.nnodes = 2, .template_nodes = 2, .microbatches = 8}};
+    pipes[0].nodes = calloc(2, sizeof *pipes[0].nodes);
+    pipes[1].nodes = calloc(2, sizeof *pipes[1].nodes);
+    for (int j = 0; j < 2; j++) {
+        strcpy(pipes[0].nodes[j], n0[j]);
+        strcpy(pipes[1].nodes[j], n1[j]);
+    }
+    CHECK_EQ_INT(pl_coord_restore(s.c, 3, 5, pipes, 2, 500), PL_COORD_OK);
+    for (int w = 0; w < 4; w++) {
+        CHECK_EQ_INT(join_with_checkpoint(&s, w, 1, w == 3 ? 2 : 4, ""), PL_COORD_OK);
+        pl_msg_hello_resume h = {4, 0.5, 1e-3, -1};
+        CHECK_EQ_INT(pl_coord_hello_resume(s.c, nm(w), 3, &h), PL_COORD_OK);
+    }
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
+    CHECK_EQ_INT(pl_coord_last_checkpoint(s.c), 4);
+    CHECK_EQ_INT(pl_coord_resume_step(s.c), -1); /* the job did not start from it */
+    CHECK_EQ_INT(s.plan[0].u.plan.step, 5);
+    CHECK(!s.plan[0].u.plan.has_checkpoint);
+    free(pipes[0].nodes);
+    free(pipes[1].nodes);
+    sim_free(&s);
+}
+
+/* The checkpoint of the last step: nothing to train, the job is done at once. */
+static void test_resume_at_the_last_step(void)
+{
+    sim s;
+    CHECK(sim_checkpointed(&s, 6, 4, 0, 1) == 0);
+    for (int w = 0; w < 4; w++)
+        CHECK_EQ_INT(join_with_checkpoint(&s, w, 1, 6, ""), PL_COORD_OK);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_DONE);
+    CHECK_EQ_INT(pl_coord_resume_step(s.c), 6);
+    CHECK_STR_CONTAINS(pl_coord_reason(s.c), "the checkpoint of step 6 is the last step: nothing to do");
+    CHECK_EQ_INT(count_type(&s, PL_MSG_PLAN), 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_STOP), 4);
+    CHECK_EQ_INT(msg_to(&s, 2, PL_MSG_STOP)->u.stop.exit_code, 0);
+    CHECK_EQ_INT(pl_coord_nsteps(s.c), 0);
+    sim_free(&s);
+}
+
+/* spec.profile auto: the first registered worker measures; another when it is lost; the
+ * profile comes back, the caller's planner made from it starts the job. */
+/* A coordinator without a planner: a worker measures the profile (`repeat` runs). */
+static int sim_profiling(sim *s, int64_t steps, int repeat)
+{
+    if (sim_init(s, steps, 5))
+        return -1;
+    s->cfg.profile = NULL;
+    s->cfg.templates = NULL;
+    s->cfg.coverage = NULL;
+    s->cfg.profile_repeat = repeat;
+    s->cfg.n_start = 1;
+    return sim_reconfigure(s);
+}
+
+static void test_profiling_on_a_worker(void)
+{
+    sim s;
+    CHECK(sim_profiling(&s, 3, 3) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_PROFILING);
+    CHECK(!strcmp(pl_coord_phase_name(PL_COORD_PROFILING), "profiling"));
+    CHECK_STR_CONTAINS(pl_coord_reason(s.c), "waiting for a worker to measure");
+    CHECK(start_workers(&s, 5) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_PROFILE_REQUEST), 1);
+    const pl_msg *pr = msg_to(&s, 0, PL_MSG_PROFILE_REQUEST);
+    CHECK(pr && pr->u.profile_request.repeat == 3);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_PLAN), 0);
+    CHECK_STR_CONTAINS(pl_coord_reason(s.c), "measuring the model on w0");
+    /* w0 is lost while it measures: w1 is asked */
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, "w0", "killed"), PL_COORD_OK);
+    s.live[0] = 0;
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_PROFILE_REQUEST), 1);
+    CHECK(msg_to(&s, 1, PL_MSG_PROFILE_REQUEST) != NULL);
+    CHECK_EQ_INT(pl_coord_profile_done(s.c, "w0", "{}", ""), PL_COORD_ERR);
+    CHECK_EQ_INT(pl_coord_profile_done(s.c, "w2", "{}", ""), PL_COORD_IGNORED);
+    CHECK(pl_coord_profile_json(s.c) == NULL);
+    pl_msg pd;
+    pl_msg_init(&pd, PL_MSG_PROFILE_DONE, 0);
+    pd.u.profile_done.profile = "{\"measured\": true}";
+    CHECK_EQ_INT(pl_coord_on_msg(s.c, "w1", &pd, 5), PL_COORD_OK);
+    CHECK(pl_coord_profile_json(s.c) && !strcmp(pl_coord_profile_json(s.c), "{\"measured\": true}"));
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_PROFILING); /* until the planner is there */
+    CHECK_STR_CONTAINS(pl_coord_reason(s.c), "measured on w1");
+    /* a worker joining meanwhile waits for the planner too */
+    CHECK_EQ_INT(pl_coord_worker_registered(s.c, "w5", NULL, NULL, 0, 6), PL_COORD_OK);
+    s.live[5] = 1;
+    s.nw = 6;
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_PROFILE_REQUEST) + count_type(&s, PL_MSG_PLAN), 0);
+    CHECK_EQ_INT(pl_coord_set_planner(s.c, &s.p, &s.ts, &s.cov, 5), PL_COORD_OK);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_PLAN), 5);
+    CHECK(plans_valid(&s) == 0);
+    CHECK_EQ_INT(pl_coord_set_planner(s.c, &s.p, &s.ts, &s.cov, 5), PL_COORD_ERR);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    sim_free(&s);
+}
+
+/* The measurement fails, or the planner made from it does not fit: FAILED. */
+static void test_profiling_failures(void)
+{
+    sim s;
+    CHECK(sim_profiling(&s, 3, 1) == 0);
+    CHECK(start_workers(&s, 2) == 0);
+    CHECK_EQ_INT(pl_coord_profile_done(s.c, "w0", NULL, "out of device memory"), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_FAILED);
+    CHECK_STR_CONTAINS(pl_coord_reason(s.c), "measuring the model on w0 failed: out of device memory");
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_STOP), 2);
+    sim_free(&s);
+    CHECK(sim_profiling(&s, 3, 1) == 0);
+    s.cfg.global_batch = 8; /* the coverage table plans 16 */
+    CHECK(sim_reconfigure(&s) == 0);
+    CHECK(start_workers(&s, 1) == 0);
+    CHECK_EQ_INT(pl_coord_profile_done(s.c, "w0", "{}", NULL), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_set_planner(s.c, &s.p, &s.ts, &s.cov, 5), PL_COORD_ERR);
+    CHECK_STR_CONTAINS(pl_coord_error(s.c), "global_batch");
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_FAILED);
+    sim_free(&s);
+}
+
+/* eval_done from every pipeline worker of the plan for step st: the last stages report
+ * a loss of 1.5 per batch over (pipeline + 1) batches. Returns the expected mean. */
+static double eval_all(sim *s, int64_t st)
+{
+    double sum = 0;
+    int64_t n = 0;
+    for (int w = 0; w < s->nw; w++) {
+        if (!s->live[w] || !in_pipes(s, w))
+            continue;
+        const pl_msg_plan *p = &s->plan[w].u.plan;
+        pl_msg_eval_done e = {.step = st, .batches = p->you_pipeline + 1};
+        if (p->you_layer_end == L) {
+            e.has_loss = 1;
+            e.loss = 1.5 * (double)e.batches + 0.25 * p->you_pipeline;
+            sum += e.loss;
+            n += e.batches;
+        }
+        pl_coord_eval_done(s->c, nm(w), s->gen, &e);
+    }
+    return sum / (double)n;
+}
+
+/* eval_every: after the commit of steps 1 (2 % 2 == 0) and 2 (the last) the pipeline
+ * workers evaluate; the coordinator logs the step with Σ losses / Σ batches; a worker lost
+ * during the last evaluation: a new plan, then the evaluation again. */
+static void test_eval_aggregation(void)
+{
+    sim s;
+    CHECK(sim_init(&s, 3, 6) == 0);
+    s.cfg.eval_every = 2;
+    CHECK(sim_reconfigure(&s) == 0);
+    CHECK(sim_started(&s, 6) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_EVAL), 0);
+    CHECK(run_step(&s, 1) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_EVAL), npipeworkers(&s));
+    CHECK_EQ_INT(count_type(&s, PL_MSG_START_STEP), 0);
+    CHECK_EQ_INT(msg_to(&s, 0, PL_MSG_EVAL)->u.eval.step, 1);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_EVALUATING);
+    CHECK_EQ_INT(pl_coord_nsteps(s.c), 1); /* step 1 waits for its loss */
+    CHECK_EQ_INT(pl_coord_step(s.c), 2);
+    pl_msg_eval_done stale = {.step = 0, .has_loss = 1, .loss = 9, .batches = 1};
+    CHECK_EQ_INT(pl_coord_eval_done(s.c, "w0", s.gen, &stale), PL_COORD_IGNORED);
+    stale.step = 1;
+    CHECK_EQ_INT(pl_coord_eval_done(s.c, "w0", s.gen - 1, &stale), PL_COORD_IGNORED);
+    double want = eval_all(&s, 1);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_START_STEP), npipeworkers(&s));
+    CHECK_EQ_INT(pl_coord_nsteps(s.c), 2);
+    CHECK(isnan(pl_coord_step_log(s.c, 0)->val_loss));
+    CHECK(fabs(pl_coord_step_log(s.c, 1)->val_loss - want) < 1e-12);
+    CHECK(fabs(pl_coord_step_log(s.c, 1)->loss - 2.0) < 1e-12);
+    /* the last step: a pipeline worker dies during its evaluation */
+    CHECK(run_step(&s, 2) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_EVALUATING);
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, "w4", "killed"), PL_COORD_OK);
+    s.live[4] = 0;
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
+    CHECK(plans_valid(&s) == 0);
+    CHECK_EQ_INT(s.plan[0].u.plan.step, 3);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_START_STEP), 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_EVAL), npipeworkers(&s));
+    CHECK_EQ_INT(pl_coord_nsteps(s.c), 2);
+    want = eval_all(&s, 2);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_DONE);
+    CHECK_EQ_INT(pl_coord_nsteps(s.c), 3);
+    CHECK(fabs(pl_coord_step_log(s.c, 2)->val_loss - want) < 1e-12);
+    CHECK_EQ_INT(pl_coord_step_log(s.c, 2)->step, 2);
+    sim_free(&s);
+}
+
 static void test_bad_config(void)
 {
     sim s;
@@ -1177,5 +1566,13 @@ RUN(test_added_workers_spread_over_zones);
 RUN(test_transport_and_nccl_id);
 RUN(test_step_failed_replans);
 RUN(test_initial_copy_loss_and_nan);
+RUN(test_checkpoint_completed_by_one_worker);
+RUN(test_last_checkpoint_waits_for_its_completion);
+RUN(test_resume_from_the_workers);
+RUN(test_resume_at_the_last_step);
+RUN(test_restore_learns_the_checkpoint);
+RUN(test_profiling_on_a_worker);
+RUN(test_profiling_failures);
+RUN(test_eval_aggregation);
 RUN(test_bad_config);
 TEST_MAIN_END

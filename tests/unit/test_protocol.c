@@ -146,22 +146,83 @@ static void rand_plan(pl_msg *m)
     p->transport = (int)(rng_next() % PL_TRANSPORT_COUNT);
 }
 
+/* A small planner profile (shared/profile.h) of n layers as JSON text. */
+static char *profile_text(int n, double fwd_ms)
+{
+    size_t cap = 256 + 160 * (size_t)n, k = 0;
+    char *t = malloc(cap);
+    if (!t) return NULL;
+    k += (size_t)snprintf(t + k, cap - k, "{\"model\": \"gpt\", \"microbatch_size\": 2, "
+                          "\"gpus_per_node\": 1, \"gpu_memory_bytes\": 1000000000, "
+                          "\"intra_node_GBps\": 10, \"inter_node_GBps\": 1, \"layers\": [");
+    for (int l = 0; l < n; l++)
+        k += (size_t)snprintf(t + k, cap - k, "%s{\"name\": \"l%d\", \"forward_ms\": {\"1\": %.17g}, "
+                              "\"backward_ms\": {\"1\": %.17g}, \"param_bytes\": %d, "
+                              "\"activation_bytes\": 64, \"output_bytes\": 32}",
+                              l ? ", " : "", l, fwd_ms, 2 * fwd_ms, 100 * (l + 1));
+    snprintf(t + k, cap - k, "]}");
+    return t;
+}
+
+/* The messages of the workers' duties: checkpoint completion, profiling, evaluation. */
+static void rand_duty(pl_msg *m)
+{
+    switch (m->type) {
+    case PL_MSG_COMPLETE_CHECKPOINT:
+        m->u.complete_checkpoint.step = rand_int(1, PL_PROTO_INT_MAX);
+        break;
+    case PL_MSG_CHECKPOINT_DONE:
+        m->u.checkpoint_done.step = rand_int(1, PL_PROTO_INT_MAX);
+        if (rng_next() % 2) rand_text(m->u.checkpoint_done.error);
+        break;
+    case PL_MSG_PROFILE_REQUEST:
+        m->u.profile_request.repeat = (int)rand_int(1, PL_PROTO_PROFILE_REPEAT_MAX);
+        break;
+    case PL_MSG_PROFILE_DONE:
+        if (rng_next() % 3) {
+            m->u.profile_done.profile = profile_text((int)rng_range(1, 20), 0.001 * (double)rng_range(1, 99999));
+        } else {
+            rand_text(m->u.profile_done.error);
+            if (!m->u.profile_done.error[0]) strcpy(m->u.profile_done.error, "out of memory");
+        }
+        break;
+    case PL_MSG_EVAL:
+        m->u.eval.step = rand_int(0, PL_PROTO_INT_MAX);
+        break;
+    case PL_MSG_EVAL_DONE:
+        m->u.eval_done.step = rand_int(0, PL_PROTO_INT_MAX);
+        m->u.eval_done.has_loss = (int)(rng_next() % 2);
+        if (m->u.eval_done.has_loss) m->u.eval_done.loss = rand_maybe_nonfinite(0);
+        m->u.eval_done.batches = rand_int(0, PL_PROTO_INT_MAX);
+        break;
+    }
+}
+
+static void rand_register(pl_msg_register *r)
+{
+    rand_name(r->job);
+    rand_name(r->name);
+    rand_name(r->node);
+    rand_chars(r->zone, PL_PROTO_NAME_MAX, 0, NAME_SET);
+    rand_chars(r->host, PL_PROTO_HOST_MAX, 1, "0123456789abcdef.:[]%-");
+    r->port = (int)rand_int(1, 65535);
+    r->gpus = (int)rand_int(0, 1024);
+    rand_chars(r->device, PL_PROTO_NAME_MAX, 0, NAME_SET);
+    r->nccl = (int)(rng_next() % 2);
+    r->pid = rand_int(1, 2147483647);
+    rand_chars(r->token_proof, PL_PROTO_PROOF_LEN, PL_PROTO_PROOF_LEN, HEX_SET);
+    if ((r->has_checkpoint = (int)(rng_next() % 2))) { /* the optional checkpoint */
+        if (rng_next() % 3 == 0) rand_text(r->checkpoint_error);
+        if (!r->checkpoint_error[0]) r->checkpoint_step = rand_int(0, PL_PROTO_INT_MAX);
+    }
+}
+
 static void rand_msg(pl_msg *m, int type)
 {
     pl_msg_init(m, type, rand_int(0, PL_PROTO_INT_MAX));
     switch (type) {
     case PL_MSG_REGISTER:
-        rand_name(m->u.reg.job);
-        rand_name(m->u.reg.name);
-        rand_name(m->u.reg.node);
-        rand_chars(m->u.reg.zone, PL_PROTO_NAME_MAX, 0, NAME_SET);
-        rand_chars(m->u.reg.host, PL_PROTO_HOST_MAX, 1, "0123456789abcdef.:[]%-");
-        m->u.reg.port = (int)rand_int(1, 65535);
-        m->u.reg.gpus = (int)rand_int(0, 1024);
-        rand_chars(m->u.reg.device, PL_PROTO_NAME_MAX, 0, NAME_SET);
-        m->u.reg.nccl = (int)(rng_next() % 2);
-        m->u.reg.pid = rand_int(1, 2147483647);
-        rand_chars(m->u.reg.token_proof, PL_PROTO_PROOF_LEN, PL_PROTO_PROOF_LEN, HEX_SET);
+        rand_register(&m->u.reg);
         break;
     case PL_MSG_HEARTBEAT:
     case PL_MSG_REDUCED:
@@ -242,6 +303,8 @@ static void rand_msg(pl_msg *m, int type)
         m->u.step_failed.step = rand_int(0, PL_PROTO_INT_MAX);
         rand_text(m->u.step_failed.reason);
         break;
+    default:
+        rand_duty(m);
     }
 }
 
@@ -260,6 +323,16 @@ static int msg_equal(const pl_msg *a, const pl_msg *b)
                (!x->has_loss || same_double(x->loss, y->loss)) && x->tokens == y->tokens &&
                same_double(x->ms, y->ms) && same_double(x->grad_sumsq, y->grad_sumsq) &&
                x->samples_digest == y->samples_digest;
+    }
+    if (a->type == PL_MSG_EVAL_DONE) {
+        const pl_msg_eval_done *x = &a->u.eval_done, *y = &b->u.eval_done;
+        return x->step == y->step && x->has_loss == y->has_loss &&
+               (!x->has_loss || same_double(x->loss, y->loss)) && x->batches == y->batches;
+    }
+    if (a->type == PL_MSG_PROFILE_DONE) {
+        const pl_msg_profile_done *x = &a->u.profile_done, *y = &b->u.profile_done;
+        return !x->profile == !y->profile && (!x->profile || !strcmp(x->profile, y->profile)) &&
+               !strcmp(x->error, y->error);
     }
     if (a->type != PL_MSG_PLAN) return !memcmp(&a->u, &b->u, sizeof a->u);
     const pl_msg_plan *x = &a->u.plan, *y = &b->u.plan;
@@ -304,7 +377,7 @@ static void test_type_names(void)
     for (int t = PL_MSG_NONE + 1; t < PL_MSG_COUNT; t++) {
         CHECK(strcmp(pl_msg_type_name(t), "?"));
         CHECK_EQ_INT(pl_msg_type_from_name(pl_msg_type_name(t)), t);
-        CHECK(pl_msg_from_worker(t) == (t <= PL_MSG_STEP_FAILED));
+        CHECK(pl_msg_from_worker(t) == (t <= PL_MSG_EVAL_DONE));
     }
     CHECK(!strcmp(pl_msg_type_name(PL_MSG_NONE), "?"));
     CHECK(!strcmp(pl_msg_type_name(PL_MSG_COUNT), "?"));
@@ -367,6 +440,9 @@ static void test_dup_every_type(void)
                          (a->sends && a->sends == b->sends) ||
                          (a->npipelines && a->pipelines[0].nodes == b->pipelines[0].nodes);
             }
+            if (t == PL_MSG_PROFILE_DONE)
+                shared = m.u.profile_done.profile &&
+                         m.u.profile_done.profile == c.u.profile_done.profile;
             pl_msg_free(&m);
             char *again = pl_msg_encode(&c);
             int same = again && !strcmp(again, text);
@@ -588,6 +664,154 @@ static void test_reject_fields(void)
     int ok = expect_reject(txt, strlen(txt), "reason: too long (at most 1023");
     free(txt);
     CHECK(ok);
+}
+
+/* Decodes text, which must be accepted; the message in d (free it). */
+static int expect_accept(const char *text, pl_msg *d)
+{
+    char err[512];
+    if (pl_msg_decode(text, strlen(text), d, err, sizeof err) == 0) return 1;
+    printf("    rejected (%s): %.300s\n", err, text);
+    return 0;
+}
+
+#define REG_HEAD "{\"v\":1,\"type\":\"register\",\"gen\":0,\"job\":\"j\",\"name\":\"w0\"," \
+                 "\"node\":\"n\",\"zone\":\"\",\"host\":\"h\",\"port\":1,\"gpus\":0,\"device\":\"\"," \
+                 "\"nccl\":false,\"pid\":1,\"token_proof\":\"" \
+                 "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\""
+
+/* register's optional "checkpoint": absent, a step, or an error; each bad field named. */
+static void test_register_checkpoint(void)
+{
+    pl_msg d;
+    CHECK(expect_accept(REG_HEAD "}", &d));
+    CHECK_EQ_INT(d.u.reg.has_checkpoint, 0);
+    pl_msg_free(&d);
+    CHECK(expect_accept(REG_HEAD ",\"checkpoint\":{\"step\":8,\"error\":\"\"}}", &d));
+    CHECK(d.u.reg.has_checkpoint && d.u.reg.checkpoint_step == 8 && !d.u.reg.checkpoint_error[0]);
+    pl_msg_free(&d);
+    CHECK(expect_accept(REG_HEAD ",\"checkpoint\":{\"error\":\"permission denied\",\"step\":0}}", &d));
+    CHECK(d.u.reg.has_checkpoint && !strcmp(d.u.reg.checkpoint_error, "permission denied"));
+    pl_msg_free(&d);
+    REJECT(REG_HEAD ",\"checkpoint\":null}", "checkpoint: must be an object");
+    REJECT(REG_HEAD ",\"checkpoint\":3}", "checkpoint: must be an object");
+    REJECT(REG_HEAD ",\"checkpoint\":{\"step\":-1,\"error\":\"\"}}", "checkpoint.step: must be an integer");
+    REJECT(REG_HEAD ",\"checkpoint\":{\"step\":1.5,\"error\":\"\"}}", "checkpoint.step: must be an integer");
+    REJECT(REG_HEAD ",\"checkpoint\":{\"error\":\"\"}}", "checkpoint.step: missing");
+    REJECT(REG_HEAD ",\"checkpoint\":{\"step\":2}}", "checkpoint.error: missing");
+    REJECT(REG_HEAD ",\"checkpoint\":{\"step\":2,\"error\":7}}", "checkpoint.error: must be a string");
+    REJECT(REG_HEAD ",\"checkpoint\":{\"step\":0,\"error\":\"a\\u0001\"}}",
+           "checkpoint.error: invalid character");
+    REJECT(REG_HEAD ",\"checkpoint\":{\"step\":2,\"error\":\"unreadable\"}}",
+           "checkpoint.step: must be 0 when checkpoint.error is given");
+    REJECT(REG_HEAD ",\"checkpoint\":{\"step\":2,\"error\":\"\",\"dir\":\"/x\"}}",
+           "checkpoint.dir: unknown field");
+    REJECT(REG_HEAD ",\"checkpoint\":{\"step\":2,\"error\":\"\"},\"checkpoint\":{}}",
+           "checkpoint: duplicate field");
+}
+
+/* complete_checkpoint / checkpoint_done, profile_request / profile_done, eval / eval_done:
+ * accepted, and each bad field rejected naming it. */
+static void test_duty_messages(void)
+{
+    pl_msg d;
+    CHECK(expect_accept("{\"v\":1,\"type\":\"complete_checkpoint\",\"gen\":3,\"step\":4}", &d));
+    CHECK(d.type == PL_MSG_COMPLETE_CHECKPOINT && d.u.complete_checkpoint.step == 4);
+    REJECT("{\"v\":1,\"type\":\"complete_checkpoint\",\"gen\":3,\"step\":0}",
+           "step: must be an integer in [1,");
+    REJECT("{\"v\":1,\"type\":\"complete_checkpoint\",\"gen\":3}", "step: missing");
+    REJECT("{\"v\":1,\"type\":\"complete_checkpoint\",\"gen\":3,\"step\":4,\"dir\":\"/c\"}",
+           "dir: unknown field");
+    CHECK(expect_accept("{\"v\":1,\"type\":\"checkpoint_done\",\"gen\":3,\"step\":4,\"error\":\"\"}", &d));
+    CHECK(d.type == PL_MSG_CHECKPOINT_DONE && d.u.checkpoint_done.step == 4);
+    CHECK(expect_accept("{\"v\":1,\"type\":\"checkpoint_done\",\"gen\":3,\"step\":4,"
+                        "\"error\":\"/c/step-00000004: read-only file system\"}", &d));
+    CHECK_STR_CONTAINS(d.u.checkpoint_done.error, "read-only");
+    REJECT("{\"v\":1,\"type\":\"checkpoint_done\",\"gen\":3,\"step\":4}", "error: missing");
+    REJECT("{\"v\":1,\"type\":\"checkpoint_done\",\"gen\":3,\"step\":-4,\"error\":\"\"}",
+           "step: must be an integer in [1,");
+    REJECT("{\"v\":1,\"type\":\"checkpoint_done\",\"gen\":3,\"step\":4,\"error\":null}",
+           "error: must be a string");
+
+    CHECK(expect_accept("{\"v\":1,\"type\":\"profile_request\",\"gen\":0,\"repeat\":3}", &d));
+    CHECK(d.type == PL_MSG_PROFILE_REQUEST && d.u.profile_request.repeat == 3);
+    REJECT("{\"v\":1,\"type\":\"profile_request\",\"gen\":0,\"repeat\":0}",
+           "repeat: must be an integer in [1, 1000]");
+    REJECT("{\"v\":1,\"type\":\"profile_request\",\"gen\":0}", "repeat: missing");
+
+    CHECK(expect_accept("{\"v\":1,\"type\":\"eval\",\"gen\":2,\"step\":0}", &d));
+    CHECK(d.type == PL_MSG_EVAL && d.u.eval.step == 0);
+    REJECT("{\"v\":1,\"type\":\"eval\",\"gen\":2,\"step\":-1}", "step: must be an integer");
+    CHECK(expect_accept("{\"v\":1,\"type\":\"eval_done\",\"gen\":2,\"step\":9,\"loss\":7.5,"
+                        "\"batches\":3}", &d));
+    CHECK(d.u.eval_done.has_loss && d.u.eval_done.loss == 7.5 && d.u.eval_done.batches == 3);
+    CHECK(expect_accept("{\"v\":1,\"type\":\"eval_done\",\"gen\":2,\"step\":9,\"loss\":null,"
+                        "\"batches\":3}", &d));
+    CHECK(!d.u.eval_done.has_loss);
+    CHECK(expect_accept("{\"v\":1,\"type\":\"eval_done\",\"gen\":2,\"step\":9,\"loss\":\"nan\","
+                        "\"batches\":0}", &d));
+    CHECK(isnan(d.u.eval_done.loss));
+    REJECT("{\"v\":1,\"type\":\"eval_done\",\"gen\":2,\"step\":9,\"loss\":\"low\",\"batches\":3}",
+           "loss: must be a number");
+    REJECT("{\"v\":1,\"type\":\"eval_done\",\"gen\":2,\"step\":9,\"loss\":1,\"batches\":-1}",
+           "batches: must be an integer in [0,");
+    REJECT("{\"v\":1,\"type\":\"eval_done\",\"gen\":2,\"step\":9,\"batches\":1}", "loss: missing");
+    REJECT("{\"v\":1,\"type\":\"eval_done\",\"gen\":2,\"step\":9,\"loss\":1}", "batches: missing");
+    REJECT("{\"v\":1,\"type\":\"eval_done\",\"gen\":2,\"loss\":1,\"batches\":1}", "step: missing");
+}
+
+/* profile_done carries the planner's profile JSON, which must parse as one, or why not. */
+static void test_profile_done(void)
+{
+    char *prof = profile_text(3, 0.25);
+    CHECK(prof);
+    pl_msg m, d;
+    pl_msg_init(&m, PL_MSG_PROFILE_DONE, 0);
+    m.u.profile_done.profile = prof;
+    char err[512];
+    char *text = pl_msg_encode_err(&m, err, sizeof err);
+    if (!text) printf("    %s\n", err);
+    CHECK(text);
+    CHECK(expect_accept(text, &d));
+    CHECK(d.u.profile_done.profile && !strcmp(d.u.profile_done.profile, prof));
+    pl_msg_free(&d);
+    free(text);
+    CHECK(expect_accept("{\"v\":1,\"type\":\"profile_done\",\"gen\":0,\"profile\":null,"
+                        "\"error\":\"out of memory\"}", &d));
+    CHECK(!d.u.profile_done.profile && !strcmp(d.u.profile_done.error, "out of memory"));
+    pl_msg_free(&d);
+    REJECT("{\"v\":1,\"type\":\"profile_done\",\"gen\":0,\"profile\":null,\"error\":\"\"}",
+           "error: must say why when profile is null");
+    REJECT("{\"v\":1,\"type\":\"profile_done\",\"gen\":0,\"profile\":\"\",\"error\":\"\"}",
+           "profile: must not be empty");
+    REJECT("{\"v\":1,\"type\":\"profile_done\",\"gen\":0,\"profile\":5,\"error\":\"\"}",
+           "profile: must be a string");
+    REJECT("{\"v\":1,\"type\":\"profile_done\",\"gen\":0,\"profile\":\"{}\",\"error\":\"\"}",
+           "profile: not a planner profile");
+    REJECT("{\"v\":1,\"type\":\"profile_done\",\"gen\":0,\"error\":\"x\"}", "profile: missing");
+    REJECT("{\"v\":1,\"type\":\"profile_done\",\"gen\":0,\"profile\":null}", "error: missing");
+    /* a profile with an error, and one over the size limit */
+    m.u.profile_done.profile = prof;
+    strcpy(m.u.profile_done.error, "but");
+    CHECK(!pl_msg_encode_err(&m, err, sizeof err));
+    CHECK_STR_CONTAINS(err, "error: must be \"\" with a profile");
+    m.u.profile_done.error[0] = 0;
+    m.u.profile_done.profile = malloc(PL_PROTO_PROFILE_MAX + 2);
+    CHECK(m.u.profile_done.profile);
+    memset(m.u.profile_done.profile, ' ', PL_PROTO_PROFILE_MAX + 1);
+    m.u.profile_done.profile[PL_PROTO_PROFILE_MAX + 1] = 0;
+    CHECK(!pl_msg_encode_err(&m, err, sizeof err));
+    CHECK_STR_CONTAINS(err, "profile: string not terminated");
+    size_t n = PL_PROTO_PROFILE_MAX + 200;
+    char *big = malloc(n);
+    CHECK(big);
+    int k = snprintf(big, n, "{\"v\":1,\"type\":\"profile_done\",\"gen\":0,\"error\":\"\",\"profile\":\"");
+    memset(big + k, 'x', PL_PROTO_PROFILE_MAX + 1);
+    strcpy(big + k + PL_PROTO_PROFILE_MAX + 1, "\"}");
+    CHECK(expect_reject(big, strlen(big), "profile: too long"));
+    free(big);
+    pl_msg_free(&m); /* frees the big text */
+    free(prof);
 }
 
 static const char PLAN_OK[] =
@@ -877,6 +1101,9 @@ RUN(test_dup_every_type);
 RUN(test_known_encoding);
 RUN(test_reject_envelope);
 RUN(test_reject_fields);
+RUN(test_register_checkpoint);
+RUN(test_duty_messages);
+RUN(test_profile_done);
 RUN(test_plan);
 RUN(test_reject_size_and_nesting);
 RUN(test_encode_rejects_invalid);

@@ -67,18 +67,10 @@ static int reports_final(const stage_thread *st)
     return 1;
 }
 
-static const pl_gpt_config *config(void)
-{
-    static pl_gpt_config c;
-    char err[128];
-    pl_gpt_config_init(&c, 3, 16, 2, 37, 8, err, sizeof err);
-    return &c;
-}
-
 /* Whole model vs stages cut at `cuts` (nst stages), Nb microbatches of B×T. */
 static int compare(const int *cuts, int nst, int Nb)
 {
-    const pl_gpt_config *c = config();
+    const pl_gpt_config *c = whole_model_config();
     const int B = 2, T = 5, BT = B * T;
     char err[256];
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)(Nb * BT)), *tgt = malloc(sizeof(int32_t) * (size_t)(Nb * BT));
@@ -148,7 +140,7 @@ static int compare(const int *cuts, int nst, int Nb)
 
 static void test_two_stages_every_cut(void)
 {
-    for (int cut = 1; cut <= config()->L + 1; cut++)
+    for (int cut = 1; cut <= whole_model_config()->L + 1; cut++)
         for (int Nb = 1; Nb <= 5; Nb++) {
             int cuts[1] = {cut};
             CHECK(compare(cuts, 2, Nb));

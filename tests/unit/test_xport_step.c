@@ -32,14 +32,6 @@ static const pl_adamw ADAMW = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps 
                                .weight_decay = 0.1f};
 static const float CLIP = 1.0f;
 
-static const pl_gpt_config *config(void)
-{
-    static pl_gpt_config c;
-    char err[128];
-    pl_gpt_config_init(&c, 3, 16, 2, 37, 8, err, sizeof err);
-    return &c;
-}
-
 /* A pipeline: stage k holds [ends[k−1], ends[k]) (ends[−1] = 0, ends[S−1] = L + 2). */
 typedef struct {
     int nstages;
@@ -93,7 +85,7 @@ static void *rank_main(void *arg)
 static int world_init(world *w, const pipe_spec *pipes, int npipes, const int *perm,
                       int idle_ms, char *err, size_t errlen)
 {
-    const pl_gpt_config *c = config();
+    const pl_gpt_config *c = whole_model_config();
     memset(w, 0, sizeof *w);
     w->npipes = npipes;
     w->dead_rank = -1;
@@ -153,8 +145,8 @@ static void step_data(world *w, int step)
 {
     rng_state = 1000 + (uint64_t)step;
     for (int i = 0; i < w->global_mb * BT; i++) {
-        w->tok[i] = (int32_t)rng_range(0, config()->V - 1);
-        w->tgt[i] = (int32_t)rng_range(0, config()->V - 1);
+        w->tok[i] = (int32_t)rng_range(0, whole_model_config()->V - 1);
+        w->tgt[i] = (int32_t)rng_range(0, whole_model_config()->V - 1);
     }
 }
 
@@ -188,7 +180,7 @@ static double rel_diff(const float *x, const float *ref, size_t n)
  * (else prints why). */
 static int run_and_compare(world *w, int steps, int bitwise, double tol, const char *label)
 {
-    const pl_gpt_config *c = config();
+    const pl_gpt_config *c = whole_model_config();
     char err[256];
     kn_ctx *kw = kn_create("cpu", 1, err, sizeof err);
     pl_engine whole;
@@ -351,7 +343,7 @@ static int one_pipeline(int nstages, const int *ends, int nmb)
 
 static void test_one_pipeline_equals_whole_model(void)
 {
-    const int L2 = config()->L + 2;
+    const int L2 = whole_model_config()->L + 2;
     int runs = 0;
     for (int Nb = 1; Nb <= 8; Nb++) {
         for (int cut = 1; cut < L2; cut++) {
@@ -417,7 +409,7 @@ static void test_more_heterogeneous_plans(void)
  * ranks shuffled half of the time. None may deadlock, all must equal one process. */
 static void test_random_plans(void)
 {
-    const int NL = config()->L + 2;
+    const int NL = whole_model_config()->L + 2;
     int nplans = 0, maxranks = 0;
     for (int c = 0; c < 40; c++) {
         rng_state = 9000 + (uint64_t)c;
@@ -487,7 +479,7 @@ typedef struct {
 static void wte_early(void *ctx, int layer)
 {
     mini_rank *m = ctx;
-    if (layer != config()->L + 1 || m->rc) return;
+    if (layer != whole_model_config()->L + 1 || m->rc) return;
     const pl_xport *x = &m->sim->x[m->rank];
     const int32_t group[2] = {0, 1};
     float *buf = m->e.grads + m->e.tensors[m->e.wte_tensor].offset;
@@ -522,7 +514,7 @@ static void *mini_main(void *arg)
 /* Two stages ([0,2) and [2,5): the head holds its wte copy), Nb microbatches; 0 or −1. */
 static int mini_run(int early, int Nb, char *why, size_t whylen)
 {
-    const pl_gpt_config *c = config();
+    const pl_gpt_config *c = whole_model_config();
     char err[256];
     mini_rank m[2];
     memset(m, 0, sizeof m);

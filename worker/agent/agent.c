@@ -252,6 +252,15 @@ static void on_commit(agent *a, const pl_msg *m)
     agent_post(a, &r);
 }
 
+/* eval s: after the commit of s, the plan's pipelines share the validation batches. */
+static void on_eval(agent *a, const pl_msg *m)
+{
+    char err[1024] = "";
+    if (m->gen != a->gen || a->pipe < 0) return;
+    if (agent_eval(a, m->u.eval.step, err, sizeof err))
+        step_failed(a, m->u.eval.step, err);
+}
+
 static void *compute_main(void *arg)
 {
     agent *a = arg;
@@ -261,6 +270,8 @@ static void *compute_main(void *arg)
             if (m.type == PL_MSG_PLAN) on_plan(a, &m);
             else if (m.type == PL_MSG_START_STEP) on_start_step(a, &m);
             else if (m.type == PL_MSG_COMMIT) on_commit(a, &m);
+            else if (m.type == PL_MSG_EVAL) on_eval(a, &m);
+            else if (m.type == PL_MSG_PROFILE_REQUEST) agent_profile(a, &m);
             /* abort: the next step zeroes the gradients */
         }
         pl_msg_free(&m);
@@ -309,6 +320,9 @@ static void on_message(pl_ctl_client *c, const pl_msg *m, void *user)
         atomic_store(&a->exit_code, m->u.stop.exit_code);
         atomic_store(&a->done, 1);
         return;
+    case PL_MSG_COMPLETE_CHECKPOINT:
+        agent_complete_checkpoint(a, m);
+        return;
     case PL_MSG_NCCL_INIT: /* for the compute thread waiting in join_nccl */
         pthread_mutex_lock(&a->mu);
         memcpy(a->nccl_id, m->u.nccl_init.id, sizeof a->nccl_id);
@@ -324,6 +338,8 @@ static void on_message(pl_ctl_client *c, const pl_msg *m, void *user)
              * the compute thread gets to the new plan (TCP links time out or break) */
             pthread_mutex_lock(&a->mu);
             pl_nccl_plan_abort(a->ncp, "superseded by a newer plan");
+            if (a->evaluating && a->link) /* an evaluation waiting on a lost stage */
+                pl_tcp_link_abort(a->link, SUPERSEDED_MSG);
             pthread_mutex_unlock(&a->mu);
         }
         if (pl_msg_queue_push(a->queue, m)) fail(a, "control message", "out of memory");
@@ -369,6 +385,10 @@ static int setup(agent *a, char *err, size_t errlen)
     if (pl_job_gpt_config(&a->job, &a->cfg, err, errlen)) return -1;
     if (pl_tokens_open(a->job.data.train, &a->train, err, errlen)) return -1;
     a->have_train = 1;
+    if (a->job.data.val[0] && a->job.eval_every > 0) {
+        if (pl_tokens_open(a->job.data.val, &a->val, err, errlen)) return -1;
+        a->have_val = 1;
+    }
     if (pl_sampler_init(&a->smp, a->job.data.order, a->job.data.seed,
                         pl_tokens_count(&a->train), a->job.batch.seq_len, a->job.batch.global,
                         err, errlen))
@@ -432,6 +452,7 @@ static int reconnect(agent *a)
     a->reconnects++;
     for (int t = 0; t < wait && !atomic_load(&a->done); t += 20) usleep(20 * 1000);
     char err[512];
+    agent_checkpoint_report(a, &a->cc.reg); /* what it sees now */
     pl_ctl_client *c = pl_ctl_client_create(&a->cc, err, sizeof err);
     if (!c) {
         agent_log(a, "reconnecting: %s", err);
@@ -478,6 +499,7 @@ static int client_config(agent *a, char *err, size_t errlen)
     cc.reg.nccl = pl_nccl_plan_supported(a->k, why, sizeof why) &&
                   !(use_nccl && !strcmp(use_nccl, "0"));
     cc.reg.pid = getpid();
+    agent_checkpoint_report(a, &cc.reg);
     a->cc = cc;
     return 0;
 }
@@ -539,7 +561,10 @@ static void agent_free(agent *a)
     if (a->lst) pl_listener_close(a->lst);
     free(a->tok);
     free(a->tgt);
+    free(a->etok);
+    free(a->etgt);
     if (a->have_train) pl_tokens_close(&a->train);
+    if (a->have_val) pl_tokens_close(&a->val);
     if (a->have_job) pl_job_free(&a->job);
     pthread_mutex_destroy(&a->mu);
     pthread_mutex_destroy(&a->cli_mu);

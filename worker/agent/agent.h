@@ -26,6 +26,12 @@
  * flattened in order; every pipeline's stage layout comes in the plan
  * (pipelines[].layers), peers' addresses in its peers.
  *
+ * Duties (duties.c): register says which complete checkpoint the worker sees under the
+ * job's checkpoint directory; complete_checkpoint has it write a checkpoint's
+ * checkpoint.json (control thread); profile_request has it measure the model on its kernels
+ * and eval run its pipeline's share of the validation batches forward (compute thread; a
+ * newer plan interrupts an evaluation's links).
+ *
  * Threads and ownership: pl_agent_run owns everything it makes and returns when the
  * worker ends; the options must outlive it. */
 #ifndef PLIANT_AGENT_H

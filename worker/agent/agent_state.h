@@ -39,8 +39,8 @@ typedef struct {
     pl_job job;
     int have_job;
     pl_gpt_config cfg;
-    pl_tokens train;
-    int have_train;
+    pl_tokens train, val;
+    int have_train, have_val; /* val: spec.data.val with spec.evalEvery */
     pl_sampler smp;
     pl_ctl_client *cli;   /* replaced on reconnection under cli_mu (posts come from any thread) */
     pthread_mutex_t cli_mu;
@@ -79,17 +79,19 @@ typedef struct {
     pl_syncgroups g;
     int have_groups;
     int64_t gen;
-    /* under mu: the step running (its links may be interrupted from the control
-     * thread) and the newest step the coordinator aborted */
-    int stepping;
+    /* under mu: the step or evaluation running (its links may be interrupted from the
+     * control thread) and the newest step the coordinator aborted */
+    int stepping, evaluating;
     int64_t aborted_gen, aborted_step;
     /* under mu: what hello_resume tells a new coordinator */
     int64_t last_committed, reduced_step;
     double last_scale, last_lr;
-    int rank, pipe, stage, nstages;
+    int rank, pipe, npipes, stage, nstages;
     int first_mb, nmb, global_micro;
     int32_t *tok, *tgt;
     size_t tokcap;
+    int32_t *etok, *etgt; /* the evaluation's batches */
+    size_t evalcap;
 } agent;
 
 /* agent.c */
@@ -115,5 +117,22 @@ int agent_superseded(agent *a);
 int agent_install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err, size_t errlen);
 /* Closes the plan's links, NCCL world and connections and frees its groups and schedule. */
 void agent_teardown_links(agent *a);
+
+/* duties.c: what the coordinator asks besides training */
+
+/* register's checkpoint: the newest complete checkpoint under the job's checkpoint
+ * directory, or why it cannot be read; nothing without a directory or with resume never.
+ * Control thread. */
+void agent_checkpoint_report(agent *a, pl_msg_register *reg);
+/* complete_checkpoint: writes the checkpoint's checkpoint.json and answers checkpoint_done
+ * (with the error, if any). Control thread (a small file: heartbeats go on). */
+void agent_complete_checkpoint(agent *a, const pl_msg *m);
+/* profile_request: measures the model on this worker's kernels and answers profile_done.
+ * Compute thread (before any plan). */
+void agent_profile(agent *a, const pl_msg *m);
+/* eval: this pipeline's share of the validation batches forward through this stage over
+ * the plan's links, then eval_done. 0, or -1 with err (the caller reports step_failed).
+ * Compute thread. */
+int agent_eval(agent *a, int64_t step, char *err, size_t errlen);
 
 #endif

@@ -155,6 +155,7 @@ static int place_in_plan(agent *a, const pl_msg_plan *p, char *err, size_t errle
     pl_sync_stage *stages = calloc((size_t)n, sizeof *stages);
     int rc = -1;
     a->nranks = n;
+    a->npipes = p->npipelines;
     a->rank = -1;
     if (!pipes || !stages) {
         pl_errf(err, errlen, "out of memory");

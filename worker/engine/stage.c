@@ -161,3 +161,67 @@ int pl_stage_step_xport(pl_engine *e, const pl_schedule *s, const pl_stage_xlink
     if (loss_sum) *loss_sum = sum;
     return rc;
 }
+
+/* ---- evaluation: forward only ---- */
+
+int pl_stage_eval(pl_engine *e, int stage, const pl_stage_link *link, const int32_t *tokens,
+                  const int32_t *targets, int n, double *loss_sum, char *err, size_t errlen)
+{
+    const size_t BT = (size_t)e->B * (size_t)e->T, nf = BT * (size_t)e->cfg.C;
+    const int first = pl_engine_has_embedding(e), last = pl_engine_has_head(e);
+    const int staged = !last && strcmp(kn_backend(e->k), "cpu") != 0;
+    float *buf = first ? NULL : pl_engine_io_buffer(e, PL_IO_RECV, nf);
+    float *out = staged ? pl_engine_io_buffer(e, PL_IO_SEND, nf) : NULL;
+    if ((!first && !buf) || (staged && !out)) return pl_errf(err, errlen, "stage: out of memory");
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        if (!first &&
+            link->recv(link->ctx, stage - 1, PL_LINK_ACTIVATION, i, buf, nf, err, errlen))
+            return -1;
+        sum += pl_engine_forward(e, 0, first ? tokens + (size_t)i * BT : NULL, buf,
+                                 last ? targets + (size_t)i * BT : NULL);
+        if (!last && link->send(link->ctx, stage + 1, PL_LINK_ACTIVATION, i,
+                                host_view(e, out, pl_engine_output(e, 0), nf), nf, err, errlen))
+            return -1;
+    }
+    if (loss_sum) *loss_sum = sum;
+    return 0;
+}
+
+/* One point-to-point operation as its own group, ordered after the compute queued so far
+ * and before the compute that follows. */
+static int xport_alone(const pl_xport *xp, pl_xport_op op, char *err, size_t errlen)
+{
+    return xp->after_compute(xp->ctx, err, errlen) || xp->p2p(xp->ctx, &op, 1, err, errlen) ||
+                   xp->before_compute(xp->ctx, err, errlen)
+               ? -1
+               : 0;
+}
+
+int pl_stage_eval_xport(pl_engine *e, int stage, const pl_stage_xlink *x,
+                        const int32_t *tokens, const int32_t *targets, int n, int timeout_ms,
+                        double *loss_sum, char *err, size_t errlen)
+{
+    const pl_xport *xp = x->xport;
+    const size_t BT = (size_t)e->B * (size_t)e->T, nf = BT * (size_t)e->cfg.C;
+    const int first = pl_engine_has_embedding(e), last = pl_engine_has_head(e);
+    if ((!first || !last) && (!x->stage_ranks || x->stage_ranks[stage] != xp->self))
+        return pl_errf(err, errlen, "stage: stage %d of the pipeline is not this rank (%d)",
+                       stage, xp->self);
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        float *in = first ? NULL : pl_engine_input_buffer(e, 0);
+        if (!first && xport_alone(xp, (pl_xport_op){x->stage_ranks[stage - 1], 0, in, nf}, err,
+                                  errlen))
+            return -1;
+        sum += pl_engine_forward_dev(e, 0, first ? tokens + (size_t)i * BT : NULL, in,
+                                     last ? targets + (size_t)i * BT : NULL);
+        if (!last && xport_alone(xp, (pl_xport_op){x->stage_ranks[stage + 1], 1,
+                                                   (float *)pl_engine_output(e, 0), nf},
+                                 err, errlen))
+            return -1;
+    }
+    if (xp->wait(xp->ctx, timeout_ms, err, errlen)) return -1;
+    if (loss_sum) *loss_sum = sum;
+    return 0;
+}

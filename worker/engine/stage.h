@@ -84,4 +84,19 @@ int pl_stage_step_xport(pl_engine *e, const pl_schedule *s, const pl_stage_xlink
                         const pl_stage_batch *batch, pl_layer_done_fn done, void *ctx,
                         double *loss_sum, char *err, size_t errlen);
 
+/* Evaluation (validation loss): n microbatches forward only through the pipeline, in
+ * order, each in slot 0. Stage `stage` receives microbatch i's activation from stage − 1
+ * (without the embedding), runs its layers and sends its output to stage + 1 (without the
+ * head); tokens / targets hold the n microbatches as in pl_stage_batch. With the head,
+ * *loss_sum receives the sum of the microbatches' mean losses, in order (what one process
+ * sums over the same batches). Gradients are not touched. 0, or −1 with err. */
+int pl_stage_eval(pl_engine *e, int stage, const pl_stage_link *link, const int32_t *tokens,
+                  const int32_t *targets, int n, double *loss_sum, char *err, size_t errlen);
+/* The same over an ordered transport (stage_ranks as in pl_stage_step_xport): each receive
+ * and send is its own group, then the host waits (timeout_ms) for the last send. On −1 the
+ * transport may still hold operations on the engine's buffers (xport.h: abort it). */
+int pl_stage_eval_xport(pl_engine *e, int stage, const pl_stage_xlink *x,
+                        const int32_t *tokens, const int32_t *targets, int n, int timeout_ms,
+                        double *loss_sum, char *err, size_t errlen);
+
 #endif

@@ -90,15 +90,23 @@ static int open_data(run *r, char *err, size_t errlen)
     return r->inputs && r->targets ? 0 : pl_errf(err, errlen, "train: out of memory");
 }
 
+int pl_job_eval_sampler(const pl_job *job, const pl_tokens *val, pl_sampler *vs,
+                        int64_t *nbatches, char *err, size_t errlen)
+{
+    if (pl_sampler_init_eval(vs, pl_tokens_count(val), job->batch.seq_len, job->batch.micro, err,
+                             errlen))
+        return -1;
+    *nbatches = pl_sampler_eval_batches(vs, job->eval_batches);
+    return 0;
+}
+
 /* Mean loss over the evaluation batches of the validation stream. */
 static int evaluate(run *r, double *loss, char *err, size_t errlen)
 {
     const pl_job *j = r->job;
     pl_sampler vs;
-    if (pl_sampler_init_eval(&vs, pl_tokens_count(&r->val), j->batch.seq_len, j->batch.micro, err,
-                             errlen))
-        return -1;
-    int64_t n = pl_sampler_eval_batches(&vs, j->eval_batches);
+    int64_t n;
+    if (pl_job_eval_sampler(j, &r->val, &vs, &n, err, errlen)) return -1;
     double sum = 0;
     for (int64_t b = 0; b < n; b++) {
         pl_sampler_fill(&vs, &r->val, b, 0, j->batch.micro, r->inputs, r->targets);
@@ -127,6 +135,28 @@ char *pl_checkpoint_info_json(const pl_job *j, const pl_gpt_config *c, int64_t s
                  (long long)step) < 0)
         return NULL;
     return s;
+}
+
+int pl_job_complete_checkpoint(const pl_job *job, int64_t step, char *err, size_t errlen)
+{
+    pl_gpt_config cfg;
+    if (pl_job_gpt_config(job, &cfg, err, errlen)) return -1;
+    if (!job->checkpoint.dir[0]) return pl_errf(err, errlen, "spec.checkpoint.dir: not set");
+    char *info = pl_checkpoint_info_json(job, &cfg, step);
+    if (!info) return pl_errf(err, errlen, "out of memory");
+    int rc = pl_checkpoint_complete(job->checkpoint.dir, step, info, err, errlen);
+    free(info);
+    return rc;
+}
+
+int pl_job_checkpoint_step(const pl_job *job, int64_t *step, char *err, size_t errlen)
+{
+    *step = 0;
+    char dir[PL_PATH_MAX + 32];
+    int found = pl_checkpoint_latest(job->checkpoint.dir, dir, sizeof dir, err, errlen);
+    if (found <= 0) return found;
+    pl_gpt_config cfg;
+    return pl_checkpoint_config(dir, &cfg, step, err, errlen);
 }
 
 static int save_checkpoint(run *r, int64_t step, char *err, size_t errlen)

@@ -7,6 +7,8 @@
 
 #include "engine.h"
 #include "jobspec.h"
+#include "sampler.h"
+#include "tokens.h"
 
 typedef struct {
     int steps;                /* > 0 overrides spec.steps */
@@ -28,8 +30,22 @@ int pl_job_gpt_config(const pl_job *job, pl_gpt_config *cfg, char *err, size_t e
 int pl_engine_init_from_job(pl_engine *e, const pl_job *job, char *err, size_t errlen);
 
 /* checkpoint.json for the state after `step` steps (malloc'd, NULL when out of
- * memory): job, step, model, data order, optimizer; `pliant run` writes the
- * same file once its workers' layer files are all there. */
+ * memory): job, step, model, data order, optimizer; in `pliant run` and on
+ * Kubernetes one worker writes the same file once every layer file is there. */
 char *pl_checkpoint_info_json(const pl_job *job, const pl_gpt_config *cfg, int64_t step);
+
+/* Every layer of the checkpoint of `step` is in spec.checkpoint.dir: writes its
+ * checkpoint.json, which marks it complete (a worker, when the coordinator asks). */
+int pl_job_complete_checkpoint(const pl_job *job, int64_t step, char *err, size_t errlen);
+
+/* The step of the newest complete checkpoint under spec.checkpoint.dir (0: none), what
+ * a job resumes from with spec.checkpoint.resume auto. 0, or -1 and err (unreadable). */
+int pl_job_checkpoint_step(const pl_job *job, int64_t *step, char *err, size_t errlen);
+
+/* The validation stream's sampler and the number of evaluation batches (evalBatches of
+ * micro samples, in the val stream's order): the batches `pliant train` evaluates and the
+ * pipelines of `pliant run` share. */
+int pl_job_eval_sampler(const pl_job *job, const pl_tokens *val, pl_sampler *vs,
+                        int64_t *nbatches, char *err, size_t errlen);
 
 #endif

@@ -1,12 +1,11 @@
-/* Planner profiles of a job's model, measured on this machine or synthetic
- * (job_profile.h). */
-#include "job_profile.h"
+/* Planner profiles of a job's model, measured on a kernel backend or synthetic
+ * (model_profile.h). */
+#include "model_profile.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <cJSON.h>
 
@@ -63,15 +62,15 @@ static int time_layer(kn_ctx *k, const pl_gpt_config *cfg, int l, int B, int T, 
     return rc;
 }
 
-/* The profile's header; layers are appended to its "layers" array. */
-static cJSON *profile_object(const pl_job *job)
+/* The profile's header for a device of memory_bytes; layers are appended to its
+ * "layers" array. */
+static cJSON *profile_object(const pl_job *job, double memory_bytes)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "model", job->model.preset[0] ? job->model.preset : "custom");
     cJSON_AddNumberToObject(o, "microbatch_size", job->batch.micro);
     cJSON_AddNumberToObject(o, "gpus_per_node", 1);
-    cJSON_AddNumberToObject(o, "gpu_memory_bytes",
-                            (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE));
+    cJSON_AddNumberToObject(o, "gpu_memory_bytes", memory_bytes);
     /* loopback-class figures for processes on one machine */
     cJSON_AddNumberToObject(o, "intra_node_GBps", 10.0);
     cJSON_AddNumberToObject(o, "inter_node_GBps", 1.0);
@@ -103,15 +102,16 @@ static char *finish(cJSON *o, char *err, size_t errlen)
     return text;
 }
 
-char *pl_job_profile_measure(const pl_job *job, int repeat, char *err, size_t errlen)
+char *pl_model_profile_measure(const pl_job *job, kn_ctx *k, int repeat, char *err,
+                               size_t errlen)
 {
     pl_gpt_config cfg;
     err[0] = 0;
     if (pl_job_gpt_config(job, &cfg, err, errlen)) return NULL;
-    kn_ctx *k = kn_create("cpu", 0, err, errlen);
-    if (!k) return NULL;
+    kn_ctx *own = k ? NULL : kn_create("cpu", 0, err, errlen);
+    if (!k && !(k = own)) return NULL;
     const int B = job->batch.micro, T = job->batch.seq_len;
-    cJSON *o = profile_object(job);
+    cJSON *o = profile_object(job, (double)kn_device_memory(k));
     for (int l = 0; o && l < cfg.L + 2; l++) {
         double fwd, bwd;
         size_t act;
@@ -122,18 +122,18 @@ char *pl_job_profile_measure(const pl_job *job, int repeat, char *err, size_t er
         }
         add_layer(o, &cfg, l, B, T, fwd, bwd, (double)act);
     }
-    kn_destroy(k);
+    if (own) kn_destroy(own);
     return finish(o, err, errlen);
 }
 
-char *pl_job_profile_synthetic(const pl_job *job, char *err, size_t errlen)
+char *pl_model_profile_synthetic(const pl_job *job, char *err, size_t errlen)
 {
     pl_gpt_config cfg;
     err[0] = 0;
     if (pl_job_gpt_config(job, &cfg, err, errlen)) return NULL;
     const int B = job->batch.micro, T = job->batch.seq_len;
     const double BT = (double)B * T, C = cfg.C;
-    cJSON *o = profile_object(job);
+    cJSON *o = profile_object(job, (double)kn_device_memory(NULL));
     for (int l = 0; l < cfg.L + 2; l++) {
         double params = (double)pl_gpt_layer_params(&cfg, l);
         double flops = l == 0 ? BT * C : 2.0 * params * BT + (l <= cfg.L ? 4.0 * BT * T * C : 0);
