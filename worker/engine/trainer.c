@@ -74,15 +74,14 @@ static void run_free(run *r)
 static int open_data(run *r, char *err, size_t errlen)
 {
     const pl_job *j = r->job;
-    if (pl_tokens_open(j->data.train, &r->train, err, errlen) ||
-        pl_tokens_check_vocab(&r->train, j->model.vocab_size, err, errlen) ||
+    if (pl_tokens_open_vocab(j->data.train, j->model.vocab_size, &r->train, err, errlen) ||
         pl_sampler_init(&r->smp, j->data.order, j->data.seed, pl_tokens_count(&r->train),
                         j->batch.seq_len, j->batch.global, err, errlen))
         return -1;
     if (j->data.val[0] && j->eval_every > 0) {
-        if (pl_tokens_open(j->data.val, &r->val, err, errlen)) return -1;
+        if (pl_tokens_open_vocab(j->data.val, j->model.vocab_size, &r->val, err, errlen))
+            return -1;
         r->have_val = 1;
-        if (pl_tokens_check_vocab(&r->val, j->model.vocab_size, err, errlen)) return -1;
     }
     size_t bt = (size_t)j->batch.micro * (size_t)j->batch.seq_len;
     r->inputs = malloc(bt * sizeof *r->inputs);
