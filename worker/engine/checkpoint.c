@@ -37,6 +37,17 @@ static void release_host(const pl_engine *e, float *views[3])
         for (int i = 0; i < 3; i++) free(views[i]);
 }
 
+/* mkdir of one directory that may exist already, as a directory. */
+static int make_one_dir(const char *path, char *err, size_t errlen)
+{
+    struct stat st;
+    if (mkdir(path, 0755) == 0) return 0;
+    if (errno != EEXIST) return pl_errf(err, errlen, "%s: %s", path, strerror(errno));
+    if (stat(path, &st) || !S_ISDIR(st.st_mode))
+        return pl_errf(err, errlen, "%s: exists and is not a directory", path);
+    return 0;
+}
+
 static int make_dir(const char *path, char *err, size_t errlen)
 {
     char buf[4096];
@@ -44,13 +55,10 @@ static int make_dir(const char *path, char *err, size_t errlen)
     for (char *p = buf + 1; *p; p++) {
         if (*p != '/') continue;
         *p = '\0';
-        if (mkdir(buf, 0755) && errno != EEXIST)
-            return pl_errf(err, errlen, "%s: %s", buf, strerror(errno));
+        if (make_one_dir(buf, err, errlen)) return -1;
         *p = '/';
     }
-    if (mkdir(buf, 0755) && errno != EEXIST)
-        return pl_errf(err, errlen, "%s: %s", buf, strerror(errno));
-    return 0;
+    return make_one_dir(buf, err, errlen);
 }
 
 int pl_checkpoint_save(const pl_engine *e, const char *dir, int64_t step, const char *info_json,
