@@ -148,6 +148,12 @@ int pl_job_complete_checkpoint(const pl_job *job, int64_t step, char *err, size_
     return rc;
 }
 
+int pl_job_prune_checkpoints(const pl_job *job, char *err, size_t errlen)
+{
+    if (!job->checkpoint.dir[0] || job->checkpoint.keep <= 0) return 0;
+    return pl_checkpoint_prune(job->checkpoint.dir, job->checkpoint.keep, err, errlen);
+}
+
 int pl_job_checkpoint_step(const pl_job *job, int64_t *step, char *err, size_t errlen)
 {
     *step = 0;
@@ -270,6 +276,9 @@ int pl_train(const pl_job *job, const pl_train_options *o, char *err, size_t err
             if (save_checkpoint(&r, s + 1, err, errlen)) goto done;
             fprintf(out, "checkpoint: step %lld saved to %s\n", (long long)(s + 1),
                     job->checkpoint.dir);
+            char why[512];
+            if (pl_job_prune_checkpoints(job, why, sizeof why) < 0)
+                fprintf(stderr, "pliant train: spec.checkpoint.keep: %s\n", why);
         }
     }
     rc = 0;
