@@ -1459,7 +1459,7 @@ static void test_fatal_differing_is_a_loss(void)
     s.cfg.cooldown_ms = 1000;
     CHECK(sim_reconfigure(&s) == 0);
     for (int w = 0; w < 6; w++) {
-        char node[8];
+        char node[16];
         snprintf(node, sizeof node, "n%d", w == 4 ? 3 : w);
         CHECK_EQ_INT(pl_coord_worker_registered(s.c, nm(w), node, NULL, 0, 0), PL_COORD_OK);
         s.live[w] = 1, s.nw = w + 1;
