@@ -1320,14 +1320,12 @@ static void enc_profile_done(enc *e, cJSON *o, const pl_msg_profile_done *p)
 static void enc_duty(enc *e, cJSON *o, const pl_msg *m)
 {
     switch (m->type) {
-    case PL_MSG_COMPLETE_CHECKPOINT:
-        add_int(e, o, "step", m->u.complete_checkpoint.step);
-        break;
+    case PL_MSG_COMPLETE_CHECKPOINT: /* each is {step} */
     case PL_MSG_EVAL:
-        add_int(e, o, "step", m->u.eval.step);
-        break;
     case PL_MSG_SAVE:
-        add_int(e, o, "step", m->u.save.step);
+        add_int(e, o, "step", m->type == PL_MSG_EVAL   ? m->u.eval.step
+                              : m->type == PL_MSG_SAVE ? m->u.save.step
+                                                       : m->u.complete_checkpoint.step);
         break;
     case PL_MSG_FATAL:
         ADD_STR(e, o, "reason", m->u.fatal.reason);
