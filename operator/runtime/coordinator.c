@@ -30,7 +30,6 @@ typedef struct {
     int64_t ckpt_step;
     char ckpt_err[256];
     int evaluated; /* EVALUATING: its eval_done came */
-    int fatal;     /* it reported a fatal error (fatal) and left */
 } cworker;
 
 typedef struct {
@@ -1759,7 +1758,6 @@ int pl_coord_fatal(pl_coord *c, const char *name, const char *reason)
     }
     c->nfatal++;
     cworker *w = &c->w[i];
-    w->fatal = 1;
     send_text(c, i, PL_MSG_STOP, c->gen, 0, reason, 1);
     w->live = 0;
     add_cause(c, "failed %s (%.200s)", name, reason);

@@ -130,7 +130,8 @@ void agent_teardown_links(agent *a);
  * Control thread. */
 void agent_checkpoint_report(agent *a, pl_msg_register *reg);
 /* complete_checkpoint: writes the checkpoint's checkpoint.json and answers checkpoint_done
- * (with the error, if any). Control thread (a small file: heartbeats go on). */
+ * (with the error, if any), then deletes the complete checkpoints spec.checkpoint.keep
+ * does not keep. Control thread (a small file, a few unlinks: heartbeats go on). */
 void agent_complete_checkpoint(agent *a, const pl_msg *m);
 /* profile_request: measures the model on this worker's kernels and answers profile_done.
  * Compute thread (before any plan). */
