@@ -8,7 +8,7 @@
  * channels h·hs .. h·hs+hs−1 of each, and of out [B, T, C]. Scale 1/sqrt(hs);
  * query t sees keys 0..t. In fp32 and tf32 modes everything is fp32, computed
  * on CUDA cores from shared-memory tiles (the kernels below: the reference);
- * in bf16 mode the products run on tensor cores ("bf16 tensor cores" below).
+ * in bf16 mode the products run on tensor cores (attention_bf16.cuh).
  * The kernels are compiled for tiles 16, 32, 64 and 128 channels wide; a head
  * size in between (or below 16) runs in the next width up with its extra
  * channels zero.
