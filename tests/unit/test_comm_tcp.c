@@ -233,7 +233,7 @@ static void test_wrong_purpose_refused(void)
 }
 
 /* A relay between a dialer and a listener that rewrites the purpose byte of the dialer's
- * hello (the hello's last byte, tcp.c's HELLO_PURPOSE_AT): the listener must refuse the
+ * hello (handshake.c's HELLO_PURPOSE_AT): the listener must refuse the
  * proof, as the purpose is part of what it proves. */
 #define HELLO_PURPOSE_AT 123
 typedef struct {
