@@ -467,6 +467,9 @@ int pl_handshake_step(pl_handshake *h, int fd, const char *addr, char *err, size
                                 : rc == PL_COMM_ECLOSED ? "peer closed the connection"
                                                         : strerror(sys));
         }
+        if (h->phase == PH_HELLO && h->got >= 8 && memcmp(h->in, HELLO_MAGIC, 8) != 0)
+            return pl_comm_errf(err, errlen, PL_COMM_EPROTO,
+                                "handshake with %s: not a pliant peer (bad hello)", addr);
         if (h->sent < h->len || h->got < h->len) return 0;
         if ((rc = advance(h, addr, err, errlen)) != 0) return rc;
     }

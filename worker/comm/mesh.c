@@ -35,6 +35,13 @@ int pl_mesh_create(const pl_mesh_config *cfg, pl_mesh **out, char *err, size_t e
     if (m->cfg.handshake_ms <= 0) m->cfg.handshake_ms = PL_MESH_HANDSHAKE_MS;
     m->rank = PL_COMM_NO_RANK;
     *out = m;
+    if (m->cfg.listener && m->cfg.log) {
+        char line[160];
+        const int p = m->cfg.protection ? (int)m->cfg.protection : PL_PROTECT_DEFAULT_MODE;
+        snprintf(line, sizeof line, "listens for peer connections on port %d (frames: %s)",
+                 pl_listener_port(m->cfg.listener), pl_frame_protection_name(p));
+        m->cfg.log(m->cfg.ctx, line);
+    }
     return 0;
 }
 

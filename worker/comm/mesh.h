@@ -61,8 +61,8 @@ typedef struct {
     /* Nonzero: every wait gives up (a newer plan). NULL: never. Called from the dialing
      * threads too. */
     int (*cancelled)(void *ctx);
-    /* A peer refused or a connection dropped (one line, no newline). NULL: silent. Called
-     * from the thread of the accept. */
+    /* A peer refused or a connection dropped (one line, no newline), and at create the
+     * port listened on. NULL: silent. Called from the thread of the accept. */
     void (*log)(void *ctx, const char *line);
     void *ctx;
     int redial;             /* 1: dial a peer that is not ready again (see "Waiting") */
