@@ -124,6 +124,26 @@ static int raw_connect(int port)
     return fd;
 }
 
+/* The listener's bytes back to the client, as they come. */
+typedef struct {
+    int from, to;
+} plain_pipe;
+
+static void *pipe_main(void *arg)
+{
+    plain_pipe *pp = arg;
+    unsigned char chunk[65536];
+    for (;;) {
+        ssize_t n = read(pp->from, chunk, sizeof chunk);
+        if (n <= 0 || write_all(pp->to, chunk, (size_t)n)) break;
+    }
+    shutdown(pp->from, SHUT_RDWR);
+    shutdown(pp->to, SHUT_RDWR);
+    return NULL;
+}
+
+/* The client's bytes to the listener, frame by frame (relay_frames); the other way on a
+ * thread of its own, so that neither direction waits for the other. */
 static void *relay_main(void *arg)
 {
     relay *r = arg;
@@ -131,20 +151,19 @@ static void *relay_main(void *arg)
     buf in = {0}, held = {0};
     size_t skip = HANDSHAKE_BYTES;
     int index = 0;
-    while (cfd >= 0 && sfd >= 0) {
-        struct pollfd pf[2] = {{.fd = cfd, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
-        if (poll(pf, 2, 10000) <= 0) break;
+    plain_pipe back = {.from = sfd, .to = cfd};
+    pthread_t bt;
+    const int two = cfd >= 0 && sfd >= 0 && pthread_create(&bt, NULL, pipe_main, &back) == 0;
+    while (two) {
         unsigned char chunk[65536];
-        const int from = pf[0].revents ? 0 : 1;
-        ssize_t n = read(pf[from].fd, chunk, sizeof chunk);
+        ssize_t n = read(cfd, chunk, sizeof chunk);
         if (n <= 0) break;
-        if (from == 1) {
-            if (write_all(cfd, chunk, (size_t)n)) break;
-            continue;
-        }
         buf_add(&in, chunk, (size_t)n);
         if (relay_frames(r, &in, &skip, &index, &held, sfd)) break;
     }
+    if (cfd >= 0) shutdown(cfd, SHUT_RDWR);
+    if (sfd >= 0) shutdown(sfd, SHUT_RDWR);
+    if (two) pthread_join(bt, NULL);
     if (cfd >= 0) close(cfd);
     if (sfd >= 0) close(sfd);
     free(in.p);
@@ -514,16 +533,29 @@ static void *ar_main(void *arg)
     return NULL;
 }
 
+/* A small send buffer: writes stop short, anywhere in a chunk, all the time (a small
+ * receive buffer too would only slow loopback TCP down to its persist timer). */
+static void small_buffers(pl_conn *c)
+{
+    int sz = 4096;
+    setsockopt(pl_conn_fd(c), SOL_SOCKET, SO_SNDBUF, &sz, sizeof sz);
+}
+
 static void test_the_all_reduce_refuses_a_flipped_bit(void)
 {
     for (int enc = 0; enc < 2; enc++) {
         const pl_frame_protection prot = enc ? PL_PROTECT_ENCRYPT : PL_PROTECT_INTEGRITY;
-        /* an untouched all-reduce first, then one whose second frame from rank 1 is flipped */
+        /* an untouched all-reduce first (socket buffers small), then one whose second frame
+         * from rank 1 is flipped */
         for (int tamper = 0; tamper < 2; tamper++) {
             pair p;
             CHECK_EQ_INT(pair_open(&p, ident(0, "a", prot, 0), ident(1, "b", prot, 0), 1,
                                    tamper ? FLIP_PAYLOAD : FORWARD, 1), 0);
-            const size_t n = 3 * PL_ALLREDUCE_CHUNK_FLOATS + 5;
+            if (!tamper) {
+                small_buffers(p.a);
+                small_buffers(p.b);
+            }
+            const size_t n = (tamper ? 3 : 8) * PL_ALLREDUCE_CHUNK_FLOATS + 5;
             ar_job j[2] = {{.c = p.a, .rank = 0, .n = n}, {.c = p.b, .rank = 1, .n = n}};
             pthread_t t[2];
             for (int r = 0; r < 2; r++) {

@@ -108,3 +108,14 @@ int pl_aead_seal(pl_aead *a, const unsigned char hdr[PL_AEAD_AAD_BYTES], const v
     if (pl_aead_begin(a, hdr) || pl_aead_update(a, in, out, len)) return -1;
     return pl_aead_seal_final(a, tag);
 }
+
+int pl_aead_seal_written(pl_aead *a, const unsigned char *payload, size_t len, size_t before,
+                         size_t after, unsigned char tag[PL_AEAD_TAG_BYTES])
+{
+    const size_t from = before > PL_AEAD_AAD_BYTES ? before - PL_AEAD_AAD_BYTES : 0;
+    const size_t to = after > PL_AEAD_AAD_BYTES ? after - PL_AEAD_AAD_BYTES : 0;
+    if (to > from && pl_aead_update(a, payload + from, NULL, (to < len ? to : len) - from))
+        return -1;
+    if (after < PL_AEAD_AAD_BYTES + len) return 0;
+    return pl_aead_seal_final(a, tag) ? -1 : 1;
+}

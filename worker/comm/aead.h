@@ -48,6 +48,15 @@ int pl_aead_open_final(pl_aead *a, const unsigned char tag[PL_AEAD_TAG_BYTES]);
 int pl_aead_seal(pl_aead *a, const unsigned char hdr[PL_AEAD_AAD_BYTES], const void *in,
                  void *out, size_t len, unsigned char tag[PL_AEAD_TAG_BYTES]);
 
+/* Authentication-only sending, as the bytes go out (the transports that write frames
+ * piece by piece): the frame's header and payload (len bytes) are written in order and
+ * `before` / `after` count how many of them were written before and after a write; the
+ * payload bytes that went out in it are authenticated, and once the payload is complete
+ * the tag is made. After pl_aead_begin, after each write until it returns 1 (the tag is
+ * ready); 0: not yet, −1: OpenSSL failed. */
+int pl_aead_seal_written(pl_aead *a, const unsigned char *payload, size_t len, size_t before,
+                         size_t after, unsigned char tag[PL_AEAD_TAG_BYTES]);
+
 /* 1 when this CPU has AES and carry-less multiply instructions (AES-GCM runs fast). */
 int pl_aead_cpu_has_aes(void);
 

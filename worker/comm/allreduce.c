@@ -30,6 +30,8 @@ typedef struct {
     size_t hdr_done, body_done, mac_done;
     pl_aead *aead;   /* the direction's protection, NULL: none */
     float *sealed;   /* send side, encrypting: the chunk's ciphertext (chunk floats) */
+    int started;     /* send side: the chunk's header is made (and its sealing begun) */
+    int tagged;      /* send side: the chunk's tag is made */
     /* receive side only */
     int reduce;
     float *scratch;
@@ -59,16 +61,21 @@ static int chunk_done(const xfer *x, size_t body)
     return x->hdr_done == PL_FRAME_HDR_BYTES && x->body_done == body && x->mac_done == mac_len(x);
 }
 
-/* The next chunk's header and, protected, its tag (and ciphertext). */
+/* The next chunk's header and, protected, the start of its authentication (encrypting:
+ * its ciphertext and tag; authenticating only, the tag is made as the payload goes out). */
 static int start_chunk(xfer *x, size_t m, char *err, size_t errlen)
 {
     pl_frame_hdr h = {.type = PL_FRAME_ALLREDUCE, .tag = x->tag, .aux = x->aux,
                       .generation = pl_conn_generation(x->c), .len = m * sizeof(float)};
     pl_frame_encode(&h, x->hdr);
-    if (x->aead && pl_aead_seal(x->aead, x->hdr, x->data + x->off, x->sealed, m * sizeof(float),
-                                x->mac))
-        return pl_comm_errf(err, errlen, PL_COMM_ESYS, "all-reduce: sealing a frame failed");
-    return 0;
+    x->started = 1;
+    x->tagged = !x->aead || x->aead->encrypt;
+    int bad = 0;
+    if (x->aead && x->aead->encrypt)
+        bad = pl_aead_seal(x->aead, x->hdr, x->data + x->off, x->sealed, m * sizeof(float), x->mac);
+    else if (x->aead)
+        bad = pl_aead_begin(x->aead, x->hdr);
+    return bad ? pl_comm_errf(err, errlen, PL_COMM_ESYS, "all-reduce: sealing a frame failed") : 0;
 }
 
 /* Moves as many bytes as the socket takes now. 1 done, 0 would block, <0 error.
@@ -79,8 +86,7 @@ static int send_progress(xfer *x, int *moved, char *err, size_t errlen)
         if (x->off >= x->count)
             return 1;
         const size_t m = cur_len(x), body = m * sizeof(float);
-        if (x->hdr_done == 0 && x->body_done == 0 && x->mac_done == 0 &&
-            start_chunk(x, m, err, errlen))
+        if (!x->started && start_chunk(x, m, err, errlen))
             return PL_COMM_ESYS;
         const char *payload = (const char *)(x->aead && x->aead->encrypt ? x->sealed
                                                                          : x->data + x->off);
@@ -90,7 +96,8 @@ static int send_progress(xfer *x, int *moved, char *err, size_t errlen)
             iov[n++] = (struct iovec){x->hdr + x->hdr_done, PL_FRAME_HDR_BYTES - x->hdr_done};
         if (x->body_done < body)
             iov[n++] = (struct iovec){(char *)payload + x->body_done, body - x->body_done};
-        iov[n++] = (struct iovec){x->mac + x->mac_done, mac_len(x) - x->mac_done};
+        if (x->tagged)
+            iov[n++] = (struct iovec){x->mac + x->mac_done, mac_len(x) - x->mac_done};
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
         ssize_t w = sendmsg(pl_conn_fd(x->c), &mh, MSG_NOSIGNAL);
         if (w < 0) {
@@ -103,10 +110,18 @@ static int send_progress(xfer *x, int *moved, char *err, size_t errlen)
                                 (int)pl_conn_peer_rank(x->c), strerror(errno));
         }
         *moved = 1;
+        const size_t before = x->hdr_done + x->body_done;
         account(x, (size_t)w, body);
+        int rc = x->tagged ? 0 : pl_aead_seal_written(x->aead, (const unsigned char *)(x->data + x->off),
+                                                     body, before, x->hdr_done + x->body_done,
+                                                     x->mac);
+        if (rc < 0)
+            return pl_comm_errf(err, errlen, PL_COMM_ESYS, "all-reduce: sealing a frame failed");
+        x->tagged |= rc;
         if (chunk_done(x, body)) {
             x->off += m;
             x->hdr_done = x->body_done = x->mac_done = 0;
+            x->started = 0;
         }
     }
 }

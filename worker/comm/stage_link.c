@@ -58,6 +58,7 @@ typedef struct lconn {
     size_t tx_clen;           /* payload bytes of the current frame */
     size_t tx_done;           /* bytes of the current frame (header + payload) written */
     int tx_started;
+    int tx_tagged;            /* protected: the current frame's tag is made */
     unsigned char tx_hb[PL_FRAME_HDR_BYTES], tx_mac[PL_FRAME_TAG_BYTES];
     int64_t tx_last_ms;
     unsigned char rx_hb[PL_FRAME_HDR_BYTES];
@@ -124,8 +125,9 @@ static void conn_fail(lconn *c, int code, const char *fmt, ...)
 
 /* ---- writing ---- */
 
-/* The next frame of the message being written: its header and, protected, its tag (and
- * ciphertext). 0, or −1 after conn_fail. */
+/* The next frame of the message being written: its header and, protected, the start of
+ * its authentication (encrypting: its ciphertext and tag; authenticating only, the tag is
+ * made as the payload goes out: do_write). 0, or −1 after conn_fail. */
 static int start_frame(lconn *c)
 {
     msg *m = c->tx;
@@ -140,11 +142,32 @@ static int start_frame(lconn *c)
     pl_frame_encode(&h, c->tx_hb);
     c->tx_done = 0;
     c->tx_started = 1;
-    if (c->seal && pl_aead_seal(c->seal, c->tx_hb, m->data + c->tx_off, c->sealed, c->tx_clen,
-                                c->tx_mac)) {
+    c->tx_tagged = !c->seal;
+    int bad = 0;
+    if (c->seal && c->seal->encrypt)
+        bad = pl_aead_seal(c->seal, c->tx_hb, m->data + c->tx_off, c->sealed, c->tx_clen,
+                           c->tx_mac), c->tx_tagged = 1;
+    else if (c->seal)
+        bad = pl_aead_begin(c->seal, c->tx_hb);
+    if (bad) {
         conn_fail(c, PL_COMM_ESYS, "send: sealing a frame failed");
         return -1;
     }
+    return 0;
+}
+
+/* Authenticating only: the payload bytes of the current frame that went out in the last
+ * write (from done bytes of the frame on); the tag once the payload is out. */
+static int seal_written(lconn *c, size_t done)
+{
+    if (c->tx_tagged) return 0;
+    int rc = pl_aead_seal_written(c->seal, c->tx->data + c->tx_off, c->tx_clen, done, c->tx_done,
+                                  c->tx_mac);
+    if (rc < 0) {
+        conn_fail(c, PL_COMM_ESYS, "send: sealing a frame failed");
+        return -1;
+    }
+    c->tx_tagged = rc;
     return 0;
 }
 
@@ -185,7 +208,8 @@ static int do_write(lconn *c)
         if (pdone < c->tx_clen)
             iov[n++] = (struct iovec){(void *)(payload + pdone), c->tx_clen - pdone};
         size_t mdone = c->tx_done > end_body ? c->tx_done - end_body : 0;
-        if (mdone < c->mac) iov[n++] = (struct iovec){c->tx_mac + mdone, c->mac - mdone};
+        if (mdone < c->mac && c->tx_tagged)
+            iov[n++] = (struct iovec){c->tx_mac + mdone, c->mac - mdone};
         ssize_t w = 0;
         if (n > 0) {
             struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
@@ -197,9 +221,11 @@ static int do_write(lconn *c)
                 conn_fail(c, pl_comm_io_errno(e), "send: %s", strerror(e));
                 return -1;
             }
+            const size_t before = c->tx_done;
             c->tx_done += (size_t)w;
             moved += (size_t)w;
             c->tx_last_ms = pl_now_ms();
+            if (seal_written(c, before)) return -1;
         }
         if (c->tx_done == end) { /* frame complete */
             c->tx_off += c->tx_clen;
