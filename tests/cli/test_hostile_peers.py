@@ -315,10 +315,10 @@ class Hostile:
             i += 1
 
 
-PHASE = 200          # steps per phase; the attack runs in the odd ones
+PHASE = 300          # steps per phase; the attack runs in the odd ones
 SETTLE = 20          # steps left out at each phase's start
-STEPS = 3000
-CHAOS = "kill:2@step=300"  # a plan installed in an attacked phase, strangers waiting
+STEPS = 4800
+CHAOS = "kill:2@step=450"  # a plan installed in an attacked phase, strangers waiting
 STALL_S = 1.0
 RECOVERY_S = 2.5
 
