@@ -5,7 +5,9 @@
  * check), PLIANT_WORKER_NAME, PLIANT_NODE (the machine; default the host name),
  * PLIANT_HOST (the address peer links listen on, default 127.0.0.1; 0.0.0.0 in a
  * Pod), PLIANT_ADVERTISE (the address peers dial, default PLIANT_HOST: the Pod
- * IP), PLIANT_PEER_PORT (default 0: any free port) and PLIANT_CHECKPOINT_DIR
+ * IP), PLIANT_PEER_PORT (default 0: any free port), PLIANT_PEER_PROTECTION (none,
+ * integrity or encrypt: how peer frames are protected, worker/comm/tcp.h; default
+ * PL_PROTECT_DEFAULT_MODE) and PLIANT_CHECKPOINT_DIR
  * (overrides spec.checkpoint.dir), PLIANT_ZONE (its topology zone, for placement)
  * PLIANT_THREADS (as --threads) and PLIANT_BACKEND (as --backend: the kernels; auto
  * = CUDA where this build has it and a device is visible). Exits with the code of
@@ -18,6 +20,7 @@
 #include "agent.h"
 #include "cli_args.h"
 #include "commands.h"
+#include "tcp.h"
 #include "util.h"
 
 static const char *env_or(const char *name, const char *dflt)
@@ -89,6 +92,10 @@ int cmd_worker(int argc, char **argv)
                       sizeof err))
         goto bad;
     o.peer_port = (int)v;
+    pl_frame_protection prot;
+    if (pl_frame_protection_parse(env_or("PLIANT_PEER_PROTECTION", NULL), &prot, err, sizeof err))
+        goto bad;
+    o.peer_protection = (int)prot;
     int rc = pl_agent_run(&o);
     free(token);
     return rc;

@@ -18,19 +18,16 @@ workers report.
 Run: python3 tests/cli/test_run_cli.py --build build [-k SUBSTRING]
 """
 
-import base64
 import json
 import os
 import re
 import shutil
 import signal
-import socket
-import ssl
 import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from clitest import REPO, SHAKESPEARE, Suite, check  # noqa: E402
+from clitest import REPO, SHAKESPEARE, Suite, WebSocket, check  # noqa: E402
 
 suite = Suite("run_cli", needs=[SHAKESPEARE])
 test = suite.test
@@ -860,79 +857,6 @@ def copy_source_killed_during_the_layer_copy():
     check(len(rec) == 3 and rec[2]["removed"] == ["w2"] and rec[2]["added"] == ["w3"],
           "reconfigure: %s", rec)
     check_steps_match(metrics(m), reference(job), steps)
-
-
-class WebSocket:
-    """A minimal client of the control channel (TLS + RFC 6455, masked frames), for
-    sending what a real worker never would."""
-
-    def __init__(self, port, ca):
-        ctx = ssl.create_default_context(cafile=ca)
-        ctx.check_hostname = False
-        self.s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10))
-        key = base64.b64encode(os.urandom(16)).decode()
-        self.s.sendall(("GET /control HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUpgrade: websocket\r\n"
-                        "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\n"
-                        "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: pliant.v1\r\n\r\n"
-                        % (port, key)).encode())
-        head = b""
-        while b"\r\n\r\n" not in head:
-            chunk = self.s.recv(1)
-            check(chunk, "connection closed during the upgrade")
-            head += chunk
-        check(head.startswith(b"HTTP/1.1 101"), "upgrade refused: %r", head[:200])
-
-    def _read(self, n):
-        data = b""
-        while len(data) < n:
-            chunk = self.s.recv(n - len(data))
-            if not chunk:
-                return None
-            data += chunk
-        return data
-
-    def send(self, payload, declared=None):
-        """One masked text frame; declared: a length to announce instead of the real one."""
-        n = len(payload) if declared is None else declared
-        head = bytes([0x81])
-        if n < 126:
-            head += bytes([0x80 | n])
-        elif n < 65536:
-            head += bytes([0x80 | 126]) + n.to_bytes(2, "big")
-        else:
-            head += bytes([0x80 | 127]) + n.to_bytes(8, "big")
-        mask = os.urandom(4)
-        body = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-        try:
-            self.s.sendall(head + mask + body)
-        except OSError:
-            pass  # the server may close before reading it all
-
-    def recv(self):
-        """(opcode, payload), or None once the connection is closed."""
-        try:
-            h = self._read(2)
-            if h is None:
-                return None
-            n = h[1] & 0x7F
-            if n == 126:
-                n = int.from_bytes(self._read(2), "big")
-            elif n == 127:
-                n = int.from_bytes(self._read(8), "big")
-            payload = self._read(n)
-            return None if payload is None else (h[0] & 0x0F, payload)
-        except (OSError, TypeError):
-            return None
-
-    def closed_after(self):
-        """Reads until the connection ends: the text messages received on the way."""
-        texts = []
-        while True:
-            f = self.recv()
-            if f is None or f[0] == 8:
-                return texts
-            if f[0] == 1:
-                texts.append(json.loads(f[1]))
 
 
 @test

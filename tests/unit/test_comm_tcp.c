@@ -88,6 +88,27 @@ static int raw_connect(int port)
     return fd;
 }
 
+/* Dials 127.0.0.1:port in a thread, timing it. */
+typedef struct {
+    int port;
+    pl_comm_ident id;
+    int timeout_ms, rc;
+    double ms;
+    pl_conn *c;
+    char err[512];
+} dial_job;
+
+static void *dial_main(void *arg)
+{
+    dial_job *j = arg;
+    const double t0 = pl_now_ms();
+    j->rc = pl_conn_connect(HOST, j->port, &j->id, -1, j->timeout_ms, &j->c, j->err,
+                            sizeof j->err);
+    j->ms = pl_now_ms() - t0;
+    pl_conn_close(j->c);
+    return NULL;
+}
+
 /* ---- handshake ---- */
 
 static void test_handshake_ok(void)
@@ -233,7 +254,7 @@ static void test_wrong_purpose_refused(void)
 }
 
 /* A relay between a dialer and a listener that rewrites the purpose byte of the dialer's
- * hello (the hello's last byte, tcp.c's HELLO_PURPOSE_AT): the listener must refuse the
+ * hello (handshake.c's HELLO_PURPOSE_AT): the listener must refuse the
  * proof, as the purpose is part of what it proves. */
 #define HELLO_PURPOSE_AT 123
 typedef struct {
@@ -534,6 +555,66 @@ static void test_closed_peer(void)
     CHECK_EQ_INT(rc, PL_COMM_ETIMEOUT);
     CHECK((pl_now_ms() / 1e3) - t0 >= 0.25);
     CHECK_STR_CONTAINS(err, "refused");
+}
+
+/* A peer that sends a plausible hello one byte every 100 ms: the handshake's deadline is
+ * total, so it ends there whatever trickles in. */
+typedef struct {
+    int fd;
+    volatile int stop;
+} trickle_job;
+
+static void *trickle_main(void *arg)
+{
+    trickle_job *j = arg;
+    static const char hello[] = "PLNTHSK1\003\0\0\0";
+    for (size_t i = 0; !j->stop; i++) {
+        char b = i < sizeof hello - 1 ? hello[i] : 0;
+        if (send(j->fd, &b, 1, MSG_NOSIGNAL) != 1) break;
+        usleep(100 * 1000);
+    }
+    return NULL;
+}
+
+static void test_a_trickling_peer_fails_at_the_total_deadline(void)
+{
+    char err[256];
+    pl_listener *l;
+    CHECK_EQ_INT(pl_listener_open(HOST, 0, &l, err, sizeof err), 0);
+    pl_comm_ident a = ident(0, "a", TOKEN, 1), b = ident(1, "b", TOKEN, 1);
+    /* accepting: the dialer trickles */
+    trickle_job tj = {.fd = raw_connect(pl_listener_port(l))};
+    pthread_t t;
+    pthread_create(&t, NULL, trickle_main, &tj);
+    pl_conn *c = NULL;
+    double t0 = pl_now_ms();
+    int rc = pl_listener_accept(l, &a, 600, &c, err, sizeof err);
+    double waited = pl_now_ms() - t0;
+    tj.stop = 1;
+    pthread_join(t, NULL);
+    close(tj.fd);
+    pl_listener_close(l);
+    CHECK_EQ_INT(rc, PL_COMM_ETIMEOUT);
+    CHECK(waited >= 550 && waited < 1500);
+    CHECK_STR_CONTAINS(err, "waiting for hello");
+    /* dialing: the listener trickles */
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof sa;
+    CHECK(bind(lfd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(lfd, 4) == 0 &&
+          getsockname(lfd, (struct sockaddr *)&sa, &sl) == 0);
+    pthread_t d;
+    dial_job dj = {.port = ntohs(sa.sin_port), .id = b, .timeout_ms = 600};
+    pthread_create(&d, NULL, dial_main, &dj);
+    trickle_job tl = {.fd = accept(lfd, NULL, NULL)};
+    pthread_create(&t, NULL, trickle_main, &tl);
+    pthread_join(d, NULL);
+    tl.stop = 1;
+    pthread_join(t, NULL);
+    close(tl.fd);
+    close(lfd);
+    CHECK_EQ_INT(dj.rc, PL_COMM_ETIMEOUT);
+    CHECK(dj.ms >= 550 && dj.ms < 1500);
 }
 
 /* ---- meshes and all-reduce ---- */
@@ -966,6 +1047,7 @@ RUN(test_frames_many_sizes);
 RUN(test_tensor_stream);
 RUN(test_timeouts_silent_peer);
 RUN(test_closed_peer);
+RUN(test_a_trickling_peer_fails_at_the_total_deadline);
 RUN(test_mesh_ignores_strangers);
 RUN(test_allreduce_group_sizes);
 RUN(test_allreduce_overlapping_groups);

@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -25,7 +27,8 @@ typedef struct {
     pl_listener *l;
     pl_mesh *m;
     atomic_int cancel;
-    char log[512]; /* the last line logged */
+    char log[512];   /* the last line logged */
+    char all[16384]; /* every line logged, one after another */
 } node;
 
 static int node_cancelled(void *ctx) { return atomic_load(&((node *)ctx)->cancel); }
@@ -34,20 +37,29 @@ static void node_log(void *ctx, const char *line)
 {
     node *n = ctx;
     snprintf(n->log, sizeof n->log, "%s", line);
+    const size_t used = strlen(n->all);
+    snprintf(n->all + used, sizeof n->all - used, "%s\n", line);
 }
 
-/* A worker's mesh: a listener (listen = 1), generation gen, rank. */
-static int node_open(node *n, const char *name, int listen, uint64_t gen, int32_t rank)
+/* A worker's mesh: a listener (listen = 1), generation gen, rank; accepted handshakes end
+ * after handshake_ms (0: the default). */
+static int node_open_hs(node *n, const char *name, int listen, uint64_t gen, int32_t rank,
+                        int handshake_ms)
 {
     char err[256];
     memset(n, 0, sizeof *n);
     if (listen && pl_listener_open(HOST, 0, &n->l, err, sizeof err)) return -1;
     pl_mesh_config cfg = {.listener = n->l, .token = TOKEN, .token_len = strlen(TOKEN),
                           .name = name, .cancelled = node_cancelled, .log = node_log, .ctx = n,
-                          .redial = 1};
+                          .redial = 1, .handshake_ms = handshake_ms};
     if (pl_mesh_create(&cfg, &n->m, err, sizeof err)) return -1;
     pl_mesh_set_plan(n->m, gen, rank);
     return 0;
+}
+
+static int node_open(node *n, const char *name, int listen, uint64_t gen, int32_t rank)
+{
+    return node_open_hs(n, name, listen, gen, rank, 0);
 }
 
 static void node_close(node *n)
@@ -401,6 +413,127 @@ static void test_a_missing_address_and_a_failed_dial(void)
     CHECK(conns[0] == NULL && conns[1] == NULL);
 }
 
+/* ---- strangers on the listener ---- */
+
+/* A TCP connection to 127.0.0.1:port that says nothing, or trickles the start of a
+ * plausible hello one byte every 100 ms; addr: its own address, as the mesh names it. */
+typedef struct {
+    int port, trickle, fd;
+    char addr[32];
+    atomic_int stop;
+    double closed_at; /* when the mesh closed it (pl_now_ms), 0: not seen */
+    pthread_t th;
+} stranger;
+
+static void *stranger_main(void *arg)
+{
+    stranger *s = arg;
+    static const char hello[] = "PLNTHSK1\003\0\0\0";
+    for (size_t i = 0; !atomic_load(&s->stop); i++) {
+        char b = i < sizeof hello - 1 ? hello[i] : 0;
+        if (s->trickle && send(s->fd, &b, 1, MSG_NOSIGNAL) != 1) break;
+        struct pollfd pf = {.fd = s->fd, .events = POLLIN | POLLRDHUP};
+        if (poll(&pf, 1, 100) == 1) { /* the mesh's hello, then its close */
+            char junk[256];
+            if (recv(s->fd, junk, sizeof junk, 0) <= 0) break;
+        }
+    }
+    if (!atomic_load(&s->stop)) s->closed_at = pl_now_ms();
+    return NULL;
+}
+
+static int stranger_start(stranger *s, int port, int trickle)
+{
+    memset(s, 0, sizeof *s);
+    s->port = port;
+    s->trickle = trickle;
+    s->fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof a;
+    if (connect(s->fd, (struct sockaddr *)&a, sizeof a) ||
+        getsockname(s->fd, (struct sockaddr *)&a, &sl))
+        return -1;
+    snprintf(s->addr, sizeof s->addr, "127.0.0.1:%d", ntohs(a.sin_port));
+    return pthread_create(&s->th, NULL, stranger_main, s);
+}
+
+static void stranger_end(stranger *s)
+{
+    atomic_store(&s->stop, 1);
+    pthread_join(s->th, NULL);
+    close(s->fd);
+}
+
+static void test_silent_and_trickling_strangers_cost_the_real_peers_nothing(void)
+{
+    node a;
+    CHECK_EQ_INT(node_open_hs(&a, "a", 1, 3, 0, 1000), 0);
+    const int port = pl_listener_port(a.l);
+    stranger silent, trickler;
+    CHECK_EQ_INT(stranger_start(&silent, port, 0), 0);
+    CHECK_EQ_INT(stranger_start(&trickler, port, 1), 0);
+    usleep(50 * 1000); /* they wait on the listener before the real peers */
+    dialer d = {.n = 2, .purpose = {PL_CONN_RING, PL_CONN_STAGE_LINK}};
+    const double t0 = pl_now_ms();
+    dialer_start(&d, &a, 3);
+    char err[256];
+    pl_conn *ring = NULL, *link = NULL, *none = NULL;
+    int rc1 = pl_mesh_accept(a.m, RING | LINK, 0, t0 + 5000, &ring, err, sizeof err);
+    int rc2 = pl_mesh_accept(a.m, RING | LINK, 0, t0 + 5000, &link, err, sizeof err);
+    const double real_ms = pl_now_ms() - t0;
+    pthread_join(d.th, NULL);
+    /* the plan waits on; the strangers reach their deadline meanwhile */
+    int rc3 = pl_mesh_accept(a.m, RING, 0, t0 + 2000, &none, err, sizeof err);
+    stranger_end(&silent);
+    stranger_end(&trickler);
+    for (int i = 0; i < d.n; i++) pl_conn_close(d.c[i]);
+    pl_conn_close(ring);
+    pl_conn_close(link);
+    node_close(&a);
+    if (rc1 || rc2 || real_ms > 500) printf("    accepts %d %d in %.0f ms: %s\n", rc1, rc2, real_ms, err);
+    CHECK(rc1 == 0 && rc2 == 0 && real_ms < 500); /* the strangers' deadline is 1000 ms */
+    CHECK_EQ_INT(rc3, PL_COMM_ETIMEOUT);
+    for (int k = 0; k < 2; k++) {
+        const stranger *s = k ? &trickler : &silent;
+        char line[160];
+        snprintf(line, sizeof line, "dropped the connection from %s: no complete handshake "
+                                    "within 1000 ms", s->addr);
+        CHECK_STR_CONTAINS(a.all, line);
+        const double at = s->closed_at - t0;
+        if (at < 900 || at > 1900) printf("    %s closed after %.0f ms\n", s->addr, at);
+        CHECK(at >= 900 && at <= 1900);
+    }
+}
+
+static void test_over_the_bound_the_oldest_handshake_is_dropped(void)
+{
+    node a;
+    CHECK_EQ_INT(node_open(&a, "a", 1, 3, 0), 0);
+    enum { N = PL_MESH_PENDING_MAX + 4 };
+    stranger s[N];
+    int started = 0;
+    for (; started < N; started++)
+        if (stranger_start(&s[started], pl_listener_port(a.l), 0)) break;
+    usleep(50 * 1000);
+    dialer d = {.n = 1, .purpose = {PL_CONN_RING}};
+    dialer_start(&d, &a, 3);
+    char err[256];
+    pl_conn *ring = NULL;
+    int rc = pl_mesh_accept(a.m, RING, 0, pl_now_ms() + 5000, &ring, err, sizeof err);
+    pthread_join(d.th, NULL);
+    for (int i = 0; i < started; i++) stranger_end(&s[i]);
+    for (int i = 0; i < d.n; i++) pl_conn_close(d.c[i]);
+    pl_conn_close(ring);
+    node_close(&a);
+    CHECK_EQ_INT(started, N);
+    CHECK_EQ_INT(rc, 0);
+    char line[160];
+    snprintf(line, sizeof line, "dropped the connection from %s: %d handshakes pending, this the "
+                                "oldest", s[0].addr, PL_MESH_PENDING_MAX);
+    CHECK_STR_CONTAINS(a.all, line);
+}
+
 TEST_MAIN_BEGIN
 RUN(test_later_purposes_wait_in_the_stash);
 RUN(test_the_stash_is_bounded_and_a_new_plan_empties_it);
@@ -410,4 +543,6 @@ RUN(test_cancel_ends_waits);
 RUN(test_a_peer_at_an_older_plan_is_dialed_again);
 RUN(test_a_plans_connections);
 RUN(test_a_missing_address_and_a_failed_dial);
+RUN(test_silent_and_trickling_strangers_cost_the_real_peers_nothing);
+RUN(test_over_the_bound_the_oldest_handshake_is_dropped);
 TEST_MAIN_END

@@ -458,7 +458,7 @@ static int setup(agent *a, char *err, size_t errlen)
     const pl_mesh_config mc = {.listener = a->lst, .token = o->token,
                                .token_len = strlen(o->token), .name = o->name,
                                .cancelled = mesh_cancelled, .log = mesh_log, .ctx = a,
-                               .redial = 1};
+                               .redial = 1, .protection = o->peer_protection};
     if (pl_mesh_create(&mc, &a->mesh, err, errlen)) return -1;
     if (!(a->ckw = pl_checkpoint_writer_new(on_saved, a)) || !(a->queue = pl_msg_queue_new()))
         return pl_errf(err, errlen, "out of memory");

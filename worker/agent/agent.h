@@ -56,6 +56,8 @@ typedef struct {
     const char *host;         /* address the peer links listen on (NULL: 127.0.0.1) */
     const char *advertise;    /* address peers dial, sent at registration (NULL: host) */
     int peer_port;            /* TCP port for peer links (0: any free one) */
+    int peer_protection;      /* pl_frame_protection of peer frames (worker/comm/tcp.h);
+                                 0: the default */
     const char *checkpoint_dir; /* overrides spec.checkpoint.dir (NULL: the job's) */
     int threads;              /* compute threads (≤ 0: all cores) */
     const char *backend;      /* kernels: "cpu", "cuda", "auto" or NULL (CUDA if there is a

@@ -25,9 +25,13 @@ typedef struct {
     /* the segment being moved, in chunks of at most chunk floats */
     float *data;
     size_t count, chunk, off; /* off: floats of finished chunks */
-    /* the chunk in flight */
-    unsigned char hdr[PL_FRAME_HDR_BYTES];
-    size_t hdr_done, body_done;
+    /* the chunk in flight: header, payload, tag (protected connections) */
+    unsigned char hdr[PL_FRAME_HDR_BYTES], mac[PL_FRAME_TAG_BYTES];
+    size_t hdr_done, body_done, mac_done;
+    pl_aead *aead;   /* the direction's protection, NULL: none */
+    float *sealed;   /* send side, encrypting: the chunk's ciphertext (chunk floats) */
+    int started;     /* send side: the chunk's header is made (and its sealing begun) */
+    int tagged;      /* send side: the chunk's tag is made */
     /* receive side only */
     int reduce;
     float *scratch;
@@ -39,6 +43,41 @@ static size_t cur_len(const xfer *x)
     return m < x->chunk ? m : x->chunk;
 }
 
+static size_t mac_len(const xfer *x) { return x->aead ? PL_FRAME_TAG_BYTES : 0; }
+
+/* Counts n written or read bytes against the chunk's header, payload and tag, in order. */
+static void account(xfer *x, size_t n, size_t body)
+{
+    size_t take = PL_FRAME_HDR_BYTES - x->hdr_done < n ? PL_FRAME_HDR_BYTES - x->hdr_done : n;
+    x->hdr_done += take;
+    n -= take;
+    take = body - x->body_done < n ? body - x->body_done : n;
+    x->body_done += take;
+    x->mac_done += n - take;
+}
+
+static int chunk_done(const xfer *x, size_t body)
+{
+    return x->hdr_done == PL_FRAME_HDR_BYTES && x->body_done == body && x->mac_done == mac_len(x);
+}
+
+/* The next chunk's header and, protected, the start of its authentication (encrypting:
+ * its ciphertext and tag; authenticating only, the tag is made as the payload goes out). */
+static int start_chunk(xfer *x, size_t m, char *err, size_t errlen)
+{
+    pl_frame_hdr h = {.type = PL_FRAME_ALLREDUCE, .tag = x->tag, .aux = x->aux,
+                      .generation = pl_conn_generation(x->c), .len = m * sizeof(float)};
+    pl_frame_encode(&h, x->hdr);
+    x->started = 1;
+    x->tagged = !x->aead || x->aead->encrypt;
+    int bad = 0;
+    if (x->aead && x->aead->encrypt)
+        bad = pl_aead_seal(x->aead, x->hdr, x->data + x->off, x->sealed, m * sizeof(float), x->mac);
+    else if (x->aead)
+        bad = pl_aead_begin(x->aead, x->hdr);
+    return bad ? pl_comm_errf(err, errlen, PL_COMM_ESYS, "all-reduce: sealing a frame failed") : 0;
+}
+
 /* Moves as many bytes as the socket takes now. 1 done, 0 would block, <0 error.
  * *moved is set when any byte moved. */
 static int send_progress(xfer *x, int *moved, char *err, size_t errlen)
@@ -46,19 +85,19 @@ static int send_progress(xfer *x, int *moved, char *err, size_t errlen)
     for (;;) {
         if (x->off >= x->count)
             return 1;
-        size_t m = cur_len(x);
-        if (x->hdr_done == 0 && x->body_done == 0) {
-            pl_frame_hdr h = {.type = PL_FRAME_ALLREDUCE, .tag = x->tag, .aux = x->aux,
-                              .generation = pl_conn_generation(x->c),
-                              .len = m * sizeof(float)};
-            pl_frame_encode(&h, x->hdr);
-        }
-        struct iovec iov[2];
+        const size_t m = cur_len(x), body = m * sizeof(float);
+        if (!x->started && start_chunk(x, m, err, errlen))
+            return PL_COMM_ESYS;
+        const char *payload = (const char *)(x->aead && x->aead->encrypt ? x->sealed
+                                                                         : x->data + x->off);
+        struct iovec iov[3];
         int n = 0;
         if (x->hdr_done < PL_FRAME_HDR_BYTES)
             iov[n++] = (struct iovec){x->hdr + x->hdr_done, PL_FRAME_HDR_BYTES - x->hdr_done};
-        iov[n++] = (struct iovec){(char *)(x->data + x->off) + x->body_done,
-                                  m * sizeof(float) - x->body_done};
+        if (x->body_done < body)
+            iov[n++] = (struct iovec){(char *)payload + x->body_done, body - x->body_done};
+        if (x->tagged)
+            iov[n++] = (struct iovec){x->mac + x->mac_done, mac_len(x) - x->mac_done};
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
         ssize_t w = sendmsg(pl_conn_fd(x->c), &mh, MSG_NOSIGNAL);
         if (w < 0) {
@@ -71,20 +110,62 @@ static int send_progress(xfer *x, int *moved, char *err, size_t errlen)
                                 (int)pl_conn_peer_rank(x->c), strerror(errno));
         }
         *moved = 1;
-        size_t left = (size_t)w;
-        if (x->hdr_done < PL_FRAME_HDR_BYTES) {
-            size_t take = PL_FRAME_HDR_BYTES - x->hdr_done;
-            if (take > left)
-                take = left;
-            x->hdr_done += take;
-            left -= take;
-        }
-        x->body_done += left;
-        if (x->hdr_done == PL_FRAME_HDR_BYTES && x->body_done == m * sizeof(float)) {
+        const size_t before = x->hdr_done + x->body_done;
+        account(x, (size_t)w, body);
+        int rc = x->tagged ? 0 : pl_aead_seal_written(x->aead, (const unsigned char *)(x->data + x->off),
+                                                     body, before, x->hdr_done + x->body_done,
+                                                     x->mac);
+        if (rc < 0)
+            return pl_comm_errf(err, errlen, PL_COMM_ESYS, "all-reduce: sealing a frame failed");
+        x->tagged |= rc;
+        if (chunk_done(x, body)) {
             x->off += m;
-            x->hdr_done = x->body_done = 0;
+            x->hdr_done = x->body_done = x->mac_done = 0;
+            x->started = 0;
         }
     }
+}
+
+/* A received chunk's header is complete: it must be the one expected. */
+static int check_header(xfer *x, size_t m, char *err, size_t errlen)
+{
+    pl_frame_hdr h;
+    if (pl_frame_decode(x->hdr, &h))
+        return pl_comm_errf(err, errlen, PL_COMM_EPROTO, "all-reduce: bad frame magic from rank %d",
+                            (int)pl_conn_peer_rank(x->c));
+    if (h.generation != pl_conn_generation(x->c))
+        return pl_comm_errf(err, errlen, PL_COMM_ESTALE,
+                            "all-reduce: frame of generation %llu from rank %d, expected %llu",
+                            (unsigned long long)h.generation, (int)pl_conn_peer_rank(x->c),
+                            (unsigned long long)pl_conn_generation(x->c));
+    if (h.type != PL_FRAME_ALLREDUCE || h.tag != x->tag || h.aux != x->aux ||
+        h.len != m * sizeof(float))
+        return pl_comm_errf(err, errlen, PL_COMM_EPROTO,
+                            "all-reduce: from rank %d got frame type %u tag %u step %u "
+                            "of %llu bytes, expected type %u tag %u step %u of %zu "
+                            "bytes (members disagree on the collective)",
+                            (int)pl_conn_peer_rank(x->c), h.type, h.tag, h.aux,
+                            (unsigned long long)h.len, PL_FRAME_ALLREDUCE, x->tag, x->aux,
+                            m * sizeof(float));
+    if (x->aead && pl_aead_begin(x->aead, x->hdr))
+        return pl_comm_errf(err, errlen, PL_COMM_ESYS, "all-reduce: AEAD failed");
+    return 0;
+}
+
+/* A received chunk is complete: its tag verified, it is summed into (or copied to) data. */
+static int finish_chunk(xfer *x, size_t m, char *err, size_t errlen)
+{
+    if (x->aead && pl_aead_open_final(x->aead, x->mac))
+        return pl_conn_auth_failed(x->c, "all-reduce", err, errlen);
+    if (x->reduce) {
+        float *d = x->data + x->off;
+        const float *s = x->scratch;
+        for (size_t i = 0; i < m; i++)
+            d[i] += s[i];
+    }
+    x->off += m;
+    x->hdr_done = x->body_done = x->mac_done = 0;
+    return 0;
 }
 
 static int recv_progress(xfer *x, int *moved, char *err, size_t errlen)
@@ -93,15 +174,18 @@ static int recv_progress(xfer *x, int *moved, char *err, size_t errlen)
     for (;;) {
         if (x->off >= x->count)
             return 1;
-        size_t m = cur_len(x);
-        void *dst;
+        const size_t m = cur_len(x), body = m * sizeof(float);
+        unsigned char *dst;
         size_t want;
         if (x->hdr_done < PL_FRAME_HDR_BYTES) {
             dst = x->hdr + x->hdr_done;
             want = PL_FRAME_HDR_BYTES - x->hdr_done;
+        } else if (x->body_done < body) {
+            dst = (unsigned char *)(x->reduce ? x->scratch : x->data + x->off) + x->body_done;
+            want = body - x->body_done;
         } else {
-            dst = (char *)(x->reduce ? x->scratch : x->data + x->off) + x->body_done;
-            want = m * sizeof(float) - x->body_done;
+            dst = x->mac + x->mac_done;
+            want = mac_len(x) - x->mac_done;
         }
         ssize_t r = want ? recv(fd, dst, want, 0) : 0;
         if (want && r == 0)
@@ -119,43 +203,17 @@ static int recv_progress(xfer *x, int *moved, char *err, size_t errlen)
         }
         if (r > 0)
             *moved = 1;
-        if (x->hdr_done < PL_FRAME_HDR_BYTES) {
-            x->hdr_done += (size_t)r;
-            if (x->hdr_done < PL_FRAME_HDR_BYTES)
-                continue;
-            pl_frame_hdr h;
-            if (pl_frame_decode(x->hdr, &h))
-                return pl_comm_errf(err, errlen, PL_COMM_EPROTO,
-                                    "all-reduce: bad frame magic from rank %d",
-                                    (int)pl_conn_peer_rank(x->c));
-            if (h.generation != pl_conn_generation(x->c))
-                return pl_comm_errf(err, errlen, PL_COMM_ESTALE,
-                                    "all-reduce: frame of generation %llu from rank %d, "
-                                    "expected %llu",
-                                    (unsigned long long)h.generation,
-                                    (int)pl_conn_peer_rank(x->c),
-                                    (unsigned long long)pl_conn_generation(x->c));
-            if (h.type != PL_FRAME_ALLREDUCE || h.tag != x->tag || h.aux != x->aux ||
-                h.len != m * sizeof(float))
-                return pl_comm_errf(err, errlen, PL_COMM_EPROTO,
-                                    "all-reduce: from rank %d got frame type %u tag %u step %u "
-                                    "of %llu bytes, expected type %u tag %u step %u of %zu "
-                                    "bytes (members disagree on the collective)",
-                                    (int)pl_conn_peer_rank(x->c), h.type, h.tag, h.aux,
-                                    (unsigned long long)h.len, PL_FRAME_ALLREDUCE, x->tag,
-                                    x->aux, m * sizeof(float));
-        } else {
-            x->body_done += (size_t)r;
+        const int in_hdr = x->hdr_done < PL_FRAME_HDR_BYTES, in_body = !in_hdr && x->body_done < body;
+        account(x, (size_t)r, body);
+        if (in_hdr && x->hdr_done == PL_FRAME_HDR_BYTES) {
+            int rc = check_header(x, m, err, errlen);
+            if (rc) return rc;
         }
-        if (x->hdr_done == PL_FRAME_HDR_BYTES && x->body_done == m * sizeof(float)) {
-            if (x->reduce) {
-                float *d = x->data + x->off;
-                const float *s = x->scratch;
-                for (size_t i = 0; i < m; i++)
-                    d[i] += s[i];
-            }
-            x->off += m;
-            x->hdr_done = x->body_done = 0;
+        if (in_body && x->aead && pl_aead_update(x->aead, dst, dst, (size_t)r))
+            return pl_comm_errf(err, errlen, PL_COMM_ESYS, "all-reduce: AEAD failed");
+        if (chunk_done(x, body)) {
+            int rc = finish_chunk(x, m, err, errlen);
+            if (rc) return rc;
         }
     }
 }
@@ -247,9 +305,14 @@ int pl_ring_allreduce(const pl_peer_table *peers, const int32_t *group, int grou
     }
     size_t maxseg = n / (size_t)p + 1;
     size_t chunk = PL_ALLREDUCE_CHUNK_FLOATS; /* a protocol constant, as for tensors */
-    float *scratch = malloc((maxseg < chunk ? maxseg : chunk) * sizeof(float));
-    if (!scratch)
+    const size_t most = maxseg < chunk ? maxseg : chunk;
+    pl_aead *seal = pl_conn_tx_aead(next), *open = pl_conn_rx_aead(prev);
+    float *scratch = malloc(most * sizeof(float));
+    float *sealed = seal && seal->encrypt ? malloc(most * sizeof(float)) : NULL;
+    if (!scratch || (seal && seal->encrypt && !sealed)) {
+        free(scratch);
         return pl_comm_errf(err, errlen, PL_COMM_ESYS, "all-reduce: out of memory");
+    }
     int rc = 0;
     for (int step = 0; step < 2 * (p - 1) && rc == 0; step++) {
         int rs = step < p - 1, k = rs ? step : step - (p - 1);
@@ -259,12 +322,13 @@ int pl_ring_allreduce(const pl_peer_table *peers, const int32_t *group, int grou
         segment(n, p, sseg, &sb, &sl);
         segment(n, p, rseg, &rb, &rl);
         xfer tx = {.c = next, .tag = tag, .aux = (uint32_t)step, .data = buf + sb,
-                   .count = sl, .chunk = chunk};
+                   .count = sl, .chunk = chunk, .aead = seal, .sealed = sealed};
         xfer rx = {.c = prev, .tag = tag, .aux = (uint32_t)step, .data = buf + rb,
-                   .count = rl, .chunk = chunk, .reduce = rs, .scratch = scratch};
+                   .count = rl, .chunk = chunk, .aead = open, .reduce = rs, .scratch = scratch};
         rc = exchange(&tx, &rx, timeout_ms, err, errlen);
     }
     free(scratch);
+    free(sealed);
     if (rc) {
         pl_conn_mark_broken(next, rc);
         pl_conn_mark_broken(prev, rc);

@@ -2,6 +2,7 @@
  * connections that came early (mesh.h). */
 #include "mesh.h"
 
+#include <errno.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -18,6 +19,8 @@ struct pl_mesh {
     int32_t rank;
     pl_conn *stash[PL_MESH_STASH_MAX];
     int nstash;
+    pl_conn *pending[PL_MESH_PENDING_MAX]; /* accepted, handshake running; oldest first */
+    int npending;
     char last_refused[256]; /* for a timeout's message */
 };
 
@@ -29,8 +32,16 @@ int pl_mesh_create(const pl_mesh_config *cfg, pl_mesh **out, char *err, size_t e
     pl_mesh *m = calloc(1, sizeof *m);
     if (!m) return pl_comm_errf(err, errlen, PL_COMM_ESYS, "mesh: out of memory");
     m->cfg = *cfg;
+    if (m->cfg.handshake_ms <= 0) m->cfg.handshake_ms = PL_MESH_HANDSHAKE_MS;
     m->rank = PL_COMM_NO_RANK;
     *out = m;
+    if (m->cfg.listener && m->cfg.log) {
+        char line[160];
+        const int p = m->cfg.protection ? (int)m->cfg.protection : PL_PROTECT_DEFAULT_MODE;
+        snprintf(line, sizeof line, "listens for peer connections on port %d (frames: %s)",
+                 pl_listener_port(m->cfg.listener), pl_frame_protection_name(p));
+        m->cfg.log(m->cfg.ctx, line);
+    }
     return 0;
 }
 
@@ -40,16 +51,25 @@ void pl_mesh_drop_stash(pl_mesh *m)
     m->nstash = 0;
 }
 
+/* Closes the handshakes in progress (they speak for the plan they began under). */
+static void drop_pending(pl_mesh *m)
+{
+    for (int i = 0; i < m->npending; i++) pl_conn_close(m->pending[i]);
+    m->npending = 0;
+}
+
 void pl_mesh_destroy(pl_mesh *m)
 {
     if (!m) return;
     pl_mesh_drop_stash(m);
+    drop_pending(m);
     free(m);
 }
 
 void pl_mesh_set_plan(pl_mesh *m, uint64_t generation, int32_t rank)
 {
     pl_mesh_drop_stash(m);
+    drop_pending(m);
     m->generation = generation;
     m->rank = rank;
     m->last_refused[0] = 0;
@@ -76,7 +96,8 @@ static pl_comm_ident ident(const pl_mesh *m, pl_conn_purpose purpose)
 {
     return (pl_comm_ident){.token = m->cfg.token, .token_len = m->cfg.token_len,
                            .rank = m->rank, .name = m->cfg.name,
-                           .generation = m->generation, .purpose = purpose};
+                           .generation = m->generation, .purpose = purpose,
+                           .protection = m->cfg.protection, .cipher = m->cfg.cipher};
 }
 
 int pl_mesh_dial(pl_mesh *m, const char *host, int port, pl_conn_purpose purpose,
@@ -144,6 +165,95 @@ static void stash_or_close(pl_mesh *m, pl_conn *c, unsigned later)
     pl_conn_close(c);
 }
 
+/* ---- accepting: every pending handshake at once ---- */
+
+static void remove_pending(pl_mesh *m, int i)
+{
+    memmove(&m->pending[i], &m->pending[i + 1],
+            (size_t)(m->npending - i - 1) * sizeof *m->pending);
+    m->npending--;
+}
+
+/* Takes the connections waiting on the listener and starts their handshakes; over
+ * PL_MESH_PENDING_MAX the oldest handshake is dropped. 0, or ESYS / EINVAL when the
+ * listener fails. */
+static int accept_waiting(pl_mesh *m, const pl_comm_ident *id, char *err, size_t errlen)
+{
+    for (int n = 0; n < PL_MESH_PENDING_MAX; n++) {
+        char why[512] = "";
+        pl_conn *c = NULL;
+        int rc = pl_listener_accept_begin(m->cfg.listener, id, m->cfg.handshake_ms, &c, why,
+                                          sizeof why);
+        if (rc == PL_COMM_ESYS || rc == PL_COMM_EINVAL)
+            return pl_comm_errf(err, errlen, rc, "%s", why);
+        if (rc) {
+            refused(m, "refused a peer connection: %s", why);
+            continue;
+        }
+        if (!c) return 0;
+        if (m->npending == PL_MESH_PENDING_MAX) {
+            refused(m, "dropped the connection from %s: %d handshakes pending, this the oldest",
+                    pl_conn_peer_addr(m->pending[0]), PL_MESH_PENDING_MAX);
+            pl_conn_close(m->pending[0]);
+            remove_pending(m, 0);
+        }
+        m->pending[m->npending++] = c;
+    }
+    return 0;
+}
+
+/* Moves pending handshake i on. 1 with *out when it completed for a purpose in want;
+ * else 0 (still running, or finished: refused and logged, stashed or closed). */
+static int progress(pl_mesh *m, int i, unsigned want, unsigned later, pl_conn **out)
+{
+    pl_conn *c = m->pending[i];
+    char why[512] = "";
+    int rc = pl_conn_handshake_step(c, why, sizeof why);
+    if (rc == 0) return 0;
+    remove_pending(m, i);
+    if (rc == PL_COMM_ETIMEOUT)
+        refused(m, "dropped the connection from %s: no complete handshake within %d ms (%s)",
+                pl_conn_peer_addr(c), m->cfg.handshake_ms, why);
+    else if (rc < 0)
+        refused(m, "refused a peer connection: %s", why);
+    if (rc < 0 || (m->cfg.redial && dialer_gone(c))) {
+        pl_conn_close(c);
+        return 0;
+    }
+    if (want & PL_MESH_PURPOSE(pl_conn_purpose_of(c))) {
+        *out = c;
+        return 1;
+    }
+    stash_or_close(m, c, later);
+    return 0;
+}
+
+/* Waits for the listener or a pending handshake (until deadline, at most
+ * PL_MESH_POLL_MS: the cancel test), then moves each on. 1 with *out, 0, or an error. */
+static int accept_round(pl_mesh *m, const pl_comm_ident *id, unsigned want, unsigned later,
+                        double deadline, pl_conn **out, char *err, size_t errlen)
+{
+    struct pollfd pf[PL_MESH_PENDING_MAX + 1];
+    const int np = m->npending;
+    double now = pl_now_ms(), wake = deadline < now + PL_MESH_POLL_MS ? deadline
+                                                                        : now + PL_MESH_POLL_MS;
+    pf[0] = (struct pollfd){.fd = pl_listener_fd(m->cfg.listener), .events = POLLIN};
+    for (int i = 0; i < np; i++) {
+        const pl_conn *c = m->pending[i];
+        pf[i + 1] = (struct pollfd){.fd = pl_conn_fd(c), .events = pl_conn_handshake_events(c)};
+        if ((double)pl_conn_handshake_deadline(c) < wake)
+            wake = (double)pl_conn_handshake_deadline(c);
+    }
+    if (poll(pf, (nfds_t)np + 1, wake <= now ? 0 : (int)(wake - now) + 1) < 0 && errno != EINTR)
+        return pl_comm_errf(err, errlen, PL_COMM_ESYS, "accept: poll: %s", strerror(errno));
+    now = pl_now_ms();
+    for (int i = np - 1; i >= 0; i--) /* backwards: a removal leaves the rest in place */
+        if ((pf[i + 1].revents || now >= (double)pl_conn_handshake_deadline(m->pending[i])) &&
+            progress(m, i, want, later, out))
+            return 1;
+    return pf[0].revents ? accept_waiting(m, id, err, errlen) : 0;
+}
+
 int pl_mesh_accept(pl_mesh *m, unsigned want, unsigned later, double deadline, pl_conn **out,
                    char *err, size_t errlen)
 {
@@ -152,32 +262,13 @@ int pl_mesh_accept(pl_mesh *m, unsigned want, unsigned later, double deadline, p
     if (!m->cfg.listener)
         return pl_comm_errf(err, errlen, PL_COMM_EINVAL, "accept: this mesh has no listener");
     const pl_comm_ident id = ident(m, PL_CONN_ANY);
-    const int slice = m->cfg.redial ? PL_MESH_ACCEPT_SLICE_MS : PL_MESH_HANDSHAKE_MS;
     for (;;) {
         if (cancelled(m)) return pl_comm_errf(err, errlen, PL_COMM_ECANCELED, "accept: cancelled");
-        int left = (int)(deadline - pl_now_ms());
-        if (left <= 0)
+        if (deadline - pl_now_ms() <= 0)
             return pl_comm_errf(err, errlen, PL_COMM_ETIMEOUT, "timed out waiting for peers%s%s",
                                 m->last_refused[0] ? "; last refused: " : "", m->last_refused);
-        char why[512] = "";
-        pl_conn *c = NULL;
-        int rc = pl_listener_accept(m->cfg.listener, &id, left < slice ? left : slice, &c, why,
-                                    sizeof why);
-        if (rc == PL_COMM_ESYS || rc == PL_COMM_EINVAL)
-            return pl_comm_errf(err, errlen, rc, "%s", why);
-        if (rc) {
-            if (rc != PL_COMM_ETIMEOUT) refused(m, "refused a peer connection: %s", why);
-            continue;
-        }
-        if (m->cfg.redial && dialer_gone(c)) {
-            pl_conn_close(c);
-            continue;
-        }
-        if (want & PL_MESH_PURPOSE(pl_conn_purpose_of(c))) {
-            *out = c;
-            return 0;
-        }
-        stash_or_close(m, c, later);
+        int rc = accept_round(m, &id, want, later, deadline, out, err, errlen);
+        if (rc) return rc == 1 ? 0 : rc;
     }
 }
 
@@ -298,7 +389,8 @@ int pl_comm_mesh(pl_listener *l, const pl_comm_ident *self, int nranks,
         return pl_comm_errf(err, errlen, PL_COMM_EINVAL, "mesh: rank %d of %d", me, nranks);
     for (int r = 0; r < nranks; r++) conns[r] = NULL;
     pl_mesh_config cfg = {.listener = l, .token = self->token, .token_len = self->token_len,
-                          .name = self->name};
+                          .name = self->name, .protection = self->protection,
+                          .cipher = self->cipher};
     pl_mesh *m;
     int rc = pl_mesh_create(&cfg, &m, err, errlen);
     if (rc) return rc;

@@ -4,29 +4,35 @@
  * copy's source dials its destination.
  *
  * Waiting. Every wait polls the caller's cancel test (a newer plan ends the one being
- * installed) and then gives up with PL_COMM_ECANCELED. A handshake that fails on accept
- * (another job's token, a stale generation, a wrong purpose) is logged and skipped. With
- * redial (the worker's plans), dials go in slices of PL_MESH_DIAL_SLICE_MS: a peer that is
- * not ready (not listening yet, at an older plan generation, a handshake that closed) is
- * dialed again until the timeout; so an accepted connection whose dialer gave up on it
- * already is dropped (it dials again), and accepts go in slices of
- * PL_MESH_ACCEPT_SLICE_MS, the handshake included, so that a silent stranger holds the
- * worker up no longer. Without redial a dial is one try for the whole timeout (with
- * pl_conn_connect's retries of a refused connection), every handshake that succeeds is
- * kept, and an accepted handshake may take PL_MESH_HANDSHAKE_MS.
+ * installed) and then gives up with PL_COMM_ECANCELED. With redial (the worker's plans),
+ * dials go in slices of PL_MESH_DIAL_SLICE_MS: a peer that is not ready (not listening
+ * yet, at an older plan generation, a handshake that closed) is dialed again until the
+ * timeout; so an accepted connection whose dialer gave up on it already is dropped (it
+ * dials again). Without redial a dial is one try for the whole timeout (with
+ * pl_conn_connect's retries of a refused connection).
+ *
+ * Accepting. pl_mesh_accept runs the handshakes of every connection accepted meanwhile at
+ * once, under one poll with the listener: a stranger that connects and stays silent or
+ * trickles bytes holds up nobody. Each handshake has a TOTAL deadline of handshake_ms
+ * from its accept (PL_MESH_HANDSHAKE_MS by default); at most PL_MESH_PENDING_MAX run at
+ * once, and over that the oldest is dropped. A handshake that fails (another job's
+ * token, a stale generation, a wrong purpose, garbage, its deadline) is logged with the
+ * peer's address and dropped; the handshakes still running stay with the mesh for the
+ * next accept, until a new plan.
  *
  * The stash. Peers dial when they are ready, not when this worker wants them: a stage
  * neighbour may dial while this worker still receives its layer copies. pl_mesh_accept
  * takes the purposes wanted now and those wanted later: a connection for a later purpose
  * waits in the stash (at most PL_MESH_STASH_MAX, more are closed), and an accept that
  * wants it takes it from there before the listener; a connection for neither is closed.
- * A new plan (pl_mesh_set_plan) closes the stash.
+ * A new plan (pl_mesh_set_plan) closes the stash and the handshakes still running.
  *
  * Threads: pl_mesh_dial may run on several threads at once (a layer copy source dials
  * each destination on a thread of its own), alongside one thread's accepts (the worker's
  * compute thread: pl_mesh_accept, pl_mesh_connect); pl_mesh_set_plan, pl_mesh_drop_stash
  * and pl_mesh_destroy run while nothing else does. Ownership: the mesh borrows the listener,
- * the token and the name (they outlive it) and owns the stash; a connection returned
+ * the token and the name (they outlive it) and owns the stash and the handshakes running;
+ * a connection returned
  * belongs to the caller. Errors: tcp.h's codes with "what: reason" in err. */
 #ifndef PLIANT_MESH_H
 #define PLIANT_MESH_H
@@ -37,8 +43,9 @@
 #include "tcp.h"
 
 #define PL_MESH_STASH_MAX 64
+#define PL_MESH_PENDING_MAX 16   /* handshakes running at once on accept */
 #define PL_MESH_DIAL_SLICE_MS 500
-#define PL_MESH_ACCEPT_SLICE_MS 250
+#define PL_MESH_POLL_MS 50       /* the longest wait between two cancel tests */
 #define PL_MESH_HANDSHAKE_MS 5000
 
 /* A set of purposes for pl_mesh_accept: PL_MESH_PURPOSE(PL_CONN_RING) | ... */
@@ -54,11 +61,14 @@ typedef struct {
     /* Nonzero: every wait gives up (a newer plan). NULL: never. Called from the dialing
      * threads too. */
     int (*cancelled)(void *ctx);
-    /* A peer refused or a connection dropped (one line, no newline). NULL: silent. Called
-     * from the thread of the accept. */
+    /* A peer refused or a connection dropped (one line, no newline), and at create the
+     * port listened on. NULL: silent. Called from the thread of the accept. */
     void (*log)(void *ctx, const char *line);
     void *ctx;
     int redial;             /* 1: dial a peer that is not ready again (see "Waiting") */
+    int handshake_ms;       /* an accepted handshake's total deadline; ≤ 0: the default */
+    pl_frame_protection protection; /* asked for on every connection (tcp.h); 0: default */
+    pl_frame_cipher cipher;         /* 0: by the CPU */
 } pl_mesh_config;
 
 /* 0, or PL_COMM_EINVAL / PL_COMM_ESYS with err. */
@@ -112,7 +122,7 @@ int pl_mesh_connect(pl_mesh *m, const pl_mesh_peers *peers, int timeout_ms, pl_m
                     char *err, size_t errlen);
 
 /* A full mesh of ring connections between ranks 0 .. nranks − 1 (self->rank among them;
- * self->purpose is not read): pl_mesh_connect with every other rank wanted, no cancel
+ * self->purpose is not read; its protection and cipher are asked for): pl_mesh_connect with every other rank wanted, no cancel
  * test and no redial. l may be NULL for the highest rank (it accepts nobody). conns[r] receives the
  * connection with rank r (conns[self->rank] = NULL); on failure all are NULL. */
 int pl_comm_mesh(pl_listener *l, const pl_comm_ident *self, int nranks,

@@ -50,18 +50,24 @@ typedef struct lconn {
     char errmsg[320];
 
     /* I/O thread only */
+    pl_aead *seal, *open;     /* the connection's frame protection (NULL: none) */
+    size_t mac;               /* tag bytes after each payload: 0 or PL_FRAME_TAG_BYTES */
+    unsigned char *sealed;    /* encrypting: the current frame's ciphertext (chunk bytes) */
     msg *tx;                  /* message being written */
     size_t tx_off;            /* payload bytes of finished frames */
     size_t tx_clen;           /* payload bytes of the current frame */
     size_t tx_done;           /* bytes of the current frame (header + payload) written */
     int tx_started;
-    unsigned char tx_hb[PL_FRAME_HDR_BYTES];
+    int tx_tagged;            /* protected: the current frame's tag is made */
+    unsigned char tx_hb[PL_FRAME_HDR_BYTES], tx_mac[PL_FRAME_TAG_BYTES];
     int64_t tx_last_ms;
     unsigned char rx_hb[PL_FRAME_HDR_BYTES];
     size_t rx_hgot;
     int rx_in_body;           /* header of the current frame decoded */
     pl_frame_hdr rx_h;
     size_t rx_bgot;           /* payload bytes of the current frame read */
+    unsigned char rx_mac[PL_FRAME_TAG_BYTES];
+    size_t rx_mgot;           /* tag bytes of the current frame read */
     msg *rx;                  /* message being assembled */
     int hup;                  /* poll reported hang-up while we were not reading */
 } lconn;
@@ -119,32 +125,91 @@ static void conn_fail(lconn *c, int code, const char *fmt, ...)
 
 /* ---- writing ---- */
 
+/* The next frame of the message being written: its header and, protected, the start of
+ * its authentication (encrypting: its ciphertext and tag; authenticating only, the tag is
+ * made as the payload goes out: do_write). 0, or −1 after conn_fail. */
+static int start_frame(lconn *c)
+{
+    msg *m = c->tx;
+    size_t left = m->bytes - c->tx_off;
+    c->tx_clen = left < c->chunk ? left : c->chunk;
+    pl_frame_hdr h = {.type = PL_LINK_FRAME,
+                      .flags = c->tx_off + c->tx_clen == m->bytes ? PL_LINK_FLAG_LAST : 0,
+                      .tag = (uint32_t)m->kind,
+                      .aux = (uint32_t)m->mb,
+                      .generation = c->generation,
+                      .len = c->tx_clen};
+    pl_frame_encode(&h, c->tx_hb);
+    c->tx_done = 0;
+    c->tx_started = 1;
+    c->tx_tagged = !c->seal;
+    int bad = 0;
+    if (c->seal && c->seal->encrypt)
+        bad = pl_aead_seal(c->seal, c->tx_hb, m->data + c->tx_off, c->sealed, c->tx_clen,
+                           c->tx_mac), c->tx_tagged = 1;
+    else if (c->seal)
+        bad = pl_aead_begin(c->seal, c->tx_hb);
+    if (bad) {
+        conn_fail(c, PL_COMM_ESYS, "send: sealing a frame failed");
+        return -1;
+    }
+    return 0;
+}
+
+/* Authenticating only: the payload bytes of the current frame that went out in the last
+ * write (from done bytes of the frame on); the tag once the payload is out. */
+static int seal_written(lconn *c, size_t done)
+{
+    if (c->tx_tagged) return 0;
+    int rc = pl_aead_seal_written(c->seal, c->tx->data + c->tx_off, c->tx_clen, done, c->tx_done,
+                                  c->tx_mac);
+    if (rc < 0) {
+        conn_fail(c, PL_COMM_ESYS, "send: sealing a frame failed");
+        return -1;
+    }
+    c->tx_tagged = rc;
+    return 0;
+}
+
+/* The message is written: the next queued one, or none. */
+static void next_message(lconn *c)
+{
+    msg_free(c->tx);
+    c->tx = NULL;
+    c->tx_off = 0;
+    pl_tcp_link *l = c->link;
+    pthread_mutex_lock(&l->mu);
+    c->tx = c->txq_head;
+    if (c->tx) {
+        c->txq_head = c->tx->next;
+        if (!c->txq_head) c->txq_tail = NULL;
+    } else {
+        c->tx_busy = 0;
+        pthread_cond_broadcast(&l->cv); /* flush waiters */
+    }
+    pthread_mutex_unlock(&l->mu);
+}
+
 /* Writes what the socket takes. 0, or −1 after conn_fail. */
 static int do_write(lconn *c)
 {
     size_t moved = 0;
     while (c->tx && moved < IO_SLICE_BYTES) {
         msg *m = c->tx;
-        if (!c->tx_started) {
-            size_t left = m->bytes - c->tx_off;
-            c->tx_clen = left < c->chunk ? left : c->chunk;
-            pl_frame_hdr h = {.type = PL_LINK_FRAME,
-                              .flags = c->tx_off + c->tx_clen == m->bytes ? PL_LINK_FLAG_LAST : 0,
-                              .tag = (uint32_t)m->kind,
-                              .aux = (uint32_t)m->mb,
-                              .generation = c->generation,
-                              .len = c->tx_clen};
-            pl_frame_encode(&h, c->tx_hb);
-            c->tx_done = 0;
-            c->tx_started = 1;
-        }
-        struct iovec iov[2];
+        if (!c->tx_started && start_frame(c)) return -1;
+        const unsigned char *payload = c->seal && c->seal->encrypt ? c->sealed
+                                                                  : m->data + c->tx_off;
+        const size_t end_body = PL_FRAME_HDR_BYTES + c->tx_clen, end = end_body + c->mac;
+        struct iovec iov[3];
         int n = 0;
         if (c->tx_done < PL_FRAME_HDR_BYTES)
             iov[n++] = (struct iovec){c->tx_hb + c->tx_done, PL_FRAME_HDR_BYTES - c->tx_done};
         size_t pdone = c->tx_done > PL_FRAME_HDR_BYTES ? c->tx_done - PL_FRAME_HDR_BYTES : 0;
         if (pdone < c->tx_clen)
-            iov[n++] = (struct iovec){m->data + c->tx_off + pdone, c->tx_clen - pdone};
+            iov[n++] = (struct iovec){(void *)(payload + pdone), c->tx_clen - pdone};
+        size_t mdone = c->tx_done > end_body ? c->tx_done - end_body : 0;
+        if (mdone < c->mac && c->tx_tagged)
+            iov[n++] = (struct iovec){c->tx_mac + mdone, c->mac - mdone};
         ssize_t w = 0;
         if (n > 0) {
             struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
@@ -156,29 +221,16 @@ static int do_write(lconn *c)
                 conn_fail(c, pl_comm_io_errno(e), "send: %s", strerror(e));
                 return -1;
             }
+            const size_t before = c->tx_done;
             c->tx_done += (size_t)w;
             moved += (size_t)w;
             c->tx_last_ms = pl_now_ms();
+            if (seal_written(c, before)) return -1;
         }
-        if (c->tx_done == PL_FRAME_HDR_BYTES + c->tx_clen) { /* frame complete */
+        if (c->tx_done == end) { /* frame complete */
             c->tx_off += c->tx_clen;
             c->tx_started = 0;
-            if (c->tx_off == m->bytes) {
-                msg_free(m);
-                c->tx = NULL;
-                c->tx_off = 0;
-                pl_tcp_link *l = c->link;
-                pthread_mutex_lock(&l->mu);
-                c->tx = c->txq_head;
-                if (c->tx) {
-                    c->txq_head = c->tx->next;
-                    if (!c->txq_head) c->txq_tail = NULL;
-                } else {
-                    c->tx_busy = 0;
-                    pthread_cond_broadcast(&l->cv); /* flush waiters */
-                }
-                pthread_mutex_unlock(&l->mu);
-            }
+            if (c->tx_off == m->bytes) next_message(c);
         }
     }
     return 0;
@@ -248,8 +300,12 @@ static int rx_header(lconn *c)
         }
         c->rx->data = p;
     }
+    if (c->open && pl_aead_begin(c->open, c->rx_hb)) {
+        conn_fail(c, PL_COMM_ESYS, "receive: AEAD failed");
+        return -1;
+    }
     c->rx_in_body = 1;
-    c->rx_bgot = 0;
+    c->rx_bgot = c->rx_mgot = 0;
     return 0;
 }
 
@@ -277,20 +333,52 @@ static int rx_frame_done(lconn *c)
     return full;
 }
 
+/* The bytes just read (r at dst) in the current frame: 1 when the frame is complete (and,
+ * protected, its tag verified), 0 when more is to come, −1 after conn_fail. */
+static int rx_account(lconn *c, unsigned char *dst, size_t r)
+{
+    if (!c->rx_in_body) {
+        c->rx_hgot += r;
+        if (c->rx_hgot < PL_FRAME_HDR_BYTES) return 0;
+        if (rx_header(c)) return -1;
+        return c->rx_h.len || c->mac ? 0 : 1;
+    }
+    if (c->rx_bgot < c->rx_h.len) {
+        if (c->open && pl_aead_update(c->open, dst, dst, r)) {
+            conn_fail(c, PL_COMM_ESYS, "receive: AEAD failed");
+            return -1;
+        }
+        c->rx_bgot += r;
+        return c->rx_bgot == c->rx_h.len && !c->mac;
+    }
+    c->rx_mgot += r;
+    if (c->rx_mgot < c->mac) return 0;
+    if (pl_aead_open_final(c->open, c->rx_mac)) {
+        char why[300];
+        pl_conn_auth_failed(c->conn, "receive", why, sizeof why);
+        conn_fail(c, PL_COMM_EAUTH, "%s", why);
+        return -1;
+    }
+    return 1;
+}
+
 /* Reads what the socket has. 0, or −1 after conn_fail. */
 static int do_read(lconn *c)
 {
     size_t moved = 0;
     int rc = 0;
     while (moved < IO_SLICE_BYTES) {
-        void *dst;
+        unsigned char *dst;
         size_t want;
         if (!c->rx_in_body) {
             dst = c->rx_hb + c->rx_hgot;
             want = PL_FRAME_HDR_BYTES - c->rx_hgot;
-        } else {
+        } else if (c->rx_bgot < c->rx_h.len) {
             dst = c->rx->data + c->rx->bytes + c->rx_bgot;
             want = (size_t)c->rx_h.len - c->rx_bgot;
+        } else {
+            dst = c->rx_mac + c->rx_mgot;
+            want = c->mac - c->rx_mgot;
         }
         ssize_t r = want ? recv(c->fd, dst, want, MSG_DONTWAIT) : 0;
         if (want && r == 0) {
@@ -308,19 +396,12 @@ static int do_read(lconn *c)
             break;
         }
         moved += (size_t)r;
-        if (!c->rx_in_body) {
-            c->rx_hgot += (size_t)r;
-            if (c->rx_hgot < PL_FRAME_HDR_BYTES) continue;
-            if (rx_header(c)) {
-                rc = -1;
-                break;
-            }
-            if (c->rx_h.len) continue;
-        } else {
-            c->rx_bgot += (size_t)r;
-            if (c->rx_bgot < c->rx_h.len) continue;
+        const int done = rx_account(c, dst, (size_t)r);
+        if (done < 0) {
+            rc = -1;
+            break;
         }
-        if (rx_frame_done(c)) break; /* stash full: stop reading */
+        if (done && rx_frame_done(c)) break; /* stash full: stop reading */
     }
     if (moved) {
         pl_tcp_link *l = c->link;
@@ -413,6 +494,7 @@ static void link_free(pl_tcp_link *l)
         if (c->stash)
             for (int j = 0; j < c->max_pending; j++) msg_free(c->stash[j]);
         free(c->stash);
+        free(c->sealed);
         if (c->wakefd >= 0) close(c->wakefd);
         pl_conn_close(c->conn);
     }
@@ -465,6 +547,11 @@ int pl_tcp_link_create(const pl_tcp_link_config *cfg, pl_tcp_link **out, char *e
         c->chunk = mf < PL_LINK_CHUNK_BYTES ? (size_t)mf : PL_LINK_CHUNK_BYTES;
         if (c->chunk < 4) c->chunk = 4;
         c->fd = pl_conn_fd(c->conn);
+        c->seal = pl_conn_tx_aead(c->conn);
+        c->open = pl_conn_rx_aead(c->conn);
+        c->mac = c->seal ? PL_FRAME_TAG_BYTES : 0;
+        if (c->seal && c->seal->encrypt && !(c->sealed = malloc(c->chunk)))
+            rc = pl_comm_errf(err, errlen, -1, "stage link: out of memory");
         c->max_pending = maxp[i];
         c->last_rx_ms = pl_now_ms();
         c->stash = calloc((size_t)c->max_pending, sizeof *c->stash);

@@ -1,6 +1,7 @@
 /* Authenticated TCP connections and framing: see tcp.h. */
 #include "tcp.h"
 #include "comm_io.h"
+#include "handshake.h"
 #include "util.h"
 
 #include <errno.h>
@@ -9,10 +10,6 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-#include <openssl/rand.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -41,6 +38,11 @@ struct pl_conn {
     pl_conn_purpose purpose;
     char peer_name[PL_COMM_NAME_MAX + 1];
     char peer_addr[64];
+    pl_handshake *hs;       /* while the handshake runs */
+    pl_frame_protection protection;
+    pl_frame_cipher cipher;
+    pl_aead tx, rx;         /* protected: each direction's AEAD */
+    unsigned char *scratch; /* ENCRYPT: ciphertext of a piece being sent */
 };
 
 const char *pl_comm_strerror(int code)
@@ -208,48 +210,29 @@ static int read_full(int fd, void *buf, size_t len, int timeout_ms, size_t *got,
     return 0;
 }
 
-/* ---- little-endian helpers ---- */
-
-static void put16(unsigned char *p, uint16_t v) { p[0] = (unsigned char)v; p[1] = (unsigned char)(v >> 8); }
-static void put32(unsigned char *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i)); }
-static void put64(unsigned char *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i)); }
-static uint16_t get16(const unsigned char *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-static uint32_t get32(const unsigned char *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
-static uint64_t get64(const unsigned char *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
-
 #define FRAME_MAGIC 0x31464c50u /* "PLF1" */
 
 void pl_frame_encode(const pl_frame_hdr *h, unsigned char out[PL_FRAME_HDR_BYTES])
 {
-    put32(out, FRAME_MAGIC);
-    put16(out + 4, h->type);
-    put16(out + 6, h->flags);
-    put32(out + 8, h->tag);
-    put32(out + 12, h->aux);
-    put64(out + 16, h->generation);
-    put64(out + 24, h->len);
+    pl_put32(out, FRAME_MAGIC);
+    pl_put16(out + 4, h->type);
+    pl_put16(out + 6, h->flags);
+    pl_put32(out + 8, h->tag);
+    pl_put32(out + 12, h->aux);
+    pl_put64(out + 16, h->generation);
+    pl_put64(out + 24, h->len);
 }
 
 int pl_frame_decode(const unsigned char in[PL_FRAME_HDR_BYTES], pl_frame_hdr *h)
 {
-    if (get32(in) != FRAME_MAGIC)
+    if (pl_get32(in) != FRAME_MAGIC)
         return PL_COMM_EPROTO;
-    h->type = get16(in + 4);
-    h->flags = get16(in + 6);
-    h->tag = get32(in + 8);
-    h->aux = get32(in + 12);
-    h->generation = get64(in + 16);
-    h->len = get64(in + 24);
+    h->type = pl_get16(in + 4);
+    h->flags = pl_get16(in + 6);
+    h->tag = pl_get32(in + 8);
+    h->aux = pl_get32(in + 12);
+    h->generation = pl_get64(in + 16);
+    h->len = pl_get64(in + 24);
     return 0;
 }
 
@@ -334,32 +317,7 @@ void pl_listener_close(pl_listener *l)
     free(l);
 }
 
-/* ---- handshake ---- */
-
-#define HELLO_MAGIC "PLNTHSK1"
-#define HELLO_VERSION 2u /* 2: the purpose byte */
-#define NONCE_BYTES 32
-#define PROOF_BYTES 32
-/* HELLO: magic, version, rank, generation, name length, name (zero-padded), nonce, role,
- * purpose; little-endian */
-#define HELLO_NAME_AT 26
-#define HELLO_NONCE_AT (HELLO_NAME_AT + PL_COMM_NAME_MAX)
-#define HELLO_ROLE_AT (HELLO_NONCE_AT + NONCE_BYTES)
-#define HELLO_PURPOSE_AT (HELLO_ROLE_AT + 1)
-#define HELLO_BYTES (HELLO_PURPOSE_AT + 1)
-enum { ROLE_DIALER = 0, ROLE_LISTENER = 1 };
-enum { V_OK = 0, V_AUTH = 1, V_STALE = 2, V_RANK = 3, V_PURPOSE = 4 };
-static const char *const role_label[2] = {"pliant-comm-v2 dialer proof",
-                                          "pliant-comm-v2 listener proof"};
-
-typedef struct {
-    int32_t rank;
-    uint64_t generation;
-    uint16_t name_len;
-    char name[PL_COMM_NAME_MAX + 1]; /* as sent (the proof covers these bytes) */
-    unsigned char nonce[NONCE_BYTES];
-    int role, purpose;
-} hello_msg;
+/* ---- names ---- */
 
 const char *pl_conn_purpose_name(int purpose)
 {
@@ -372,250 +330,37 @@ const char *pl_conn_purpose_name(int purpose)
     }
 }
 
-static void hello_encode(const hello_msg *h, unsigned char out[HELLO_BYTES])
+const char *pl_frame_protection_name(int protection)
 {
-    memset(out, 0, HELLO_BYTES);
-    memcpy(out, HELLO_MAGIC, 8);
-    put32(out + 8, HELLO_VERSION);
-    put32(out + 12, (uint32_t)h->rank);
-    put64(out + 16, h->generation);
-    put16(out + 24, h->name_len);
-    memcpy(out + HELLO_NAME_AT, h->name, h->name_len);
-    memcpy(out + HELLO_NONCE_AT, h->nonce, NONCE_BYTES);
-    out[HELLO_ROLE_AT] = (unsigned char)h->role;
-    out[HELLO_PURPOSE_AT] = (unsigned char)h->purpose;
-}
-
-/* Only a layer copy's dialer may be a worker without a plan rank (an idle one). */
-static int rank_allowed(int32_t rank, int role, int purpose)
-{
-    return rank >= 0 ||
-           (rank == PL_COMM_NO_RANK && role == ROLE_DIALER && purpose == PL_CONN_LAYER_COPY);
-}
-
-/* The peer's hello; it must come from the other role, and a dialer names one purpose. */
-static int hello_decode(const unsigned char in[HELLO_BYTES], int peer_role, hello_msg *h,
-                        const char *addr, char *err, size_t errlen)
-{
-    if (memcmp(in, HELLO_MAGIC, 8) != 0)
-        return pl_comm_errf(err, errlen, PL_COMM_EPROTO,
-                            "handshake with %s: not a pliant peer (bad hello)", addr);
-    if (get32(in + 8) != HELLO_VERSION)
-        return pl_comm_errf(err, errlen, PL_COMM_EPROTO,
-                            "handshake with %s: protocol version %u, expected %u", addr,
-                            get32(in + 8), HELLO_VERSION);
-    h->rank = (int32_t)get32(in + 12);
-    h->generation = get64(in + 16);
-    h->name_len = get16(in + 24);
-    h->role = in[HELLO_ROLE_AT];
-    h->purpose = in[HELLO_PURPOSE_AT];
-    const int first_purpose = peer_role == ROLE_DIALER ? PL_CONN_RING : PL_CONN_ANY;
-    if (h->name_len > PL_COMM_NAME_MAX || h->role != peer_role || h->purpose < first_purpose ||
-        h->purpose >= PL_CONN_PURPOSE_COUNT || !rank_allowed(h->rank, h->role, h->purpose))
-        return pl_comm_errf(err, errlen, PL_COMM_EPROTO, "handshake with %s: malformed hello",
-                            addr);
-    memcpy(h->name, in + HELLO_NAME_AT, h->name_len);
-    h->name[h->name_len] = 0;
-    memcpy(h->nonce, in + HELLO_NONCE_AT, NONCE_BYTES);
-    return 0;
-}
-
-/* The proof of h's sender: what it claims (name, rank, generation, purpose) bound to both
- * nonces under the job token. */
-static int compute_proof(const pl_comm_ident *key, const hello_msg *h,
-                         const unsigned char other_nonce[NONCE_BYTES],
-                         unsigned char out[PROOF_BYTES])
-{
-    unsigned char msg[64 + 2 + PL_COMM_NAME_MAX + 4 + 8 + 1 + 2 * NONCE_BYTES];
-    size_t n = strlen(role_label[h->role]);
-    memcpy(msg, role_label[h->role], n);
-    put16(msg + n, h->name_len);
-    n += 2;
-    memcpy(msg + n, h->name, h->name_len);
-    n += h->name_len;
-    put32(msg + n, (uint32_t)h->rank);
-    n += 4;
-    put64(msg + n, h->generation);
-    n += 8;
-    msg[n++] = (unsigned char)h->purpose;
-    memcpy(msg + n, h->nonce, NONCE_BYTES);
-    n += NONCE_BYTES;
-    memcpy(msg + n, other_nonce, NONCE_BYTES);
-    n += NONCE_BYTES;
-    unsigned int md_len = 0;
-    if (!HMAC(EVP_sha256(), key->token, (int)key->token_len, msg, n, out, &md_len) ||
-        md_len != PROOF_BYTES)
-        return -1;
-    return 0;
-}
-
-/* This side's verdict on the peer, most basic first: who it is, then its plan, then
- * what the connection is for, then its place. */
-static int judge(const hello_msg *mine, const hello_msg *peer, int32_t expect_rank,
-                 const unsigned char expect[PROOF_BYTES],
-                 const unsigned char got[PROOF_BYTES])
-{
-    const hello_msg *dialer = mine->role == ROLE_DIALER ? mine : peer;
-    const hello_msg *acceptor = mine->role == ROLE_DIALER ? peer : mine;
-    if (CRYPTO_memcmp(expect, got, PROOF_BYTES) != 0)
-        return V_AUTH;
-    if (peer->generation != mine->generation)
-        return V_STALE;
-    if (acceptor->purpose != PL_CONN_ANY && acceptor->purpose != dialer->purpose)
-        return V_PURPOSE;
-    if (expect_rank >= 0 && peer->rank != expect_rank)
-        return V_RANK;
-    return V_OK;
-}
-
-/* "dials a ring connection" / "accepts stage link connections". */
-static void describe_purpose(const hello_msg *h, char *out, size_t outlen)
-{
-    if (h->role == ROLE_DIALER)
-        snprintf(out, outlen, "dials a %s connection", pl_conn_purpose_name(h->purpose));
-    else if (h->purpose == PL_CONN_ANY)
-        snprintf(out, outlen, "accepts any connection");
-    else
-        snprintf(out, outlen, "accepts %s connections", pl_conn_purpose_name(h->purpose));
-}
-
-/* The peer's name as sent, made printable for messages (n bytes, then a NUL). */
-static void printable_name(char *out, const char *name, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        out[i] = (unsigned char)name[i] < 0x20 || (unsigned char)name[i] > 0x7e ? '?' : name[i];
-    out[n] = 0;
-}
-
-/* The error of a handshake that a verdict ended; by_peer: the peer's verdict. */
-static int refusal(const pl_conn *c, int verdict, int by_peer, const hello_msg *mine,
-                   const hello_msg *peer, int32_t expect_rank, char *err, size_t errlen)
-{
-    char shown[PL_COMM_NAME_MAX + 1], ours[64], theirs[64];
-    printable_name(shown, peer->name, peer->name_len);
-    describe_purpose(mine, ours, sizeof ours);
-    describe_purpose(peer, theirs, sizeof theirs);
-    const int code = verdict == V_AUTH ? PL_COMM_EAUTH
-                     : verdict == V_STALE ? PL_COMM_ESTALE : PL_COMM_EPROTO;
-    if (by_peer) {
-        char detail[160] = "";
-        if (verdict == V_PURPOSE)
-            snprintf(detail, sizeof detail, " (the peer %s, this worker %s)", theirs, ours);
-        return pl_comm_errf(err, errlen, code,
-                            "handshake with %s: peer rank %d (\"%s\") refused this worker: %s%s",
-                            c->peer_addr, (int)peer->rank, shown,
-                            verdict == V_AUTH    ? "job token mismatch"
-                            : verdict == V_STALE ? "plan generation mismatch (stale plan)"
-                            : verdict == V_RANK  ? "unexpected rank"
-                                                 : "wrong connection purpose",
-                            detail);
-    }
-    switch (verdict) {
-    case V_AUTH:
-        return pl_comm_errf(err, errlen, code,
-                            "handshake with %s: peer claiming rank %d (\"%s\") failed "
-                            "authentication: job token mismatch (a peer of another job, or a "
-                            "wrong token)", c->peer_addr, (int)peer->rank, shown);
-    case V_STALE:
-        return pl_comm_errf(err, errlen, code,
-                            "handshake with %s: peer rank %d (\"%s\") is at plan generation "
-                            "%llu, this worker at %llu: refused (stale plan)", c->peer_addr,
-                            (int)peer->rank, shown, (unsigned long long)peer->generation,
-                            (unsigned long long)mine->generation);
-    case V_PURPOSE:
-        return pl_comm_errf(err, errlen, code,
-                            "handshake with %s: wrong connection purpose: peer rank %d (\"%s\") "
-                            "%s, this worker %s", c->peer_addr, (int)peer->rank, shown, theirs,
-                            ours);
-    default:
-        return pl_comm_errf(err, errlen, code,
-                            "handshake with %s: peer is rank %d (\"%s\"), expected rank %d",
-                            c->peer_addr, (int)peer->rank, shown, (int)expect_rank);
+    switch (protection) {
+    case PL_PROTECT_DEFAULT: return "default";
+    case PL_PROTECT_NONE: return "none";
+    case PL_PROTECT_INTEGRITY: return "integrity";
+    case PL_PROTECT_ENCRYPT: return "encrypt";
+    default: return "?";
     }
 }
 
-/* Sends n bytes and receives n from the peer before the deadline. */
-static int exchange(pl_conn *c, const void *out, void *in, size_t n, int64_t deadline,
-                    const char *what_msg, char *err, size_t errlen)
+int pl_frame_protection_parse(const char *s, pl_frame_protection *out, char *err, size_t errlen)
 {
-    const char *what = "";
-    size_t got;
-    struct iovec iov = {(void *)out, n};
-    int rc = write_iov(c->fd, &iov, 1, pl_comm_poll_timeout(deadline), &what);
-    const char *stage = "sending";
-    if (rc == 0) {
-        rc = read_full(c->fd, in, n, pl_comm_poll_timeout(deadline), &got, &what);
-        stage = "waiting for";
-    }
-    if (rc)
-        return pl_comm_errf(err, errlen, rc, "handshake with %s (%s %s): %s: %s", c->peer_addr,
-                            stage, what_msg, pl_comm_strerror(rc), what);
-    return 0;
+    *out = PL_PROTECT_DEFAULT;
+    if (!s || !*s) return 0;
+    for (int p = PL_PROTECT_NONE; p <= PL_PROTECT_ENCRYPT; p++)
+        if (!strcmp(s, pl_frame_protection_name(p))) {
+            *out = (pl_frame_protection)p;
+            return 0;
+        }
+    return pl_comm_errf(err, errlen, PL_COMM_EINVAL,
+                        "peer frame protection: \"%.40s\" is not none, integrity or encrypt", s);
 }
 
-static int handshake(pl_conn *c, const pl_comm_ident *self, int role, int32_t expect_rank,
-                     int64_t deadline, char *err, size_t errlen)
+const char *pl_frame_cipher_name(int cipher)
 {
-    hello_msg mine = {.rank = self->rank, .generation = self->generation,
-                      .name_len = (uint16_t)strlen(self->name), .role = role,
-                      .purpose = self->purpose},
-              peer;
-    memcpy(mine.name, self->name, mine.name_len);
-    if (RAND_bytes(mine.nonce, NONCE_BYTES) != 1)
-        return pl_comm_errf(err, errlen, PL_COMM_ESYS, "handshake: RAND_bytes failed");
-    unsigned char hb[HELLO_BYTES], pb[HELLO_BYTES];
-    hello_encode(&mine, hb);
-    int rc = exchange(c, hb, pb, HELLO_BYTES, deadline, "hello", err, errlen);
-    if (rc || (rc = hello_decode(pb, 1 - role, &peer, c->peer_addr, err, errlen)))
-        return rc;
-    unsigned char proof[PROOF_BYTES], expect[PROOF_BYTES], peer_proof[PROOF_BYTES];
-    if (compute_proof(self, &mine, peer.nonce, proof) ||
-        compute_proof(self, &peer, mine.nonce, expect))
-        return pl_comm_errf(err, errlen, PL_COMM_ESYS, "handshake: HMAC failed");
-    if ((rc = exchange(c, proof, peer_proof, PROOF_BYTES, deadline, "proof", err, errlen)))
-        return rc;
-    const int verdict = judge(&mine, &peer, expect_rank, expect, peer_proof);
-    OPENSSL_cleanse(expect, sizeof expect);
-    unsigned char vb[4] = {'V', (unsigned char)verdict, 0, 0}, pvb[4];
-    rc = exchange(c, vb, pvb, sizeof vb, deadline, "verdict", err, errlen);
-    /* our own verdict is reported first: it needs nothing from the peer */
-    if (verdict != V_OK)
-        return refusal(c, verdict, 0, &mine, &peer, expect_rank, err, errlen);
-    if (rc)
-        return rc;
-    if (pvb[0] != 'V' || pvb[1] > V_PURPOSE)
-        return pl_comm_errf(err, errlen, PL_COMM_EPROTO,
-                            "handshake with %s: malformed verdict", c->peer_addr);
-    if (pvb[1] != V_OK)
-        return refusal(c, pvb[1], 1, &mine, &peer, expect_rank, err, errlen);
-    c->peer_rank = peer.rank;
-    c->generation = self->generation;
-    c->purpose = role == ROLE_DIALER ? mine.purpose : peer.purpose;
-    printable_name(c->peer_name, peer.name, peer.name_len);
-    return 0;
+    return cipher == PL_CIPHER_AES_256_GCM          ? "AES-256-GCM"
+           : cipher == PL_CIPHER_CHACHA20_POLY1305 ? "ChaCha20-Poly1305"
+                                                     : "?";
 }
-
-static int check_ident(const pl_comm_ident *self, int role, char *err, size_t errlen)
-{
-    if (!self || !self->token || self->token_len < PL_COMM_TOKEN_MIN ||
-        self->token_len > INT_MAX)
-        return pl_comm_errf(err, errlen, PL_COMM_EINVAL, "comm: a job token is required");
-    if (!self->name || strlen(self->name) > PL_COMM_NAME_MAX)
-        return pl_comm_errf(err, errlen, PL_COMM_EINVAL,
-                            "comm: worker name missing or longer than %d bytes",
-                            PL_COMM_NAME_MAX);
-    const int first_purpose = role == ROLE_DIALER ? PL_CONN_RING : PL_CONN_ANY;
-    if ((int)self->purpose < first_purpose || self->purpose >= PL_CONN_PURPOSE_COUNT)
-        return pl_comm_errf(err, errlen, PL_COMM_EINVAL, "comm: purpose %d: a %s %s",
-                            (int)self->purpose, role == ROLE_DIALER ? "dialer" : "listener",
-                            role == ROLE_DIALER ? "names what the connection is for"
-                                                : "accepts one purpose or any");
-    if (!rank_allowed(self->rank, role, self->purpose))
-        return pl_comm_errf(err, errlen, PL_COMM_EINVAL,
-                            "comm: rank %d (only a layer copy's dialer may have no rank)",
-                            (int)self->rank);
-    return 0;
-}
+/* ---- connections and their handshakes ---- */
 
 static pl_conn *conn_new(int fd, const struct sockaddr *sa)
 {
@@ -634,42 +379,145 @@ static pl_conn *conn_new(int fd, const struct sockaddr *sa)
     return c;
 }
 
-int pl_listener_accept(pl_listener *l, const pl_comm_ident *self, int timeout_ms,
-                       pl_conn **out, char *err, size_t errlen)
+/* The handshake is done: c takes what it agreed on and keys its frame protection. */
+static int conn_established(pl_conn *c, char *err, size_t errlen)
 {
-    *out = NULL;
-    int rc = check_ident(self, ROLE_LISTENER, err, errlen);
-    if (rc)
-        return rc;
-    int64_t deadline = pl_comm_deadline(timeout_ms);
-    int fd;
-    struct sockaddr_storage ss;
+    const pl_handshake_result *r = pl_handshake_result_of(c->hs);
+    c->peer_rank = r->peer_rank;
+    c->purpose = r->purpose;
+    snprintf(c->peer_name, sizeof c->peer_name, "%s", r->peer_name);
+    c->protection = r->protection;
+    c->cipher = r->cipher;
+    int rc = 0;
+    if (c->protection != PL_PROTECT_NONE) {
+        const int enc = c->protection == PL_PROTECT_ENCRYPT;
+        if (pl_aead_init(&c->tx, c->cipher, enc, 1, r->key_tx) ||
+            pl_aead_init(&c->rx, c->cipher, enc, 0, r->key_rx))
+            rc = pl_comm_errf(err, errlen, PL_COMM_ESYS, "handshake with %s: %s unavailable",
+                              c->peer_addr, pl_frame_cipher_name(c->cipher));
+    }
+    pl_handshake_free(c->hs);
+    c->hs = NULL;
+    return rc;
+}
+
+/* Starts c's handshake for self as the dialer or the listener. */
+static int conn_begin(pl_conn *c, const pl_comm_ident *self, int dialer, int32_t expect_rank,
+                      int64_t deadline, char *err, size_t errlen)
+{
+    c->generation = self->generation;
+    c->hs = pl_handshake_new(self, dialer, expect_rank, deadline, err, errlen);
+    return c->hs ? 0 : PL_COMM_ESYS;
+}
+
+int pl_conn_handshake_step(pl_conn *c, char *err, size_t errlen)
+{
+    if (!c->hs)
+        return 1;
+    int rc = pl_handshake_step(c->hs, c->fd, c->peer_addr, err, errlen);
+    if (rc == 1 && (rc = conn_established(c, err, errlen)) == 0)
+        return 1;
+    return rc;
+}
+
+short pl_conn_handshake_events(const pl_conn *c) { return c->hs ? pl_handshake_events(c->hs) : 0; }
+
+int64_t pl_conn_handshake_deadline(const pl_conn *c)
+{
+    return c->hs ? pl_handshake_deadline(c->hs) : -1;
+}
+
+/* Runs c's handshake to its end, waiting for the socket in between. */
+static int conn_handshake(pl_conn *c, char *err, size_t errlen)
+{
     for (;;) {
-        socklen_t sl = sizeof ss;
-        fd = accept4(l->fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd >= 0)
-            break;
+        int rc = pl_conn_handshake_step(c, err, errlen);
+        if (rc)
+            return rc == 1 ? 0 : rc;
+        struct pollfd p = {.fd = c->fd, .events = pl_conn_handshake_events(c)};
+        int t = pl_comm_poll_timeout(pl_conn_handshake_deadline(c));
+        if (poll(&p, 1, t) < 0 && errno != EINTR)
+            return pl_comm_errf(err, errlen, PL_COMM_ESYS, "handshake with %s: poll: %s",
+                                c->peer_addr, strerror(errno));
+    }
+}
+
+/* One connection waiting on l, without blocking: 0 with *fd (−1: none) or a code. */
+static int take_waiting(pl_listener *l, int *fd, struct sockaddr_storage *ss, char *err,
+                        size_t errlen)
+{
+    for (;;) {
+        socklen_t sl = sizeof *ss;
+        *fd = accept4(l->fd, (struct sockaddr *)ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (*fd >= 0)
+            return 0;
         if (errno == EINTR || errno == ECONNABORTED)
             continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            rc = wait_fd(l->fd, POLLIN, deadline);
-            if (rc == PL_COMM_ETIMEOUT)
-                return pl_comm_errf(err, errlen, rc, "accept on port %d: no peer within %d ms",
-                                    l->port, timeout_ms);
-            if (rc)
-                return pl_comm_errf(err, errlen, rc, "accept: poll: %s", strerror(errno));
-            continue;
-        }
-        return pl_comm_errf(err, errlen, PL_COMM_ESYS, "accept: %s", strerror(errno));
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            return 0;
+        /* out of descriptors and the like: the listener itself is sound */
+        return pl_comm_errf(err, errlen, PL_COMM_ESYS, "accept on port %d: %s", l->port,
+                            strerror(errno));
     }
+}
+
+/* pl_listener_accept_begin with the handshake's deadline. */
+static int accept_begin(pl_listener *l, const pl_comm_ident *self, int64_t deadline,
+                        pl_conn **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    int rc = pl_handshake_check_ident(self, 0, err, errlen);
+    struct sockaddr_storage ss;
+    int fd = -1;
+    if (rc || (rc = take_waiting(l, &fd, &ss, err, errlen)) || fd < 0)
+        return rc;
     tune_socket(fd);
     pl_conn *c = conn_new(fd, (struct sockaddr *)&ss);
     if (!c) {
         close(fd);
         return pl_comm_errf(err, errlen, PL_COMM_ESYS, "out of memory");
     }
-    rc = handshake(c, self, ROLE_LISTENER, -1, deadline, err, errlen);
-    if (rc) {
+    rc = conn_begin(c, self, 0, -1, deadline, err, errlen);
+    if (rc == 0)
+        rc = pl_conn_handshake_step(c, err, errlen);
+    if (rc < 0) {
+        pl_conn_close(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+int pl_listener_accept_begin(pl_listener *l, const pl_comm_ident *self, int handshake_ms,
+                             pl_conn **out, char *err, size_t errlen)
+{
+    return accept_begin(l, self, pl_comm_deadline(handshake_ms), out, err, errlen);
+}
+
+int pl_listener_accept(pl_listener *l, const pl_comm_ident *self, int timeout_ms,
+                       pl_conn **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    int rc = pl_handshake_check_ident(self, 0, err, errlen);
+    if (rc)
+        return rc;
+    int64_t deadline = pl_comm_deadline(timeout_ms);
+    pl_conn *c = NULL;
+    for (;;) {
+        /* the handshake ends with the accept's deadline, whatever trickles in */
+        rc = accept_begin(l, self, deadline, &c, err, errlen);
+        if (rc || c)
+            break;
+        rc = wait_fd(l->fd, POLLIN, deadline);
+        if (rc == PL_COMM_ETIMEOUT)
+            return pl_comm_errf(err, errlen, rc, "accept on port %d: no peer within %d ms",
+                                l->port, timeout_ms);
+        if (rc)
+            return pl_comm_errf(err, errlen, rc, "accept: poll: %s", strerror(errno));
+    }
+    if (rc)
+        return rc;
+    if ((rc = conn_handshake(c, err, errlen))) {
         pl_conn_close(c);
         return rc;
     }
@@ -683,12 +531,71 @@ static int retryable_connect_errno(int e)
            e == ECONNRESET || e == EAGAIN || e == EADDRNOTAVAIL;
 }
 
+/* One round of TCP connects to the addresses of res before deadline: the socket, or −1
+ * with *last_errno. */
+static int dial_once(const struct addrinfo *res, int64_t deadline, struct sockaddr_storage *sa,
+                     int *last_errno)
+{
+    int fd = -1;
+    for (const struct addrinfo *a = res; a && fd < 0; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) {
+            *last_errno = errno;
+            continue;
+        }
+        memcpy(sa, a->ai_addr, a->ai_addrlen);
+        int r;
+        do
+            r = connect(fd, a->ai_addr, a->ai_addrlen);
+        while (r < 0 && errno == EINTR);
+        if (r < 0 && errno == EINPROGRESS) {
+            int w = wait_fd(fd, POLLOUT, deadline);
+            int soerr = 0;
+            socklen_t sl = sizeof soerr;
+            if (w == PL_COMM_ETIMEOUT)
+                soerr = ETIMEDOUT;
+            else if (w || getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) != 0)
+                soerr = errno ? errno : EIO;
+            r = soerr ? -1 : 0;
+            errno = soerr;
+        }
+        if (r < 0) {
+            *last_errno = errno;
+            close(fd);
+            fd = -1;
+        }
+    }
+    return fd;
+}
+
+/* The handshake of a dialed socket. */
+static int dialed(int fd, const struct sockaddr_storage *sa, const pl_comm_ident *self,
+                  int32_t expect_rank, int64_t deadline, pl_conn **out, char *err,
+                  size_t errlen)
+{
+    tune_socket(fd);
+    pl_conn *c = conn_new(fd, (const struct sockaddr *)sa);
+    if (!c) {
+        close(fd);
+        return pl_comm_errf(err, errlen, PL_COMM_ESYS, "out of memory");
+    }
+    int rc = conn_begin(c, self, 1, expect_rank, deadline, err, errlen);
+    if (rc == 0)
+        rc = conn_handshake(c, err, errlen);
+    if (rc) {
+        pl_conn_close(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
 int pl_conn_connect(const char *host, int port, const pl_comm_ident *self,
                     int32_t expect_rank, int timeout_ms, pl_conn **out, char *err,
                     size_t errlen)
 {
     *out = NULL;
-    int rc = check_ident(self, ROLE_DIALER, err, errlen);
+    int rc = pl_handshake_check_ident(self, 1, err, errlen);
     if (rc)
         return rc;
     if (port <= 0 || port > 65535)
@@ -701,53 +608,12 @@ int pl_conn_connect(const char *host, int port, const pl_comm_ident *self,
         int fd = -1;
         struct sockaddr_storage peer_sa;
         if (rc == 0) {
-            for (struct addrinfo *a = res; a && fd < 0; a = a->ai_next) {
-                fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                            a->ai_protocol);
-                if (fd < 0) {
-                    last_errno = errno;
-                    continue;
-                }
-                memcpy(&peer_sa, a->ai_addr, a->ai_addrlen);
-                int r;
-                do
-                    r = connect(fd, a->ai_addr, a->ai_addrlen);
-                while (r < 0 && errno == EINTR);
-                if (r < 0 && errno == EINPROGRESS) {
-                    int w = wait_fd(fd, POLLOUT, deadline);
-                    int soerr = 0;
-                    socklen_t sl = sizeof soerr;
-                    if (w == PL_COMM_ETIMEOUT)
-                        soerr = ETIMEDOUT;
-                    else if (w || getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) != 0)
-                        soerr = errno ? errno : EIO;
-                    r = soerr ? -1 : 0;
-                    errno = soerr;
-                }
-                if (r < 0) {
-                    last_errno = errno;
-                    close(fd);
-                    fd = -1;
-                }
-            }
+            fd = dial_once(res, deadline, &peer_sa, &last_errno);
             freeaddrinfo(res);
         }
         attempts++;
-        if (fd >= 0) {
-            tune_socket(fd);
-            pl_conn *c = conn_new(fd, (struct sockaddr *)&peer_sa);
-            if (!c) {
-                close(fd);
-                return pl_comm_errf(err, errlen, PL_COMM_ESYS, "out of memory");
-            }
-            rc = handshake(c, self, ROLE_DIALER, expect_rank, deadline, err, errlen);
-            if (rc) {
-                pl_conn_close(c);
-                return rc;
-            }
-            *out = c;
-            return 0;
-        }
+        if (fd >= 0)
+            return dialed(fd, &peer_sa, self, expect_rank, deadline, out, err, errlen);
         if (rc == 0 && !retryable_connect_errno(last_errno))
             return pl_comm_errf(err, errlen, PL_COMM_ESYS, "connect to %s:%d: %s", host, port,
                                 strerror(last_errno));
@@ -776,22 +642,43 @@ void pl_conn_close(pl_conn *c)
     if (!c)
         return;
     close(c->fd);
+    pl_handshake_free(c->hs);
+    pl_aead_free(&c->tx);
+    pl_aead_free(&c->rx);
+    free(c->scratch);
     free(c);
 }
 
 int32_t pl_conn_peer_rank(const pl_conn *c) { return c->peer_rank; }
 pl_conn_purpose pl_conn_purpose_of(const pl_conn *c) { return c->purpose; }
 const char *pl_conn_peer_name(const pl_conn *c) { return c->peer_name; }
+const char *pl_conn_peer_addr(const pl_conn *c) { return c->peer_addr; }
 uint64_t pl_conn_generation(const pl_conn *c) { return c->generation; }
 int pl_conn_fd(const pl_conn *c) { return c->fd; }
 int pl_conn_status(const pl_conn *c) { return c->broken; }
 void pl_conn_set_max_frame(pl_conn *c, uint64_t max_bytes) { c->max_frame = max_bytes; }
 uint64_t pl_conn_max_frame(const pl_conn *c) { return c->max_frame; }
+pl_frame_protection pl_conn_protection(const pl_conn *c) { return c->protection; }
+pl_frame_cipher pl_conn_cipher(const pl_conn *c) { return c->cipher; }
+
+pl_aead *pl_conn_tx_aead(pl_conn *c) { return c->protection == PL_PROTECT_NONE ? NULL : &c->tx; }
+pl_aead *pl_conn_rx_aead(pl_conn *c) { return c->protection == PL_PROTECT_NONE ? NULL : &c->rx; }
 
 void pl_conn_mark_broken(pl_conn *c, int code)
 {
     if (!c->broken && code)
         c->broken = code;
+}
+
+int pl_conn_auth_failed(pl_conn *c, const char *where, char *err, size_t errlen)
+{
+    pl_conn_mark_broken(c, PL_COMM_EAUTH);
+    shutdown(c->fd, SHUT_RDWR);
+    return pl_comm_errf(err, errlen, PL_COMM_EAUTH,
+                        "%s: frame %llu from rank %d (\"%s\", %s) failed authentication: "
+                        "altered, replayed or reordered on the way (%s); connection closed",
+                        where, (unsigned long long)c->rx.counter - 1, (int)c->peer_rank,
+                        c->peer_name, c->peer_addr, pl_frame_cipher_name(c->cipher));
 }
 
 static int broken_err(pl_conn *c, char *err, size_t errlen)
@@ -802,6 +689,45 @@ static int broken_err(pl_conn *c, char *err, size_t errlen)
 }
 
 /* ---- frames ---- */
+
+/* Payload bytes sealed and written at a time: the piece stays in cache between the two. */
+#define SEAL_PIECE ((size_t)256 << 10)
+
+/* A protected frame: its header, its payload piece by piece (authenticated, or encrypted
+ * into c->scratch), its tag. Idle timeout. */
+static int write_sealed(pl_conn *c, unsigned char hb[PL_FRAME_HDR_BYTES], const void *data,
+                        size_t len, int timeout_ms, const char **what)
+{
+    if (c->tx.encrypt && !c->scratch && !(c->scratch = malloc(SEAL_PIECE))) {
+        *what = "out of memory";
+        return PL_COMM_ESYS;
+    }
+    if (pl_aead_begin(&c->tx, hb)) {
+        *what = "sealing failed";
+        return PL_COMM_ESYS;
+    }
+    const unsigned char *p = data;
+    size_t off = 0;
+    int rc = 0;
+    do {
+        const size_t n = len - off < SEAL_PIECE ? len - off : SEAL_PIECE;
+        const void *piece = c->tx.encrypt ? c->scratch : p + off;
+        if (n && pl_aead_update(&c->tx, p + off, c->scratch, n)) {
+            *what = "sealing failed";
+            return PL_COMM_ESYS;
+        }
+        struct iovec iov[2] = {{hb, off ? 0 : PL_FRAME_HDR_BYTES}, {(void *)piece, n}};
+        rc = write_iov(c->fd, iov, 2, timeout_ms, what);
+        off += n;
+    } while (rc == 0 && off < len);
+    unsigned char tag[PL_FRAME_TAG_BYTES];
+    if (rc == 0 && pl_aead_seal_final(&c->tx, tag)) {
+        *what = "sealing failed";
+        return PL_COMM_ESYS;
+    }
+    struct iovec t = {tag, sizeof tag};
+    return rc ? rc : write_iov(c->fd, &t, 1, timeout_ms, what);
+}
 
 static int send_frame_raw(pl_conn *c, uint16_t type, uint32_t tag, uint32_t aux,
                           const void *data, size_t len, int timeout_ms, char *err, size_t errlen)
@@ -814,7 +740,9 @@ static int send_frame_raw(pl_conn *c, uint16_t type, uint32_t tag, uint32_t aux,
     pl_frame_encode(&h, hb);
     struct iovec iov[2] = {{hb, sizeof hb}, {(void *)data, len}};
     const char *what = "";
-    int rc = write_iov(c->fd, iov, len ? 2 : 1, timeout_ms, &what);
+    int rc = c->protection == PL_PROTECT_NONE
+                 ? write_iov(c->fd, iov, len ? 2 : 1, timeout_ms, &what)
+                 : write_sealed(c, hb, data, len, timeout_ms, &what);
     if (rc) {
         c->broken = rc;
         return pl_comm_errf(err, errlen, rc, "send to rank %d (%s): %s: %s", (int)c->peer_rank,
@@ -837,7 +765,8 @@ int pl_conn_send_frame(pl_conn *c, uint16_t type, uint32_t tag, uint32_t aux,
 }
 
 /* limit: the largest payload accepted (the maximum frame size for caller frames, the
- * protocol's fixed chunk size for tensor chunks). */
+ * protocol's fixed chunk size for tensor chunks). On a protected connection the header
+ * starts the frame's authentication (recv_payload ends it). */
 static int recv_header(pl_conn *c, pl_frame_hdr *hdr, uint64_t limit, int timeout_ms, char *err,
                        size_t errlen)
 {
@@ -874,22 +803,43 @@ static int recv_header(pl_conn *c, pl_frame_hdr *hdr, uint64_t limit, int timeou
                             (int)c->peer_rank, (unsigned long long)hdr->len,
                             (unsigned long long)limit);
     }
+    if (c->protection != PL_PROTECT_NONE && pl_aead_begin(&c->rx, hb)) {
+        c->broken = PL_COMM_ESYS;
+        return pl_comm_errf(err, errlen, PL_COMM_ESYS, "receive from rank %d: AEAD failed",
+                            (int)c->peer_rank);
+    }
     return 0;
 }
 
-static int recv_body(pl_conn *c, void *buf, size_t len, int timeout_ms, char *err,
-                     size_t errlen)
+/* The payload of the frame whose header came last (len bytes into buf), then, when
+ * protected, its tag: the payload is checked (and decrypted in place) piece by piece as
+ * it arrives, and nothing is accepted before the tag verifies. */
+static int recv_payload(pl_conn *c, void *buf, size_t len, int timeout_ms, char *err,
+                        size_t errlen)
 {
-    size_t got;
+    const int prot = c->protection != PL_PROTECT_NONE;
+    unsigned char *p = buf, tag[PL_FRAME_TAG_BYTES];
+    size_t off = 0, got = 0;
     const char *what = "";
-    int rc = read_full(c->fd, buf, len, timeout_ms, &got, &what);
+    int rc = 0;
+    while (rc == 0 && off < len) {
+        const size_t n = !prot || len - off < SEAL_PIECE ? len - off : SEAL_PIECE;
+        rc = read_full(c->fd, p + off, n, timeout_ms, &got, &what);
+        if (rc == 0 && prot && pl_aead_update(&c->rx, p + off, p + off, n))
+            rc = PL_COMM_ESYS, what = "AEAD failed";
+        off += rc ? got : n;
+    }
+    if (rc == 0 && prot)
+        rc = read_full(c->fd, tag, sizeof tag, timeout_ms, &got, &what);
     if (rc) {
         c->broken = rc;
         return pl_comm_errf(err, errlen, rc,
                             "receive from rank %d (%s): %s in a frame body (%zu of %zu bytes): %s",
-                            (int)c->peer_rank, c->peer_addr, pl_comm_strerror(rc), got, len,
+                            (int)c->peer_rank, c->peer_addr, pl_comm_strerror(rc), off, len,
                             what);
     }
+    if (prot && pl_aead_open_final(&c->rx, tag))
+        return pl_conn_auth_failed(c, "receive", err, errlen);
     return 0;
 }
 
@@ -905,7 +855,7 @@ int pl_conn_recv_frame(pl_conn *c, pl_frame_hdr *hdr, void *buf, size_t cap, int
                             "receive from rank %d: frame of %llu bytes, buffer holds %zu",
                             (int)c->peer_rank, (unsigned long long)hdr->len, cap);
     }
-    return recv_body(c, buf, (size_t)hdr->len, timeout_ms, err, errlen);
+    return recv_payload(c, buf, (size_t)hdr->len, timeout_ms, err, errlen);
 }
 
 int pl_conn_recv_frame_alloc(pl_conn *c, pl_frame_hdr *hdr, void **data, int timeout_ms,
@@ -915,15 +865,13 @@ int pl_conn_recv_frame_alloc(pl_conn *c, pl_frame_hdr *hdr, void **data, int tim
     int rc = recv_header(c, hdr, c->max_frame, timeout_ms, err, errlen);
     if (rc)
         return rc;
-    if (hdr->len == 0)
-        return 0;
-    void *p = malloc((size_t)hdr->len);
-    if (!p) {
+    void *p = hdr->len ? malloc((size_t)hdr->len) : NULL;
+    if (hdr->len && !p) {
         c->broken = PL_COMM_ESYS;
         return pl_comm_errf(err, errlen, PL_COMM_ESYS, "out of memory for a %llu-byte frame",
                             (unsigned long long)hdr->len);
     }
-    rc = recv_body(c, p, (size_t)hdr->len, timeout_ms, err, errlen);
+    rc = recv_payload(c, p, (size_t)hdr->len, timeout_ms, err, errlen);
     if (rc) {
         free(p);
         return rc;
@@ -980,7 +928,7 @@ int pl_conn_recv_floats(pl_conn *c, uint32_t tag, float *x, size_t n, int timeou
                                 tag, n, (int)c->peer_rank, h.type, h.tag, h.aux,
                                 (unsigned long long)h.len, idx, m * sizeof(float));
         }
-        rc = recv_body(c, x + off, m * sizeof(float), timeout_ms, err, errlen);
+        rc = recv_payload(c, x + off, m * sizeof(float), timeout_ms, err, errlen);
         if (rc)
             return rc;
         off += m;

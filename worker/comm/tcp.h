@@ -1,35 +1,51 @@
 /* Worker-to-worker transport over plain TCP (no TLS): connections authenticated by
- * the job token, length-prefixed frames, float tensors.
+ * the job token, length-prefixed frames protected by an AEAD keyed from the handshake,
+ * float tensors.
  *
  * Authentication (docs/runtime.md "Peer connections"): after TCP connect both sides
- * send a HELLO (rank, name, plan generation, purpose, a fresh 32-byte nonce from
- * RAND_bytes), then a PROOF = HMAC-SHA256(token, direction label || own name || own
- * rank || generation || own purpose || own nonce || peer nonce), then a one-byte
- * VERDICT on the peer's proof. Proofs are checked with CRYPTO_memcmp. The direction
- * labels differ for the dialing and the accepting side, so a proof cannot be reflected
- * back. A wrong token (another job), a different plan generation (a stale plan), a
- * purpose the other side does not take or an unexpected rank makes both sides close the
- * connection and return PL_COMM_EAUTH / PL_COMM_ESTALE / PL_COMM_EPROTO with a message
- * that says which; the listener stays usable.
+ * send a HELLO (rank, name, plan generation, purpose, frame protection, cipher, a fresh
+ * 32-byte nonce from RAND_bytes), then a PROOF = HMAC-SHA256(token, direction label ||
+ * own name || own rank || generation || own purpose || own protection || own cipher ||
+ * own nonce || peer nonce), then a one-byte VERDICT on the peer's proof. Proofs are
+ * checked with CRYPTO_memcmp. The direction labels differ for the dialing and the
+ * accepting side, so a proof cannot be reflected back. A wrong token (another job), a
+ * different plan generation (a stale plan), a purpose the other side does not take or an
+ * unexpected rank makes both sides close the connection and return PL_COMM_EAUTH /
+ * PL_COMM_ESTALE / PL_COMM_EPROTO with a message that says which; the listener stays
+ * usable. The handshake's deadline is TOTAL, from the connection's start: a peer that
+ * trickles bytes gains nothing.
  *
  * Purpose: every connection is for one thing (pl_conn_purpose), named by the dialer in
  * its hello and covered by its proof. The accepting side states what it takes (one
  * purpose, or PL_CONN_ANY) in its own hello; each side refuses a mismatch, naming both
  * purposes. The rank is then the plan rank whatever the purpose.
  *
+ * Frame protection (pl_frame_protection): each side states the protection it wants and
+ * the cipher it runs fast; the connection uses the stronger protection of the two, and
+ * AES-256-GCM when both have AES instructions, else ChaCha20-Poly1305. Both are covered
+ * by the proofs, so an on-path attacker cannot lower them. With INTEGRITY or ENCRYPT each
+ * direction has its own key, HKDF-SHA256(token; salt: both nonces; info: the direction,
+ * the protection, the cipher and both proofs), and every frame carries a 16-byte tag
+ * over its header and payload (ENCRYPT: the payload is encrypted too) under a nonce that
+ * counts the frames of that direction (aead.h). A frame whose tag fails (altered,
+ * replayed, reordered, dropped) ends the connection with PL_COMM_EAUTH naming the peer.
+ *
  * Frames: a 32-byte little-endian header (magic, type, tag, aux, generation, length)
- * then `length` payload bytes; length ≤ the connection's maximum frame size. Sockets
- * are non-blocking; every blocking call takes timeout_ms and waits with poll(), so a
- * dead peer never blocks a caller forever. For data transfers timeout_ms is an IDLE
- * timeout (the longest wait without any byte moving), so large transfers on slow links
- * do not need a guessed total; connect, accept and the handshake use it as a total
- * deadline. timeout_ms < 0 waits forever (not recommended). Sends use MSG_NOSIGNAL.
+ * then `length` payload bytes, then the tag when protected; length ≤ the connection's
+ * maximum frame size. Sockets are non-blocking; every blocking call takes timeout_ms and
+ * waits with poll(), so a dead peer never blocks a caller forever. For data transfers
+ * timeout_ms is an IDLE timeout (the longest wait without any byte moving), so large
+ * transfers on slow links do not need a guessed total; connect, accept and the handshake
+ * use it as a total deadline. timeout_ms < 0 waits forever (not recommended). Sends use
+ * MSG_NOSIGNAL.
  *
  * The maximum frame size (pl_conn_set_max_frame) bounds caller frames; tensor chunks
  * and all-reduce chunks have fixed protocol sizes (PL_COMM_TENSOR_CHUNK_BYTES,
  * PL_ALLREDUCE_CHUNK_FLOATS) so both ends always agree on them.
  *
  * A connection is not thread-safe: one thread (or one collective) uses it at a time.
+ * Ownership: a connection returned belongs to the caller (pl_conn_close); it borrows
+ * nothing once its handshake is done (a handshake in progress borrows the token).
  *
  * Errors are negative codes (below) plus a message in err. Any error other than a
  * timeout before the first byte of a received frame leaves the byte stream out of
@@ -78,11 +94,40 @@ const char *pl_conn_purpose_name(int purpose);
  * layer copies. */
 #define PL_COMM_NO_RANK (-1)
 
+/* How the frames of a connection are protected after its handshake (see above). */
+typedef enum {
+    PL_PROTECT_DEFAULT = 0, /* PL_PROTECT_DEFAULT_MODE */
+    PL_PROTECT_NONE,        /* plain frames: the handshake alone is authenticated */
+    PL_PROTECT_INTEGRITY,   /* a tag over header and plaintext payload (GMAC / Poly1305) */
+    PL_PROTECT_ENCRYPT,     /* the payload encrypted too */
+} pl_frame_protection;
+
+/* What PL_PROTECT_DEFAULT means (bench/README.md "Worker transport": what each costs). */
+#define PL_PROTECT_DEFAULT_MODE PL_PROTECT_INTEGRITY
+
+/* "none", "integrity", "encrypt" ("default" for PL_PROTECT_DEFAULT); "?" otherwise. */
+const char *pl_frame_protection_name(int protection);
+/* Parses "none", "integrity" or "encrypt" (PL_PROTECT_DEFAULT for NULL or ""). 0, or
+ * PL_COMM_EINVAL with err. */
+int pl_frame_protection_parse(const char *s, pl_frame_protection *out, char *err,
+                              size_t errlen);
+
+/* The AEAD of protected frames. */
+typedef enum {
+    PL_CIPHER_AUTO = 0,              /* AES-256-GCM where the CPU has AES instructions */
+    PL_CIPHER_AES_256_GCM,
+    PL_CIPHER_CHACHA20_POLY1305,
+} pl_frame_cipher;
+
+/* "AES-256-GCM", "ChaCha20-Poly1305"; "?" otherwise. */
+const char *pl_frame_cipher_name(int cipher);
+
 /* Who this process is, for the handshake. token: the job token (raw bytes);
  * name: printable, at most PL_COMM_NAME_MAX bytes; rank: its plan rank (≥ 0, or
  * PL_COMM_NO_RANK for a layer copy's dialer); generation: the plan generation the
  * connection belongs to; purpose: for pl_conn_connect the connection's purpose (not
- * PL_CONN_ANY), for pl_listener_accept the purpose accepted (PL_CONN_ANY: any). */
+ * PL_CONN_ANY), for pl_listener_accept the purpose accepted (PL_CONN_ANY: any);
+ * protection and cipher: what this side asks for (0: the defaults). */
 typedef struct {
     const void *token;
     size_t token_len;
@@ -90,6 +135,8 @@ typedef struct {
     const char *name;
     uint64_t generation;
     pl_conn_purpose purpose;
+    pl_frame_protection protection;
+    pl_frame_cipher cipher;
 } pl_comm_ident;
 
 typedef struct pl_listener pl_listener;
@@ -110,6 +157,23 @@ void pl_listener_close(pl_listener *l);
 int pl_listener_accept(pl_listener *l, const pl_comm_ident *self, int timeout_ms,
                        pl_conn **out, char *err, size_t errlen);
 
+/* ---- accepting several connections at once (mesh.c) ---- */
+
+/* Takes one connection waiting on the listener, without blocking, and starts its
+ * handshake (sends this side's hello) with a total deadline of handshake_ms from now.
+ * 0 with *out NULL when none waits; 0 with *out, a connection whose handshake runs
+ * (pl_conn_handshake_step); else ESYS / EINVAL. self (its token) must outlive the
+ * handshake. */
+int pl_listener_accept_begin(pl_listener *l, const pl_comm_ident *self, int handshake_ms,
+                             pl_conn **out, char *err, size_t errlen);
+/* Moves a handshake on without blocking: 1 done (c is a connection like
+ * pl_listener_accept's), 0 waiting (poll pl_conn_fd for pl_conn_handshake_events), or a
+ * negative code with err (refused, closed, its deadline passed: close c). */
+int pl_conn_handshake_step(pl_conn *c, char *err, size_t errlen);
+short pl_conn_handshake_events(const pl_conn *c);
+/* When c's handshake fails for its deadline (pl_now_ms's clock). */
+int64_t pl_conn_handshake_deadline(const pl_conn *c);
+
 /* Connects to host:port, retrying refused/unreachable attempts with backoff until
  * timeout_ms has passed, then runs the handshake. expect_rank ≥ 0 refuses a peer
  * with another rank (EPROTO); −1 accepts any. */
@@ -125,6 +189,11 @@ int32_t pl_conn_peer_rank(const pl_conn *c);
 /* The purpose the dialer named (never PL_CONN_ANY). */
 pl_conn_purpose pl_conn_purpose_of(const pl_conn *c);
 const char *pl_conn_peer_name(const pl_conn *c);
+/* "HOST:PORT" of the peer, known from the start (also while its handshake runs). */
+const char *pl_conn_peer_addr(const pl_conn *c);
+/* The protection and cipher the handshake agreed on (never PL_PROTECT_DEFAULT). */
+pl_frame_protection pl_conn_protection(const pl_conn *c);
+pl_frame_cipher pl_conn_cipher(const pl_conn *c);
 uint64_t pl_conn_generation(const pl_conn *c);
 int pl_conn_fd(const pl_conn *c);
 /* 0, or the code that broke the connection. */
@@ -137,6 +206,7 @@ uint64_t pl_conn_max_frame(const pl_conn *c);
 /* ---- frames ---- */
 
 #define PL_FRAME_HDR_BYTES 32
+#define PL_FRAME_TAG_BYTES 16 /* after the payload of a protected frame */
 /* Frame types below 256 are reserved for this library. */
 enum {
     PL_FRAME_TENSOR = 1,    /* a chunk of a streamed float tensor; aux = chunk index */
