@@ -15,11 +15,12 @@
   partition-from-peers       blackholes between the node and every other node
                              and its Pods, except the coordinator's Pod (body
                              {"address": IP}; default: the leading operator Pod's
-                             address), which the node still reaches
+                             address, below), which the node still reaches
   partition-from-coordinator blackholes between the node and one address
                              (body {"address": IP}; default: the leading operator
-                             Pod's address, label pliant.dev/role=leader, else the
-                             API server's)
+                             Pod's address — the Pod a Lease outside kube-node-lease
+                             names as its holder, as leader election writes it —
+                             else the API server's)
   restore                    the partitions go and the link comes up
 """
 
@@ -30,7 +31,6 @@ from api import now
 from errors import ApiError
 
 ACTIONS = ("preempt", "lose", "partition-from-peers", "partition-from-coordinator", "restore")
-LEADER_LABEL = "pliant.dev/role"
 
 
 class Faults:
@@ -72,11 +72,14 @@ class Faults:
         return self._leader() or self.network.host_ip
 
     def _leader(self):
-        """The leading operator Pod's address, or None."""
+        """The address of the Pod a Lease names as its holder (leader election's
+        identity is the Pod's name), or None."""
         with self.store.cond:
-            for pod in self.store.items("pods"):
-                if (pod["metadata"].get("labels") or {}).get(LEADER_LABEL) == "leader" and \
-                        pod.get("status", {}).get("podIP"):
+            for lease in self.store.items("coordination.k8s.io/leases"):
+                ns = lease["metadata"]["namespace"]
+                holder = (lease.get("spec") or {}).get("holderIdentity")
+                pod = self.store.get("pods", ns, holder) if holder and ns != "kube-node-lease" else None
+                if pod and pod.get("status", {}).get("podIP"):
                     return pod["status"]["podIP"]
         return None
 
