@@ -557,7 +557,8 @@ static void observe(pl_controller *c, cjob *j)
     }
     const char *phase = phase_of(co);
     if (strcmp(phase, j->phase)) {
-        if (!strcmp(phase, "Running") && (!j->phase[0] || !strcmp(j->phase, "Pending")))
+        if (!strcmp(phase, "Running") &&
+            (!j->phase[0] || !strcmp(j->phase, "Pending") || !strcmp(j->phase, "Profiling")))
             event(c, j, "Normal", "Started", "Train", "training on %d workers",
                   pl_coord_live_workers(co));
         if (!strcmp(phase, "Succeeded") || !strcmp(phase, "Failed")) {

@@ -1,0 +1,420 @@
+#!/usr/bin/env python3
+"""End-to-end tests of the operator in the test cluster (tests/k8s/cluster.py): the
+chart installed as `helm install pliant` would (namespace pliant, 2 operator Pods as
+their ServiceAccount with the chart's RBAC, limits and NetworkPolicies, perJob on),
+worker Pods in network namespaces with cgroups, Pod Security, DNS and the cloud's
+failures. One cluster for the whole file (3 nodes in zones a,b, node-monitor grace
+4 s, default tolerations 4 s; spot nodes added by the fault tests), brought down at
+the end.
+
+  shakespeare_example_trains_in_a_restricted_namespace
+        examples/shakespeare-tiny.yaml (shortened) in namespace training (Pod
+        Security restricted), data and checkpoints on claims: Succeeded; `kubectl
+        get tj` and `kubectl describe tj` as README.md shows them; no 403 for the
+        operator's ServiceAccount in the API server's request log
+  profile_auto_is_measured_on_a_worker
+        a model that takes ~1 GB to measure, profile auto: Profiling, status.profile,
+        the worker's cgroup peak above the operator's 512Mi limit, the operator Pods
+        never restarted nor OOMKilled
+  worker_pods_are_restricted_and_mount_only_what_they_read
+        the fault job's worker Pods: admitted in the restricted namespace, their
+        security contexts, and from inside (the sandbox's mount namespace) the Secret
+        mount holds token, ca.crt and job.yaml (no tls.key), no ServiceAccount token,
+        a read-only root, uid 65532 without capabilities
+  checkpoints_suspend_resume_and_export
+        checkpoints on a claim (checkpoint.json, status.lastCheckpoint); suspend then
+        resume from the newest complete checkpoint with the losses of an
+        uninterrupted `pliant run`; deleted and re-applied (resume auto) resumes too;
+        `pliant export` reads the claim's checkpoint
+  preemption_loses_no_step
+  silent_node_loss_is_detected_by_heartbeats
+  partitions_end_in_a_new_plan
+  leader_pod_deleted_mid_step_the_other_replica_continues
+        on one job of 3 workers (one per spot node, F = 1, heartbeat 2 s): a spot
+        preemption with notice (no step lost, no checkpoint read), a silent loss
+        (detected within 3 heartbeats, no checkpoint), partitions from the peers and
+        from the coordinator (each ends in a new plan), the leading operator Pod
+        deleted (the other replica goes on from the same step with the same Pods)
+  two_jobs_in_two_namespaces_stay_apart
+        two jobs train side by side; a worker Pod of namespace B holding job A's
+        token is refused by B's coordinator, B unaffected; the per-job NetworkPolicy
+        (enforced by the cluster) keeps a Pod outside the job from the workers'
+        ports, while the job's own Pods reach them; the operator's peak memory
+  crash_looping_workers_exhaust_the_backoff_limit
+        a worker that exits at once: Pods re-created after the back-off, then Failed
+        (BackoffLimitExceeded) with an Event
+  resource_quota_refusal_is_a_failed_create
+        a namespace's ResourceQuota of 1 Pod: the second worker Pod refused, a
+        FailedCreate Event and condition PodsCreated=False
+
+Figures are printed as "# measured: ..." lines (docs/operator.md, bench/README.md).
+Skipped where the machine cannot make the cluster (root, network namespaces,
+cgroups), without kubectl or the shakespeare corpus.
+
+Run: python3 tests/cli/test_cluster_e2e.py --build build [-k SUBSTRING]
+Standard library only.
+"""
+
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "k8s"))
+
+from clitest import REPO, SHAKESPEARE, Failure, Skip, Suite, check  # noqa: E402
+import clusterfixture  # noqa: E402
+import e2e  # noqa: E402
+import yamlmini  # noqa: E402
+from clusterfixture import phase_is, step_at_least  # noqa: E402
+from client import E2EFailure  # noqa: E402
+
+suite = Suite("cluster_e2e", needs=[SHAKESPEARE])
+fx = clusterfixture.Fixture("pe", nodes=3, zones="a,b", grace=4, toleration=4)
+suite.at_end(fx.down)
+T0 = time.monotonic()
+NS = "training"
+OPERATOR_SA = "system:serviceaccount:pliant:pliant-operator"
+COLUMNS = ["NAME", "PHASE", "STEP", "STEPS", "LOSS", "NODES", "PIPELINES", "AGE"]
+HEARTBEAT = 2
+TINY = {"layers": 3, "channels": 32, "heads": 2, "vocabSize": 256, "maxSeqLen": 64, "seed": 7}
+state = {"pods": None, "fault": None}
+
+
+def measured(name, value, unit):
+    print("# measured: %s %s %s" % (name, value, unit))
+    sys.stdout.flush()
+
+
+def say(msg, *args):
+    if os.environ.get("PLIANT_E2E_VERBOSE"):
+        print("# %6.1f %s" % (time.monotonic() - T0, msg % args if args else msg))
+        sys.stdout.flush()
+
+
+# ---------------------------------------------------------------------------
+# The cluster, namespaces, jobs
+
+def cluster():
+    """The cluster (brought up once), with namespace training (Pod Security restricted)
+    and its claim `data` holding the shards."""
+    if not shutil.which("kubectl"):
+        raise Skip("kubectl not installed")
+    first = fx.api is None and not fx.skip
+    try:
+        fx.up(suite.tmp, suite.build)
+    except clusterfixture.Unavailable as e:
+        raise Skip(str(e))
+    if first:
+        state["pods"] = e2e.Recorder(fx.api, "/api/v1/pods")
+        suite.at_end(state["pods"].stop)
+        restricted_namespace(NS)
+    return fx
+
+
+def restricted_namespace(ns):
+    """A namespace labelled Pod Security restricted, with the claim `data`."""
+    prefix = suite.shakespeare_shards(100000)
+    fx.namespace(ns, {"pod-security.kubernetes.io/enforce": "restricted"})
+    fx.claim(ns, "data", [prefix + "_train.bin", prefix + "_val.bin"])
+
+
+def e2e_test(fn):
+    """A test whose failures carry the operators' log tails."""
+    def run():
+        cluster()
+        try:
+            fn()
+        except (E2EFailure, Failure) as e:
+            raise Failure("%s\n%s" % (e, fx.operator_logs()))
+    run.__name__, run.__doc__ = fn.__name__, fn.__doc__
+    return suite.test(run)
+
+
+def tj(name, steps, ns=NS, max_=2, model=None, tolerate=0, worker=None, **spec):
+    """A TrainingJob reading the claim `data`; worker: fields added to spec.worker."""
+    w = {"terminationGracePeriodSeconds": 5, "env": [{"name": "PLIANT_THREADS", "value": "1"}],
+         "resources": {"requests": {"cpu": "100m"}},
+         "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
+         "volumeMounts": [{"name": "data", "mountPath": "/data"}]}
+    for k, v in (worker or {}).items():
+        w[k] = w[k] + v if isinstance(v, list) and k in w else v
+    body = {"model": model or TINY, "data": {"train": "/data/ts_train.bin", "order": "shuffled", "seed": 3},
+            "batch": {"global": 8, "micro": 2, "seqLen": 32}, "optimizer": {"lr": 3.0e-3, "warmupSteps": 2},
+            "steps": steps, "evalEvery": 0, "profile": "synthetic", "nodes": {"min": 1, "max": max_},
+            "faultTolerance": {"tolerate": tolerate}, "worker": w}
+    body.update(spec)
+    return {"apiVersion": "pliant.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name, "namespace": ns},
+            "spec": body}
+
+
+def apply(obj):
+    return fx.api.kubectl_ok("apply", "-f", "-", stdin=json.dumps(obj))
+
+
+def delete_job(ns, name):
+    fx.api.kubectl_ok("delete", "tj", name, "-n", ns, "--wait=false")
+    e2e.wait_for("job %s/%s's Pods gone" % (ns, name), lambda: not fx.job_pods(ns, name), 30, 0.2)
+
+
+def ckpt_volume(claim="ckpt"):
+    return {"volumes": [{"name": "ckpt", "persistentVolumeClaim": {"claimName": claim}}],
+            "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}]}
+
+
+def check_steps_monotonic(hist, slack=1):
+    """status.step never goes back by more than the step in flight."""
+    steps = [st.get("step") for _, st in hist if st.get("step") is not None]
+    for a, b in zip(steps, steps[1:]):
+        check(b >= a - slack, "status.step went back from %d to %d: %s", a, b, steps[-40:])
+
+
+def pod_seen(ns, name):
+    """[(monotonic time, Pod)] the Pod Recorder saw of that Pod."""
+    return [(t, o) for t, typ, o in state["pods"].objects(
+        lambda o: o["metadata"]["name"] == name and o["metadata"].get("namespace") == ns)]
+
+
+def operators_never_restarted():
+    for p in fx.operator_pods():
+        for cs in p["status"].get("containerStatuses") or []:
+            check(cs.get("restartCount", 0) == 0 and "OOMKilled" not in json.dumps(cs),
+                  "operator Pod %s: %s", p["metadata"]["name"], cs)
+
+
+# ---------------------------------------------------------------------------
+# 1. The example
+
+def shakespeare_manifest():
+    with open(os.path.join(REPO, "examples", "shakespeare-tiny.yaml")) as f:
+        job = yamlmini.load(f.read())
+    job["metadata"]["namespace"] = NS
+    spec = job["spec"]
+    spec["data"].update(train="/data/ts_train.bin", val="/data/ts_val.bin")
+    spec.update(steps=20, evalEvery=10, evalBatches=2)
+    spec["checkpoint"].update(dir="/ckpt/shakespeare-tiny", every=10)
+    spec["nodes"]["max"] = 2
+    spec["worker"] = tj("x", 1, worker=ckpt_volume())["spec"]["worker"]
+    return job
+
+
+@e2e_test
+def shakespeare_example_trains_in_a_restricted_namespace():
+    """The example, shortened to 20 steps with data and checkpoints on claims, in a
+    namespace that is not the operator's: Succeeded, with what kubectl shows."""
+    fx.claim(NS, "ckpt")
+    job = shakespeare_manifest()
+    name = job["metadata"]["name"]
+    out = apply(job)
+    check("trainingjob.pliant.dev/%s created" % name in out, "kubectl apply: %s", out)
+    st = fx.wait_status(NS, name, "phase Succeeded", phase_is("Succeeded"), 240, stall=60)
+    check(st["step"] == 20 and 0 < st["loss"] < 5.5, "status step %s loss %s", st.get("step"), st.get("loss"))
+    check((st.get("lastValidation") or {}).get("step") == 19, "lastValidation %s", st.get("lastValidation"))
+    check((st.get("lastCheckpoint") or {}).get("step") == 20, "lastCheckpoint %s", st.get("lastCheckpoint"))
+    check(os.path.exists(os.path.join(fx.claim_dir(NS, "ckpt"), name, "step-00000020", "checkpoint.json")),
+          "no checkpoint.json of step 20 in the claim")
+    out = fx.api.kubectl_ok("get", "tj", "-n", NS)
+    names, rows = clusterfixture.table(out)
+    check(names == COLUMNS, "kubectl get tj header %s, want %s", names, COLUMNS)
+    row = next((r for r in rows if r["NAME"] == name), None)
+    check(row and row["PHASE"] == "Succeeded" and row["STEP"] == "20" and row["STEPS"] == "20" and
+          re.match(r"^\d+/2$", row["NODES"]) and re.match(r"^\d+x\d+(\+\d+x\d+)*$", row["PIPELINES"]) and
+          0 < float(row["LOSS"]) < 5.5, "kubectl get tj:\n%s", out)
+    out = fx.api.kubectl_ok("describe", "tj", name, "-n", NS)
+    for want in ("Name:         " + name, "Namespace:    " + NS, "Phase:", "Succeeded", "Conditions:",
+                 "Last Checkpoint:", "Events:", "Started", "CheckpointSaved", "every step committed"):
+        check(want in out, "kubectl describe tj lacks %r:\n%s", want, out)
+    denied = [r for r in fx.requests()[0] if r["status"] == 403 and r["user"] == OPERATOR_SA]
+    check(not denied, "403 for the operator: %s", [(r["method"], r["path"]) for r in denied][:5])
+    check(any(r["user"] == OPERATOR_SA for r in fx.requests()[0]), "no request recorded as %s", OPERATOR_SA)
+
+
+# ---------------------------------------------------------------------------
+# 2. Profiling on a worker
+
+@e2e_test
+def profile_auto_is_measured_on_a_worker():
+    """One 2048-wide block with a microbatch of one 8-token sequence: measuring it
+    needs ~1 GB (parameters, gradients, AdamW moments), twice the operator's limit."""
+    wide = {"layers": 1, "channels": 2048, "heads": 16, "vocabSize": 256, "maxSeqLen": 16, "seed": 7}
+    t0 = time.monotonic()
+    apply(tj("wide", 2, max_=1, model=wide, profile="auto", batch={"global": 1, "micro": 1, "seqLen": 8}))
+    st = fx.wait_status(NS, "wide", "phase Succeeded", phase_is("Succeeded"), 120, stall=60)
+    phases = [s.get("phase") for _, s in fx.history(NS, "wide", t0)]
+    check("Profiling" in phases, "phase Profiling never seen: %s", phases)
+    prof = json.loads(st.get("profile") or "{}")
+    check([l["name"] for l in prof.get("layers", [])] == ["embedding", "block0", "head"],
+          "status.profile %s", str(st.get("profile"))[:300])
+    worker = fx.job_pods(NS, "wide")[0]["metadata"]["name"]
+    _, peak = fx.memory(NS, worker)
+    measured("worker memory peak measuring a 2048-wide block", "%.0f" % (peak / 2**20), "MiB")
+    check(peak > 512 * 2**20, "the worker's peak %s bytes: the model does not need more than 512Mi", peak)
+    operators_never_restarted()
+    for p in fx.operator_pods():
+        _, op_peak = fx.memory("pliant", p["metadata"]["name"])
+        check(op_peak < 128 * 2**20, "operator %s peaked at %s bytes", p["metadata"]["name"], op_peak)
+    delete_job(NS, "wide")
+
+
+# ---------------------------------------------------------------------------
+# 3. Checkpoints on a claim
+
+CK_STEPS, CK_EVERY = 600, 100
+
+
+def reference_losses(job):
+    """{status.step: loss} of the same job run uninterrupted by `pliant run` (2 workers,
+    the same plan 2x1) on this machine's copy of the shards."""
+    ref = copy.deepcopy(job)
+    ref["spec"]["data"]["train"] = suite.shakespeare_shards(100000) + "_train.bin"
+    del ref["spec"]["checkpoint"], ref["spec"]["worker"]
+    path, metrics = os.path.join(suite.tmp, "ck-ref.json"), os.path.join(suite.tmp, "ck-ref.jsonl")
+    with open(path, "w") as f:
+        json.dump(ref, f)
+    rc, out, err = suite.run("run", path, "--workers", 2, "--threads", 1, "--metrics", metrics, timeout=120)
+    check(rc == 0, "pliant run: %s %s", out[-500:], err[-500:])
+    with open(metrics) as f:
+        lines = [json.loads(l) for l in f if l.strip()]
+    return {r["step"] + 1: r["loss"] for r in lines if "loss" in r and "step" in r}
+
+
+def newest_checkpoint(claim, name):
+    """The step of the newest checkpoint.json in the claim's directory of the job."""
+    d = os.path.join(claim, name)
+    return max([int(s[5:]) for s in os.listdir(d) if os.path.exists(os.path.join(d, s, "checkpoint.json"))] + [0])
+
+
+def suspend(name, value):
+    fx.api.kubectl_ok("patch", "tj", name, "-n", NS, "--type", "merge", "-p",
+                      json.dumps({"spec": {"runPolicy": {"suspend": value}}}))
+
+
+def resumed_from(name):
+    """The checkpoint steps the operator's log says the job started from."""
+    logs = "\n".join(fx.log("pliant", p["metadata"]["name"]) for p in fx.operator_pods())
+    return [int(m) for m in re.findall(r"%s/%s: starting from the checkpoint of step (\d+)" % (NS, name), logs)]
+
+
+@e2e_test
+def checkpoints_suspend_resume_and_export():
+    """Checkpoints every 100 steps on a claim; suspended after the checkpoint of step
+    200 and resumed; deleted after that of 400 and applied again; then exported."""
+    claim = fx.claim(NS, "ck")
+    job = tj("ck", CK_STEPS, worker=ckpt_volume("ck"), checkpoint={"dir": "/ckpt/ck", "every": CK_EVERY,
+                                                                   "resume": "auto"})
+    t0 = time.monotonic()
+    apply(job)
+    st = fx.wait_status(NS, "ck", "a checkpoint of step >= 200", lambda st: (st.get("lastCheckpoint") or {}).get(
+        "step", 0) >= 200, 60)
+    suspend("ck", True)
+    st = fx.wait_status(NS, "ck", "phase Suspended", phase_is("Suspended"), 30)
+    e2e.wait_for("the suspended job's Pods gone", lambda: not fx.job_pods(NS, "ck"), 30, 0.2)
+    # the newest complete checkpoint is the newest checkpoint.json: the status may lag
+    # behind one completed as the job stopped
+    first = newest_checkpoint(claim, "ck")
+    status_ckpt = (fx.status(NS, "ck").get("lastCheckpoint") or {}).get("step") or 0
+    check(200 <= status_ckpt <= first < CK_STEPS, "checkpoint.json up to step %d, status.lastCheckpoint %d", first,
+          status_ckpt)
+    t_resume = time.monotonic()
+    suspend("ck", False)
+    fx.wait_status(NS, "ck", "a checkpoint of step >= %d" % (first + 200), lambda st: (
+        st.get("lastCheckpoint") or {}).get("step", 0) >= first + 200, 60)
+    check(resumed_from("ck")[-1:] == [first], "after the suspension the job started from %s, want [%d]",
+          resumed_from("ck"), first)
+    after = [s.get("step") for _, s in fx.history(NS, "ck", t_resume) if s.get("phase") == "Running"]
+    check(after and min(after) >= first, "after resuming, status.step went below %d: %s", first, after[:10])
+    delete_job(NS, "ck")
+    second = newest_checkpoint(claim, "ck")
+    t_again = time.monotonic()
+    apply(job)
+    st = fx.wait_status(NS, "ck", "phase Succeeded", phase_is("Succeeded"), 60)
+    check(resumed_from("ck")[-1:] == [second], "applied again, the job started from %s, want [%d]",
+          resumed_from("ck"), second)
+    again = [s.get("step") for _, s in fx.history(NS, "ck", t_again) if s.get("step")]
+    check(again and min(again) >= second, "applied again, status.step went below %d: %s", second, again[:10])
+    check((st.get("lastCheckpoint") or {}).get("step") == CK_STEPS, "lastCheckpoint %s", st.get("lastCheckpoint"))
+    ref = reference_losses(job)
+    seen = {s["step"]: s["loss"] for _, s in fx.history(NS, "ck", t0) if s.get("step") and s.get("loss")}
+    compared = [k for k in seen if k in ref and k > first]
+    check(len(compared) >= 3, "too few steps to compare: status saw %s", sorted(seen)[:20])
+    for k in compared:
+        check(abs(seen[k] - ref[k]) <= 1e-6 * abs(ref[k]), "step %d: loss %r, uninterrupted %r", k, seen[k], ref[k])
+    out = os.path.join(suite.tmp, "ck.llmc.bin")
+    rc, so, se = suite.run("export", os.path.join(claim, "ck", "step-%08d" % CK_STEPS), "--llmc", out)
+    check(rc == 0 and os.path.getsize(out) > 1024, "pliant export: %d %s %s", rc, so, se)
+    delete_job(NS, "ck")
+
+
+# ---------------------------------------------------------------------------
+# 7. Worker Pods, on the fault tests' job
+
+def fault_job():
+    """A job of 3 workers, one per spot node (a GPU each), F = 1, heartbeat 2 s, that
+    trains until deleted; started once, running at step >= 50."""
+    if state["fault"] is None:
+        for node, zone in (("spot-a", "a"), ("spot-b", "b"), ("spot-c", "a"), ("spot-d", "b")):
+            fx.add_node(node, zone, {"pool": "spot"})
+        job = tj("ft", 10 ** 7, max_=3, tolerate=1, faultTolerance={"tolerate": 1, "heartbeatSeconds": HEARTBEAT},
+                 worker={"nodeSelector": {"pool": "spot"}})
+        del job["spec"]["worker"]["resources"]           # the default: one GPU, so one Pod a node
+        apply(job)
+        state["fault"] = "ft"
+    fx.wait_status(NS, "ft", "step >= 50 with 3 workers", lambda st: (st.get("step") or 0) >= 50 and
+                   (st.get("nodes") or {}).get("ready") == "3/3", 90)
+    return "ft"
+
+
+def training_pods(name):
+    return [p for p in fx.job_pods(NS, name) if p["status"].get("phase") == "Running" and
+            not p["metadata"].get("deletionTimestamp")]
+
+
+@e2e_test
+def worker_pods_are_restricted_and_mount_only_what_they_read():
+    """Admitted in the restricted namespace; from inside, the Secret's mount holds what a
+    worker reads and nothing else."""
+    job = fault_job()
+    pods = training_pods(job)
+    check(len(pods) == 3, "running worker Pods %s", [p["metadata"]["name"] for p in pods])
+    for pod in pods:
+        problems = e2e.worker_pod_problems(pod)
+        check(not problems, "worker Pod %s: %s", pod["metadata"]["name"], "; ".join(problems))
+    name = pods[0]["metadata"]["name"]
+    rc, out = fx.in_pod(NS, name, "python3", "-c", INSIDE)
+    check(rc == 0, "inside %s: %s", name, out)
+    seen = json.loads(out.strip().splitlines()[-1])
+    check(sorted(seen["etc_pliant"]) == ["ca.crt", "job.yaml", "token"], "/etc/pliant holds %s", seen["etc_pliant"])
+    check(all(m == "0o440" for m in seen["modes"].values()), "/etc/pliant modes %s", seen["modes"])
+    check(not seen["sa_token"], "a ServiceAccount token is mounted")
+    check(seen["root_write"] == "Read-only file system", "writing / : %s", seen["root_write"])
+    worker = fx.pod_pids(NS, name)[-1]
+    with open("/proc/%d/status" % worker) as f:
+        status = dict(l.split(":", 1) for l in f.read().splitlines() if ":" in l)
+    check(status["Uid"].split()[0] == "65532" and int(status["CapEff"], 16) == 0 and status["NoNewPrivs"].strip()
+          == "1", "the worker process: Uid %s CapEff %s NoNewPrivs %s", status["Uid"], status["CapEff"],
+          status["NoNewPrivs"])
+
+
+INSIDE = r"""
+import json, os
+d = "/etc/pliant"
+names = [n for n in os.listdir(d) if not n.startswith("..")]
+out = {"etc_pliant": names, "modes": {n: oct(os.stat(os.path.join(d, n)).st_mode & 0o777) for n in names},
+       "sa_token": os.path.exists("/var/run/secrets/kubernetes.io/serviceaccount")}
+try:
+    open("/x", "w"); out["root_write"] = "written"
+except OSError as e:
+    out["root_write"] = e.strerror
+print(json.dumps(out))
+"""
+
+
+if __name__ == "__main__":
+    sys.exit(suite.main())
