@@ -372,8 +372,7 @@ def fault_job():
 
 
 def training_pods(name):
-    return [p for p in fx.job_pods(NS, name) if p["status"].get("phase") == "Running" and
-            not p["metadata"].get("deletionTimestamp")]
+    return training_pods_of(NS, name)
 
 
 @e2e_test
@@ -414,6 +413,168 @@ except OSError as e:
     out["root_write"] = e.strerror
 print(json.dumps(out))
 """
+
+
+# ---------------------------------------------------------------------------
+# 5. Two namespaces
+
+CONNECT = r"""
+import json, socket, sys
+s = socket.socket(); s.settimeout(3)
+try:
+    s.connect((sys.argv[1], int(sys.argv[2]))); out = "connected"
+except socket.timeout:
+    out = "timeout"
+except OSError as e:
+    out = "error: %s" % (e.strerror or e)
+print(json.dumps(out))
+"""
+SLEEPER = "import time\nwhile True: time.sleep(60)"
+RESTRICTED_POD = {"runAsNonRoot": True, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}}
+RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def pod_manifest(name, command, env=(), volumes=(), mounts=(), labels=None):
+    """A Pod that Pod Security "restricted" admits."""
+    return {"metadata": {"name": name, "labels": labels or {}}, "spec": {
+        "restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "securityContext": RESTRICTED_POD,
+        "automountServiceAccountToken": False, "volumes": list(volumes),
+        "containers": [{"name": "main", "image": "python:3", "command": command, "env": list(env),
+                        "volumeMounts": list(mounts), "securityContext": RESTRICTED_CONTAINER}]}}
+
+
+def connect_from(ns, pod, ip, port):
+    """What a TCP connect to ip:port from inside the Pod gives: connected, timeout, error."""
+    rc, out = fx.in_pod(ns, pod, "python3", "-c", CONNECT, ip, str(port))
+    check(rc == 0, "connect from %s/%s: %s", ns, pod, out)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def listening_port(ns, pod):
+    """The worker's peer port (its one listening TCP socket)."""
+    rc, out = fx.in_pod(ns, pod, "cat", "/proc/net/tcp")
+    ports = [int(l.split()[1].split(":")[1], 16) for l in out.splitlines()[1:] if l.split()[3] == "0A"]
+    check(rc == 0 and len(ports) == 1, "listening sockets of %s/%s: %s", ns, pod, out)
+    return ports[0]
+
+
+def intruder(job_a, job_b):
+    """A Pod of job B's namespace running `pliant worker` with job B's certificate and
+    manifest but job A's token, dialling B's coordinator; labelled as a worker, which
+    the chart's NetworkPolicy lets reach the coordinator's ports."""
+    token = fx.ok("GET", "/api/v1/namespaces/team-a/secrets/%s-pliant" % job_a)["data"]["token"]
+    svc = fx.ok("GET", "/api/v1/namespaces/team-b/services/%s-coordinator" % job_b)
+    env = [{"name": "PLIANT_TOKEN", "value": __import__("base64").b64decode(token).decode()},
+           {"name": "PLIANT_CA", "value": "/etc/pliant/ca.crt"},
+           {"name": "PLIANT_COORDINATOR", "value": "%s-coordinator.team-b.svc:%d" % (
+               job_b, svc["spec"]["ports"][0]["port"])},
+           {"name": "PLIANT_WORKER_NAME", "value": "intruder"}, {"name": "PLIANT_HOST", "value": "0.0.0.0"}]
+    vol = {"name": "job", "secret": {"secretName": job_b + "-pliant", "items": [
+        {"key": "ca.crt", "path": "ca.crt"}, {"key": "job.yaml", "path": "job.yaml"}]}}
+    data = {"name": "data", "persistentVolumeClaim": {"claimName": "data"}}
+    fx.create("team-b", pod_manifest("intruder", ["/usr/local/bin/pliant", "worker", "/etc/pliant/job.yaml"], env,
+                                     [vol, data], [{"name": "job", "mountPath": "/etc/pliant"},
+                                                   {"name": "data", "mountPath": "/data"}],
+                                     {"app.kubernetes.io/name": "pliant-worker"}))
+    return fx.wait_phase("team-b", "intruder", ("Failed",), 30)
+
+
+@e2e_test
+def two_jobs_in_two_namespaces_stay_apart():
+    """Jobs A (team-a) and B (team-b) train side by side; job A's token does not open
+    job B; the per-job NetworkPolicy keeps other Pods off B's workers."""
+    for ns in ("team-a", "team-b"):
+        restricted_namespace(ns)
+    apply(tj("job-a", 10 ** 6, ns="team-a"))
+    apply(tj("job-b", 10 ** 6, ns="team-b"))
+    fx.create("team-b", pod_manifest("outsider", ["python3", "-c", SLEEPER]))
+    usage = []
+    for ns, name in (("team-a", "job-a"), ("team-b", "job-b")):
+        fx.wait_status(ns, name, "step >= 20 on 2 workers", lambda st: (st.get("step") or 0) >= 20 and (
+            st.get("nodes") or {}).get("ready") == "2/2", 60)
+        usage.append(fx.memory("pliant", fx.leader())[0])
+    before = fx.status("team-b", "job-b")
+    pod = intruder("job-a", "job-b")
+    log = fx.log("team-b", "intruder")
+    check(pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 1 and
+          "refused: bad token proof" in log, "the intruder:\n%s", log)
+    st = fx.wait_status("team-b", "job-b", "B to go on", step_at_least(before["step"] + 20), 30)
+    check(st.get("reconfigurations", 0) == before.get("reconfigurations", 0) and st["nodes"]["ready"] == "2/2",
+          "job B disturbed: %s", json.dumps(st)[:800])
+    usage.append(fx.memory("pliant", fx.leader())[0])
+    pol = fx.ok("GET", "/apis/networking.k8s.io/v1/namespaces/team-b/networkpolicies/job-b-peers")
+    check(pol["spec"]["podSelector"]["matchLabels"].get("pliant.dev/job") == "job-b", "NetworkPolicy %s", pol)
+    workers = sorted(p["metadata"]["name"] for p in training_pods_of("team-b", "job-b"))
+    target = fx.pod("team-b", workers[0])["status"]["podIP"]
+    port = listening_port("team-b", workers[0])
+    check(connect_from("team-b", workers[1], target, port) == "connected", "a worker of the job is kept off")
+    got = connect_from("team-b", "outsider", target, port)
+    check(got == "timeout", "a Pod outside the job connecting to a worker's port: %s", got)
+    leader = fx.pod("pliant", fx.leader())["status"]["podIP"]
+    got = connect_from("team-b", "outsider", leader, fx.ok("GET", "/api/v1/namespaces/team-b/services/"
+                                                                  "job-b-coordinator")["spec"]["ports"][0]["port"])
+    check(got == "timeout", "a Pod that is no worker connecting to the coordinator: %s", got)
+    other = training_pods_of("team-a", "job-a")[0]["metadata"]["name"]
+    got = connect_from("team-a", other, target, port)
+    check(got == "timeout", "job A's worker connecting to job B's: %s", got)
+    _, peak = fx.memory("pliant", fx.leader())
+    measured("operator memory with 2 jobs running (largest usage seen, cgroup peak)", "%.1f %.1f" % (
+        max(u for u in usage if u) / 2**20, peak / 2**20), "MiB")
+    for ns, name in (("team-a", "job-a"), ("team-b", "job-b")):
+        delete_job(ns, name)
+
+
+def training_pods_of(ns, name):
+    return [p for p in fx.job_pods(ns, name) if p["status"].get("phase") == "Running" and
+            not p["metadata"].get("deletionTimestamp")]
+
+
+# ---------------------------------------------------------------------------
+# 6. Failing workers, refused Pods
+
+@e2e_test
+def crash_looping_workers_exhaust_the_backoff_limit():
+    """A worker that exits at once (PLIANT_THREADS=0: exit 2), one Pod, backoffLimit 1:
+    its replacement comes after the 10 s back-off, fails too, and the job Failed."""
+    job = tj("crashy", 100, max_=1, runPolicy={"backoffLimit": 1})
+    job["spec"]["worker"]["env"] = [{"name": "PLIANT_THREADS", "value": "0"}]
+    apply(job)
+    st = fx.wait_status(NS, "crashy", "phase Failed", phase_is("Failed"), 60)
+    failed = clusterfixture.condition(st, "Failed") or {}
+    check(failed.get("reason") == "BackoffLimitExceeded", "Failed condition %s", failed)
+    check((st.get("nodes") or {}).get("failed") == 2, "status.nodes %s", st.get("nodes"))
+    evs = [e for e in fx.events(NS, "crashy") if e["reason"] == "BackoffLimitExceeded"]
+    check(evs and evs[0]["type"] == "Warning", "Events %s", [e["reason"] for e in fx.events(NS, "crashy")])
+    ends = {}
+    for name in ("crashy-w0", "crashy-w1"):
+        seen = pod_seen(NS, name)
+        check(seen, "no Pod %s seen", name)
+        ends[name] = (seen[0][0], next((t for t, o in seen if o["status"].get("phase") == "Failed"), None))
+        check(ends[name][1], "Pod %s never Failed", name)
+    gap = ends["crashy-w1"][0] - ends["crashy-w0"][1]
+    check(gap >= 9, "the replacement came %.1f s after the failure (back-off 10 s)", gap)
+    check("PLIANT_THREADS" in fx.log(NS, "crashy-w0"), "the worker's log: %s", fx.log(NS, "crashy-w0"))
+    fx.api.kubectl_ok("delete", "tj", "crashy", "-n", NS)
+
+
+@e2e_test
+def resource_quota_refusal_is_a_failed_create():
+    """A ResourceQuota of one Pod in the job's namespace: the second worker Pod is
+    refused (403 exceeded quota), a Warning Event FailedCreate and PodsCreated=False
+    with the API server's message; the first Pod runs."""
+    restricted_namespace("quota")
+    fx.create("quota", {"metadata": {"name": "pods"}, "spec": {"hard": {"pods": "1"}}}, "resourcequotas")
+    apply(tj("refused", 10 ** 6, ns="quota"))
+    st = fx.wait_status("quota", "refused", "PodsCreated=False", lambda st: (clusterfixture.condition(
+        st, "PodsCreated") or {}).get("status") == "False", 30)
+    cond = clusterfixture.condition(st, "PodsCreated")
+    check(cond["reason"] == "FailedCreate" and "exceeded quota: pods" in cond["message"], "PodsCreated %s", cond)
+    evs = [e for e in fx.events("quota", "refused") if e["reason"] == "FailedCreate"]
+    check(evs and evs[0]["type"] == "Warning" and "exceeded quota" in evs[0].get("note", ""), "Events %s",
+          [(e["reason"], e.get("note")) for e in fx.events("quota", "refused")])
+    check(len(fx.job_pods("quota", "refused")) == 1, "worker Pods %s",
+          [p["metadata"]["name"] for p in fx.job_pods("quota", "refused")])
+    fx.api.kubectl_ok("delete", "namespace", "quota", "--wait=false")
 
 
 if __name__ == "__main__":

@@ -55,9 +55,9 @@ def ip(*args, ns=None, check=True):
     return p.stdout.decode()
 
 
-def ip_batch(lines, ns=None):
-    """Several `ip` commands in one process (ip -batch)."""
-    cmd = ["ip"] + (["-n", ns] if ns else []) + ["-batch", "-"]
+def ip_batch(lines, ns=None, force=False):
+    """Several `ip` commands in one process (ip -batch; with force, past failed ones)."""
+    cmd = ["ip"] + (["-n", ns] if ns else []) + (["-force"] if force else []) + ["-batch", "-"]
     p = subprocess.run(cmd, input="\n".join(lines).encode(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     if p.returncode != 0:
         raise NetError("ip -batch (%s): %s" % ("; ".join(lines), p.stderr.decode().strip()))
