@@ -416,6 +416,133 @@ print(json.dumps(out))
 
 
 # ---------------------------------------------------------------------------
+# 4. Failures, on the fault job
+
+def plan_members(st):
+    return [n for p in ((st.get("plan") or {}).get("pipelines") or []) for n in p.get("nodes") or []]
+
+
+def victim(job):
+    """A worker of the current plan and its node."""
+    st = fx.status(NS, job)
+    pods = {p["metadata"]["name"]: p for p in training_pods(job)}
+    name = sorted(n for n in plan_members(st) if n in pods)[0]
+    return name, pods[name]["spec"]["nodeName"], st
+
+
+def new_plan(job, st0, what, timeout, cause=None):
+    """Waits for a plan newer than st0's (whose cause names `cause`) and a step
+    committed under it: (time the new plan was seen, time of that step, status)."""
+    gen0 = st0.get("planGeneration") or 0
+    t0 = time.monotonic()
+
+    def replanned(st):
+        last = st.get("lastReconfiguration") or {}
+        return (st.get("planGeneration") or 0) > gen0 and (cause is None or cause in last.get("cause", ""))
+    fx.wait_status(NS, job, what, replanned, timeout, stall=timeout)
+    hist = fx.history(NS, job, t0)
+    t_plan, st_plan = next((t, s) for t, s in hist if replanned(s))
+    st = fx.wait_status(NS, job, "a step committed after " + what, lambda s: (s.get("planGeneration") or 0) > gen0 and
+                        (s.get("step") or 0) > (st_plan.get("step") or 0), 30)
+    t_step = next(t for t, s in fx.history(NS, job, t0) if (s.get("planGeneration") or 0) > gen0 and
+                  (s.get("step") or 0) > (st_plan.get("step") or 0))
+    return t_plan, t_step, st
+
+
+def full_strength(job, n=3):
+    fx.wait_status(NS, job, "%d workers in the plan" % n, lambda st: len(plan_members(st)) == n and
+                   (st.get("nodes") or {}).get("ready") == "%d/%d" % (n, n), 60)
+
+
+@e2e_test
+def preemption_loses_no_step():
+    """A spot preemption with notice: the worker gets SIGTERM, leaves at the step
+    boundary; no committed step is lost and no checkpoint read; a replacement joins."""
+    job = fault_job()
+    name, node, st0 = victim(job)
+    t0 = time.monotonic()
+    fx.node_action(node, "preempt")
+    t_plan, t_step, st = new_plan(job, st0, "the plan without %s" % name, 30, "leaving " + name)
+    last = st["lastReconfiguration"]
+    check(last["fromCheckpoint"] is False, "lastReconfiguration %s", last)
+    check_steps_monotonic(fx.history(NS, job, t0 - 1))
+    ended = [t for t, p in pod_seen(NS, name) if p["status"].get("phase") == "Failed"]
+    check(ended, "the preempted Pod %s never ended", name)
+    measured("preemption notice to the worker's exit", "%.1f" % (ended[0] - t0), "s")
+    measured("preemption notice to the plan without it", "%.1f" % (t_plan - t0), "s")
+    full_strength(job)
+
+
+@e2e_test
+def silent_node_loss_is_detected_by_heartbeats():
+    """The link of a worker's node goes down (no FIN, no RST): the coordinator misses
+    its heartbeats (heartbeatSeconds 2) and re-plans without a checkpoint."""
+    job = fault_job()
+    name, node, st0 = victim(job)
+    t0 = time.monotonic()
+    fx.node_action(node, "lose")
+    try:
+        t_plan, t_step, st = new_plan(job, st0, "the plan without %s" % name, 30, "lost " + name)
+    finally:
+        fx.node_action(node, "restore")
+    last = st["lastReconfiguration"]
+    check("missed heartbeats" in last["cause"] and last["fromCheckpoint"] is False, "lastReconfiguration %s", last)
+    check(t_plan - t0 <= 3 * HEARTBEAT + 1.5, "the loss was seen after %.1f s (3 heartbeats: %d s)", t_plan - t0,
+          3 * HEARTBEAT)
+    check_steps_monotonic(fx.history(NS, job, t0 - 1))
+    measured("silent node loss to the next committed step (heartbeat %d s)" % HEARTBEAT, "%.1f" % (t_step - t0), "s")
+    full_strength(job)
+
+
+@e2e_test
+def partitions_end_in_a_new_plan():
+    """A node cut off from its peers but not from the coordinator, then one cut off
+    from the coordinator only: each ends in a new plan without that worker (not a
+    hang), and training goes on."""
+    job = fault_job()
+    for action, cause in (("partition-from-peers", "lost %s (peer_broken: its links to"), ("partition-from-coordinator",
+                                                                            "lost %s (missed heartbeats")):
+        name, node, st0 = victim(job)
+        t0 = time.monotonic()
+        fx.node_action(node, action)
+        try:
+            t_plan, t_step, st = new_plan(job, st0, "a plan without %s after %s" % (name, action), 40,
+                                          cause % name)
+        finally:
+            fx.node_action(node, "restore")
+        check(st["lastReconfiguration"]["fromCheckpoint"] is False, "lastReconfiguration %s",
+              st["lastReconfiguration"])
+        measured("%s to the next committed step" % action, "%.1f" % (t_step - t0), "s")
+
+
+@e2e_test
+def leader_pod_deleted_mid_step_the_other_replica_continues():
+    """The leading operator Pod deleted while the job trains: the other replica takes
+    the Lease, points the job's EndpointSlice at itself and goes on from the same step
+    with the same worker Pods."""
+    job = fault_job()
+    leader = fx.leader()
+    before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in training_pods(job)}
+    st0 = fx.status(NS, job)
+    t0 = time.monotonic()
+    fx.api.kubectl_ok("delete", "pod", leader, "-n", "pliant", "--wait=false")
+    other = e2e.wait_for("another operator Pod to lead", lambda: (lambda l: l if l and l != leader else None)(
+        fx.leader()), 60, 0.2)
+    ip = fx.pod("pliant", other)["status"]["podIP"]
+    slice_path = "/apis/discovery.k8s.io/v1/namespaces/%s/endpointslices/%s-coordinator" % (NS, job)
+    e2e.wait_for("the EndpointSlice to name the new leader", lambda: fx.api.get(slice_path)["endpoints"][0][
+        "addresses"] == [ip], 30, 0.2)
+    st = fx.wait_status(NS, job, "training to go on", step_at_least((st0.get("step") or 0) + 50), 60, stall=60)
+    t_step = next(t for t, s in fx.history(NS, job, t0) if (s.get("step") or 0) > (st0.get("step") or 0) + 1 and
+                  t > t0)
+    check_steps_monotonic(fx.history(NS, job, t0 - 1))
+    after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in training_pods(job)}
+    check(after == before, "worker Pods %s after the failover, %s before", after, before)
+    measured("leader Pod deleted to a step committed under the new leader", "%.1f" % (t_step - t0), "s")
+    delete_job(NS, job)
+
+
+# ---------------------------------------------------------------------------
 # 5. Two namespaces
 
 CONNECT = r"""
