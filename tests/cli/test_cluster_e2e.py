@@ -126,14 +126,37 @@ def restricted_namespace(ns):
     fx.claim(ns, "data", [prefix + "_train.bin", prefix + "_val.bin"])
 
 
+def diagnostics():
+    """Every job's phase, step and nodes, its live worker Pods' log tails, the operators'."""
+    lines = []
+    try:
+        for tj_ in fx.ok("GET", "/apis/pliant.dev/v1alpha1/trainingjobs")["items"]:
+            st, md = tj_.get("status") or {}, tj_["metadata"]
+            lines.append("--- job %s/%s: %s step %s nodes %s" % (md["namespace"], md["name"], st.get("phase"),
+                                                                st.get("step"), st.get("nodes")))
+            for p in fx.job_pods(md["namespace"], md["name"]):
+                if p["status"].get("phase") in ("Running", "Pending", "Failed"):
+                    lines.append("    pod %s %s on %s: %s" % (p["metadata"]["name"], p["status"].get("phase"),
+                                                             p["spec"].get("nodeName"), " | ".join(fx.log(
+                                                                 md["namespace"], p["metadata"]["name"])
+                                                                 .splitlines()[-3:])))
+        lines.append("--- nodes: %s" % ", ".join("%s %s" % (n["metadata"]["name"], fx.node_ready(n["metadata"]["name"]))
+                                                 for n in fx.ok("GET", "/api/v1/nodes")["items"]))
+        lines += ["--- %s %s: %s" % (e["reason"], e["involvedObject"]["name"], e.get("message")) for e in fx.ok(
+            "GET", "/api/v1/events")["items"] if e.get("type") == "Warning" and e["involvedObject"]["kind"] == "Pod"][-8:]
+    except E2EFailure as e:
+        lines.append("(diagnostics: %s)" % e)
+    return "\n".join(lines) + "\n" + fx.operator_logs()
+
+
 def e2e_test(fn):
-    """A test whose failures carry the operators' log tails."""
+    """A test whose failures carry the jobs' state and the operators' log tails."""
     def run():
         cluster()
         try:
             fn()
         except (E2EFailure, Failure) as e:
-            raise Failure("%s\n%s" % (e, fx.operator_logs()))
+            raise Failure("%s\n%s" % (e, diagnostics()))
     run.__name__, run.__doc__ = fn.__name__, fn.__doc__
     return suite.test(run)
 
@@ -353,196 +376,6 @@ def checkpoints_suspend_resume_and_export():
 
 
 # ---------------------------------------------------------------------------
-# 7. Worker Pods, on the fault tests' job
-
-def fault_job():
-    """A job of 3 workers, one per spot node (a GPU each), F = 1, heartbeat 2 s, that
-    trains until deleted; started once, running at step >= 50."""
-    if state["fault"] is None:
-        for node, zone in (("spot-a", "a"), ("spot-b", "b"), ("spot-c", "a"), ("spot-d", "b")):
-            fx.add_node(node, zone, {"pool": "spot"})
-        job = tj("ft", 10 ** 7, max_=3, tolerate=1, faultTolerance={"tolerate": 1, "heartbeatSeconds": HEARTBEAT},
-                 worker={"nodeSelector": {"pool": "spot"}})
-        del job["spec"]["worker"]["resources"]           # the default: one GPU, so one Pod a node
-        apply(job)
-        state["fault"] = "ft"
-    fx.wait_status(NS, "ft", "step >= 50 with 3 workers", lambda st: (st.get("step") or 0) >= 50 and
-                   (st.get("nodes") or {}).get("ready") == "3/3", 90)
-    return "ft"
-
-
-def training_pods(name):
-    return training_pods_of(NS, name)
-
-
-@e2e_test
-def worker_pods_are_restricted_and_mount_only_what_they_read():
-    """Admitted in the restricted namespace; from inside, the Secret's mount holds what a
-    worker reads and nothing else."""
-    job = fault_job()
-    pods = training_pods(job)
-    check(len(pods) == 3, "running worker Pods %s", [p["metadata"]["name"] for p in pods])
-    for pod in pods:
-        problems = e2e.worker_pod_problems(pod)
-        check(not problems, "worker Pod %s: %s", pod["metadata"]["name"], "; ".join(problems))
-    name = pods[0]["metadata"]["name"]
-    rc, out = fx.in_pod(NS, name, "python3", "-c", INSIDE)
-    check(rc == 0, "inside %s: %s", name, out)
-    seen = json.loads(out.strip().splitlines()[-1])
-    check(sorted(seen["etc_pliant"]) == ["ca.crt", "job.yaml", "token"], "/etc/pliant holds %s", seen["etc_pliant"])
-    check(all(m == "0o440" for m in seen["modes"].values()), "/etc/pliant modes %s", seen["modes"])
-    check(not seen["sa_token"], "a ServiceAccount token is mounted")
-    check(seen["root_write"] == "Read-only file system", "writing / : %s", seen["root_write"])
-    worker = fx.pod_pids(NS, name)[-1]
-    with open("/proc/%d/status" % worker) as f:
-        status = dict(l.split(":", 1) for l in f.read().splitlines() if ":" in l)
-    check(status["Uid"].split()[0] == "65532" and int(status["CapEff"], 16) == 0 and status["NoNewPrivs"].strip()
-          == "1", "the worker process: Uid %s CapEff %s NoNewPrivs %s", status["Uid"], status["CapEff"],
-          status["NoNewPrivs"])
-
-
-INSIDE = r"""
-import json, os
-d = "/etc/pliant"
-names = [n for n in os.listdir(d) if not n.startswith("..")]
-out = {"etc_pliant": names, "modes": {n: oct(os.stat(os.path.join(d, n)).st_mode & 0o777) for n in names},
-       "sa_token": os.path.exists("/var/run/secrets/kubernetes.io/serviceaccount")}
-try:
-    open("/x", "w"); out["root_write"] = "written"
-except OSError as e:
-    out["root_write"] = e.strerror
-print(json.dumps(out))
-"""
-
-
-# ---------------------------------------------------------------------------
-# 4. Failures, on the fault job
-
-def plan_members(st):
-    return [n for p in ((st.get("plan") or {}).get("pipelines") or []) for n in p.get("nodes") or []]
-
-
-def victim(job):
-    """A worker of the current plan and its node."""
-    st = fx.status(NS, job)
-    pods = {p["metadata"]["name"]: p for p in training_pods(job)}
-    name = sorted(n for n in plan_members(st) if n in pods)[0]
-    return name, pods[name]["spec"]["nodeName"], st
-
-
-def new_plan(job, st0, what, timeout, cause=None):
-    """Waits for a plan newer than st0's (whose cause names `cause`) and a step
-    committed under it: (time the new plan was seen, time of that step, status)."""
-    gen0 = st0.get("planGeneration") or 0
-    t0 = time.monotonic()
-
-    def replanned(st):
-        last = st.get("lastReconfiguration") or {}
-        return (st.get("planGeneration") or 0) > gen0 and (cause is None or cause in last.get("cause", ""))
-    fx.wait_status(NS, job, what, replanned, timeout, stall=timeout)
-    hist = fx.history(NS, job, t0)
-    t_plan, st_plan = next((t, s) for t, s in hist if replanned(s))
-    st = fx.wait_status(NS, job, "a step committed after " + what, lambda s: (s.get("planGeneration") or 0) > gen0 and
-                        (s.get("step") or 0) > (st_plan.get("step") or 0), 30)
-    t_step = next(t for t, s in fx.history(NS, job, t0) if (s.get("planGeneration") or 0) > gen0 and
-                  (s.get("step") or 0) > (st_plan.get("step") or 0))
-    return t_plan, t_step, st
-
-
-def full_strength(job, n=3):
-    fx.wait_status(NS, job, "%d workers in the plan" % n, lambda st: len(plan_members(st)) == n and
-                   (st.get("nodes") or {}).get("ready") == "%d/%d" % (n, n), 60)
-
-
-@e2e_test
-def preemption_loses_no_step():
-    """A spot preemption with notice: the worker gets SIGTERM, leaves at the step
-    boundary; no committed step is lost and no checkpoint read; a replacement joins."""
-    job = fault_job()
-    name, node, st0 = victim(job)
-    t0 = time.monotonic()
-    fx.node_action(node, "preempt")
-    t_plan, t_step, st = new_plan(job, st0, "the plan without %s" % name, 30, "leaving " + name)
-    last = st["lastReconfiguration"]
-    check(last["fromCheckpoint"] is False, "lastReconfiguration %s", last)
-    check_steps_monotonic(fx.history(NS, job, t0 - 1))
-    ended = [t for t, p in pod_seen(NS, name) if p["status"].get("phase") == "Failed"]
-    check(ended, "the preempted Pod %s never ended", name)
-    measured("preemption notice to the worker's exit", "%.1f" % (ended[0] - t0), "s")
-    measured("preemption notice to the plan without it", "%.1f" % (t_plan - t0), "s")
-    full_strength(job)
-
-
-@e2e_test
-def silent_node_loss_is_detected_by_heartbeats():
-    """The link of a worker's node goes down (no FIN, no RST): the coordinator misses
-    its heartbeats (heartbeatSeconds 2) and re-plans without a checkpoint."""
-    job = fault_job()
-    name, node, st0 = victim(job)
-    t0 = time.monotonic()
-    fx.node_action(node, "lose")
-    try:
-        t_plan, t_step, st = new_plan(job, st0, "the plan without %s" % name, 30, "lost " + name)
-    finally:
-        fx.node_action(node, "restore")
-    last = st["lastReconfiguration"]
-    check("missed heartbeats" in last["cause"] and last["fromCheckpoint"] is False, "lastReconfiguration %s", last)
-    check(t_plan - t0 <= 3 * HEARTBEAT + 1.5, "the loss was seen after %.1f s (3 heartbeats: %d s)", t_plan - t0,
-          3 * HEARTBEAT)
-    check_steps_monotonic(fx.history(NS, job, t0 - 1))
-    measured("silent node loss to the next committed step (heartbeat %d s)" % HEARTBEAT, "%.1f" % (t_step - t0), "s")
-    full_strength(job)
-
-
-@e2e_test
-def partitions_end_in_a_new_plan():
-    """A node cut off from its peers but not from the coordinator, then one cut off
-    from the coordinator only: each ends in a new plan without that worker (not a
-    hang), and training goes on."""
-    job = fault_job()
-    for action, cause in (("partition-from-peers", "lost %s (peer_broken: its links to"), ("partition-from-coordinator",
-                                                                            "lost %s (missed heartbeats")):
-        name, node, st0 = victim(job)
-        t0 = time.monotonic()
-        fx.node_action(node, action)
-        try:
-            t_plan, t_step, st = new_plan(job, st0, "a plan without %s after %s" % (name, action), 40,
-                                          cause % name)
-        finally:
-            fx.node_action(node, "restore")
-        check(st["lastReconfiguration"]["fromCheckpoint"] is False, "lastReconfiguration %s",
-              st["lastReconfiguration"])
-        measured("%s to the next committed step" % action, "%.1f" % (t_step - t0), "s")
-
-
-@e2e_test
-def leader_pod_deleted_mid_step_the_other_replica_continues():
-    """The leading operator Pod deleted while the job trains: the other replica takes
-    the Lease, points the job's EndpointSlice at itself and goes on from the same step
-    with the same worker Pods."""
-    job = fault_job()
-    leader = fx.leader()
-    before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in training_pods(job)}
-    st0 = fx.status(NS, job)
-    t0 = time.monotonic()
-    fx.api.kubectl_ok("delete", "pod", leader, "-n", "pliant", "--wait=false")
-    other = e2e.wait_for("another operator Pod to lead", lambda: (lambda l: l if l and l != leader else None)(
-        fx.leader()), 60, 0.2)
-    ip = fx.pod("pliant", other)["status"]["podIP"]
-    slice_path = "/apis/discovery.k8s.io/v1/namespaces/%s/endpointslices/%s-coordinator" % (NS, job)
-    e2e.wait_for("the EndpointSlice to name the new leader", lambda: fx.api.get(slice_path)["endpoints"][0][
-        "addresses"] == [ip], 30, 0.2)
-    st = fx.wait_status(NS, job, "training to go on", step_at_least((st0.get("step") or 0) + 50), 60, stall=60)
-    t_step = next(t for t, s in fx.history(NS, job, t0) if (s.get("step") or 0) > (st0.get("step") or 0) + 1 and
-                  t > t0)
-    check_steps_monotonic(fx.history(NS, job, t0 - 1))
-    after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in training_pods(job)}
-    check(after == before, "worker Pods %s after the failover, %s before", after, before)
-    measured("leader Pod deleted to a step committed under the new leader", "%.1f" % (t_step - t0), "s")
-    delete_job(NS, job)
-
-
-# ---------------------------------------------------------------------------
 # 5. Two namespaces
 
 CONNECT = r"""
@@ -703,6 +536,195 @@ def resource_quota_refusal_is_a_failed_create():
           [p["metadata"]["name"] for p in fx.job_pods("quota", "refused")])
     fx.api.kubectl_ok("delete", "namespace", "quota", "--wait=false")
 
+
+# ---------------------------------------------------------------------------
+# 7. Worker Pods, on the fault tests' job
+
+def fault_job():
+    """A job of 3 workers, one per spot node (a GPU each), F = 1, heartbeat 2 s, that
+    trains until deleted; started once, running at step >= 50."""
+    if state["fault"] is None:
+        for node, zone in (("spot-a", "a"), ("spot-b", "b"), ("spot-c", "a"), ("spot-d", "b")):
+            fx.add_node(node, zone, {"pool": "spot"})
+        job = tj("ft", 10 ** 7, max_=3, tolerate=1, faultTolerance={"tolerate": 1, "heartbeatSeconds": HEARTBEAT},
+                 worker={"nodeSelector": {"pool": "spot"}})
+        del job["spec"]["worker"]["resources"]           # the default: one GPU, so one Pod a node
+        apply(job)
+        state["fault"] = "ft"
+    fx.wait_status(NS, "ft", "step >= 50 with 3 workers", lambda st: (st.get("step") or 0) >= 50 and
+                   (st.get("nodes") or {}).get("ready") == "3/3", 90)
+    return "ft"
+
+
+def training_pods(name):
+    return training_pods_of(NS, name)
+
+
+@e2e_test
+def worker_pods_are_restricted_and_mount_only_what_they_read():
+    """Admitted in the restricted namespace; from inside, the Secret's mount holds what a
+    worker reads and nothing else."""
+    job = fault_job()
+    pods = training_pods(job)
+    check(len(pods) == 3, "running worker Pods %s", [p["metadata"]["name"] for p in pods])
+    for pod in pods:
+        problems = e2e.worker_pod_problems(pod)
+        check(not problems, "worker Pod %s: %s", pod["metadata"]["name"], "; ".join(problems))
+    name = pods[0]["metadata"]["name"]
+    rc, out = fx.in_pod(NS, name, "python3", "-c", INSIDE)
+    check(rc == 0, "inside %s: %s", name, out)
+    seen = json.loads(out.strip().splitlines()[-1])
+    check(sorted(seen["etc_pliant"]) == ["ca.crt", "job.yaml", "token"], "/etc/pliant holds %s", seen["etc_pliant"])
+    check(all(m == "0o440" for m in seen["modes"].values()), "/etc/pliant modes %s", seen["modes"])
+    check(not seen["sa_token"], "a ServiceAccount token is mounted")
+    check(seen["root_write"] == "Read-only file system", "writing / : %s", seen["root_write"])
+    worker = fx.pod_pids(NS, name)[-1]
+    with open("/proc/%d/status" % worker) as f:
+        status = dict(l.split(":", 1) for l in f.read().splitlines() if ":" in l)
+    check(status["Uid"].split()[0] == "65532" and int(status["CapEff"], 16) == 0 and status["NoNewPrivs"].strip()
+          == "1", "the worker process: Uid %s CapEff %s NoNewPrivs %s", status["Uid"], status["CapEff"],
+          status["NoNewPrivs"])
+
+
+INSIDE = r"""
+import json, os
+d = "/etc/pliant"
+names = [n for n in os.listdir(d) if not n.startswith("..")]
+out = {"etc_pliant": names, "modes": {n: oct(os.stat(os.path.join(d, n)).st_mode & 0o777) for n in names},
+       "sa_token": os.path.exists("/var/run/secrets/kubernetes.io/serviceaccount")}
+try:
+    open("/x", "w"); out["root_write"] = "written"
+except OSError as e:
+    out["root_write"] = e.strerror
+print(json.dumps(out))
+"""
+
+
+# ---------------------------------------------------------------------------
+# 4. Failures, on the fault job
+
+def plan_members(st):
+    return [n for p in ((st.get("plan") or {}).get("pipelines") or []) for n in p.get("nodes") or []]
+
+
+def victim(job):
+    """A worker of the current plan (of 3) and its node."""
+    full_strength(job)
+    st = fx.status(NS, job)
+    pods = {p["metadata"]["name"]: p for p in training_pods(job)}
+    name = sorted(n for n in plan_members(st) if n in pods)[0]
+    return name, pods[name]["spec"]["nodeName"], st
+
+
+def new_plan(job, st0, what, timeout, cause=None):
+    """Waits for a plan newer than st0's (whose cause names `cause`) and a step
+    committed under it: (time the new plan was seen, time of that step, status)."""
+    gen0 = st0.get("planGeneration") or 0
+    t0 = time.monotonic()
+
+    def replanned(st):
+        last = st.get("lastReconfiguration") or {}
+        return (st.get("planGeneration") or 0) > gen0 and (cause is None or cause in last.get("cause", ""))
+    fx.wait_status(NS, job, what, replanned, timeout, stall=timeout)
+    hist = fx.history(NS, job, t0)
+    t_plan, st_plan = next((t, s) for t, s in hist if replanned(s))
+    st = fx.wait_status(NS, job, "a step committed after " + what, lambda s: (s.get("planGeneration") or 0) > gen0 and
+                        (s.get("step") or 0) > (st_plan.get("step") or 0), 30)
+    t_step = next(t for t, s in fx.history(NS, job, t0) if (s.get("planGeneration") or 0) > gen0 and
+                  (s.get("step") or 0) > (st_plan.get("step") or 0))
+    return t_plan, t_step, st
+
+
+def full_strength(job, n=3):
+    fx.wait_status(NS, job, "%d workers in the plan" % n, lambda st: len(plan_members(st)) == n and
+                   (st.get("nodes") or {}).get("ready") == "%d/%d" % (n, n), 60)
+
+
+@e2e_test
+def preemption_loses_no_step():
+    """A spot preemption with notice: the worker gets SIGTERM, leaves at the step
+    boundary; no committed step is lost and no checkpoint read; a replacement joins."""
+    job = fault_job()
+    name, node, st0 = victim(job)
+    t0 = time.monotonic()
+    fx.node_action(node, "preempt")
+    t_plan, t_step, st = new_plan(job, st0, "the plan without %s" % name, 30, "leaving " + name)
+    last = st["lastReconfiguration"]
+    check(last["fromCheckpoint"] is False, "lastReconfiguration %s", last)
+    check_steps_monotonic(fx.history(NS, job, t0 - 1))
+    ended = [t for t, p in pod_seen(NS, name) if p["status"].get("phase") == "Failed"]
+    check(ended, "the preempted Pod %s never ended", name)
+    measured("preemption notice to the worker's exit", "%.1f" % (ended[0] - t0), "s")
+    measured("preemption notice to the plan without it", "%.1f" % (t_plan - t0), "s")
+
+
+@e2e_test
+def silent_node_loss_is_detected_by_heartbeats():
+    """The link of a worker's node goes down (no FIN, no RST): the coordinator misses
+    its heartbeats (heartbeatSeconds 2) and re-plans without a checkpoint."""
+    job = fault_job()
+    name, node, st0 = victim(job)
+    t0 = time.monotonic()
+    fx.node_action(node, "lose")
+    try:
+        t_plan, t_step, st = new_plan(job, st0, "the plan without %s" % name, 30, "lost " + name)
+    finally:
+        fx.node_action(node, "restore")
+    last = st["lastReconfiguration"]
+    check("missed heartbeats" in last["cause"] and last["fromCheckpoint"] is False, "lastReconfiguration %s", last)
+    check(t_plan - t0 <= 3 * HEARTBEAT + 1.5, "the loss was seen after %.1f s (3 heartbeats: %d s)", t_plan - t0,
+          3 * HEARTBEAT)
+    check_steps_monotonic(fx.history(NS, job, t0 - 1))
+    measured("silent node loss to the next committed step (heartbeat %d s)" % HEARTBEAT, "%.1f" % (t_step - t0), "s")
+
+
+@e2e_test
+def partitions_end_in_a_new_plan():
+    """A node cut off from its peers but not from the coordinator, then one cut off
+    from the coordinator only: each ends in a new plan without that worker (not a
+    hang), and training goes on; the worker taken out is told to exit, and its
+    replacement Pod (after the failure's back-off) joins."""
+    job = fault_job()
+    for action, cause in (("partition-from-peers", "lost %s (peer_broken: its links to"), ("partition-from-coordinator",
+                                                                            "lost %s (missed heartbeats")):
+        name, node, st0 = victim(job)
+        t0 = time.monotonic()
+        fx.node_action(node, action)
+        try:
+            t_plan, t_step, st = new_plan(job, st0, "a plan without %s after %s" % (name, action), 40,
+                                          cause % name)
+        finally:
+            fx.node_action(node, "restore")
+        check(st["lastReconfiguration"]["fromCheckpoint"] is False, "lastReconfiguration %s",
+              st["lastReconfiguration"])
+        measured("%s to the next committed step" % action, "%.1f" % (t_step - t0), "s")
+
+
+@e2e_test
+def leader_pod_deleted_mid_step_the_other_replica_continues():
+    """The leading operator Pod deleted while the job trains: the other replica takes
+    the Lease, points the job's EndpointSlice at itself and goes on from the same step
+    with the same worker Pods."""
+    job = fault_job()
+    leader = fx.leader()
+    before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in training_pods(job)}
+    st0 = fx.status(NS, job)
+    t0 = time.monotonic()
+    fx.api.kubectl_ok("delete", "pod", leader, "-n", "pliant", "--wait=false")
+    other = e2e.wait_for("another operator Pod to lead", lambda: (lambda l: l if l and l != leader else None)(
+        fx.leader()), 60, 0.2)
+    ip = fx.pod("pliant", other)["status"]["podIP"]
+    slice_path = "/apis/discovery.k8s.io/v1/namespaces/%s/endpointslices/%s-coordinator" % (NS, job)
+    e2e.wait_for("the EndpointSlice to name the new leader", lambda: fx.api.get(slice_path)["endpoints"][0][
+        "addresses"] == [ip], 30, 0.2)
+    st = fx.wait_status(NS, job, "training to go on", step_at_least((st0.get("step") or 0) + 50), 60, stall=60)
+    t_step = next(t for t, s in fx.history(NS, job, t0) if (s.get("step") or 0) > (st0.get("step") or 0) + 1 and
+                  t > t0)
+    check_steps_monotonic(fx.history(NS, job, t0 - 1))
+    after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in training_pods(job)}
+    check(after == before, "worker Pods %s after the failover, %s before", after, before)
+    measured("leader Pod deleted to a step committed under the new leader", "%.1f" % (t_step - t0), "s")
+    delete_job(NS, job)
 
 if __name__ == "__main__":
     sys.exit(suite.main())
