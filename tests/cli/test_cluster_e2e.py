@@ -153,10 +153,13 @@ def e2e_test(fn):
     """A test whose failures carry the jobs' state and the operators' log tails."""
     def run():
         cluster()
+        t0 = time.monotonic()
         try:
             fn()
         except (E2EFailure, Failure) as e:
             raise Failure("%s\n%s" % (e, diagnostics()))
+        finally:
+            say("%s: %.1f s", fn.__name__, time.monotonic() - t0)
     run.__name__, run.__doc__ = fn.__name__, fn.__doc__
     return suite.test(run)
 
