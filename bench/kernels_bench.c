@@ -203,9 +203,9 @@ static void bench_elementwise(kn_ctx *k)
     float *wte = make(k, (size_t)Vp * C, 1), *wpe = make(k, (size_t)BT * C, 1);
     double t;
 
-    TIME_BEST(t, kn_encoder_forward(k, o, tok, wte, wpe, 1, BT, C));
+    TIME_BEST(t, kn_encoder_forward(k, o, tok, wte, wpe, 1, BT, C, V));
     row("encoder forward", t, 4.0 * 3 * n);
-    TIME_BEST(t, kn_encoder_backward(k, wte, wpe, x, tok, 1, BT, C));
+    TIME_BEST(t, kn_encoder_backward(k, wte, wpe, x, tok, 1, BT, C, V));
     row("encoder backward", t, 4.0 * 5 * n);
     TIME_BEST(t, kn_layernorm_forward(k, o, mean, rstd, x, w, b, 1, BT, C));
     row("layernorm forward 1024x768", t, 4.0 * 2 * n);

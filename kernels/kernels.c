@@ -160,15 +160,15 @@ size_t kn_device_memory(const kn_ctx *k)
 void *kn_stream_handle(kn_ctx *k) { return k->stream; }
 
 void kn_encoder_forward(kn_ctx *k, float *out, const int32_t *inp, const float *wte,
-                        const float *wpe, int B, int T, int C)
+                        const float *wpe, int B, int T, int C, int V)
 {
-    TIMED(OP_ENCODER_FORWARD, k->ops->encoder_forward(k, out, inp, wte, wpe, B, T, C));
+    TIMED(OP_ENCODER_FORWARD, k->ops->encoder_forward(k, out, inp, wte, wpe, B, T, C, V));
 }
 
 void kn_encoder_backward(kn_ctx *k, float *dwte, float *dwpe, const float *dout,
-                         const int32_t *inp, int B, int T, int C)
+                         const int32_t *inp, int B, int T, int C, int V)
 {
-    TIMED(OP_ENCODER_BACKWARD, k->ops->encoder_backward(k, dwte, dwpe, dout, inp, B, T, C));
+    TIMED(OP_ENCODER_BACKWARD, k->ops->encoder_backward(k, dwte, dwpe, dout, inp, B, T, C, V));
 }
 
 void kn_layernorm_forward(kn_ctx *k, float *out, float *mean, float *rstd, const float *inp,

@@ -81,12 +81,17 @@ void *kn_stream_handle(kn_ctx *k);
 
 /* ---- forward / backward kernels ------------------------------------------ */
 
-/* out[b,t,:] = wte[inp[b,t],:] + wpe[t,:] */
+/* out[b,t,:] = wte[inp[b,t],:] + wpe[t,:], for wte of V rows. A token id outside
+ * [0, V) is bad data (the loader refuses such shards: shared/tokens.h): nothing is read
+ * or written out of bounds; its row of out is NaN, so the loss and the gradient norm of
+ * the step turn non-finite and the runtime never commits it (as the cross-entropy does
+ * with a target ≥ V). */
 void kn_encoder_forward(kn_ctx *k, float *out, const int32_t *inp, const float *wte,
-                        const float *wpe, int B, int T, int C);
-/* dwte[inp[b,t],:] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:] */
+                        const float *wpe, int B, int T, int C, int V);
+/* dwte[inp[b,t],:] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:]. A position whose id is
+ * outside [0, V) adds nothing to dwte (its dwpe row still gets dout). */
 void kn_encoder_backward(kn_ctx *k, float *dwte, float *dwpe, const float *dout,
-                         const int32_t *inp, int B, int T, int C);
+                         const int32_t *inp, int B, int T, int C, int V);
 
 /* LayerNorm over C with eps 1e-5; saves mean[B·T] and rstd[B·T] for backward. */
 void kn_layernorm_forward(kn_ctx *k, float *out, float *mean, float *rstd, const float *inp,

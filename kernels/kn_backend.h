@@ -22,9 +22,9 @@ typedef struct kn_ops {
     void (*to_host)(kn_ctx *k, void *dst, const void *src, size_t bytes);
     void (*sync)(kn_ctx *k);
     void (*encoder_forward)(kn_ctx *k, float *out, const int32_t *inp, const float *wte,
-                            const float *wpe, int B, int T, int C);
+                            const float *wpe, int B, int T, int C, int V);
     void (*encoder_backward)(kn_ctx *k, float *dwte, float *dwpe, const float *dout,
-                             const int32_t *inp, int B, int T, int C);
+                             const int32_t *inp, int B, int T, int C, int V);
     void (*layernorm_forward)(kn_ctx *k, float *out, float *mean, float *rstd, const float *inp,
                               const float *weight, const float *bias, int B, int T, int C);
     void (*layernorm_backward)(kn_ctx *k, float *dinp, float *dweight, float *dbias,

@@ -276,6 +276,7 @@ static void set_defaults(pl_job *job)
     job->eval_batches = 8;
     job->checkpoint.every = 100;
     job->checkpoint.resume = PL_RESUME_AUTO;
+    job->checkpoint.keep = 0;
     job->fault_tolerance = (pl_fault_tolerance_spec){
         .strategy = PL_STRATEGY_TEMPLATES,
         .tolerate = 1,
@@ -455,7 +456,7 @@ static int parse_optimizer(pctx *c, const pl_ynode *spec, pl_optimizer_spec *o)
 
 static int parse_checkpoint(pctx *c, const pl_ynode *spec, pl_checkpoint_spec *k)
 {
-    static const char *const known[] = {"dir", "every", "resume", NULL};
+    static const char *const known[] = {"dir", "every", "resume", "keep", NULL};
     static const char *const resumes[] = {"auto", "never", NULL};
     const char *P = "spec.checkpoint";
     const pl_ynode *map;
@@ -465,6 +466,7 @@ static int parse_checkpoint(pctx *c, const pl_ynode *spec, pl_checkpoint_spec *k
     int resume = (int)k->resume;
     if (get_path(c, map, P, "dir", 0, k->dir, sizeof k->dir) ||
         get_int(c, map, P, "every", 0, 0, INT_MAX, &k->every) ||
+        get_int(c, map, P, "keep", 0, 0, INT_MAX, &k->keep) ||
         get_enum(c, map, P, "resume", resumes, &resume))
         return -1;
     k->resume = (pl_resume)resume;

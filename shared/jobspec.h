@@ -56,6 +56,7 @@ typedef struct {
     char dir[PL_PATH_MAX]; /* empty = no checkpoints */
     int every;             /* steps; 0 = only at the end */
     pl_resume resume;
+    int keep;              /* the newest complete checkpoints kept; 0 = all */
 } pl_checkpoint_spec;
 
 typedef struct {

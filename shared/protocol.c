@@ -43,6 +43,8 @@ static const char *const type_names[PL_MSG_COUNT] = {
     [PL_MSG_COMPLETE_CHECKPOINT] = "complete_checkpoint",
     [PL_MSG_PROFILE_REQUEST] = "profile_request",
     [PL_MSG_EVAL] = "eval",
+    [PL_MSG_FATAL] = "fatal",
+    [PL_MSG_SAVE] = "save",
 };
 
 static const char *const leave_names[PL_LEAVE_COUNT] = {"sigterm", "shutdown", "error"};
@@ -69,7 +71,7 @@ int pl_msg_type_from_name(const char *name)
 
 int pl_msg_from_worker(int type)
 {
-    if (type > PL_MSG_NONE && type <= PL_MSG_EVAL_DONE) return 1;
+    if (type > PL_MSG_NONE && type <= PL_MSG_FATAL) return 1;
     if (type >= PL_MSG_CHALLENGE && type < PL_MSG_COUNT) return 0;
     return -1;
 }
@@ -516,11 +518,19 @@ static int dec_saved(const cJSON *o, pl_msg *m, char *err, size_t errlen)
     if (get_int(o, "", "step", 1, PL_PROTO_INT_MAX, &s->step, err, errlen) ||
         get_int(o, "", "layer_begin", 0, PL_PROTO_MAX_LAYERS - 1, &b, err, errlen) ||
         get_int(o, "", "layer_end", b + 1, PL_PROTO_MAX_LAYERS, &e, err, errlen) ||
-        get_int(o, "", "bytes", 0, PL_PROTO_INT_MAX, &s->bytes, err, errlen))
+        get_int(o, "", "bytes", 0, PL_PROTO_INT_MAX, &s->bytes, err, errlen) ||
+        TEXT(o, "", "error", s->error))
         return -1;
+    if (s->error[0] && s->bytes)
+        return pl_errf(err, errlen, "bytes: must be 0 when error is given");
     s->layer_begin = (int)b;
     s->layer_end = (int)e;
     return 0;
+}
+
+static int dec_fatal(const cJSON *o, pl_msg *m, char *err, size_t errlen)
+{
+    return get_str(o, "", "reason", S_TEXT, 1, PL_PROTO_TEXT_MAX, m->u.fatal.reason, err, errlen);
 }
 
 static int dec_hello_resume(const cJSON *o, pl_msg *m, char *err, size_t errlen)
@@ -545,6 +555,11 @@ static int dec_checkpoint_step(const cJSON *o, int64_t *step, char *err, size_t 
 static int dec_complete_checkpoint(const cJSON *o, pl_msg *m, char *err, size_t errlen)
 {
     return dec_checkpoint_step(o, &m->u.complete_checkpoint.step, err, errlen);
+}
+
+static int dec_save(const cJSON *o, pl_msg *m, char *err, size_t errlen)
+{
+    return dec_checkpoint_step(o, &m->u.save.step, err, errlen);
 }
 
 static int dec_checkpoint_done(const cJSON *o, pl_msg *m, char *err, size_t errlen)
@@ -942,7 +957,8 @@ static const char *const keys_report[] = {ENV, "step", "loss", "tokens", "ms", "
 static const char *const keys_peer_broken[] = {ENV, "peer", "reason", NULL};
 static const char *const keys_copy_done[] = {ENV, "bytes", NULL};
 static const char *const keys_hello_resume[] = {ENV, "committed_step", "grad_scale", "lr", "reduced_step", NULL};
-static const char *const keys_saved[] = {ENV, "step", "layer_begin", "layer_end", "bytes", NULL};
+static const char *const keys_saved[] = {ENV, "step", "layer_begin", "layer_end", "bytes", "error", NULL};
+static const char *const keys_reason[] = {ENV, "reason", NULL};
 static const char *const keys_challenge[] = {ENV, "nonce", NULL};
 static const char *const keys_welcome[] = {ENV, "rank", "job", "token_ok", "heartbeat_ms", NULL};
 static const char *const keys_plan[] = {ENV, "generation", "step", "global_batch", "micro", "seq_len", "pipelines", "you", "peers", "copies", "sends", "checkpoint", "transport", NULL};
@@ -951,7 +967,6 @@ static const char *const keys_step_failed[] = {ENV, "step", "reason", NULL};
 static const char *const keys_commit[] = {ENV, "step", "grad_scale", "lr", "save", NULL};
 static const char *const keys_abort[] = {ENV, "step", "reason", NULL};
 static const char *const keys_stop[] = {ENV, "reason", "exit_code", NULL};
-static const char *const keys_refuse[] = {ENV, "reason", NULL};
 static const char *const keys_checkpoint_done[] = {ENV, "step", "error", NULL};
 static const char *const keys_profile_request[] = {ENV, "repeat", NULL};
 static const char *const keys_profile_done[] = {ENV, "profile", "error", NULL};
@@ -980,7 +995,7 @@ static const struct {
     [PL_MSG_COMMIT] = {keys_commit, dec_commit},
     [PL_MSG_ABORT] = {keys_abort, dec_abort},
     [PL_MSG_STOP] = {keys_stop, dec_stop},
-    [PL_MSG_REFUSE] = {keys_refuse, dec_refuse},
+    [PL_MSG_REFUSE] = {keys_reason, dec_refuse},
     [PL_MSG_NCCL_INIT] = {keys_nccl_id, dec_nccl_id},
     [PL_MSG_CHECKPOINT_DONE] = {keys_checkpoint_done, dec_checkpoint_done},
     [PL_MSG_PROFILE_DONE] = {keys_profile_done, dec_profile_done},
@@ -988,6 +1003,8 @@ static const struct {
     [PL_MSG_COMPLETE_CHECKPOINT] = {keys_step, dec_complete_checkpoint},
     [PL_MSG_PROFILE_REQUEST] = {keys_profile_request, dec_profile_request},
     [PL_MSG_EVAL] = {keys_step, dec_eval},
+    [PL_MSG_FATAL] = {keys_reason, dec_fatal},
+    [PL_MSG_SAVE] = {keys_step, dec_save},
 };
 
 static int decode_root(const cJSON *root, pl_msg *out, char *err, size_t errlen)
@@ -1298,14 +1315,20 @@ static void enc_profile_done(enc *e, cJSON *o, const pl_msg_profile_done *p)
     ADD_STR(e, o, "error", p->error);
 }
 
-/* The types added with the workers' duties (checkpoint completion, profiling, evaluation). */
+/* The types added with the workers' duties (checkpoint completion and saving again,
+ * profiling, evaluation) and a worker's fatal error. */
 static void enc_duty(enc *e, cJSON *o, const pl_msg *m)
 {
     switch (m->type) {
-    case PL_MSG_COMPLETE_CHECKPOINT:
+    case PL_MSG_COMPLETE_CHECKPOINT: /* each is {step} */
     case PL_MSG_EVAL:
-        add_int(e, o, "step", m->type == PL_MSG_EVAL ? m->u.eval.step
-                                                     : m->u.complete_checkpoint.step);
+    case PL_MSG_SAVE:
+        add_int(e, o, "step", m->type == PL_MSG_EVAL   ? m->u.eval.step
+                              : m->type == PL_MSG_SAVE ? m->u.save.step
+                                                       : m->u.complete_checkpoint.step);
+        break;
+    case PL_MSG_FATAL:
+        ADD_STR(e, o, "reason", m->u.fatal.reason);
         break;
     case PL_MSG_CHECKPOINT_DONE:
         add_int(e, o, "step", m->u.checkpoint_done.step);
@@ -1363,6 +1386,7 @@ static void enc_body(enc *e, cJSON *o, const pl_msg *m)
         add_int(e, o, "layer_begin", m->u.saved.layer_begin);
         add_int(e, o, "layer_end", m->u.saved.layer_end);
         add_int(e, o, "bytes", m->u.saved.bytes);
+        ADD_STR(e, o, "error", m->u.saved.error);
         break;
     case PL_MSG_CHALLENGE:
         ADD_STR(e, o, "nonce", m->u.challenge.nonce);

@@ -59,6 +59,7 @@ typedef enum {
     PL_MSG_CHECKPOINT_DONE,
     PL_MSG_PROFILE_DONE,
     PL_MSG_EVAL_DONE,
+    PL_MSG_FATAL,
     /* coordinator → worker */
     PL_MSG_CHALLENGE,
     PL_MSG_WELCOME,
@@ -72,6 +73,7 @@ typedef enum {
     PL_MSG_COMPLETE_CHECKPOINT,
     PL_MSG_PROFILE_REQUEST,
     PL_MSG_EVAL,
+    PL_MSG_SAVE,
     PL_MSG_COUNT
 } pl_msg_type;
 
@@ -127,12 +129,23 @@ typedef struct {
 typedef struct { int64_t bytes; } pl_msg_copy_done;
 
 /* A checkpoint shard written: layers [layer_begin, layer_end) of the state after
- * `step` committed steps, in the plan's checkpoint directory. */
+ * `step` committed steps, in the plan's checkpoint directory; or, with error, why
+ * they could not be written (bytes is then 0). */
 typedef struct {
     int64_t step;           /* ≥ 1 */
     int layer_begin, layer_end;
     int64_t bytes;
+    char error[PL_PROTO_TEXT_MAX + 1]; /* "" when written */
 } pl_msg_saved;
+
+/* fatal (worker → coordinator): this worker cannot take part in the job and exits, e.g.
+ * its data holds a token id outside the vocabulary; reason non-empty. */
+typedef struct { char reason[PL_PROTO_TEXT_MAX + 1]; } pl_msg_fatal;
+
+/* save (coordinator → worker): write this worker's layers, as they are now (the state
+ * after `step` committed steps), as the checkpoint of `step` and answer saved: a
+ * checkpoint written again after a failed attempt. */
+typedef struct { int64_t step; } pl_msg_save; /* ≥ 1 */
 
 typedef struct {
     int64_t committed_step; /* -1: none */
@@ -289,6 +302,8 @@ typedef struct {
         pl_msg_profile_done profile_done;
         pl_msg_eval eval;
         pl_msg_eval_done eval_done;
+        pl_msg_fatal fatal;
+        pl_msg_save save;
     } u;
 } pl_msg;
 

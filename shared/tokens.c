@@ -206,6 +206,15 @@ int pl_tokens_check_vocab(const pl_tokens *t, int vocab, char *err, size_t errle
     return 0;
 }
 
+int pl_tokens_open_vocab(const char *glob_pattern, int vocab, pl_tokens *out, char *err,
+                         size_t errlen)
+{
+    if (pl_tokens_open(glob_pattern, out, err, errlen)) return -1;
+    if (pl_tokens_check_vocab(out, vocab, err, errlen) == 0) return 0;
+    pl_tokens_close(out);
+    return -1;
+}
+
 /* ---- writing ------------------------------------------------------------ */
 
 int pl_tokens_write(const char *path, const uint16_t *tok, int64_t n, char *err, size_t errlen)

@@ -50,6 +50,13 @@ int pl_tokens_copy(const pl_tokens *t, int64_t start, int64_t n, int32_t *dst);
  * is out of range for vocabulary size VOCAB" for the first offender. */
 int pl_tokens_check_vocab(const pl_tokens *t, int vocab, char *err, size_t errlen);
 
+/* pl_tokens_open, then pl_tokens_check_vocab: what every process that loads a job's
+ * data runs (`pliant train`, `pliant run`, each worker), so that a token id the
+ * model has no embedding for is refused at load, naming the file, the offset and
+ * the id. On error *out is left empty. */
+int pl_tokens_open_vocab(const char *glob_pattern, int vocab, pl_tokens *out, char *err,
+                         size_t errlen);
+
 /* Writes one shard atomically (temporary file in the same directory, fsync,
  * rename). 1 ≤ n ≤ INT32_MAX. Returns 0 or −1 with err. */
 int pl_tokens_write(const char *path, const uint16_t *tok, int64_t n, char *err, size_t errlen);

@@ -36,9 +36,9 @@
 /* The CPU kernels, one per kernels.h function (same arguments), in the
  * table kn_cpu_ops of context.c. */
 void kn_cpu_encoder_forward(kn_ctx *k, float *out, const int32_t *inp, const float *wte,
-                            const float *wpe, int B, int T, int C);
+                            const float *wpe, int B, int T, int C, int V);
 void kn_cpu_encoder_backward(kn_ctx *k, float *dwte, float *dwpe, const float *dout,
-                             const int32_t *inp, int B, int T, int C);
+                             const int32_t *inp, int B, int T, int C, int V);
 void kn_cpu_layernorm_forward(kn_ctx *k, float *out, float *mean, float *rstd, const float *inp,
                               const float *weight, const float *bias, int B, int T, int C);
 void kn_cpu_layernorm_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,

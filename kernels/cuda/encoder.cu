@@ -1,28 +1,32 @@
-/* Token + position embedding (kernels/cpu/encoder.c). */
+/* Token + position embedding (kernels/cpu/encoder.c), bound-checked: a token id outside
+ * the vocabulary gives a NaN row and no gradient (kernels.h). */
 #include <limits.h>
+#include <math.h>
 
 #include <cub/device/device_radix_sort.cuh>
 
 #include "cuda.cuh"
 
 __global__ static void encoder_forward_kernel(float *out, const int32_t *inp, const float *wte,
-                                              const float *wpe, int T, int C, size_t n)
+                                              const float *wpe, int T, int C, int V, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         size_t bt = i / C;
         int c = (int)(i % C), t = (int)(bt % T);
-        out[i] = wte[(size_t)inp[bt] * C + c] + wpe[(size_t)t * C + c];
+        const int32_t id = inp[bt];
+        /* an id outside the vocabulary is bad data: NaN, never an out-of-bounds read */
+        out[i] = id >= 0 && id < V ? wte[(size_t)id * C + c] + wpe[(size_t)t * C + c] : NAN;
     }
 }
 
 void kn_cuda_encoder_forward(kn_ctx *k, float *out, const int32_t *inp, const float *wte,
-                             const float *wpe, int B, int T, int C)
+                             const float *wpe, int B, int T, int C, int V)
 {
     size_t n = (size_t)B * T * C;
     if (!n) return;
     encoder_forward_kernel<<<kn_blocks(n, 256), 256, 0, kn_stream(k)>>>(out, inp, wte, wpe, T, C,
-                                                                         n);
+                                                                         V, n);
     CUDA_LAUNCHED();
 }
 
@@ -60,11 +64,12 @@ __global__ static void iota_kernel(int32_t *x, int n)
  * of independent loads, not a chain of dependent ones. */
 __global__ static void wte_backward_sorted_kernel(float *dwte, const float *dout,
                                                   const int32_t *tok, const int32_t *pos, int BT,
-                                                  int C)
+                                                  int C, int V)
 {
     __shared__ int end_s;
     const int i = blockIdx.x, t = tok[i];
     if (i > 0 && tok[i - 1] == t) return; /* the whole block leaves */
+    if (t < 0 || t >= V) return;          /* an id without a row: no gradient (the block) */
     if (threadIdx.x == 0) end_s = BT;
     __syncthreads();
     int end;
@@ -88,7 +93,7 @@ __global__ static void wte_backward_sorted_kernel(float *dwte, const float *dout
 static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 void kn_cuda_encoder_backward(kn_ctx *k, float *dwte, float *dwpe, const float *dout,
-                              const int32_t *inp, int B, int T, int C)
+                              const int32_t *inp, int B, int T, int C, int V)
 {
     size_t BT = (size_t)B * T;
     if (!BT || C <= 0) return;
@@ -113,6 +118,6 @@ void kn_cuda_encoder_backward(kn_ctx *k, float *dwte, float *dwpe, const float *
     CUDA_LAUNCHED();
     CUDA_CHECK(cub::DeviceRadixSort::SortPairs(ws + 3 * part, scratch, inp, tok, pos_in, pos, n,
                                                0, 32, s));
-    wte_backward_sorted_kernel<<<n, 256, 0, s>>>(dwte, dout, tok, pos, n, C);
+    wte_backward_sorted_kernel<<<n, 256, 0, s>>>(dwte, dout, tok, pos, n, C, V);
     CUDA_LAUNCHED();
 }

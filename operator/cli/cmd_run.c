@@ -625,7 +625,8 @@ static int open_job(run_state *r)
         return bad_usage(err);
     }
     pl_tokens tok;
-    if (pl_tokens_open(r->job->data.train, &tok, err, sizeof err)) {
+    if (pl_tokens_open_vocab(r->job->data.train, r->job->model.vocab_size, &tok, err,
+                             sizeof err)) {
         fprintf(stderr, "pliant run: %s\n", err);
         return 1;
     }

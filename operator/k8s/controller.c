@@ -411,9 +411,7 @@ static void update_phase_gauges(pl_controller *c)
     }
 }
 
-/* The job's series of /metrics, as its status shows it. Hook: the validation loss stays
- * NaN (its series absent) until the job driver reports one; set s.validation_loss from
- * the driver here then. */
+/* The job's series of /metrics, as its status shows it (a NaN loss: its series absent). */
 static void update_job_metrics(pl_controller *c, cjob *j)
 {
     if (!c->cfg.metrics) return;
@@ -430,6 +428,8 @@ static void update_job_metrics(pl_controller *c, cjob *j)
         s.checkpoint_step = pl_coord_last_checkpoint(co);
         int ns = pl_coord_nsteps(co);
         if (ns > 0) s.loss = pl_coord_step_log(co, ns - 1)->loss;
+        int64_t vstep;
+        s.validation_loss = pl_job_driver_validation_loss(j->rt, &vstep);
     }
     pl_job_metrics_set(c->cfg.metrics, j->ns, j->name, &s);
 }

@@ -74,6 +74,7 @@ typedef struct {
     unsigned char *covered;
     int completing; /* every layer saved: checkpoint.json asked of worker `asked` */
     int asked;      /* -1: nobody yet (no live worker) */
+    int failed;     /* a layer or checkpoint.json could not be written: given up */
 } csaving;
 
 struct pl_coord {
@@ -108,8 +109,19 @@ struct pl_coord {
     int64_t plan_ckpt;     /* the current plan loads this checkpoint; -1: none */
     int need_ckpt;         /* a fatal loss: the next plan restarts from the checkpoint */
     csaving saving[SAVING_SLOTS];
-    int64_t ckpt_fail_step; /* the newest checkpoint.json that could not be written; 0: none */
+    int64_t ckpt_fail_step; /* the newest checkpoint that could not be written; 0: none */
     char ckpt_fail[512];
+    int ckpt_failures;     /* checkpoint attempts failed since the last complete one */
+    int ckpt_failed_total; /* and since the start */
+    int ckpt_retry;        /* the next commit writes a checkpoint (one failed) */
+    int commit_save;       /* the commit being sent asks pipeline 0 to save */
+    /* a step whose attempts fail without a loss to blame (non-finite, step_failed) */
+    int64_t fail_step;     /* the step they are of; -1: none */
+    int fail_attempts, fail_same; /* how many; all for one reason */
+    char fail_reason[512];
+    /* workers that reported a fatal error: how many, the first reason, all the same */
+    int nfatal, fatal_same;
+    char fatal_reason[512];
     cnode *nodes;
     int nnodes, capnodes;
     /* the workers' duties */
@@ -241,6 +253,9 @@ static int pick_worker(const pl_coord *c)
 
 static void reassign_duties(pl_coord *c);
 static void ask_completion(pl_coord *c, csaving *slot);
+static void checkpoint_failed(pl_coord *c, csaving *slot, const char *why);
+static void resave(pl_coord *c, csaving *slot);
+static csaving *saving_slot(pl_coord *c, int64_t step);
 
 static pl_msg *push(pl_coord *c, int widx, int type, int64_t gen)
 {
@@ -300,10 +315,7 @@ static void to_pipeline_workers(pl_coord *c, int type, const char *why)
                 m->u.commit.grad_scale = c->grad_scale;
                 m->u.commit.lr = c->lr;
                 /* pipeline 0 holds every layer once: its workers write the checkpoint */
-                m->u.commit.save = c->w[i].pipe == 0 &&
-                                   pl_checkpoint_due(c->cfg.checkpoint_dir,
-                                                     c->cfg.checkpoint_every, c->cfg.steps,
-                                                     c->step + 1);
+                m->u.commit.save = c->w[i].pipe == 0 && c->commit_save;
             }
         } else {
             send_text(c, i, type, c->gen, c->step, why, 0);
@@ -1041,10 +1053,14 @@ static void after_step(pl_coord *c)
 {
     if (c->step >= c->cfg.steps) {
         if (pl_checkpoint_due(c->cfg.checkpoint_dir, c->cfg.checkpoint_every, c->cfg.steps,
-                              c->step) && c->ckpt_last < c->step)
+                              c->step) && c->ckpt_last < c->step) {
             c->phase = PL_COORD_SAVING; /* done when the last checkpoint is complete */
-        else
+            csaving *last = saving_slot(c, c->step);
+            if (last && last->failed) /* it failed before the step's commit was through */
+                resave(c, last);
+        } else {
             finish(c);
+        }
         return;
     }
     int every = c->cfg.hosts_added_check_every > 1 ? c->cfg.hosts_added_check_every : 1;
@@ -1072,6 +1088,8 @@ static void step_boundary(pl_coord *c)
     int64_t mbs = c->cfg.global_batch / c->micro;
     x.loss = c->nloss ? c->loss_sum / (double)mbs : NAN;
     memcpy(x.pipelines, c->cur.desc, sizeof x.pipelines);
+    if (c->fail_step == c->step)
+        c->fail_step = -1; /* the step went through after all */
     c->step++;
     int every = c->cfg.eval_every;
     if (every > 0 && (c->step % every == 0 || c->step >= c->cfg.steps)) {
@@ -1097,6 +1115,8 @@ static void check_eval_complete(pl_coord *c)
     record_step(c, &c->eval_rec);
 }
 
+static void step_attempt_failed(pl_coord *c, const char *who, const char *why, int abort_step);
+
 static void check_reduced_complete(pl_coord *c)
 {
     if (c->phase != PL_COORD_RUNNING)
@@ -1105,17 +1125,19 @@ static void check_reduced_complete(pl_coord *c)
         if (c->w[i].live && in_pipes(c, i) && (!c->w[i].reported || !c->w[i].reduced))
             return;
     c->norm = sqrt(c->sumsq);
-    if (!isfinite(c->norm)) {
-        char why[128];
-        snprintf(why, sizeof why, "non-finite gradient norm at step %lld", (long long)c->step);
-        to_pipeline_workers(c, PL_MSG_ABORT, why);
-        set_failed(c, why);
+    if (!isfinite(c->norm)) { /* finite shares whose sum is not */
+        step_attempt_failed(c, NULL, "non-finite gradient norm (inf)", 1);
         return;
     }
     double clip = c->cfg.grad_clip;
     c->grad_scale = clip > 0 && c->norm > clip ? clip / c->norm : 1.0;
     c->lr = pl_lr_at(c->cfg.lr, c->cfg.lr_cosine, c->cfg.lr_warmup, c->cfg.lr_min_ratio,
                      (int)c->step, (int)c->cfg.steps);
+    c->commit_save = pl_checkpoint_due(c->cfg.checkpoint_dir, c->cfg.checkpoint_every,
+                                       c->cfg.steps, c->step + 1) ||
+                     (c->ckpt_retry && c->cfg.checkpoint_dir && c->cfg.checkpoint_dir[0]);
+    if (c->commit_save)
+        c->ckpt_retry = 0;
     c->phase = PL_COORD_COMMITTING;
     to_pipeline_workers(c, PL_MSG_COMMIT, "");
 }
@@ -1141,6 +1163,43 @@ static void replan_soon(pl_coord *c)
     }
     c->phase = PL_COORD_SETTLING;
     c->replan_at = c->now + c->cfg.settle_ms;
+}
+
+/* An attempt at the running step failed with no loss to blame: a non-finite loss or
+ * gradient norm, a worker's step_failed (who: the worker, NULL for the coordinator's own
+ * finding), an evaluation that failed (abort_step 0: the step is committed). Nothing of it
+ * is committed; it is redone under a new plan (new links, a new NCCL world), at most
+ * PL_COORD_STEP_ATTEMPTS times in all: a failure that keeps coming back, the same way on
+ * every attempt, is the job's (its data, its model), not a node's, and ends the job. */
+static void step_attempt_failed(pl_coord *c, const char *who, const char *why, int abort_step)
+{
+    if (c->fail_step != c->step) {
+        c->fail_step = c->step;
+        c->fail_attempts = 0;
+        c->fail_same = 1;
+        snprintf(c->fail_reason, sizeof c->fail_reason, "%s", why);
+    } else if (strcmp(c->fail_reason, why)) {
+        c->fail_same = 0;
+    }
+    c->fail_attempts++;
+    if (abort_step)
+        to_pipeline_workers(c, PL_MSG_ABORT, why);
+    if (c->fail_attempts >= PL_COORD_STEP_ATTEMPTS) {
+        char reason[700];
+        snprintf(reason, sizeof reason, "step %lld failed %d times%s: %.400s",
+                 (long long)c->step, c->fail_attempts,
+                 c->fail_same ? ", every time the same way (a bug in the job or its data, not a "
+                                "node failure)"
+                              : "",
+                 why);
+        set_failed(c, reason);
+        return;
+    }
+    if (who)
+        add_cause(c, "step failed on %s (%.200s)", who, why);
+    else
+        add_cause(c, "step failed (%s%.200s)", "", why);
+    replan_soon(c);
 }
 
 /* Reaction to workers already marked not live (idx[0..n)). */
@@ -1300,6 +1359,7 @@ pl_coord *pl_coord_new(const pl_coord_config *cfg, char *err, size_t errlen)
     c->plan_ckpt = -1;
     c->profiler = -1;
     c->judge_at = -1;
+    c->fail_step = -1;
     c->resume_step = cfg->resume_auto ? -1 : cfg->resume_step;
     c->ckpt_last = c->resume_step > 0 ? c->resume_step : 0;
     c->step = c->ckpt_last;
@@ -1556,6 +1616,15 @@ int pl_coord_report(pl_coord *c, const char *name, int64_t gen, const pl_msg_rep
     if (c->w[i].reported)
         return PL_COORD_IGNORED;
     c->w[i].reported = 1;
+    const int bad_loss = r->has_loss && !isfinite(r->loss);
+    if (bad_loss || !isfinite(r->grad_sumsq)) { /* never committed: abort at once */
+        char why[96];
+        const double v = bad_loss ? r->loss : r->grad_sumsq;
+        snprintf(why, sizeof why, "non-finite %s (%s)", bad_loss ? "loss" : "gradient norm",
+                 isnan(v) ? "nan" : v > 0 ? "inf" : "-inf");
+        step_attempt_failed(c, name, why, 1);
+        return PL_COORD_OK;
+    }
     c->sumsq += r->grad_sumsq;
     if (r->has_loss) {
         c->loss_sum += r->loss;
@@ -1738,6 +1807,52 @@ static void judge_peers(pl_coord *c)
     c->nsuspects = 0;
 }
 
+/* Every worker that registered failed, each with the same fatal error, and at least
+ * min(n_start, 2) of them: the job is at fault, not its nodes (Elastic Horovod's rule). */
+static int same_failure_everywhere(const pl_coord *c)
+{
+    const int enough = c->cfg.n_start < 2 ? c->cfg.n_start : 2;
+    return c->fatal_same && c->nfatal >= enough && pl_coord_live_workers(c) == 0;
+}
+
+int pl_coord_fatal(pl_coord *c, const char *name, const char *reason)
+{
+    c->err[0] = 0;
+    int i = find_live(c, name);
+    if (i < 0)
+        return PL_COORD_ERR;
+    if (!reason || !reason[0])
+        return fail_err(c, "worker \"%s\": fatal without a reason", name);
+    if (c->phase == PL_COORD_DONE || c->phase == PL_COORD_FAILED)
+        return PL_COORD_IGNORED; /* it exits anyway */
+    /* a reason another worker gave too is the job's: its node is not to blame */
+    const int repeated = c->nfatal > 0 && !strncmp(c->fatal_reason, reason,
+                                                   sizeof c->fatal_reason - 1);
+    if (!c->nfatal) {
+        snprintf(c->fatal_reason, sizeof c->fatal_reason, "%s", reason);
+        c->fatal_same = 1;
+    } else if (!repeated) {
+        c->fatal_same = 0;
+    }
+    c->nfatal++;
+    cworker *w = &c->w[i];
+    send_text(c, i, PL_MSG_STOP, c->gen, 0, reason, 1);
+    w->live = 0;
+    add_cause(c, "failed %s (%.200s)", name, reason);
+    if (!repeated && !w->leaving)
+        node_failed(c, w->node);
+    if (same_failure_everywhere(c)) {
+        char why[700];
+        snprintf(why, sizeof why, "every worker failed the same way (%d workers): %.400s; a bug "
+                 "in the job or its data, not a node failure", c->nfatal, c->fatal_reason);
+        set_failed(c, why);
+        return PL_COORD_OK;
+    }
+    after_loss(c, &i, 1);
+    reassign_duties(c);
+    return PL_COORD_OK;
+}
+
 int pl_coord_peer_broken(pl_coord *c, const char *name, int64_t gen, const char *peer)
 {
     int rc = PL_COORD_OK;
@@ -1769,7 +1884,8 @@ int pl_coord_peer_broken(pl_coord *c, const char *name, int64_t gen, const char 
 /* A worker's step failed with no loss known here (an NCCL error or deadline, a broken
  * link): nothing else would end that step, so it is aborted and the plan made again in
  * a new generation (new links, a new NCCL world). A loss behind the failure joins the
- * same plan (SETTLING); maxResets bounds a failure that keeps coming back. */
+ * same plan (SETTLING); PL_COORD_STEP_ATTEMPTS and maxResets bound a failure that keeps
+ * coming back. */
 static int step_failed(pl_coord *c, const char *name, int64_t gen, int64_t step,
                        const char *reason)
 {
@@ -1779,15 +1895,14 @@ static int step_failed(pl_coord *c, const char *name, int64_t gen, int64_t step,
         int i = gen_check(c, name, gen, &rc);
         if (i < 0 || !in_pipes(c, i))
             return i < 0 ? rc : PL_COORD_IGNORED;
-        add_cause(c, "evaluation failed on %s (%.200s)", name, reason);
-        replan_soon(c);
+        char why[PL_PROTO_TEXT_MAX + 32];
+        snprintf(why, sizeof why, "evaluation: %s", reason);
+        step_attempt_failed(c, name, why, 0);
         return PL_COORD_OK;
     }
     if (step_check(c, name, gen, step, PL_COORD_RUNNING, &rc) < 0)
         return rc;
-    add_cause(c, "step failed on %s (%.200s)", name, reason);
-    to_pipeline_workers(c, PL_MSG_ABORT, "a worker's step failed");
-    replan_soon(c);
+    step_attempt_failed(c, name, reason, 1);
     return PL_COORD_OK;
 }
 
@@ -1839,8 +1954,15 @@ int pl_coord_saved(pl_coord *c, const char *name, const pl_msg_saved *sv)
             return fail_err(c, "out of memory");
         slot->step = sv->step;
     }
-    if (slot->completing)
+    if (slot->completing || slot->failed)
         return PL_COORD_IGNORED;
+    if (sv->error[0]) {
+        char why[PL_PROTO_TEXT_MAX + 64];
+        snprintf(why, sizeof why, "%.400s (layers [%d, %d) on %s)", sv->error, sv->layer_begin,
+                 sv->layer_end, name);
+        checkpoint_failed(c, slot, why);
+        return PL_COORD_OK;
+    }
     memset(slot->covered + sv->layer_begin, 1, (size_t)(sv->layer_end - sv->layer_begin));
     for (int l = 0; l < c->nlayers; l++)
         if (!slot->covered[l])
@@ -1873,25 +1995,70 @@ int pl_coord_checkpoint_done(pl_coord *c, const char *name, int64_t step, const 
     if (!slot || slot->asked != i)
         return PL_COORD_IGNORED; /* asked of another worker since, or complete already */
     if (error && error[0]) {
-        c->ckpt_fail_step = step;
-        c->ckpt_fail[0] = 0;
-        appendf(c->ckpt_fail, sizeof c->ckpt_fail, "%s (on %s)", error, name);
-        free(slot->covered);
-        memset(slot, 0, sizeof *slot);
-        if (c->phase == PL_COORD_SAVING && step >= c->cfg.steps) {
-            c->reason[0] = 0;
-            appendf(c->reason, sizeof c->reason, "the last checkpoint is incomplete: %s",
-                    c->ckpt_fail);
-            finish(c);
-        }
+        char why[PL_PROTO_TEXT_MAX + 64];
+        snprintf(why, sizeof why, "%.400s (on %s)", error, name);
+        checkpoint_failed(c, slot, why);
         return PL_COORD_OK;
     }
+    c->ckpt_failures = 0;
     if (step > c->ckpt_last)
         c->ckpt_last = step;
     drop_saving(c, c->ckpt_last);
     if (c->phase == PL_COORD_SAVING && c->ckpt_last >= c->cfg.steps)
         finish(c);
     return PL_COORD_OK;
+}
+
+/* The last checkpoint written again: pipeline 0's workers (every layer once) hold the
+ * state after the last step, unchanged since; each writes its layers anew (save) and
+ * answers saved. */
+static void resave(pl_coord *c, csaving *slot)
+{
+    memset(slot->covered, 0, (size_t)c->nlayers);
+    slot->failed = slot->completing = 0;
+    slot->asked = -1;
+    for (int i = 0; i < c->nw; i++) {
+        if (!c->w[i].live || !in_pipes(c, i) || c->w[i].pipe != 0)
+            continue;
+        pl_msg *m = push(c, i, PL_MSG_SAVE, c->gen);
+        if (m)
+            m->u.save.step = slot->step;
+    }
+}
+
+/* A checkpoint attempt failed (a layer or its checkpoint.json not written): it is given up
+ * and the next checkpoint retries, at the next commit, or for the last step's, written
+ * again at once. PL_COORD_CHECKPOINT_ATTEMPTS in a row fail the job: a job whose
+ * checkpoints cannot be written must not end as if it had them. */
+static void checkpoint_failed(pl_coord *c, csaving *slot, const char *why)
+{
+    c->ckpt_fail_step = slot->step;
+    snprintf(c->ckpt_fail, sizeof c->ckpt_fail, "%s", why);
+    slot->failed = 1;
+    slot->completing = 0;
+    c->ckpt_failed_total++;
+    if (++c->ckpt_failures >= PL_COORD_CHECKPOINT_ATTEMPTS) {
+        char reason[700];
+        snprintf(reason, sizeof reason, "checkpoints cannot be written: %d attempts in a row "
+                 "failed, the last (step %lld): %.400s", c->ckpt_failures,
+                 (long long)slot->step, why);
+        set_failed(c, reason);
+        return;
+    }
+    if (slot->step < c->cfg.steps)
+        c->ckpt_retry = 1;
+    else if (c->phase == PL_COORD_SAVING)
+        resave(c, slot);
+    /* else: the last step's commit is not through yet; SAVING writes it again */
+}
+
+/* The slot of the checkpoint of `step`, or NULL. */
+static csaving *saving_slot(pl_coord *c, int64_t step)
+{
+    for (int k = 0; k < SAVING_SLOTS; k++)
+        if (c->saving[k].step == step)
+            return &c->saving[k];
+    return NULL;
 }
 
 /* complete_checkpoint of the slot's step to a worker (none live: a later one is asked). */
@@ -2241,6 +2408,8 @@ int pl_coord_on_msg(pl_coord *c, const char *name, const pl_msg *m, int64_t now_
                                      m->u.profile_done.error);
     case PL_MSG_EVAL_DONE:
         return pl_coord_eval_done(c, name, m->gen, &m->u.eval_done);
+    case PL_MSG_FATAL:
+        return pl_coord_fatal(c, name, m->u.fatal.reason);
     default:
         return fail_err(c, "worker \"%s\": unexpected message %s", name,
                         pl_msg_type_name(m->type));
@@ -2305,6 +2474,8 @@ int64_t pl_coord_checkpoint_failed(const pl_coord *c, const char **why)
         *why = c->ckpt_fail;
     return c->ckpt_fail_step;
 }
+
+int pl_coord_checkpoint_failures(const pl_coord *c) { return c->ckpt_failed_total; }
 
 const pl_coord_step_rec *pl_coord_step_log(const pl_coord *c, int i)
 {

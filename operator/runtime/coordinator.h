@@ -32,7 +32,10 @@
  *   its checkpoint_done makes the checkpoint of s+1 complete
  *   (pl_coord_last_checkpoint), or records why not (pl_coord_checkpoint_failed).
  *   A worker lost before answering: another is asked. The job is DONE when the
- *   last step's checkpoint is complete.
+ *   last step's checkpoint is complete. A checkpoint that cannot be written (a
+ *   `saved` with an error, a checkpoint_done with one) is given up and retried:
+ *   the next commit writes one, and the last step's is written again (save to
+ *   pipeline 0's workers); PL_COORD_CHECKPOINT_ATTEMPTS failures in a row: FAILED.
  * - Resume (resume_auto): every worker's register says which complete checkpoint
  *   it sees under the job's checkpoint directory (or why it cannot read it);
  *   before the first plan the coordinator takes the newest one a worker can read
@@ -61,7 +64,14 @@
  * - maxResets bounds the reconfigurations; a node whose workers failed twice
  *   or more (losses, not `leaving`) is refused for cooldown_ms · 2^(failures−2)
  *   (at most 64×), Elastic Horovod's blacklist with a cooldown.
- * - A non-finite global norm: abort s, stop {exit 1}, FAILED.
+ * - A step attempt that fails with no loss to blame — a non-finite loss or
+ *   gradient share in a report (never committed: abort at once), a non-finite
+ *   global norm, a worker's step_failed — is redone under a new plan, at most
+ *   PL_COORD_STEP_ATTEMPTS times in all; then FAILED (saying whether every
+ *   attempt failed the same way).
+ * - A worker's fatal error (fatal, e.g. bad data at load) is its loss; when every
+ *   worker that registered failed with the same reason (at least min(n_start, 2)),
+ *   the job is at fault, not its nodes: FAILED with that reason, no cooldown.
  * - Host/port of a worker's peer links are given at registration (the
  *   protocol's register has none); default host 127.0.0.1, port
  *   peer_port_base + rank. */
@@ -135,6 +145,11 @@ typedef enum {
     PL_COORD_DONE,                    /* every step committed, stop sent */
     PL_COORD_FAILED                   /* fatal: see pl_coord_reason */
 } pl_coord_phase_t;
+
+/* Attempts at one step that may fail (non-finite, step_failed) before the job fails. */
+#define PL_COORD_STEP_ATTEMPTS 3
+/* Checkpoint attempts in a row that may fail before the job fails. */
+#define PL_COORD_CHECKPOINT_ATTEMPTS 3
 
 /* Event results. */
 #define PL_COORD_OK 0
@@ -215,6 +230,9 @@ int pl_coord_profile_done(pl_coord *c, const char *name, const char *profile,
                           const char *error);
 /* A pipeline worker evaluated the step of `eval` (message generation gen). */
 int pl_coord_eval_done(pl_coord *c, const char *name, int64_t gen, const pl_msg_eval_done *e);
+/* The worker reported a fatal error (its fatal message; reason non-empty) and exits: stop
+ * {reason, 1} to it and its loss, or FAILED when every worker failed the same way. */
+int pl_coord_fatal(pl_coord *c, const char *name, const char *reason);
 /* The connection closed / the process ended / anything fatal for that worker. */
 int pl_coord_worker_lost(pl_coord *c, const char *name, const char *cause);
 /* Declares lost every live worker silent for more than misses × heartbeat_ms;
@@ -279,8 +297,11 @@ int64_t pl_coord_step(const pl_coord *c);        /* the step running or to run n
 int pl_coord_rank(const pl_coord *c, const char *name); /* -1 if unknown */
 int pl_coord_live_workers(const pl_coord *c);
 int64_t pl_coord_last_checkpoint(const pl_coord *c); /* newest complete checkpoint step, 0: none */
-/* The newest checkpoint whose checkpoint.json could not be written (0: none) and why. */
+/* The checkpoint whose attempt failed last (a layer or its checkpoint.json not written;
+ * 0: none) and why. */
 int64_t pl_coord_checkpoint_failed(const pl_coord *c, const char **why);
+/* Checkpoint attempts that failed since the start (each failure once). */
+int pl_coord_checkpoint_failures(const pl_coord *c);
 /* The checkpoint the job started from (0: the initial state); -1 while the workers' reports
  * are awaited (resume_auto, before the first plan). */
 int64_t pl_coord_resume_step(const pl_coord *c);

@@ -36,7 +36,8 @@ struct pl_job_driver {
     pl_tls_selfsigned tls;
     char token[65];
     /* checkpoints completed by a worker, and those it could not complete: reported */
-    int64_t ckpt_done, ckpt_reported, ckpt_failed_reported;
+    int64_t ckpt_done, ckpt_reported;
+    int ckpt_failures_reported;      /* failed checkpoint attempts said */
     double val_loss;                 /* the newest validation loss, after step val_step */
     int64_t val_step;
     /* recovery: the first loss since the last plan; per reconfiguration the time of
@@ -287,8 +288,8 @@ static int next_duty_event(pl_job_driver *d, pl_job_driver_event *ev)
     }
     const char *why = NULL;
     int64_t failed = pl_coord_checkpoint_failed(d->coord, &why);
-    if (failed > d->ckpt_failed_reported) {
-        d->ckpt_failed_reported = failed;
+    if (pl_coord_checkpoint_failures(d->coord) > d->ckpt_failures_reported) {
+        d->ckpt_failures_reported = pl_coord_checkpoint_failures(d->coord);
         *ev = (pl_job_driver_event){.kind = PL_JOB_DRIVER_CHECKPOINT, .step = failed,
                                     .error = why};
         return 1;

@@ -100,7 +100,8 @@ typedef struct {
     pl_job_driver_event_kind kind;
     int index;
     int64_t step;      /* CHECKPOINT, RESUME */
-    const char *error; /* CHECKPOINT: why checkpoint.json was not written, or NULL */
+    const char *error; /* CHECKPOINT: why an attempt at it failed (a layer or its
+                          checkpoint.json not written), or NULL */
     int64_t ms;        /* RECOVERED */
 } pl_job_driver_event;
 

@@ -372,6 +372,7 @@ DEFAULTS = {
     "spec.evalBatches": ("job->eval_batches = 8", 8),
     "spec.checkpoint.every": ("job->checkpoint.every = 100", 100),
     "spec.checkpoint.resume": ("job->checkpoint.resume = PL_RESUME_AUTO", "auto"),
+    "spec.checkpoint.keep": ("job->checkpoint.keep = 0", 0),
     "spec.faultTolerance.strategy": (".strategy = PL_STRATEGY_TEMPLATES", "templates"),
     "spec.faultTolerance.tolerate": (".tolerate = 1", 1),
     "spec.faultTolerance.maxResets": (".max_resets = 100", 100),
@@ -644,6 +645,9 @@ INVALID = [
     ("spec.evalBatches", 0),
     ("spec.checkpoint.every", -1),
     ("spec.checkpoint.resume", "always"),
+    ("spec.checkpoint.keep", -1),
+    ("spec.checkpoint.keep", 1.5),
+    ("spec.checkpoint.keep", "2"),
     ("spec.faultTolerance.strategy", "redundant"),
     ("spec.faultTolerance.strategy", "checkpoint"),  # needs checkpoint.dir (CEL)
     ("spec.faultTolerance.tolerate", -1),
@@ -782,7 +786,7 @@ def every_crd_field_accepted_by_pliant():
     m = with_field("spec.runPolicy", {"suspend": True, "activeDeadlineSeconds": 3600,
                                       "ttlSecondsAfterFinished": 0, "cleanPodPolicy": "None",
                                       "backoffLimit": 3}, m)
-    m = with_field("spec.checkpoint", {"dir": "/ckpt", "every": 5, "resume": "never"}, m)
+    m = with_field("spec.checkpoint", {"dir": "/ckpt", "every": 5, "resume": "never", "keep": 2}, m)
     m = with_field("spec.faultTolerance", {"strategy": "checkpoint", "tolerate": 2, "maxResets": 3,
                                            "hostsAddedCheckEvery": 2, "heartbeatSeconds": 0.5,
                                            "waitForNodesTimeoutSeconds": 0}, m)

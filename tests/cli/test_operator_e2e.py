@@ -1030,6 +1030,11 @@ def workers_profile_evaluate_and_checkpoint():
               "no checkpoint.json for step %d", step)
     check("CheckpointSaved" in event_reasons("duties"), "no CheckpointSaved Event: %s",
           event_reasons("duties"))
+    samples, text = op.metrics()
+    vloss = e2e.metric_sum(samples, "pliant_validation_loss", trainingjob="duties",
+                           trainingjob_namespace=NS)
+    check(vloss is not None and abs(vloss - val["loss"]) <= 1e-6 * abs(val["loss"]),
+          "pliant_validation_loss %s, status %s:\n%s", vloss, val, text[:2000])
     apply(manifest("duties-again"))
     st = wait_status("duties-again", "Succeeded", succeeded, 60)
     check(st.get("step") == steps and not st.get("lastValidation"),

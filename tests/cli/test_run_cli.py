@@ -514,6 +514,180 @@ def a_backend_the_build_lacks_fails_the_job_naming_it():
           err[-1500:])
 
 
+def run_env(*args, env=None, timeout=120):
+    """pliant ARGS with extra environment: (status, stdout, stderr)."""
+    p = subprocess.run([suite.pliant] + [str(a) for a in args], cwd=REPO,
+                       env=dict(os.environ, **(env or {})), stdin=subprocess.DEVNULL,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+    return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+
+
+def bad_shard(name, bad_at, bad_id=0xFFFF):
+    """A copy of the training shard with token bad_at replaced by bad_id."""
+    with open(data_prefix() + "_train.bin", "rb") as f:
+        raw = bytearray(f.read())
+    off = 1024 + 2 * bad_at
+    raw[off:off + 2] = bad_id.to_bytes(2, "little")
+    path = os.path.join(suite.tmp, name + ".bin")
+    with open(path, "wb") as f:
+        f.write(raw)
+    return path, off
+
+
+def checkpoint_steps(d):
+    """Steps of the complete checkpoints (step-N holding checkpoint.json) under d."""
+    if not os.path.isdir(d):
+        return []
+    return sorted(int(n[5:]) for n in os.listdir(d) if n.startswith("step-") and
+                  os.path.exists(os.path.join(d, n, "checkpoint.json")))
+
+
+@test
+def a_token_beyond_the_vocabulary_is_refused_naming_the_file():
+    """A training shard holding token 65535 (vocabulary 256): pliant run fails at once
+    (status 1) naming the file, the token and its byte offset, as pliant train does;
+    no worker runs a step, nothing is committed, no checkpoint is written."""
+    shard, off = bad_shard("badtok_train", 4321)
+    name = "badtok"
+    path = os.path.join(suite.tmp, name + ".yaml")
+    with open(path, "w") as f:
+        f.write(JOB.format(name=name, data=data_prefix(), steps=6, global_=8, extra="")
+                .replace(data_prefix() + "_train.bin", shard) +
+                "  checkpoint: {dir: %s, every: 2}\n" % ckpt_dir(name))
+    m = path + ".jsonl"
+    rc, out, err = run("run", path, "--workers", 2, "--threads", 1, "--metrics", m, timeout=60)
+    want = "%s: token 65535 at index 4321 (byte offset %d) is out of range for vocabulary " \
+           "size 256" % (shard, off)
+    check(rc == 1 and want in err, "status %d:\n%s\n%s", rc, out[-1500:], err[-1500:])
+    check("step " not in out and (not os.path.exists(m) or not metrics(m)), "steps ran:\n%s",
+          out)
+    check(not os.path.exists(ckpt_dir(name)), "a checkpoint directory was written")
+    rc, out, err = run("train", path, "--threads", 1, timeout=60)
+    check(rc == 1 and want in err, "train: status %d: %s", rc, err[-800:])
+
+
+@test
+def bad_validation_data_fails_every_worker_the_same_way():
+    """The validation shard holds a token beyond the vocabulary (the workers read it,
+    pliant run does not): each worker refuses it at load and tells the coordinator
+    (fatal), which fails the job at once as the job's failure, not a node's: status 1,
+    the file, token and offset in the reason, no step committed, no checkpoint."""
+    shard, off = bad_shard("badval_val", 77, 300)
+    name = "badval"
+    job = write_job(name, steps=6, extra="  evalEvery: 2\n  checkpoint: {dir: %s, every: 2}\n"
+                    % ckpt_dir(name))
+    with open(job) as f:
+        text = f.read()
+    with open(job, "w") as f:
+        f.write(text.replace("order: shuffled", "val: %s, order: shuffled" % shard))
+    m = job + ".jsonl"
+    rc, out, err = run("run", job, "--workers", 2, "--threads", 1, "--metrics", m, timeout=60)
+    check(rc == 1, "status %d:\n%s\n%s", rc, out[-1500:], err[-1500:])
+    check("job failed: every worker failed the same way (2 workers): data: %s: token 300 at "
+          "index 77 (byte offset %d)" % (shard, off) in err, "reason:\n%s", err[-2000:])
+    check("not a node failure" in err and "killed by signal" not in err, "stderr:\n%s",
+          err[-2000:])
+    check(not metrics(m), "steps were committed: %s", metrics(m))
+    check(not checkpoint_steps(ckpt_dir(name)), "a checkpoint was written")
+
+
+@test
+def a_bad_token_mid_run_is_never_committed():
+    """PLIANT_FAULT_w0=badtoken:3 gives step 3 an id beyond the vocabulary, as bad data
+    the loader could not see would: the encoder's bound check (no crash) makes the
+    step's loss and norm NaN, the coordinator aborts it on every attempt and fails the
+    job (status 1) after PL_COORD_STEP_ATTEMPTS, saying so; steps 0-2 are committed
+    with train's losses, no NaN anywhere, no checkpoint after step 2."""
+    name = "badmid"
+    job = write_job(name, steps=8, extra="  checkpoint: {dir: %s, every: 2}\n" % ckpt_dir(name))
+    m = job + ".jsonl"
+    rc, out, err = run_env("run", job, "--workers", 2, "--threads", 1, "--metrics", m,
+                           env={"PLIANT_FAULT_w0": "badtoken:3"}, timeout=120)
+    check(rc == 1, "status %d:\n%s\n%s", rc, out[-1500:], err[-1500:])
+    check("job failed: step 3 failed 3 times, every time the same way" in err and
+          "non-finite" in err and "signal" not in err, "stderr:\n%s", err[-2000:])
+    rows = metrics(m)
+    check([r["step"] for r in rows] == [0, 1, 2], "committed: %s", [r["step"] for r in rows])
+    check(not [l for l in out.splitlines() if l.startswith(("step ", "summary")) and
+               "nan" in l], "a NaN was committed:\n%s", out)
+    ref = reference(reference_job(name, 8))
+    for a, b in zip(rows, ref):
+        check(abs(a["loss"] - b["loss"]) <= 1e-4 * abs(b["loss"]), "step %d: loss %r, train %r",
+              a["step"], a["loss"], b["loss"])
+    check(checkpoint_steps(ckpt_dir(name)) == [2], "checkpoints %s",
+          checkpoint_steps(ckpt_dir(name)))
+    check(os.listdir(ckpt_dir(name)) == ["step-00000002"], "files %s", os.listdir(ckpt_dir(name)))
+
+
+def failing_checkpoint_job(name, ckpt, steps=4):
+    return write_job(name, steps=steps,
+                     extra="  checkpoint: {dir: %s, every: 2, resume: never}\n" % ckpt)
+
+
+@test
+def an_unwritable_checkpoint_directory_fails_the_job():
+    """spec.checkpoint.dir cannot be created (a path through a regular file; and, as a
+    user root does not override, a read-only directory): every attempt's `saved` says
+    why, the checkpoint is retried at the next commit and written again at the end, and
+    the job fails (status 1) with the reason instead of waiting for it forever."""
+    blocker = os.path.join(suite.tmp, "blocker")
+    with open(blocker, "w") as f:
+        f.write("a file, not a directory\n")
+    cases = [(os.path.join(blocker, "ckpt"), blocker + ": exists and is not a directory")]
+    if os.geteuid() != 0:
+        ro = os.path.join(suite.tmp, "ro-ckpt")
+        os.makedirs(ro, exist_ok=True)
+        os.chmod(ro, 0o555)
+        cases.append((ro, "Permission denied"))
+    for i, (ckpt, why) in enumerate(cases):
+        job = failing_checkpoint_job("unwritable%d" % i, ckpt)
+        rc, out, err = run("run", job, "--workers", 2, "--threads", 1, timeout=90)
+        check(rc == 1, "%s: status %d:\n%s\n%s", ckpt, rc, out[-1500:], err[-1500:])
+        check("job failed: checkpoints cannot be written: 3 attempts in a row failed" in err and
+              why in err, "%s: stderr:\n%s", ckpt, err[-2000:])
+        check("run: done" not in out, "the run says it is done:\n%s", out)
+
+
+@test
+def a_checkpoint_step_that_is_a_file_fails_the_job():
+    """step-00000004 exists as a regular file: the checkpoint of step 2 is written, the
+    last one (4) cannot be; it is written again twice, then the job fails (status 1)
+    naming the path, without hanging and without reporting success."""
+    name = "stepfile"
+    d = ckpt_dir(name)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "step-00000004"), "w") as f:
+        f.write("in the way\n")
+    job = failing_checkpoint_job(name, d)
+    rc, out, err = run("run", job, "--workers", 2, "--threads", 1, timeout=90)
+    check(rc == 1, "status %d:\n%s\n%s", rc, out[-1500:], err[-1500:])
+    check("step-00000004: exists and is not a directory" in err and
+          "job failed: checkpoints cannot be written" in err, "stderr:\n%s", err[-2000:])
+    check(err.count("pliant run: checkpoint of step 4:") == 3, "attempts:\n%s", err[-2000:])
+    check(checkpoint_steps(d) == [2] and "checkpoint: step 2 saved" in out, "checkpoints %s",
+          checkpoint_steps(d))
+    check("run: done" not in out, "the run says it is done:\n%s", out)
+
+
+@test
+def checkpoint_keep_two_keeps_the_newest_two():
+    """spec.checkpoint.keep 2, a checkpoint every step: the newest two complete
+    checkpoints remain (the worker completing each deletes the older ones), under
+    pliant run and pliant train alike, and the job resumes from the newest."""
+    for cmd in ("run", "train"):
+        name = "keep-" + cmd
+        job = write_job(name, steps=5, extra="  checkpoint: {dir: %s, every: 1, keep: 2}\n"
+                        % ckpt_dir(name))
+        args = ["run", job, "--workers", 2] if cmd == "run" else ["train", job]
+        rc, out, err = run(*args, "--threads", 1, timeout=120)
+        check(rc == 0, "%s: status %d:\n%s\n%s", cmd, rc, out[-1500:], err[-1500:])
+        check(out.count("checkpoint: step") == 5, "%s: checkpoints:\n%s", cmd, out)
+        check(sorted(os.listdir(ckpt_dir(name))) == ["step-00000004", "step-00000005"],
+              "%s: left %s", cmd, sorted(os.listdir(ckpt_dir(name))))
+        check(checkpoint_steps(ckpt_dir(name)) == [4, 5], "%s: complete %s", cmd,
+              checkpoint_steps(ckpt_dir(name)))
+
+
 def run_chaos(job, workers, chaos, timeout=180, env=None):
     """pliant run with --chaos; env: extra environment (PLIANT_FAULT_<worker>)."""
     m = job + ".run.jsonl"

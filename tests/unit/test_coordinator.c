@@ -669,7 +669,8 @@ static void save_layers(sim *s, int64_t st, int skip)
         const pl_msg_plan *p = &s->plan[w].u.plan;
         if (!s->live[w] || p->you_pipeline != 0 || p->you_stage == skip)
             continue;
-        pl_msg_saved sv = {st, p->you_layer_begin, p->you_layer_end, 1000};
+        pl_msg_saved sv = {.step = st, .layer_begin = p->you_layer_begin,
+                           .layer_end = p->you_layer_end, .bytes = 1000};
         pl_coord_saved(s->c, nm(w), &sv);
     }
 }
@@ -1220,20 +1221,28 @@ static void test_initial_copy_loss_and_nan(void)
     CHECK_STR_CONTAINS(pl_coord_reconfig(s.c, 1)->cause, "lost w3 (peer_broken: its links to w0 broke)");
     all_copy_done(&s);
     CHECK(drain(&s) == 0);
-    /* a non-finite norm: abort, stop with an error, FAILED */
-    for (int w = 0; w < 6; w++) {
-        if (!s.live[w])
-            continue;
-        pl_msg_report x = {.step = 1, .grad_sumsq = w == 0 ? NAN : 0.25};
-        CHECK_EQ_INT(pl_coord_report(s.c, nm(w), 3, &x), PL_COORD_OK);
-        CHECK_EQ_INT(pl_coord_reduced(s.c, nm(w), 3, 1), PL_COORD_OK);
+    /* a non-finite norm: never committed (abort at once), redone under new plans, then
+     * FAILED with a stop carrying an error */
+    for (int attempt = 1; attempt <= PL_COORD_STEP_ATTEMPTS; attempt++) {
+        const int64_t g = s.gen;
+        pl_msg_report x = {.step = 1, .grad_sumsq = NAN};
+        CHECK_EQ_INT(pl_coord_report(s.c, "w0", g, &x), PL_COORD_OK);
+        CHECK(drain(&s) == 0);
+        CHECK_EQ_INT(count_type(&s, PL_MSG_COMMIT), 0);
+        CHECK_EQ_INT(count_type(&s, PL_MSG_ABORT), 4);
+        CHECK_EQ_INT(pl_coord_nsteps(s.c), 1);
+        if (attempt == PL_COORD_STEP_ATTEMPTS)
+            break;
+        CHECK_EQ_INT(count_type(&s, PL_MSG_STOP), 0);
+        CHECK(s.gen == g + 1 && plans_valid(&s) == 0 && s.plan[0].u.plan.step == 1);
+        all_copy_done(&s);
+        CHECK(drain(&s) == 0);
     }
-    CHECK(drain(&s) == 0);
-    CHECK_EQ_INT(count_type(&s, PL_MSG_COMMIT), 0);
-    CHECK_EQ_INT(count_type(&s, PL_MSG_ABORT), 4);
     CHECK_EQ_INT(count_type(&s, PL_MSG_STOP), 4);
+    CHECK_EQ_INT(msg_to(&s, 0, PL_MSG_STOP)->u.stop.exit_code, 1);
     CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_FAILED);
-    CHECK_STR_CONTAINS(pl_coord_reason(s.c), "non-finite gradient norm at step 1");
+    CHECK_STR_CONTAINS(pl_coord_reason(s.c), "step 1 failed 3 times, every time the same way");
+    CHECK_STR_CONTAINS(pl_coord_reason(s.c), "non-finite gradient norm (nan)");
     sim_free(&s);
 }
 
@@ -1310,6 +1319,332 @@ static void test_last_checkpoint_waits_for_its_completion(void)
         CHECK_STR_CONTAINS(pl_coord_reason(s.c), "incomplete");
     }
     sim_free(&s);
+}
+
+/* Reports (as report_all) where worker `bad` has a non-finite loss (it must hold the head)
+ * or share of the norm: returns what pl_coord_report answered it. */
+static int report_nonfinite(sim *s, int64_t st, int bad, double loss, double sumsq)
+{
+    int rc = -100;
+    for (int w = 0; w < s->nw; w++) {
+        if (!s->live[w] || !in_pipes(s, w))
+            continue;
+        const pl_msg_plan *p = &s->plan[w].u.plan;
+        pl_msg_report r = {.step = st, .grad_sumsq = w == bad ? sumsq : 0.25};
+        if (p->you_layer_end == L) {
+            r.has_loss = 1;
+            r.loss = w == bad ? loss : 2.0 * (double)p->pipelines[p->you_pipeline].microbatches;
+        }
+        int x = pl_coord_report(s->c, nm(w), s->gen, &r);
+        if (w == bad)
+            rc = x;
+        pl_coord_reduced(s->c, nm(w), s->gen, st);
+    }
+    return rc;
+}
+
+/* A worker whose plan holds the LM head (a last stage). */
+static int head_worker(const sim *s)
+{
+    for (int w = 0; w < s->nw; w++)
+        if (s->live[w] && in_pipes(s, w) && s->plan[w].u.plan.you_layer_end == L)
+            return w;
+    return -1;
+}
+
+/* A non-finite loss in a report: the step is aborted on every pipeline worker at once and
+ * never committed; an attempt that then goes through commits it with the step's values
+ * (no NaN in the log); the failures of one step are counted apart from another's. */
+static void test_nonfinite_report_never_committed(void)
+{
+    sim s;
+    CHECK(begin_run(&s, 6, 4) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    int h = head_worker(&s);
+    CHECK(h >= 0);
+    int64_t g = s.gen;
+    CHECK_EQ_INT(report_nonfinite(&s, 1, h, NAN, 0.25), PL_COORD_OK);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_COMMIT), 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_ABORT), 4);
+    const pl_msg *ab = msg_to(&s, h, PL_MSG_ABORT);
+    CHECK(ab && ab->u.abort_.step == 1 && ab->gen == g);
+    CHECK_STR_CONTAINS(ab->u.abort_.reason, "non-finite loss (nan)");
+    CHECK(s.gen == g + 1 && plans_valid(&s) == 0 && s.plan[0].u.plan.step == 1);
+    const pl_coord_reconfig_rec *rec = pl_coord_reconfig(s.c, pl_coord_nreconfigs(s.c) - 1);
+    CHECK(rec && !rec->removed[0]);
+    CHECK_STR_CONTAINS(rec->cause, "non-finite loss (nan)");
+    CHECK_EQ_INT(pl_coord_nsteps(s.c), 1);
+    /* the redone step goes through: committed with finite values */
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 1) == 0);
+    CHECK_EQ_INT(pl_coord_nsteps(s.c), 2);
+    CHECK(isfinite(pl_coord_step_log(s.c, 1)->loss) && isfinite(pl_coord_step_log(s.c, 1)->norm));
+    /* step 2: +inf shares twice, then fine: its attempts are its own */
+    h = head_worker(&s);
+    for (int k = 0; k < PL_COORD_STEP_ATTEMPTS - 1; k++) {
+        CHECK_EQ_INT(report_nonfinite(&s, 2, h, 1.0, INFINITY), PL_COORD_OK);
+        CHECK(drain(&s) == 0);
+        CHECK_EQ_INT(count_type(&s, PL_MSG_COMMIT), 0);
+        CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
+        all_copy_done(&s);
+        CHECK(drain(&s) == 0);
+        h = head_worker(&s);
+    }
+    CHECK(run_step(&s, 2) == 0);
+    CHECK(run_step(&s, 3) == 0);
+    /* a stale report of a non-finite step changes nothing */
+    pl_msg_report late = {.step = 3, .has_loss = 1, .loss = NAN, .grad_sumsq = NAN};
+    CHECK_EQ_INT(pl_coord_report(s.c, "w0", s.gen, &late), PL_COORD_IGNORED);
+    CHECK(run_step(&s, 4) == 0);
+    CHECK(run_step(&s, 5) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_DONE);
+    for (int k = 0; k < pl_coord_nsteps(s.c); k++)
+        CHECK(isfinite(pl_coord_step_log(s.c, k)->loss));
+    sim_free(&s);
+}
+
+/* step_failed with the same reason on every attempt: the job fails after
+ * PL_COORD_STEP_ATTEMPTS, saying it is the job's failure, and keeps no node out; with
+ * different reasons it says nothing of the kind. */
+static void test_step_failing_every_attempt(void)
+{
+    for (int same = 1; same >= 0; same--) {
+        sim s;
+        CHECK(begin_run(&s, 9, 4) == 0);
+        CHECK(run_step(&s, 0) == 0);
+        for (int k = 0; k < PL_COORD_STEP_ATTEMPTS; k++) {
+            CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_RUNNING);
+            pl_msg m;
+            pl_msg_init(&m, PL_MSG_STEP_FAILED, s.gen);
+            m.u.step_failed.step = 1;
+            snprintf(m.u.step_failed.reason, sizeof m.u.step_failed.reason, "cuda: illegal "
+                     "address%s", same || k == 0 ? "" : " (again)");
+            CHECK_EQ_INT(pl_coord_on_msg(s.c, nm(k), &m, 10 + k), PL_COORD_OK);
+            CHECK(drain(&s) == 0);
+            CHECK_EQ_INT(count_type(&s, PL_MSG_ABORT), 4);
+            CHECK_EQ_INT(count_type(&s, PL_MSG_COMMIT), 0);
+            if (k + 1 < PL_COORD_STEP_ATTEMPTS) {
+                all_copy_done(&s);
+                CHECK(drain(&s) == 0);
+            }
+        }
+        CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_FAILED);
+        CHECK_STR_CONTAINS(pl_coord_reason(s.c), "step 1 failed 3 times");
+        CHECK_STR_CONTAINS(pl_coord_reason(s.c), "cuda: illegal address");
+        CHECK(!strstr(pl_coord_reason(s.c), "the same way") == !same);
+        CHECK_EQ_INT(count_type(&s, PL_MSG_STOP), 4);
+        const char *cooling[4];
+        CHECK_EQ_INT(pl_coord_cooling_nodes(s.c, 20, cooling, 4), 0);
+        CHECK_EQ_INT(pl_coord_live_workers(s.c), 4);
+        sim_free(&s);
+    }
+}
+
+/* Sends fatal from worker w. */
+static int fatal_from(sim *s, int w, const char *reason, int64_t now)
+{
+    pl_msg m;
+    pl_msg_init(&m, PL_MSG_FATAL, s->gen);
+    snprintf(m.u.fatal.reason, sizeof m.u.fatal.reason, "%s", reason);
+    int rc = pl_coord_on_msg(s->c, nm(w), &m, now);
+    s->live[w] = 0;
+    return rc;
+}
+
+#define BAD_DATA "data: /d/train.bin: token 65535 at index 0 (byte offset 1024) is out of " \
+                 "range for vocabulary size 256"
+
+/* Every worker reports the same fatal error (bad data at load): the job fails with it at
+ * once, as the job's failure, with no node kept out; each got stop {1}. Before all did, a
+ * fatal worker is a loss like any other. */
+static void test_fatal_same_on_every_worker(void)
+{
+    sim s;
+    CHECK(sim_init(&s, 9, 4) == 0); /* threshold: min(n_start, 2) same failures */
+    s.cfg.cooldown_ms = 1000;
+    CHECK(sim_reconfigure(&s) == 0);
+    /* w0 registers and fails before w1 is there: the job waits */
+    CHECK_EQ_INT(pl_coord_worker_registered(s.c, "w0", "n0", NULL, 0, 0), PL_COORD_OK);
+    s.live[0] = 1, s.nw = 1;
+    CHECK_EQ_INT(fatal_from(&s, 0, BAD_DATA, 5), PL_COORD_OK);
+    CHECK(drain(&s) == 0);
+    const pl_msg *st = msg_to(&s, 0, PL_MSG_STOP);
+    CHECK(st && st->u.stop.exit_code == 1);
+    CHECK_STR_CONTAINS(st->u.stop.reason, "byte offset 1024");
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_WAITING_FOR_WORKERS);
+    CHECK_EQ_INT(pl_coord_heartbeat(s.c, "w0", 0, 6), PL_COORD_ERR); /* gone */
+    CHECK_EQ_INT(pl_coord_worker_registered(s.c, "w1", "n1", NULL, 0, 10), PL_COORD_OK);
+    s.live[1] = 1, s.nw = 2;
+    CHECK_EQ_INT(fatal_from(&s, 1, BAD_DATA, 12), PL_COORD_OK);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_FAILED);
+    CHECK_STR_CONTAINS(pl_coord_reason(s.c), "every worker failed the same way (2 workers)");
+    CHECK_STR_CONTAINS(pl_coord_reason(s.c), BAD_DATA);
+    CHECK_STR_CONTAINS(pl_coord_reason(s.c), "not a node failure");
+    CHECK(msg_to(&s, 1, PL_MSG_STOP) && msg_to(&s, 1, PL_MSG_STOP)->u.stop.exit_code == 1);
+    const char *cooling[4];
+    CHECK_EQ_INT(pl_coord_cooling_nodes(s.c, 20, cooling, 4), 0);
+    sim_free(&s);
+
+    /* a running plan of 6: a fatal error on one worker is its loss (a new plan without it);
+     * once the rest failed the same way too, the job fails */
+    CHECK(begin_run(&s, 9, 6) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    int64_t g = s.gen;
+    CHECK_EQ_INT(fatal_from(&s, 5, BAD_DATA, 20), PL_COORD_OK);
+    CHECK(drain(&s) == 0);
+    CHECK(s.gen == g + 1 && plans_valid(&s) == 0);
+    CHECK_STR_CONTAINS(pl_coord_reconfig(s.c, pl_coord_nreconfigs(s.c) - 1)->cause,
+                       "failed w5 (data: ");
+    for (int w = 0; w < 4; w++) {
+        CHECK_EQ_INT(fatal_from(&s, w, BAD_DATA, 21 + w), PL_COORD_OK);
+        CHECK(pl_coord_phase(s.c) != PL_COORD_FAILED);
+    }
+    CHECK_EQ_INT(fatal_from(&s, 4, BAD_DATA, 29), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_FAILED);
+    CHECK_STR_CONTAINS(pl_coord_reason(s.c), "every worker failed the same way (6 workers)");
+    CHECK_EQ_INT(pl_coord_cooling_nodes(s.c, 30, cooling, 4), 0);
+    sim_free(&s);
+}
+
+/* Fatal errors that differ are the nodes': losses, with the node counted toward its
+ * cooldown, and the job goes on with the others. */
+static void test_fatal_differing_is_a_loss(void)
+{
+    sim s;
+    CHECK(sim_init(&s, 9, 6) == 0);
+    s.cfg.cooldown_ms = 1000;
+    CHECK(sim_reconfigure(&s) == 0);
+    for (int w = 0; w < 6; w++) {
+        char node[16];
+        snprintf(node, sizeof node, "n%d", w == 4 ? 3 : w);
+        CHECK_EQ_INT(pl_coord_worker_registered(s.c, nm(w), node, NULL, 0, 0), PL_COORD_OK);
+        s.live[w] = 1, s.nw = w + 1;
+    }
+    CHECK(drain(&s) == 0);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    CHECK_EQ_INT(fatal_from(&s, 3, "data: /d/train.bin: Input/output error", 10), PL_COORD_OK);
+    CHECK(drain(&s) == 0);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(fatal_from(&s, 4, "plan: out of memory", 11), PL_COORD_OK);
+    CHECK(drain(&s) == 0);
+    CHECK(pl_coord_phase(s.c) != PL_COORD_FAILED);
+    const char *cooling[4]; /* n3 failed twice: kept out */
+    CHECK_EQ_INT(pl_coord_cooling_nodes(s.c, 20, cooling, 4), 1);
+    CHECK(!strcmp(cooling[0], "n3"));
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 1) == 0);
+    CHECK_EQ_INT(pl_coord_nsteps(s.c), 2);
+    sim_free(&s);
+}
+
+/* `saved` with an error: the checkpoint is given up (pl_coord_checkpoint_failed says why)
+ * and the next commit writes one again (pipeline 0 asked to save), which completes and
+ * clears the count; PL_COORD_CHECKPOINT_ATTEMPTS failures in a row fail the job. */
+static void test_checkpoint_write_failure_retried(void)
+{
+    sim s;
+    CHECK(sim_checkpointed(&s, 9, 4, 2, 0) == 0);
+    CHECK(sim_started(&s, 4) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    CHECK(run_step(&s, 1) == 0); /* its commit asked for the checkpoint of step 2 */
+    pl_msg_saved bad = {.step = 2, .layer_begin = 0, .layer_end = 1};
+    snprintf(bad.error, sizeof bad.error, "/ckpt/step-00000002: Permission denied");
+    CHECK_EQ_INT(pl_coord_saved(s.c, "w0", &bad), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_saved(s.c, "w0", &bad), PL_COORD_IGNORED); /* counted once */
+    const char *why = NULL;
+    CHECK_EQ_INT(pl_coord_checkpoint_failed(s.c, &why), 2);
+    CHECK_STR_CONTAINS(why, "Permission denied (layers [0, 1) on w0)");
+    CHECK_EQ_INT(pl_coord_checkpoint_failures(s.c), 1);
+    save_layers(&s, 2, -1); /* the rest of step 2's layers: too late, it was given up */
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_COMPLETE_CHECKPOINT), 0);
+    /* step 2's commit (a checkpoint of step 3 is not due) asks pipeline 0 to save */
+    report_all(&s, 2, -1, 1);
+    CHECK(drain(&s) == 0);
+    int asked = 0;
+    for (int k = 0; k < s.nm; k++)
+        if (s.m[k].type == PL_MSG_COMMIT)
+            asked += s.m[k].u.commit.save;
+    CHECK(asked >= 1);
+    commit_all(&s, 2);
+    CHECK(drain(&s) == 0);
+    save_all(&s, 3, -1);
+    CHECK_EQ_INT(pl_coord_last_checkpoint(s.c), 3);
+    CHECK_EQ_INT(pl_coord_checkpoint_failures(s.c), 1); /* total */
+    /* then every checkpoint fails: the job fails at the third in a row */
+    for (int64_t st = 3, fails = 0; fails < PL_COORD_CHECKPOINT_ATTEMPTS; st++) {
+        CHECK(run_step(&s, st) == 0);
+        bad.step = st + 1; /* the checkpoint that commit asked for */
+        if (pl_coord_saved(s.c, "w0", &bad) == PL_COORD_OK)
+            fails++;
+        CHECK(drain(&s) == 0);
+        if (fails < PL_COORD_CHECKPOINT_ATTEMPTS)
+            CHECK(pl_coord_phase(s.c) != PL_COORD_FAILED);
+    }
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_FAILED);
+    CHECK_STR_CONTAINS(pl_coord_reason(s.c), "checkpoints cannot be written: 3 attempts in a "
+                                             "row failed");
+    CHECK_STR_CONTAINS(pl_coord_reason(s.c), "Permission denied");
+    CHECK_EQ_INT(count_type(&s, PL_MSG_STOP), 4);
+    CHECK_EQ_INT(msg_to(&s, 0, PL_MSG_STOP)->u.stop.exit_code, 1);
+    sim_free(&s);
+}
+
+/* The last step's checkpoint fails (a layer file, then checkpoint.json): pipeline 0 writes
+ * it again (save), and it completes: DONE. Failing every time: FAILED, never DONE. A
+ * failure reported before the last commit is through is written again once SAVING. */
+static void test_last_checkpoint_written_again(void)
+{
+    for (int variant = 0; variant < 3; variant++) {
+        sim s;
+        CHECK(sim_checkpointed(&s, 2, 4, 0, 0) == 0);
+        CHECK(sim_started(&s, 4) == 0);
+        CHECK(run_step(&s, 0) == 0);
+        pl_msg_saved bad = {.step = 2, .layer_begin = 0, .layer_end = 1};
+        snprintf(bad.error, sizeof bad.error, "/ckpt/step-00000002: Not a directory");
+        if (variant == 2) { /* the error arrives while step 1's commit is collected */
+            report_all(&s, 1, -1, 1);
+            CHECK(drain(&s) == 0);
+            CHECK_EQ_INT(pl_coord_saved(s.c, "w0", &bad), PL_COORD_OK);
+            commit_all(&s, 1);
+        } else {
+            CHECK(run_step(&s, 1) == 0);
+            CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_SAVING);
+            CHECK_EQ_INT(pl_coord_saved(s.c, "w0", &bad), PL_COORD_OK);
+        }
+        CHECK(drain(&s) == 0);
+        CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_SAVING);
+        int p0 = 0;
+        for (int w = 0; w < s.nw; w++)
+            p0 += s.live[w] && s.plan[w].u.plan.you_pipeline == 0;
+        CHECK_EQ_INT(count_type(&s, PL_MSG_SAVE), p0);
+        const pl_msg *sv = msg_to(&s, 0, PL_MSG_SAVE);
+        CHECK(sv && sv->u.save.step == 2);
+        if (variant == 1) { /* every attempt fails: checkpoint.json, then the layers */
+            save_layers(&s, 2, -1);
+            CHECK_EQ_INT(complete_asked(&s, "/ckpt/step-00000002: No space left on device"), 1);
+            CHECK(drain(&s) == 0);
+            CHECK_EQ_INT(count_type(&s, PL_MSG_SAVE), p0);
+            CHECK_EQ_INT(pl_coord_saved(s.c, "w0", &bad), PL_COORD_OK);
+            CHECK(drain(&s) == 0);
+            CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_FAILED);
+            CHECK_STR_CONTAINS(pl_coord_reason(s.c), "checkpoints cannot be written");
+            CHECK_STR_CONTAINS(pl_coord_reason(s.c), "Not a directory");
+            CHECK_EQ_INT(pl_coord_last_checkpoint(s.c), 0);
+        } else {
+            save_all(&s, 2, -1);
+            CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_DONE);
+            CHECK_EQ_INT(pl_coord_last_checkpoint(s.c), 2);
+        }
+        sim_free(&s);
+    }
 }
 
 /* Registers worker w with what it sees under the checkpoint directory: step (≥ 0), or
@@ -1627,6 +1962,12 @@ RUN(test_step_failed_replans);
 RUN(test_initial_copy_loss_and_nan);
 RUN(test_checkpoint_completed_by_one_worker);
 RUN(test_last_checkpoint_waits_for_its_completion);
+RUN(test_nonfinite_report_never_committed);
+RUN(test_step_failing_every_attempt);
+RUN(test_fatal_same_on_every_worker);
+RUN(test_fatal_differing_is_a_loss);
+RUN(test_checkpoint_write_failure_retried);
+RUN(test_last_checkpoint_written_again);
 RUN(test_resume_from_the_workers);
 RUN(test_resume_at_the_last_step);
 RUN(test_restore_learns_the_checkpoint);

@@ -73,6 +73,7 @@ static void test_defaults(void)
     CHECK(job.checkpoint.dir[0] == '\0');
     CHECK_EQ_INT(job.checkpoint.every, 100);
     CHECK_EQ_INT(job.checkpoint.resume, PL_RESUME_AUTO);
+    CHECK_EQ_INT(job.checkpoint.keep, 0); /* every checkpoint kept */
     CHECK_EQ_INT(job.fault_tolerance.strategy, PL_STRATEGY_TEMPLATES);
     CHECK_EQ_INT(job.fault_tolerance.tolerate, 1);
     CHECK_EQ_INT(job.fault_tolerance.max_resets, 100);
@@ -103,7 +104,7 @@ static void test_every_field(void)
                        "  steps: 1\n"
                        "  evalEvery: 0\n"
                        "  evalBatches: 1\n"
-                       "  checkpoint: {dir: /ck, every: 0, resume: never}\n"
+                       "  checkpoint: {dir: /ck, every: 0, resume: never, keep: 3}\n"
                        "  faultTolerance: {strategy: checkpoint, tolerate: 0, maxResets: 0,\n"
                        "                   hostsAddedCheckEvery: 5, heartbeatSeconds: 0.5,\n"
                        "                   waitForNodesTimeoutSeconds: 0}\n"
@@ -147,6 +148,7 @@ static void test_every_field(void)
     CHECK(strcmp(job.checkpoint.dir, "/ck") == 0);
     CHECK_EQ_INT(job.checkpoint.every, 0);
     CHECK_EQ_INT(job.checkpoint.resume, PL_RESUME_NEVER);
+    CHECK_EQ_INT(job.checkpoint.keep, 3);
     CHECK_EQ_INT(job.fault_tolerance.strategy, PL_STRATEGY_CHECKPOINT);
     CHECK_EQ_INT(job.fault_tolerance.tolerate, 0);
     CHECK_EQ_INT(job.fault_tolerance.max_resets, 0);
@@ -601,6 +603,10 @@ static void test_validation_errors(void)
         {MINIMAL "  evalBatches: 0\n", "spec.evalBatches: must be at least 1"},
         {MINIMAL "  checkpoint: {every: -1}\n", "spec.checkpoint.every: must be at least 0"},
         {MINIMAL "  checkpoint: {resume: always}\n", "spec.checkpoint.resume: must be auto or never"},
+        {MINIMAL "  checkpoint: {keep: -1}\n", "spec.checkpoint.keep: must be at least 0"},
+        {MINIMAL "  checkpoint: {keep: 2.5}\n", "spec.checkpoint.keep: must be an integer"},
+        {MINIMAL "  checkpoint: {keep: two}\n", "spec.checkpoint.keep: must be an integer"},
+        {MINIMAL "  checkpoint: {keep: 2147483648}\n", "spec.checkpoint.keep: must be at most 2147483647"},
         {MINIMAL "  faultTolerance: {tolerate: -1}\n", "spec.faultTolerance.tolerate: must be at least 0"},
         {MINIMAL "  faultTolerance: {maxResets: -1}\n", "spec.faultTolerance.maxResets: must be at least 0"},
         {MINIMAL "  faultTolerance: {hostsAddedCheckEvery: 0}\n",

@@ -373,7 +373,7 @@ static void test_encoder(void)
         for (size_t i = 0; i < BT; i++) inp[i] = (int32_t)rng_range(0, V - 1); /* repeats */
         float *wte = frand((size_t)V * C, 1), *wpe = frand((size_t)T * C, 1), *out = tf(BT * C);
         double *ref = td(BT * C);
-        kn_encoder_forward(ctx, out, inp, wte, wpe, B, T, C);
+        kn_encoder_forward(ctx, out, inp, wte, wpe, B, T, C, V);
         ref_encoder(ref, inp, to_d(wte, (size_t)V * C), to_d(wpe, (size_t)T * C), B, T, C);
         CHECK(near("encoder out", out, ref, BT * C, 1e-6));
 
@@ -381,13 +381,55 @@ static void test_encoder(void)
               *dwpe = frand((size_t)T * C, 1);
         float *dwte0 = fcopy(dwte, (size_t)V * C), *dwpe0 = fcopy(dwpe, (size_t)T * C);
         double *gte = td((size_t)V * C), *gpe = td((size_t)T * C);
-        kn_encoder_backward(ctx, dwte, dwpe, dout, inp, B, T, C);
+        kn_encoder_backward(ctx, dwte, dwpe, dout, inp, B, T, C, V);
         ref_encoder_backward(gte, gpe, to_d(dout, BT * C), inp, B, T, C);
         CHECK(near("encoder dwte (accumulated)", dwte, plus(dwte0, gte, (size_t)V * C),
                    (size_t)V * C, 1e-5));
         CHECK(near("encoder dwpe (accumulated)", dwpe, plus(dwpe0, gpe, (size_t)T * C),
                    (size_t)T * C, 1e-5));
     }
+}
+
+/* Token ids outside [0, V) (bad data the loader missed): no read or write outside wte
+ * and dwte (their exact sizes, checked by the sanitized build), a NaN row forward, no
+ * gradient to dwte; the good positions are untouched by the bad ones. */
+static void test_encoder_out_of_vocab(void)
+{
+    enum { B = 2, T = 4, C = 8, V = 5 };
+    const int32_t inp[B * T] = {0, 4, 5, -1, 65535, 2, 4, INT32_MAX};
+    float *wte = malloc(sizeof(float) * V * C), *wpe = malloc(sizeof(float) * T * C);
+    float *out = malloc(sizeof(float) * B * T * C), *dout = malloc(sizeof(float) * B * T * C);
+    float *dwte = calloc(V * C, sizeof(float)), *dwpe = calloc(T * C, sizeof(float));
+    float want_te[V * C] = {0}, want_pe[T * C] = {0};
+    int ok = wte && wpe && out && dout && dwte && dwpe;
+    for (int i = 0; ok && i < V * C; i++) wte[i] = 0.25f * (float)(i + 1);
+    for (int i = 0; ok && i < T * C; i++) wpe[i] = -0.5f * (float)i;
+    for (int i = 0; ok && i < B * T * C; i++) dout[i] = 0.125f * (float)(i % 11) - 0.5f;
+    if (ok) {
+        kn_encoder_forward(ctx, out, inp, wte, wpe, B, T, C, V);
+        kn_encoder_backward(ctx, dwte, dwpe, dout, inp, B, T, C, V);
+    }
+    int bad_rows = 0, good_rows = 0;
+    for (int bt = 0; ok && bt < B * T; bt++) {
+        const int id = inp[bt], t = bt % T, good = id >= 0 && id < V;
+        int nan_row = 1, exact = 1;
+        for (int c = 0; c < C; c++) {
+            nan_row &= isnan(out[bt * C + c]);
+            if (good) exact &= out[bt * C + c] == wte[id * C + c] + wpe[t * C + c];
+            if (good) want_te[id * C + c] += dout[bt * C + c];
+            want_pe[t * C + c] += dout[bt * C + c];
+        }
+        bad_rows += !good && nan_row;
+        good_rows += good && exact;
+    }
+    int te_same = ok && !memcmp(dwte, want_te, sizeof want_te);
+    int pe_same = ok && !memcmp(dwpe, want_pe, sizeof want_pe);
+    free(wte), free(wpe), free(out), free(dout), free(dwte), free(dwpe);
+    CHECK(ok);
+    CHECK_EQ_INT(bad_rows, 4);  /* 5, -1, 65535, INT32_MAX */
+    CHECK_EQ_INT(good_rows, 4); /* 0, 4, 2, 4 */
+    CHECK(te_same);             /* only the good positions, in order */
+    CHECK(pe_same);             /* every position */
 }
 
 /* ---- layernorm ---------------------------------------------------------------- */
@@ -931,7 +973,7 @@ static void test_fd_encoder(void)
     memcpy(inp, toks, sizeof toks);
     float *wte = frand((size_t)V * C, 1), *wpe = frand((size_t)T * C, 1), *dout = frand(n, 1);
     float *dwte = tf((size_t)V * C), *dwpe = tf((size_t)T * C);
-    kn_encoder_backward(ctx, dwte, dwpe, dout, inp, B, T, C);
+    kn_encoder_backward(ctx, dwte, dwpe, dout, inp, B, T, C, V);
     fd.B = B, fd.T = T, fd.C = C, fd.targets = inp;
     fd.W = to_d(wte, (size_t)V * C), fd.b = to_d(wpe, (size_t)T * C);
     fd.wsum = to_d(dout, n), fd.out = td(n);
@@ -987,7 +1029,7 @@ static void test_threads_agree(void)
         for (int t = 1; t <= 2; t++)
             kn_adamw_update(K, o[13], g0, m, v, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 1.0f, t);
         o[14] = tf((size_t)V * C);
-        kn_encoder_backward(K, o[14], NULL, dout, inp, B, T, C);
+        kn_encoder_backward(K, o[14], NULL, dout, inp, B, T, C, V);
         o[15] = tf(BT * OC);
         kn_matmul_forward(K, o[15], x, W, mmbias, (int)BT, C, OC);
         sums[k][0] = kn_sum_squares(K, x, n);
@@ -1081,6 +1123,7 @@ TEST_MAIN_BEGIN
     }
     RUN(test_context);
     RUN(test_encoder);
+    RUN(test_encoder_out_of_vocab);
     RUN(test_layernorm);
     RUN(test_matmul_forward);
     RUN(test_matmul_backward);

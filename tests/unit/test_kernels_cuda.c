@@ -202,16 +202,16 @@ static void test_encoder(void)
         float *wte = hrand(nte, 1), *wpe = hrand(npe, 1), *out = hf(n);
         int32_t *d_inp = up(inp, BT * sizeof(int32_t));
         float *d_out = alloc_on(gpu, n * sizeof(float));
-        kn_encoder_forward(cpu, out, inp, wte, wpe, B, T, C);
-        kn_encoder_forward(gpu, d_out, d_inp, upf(wte, nte), upf(wpe, npe), B, T, C);
+        kn_encoder_forward(cpu, out, inp, wte, wpe, B, T, C, V);
+        kn_encoder_forward(gpu, d_out, d_inp, upf(wte, nte), upf(wpe, npe), B, T, C, V);
         CHECK(close_to("encoder out", down(d_out, n), out, n, 1e-6));
 
         float *dout = hrand(n, 1), *dwte = hrand(nte, 1), *dwpe = hrand(npe, 1);
         float *d_dwte = upf(dwte, nte), *d_dwpe = upf(dwpe, npe), *d_dout = upf(dout, n);
         float *d_dwte2 = upf(dwte, nte), *d_dwpe2 = upf(dwpe, npe);
-        kn_encoder_backward(cpu, dwte, dwpe, dout, inp, B, T, C);
-        kn_encoder_backward(gpu, d_dwte, d_dwpe, d_dout, d_inp, B, T, C);
-        kn_encoder_backward(gpu, d_dwte2, d_dwpe2, d_dout, d_inp, B, T, C);
+        kn_encoder_backward(cpu, dwte, dwpe, dout, inp, B, T, C, V);
+        kn_encoder_backward(gpu, d_dwte, d_dwpe, d_dout, d_inp, B, T, C, V);
+        kn_encoder_backward(gpu, d_dwte2, d_dwpe2, d_dout, d_inp, B, T, C, V);
         float *g_dwte = down(d_dwte, nte), *g_dwpe = down(d_dwpe, npe);
         /* exact: the GPU adds the same values to each row in the CPU's order */
         CHECK(close_to("encoder dwte (accumulated)", g_dwte, dwte, nte, 0.0));
@@ -220,6 +220,44 @@ static void test_encoder(void)
         CHECK(memcmp(g_dwte, down(d_dwte2, nte), nte * sizeof(float)) == 0);
         CHECK(memcmp(g_dwpe, down(d_dwpe2, npe), npe * sizeof(float)) == 0);
     }
+}
+
+/* Token ids outside [0, V): NaN rows forward and no dwte gradient, as on the CPU; the
+ * good positions give the CPU's bits. */
+static void test_encoder_out_of_vocab(void)
+{
+    NEED_GPU();
+    arena_reset();
+    rng_state = 111;
+    enum { B = 3, T = 5, C = 40, V = 7 };
+    const size_t BT = (size_t)B * T, n = BT * C, nte = (size_t)V * C, npe = (size_t)T * C;
+    int32_t *inp = alloc_on(cpu, BT * sizeof(int32_t));
+    for (size_t i = 0; i < BT; i++) inp[i] = (int32_t)rng_range(0, V - 1);
+    inp[1] = V, inp[4] = -1, inp[7] = 65535, inp[12] = INT32_MAX, inp[13] = V;
+    float *wte = hrand(nte, 1), *wpe = hrand(npe, 1), *out = hf(n), *dout = hrand(n, 1);
+    float *dwte = hf(nte), *dwpe = hf(npe);
+    float *d_out = alloc_on(gpu, n * sizeof(float)), *d_dwte = upf(dwte, nte),
+          *d_dwpe = upf(dwpe, npe);
+    int32_t *d_inp = up(inp, BT * sizeof(int32_t));
+    kn_encoder_forward(cpu, out, inp, wte, wpe, B, T, C, V);
+    kn_encoder_forward(gpu, d_out, d_inp, upf(wte, nte), upf(wpe, npe), B, T, C, V);
+    kn_encoder_backward(cpu, dwte, dwpe, dout, inp, B, T, C, V);
+    kn_encoder_backward(gpu, d_dwte, d_dwpe, upf(dout, n), d_inp, B, T, C, V);
+    const float *g = down(d_out, n);
+    int nan_rows = 0, same = 1;
+    for (size_t bt = 0; bt < BT; bt++) {
+        const int good = inp[bt] >= 0 && inp[bt] < V;
+        int all_nan = 1;
+        for (int c = 0; c < C; c++) {
+            all_nan &= isnan(g[bt * C + c]);
+            if (good) same &= g[bt * C + c] == out[bt * C + c];
+        }
+        nan_rows += !good && all_nan;
+    }
+    CHECK_EQ_INT(nan_rows, 5);
+    CHECK(same);
+    CHECK(close_to("encoder dwte (bad ids skipped)", down(d_dwte, nte), dwte, nte, 0.0));
+    CHECK(close_to("encoder dwpe (every position)", down(d_dwpe, npe), dwpe, npe, 0.0));
 }
 
 /* ---- layernorm ---------------------------------------------------------------- */
@@ -703,6 +741,7 @@ TEST_MAIN_BEGIN
     if (gpu) printf("cuda precision: %s\n", prec);
     RUN(test_context);
     RUN(test_encoder);
+    RUN(test_encoder_out_of_vocab);
     RUN(test_layernorm);
     RUN(test_matmul);
     RUN(test_matmul_gelu);

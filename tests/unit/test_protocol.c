@@ -189,6 +189,13 @@ static void rand_duty(pl_msg *m)
     case PL_MSG_EVAL:
         m->u.eval.step = rand_int(0, PL_PROTO_INT_MAX);
         break;
+    case PL_MSG_SAVE:
+        m->u.save.step = rand_int(1, PL_PROTO_INT_MAX);
+        break;
+    case PL_MSG_FATAL:
+        rand_text(m->u.fatal.reason);
+        if (!m->u.fatal.reason[0]) strcpy(m->u.fatal.reason, "data: token 65535 out of range");
+        break;
     case PL_MSG_EVAL_DONE:
         m->u.eval_done.step = rand_int(0, PL_PROTO_INT_MAX);
         m->u.eval_done.has_loss = (int)(rng_next() % 2);
@@ -261,7 +268,8 @@ static void rand_msg(pl_msg *m, int type)
         m->u.saved.step = rand_int(1, PL_PROTO_INT_MAX);
         m->u.saved.layer_begin = (int)rand_int(0, PL_PROTO_MAX_LAYERS - 1);
         m->u.saved.layer_end = (int)rand_int(m->u.saved.layer_begin + 1, PL_PROTO_MAX_LAYERS);
-        m->u.saved.bytes = rand_int(0, PL_PROTO_INT_MAX);
+        if (rng_next() % 3 == 0) rand_text(m->u.saved.error); /* a failed write */
+        m->u.saved.bytes = m->u.saved.error[0] ? 0 : rand_int(0, PL_PROTO_INT_MAX);
         break;
     case PL_MSG_CHALLENGE: {
         size_t n = 2 * (size_t)rng_range(PL_PROTO_NONCE_MIN / 2, PL_PROTO_NONCE_MAX / 2);
@@ -377,7 +385,7 @@ static void test_type_names(void)
     for (int t = PL_MSG_NONE + 1; t < PL_MSG_COUNT; t++) {
         CHECK(strcmp(pl_msg_type_name(t), "?"));
         CHECK_EQ_INT(pl_msg_type_from_name(pl_msg_type_name(t)), t);
-        CHECK(pl_msg_from_worker(t) == (t <= PL_MSG_EVAL_DONE));
+        CHECK(pl_msg_from_worker(t) == (t <= PL_MSG_FATAL));
     }
     CHECK(!strcmp(pl_msg_type_name(PL_MSG_NONE), "?"));
     CHECK(!strcmp(pl_msg_type_name(PL_MSG_COUNT), "?"));
@@ -760,6 +768,55 @@ static void test_duty_messages(void)
     REJECT("{\"v\":1,\"type\":\"eval_done\",\"gen\":2,\"loss\":1,\"batches\":1}", "step: missing");
 }
 
+/* A checkpoint write that failed (saved with its error), a checkpoint written again
+ * (save) and a worker's fatal error: accepted, each bad field rejected naming it. */
+static void test_checkpoint_failure_and_fatal(void)
+{
+    pl_msg d;
+    CHECK(expect_accept("{\"v\":1,\"type\":\"saved\",\"gen\":2,\"step\":4,\"layer_begin\":0,"
+                        "\"layer_end\":3,\"bytes\":900,\"error\":\"\"}", &d));
+    CHECK(d.type == PL_MSG_SAVED && d.u.saved.bytes == 900 && !d.u.saved.error[0]);
+    CHECK(expect_accept("{\"v\":1,\"type\":\"saved\",\"gen\":2,\"step\":4,\"layer_begin\":0,"
+                        "\"layer_end\":3,\"bytes\":0,\"error\":\"/c/step-00000004: Not a directory\"}",
+                        &d));
+    CHECK_STR_CONTAINS(d.u.saved.error, "Not a directory");
+    REJECT("{\"v\":1,\"type\":\"saved\",\"gen\":2,\"step\":4,\"layer_begin\":0,\"layer_end\":3,"
+           "\"bytes\":9,\"error\":\"disk full\"}",
+           "bytes: must be 0 when error is given");
+    REJECT("{\"v\":1,\"type\":\"saved\",\"gen\":2,\"step\":4,\"layer_begin\":0,\"layer_end\":3,"
+           "\"bytes\":9}",
+           "error: missing");
+    REJECT("{\"v\":1,\"type\":\"saved\",\"gen\":2,\"step\":4,\"layer_begin\":0,\"layer_end\":3,"
+           "\"bytes\":0,\"error\":false}",
+           "error: must be a string");
+    REJECT("{\"v\":1,\"type\":\"saved\",\"gen\":2,\"step\":4,\"layer_begin\":0,\"layer_end\":3,"
+           "\"bytes\":0,\"error\":\"a\\u0002\"}",
+           "error: invalid character");
+    REJECT("{\"v\":1,\"type\":\"saved\",\"gen\":2,\"step\":0,\"layer_begin\":0,\"layer_end\":3,"
+           "\"bytes\":0,\"error\":\"\"}",
+           "step: must be an integer in [1,");
+    REJECT("{\"v\":1,\"type\":\"saved\",\"gen\":2,\"step\":1,\"layer_begin\":3,\"layer_end\":3,"
+           "\"bytes\":0,\"error\":\"\"}",
+           "layer_end: must be an integer in [4,");
+
+    CHECK(expect_accept("{\"v\":1,\"type\":\"save\",\"gen\":5,\"step\":8}", &d));
+    CHECK(d.type == PL_MSG_SAVE && d.u.save.step == 8 && pl_msg_from_worker(d.type) == 0);
+    REJECT("{\"v\":1,\"type\":\"save\",\"gen\":5,\"step\":0}", "step: must be an integer in [1,");
+    REJECT("{\"v\":1,\"type\":\"save\",\"gen\":5}", "step: missing");
+    REJECT("{\"v\":1,\"type\":\"save\",\"gen\":5,\"step\":2,\"dir\":\"/c\"}", "dir: unknown field");
+
+    CHECK(expect_accept("{\"v\":1,\"type\":\"fatal\",\"gen\":0,\"reason\":\"data: /d/x.bin: token "
+                        "65535 at index 0 (byte offset 1024) is out of range for vocabulary size "
+                        "256\"}", &d));
+    CHECK(d.type == PL_MSG_FATAL && pl_msg_from_worker(d.type) == 1);
+    CHECK_STR_CONTAINS(d.u.fatal.reason, "byte offset 1024");
+    REJECT("{\"v\":1,\"type\":\"fatal\",\"gen\":0,\"reason\":\"\"}", "reason: must not be empty");
+    REJECT("{\"v\":1,\"type\":\"fatal\",\"gen\":0}", "reason: missing");
+    REJECT("{\"v\":1,\"type\":\"fatal\",\"gen\":0,\"reason\":3}", "reason: must be a string");
+    REJECT("{\"v\":1,\"type\":\"fatal\",\"gen\":0,\"reason\":\"x\",\"step\":1}",
+           "step: unknown field");
+}
+
 /* profile_done carries the planner's profile JSON, which must parse as one, or why not. */
 static void test_profile_done(void)
 {
@@ -1103,6 +1160,7 @@ RUN(test_reject_envelope);
 RUN(test_reject_fields);
 RUN(test_register_checkpoint);
 RUN(test_duty_messages);
+RUN(test_checkpoint_failure_and_fatal);
 RUN(test_profile_done);
 RUN(test_plan);
 RUN(test_reject_size_and_nesting);

@@ -222,6 +222,15 @@ static void test_vocab_check(void)
     CHECK_EQ_INT(pl_tokens_check_vocab(&t, 65536, err, sizeof err), 0);
     CHECK_EQ_INT(pl_tokens_check_vocab(&t, 0, err, sizeof err), -1);
     pl_tokens_close(&t);
+    /* open and check in one: what every process loading a job's data runs */
+    CHECK_EQ_INT(pl_tokens_open_vocab(path_in("voc_*.bin"), 256, &t, err, sizeof err), -1);
+    CHECK_STR_CONTAINS(err, "voc_1.bin: token 300 at index 77 (byte offset 1178)");
+    CHECK(t.nshards == 0 && t.shards == NULL);
+    CHECK_EQ_INT(pl_tokens_open_vocab(path_in("voc_*.bin"), 401, &t, err, sizeof err), 0);
+    CHECK_EQ_INT(pl_tokens_count(&t), 150);
+    pl_tokens_close(&t);
+    CHECK_EQ_INT(pl_tokens_open_vocab(path_in("none_*.bin"), 256, &t, err, sizeof err), -1);
+    CHECK_STR_CONTAINS(err, "no files match");
     remove(path_in("voc_0.bin"));
     remove(path_in("voc_1.bin"));
 }

@@ -26,9 +26,15 @@ void agent_log(agent *a, const char *fmt, ...)
     va_end(ap);
 }
 
+/* A fatal error: the coordinator is told why (fatal; it answers stop) and the worker
+ * exits with status 1. Any thread. */
 static void fail(agent *a, const char *what, const char *err)
 {
     agent_log(a, "%s: %s", what, err);
+    pl_msg m;
+    pl_msg_init(&m, PL_MSG_FATAL, atomic_load(&a->newest_plan));
+    snprintf(m.u.fatal.reason, sizeof m.u.fatal.reason, "%s: %.900s", what, err);
+    if (agent_post(a, &m) == 0) atomic_store(&a->fatal_sent, 1);
     atomic_store(&a->exit_code, 1);
     atomic_store(&a->done, 1);
 }
@@ -62,22 +68,43 @@ static int mesh_cancelled(void *ctx) { return agent_superseded(ctx); }
 
 static void mesh_log(void *ctx, const char *line) { agent_log(ctx, "%s", line); }
 
-/* The writer thread finished this worker's part of a checkpoint. */
-static void on_saved(void *user, int64_t step, int begin, int end, int rc, int64_t bytes,
-                     const char *err)
+/* Tells the coordinator that this worker's layers [begin, end) of the checkpoint of step
+ * are written (err NULL), or why not: it retries or fails the job. Any thread. */
+static void post_saved(agent *a, int64_t step, int begin, int end, int64_t bytes,
+                       const char *err)
 {
-    agent *a = user;
-    if (rc) { /* the checkpoint stays incomplete; training goes on */
-        agent_log(a, "checkpoint of step %lld: %s", (long long)step, err);
-        return;
-    }
     pl_msg m;
     pl_msg_init(&m, PL_MSG_SAVED, atomic_load(&a->newest_plan));
     m.u.saved.step = step;
     m.u.saved.layer_begin = begin;
     m.u.saved.layer_end = end;
-    m.u.saved.bytes = bytes;
+    m.u.saved.bytes = err ? 0 : bytes;
+    if (err) {
+        agent_log(a, "checkpoint of step %lld: %s", (long long)step, err);
+        snprintf(m.u.saved.error, sizeof m.u.saved.error, "%.1000s",
+                 err[0] ? err : "not written");
+    }
     agent_post(a, &m);
+}
+
+/* The writer thread finished this worker's part of a checkpoint. */
+static void on_saved(void *user, int64_t step, int begin, int end, int rc, int64_t bytes,
+                     const char *err)
+{
+    post_saved(user, step, begin, end, bytes, rc ? err : NULL);
+}
+
+/* Starts writing this worker's layers as the checkpoint of step (the state after step
+ * committed steps); a start that fails is told to the coordinator at once. */
+static void start_save(agent *a, int64_t step)
+{
+    char err[1024] = "";
+    if (!a->job.checkpoint.dir[0])
+        snprintf(err, sizeof err, "spec.checkpoint.dir: not set");
+    else if (pl_checkpoint_writer_start(a->ckw, &a->e, a->job.checkpoint.dir, step, err,
+                                        sizeof err) == 0)
+        return;
+    post_saved(a, step, a->e.begin, a->e.end, 0, err);
 }
 
 /* ---- steps ---- */
@@ -123,6 +150,7 @@ static int run_step(agent *a, int64_t s, char *err, size_t errlen)
     if (pl_sampler_fill(&a->smp, &a->train, s, a->first_mb * B, a->nmb * B, a->tok + off,
                         a->tgt + off))
         return pl_errf(err, errlen, "sampling step %lld failed", (long long)s);
+    pl_fault_bad_tokens(&a->fault, s, a->tok + off, (size_t)a->nmb * B * T);
     pl_stage_link link = {0};
     if (a->link) link = pl_tcp_link_stage(a->link);
     pl_peer_table peers = {a->rank, a->nranks, a->conns};
@@ -252,7 +280,6 @@ static void on_start_step(agent *a, const pl_msg *m)
 
 static void on_commit(agent *a, const pl_msg *m)
 {
-    char err[1024] = "";
     const pl_msg_commit *c = &m->u.commit;
     if (m->gen != a->gen || a->pipe < 0) return;
     const pl_optimizer_spec *o = &a->job.optimizer;
@@ -265,14 +292,27 @@ static void on_commit(agent *a, const pl_msg *m)
     a->last_lr = c->lr;
     a->reduced_step = -1;
     pthread_mutex_unlock(&a->mu);
-    if (c->save && a->job.checkpoint.dir[0] &&
-        pl_checkpoint_writer_start(a->ckw, &a->e, a->job.checkpoint.dir, c->step + 1, err,
-                                   sizeof err))
-        agent_log(a, "checkpoint of step %lld: %s", (long long)c->step + 1, err);
+    if (c->save) start_save(a, c->step + 1);
     pl_msg r;
     pl_msg_init(&r, PL_MSG_COMMITTED, a->gen);
     r.u.committed.step = c->step;
     agent_post(a, &r);
+}
+
+/* save s: this worker's layers written again as the checkpoint of s (an attempt at the
+ * job's last checkpoint failed); its state must still be the state after s steps. */
+static void on_save(agent *a, const pl_msg *m)
+{
+    const int64_t step = m->u.save.step;
+    if (m->gen != a->gen || a->pipe < 0 || !a->have_engine) return;
+    if (a->last_committed + 1 == step) {
+        start_save(a, step);
+        return;
+    }
+    char err[160];
+    snprintf(err, sizeof err, "this worker holds the state after step %lld, not %lld",
+             (long long)(a->last_committed + 1), (long long)step);
+    post_saved(a, step, a->e.begin, a->e.end, 0, err);
 }
 
 /* eval s: after the commit of s, the plan's pipelines share the validation batches. */
@@ -294,6 +334,7 @@ static void *compute_main(void *arg)
             else if (m.type == PL_MSG_START_STEP) on_start_step(a, &m);
             else if (m.type == PL_MSG_COMMIT) on_commit(a, &m);
             else if (m.type == PL_MSG_EVAL) on_eval(a, &m);
+            else if (m.type == PL_MSG_SAVE) on_save(a, &m);
             else if (m.type == PL_MSG_PROFILE_REQUEST) agent_profile(a, &m);
             /* abort: the next step zeroes the gradients */
         }
@@ -330,6 +371,15 @@ static void on_message(pl_ctl_client *c, const pl_msg *m, void *user)
     (void)c;
     switch (m->type) {
     case PL_MSG_WELCOME:
+        if (a->data_err[0]) { /* the job's data is unusable: say why and go */
+            pl_msg f;
+            pl_msg_init(&f, PL_MSG_FATAL, 0);
+            snprintf(f.u.fatal.reason, sizeof f.u.fatal.reason, "data: %.1000s", a->data_err);
+            if (pl_ctl_client_send(a->cli, &f) == 0) atomic_store(&a->fatal_sent, 1);
+            atomic_store(&a->exit_code, 1);
+            atomic_store(&a->done, 1);
+            return;
+        }
         hello_resume(a);
         return;
     case PL_MSG_CHALLENGE: return;
@@ -341,6 +391,7 @@ static void on_message(pl_ctl_client *c, const pl_msg *m, void *user)
     case PL_MSG_STOP:
         if (m->u.stop.exit_code) agent_log(a, "stopped: %s", m->u.stop.reason);
         atomic_store(&a->exit_code, m->u.stop.exit_code);
+        atomic_store(&a->stopped, 1);
         atomic_store(&a->done, 1);
         return;
     case PL_MSG_COMPLETE_CHECKPOINT:
@@ -396,6 +447,23 @@ static int open_backend(agent *a, char *err, size_t errlen)
     return 0;
 }
 
+/* The job's token shards, each id checked against the vocabulary, and the sample order:
+ * 0, or -1 and err (the worker then registers only to tell the coordinator why). */
+static int open_data(agent *a, char *err, size_t errlen)
+{
+    const pl_job *j = &a->job;
+    if (pl_tokens_open_vocab(j->data.train, j->model.vocab_size, &a->train, err, errlen))
+        return -1;
+    a->have_train = 1;
+    if (j->data.val[0] && j->eval_every > 0) {
+        if (pl_tokens_open_vocab(j->data.val, j->model.vocab_size, &a->val, err, errlen))
+            return -1;
+        a->have_val = 1;
+    }
+    return pl_sampler_init(&a->smp, j->data.order, j->data.seed, pl_tokens_count(&a->train),
+                           j->batch.seq_len, j->batch.global, err, errlen);
+}
+
 static int setup(agent *a, char *err, size_t errlen)
 {
     const pl_agent_options *o = a->o;
@@ -410,16 +478,8 @@ static int setup(agent *a, char *err, size_t errlen)
                  o->checkpoint_dir))
         return -1;
     if (pl_job_gpt_config(&a->job, &a->cfg, err, errlen)) return -1;
-    if (pl_tokens_open(a->job.data.train, &a->train, err, errlen)) return -1;
-    a->have_train = 1;
-    if (a->job.data.val[0] && a->job.eval_every > 0) {
-        if (pl_tokens_open(a->job.data.val, &a->val, err, errlen)) return -1;
-        a->have_val = 1;
-    }
-    if (pl_sampler_init(&a->smp, a->job.data.order, a->job.data.seed,
-                        pl_tokens_count(&a->train), a->job.batch.seq_len, a->job.batch.global,
-                        err, errlen))
-        return -1;
+    if (open_data(a, a->data_err, sizeof a->data_err)) /* told to the coordinator */
+        agent_log(a, "data: %s", a->data_err);
     if (pl_listener_open(o->host ? o->host : "127.0.0.1", o->peer_port, &a->lst, err, errlen))
         return -1;
     const pl_mesh_config mc = {.listener = a->lst, .token = o->token,
@@ -555,6 +615,12 @@ static void control_loop(agent *a)
             a->reconnects = 0;
         }
     }
+    /* after a fatal error, the coordinator's stop: it has read why before this process
+     * ends (an end it would otherwise count as a lost node) */
+    const double until = pl_now_ms() + FATAL_WAIT_MS;
+    while (atomic_load(&a->fatal_sent) && !atomic_load(&a->stopped) && a->cli &&
+           pl_ctl_client_get_state(a->cli) == PL_CTL_WELCOMED && pl_now_ms() < until)
+        pl_ctl_client_service(a->cli, 20);
     /* let queued messages (committed) go out */
     for (int i = 0; a->cli && i < 4 && pl_ctl_client_get_state(a->cli) == PL_CTL_WELCOMED; i++)
         pl_ctl_client_service(a->cli, 10);
@@ -619,6 +685,9 @@ int pl_agent_run(const pl_agent_options *o)
     if (setup(a, err, sizeof err) || client_config(a, err, sizeof err) ||
         !(a->cli = pl_ctl_client_create(&a->cc, err, sizeof err))) {
         agent_log(a, "%s", err);
+    } else if (a->data_err[0]) { /* register, tell the coordinator why, wait for its stop */
+        control_loop(a);
+        atomic_store(&a->exit_code, 1);
     } else {
         atomic_store(&a->exit_code, 0); /* before the compute thread can fail */
         if (pthread_create(&th, NULL, compute_main, a)) {

@@ -4,7 +4,9 @@
  * installs plans (engine for its layer range, all-reduce connections to its sync-group
  * peers, stage-link connections to its pipeline neighbours, or the plan's NCCL world),
  * runs steps with pl_worker_step and applies commits, writing its layers of a
- * checkpoint in the background when a commit asks (checkpoint_writer.h). The control
+ * checkpoint in the background when a commit (or a save, the last checkpoint written
+ * again) asks (checkpoint_writer.h) and telling the coordinator in saved, error
+ * included. The control
  * thread hands the compute thread decoded copies of the messages (msg_queue.h). agent.c
  * holds the two threads' loops, plan_install.c the installation of a plan, agent_state.h
  * the state they share.
@@ -26,9 +28,15 @@
  * flattened in order; every pipeline's stage layout comes in the plan
  * (pipelines[].layers), peers' addresses in its peers.
  *
+ * Failures: its token shards are checked against the vocabulary at load; bad data, a
+ * plan it cannot install, any fatal error is told to the coordinator (fatal), whose
+ * stop it waits for (FATAL_WAIT_MS) before exiting with status 1: a worker with bad data
+ * registers only to say so.
+ *
  * Duties (duties.c): register says which complete checkpoint the worker sees under the
  * job's checkpoint directory; complete_checkpoint has it write a checkpoint's
- * checkpoint.json (control thread); profile_request has it measure the model on its kernels
+ * checkpoint.json, then delete what spec.checkpoint.keep does not keep (control thread);
+ * profile_request has it measure the model on its kernels
  * and eval run its pipeline's share of the validation batches forward (compute thread; a
  * newer plan interrupts an evaluation's links).
  *

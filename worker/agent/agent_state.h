@@ -33,6 +33,8 @@
 /* A peer that makes no progress for this long has failed (dials, the step's links). */
 #define PEER_TIMEOUT_MS 60000
 #define SUPERSEDED_MSG "superseded by a newer plan"
+/* After telling the coordinator of a fatal error, how long the worker waits for its stop. */
+#define FATAL_WAIT_MS 5000
 
 typedef struct {
     const pl_agent_options *o;
@@ -41,6 +43,7 @@ typedef struct {
     pl_gpt_config cfg;
     pl_tokens train, val;
     int have_train, have_val; /* val: spec.data.val with spec.evalEvery */
+    char data_err[PL_PROTO_TEXT_MAX + 1]; /* why the data is unusable ("": it is fine) */
     pl_sampler smp;
     pl_ctl_client *cli;   /* replaced on reconnection under cli_mu (posts come from any thread) */
     pthread_mutex_t cli_mu;
@@ -59,6 +62,8 @@ typedef struct {
     pthread_cond_t cv;    /* nccl_init arrived */
     atomic_int done;      /* the control loop ends */
     atomic_int exit_code;
+    atomic_int fatal_sent; /* the coordinator was told of a fatal error (fatal) */
+    atomic_int stopped;    /* the coordinator's stop arrived */
     atomic_llong newest_plan; /* the newest plan generation received (control thread) */
 
     /* compute thread state */
@@ -126,7 +131,8 @@ void agent_teardown_links(agent *a);
  * Control thread. */
 void agent_checkpoint_report(agent *a, pl_msg_register *reg);
 /* complete_checkpoint: writes the checkpoint's checkpoint.json and answers checkpoint_done
- * (with the error, if any). Control thread (a small file: heartbeats go on). */
+ * (with the error, if any), then deletes the complete checkpoints spec.checkpoint.keep
+ * does not keep. Control thread (a small file, a few unlinks: heartbeats go on). */
 void agent_complete_checkpoint(agent *a, const pl_msg *m);
 /* profile_request: measures the model on this worker's kernels and answers profile_done.
  * Compute thread (before any plan). */

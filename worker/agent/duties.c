@@ -36,13 +36,21 @@ void agent_complete_checkpoint(agent *a, const pl_msg *m)
     pl_msg_init(&r, PL_MSG_CHECKPOINT_DONE, atomic_load(&a->newest_plan));
     r.u.checkpoint_done.step = step;
     char err[PL_PROTO_TEXT_MAX + 1] = "";
-    if (pl_job_complete_checkpoint(&a->job, step, err, sizeof err))
+    if (pl_job_complete_checkpoint(&a->job, step, err, sizeof err)) {
         snprintf(r.u.checkpoint_done.error, sizeof r.u.checkpoint_done.error, "%s",
                  err[0] ? err : "checkpoint.json not written");
-    else
-        agent_log(a, "checkpoint of step %lld complete (checkpoint.json written)",
-                  (long long)step);
+        agent_post(a, &r);
+        return;
+    }
+    agent_log(a, "checkpoint of step %lld complete (checkpoint.json written)", (long long)step);
     agent_post(a, &r);
+    /* retention, once the newer checkpoint is complete; a failure costs only disk space */
+    const int removed = pl_job_prune_checkpoints(&a->job, err, sizeof err);
+    if (removed < 0)
+        agent_log(a, "spec.checkpoint.keep: %s", err);
+    else if (removed > 0)
+        agent_log(a, "spec.checkpoint.keep %d: %d older checkpoint%s deleted",
+                  a->job.checkpoint.keep, removed, removed == 1 ? "" : "s");
 }
 
 void agent_profile(agent *a, const pl_msg *m)

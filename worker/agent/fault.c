@@ -17,11 +17,15 @@ int pl_fault_parse(pl_fault *f, const char *worker, char *err, size_t errlen)
     const char *v = getenv(var);
     if (!v) return 0;
     char *end = NULL;
+    size_t skip = 5;
     if (!strncmp(v, "sync:", 5)) f->kind = PL_FAULT_SYNC;
     else if (!strncmp(v, "copy:", 5)) f->kind = PL_FAULT_COPY;
-    if (f->kind != PL_FAULT_NONE) f->at = strtoll(v + 5, &end, 10);
-    if (f->kind == PL_FAULT_NONE || !end || end == v + 5 || *end || f->at < 0)
-        return pl_errf(err, errlen, "%s: expected sync:STEP or copy:GENERATION, got '%s'", var, v);
+    else if (!strncmp(v, "badtoken:", 9)) f->kind = PL_FAULT_BADTOKEN, skip = 9;
+    if (f->kind != PL_FAULT_NONE) f->at = strtoll(v + skip, &end, 10);
+    if (f->kind == PL_FAULT_NONE || !end || end == v + skip || *end || f->at < 0)
+        return pl_errf(err, errlen,
+                       "%s: expected sync:STEP, copy:GENERATION or badtoken:STEP, got '%s'", var,
+                       v);
     return 0;
 }
 
@@ -52,4 +56,13 @@ void pl_fault_after_copy_send(void *ctx)
 {
     const pl_fault *f = ctx;
     if (f->kind == PL_FAULT_COPY && f->gen == f->at) die(f, "a layer copy");
+}
+
+int pl_fault_bad_tokens(const pl_fault *f, int64_t step, int32_t *tokens, size_t n)
+{
+    if (f->kind != PL_FAULT_BADTOKEN || step != f->at || n == 0) return 0;
+    tokens[0] = 65535;
+    fprintf(stderr, "worker %s: PLIANT_FAULT: a token id outside the vocabulary in step %lld\n",
+            f->worker, (long long)step);
+    return 1;
 }

@@ -2,7 +2,9 @@
  * PLIANT_FAULT_<worker> = sync:STEP or copy:GENERATION in its environment, the worker
  * SIGKILLs itself in the middle of an operation, as a preempted node would die: between
  * two all-reduces of step STEP, or after the first tensor it sends in a layer copy of plan
- * GENERATION.
+ * GENERATION. badtoken:STEP gives its first sample of step STEP (every attempt at it) a
+ * token id outside the vocabulary, as bad data the loader could not see would: the
+ * encoder's bound check turns the step's loss and norm to NaN.
  *
  * Threads: pl_fault_parse and pl_fault_set_plan run on the compute thread; the hooks run on
  * the thread of the operation (the step's comm thread, a copy's sender thread) while the
@@ -14,8 +16,8 @@
 #include <stdint.h>
 
 typedef struct {
-    enum { PL_FAULT_NONE, PL_FAULT_SYNC, PL_FAULT_COPY } kind;
-    int64_t at;          /* the step (sync) or the plan generation (copy) */
+    enum { PL_FAULT_NONE, PL_FAULT_SYNC, PL_FAULT_COPY, PL_FAULT_BADTOKEN } kind;
+    int64_t at;          /* the step (sync, badtoken) or the plan generation (copy) */
     int64_t gen;         /* the plan being installed or run */
     int groups;          /* all-reduces started in the faulty step */
     const char *worker;  /* for the log line (borrowed) */
@@ -34,5 +36,9 @@ pl_fault_reduce_hook *pl_fault_step_hook(pl_fault *f, int64_t step);
 
 /* The TCP copier's after_send hook (ctx = f): kills the worker in a copy fault's plan. */
 void pl_fault_after_copy_send(void *ctx);
+
+/* A badtoken fault at step: the first of the n tokens is made an id no vocabulary of at
+ * most 65535 has (65535); 1 when it did. */
+int pl_fault_bad_tokens(const pl_fault *f, int64_t step, int32_t *tokens, size_t n);
 
 #endif

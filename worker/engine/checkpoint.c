@@ -37,6 +37,17 @@ static void release_host(const pl_engine *e, float *views[3])
         for (int i = 0; i < 3; i++) free(views[i]);
 }
 
+/* mkdir of one directory that may exist already, as a directory. */
+static int make_one_dir(const char *path, char *err, size_t errlen)
+{
+    struct stat st;
+    if (mkdir(path, 0755) == 0) return 0;
+    if (errno != EEXIST) return pl_errf(err, errlen, "%s: %s", path, strerror(errno));
+    if (stat(path, &st) || !S_ISDIR(st.st_mode))
+        return pl_errf(err, errlen, "%s: exists and is not a directory", path);
+    return 0;
+}
+
 static int make_dir(const char *path, char *err, size_t errlen)
 {
     char buf[4096];
@@ -44,13 +55,10 @@ static int make_dir(const char *path, char *err, size_t errlen)
     for (char *p = buf + 1; *p; p++) {
         if (*p != '/') continue;
         *p = '\0';
-        if (mkdir(buf, 0755) && errno != EEXIST)
-            return pl_errf(err, errlen, "%s: %s", buf, strerror(errno));
+        if (make_one_dir(buf, err, errlen)) return -1;
         *p = '/';
     }
-    if (mkdir(buf, 0755) && errno != EEXIST)
-        return pl_errf(err, errlen, "%s: %s", buf, strerror(errno));
-    return 0;
+    return make_one_dir(buf, err, errlen);
 }
 
 int pl_checkpoint_save(const pl_engine *e, const char *dir, int64_t step, const char *info_json,
@@ -109,27 +117,95 @@ static int has_info(const char *dir)
     return pl_pathf(p, sizeof p, NULL, 0, "%s/checkpoint.json", dir) == 0 && stat(p, &st) == 0;
 }
 
+/* A complete checkpoint found under a directory: its step and its directory's name. */
+typedef struct {
+    long long step;
+    char name[256];
+} found_ckpt;
+
+/* The complete checkpoints (step-N holding checkpoint.json) under dir, newest first, in
+ * *list (malloc'd; NULL when none). The count, 0 when dir does not exist, or -1 and err. */
+static int complete_checkpoints(const char *dir, found_ckpt **list, char *err, size_t errlen)
+{
+    *list = NULL;
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? 0 : pl_errf(err, errlen, "%s: %s", dir, strerror(errno));
+    int n = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        long long st;
+        char tail, sub[4200];
+        if (sscanf(de->d_name, "step-%lld%c", &st, &tail) != 1 || strlen(de->d_name) >= 256 ||
+            pl_pathf(sub, sizeof sub, NULL, 0, "%s/%s", dir, de->d_name) || !has_info(sub))
+            continue;
+        if (n == cap) {
+            found_ckpt *x = realloc(*list, (size_t)(cap = cap ? 2 * cap : 16) * sizeof *x);
+            if (!x) {
+                closedir(d);
+                free(*list);
+                *list = NULL;
+                return pl_errf(err, errlen, "%s: out of memory", dir);
+            }
+            *list = x;
+        }
+        int k = n++; /* insertion, newest first */
+        for (; k > 0 && (*list)[k - 1].step < st; k--) (*list)[k] = (*list)[k - 1];
+        (*list)[k].step = st;
+        snprintf((*list)[k].name, sizeof (*list)[k].name, "%s", de->d_name);
+    }
+    closedir(d);
+    return n;
+}
+
 int pl_checkpoint_latest(const char *dir, char *out, size_t outlen, char *err, size_t errlen)
 {
     if (has_info(dir)) return pl_pathf(out, outlen, err, errlen, "%s", dir) ? -1 : 1;
-    DIR *d = opendir(dir);
-    if (!d) {
-        if (errno == ENOENT) return 0;
-        return pl_errf(err, errlen, "%s: %s", dir, strerror(errno));
-    }
-    long long best = -1;
+    found_ckpt *list;
+    int n = complete_checkpoints(dir, &list, err, errlen);
+    int rc = n > 0 ? (pl_pathf(out, outlen, err, errlen, "%s/%s", dir, list[0].name) ? -1 : 1)
+                   : n;
+    free(list);
+    return rc;
+}
+
+/* Deletes one checkpoint directory: checkpoint.json first (it is incomplete from then on,
+ * whatever happens next), then its files, then itself. */
+static int remove_checkpoint(const char *sdir, char *err, size_t errlen)
+{
+    char path[4400];
+    if (pl_pathf(path, sizeof path, err, errlen, "%s/checkpoint.json", sdir)) return -1;
+    if (unlink(path) && errno != ENOENT)
+        return pl_errf(err, errlen, "%s: %s", path, strerror(errno));
+    DIR *d = opendir(sdir);
+    if (!d) return pl_errf(err, errlen, "%s: %s", sdir, strerror(errno));
+    int rc = 0;
     struct dirent *de;
-    while ((de = readdir(d))) {
-        long long s;
-        char tail;
-        char sub[4200];
-        if (sscanf(de->d_name, "step-%lld%c", &s, &tail) != 1 || s <= best) continue;
-        if (pl_pathf(sub, sizeof sub, NULL, 0, "%s/%s", dir, de->d_name) == 0 && has_info(sub) &&
-            pl_pathf(out, outlen, NULL, 0, "%s", sub) == 0)
-            best = s;
+    while (rc == 0 && (de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        if (pl_pathf(path, sizeof path, err, errlen, "%s/%s", sdir, de->d_name)) rc = -1;
+        else if (unlink(path)) rc = pl_errf(err, errlen, "%s: %s", path, strerror(errno));
     }
     closedir(d);
-    return best >= 0;
+    if (rc == 0 && rmdir(sdir)) rc = pl_errf(err, errlen, "%s: %s", sdir, strerror(errno));
+    return rc;
+}
+
+int pl_checkpoint_prune(const char *dir, int keep, char *err, size_t errlen)
+{
+    if (keep <= 0) return 0;
+    found_ckpt *list;
+    int n = complete_checkpoints(dir, &list, err, errlen), removed = 0;
+    for (int k = keep; k < n; k++) {
+        char sdir[4400];
+        if (pl_pathf(sdir, sizeof sdir, err, errlen, "%s/%s", dir, list[k].name) ||
+            remove_checkpoint(sdir, err, errlen)) {
+            removed = -1;
+            break;
+        }
+        removed++;
+    }
+    free(list);
+    return n < 0 ? -1 : removed;
 }
 
 /* The safetensors files of a step directory, opened. */

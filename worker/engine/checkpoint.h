@@ -38,6 +38,12 @@ int pl_checkpoint_complete(const char *dir, int64_t step, const char *info_json,
  * holds checkpoint.json is returned as is. */
 int pl_checkpoint_latest(const char *dir, char *out, size_t outlen, char *err, size_t errlen);
 
+/* Retention: deletes the complete checkpoints under dir but the newest `keep` (keep ≤ 0:
+ * none deleted). Each goes checkpoint.json first, so that a deletion cut short leaves an
+ * incomplete checkpoint, never a complete one with files missing. Incomplete ones are left
+ * alone (a write may be in flight). The number deleted, or -1 and err. */
+int pl_checkpoint_prune(const char *dir, int keep, char *err, size_t errlen);
+
 /* Loads every tensor of the engine's range (and, with optimizer, its AdamW
  * state) from the safetensors files of step_dir. Errors name the tensor that
  * is missing or has the wrong shape. */

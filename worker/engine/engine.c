@@ -286,7 +286,8 @@ static float forward(pl_engine *e, int slot, const int32_t *tokens, const float 
     const int B = e->B, T = e->T, C = e->cfg.C, BT = B * T;
     if (pl_engine_has_embedding(e)) {
         kn_to_device(k, s->tokens, tokens, (size_t)BT * sizeof(int32_t));
-        kn_encoder_forward(k, s->input, s->tokens, P(e, 0, 0), P(e, 0, 1), B, T, C);
+        kn_encoder_forward(k, s->input, s->tokens, P(e, 0, 0), P(e, 0, 1), B, T, C,
+                           e->cfg.V);
     } else if (!dev) {
         kn_to_device(k, s->input, in, (size_t)BT * C * sizeof(float));
     } else if (in != s->input) {
@@ -401,7 +402,7 @@ static void backward(pl_engine *e, int slot, const float *dout, int dev, float d
         if (done) done(ctx, lo + b);
     }
     if (pl_engine_has_embedding(e)) {
-        kn_encoder_backward(k, G(e, 0, 0), G(e, 0, 1), w.dres, s->tokens, B, T, C);
+        kn_encoder_backward(k, G(e, 0, 0), G(e, 0, 1), w.dres, s->tokens, B, T, C, e->cfg.V);
         if (last && e->head_pending) {
             const pl_engine_tensor *t = &e->tensors[e->wte_tensor];
             kn_accumulate(k, e->grads + t->offset, e->head_dwte, t->spec.numel);

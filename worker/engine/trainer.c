@@ -74,15 +74,14 @@ static void run_free(run *r)
 static int open_data(run *r, char *err, size_t errlen)
 {
     const pl_job *j = r->job;
-    if (pl_tokens_open(j->data.train, &r->train, err, errlen) ||
-        pl_tokens_check_vocab(&r->train, j->model.vocab_size, err, errlen) ||
+    if (pl_tokens_open_vocab(j->data.train, j->model.vocab_size, &r->train, err, errlen) ||
         pl_sampler_init(&r->smp, j->data.order, j->data.seed, pl_tokens_count(&r->train),
                         j->batch.seq_len, j->batch.global, err, errlen))
         return -1;
     if (j->data.val[0] && j->eval_every > 0) {
-        if (pl_tokens_open(j->data.val, &r->val, err, errlen)) return -1;
+        if (pl_tokens_open_vocab(j->data.val, j->model.vocab_size, &r->val, err, errlen))
+            return -1;
         r->have_val = 1;
-        if (pl_tokens_check_vocab(&r->val, j->model.vocab_size, err, errlen)) return -1;
     }
     size_t bt = (size_t)j->batch.micro * (size_t)j->batch.seq_len;
     r->inputs = malloc(bt * sizeof *r->inputs);
@@ -147,6 +146,12 @@ int pl_job_complete_checkpoint(const pl_job *job, int64_t step, char *err, size_
     int rc = pl_checkpoint_complete(job->checkpoint.dir, step, info, err, errlen);
     free(info);
     return rc;
+}
+
+int pl_job_prune_checkpoints(const pl_job *job, char *err, size_t errlen)
+{
+    if (!job->checkpoint.dir[0] || job->checkpoint.keep <= 0) return 0;
+    return pl_checkpoint_prune(job->checkpoint.dir, job->checkpoint.keep, err, errlen);
 }
 
 int pl_job_checkpoint_step(const pl_job *job, int64_t *step, char *err, size_t errlen)
@@ -271,6 +276,9 @@ int pl_train(const pl_job *job, const pl_train_options *o, char *err, size_t err
             if (save_checkpoint(&r, s + 1, err, errlen)) goto done;
             fprintf(out, "checkpoint: step %lld saved to %s\n", (long long)(s + 1),
                     job->checkpoint.dir);
+            char why[512];
+            if (pl_job_prune_checkpoints(job, why, sizeof why) < 0)
+                fprintf(stderr, "pliant train: spec.checkpoint.keep: %s\n", why);
         }
     }
     rc = 0;
