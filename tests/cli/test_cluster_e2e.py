@@ -29,12 +29,14 @@ the end.
   preemption_loses_no_step
   silent_node_loss_is_detected_by_heartbeats
   partitions_end_in_a_new_plan
+  leader_pod_oomkilled_mid_step_the_job_continues
   leader_pod_deleted_mid_step_the_other_replica_continues
         on one job of 3 workers (one per spot node, F = 1, heartbeat 2 s): a spot
         preemption with notice (no step lost, no checkpoint read), a silent loss
         (detected within 3 heartbeats, no checkpoint), partitions from the peers and
         from the coordinator (each ends in a new plan), the leading operator Pod
-        deleted (the other replica goes on from the same step with the same Pods)
+        OOMKilled (the next leader goes on from the same step with the same Pods),
+        then deleted (the other replica goes on likewise)
   two_jobs_in_two_namespaces_stay_apart
         two jobs train side by side; a worker Pod of namespace B holding job A's
         token is refused by B's coordinator, B unaffected; the per-job NetworkPolicy
@@ -701,6 +703,46 @@ def partitions_end_in_a_new_plan():
         check(st["lastReconfiguration"]["fromCheckpoint"] is False, "lastReconfiguration %s",
               st["lastReconfiguration"])
         measured("%s to the next committed step" % action, "%.1f" % (t_step - t0), "s")
+
+
+def oom_killed(ns, name):
+    """The Pod's container status when its container was OOMKilled at least once."""
+    pod = fx.pod(ns, name) or {}
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        for state in (cs.get("state"), cs.get("lastState")):
+            if ((state or {}).get("terminated") or {}).get("reason") == "OOMKilled":
+                return cs
+    return None
+
+
+@e2e_test
+def leader_pod_oomkilled_mid_step_the_job_continues():
+    """The leading operator Pod's memory exhausted while the job trains: the kernel
+    OOM-kills the operator; the operator that takes the Lease next (the Pod's restarted
+    container, whose identity holds the Lease, or else the other replica once it
+    expires) goes on from the same step with the same worker Pods, without a
+    checkpoint."""
+    job = fault_job()
+    leader = fx.leader()
+    before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in training_pods(job)}
+    st0 = fx.status(NS, job)
+    t0 = time.monotonic()
+    fx.oom_kill("pliant", leader)
+    t_oom, at = time.monotonic(), fx.status(NS, job).get("step") or 0
+    cs = e2e.wait_for("the operator Pod %s OOMKilled" % leader, lambda: oom_killed("pliant", leader), 30, 0.1)
+    check(cs["restartCount"] >= 1, "the OOMKilled operator Pod %s: %s", leader, cs)
+    st = fx.wait_status(NS, job, "training to go on", step_at_least(at + 50), 90, stall=90)
+    t_step = next(t for t, s in fx.history(NS, job, t_oom) if (s.get("step") or 0) > at)
+    now = fx.leader()
+    check_steps_monotonic(fx.history(NS, job, t0 - 1))
+    after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in training_pods(job)}
+    check(after == before, "worker Pods %s after the OOM kill, %s before", after, before)
+    check(st.get("planGeneration") == st0.get("planGeneration") or
+          not (st.get("lastReconfiguration") or {}).get("fromCheckpoint"),
+          "a checkpoint was read after the OOM kill: %s", st.get("lastReconfiguration"))
+    fx.wait_ready("pliant", leader, 60)
+    measured("leader Pod OOMKilled to a step committed under the next leader (%s)" % (
+        "its restarted container" if now == leader else "the other replica"), "%.1f" % (t_step - t_oom), "s")
 
 
 @e2e_test

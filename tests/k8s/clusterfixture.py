@@ -8,7 +8,8 @@
   installed unless operator=False.
 - Requests the tests repeat: namespaces, objects, Pods, their phases and logs,
   nodes added and broken (`cluster.py node`), a Pod's processes and the files it
-  sees (its sandbox's mount namespace), a Pod's memory cgroup.
+  sees (its sandbox's mount namespace), a Pod's memory cgroup, and its memory
+  exhausted (oom_kill: the kernel OOM-kills the container).
 - TrainingJobs: a Recorder of every job's status, the history of one job's
   status, wait_status (fails early on Failed, a stuck step or a dead operator),
   Events, and the operator Pods' logs.
@@ -216,6 +217,22 @@ class Fixture:
         cg = cgroups.locate(self.name)
         return cg.usage(pod["metadata"]["uid"]) if cg else (None, None)
 
+    def oom_kill(self, ns, name, timeout=30):
+        """Exhausts the Pod's memory as a spike of its own would: a process joins the Pod's
+        cgroup and allocates until the kernel OOM-kills a process of the Pod (the
+        container, whose oom_score_adj the kubelet set high: the kubelet then reports it
+        OOMKilled), then exits, freeing its memory for the restart."""
+        pod = self.pod(ns, name)
+        cg = cgroups.locate(self.name)
+        limit = ((pod["spec"]["containers"][0].get("resources") or {}).get("limits") or {}).get("memory")
+        if not cg or not limit:
+            fail("pod %s/%s: no memory cgroup (%s) or no memory limit (%s)", ns, name, cg, limit)
+        p = subprocess.run([sys.executable, "-c", HOG, cg.path(pod["metadata"]["uid"]), str(cg.version)],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=timeout)
+        if p.returncode != 0 or b"killed" not in p.stdout:
+            fail("pod %s/%s: exhausting its memory: exit %d, %s", ns, name, p.returncode, p.stdout.decode()[-1500:])
+
     # -- the operator and TrainingJobs
 
     def operator_pods(self):
@@ -278,6 +295,26 @@ class Fixture:
         lst = self.ok("GET", "/apis/events.k8s.io/v1/namespaces/%s/events" % ns)["items"]
         return [ev for ev in lst if (ev.get("regarding") or {}).get("name") == name and
                 (ev.get("regarding") or {}).get("kind") == "TrainingJob"]
+
+
+# oom_kill()'s process: argv the Pod's cgroup directory and the cgroup version. It
+# allocates until the cgroup's OOM kill count grows; the OOM killer takes a process of
+# the Pod, not this one, whose score is its size, below the container's (oom_score_adj
+# near 1000 for the operator's Burstable Pod, i.e. almost the whole limit).
+HOG = r"""
+import os, sys
+cg, version = sys.argv[1], int(sys.argv[2])
+events = os.path.join(cg, "memory.oom_control" if version == 1 else "memory.events")
+def kills():
+    with open(events) as f:
+        return next((int(l.split()[1]) for l in f.read().splitlines() if l.startswith("oom_kill ")), 0)
+with open(os.path.join(cg, "cgroup.procs"), "w") as f:
+    f.write(str(os.getpid()))
+held, start = [], kills()
+while kills() == start:
+    held.append(b"x" * (1 << 20))
+print("killed", flush=True)
+"""
 
 
 def step_at_least(n):
