@@ -12,6 +12,9 @@ the end.
         Security restricted), data and checkpoints on claims: Succeeded; `kubectl
         get tj` and `kubectl describe tj` as README.md shows them; no 403 for the
         operator's ServiceAccount in the API server's request log
+  no_403_for_the_operator_in_the_whole_file
+        (last) the same for every request the operator made while the file ran,
+        a quota's refusal aside
   profile_auto_is_measured_on_a_worker
         a model that takes ~1 GB to measure, profile auto: Profiling, status.profile,
         the worker's cgroup peak above the operator's 512Mi limit, the operator Pods
@@ -87,7 +90,7 @@ OPERATOR_SA = "system:serviceaccount:pliant:pliant-operator"
 COLUMNS = ["NAME", "PHASE", "STEP", "STEPS", "LOSS", "NODES", "PIPELINES", "AGE"]
 HEARTBEAT = 2
 TINY = {"layers": 3, "channels": 32, "heads": 2, "vocabSize": 256, "maxSeqLen": 64, "seed": 7}
-state = {"pods": None, "fault": None}
+state = {"pods": None, "fault": None, "seq": 0, "denied": [], "unseen": 0}
 
 
 def measured(name, value, unit):
@@ -162,8 +165,24 @@ def e2e_test(fn):
             raise Failure("%s\n%s" % (e, diagnostics()))
         finally:
             say("%s: %.1f s", fn.__name__, time.monotonic() - t0)
+            audit_requests()
     run.__name__, run.__doc__ = fn.__name__, fn.__doc__
     return suite.test(run)
+
+
+def audit_requests():
+    """Collects the operator's refused requests from the API server's request log (which
+    keeps the last 5000) since the last call: a 403 other than a quota's is a request
+    its RBAC does not allow."""
+    try:
+        reqs, count = fx.requests(state["seq"])
+    except E2EFailure:
+        return
+    if reqs and reqs[0]["seq"] > state["seq"] + 1:
+        state["unseen"] += reqs[0]["seq"] - state["seq"] - 1
+    state["denied"] += [r for r in reqs if r["status"] == 403 and r["user"] == OPERATOR_SA and
+                        "exceeded quota" not in r.get("message", "")]
+    state["seq"] = count
 
 
 def tj(name, steps, ns=NS, max_=2, model=None, tolerate=0, worker=None, **spec):
@@ -621,11 +640,12 @@ def victim(job):
     return name, pods[name]["spec"]["nodeName"], st
 
 
-def new_plan(job, st0, what, timeout, cause=None):
+def new_plan(job, st0, t0, what, timeout, cause=None):
     """Waits for a plan newer than st0's (whose cause names `cause`) and a step
-    committed under it: (time the new plan was seen, time of that step, status)."""
+    committed under it, both seen after t0 (the failure's time: the new plan may come
+    before the command that made the failure returns): (time the new plan was seen,
+    time of that step, status)."""
     gen0 = st0.get("planGeneration") or 0
-    t0 = time.monotonic()
 
     def replanned(st):
         last = st.get("lastReconfiguration") or {}
@@ -653,7 +673,7 @@ def preemption_loses_no_step():
     name, node, st0 = victim(job)
     t0 = time.monotonic()
     fx.node_action(node, "preempt")
-    t_plan, t_step, st = new_plan(job, st0, "the plan without %s" % name, 30, "leaving " + name)
+    t_plan, t_step, st = new_plan(job, st0, t0, "the plan without %s" % name, 30, "leaving " + name)
     last = st["lastReconfiguration"]
     check(last["fromCheckpoint"] is False, "lastReconfiguration %s", last)
     check_steps_monotonic(fx.history(NS, job, t0 - 1))
@@ -672,7 +692,7 @@ def silent_node_loss_is_detected_by_heartbeats():
     t0 = time.monotonic()
     fx.node_action(node, "lose")
     try:
-        t_plan, t_step, st = new_plan(job, st0, "the plan without %s" % name, 30, "lost " + name)
+        t_plan, t_step, st = new_plan(job, st0, t0, "the plan without %s" % name, 30, "lost " + name)
     finally:
         fx.node_action(node, "restore")
     last = st["lastReconfiguration"]
@@ -696,7 +716,7 @@ def partitions_end_in_a_new_plan():
         t0 = time.monotonic()
         fx.node_action(node, action)
         try:
-            t_plan, t_step, st = new_plan(job, st0, "a plan without %s after %s" % (name, action), 40,
+            t_plan, t_step, st = new_plan(job, st0, t0, "a plan without %s after %s" % (name, action), 40,
                                           cause % name)
         finally:
             fx.node_action(node, "restore")
@@ -771,6 +791,20 @@ def leader_pod_deleted_mid_step_the_other_replica_continues():
     measured("leader Pod deleted to the other replica leading", "%.1f" % (t_lead - t0), "s")
     measured("leader Pod deleted to a step committed under the new leader", "%.1f" % (t_step - t0), "s")
     delete_job(NS, job)
+
+# ---------------------------------------------------------------------------
+# 1. Every request the operator made in this file, allowed
+
+@e2e_test
+def no_403_for_the_operator_in_the_whole_file():
+    """Every request of the operator's ServiceAccount that the API server logged while
+    the tests above ran was allowed by its RBAC (a quota's refusal aside)."""
+    audit_requests()
+    check(state["seq"] > 0 and state["unseen"] == 0, "the request log dropped %d requests between checks (of %d)",
+          state["unseen"], state["seq"])
+    check(not state["denied"], "403 for the operator: %s", [(r["method"], r["path"], r.get("message"))
+                                                            for r in state["denied"]][:5])
+
 
 if __name__ == "__main__":
     sys.exit(suite.main())
