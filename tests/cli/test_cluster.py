@@ -469,12 +469,12 @@ def preemption_terminates_gracefully_then_deletes_the_node():
     out = node_action("spot-1", "preempt")
     check(out["pods"] == ["victim"], "preempt: %s", out)
     pod = wait_for("victim Failed", lambda: (lambda p: p if p and p["status"].get("phase") == "Failed" else None)(
-        pod_get("default", "victim")), 15)
+        pod_get("default", "victim")), 40)
     cond = condition(pod, "DisruptionTarget")
     check(cond and cond["reason"] == "TerminationByKubelet", "DisruptionTarget %s", cond)
     check(pod["status"].get("reason") == "Terminated", "status reason %s", pod["status"].get("reason"))
     check("got SIGTERM" in log("default", "victim"), "the Pod did not get SIGTERM: %s", log("default", "victim"))
-    wait_for("node spot-1 deleted", lambda: cluster().get("/api/v1/nodes/spot-1") is None, 15)
+    wait_for("node spot-1 deleted", lambda: cluster().get("/api/v1/nodes/spot-1") is None, 30)
     wait_for("victim removed", lambda: pod_get("default", "victim") is None, 10)
     check(NAME + "-node-3" not in netns.namespaces(NAME), "spot-1's namespace (the 4th node's) is left: %s",
           netns.namespaces(NAME))
