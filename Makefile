@@ -154,9 +154,11 @@ $(BUILD)/bench/%: bench/%.c $(LIBS)
 
 unit-tests: $(UNIT_BIN) $(UNIT_ASAN_BIN)
 
-# The operator's end-to-end tests (kubectl against the API emulator); also part of `make test`.
+# The operator's end-to-end tests: kubectl against the API emulator, the test cluster
+# itself, and the chart's operator in it (needs root; skipped without); also part of
+# `make test`.
 test-e2e: all
-	@$(PYTHON) tests/run_tests.py --build $(BUILD) -k operator_e2e
+	@$(PYTHON) tests/run_tests.py --build $(BUILD) -k operator_e2e -k cli/test_cluster
 
 # A test cluster with a real cluster's boundaries (tests/k8s/README.md): 4 nodes as network
 # namespaces in zones a,b, the chart's operator running as Pods; needs root. It stays up in

@@ -557,7 +557,8 @@ static void observe(pl_controller *c, cjob *j)
     }
     const char *phase = phase_of(co);
     if (strcmp(phase, j->phase)) {
-        if (!strcmp(phase, "Running") && (!j->phase[0] || !strcmp(j->phase, "Pending")))
+        if (!strcmp(phase, "Running") &&
+            (!j->phase[0] || !strcmp(j->phase, "Pending") || !strcmp(j->phase, "Profiling")))
             event(c, j, "Normal", "Started", "Train", "training on %d workers",
                   pl_coord_live_workers(co));
         if (!strcmp(phase, "Succeeded") || !strcmp(phase, "Failed")) {
@@ -776,25 +777,6 @@ static char *manifest_text(const cJSON *obj)
     char *text = cJSON_Print(m);
     cJSON_Delete(m);
     return text;
-}
-
-static int64_t run_policy_int(const cjob *j, const char *key)
-{
-    cJSON *rp = j->spec.run_policy_json ? cJSON_Parse(j->spec.run_policy_json) : NULL;
-    const cJSON *v = cJSON_GetObjectItem(rp, key);
-    int64_t out = cJSON_IsNumber(v) ? (int64_t)v->valuedouble : cJSON_IsTrue(v) ? 1 : -1;
-    cJSON_Delete(rp);
-    return out;
-}
-
-static char *run_policy_str(const cjob *j, const char *key, char *buf, size_t len,
-                            const char *dflt)
-{
-    cJSON *rp = j->spec.run_policy_json ? cJSON_Parse(j->spec.run_policy_json) : NULL;
-    const cJSON *v = cJSON_GetObjectItem(rp, key);
-    snprintf(buf, len, "%s", cJSON_IsString(v) ? v->valuestring : dflt);
-    cJSON_Delete(rp);
-    return buf;
 }
 
 /* A base64 field of the Secret as a heap string, or NULL. */
@@ -1212,9 +1194,8 @@ static int finished(const cjob *j)
  * ttlSecondsAfterFinished. */
 static int reconcile_finished(pl_controller *c, cjob *j)
 {
-    char policy[16];
-    run_policy_str(j, "cleanPodPolicy", policy, sizeof policy, "Running");
-    int64_t ttl = run_policy_int(j, "ttlSecondsAfterFinished");
+    const char *policy = pl_run_policy_str(j->obj, "cleanPodPolicy", "Running");
+    int64_t ttl = pl_run_policy_int(j->obj, "ttlSecondsAfterFinished");
     if (ttl >= 0 && j->completion_time[0]) {
         int64_t left = j->end_ms + ttl * 1000 - (int64_t)pl_now_ms();
         if (left <= 0) return delete_obj(c, j, PL_REQ_JOB_DELETE, j->name);
@@ -1228,8 +1209,8 @@ static int reconcile_finished(pl_controller *c, cjob *j)
  * passed: the job fails. 1 when it did. */
 static int past_limits(pl_controller *c, cjob *j)
 {
-    int64_t deadline = run_policy_int(j, "activeDeadlineSeconds");
-    int64_t limit = run_policy_int(j, "backoffLimit");
+    int64_t deadline = pl_run_policy_int(j->obj, "activeDeadlineSeconds");
+    int64_t limit = pl_run_policy_int(j->obj, "backoffLimit");
     char msg[200];
     if (deadline >= 0 && j->start_time[0]) {
         int64_t left = j->start_ms + deadline * 1000 - (int64_t)pl_now_ms();
@@ -1261,7 +1242,7 @@ static int reconcile(pl_controller *c, cjob *j)
     if (j->invalid) return j->status_dirty ? write_status(c, j) : 0;
     if (j->rt && j->done_ms && pl_now_ms() - j->done_ms >= FLUSH_MS) job_stop(c, j);
     if (finished(j)) return j->rt ? 0 : reconcile_finished(c, j); /* or flushing `stop` */
-    if (run_policy_int(j, "suspend") == 1) {
+    if (pl_run_policy_int(j->obj, "suspend") == 1) {
         job_stop(c, j);
         set_phase(j, "Suspended", "Suspended", "spec.runPolicy.suspend is true");
         j->start_time[0] = 0; /* the deadline counts again from the resumption (Job's) */

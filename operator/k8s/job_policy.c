@@ -1,5 +1,5 @@
 /* The run-policy arithmetic of the controller: back-off, backoffLimit, finished Pods
- * kept, status times on the monotonic clock (job_policy.h). */
+ * kept, status times on the monotonic clock, spec.runPolicy's fields (job_policy.h). */
 #include "job_policy.h"
 
 #include <stdlib.h>
@@ -41,6 +41,24 @@ int pl_finished_to_delete(const int *ks, int n, int *out)
     memcpy(out, sorted + PL_KEEP_FINISHED, (size_t)m * sizeof *out);
     free(sorted);
     return m;
+}
+
+static const cJSON *run_policy_field(const cJSON *tj, const char *key)
+{
+    return cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(tj, "spec"), "runPolicy"),
+                               key);
+}
+
+int64_t pl_run_policy_int(const cJSON *tj, const char *key)
+{
+    const cJSON *v = run_policy_field(tj, key);
+    return cJSON_IsNumber(v) ? (int64_t)v->valuedouble : cJSON_IsBool(v) ? cJSON_IsTrue(v) : -1;
+}
+
+const char *pl_run_policy_str(const cJSON *tj, const char *key, const char *dflt)
+{
+    const cJSON *v = run_policy_field(tj, key);
+    return cJSON_IsString(v) ? v->valuestring : dflt;
 }
 
 int64_t pl_rfc3339_to_now_ms(const char *s, int64_t now_ms)

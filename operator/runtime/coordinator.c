@@ -54,6 +54,11 @@ typedef struct {
     pl_msg m;
 } outmsg;
 
+/* A link between two workers that one of them reported broken (peer_broken). */
+typedef struct {
+    int reporter, peer;
+} cpair;
+
 /* A machine whose workers failed: kept out until `until` (Horovod's blacklist). */
 typedef struct {
     pl_proto_name name;
@@ -125,6 +130,10 @@ struct pl_coord {
     int profiler;          /* PROFILING: the worker asked to measure; -1: none */
     int64_t resume_step;   /* the first plan's checkpoint; -1: not decided yet */
     char resume_note[512];
+    cpair *suspects;       /* peer_broken reports of generation suspects_gen, not judged yet */
+    int nsuspects, capsuspects;
+    int64_t suspects_gen;
+    int64_t judge_at;      /* when to judge them; -1: no report pending */
     int eval_pending;      /* the step of eval_rec waits for its validation loss */
     pl_coord_step_rec eval_rec;
     double val_sum;
@@ -1349,6 +1358,7 @@ pl_coord *pl_coord_new(const pl_coord_config *cfg, char *err, size_t errlen)
     c->wait_since = -1;
     c->plan_ckpt = -1;
     c->profiler = -1;
+    c->judge_at = -1;
     c->fail_step = -1;
     c->resume_step = cfg->resume_auto ? -1 : cfg->resume_step;
     c->ckpt_last = c->resume_step > 0 ? c->resume_step : 0;
@@ -1374,6 +1384,7 @@ void pl_coord_free(pl_coord *c)
         free(c->saving[k].covered);
     free(c->nodes);
     free(c->profile_text);
+    free(c->suspects);
     free(c);
 }
 
@@ -1729,6 +1740,73 @@ int pl_coord_worker_lost(pl_coord *c, const char *name, const char *cause)
     return PL_COORD_OK;
 }
 
+/* A worker taken out while its control connection may still be open (its links or its
+ * heartbeats failed): told to exit, so that its Pod or process ends and is replaced
+ * rather than idling outside the job. */
+static void stop_removed(pl_coord *c, int i, const char *why)
+{
+    char reason[600];
+    snprintf(reason, sizeof reason, "removed from the job: %s", why);
+    send_text(c, i, PL_MSG_STOP, c->gen, 0, reason, 1);
+}
+
+/* Distinct live workers that share a reported broken link with worker w. */
+static int broken_links(const pl_coord *c, int w)
+{
+    int n = 0;
+    for (int k = 0; k < c->nsuspects; k++) {
+        const cpair *p = &c->suspects[k];
+        int other = p->reporter == w ? p->peer : p->peer == w ? p->reporter : -1;
+        if (other < 0 || !c->w[other].live || !c->w[w].live)
+            continue;
+        int seen = 0;
+        for (int j = 0; j < k && !seen; j++) {
+            const cpair *q = &c->suspects[j];
+            seen = (q->reporter == w && q->peer == other) || (q->peer == w && q->reporter == other);
+        }
+        n += !seen;
+    }
+    return n;
+}
+
+/* The reports weighed together: while a reported link joins two live workers, the one
+ * with the most broken links is lost (a node cut off from its peers is reported by each
+ * of them, and reports each of them); a tie goes to the peer reported first. */
+static void judge_peers(pl_coord *c)
+{
+    c->judge_at = -1;
+    if (c->suspects_gen != c->gen)
+        c->nsuspects = 0; /* the links they were about are gone */
+    for (;;) {
+        int lost = -1, most = 0;
+        for (int k = 0; k < c->nsuspects; k++) {
+            const int cand[2] = {c->suspects[k].peer, c->suspects[k].reporter};
+            for (int j = 0; j < 2; j++) {
+                int n = broken_links(c, cand[j]);
+                if (n > most) {
+                    most = n;
+                    lost = cand[j];
+                }
+            }
+        }
+        if (lost < 0)
+            break;
+        char why[512] = "peer_broken: its links to";
+        for (int k = 0, first = 1; k < c->nsuspects; k++) {
+            const cpair *p = &c->suspects[k];
+            int other = p->peer == lost ? p->reporter : p->reporter == lost ? p->peer : -1;
+            if (other >= 0 && c->w[other].live && !strstr(why, c->w[other].name)) {
+                appendf(why, sizeof why, "%s %s", first ? "" : ",", c->w[other].name);
+                first = 0;
+            }
+        }
+        appendf(why, sizeof why, " broke");
+        pl_coord_worker_lost(c, c->w[lost].name, why);
+        stop_removed(c, lost, why);
+    }
+    c->nsuspects = 0;
+}
+
 /* Every worker that registered failed, each with the same fatal error, and at least
  * min(n_start, 2) of them: the job is at fault, not its nodes (Elastic Horovod's rule). */
 static int same_failure_everywhere(const pl_coord *c)
@@ -1778,11 +1856,29 @@ int pl_coord_fatal(pl_coord *c, const char *name, const char *reason)
 int pl_coord_peer_broken(pl_coord *c, const char *name, int64_t gen, const char *peer)
 {
     int rc = PL_COORD_OK;
-    if (gen_check(c, name, gen, &rc) < 0)
+    int i = gen_check(c, name, gen, &rc);
+    if (i < 0)
         return rc;
-    char why[PL_PROTO_NAME_MAX + 32];
-    snprintf(why, sizeof why, "peer_broken from %s", name);
-    return pl_coord_worker_lost(c, peer, why);
+    int p = find(c, peer);
+    if (p < 0 || p == i || !c->w[p].live)
+        return PL_COORD_IGNORED;
+    if (c->suspects_gen != gen)
+        c->nsuspects = 0;
+    if (c->nsuspects == c->capsuspects) {
+        int cap = c->capsuspects ? 2 * c->capsuspects : 8;
+        cpair *np = realloc(c->suspects, (size_t)cap * sizeof *np);
+        if (!np)
+            return fail_err(c, "out of memory");
+        c->suspects = np;
+        c->capsuspects = cap;
+    }
+    c->suspects[c->nsuspects++] = (cpair){i, p};
+    c->suspects_gen = gen;
+    if (c->judge_at < 0)
+        c->judge_at = c->now + c->cfg.peer_judge_ms;
+    if (c->cfg.peer_judge_ms <= 0)
+        judge_peers(c);
+    return PL_COORD_OK;
 }
 
 /* A worker's step failed with no loss known here (an NCCL error or deadline, a broken
@@ -2227,6 +2323,9 @@ int pl_coord_tick(pl_coord *c, int64_t now_ms)
 {
     c->err[0] = 0;
     note_time(c, now_ms);
+    const int judged = c->judge_at >= 0 && now_ms >= c->judge_at;
+    if (judged)
+        judge_peers(c);
     if (c->phase == PL_COORD_SETTLING && now_ms >= c->replan_at)
         replan(c);
     if (c->phase == PL_COORD_WAITING_FOR_WORKERS && c->cfg.start_grace_ms > 0 &&
@@ -2260,6 +2359,7 @@ int pl_coord_tick(pl_coord *c, int64_t now_ms)
             add_cause(c, "lost %s (%s)", c->w[i].name, "missed heartbeats");
             if (!c->w[i].leaving)
                 node_failed(c, c->w[i].node);
+            stop_removed(c, i, "missed heartbeats");
             idx[n++] = i;
         }
     if (n) {
@@ -2267,7 +2367,7 @@ int pl_coord_tick(pl_coord *c, int64_t now_ms)
         reassign_duties(c);
     }
     free(idx);
-    return n ? PL_COORD_OK : PL_COORD_IGNORED;
+    return n || judged ? PL_COORD_OK : PL_COORD_IGNORED;
 }
 
 int pl_coord_on_msg(pl_coord *c, const char *name, const pl_msg *m, int64_t now_ms)

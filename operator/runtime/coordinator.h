@@ -119,6 +119,9 @@ typedef struct {
     int hosts_added_check_every;  /* steps between placements of joined workers; ≤ 1: every */
     int settle_ms;                /* replan this long after the last of a burst of losses
                                      (pl_coord_tick); 0: at once */
+    int peer_judge_ms;            /* peer_broken reports are weighed together this long
+                                     after the first (pl_coord_tick): the worker whose links
+                                     to the most others broke is the one lost; 0: at once */
     /* the workers' duties */
     int resume_auto;              /* the first plan's checkpoint is the newest complete one
                                      the workers report at register (resume_step unused) */

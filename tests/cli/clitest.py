@@ -5,7 +5,9 @@ A test file defines functions decorated with @suite.test and ends with
 indented detail lines) or "skip NAME: why" (missing inputs, or a test raising
 Skip), as tests/run_tests.py expects;
 main() exits 1 if any test failed. Tests get `suite.pliant` (the binary),
-`suite.tmp` (a temporary directory for the run) and `suite.repo`.
+`suite.tmp` (a temporary directory for the run) and `suite.repo`; functions
+given to `suite.at_end(fn)` run after the tests, before that directory goes
+(processes that write there are stopped by them).
 """
 
 import argparse
@@ -45,9 +47,16 @@ class Suite:
         self.pliant = None
         self.tmp = None
         self.repo = REPO
+        self.build = None
+        self.cleanups = []
 
     def test(self, fn):
         self.tests.append(fn)
+        return fn
+
+    def at_end(self, fn):
+        """fn() after the tests, inside the temporary directory's lifetime."""
+        self.cleanups.append(fn)
         return fn
 
     def run(self, *args, timeout=300):
@@ -74,7 +83,7 @@ class Suite:
         ap.add_argument("--build", default="build")
         ap.add_argument("-k", "--filter", default="")
         args = ap.parse_args()
-        build = args.build if os.path.isabs(args.build) else os.path.join(REPO, args.build)
+        build = self.build = args.build if os.path.isabs(args.build) else os.path.join(REPO, args.build)
         self.pliant = os.path.join(build, "bin", "pliant")
         tests = [t for t in self.tests if args.filter in t.__name__]
         missing = [p for p in self.needs if not os.path.exists(p)]
@@ -104,6 +113,11 @@ class Suite:
                     print("    %s: %s" % (type(e).__name__, e))
                     print("FAIL " + name)
                 sys.stdout.flush()
+            for fn in self.cleanups:
+                try:
+                    fn()
+                except Exception as e:  # noqa: BLE001 -- the other clean-ups must run
+                    print("# clean-up %s: %s: %s" % (fn.__name__, type(e).__name__, e))
         return 1 if failures else 0
 
 

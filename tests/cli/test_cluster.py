@@ -15,7 +15,7 @@ python3 and sleep Pods.
   preemption_terminates_gracefully_then_deletes_the_node
   silent_loss_not_ready_then_eviction       link down: timeouts, NotReady, eviction, restore
   partitions_and_restore                    from peers, from the coordinator's address
-  operator_smoke_trainingjob                a TrainingJob in the operator's namespace: how far it gets
+  operator_smoke_trainingjob                a TrainingJob in the operator's namespace to Succeeded
   down_leaves_nothing                       no namespace, link, cgroup or process left
 
 Where this machine cannot make namespaces or cgroups (not root, no iproute2, a
@@ -29,7 +29,6 @@ import http.client
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 import urllib.parse
@@ -42,7 +41,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "k8s"))
 from clitest import REPO, SHAKESPEARE, Failure, Skip, Suite, check  # noqa: E402
 import cgroups  # noqa: E402
 import cluster as cluster_py  # noqa: E402
-import clustermode  # noqa: E402
+import clusterfixture  # noqa: E402
 import netns  # noqa: E402
 import e2e  # noqa: E402
 import yamlmini  # noqa: E402
@@ -50,57 +49,24 @@ from client import ApiClient, E2EFailure  # noqa: E402
 
 suite = Suite("cluster")
 test = suite.test
-CLUSTER_PY = os.path.join(REPO, "tests", "k8s", "cluster.py")
-NAME = "pt%d" % (os.getpid() % 10000)
 GRACE, TOLERATION = 4, 4
+fx = clusterfixture.Fixture("pt", nodes=3, zones="a,b", grace=GRACE, toleration=TOLERATION)
+NAME = fx.name
 state = {}
+suite.at_end(fx.down)         # a test failed before the last one
 
 
 # ---------------------------------------------------------------------------
 # The cluster
 
-def _free_subnet():
-    """A 10.X.0.0/16 no address or route of this machine touches."""
-    for x in range(200, 250):
-        if not netns.conflicts("10.%d.0.0/16" % x):
-            return "10.%d.0.0/16" % x
-    raise Skip("no free 10.X.0.0/16 for the cluster's bridge")
-
-
 def cluster():
     """The cluster's ApiClient (brought up by the first test that needs it)."""
-    if "skip" in state:
-        raise Skip(state["skip"])
-    if "broken" in state:
-        raise Failure(state["broken"])
-    if "api" in state:
-        return state["api"]
-    why = clustermode.missing(NAME)
-    if why:
-        state["skip"] = "this machine cannot make the cluster: " + why
-        raise Skip(state["skip"])
-    st = state["dir"] = os.path.join(suite.tmp, "state")
-    state["subnet"] = _free_subnet()
-    p = run_cluster("up", "--name", NAME, "--subnet", state["subnet"], "--nodes", "3", "--zones", "a,b",
-                    "--state", st, "--node-monitor-grace-period", GRACE, "--default-toleration-seconds",
-                    TOLERATION, "--timeout", 90, "--build", os.path.dirname(os.path.dirname(suite.pliant)),
-                    timeout=150)
-    if p.returncode == 2:
-        state["skip"] = p.stderr.strip()
-        raise Skip(state["skip"])
-    state["up"] = p
-    if p.returncode != 0:
-        state["broken"] = "cluster.py up: exit %d\n%s\n%s" % (p.returncode, p.stdout, p.stderr)
-        raise Failure(state["broken"])
-    with open(os.path.join(st, "cluster.json")) as f:
-        info = state["info"] = json.load(f)
-    state["api"] = ApiClient(info["url"], info["token"], info["ca"], info["kubeconfig"], workdir=st)
-    return state["api"]
-
-
-def run_cluster(*args, timeout=120):
-    return subprocess.run([sys.executable, CLUSTER_PY] + [str(a) for a in args], stdin=subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout, text=True)
+    try:
+        return fx.up(suite.tmp, suite.build)
+    except clusterfixture.Unavailable as e:
+        raise Skip(str(e))
+    except E2EFailure as e:
+        raise Failure(str(e))
 
 
 def api_ok(method, path, body=None):
@@ -118,10 +84,8 @@ def wait_for(what, fn, timeout=30.0, interval=0.2):
 
 
 def namespace(name, labels=None):
-    code, _ = cluster().request("POST", "/api/v1/namespaces", {"metadata": {"name": name, "labels": labels or {}}})
-    check(code in (201, 409), "namespace %s: %d", name, code)
-    wait_for("the default ServiceAccount of " + name,
-             lambda: cluster().get("/api/v1/namespaces/%s/serviceaccounts/default" % name))
+    cluster()
+    fx.namespace(name, labels)
 
 
 def python_pod(name, script, node=None, restart="Never", labels=None, sc=None, pod_sc=None, **extra):
@@ -148,23 +112,21 @@ def pod_get(ns, name):
 
 
 def wait_phase(ns, name, phases=("Succeeded",), timeout=30):
-    pod = wait_for("pod %s/%s %s" % (ns, name, "/".join(phases)),
-                   lambda: (lambda p: p if p and p.get("status", {}).get("phase") in phases + ("Failed",) else None)(
-                       pod_get(ns, name)), timeout)
-    if pod["status"]["phase"] not in phases:
-        raise Failure("pod %s/%s is %s: %s\n%s" % (ns, name, pod["status"]["phase"], json.dumps(
-            pod["status"].get("containerStatuses")), log(ns, name)))
-    return pod
+    try:
+        return fx.wait_phase(ns, name, phases, timeout)
+    except E2EFailure as e:
+        raise Failure(str(e))
 
 
 def wait_ready(ns, name, timeout=30):
-    return wait_for("pod %s/%s ready" % (ns, name), lambda: (lambda p: p if p and any(
-        c["type"] == "Ready" and c["status"] == "True" for c in p.get("status", {}).get("conditions", [])) else None)(
-        pod_get(ns, name)), timeout)
+    try:
+        return fx.wait_ready(ns, name, timeout)
+    except E2EFailure as e:
+        raise Failure(str(e))
 
 
 def log(ns, name):
-    return cluster().text("/api/v1/namespaces/%s/pods/%s/log" % (ns, name))
+    return fx.log(ns, name)
 
 
 def result(ns, name, timeout=30):
@@ -176,19 +138,19 @@ def result(ns, name, timeout=30):
 
 
 def node_action(node, action, *extra):
-    p = run_cluster("node", node, action, "--state", state["dir"], *extra)
-    check(p.returncode == 0, "cluster.py node %s %s: %s %s", node, action, p.stdout, p.stderr)
-    return json.loads(p.stdout)
+    try:
+        return fx.node_action(node, action, *extra)
+    except E2EFailure as e:
+        raise Failure(str(e))
 
 
 def node_ready(node):
-    n = cluster().get("/api/v1/nodes/" + node)
-    return next((c["status"] for c in n["status"]["conditions"] if c["type"] == "Ready"), None) if n else None
+    return fx.node_ready(node)
 
 
 def add_node(name, zone="b"):
-    api_ok("POST", "/_emulator/nodes", {"name": name, "zone": zone})
-    wait_for("node %s Ready" % name, lambda: node_ready(name) == "True")
+    cluster()
+    fx.add_node(name, zone)
 
 
 # A server Pod: says its name to whoever connects (port 8000)
@@ -254,7 +216,7 @@ def connect(host, port=8000, t=2):
 @test
 def up_runs_the_operator_from_the_chart():
     api = cluster()
-    line = state["up"].stdout.strip()
+    line = fx.up_proc.stdout.strip()
     check(re.match(r"^ready: API https://10\.\d+\.0\.1:\d+, 3 nodes, operator 2/2, kubeconfig \S+$", line),
           "ready line %r", line)
     dep = api_ok("GET", "/apis/apps/v1/namespaces/pliant/deployments/pliant-operator")
@@ -264,7 +226,7 @@ def up_runs_the_operator_from_the_chart():
     for p in pods["items"]:
         check(p["spec"]["serviceAccountName"] == "pliant-operator", "serviceAccountName %r",
               p["spec"]["serviceAccountName"])
-        check(p["status"]["podIP"].startswith(state["subnet"].rsplit(".", 2)[0] + "."), "podIP %s",
+        check(p["status"]["podIP"].startswith(fx.subnet.rsplit(".", 2)[0] + "."), "podIP %s",
               p["status"]["podIP"])
     check(len({p["spec"]["nodeName"] for p in pods["items"]}) == 2, "both replicas on one node")
     users = {r["user"] for r in api_ok("GET", "/_emulator/requests")["requests"]}
@@ -329,7 +291,7 @@ def pods_are_isolated():
     check(a["pliant"] and not a["bin_writable"], "/usr/local/bin/pliant: executable %s, writable %s", a["pliant"],
           a["bin_writable"])
     writer = pod_get("iso", "writer")
-    marker = os.path.join(state["dir"], "work", "pods", "iso_writer_" + writer["metadata"]["uid"][:8], "volumes",
+    marker = os.path.join(fx.dir, "work", "pods", "iso_writer_" + writer["metadata"]["uid"][:8], "volumes",
                           "scratch", "marker-a")
     check(os.path.exists(marker), "the writer's emptyDir is not at %s", marker)
     create("iso", python_pod("reader", READER, node="node-1", volumes=volumes[1:], container={
@@ -378,7 +340,7 @@ def rbac_allows_and_denies():
         api_ok("POST", "/api/v1/namespaces/team-a/configmaps", {"metadata": {"name": name}, "data": {"k": "v"}})
     token = api_ok("POST", "/api/v1/namespaces/team-a/serviceaccounts/robot/token", {
         "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}})["status"]["token"]
-    robot = ApiClient(admin.url, token, state["info"]["ca"])
+    robot = ApiClient(admin.url, token, fx.info["ca"])
     user = "system:serviceaccount:team-a:robot"
     check(robot.request("GET", "/api/v1/namespaces/team-a/pods")[0] == 200, "robot cannot list its pods")
     check(robot.request("GET", "/api/v1/namespaces/team-a/configmaps/open")[0] == 200, "resourceNames: open")
@@ -486,7 +448,7 @@ def services_select_their_namespace_and_resolve():
               ask("/resolve", name=name), a1)
     check(str(ask("/resolve", name="web.nowhere.svc")).startswith("error"), "an unknown Service resolves")
     check(connect("web.svc-a.svc") == "web-1", "connecting to web.svc-a.svc: %s", connect("web.svc-a.svc"))
-    check(ask("/resolve", name="kubernetes.default.svc") == [state["info"]["url"].split("//")[1].split(":")[0]],
+    check(ask("/resolve", name="kubernetes.default.svc") == [fx.info["url"].split("//")[1].split(":")[0]],
           "kubernetes.default.svc resolves to %s", ask("/resolve", name="kubernetes.default.svc"))
 
 
@@ -507,12 +469,12 @@ def preemption_terminates_gracefully_then_deletes_the_node():
     out = node_action("spot-1", "preempt")
     check(out["pods"] == ["victim"], "preempt: %s", out)
     pod = wait_for("victim Failed", lambda: (lambda p: p if p and p["status"].get("phase") == "Failed" else None)(
-        pod_get("default", "victim")), 15)
+        pod_get("default", "victim")), 40)
     cond = condition(pod, "DisruptionTarget")
     check(cond and cond["reason"] == "TerminationByKubelet", "DisruptionTarget %s", cond)
     check(pod["status"].get("reason") == "Terminated", "status reason %s", pod["status"].get("reason"))
     check("got SIGTERM" in log("default", "victim"), "the Pod did not get SIGTERM: %s", log("default", "victim"))
-    wait_for("node spot-1 deleted", lambda: cluster().get("/api/v1/nodes/spot-1") is None, 15)
+    wait_for("node spot-1 deleted", lambda: cluster().get("/api/v1/nodes/spot-1") is None, 30)
     wait_for("victim removed", lambda: pod_get("default", "victim") is None, 10)
     check(NAME + "-node-3" not in netns.namespaces(NAME), "spot-1's namespace (the 4th node's) is left: %s",
           netns.namespaces(NAME))
@@ -559,7 +521,7 @@ def partitions_and_restore():
     check(node_ready("node-2") == "True", "partitioned from its peers only, node-2 is %s", node_ready("node-2"))
     node_action("node-2", "restore")
     check(connect(ip) == "island", "after restore: %s", connect(ip))
-    api_ip = state["info"]["url"].split("//")[1].split(":")[0]
+    api_ip = fx.info["url"].split("//")[1].split(":")[0]
     out = node_action("node-2", "partition-from-coordinator", "--address", api_ip)
     check(out["addresses"] == [api_ip], "partition: %s", out)
     check(connect(ip) == "island", "peers are cut off from node-2: %s", connect(ip))
@@ -592,73 +554,34 @@ spec:
 
 @test
 def operator_smoke_trainingjob():
-    """A TrainingJob in the operator's own namespace (Pod Security restricted), data
-    on a claim: how far it gets; skipped, saying where it stopped, until it succeeds."""
-    api = cluster()
+    """A TrainingJob in the operator's own namespace (Pod Security restricted), data on
+    a claim: its worker Pods are admitted, dial the job's Service by name and train to
+    Succeeded; the API server refused the operator's ServiceAccount nothing."""
+    cluster()
     if not os.path.exists(SHAKESPEARE):
         raise Skip("%s not found" % SHAKESPEARE)
     prefix = suite.shakespeare_shards(100000)
-    api_ok("POST", "/api/v1/namespaces/pliant/persistentvolumeclaims", {"metadata": {"name": "data"}, "spec": {
-        "resources": {"requests": {"storage": "1Gi"}}}})
-    claim = os.path.join(state["dir"], "work", "pvc", "pliant", "data")
-    wait_for("the claim's directory", lambda: os.path.isdir(claim), 10)
-    with open(prefix + "_train.bin", "rb") as src, open(os.path.join(claim, "ts_train.bin"), "wb") as dst:
-        dst.write(src.read())
-    since = api_ok("GET", "/_emulator/requests")["count"]
+    fx.claim("pliant", "data", [prefix + "_train.bin"])
+    _, since = fx.requests()
     api_ok("POST", "/apis/pliant.dev/v1alpha1/namespaces/pliant/trainingjobs", yamlmini.load(SMOKE_JOB))
-    path = "/apis/pliant.dev/v1alpha1/namespaces/pliant/trainingjobs/smoke"
-    stages = []
-
-    def phase():
-        return (api.get(path) or {}).get("status", {}).get("phase")
-    deadline = time.monotonic() + 25
-    while time.monotonic() < deadline and phase() not in ("Succeeded", "Failed"):
-        time.sleep(1)
-    stages.append("in the restricted namespace: phase %s" % phase())
-    refused = _operator_log_line("forbidden")
-    if phase() != "Succeeded" and refused:
-        print("# smoke: the operator logs: " + refused)
-        stages.append("its worker Pods are refused (%s)" % (
-            "Pod Security restricted: no securityContext" if "PodSecurity" in refused else refused[-200:]))
-        code, _ = api.request("PATCH", "/api/v1/namespaces/pliant", {"metadata": {"labels": {
-            "pod-security.kubernetes.io/enforce": "baseline"}}}, content_type="application/merge-patch+json")
-        check(code == 200, "relabelling the namespace: %d", code)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and phase() not in ("Succeeded", "Failed"):
-            time.sleep(1)
-        stages.append("with Pod Security baseline: phase %s, step %s" % (
-            phase(), (api.get(path) or {}).get("status", {}).get("step")))
-    denied = [r for r in api_ok("GET", "/_emulator/requests?since=%d" % since)["requests"]
-              if r["status"] == 403 and r["user"] == "system:serviceaccount:pliant:pliant-operator"
-              and "PodSecurity" not in r.get("message", "")]
-    stages.append("RBAC denials of the operator: %d%s" % (len(denied), " (%s)" % "; ".join(sorted(
-        {r.get("message", r["path"]) for r in denied})[:3]) if denied else ""))
-    for line in stages:
-        print("# smoke: " + line)
-    if not stages[0].endswith("Succeeded"):
-        raise Skip("the operator cannot run a job in the cluster as installed: " + "; ".join(stages))
-
-
-def _operator_log_line(word):
-    pods = api_ok("GET", "/api/v1/namespaces/pliant/pods?labelSelector=pliant.dev/role%3Dleader")["items"]
-    for p in pods:
-        for line in log("pliant", p["metadata"]["name"]).splitlines():
-            if word in line:
-                return line
-    return None
+    try:
+        fx.wait_status("pliant", "smoke", "phase Succeeded", clusterfixture.phase_is("Succeeded"), 60)
+    except E2EFailure as e:
+        raise Failure("%s\n%s" % (e, fx.operator_logs()))
+    denied = [r for r in fx.requests(since)[0]
+              if r["status"] == 403 and r["user"] == "system:serviceaccount:pliant:pliant-operator"]
+    check(not denied, "the API server refused the operator: %s", [(r["path"], r.get("message")) for r in denied])
 
 
 @test
 def down_leaves_nothing():
     cluster()
-    info = state["info"]
+    info = fx.info
     pids = [info["pid"], info["apiserver_pid"]]
     pod_pids = [pid for path, _, _ in os.walk(cgroups.Cgroups(NAME).mount) if "pliant-" + NAME in path
                 for pid in cgroups._procs(path)]
     check(pod_pids, "no Pod processes found in the cluster's cgroups")
-    p = run_cluster("down", "--state", state["dir"], timeout=120)
-    state.pop("api")
-    state["skip"] = "the cluster is down"
+    p = fx.down()
     check(p.returncode == 0, "cluster.py down: %s %s", p.stdout, p.stderr)
     check(p.stdout.startswith("down: stopped the cluster") and "leftovers" not in p.stdout, "down says %r",
           p.stdout)
@@ -673,13 +596,5 @@ def down_leaves_nothing():
     check(not left, "cgroups left: %s", left)
 
 
-def main():
-    try:
-        return suite.main()
-    finally:
-        if "dir" in state and os.path.exists(os.path.join(state["dir"], "cluster.json")):
-            run_cluster("down", "--state", state["dir"])       # a test failed before the last one
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(suite.main())

@@ -416,22 +416,8 @@ def check_network_objects(job, address, ns=NS, service=None):
 
 def check_worker_pod(pod):
     """A worker Pod passes Pod Security "restricted" and reads only what workers need."""
-    spec = pod["spec"]
-    c = spec["containers"][0]
-    psc, sc = spec.get("securityContext") or {}, c.get("securityContext") or {}
-    check(psc.get("runAsNonRoot") is True and psc.get("runAsUser") == 65532 and
-          psc.get("seccompProfile") == {"type": "RuntimeDefault"}, "Pod securityContext %s", psc)
-    check(sc.get("allowPrivilegeEscalation") is False and sc.get("capabilities") == {"drop": ["ALL"]} and
-          sc.get("readOnlyRootFilesystem") is True, "container securityContext %s", sc)
-    check(spec.get("automountServiceAccountToken") is False, "automountServiceAccountToken %s",
-          spec.get("automountServiceAccountToken"))
-    vols = {v["name"]: v for v in spec["volumes"]}
-    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
-    secret = vols[mounts["/etc/pliant"]["name"]]["secret"]
-    check(sorted(i["key"] for i in secret.get("items") or []) == ["ca.crt", "job.yaml", "token"] and
-          secret.get("defaultMode") in (0o400, 0o440), "Secret volume %s (want token, ca.crt, job.yaml only)",
-          secret)
-    check("/tmp" in mounts and "emptyDir" in vols[mounts["/tmp"]["name"]], "no emptyDir at /tmp: %s", mounts)
+    problems = e2e.worker_pod_problems(pod)
+    check(not problems, "worker Pod %s: %s", pod["metadata"]["name"], "; ".join(problems))
 
 
 def check_job_metrics(samples, text, job, steps, ns=NS):

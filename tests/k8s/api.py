@@ -414,17 +414,22 @@ class Api:
         return None
 
     def record_event(self, obj, kind, reason, message, component, host=""):
-        """A core/v1 Event about obj, as controllers and kubelets report them."""
+        """A core/v1 Event about obj, as controllers and kubelets report them; one the API
+        refuses (a namespace being terminated) is dropped, as client-go's recorder does."""
         meta = obj["metadata"]
         stamp = now()
         source = {"component": component, "host": host} if host else {"component": component}
-        self.create(self.registry.lookup("v1", "events"), meta.get("namespace") or "default", {
+        event = {
             "metadata": {"name": "%s.%s" % (meta["name"], uuid.uuid4().hex[:16])},
             "involvedObject": {"kind": obj["kind"], "apiVersion": obj["apiVersion"],
                                "namespace": meta.get("namespace", ""), "name": meta["name"], "uid": meta["uid"]},
             "reason": reason, "message": message, "type": kind, "count": 1,
             "firstTimestamp": stamp, "lastTimestamp": stamp, "source": source,
-            "reportingComponent": component, "reportingInstance": host or component})
+            "reportingComponent": component, "reportingInstance": host or component}
+        try:
+            self.create(self.registry.lookup("v1", "events"), meta.get("namespace") or "default", event)
+        except ApiError:
+            pass
 
     # -- CustomResourceDefinitions ---------------------------------------------------
 

@@ -137,6 +137,17 @@ class Cgroups:
             pass
         return 0
 
+    def usage(self, uid):
+        """(bytes in use, the most ever in use) by the Pod's cgroup (v1
+        memory.usage_in_bytes and memory.max_usage_in_bytes, v2 memory.current and
+        memory.peak); (None, None) when it cannot be read."""
+        names = ("memory.usage_in_bytes", "memory.max_usage_in_bytes") if self.version == 1 else \
+            ("memory.current", "memory.peak")
+        try:
+            return tuple(int(_read(os.path.join(self.path(uid), n))) for n in names)
+        except (OSError, ValueError):
+            return None, None
+
     def remove(self, uid, timeout=10.0):
         _kill_and_remove(self.path(uid), timeout)
 
@@ -172,17 +183,33 @@ def _kill_and_remove(path, timeout):
                 time.sleep(0.05)
 
 
-def sweep(name):
-    """Kills and removes every cgroup of cluster NAME (wherever its creator sat); returns their paths."""
+def _roots(name):
+    """Every directory pliant-NAME in the hierarchy (wherever its creator sat)."""
     version, mount = detect()
-    if version is None:
-        return []
     found = []
+    if version is None:
+        return found
     for dirpath, dirnames, _ in os.walk(mount):
         for d in list(dirnames):
             if d == "pliant-" + name:
                 found.append(os.path.join(dirpath, d))
                 dirnames.remove(d)
+    return found
+
+
+def locate(name):
+    """The Cgroups of a running cluster NAME (made by another process), or None."""
+    roots = _roots(name)
+    if not roots:
+        return None
+    cg = Cgroups(name)
+    cg.root = roots[0]
+    return cg
+
+
+def sweep(name):
+    """Kills and removes every cgroup of cluster NAME (wherever its creator sat); returns their paths."""
+    found = _roots(name)
     for path in found:
         _kill_and_remove(path, 10.0)
     return found

@@ -383,7 +383,8 @@ def main(argv=None):
     p_node.add_argument("name_", metavar="NAME")
     p_node.add_argument("action", choices=["preempt", "lose", "partition-from-peers", "partition-from-coordinator",
                                            "restore"])
-    p_node.add_argument("--address", help="partition-from-coordinator: the address (default: the leader's)")
+    p_node.add_argument("--address", help="partition-from-coordinator: the address cut off; partition-from-peers: "
+                                          "the address still reached (default: the leading operator Pod's)")
     p_status = sub.add_parser("status")
     for p in (p_up, p_down, p_node, p_status):
         p.add_argument("--state", help="state directory (default %s)" % DEFAULT_STATE)

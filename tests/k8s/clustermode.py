@@ -8,8 +8,9 @@ boundaries a real one has (cluster.py is its front end).
   (nodelifecycle.py), and faults.py breaks it as clouds do.
 - The API server listens on the bridge's address with TLS, enforces RBAC
   (rbac.py) and runs the admission plugins ServiceAccount,
-  DefaultTolerationSeconds and PodSecurity; the controllers run (endpoints,
-  Deployments, ServiceAccounts); a DNS server answers for Services (dns.py).
+  DefaultTolerationSeconds, PodSecurity and ResourceQuota (Pod counts); the
+  controllers run (endpoints, Deployments, ServiceAccounts); a DNS server answers
+  for Services (dns.py); NetworkPolicies' ingress rules hold (netpol.py).
 
 missing(name) says what this machine lacks for it (root, ip/nsenter/unshare,
 network namespaces, a cgroup memory controller), or None. Cluster.shutdown()
@@ -26,6 +27,7 @@ from dns import DnsServer
 from faults import Faults
 from heartbeat import NodeAgents
 from kubelet import Kubelet
+from netpol import PolicyAgent
 from nodelifecycle import NodeLifecycle
 from runtime import ClaimProvisioner, SandboxRuntime
 
@@ -60,7 +62,7 @@ def apply_options(opts):
         raise SystemExit("apiserver.py: --name must be 1 to 6 letters or digits (it prefixes link names)")
     opts.kubelet = opts.tls = True
     opts.authorization_mode = "RBAC"
-    opts.admission_plugins = ["ServiceAccount", "DefaultTolerationSeconds", "PodSecurity"]
+    opts.admission_plugins = ["ServiceAccount", "DefaultTolerationSeconds", "PodSecurity", "ResourceQuota"]
     opts.controller_names = ("endpoints", "deployments", "serviceaccounts")
     opts.token = opts.token or os.urandom(16).hex()
 
@@ -84,6 +86,7 @@ class Cluster:
             self.dns = DnsServer(api.store, self.network.host_ip)
             self.lifecycle = NodeLifecycle(api, opts.node_monitor_grace_period)
             self.provisioner = ClaimProvisioner(api, work)
+            self.policies = PolicyAgent(api.store, self.kubelet, self.network)
         except BaseException:
             self.shutdown()
             raise
@@ -94,12 +97,15 @@ class Cluster:
         self.dns.start()
         self.lifecycle.start()
         self.provisioner.start()
+        self.policies.start()
 
     def shutdown(self):
         """Stops every Pod; removes the namespaces, links and cgroups (once; also at exit)."""
         if getattr(self, "down", False):
             return
         self.down = True
+        if getattr(self, "policies", None):
+            self.policies.stop()
         if getattr(self, "agents", None):
             self.agents.stop()
         if getattr(self, "dns", None):

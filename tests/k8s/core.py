@@ -150,6 +150,7 @@ def cluster_resources():
                  or "<unset>"), AGE]),
         Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, ["pdb"], status=True),
         Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, ["netpol"]),
+        Resource("", "v1", "resourcequotas", "ResourceQuota", True, ["quota"], status=True),
     ]
 
 

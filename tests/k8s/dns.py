@@ -2,9 +2,15 @@
 bridge's address that Pods' /etc/resolv.conf names:
 
   SVC.NS.svc.cluster.local, SVC.NS.svc   A records: the ready addresses of the
-                                         Service's Endpoints (the namespace's own
-                                         Pods); nothing routes ClusterIPs here, so
-                                         every Service answers as a headless one
+                                         Service's EndpointSlices (label
+                                         kubernetes.io/service-name), as CoreDNS
+                                         reads them: those the endpoints
+                                         controller writes for a selector, or a
+                                         selector-less Service's own; without a
+                                         slice, its Endpoints (what the mirroring
+                                         controller would copy into one). Nothing
+                                         routes ClusterIPs here, so every Service
+                                         answers as a headless one
   A-B-C-D.NS.pod.cluster.local           A record A.B.C.D
   kubernetes.default.svc...              the API server (its Endpoints)
 
@@ -68,8 +74,7 @@ class DnsServer(threading.Thread):
             with self.store.cond:
                 if self.store.get("services", ns, svc) is None:
                     return False, []
-                ep = self.store.get("endpoints", ns, svc) or {}
-                return True, [a["ip"] for s in ep.get("subsets") or [] for a in s.get("addresses") or []]
+                return True, self._ready(ns, svc)
         if len(parts) == 3 and parts[2] == "pod":
             address = parts[0].replace("-", ".")
             try:
@@ -78,6 +83,17 @@ class DnsServer(threading.Thread):
                 return False, []
             return True, [address]
         return False, []
+
+    def _ready(self, ns, svc):
+        """The Service's ready addresses (under the store's lock)."""
+        slices = [s for s in self.store.items("discovery.k8s.io/endpointslices", ns)
+                  if (s["metadata"].get("labels") or {}).get("kubernetes.io/service-name") == svc]
+        if slices:     # ready unset means ready (discovery.k8s.io/v1)
+            return sorted({a for s in slices for e in s.get("endpoints") or []
+                           if (e.get("conditions") or {}).get("ready", True) is not False
+                           for a in e.get("addresses") or []})
+        ep = self.store.get("endpoints", ns, svc) or {}
+        return [a["ip"] for s in ep.get("subsets") or [] for a in s.get("addresses") or []]
 
     def answer(self, query):
         qid, flags, qdcount = struct.unpack("!HHH", query[:6])

@@ -267,6 +267,32 @@ def metric_sum(samples, name, **labels):
     return sum(vals) if vals else None
 
 
+def worker_pod_problems(pod):
+    """What makes a worker Pod fail Pod Security "restricted" or mount more than a worker
+    reads (the Secret's token, ca.crt and job.yaml, an emptyDir at /tmp): [] when nothing."""
+    spec = pod["spec"]
+    c = spec["containers"][0]
+    psc, sc = spec.get("securityContext") or {}, c.get("securityContext") or {}
+    out = []
+    if not (psc.get("runAsNonRoot") is True and psc.get("runAsUser") == 65532 and
+            psc.get("seccompProfile") == {"type": "RuntimeDefault"}):
+        out.append("Pod securityContext %s" % psc)
+    if not (sc.get("allowPrivilegeEscalation") is False and sc.get("capabilities") == {"drop": ["ALL"]} and
+            sc.get("readOnlyRootFilesystem") is True):
+        out.append("container securityContext %s" % sc)
+    if spec.get("automountServiceAccountToken") is not False:
+        out.append("automountServiceAccountToken %s" % spec.get("automountServiceAccountToken"))
+    vols = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    secret = vols[mounts["/etc/pliant"]["name"]]["secret"] if "/etc/pliant" in mounts else {}
+    if sorted(i["key"] for i in secret.get("items") or []) != ["ca.crt", "job.yaml", "token"] or \
+            secret.get("defaultMode") not in (0o400, 0o440):
+        out.append("Secret volume %s (want token, ca.crt, job.yaml only)" % secret)
+    if "/tmp" not in mounts or "emptyDir" not in vols[mounts["/tmp"]["name"]]:
+        out.append("no emptyDir at /tmp: %s" % mounts)
+    return out
+
+
 # ---------------------------------------------------------------------------
 
 class Recorder:

@@ -13,10 +13,14 @@
                              node-monitor grace period and its Pods are evicted
                              after their tolerationSeconds (nodelifecycle.py)
   partition-from-peers       blackholes between the node and every other node
+                             and its Pods, except the coordinator's Pod (body
+                             {"address": IP}; default: the leading operator Pod's
+                             address, below), which the node still reaches
   partition-from-coordinator blackholes between the node and one address
                              (body {"address": IP}; default: the leading operator
-                             Pod's address, label pliant.dev/role=leader, else the
-                             API server's)
+                             Pod's address — the Pod a Lease outside kube-node-lease
+                             names as its holder, as leader election writes it —
+                             else the API server's)
   restore                    the partitions go and the link comes up
 """
 
@@ -27,7 +31,6 @@ from api import now
 from errors import ApiError
 
 ACTIONS = ("preempt", "lose", "partition-from-peers", "partition-from-coordinator", "restore")
-LEADER_LABEL = "pliant.dev/role"
 
 
 class Faults:
@@ -48,8 +51,12 @@ class Faults:
             return {"node": name, "action": action, "link": "down"}
         if action == "partition-from-peers":
             peers = [self.network.node_ip(j) for j in self.network.nodes if j != k]
-            self.network.isolate(k, peers)
-            return {"node": name, "action": action, "addresses": peers}
+            spare = (body or {}).get("address") or self._leader()
+            self.network.isolate(k, peers, spare=spare)
+            out = {"node": name, "action": action, "addresses": peers}
+            if spare:
+                out["spared"] = spare
+            return out
         if action == "partition-from-coordinator":
             address = (body or {}).get("address") or self._coordinator()
             self.network.isolate(k, [address], self._pod_namespaces())
@@ -62,12 +69,19 @@ class Faults:
         return {"node": name, "action": action}
 
     def _coordinator(self):
+        return self._leader() or self.network.host_ip
+
+    def _leader(self):
+        """The address of the Pod a Lease names as its holder (leader election's
+        identity is the Pod's name), or None."""
         with self.store.cond:
-            for pod in self.store.items("pods"):
-                if (pod["metadata"].get("labels") or {}).get(LEADER_LABEL) == "leader" and \
-                        pod.get("status", {}).get("podIP"):
+            for lease in self.store.items("coordination.k8s.io/leases"):
+                ns = lease["metadata"]["namespace"]
+                holder = (lease.get("spec") or {}).get("holderIdentity")
+                pod = self.store.get("pods", ns, holder) if holder and ns != "kube-node-lease" else None
+                if pod and pod.get("status", {}).get("podIP"):
                     return pod["status"]["podIP"]
-        return self.network.host_ip
+        return None
 
     def _pod_namespaces(self):
         with self.store.cond:

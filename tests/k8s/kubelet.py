@@ -71,6 +71,7 @@ import time
 from api import condition_true, now, set_condition
 from errors import ApiError
 from probes import Prober
+from selection import selects
 
 GPU = "nvidia.com/gpu"
 SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
@@ -784,21 +785,9 @@ def _spread_score(pod, node, nodes, pods):
         for p in pods:
             where = nodes.get(p["spec"].get("nodeName"))
             if where and where["metadata"].get("labels", {}).get(tsc.get("topologyKey")) == domain and \
-                    _selects(tsc.get("labelSelector") or {}, p["metadata"].get("labels") or {}):
+                    selects(tsc.get("labelSelector") or {}, p["metadata"].get("labels") or {}):
                 score += 1
     return score
-
-
-def _selects(selector, labels):
-    """metav1.LabelSelector matching (matchLabels, matchExpressions)."""
-    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
-        return False
-    for expr in selector.get("matchExpressions") or []:
-        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
-        if op == "In" and labels.get(key) not in values or op == "NotIn" and labels.get(key) in values or \
-                op == "Exists" and key not in labels or op == "DoesNotExist" and key in labels:
-            return False
-    return True
 
 
 def _count_on(node, pods):

@@ -55,9 +55,9 @@ def ip(*args, ns=None, check=True):
     return p.stdout.decode()
 
 
-def ip_batch(lines, ns=None):
-    """Several `ip` commands in one process (ip -batch)."""
-    cmd = ["ip"] + (["-n", ns] if ns else []) + ["-batch", "-"]
+def ip_batch(lines, ns=None, force=False):
+    """Several `ip` commands in one process (ip -batch; with force, past failed ones)."""
+    cmd = ["ip"] + (["-n", ns] if ns else []) + (["-force"] if force else []) + ["-batch", "-"]
     p = subprocess.run(cmd, input="\n".join(lines).encode(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     if p.returncode != 0:
         raise NetError("ip -batch (%s): %s" % ("; ".join(lines), p.stderr.decode().strip()))
@@ -207,34 +207,41 @@ class Network:
         cidr = ipaddress.ip_network(self.pod_cidr(k))
         return [address + "/32"] + [str(half) for half in cidr.subnets(1)]
 
-    def isolate(self, k, addresses, pod_namespaces=None):
+    def isolate(self, k, addresses, pod_namespaces=None, spare=None):
         """Blackholes between node k and each address (a node's, a Pod's or the host's),
-        both ways. pod_namespaces maps a Pod address to its netns (its side of the cut)."""
+        both ways. pod_namespaces maps a Pod address to its netns (its side of the cut).
+        spare: a Pod address on one of those nodes that node k still reaches (the
+        coordinator's): a route of its own overrides node k's blackholes, and that node
+        keeps no blackholes (node k's replies to its other Pods are dropped at node k)."""
         mine = self._ranges(self.node_ip(k))
+        spare_node = self.node_of(spare) if spare else None
         added = []
         for address in addresses:
             for dest in self._ranges(address):
-                added.append((self.nodes[k], dest))
+                added.append((self.nodes[k], ["blackhole", dest]))
             j = self.node_of(address)
             if address == self.host_ip:
                 side = None
             elif j is not None and address == self.node_ip(j):
                 side = self.nodes[j]
+                if j == spare_node and spare != address:
+                    added.append((self.nodes[k], [spare + "/32", "via", address, "dev", "eth0", "onlink"]))
+                    continue
             else:
                 side = (pod_namespaces or {}).get(address)
                 if side is None:
                     continue
-            added += [(side, dest) for dest in mine]
-        for ns, dest in added:
-            ip("route", "add", "blackhole", dest, ns=ns, check=False)
+            added += [(side, ["blackhole", dest]) for dest in mine]
+        for ns, route in added:
+            ip("route", "add", *route, ns=ns, check=False)
         with self.lock:
             self.isolations.setdefault(k, []).extend(added)
 
     def heal(self, k):
         with self.lock:
             routes = self.isolations.pop(k, [])
-        for ns, dest in routes:
-            ip("route", "del", "blackhole", dest, ns=ns, check=False)
+        for ns, route in routes:
+            ip("route", "del", *route, ns=ns, check=False)
 
     def teardown(self):
         for k in list(self.nodes):

@@ -1,6 +1,7 @@
 """Label selectors, field selectors and the JSONPath subset of printer columns.
 
-Label selector syntax as in k8s.io/apimachinery/pkg/labels: comma-separated
+Label selector syntax as in k8s.io/apimachinery/pkg/labels (and selects(): a
+metav1.LabelSelector object): comma-separated
 requirements `k=v`, `k==v`, `k!=v`, `k in (a,b)`, `k notin (a,b)`, `k`, `!k`.
 Field selectors: `path=v`, `path==v`, `path!=v` on the fields each resource
 supports (anything else is a 400, as from a real server).
@@ -57,6 +58,18 @@ def _eq_req(key, equal, value):
 
 def _exists_req(key, present):
     return lambda labels: (key in labels) == present
+
+
+def selects(selector, labels):
+    """metav1.LabelSelector matching (matchLabels, matchExpressions); {} selects all."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+        if op == "In" and labels.get(key) not in values or op == "NotIn" and labels.get(key) in values or \
+                op == "Exists" and key not in labels or op == "DoesNotExist" and key in labels:
+            return False
+    return True
 
 
 def parse_fields(text, supported):

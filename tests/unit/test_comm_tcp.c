@@ -10,6 +10,7 @@
 
 #include <math.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -138,6 +139,32 @@ static void test_handshake_ok(void)
     CHECK(memcmp(buf, "hello", 5) == 0);
     CHECK_EQ_INT(pl_conn_recv_frame(r.c, &h, buf, sizeof buf, 1000, err, sizeof err), 0);
     CHECK(h.type == PL_FRAME_USER + 1 && h.tag == 10 && h.len == 2 && memcmp(buf, "hi", 2) == 0);
+    close_pair(&r);
+}
+
+/* pl_conn_set_silence_ms: both ends probe a silent peer after ms/2, every ms/6, 3
+ * times (a peer cut off fails its connections in about ms); 0 restores the default. */
+static void test_silent_peer_keepalive(void)
+{
+    char err[256];
+    pl_listener *l;
+    pl_conn_set_silence_ms(6000);
+    CHECK_EQ_INT(pl_listener_open(HOST, 0, &l, err, sizeof err), 0);
+    pair_result r = connect_pair(l, ident(0, "a", TOKEN, 1), ident(1, "b", TOKEN, 1), 0);
+    pl_listener_close(l);
+    pl_conn_set_silence_ms(0);
+    CHECK_EQ_INT(r.arc, 0);
+    CHECK_EQ_INT(r.crc, 0);
+    pl_conn *ends[2] = {r.a, r.c};
+    for (int k = 0; k < 2 && !r.arc && !r.crc; k++) {
+        int on = 0, idle = 0, intvl = 0, cnt = 0;
+        socklen_t n = sizeof on;
+        getsockopt(pl_conn_fd(ends[k]), SOL_SOCKET, SO_KEEPALIVE, &on, &n);
+        getsockopt(pl_conn_fd(ends[k]), IPPROTO_TCP, TCP_KEEPIDLE, &idle, &n);
+        getsockopt(pl_conn_fd(ends[k]), IPPROTO_TCP, TCP_KEEPINTVL, &intvl, &n);
+        getsockopt(pl_conn_fd(ends[k]), IPPROTO_TCP, TCP_KEEPCNT, &cnt, &n);
+        CHECK(on && idle == 3 && intvl == 1 && cnt == 3);
+    }
     close_pair(&r);
 }
 
@@ -1019,7 +1046,9 @@ static void test_allreduce_errors(void)
     int rc2 = ops[0].rc[2];
     coll_free(&ops[0]);
     CHECK_EQ_INT(rc2, PL_COMM_ETIMEOUT);
+    /* the connection it waited on (its prev, rank 1) failed; its next is only out of step */
     CHECK_EQ_INT(pl_conn_status(m.conn[2][1]), PL_COMM_ETIMEOUT);
+    CHECK_EQ_INT(pl_conn_status(m.conn[2][0]), PL_COMM_ECANCELED);
     mesh_close(&m);
 
     CHECK_EQ_INT(mesh_open(&m, 2), 0);
@@ -1039,6 +1068,7 @@ static void test_allreduce_errors(void)
 TEST_MAIN_BEGIN
 RUN(test_handshake_ok);
 RUN(test_wrong_token_refused);
+RUN(test_silent_peer_keepalive);
 RUN(test_stale_generation_refused);
 RUN(test_purpose_accepted);
 RUN(test_wrong_purpose_refused);

@@ -583,6 +583,7 @@ static void test_join_and_heartbeats(void)
     CHECK(drain(&s) == 0);
     CHECK_EQ_INT(count_type(&s, PL_MSG_ABORT), 5);
     CHECK_EQ_INT(count_type(&s, PL_MSG_PLAN), 5);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_STOP), 1); /* to w3, should it still hear */
     CHECK(plans_valid(&s) == 0);
     CHECK_STR_CONTAINS(pl_coord_reconfig(s.c, 1)->cause, "lost w3 (missed heartbeats)");
     /* on_msg: a heartbeat through the dispatcher */
@@ -830,6 +831,64 @@ static void test_join_checks_and_settling(void)
     CHECK_EQ_INT(count_type(&s, PL_MSG_PLAN), 4);
     const pl_coord_reconfig_rec *rec = pl_coord_reconfig(s.c, pl_coord_nreconfigs(s.c) - 1);
     CHECK(rec && !strcmp(rec->removed, "w1,w2"));
+    sim_free(&s);
+}
+
+/* A worker cut off from its peers but not from the coordinator: w1 reports w0 first,
+ * then w2 reports w1; weighed together for peer_judge_ms, w1 (links to both broken) is
+ * the one lost, not w0. Two workers that report each other: the peer named first (too
+ * few are left then: the job waits for nodes). */
+static void test_peer_reports_are_judged(void)
+{
+    sim s;
+    CHECK(sim_init(&s, 9, 5) == 0);
+    s.cfg.peer_judge_ms = 1000;
+    CHECK(sim_reconfigure(&s) == 0);
+    CHECK(start_workers(&s, 5) == 0);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    int64_t g = s.gen;
+    CHECK_EQ_INT(pl_coord_tick(s.c, 100), PL_COORD_IGNORED);
+    CHECK_EQ_INT(pl_coord_peer_broken(s.c, "w1", g, "w0"), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_tick(s.c, 600), PL_COORD_IGNORED);
+    CHECK_EQ_INT(pl_coord_peer_broken(s.c, "w2", g, "w1"), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_peer_broken(s.c, "w2", g, "w9"), PL_COORD_IGNORED);
+    CHECK_EQ_INT(pl_coord_live_workers(s.c), 5);
+    CHECK_EQ_INT(pl_coord_tick(s.c, 1100), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_live_workers(s.c), 4);
+    s.live[1] = 0;
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(s.gen, g + 1);
+    CHECK(plans_valid(&s) == 0);
+    CHECK_STR_CONTAINS(pl_coord_reconfig(s.c, pl_coord_nreconfigs(s.c) - 1)->cause,
+                       "lost w1 (peer_broken: its links to w0, w2 broke)");
+    int stops = 0; /* still connected: told to exit, so that it is replaced */
+    for (int k = 0; k < s.nm; k++)
+        if (s.m[k].type == PL_MSG_STOP) {
+            stops++;
+            CHECK(!strcmp(s.to[k], "w1") && s.m[k].u.stop.exit_code == 1);
+            CHECK_STR_CONTAINS(s.m[k].u.stop.reason, "removed from the job: peer_broken");
+        }
+    CHECK_EQ_INT(stops, 1);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    g = s.gen;
+    int a = -1, b = -1; /* two workers of the plan's pipelines */
+    for (int w = 0; w < 5; w++)
+        if (s.live[w] && s.plan[w].u.plan.you_pipeline >= 0) {
+            if (a < 0) a = w;
+            else if (b < 0) b = w;
+        }
+    CHECK(a >= 0 && b >= 0);
+    CHECK_EQ_INT(pl_coord_tick(s.c, 1500), PL_COORD_IGNORED);
+    CHECK_EQ_INT(pl_coord_peer_broken(s.c, nm(a), g, nm(b)), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_peer_broken(s.c, nm(b), g, nm(a)), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_tick(s.c, 2499), PL_COORD_IGNORED);
+    CHECK_EQ_INT(pl_coord_tick(s.c, 2500), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_heartbeat(s.c, nm(a), 1, 2500), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_heartbeat(s.c, nm(b), 1, 2500), PL_COORD_ERR); /* lost */
+    CHECK_EQ_INT(pl_coord_live_workers(s.c), 3);
     sim_free(&s);
 }
 
@@ -1159,7 +1218,7 @@ static void test_initial_copy_loss_and_nan(void)
     CHECK_EQ_INT(count_type(&s, PL_MSG_ABORT), 4);
     CHECK_EQ_INT(s.gen, 3);
     CHECK(plans_valid(&s) == 0);
-    CHECK_STR_CONTAINS(pl_coord_reconfig(s.c, 1)->cause, "lost w3 (peer_broken from w0)");
+    CHECK_STR_CONTAINS(pl_coord_reconfig(s.c, 1)->cause, "lost w3 (peer_broken: its links to w0 broke)");
     all_copy_done(&s);
     CHECK(drain(&s) == 0);
     /* a non-finite norm: never committed (abort at once), redone under new plans, then
@@ -1916,4 +1975,5 @@ RUN(test_profiling_on_a_worker);
 RUN(test_profiling_failures);
 RUN(test_eval_aggregation);
 RUN(test_bad_config);
+RUN(test_peer_reports_are_judged);
 TEST_MAIN_END

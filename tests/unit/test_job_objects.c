@@ -385,6 +385,24 @@ static void test_policy(void)
                      pl_rfc3339_to_now_ms("2020-01-01T00:00:00Z", 0), 10000);
 }
 
+/* spec.runPolicy is read from the object as it is now: suspend set on a running job */
+static void test_run_policy_fields(void)
+{
+    cJSON *tj = cJSON_Parse("{\"spec\":{\"steps\":5}}");
+    CHECK(pl_run_policy_int(tj, "suspend") == -1 && pl_run_policy_int(NULL, "suspend") == -1);
+    CHECK(!strcmp(pl_run_policy_str(tj, "cleanPodPolicy", "Running"), "Running"));
+    cJSON_AddItemToObject(cJSON_GetObjectItem(tj, "spec"), "runPolicy",
+                          cJSON_Parse("{\"suspend\":true,\"backoffLimit\":2,"
+                                      "\"cleanPodPolicy\":\"All\"}"));
+    CHECK(pl_run_policy_int(tj, "suspend") == 1 && pl_run_policy_int(tj, "backoffLimit") == 2);
+    CHECK(!strcmp(pl_run_policy_str(tj, "cleanPodPolicy", "Running"), "All"));
+    cJSON_ReplaceItemInObject(cJSON_GetObjectItem(cJSON_GetObjectItem(tj, "spec"), "runPolicy"),
+                              "suspend", cJSON_CreateFalse());
+    CHECK(pl_run_policy_int(tj, "suspend") == 0);
+    CHECK(pl_run_policy_int(tj, "activeDeadlineSeconds") == -1);
+    cJSON_Delete(tj);
+}
+
 TEST_MAIN_BEGIN
 RUN(test_short_names);
 RUN(test_owner_name);
@@ -393,4 +411,5 @@ RUN(test_default_pod);
 RUN(test_merged_pod);
 RUN(test_user_tmp);
 RUN(test_policy);
+RUN(test_run_policy_fields);
 TEST_MAIN_END

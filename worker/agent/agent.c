@@ -216,10 +216,26 @@ static void on_plan(agent *a, const pl_msg *m)
     }
 }
 
+/* The peer whose connection failed the step (a ring or stage neighbour; not one only left
+ * out of step by the other's failure), or NULL. */
+static const char *failed_peer(agent *a)
+{
+    for (int r = 0; a->conns && r < a->nranks; r++) {
+        const int code = a->conns[r] ? pl_conn_status(a->conns[r]) : 0;
+        if (code && code != PL_COMM_ECANCELED) return pl_conn_peer_name(a->conns[r]);
+    }
+    for (int k = 0; a->link && k < 2; k++)
+        if (a->link_peer[k][0] && pl_tcp_link_status(a->link, a->stage + (k ? 1 : -1), NULL, 0))
+            return a->link_peer[k];
+    return NULL;
+}
+
 /* A failed step (a peer died or its link broke) is not fatal here: the coordinator learns
  * of a loss (process end, closed connection) and answers abort + a new plan, which
- * rebuilds the links; a failure it cannot see (an NCCL error or deadline with every worker
- * alive) is told to it in step_failed. */
+ * rebuilds the links. A link that failed with both workers alive (a network cut off
+ * between them) is reported with peer_broken: the coordinator weighs both ends' reports
+ * and takes out the worker cut off from the others. A failure it cannot see otherwise (an
+ * NCCL error or deadline with every worker alive) is told to it in step_failed. */
 static void step_failed(agent *a, int64_t step, const char *err)
 {
     /* On NCCL a failed step leaves operations queued (a peer that never comes): abort the
@@ -233,9 +249,16 @@ static void step_failed(agent *a, int64_t step, const char *err)
     agent_log(a, "step %lld failed: %s (waiting for the coordinator)", (long long)step, err);
     if (aborted || agent_superseded(a)) return;
     pl_msg r;
-    pl_msg_init(&r, PL_MSG_STEP_FAILED, a->gen);
-    r.u.step_failed.step = step;
-    snprintf(r.u.step_failed.reason, sizeof r.u.step_failed.reason, "%.900s", err);
+    const char *peer = failed_peer(a);
+    if (peer) {
+        pl_msg_init(&r, PL_MSG_PEER_BROKEN, a->gen);
+        snprintf(r.u.peer_broken.peer, sizeof r.u.peer_broken.peer, "%s", peer);
+        snprintf(r.u.peer_broken.reason, sizeof r.u.peer_broken.reason, "%.200s", err);
+    } else {
+        pl_msg_init(&r, PL_MSG_STEP_FAILED, a->gen);
+        r.u.step_failed.step = step;
+        snprintf(r.u.step_failed.reason, sizeof r.u.step_failed.reason, "%.900s", err);
+    }
     agent_post(a, &r);
 }
 
@@ -446,6 +469,10 @@ static int setup(agent *a, char *err, size_t errlen)
     const pl_agent_options *o = a->o;
     if (pl_job_load(o->job_path, &a->job, err, errlen)) return -1;
     a->have_job = 1;
+    /* a peer cut off by the network fails its connections about when the coordinator
+     * would miss its heartbeats */
+    pl_conn_set_silence_ms((int)(a->job.fault_tolerance.heartbeat_seconds * 1000.0) *
+                           PL_PROTO_HEARTBEAT_MISSES);
     if (o->checkpoint_dir &&
         pl_pathf(a->job.checkpoint.dir, sizeof a->job.checkpoint.dir, err, errlen, "%s",
                  o->checkpoint_dir))

@@ -55,6 +55,7 @@ typedef struct {
     pl_checkpoint_writer *ckw;  /* checkpoints of this worker's layers, in the background */
     pl_fault fault;
     pl_proto_name broken; /* the peer whose link or copy failed the plan being installed */
+    pl_proto_name link_peer[2]; /* the stage link's workers: stage − 1, stage + 1 ("": none) */
     pl_msg_queue *queue;  /* the control thread's messages for the compute thread */
 
     pthread_mutex_t mu;   /* the fields marked "under mu" */

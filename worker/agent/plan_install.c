@@ -356,6 +356,8 @@ static int connect_tcp_peers(agent *a, const pl_msg_plan *p, char *err, size_t e
         .link_prev = a->stage > 0 ? a->rank - 1 : -1,
         .link_next = a->stage + 1 < a->nstages ? a->rank + 1 : -1};
     pl_mesh_links links = {.ring = a->conns};
+    snprintf(a->link_peer[0], sizeof a->link_peer[0], "%s", peers.link_prev >= 0 ? names[peers.link_prev] : "");
+    snprintf(a->link_peer[1], sizeof a->link_peer[1], "%s", peers.link_next >= 0 ? names[peers.link_next] : "");
     if (pl_mesh_connect(a->mesh, &peers, PEER_TIMEOUT_MS, &links, err, errlen)) {
         if (links.failed_rank >= 0)
             snprintf(a->broken, sizeof a->broken, "%s", names[links.failed_rank]);

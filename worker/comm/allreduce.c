@@ -218,17 +218,21 @@ static int recv_progress(xfer *x, int *moved, char *err, size_t errlen)
     }
 }
 
-/* Sends one segment to next while receiving one from prev. */
-static int exchange(xfer *tx, xfer *rx, int timeout_ms, char *err, size_t errlen)
+/* Sends one segment to next while receiving one from prev; on an error *failed is the
+ * connection that failed (the one waited for on a timeout). */
+static int exchange(xfer *tx, xfer *rx, int timeout_ms, pl_conn **failed, char *err,
+                    size_t errlen)
 {
     int64_t deadline = pl_comm_deadline(timeout_ms);
     int sfd = pl_conn_fd(tx->c), rfd = pl_conn_fd(rx->c);
     for (;;) {
         int moved = 0;
         int s = send_progress(tx, &moved, err, errlen);
+        *failed = tx->c;
         if (s < 0)
             return s;
         int r = recv_progress(rx, &moved, err, errlen);
+        *failed = rx->c;
         if (r < 0)
             return r;
         if (s == 1 && r == 1)
@@ -250,6 +254,7 @@ static int exchange(xfer *tx, xfer *rx, int timeout_ms, char *err, size_t errlen
         if (t == 0 && deadline >= 0) {
             if (poll(pf, (nfds_t)np, 0) > 0)
                 continue;
+            *failed = r ? tx->c : rx->c;
             return pl_comm_errf(err, errlen, PL_COMM_ETIMEOUT,
                                 "all-reduce: no progress for %d ms (%s rank %d)", timeout_ms,
                                 r ? "sending to" : "waiting for",
@@ -314,6 +319,7 @@ int pl_ring_allreduce(const pl_peer_table *peers, const int32_t *group, int grou
         return pl_comm_errf(err, errlen, PL_COMM_ESYS, "all-reduce: out of memory");
     }
     int rc = 0;
+    pl_conn *failed = NULL;
     for (int step = 0; step < 2 * (p - 1) && rc == 0; step++) {
         int rs = step < p - 1, k = rs ? step : step - (p - 1);
         int sseg = rs ? mod(me - k, p) : mod(me + 1 - k, p);
@@ -325,13 +331,13 @@ int pl_ring_allreduce(const pl_peer_table *peers, const int32_t *group, int grou
                    .count = sl, .chunk = chunk, .aead = seal, .sealed = sealed};
         xfer rx = {.c = prev, .tag = tag, .aux = (uint32_t)step, .data = buf + rb,
                    .count = rl, .chunk = chunk, .aead = open, .reduce = rs, .scratch = scratch};
-        rc = exchange(&tx, &rx, timeout_ms, err, errlen);
+        rc = exchange(&tx, &rx, timeout_ms, &failed, err, errlen);
     }
     free(scratch);
     free(sealed);
-    if (rc) {
-        pl_conn_mark_broken(next, rc);
-        pl_conn_mark_broken(prev, rc);
+    if (rc) { /* the other neighbour's stream is out of step too, through no fault of its own */
+        pl_conn_mark_broken(failed, rc);
+        pl_conn_mark_broken(failed == next ? prev : next, PL_COMM_ECANCELED);
     }
     return rc;
 }

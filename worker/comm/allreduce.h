@@ -17,7 +17,9 @@
  * that disagree on the collective get PL_COMM_EPROTO, not silently wrong sums.
  *
  * timeout_ms is an idle timeout (no byte moved on either neighbour connection). Any error
- * leaves both neighbour connections marked broken (see tcp.h) and buf undefined. */
+ * leaves both neighbour connections marked broken (see tcp.h) and buf undefined: the one
+ * that failed (the one waited for on a timeout) with the error's code, the other with
+ * PL_COMM_ECANCELED, so that the caller can tell which peer to report. */
 #ifndef PLIANT_COMM_ALLREDUCE_H
 #define PLIANT_COMM_ALLREDUCE_H
 

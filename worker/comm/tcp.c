@@ -12,6 +12,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,11 +117,25 @@ static int set_nonblock(int fd)
     return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
 }
 
+static atomic_int silence_ms; /* pl_conn_set_silence_ms; 0: the system's keepalive */
+
+void pl_conn_set_silence_ms(int ms) { atomic_store(&silence_ms, ms > 0 ? ms : 0); }
+
+/* Keepalive probes after ms/2 of silence, every ms/6, 3 unanswered: dead after ~ms. Not
+ * TCP_USER_TIMEOUT: it would also end a connection whose reader is busy (a full stash
+ * leaves its window closed), which is no failure. */
 static void tune_socket(int fd)
 {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    const int ms = atomic_load(&silence_ms);
+    if (ms > 0) {
+        int idle = ms / 2000 > 0 ? ms / 2000 : 1, intvl = ms / 6000 > 0 ? ms / 6000 : 1, cnt = 3;
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+    }
 }
 
 int pl_comm_io_errno(int e)

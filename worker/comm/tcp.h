@@ -174,6 +174,13 @@ short pl_conn_handshake_events(const pl_conn *c);
 /* When c's handshake fails for its deadline (pl_now_ms's clock). */
 int64_t pl_conn_handshake_deadline(const pl_conn *c);
 
+/* Peers that go silent: connections made from now on have the kernel probe an idle
+ * peer (TCP keepalive) and give up on it after about ms without an answer, so that a
+ * peer cut off by the network fails its connections like one that died (PL_COMM_ECLOSED)
+ * while a peer busy computing, whose kernel answers, never does. ms ≤ 0: the system's
+ * defaults (hours). Process-wide; the worker sets the job's heartbeat × misses. */
+void pl_conn_set_silence_ms(int ms);
+
 /* Connects to host:port, retrying refused/unreachable attempts with backoff until
  * timeout_ms has passed, then runs the handshake. expect_rank ≥ 0 refuses a peer
  * with another rank (EPROTO); −1 accepts any. */
