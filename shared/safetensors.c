@@ -263,7 +263,7 @@ done:
 void pl_st_close(pl_st_file *f)
 {
     if (!f) return;
-    if (f->map && f->map != MAP_FAILED) munmap(f->map, f->map_len);
+    if (f->map && f->map != MAP_FAILED && !f->borrowed_) munmap(f->map, f->map_len);
     for (int i = 0; i < f->ntensors; i++) free(f->tensors[i].name);
     for (int i = 0; i < f->nmeta; i++) {
         free(f->meta_keys[i]);
@@ -581,13 +581,9 @@ static int read_entries(const char *path, const cJSON *root, uint64_t hlen, pl_s
     return rc;
 }
 
-int pl_st_open(const char *path, pl_st_file *f, char *err, size_t errlen)
+/* The header and entries of the image in f->map. */
+static int parse_image(const char *path, pl_st_file *f, char *err, size_t errlen)
 {
-    memset(f, 0, sizeof *f);
-    if (map_file(path, f, err, errlen) != 0) {
-        pl_st_close(f);
-        return -1;
-    }
     uint64_t hlen = 0;
     cJSON *root = parse_header(path, f, &hlen, err, errlen);
     if (!root || read_entries(path, root, hlen, f, err, errlen) != 0) {
@@ -597,6 +593,33 @@ int pl_st_open(const char *path, pl_st_file *f, char *err, size_t errlen)
     }
     cJSON_Delete(root);
     return 0;
+}
+
+int pl_st_open(const char *path, pl_st_file *f, char *err, size_t errlen)
+{
+    memset(f, 0, sizeof *f);
+    if (map_file(path, f, err, errlen) != 0) {
+        pl_st_close(f);
+        return -1;
+    }
+    return parse_image(path, f, err, errlen);
+}
+
+int pl_st_parse(const void *bytes, size_t len, const char *name, pl_st_file *f, char *err,
+                size_t errlen)
+{
+    memset(f, 0, sizeof *f);
+    if (len < 8)
+        return pl_errf(err, errlen, "%s: file is %zu bytes, too short for the 8-byte header "
+                       "length", name, len);
+    f->map = (void *)(uintptr_t)bytes;
+    f->map_len = len;
+    f->borrowed_ = 1;
+    if (!(f->path = strdup(name))) {
+        pl_st_close(f);
+        return pl_errf(err, errlen, "%s: out of memory", name);
+    }
+    return parse_image(name, f, err, errlen);
 }
 
 const pl_st_tensor *pl_st_find(const pl_st_file *f, const char *name)

@@ -79,9 +79,14 @@ typedef struct {
     pl_st_tensor *tensors; /* in header order */
     int nmeta;
     char **meta_keys, **meta_values;
+    int borrowed_;         /* map is the caller's memory (pl_st_parse), not a mapping */
 } pl_st_file;
 
 int pl_st_open(const char *path, pl_st_file *f, char *err, size_t errlen);
+/* The same checks on a file image in memory, which is not copied (it must outlive
+ * f); name stands for the path in f->path and in errors. */
+int pl_st_parse(const void *bytes, size_t len, const char *name, pl_st_file *f, char *err,
+                size_t errlen);
 void pl_st_close(pl_st_file *f);
 
 /* NULL if absent. */

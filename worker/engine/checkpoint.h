@@ -53,6 +53,23 @@ int pl_checkpoint_load(pl_engine *e, const char *step_dir, int optimizer, char *
 /* checkpoint.json of step_dir, its text (caller frees), or NULL with err. */
 char *pl_checkpoint_info(const char *step_dir, char *err, size_t errlen);
 
+/* What a checkpoint.json records that loading needs (checkpoint_info.c). */
+typedef struct {
+    int64_t step;       /* "step": steps done, 0..INT_MAX */
+    pl_gpt_config cfg;  /* "model": layers, channels, heads, vocab_size, max_seq_len */
+    int seq_len;        /* "data"."seq_len": trained sequence length, 0 when absent */
+} pl_checkpoint_meta;
+
+/* Parses checkpoint.json text; `what` names it in errors ("DIR/checkpoint.json:
+ * model.layers: must be an integer in [1, 2147483647] (got 4294967298)"). Every
+ * number is checked: integral and in range. */
+int pl_checkpoint_meta_parse(const char *text, const char *what, pl_checkpoint_meta *out,
+                             char *err, size_t errlen);
+
+/* step_dir/checkpoint.json, read and parsed. */
+int pl_checkpoint_meta_load(const char *step_dir, pl_checkpoint_meta *out, char *err,
+                            size_t errlen);
+
 /* The model configuration and step recorded in step_dir/checkpoint.json. */
 int pl_checkpoint_config(const char *step_dir, pl_gpt_config *cfg, int64_t *step, char *err,
                          size_t errlen);

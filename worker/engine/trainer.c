@@ -182,14 +182,10 @@ static int resume(run *r, int64_t *start, char *err, size_t errlen)
     char dir[4096];
     int found = pl_checkpoint_latest(j->checkpoint.dir, dir, sizeof dir, err, errlen);
     if (found <= 0) return found;
-    char *info = pl_checkpoint_info(dir, err, errlen);
-    if (!info) return -1;
-    const char *at = strstr(info, "\"step\":");
-    long long step = at ? strtoll(at + 7, NULL, 10) : -1;
-    free(info);
-    if (step < 0) return pl_errf(err, errlen, "%s/checkpoint.json: no step", dir);
+    pl_checkpoint_meta meta;
+    if (pl_checkpoint_meta_load(dir, &meta, err, errlen)) return -1;
     if (pl_checkpoint_load(&r->e, dir, 1, err, errlen)) return -1;
-    *start = step;
+    *start = meta.step;
     return 1;
 }
 
