@@ -226,6 +226,9 @@ static void test_default_pod(void)
     const cJSON *env = cJSON_GetObjectItem(c, "env");
     CHECK(!strcmp(pl_kube_field(find(env, "name", "PLIANT_COORDINATOR"), "value"),
                   "basic-coordinator.training.svc:8443"));
+    /* the worker checks the coordinator's certificate: the Secret's ca.crt, mounted */
+    CHECK(!strcmp(pl_kube_field(find(env, "name", "PLIANT_CA"), "value"), PL_SECRET_MOUNT "/ca.crt"));
+    CHECK(!find(env, "name", "PLIANT_INSECURE"));
     CHECK(!strcmp(pl_kube_field(pod, "metadata.name"), "basic-w0"));
     cJSON_Delete(pod);
     cJSON_Delete(j);
