@@ -2,6 +2,7 @@
  * checks in safetensors.h). */
 #include "safetensors.h"
 
+#include "json_num.h"
 #include "util.h"
 
 #include <cJSON.h>
@@ -276,13 +277,12 @@ void pl_st_close(pl_st_file *f)
     memset(f, 0, sizeof *f);
 }
 
-/* A non-negative integer JSON number (exact in a double). */
+/* A non-negative integer JSON number (exact in a double); the caller names the field. */
 static int json_uint(const cJSON *v, uint64_t *out)
 {
-    if (!cJSON_IsNumber(v)) return -1;
-    double d = v->valuedouble;
-    if (!(d >= 0) || d > 9007199254740992.0 || floor(d) != d) return -1;
-    *out = (uint64_t)d;
+    int64_t x;
+    if (pl_json_int(v, "", 0, PL_JSON_INT_MAX, &x, NULL, 0)) return -1;
+    *out = (uint64_t)x;
     return 0;
 }
 
