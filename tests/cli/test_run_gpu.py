@@ -42,6 +42,7 @@ spec:
   optimizer: {{lr: 3.0e-3, warmupSteps: 2, schedule: cosine, gradClip: 1.0}}
   steps: {steps}
   profile: synthetic
+  faultTolerance: {{tolerate: {tolerate}}}
 """
 
 _gpu = {}
@@ -67,11 +68,12 @@ def pliant_cuda():
     return _gpu["exe"]
 
 
-def write_job(name, steps, global_):
+def write_job(name, steps, global_, tolerate=1):
+    """tolerate 0: one pipeline may hold every worker (F + 1 pipelines are planned)."""
     path = os.path.join(suite.tmp, name + ".yaml")
     with open(path, "w") as f:
         f.write(JOB.format(name=name, data=suite.shakespeare_shards(100000), steps=steps,
-                           global_=global_))
+                           global_=global_, tolerate=tolerate))
     return path
 
 
@@ -118,7 +120,7 @@ def check_losses(rows, ref, steps):
 def two_stage_pipeline_on_one_gpu_matches_train():
     exe = pliant_cuda()
     steps = 10
-    job = write_job("pipe", steps=steps, global_=2)
+    job = write_job("pipe", steps=steps, global_=2, tolerate=0)
     m, out, err = gpu_run(exe, job, 2)
     rows = rows_of(m)
     check(rows and rows[0]["pipelines"] == "1x2", "pipelines %s", rows[:1])
