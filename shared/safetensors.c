@@ -184,6 +184,12 @@ static cJSON *raw_uint(uint64_t v)
 
 int pl_st_write(const pl_st_writer *w, const char *path, char *err, size_t errlen)
 {
+    return pl_st_write_mode(w, path, 0666, err, errlen);
+}
+
+int pl_st_write_mode(const pl_st_writer *w, const char *path, mode_t mode, char *err,
+                     size_t errlen)
+{
     int rc = -1;
     int *order = pl_calloc((size_t)w->n, sizeof *order);
     pl_piece *pieces = pl_calloc((size_t)w->n + 1, sizeof *pieces);
@@ -246,7 +252,7 @@ int pl_st_write(const pl_st_writer *w, const char *path, char *err, size_t errle
     memset(header + 8 + jlen, ' ', hlen - jlen);
     pieces[0].data = header;
     pieces[0].len = hlen + 8;
-    rc = pl_write_atomic(path, pieces, w->n + 1, err, errlen);
+    rc = pl_write_atomic_mode(path, pieces, w->n + 1, mode, err, errlen);
     goto done;
 oom:
     pl_errf(err, errlen, "%s: out of memory", path);

@@ -39,7 +39,7 @@ static void release_host(const pl_engine *e, float *views[3])
 static int make_one_dir(const char *path, char *err, size_t errlen)
 {
     struct stat st;
-    if (mkdir(path, 0755) == 0) return 0;
+    if (mkdir(path, PL_CHECKPOINT_DIR_MODE) == 0) return 0;
     if (errno != EEXIST) return pl_errf(err, errlen, "%s: %s", path, strerror(errno));
     if (stat(path, &st) || !S_ISDIR(st.st_mode))
         return pl_errf(err, errlen, "%s: exists and is not a directory", path);
@@ -93,7 +93,7 @@ int pl_checkpoint_save_host(const pl_engine *e, const float *const host[3], cons
     if (rc == 0)
         rc = pl_pathf(path, sizeof path, err, errlen, "%s/layers-%d-%d.safetensors", sdir,
                       e->begin, e->end);
-    if (rc == 0) rc = pl_st_write(w, path, err, errlen);
+    if (rc == 0) rc = pl_st_write_mode(w, path, PL_CHECKPOINT_FILE_MODE, err, errlen);
     pl_st_writer_free(w);
     return rc;
 }
@@ -105,7 +105,45 @@ int pl_checkpoint_complete(const char *dir, int64_t step, const char *info_json,
     if (pl_pathf(path, sizeof path, err, errlen, "%s/step-%08lld/checkpoint.json", dir,
                  (long long)step))
         return -1;
-    return pl_write_atomic(path, &(pl_piece){info_json, strlen(info_json)}, 1, err, errlen);
+    return pl_write_atomic_mode(path, &(pl_piece){info_json, strlen(info_json)}, 1,
+                                PL_CHECKPOINT_FILE_MODE, err, errlen);
+}
+
+/* Unlinks the temporary files directly in d (which may not exist): their number, or −1. */
+static int sweep_dir(const char *d, char *err, size_t errlen)
+{
+    DIR *dd = opendir(d);
+    if (!dd) return errno == ENOENT ? 0 : pl_errf(err, errlen, "%s: %s", d, strerror(errno));
+    int n = 0;
+    struct dirent *de;
+    while (n >= 0 && (de = readdir(dd))) {
+        char path[4400];
+        if (!pl_is_tmp_name(de->d_name)) continue;
+        if (pl_pathf(path, sizeof path, err, errlen, "%s/%s", d, de->d_name)) n = -1;
+        else if (unlink(path) && errno != ENOENT)
+            n = pl_errf(err, errlen, "%s: cannot remove: %s", path, strerror(errno));
+        else n++;
+    }
+    closedir(dd);
+    return n;
+}
+
+int pl_checkpoint_sweep(const char *dir, int64_t upto, char *err, size_t errlen)
+{
+    int total = sweep_dir(dir, err, errlen);
+    DIR *d = total < 0 ? NULL : opendir(dir);
+    if (!d) return total;
+    struct dirent *de;
+    while (total >= 0 && (de = readdir(d))) {
+        long long st;
+        char tail, sub[4400];
+        if (sscanf(de->d_name, "step-%lld%c", &st, &tail) != 1 || st > upto) continue;
+        int n = pl_pathf(sub, sizeof sub, err, errlen, "%s/%s", dir, de->d_name)
+                    ? -1 : sweep_dir(sub, err, errlen);
+        total = n < 0 ? -1 : total + n;
+    }
+    closedir(d);
+    return total;
 }
 
 static int has_info(const char *dir)

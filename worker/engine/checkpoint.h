@@ -15,6 +15,13 @@
 
 #include "engine.h"
 
+/* Permissions: checkpoint files are created 0640 and step directories 0750, each less
+ * the process's umask (open(2) and mkdir(2) apply it): the owner writes, the group reads
+ * (on Kubernetes the volume's fsGroup, so that other tools of the team can load them),
+ * others get nothing. A umask of 077 makes them 0600 and 0700. */
+#define PL_CHECKPOINT_FILE_MODE 0640
+#define PL_CHECKPOINT_DIR_MODE 0750
+
 /* Writes the engine's range into DIR/step-<step>/ and, when `info_json` is
  * not NULL, checkpoint.json with that content (a JSON object text; the
  * caller puts step, config and data order in it). Files are written to
@@ -43,6 +50,13 @@ int pl_checkpoint_latest(const char *dir, char *out, size_t outlen, char *err, s
  * incomplete checkpoint, never a complete one with files missing. Incomplete ones are left
  * alone (a write may be in flight). The number deleted, or -1 and err. */
 int pl_checkpoint_prune(const char *dir, int keep, char *err, size_t errlen);
+
+/* Removes the temporary files ("NAME.tmp.XXXXXX", util.h) that writers which died
+ * mid-write left in dir and in its step directories of steps ≤ upto (INT64_MAX: all).
+ * Call it where no write into those directories can be in flight: after a checkpoint
+ * completed (its files and older ones are written), or before the single writer starts.
+ * The number removed, or −1 and err naming the file. */
+int pl_checkpoint_sweep(const char *dir, int64_t upto, char *err, size_t errlen);
 
 /* Loads every tensor of the engine's range (and, with optimizer, its AdamW
  * state) from the safetensors files of step_dir. Errors name the tensor that
