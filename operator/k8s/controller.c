@@ -107,6 +107,7 @@ struct pl_controller {
     cjob *jobs;
     cnode *nodes;               /* zones of the nodes seen */
     int64_t api_t0;             /* when the request being counted began */
+    long retry_after_ms;        /* the longest Retry-After of the reconcile's failed requests */
 };
 
 /* ------------------------------------------------------------ small helpers */
@@ -147,6 +148,7 @@ static int api_done(pl_controller *c, pl_kube_req id, int rc, const pl_kube_stat
     }
     pl_log(PL_LOG_DEBUG, "%s %s: %s (%.3f s)", row->verb, row->resource,
            rc ? st->message : "ok", s);
+    if (rc && st->retry_after_ms > c->retry_after_ms) c->retry_after_ms = st->retry_after_ms;
     return rc;
 }
 
@@ -1288,6 +1290,15 @@ static int reconcile(pl_controller *c, cjob *j)
 
 /* ------------------------------------------------------------------ the loop */
 
+/* After a reconcile: a failed one again after the API server's Retry-After when it
+ * sent one (bounded by the client), else after the rate limiter's back-off. */
+static void requeue(pl_controller *c, const char *key, int failed)
+{
+    if (!failed) pl_workqueue_forget(c->q, key);
+    else if (c->retry_after_ms > 0) pl_workqueue_add_after(c->q, key, c->retry_after_ms);
+    else pl_workqueue_add_rate_limited(c->q, key);
+}
+
 pl_controller *pl_controller_new(const pl_controller_config *cfg, char *err, size_t errlen)
 {
     pl_controller *c = calloc(1, sizeof *c);
@@ -1356,10 +1367,10 @@ int pl_controller_run(pl_controller *c, const atomic_int *stop, char *err, size_
         char key[512];
         if (pl_workqueue_get(c->q, key, sizeof key, nrt ? 0 : LOOP_MS) == 1) {
             cjob *j = job_find(c, key);
+            c->retry_after_ms = 0;
             int rc = j ? reconcile(c, j) : 0;
             pl_workqueue_done(c->q, key);
-            if (rc) pl_workqueue_add_rate_limited(c->q, key);
-            else pl_workqueue_forget(c->q, key);
+            requeue(c, key, rc);
         }
         for (cjob *j = c->jobs; j; j = j->next)
             if (j->status_dirty && pl_now_ms() - j->status_ms >= STATUS_EVERY_MS / 4)
