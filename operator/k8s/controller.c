@@ -960,8 +960,27 @@ static int create_secret(pl_controller *c, cjob *j)
     return rc < 0 ? -1 : 0;
 }
 
-/* The runtime: token and certificate from the Secret when it exists (a new
- * leader), else fresh ones, put into a new Secret. */
+/* A Secret of the job's name that this job does not own (another object's, or left by
+ * an earlier job of the same name that the garbage collector has not deleted yet): its
+ * token and key are not taken. The Created condition says so (an Event when it first
+ * does); the caller retries with back-off, so the job goes on once the Secret is gone. */
+static int foreign_secret(pl_controller *c, cjob *j, const char *name)
+{
+    const char *uid = pl_kube_field(j->obj, "metadata.uid");
+    char msg[400];
+    snprintf(msg, sizeof msg,
+             "Secret %s exists and its ownerReferences do not name this TrainingJob (uid %s): "
+             "its token and key are not reused; delete the Secret or rename the job",
+             name, uid ? uid : "none");
+    int first = strcmp(j->cond[0].reason, "SecretConflict") != 0; /* COND_TYPES[0]: Created */
+    set_cond(j, "Created", 0, "SecretConflict", "%s", msg);
+    if (first) event(c, j, "Warning", "SecretConflict", "Start", "%s", msg);
+    pl_log(PL_LOG_WARN, "%s: %s", j->key, msg);
+    return -1;
+}
+
+/* The runtime: token and certificate from the Secret when it exists and this job owns
+ * it (a new leader), else fresh ones, put into a new Secret. */
 static int start_runtime(pl_controller *c, cjob *j)
 {
     char sname[PL_NAME_LEN];
@@ -972,6 +991,10 @@ static int start_runtime(pl_controller *c, cjob *j)
     if (API(c, SECRET_GET, pl_kube_get(c->api, &r, NULL, &secret, &st), &st) && st.http != 404) {
         pl_log(PL_LOG_WARN, "%s: secret: %s", j->key, st.message);
         return -1;
+    }
+    if (secret && !pl_job_owns(j->obj, secret)) {
+        cJSON_Delete(secret);
+        return foreign_secret(c, j, sname);
     }
     char host[600];
     char *token = secret_field(secret, "token"), *cert = secret_field(secret, "ca.crt"),
@@ -1279,7 +1302,10 @@ static int reconcile(pl_controller *c, cjob *j)
         pl_workqueue_add_after(c->q, j->key, FLUSH_MS + 100);
         return write_status(c, j);
     }
-    if (!j->rt && start_runtime(c, j)) return -1;
+    if (!j->rt && start_runtime(c, j)) {
+        if (j->status_dirty) write_status(c, j); /* a SecretConflict condition shows at once */
+        return -1;
+    }
     if (!j->rt) return write_status(c, j); /* it cannot start: Failed */
     if (ensure_network(c, j) || ensure_pods(c, j) || prune_finished(c, j)) {
         if (j->status_dirty) write_status(c, j); /* a FailedCreate condition shows at once */
