@@ -42,3 +42,9 @@ int pl_json_get_int(const cJSON *obj, const char *prefix, const char *key, int64
     return pl_json_int(cJSON_GetObjectItemCaseSensitive(obj, key), field, lo, hi, out, err,
                        errlen);
 }
+
+int64_t pl_json_int_or(const cJSON *v, int64_t lo, int64_t hi, int64_t dflt)
+{
+    int64_t x;
+    return v && pl_json_int(v, "", lo, hi, &x, NULL, 0) == 0 ? x : dflt;
+}

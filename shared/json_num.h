@@ -26,4 +26,8 @@ int pl_json_i32(const cJSON *v, const char *field, int lo, int hi, int *out, cha
 int pl_json_get_int(const cJSON *obj, const char *prefix, const char *key, int64_t lo,
                     int64_t hi, int64_t *out, char *err, size_t errlen);
 
+/* v's integer when v is an integer in [lo, hi], else dflt: for fields of objects read
+ * back (a TrainingJob's status, a Lease) where a missing or odd value means the default. */
+int64_t pl_json_int_or(const cJSON *v, int64_t lo, int64_t hi, int64_t dflt);
+
 #endif

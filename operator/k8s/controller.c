@@ -2,6 +2,7 @@
  * job's driver polled in the same loop, status and Events out. */
 #include "controller.h"
 
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -14,6 +15,7 @@
 #include "job_metrics.h"
 #include "job_objects.h"
 #include "job_policy.h"
+#include "json_num.h"
 #include "jobspec.h"
 #include "kube_client.h"
 #include "kube_requests.h"
@@ -322,7 +324,7 @@ static cJSON *status_json(pl_controller *c, cjob *j)
     cJSON *s = cJSON_CreateObject();
     cJSON_AddStringToObject(s, "phase", j->phase[0] ? j->phase : "Pending");
     const cJSON *gen = cJSON_GetObjectItem(cJSON_GetObjectItem(j->obj, "metadata"), "generation");
-    long long generation = cJSON_IsNumber(gen) ? (long long)gen->valuedouble : 0;
+    long long generation = pl_json_int_or(gen, 0, PL_JSON_INT_MAX, 0);
     cJSON_AddNumberToObject(s, "observedGeneration", (double)generation);
     cJSON *conds = cJSON_AddArrayToObject(s, "conditions");
     for (int i = 0; i < NCOND; i++) {
@@ -784,7 +786,7 @@ static int64_t run_policy_int(const cjob *j, const char *key)
 {
     cJSON *rp = j->spec.run_policy_json ? cJSON_Parse(j->spec.run_policy_json) : NULL;
     const cJSON *v = cJSON_GetObjectItem(rp, key);
-    int64_t out = cJSON_IsNumber(v) ? (int64_t)v->valuedouble : cJSON_IsTrue(v) ? 1 : -1;
+    int64_t out = cJSON_IsTrue(v) ? 1 : pl_json_int_or(v, 0, PL_JSON_INT_MAX, -1);
     cJSON_Delete(rp);
     return out;
 }
@@ -867,8 +869,8 @@ static void first_look(pl_controller *c, cjob *j)
     const cJSON *nodes = cJSON_GetObjectItem(cJSON_GetObjectItem(j->obj, "status"), "nodes");
     const cJSON *failed = cJSON_GetObjectItem(nodes, "failed");
     const cJSON *preempted = cJSON_GetObjectItem(nodes, "preempted");
-    if (cJSON_IsNumber(failed)) j->failed_pods = failed->valueint;
-    if (cJSON_IsNumber(preempted)) j->preempted = preempted->valueint;
+    j->failed_pods = (int)pl_json_int_or(failed, 0, INT_MAX, j->failed_pods);
+    j->preempted = (int)pl_json_int_or(preempted, 0, INT_MAX, j->preempted);
     j->owed = j->streak = 0; /* Pods listed before: replaced by the last leader, or now */
     const char *t0 = pl_kube_field(j->obj, "status.startTime");
     const char *t1 = pl_kube_field(j->obj, "status.completionTime");
@@ -896,7 +898,7 @@ static void restore_config(pl_controller *c, cjob *j, pl_job_driver_config *rc, 
     const cJSON *port = cJSON_GetObjectItem(
         cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(service, "spec"), "ports"), 0),
         "port");
-    rc->port = cJSON_IsNumber(port) ? (int)port->valuedouble : 0;
+    rc->port = (int)pl_json_int_or(port, 0, 65535, 0);
     cJSON_Delete(service);
     const char *phase = pl_kube_field(j->obj, "status.phase");
     const cJSON *status = cJSON_GetObjectItem(j->obj, "status");
@@ -905,7 +907,8 @@ static void restore_config(pl_controller *c, cjob *j, pl_job_driver_config *rc, 
     const cJSON *step = cJSON_GetObjectItem(status, "step");
     int n = cJSON_GetArraySize(pipes);
     if (!phase || !strcmp(phase, "Pending") || !strcmp(phase, "Succeeded") ||
-        !strcmp(phase, "Failed") || !strcmp(phase, "Suspended") || n < 1 || !cJSON_IsNumber(gen))
+        !strcmp(phase, "Failed") || !strcmp(phase, "Suspended") || n < 1 ||
+        pl_json_int_or(gen, 0, PL_JSON_INT_MAX, -1) < 0)
         return;
     pl_msg_plan *p = &plan->u.plan;
     if (!(p->pipelines = calloc((size_t)n, sizeof *p->pipelines))) return;
@@ -915,10 +918,10 @@ static void restore_config(pl_controller *c, cjob *j, pl_job_driver_config *rc, 
         const cJSON *mb = cJSON_GetObjectItem(pj, "microbatches");
         pl_msg_pipeline *mp = &p->pipelines[q];
         int k = cJSON_GetArraySize(nodes);
-        if (k < 1 || !cJSON_IsNumber(mb) || !(mp->nodes = calloc((size_t)k, sizeof *mp->nodes)))
+        if (k < 1 || pl_json_int_or(mb, 1, PL_JSON_INT_MAX, 0) < 1 || !(mp->nodes = calloc((size_t)k, sizeof *mp->nodes)))
             return;
         mp->nnodes = mp->template_nodes = k;
-        mp->microbatches = (int64_t)mb->valuedouble;
+        mp->microbatches = pl_json_int_or(mb, 1, PL_JSON_INT_MAX, 1);
         for (int i = 0; i < k; i++) {
             const cJSON *nm = cJSON_GetArrayItem(nodes, i);
             if (!cJSON_IsString(nm)) return;
@@ -927,10 +930,10 @@ static void restore_config(pl_controller *c, cjob *j, pl_job_driver_config *rc, 
     }
     rc->pipes = p->pipelines;
     rc->npipes = n;
-    rc->generation = (int64_t)gen->valuedouble;
-    rc->step = cJSON_IsNumber(step) ? (int64_t)step->valuedouble : 0;
+    rc->generation = pl_json_int_or(gen, 0, PL_JSON_INT_MAX, 0);
+    rc->step = pl_json_int_or(step, 0, PL_JSON_INT_MAX, 0);
     const cJSON *nr = cJSON_GetObjectItem(status, "reconfigurations");
-    if (cJSON_IsNumber(nr)) j->reconfigs_before = (int)nr->valuedouble;
+    j->reconfigs_before = (int)pl_json_int_or(nr, 0, INT_MAX, j->reconfigs_before);
     snprintf(j->phase, sizeof j->phase, "%s", phase); /* no new Started event */
 }
 
