@@ -70,7 +70,7 @@ LIBS            := $(CLI_LIB) $(K8S_LIB) $(RUNTIME_LIB) $(BASE_LIBS)
 ASAN_LIBS       := $(LIBS:$(BUILD)/lib/%=$(BUILD)/asan/lib/%)
 
 DEBIAN_DEPS := build-essential pkg-config python3 libcjson-dev libcurl4-openssl-dev libyaml-dev \
-               libwebsockets-dev libssl-dev libopenblas-dev
+               libwebsockets-dev libssl-dev libopenblas-dev clang libclang-rt-14-dev
 
 .PHONY: test-e2e all deps test unit-tests bench bench-planner bench-kernels bench-train bench-comm bench-trace cuda clean
 all: $(BUILD)/bin/pliant $(BUILD)/bin/pliant-operator
@@ -154,6 +154,53 @@ $(BUILD)/bench/%: bench/%.c $(LIBS)
 
 unit-tests: $(UNIT_BIN) $(UNIT_ASAN_BIN)
 
+# Fuzzing (tests/fuzz/README.md): every tests/fuzz/fuzz_<parser>.c is built twice, as a
+# libFuzzer target with clang (build/fuzz/bin/, coverage-guided; where clang's libFuzzer
+# runtime exists) and, with the default compiler under ASan + UBSan, as a replayer of its
+# corpus (build/fuzz/replay/, main in tests/fuzz/replay.c). `make test` runs each for a few
+# seconds (FUZZ_TEST_SECONDS), `make fuzz` for FUZZ_SECONDS each, keeping what it finds in
+# build/fuzz/corpus/.
+CLANG             ?= clang
+FUZZ_SECONDS      ?= 120
+FUZZ_TEST_SECONDS ?= 4
+FUZZ_SRC          := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_BIN          := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz/bin/%)
+FUZZ_REPLAY_BIN   := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz/replay/%)
+# the parsers' code, instrumented for coverage: shared/ and the few files above it that read
+# outside input (checkpoint.json, kubeconfig, the peer handshake and frame header)
+FUZZ_LIB_SRC      := $(SHARED_SRC) worker/engine/gpt.c worker/engine/checkpoint_info.c \
+                     operator/k8s/kube_config.c \
+                     worker/comm/tcp.c worker/comm/handshake.c worker/comm/aead.c
+FUZZ_LIB          := $(BUILD)/fuzz/lib/libpliant_fuzz.a
+FUZZ_SAN          := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+FUZZ_CFLAGS       := $(CSTD) $(WARN) $(INCS) -O1 -g -DFUZZ_REPO='"$(CURDIR)"'
+FUZZ_LDLIBS       := $(filter-out -lopenblas -fopenmp,$(LDLIBS))
+# libFuzzer's runtime (Debian: libclang-rt-14-dev); without it only the replayers are built
+LIBFUZZER         := $(wildcard $(shell $(CLANG) -print-runtime-dir 2>/dev/null)/libclang_rt.fuzzer-*.a)
+
+.PHONY: fuzz-targets fuzz
+fuzz-targets: $(FUZZ_REPLAY_BIN) $(if $(LIBFUZZER),$(FUZZ_BIN))
+
+fuzz: fuzz-targets
+	@$(PYTHON) tests/fuzz/run_fuzz.py --build $(BUILD) --long --seconds $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
+$(BUILD)/fuzz/obj/%.o: %.c | $(LAYER_CHECK)
+	@mkdir -p $(@D)
+	$(CLANG) $(FUZZ_CFLAGS) -MMD -MP -fsanitize=fuzzer-no-link $(FUZZ_SAN) -c $< -o $@
+
+$(FUZZ_LIB): $(FUZZ_LIB_SRC:%.c=$(BUILD)/fuzz/obj/%.o)
+	@mkdir -p $(@D)
+	rm -f $@
+	$(AR) rcs $@ $^
+
+$(BUILD)/fuzz/bin/%: tests/fuzz/%.c tests/fuzz/fuzz.h $(FUZZ_LIB)
+	@mkdir -p $(@D)
+	$(CLANG) $(FUZZ_CFLAGS) -fsanitize=fuzzer $(FUZZ_SAN) $< $(FUZZ_LIB) -o $@ $(FUZZ_LDLIBS)
+
+$(BUILD)/fuzz/replay/%: tests/fuzz/%.c tests/fuzz/replay.c tests/fuzz/fuzz.h $(ASAN_LIBS)
+	@mkdir -p $(@D)
+	$(CC) $(FUZZ_CFLAGS) $(SAN) tests/fuzz/replay.c $< $(ASAN_LIBS) -o $@ $(LDLIBS)
+
 # The operator's end-to-end tests: kubectl against the API emulator, the test cluster
 # itself, and the chart's operator in it (needs root; skipped without); also part of
 # `make test`.
@@ -173,7 +220,7 @@ cluster: all
 
 # The whole default suite: unit tests (plain and sanitized) and command-line tests;
 # where nvcc exists the CUDA backend is built too and its tests run (skipping without a GPU).
-test: all unit-tests $(if $(wildcard $(NVCC)),cuda)
+test: all unit-tests fuzz-targets $(if $(wildcard $(NVCC)),cuda)
 	@$(PYTHON) tests/run_tests.py --build $(BUILD)
 
 bench: bench-planner bench-kernels bench-train
@@ -313,4 +360,4 @@ demo: data
 	$(BUILD)/bin/pliant sample $(BUILD)/demo-ckpt --tokens 200 --prompt "ROMEO:"
 
 -include $(wildcard $(BUILD)/obj/*/*.d $(BUILD)/obj/*/*/*.d $(BUILD)/asan/obj/*/*.d $(BUILD)/asan/obj/*/*/*.d \
-                  $(BUILD)/cuda/*/*.d $(BUILD)/cuda/*/*/*.d)
+                  $(BUILD)/cuda/*/*.d $(BUILD)/cuda/*/*/*.d $(BUILD)/fuzz/obj/*/*.d $(BUILD)/fuzz/obj/*/*/*.d)

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "json_num.h"
 #include "util.h"
 
 int pl_profile_key_index(const pl_profile *p, int d)
@@ -24,21 +25,11 @@ int64_t pl_transfer_ns(int64_t bytes, double GBps)
     return llround((double)bytes / GBps);
 }
 
-/* A JSON number that must be a non-negative integer of bytes. */
+/* A JSON number that must be a whole number of bytes below 9e15. */
 static int get_bytes(const cJSON *obj, const char *key, const char *path, int64_t *out,
                      char *err, size_t errlen)
 {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!v) return pl_errf(err, errlen, "%s.%s: missing", path, key);
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
-        return pl_errf(err, errlen, "%s.%s: must be a number", path, key);
-    double x = v->valuedouble;
-    if (x < 0) return pl_errf(err, errlen, "%s.%s: must not be negative (got %g)", path, key, x);
-    if (x != floor(x) || x > 9.0e15)
-        return pl_errf(err, errlen, "%s.%s: must be a whole number of bytes below 9e15 (got %g)",
-                       path, key, x);
-    *out = (int64_t)x;
-    return 0;
+    return pl_json_get_int(obj, path, key, 0, 9000000000000000LL, out, err, errlen);
 }
 
 static int get_positive(const cJSON *obj, const char *key, double *out, char *err, size_t errlen)
@@ -149,22 +140,16 @@ static int parse_root(const cJSON *root, pl_profile *p, char *err, size_t errlen
     if (model && !cJSON_IsString(model)) return pl_errf(err, errlen, "model: must be a string");
     snprintf(p->model, sizeof p->model, "%s", model ? model->valuestring : "");
 
-    double mb, m, mem;
-    if (get_positive(root, "microbatch_size", &mb, err, errlen) ||
-        get_positive(root, "gpus_per_node", &m, err, errlen) ||
-        get_positive(root, "gpu_memory_bytes", &mem, err, errlen) ||
+    int64_t mb, m;
+    if (pl_json_get_int(root, NULL, "microbatch_size", 1, 1000000, &mb, err, errlen) ||
+        pl_json_get_int(root, NULL, "gpus_per_node", 1, 1024, &m, err, errlen) ||
+        pl_json_get_int(root, NULL, "gpu_memory_bytes", 1, 9000000000000000LL,
+                        &p->gpu_memory_bytes, err, errlen) ||
         get_positive(root, "intra_node_GBps", &p->intra_node_GBps, err, errlen) ||
         get_positive(root, "inter_node_GBps", &p->inter_node_GBps, err, errlen))
         return -1;
-    if (mb != floor(mb) || mb > 1e6)
-        return pl_errf(err, errlen, "microbatch_size: must be a whole number up to 1e6");
-    if (m != floor(m) || m > 1024)
-        return pl_errf(err, errlen, "gpus_per_node: must be a whole number up to 1024");
-    if (mem != floor(mem) || mem > 9.0e15)
-        return pl_errf(err, errlen, "gpu_memory_bytes: must be a whole number below 9e15");
     p->microbatch_size = (int)mb;
     p->gpus_per_node = (int)m;
-    p->gpu_memory_bytes = (int64_t)mem;
 
     const cJSON *layers = cJSON_GetObjectItemCaseSensitive(root, "layers");
     if (!layers) return pl_errf(err, errlen, "layers: missing");

@@ -9,6 +9,7 @@
 
 #include <cJSON.h>
 
+#include "json_num.h"
 #include "profile.h"
 #include "util.h"
 
@@ -217,14 +218,7 @@ static int get_int(const cJSON *obj, const char *path, const char *key, int64_t 
                    int64_t *out, char *err, size_t errlen)
 {
     path_buf p;
-    const cJSON *it = field(obj, key);
-    if (!it) return pl_errf(err, errlen, "%s: missing", fpath(p, path, key));
-    double d = it->valuedouble;
-    if (!cJSON_IsNumber(it) || !isfinite(d) || d != floor(d) || d < (double)lo || d > (double)hi)
-        return pl_errf(err, errlen, "%s: must be an integer in [%lld, %lld]", fpath(p, path, key),
-                       (long long)lo, (long long)hi);
-    *out = (int64_t)d;
-    return 0;
+    return pl_json_int(field(obj, key), fpath(p, path, key), lo, hi, out, err, errlen);
 }
 
 static int get_i32(const cJSON *obj, const char *path, const char *key, int lo, int hi, int *out,
@@ -705,12 +699,10 @@ static int dec_layer_bounds(const cJSON *pi, const char *path, pl_msg_pipeline *
         return pl_errf(err, errlen, "%s.layers: out of memory", path);
     int j = 0;
     for (const cJSON *x = arr->child; x; x = x->next, j++) {
-        double v = cJSON_IsNumber(x) ? x->valuedouble : -1;
         int lo = j ? pp->layers[j - 1] + 1 : 0, hi = j ? PL_PROTO_MAX_LAYERS : 0;
-        if (v != floor(v) || v < lo || v > hi)
+        if (pl_json_i32(x, "layers[]", lo, hi, &pp->layers[j], NULL, 0))
             return pl_errf(err, errlen, "%s.layers[%d]: must be an integer in %d..%d (0 first, "
                            "increasing)", path, j, lo, hi);
-        pp->layers[j] = (int)v;
     }
     if (last >= 0 && pp->layers[n - 1] != last)
         return pl_errf(err, errlen, "%s.layers[%d]: must be %d, the model's layer count as in "
@@ -1010,13 +1002,13 @@ static const struct {
 static int decode_root(const cJSON *root, pl_msg *out, char *err, size_t errlen)
 {
     if (!cJSON_IsObject(root)) return pl_errf(err, errlen, "message: must be a JSON object");
-    const cJSON *v = field(root, "v");
-    if (!v) return pl_errf(err, errlen, "v: missing");
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
-        return pl_errf(err, errlen, "v: must be an integer");
-    if (v->valuedouble != PL_PROTO_VERSION)
-        return pl_errf(err, errlen, "v: unsupported protocol version %.0f (this build speaks %d)",
-                       fabs(v->valuedouble) < 1e15 ? v->valuedouble : -1.0, PL_PROTO_VERSION);
+    int64_t version;
+    if (pl_json_int(field(root, "v"), "v", -PL_PROTO_INT_MAX, PL_PROTO_INT_MAX, &version, err,
+                    errlen))
+        return -1;
+    if (version != PL_PROTO_VERSION)
+        return pl_errf(err, errlen, "v: unsupported protocol version %lld (this build speaks %d)",
+                       (long long)version, PL_PROTO_VERSION);
     const cJSON *t = field(root, "type");
     if (!t) return pl_errf(err, errlen, "type: missing");
     if (!cJSON_IsString(t) || !t->valuestring) return pl_errf(err, errlen, "type: must be a string");

@@ -2,6 +2,7 @@
  * checks in safetensors.h). */
 #include "safetensors.h"
 
+#include "json_num.h"
 #include "util.h"
 
 #include <cJSON.h>
@@ -183,6 +184,12 @@ static cJSON *raw_uint(uint64_t v)
 
 int pl_st_write(const pl_st_writer *w, const char *path, char *err, size_t errlen)
 {
+    return pl_st_write_mode(w, path, 0666, err, errlen);
+}
+
+int pl_st_write_mode(const pl_st_writer *w, const char *path, mode_t mode, char *err,
+                     size_t errlen)
+{
     int rc = -1;
     int *order = pl_calloc((size_t)w->n, sizeof *order);
     pl_piece *pieces = pl_calloc((size_t)w->n + 1, sizeof *pieces);
@@ -245,7 +252,7 @@ int pl_st_write(const pl_st_writer *w, const char *path, char *err, size_t errle
     memset(header + 8 + jlen, ' ', hlen - jlen);
     pieces[0].data = header;
     pieces[0].len = hlen + 8;
-    rc = pl_write_atomic(path, pieces, w->n + 1, err, errlen);
+    rc = pl_write_atomic_mode(path, pieces, w->n + 1, mode, err, errlen);
     goto done;
 oom:
     pl_errf(err, errlen, "%s: out of memory", path);
@@ -263,7 +270,7 @@ done:
 void pl_st_close(pl_st_file *f)
 {
     if (!f) return;
-    if (f->map && f->map != MAP_FAILED) munmap(f->map, f->map_len);
+    if (f->map && f->map != MAP_FAILED && !f->borrowed_) munmap(f->map, f->map_len);
     for (int i = 0; i < f->ntensors; i++) free(f->tensors[i].name);
     for (int i = 0; i < f->nmeta; i++) {
         free(f->meta_keys[i]);
@@ -276,13 +283,12 @@ void pl_st_close(pl_st_file *f)
     memset(f, 0, sizeof *f);
 }
 
-/* A non-negative integer JSON number (exact in a double). */
+/* A non-negative integer JSON number (exact in a double); the caller names the field. */
 static int json_uint(const cJSON *v, uint64_t *out)
 {
-    if (!cJSON_IsNumber(v)) return -1;
-    double d = v->valuedouble;
-    if (!(d >= 0) || d > 9007199254740992.0 || floor(d) != d) return -1;
-    *out = (uint64_t)d;
+    int64_t x;
+    if (pl_json_int(v, "", 0, PL_JSON_INT_MAX, &x, NULL, 0)) return -1;
+    *out = (uint64_t)x;
     return 0;
 }
 
@@ -581,13 +587,9 @@ static int read_entries(const char *path, const cJSON *root, uint64_t hlen, pl_s
     return rc;
 }
 
-int pl_st_open(const char *path, pl_st_file *f, char *err, size_t errlen)
+/* The header and entries of the image in f->map. */
+static int parse_image(const char *path, pl_st_file *f, char *err, size_t errlen)
 {
-    memset(f, 0, sizeof *f);
-    if (map_file(path, f, err, errlen) != 0) {
-        pl_st_close(f);
-        return -1;
-    }
     uint64_t hlen = 0;
     cJSON *root = parse_header(path, f, &hlen, err, errlen);
     if (!root || read_entries(path, root, hlen, f, err, errlen) != 0) {
@@ -597,6 +599,33 @@ int pl_st_open(const char *path, pl_st_file *f, char *err, size_t errlen)
     }
     cJSON_Delete(root);
     return 0;
+}
+
+int pl_st_open(const char *path, pl_st_file *f, char *err, size_t errlen)
+{
+    memset(f, 0, sizeof *f);
+    if (map_file(path, f, err, errlen) != 0) {
+        pl_st_close(f);
+        return -1;
+    }
+    return parse_image(path, f, err, errlen);
+}
+
+int pl_st_parse(const void *bytes, size_t len, const char *name, pl_st_file *f, char *err,
+                size_t errlen)
+{
+    memset(f, 0, sizeof *f);
+    if (len < 8)
+        return pl_errf(err, errlen, "%s: file is %zu bytes, too short for the 8-byte header "
+                       "length", name, len);
+    f->map = (void *)(uintptr_t)bytes;
+    f->map_len = len;
+    f->borrowed_ = 1;
+    if (!(f->path = strdup(name))) {
+        pl_st_close(f);
+        return pl_errf(err, errlen, "%s: out of memory", name);
+    }
+    return parse_image(name, f, err, errlen);
 }
 
 const pl_st_tensor *pl_st_find(const pl_st_file *f, const char *name)

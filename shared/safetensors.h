@@ -21,6 +21,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #define PL_ST_MAX_DIMS 8
 #define PL_ST_MAX_HEADER 100000000 /* bytes, as the reference implementation */
@@ -54,7 +55,11 @@ int pl_st_writer_add(pl_st_writer *w, const char *name, pl_st_dtype dtype, int n
 /* Adds a metadata string (copied); keys unique. Returns 0 or −1 with err. */
 int pl_st_writer_meta(pl_st_writer *w, const char *key, const char *value, char *err,
                       size_t errlen);
-/* Writes the file atomically; the writer can be written again or freed. */
+/* Writes the file atomically (pl_write_atomic_mode: `mode` less the umask); the writer
+ * can be written again or freed. */
+int pl_st_write_mode(const pl_st_writer *w, const char *path, mode_t mode, char *err,
+                     size_t errlen);
+/* pl_st_write_mode with 0666. */
 int pl_st_write(const pl_st_writer *w, const char *path, char *err, size_t errlen);
 
 /* ---- reading ---- */
@@ -79,9 +84,14 @@ typedef struct {
     pl_st_tensor *tensors; /* in header order */
     int nmeta;
     char **meta_keys, **meta_values;
+    int borrowed_;         /* map is the caller's memory (pl_st_parse), not a mapping */
 } pl_st_file;
 
 int pl_st_open(const char *path, pl_st_file *f, char *err, size_t errlen);
+/* The same checks on a file image in memory, which is not copied (it must outlive
+ * f); name stands for the path in f->path and in errors. */
+int pl_st_parse(const void *bytes, size_t len, const char *name, pl_st_file *f, char *err,
+                size_t errlen);
 void pl_st_close(pl_st_file *f);
 
 /* NULL if absent. */

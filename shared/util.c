@@ -92,49 +92,96 @@ static int write_all(int fd, const void *data, size_t len)
     return 0;
 }
 
-static void fsync_parent(const char *path)
+/* fsync of path's directory, so that a rename in it is durable: 0, or −1 and err.
+ * EINVAL (a file system that cannot sync directories) counts as done. */
+static int fsync_parent(const char *path, char *err, size_t errlen)
 {
     char *copy = strdup(path);
-    if (!copy) return;
-    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
-    if (fd >= 0) {
-        fsync(fd);
-        close(fd);
-    }
+    if (!copy) return pl_errf(err, errlen, "%s: out of memory", path);
+    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC), e = 0;
+    if (fd < 0) e = errno;
+    else if (fsync(fd) != 0 && errno != EINVAL) e = errno;
+    if (fd >= 0) close(fd);
+    int rc = e ? pl_errf(err, errlen, "%s: directory fsync failed (%s): %s", path, copy,
+                         strerror(e))
+               : 0;
     free(copy);
+    return rc;
 }
 
-/* PATH.tmp.XXXXXX, fsync, rename over path, fsync the directory: a crash
- * leaves the old file or the new one, never a partial one. */
-int pl_write_atomic(const char *path, const pl_piece *pieces, int npieces, char *err, size_t errlen)
+/* Creates PATH.tmp.XXXXXX (six random letters) with open(O_CREAT | O_EXCL, mode),
+ * so that the umask applies; its descriptor with the name in tmp, or −1 and errno. */
+static int create_tmp(const char *path, mode_t mode, char *tmp, size_t tmplen)
 {
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 12);
+    static const char letters[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)tmp;
+    for (int attempt = 0; attempt < 100; attempt++) {
+        char suffix[7];
+        for (int i = 0; i < 6; i++) {
+            x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+            suffix[i] = letters[(x >> 33) % (sizeof letters - 1)];
+        }
+        suffix[6] = '\0';
+        if ((size_t)snprintf(tmp, tmplen, "%s%s%s", path, PL_TMP_INFIX, suffix) >= tmplen) {
+            errno = ENAMETOOLONG;
+            return -1;
+        }
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+        if (fd >= 0 || errno != EEXIST) return fd;
+    }
+    return -1;
+}
+
+int pl_is_tmp_name(const char *name)
+{
+    const char *p = strstr(name, PL_TMP_INFIX);
+    if (!p || p == name) return 0;
+    for (const char *q; (q = strstr(p + 1, PL_TMP_INFIX));) p = q;
+    p += strlen(PL_TMP_INFIX);
+    if (strlen(p) != 6) return 0;
+    for (int i = 0; i < 6; i++)
+        if (!((p[i] >= 'a' && p[i] <= 'z') || (p[i] >= 'A' && p[i] <= 'Z') ||
+              (p[i] >= '0' && p[i] <= '9')))
+            return 0;
+    return 1;
+}
+
+/* The pieces into fd: 0, or the failed call's name with *e = errno. */
+static const char *write_pieces(int fd, const pl_piece *pieces, int npieces, int *e)
+{
+    for (int i = 0; i < npieces; i++)
+        if (write_all(fd, pieces[i].data, pieces[i].len) != 0) return *e = errno, "write";
+    if (fsync(fd) != 0) return *e = errno, "fsync";
+    return NULL;
+}
+
+int pl_write_atomic_mode(const char *path, const pl_piece *pieces, int npieces, mode_t mode,
+                         char *err, size_t errlen)
+{
+    size_t tlen = strlen(path) + sizeof PL_TMP_INFIX + 8;
+    char *tmp = malloc(tlen);
     if (!tmp) return pl_errf(err, errlen, "%s: out of memory", path);
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp.XXXXXX", 12);
-    int fd = mkstemp(tmp);
+    int fd = create_tmp(path, mode, tmp, tlen);
     if (fd < 0) {
         int e = errno;
         free(tmp);
         return pl_errf(err, errlen, "%s: cannot create temporary file: %s", path, strerror(e));
     }
-    fchmod(fd, 0644);
-    const char *what = NULL;
     int e = 0;
-    for (int i = 0; i < npieces && !what; i++)
-        if (write_all(fd, pieces[i].data, pieces[i].len) != 0) what = "write", e = errno;
-    if (!what && fsync(fd) != 0) what = "fsync", e = errno;
+    const char *what = write_pieces(fd, pieces, npieces, &e);
     if (close(fd) != 0 && !what) what = "close", e = errno;
     if (!what && rename(tmp, path) != 0) what = "rename", e = errno;
-    if (what) {
-        unlink(tmp);
-        free(tmp);
-        return pl_errf(err, errlen, "%s: %s failed: %s", path, what, strerror(e));
-    }
+    if (what) unlink(tmp);
     free(tmp);
-    fsync_parent(path);
-    return 0;
+    if (what) return pl_errf(err, errlen, "%s: %s failed: %s", path, what, strerror(e));
+    return fsync_parent(path, err, errlen);
+}
+
+int pl_write_atomic(const char *path, const pl_piece *pieces, int npieces, char *err, size_t errlen)
+{
+    return pl_write_atomic_mode(path, pieces, npieces, 0666, err, errlen);
 }
 
 double pl_now_ms(void)

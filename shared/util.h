@@ -3,6 +3,7 @@
 #define PLIANT_UTIL_H
 
 #include <stddef.h>
+#include <sys/types.h>
 
 /* Formats into err (when non-NULL) and returns -1, so callers can write
  * `return pl_errf(err, errlen, "field: reason");`. */
@@ -22,9 +23,24 @@ typedef struct {
     size_t len;
 } pl_piece;
 
-/* Writes the pieces as path atomically (temporary file, fsync, rename). */
+/* What temporary files are named: the final name, PL_TMP_INFIX, six letters or digits. */
+#define PL_TMP_INFIX ".tmp."
+
+/* Writes the pieces as path atomically: a new temporary file PATH.tmp.XXXXXX created
+ * with `mode` less the process's umask (as open(2) does), written, fsync'd, renamed
+ * over path, then path's directory fsync'd. A failure before the rename removes the
+ * temporary file and leaves path as it was; a failed directory fsync is an error too
+ * (the new file is in place but may not survive a crash). −1 and err naming path. */
+int pl_write_atomic_mode(const char *path, const pl_piece *pieces, int npieces, mode_t mode,
+                         char *err, size_t errlen);
+
+/* pl_write_atomic_mode with mode 0666 (as fopen: the umask decides). */
 int pl_write_atomic(const char *path, const pl_piece *pieces, int npieces, char *err,
                     size_t errlen);
+
+/* 1 when a directory entry's name is one of pl_write_atomic's temporary files
+ * ("NAME.tmp.XXXXXX"), left behind only by a process that died while writing. */
+int pl_is_tmp_name(const char *name);
 
 /* calloc that treats overflow as failure. */
 void *pl_calloc(size_t n, size_t size);

@@ -10,7 +10,10 @@ It runs, in this order:
      and the exactness must hold for each,
   3. the unit tests built under AddressSanitizer + UBSan, BUILD/asan/tests/test_*
      (their test names are prefixed with "asan/"),
-  4. every command-line test script tests/cli/test_*.py, as `python3 FILE --build BUILD`.
+  4. every fuzz target of tests/fuzz/ that is built (BUILD/fuzz/bin/ with libFuzzer, else its
+     corpus replayer BUILD/fuzz/replay/), through tests/fuzz/run_fuzz.py: a few seconds of
+     fuzzing from the committed corpus each, or one pass over the corpus (names "fuzz/..."),
+  5. every command-line test script tests/cli/test_*.py, as `python3 FILE --build BUILD`.
 
 Every program speaks one line protocol on its output (tests/unit/check.h):
   "ok NAME"              a test passed
@@ -190,6 +193,24 @@ def unit_programs(d, prefix, env):
     return progs
 
 
+def fuzz_programs(build):
+    """One program per fuzz target with a binary built (tests/fuzz/run_fuzz.py picks it)."""
+    fuzz = os.path.join(REPO, "tests", "fuzz")
+    if not os.path.isdir(fuzz):
+        return []
+    progs = []
+    for name in sorted(os.listdir(fuzz)):
+        target = name[:-2]
+        if not (name.startswith("fuzz_") and name.endswith(".c")):
+            continue
+        if any(os.access(os.path.join(build, "fuzz", kind, target), os.X_OK)
+               for kind in ("bin", "replay")):
+            progs.append(Program("fuzz/" + target,
+                                 [sys.executable, os.path.join(fuzz, "run_fuzz.py"),
+                                  "--build", build, target]))
+    return progs
+
+
 def discover(build, pattern_filter):
     progs = unit_programs(os.path.join(build, "tests"), "", {})
     for core in openblas_cores():
@@ -198,6 +219,7 @@ def discover(build, pattern_filter):
         progs += [Program(prefix + p.label, p.argv, prefix, env, core)
                   for p in progs if p.label in EXACTNESS_TESTS]
     progs += unit_programs(os.path.join(build, "asan", "tests"), "asan/", ASAN_ENV)
+    progs += fuzz_programs(build)
     cli = os.path.join(REPO, "tests", "cli")
     if os.path.isdir(cli):
         for name in sorted(os.listdir(cli)):

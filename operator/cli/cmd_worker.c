@@ -1,8 +1,9 @@
-/* `pliant worker JOB.yaml [--threads N] [--backend auto|cpu|cuda]`: one worker process of `pliant run` or
- * of a TrainingJob's Pod (worker/agent/agent.h). The coordinator and
+/* `pliant worker JOB.yaml [--threads N] [--backend auto|cpu|cuda] [--insecure]`: one worker process of
+ * `pliant run` or of a TrainingJob's Pod (worker/agent/agent.h). The coordinator and
  * credentials come from the environment: PLIANT_COORDINATOR (HOST:PORT),
- * PLIANT_TOKEN (or PLIANT_TOKEN_FILE), PLIANT_CA (the coordinator's certificate; unset: no certificate
- * check), PLIANT_WORKER_NAME, PLIANT_NODE (the machine; default the host name),
+ * PLIANT_TOKEN (or PLIANT_TOKEN_FILE), PLIANT_CA (the coordinator's certificate or its CA:
+ * required, unless --insecure or PLIANT_INSECURE=1 turns the certificate check off, which
+ * is logged as a warning), PLIANT_WORKER_NAME, PLIANT_NODE (the machine; default the host name),
  * PLIANT_HOST (the address peer links listen on, default 127.0.0.1; 0.0.0.0 in a
  * Pod), PLIANT_ADVERTISE (the address peers dial, default PLIANT_HOST: the Pod
  * IP), PLIANT_PEER_PORT (default 0: any free port), PLIANT_PEER_PROTECTION (none,
@@ -29,20 +30,43 @@ static const char *env_or(const char *name, const char *dflt)
     return v && v[0] ? v : dflt;
 }
 
+/* The coordinator's certificate: PLIANT_CA, required unless the check is turned off
+ * explicitly (--insecure, PLIANT_INSECURE=1), which is logged. −1 and err. */
+static int coordinator_ca(int insecure_flag, pl_agent_options *o, char *err, size_t errlen)
+{
+    const char *env = env_or("PLIANT_INSECURE", "0");
+    int insecure = insecure_flag || !strcmp(env, "1") || !strcmp(env, "true");
+    if (!insecure && strcmp(env, "0") && strcmp(env, "false"))
+        return pl_errf(err, errlen, "PLIANT_INSECURE: \"%s\" is not 1, true, 0 or false", env);
+    o->ca_path = env_or("PLIANT_CA", NULL);
+    if (o->ca_path) return 0;
+    if (!insecure)
+        return pl_errf(err, errlen, "PLIANT_CA: not set: the coordinator's certificate (or its "
+                                    "CA) is needed to check the control connection; "
+                                    "--insecure or PLIANT_INSECURE=1 connects without checking it");
+    fprintf(stderr, "pliant worker: warning: %s: the coordinator's certificate is not checked "
+                    "(anyone on the path can impersonate it)\n",
+            insecure_flag ? "--insecure" : "PLIANT_INSECURE=1");
+    o->insecure = 1;
+    return 0;
+}
+
 int cmd_worker(int argc, char **argv)
 {
     static const struct option opts[] = {{"threads", required_argument, 0, 't'},
                                          {"backend", required_argument, 0, 'b'},
+                                         {"insecure", no_argument, 0, 'i'},
                                          {0, 0, 0, 0}};
     char err[512] = "";
     long long threads = 0, v;
     const char *backend = env_or("PLIANT_BACKEND", "auto");
-    int c;
+    int c, insecure = 0;
     opterr = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        if (c == 'b') {
-            backend = optarg;
+        if (c == 'b' || c == 'i') {
+            if (c == 'b') backend = optarg;
+            else insecure = 1;
             continue;
         }
         if (c != 't' || cli_parse_int("--threads", optarg, 1, 1024, &threads, err, sizeof err)) {
@@ -52,7 +76,8 @@ int cmd_worker(int argc, char **argv)
         }
     }
     if (optind != argc - 1) {
-        fprintf(stderr, "usage: pliant worker JOB.yaml [--threads N] [--backend auto|cpu|cuda]\n");
+        fprintf(stderr, "usage: pliant worker JOB.yaml [--threads N] [--backend auto|cpu|cuda] "
+                        "[--insecure]\n");
         return 2;
     }
     if (cli_check_backend("--backend (or PLIANT_BACKEND)", backend, err, sizeof err)) {
@@ -77,7 +102,6 @@ int cmd_worker(int argc, char **argv)
         token[strcspn(token, "\r\n")] = 0;
         o.token = token;
     }
-    o.ca_path = env_or("PLIANT_CA", NULL);
     o.name = env_or("PLIANT_WORKER_NAME", NULL);
     o.node = env_or("PLIANT_NODE", NULL);
     o.zone = env_or("PLIANT_ZONE", NULL);
@@ -86,8 +110,10 @@ int cmd_worker(int argc, char **argv)
     o.checkpoint_dir = env_or("PLIANT_CHECKPOINT_DIR", NULL);
     if (!o.coordinator || !o.name) {
         fprintf(stderr, "pliant worker: PLIANT_COORDINATOR and PLIANT_WORKER_NAME must be set\n");
+        free(token);
         return 2;
     }
+    if (coordinator_ca(insecure, &o, err, sizeof err)) goto bad;
     if (cli_parse_int("PLIANT_PEER_PORT", env_or("PLIANT_PEER_PORT", "0"), 0, 65535, &v, err,
                       sizeof err))
         goto bad;

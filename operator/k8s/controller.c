@@ -2,6 +2,7 @@
  * job's driver polled in the same loop, status and Events out. */
 #include "controller.h"
 
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -14,6 +15,7 @@
 #include "job_metrics.h"
 #include "job_objects.h"
 #include "job_policy.h"
+#include "json_num.h"
 #include "jobspec.h"
 #include "kube_client.h"
 #include "kube_requests.h"
@@ -107,6 +109,7 @@ struct pl_controller {
     cjob *jobs;
     cnode *nodes;               /* zones of the nodes seen */
     int64_t api_t0;             /* when the request being counted began */
+    long retry_after_ms;        /* the longest Retry-After of the reconcile's failed requests */
 };
 
 /* ------------------------------------------------------------ small helpers */
@@ -147,6 +150,7 @@ static int api_done(pl_controller *c, pl_kube_req id, int rc, const pl_kube_stat
     }
     pl_log(PL_LOG_DEBUG, "%s %s: %s (%.3f s)", row->verb, row->resource,
            rc ? st->message : "ok", s);
+    if (rc && st->retry_after_ms > c->retry_after_ms) c->retry_after_ms = st->retry_after_ms;
     return rc;
 }
 
@@ -320,7 +324,7 @@ static cJSON *status_json(pl_controller *c, cjob *j)
     cJSON *s = cJSON_CreateObject();
     cJSON_AddStringToObject(s, "phase", j->phase[0] ? j->phase : "Pending");
     const cJSON *gen = cJSON_GetObjectItem(cJSON_GetObjectItem(j->obj, "metadata"), "generation");
-    long long generation = cJSON_IsNumber(gen) ? (long long)gen->valuedouble : 0;
+    long long generation = pl_json_int_or(gen, 0, PL_JSON_INT_MAX, 0);
     cJSON_AddNumberToObject(s, "observedGeneration", (double)generation);
     cJSON *conds = cJSON_AddArrayToObject(s, "conditions");
     for (int i = 0; i < NCOND; i++) {
@@ -847,8 +851,8 @@ static void first_look(pl_controller *c, cjob *j)
     const cJSON *nodes = cJSON_GetObjectItem(cJSON_GetObjectItem(j->obj, "status"), "nodes");
     const cJSON *failed = cJSON_GetObjectItem(nodes, "failed");
     const cJSON *preempted = cJSON_GetObjectItem(nodes, "preempted");
-    if (cJSON_IsNumber(failed)) j->failed_pods = failed->valueint;
-    if (cJSON_IsNumber(preempted)) j->preempted = preempted->valueint;
+    j->failed_pods = (int)pl_json_int_or(failed, 0, INT_MAX, j->failed_pods);
+    j->preempted = (int)pl_json_int_or(preempted, 0, INT_MAX, j->preempted);
     j->owed = j->streak = 0; /* Pods listed before: replaced by the last leader, or now */
     const char *t0 = pl_kube_field(j->obj, "status.startTime");
     const char *t1 = pl_kube_field(j->obj, "status.completionTime");
@@ -876,7 +880,7 @@ static void restore_config(pl_controller *c, cjob *j, pl_job_driver_config *rc, 
     const cJSON *port = cJSON_GetObjectItem(
         cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(service, "spec"), "ports"), 0),
         "port");
-    rc->port = cJSON_IsNumber(port) ? (int)port->valuedouble : 0;
+    rc->port = (int)pl_json_int_or(port, 0, 65535, 0);
     cJSON_Delete(service);
     const char *phase = pl_kube_field(j->obj, "status.phase");
     const cJSON *status = cJSON_GetObjectItem(j->obj, "status");
@@ -885,7 +889,8 @@ static void restore_config(pl_controller *c, cjob *j, pl_job_driver_config *rc, 
     const cJSON *step = cJSON_GetObjectItem(status, "step");
     int n = cJSON_GetArraySize(pipes);
     if (!phase || !strcmp(phase, "Pending") || !strcmp(phase, "Succeeded") ||
-        !strcmp(phase, "Failed") || !strcmp(phase, "Suspended") || n < 1 || !cJSON_IsNumber(gen))
+        !strcmp(phase, "Failed") || !strcmp(phase, "Suspended") || n < 1 ||
+        pl_json_int_or(gen, 0, PL_JSON_INT_MAX, -1) < 0)
         return;
     pl_msg_plan *p = &plan->u.plan;
     if (!(p->pipelines = calloc((size_t)n, sizeof *p->pipelines))) return;
@@ -895,10 +900,10 @@ static void restore_config(pl_controller *c, cjob *j, pl_job_driver_config *rc, 
         const cJSON *mb = cJSON_GetObjectItem(pj, "microbatches");
         pl_msg_pipeline *mp = &p->pipelines[q];
         int k = cJSON_GetArraySize(nodes);
-        if (k < 1 || !cJSON_IsNumber(mb) || !(mp->nodes = calloc((size_t)k, sizeof *mp->nodes)))
+        if (k < 1 || pl_json_int_or(mb, 1, PL_JSON_INT_MAX, 0) < 1 || !(mp->nodes = calloc((size_t)k, sizeof *mp->nodes)))
             return;
         mp->nnodes = mp->template_nodes = k;
-        mp->microbatches = (int64_t)mb->valuedouble;
+        mp->microbatches = pl_json_int_or(mb, 1, PL_JSON_INT_MAX, 1);
         for (int i = 0; i < k; i++) {
             const cJSON *nm = cJSON_GetArrayItem(nodes, i);
             if (!cJSON_IsString(nm)) return;
@@ -907,10 +912,10 @@ static void restore_config(pl_controller *c, cjob *j, pl_job_driver_config *rc, 
     }
     rc->pipes = p->pipelines;
     rc->npipes = n;
-    rc->generation = (int64_t)gen->valuedouble;
-    rc->step = cJSON_IsNumber(step) ? (int64_t)step->valuedouble : 0;
+    rc->generation = pl_json_int_or(gen, 0, PL_JSON_INT_MAX, 0);
+    rc->step = pl_json_int_or(step, 0, PL_JSON_INT_MAX, 0);
     const cJSON *nr = cJSON_GetObjectItem(status, "reconfigurations");
-    if (cJSON_IsNumber(nr)) j->reconfigs_before = (int)nr->valuedouble;
+    j->reconfigs_before = (int)pl_json_int_or(nr, 0, INT_MAX, j->reconfigs_before);
     snprintf(j->phase, sizeof j->phase, "%s", phase); /* no new Started event */
 }
 
@@ -940,8 +945,27 @@ static int create_secret(pl_controller *c, cjob *j)
     return rc < 0 ? -1 : 0;
 }
 
-/* The runtime: token and certificate from the Secret when it exists (a new
- * leader), else fresh ones, put into a new Secret. */
+/* A Secret of the job's name that this job does not own (another object's, or left by
+ * an earlier job of the same name that the garbage collector has not deleted yet): its
+ * token and key are not taken. The Created condition says so (an Event when it first
+ * does); the caller retries with back-off, so the job goes on once the Secret is gone. */
+static int foreign_secret(pl_controller *c, cjob *j, const char *name)
+{
+    const char *uid = pl_kube_field(j->obj, "metadata.uid");
+    char msg[400];
+    snprintf(msg, sizeof msg,
+             "Secret %s exists and its ownerReferences do not name this TrainingJob (uid %s): "
+             "its token and key are not reused; delete the Secret or rename the job",
+             name, uid ? uid : "none");
+    int first = strcmp(j->cond[0].reason, "SecretConflict") != 0; /* COND_TYPES[0]: Created */
+    set_cond(j, "Created", 0, "SecretConflict", "%s", msg);
+    if (first) event(c, j, "Warning", "SecretConflict", "Start", "%s", msg);
+    pl_log(PL_LOG_WARN, "%s: %s", j->key, msg);
+    return -1;
+}
+
+/* The runtime: token and certificate from the Secret when it exists and this job owns
+ * it (a new leader), else fresh ones, put into a new Secret. */
 static int start_runtime(pl_controller *c, cjob *j)
 {
     char sname[PL_NAME_LEN];
@@ -952,6 +976,10 @@ static int start_runtime(pl_controller *c, cjob *j)
     if (API(c, SECRET_GET, pl_kube_get(c->api, &r, NULL, &secret, &st), &st) && st.http != 404) {
         pl_log(PL_LOG_WARN, "%s: secret: %s", j->key, st.message);
         return -1;
+    }
+    if (secret && !pl_job_owns(j->obj, secret)) {
+        cJSON_Delete(secret);
+        return foreign_secret(c, j, sname);
     }
     char host[600];
     char *token = secret_field(secret, "token"), *cert = secret_field(secret, "ca.crt"),
@@ -1258,7 +1286,10 @@ static int reconcile(pl_controller *c, cjob *j)
         pl_workqueue_add_after(c->q, j->key, FLUSH_MS + 100);
         return write_status(c, j);
     }
-    if (!j->rt && start_runtime(c, j)) return -1;
+    if (!j->rt && start_runtime(c, j)) {
+        if (j->status_dirty) write_status(c, j); /* a SecretConflict condition shows at once */
+        return -1;
+    }
     if (!j->rt) return write_status(c, j); /* it cannot start: Failed */
     if (ensure_network(c, j) || ensure_pods(c, j) || prune_finished(c, j)) {
         if (j->status_dirty) write_status(c, j); /* a FailedCreate condition shows at once */
@@ -1268,6 +1299,15 @@ static int reconcile(pl_controller *c, cjob *j)
 }
 
 /* ------------------------------------------------------------------ the loop */
+
+/* After a reconcile: a failed one again after the API server's Retry-After when it
+ * sent one (bounded by the client), else after the rate limiter's back-off. */
+static void requeue(pl_controller *c, const char *key, int failed)
+{
+    if (!failed) pl_workqueue_forget(c->q, key);
+    else if (c->retry_after_ms > 0) pl_workqueue_add_after(c->q, key, c->retry_after_ms);
+    else pl_workqueue_add_rate_limited(c->q, key);
+}
 
 pl_controller *pl_controller_new(const pl_controller_config *cfg, char *err, size_t errlen)
 {
@@ -1337,10 +1377,10 @@ int pl_controller_run(pl_controller *c, const atomic_int *stop, char *err, size_
         char key[512];
         if (pl_workqueue_get(c->q, key, sizeof key, nrt ? 0 : LOOP_MS) == 1) {
             cjob *j = job_find(c, key);
+            c->retry_after_ms = 0;
             int rc = j ? reconcile(c, j) : 0;
             pl_workqueue_done(c->q, key);
-            if (rc) pl_workqueue_add_rate_limited(c->q, key);
-            else pl_workqueue_forget(c->q, key);
+            requeue(c, key, rc);
         }
         for (cjob *j = c->jobs; j; j = j->next)
             if (j->status_dirty && pl_now_ms() - j->status_ms >= STATUS_EVERY_MS / 4)

@@ -96,6 +96,20 @@ const char *pl_job_owner_name(const cJSON *obj)
     return cJSON_IsString(label) ? label->valuestring : NULL;
 }
 
+int pl_job_owns(const cJSON *job, const cJSON *obj)
+{
+    const char *uid = pl_kube_field(job, "metadata.uid");
+    const cJSON *ref;
+    if (!uid || !*uid) return 0;
+    cJSON_ArrayForEach(ref, cJSON_GetObjectItem(cJSON_GetObjectItem(obj, "metadata"),
+                                                "ownerReferences"))
+    {
+        const char *kind = pl_kube_field(ref, "kind"), *ruid = pl_kube_field(ref, "uid");
+        if (kind && ruid && !strcmp(kind, "TrainingJob") && !strcmp(ruid, uid)) return 1;
+    }
+    return 0;
+}
+
 char *pl_base64(const void *data, size_t n)
 {
     char *out = malloc(4 * ((n + 2) / 3) + 1);

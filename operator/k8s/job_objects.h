@@ -70,6 +70,10 @@ void pl_job_label_value(const cJSON *job, char *buf, size_t len);
 /* The job of an owned object: its controller ownerReference's name (the label value
  * may be cut), else the pliant.dev/job label; NULL when neither. */
 const char *pl_job_owner_name(const cJSON *obj);
+/* 1 when obj's ownerReferences name this TrainingJob: kind TrainingJob with the job's
+ * metadata.uid (a job of the same name deleted and created again has another uid);
+ * 0 otherwise, and when the job has no uid. */
+int pl_job_owns(const cJSON *job, const cJSON *obj);
 
 /* The Secret with the given contents (token and PEM texts). NULL: out of memory. */
 cJSON *pl_job_secret(const pl_job_objects *o, const char *token, const char *cert_pem,

@@ -1,6 +1,7 @@
 /* The run-policy arithmetic of the controller: back-off, backoffLimit, finished Pods
  * kept, status times on the monotonic clock, spec.runPolicy's fields (job_policy.h). */
 #include "job_policy.h"
+#include "json_num.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -52,7 +53,7 @@ static const cJSON *run_policy_field(const cJSON *tj, const char *key)
 int64_t pl_run_policy_int(const cJSON *tj, const char *key)
 {
     const cJSON *v = run_policy_field(tj, key);
-    return cJSON_IsNumber(v) ? (int64_t)v->valuedouble : cJSON_IsBool(v) ? cJSON_IsTrue(v) : -1;
+    return cJSON_IsBool(v) ? cJSON_IsTrue(v) : pl_json_int_or(v, 0, PL_JSON_INT_MAX, -1);
 }
 
 const char *pl_run_policy_str(const cJSON *tj, const char *key, const char *dflt)

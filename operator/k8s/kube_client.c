@@ -37,6 +37,7 @@ static void global_init(void)
 int pl_kube_status_set(pl_kube_status *st, long http, const char *reason, const char *fmt, ...)
 {
     st->http = http;
+    st->retry_after_ms = 0;
     snprintf(st->reason, sizeof st->reason, "%s", reason);
     va_list ap;
     va_start(ap, fmt);
@@ -310,6 +311,32 @@ static CURLcode set_options(pl_kube_client *c, const char *method, const char *u
     return rc;
 }
 
+/* A 429 or 503 response's Retry-After (seconds or an HTTP date) in ms, capped at
+ * PL_KUBE_RETRY_AFTER_MAX_MS; 0 when there is none (or other statuses). */
+static long retry_after_ms(CURL *h, long http)
+{
+    curl_off_t s = 0;
+    if ((http != 429 && http != 503) || curl_easy_getinfo(h, CURLINFO_RETRY_AFTER, &s) != CURLE_OK ||
+        s <= 0)
+        return 0;
+    return s >= PL_KUBE_RETRY_AFTER_MAX_MS / 1000 ? PL_KUBE_RETRY_AFTER_MAX_MS : (long)s * 1000;
+}
+
+/* After failure number `tries` (from 0): 1 when the server asked for a short wait
+ * (Retry-After ≤ PL_KUBE_RETRY_INLINE_MS) and tries are left, having waited it out;
+ * 0 otherwise, or when the stop flag rose meanwhile. */
+static int wait_retry_after(const pl_kube_client *c, const pl_kube_status *st, int tries)
+{
+    if (st->retry_after_ms <= 0 || st->retry_after_ms > PL_KUBE_RETRY_INLINE_MS ||
+        tries >= PL_KUBE_RETRY_INLINE_TRIES)
+        return 0;
+    for (long left = st->retry_after_ms; left > 0 && !pl_kube_client_stopped(c); left -= 50) {
+        struct timespec ts = {0, (left < 50 ? left : 50) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    return !pl_kube_client_stopped(c);
+}
+
 static int perform(pl_kube_client *c, const char *method, const char *path,
                    const char *content_type, const char *body, long timeout_ms, sink *s,
                    pl_kube_status *st)
@@ -336,6 +363,7 @@ static int perform(pl_kube_client *c, const char *method, const char *path,
     if (rc == CURLE_OK && http / 100 == 2) return 0;
     if (rc == CURLE_OK) {
         parse_failure(http, s->data, s->len, st);
+        st->retry_after_ms = retry_after_ms(c->curl, http);
         return -1;
     }
     if (opt != CURLE_OK)
@@ -370,7 +398,13 @@ int pl_kube_request(pl_kube_client *c, const char *method, const char *path,
     char *text = body ? cJSON_PrintUnformatted(body) : NULL;
     if (body && !text) return pl_kube_status_set(st, 0, "InternalError", "out of memory");
     sink s = {0};
-    int rc = perform(c, method, path, content_type, text, c->timeout_ms, &s, st);
+    int rc;
+    for (int tries = 0;; tries++) {
+        rc = perform(c, method, path, content_type, text, c->timeout_ms, &s, st);
+        if (rc == 0 || !wait_retry_after(c, st, tries)) break;
+        free(s.data);
+        s = (sink){0};
+    }
     free(text);
     if (rc == 0 && out && s.len) {
         *out = cJSON_ParseWithLength(s.data, s.len);

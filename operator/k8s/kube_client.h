@@ -22,6 +22,15 @@
 #define PL_KUBE_CONNECT_TIMEOUT_MS 10000
 #define PL_KUBE_MAX_BODY (256u << 20)     /* a larger response is an error */
 
+/* Retry-After on a 429 or 503 (the API server's priority and fairness, or a proxy):
+ * a wait up to PL_KUBE_RETRY_INLINE_MS is slept in the request (the stop flag still
+ * ends it) and the request sent again, at most PL_KUBE_RETRY_INLINE_TRIES times; a
+ * longer one, capped at PL_KUBE_RETRY_AFTER_MAX_MS, is left to the caller in
+ * pl_kube_status.retry_after_ms (the operator requeues the job after it). */
+#define PL_KUBE_RETRY_INLINE_MS 2000
+#define PL_KUBE_RETRY_INLINE_TRIES 3
+#define PL_KUBE_RETRY_AFTER_MAX_MS 60000
+
 /* One resource or collection: /api/v1/... for the core group (group NULL or
  * ""), /apis/GROUP/VERSION/... otherwise. */
 typedef struct {
@@ -43,6 +52,7 @@ typedef struct {
     long http;
     char reason[64];
     char message[512];  /* Status.message, the body's start, or what went wrong, with the path */
+    long retry_after_ms; /* a 429 or 503's Retry-After (≤ PL_KUBE_RETRY_AFTER_MAX_MS); 0: none */
 } pl_kube_status;
 
 /* Fills st; returns −1 so that callers can `return pl_kube_status_set(...)`. */

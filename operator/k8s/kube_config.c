@@ -250,6 +250,8 @@ static int refresh_token(pl_kube_config *c, char *err, size_t errlen)
     struct stat st;
     if (stat(c->token_file, &st) != 0)
         return pl_errf(err, errlen, "%s: %s", c->token_file, strerror(errno));
+    if (!S_ISREG(st.st_mode)) /* a FIFO or a device would block or never end */
+        return pl_errf(err, errlen, "%s: not a regular file", c->token_file);
     const struct stat *old = &c->token_stat_;
     if (c->token_ && st.st_dev == old->st_dev && st.st_ino == old->st_ino &&
         st.st_size == old->st_size && st.st_mtim.tv_sec == old->st_mtim.tv_sec &&

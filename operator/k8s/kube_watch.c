@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "json_num.h"
 #include "util.h"
 
 #define QUERY_CAP 8192
@@ -276,8 +277,9 @@ static int handle_event(stream *s, cJSON *ev)
     if (strcmp(type, "ERROR") == 0) {
         const cJSON *code = cJSON_GetObjectItemCaseSensitive(obj, "code");
         const char *msg = pl_kube_field(obj, "message"), *reason = pl_kube_field(obj, "reason");
-        s->gone = cJSON_IsNumber(code) && code->valueint == 410;
-        return pl_kube_status_set(&s->error, cJSON_IsNumber(code) ? code->valueint : 0,
+        const long http = (long)pl_json_int_or(code, 0, 999, 0);
+        s->gone = http == 410;
+        return pl_kube_status_set(&s->error, http,
                                   reason ? reason : "", "watch: %s", msg ? msg : "ERROR event");
     }
     if (set_rv(w, obj)) return bad(s, "resourceVersion too long");

@@ -1,6 +1,7 @@
 /* Leader election on a coordination.k8s.io/v1 Lease, as client-go does it (leader.h). */
 #include "leader.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -10,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "json_num.h"
 #include "kube_client.h"
 #include "kube_requests.h"
 #include "oplog.h"
@@ -91,7 +93,7 @@ static cJSON *new_spec(const pl_leader *l, const cJSON *old)
     pl_leader_micro_time(now);
     int mine = old && strcmp(spec_string(old, "holderIdentity"), l->identity) == 0;
     const cJSON *transitions = cJSON_GetObjectItemCaseSensitive(old, "leaseTransitions");
-    int n = cJSON_IsNumber(transitions) ? transitions->valueint : 0;
+    int n = (int)pl_json_int_or(transitions, 0, INT_MAX - 1, 0);
     cJSON *spec = cJSON_CreateObject();
     int ok = spec && cJSON_AddStringToObject(spec, "holderIdentity", l->identity) &&
              cJSON_AddNumberToObject(spec, "leaseDurationSeconds",
@@ -157,7 +159,8 @@ static try_result try_acquire_or_renew(pl_leader *l, int64_t timeout_ms)
         const cJSON *old = cJSON_GetObjectItemCaseSensitive(lease, "spec");
         const char *holder = spec_string(old, "holderIdentity");
         const cJSON *dur = cJSON_GetObjectItemCaseSensitive(old, "leaseDurationSeconds");
-        int64_t dur_ms = cJSON_IsNumber(dur) ? (int64_t)(dur->valuedouble * 1000) : l->cfg.lease_ms;
+        const int64_t dur_s = pl_json_int_or(dur, 1, 86400, -1); /* a day at most */
+        const int64_t dur_ms = dur_s > 0 ? dur_s * 1000 : l->cfg.lease_ms;
         if (*holder && strcmp(holder, l->identity) != 0 && l->observed_ms + dur_ms > pl_now_ms())
             return TRY_HELD;
         cJSON *obj = cJSON_Duplicate(lease, 1);

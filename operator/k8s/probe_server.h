@@ -4,9 +4,12 @@
  *   GET /readyz   200 "ok" when the ready callback says so, else 503
  * HEAD is answered like GET without a body; other methods get 405, other
  * paths 404, a request head over 8 KiB 431, a malformed one 400. One request
- * per connection, answered with Connection: close; a client that does not
- * send its request within 5 s is dropped. Plain sockets and poll, no TLS
- * (the endpoints are for kubelet probes and in-cluster scrapes). */
+ * per connection, answered with Connection: close. Up to 64 connections are
+ * served at once, so an idle or slow client never delays a probe: a request
+ * head must arrive whole within 1 s and an answer be taken within 2 s, and
+ * when all 64 are taken the oldest one still sending its head is dropped.
+ * Plain sockets and poll on the one thread, no TLS (the endpoints are for
+ * kubelet probes and in-cluster scrapes). */
 #ifndef PLIANT_PROBE_SERVER_H
 #define PLIANT_PROBE_SERVER_H
 

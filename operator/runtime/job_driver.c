@@ -103,8 +103,8 @@ static int write_tls(pl_tls_selfsigned *t, const char *cert_pem, const char *key
     snprintf(t->cert_path, sizeof t->cert_path, "%s/cert.pem", t->dir);
     snprintf(t->key_path, sizeof t->key_path, "%s/key.pem", t->dir);
     if (pl_write_atomic(t->cert_path, &(pl_piece){cert_pem, strlen(cert_pem)}, 1, err, errlen) ||
-        pl_write_atomic(t->key_path, &(pl_piece){key_pem, strlen(key_pem)}, 1, err, errlen) ||
-        chmod(t->key_path, 0600)) {
+        pl_write_atomic_mode(t->key_path, &(pl_piece){key_pem, strlen(key_pem)}, 1, 0600, err,
+                             errlen)) {
         pl_tls_selfsigned_remove(t);
         return err[0] ? -1 : pl_errf(err, errlen, "cannot write the job's key");
     }

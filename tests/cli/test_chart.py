@@ -69,7 +69,8 @@ CUSTOM = {
     "coordinator": {"port": 9443},
     "serviceAccount": {"name": "pliant-sa", "annotations": {"example.com/role": "x"}},
     "networkPolicy": {"workerNamespaces": ["team-a", "team-b"], "perJob": False,
-                      "metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]},
+                      "metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}],
+                      "healthFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]},
 }
 
 MINIMAL = {
@@ -388,7 +389,15 @@ def service_and_network_policies():
     check(coord["from"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {
         "app.kubernetes.io/name": "pliant-worker"}}}] and coord["ports"] == [{"protocol": "TCP", "port": 8443, "endPort": 8698}],
           "coordinator ingress %r", coord)
-    check([r["ports"][0]["port"] for r in op["ingress"]] == [8443, 8080, 8081], "operator ports %r", op["ingress"])
+    check([r["ports"][0]["port"] for r in op["ingress"]] == [8443, 8080], "operator ports %r", op["ingress"])
+    # nothing open to everyone: /metrics from Prometheus Pods only, the health port from the
+    # Pod's node only (the kubelet, which NetworkPolicy never blocks: no rule names it)
+    check(all(r.get("from") for r in op["ingress"]), "an ingress rule without from: %r", op["ingress"])
+    check(op["ingress"][1]["from"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {
+        "app.kubernetes.io/name": "prometheus"}}}], "metrics ingress %r", op["ingress"][1])
+    closed = render({"networkPolicy": {"metricsFrom": []}})
+    op2 = {o["metadata"]["name"]: o for o in by_kind(closed, "NetworkPolicy")}["pliant-operator"]["spec"]
+    check([r["ports"][0]["port"] for r in op2["ingress"]] == [8443], "metricsFrom [] ports %r", op2["ingress"])
     w = nps["pliant-operator-workers"]
     check(w["metadata"]["namespace"] == "pliant-system", "worker policy namespace %r", w["metadata"])
     ws = w["spec"]
@@ -439,6 +448,9 @@ def renders_custom_values():
                        ("team-b", "tj-controller-workers")}, "policies %r", sorted(nps))
     op = nps[("ml-ops", "tj-controller")]["spec"]
     check(op["ingress"][1]["from"] == CUSTOM["networkPolicy"]["metricsFrom"], "metricsFrom %r", op["ingress"][1])
+    check(op["ingress"][1]["ports"] == [{"protocol": "TCP", "port": 9090}], "metrics port %r", op["ingress"][1])
+    check(op["ingress"][2] == {"from": CUSTOM["networkPolicy"]["healthFrom"],
+                               "ports": [{"protocol": "TCP", "port": 9091}]}, "healthFrom %r", op["ingress"][2:])
     check(by_kind(objs, "ServiceAccount") == [] or
           one(objs, "ServiceAccount")["metadata"]["name"] == "pliant-sa", "ServiceAccount name")
     svc = one(objs, "Service")

@@ -3,7 +3,7 @@
 (tests/k8s/apiserver.py) over TLS with a bearer token: `build/tests/test_kube_client
 --kubeconfig KUBECONFIG` runs its emulator tests (CRUD, AlreadyExists and Conflict
 Statuses, the 409 retry under injected conflicts, merge and JSON patches, the
-/status subresource, Events, a 503 fault, and a watch thread through bookmarks,
+/status subresource, Events, a 503 fault with Retry-After waited out, and a watch thread through bookmarks,
 an expiring watch and a forced compaction's 410 until it is stopped). Each run gets
 a fresh emulator; the sanitized build is run too when it exists. The C program's
 result lines are passed on, prefixed with "kube_client_emulator." (and "asan/").

@@ -15,6 +15,7 @@ each job's EndpointSlice with address 127.0.0.1 and a NetworkPolicy per job).
   deleted_node_loses_two_pods_without_restart        a Node deleted (F = 2, 5 Pods)
   invalid_spec_gets_a_failed_condition          specs beyond the schema
   api_faults_are_retried                        injected 500/409/timeouts and a forced re-list
+  foreign_secret_is_not_reused                  a <job>-pliant Secret the job does not own: SecretConflict
   deleting_the_job_removes_what_it_created      kubectl delete tj mid-training; its metrics go
   long_job_name_gets_short_object_names         a 253-character job name; names and labels <= 63
   pending_job_meets_its_deadline                activeDeadlineSeconds from startTime, Pending included
@@ -739,6 +740,41 @@ def invalid_spec_gets_a_failed_condition():
               "job %s: no Failed Event naming %s: %s", name, field, [ev.get("note") for ev in job_events(name)])
         check(not job_pods(name), "job %s: worker Pods created for an invalid spec: %s", name, job_pods(name))
         emu().kubectl_ok("delete", "tj", name)
+    check(op.alive(), "the operator exited")
+
+
+@e2e_test("operator", jobs=["squatted"])
+def foreign_secret_is_not_reused():
+    """A Secret squatted-pliant made before the job (no ownerReferences): the operator
+    takes neither its token nor its key, creates no Pod, and says why in the Created
+    condition (reason SecretConflict) and an Event; once the Secret is deleted, the job
+    starts with a Secret of its own."""
+    op = operator()
+    emu().kubectl_ok("create", "secret", "generic", "squatted-pliant", "--from-literal=token=planted")
+    apply(job_manifest("squatted", 10))
+
+    def created_cond(st):
+        return {c.get("type"): c for c in st.get("conditions") or []}.get("Created") or {}
+    st = wait_status("squatted", "Created=False SecretConflict",
+                     lambda s: created_cond(s).get("reason") == "SecretConflict", 30)
+    c = created_cond(st)
+    check(c.get("status") == "False" and "squatted-pliant" in (c.get("message") or ""),
+          "Created condition %s does not name the Secret", c)
+    check(any(ev.get("reason") == "SecretConflict" for ev in job_events("squatted")),
+          "no SecretConflict Event: %s", [ev.get("reason") for ev in job_events("squatted")])
+    time.sleep(1.0)
+    check(not job_pods("squatted"), "worker Pods created with a foreign Secret: %s", job_pods("squatted"))
+    secret = emu().get("/api/v1/namespaces/%s/secrets/squatted-pliant" % NS)
+    check(secret and not secret["metadata"].get("ownerReferences"), "the foreign Secret was changed: %s", secret)
+    emu().kubectl_ok("delete", "secret", "squatted-pliant")
+    uid = get_tj("squatted")["metadata"]["uid"]
+
+    def own_secret():
+        s = emu().get("/api/v1/namespaces/%s/secrets/squatted-pliant" % NS)
+        return s and any(r.get("uid") == uid for r in s["metadata"].get("ownerReferences") or [])
+    wait_for("a Secret owned by the job", own_secret, 60, 0.3, alive=ops_dead)
+    wait_status("squatted", "Created=True", lambda s: created_cond(s).get("status") == "True", 30)
+    emu().kubectl_ok("delete", "tj", "squatted", timeout=60)
     check(op.alive(), "the operator exited")
 
 

@@ -478,6 +478,36 @@ def usage_errors():
     check(rc == 2 and "--backend" in err and "gpu" in err, "status %d: %s", rc, err)
 
 
+def worker_env(job, *args, **env):
+    """`pliant worker JOB ARGS` with a coordinator and name and the variables env (a bad
+    PLIANT_PEER_PORT, checked after the certificate, ends it before any connection)."""
+    e = {k: v for k, v in os.environ.items() if k not in ("PLIANT_CA", "PLIANT_INSECURE")}
+    e.update(PLIANT_COORDINATOR="127.0.0.1:9", PLIANT_WORKER_NAME="w0", PLIANT_PEER_PORT="x")
+    e.update(env)
+    p = subprocess.run([suite.pliant, "worker", job] + list(args), cwd=REPO, env=e,
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+    return p.returncode, p.stderr
+
+
+@test
+def worker_requires_the_coordinator_certificate():
+    """A worker without PLIANT_CA refuses to start, naming the variable, unless told
+    --insecure or PLIANT_INSECURE=1, which it warns about."""
+    job = write_job("worker-ca", steps=2)
+    rc, err = worker_env(job)
+    check(rc == 2 and "PLIANT_CA: not set" in err and "PLIANT_INSECURE=1" in err,
+          "no PLIANT_CA: status %d: %s", rc, err)
+    rc, err = worker_env(job, PLIANT_INSECURE="yes")
+    check(rc == 2 and "PLIANT_INSECURE" in err, "PLIANT_INSECURE=yes: status %d: %s", rc, err)
+    for args, env, how in (([], {"PLIANT_INSECURE": "1"}, "PLIANT_INSECURE=1"),
+                           (["--insecure"], {}, "--insecure")):
+        rc, err = worker_env(job, *args, **env)
+        check(rc == 2 and "warning: %s: the coordinator's certificate is not checked" % how in err
+              and "PLIANT_PEER_PORT" in err and "PLIANT_CA" not in err, "%s: status %d: %s", how, rc, err)
+    rc, err = worker_env(job, PLIANT_CA="/some/ca.crt")
+    check(rc == 2 and "warning" not in err and "PLIANT_PEER_PORT" in err, "with PLIANT_CA: %d: %s", rc, err)
+
+
 @test
 def devices_give_each_worker_its_own_gpu():
     """--devices 4,7 with 3 workers: worker i sees CUDA_VISIBLE_DEVICES = 4, 7, 4 (one GPU

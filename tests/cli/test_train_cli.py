@@ -8,6 +8,8 @@ Run: python3 tests/cli/test_train_cli.py --build build [-k SUBSTRING]
 
 import json
 import os
+import re
+import shutil
 import signal
 import struct
 import subprocess
@@ -216,6 +218,50 @@ def sample_and_export_from_a_checkpoint():
         f.write(text)
     rc, out, err = run("train", path)
     check(rc == 0, "llmc init failed: %s", err)
+
+
+@test
+def checkpoint_files_modes_leftovers_and_checked_numbers():
+    """Checkpoint files are 0640 and step directories 0750 under umask 022 (0600 / 0700 under
+    077); temporary files a crashed writer left are removed when `pliant train` starts; a
+    checkpoint.json whose step is 1e300 or whose layers is 2^32 + 2 is refused naming the field."""
+    ckpt = os.path.join(suite.tmp, "modes")
+    os.makedirs(os.path.join(ckpt, "step-00000001"))
+    leftovers = [os.path.join(ckpt, "step-00000001", "layers-0-4.safetensors.tmp.a1b2c3"),
+                 os.path.join(ckpt, "checkpoint.json.tmp.ZZZZZZ")]
+    for path in leftovers:
+        with open(path, "w") as f:
+            f.write("half")
+    for mask, fmode, dmode in ((0o022, 0o640, 0o750), (0o077, 0o600, 0o700)):
+        shutil.rmtree(os.path.join(ckpt, "step-00000002"), ignore_errors=True)
+        old = os.umask(mask)
+        try:
+            rc, _, err = run("train", write_job("modes", steps=2, every=2))
+        finally:
+            os.umask(old)
+        check(rc == 0, "train failed: %s", err)
+        left = [p for p in leftovers if os.path.exists(p)]
+        check(not left, "temporary files not removed: %s", left)
+        sdir = os.path.join(ckpt, "step-00000002")
+        got = {name: os.stat(os.path.join(sdir, name)).st_mode & 0o777 for name in os.listdir(sdir)}
+        check(got == {"checkpoint.json": fmode, "layers-0-4.safetensors": fmode},
+              "umask %o: file modes %s", mask, {k: oct(v) for k, v in got.items()})
+        check(os.stat(sdir).st_mode & 0o777 == dmode, "umask %o: directory mode %o", mask,
+              os.stat(sdir).st_mode & 0o777)
+    info = os.path.join(ckpt, "step-00000002", "checkpoint.json")
+    with open(info) as f:
+        good = f.read()
+    for field, edit in (("step", lambda t: re.sub(r'"step": \d+', '"step": 1e300', t)),
+                        ("model.layers", lambda t: t.replace('"layers": 2', '"layers": 4294967298'))):
+        bad = edit(good)
+        check(bad != good, "%s: checkpoint.json unchanged", field)
+        with open(info, "w") as f:
+            f.write(bad)
+        rc, out, err = run("train", write_job("modes", steps=4, every=2))
+        check(rc != 0 and "checkpoint.json: %s: must be an integer" % field in err,
+              "%s out of range: status %d: %s%s", field, rc, out, err)
+    with open(info, "w") as f:
+        f.write(good)
 
 
 @test

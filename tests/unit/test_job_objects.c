@@ -117,6 +117,42 @@ static void test_short_names(void)
     cJSON_Delete(j);
 }
 
+/* A Secret of the job's name is reused only when it names this job (its uid) as owner. */
+static void test_owns(void)
+{
+    cJSON *job = job_object("t");
+    static const struct {
+        const char *refs;
+        int owned;
+    } cases[] = {
+        {"[{\"kind\": \"TrainingJob\", \"name\": \"t\", \"uid\": \"uid-1\", \"controller\": true}]", 1},
+        {"[{\"kind\": \"Deployment\", \"name\": \"d\", \"uid\": \"u\"},"
+         " {\"kind\": \"TrainingJob\", \"name\": \"t\", \"uid\": \"uid-1\"}]", 1},
+        {"[{\"kind\": \"TrainingJob\", \"name\": \"t\", \"uid\": \"uid-0\"}]", 0}, /* an earlier t */
+        {"[{\"kind\": \"ConfigMap\", \"name\": \"t\", \"uid\": \"uid-1\"}]", 0},
+        {"[{\"kind\": \"TrainingJob\", \"name\": \"t\"}]", 0},
+        {"[]", 0},
+        {"null", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char text[512];
+        snprintf(text, sizeof text, "{\"metadata\": {\"name\": \"t-pliant\", \"ownerReferences\": %s}}",
+                 cases[i].refs);
+        cJSON *secret = cJSON_Parse(text);
+        CHECK(secret);
+        CHECK_EQ_INT(pl_job_owns(job, secret), cases[i].owned);
+        cJSON_Delete(secret);
+    }
+    cJSON *plain = cJSON_Parse("{\"metadata\": {\"name\": \"t-pliant\"}}");
+    CHECK_EQ_INT(pl_job_owns(job, plain), 0);
+    cJSON_DeleteItemFromObject(cJSON_GetObjectItem(job, "metadata"), "uid");
+    cJSON *owned = cJSON_Parse("{\"metadata\": {\"ownerReferences\": [{\"kind\": \"TrainingJob\", \"uid\": \"\"}]}}");
+    CHECK_EQ_INT(pl_job_owns(job, owned), 0); /* no uid: nothing is this job's */
+    cJSON_Delete(owned);
+    cJSON_Delete(plain);
+    cJSON_Delete(job);
+}
+
 static void test_owner_name(void)
 {
     cJSON *pod = cJSON_Parse("{\"metadata\": {\"labels\": {\"pliant.dev/job\": \"cut-1234abcd\"},"
@@ -226,6 +262,9 @@ static void test_default_pod(void)
     const cJSON *env = cJSON_GetObjectItem(c, "env");
     CHECK(!strcmp(pl_kube_field(find(env, "name", "PLIANT_COORDINATOR"), "value"),
                   "basic-coordinator.training.svc:8443"));
+    /* the worker checks the coordinator's certificate: the Secret's ca.crt, mounted */
+    CHECK(!strcmp(pl_kube_field(find(env, "name", "PLIANT_CA"), "value"), PL_SECRET_MOUNT "/ca.crt"));
+    CHECK(!find(env, "name", "PLIANT_INSECURE"));
     CHECK(!strcmp(pl_kube_field(pod, "metadata.name"), "basic-w0"));
     cJSON_Delete(pod);
     cJSON_Delete(j);
@@ -406,6 +445,7 @@ static void test_run_policy_fields(void)
 TEST_MAIN_BEGIN
 RUN(test_short_names);
 RUN(test_owner_name);
+RUN(test_owns);
 RUN(test_service_slice_policy);
 RUN(test_default_pod);
 RUN(test_merged_pod);

@@ -1,6 +1,9 @@
 /* The probe server over real sockets: /healthz, /readyz following its
  * callback, /metrics, HEAD, 405, 404, 400, 431, Connection: close on a
- * keep-alive request, a silent client not delaying stop, and bad addresses. */
+ * keep-alive request, idle and trickling clients neither delaying a probe
+ * nor kept past the head timeout, a silent client not delaying stop, and bad
+ * addresses. */
+#include <pthread.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -126,6 +129,68 @@ static void test_endpoints(void)
     pl_probe_stop(s);
 }
 
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+/* A client that sends a request head one byte every 100 ms; how long the server
+ * kept the connection (ms), or −1 if it was never closed within 3 s. */
+static void *trickle(void *arg)
+{
+    int fd = *(int *)arg;
+    static const char head[] = "GET /healthz HTTP/1.1\r\nHost: a-long-host-name\r\n\r\n";
+    double t0 = now_ms(), kept = -1;
+    for (size_t i = 0; i < sizeof head - 1 && now_ms() - t0 < 3000; i++) {
+        if (send(fd, head + i, 1, MSG_NOSIGNAL) != 1) break;
+        struct pollfd p = {fd, POLLIN, 0};
+        char c;
+        if (poll(&p, 1, 100) == 1 && recv(fd, &c, 1, 0) <= 0) break; /* closed */
+    }
+    if (now_ms() - t0 < 3000) kept = now_ms() - t0;
+    *(int *)arg = (int)kept;
+    return NULL;
+}
+
+/* One idle connection and one trickling its head do not delay /healthz (each
+ * answered within 100 ms) and are dropped once the 1 s head timeout passes. */
+static void test_idle_and_trickling_clients(void)
+{
+    char err[256], out[4096];
+    pl_probe_server *s = start("127.0.0.1:0", err, sizeof err);
+    CHECK(s);
+    int port = pl_probe_port(s);
+    int idle = connect_to(port), slow = connect_to(port), slow_arg = slow;
+    CHECK(idle >= 0 && slow >= 0);
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, trickle, &slow_arg) == 0);
+    double worst = 0, t0 = now_ms();
+    for (int i = 0; i < 8; i++) {
+        double t = now_ms();
+        int n = request(port, "GET /healthz HTTP/1.1\r\n\r\n", out, sizeof out);
+        double ms = now_ms() - t;
+        if (ms > worst) worst = ms;
+        if (n <= 0 || !strstr(out, "200 OK")) worst = 1e9;
+        usleep(50 * 1000);
+    }
+    /* the idle connection is closed by the server after about 1 s */
+    struct pollfd p = {idle, POLLIN, 0};
+    char c;
+    int closed = poll(&p, 1, 2500) == 1 && recv(idle, &c, 1, 0) == 0;
+    double idle_ms = now_ms() - t0;
+    pthread_join(th, NULL);
+    close(idle);
+    close(slow);
+    pl_probe_stop(s);
+    printf("    slowest /healthz %.1f ms; idle dropped after %.0f ms, trickler after %d ms\n",
+           worst, idle_ms, slow_arg);
+    CHECK(worst < 100);
+    CHECK(closed && idle_ms < 2000);
+    CHECK(slow_arg >= 900 && slow_arg < 2000);
+}
+
 static void test_stop_with_silent_client(void)
 {
     char err[256];
@@ -162,6 +227,7 @@ static void test_bad_addresses(void)
 
 TEST_MAIN_BEGIN
 RUN(test_endpoints);
+RUN(test_idle_and_trickling_clients);
 RUN(test_stop_with_silent_client);
 RUN(test_bad_addresses);
 TEST_MAIN_END

@@ -559,10 +559,14 @@ static int client_config(agent *a, char *err, size_t errlen)
     const char *colon = strrchr(o->coordinator, ':');
     if (!colon || (size_t)(colon - o->coordinator) >= sizeof a->coordinator_host)
         return pl_errf(err, errlen, "coordinator: bad address '%s' (HOST:PORT)", o->coordinator);
+    if (!o->ca_path && !o->insecure)
+        return pl_errf(err, errlen, "PLIANT_CA: no coordinator certificate to check, and no "
+                                    "insecure connection asked for");
     memcpy(a->coordinator_host, o->coordinator, (size_t)(colon - o->coordinator));
     a->coordinator_host[colon - o->coordinator] = 0;
     pl_ctl_client_config cc = {.host = a->coordinator_host, .port = atoi(colon + 1),
-                               .ca_path = o->ca_path, .insecure = !o->ca_path, .token = o->token,
+                               .ca_path = o->ca_path, .insecure = !o->ca_path && o->insecure,
+                               .token = o->token,
                                .token_len = strlen(o->token), .on_message = on_message,
                                .on_close = on_close, .user = a};
     snprintf(cc.reg.job, sizeof cc.reg.job, "%s", a->job.name);

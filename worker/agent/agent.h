@@ -49,7 +49,8 @@ typedef struct {
     const char *job_path;     /* the TrainingJob */
     const char *coordinator;  /* HOST:PORT */
     const char *token;        /* job token (its bytes are the key) */
-    const char *ca_path;      /* coordinator certificate to trust; NULL: insecure */
+    const char *ca_path;      /* coordinator certificate (or CA) to trust; NULL needs insecure */
+    int insecure;             /* 1 with ca_path NULL: no certificate check (asked for explicitly) */
     const char *name;         /* worker name */
     const char *node;         /* the machine it runs on (NULL: the host name) */
     const char *zone;         /* its topology zone (NULL: unknown) */

@@ -47,7 +47,7 @@ void agent_complete_checkpoint(agent *a, const pl_msg *m)
     /* retention, once the newer checkpoint is complete; a failure costs only disk space */
     const int removed = pl_job_prune_checkpoints(&a->job, err, sizeof err);
     if (removed < 0)
-        agent_log(a, "spec.checkpoint.keep: %s", err);
+        agent_log(a, "checkpoint cleanup: %s", err);
     else if (removed > 0)
         agent_log(a, "spec.checkpoint.keep %d: %d older checkpoint%s deleted",
                   a->job.checkpoint.keep, removed, removed == 1 ? "" : "s");

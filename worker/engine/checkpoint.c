@@ -10,8 +10,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cJSON.h>
-
 #include "safetensors.h"
 #include "util.h"
 
@@ -41,7 +39,7 @@ static void release_host(const pl_engine *e, float *views[3])
 static int make_one_dir(const char *path, char *err, size_t errlen)
 {
     struct stat st;
-    if (mkdir(path, 0755) == 0) return 0;
+    if (mkdir(path, PL_CHECKPOINT_DIR_MODE) == 0) return 0;
     if (errno != EEXIST) return pl_errf(err, errlen, "%s: %s", path, strerror(errno));
     if (stat(path, &st) || !S_ISDIR(st.st_mode))
         return pl_errf(err, errlen, "%s: exists and is not a directory", path);
@@ -95,7 +93,7 @@ int pl_checkpoint_save_host(const pl_engine *e, const float *const host[3], cons
     if (rc == 0)
         rc = pl_pathf(path, sizeof path, err, errlen, "%s/layers-%d-%d.safetensors", sdir,
                       e->begin, e->end);
-    if (rc == 0) rc = pl_st_write(w, path, err, errlen);
+    if (rc == 0) rc = pl_st_write_mode(w, path, PL_CHECKPOINT_FILE_MODE, err, errlen);
     pl_st_writer_free(w);
     return rc;
 }
@@ -107,7 +105,45 @@ int pl_checkpoint_complete(const char *dir, int64_t step, const char *info_json,
     if (pl_pathf(path, sizeof path, err, errlen, "%s/step-%08lld/checkpoint.json", dir,
                  (long long)step))
         return -1;
-    return pl_write_atomic(path, &(pl_piece){info_json, strlen(info_json)}, 1, err, errlen);
+    return pl_write_atomic_mode(path, &(pl_piece){info_json, strlen(info_json)}, 1,
+                                PL_CHECKPOINT_FILE_MODE, err, errlen);
+}
+
+/* Unlinks the temporary files directly in d (which may not exist): their number, or −1. */
+static int sweep_dir(const char *d, char *err, size_t errlen)
+{
+    DIR *dd = opendir(d);
+    if (!dd) return errno == ENOENT ? 0 : pl_errf(err, errlen, "%s: %s", d, strerror(errno));
+    int n = 0;
+    struct dirent *de;
+    while (n >= 0 && (de = readdir(dd))) {
+        char path[4400];
+        if (!pl_is_tmp_name(de->d_name)) continue;
+        if (pl_pathf(path, sizeof path, err, errlen, "%s/%s", d, de->d_name)) n = -1;
+        else if (unlink(path) && errno != ENOENT)
+            n = pl_errf(err, errlen, "%s: cannot remove: %s", path, strerror(errno));
+        else n++;
+    }
+    closedir(dd);
+    return n;
+}
+
+int pl_checkpoint_sweep(const char *dir, int64_t upto, char *err, size_t errlen)
+{
+    int total = sweep_dir(dir, err, errlen);
+    DIR *d = total < 0 ? NULL : opendir(dir);
+    if (!d) return total;
+    struct dirent *de;
+    while (total >= 0 && (de = readdir(d))) {
+        long long st;
+        char tail, sub[4400];
+        if (sscanf(de->d_name, "step-%lld%c", &st, &tail) != 1 || st > upto) continue;
+        int n = pl_pathf(sub, sizeof sub, err, errlen, "%s/%s", dir, de->d_name)
+                    ? -1 : sweep_dir(sub, err, errlen);
+        total = n < 0 ? -1 : total + n;
+    }
+    closedir(d);
+    return total;
 }
 
 static int has_info(const char *dir)
@@ -271,56 +307,6 @@ int pl_checkpoint_load(pl_engine *e, const char *step_dir, int optimizer, char *
     return rc;
 }
 
-char *pl_checkpoint_info(const char *step_dir, char *err, size_t errlen)
-{
-    char path[4200];
-    if (pl_pathf(path, sizeof path, err, errlen, "%s/checkpoint.json", step_dir)) return NULL;
-    return pl_read_file(path, err, errlen);
-}
-
-static int json_int(const cJSON *obj, const char *key, long long *out)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!cJSON_IsNumber(v)) return -1;
-    *out = (long long)v->valuedouble;
-    return 0;
-}
-
-int pl_checkpoint_config(const char *step_dir, pl_gpt_config *cfg, int64_t *step, char *err,
-                         size_t errlen)
-{
-    char *text = pl_checkpoint_info(step_dir, err, errlen);
-    if (!text) return -1;
-    cJSON *root = cJSON_Parse(text);
-    free(text);
-    const cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "model");
-    long long L, C, NH, V, T, s;
-    int rc = -1;
-    if (!m || json_int(m, "layers", &L) || json_int(m, "channels", &C) ||
-        json_int(m, "heads", &NH) || json_int(m, "vocab_size", &V) ||
-        json_int(m, "max_seq_len", &T) || json_int(root, "step", &s))
-        pl_errf(err, errlen, "%s/checkpoint.json: missing model sizes or step", step_dir);
-    else
-        rc = pl_gpt_config_init(cfg, (int)L, (int)C, (int)NH, (int)V, (int)T, err, errlen);
-    if (rc == 0 && step) *step = s;
-    cJSON_Delete(root);
-    return rc;
-}
-
-/* data.seq_len of checkpoint.json, or fallback. */
-static int trained_seq_len(const char *step_dir, int fallback)
-{
-    char *text = pl_checkpoint_info(step_dir, NULL, 0);
-    cJSON *root = text ? cJSON_Parse(text) : NULL;
-    long long T = 0;
-    if (json_int(cJSON_GetObjectItemCaseSensitive(root, "data"), "seq_len", &T) || T < 1 ||
-        T > fallback)
-        T = fallback;
-    cJSON_Delete(root);
-    free(text);
-    return (int)T;
-}
-
 int pl_engine_from_checkpoint(pl_engine *e, kn_ctx *k, const char *dir, int B, int T, char *err,
                               size_t errlen)
 {
@@ -328,9 +314,11 @@ int pl_engine_from_checkpoint(pl_engine *e, kn_ctx *k, const char *dir, int B, i
     int found = pl_checkpoint_latest(dir, step_dir, sizeof step_dir, err, errlen);
     if (found <= 0)
         return found < 0 ? -1 : pl_errf(err, errlen, "%s: no complete checkpoint", dir);
-    pl_gpt_config cfg;
-    if (pl_checkpoint_config(step_dir, &cfg, NULL, err, errlen)) return -1;
-    if (T <= 0) T = trained_seq_len(step_dir, cfg.maxT);
+    pl_checkpoint_meta meta;
+    if (pl_checkpoint_meta_load(step_dir, &meta, err, errlen)) return -1;
+    const pl_gpt_config cfg = meta.cfg;
+    /* T = 0: the sequence length it was trained with, when it says and it fits */
+    if (T <= 0) T = meta.seq_len >= 1 && meta.seq_len <= cfg.maxT ? meta.seq_len : cfg.maxT;
     if (pl_engine_create(e, k, &cfg, 0, cfg.L + 2, B, T, 1, err, errlen)) return -1;
     if (pl_checkpoint_load(e, step_dir, 0, err, errlen)) {
         pl_engine_destroy(e);

@@ -15,6 +15,13 @@
 
 #include "engine.h"
 
+/* Permissions: checkpoint files are created 0640 and step directories 0750, each less
+ * the process's umask (open(2) and mkdir(2) apply it): the owner writes, the group reads
+ * (on Kubernetes the volume's fsGroup, so that other tools of the team can load them),
+ * others get nothing. A umask of 077 makes them 0600 and 0700. */
+#define PL_CHECKPOINT_FILE_MODE 0640
+#define PL_CHECKPOINT_DIR_MODE 0750
+
 /* Writes the engine's range into DIR/step-<step>/ and, when `info_json` is
  * not NULL, checkpoint.json with that content (a JSON object text; the
  * caller puts step, config and data order in it). Files are written to
@@ -44,6 +51,13 @@ int pl_checkpoint_latest(const char *dir, char *out, size_t outlen, char *err, s
  * alone (a write may be in flight). The number deleted, or -1 and err. */
 int pl_checkpoint_prune(const char *dir, int keep, char *err, size_t errlen);
 
+/* Removes the temporary files ("NAME.tmp.XXXXXX", util.h) that writers which died
+ * mid-write left in dir and in its step directories of steps ≤ upto (INT64_MAX: all).
+ * Call it where no write into those directories can be in flight: after a checkpoint
+ * completed (its files and older ones are written), or before the single writer starts.
+ * The number removed, or −1 and err naming the file. */
+int pl_checkpoint_sweep(const char *dir, int64_t upto, char *err, size_t errlen);
+
 /* Loads every tensor of the engine's range (and, with optimizer, its AdamW
  * state) from the safetensors files of step_dir. Errors name the tensor that
  * is missing or has the wrong shape. */
@@ -52,6 +66,23 @@ int pl_checkpoint_load(pl_engine *e, const char *step_dir, int optimizer, char *
 
 /* checkpoint.json of step_dir, its text (caller frees), or NULL with err. */
 char *pl_checkpoint_info(const char *step_dir, char *err, size_t errlen);
+
+/* What a checkpoint.json records that loading needs (checkpoint_info.c). */
+typedef struct {
+    int64_t step;       /* "step": steps done, 0..INT_MAX */
+    pl_gpt_config cfg;  /* "model": layers, channels, heads, vocab_size, max_seq_len */
+    int seq_len;        /* "data"."seq_len": trained sequence length, 0 when absent */
+} pl_checkpoint_meta;
+
+/* Parses checkpoint.json text; `what` names it in errors ("DIR/checkpoint.json:
+ * model.layers: must be an integer in [1, 2147483647] (got 4294967298)"). Every
+ * number is checked: integral and in range. */
+int pl_checkpoint_meta_parse(const char *text, const char *what, pl_checkpoint_meta *out,
+                             char *err, size_t errlen);
+
+/* step_dir/checkpoint.json, read and parsed. */
+int pl_checkpoint_meta_load(const char *step_dir, pl_checkpoint_meta *out, char *err,
+                            size_t errlen);
 
 /* The model configuration and step recorded in step_dir/checkpoint.json. */
 int pl_checkpoint_config(const char *step_dir, pl_gpt_config *cfg, int64_t *step, char *err,

@@ -150,7 +150,12 @@ int pl_job_complete_checkpoint(const pl_job *job, int64_t step, char *err, size_
 
 int pl_job_prune_checkpoints(const pl_job *job, char *err, size_t errlen)
 {
-    if (!job->checkpoint.dir[0] || job->checkpoint.keep <= 0) return 0;
+    if (!job->checkpoint.dir[0]) return 0;
+    int64_t newest;
+    if (pl_job_checkpoint_step(job, &newest, err, errlen) < 0 ||
+        pl_checkpoint_sweep(job->checkpoint.dir, newest, err, errlen) < 0)
+        return -1;
+    if (job->checkpoint.keep <= 0) return 0;
     return pl_checkpoint_prune(job->checkpoint.dir, job->checkpoint.keep, err, errlen);
 }
 
@@ -178,18 +183,17 @@ static int resume(run *r, int64_t *start, char *err, size_t errlen)
 {
     const pl_job *j = r->job;
     *start = 0;
-    if (!j->checkpoint.dir[0] || j->checkpoint.resume != PL_RESUME_AUTO) return 0;
+    if (!j->checkpoint.dir[0]) return 0;
+    /* the one writer of its directory: what a crash left half-written goes */
+    if (pl_checkpoint_sweep(j->checkpoint.dir, INT64_MAX, err, errlen) < 0) return -1;
+    if (j->checkpoint.resume != PL_RESUME_AUTO) return 0;
     char dir[4096];
     int found = pl_checkpoint_latest(j->checkpoint.dir, dir, sizeof dir, err, errlen);
     if (found <= 0) return found;
-    char *info = pl_checkpoint_info(dir, err, errlen);
-    if (!info) return -1;
-    const char *at = strstr(info, "\"step\":");
-    long long step = at ? strtoll(at + 7, NULL, 10) : -1;
-    free(info);
-    if (step < 0) return pl_errf(err, errlen, "%s/checkpoint.json: no step", dir);
+    pl_checkpoint_meta meta;
+    if (pl_checkpoint_meta_load(dir, &meta, err, errlen)) return -1;
     if (pl_checkpoint_load(&r->e, dir, 1, err, errlen)) return -1;
-    *start = step;
+    *start = meta.step;
     return 1;
 }
 
@@ -278,7 +282,7 @@ int pl_train(const pl_job *job, const pl_train_options *o, char *err, size_t err
                     job->checkpoint.dir);
             char why[512];
             if (pl_job_prune_checkpoints(job, why, sizeof why) < 0)
-                fprintf(stderr, "pliant train: spec.checkpoint.keep: %s\n", why);
+                fprintf(stderr, "pliant train: checkpoint cleanup: %s\n", why);
         }
     }
     rc = 0;

@@ -38,9 +38,11 @@ char *pl_checkpoint_info_json(const pl_job *job, const pl_gpt_config *cfg, int64
  * checkpoint.json, which marks it complete (a worker, when the coordinator asks). */
 int pl_job_complete_checkpoint(const pl_job *job, int64_t step, char *err, size_t errlen);
 
-/* spec.checkpoint.keep: deletes the complete checkpoints under spec.checkpoint.dir but the
- * newest keep ones (checkpoint.h, pl_checkpoint_prune), after a checkpoint was completed.
- * The number deleted (0 with keep 0: all are kept), or -1 and err. */
+/* After a checkpoint was completed: removes the temporary files crashed writers left in
+ * spec.checkpoint.dir up to the newest complete checkpoint (pl_checkpoint_sweep), then,
+ * for spec.checkpoint.keep, deletes the complete checkpoints but the newest keep ones
+ * (pl_checkpoint_prune). The number of checkpoints deleted (0 with keep 0: all are
+ * kept), or -1 and err. */
 int pl_job_prune_checkpoints(const pl_job *job, char *err, size_t errlen);
 
 /* The step of the newest complete checkpoint under spec.checkpoint.dir (0: none), what
