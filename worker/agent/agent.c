@@ -91,7 +91,9 @@ static void post_saved(agent *a, int64_t step, int begin, int end, int64_t bytes
 static void on_saved(void *user, int64_t step, int begin, int end, int rc, int64_t bytes,
                      const char *err)
 {
-    post_saved(user, step, begin, end, bytes, rc ? err : NULL);
+    agent *a = user;
+    if (rc == 0) pl_fault_on_saved(&a->fault, step);
+    post_saved(a, step, begin, end, bytes, rc ? err : NULL);
 }
 
 /* Starts writing this worker's layers as the checkpoint of step (the state after step
@@ -151,6 +153,7 @@ static int run_step(agent *a, int64_t s, char *err, size_t errlen)
                         a->tgt + off))
         return pl_errf(err, errlen, "sampling step %lld failed", (long long)s);
     pl_fault_bad_tokens(&a->fault, s, a->tok + off, (size_t)a->nmb * B * T);
+    pl_fault_begin_step(&a->fault, s, a->nmb);
     pl_stage_link link = {0};
     if (a->link) link = pl_tcp_link_stage(a->link);
     pl_peer_table peers = {a->rank, a->nranks, a->conns};
@@ -161,6 +164,7 @@ static int run_step(agent *a, int64_t s, char *err, size_t errlen)
                                 .timeout_ms = PEER_TIMEOUT_MS,
                                 .xport = a->ncp ? pl_nccl_plan_xport(a->ncp) : NULL,
                                 .before_reduce = pl_fault_step_hook(&a->fault, s),
+                                .before_op = pl_fault_before_op,
                                 .hook_ctx = &a->fault};
     pl_worker_step_result res;
     if (pl_worker_step(&args, &res, err, errlen)) return -1;
@@ -259,6 +263,7 @@ static void on_commit(agent *a, const pl_msg *m)
 {
     const pl_msg_commit *c = &m->u.commit;
     if (m->gen != a->gen || a->pipe < 0) return;
+    pl_fault_on_commit(&a->fault, c->step);
     const pl_optimizer_spec *o = &a->job.optimizer;
     pl_adamw w = {(float)c->lr, (float)o->beta1, (float)o->beta2, (float)o->eps,
                   (float)o->weight_decay};
@@ -573,6 +578,7 @@ static void control_loop(agent *a)
     int leaving_sent = 0;
     while (!atomic_load(&a->done)) {
         announce_leaving(a, &leaving_sent);
+        if (pl_fault_take_cut(&a->fault)) atomic_store(&a->disconnected, 1);
         if (atomic_load(&a->disconnected)) {
             if (reconnect(a)) {
                 atomic_store(&a->exit_code, 1);

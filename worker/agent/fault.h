@@ -1,25 +1,58 @@
-/* Fault injection for the recovery tests (docs/runtime.md "pliant run today"): with
- * PLIANT_FAULT_<worker> = sync:STEP or copy:GENERATION in its environment, the worker
- * SIGKILLs itself in the middle of an operation, as a preempted node would die: between
- * two all-reduces of step STEP, or after the first tensor it sends in a layer copy of plan
- * GENERATION. badtoken:STEP gives its first sample of step STEP (every attempt at it) a
+/* Fault injection, a test hook of the recovery tests and of the fault matrix
+ * (docs/faults.md). With PLIANT_FAULT_<worker> = PHASE:AT[:ACTION] in its environment,
+ * the worker does ACTION to itself at an exact point of PHASE, as a node failing there
+ * would:
+ *
+ *   forward:STEP     before the forward of its pipeline's last microbatch of step STEP
+ *                    (earlier microbatches are in flight at the neighbouring stages)
+ *   backward:STEP    before the backward of that microbatch (no all-reduce started yet)
+ *   sync:STEP        between two layer all-reduces of step STEP (before the second)
+ *   copy:GENERATION  after the first tensor it sends in a layer copy of plan GENERATION
+ *   commit:STEP      on the commit of step STEP, before applying it (others may have)
+ *   checkpoint:STEP  once its layers of the checkpoint of step STEP are written, before
+ *                    it tells the coordinator (`saved`)
+ *
+ * ACTION: kill (the default: SIGKILL), stop (SIGSTOP: the process hangs, heartbeats
+ * stop), term (SIGTERM: the preemption notice; the worker goes on) or cut (its control
+ * connection is closed; the worker goes on and connects again). A fault fires once.
+ * badtoken:STEP (no action) gives its first sample of step STEP (every attempt at it) a
  * token id outside the vocabulary, as bad data the loader could not see would: the
  * encoder's bound check turns the step's loss and norm to NaN.
  *
- * Threads: pl_fault_parse and pl_fault_set_plan run on the compute thread; the hooks run on
- * the thread of the operation (the step's comm thread, a copy's sender thread) while the
- * compute thread waits for it. The struct is the caller's. */
+ * Threads: pl_fault_parse, pl_fault_set_plan and pl_fault_begin_step run on the compute
+ * thread; the hooks on the thread of the operation (the compute thread, the step's comm
+ * thread, a copy's sender thread, the checkpoint writer) while the compute thread waits
+ * for it or goes on; pl_fault_take_cut on the control thread. The struct is the caller's. */
 #ifndef PLIANT_FAULT_H
 #define PLIANT_FAULT_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
+typedef enum {
+    PL_FAULT_NONE,
+    PL_FAULT_FORWARD,
+    PL_FAULT_BACKWARD,
+    PL_FAULT_SYNC,
+    PL_FAULT_COPY,
+    PL_FAULT_COMMIT,
+    PL_FAULT_CHECKPOINT,
+    PL_FAULT_BADTOKEN
+} pl_fault_phase;
+
+typedef enum { PL_FAULT_KILL, PL_FAULT_STOP, PL_FAULT_TERM, PL_FAULT_CUT } pl_fault_action;
+
 typedef struct {
-    enum { PL_FAULT_NONE, PL_FAULT_SYNC, PL_FAULT_COPY, PL_FAULT_BADTOKEN } kind;
-    int64_t at;          /* the step (sync, badtoken) or the plan generation (copy) */
+    pl_fault_phase kind;
+    pl_fault_action action;
+    int64_t at;          /* the step, or the plan generation (copy) */
     int64_t gen;         /* the plan being installed or run */
+    int64_t step;        /* the step running (forward, backward) */
+    int last_mb;         /* its pipeline's last microbatch, in the stage's numbering */
     int groups;          /* all-reduces started in the faulty step */
+    atomic_int fired;    /* once */
+    atomic_int cut;      /* a cut asked for, not yet done by the control thread */
     const char *worker;  /* for the log line (borrowed) */
 } pl_fault;
 
@@ -29,13 +62,28 @@ int pl_fault_parse(pl_fault *f, const char *worker, char *err, size_t errlen);
 /* The plan generation now installed (a copy fault fires in its plan only). */
 void pl_fault_set_plan(pl_fault *f, int64_t gen);
 
+/* Step `step` starts with nmb microbatches in this worker's pipeline. */
+void pl_fault_begin_step(pl_fault *f, int64_t step, int nmb);
+
+/* The stage's before_op hook (ctx = f; stage.h): forward and backward faults. */
+void pl_fault_before_op(void *ctx, int backward, int mb);
+
 /* The worker step's before_reduce hook (ctx = f) for step, or NULL when this step has no
- * fault: it kills the worker before the step's second all-reduce. */
+ * fault: it fires before the step's second all-reduce. */
 typedef void pl_fault_reduce_hook(void *ctx, int key);
 pl_fault_reduce_hook *pl_fault_step_hook(pl_fault *f, int64_t step);
 
-/* The TCP copier's after_send hook (ctx = f): kills the worker in a copy fault's plan. */
+/* The TCP copier's after_send hook (ctx = f): fires in a copy fault's plan. */
 void pl_fault_after_copy_send(void *ctx);
+
+/* The commit of step arrived (before it is applied). */
+void pl_fault_on_commit(pl_fault *f, int64_t step);
+
+/* This worker's layers of the checkpoint of step are written (before `saved`). */
+void pl_fault_on_saved(pl_fault *f, int64_t step);
+
+/* 1 once when a cut fault fired: the control thread closes its connection. */
+int pl_fault_take_cut(pl_fault *f);
 
 /* A badtoken fault at step: the first of the n tokens is made an id no vocabulary of at
  * most 65535 has (65535); 1 when it did. */
