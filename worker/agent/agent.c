@@ -197,6 +197,11 @@ static void on_plan(agent *a, const pl_msg *m)
     if (m->gen <= a->gen) return;
     int64_t bytes = 0;
     if (agent_install_plan(a, m, &bytes, err, sizeof err) == 0) {
+        /* what it holds now, copied, kept or loaded, is the state after the plan's first
+         * step − 1 (a `save` of it after a writer was lost must find it so) */
+        pthread_mutex_lock(&a->mu);
+        if (m->u.plan.you_pipeline >= 0) a->last_committed = m->u.plan.step - 1;
+        pthread_mutex_unlock(&a->mu);
         pl_msg_init(&r, PL_MSG_COPY_DONE, a->gen);
         r.u.copy_done.bytes = bytes;
         agent_post(a, &r);

@@ -1,7 +1,7 @@
 /* Fault injection, a test hook of the recovery tests and of the fault matrix
- * (docs/faults.md). With PLIANT_FAULT_<worker> = PHASE:AT[:ACTION] in its environment,
- * the worker does ACTION to itself at an exact point of PHASE, as a node failing there
- * would:
+ * (docs/faults.md). PLIANT_FAULT_<worker>, else PLIANT_FAULT (every worker), holds up to
+ * PL_FAULT_MAX faults separated by ';', each PHASE:AT[:ACTION][@RANK[,RANK...]]: the worker
+ * does ACTION to itself at an exact point of PHASE, as a node failing there would:
  *
  *   forward:STEP     before the forward of its pipeline's last microbatch of step STEP
  *                    (earlier microbatches are in flight at the neighbouring stages)
@@ -14,7 +14,10 @@
  *
  * ACTION: kill (the default: SIGKILL), stop (SIGSTOP: the process hangs, heartbeats
  * stop), term (SIGTERM: the preemption notice; the worker goes on) or cut (its control
- * connection is closed; the worker goes on and connects again). A fault fires once.
+ * connection is closed; the worker goes on and connects again). @RANK: only where the
+ * worker has one of these ranks in the plan (workers register, and so get their places,
+ * in no fixed order: a rank names a place, pipelines flattened in stage order). Each
+ * fault fires once.
  * badtoken:STEP (no action) gives its first sample of step STEP (every attempt at it) a
  * token id outside the vocabulary, as bad data the loader could not see would: the
  * encoder's bound check turns the step's loss and norm to NaN.
@@ -43,24 +46,35 @@ typedef enum {
 
 typedef enum { PL_FAULT_KILL, PL_FAULT_STOP, PL_FAULT_TERM, PL_FAULT_CUT } pl_fault_action;
 
+#define PL_FAULT_MAX 4
+
 typedef struct {
     pl_fault_phase kind;
     pl_fault_action action;
     int64_t at;          /* the step, or the plan generation (copy) */
+    uint64_t ranks;      /* bit r: fires at plan rank r; 0: at any */
+    atomic_int fired;    /* once */
+} pl_fault_spec;
+
+typedef struct {
+    int n;
+    pl_fault_spec f[PL_FAULT_MAX];
     int64_t gen;         /* the plan being installed or run */
+    int rank;            /* this worker's rank in it; −1: idle */
     int64_t step;        /* the step running (forward, backward) */
     int last_mb;         /* its pipeline's last microbatch, in the stage's numbering */
-    int groups;          /* all-reduces started in the faulty step */
-    atomic_int fired;    /* once */
+    int groups;          /* all-reduces started in the step */
     atomic_int cut;      /* a cut asked for, not yet done by the control thread */
     const char *worker;  /* for the log line (borrowed) */
 } pl_fault;
 
-/* Reads PLIANT_FAULT_<worker>; no variable: no fault. −1 with err when it is malformed. */
+/* Reads PLIANT_FAULT_<worker> or PLIANT_FAULT; neither: no fault. −1 with err (naming the
+ * variable) when it is malformed. */
 int pl_fault_parse(pl_fault *f, const char *worker, char *err, size_t errlen);
 
-/* The plan generation now installed (a copy fault fires in its plan only). */
-void pl_fault_set_plan(pl_fault *f, int64_t gen);
+/* The plan generation now installed (a copy fault fires in its plan only) and this
+ * worker's rank in it (−1: idle). */
+void pl_fault_set_plan(pl_fault *f, int64_t gen, int rank);
 
 /* Step `step` starts with nmb microbatches in this worker's pipeline. */
 void pl_fault_begin_step(pl_fault *f, int64_t step, int nmb);
