@@ -30,6 +30,7 @@ typedef struct {
     int64_t ckpt_step;
     char ckpt_err[256];
     int evaluated; /* EVALUATING: its eval_done came */
+    int silent;    /* lost for missed heartbeats: hung or cut off, maybe still running */
 } cworker;
 
 typedef struct {
@@ -2311,6 +2312,7 @@ int pl_coord_tick(pl_coord *c, int64_t now_ms)
     for (int i = 0; i < c->nw; i++)
         if (c->w[i].live && now_ms - c->w[i].last_heard > limit) {
             c->w[i].live = 0;
+            c->w[i].silent = 1;
             add_cause(c, "lost %s (%s)", c->w[i].name, "missed heartbeats");
             if (!c->w[i].leaving)
                 node_failed(c, c->w[i].node);
@@ -2414,6 +2416,19 @@ int pl_coord_live_workers(const pl_coord *c)
     for (int i = 0; i < c->nw; i++)
         n += c->w[i].live;
     return n;
+}
+
+int pl_coord_worker_silent(const pl_coord *c, const char *name)
+{
+    int silent = 0;
+    for (int i = 0; i < c->nw; i++) {
+        if (strcmp(c->w[i].name, name))
+            continue;
+        if (c->w[i].live)
+            return 0; /* registered again */
+        silent |= c->w[i].silent;
+    }
+    return silent;
 }
 
 int pl_coord_nsteps(const pl_coord *c) { return c->nlog; }

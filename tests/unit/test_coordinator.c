@@ -578,8 +578,13 @@ static void test_join_and_heartbeats(void)
     CHECK_EQ_INT(pl_coord_tick(s.c, 2999), PL_COORD_IGNORED);
     CHECK(drain(&s) == 0);
     CHECK_EQ_INT(s.nm, 0);
+    CHECK_EQ_INT(pl_coord_worker_silent(s.c, "w3"), 0);
     CHECK_EQ_INT(pl_coord_tick(s.c, 3500), PL_COORD_OK);
     s.live[3] = 0;
+    /* hung, maybe: the front end ends it; a worker lost otherwise is not silent */
+    CHECK_EQ_INT(pl_coord_worker_silent(s.c, "w3"), 1);
+    CHECK_EQ_INT(pl_coord_worker_silent(s.c, "w0"), 0);
+    CHECK_EQ_INT(pl_coord_worker_silent(s.c, "zz"), 0);
     CHECK(drain(&s) == 0);
     CHECK_EQ_INT(count_type(&s, PL_MSG_ABORT), 5);
     CHECK_EQ_INT(count_type(&s, PL_MSG_PLAN), 5);

@@ -124,7 +124,9 @@ static void fire(pl_fault *f, pl_fault_phase phase, int64_t at, const char *wher
     for (int i = 0; i < f->n; i++) {
         pl_fault_spec *x = &f->f[i];
         if (x->kind != phase || at != x->at) continue;
-        if (x->ranks && (f->rank < 0 || f->rank > 63 || !(x->ranks >> f->rank & 1))) continue;
+        if (x->ranks && (f->gen != (phase == PL_FAULT_COPY ? x->at : 1) || f->rank < 0 ||
+                         f->rank > 63 || !(x->ranks >> f->rank & 1)))
+            continue; /* ranks of the first plan: a redone step must not fire it again */
         if (atomic_exchange(&x->fired, 1)) continue;
         fprintf(stderr, "worker %s: PLIANT_FAULT: %s during %s (plan rank %d)\n", f->worker,
                 what[x->action], where, f->rank);

@@ -15,9 +15,10 @@
  * ACTION: kill (the default: SIGKILL), stop (SIGSTOP: the process hangs, heartbeats
  * stop), term (SIGTERM: the preemption notice; the worker goes on) or cut (its control
  * connection is closed; the worker goes on and connects again). @RANK: only where the
- * worker has one of these ranks in the plan (workers register, and so get their places,
- * in no fixed order: a rank names a place, pipelines flattened in stage order). Each
- * fault fires once.
+ * worker has one of these ranks in the first plan (copy: in plan GENERATION). Workers
+ * register, and so get their places, in no fixed order: a rank names a place, pipelines
+ * flattened in stage order; and a step redone under a new plan, where another worker has
+ * that rank, does not fire it again. Each fault fires once per worker.
  * badtoken:STEP (no action) gives its first sample of step STEP (every attempt at it) a
  * token id outside the vocabulary, as bad data the loader could not see would: the
  * encoder's bound check turns the step's loss and norm to NaN.
