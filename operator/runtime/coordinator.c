@@ -31,6 +31,8 @@ typedef struct {
     char ckpt_err[256];
     int evaluated; /* EVALUATING: its eval_done came */
     int silent;    /* lost for missed heartbeats: hung or cut off, maybe still running */
+    int64_t writing;    /* the checkpoint it was asked to write its layers of, 0: none or */
+    int write_b, write_e; /* its `saved` came; those layers [write_b, write_e) */
 } cworker;
 
 typedef struct {
@@ -251,6 +253,7 @@ static void resave(pl_coord *c, csaving *slot);
 static csaving *saving_slot(pl_coord *c, int64_t step);
 static csaving *new_saving_slot(pl_coord *c, int64_t step);
 static void after_step(pl_coord *c);
+static void node_layers(const pl_coord *c, int n, int pos, int *begin, int *end);
 
 static pl_msg *push(pl_coord *c, int widx, int type, int64_t gen)
 {
@@ -298,6 +301,14 @@ static int in_pipes(const pl_coord *c, int i)
 }
 
 /* abort / start_step / commit to the live workers of the current pipelines. */
+/* Worker i (of the current plan) was asked to write its layers of the checkpoint of step. */
+static void note_writer(pl_coord *c, int i, int64_t step)
+{
+    cworker *w = &c->w[i];
+    w->writing = step;
+    node_layers(c, c->cur.p[w->pipe].nnodes, w->pos, &w->write_b, &w->write_e);
+}
+
 static void to_pipeline_workers(pl_coord *c, int type, const char *why)
 {
     for (int i = 0; i < c->nw; i++) {
@@ -311,6 +322,8 @@ static void to_pipeline_workers(pl_coord *c, int type, const char *why)
                 m->u.commit.lr = c->lr;
                 /* pipeline 0 holds every layer once: its workers write the checkpoint */
                 m->u.commit.save = c->w[i].pipe == 0 && c->commit_save;
+                if (m->u.commit.save)
+                    note_writer(c, i, c->step + 1);
             }
         } else {
             send_text(c, i, type, c->gen, c->step, why, 0);
@@ -1215,17 +1228,17 @@ static void step_attempt_failed(pl_coord *c, const char *who, const char *why, i
  * PL_COORD_CHECKPOINT_ATTEMPTS. */
 static void writer_lost(pl_coord *c, int i)
 {
-    const cworker *w = &c->w[i];
-    const int64_t step = c->ckpt_writing;
-    if (step <= c->ckpt_last || !in_pipes(c, i) || w->pipe != 0)
-        return;
+    cworker *w = &c->w[i];
+    const int64_t step = w->writing;
+    w->writing = 0;
+    if (step <= c->ckpt_last || step < c->ckpt_writing)
+        return; /* complete, or a newer one is being written */
     csaving *slot = saving_slot(c, step);
     if (!slot && !(slot = new_saving_slot(c, step)))
         return;
     if (slot->completing || slot->failed)
         return;
-    int b, e;
-    node_layers(c, c->cur.p[w->pipe].nnodes, w->pos, &b, &e);
+    const int b = w->write_b, e = w->write_e;
     int saved = 1;
     for (int l = b; l < e; l++)
         saved &= slot->covered[l] != 0;
@@ -1234,12 +1247,27 @@ static void writer_lost(pl_coord *c, int i)
     slot->failed = 1;
     c->ckpt_fail_step = step;
     snprintf(c->ckpt_fail, sizeof c->ckpt_fail,
-             "%s was lost before its layers [%d, %d) were saved; %s", w->name, b, e,
+             "%s was gone before its layers [%d, %d) were saved; %s", w->name, b, e,
              step < c->cfg.steps ? "the next step writes a checkpoint"
                                  : "written again under the next plan");
     c->ckpt_failed_total++;
     if (step < c->cfg.steps)
         c->ckpt_retry = 1;
+}
+
+/* Worker i left the job (leaving, then stop) with its part of a checkpoint unreported
+ * and is now gone for good (its connection or process ended): that checkpoint is given up
+ * as for a loss; the last step's is written again at once by the plan's pipeline 0,
+ * which it is no longer in. */
+static void writer_gone_after_leaving(pl_coord *c, int i)
+{
+    const int64_t step = c->w[i].writing;
+    if (!step || c->phase == PL_COORD_DONE || c->phase == PL_COORD_FAILED)
+        return;
+    writer_lost(c, i);
+    csaving *slot = saving_slot(c, step);
+    if (slot && slot->failed && step >= c->cfg.steps && c->phase == PL_COORD_SAVING)
+        resave(c, slot);
 }
 
 static void after_loss(pl_coord *c, const int *idx, int n)
@@ -1768,8 +1796,10 @@ int pl_coord_worker_lost(pl_coord *c, const char *name, const char *cause)
     int i = find(c, name);
     if (i < 0)
         return fail_err(c, "unknown worker \"%s\"", name ? name : "(null)");
-    if (!c->w[i].live)
+    if (!c->w[i].live) { /* gone after its stop (it left): a write it had yet to report */
+        writer_gone_after_leaving(c, i);
         return PL_COORD_IGNORED;
+    }
     c->w[i].live = 0;
     add_cause(c, "lost %s (%s)", name, cause ? cause : "?");
     if (!c->w[i].leaving)
@@ -1905,6 +1935,9 @@ int pl_coord_saved(pl_coord *c, const char *name, const pl_msg_saved *sv)
         checkpoint_failed(c, slot, why);
         return PL_COORD_OK;
     }
+    cworker *w = &c->w[find(c, name)];
+    if (w->writing == sv->step)
+        w->writing = 0; /* reported */
     memset(slot->covered + sv->layer_begin, 1, (size_t)(sv->layer_end - sv->layer_begin));
     for (int l = 0; l < c->nlayers; l++)
         if (!slot->covered[l])
@@ -1966,6 +1999,7 @@ static void resave(pl_coord *c, csaving *slot)
         pl_msg *m = push(c, i, PL_MSG_SAVE, c->gen);
         if (m)
             m->u.save.step = slot->step;
+        note_writer(c, i, slot->step);
     }
 }
 
@@ -2331,8 +2365,8 @@ int pl_coord_on_msg(pl_coord *c, const char *name, const pl_msg *m, int64_t now_
     c->err[0] = 0;
     if (!m)
         return fail_err(c, "NULL message");
-    if (heard(c, name, now_ms) < 0)
-        return PL_COORD_ERR;
+    if (heard(c, name, now_ms) < 0 && m->type != PL_MSG_SAVED)
+        return PL_COORD_ERR; /* a worker that left still reports the checkpoint it wrote */
     switch (m->type) {
     case PL_MSG_HEARTBEAT:
         return PL_COORD_OK;

@@ -163,8 +163,16 @@ def cell(name, faults, chaos=None, steps=STEPS, restart=False, expect_fired=1):
         check("leaving" in causes and not redone, "not a clean leave: %s", causes)
     if "cut" in actions:
         check("connection closed" in causes, "the cut was not seen: %s", causes)
+    # every due checkpoint is written, or one soon after when a writer was lost (and for a
+    # restart, from where the job went back to); the last always
     ckpts = [r["step"] for r in rows if r.get("event") == "checkpoint"]
     check(ckpts and ckpts[-1] == steps, "the last checkpoint was not written: %s", ckpts)
+    for due in range(4, steps + 1, 4):
+        check(restart or any(due <= c <= due + 4 for c in ckpts) or due == steps,
+              "no checkpoint for step %d or soon after: %s", due, ckpts)
+    if actions == {"term"}:
+        due = sorted(set(range(4, steps + 1, 4)) | {steps})
+        check(ckpts == due, "a clean leave lost a checkpoint: %s", ckpts)
     durations = [r["duration_ms"] for r in rec if r["duration_ms"] is not None]
     _table.append((name, causes, redone, final, rel, durations, secs, ckpts))
 

@@ -1294,7 +1294,7 @@ static void test_last_checkpoint_writer_lost_is_written_again(void)
     s.live[lost] = 0;
     const char *why = NULL;
     CHECK_EQ_INT(pl_coord_checkpoint_failed(s.c, &why), 2);
-    CHECK_STR_CONTAINS(why, "lost before its layers");
+    CHECK_STR_CONTAINS(why, "gone before its layers");
     CHECK(drain(&s) == 0);
     CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
     CHECK_EQ_INT(count_type(&s, PL_MSG_PLAN), 5);

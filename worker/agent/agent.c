@@ -625,6 +625,16 @@ static void stop_compute(agent *a, pthread_t th)
     pthread_join(th, NULL);
 }
 
+/* A worker told to stop (it left the job, or the job is done) may still be writing its
+ * layers of a checkpoint: their `saved` goes out before it exits, else that checkpoint
+ * could never complete. */
+static void flush_checkpoint(agent *a)
+{
+    pl_checkpoint_writer_wait(a->ckw);
+    for (int i = 0; a->cli && i < 20 && pl_ctl_client_get_state(a->cli) == PL_CTL_WELCOMED; i++)
+        pl_ctl_client_service(a->cli, 10);
+}
+
 static void agent_free(agent *a)
 {
     pl_checkpoint_writer_free(a->ckw); /* a write in flight ends first */
@@ -680,6 +690,7 @@ int pl_agent_run(const pl_agent_options *o)
         } else {
             control_loop(a);
             stop_compute(a, th);
+            flush_checkpoint(a);
         }
     }
     const int code = atomic_load(&a->exit_code);
