@@ -72,7 +72,7 @@ ASAN_LIBS       := $(LIBS:$(BUILD)/lib/%=$(BUILD)/asan/lib/%)
 DEBIAN_DEPS := build-essential pkg-config python3 libcjson-dev libcurl4-openssl-dev libyaml-dev \
                libwebsockets-dev libssl-dev libopenblas-dev clang libclang-rt-14-dev
 
-.PHONY: test-e2e all deps test unit-tests bench bench-planner bench-kernels bench-train bench-comm bench-trace cuda clean
+.PHONY: test-e2e test-faults all deps test unit-tests bench bench-planner bench-kernels bench-train bench-comm bench-trace cuda clean
 all: $(BUILD)/bin/pliant $(BUILD)/bin/pliant-operator
 
 deps:
@@ -200,6 +200,13 @@ $(BUILD)/fuzz/bin/%: tests/fuzz/%.c tests/fuzz/fuzz.h $(FUZZ_LIB)
 $(BUILD)/fuzz/replay/%: tests/fuzz/%.c tests/fuzz/replay.c tests/fuzz/fuzz.h $(ASAN_LIBS)
 	@mkdir -p $(@D)
 	$(CC) $(FUZZ_CFLAGS) $(SAN) tests/fuzz/replay.c $< $(ASAN_LIBS) -o $@ $(LDLIBS)
+
+# The fault matrix (docs/faults.md) on 6 workers with the control-connection cut at every
+# phase; the 4-worker matrix is part of `make test`.
+test-faults: all
+	@PLIANT_FAULT_MATRIX=big PLIANT_FAULT_MATRIX_TABLE=$(BUILD)/fault_matrix.md \
+		$(PYTHON) tests/run_tests.py --build $(BUILD) -k fault_matrix
+
 
 # The operator's end-to-end tests: kubectl against the API emulator, the test cluster
 # itself, and the chart's operator in it (needs root; skipped without); also part of

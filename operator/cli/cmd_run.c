@@ -63,6 +63,7 @@ typedef struct {
 typedef struct {
     char name[PL_WORKER_NAME_MAX];
     int exited;
+    int fenced; /* killed after the coordinator gave it up (missed heartbeats) */
 } run_worker;
 
 typedef struct {
@@ -365,6 +366,22 @@ static void reap_workers(run_state *r)
     }
 }
 
+/* Workers the coordinator declared lost for missed heartbeats while their process lives
+ * (hung: SIGSTOP, a deadlock): killed, so that they free their cores and never wake up
+ * holding an old plan's state. Their end is then reaped as any other. */
+static void fence_silent_workers(run_state *r)
+{
+    for (int i = 0; i < r->nw; i++) {
+        run_worker *w = &r->w[i];
+        if (w->exited || w->fenced || !pl_coord_worker_silent(r->coord, w->name)) continue;
+        char err[256];
+        w->fenced = 1;
+        if (pl_local_workers_signal(r->lw, w->name, SIGKILL, err, sizeof err) == 0)
+            fprintf(stderr, "pliant run: worker %s missed its heartbeats but still runs "
+                            "(hung): killed\n", w->name);
+    }
+}
+
 static void json_string(FILE *f, const char *s)
 {
     fputc('"', f);
@@ -565,6 +582,7 @@ static int run_loop(run_state *r, char *err, size_t errlen)
     for (int end = 0; !end;) {
         fire_due_chaos(r);
         if (pl_job_driver_poll(r->drv, POLL_MS, err, errlen)) return -1;
+        fence_silent_workers(r);
         reap_workers(r);
         if (r->a->duration_s > 0 && pl_now_ms() - r->start_ms >= r->a->duration_s * 1000)
             pl_coord_end(r->coord, "--duration reached");

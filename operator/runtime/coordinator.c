@@ -30,6 +30,9 @@ typedef struct {
     int64_t ckpt_step;
     char ckpt_err[256];
     int evaluated; /* EVALUATING: its eval_done came */
+    int silent;    /* lost for missed heartbeats: hung or cut off, maybe still running */
+    int64_t writing;    /* the checkpoint it was asked to write its layers of, 0: none or */
+    int write_b, write_e; /* its `saved` came; those layers [write_b, write_e) */
 } cworker;
 
 typedef struct {
@@ -115,6 +118,7 @@ struct pl_coord {
     int ckpt_failed_total; /* and since the start */
     int ckpt_retry;        /* the next commit writes a checkpoint (one failed) */
     int commit_save;       /* the commit being sent asks pipeline 0 to save */
+    int64_t ckpt_writing;  /* the newest checkpoint pipeline 0 was asked to write; 0: none */
     /* a step whose attempts fail without a loss to blame (non-finite, step_failed) */
     int64_t fail_step;     /* the step they are of; -1: none */
     int fail_attempts, fail_same; /* how many; all for one reason */
@@ -256,6 +260,9 @@ static void ask_completion(pl_coord *c, csaving *slot);
 static void checkpoint_failed(pl_coord *c, csaving *slot, const char *why);
 static void resave(pl_coord *c, csaving *slot);
 static csaving *saving_slot(pl_coord *c, int64_t step);
+static csaving *new_saving_slot(pl_coord *c, int64_t step);
+static void after_step(pl_coord *c);
+static void node_layers(const pl_coord *c, int n, int pos, int *begin, int *end);
 
 static pl_msg *push(pl_coord *c, int widx, int type, int64_t gen)
 {
@@ -303,6 +310,14 @@ static int in_pipes(const pl_coord *c, int i)
 }
 
 /* abort / start_step / commit to the live workers of the current pipelines. */
+/* Worker i (of the current plan) was asked to write its layers of the checkpoint of step. */
+static void note_writer(pl_coord *c, int i, int64_t step)
+{
+    cworker *w = &c->w[i];
+    w->writing = step;
+    node_layers(c, c->cur.p[w->pipe].nnodes, w->pos, &w->write_b, &w->write_e);
+}
+
 static void to_pipeline_workers(pl_coord *c, int type, const char *why)
 {
     for (int i = 0; i < c->nw; i++) {
@@ -316,6 +331,8 @@ static void to_pipeline_workers(pl_coord *c, int type, const char *why)
                 m->u.commit.lr = c->lr;
                 /* pipeline 0 holds every layer once: its workers write the checkpoint */
                 m->u.commit.save = c->w[i].pipe == 0 && c->commit_save;
+                if (m->u.commit.save)
+                    note_writer(c, i, c->step + 1);
             }
         } else {
             send_text(c, i, type, c->gen, c->step, why, 0);
@@ -1036,6 +1053,8 @@ static void check_copy_complete(pl_coord *c)
     c->need_ckpt = 0;
     if (c->eval_pending) /* a loss interrupted the evaluation of a committed step */
         start_eval(c);
+    else if (c->step >= c->cfg.steps) /* a writer of the last checkpoint was lost */
+        after_step(c);
     else
         start_step(c);
 }
@@ -1054,8 +1073,12 @@ static void after_step(pl_coord *c)
     if (c->step >= c->cfg.steps) {
         if (pl_checkpoint_due(c->cfg.checkpoint_dir, c->cfg.checkpoint_every, c->cfg.steps,
                               c->step) && c->ckpt_last < c->step) {
-            c->phase = PL_COORD_SAVING; /* done when the last checkpoint is complete */
             csaving *last = saving_slot(c, c->step);
+            if (last && last->failed && c->pending) { /* a writer was lost: the new plan's */
+                replan(c);                            /* pipeline 0 writes it again */
+                return;
+            }
+            c->phase = PL_COORD_SAVING; /* done when the last checkpoint is complete */
             if (last && last->failed) /* it failed before the step's commit was through */
                 resave(c, last);
         } else {
@@ -1136,8 +1159,10 @@ static void check_reduced_complete(pl_coord *c)
     c->commit_save = pl_checkpoint_due(c->cfg.checkpoint_dir, c->cfg.checkpoint_every,
                                        c->cfg.steps, c->step + 1) ||
                      (c->ckpt_retry && c->cfg.checkpoint_dir && c->cfg.checkpoint_dir[0]);
-    if (c->commit_save)
+    if (c->commit_save) {
         c->ckpt_retry = 0;
+        c->ckpt_writing = c->step + 1;
+    }
     c->phase = PL_COORD_COMMITTING;
     to_pipeline_workers(c, PL_MSG_COMMIT, "");
 }
@@ -1203,8 +1228,61 @@ static void step_attempt_failed(pl_coord *c, const char *who, const char *why, i
 }
 
 /* Reaction to workers already marked not live (idx[0..n)). */
+/* Worker i, lost, may have been writing its layers of the checkpoint in flight (pipeline 0
+ * writes it): without its `saved` that checkpoint can never complete, as the layers are
+ * held by other workers now. It is given up at once, so that the next commit writes one
+ * (or, for the last step's, a new plan's pipeline 0 writes it again: after_step) rather
+ * than the job going on without the checkpoint it was told of, or waiting for it forever.
+ * A loss is not the storage's fault: it does not count toward
+ * PL_COORD_CHECKPOINT_ATTEMPTS. */
+static void writer_lost(pl_coord *c, int i)
+{
+    cworker *w = &c->w[i];
+    const int64_t step = w->writing;
+    w->writing = 0;
+    if (step <= c->ckpt_last || step < c->ckpt_writing)
+        return; /* complete, or a newer one is being written */
+    csaving *slot = saving_slot(c, step);
+    if (!slot && !(slot = new_saving_slot(c, step)))
+        return;
+    if (slot->completing || slot->failed)
+        return;
+    const int b = w->write_b, e = w->write_e;
+    int saved = 1;
+    for (int l = b; l < e; l++)
+        saved &= slot->covered[l] != 0;
+    if (saved)
+        return;
+    slot->failed = 1;
+    c->ckpt_fail_step = step;
+    snprintf(c->ckpt_fail, sizeof c->ckpt_fail,
+             "%s was gone before its layers [%d, %d) were saved; %s", w->name, b, e,
+             step < c->cfg.steps ? "the next step writes a checkpoint"
+                                 : "written again under the next plan");
+    c->ckpt_failed_total++;
+    if (step < c->cfg.steps)
+        c->ckpt_retry = 1;
+}
+
+/* Worker i left the job (leaving, then stop) with its part of a checkpoint unreported
+ * and is now gone for good (its connection or process ended): that checkpoint is given up
+ * as for a loss; the last step's is written again at once by the plan's pipeline 0,
+ * which it is no longer in. */
+static void writer_gone_after_leaving(pl_coord *c, int i)
+{
+    const int64_t step = c->w[i].writing;
+    if (!step || c->phase == PL_COORD_DONE || c->phase == PL_COORD_FAILED)
+        return;
+    writer_lost(c, i);
+    csaving *slot = saving_slot(c, step);
+    if (slot && slot->failed && step >= c->cfg.steps && c->phase == PL_COORD_SAVING)
+        resave(c, slot);
+}
+
 static void after_loss(pl_coord *c, const int *idx, int n)
 {
+    for (int k = 0; k < n; k++)
+        writer_lost(c, idx[k]);
     int critical = 0;
     for (int k = 0; k < n; k++) {
         const cworker *w = &c->w[idx[k]];
@@ -1245,14 +1323,14 @@ static void after_loss(pl_coord *c, const int *idx, int n)
     case PL_COORD_SETTLING:
         replan_soon(c); /* one more loss of the same event: wait for the rest too */
         break;
-    case PL_COORD_SAVING:
-        if (critical) { /* a writer is gone: the training is complete anyway */
-            c->reason[0] = 0;
-            appendf(c->reason, sizeof c->reason, "the last checkpoint is incomplete: %s",
-                    c->cause);
-            finish(c);
-        }
+    case PL_COORD_SAVING: {
+        /* a writer lost before its `saved` (writer_lost): the survivors hold the last
+         * state, the new plan's pipeline 0 writes it again (after_step) */
+        const csaving *last = saving_slot(c, c->step);
+        if (last && last->failed)
+            replan_soon(c);
         break;
+    }
     default:
         break;
     }
@@ -1729,8 +1807,10 @@ int pl_coord_worker_lost(pl_coord *c, const char *name, const char *cause)
     int i = find(c, name);
     if (i < 0)
         return fail_err(c, "unknown worker \"%s\"", name ? name : "(null)");
-    if (!c->w[i].live)
+    if (!c->w[i].live) { /* gone after its stop (it left): a write it had yet to report */
+        writer_gone_after_leaving(c, i);
         return PL_COORD_IGNORED;
+    }
     c->w[i].live = 0;
     add_cause(c, "lost %s (%s)", name, cause ? cause : "?");
     if (!c->w[i].leaving)
@@ -1939,21 +2019,9 @@ int pl_coord_saved(pl_coord *c, const char *name, const pl_msg_saved *sv)
     if (c->phase == PL_COORD_DONE || c->phase == PL_COORD_FAILED || sv->step <= c->ckpt_last ||
         sv->step > c->cfg.steps || sv->layer_end > c->nlayers)
         return PL_COORD_IGNORED;
-    csaving *slot = NULL, *oldest = &c->saving[0];
-    for (int k = 0; k < SAVING_SLOTS && !slot; k++) {
-        if (c->saving[k].step == sv->step)
-            slot = &c->saving[k];
-        if (c->saving[k].step < oldest->step)
-            oldest = &c->saving[k];
-    }
-    if (!slot) { /* a new checkpoint: reuse the oldest slot */
-        slot = oldest;
-        free(slot->covered);
-        memset(slot, 0, sizeof *slot);
-        if (!(slot->covered = calloc((size_t)c->nlayers, 1)))
-            return fail_err(c, "out of memory");
-        slot->step = sv->step;
-    }
+    csaving *slot = saving_slot(c, sv->step);
+    if (!slot && !(slot = new_saving_slot(c, sv->step)))
+        return fail_err(c, "out of memory");
     if (slot->completing || slot->failed)
         return PL_COORD_IGNORED;
     if (sv->error[0]) {
@@ -1963,6 +2031,9 @@ int pl_coord_saved(pl_coord *c, const char *name, const pl_msg_saved *sv)
         checkpoint_failed(c, slot, why);
         return PL_COORD_OK;
     }
+    cworker *w = &c->w[find(c, name)];
+    if (w->writing == sv->step)
+        w->writing = 0; /* reported */
     memset(slot->covered + sv->layer_begin, 1, (size_t)(sv->layer_end - sv->layer_begin));
     for (int l = 0; l < c->nlayers; l++)
         if (!slot->covered[l])
@@ -2017,12 +2088,14 @@ static void resave(pl_coord *c, csaving *slot)
     memset(slot->covered, 0, (size_t)c->nlayers);
     slot->failed = slot->completing = 0;
     slot->asked = -1;
+    c->ckpt_writing = slot->step;
     for (int i = 0; i < c->nw; i++) {
         if (!c->w[i].live || !in_pipes(c, i) || c->w[i].pipe != 0)
             continue;
         pl_msg *m = push(c, i, PL_MSG_SAVE, c->gen);
         if (m)
             m->u.save.step = slot->step;
+        note_writer(c, i, slot->step);
     }
 }
 
@@ -2050,6 +2123,22 @@ static void checkpoint_failed(pl_coord *c, csaving *slot, const char *why)
     else if (c->phase == PL_COORD_SAVING)
         resave(c, slot);
     /* else: the last step's commit is not through yet; SAVING writes it again */
+}
+
+/* A slot for the checkpoint of `step`, in place of the oldest one; NULL: out of memory. */
+static csaving *new_saving_slot(pl_coord *c, int64_t step)
+{
+    csaving *slot = &c->saving[0];
+    for (int k = 1; k < SAVING_SLOTS; k++)
+        if (c->saving[k].step < slot->step)
+            slot = &c->saving[k];
+    free(slot->covered);
+    memset(slot, 0, sizeof *slot);
+    slot->asked = -1;
+    if (!(slot->covered = calloc((size_t)c->nlayers, 1)))
+        return NULL;
+    slot->step = step;
+    return slot;
 }
 
 /* The slot of the checkpoint of `step`, or NULL. */
@@ -2356,6 +2445,7 @@ int pl_coord_tick(pl_coord *c, int64_t now_ms)
     for (int i = 0; i < c->nw; i++)
         if (c->w[i].live && now_ms - c->w[i].last_heard > limit) {
             c->w[i].live = 0;
+            c->w[i].silent = 1;
             add_cause(c, "lost %s (%s)", c->w[i].name, "missed heartbeats");
             if (!c->w[i].leaving)
                 node_failed(c, c->w[i].node);
@@ -2375,8 +2465,8 @@ int pl_coord_on_msg(pl_coord *c, const char *name, const pl_msg *m, int64_t now_
     c->err[0] = 0;
     if (!m)
         return fail_err(c, "NULL message");
-    if (heard(c, name, now_ms) < 0)
-        return PL_COORD_ERR;
+    if (heard(c, name, now_ms) < 0 && m->type != PL_MSG_SAVED)
+        return PL_COORD_ERR; /* a worker that left still reports the checkpoint it wrote */
     switch (m->type) {
     case PL_MSG_HEARTBEAT:
         return PL_COORD_OK;
@@ -2460,6 +2550,19 @@ int pl_coord_live_workers(const pl_coord *c)
     for (int i = 0; i < c->nw; i++)
         n += c->w[i].live;
     return n;
+}
+
+int pl_coord_worker_silent(const pl_coord *c, const char *name)
+{
+    int silent = 0;
+    for (int i = 0; i < c->nw; i++) {
+        if (strcmp(c->w[i].name, name))
+            continue;
+        if (c->w[i].live)
+            return 0; /* registered again */
+        silent |= c->w[i].silent;
+    }
+    return silent;
 }
 
 int pl_coord_nsteps(const pl_coord *c) { return c->nlog; }

@@ -296,6 +296,11 @@ int64_t pl_coord_generation(const pl_coord *c);
 int64_t pl_coord_step(const pl_coord *c);        /* the step running or to run next */
 int pl_coord_rank(const pl_coord *c, const char *name); /* -1 if unknown */
 int pl_coord_live_workers(const pl_coord *c);
+/* 1 when worker `name` was declared lost for missed heartbeats and has not registered
+ * again: its process may still be there, hung (SIGSTOP, a deadlock) or cut off, and the
+ * front end should end it (`pliant run` kills it) so that it never comes back holding an
+ * old plan's state; else 0. */
+int pl_coord_worker_silent(const pl_coord *c, const char *name);
 int64_t pl_coord_last_checkpoint(const pl_coord *c); /* newest complete checkpoint step, 0: none */
 /* The checkpoint whose attempt failed last (a layer or its checkpoint.json not written;
  * 0: none) and why. */

@@ -578,8 +578,13 @@ static void test_join_and_heartbeats(void)
     CHECK_EQ_INT(pl_coord_tick(s.c, 2999), PL_COORD_IGNORED);
     CHECK(drain(&s) == 0);
     CHECK_EQ_INT(s.nm, 0);
+    CHECK_EQ_INT(pl_coord_worker_silent(s.c, "w3"), 0);
     CHECK_EQ_INT(pl_coord_tick(s.c, 3500), PL_COORD_OK);
     s.live[3] = 0;
+    /* hung, maybe: the front end ends it; a worker lost otherwise is not silent */
+    CHECK_EQ_INT(pl_coord_worker_silent(s.c, "w3"), 1);
+    CHECK_EQ_INT(pl_coord_worker_silent(s.c, "w0"), 0);
+    CHECK_EQ_INT(pl_coord_worker_silent(s.c, "zz"), 0);
     CHECK(drain(&s) == 0);
     CHECK_EQ_INT(count_type(&s, PL_MSG_ABORT), 5);
     CHECK_EQ_INT(count_type(&s, PL_MSG_PLAN), 5);
@@ -1310,14 +1315,84 @@ static void test_last_checkpoint_waits_for_its_completion(void)
     /* the asked worker (w0, idle or not) leaves the job by dying: w1 is asked */
     CHECK_EQ_INT(pl_coord_worker_lost(s.c, "w0", "killed"), PL_COORD_OK);
     s.live[0] = 0;
-    if (pl_coord_phase(s.c) == PL_COORD_SAVING) {
-        CHECK_EQ_INT(complete_asked(&s, ""), 1);
-        CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_DONE);
-        CHECK_EQ_INT(pl_coord_last_checkpoint(s.c), 2);
-    } else { /* w0 wrote layers of pipeline 0: the last checkpoint is incomplete anyway */
-        CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_DONE);
-        CHECK_STR_CONTAINS(pl_coord_reason(s.c), "incomplete");
-    }
+    /* its layers were saved before: only checkpoint.json is left, written by another */
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_SAVING);
+    CHECK_EQ_INT(complete_asked(&s, ""), 1);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_DONE);
+    CHECK_EQ_INT(pl_coord_last_checkpoint(s.c), 2);
+    sim_free(&s);
+}
+
+/* The worker of pipeline 0, stage `stage` (-1: none). */
+static int pipeline0_stage(const sim *s, int stage)
+{
+    for (int w = 0; w < s->nw; w++)
+        if (s->live[w] && s->have_plan[w] && s->plan[w].u.plan.you_pipeline == 0 &&
+            s->plan[w].u.plan.you_stage == stage)
+            return w;
+    return -1;
+}
+
+/* A writer of the last checkpoint lost before its `saved`: the checkpoint cannot complete
+ * as it is; the survivors hold the last state, so a new plan's pipeline 0 writes it again
+ * (save) and the job ends with it, neither incomplete nor waiting forever. */
+static void test_last_checkpoint_writer_lost_is_written_again(void)
+{
+    sim s;
+    CHECK(sim_checkpointed(&s, 2, 6, 0, 0) == 0);
+    CHECK(sim_started(&s, 6) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    CHECK(run_step(&s, 1) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_SAVING);
+    const int lost = pipeline0_stage(&s, 1);
+    CHECK(lost >= 0);
+    save_layers(&s, 2, 1);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_COMPLETE_CHECKPOINT), 0);
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, nm(lost), "killed"), PL_COORD_OK);
+    s.live[lost] = 0;
+    const char *why = NULL;
+    CHECK_EQ_INT(pl_coord_checkpoint_failed(s.c, &why), 2);
+    CHECK_STR_CONTAINS(why, "gone before its layers");
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_PLAN), 5);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_SAVING);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_START_STEP), 0);
+    const int w0 = pipeline0_stage(&s, 0);
+    CHECK(w0 >= 0 && msg_to(&s, w0, PL_MSG_SAVE) && msg_to(&s, w0, PL_MSG_SAVE)->u.save.step == 2);
+    save_layers(&s, 2, -1);
+    CHECK_EQ_INT(complete_asked(&s, NULL), 1);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_DONE);
+    CHECK_EQ_INT(pl_coord_last_checkpoint(s.c), 2);
+    sim_free(&s);
+}
+
+/* The same in the middle of the training: the next commit writes a checkpoint. */
+static void test_checkpoint_writer_lost_is_retried_at_the_next_commit(void)
+{
+    sim s;
+    CHECK(sim_checkpointed(&s, 6, 6, 2, 0) == 0);
+    CHECK(sim_started(&s, 6) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    CHECK(run_step(&s, 1) == 0); /* its commit asked for the checkpoint of step 2 */
+    const int lost = pipeline0_stage(&s, 1);
+    CHECK(lost >= 0);
+    save_layers(&s, 2, 1);
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, nm(lost), "killed"), PL_COORD_OK);
+    s.live[lost] = 0;
+    CHECK_EQ_INT(pl_coord_checkpoint_failed(s.c, NULL), 2);
+    CHECK(drain(&s) == 0);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_step(s.c), 2);
+    report_all(&s, 2, -1, 1);
+    CHECK(drain(&s) == 0);
+    const int w0 = pipeline0_stage(&s, 0);
+    CHECK(w0 >= 0 && msg_to(&s, w0, PL_MSG_COMMIT) && msg_to(&s, w0, PL_MSG_COMMIT)->u.commit.save);
+    CHECK_EQ_INT(pl_coord_last_checkpoint(s.c), 0);
     sim_free(&s);
 }
 
@@ -1962,6 +2037,8 @@ RUN(test_step_failed_replans);
 RUN(test_initial_copy_loss_and_nan);
 RUN(test_checkpoint_completed_by_one_worker);
 RUN(test_last_checkpoint_waits_for_its_completion);
+    RUN(test_last_checkpoint_writer_lost_is_written_again);
+    RUN(test_checkpoint_writer_lost_is_retried_at_the_next_commit);
 RUN(test_nonfinite_report_never_committed);
 RUN(test_step_failing_every_attempt);
 RUN(test_fatal_same_on_every_worker);

@@ -98,7 +98,7 @@ static int compare(const int *cuts, int nst, int Nb)
         pl_engine_create(&st[k].e, kc[k], c, lo, hi, B, T, st[k].s.nslots, err, sizeof err);
         pl_engine_init_random(&st[k].e, 3);
         st[k].ep = (endpoint){box, k};
-        st[k].batch = (pl_stage_batch){tok, tgt, scale};
+        st[k].batch = (pl_stage_batch){.tokens = tok, .targets = tgt, .dloss_scale = scale};
         pthread_create(&th[k], NULL, run_stage, &st[k]);
     }
     for (int k = 0; k < nst; k++) pthread_join(th[k], NULL);

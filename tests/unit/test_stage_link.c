@@ -186,7 +186,7 @@ static int compare(const pl_gpt_config *c, int B, int T, const int *cuts, int ns
         pl_engine_create(&st[k].e, kc[k], c, lo, hi, B, T, st[k].s.nslots, err, sizeof err);
         pl_engine_init_random(&st[k].e, 3);
         st[k].link = links[k];
-        st[k].batch = (pl_stage_batch){tok, tgt, scale};
+        st[k].batch = (pl_stage_batch){.tokens = tok, .targets = tgt, .dloss_scale = scale};
         if (ok) pthread_create(&th[k], NULL, run_stage, &st[k]);
     }
     if (ok)
@@ -520,7 +520,7 @@ static void test_peer_dies_mid_step(void)
             pl_engine_create(&st[k].e, kc[k], c, lo, hi, B, T, st[k].s.nslots, err, sizeof err);
             pl_engine_init_random(&st[k].e, 3);
             st[k].d = (dying_ctx){links[k], 0, k == victim ? 3 : -1};
-            st[k].batch = (pl_stage_batch){tok, tgt, 1.0f / 60};
+            st[k].batch = (pl_stage_batch){.tokens = tok, .targets = tgt, .dloss_scale = 1.0f / 60};
         }
         int64_t t0 = ms_now();
         for (int k = 0; k < nst; k++) pthread_create(&th[k], NULL, run_dying, &st[k]);

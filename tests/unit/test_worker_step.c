@@ -385,8 +385,8 @@ static int serial_step(const pl_worker_step_args *a, char *err, size_t errlen)
     pl_engine *e = a->engine;
     pl_engine_zero_grads(e);
     const size_t off = (size_t)a->first_micro * DP_BT;
-    pl_stage_batch batch = {a->tokens + off, a->targets + off,
-                            1.0f / (float)(a->global_micro * DP_BT)};
+    pl_stage_batch batch = {.tokens = a->tokens + off, .targets = a->targets + off,
+                            .dloss_scale = 1.0f / (float)(a->global_micro * DP_BT)};
     double loss;
     if (pl_stage_step(e, a->schedule, a->link, &batch, &loss, err, errlen)) return -1;
     const pl_sync_rank *me = pl_syncgroups_rank(a->groups, (int)a->peers->self);

@@ -493,7 +493,8 @@ static void *mini_main(void *arg)
     const pl_xport *x = &m->sim->x[m->rank];
     const int ranks[2] = {0, 1};
     pl_stage_xlink link = {x, ranks};
-    pl_stage_batch batch = {m->tok, m->tgt, 1.0f / (float)(m->s.nmicro * BT)};
+    pl_stage_batch batch = {.tokens = m->tok, .targets = m->tgt,
+                            .dloss_scale = 1.0f / (float)(m->s.nmicro * BT)};
     pl_engine_zero_grads(&m->e);
     const int head = pl_engine_has_head(&m->e);
     int rc = pl_stage_step_xport(&m->e, &m->s, &link, &batch, head && m->early ? wte_early : NULL,

@@ -91,7 +91,9 @@ static void post_saved(agent *a, int64_t step, int begin, int end, int64_t bytes
 static void on_saved(void *user, int64_t step, int begin, int end, int rc, int64_t bytes,
                      const char *err)
 {
-    post_saved(user, step, begin, end, bytes, rc ? err : NULL);
+    agent *a = user;
+    if (rc == 0) pl_fault_on_saved(&a->fault, step);
+    post_saved(a, step, begin, end, bytes, rc ? err : NULL);
 }
 
 /* Starts writing this worker's layers as the checkpoint of step (the state after step
@@ -151,6 +153,7 @@ static int run_step(agent *a, int64_t s, char *err, size_t errlen)
                         a->tgt + off))
         return pl_errf(err, errlen, "sampling step %lld failed", (long long)s);
     pl_fault_bad_tokens(&a->fault, s, a->tok + off, (size_t)a->nmb * B * T);
+    pl_fault_begin_step(&a->fault, s, a->nmb);
     pl_stage_link link = {0};
     if (a->link) link = pl_tcp_link_stage(a->link);
     pl_peer_table peers = {a->rank, a->nranks, a->conns};
@@ -161,6 +164,7 @@ static int run_step(agent *a, int64_t s, char *err, size_t errlen)
                                 .timeout_ms = PEER_TIMEOUT_MS,
                                 .xport = a->ncp ? pl_nccl_plan_xport(a->ncp) : NULL,
                                 .before_reduce = pl_fault_step_hook(&a->fault, s),
+                                .before_op = pl_fault_before_op,
                                 .hook_ctx = &a->fault};
     pl_worker_step_result res;
     if (pl_worker_step(&args, &res, err, errlen)) return -1;
@@ -193,6 +197,11 @@ static void on_plan(agent *a, const pl_msg *m)
     if (m->gen <= a->gen) return;
     int64_t bytes = 0;
     if (agent_install_plan(a, m, &bytes, err, sizeof err) == 0) {
+        /* what it holds now, copied, kept or loaded, is the state after the plan's first
+         * step − 1 (a `save` of it after a writer was lost must find it so) */
+        pthread_mutex_lock(&a->mu);
+        if (m->u.plan.you_pipeline >= 0) a->last_committed = m->u.plan.step - 1;
+        pthread_mutex_unlock(&a->mu);
         pl_msg_init(&r, PL_MSG_COPY_DONE, a->gen);
         r.u.copy_done.bytes = bytes;
         agent_post(a, &r);
@@ -282,6 +291,7 @@ static void on_commit(agent *a, const pl_msg *m)
 {
     const pl_msg_commit *c = &m->u.commit;
     if (m->gen != a->gen || a->pipe < 0) return;
+    pl_fault_on_commit(&a->fault, c->step);
     const pl_optimizer_spec *o = &a->job.optimizer;
     pl_adamw w = {(float)c->lr, (float)o->beta1, (float)o->beta2, (float)o->eps,
                   (float)o->weight_decay};
@@ -604,6 +614,7 @@ static void control_loop(agent *a)
     int leaving_sent = 0;
     while (!atomic_load(&a->done)) {
         announce_leaving(a, &leaving_sent);
+        if (pl_fault_take_cut(&a->fault)) atomic_store(&a->disconnected, 1);
         if (atomic_load(&a->disconnected)) {
             if (reconnect(a)) {
                 atomic_store(&a->exit_code, 1);
@@ -643,6 +654,16 @@ static void stop_compute(agent *a, pthread_t th)
     atomic_store(&a->done, 1);
     pl_msg_queue_push_end(a->queue);
     pthread_join(th, NULL);
+}
+
+/* A worker told to stop (it left the job, or the job is done) may still be writing its
+ * layers of a checkpoint: their `saved` goes out before it exits, else that checkpoint
+ * could never complete. */
+static void flush_checkpoint(agent *a)
+{
+    pl_checkpoint_writer_wait(a->ckw);
+    for (int i = 0; a->cli && i < 20 && pl_ctl_client_get_state(a->cli) == PL_CTL_WELCOMED; i++)
+        pl_ctl_client_service(a->cli, 10);
 }
 
 static void agent_free(agent *a)
@@ -700,6 +721,7 @@ int pl_agent_run(const pl_agent_options *o)
         } else {
             control_loop(a);
             stop_compute(a, th);
+            flush_checkpoint(a);
         }
     }
     const int code = atomic_load(&a->exit_code);

@@ -384,7 +384,7 @@ int agent_install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err, 
     a->gen = m->gen;
     pthread_mutex_unlock(&a->mu);
     agent_tell_client(a, a->gen, -1);
-    pl_fault_set_plan(&a->fault, a->gen);
+    pl_fault_set_plan(&a->fault, a->gen, -1); /* its rank once placed */
     a->pipe = p->you_pipeline;
     *bytes_in = 0;
     if (p->has_checkpoint) { /* a restart: the checkpoint replaces whatever is held */
@@ -402,6 +402,7 @@ int agent_install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err, 
                        (long long)p->global_batch, p->seq_len, p->micro);
     if (place_in_plan(a, p, err, errlen)) return -1;
     pl_mesh_set_plan(a->mesh, (uint64_t)a->gen, a->rank);
+    pl_fault_set_plan(&a->fault, a->gen, a->rank);
     const double tc = pl_now_ms();
     const int ob = a->have_src ? a->src.begin : a->have_engine ? a->e.begin : 0;
     const int oe = a->have_src ? a->src.end : a->have_engine ? a->e.end : 0;

@@ -22,6 +22,12 @@ int pl_stage_step(pl_engine *e, const pl_schedule *s, const pl_stage_link *link,
     return pl_stage_step_notify(e, s, link, batch, NULL, NULL, loss_sum, err, errlen);
 }
 
+static void before_op(const pl_stage_batch *batch, const pl_sched_op *op)
+{
+    if (batch->before_op)
+        batch->before_op(batch->op_ctx, op->kind == PL_SCHED_BACKWARD, op->mb);
+}
+
 /* Checks that the engine has the schedule's slots and finds its last backward (*last_bw):
  * only that one finishes layers, earlier ones are still followed by other microbatches'
  * contributions. 0, or −1 with err. */
@@ -56,6 +62,7 @@ int pl_stage_step_notify(pl_engine *e, const pl_schedule *s, const pl_stage_link
     for (int i = 0; i < s->nops && rc == 0; i++) {
         const pl_sched_op *op = &s->ops[i];
         const size_t off = (size_t)op->mb * BT;
+        before_op(batch, op);
         if (op->kind == PL_SCHED_FORWARD) {
             if (op->recv_from >= 0)
                 rc = link->recv(link->ctx, op->recv_from, PL_LINK_ACTIVATION, op->mb, buf, n, err,
@@ -126,6 +133,7 @@ int pl_stage_step_xport(pl_engine *e, const pl_schedule *s, const pl_stage_xlink
     int rc = 0;
     for (int i = 0; i < s->nops && rc == 0; i++) {
         const pl_sched_op *op = &s->ops[i];
+        before_op(batch, op);
         /* the paired group: the send after op i−1 and the receive before op i */
         pl_xport_op g[2];
         int ng = 0;

@@ -34,6 +34,10 @@ typedef struct {
 typedef struct {
     const int32_t *tokens, *targets;
     float dloss_scale; /* 1 / (tokens of the whole step, all pipelines) */
+    /* Fault injection for the recovery tests (worker/agent/fault.h): called before each
+     * op of the schedule, backward 0 or 1, mb the microbatch. NULL: none. */
+    void (*before_op)(void *ctx, int backward, int mb);
+    void *op_ctx;
 } pl_stage_batch;
 
 /* Runs the schedule; gradients accumulate in the engine. With the head,

@@ -346,6 +346,8 @@ int pl_worker_step(const pl_worker_step_args *a, pl_worker_step_result *out, cha
         pl_engine_has_embedding(e) && a->tokens ? a->tokens + off : NULL,
         pl_engine_has_head(e) && a->targets ? a->targets + off : NULL,
         1.0f / (float)((double)a->global_micro * (double)BT),
+        a->before_op,
+        a->hook_ctx,
     };
     if (pl_engine_has_embedding(e) && !batch.tokens)
         return pl_errf(err, errlen, "worker step: the stage has the embedding and needs tokens");

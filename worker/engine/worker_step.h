@@ -44,6 +44,8 @@ typedef struct {
     /* Fault injection for recovery tests: called on the comm thread before the
      * all-reduce of each group shared with other ranks. NULL: none. */
     void (*before_reduce)(void *ctx, int key);
+    /* The same, before each op of the stage's schedule (pl_stage_batch.before_op). */
+    void (*before_op)(void *ctx, int backward, int mb);
     void *hook_ctx;
     /* The ordered transport (xport.h: NCCL on GPU workers, docs/nccl.md "The step on
      * NCCL"), or NULL for the TCP path above (link, peers, a comm thread). With it, link
