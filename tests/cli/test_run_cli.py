@@ -172,6 +172,31 @@ def two_three_stage_pipelines_match_train():
     check(rows[0]["pipelines"] == "2x3", "pipelines %s", rows[0]["pipelines"])
 
 
+@test
+def redundant_matches_train_and_templates():
+    """strategy redundant (docs/redundant.md): 5 workers make 1x3 + 1x2; every stage but
+    the 3-stage pipeline's last also holds its successor's layers (the 2-stage one both
+    ways), updated from the owners' reduced gradients. The losses equal the templates
+    run's exactly (the shadows change no sum) and train's within 1e-6."""
+    plain = run_and_compare(write_job("rc-plain", steps=6, global_=4), 5, 6)
+    job = write_job("rc", steps=6, global_=4,
+                    extra="  faultTolerance: {strategy: redundant, redundantForward: lazy}\n")
+    m = job + ".run5.jsonl"
+    rc, out, err = run("run", job, "--workers", 5, "--metrics", m, "--threads", 1)
+    check(rc == 0, "run failed (%d):\n%s\n%s", rc, out[-2000:], err[-2000:])
+    rows = metrics(m)
+    check(len(rows) == 6 and rows[0]["pipelines"] == "1x3+1x2", "rows %s", rows[:1])
+    shadows = re.findall(r"shadow of stage (\d+)", err)
+    check(sorted(shadows) == ["0", "1", "1", "2"], "shadow lines %s:\n%s", shadows, err[-2000:])
+    ref = reference(write_job("rc-ref", steps=6, global_=4))
+    for a, p, b in zip(rows, plain, ref):
+        check(a["loss"] == p["loss"], "step %d: loss %.9g, templates %.9g", a["step"], a["loss"],
+              p["loss"])
+        check(abs(a["loss"] - b["loss"]) <= 1e-6 * abs(b["loss"]),
+              "step %d: loss %.9g, train %.9g", a["step"], a["loss"], b["loss"])
+        check(a["samples_digest"] == b["samples_digest"], "step %d: samples differ", a["step"])
+
+
 def write_eval_job(name, steps, global_, every, extra=""):
     """A job with validation data (PREFIX_val.bin) evaluated every `every` steps."""
     path = write_job(name, steps=steps, global_=global_, extra="  evalEvery: %d\n%s" % (every, extra))

@@ -378,6 +378,7 @@ int agent_install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err, 
     const pl_msg_plan *p = &m->u.plan;
     a->broken[0] = 0;
     agent_teardown_links(a);
+    agent_drop_shadow(a);
     pthread_mutex_lock(&a->mu);
     a->gen = m->gen;
     pthread_mutex_unlock(&a->mu);
@@ -413,5 +414,6 @@ int agent_install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err, 
               p->you_layer_end, p->ncopies, (long long)*bytes_in, p->nsends, pl_now_ms() - tc);
     if (size_batch(a, p, err, errlen)) return -1;
     if (p->transport == PL_TRANSPORT_NCCL) return install_nccl(a, p, bytes_in, err, errlen);
-    return connect_tcp_peers(a, p, err, errlen);
+    if (connect_tcp_peers(a, p, err, errlen)) return -1;
+    return agent_install_shadow(a, p, err, errlen);
 }

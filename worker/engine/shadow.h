@@ -38,9 +38,6 @@
 #include "engine.h"
 #include "stage.h"
 
-/* The stage link kind of a shadow's gradients (after PL_LINK_GRADIENT). */
-#define PL_LINK_SHADOW ((pl_link_kind)2)
-
 typedef enum {
     PL_RC_NONE = 0, /* no redundant layers */
     PL_RC_CHAIN,    /* stage k shadows k + 1 for k < S − 1 */
