@@ -13,6 +13,30 @@ int pl_rc_successor(int stage, int nstages)
     return nstages == 2 ? 0 : -1;
 }
 
+int pl_rc_holder(int stage, int nstages)
+{
+    if (nstages < 2 || stage < 0 || stage >= nstages) return -1;
+    if (stage > 0) return stage - 1;
+    return nstages == 2 ? 1 : -1;
+}
+
+int pl_rc_failover(int n, const int *layers, const int *lost, int *keep, int *nkeep, int *out)
+{
+    *nkeep = 0;
+    for (int j = 0; j < n; j++) {
+        const int h = pl_rc_holder(j, n);
+        if (lost[j] && (h < 0 || lost[h])) return 0;
+    }
+    for (int j = 0; j < n; j++) {
+        if (lost[j]) continue;
+        /* the first survivor starts at layer 0: stage 0 lost in the 2-stage ring */
+        out[*nkeep] = *nkeep ? layers[j] : layers[0];
+        keep[(*nkeep)++] = j;
+    }
+    out[*nkeep] = layers[n];
+    return *nkeep > 0;
+}
+
 /* Σ over layers [b, e) of one field. */
 typedef enum { SUM_PARAMS, SUM_ACTS, SUM_FWD, SUM_WORK } sum_kind;
 

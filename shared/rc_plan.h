@@ -48,6 +48,21 @@ typedef struct {
 /* The stage whose layers stage k of S shadows, or −1 (the planner's layout). */
 int pl_rc_successor(int stage, int nstages);
 
+/* The stage that holds stage k's layers as its shadow, or −1 (the first stage of a
+ * chain, one stage): the inverse of pl_rc_successor, as the worker lays it out. */
+int pl_rc_holder(int stage, int nstages);
+
+/* Failover without copies (Bamboo §4 "redundant computation", §5.3 failover): the
+ * pipeline of n stages with bounds layers[0..n] (stage j runs [layers[j],
+ * layers[j+1])) after the stages with lost[j] set are gone, each lost stage's layers
+ * taken over by the stage holding them as its shadow, whose range becomes the union
+ * (contiguous: the holder is the predecessor, or with 2 stages the other one).
+ * keep[0..*nkeep) receives the surviving stages' indices in order, out[0..*nkeep]
+ * their bounds. Returns 1 when every lost stage's holder survives (0 lost: the
+ * pipeline as it is), 0 when not (two consecutive stages, a chain's first stage):
+ * then only copies or a checkpoint can help. */
+int pl_rc_failover(int n, const int *layers, const int *lost, int *keep, int *nkeep, int *out);
+
 /* The RC cost of template t (its cost fields filled: pl_template_evaluate) with nb
  * microbatches; eager: FRC every step. 0, or −1 if t has no stages. */
 int pl_rc_evaluate(const pl_profile *p, const pl_template *t, int eager, int64_t nb,

@@ -100,6 +100,7 @@ pl_coord_config pl_job_coord_config(const pl_job *job, const pl_job_plan *p, int
         .checkpoint_every = job->checkpoint.every,
         .resume_auto = job->checkpoint.dir[0] && job->checkpoint.resume == PL_RESUME_AUTO,
         .strategy_checkpoint = ft->strategy == PL_STRATEGY_CHECKPOINT,
+        .strategy_redundant = ft->strategy == PL_STRATEGY_REDUNDANT,
         .max_resets = ft->max_resets,
         .wait_for_nodes_ms = (int64_t)(ft->wait_for_nodes_timeout_seconds * 1000.0),
         .settle_ms = SETTLE_MS, .hosts_added_check_every = ft->hosts_added_check_every,

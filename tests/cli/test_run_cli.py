@@ -839,6 +839,67 @@ def strategy_checkpoint_restarts_every_worker_from_the_checkpoint():
                       once=False)
 
 
+RC_EXTRA = "  faultTolerance: {strategy: redundant, redundantForward: lazy}\n"
+
+
+def rc_chaos(name, chaos, steps, workers=5):
+    """A redundant job (5 workers: 1x3 w0-w2 + 1x2 w3-w4) under --chaos: its metrics rows,
+    reconfigure events and stderr, after checking every step's loss and samples
+    against pliant train's."""
+    job = write_job(name, steps=steps, global_=4, extra=RC_EXTRA)
+    m, out, err = run_chaos(job, workers, chaos)
+    check_steps_match(metrics(m), reference(reference_job(name, steps, global_=4)), steps)
+    return metrics(m), events(m, "reconfigure"), err
+
+
+@test
+def redundant_failover_takes_over_without_copies():
+    """strategy redundant, 5 workers (1x3 + 1x2): stage 1 of the 3-stage pipeline SIGKILLed
+    when step 3 begins; its predecessor holds its layers as its shadow and runs both
+    ranges (Bamboo §5.3): no byte copied, no checkpoint, the pipelines 2x2, every step
+    once with train's losses and samples. Then stage 1 of the 2-stage ring at step 6:
+    stage 0 runs the whole model, 1x2+1x1."""
+    rows, rec, err = rc_chaos("rc-failover", "kill:p0.1@step=3,kill:p1.1@step=6", 10)
+    check(len(rec) == 2, "reconfigure lines: %s", rec)
+    for r, pipes in zip(rec, ("2x2", "1x2+1x1")):
+        check(len(r["removed"]) == 1 and r["bytes_copied"] == 0 and
+              r["from_checkpoint"] is False and "failover" in r["cause"] and
+              r["pipelines"] == pipes, "reconfigure: %s", r)
+    check("loaded from" not in err, "a checkpoint was read")
+    check(rows[-1]["pipelines"] == "1x2+1x1", "pipelines %s", rows[-1]["pipelines"])
+
+
+@test
+def redundant_two_consecutive_losses_copy_from_survivors():
+    """Stages 0 and 1 of the 3-stage pipeline SIGKILLed at once: no shadow covers stage 0
+    (the chain's first) nor stage 1 (its holder is lost too): the templates path copies
+    layers from the survivors, no checkpoint, every step with train's losses."""
+    rows, rec, err = rc_chaos("rc-two", "kill:p0.0@step=3,kill:p0.1@step=3", 8)
+    check(rec and all(r["from_checkpoint"] is False for r in rec), "reconfigure: %s", rec)
+    check(any(r["bytes_copied"] > 0 for r in rec), "no copy: %s", rec)
+    check(not any("failover" in r["cause"] for r in rec), "a failover: %s", rec)
+
+
+@test
+def redundant_join_restores_redundancy_then_survives_a_second_loss():
+    """Stage 1 of the 3-stage pipeline killed at step 3 (failover to stage 0), one worker
+    added at step 4: it takes the lost one's place, receiving its layers from stage 0 (the
+    shadow holder that ran them), and the shadows are set up again; stage 2 killed at
+    step 30 (its holder is the new worker): a failover again, no copy. Every step once
+    with train's losses and samples."""
+    rows, rec, err = rc_chaos("rc-join", "kill:p0.1@step=3,add:1@step=4,kill:p0.2@step=30", 40)
+    check(len(rec) == 3, "reconfigure lines: %s", rec)
+    fo, join, fo2 = rec
+    check(fo["bytes_copied"] == 0 and "failover" in fo["cause"], "first: %s", fo)
+    check(join["added"] and join["bytes_copied"] > 0 and join["from_checkpoint"] is False and
+          join["pipelines"] == "1x3+1x2", "join: %s", join)
+    holder = re.search(r"failover: (\S+) runs", fo["cause"]).group(1)
+    check(re.search(r"worker %s: generation %d: .* sent [1-9]" % (holder, join["plan_generation"]),
+                    err), "the shadow holder %s sent nothing:\n%s", holder, err[-2000:])
+    check(len(fo2["removed"]) == 1 and fo2["bytes_copied"] == 0 and "failover" in fo2["cause"]
+          and fo2["from_checkpoint"] is False, "second loss: %s", fo2)
+
+
 @test
 def too_few_workers_wait_then_continue_with_the_returning_ones():
     """4 single-node pipelines (F = 1: at least 2 needed); 3 are killed at step 4; the

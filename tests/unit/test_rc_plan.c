@@ -64,6 +64,39 @@ static void test_rc_templates_fit_with_shadows(void)
     pl_profile_free(&p);
 }
 
+/* Failover (Bamboo §5.3): each lost stage's range joins its holder's, the predecessor's,
+ * or the other stage's in the 2-stage ring; two consecutive losses, or a chain's first
+ * stage, cannot fail over. */
+static void test_rc_failover_merges_ranges(void)
+{
+    const int l4[] = {0, 2, 4, 7, 10};
+    int keep[4], out[5], n;
+    const int lost_b[] = {0, 1, 0, 0};
+    CHECK(pl_rc_failover(4, l4, lost_b, keep, &n, out) == 1 && n == 3);
+    CHECK(keep[0] == 0 && keep[1] == 2 && keep[2] == 3);
+    CHECK(out[0] == 0 && out[1] == 4 && out[2] == 7 && out[3] == 10);
+    const int lost_last[] = {0, 0, 0, 1};
+    CHECK(pl_rc_failover(4, l4, lost_last, keep, &n, out) == 1 && n == 3 && out[3] == 10 &&
+          out[2] == 4);
+    const int lost_two[] = {0, 1, 1, 0};
+    CHECK(pl_rc_failover(4, l4, lost_two, keep, &n, out) == 0);
+    const int lost_first[] = {1, 0, 0, 0};
+    CHECK(pl_rc_failover(4, l4, lost_first, keep, &n, out) == 0);
+    const int lost_alt[] = {0, 1, 0, 1};
+    CHECK(pl_rc_failover(4, l4, lost_alt, keep, &n, out) == 1 && n == 2 && out[1] == 4 &&
+          out[2] == 10);
+    const int l2[] = {0, 3, 10}, ring0[] = {1, 0}, ring1[] = {0, 1}, both[] = {1, 1};
+    CHECK(pl_rc_failover(2, l2, ring0, keep, &n, out) == 1 && n == 1 && keep[0] == 1 &&
+          out[0] == 0 && out[1] == 10);
+    CHECK(pl_rc_failover(2, l2, ring1, keep, &n, out) == 1 && n == 1 && keep[0] == 0 &&
+          out[1] == 10);
+    CHECK(pl_rc_failover(2, l2, both, keep, &n, out) == 0);
+    const int none[] = {0, 0};
+    CHECK(pl_rc_failover(2, l2, none, keep, &n, out) == 1 && n == 2 && out[1] == 3);
+    CHECK(pl_rc_holder(0, 3) == -1 && pl_rc_holder(0, 2) == 1 && pl_rc_holder(2, 3) == 1);
+}
+
 TEST_MAIN_BEGIN
+RUN(test_rc_failover_merges_ranges);
 RUN(test_rc_templates_fit_with_shadows);
 TEST_MAIN_END

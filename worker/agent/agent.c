@@ -249,6 +249,7 @@ static void on_start_step(agent *a, const pl_msg *m)
         pl_engine_destroy(&a->src);
         a->have_src = 0;
     }
+    agent_drop_shadow_src(a);
     agent_tell_client(a, a->gen, step);
     if (!step_begin(a, step)) return; /* aborted before it began */
     const int failed = run_step(a, step, err, sizeof err);
@@ -626,6 +627,7 @@ static void agent_free(agent *a)
     if (a->have_engine) pl_engine_destroy(&a->e);
     if (a->have_src) pl_engine_destroy(&a->src);
     agent_drop_shadow(a);
+    agent_drop_shadow_src(a);
     if (a->k) kn_destroy(a->k);
     if (a->lst) pl_listener_close(a->lst);
     free(a->tok);

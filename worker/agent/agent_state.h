@@ -75,6 +75,9 @@ typedef struct {
     pl_engine shadow;     /* strategy redundant: the successor's layers (shadow.h) */
     int have_shadow;
     pl_rc_layout rc;      /* the plan's redundant layout (PL_RC_NONE without shadows) */
+    pl_engine shadow_src; /* the shadow of the plan before this one, kept like src until the
+                             next start_step: a failover's local source (Bamboo §5.3) */
+    int have_shadow_src;
     pl_schedule sched;
     int have_sched;
     pl_listener *lst;
@@ -135,8 +138,14 @@ void agent_teardown_links(agent *a);
  * it), so that the shadow starts byte-identical to its owner. Sets a->rc; nothing without
  * strategy redundant, off the TCP transport or with one stage. 0, or -1 with err. */
 int agent_install_shadow(agent *a, const pl_msg_plan *p, char *err, size_t errlen);
-/* Drops the shadow (a new plan, the end). */
+/* Drops the shadow (the end). */
 void agent_drop_shadow(agent *a);
+/* A new plan: the shadow becomes shadow_src (the stable plan's, which a failover takes
+ * over locally), unless shadow_src is still the one of a plan before (no step ran since):
+ * then the shadow is dropped, as retire_engine does with engines. */
+void agent_retire_shadow(agent *a);
+/* Drops shadow_src (a step began: the plan is stable; a checkpoint restart; the end). */
+void agent_drop_shadow_src(agent *a);
 
 /* duties.c: what the coordinator asks besides training */
 

@@ -102,7 +102,8 @@ static int change_engine(agent *a, const pl_msg_plan *p, int in_pipe, int b, int
     pl_engine ne;
     memset(&ne, 0, sizeof ne);
     pl_layer_copy_job job = {.plan = p, .self = a->o->name, .cfg = &a->cfg,
-                             .src = a->have_src ? &a->src : NULL, .dst = in_pipe ? &ne : NULL};
+                             .src = a->have_src ? &a->src : NULL, .dst = in_pipe ? &ne : NULL,
+                             .shadow = a->have_shadow_src ? &a->shadow_src : NULL};
     if (in_pipe && new_engine(a, &job, b, e, nslots, err, errlen)) return -1;
     pl_layer_copy_tcp tcp = {.mesh = a->mesh, .after_send = pl_fault_after_copy_send,
                              .hook_ctx = &a->fault};
@@ -378,7 +379,7 @@ int agent_install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err, 
     const pl_msg_plan *p = &m->u.plan;
     a->broken[0] = 0;
     agent_teardown_links(a);
-    agent_drop_shadow(a);
+    agent_retire_shadow(a);
     pthread_mutex_lock(&a->mu);
     a->gen = m->gen;
     pthread_mutex_unlock(&a->mu);
@@ -390,6 +391,7 @@ int agent_install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err, 
         if (a->have_engine) pl_engine_destroy(&a->e);
         if (a->have_src) pl_engine_destroy(&a->src);
         a->have_engine = a->have_src = 0;
+        agent_drop_shadow_src(a);
     }
     if (p->you_pipeline < 0) { /* idle: serve the sends only */
         pl_mesh_set_plan(a->mesh, (uint64_t)a->gen, PL_COMM_NO_RANK);

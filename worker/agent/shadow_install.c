@@ -19,6 +19,24 @@ void agent_drop_shadow(agent *a)
     memset(&a->shadow, 0, sizeof a->shadow);
 }
 
+void agent_retire_shadow(agent *a)
+{
+    if (a->have_shadow && !a->have_shadow_src) {
+        a->shadow_src = a->shadow;
+        a->have_shadow_src = 1;
+        a->have_shadow = 0;
+        memset(&a->shadow, 0, sizeof a->shadow);
+    }
+    agent_drop_shadow(a);
+}
+
+void agent_drop_shadow_src(agent *a)
+{
+    if (a->have_shadow_src) pl_engine_destroy(&a->shadow_src);
+    a->have_shadow_src = 0;
+    memset(&a->shadow_src, 0, sizeof a->shadow_src);
+}
+
 /* Bamboo's ring needs a link from the last stage to the first: the TCP stage link has
  * one with 2 stages; with more, a chain (shadow.h). */
 static pl_rc_layout layout_of(const agent *a, const pl_msg_plan *p)
