@@ -52,7 +52,7 @@ int pl_rc_successor(int stage, int nstages);
  * chain, one stage): the inverse of pl_rc_successor, as the worker lays it out. */
 int pl_rc_holder(int stage, int nstages);
 
-/* Failover without copies (Bamboo §4 "redundant computation", §5.3 failover): the
+/* Failover without copies (Bamboo §4 "redundant computation", §5.2 failover): the
  * pipeline of n stages with bounds layers[0..n] (stage j runs [layers[j],
  * layers[j+1])) after the stages with lost[j] set are gone, each lost stage's layers
  * taken over by the stage holding them as its shadow, whose range becomes the union

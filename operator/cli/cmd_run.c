@@ -27,7 +27,8 @@
  * --chaos (shared/chaos.h): step events fire once the coordinator runs step S,
  * time events once their time since the workers were started has passed;
  * kill/term signal worker number W (start order; ended or unknown ones are
- * ignored with a note), add starts workers named w<nw>, w<nw+1>, ... A trace's
+ * ignored with a note), or with pQ.J the worker at stage J of pipeline Q of
+ * the coordinator's stable plan, add starts workers named w<nw>, w<nw+1>, ... A trace's
  * initial workers replace --workers. Exit 0 when every step is committed, 1
  * when the job fails, 2 on bad input. */
 #include <getopt.h>

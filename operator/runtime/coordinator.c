@@ -767,7 +767,7 @@ out:
     return rc;
 }
 
-/* Failover without copies (Bamboo §4, §5.3): when every lost worker of the stable plan
+/* Failover without copies (Bamboo §4, §5.2): when every lost worker of the stable plan
  * has a live shadow holder, the new plan is the stable one with each holder running its
  * own layers and the lost stage's, built locally from its engine and its shadow
  * (pl_layer_copy_local); neighbours and sync groups follow from the plan, the microbatches

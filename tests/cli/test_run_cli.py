@@ -856,7 +856,7 @@ def rc_chaos(name, chaos, steps, workers=5):
 def redundant_failover_takes_over_without_copies():
     """strategy redundant, 5 workers (1x3 + 1x2): stage 1 of the 3-stage pipeline SIGKILLed
     when step 3 begins; its predecessor holds its layers as its shadow and runs both
-    ranges (Bamboo §5.3): no byte copied, no checkpoint, the pipelines 2x2, every step
+    ranges (Bamboo §5.2): no byte copied, no checkpoint, the pipelines 2x2, every step
     once with train's losses and samples. Then stage 1 of the 2-stage ring at step 6:
     stage 0 runs the whole model, 1x2+1x1."""
     rows, rec, err = rc_chaos("rc-failover", "kill:p0.1@step=3,kill:p1.1@step=6", 10)

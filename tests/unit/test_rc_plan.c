@@ -64,7 +64,7 @@ static void test_rc_templates_fit_with_shadows(void)
     pl_profile_free(&p);
 }
 
-/* Failover (Bamboo §5.3): each lost stage's range joins its holder's, the predecessor's,
+/* Failover (Bamboo §5.2): each lost stage's range joins its holder's, the predecessor's,
  * or the other stage's in the 2-stage ring; two consecutive losses, or a chain's first
  * stage, cannot fail over. */
 static void test_rc_failover_merges_ranges(void)

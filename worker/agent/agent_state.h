@@ -76,7 +76,7 @@ typedef struct {
     int have_shadow;
     pl_rc_layout rc;      /* the plan's redundant layout (PL_RC_NONE without shadows) */
     pl_engine shadow_src; /* the shadow of the plan before this one, kept like src until the
-                             next start_step: a failover's local source (Bamboo §5.3) */
+                             next start_step: a failover's local source (Bamboo §5.2) */
     int have_shadow_src;
     pl_schedule sched;
     int have_sched;

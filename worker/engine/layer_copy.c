@@ -31,7 +31,7 @@ int pl_layer_copy_local(const pl_layer_copy_job *job, int *fresh, char *err, siz
         const pl_engine_tensor *t = &dst->tensors[j];
         const pl_engine *from = src;
         const pl_engine_tensor *st = src ? pl_engine_find(src, t->layer, t->index) : NULL;
-        if (!st && job->shadow) { /* the shadow's layers, taken over (Bamboo §5.3) */
+        if (!st && job->shadow) { /* the shadow's layers, taken over (Bamboo §5.2) */
             from = job->shadow;
             st = pl_engine_find(from, t->layer, t->index);
         }

@@ -62,7 +62,7 @@ typedef struct {
     pl_engine *dst;           /* the new engine, the plan's range of this worker; NULL: idle */
     const pl_engine *shadow;  /* strategy redundant: the successor's layers this worker held
                                  as its shadow (shadow.h), a second local source: the
-                                 failover takes them over without a copy (Bamboo §5.3);
+                                 failover takes them over without a copy (Bamboo §5.2);
                                  NULL: none */
 } pl_layer_copy_job;
 
