@@ -177,6 +177,18 @@ static int add_trace(pl_chaos *c, const char *arg, size_t len, char *err, size_t
 }
 
 /* One "action:N@step=S" or "action:N@t=SECONDS" event. */
+/* pQ.J of kill:pQ.J (p..at): the event by place instead of by number. 0, or -1. */
+static int parse_place(const char *p, const char *at, pl_chaos_event *e)
+{
+    const char *dot = memchr(p, '.', (size_t)(at - p));
+    int64_t q, j;
+    if (!dot || parse_i64(p, dot, 0, 1000, &q) || parse_i64(dot + 1, at, 0, 1000, &j)) return -1;
+    e->worker = -1;
+    e->pipe = (int)q;
+    e->stage = (int)j;
+    return 0;
+}
+
 static int add_event(pl_chaos *c, const char *s, size_t len, char *err, size_t errlen)
 {
     const char *end = s + len, *colon = memchr(s, ':', len), *at = memchr(s, '@', len);
@@ -194,14 +206,18 @@ static int add_event(pl_chaos *c, const char *s, size_t len, char *err, size_t e
         return pl_errf(err, errlen, "unknown action (expected kill, term, add or trace)");
     if (!at || at < colon)
         return pl_errf(err, errlen, "expected @step=S, @t=SECONDS, @waiting or @checkpoint=S");
-    int64_t v;
-    if (parse_i64(colon + 1, at, e.action == PL_CHAOS_ADD ? 1 : 0, 100000, &v))
+    int64_t v = 0;
+    if (e.action != PL_CHAOS_ADD && colon[1] == 'p') {
+        if (parse_place(colon + 2, at, &e))
+            return pl_errf(err, errlen, "worker must be a number or pQ.J (pipeline Q, stage J)");
+    } else if (parse_i64(colon + 1, at, e.action == PL_CHAOS_ADD ? 1 : 0, 100000, &v)) {
         return pl_errf(err, errlen, "%s must be a number",
                        e.action == PL_CHAOS_ADD ? "the count of workers to add" : "worker");
-    if (e.action == PL_CHAOS_ADD)
+    } else if (e.action == PL_CHAOS_ADD) {
         e.count = (int)v;
-    else
+    } else {
         e.worker = (int)v;
+    }
     if ((size_t)(end - at) >= 6 && !memcmp(at, "@step=", 6)) {
         e.when = PL_CHAOS_AT_STEP;
         if (parse_i64(at + 6, end, 0, INT64_MAX / 2, &e.step))

@@ -2,6 +2,8 @@
  *
  * SPEC is a comma-separated list of events:
  *   kill:W@step=S        SIGKILL worker W (numbered from 0 in start order) when step S begins
+ *   kill:pQ.J@step=S     (kill or term) the worker at stage J of pipeline Q of the plan then
+ *                        running (placement follows registration order, which varies)
  *   kill:W@t=SECONDS     SIGKILL worker W SECONDS after the job started
  *   term:W@step=S        SIGTERM (the preemption notice) when step S begins
  *   term:W@t=SECONDS
@@ -37,7 +39,8 @@ typedef struct {
     int64_t step;  /* PL_CHAOS_AT_STEP; PL_CHAOS_AT_CHECKPOINT: the checkpoint's step */
     int64_t t_ms;  /* PL_CHAOS_AT_TIME, after the job started (trace times from its first
                       timestamp, divided by SPEEDUP) */
-    int worker;    /* KILL, TERM: worker number in start order */
+    int worker;    /* KILL, TERM: worker number in start order; −1: by place (pipe, stage) */
+    int pipe, stage; /* KILL, TERM with pQ.J: the stable plan's pipeline Q, stage J */
     int count;     /* ADD: workers to start */
 } pl_chaos_event;
 

@@ -279,6 +279,7 @@ static void set_defaults(pl_job *job)
     job->checkpoint.keep = 0;
     job->fault_tolerance = (pl_fault_tolerance_spec){
         .strategy = PL_STRATEGY_TEMPLATES,
+        .redundant_forward = PL_FRC_EAGER,
         .tolerate = 1,
         .max_resets = 100,
         .hosts_added_check_every = 1,
@@ -475,22 +476,28 @@ static int parse_checkpoint(pctx *c, const pl_ynode *spec, pl_checkpoint_spec *k
 
 static int parse_fault_tolerance(pctx *c, const pl_ynode *spec, pl_fault_tolerance_spec *f)
 {
-    static const char *const known[] = {"strategy", "tolerate", "maxResets", "hostsAddedCheckEvery",
-                                        "heartbeatSeconds", "waitForNodesTimeoutSeconds", NULL};
-    static const char *const strategies[] = {"templates", "checkpoint", NULL};
+    static const char *const known[] = {"strategy", "redundantForward", "tolerate", "maxResets",
+                                        "hostsAddedCheckEvery", "heartbeatSeconds",
+                                        "waitForNodesTimeoutSeconds", NULL};
+    static const char *const strategies[] = {"templates", "checkpoint", "redundant", NULL};
+    static const char *const frc_modes[] = {"eager", "lazy", NULL};
     const char *P = "spec.faultTolerance";
     const pl_ynode *map;
     char path[FIELD_MAX];
     if (get_map(c, spec, "spec", "faultTolerance", 0, &map)) return -1;
     if (!map) return 0;
     if (check_fields(c, map, P, known)) return -1;
-    int strategy = (int)f->strategy;
+    int strategy = (int)f->strategy, frc = (int)f->redundant_forward;
     if (get_enum(c, map, P, "strategy", strategies, &strategy) ||
+        get_enum(c, map, P, "redundantForward", frc_modes, &frc) ||
         get_int(c, map, P, "tolerate", 0, 0, INT_MAX, &f->tolerate) ||
         get_int(c, map, P, "maxResets", 0, 0, INT_MAX, &f->max_resets) ||
         get_int(c, map, P, "hostsAddedCheckEvery", 0, 1, INT_MAX, &f->hosts_added_check_every))
         return -1;
     f->strategy = (pl_ft_strategy)strategy;
+    f->redundant_forward = (pl_frc_mode)frc;
+    if (field(map, "redundantForward") && f->strategy != PL_STRATEGY_REDUNDANT)
+        return pl_errf(c->err, c->errlen, "%s.redundantForward: only with strategy redundant", P);
     if (get_num(c, map, P, "heartbeatSeconds", &f->heartbeat_seconds, path)) return -1;
     if (!(f->heartbeat_seconds > 0))
         return pl_errf(c->err, c->errlen, "%s: must be greater than 0 (got %g)", path, f->heartbeat_seconds);

@@ -15,7 +15,11 @@ typedef enum { PL_INIT_RANDOM, PL_INIT_LLMC, PL_INIT_CHECKPOINT } pl_init_kind;
 typedef enum { PL_ORDER_SHUFFLED, PL_ORDER_SEQUENTIAL } pl_data_order;
 typedef enum { PL_SCHEDULE_COSINE, PL_SCHEDULE_CONSTANT } pl_lr_schedule;
 typedef enum { PL_RESUME_AUTO, PL_RESUME_NEVER } pl_resume;
-typedef enum { PL_STRATEGY_TEMPLATES, PL_STRATEGY_CHECKPOINT } pl_ft_strategy;
+typedef enum { PL_STRATEGY_TEMPLATES, PL_STRATEGY_CHECKPOINT, PL_STRATEGY_REDUNDANT } pl_ft_strategy;
+/* With strategy redundant (Bamboo, docs/redundant.md): when the forward redundant
+ * computation (FRC) of the successor's layers runs. Eager: every step, in the 1F1B
+ * bubbles (Bamboo §5.2); lazy: only after a loss. */
+typedef enum { PL_FRC_EAGER, PL_FRC_LAZY } pl_frc_mode;
 
 typedef struct {
     char preset[32];      /* gpt2-tiny | gpt2-d6 | gpt2-124m | gpt2-350m | gpt2-774m | gpt2-1558m */
@@ -61,6 +65,7 @@ typedef struct {
 
 typedef struct {
     pl_ft_strategy strategy;
+    pl_frc_mode redundant_forward; /* spec.faultTolerance.redundantForward (redundant only) */
     int tolerate;
     int max_resets;
     int hosts_added_check_every;

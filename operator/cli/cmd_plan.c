@@ -12,6 +12,7 @@
 #include "coverage.h"
 #include "plan_json.h"
 #include "profile.h"
+#include "rc_plan.h"
 #include "reinstantiate.h"
 #include "templates.h"
 #include "util.h"
@@ -19,6 +20,7 @@
 static void plan_usage(FILE *f)
 {
     fprintf(f, "usage: pliant plan --profile PROFILE.json --nodes N --tolerate F --global-batch B\n"
+               "                   [--redundant eager|lazy]\n"
                "                   [--current CURRENT.json [--remove n1,n2,...] [--add n3,...]]\n");
 }
 
@@ -30,6 +32,7 @@ static int fail(const char *msg)
 
 typedef struct {
     const char *profile, *current, *remove, *add;
+    int redundant; /* 0: templates; 1: redundant with eager FRC; 2: lazy (rc_plan.h) */
     long long nodes, tolerate, global_batch;
 } plan_args;
 
@@ -40,6 +43,7 @@ static int parse_args(int argc, char **argv, plan_args *a, char *err, size_t err
         {"tolerate", required_argument, 0, 'f'},  {"global-batch", required_argument, 0, 'b'},
         {"current", required_argument, 0, 'c'},   {"remove", required_argument, 0, 'r'},
         {"add", required_argument, 0, 'a'},       {"help", no_argument, 0, 'h'},
+        {"redundant", required_argument, 0, 'R'},
         {0, 0, 0, 0}};
     memset(a, 0, sizeof *a);
     a->nodes = a->tolerate = a->global_batch = -1;
@@ -58,6 +62,13 @@ static int parse_args(int argc, char **argv, plan_args *a, char *err, size_t err
         case 'b':
             rc = cli_parse_int("--global-batch", optarg, 1, LLONG_MAX / 2, &a->global_batch, err,
                                errlen);
+            break;
+        case 'R':
+            a->redundant = !strcmp(optarg, "eager") ? 1 : !strcmp(optarg, "lazy") ? 2 : 0;
+            if (!a->redundant) {
+                snprintf(err, errlen, "--redundant: must be eager or lazy (got '%s')", optarg);
+                return -1;
+            }
             break;
         case 'h': return 1;
         case ':':
@@ -144,6 +155,32 @@ static cJSON *reinstantiate_json(const plan_args *a, const pl_profile *prof,
     return out;
 }
 
+/* "redundant": per template, the memory and step time it is expected to take with RC
+ * (rc_plan.h), with nb = 4S microbatches as the templates' iteration_ms. */
+static void add_rc_json(cJSON *out, const pl_profile *prof, const pl_template_set *ts, int eager)
+{
+    cJSON *o = cJSON_AddObjectToObject(out, "redundant");
+    if (!o) return;
+    cJSON_AddStringToObject(o, "forward", eager ? "eager" : "lazy");
+    cJSON *arr = cJSON_AddArrayToObject(o, "templates");
+    for (int i = 0; arr && i < ts->count; i++) {
+        const pl_template *t = &ts->templates[i];
+        pl_rc_cost c;
+        if (!t->feasible || pl_rc_evaluate(prof, t, eager, 4 * (int64_t)t->nstages, &c)) continue;
+        cJSON *e = cJSON_CreateObject();
+        if (!e) return;
+        cJSON_AddNumberToObject(e, "nodes", t->nodes);
+        cJSON_AddNumberToObject(e, "stages", t->nstages);
+        cJSON_AddNumberToObject(e, "memory_bytes", (double)c.memory_bytes);
+        cJSON_AddNumberToObject(e, "iteration_ms", pl_ns_to_ms(c.iteration_ns));
+        cJSON_AddNumberToObject(e, "templates_iteration_ms", pl_ns_to_ms(t->iteration_ns));
+        cJSON_AddNumberToObject(e, "frc_ms", pl_ns_to_ms(c.frc_ns));
+        cJSON_AddNumberToObject(e, "exposed_frc_ms", pl_ns_to_ms(c.exposed_frc_ns));
+        cJSON_AddNumberToObject(e, "shadow_sync_ms", pl_ns_to_ms(c.shadow_sync_ns));
+        cJSON_AddItemToArray(arr, e);
+    }
+}
+
 int cmd_plan(int argc, char **argv)
 {
     char err[512];
@@ -165,7 +202,9 @@ int cmd_plan(int argc, char **argv)
         return fail(err);
     }
     pl_template_set ts;
-    if (pl_templates_plan(&prof, (int)a.nodes, (int)a.tolerate, &ts, err, sizeof err)) {
+    if (a.redundant ? pl_templates_plan_rc(&prof, (int)a.nodes, (int)a.tolerate, a.redundant == 1,
+                                           &ts, err, sizeof err)
+                    : pl_templates_plan(&prof, (int)a.nodes, (int)a.tolerate, &ts, err, sizeof err)) {
         pl_profile_free(&prof);
         return fail(err);
     }
@@ -176,6 +215,7 @@ int cmd_plan(int argc, char **argv)
         status = fail(err);
     } else {
         cJSON *out = pl_plan_to_json(&ts, &cov);
+        if (out && a.redundant) add_rc_json(out, &prof, &ts, a.redundant == 1);
         cJSON *re = out && a.current ? reinstantiate_json(&a, &prof, &ts, &cov, err, sizeof err) : NULL;
         if (re) cJSON_AddItemToObject(out, "reinstantiation", re);
         char *text = out && (re || !a.current) ? cJSON_Print(out) : NULL;

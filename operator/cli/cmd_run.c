@@ -27,7 +27,8 @@
  * --chaos (shared/chaos.h): step events fire once the coordinator runs step S,
  * time events once their time since the workers were started has passed;
  * kill/term signal worker number W (start order; ended or unknown ones are
- * ignored with a note), add starts workers named w<nw>, w<nw+1>, ... A trace's
+ * ignored with a note), or with pQ.J the worker at stage J of pipeline Q of
+ * the coordinator's stable plan, add starts workers named w<nw>, w<nw+1>, ... A trace's
  * initial workers replace --workers. Exit 0 when every step is committed, 1
  * when the job fails, 2 on bad input. */
 #include <getopt.h>
@@ -261,13 +262,32 @@ static int add_workers(run_state *r, int k, char *err, size_t errlen)
     return 0;
 }
 
+/* The worker running stage j of pipeline q of the stable plan, or -1. */
+static int placed_worker(run_state *r, int q, int j)
+{
+    const char *names[PL_PROTO_MAX_NODES];
+    const int n = pl_coord_plan_pipeline(r->coord, q, names, PL_PROTO_MAX_NODES, NULL);
+    if (j >= n) return -1;
+    const run_worker *w = find_worker(r, names[j]);
+    return w ? (int)(w - r->w) : -1;
+}
+
 /* A kill or term chaos event: 1 if it signalled its worker, 0 if it was ignored. */
 static int signal_chaos(run_state *r, const pl_chaos_event *e, const char *when)
 {
     char err[512] = "";
     const char *what = e->action == PL_CHAOS_KILL ? "kill" : "term";
     int sig = e->action == PL_CHAOS_KILL ? SIGKILL : SIGTERM;
-    if (e->worker < 0 || e->worker >= r->nw || r->w[e->worker].exited) {
+    if (e->worker < 0) {
+        pl_chaos_event x = *e;
+        x.worker = placed_worker(r, e->pipe, e->stage);
+        if (x.worker < 0) {
+            printf("chaos: %s: %s p%d.%d ignored (no such place)\n", when, what, e->pipe, e->stage);
+            return 0;
+        }
+        return signal_chaos(r, &x, when);
+    }
+    if (e->worker >= r->nw || r->w[e->worker].exited) {
         printf("chaos: %s: %s w%d ignored (%s)\n", when, what, e->worker,
                e->worker < 0 || e->worker >= r->nw ? "no such worker" : "already ended");
         return 0;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "rc_plan.h"
 #include "reinstantiate.h"
 #include "training_schedule.h"
 #include "util.h"
@@ -39,6 +40,11 @@ typedef struct {
     int nnodes;
     int *w; /* worker indices, stage order */
     int64_t mb, first;
+    /* strategy redundant, after a failover (rc_failover): the merged stage bounds
+     * (nnodes + 1; NULL: the template's), and the template's workers, lost ones
+     * included (tn of them), which re-instantiation starts from */
+    int *layers;
+    int tn, *tw;
 } cpipe;
 
 typedef struct {
@@ -173,8 +179,11 @@ static void add_cause(pl_coord *c, const char *fmt, const char *a, const char *b
 
 static void cplan_free(cplan *p)
 {
-    for (int i = 0; i < p->npipes; i++)
+    for (int i = 0; i < p->npipes; i++) {
         free(p->p[i].w);
+        free(p->p[i].layers);
+        free(p->p[i].tw);
+    }
     free(p->p);
     memset(p, 0, sizeof *p);
 }
@@ -188,14 +197,20 @@ static int cplan_copy(cplan *dst, const cplan *src)
     t.npipes = src->npipes;
     memcpy(t.desc, src->desc, sizeof t.desc);
     for (int i = 0; i < src->npipes; i++) {
-        t.p[i] = src->p[i];
-        t.p[i].w = malloc((size_t)src->p[i].nnodes * sizeof(int));
-        if (!t.p[i].w) {
-            t.p[i].nnodes = 0;
+        const cpipe *s = &src->p[i];
+        t.p[i] = *s;
+        t.p[i].w = malloc((size_t)s->nnodes * sizeof(int));
+        t.p[i].layers = s->layers ? malloc(((size_t)s->nnodes + 1) * sizeof(int)) : NULL;
+        t.p[i].tw = s->tw ? malloc((size_t)s->tn * sizeof(int)) : NULL;
+        if (!t.p[i].w || (s->layers && !t.p[i].layers) || (s->tw && !t.p[i].tw)) {
             cplan_free(&t);
             return -1;
         }
-        memcpy(t.p[i].w, src->p[i].w, (size_t)src->p[i].nnodes * sizeof(int));
+        memcpy(t.p[i].w, s->w, (size_t)s->nnodes * sizeof(int));
+        if (s->layers)
+            memcpy(t.p[i].layers, s->layers, ((size_t)s->nnodes + 1) * sizeof(int));
+        if (s->tw)
+            memcpy(t.p[i].tw, s->tw, (size_t)s->tn * sizeof(int));
     }
     cplan_free(dst);
     *dst = t;
@@ -413,13 +428,24 @@ static void node_layers(const pl_coord *c, int n, int pos, int *begin, int *end)
     }
 }
 
+/* The layers [begin, end) of stage pos of pipeline cq: the template's, or a failover's. */
+static void pipe_layers(const pl_coord *c, const cpipe *cq, int pos, int *begin, int *end)
+{
+    if (cq->layers) {
+        *begin = cq->layers[pos];
+        *end = cq->layers[pos + 1];
+    } else {
+        node_layers(c, cq->nnodes, pos, begin, end);
+    }
+}
+
 static int holds(const pl_coord *c, int i, int layer)
 {
     const cworker *w = &c->w[i];
     if (w->pipe < 0)
         return 0;
     int b, e;
-    node_layers(c, c->cur.p[w->pipe].nnodes, w->pos, &b, &e);
+    pipe_layers(c, &c->cur.p[w->pipe], w->pos, &b, &e);
     return b <= layer && layer < e;
 }
 
@@ -465,7 +491,7 @@ static int plan_pipelines(const pl_coord *c, pl_msg_plan *p)
         if (!(mp->layers = malloc(((size_t)cq->nnodes + 1) * sizeof *mp->layers)))
             return -1;
         for (int j = 0; j < cq->nnodes; j++)
-            node_layers(c, cq->nnodes, j, &mp->layers[j], &mp->layers[j + 1]);
+            pipe_layers(c, cq, j, &mp->layers[j], &mp->layers[j + 1]);
         mp->microbatches = cq->mb;
         mp->first_microbatch = cq->first;
         for (int j = 0; j < cq->nnodes; j++)
@@ -486,7 +512,7 @@ static void plan_you(const pl_coord *c, int i, pl_msg_plan *p, char *mark)
     const cpipe *cq = &c->cur.p[w->pipe];
     p->you_pipeline = w->pipe;
     p->you_stage = w->pos;
-    node_layers(c, cq->nnodes, w->pos, &p->you_layer_begin, &p->you_layer_end);
+    pipe_layers(c, cq, w->pos, &p->you_layer_begin, &p->you_layer_end);
     if (w->pos > 0)
         mark[cq->w[w->pos - 1]] = 1;
     if (w->pos + 1 < cq->nnodes)
@@ -683,6 +709,155 @@ static void spread_added(pl_coord *c, cplan *np, ccopy *cp, int ncp, const char 
         }
 }
 
+/* ---- strategy redundant (Bamboo, NSDI '23; docs/redundant.md) ----
+ * Stage j of a pipeline holds stage j + 1's layers as its shadow (and with 2 stages
+ * stage 1 holds stage 0's: pl_rc_holder); the workers do so on the TCP transport. */
+
+/* The stable plan's shadows are there: strategy redundant on TCP, and every worker
+ * installed the stable plan (a worker keeps its shadow until a step of a newer plan). */
+static int rc_active(const pl_coord *c)
+{
+    return c->cfg.strategy_redundant && c->has_stable && c->transport == PL_TRANSPORT_TCP;
+}
+
+/* Where worker i runs in the stable plan: 1 and *q, *j, or 0 (not in it). */
+static int stable_place(const pl_coord *c, int i, int *q, int *j)
+{
+    for (*q = 0; *q < c->stable.npipes; (*q)++)
+        for (*j = 0; *j < c->stable.p[*q].nnodes; (*j)++)
+            if (c->stable.p[*q].w[*j] == i)
+                return 1;
+    return 0;
+}
+
+/* 1 when worker i's engine held `layer` in the stable plan, or (shadow) its shadow did. */
+static int stable_holds(const pl_coord *c, int i, int layer, int shadow)
+{
+    int q, j, b, e;
+    if (!stable_place(c, i, &q, &j))
+        return 0;
+    const cpipe *cq = &c->stable.p[q];
+    pipe_layers(c, cq, j, &b, &e);
+    if (b <= layer && layer < e)
+        return 1;
+    const int s = shadow && rc_active(c) ? pl_rc_successor(j, cq->nnodes) : -1;
+    if (s < 0)
+        return 0;
+    pipe_layers(c, cq, s, &b, &e);
+    return b <= layer && layer < e;
+}
+
+/* Pipeline q of the stable plan after its losses (lost stages' layers to their
+ * holders: pl_rc_failover) into np->p[q]. 1 done, 0 a lost stage has no live holder,
+ * -1 out of memory. */
+static int failover_pipe(pl_coord *c, int q, cplan *np)
+{
+    const cpipe *sq = &c->stable.p[q];
+    cpipe *nq = &np->p[q];
+    const int n = sq->nnodes;
+    int *b = malloc(((size_t)n + 1) * sizeof(int)), *lost = calloc((size_t)n, sizeof(int));
+    int *keep = malloc((size_t)n * sizeof(int)), nlost = 0, nkeep = 0, rc = -1;
+    nq->layers = malloc(((size_t)n + 1) * sizeof(int));
+    nq->w = malloc((size_t)n * sizeof(int));
+    nq->tn = sq->tw ? sq->tn : n;
+    nq->tw = malloc((size_t)nq->tn * sizeof(int));
+    if (!b || !lost || !keep || !nq->layers || !nq->w || !nq->tw)
+        goto out;
+    memcpy(nq->tw, sq->tw ? sq->tw : sq->w, (size_t)nq->tn * sizeof(int));
+    for (int j = 0; j < n; j++) {
+        pipe_layers(c, sq, j, &b[j], &b[j + 1]);
+        nlost += lost[j] = !c->w[sq->w[j]].live;
+    }
+    rc = pl_rc_failover(n, b, lost, keep, &nkeep, nq->layers);
+    nq->nnodes = nkeep;
+    nq->mb = sq->mb;
+    for (int k = 0; rc && k < nkeep; k++) {
+        nq->w[k] = sq->w[keep[k]];
+        if (nlost && (nq->layers[k] != b[keep[k]] || nq->layers[k + 1] != b[keep[k] + 1])) {
+            char what[96];
+            snprintf(what, sizeof what, "layers [%d, %d) without a copy", nq->layers[k],
+                     nq->layers[k + 1]);
+            add_cause(c, "failover: %s runs %s", c->w[nq->w[k]].name, what);
+        }
+    }
+    if (rc && !nlost && !sq->layers) { /* untouched: stays a template pipeline */
+        free(nq->layers);
+        free(nq->tw);
+        nq->layers = nq->tw = NULL;
+        nq->tn = 0;
+    }
+out:
+    free(b);
+    free(lost);
+    free(keep);
+    return rc;
+}
+
+/* Failover without copies (Bamboo §4, §5.2): when every lost worker of the stable plan
+ * has a live shadow holder, the new plan is the stable one with each holder running its
+ * own layers and the lost stage's, built locally from its engine and its shadow
+ * (pl_layer_copy_local); neighbours and sync groups follow from the plan, the microbatches
+ * stay, and the aborted step is redone (steps are atomic). Only for losses alone, from a
+ * stable plan whose shadows are up. 0 done, 1 not possible, -1 out of memory. */
+static int rc_failover(pl_coord *c, int nremoved, int nadded, cplan *np)
+{
+    if (!rc_active(c) || nadded || !nremoved)
+        return 1;
+    char cause[sizeof c->cause];
+    memcpy(cause, c->cause, sizeof cause);
+    if (!(np->p = calloc((size_t)c->stable.npipes, sizeof *np->p)))
+        return -1;
+    np->npipes = c->stable.npipes;
+    for (int q = 0; q < c->stable.npipes; q++) {
+        const int rc = failover_pipe(c, q, np);
+        if (rc <= 0) {
+            cplan_free(np);
+            memcpy(c->cause, cause, sizeof cause);
+            return rc < 0 ? -1 : 1;
+        }
+    }
+    return 0;
+}
+
+/* The pipeline of np that worker i runs in, or -1. */
+static int new_pipe_of(const cplan *np, int i)
+{
+    for (int q = 0; q < np->npipes; q++)
+        for (int j = 0; j < np->p[q].nnodes; j++)
+            if (np->p[q].w[j] == i)
+                return q;
+    return -1;
+}
+
+/* A copy the stable plan's holdings make unnecessary or nearer: the destination held the
+ * layer (its engine, or its shadow: a local source), or a worker of its new pipeline held
+ * it in its engine (a failover holder: it sends it, restoring the redundancy when a new
+ * node takes the lost one's place). Dropped copies leave *bytes_planned. */
+static void rc_local_copies(pl_coord *c, const cplan *np, ccopy *cp, int *ncp,
+                            int64_t *bytes_planned)
+{
+    if (!rc_active(c))
+        return;
+    int n = 0;
+    for (int k = 0; k < *ncp; k++) {
+        ccopy x = cp[k];
+        if (stable_holds(c, x.dest, x.layer, 1)) {
+            *bytes_planned -= x.bytes;
+            continue;
+        }
+        const int q = new_pipe_of(np, x.dest);
+        for (int s = 0; q >= 0 && s < np->p[q].nnodes; s++) {
+            const int y = np->p[q].w[s];
+            if (y != x.dest && stable_holds(c, y, x.layer, 0)) {
+                x.src = y;
+                break;
+            }
+        }
+        cp[n++] = x;
+    }
+    *ncp = n;
+}
+
 /* Re-instantiation of the stable plan for the live workers (§5.1 via
  * pl_reinstantiate): fills np and the layer copies. 0, 1 when too few
  * workers, 2 on a fatal loss (lost layers appended to c->cause), -1 with the
@@ -695,21 +870,34 @@ static int reinstantiate(pl_coord *c, const char **rm, int nrm, const char **ad,
     char e2[512] = "";
     int rc = -1;
     cur.pipelines = calloc((size_t)c->stable.npipes, sizeof *cur.pipelines);
-    int ok = cur.pipelines != NULL;
+    const char **rm2 = calloc((size_t)c->nw + 1, sizeof *rm2);
+    int ok = cur.pipelines != NULL && rm2 != NULL, nrm2 = nrm;
+    for (int k = 0; ok && k < nrm; k++)
+        rm2[k] = rm[k];
     for (int q = 0; ok && q < c->stable.npipes; q++) {
-        cur.pipelines[q].nnodes = c->stable.p[q].nnodes;
-        cur.pipelines[q].nodes = calloc((size_t)c->stable.p[q].nnodes, sizeof(char *));
+        /* a failover's pipeline as its template's, its lost workers removed too */
+        const cpipe *sq = &c->stable.p[q];
+        const int n = sq->tw ? sq->tn : sq->nnodes, *tw = sq->tw ? sq->tw : sq->w;
+        cur.pipelines[q].nnodes = n;
+        cur.pipelines[q].nodes = calloc((size_t)n, sizeof(char *));
         ok = cur.pipelines[q].nodes != NULL;
-        for (int j = 0; ok && j < c->stable.p[q].nnodes; j++)
-            cur.pipelines[q].nodes[j] = c->w[c->stable.p[q].w[j]].name;
+        for (int j = 0; ok && j < n; j++) {
+            cur.pipelines[q].nodes[j] = c->w[tw[j]].name;
+            int in_pipe = 0;
+            for (int k = 0; k < sq->nnodes; k++)
+                in_pipe |= sq->w[k] == tw[j];
+            if (!in_pipe)
+                rm2[nrm2++] = c->w[tw[j]].name;
+        }
     }
     int rrc = ok ? pl_reinstantiate(c->cfg.profile, c->cfg.templates, c->cfg.coverage,
-                                    c->cfg.tolerate, c->cfg.global_batch, &cur, rm, nrm, ad, nad,
-                                    &r, e2, sizeof e2)
+                                    c->cfg.tolerate, c->cfg.global_batch, &cur, rm2, nrm2, ad,
+                                    nad, &r, e2, sizeof e2)
                  : -1;
     for (int q = 0; cur.pipelines && q < cur.npipelines; q++)
         free(cur.pipelines[q].nodes);
     free(cur.pipelines);
+    free(rm2);
     if (rrc) {
         char why[700];
         snprintf(why, sizeof why, "re-instantiation failed: %s", ok ? e2 : "out of memory");
@@ -754,6 +942,7 @@ static int reinstantiate(pl_coord *c, const char **rm, int nrm, const char **ad,
         }
     *bytes_planned = r.bytes_to_copy;
     spread_added(c, np, *cp, *ncp, ad, nad);
+    rc_local_copies(c, np, *cp, ncp, bytes_planned);
     rc = 0;
     goto out;
 oom:
@@ -903,6 +1092,11 @@ static int next_plan(pl_coord *c, const cchange *ch, int live, int64_t *ckpt, cp
                      ccopy **cp, int *ncp, int64_t *bytes_planned)
 {
     int rc = 1;
+    if (c->has_stable && *ckpt < 0 && (rc = rc_failover(c, ch->nrm, ch->nad, np)) <= 0) {
+        if (rc < 0)
+            set_failed(c, "coordinator: out of memory");
+        return rc;
+    }
     if (c->has_stable && *ckpt < 0) {
         rc = reinstantiate(c, ch->rm, ch->nrm, ch->ad, ch->nad, np, cp, ncp, bytes_planned);
         if (rc < 0)

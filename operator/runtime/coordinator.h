@@ -113,6 +113,9 @@ typedef struct {
     int checkpoint_every;         /* steps between checkpoints; 0: only after the last step */
     int64_t resume_step;          /* > 0: start from the complete checkpoint of that step */
     int strategy_checkpoint;      /* every membership change restarts from the checkpoint */
+    int strategy_redundant;       /* the workers hold shadows (docs/redundant.md): losses that
+                                     shadows cover fail over without copies (Bamboo §5.2),
+                                     re-instantiation's copies use them as local sources */
     int max_resets;               /* reconfigurations allowed; 0: unlimited */
     int64_t wait_for_nodes_ms;    /* give up after waiting this long for workers; 0: never */
     int64_t cooldown_ms;          /* first cooldown of a failing node; 0: 10 s */

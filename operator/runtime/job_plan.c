@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "model_profile.h"
+#include "rc_plan.h"
 #include "trainer.h"
 #include "util.h"
 
@@ -18,7 +19,12 @@ static int plan_from_profile(pl_job_plan *p, const pl_job *job, char *err, size_
 {
     p->have_prof = 1;
     const int F = job->fault_tolerance.tolerate;
-    if (pl_templates_plan(&p->prof, p->nmax, F, &p->ts, err, errlen)) return -1;
+    const pl_fault_tolerance_spec *ft = &job->fault_tolerance;
+    if (ft->strategy == PL_STRATEGY_REDUNDANT
+            ? pl_templates_plan_rc(&p->prof, p->nmax, F, ft->redundant_forward == PL_FRC_EAGER,
+                                   &p->ts, err, errlen)
+            : pl_templates_plan(&p->prof, p->nmax, F, &p->ts, err, errlen))
+        return -1;
     p->have_ts = 1;
     if (pl_coverage_compute(&p->ts, p->nmax, F, job->batch.global, job->batch.micro, &p->cov,
                             err, errlen))
@@ -94,6 +100,7 @@ pl_coord_config pl_job_coord_config(const pl_job *job, const pl_job_plan *p, int
         .checkpoint_every = job->checkpoint.every,
         .resume_auto = job->checkpoint.dir[0] && job->checkpoint.resume == PL_RESUME_AUTO,
         .strategy_checkpoint = ft->strategy == PL_STRATEGY_CHECKPOINT,
+        .strategy_redundant = ft->strategy == PL_STRATEGY_REDUNDANT,
         .max_resets = ft->max_resets,
         .wait_for_nodes_ms = (int64_t)(ft->wait_for_nodes_timeout_seconds * 1000.0),
         .settle_ms = SETTLE_MS, .hosts_added_check_every = ft->hosts_added_check_every,

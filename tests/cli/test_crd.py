@@ -77,6 +77,11 @@ RULES = {
         lambda s: (not _has(s, "faultTolerance", "strategy") or
                    s["faultTolerance"]["strategy"] != "checkpoint" or
                    (_has(s, "checkpoint", "dir") and s["checkpoint"]["dir"] != "")),
+    "!has(self.faultTolerance) || !has(self.faultTolerance.redundantForward) || "
+    "(has(self.faultTolerance.strategy) && self.faultTolerance.strategy == 'redundant')":
+        lambda s: (not _has(s, "faultTolerance", "redundantForward") or
+                   (_has(s, "faultTolerance", "strategy") and
+                    s["faultTolerance"]["strategy"] == "redundant")),
     "!has(self.model) || !has(self.model.maxSeqLen) || self.batch.seqLen <= self.model.maxSeqLen":
         lambda s: not _has(s, "model", "maxSeqLen") or s["batch"]["seqLen"] <= s["model"]["maxSeqLen"],
     "!has(self.channels) || !has(self.heads) || self.channels % self.heads == 0":
@@ -512,6 +517,7 @@ def crd_enums_are_jobspec_enums():
                           ("parse_optimizer", "schedules", "spec.optimizer.schedule"),
                           ("parse_checkpoint", "resumes", "spec.checkpoint.resume"),
                           ("parse_fault_tolerance", "strategies", "spec.faultTolerance.strategy"),
+                          ("parse_fault_tolerance", "frc_modes", "spec.faultTolerance.redundantForward"),
                           ("parse_run_policy", "policies", "spec.runPolicy.cleanPodPolicy")):
         names = c_strings(funcs[fn], var)
         check(names and at(s, path)["enum"] == names, "%s: CRD %r, jobspec %r", path, at(s, path)["enum"], names)
@@ -648,7 +654,9 @@ INVALID = [
     ("spec.checkpoint.keep", -1),
     ("spec.checkpoint.keep", 1.5),
     ("spec.checkpoint.keep", "2"),
-    ("spec.faultTolerance.strategy", "redundant"),
+    ("spec.faultTolerance.strategy", "mirror"),
+    ("spec.faultTolerance.redundantForward", "sometimes"),
+    ("spec.faultTolerance.redundantForward", "lazy"),  # only with strategy redundant (CEL)
     ("spec.faultTolerance.strategy", "checkpoint"),  # needs checkpoint.dir (CEL)
     ("spec.faultTolerance.tolerate", -1),
     ("spec.faultTolerance.hostsAddedCheckEvery", 0),
@@ -787,7 +795,8 @@ def every_crd_field_accepted_by_pliant():
                                       "ttlSecondsAfterFinished": 0, "cleanPodPolicy": "None",
                                       "backoffLimit": 3}, m)
     m = with_field("spec.checkpoint", {"dir": "/ckpt", "every": 5, "resume": "never", "keep": 2}, m)
-    m = with_field("spec.faultTolerance", {"strategy": "checkpoint", "tolerate": 2, "maxResets": 3,
+    m = with_field("spec.faultTolerance", {"strategy": "redundant", "redundantForward": "lazy",
+                                           "tolerate": 2, "maxResets": 3,
                                            "hostsAddedCheckEvery": 2, "heartbeatSeconds": 0.5,
                                            "waitForNodesTimeoutSeconds": 0}, m)
     m = with_field("spec.nodes", {"min": 2, "max": 4, "gpusPerNode": 8}, m)

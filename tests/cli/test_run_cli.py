@@ -169,6 +169,31 @@ def two_three_stage_pipelines_match_train():
     check(rows[0]["pipelines"] == "2x3", "pipelines %s", rows[0]["pipelines"])
 
 
+@test
+def redundant_matches_train_and_templates():
+    """strategy redundant (docs/redundant.md): 5 workers make 1x3 + 1x2; every stage but
+    the 3-stage pipeline's last also holds its successor's layers (the 2-stage one both
+    ways), updated from the owners' reduced gradients. The losses equal the templates
+    run's exactly (the shadows change no sum) and train's within 1e-6."""
+    plain = run_and_compare(write_job("rc-plain", steps=6, global_=4), 5, 6)
+    job = write_job("rc", steps=6, global_=4,
+                    extra="  faultTolerance: {strategy: redundant, redundantForward: lazy}\n")
+    m = job + ".run5.jsonl"
+    rc, out, err = run("run", job, "--workers", 5, "--metrics", m, "--threads", 1)
+    check(rc == 0, "run failed (%d):\n%s\n%s", rc, out[-2000:], err[-2000:])
+    rows = metrics(m)
+    check(len(rows) == 6 and rows[0]["pipelines"] == "1x3+1x2", "rows %s", rows[:1])
+    shadows = re.findall(r"shadow of stage (\d+)", err)
+    check(sorted(shadows) == ["0", "1", "1", "2"], "shadow lines %s:\n%s", shadows, err[-2000:])
+    ref = reference(write_job("rc-ref", steps=6, global_=4))
+    for a, p, b in zip(rows, plain, ref):
+        check(a["loss"] == p["loss"], "step %d: loss %.9g, templates %.9g", a["step"], a["loss"],
+              p["loss"])
+        check(abs(a["loss"] - b["loss"]) <= 1e-6 * abs(b["loss"]),
+              "step %d: loss %.9g, train %.9g", a["step"], a["loss"], b["loss"])
+        check(a["samples_digest"] == b["samples_digest"], "step %d: samples differ", a["step"])
+
+
 def write_eval_job(name, steps, global_, every, extra=""):
     """A job with validation data (PREFIX_val.bin) evaluated every `every` steps."""
     path = write_job(name, steps=steps, global_=global_, extra="  evalEvery: %d\n%s" % (every, extra))
@@ -839,6 +864,67 @@ def strategy_checkpoint_restarts_every_worker_from_the_checkpoint():
           and rec[0]["bytes_copied"] == 0, "reconfigure: %s", rec)
     check_steps_match(metrics(m), reference(reference_job("strategy", steps)), steps,
                       once=False)
+
+
+RC_EXTRA = "  faultTolerance: {strategy: redundant, redundantForward: lazy}\n"
+
+
+def rc_chaos(name, chaos, steps, workers=5):
+    """A redundant job (5 workers: 1x3 w0-w2 + 1x2 w3-w4) under --chaos: its metrics rows,
+    reconfigure events and stderr, after checking every step's loss and samples
+    against pliant train's."""
+    job = write_job(name, steps=steps, global_=4, extra=RC_EXTRA)
+    m, out, err = run_chaos(job, workers, chaos)
+    check_steps_match(metrics(m), reference(reference_job(name, steps, global_=4)), steps)
+    return metrics(m), events(m, "reconfigure"), err
+
+
+@test
+def redundant_failover_takes_over_without_copies():
+    """strategy redundant, 5 workers (1x3 + 1x2): stage 1 of the 3-stage pipeline SIGKILLed
+    when step 3 begins; its predecessor holds its layers as its shadow and runs both
+    ranges (Bamboo §5.2): no byte copied, no checkpoint, the pipelines 2x2, every step
+    once with train's losses and samples. Then stage 1 of the 2-stage ring at step 6:
+    stage 0 runs the whole model, 1x2+1x1."""
+    rows, rec, err = rc_chaos("rc-failover", "kill:p0.1@step=3,kill:p1.1@step=6", 10)
+    check(len(rec) == 2, "reconfigure lines: %s", rec)
+    for r, pipes in zip(rec, ("2x2", "1x2+1x1")):
+        check(len(r["removed"]) == 1 and r["bytes_copied"] == 0 and
+              r["from_checkpoint"] is False and "failover" in r["cause"] and
+              r["pipelines"] == pipes, "reconfigure: %s", r)
+    check("loaded from" not in err, "a checkpoint was read")
+    check(rows[-1]["pipelines"] == "1x2+1x1", "pipelines %s", rows[-1]["pipelines"])
+
+
+@test
+def redundant_two_consecutive_losses_copy_from_survivors():
+    """Stages 0 and 1 of the 3-stage pipeline SIGKILLed at once: no shadow covers stage 0
+    (the chain's first) nor stage 1 (its holder is lost too): the templates path copies
+    layers from the survivors, no checkpoint, every step with train's losses."""
+    rows, rec, err = rc_chaos("rc-two", "kill:p0.0@step=3,kill:p0.1@step=3", 8)
+    check(rec and all(r["from_checkpoint"] is False for r in rec), "reconfigure: %s", rec)
+    check(any(r["bytes_copied"] > 0 for r in rec), "no copy: %s", rec)
+    check(not any("failover" in r["cause"] for r in rec), "a failover: %s", rec)
+
+
+@test
+def redundant_join_restores_redundancy_then_survives_a_second_loss():
+    """Stage 1 of the 3-stage pipeline killed at step 3 (failover to stage 0), one worker
+    added at step 4: it takes the lost one's place, receiving its layers from stage 0 (the
+    shadow holder that ran them), and the shadows are set up again; stage 2 killed at
+    step 30 (its holder is the new worker): a failover again, no copy. Every step once
+    with train's losses and samples."""
+    rows, rec, err = rc_chaos("rc-join", "kill:p0.1@step=3,add:1@step=4,kill:p0.2@step=30", 40)
+    check(len(rec) == 3, "reconfigure lines: %s", rec)
+    fo, join, fo2 = rec
+    check(fo["bytes_copied"] == 0 and "failover" in fo["cause"], "first: %s", fo)
+    check(join["added"] and join["bytes_copied"] > 0 and join["from_checkpoint"] is False and
+          join["pipelines"] == "1x3+1x2", "join: %s", join)
+    holder = re.search(r"failover: (\S+) runs", fo["cause"]).group(1)
+    check(re.search(r"worker %s: generation %d: .* sent [1-9]" % (holder, join["plan_generation"]),
+                    err), "the shadow holder %s sent nothing:\n%s", holder, err[-2000:])
+    check(len(fo2["removed"]) == 1 and fo2["bytes_copied"] == 0 and "failover" in fo2["cause"]
+          and fo2["from_checkpoint"] is False, "second loss: %s", fo2)
 
 
 @test

@@ -30,6 +30,13 @@ static void test_step_and_time_events(void)
     CHECK(c.n == 1 && c.events[0].when == PL_CHAOS_AT_CHECKPOINT && c.events[0].step == 3 &&
           c.events[0].worker == 1);
     pl_chaos_free(&c);
+    /* by place: pipeline 1, stage 2 of the plan then running */
+    CHECK(pl_chaos_parse("kill:p1.2@step=4,term:p0.0@t=1", &c, err, sizeof err) == 0);
+    CHECK(c.n == 2 && c.events[0].worker == -1 && c.events[0].pipe == 1 &&
+          c.events[0].stage == 2 && c.events[0].step == 4);
+    CHECK(c.events[1].action == PL_CHAOS_TERM && c.events[1].worker == -1 &&
+          c.events[1].pipe == 0 && c.events[1].stage == 0 && c.events[1].t_ms == 1000);
+    pl_chaos_free(&c);
 }
 
 static void test_bad_specs_name_the_event(void)
@@ -38,6 +45,8 @@ static void test_bad_specs_name_the_event(void)
         const char *spec, *want;
     } bad[] = {
         {"kill:x@step=3", "event 1 (kill:x@step=3): worker must be a number"},
+        {"kill:p1@step=3", "worker must be a number or pQ.J"},
+        {"kill:p1.x@step=3", "worker must be a number or pQ.J"},
         {"kill:1@step=3,boom:1@step=2", "event 2 (boom:1@step=2): unknown action"},
         {"kill:1", "expected @step=S, @t=SECONDS, @waiting or @checkpoint=S"},
         {"kill:1@when=3", "expected @step=S, @t=SECONDS, @waiting or @checkpoint=S"},

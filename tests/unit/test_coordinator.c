@@ -139,6 +139,8 @@ static int in_pipes(const sim *s, int w)
     return s->have_plan[w] && s->plan[w].gen == s->gen && s->plan[w].u.plan.you_pipeline >= 0;
 }
 
+static int sim_redundant; /* the next sim_init's strategy_redundant */
+
 static int sim_init(sim *s, int64_t steps, int n_start)
 {
     char err[256];
@@ -165,6 +167,7 @@ static int sim_init(sim *s, int64_t steps, int n_start)
     c->heartbeat_ms = 1000;
     c->n_start = n_start;
     c->job = "test";
+    c->strategy_redundant = sim_redundant;
     s->c = pl_coord_new(c, err, sizeof err);
     if (!s->c) {
         printf("    pl_coord_new: %s\n", err);
@@ -487,6 +490,69 @@ static void test_kill_mid_step(void)
     CHECK(strcmp(rc->added, "") == 0);
     CHECK_EQ_INT(rc->bytes_copied, 500);
     CHECK(rc->bytes_planned >= 0);
+    sim_free(&s);
+}
+
+/* Strategy redundant (docs/redundant.md): a lost stage whose predecessor survives fails
+ * over without copies: the same pipelines less the lost worker, the predecessor's range
+ * [own.begin, lost.end), the same microbatches, the step redone. Then two consecutive
+ * losses: no failover, copies from live holders. */
+static void test_redundant_failover(void)
+{
+    sim s;
+    sim_redundant = 1;
+    CHECK(begin_run(&s, 6, 6) == 0);
+    sim_redundant = 0;
+    CHECK(run_step(&s, 0) == 0);
+    int victim = -1, holder = -1, q = -1;
+    for (int w = 0; w < 6 && victim < 0; w++) {
+        const pl_msg_plan *p = &s.plan[w].u.plan;
+        if (p->you_pipeline >= 0 && p->you_stage == 1 &&
+            p->pipelines[p->you_pipeline].nnodes >= 3) {
+            victim = w;
+            q = p->you_pipeline;
+            holder = widx(p->pipelines[q].nodes[0]);
+        }
+    }
+    CHECK(victim >= 0);
+    if (victim < 0) {
+        sim_free(&s);
+        return;
+    }
+    const int n = s.plan[victim].u.plan.pipelines[q].nnodes;
+    const int vend = s.plan[victim].u.plan.you_layer_end;
+    report_all(&s, 1, 1, 0);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, nm(victim), "closed connection"), PL_COORD_OK);
+    s.live[victim] = 0;
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(s.gen, 2);
+    for (int w = 0; w < 6; w++) {
+        if (!s.live[w])
+            continue;
+        const pl_msg_plan *p = &s.plan[w].u.plan;
+        CHECK(p->step == 1 && p->ncopies == 0 && p->nsends == 0 && !p->has_checkpoint);
+        CHECK_EQ_INT(p->pipelines[q].nnodes, n - 1);
+    }
+    const pl_msg_plan *hp = &s.plan[holder].u.plan;
+    CHECK(hp->you_pipeline == q && hp->you_stage == 0 && hp->you_layer_begin == 0 &&
+          hp->you_layer_end == vend);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    const pl_coord_reconfig_rec *r = pl_coord_reconfig(s.c, 0);
+    CHECK(r && r->bytes_planned == 0 && !r->from_checkpoint && strstr(r->cause, "failover"));
+    CHECK(run_step(&s, 1) == 0);
+    /* the holder and its new successor at once: no shadow covers the holder */
+    const int next = widx(hp->pipelines[q].nodes[1]);
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, nm(holder), "closed connection"), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, nm(next), "closed connection"), PL_COORD_OK);
+    s.live[holder] = s.live[next] = 0;
+    CHECK(drain(&s) == 0);
+    int ncopies = 0;
+    for (int w = 0; w < 6; w++)
+        if (s.live[w] && s.plan[w].gen == s.gen)
+            ncopies += s.plan[w].u.plan.ncopies;
+    CHECK(ncopies > 0 || pl_coord_phase(s.c) == PL_COORD_WAITING_FOR_NODES);
     sim_free(&s);
 }
 
@@ -2020,6 +2086,7 @@ static void test_bad_config(void)
 TEST_MAIN_BEGIN
 RUN(test_three_steps);
 RUN(test_kill_mid_step);
+RUN(test_redundant_failover);
 RUN(test_loss_after_commit);
 RUN(test_leaving_at_boundary);
 RUN(test_join_and_heartbeats);

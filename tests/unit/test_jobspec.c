@@ -75,6 +75,7 @@ static void test_defaults(void)
     CHECK_EQ_INT(job.checkpoint.resume, PL_RESUME_AUTO);
     CHECK_EQ_INT(job.checkpoint.keep, 0); /* every checkpoint kept */
     CHECK_EQ_INT(job.fault_tolerance.strategy, PL_STRATEGY_TEMPLATES);
+    CHECK_EQ_INT(job.fault_tolerance.redundant_forward, PL_FRC_EAGER);
     CHECK_EQ_INT(job.fault_tolerance.tolerate, 1);
     CHECK_EQ_INT(job.fault_tolerance.max_resets, 100);
     CHECK_EQ_INT(job.fault_tolerance.hosts_added_check_every, 1);
@@ -159,6 +160,24 @@ static void test_every_field(void)
     CHECK_EQ_INT(job.nodes.max, 2);
     CHECK_EQ_INT(job.nodes.gpus_per_node, 8);
     CHECK(strcmp(job.profile, "/p/prof.json") == 0);
+    pl_job_free(&job);
+}
+
+/* strategy redundant and its FRC mode (docs/redundant.md). */
+static void test_redundant(void)
+{
+    pl_job job;
+    char err[256];
+    CHECK_EQ_INT(pl_job_parse(MINIMAL "  faultTolerance: {strategy: redundant}\n", NULL, &job, err,
+                              sizeof err), 0);
+    CHECK_EQ_INT(job.fault_tolerance.strategy, PL_STRATEGY_REDUNDANT);
+    CHECK_EQ_INT(job.fault_tolerance.redundant_forward, PL_FRC_EAGER);
+    pl_job_free(&job);
+    CHECK_EQ_INT(pl_job_parse(MINIMAL "  faultTolerance: {strategy: redundant, redundantForward: lazy}\n",
+                              NULL, &job, err, sizeof err), 0);
+    CHECK_EQ_INT(job.fault_tolerance.strategy, PL_STRATEGY_REDUNDANT);
+    CHECK_EQ_INT(job.fault_tolerance.redundant_forward, PL_FRC_LAZY);
+    CHECK(!job.checkpoint.dir[0]); /* no checkpoint directory required */
     pl_job_free(&job);
 }
 
@@ -608,6 +627,12 @@ static void test_validation_errors(void)
         {MINIMAL "  checkpoint: {keep: two}\n", "spec.checkpoint.keep: must be an integer"},
         {MINIMAL "  checkpoint: {keep: 2147483648}\n", "spec.checkpoint.keep: must be at most 2147483647"},
         {MINIMAL "  faultTolerance: {tolerate: -1}\n", "spec.faultTolerance.tolerate: must be at least 0"},
+        {MINIMAL "  faultTolerance: {strategy: mirror}\n",
+         "spec.faultTolerance.strategy: must be templates, checkpoint or redundant"},
+        {MINIMAL "  faultTolerance: {strategy: redundant, redundantForward: sometimes}\n",
+         "spec.faultTolerance.redundantForward: must be eager or lazy"},
+        {MINIMAL "  faultTolerance: {redundantForward: lazy}\n",
+         "spec.faultTolerance.redundantForward: only with strategy redundant"},
         {MINIMAL "  faultTolerance: {maxResets: -1}\n", "spec.faultTolerance.maxResets: must be at least 0"},
         {MINIMAL "  faultTolerance: {hostsAddedCheckEvery: 0}\n",
          "spec.faultTolerance.hostsAddedCheckEvery: must be at least 1"},
@@ -616,7 +641,7 @@ static void test_validation_errors(void)
         {MINIMAL "  faultTolerance: {waitForNodesTimeoutSeconds: -1}\n",
          "spec.faultTolerance.waitForNodesTimeoutSeconds: must be at least 0"},
         {MINIMAL "  faultTolerance: {strategy: bamboo}\n",
-         "spec.faultTolerance.strategy: must be templates or checkpoint"},
+         "spec.faultTolerance.strategy: must be templates, checkpoint or redundant"},
         {MINIMAL "  faultTolerance: {strategy: checkpoint}\n", "spec.checkpoint.dir: required when"},
         {MINIMAL "  nodes: {min: 0}\n", "spec.nodes.min: must be at least 1"},
         {MINIMAL "  nodes: {min: 4, max: 2}\n", "spec.nodes.max: must be 0 (unset) or at least spec.nodes.min (4)"},
@@ -784,6 +809,7 @@ TEST_MAIN_BEGIN
 RUN(test_defaults);
 RUN(test_every_field);
 RUN(test_presets);
+RUN(test_redundant);
 RUN(test_preset_overrides);
 RUN(test_json_input);
 RUN(test_worker_yaml_to_json);

@@ -65,6 +65,8 @@ typedef struct {
     shared_state *sh;
     kn_ctx *k;
     pl_engine e;
+    pl_engine shadow; /* with rc: the successor's layers (shadow.h) */
+    int has_shadow;
     pl_schedule s;
     endpoint ep;
     pl_listener *l;
@@ -82,6 +84,8 @@ struct shared_state {
     int32_t tok[GLOBAL_MB * BT], tgt[GLOBAL_MB * BT];
     float grad_scale;
     int failed; /* set by the main thread: ranks stop after the current step */
+    pl_rc_layout rc; /* redundant layers: Bamboo's ring in both pipelines */
+    double losses[STEPS]; /* each step's mean loss */
     rank_thread r[NRANKS];
 };
 
@@ -107,13 +111,15 @@ static void *run_rank(void *arg)
             .engine = &r->e, .schedule = &r->s, .link = &link, .tokens = sh->tok,
             .targets = sh->tgt, .first_micro = FIRST_MB[PIPE_OF[r->rank]],
             .global_micro = GLOBAL_MB, .groups = &sh->g, .peers = &peers,
-            .step = (uint32_t)step, .timeout_ms = 10000,
+            .step = (uint32_t)step, .timeout_ms = 10000, .rc = sh->rc,
+            .shadow = r->has_shadow ? &r->shadow : NULL,
         };
         r->rc = pl_worker_step(&a, &r->res, r->err, sizeof r->err);
         pthread_barrier_wait(&sh->bar); /* reduced */
         pthread_barrier_wait(&sh->bar); /* committed: grad_scale set (or failed) */
         if (sh->failed) return NULL;
         pl_worker_apply(&r->e, &ADAMW, sh->grad_scale, step + 1);
+        if (r->has_shadow) pl_worker_apply(&r->shadow, &ADAMW, sh->grad_scale, step + 1);
         pthread_barrier_wait(&sh->bar); /* applied */
         pthread_barrier_wait(&sh->bar); /* checked, next step's data set */
         if (sh->failed) return NULL;
@@ -185,6 +191,15 @@ static int make_ranks(shared_state *sh, const pl_gpt_config *c, char *err, size_
                              err, errlen))
             return -1;
         pl_engine_init_random(&r->e, SEED);
+        const int succ = pl_shadow_successor(sh->rc, STAGE_OF[i], NSTAGES[PIPE_OF[i]]);
+        if (succ >= 0) {
+            const pl_sync_stage *ss = PIPE_OF[i] ? &P1[succ] : &P0[succ];
+            if (pl_shadow_create(&r->shadow, r->k, c, ss->layer_begin, ss->layer_end, B, T, err,
+                                 errlen))
+                return -1;
+            r->has_shadow = 1;
+            pl_engine_init_random(&r->shadow, SEED); /* a layer's values in any range */
+        }
         r->ep = (endpoint){sh->box[PIPE_OF[i]], STAGE_OF[i]};
         if (pl_listener_open("127.0.0.1", 0, &r->l, err, errlen)) return -1;
         sh->ports[i] = pl_listener_port(r->l);
@@ -200,6 +215,7 @@ static void free_ranks(shared_state *sh)
             if (r->conns[j]) pl_conn_close(r->conns[j]);
         pl_listener_close(r->l);
         pl_engine_destroy(&r->e);
+        if (r->has_shadow) pl_engine_destroy(&r->shadow);
         pl_schedule_free(&r->s);
         if (r->k) kn_destroy(r->k);
     }
@@ -231,6 +247,10 @@ static void check_steps(shared_state *sh, pl_engine *whole, verdict *v)
         loss /= GLOBAL_MB;
         const double norm = sqrt(sumsq);
         EXPECT(v, nloss == NPIPE, "step %d: %d ranks with the head", step, nloss);
+        if (sh->rc != PL_RC_NONE) /* the same sums as without redundant layers */
+            EXPECT(v, loss == sh->losses[step], "step %d: loss %.9g with shadows, %.9g without",
+                   step, loss, sh->losses[step]);
+        sh->losses[step] = loss;
         EXPECT(v, fabs(loss - ref_loss) <= 1e-5 * fabs(ref_loss), "step %d: loss %.9g vs %.9g",
                step, loss, ref_loss);
         EXPECT(v, fabs(norm - ref_norm) <= 1e-5 * ref_norm, "step %d: norm %.9g vs %.9g", step,
@@ -248,6 +268,14 @@ static void check_steps(shared_state *sh, pl_engine *whole, verdict *v)
             pl_sync_key_name(sh->g.groups[gi].key, name, sizeof name);
             EXPECT(v, holders_identical(sh, &sh->g.groups[gi]),
                    "step %d: holders of %s differ after the step", step, name);
+        }
+        for (int i = 0; i < NRANKS && sh->rc != PL_RC_NONE; i++) {
+            const int succ = pl_shadow_successor(sh->rc, STAGE_OF[i], NSTAGES[PIPE_OF[i]]);
+            const int owner = i - STAGE_OF[i] + succ; /* ranks are consecutive per pipeline */
+            EXPECT(v, sh->r[i].has_shadow, "rank %d has no shadow", i);
+            EXPECT(v, pl_shadow_identical(&sh->r[i].shadow, &sh->r[owner].e),
+                   "step %d: rank %d's shadow of stage %d differs from rank %d's layers", step,
+                   i, succ, owner);
         }
         if (step + 1 < STEPS) step_data(step + 1, sh->tok, sh->tgt);
         sh->failed = !v->ok;
@@ -294,12 +322,17 @@ static double compare_with_whole(const shared_state *sh, const pl_engine *whole,
     return worst;
 }
 
-static void test_two_heterogeneous_pipelines_equal_one_process(void)
+/* The losses of the run without redundant layers, for the run with them. */
+static double plain_losses[STEPS];
+
+static void two_pipelines(pl_rc_layout rc)
 {
     const pl_gpt_config *c = config();
     char err[512];
     shared_state *sh = calloc(1, sizeof *sh);
     CHECK(sh);
+    sh->rc = rc;
+    memcpy(sh->losses, plain_losses, sizeof plain_losses);
     pl_sync_pipeline pipes[NPIPE] = {{3, P0}, {2, P1}};
     CHECK_EQ_INT(pl_syncgroups_compute(pipes, NPIPE, c->L, &sh->g, err, sizeof err), 0);
     for (int p = 0; p < NPIPE; p++) sh->box[p] = mailbox_new();
@@ -330,6 +363,15 @@ static void test_two_heterogeneous_pipelines_equal_one_process(void)
     printf("    worst parameter relative difference after %d steps: %.3g\n", STEPS, worst);
     if (!v.ok) printf("    %s:%d: %s\n", __FILE__, v.line, v.detail);
 
+    if (rc == PL_RC_NONE) memcpy(plain_losses, sh->losses, sizeof plain_losses);
+    if (rc != PL_RC_NONE && v.ok) { /* the check sees one bit of AdamW state */
+        const pl_engine *owner = &sh->r[1].e;
+        uint32_t bits;
+        memcpy(&bits, &sh->r[0].shadow.v[0], sizeof bits);
+        bits ^= 1u;
+        memcpy(&sh->r[0].shadow.v[0], &bits, sizeof bits);
+        CHECK(!pl_shadow_identical(&sh->r[0].shadow, owner));
+    }
     free_ranks(sh);
     pl_engine_destroy(&whole);
     kn_destroy(kw);
@@ -338,6 +380,20 @@ static void test_two_heterogeneous_pipelines_equal_one_process(void)
     pl_syncgroups_free(&sh->g);
     free(sh);
     CHECK(v.ok);
+}
+
+static void test_two_heterogeneous_pipelines_equal_one_process(void)
+{
+    two_pipelines(PL_RC_NONE);
+}
+
+/* Strategy redundant (shadow.h): every stage of both pipelines (3 and 2 stages, Bamboo's
+ * ring: the last stage shadows the first) also holds its successor's layers, updated from
+ * the owner's reduced gradients. After every step each shadow's parameters and AdamW m, v
+ * are byte-identical to the owner's, and the losses equal the run without shadows exactly. */
+static void test_redundant_shadows_equal_their_owners(void)
+{
+    two_pipelines(PL_RC_RING);
 }
 
 #undef EXPECT
@@ -636,6 +692,7 @@ static void test_link_failure_stops_the_sync(void)
 
 TEST_MAIN_BEGIN
 RUN(test_two_heterogeneous_pipelines_equal_one_process);
+RUN(test_redundant_shadows_equal_their_owners);
 RUN(test_sync_overlaps_the_backward);
 RUN(test_transport_failure_during_backward_fails_the_step);
 RUN(test_link_failure_stops_the_sync);

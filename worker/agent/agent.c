@@ -165,7 +165,8 @@ static int run_step(agent *a, int64_t s, char *err, size_t errlen)
                                 .xport = a->ncp ? pl_nccl_plan_xport(a->ncp) : NULL,
                                 .before_reduce = pl_fault_step_hook(&a->fault, s),
                                 .before_op = pl_fault_before_op,
-                                .hook_ctx = &a->fault};
+                                .hook_ctx = &a->fault, .rc = a->rc,
+                                .shadow = a->have_shadow ? &a->shadow : NULL};
     pl_worker_step_result res;
     if (pl_worker_step(&args, &res, err, errlen)) return -1;
     pl_msg m;
@@ -280,6 +281,7 @@ static void on_start_step(agent *a, const pl_msg *m)
         pl_engine_destroy(&a->src);
         a->have_src = 0;
     }
+    agent_drop_shadow_src(a);
     agent_tell_client(a, a->gen, step);
     if (!step_begin(a, step)) return; /* aborted before it began */
     const int failed = run_step(a, step, err, sizeof err);
@@ -296,6 +298,7 @@ static void on_commit(agent *a, const pl_msg *m)
     pl_adamw w = {(float)c->lr, (float)o->beta1, (float)o->beta2, (float)o->eps,
                   (float)o->weight_decay};
     pl_worker_apply(&a->e, &w, (float)c->grad_scale, (int)c->step + 1);
+    if (a->have_shadow) pl_worker_apply(&a->shadow, &w, (float)c->grad_scale, (int)c->step + 1);
     pthread_mutex_lock(&a->mu);
     a->last_committed = c->step;
     a->last_scale = c->grad_scale;
@@ -675,6 +678,8 @@ static void agent_free(agent *a)
     pl_mesh_destroy(a->mesh);
     if (a->have_engine) pl_engine_destroy(&a->e);
     if (a->have_src) pl_engine_destroy(&a->src);
+    agent_drop_shadow(a);
+    agent_drop_shadow_src(a);
     if (a->k) kn_destroy(a->k);
     if (a->lst) pl_listener_close(a->lst);
     free(a->tok);

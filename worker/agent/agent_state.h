@@ -26,6 +26,7 @@
 #include "protocol.h"
 #include "sampler.h"
 #include "schedule.h"
+#include "shadow.h"
 #include "stage_link.h"
 #include "syncgroups.h"
 #include "tokens.h"
@@ -72,6 +73,12 @@ typedef struct {
     int have_engine;
     pl_engine src;   /* the engine of the last plan before this one: copy source until */
     int have_src;    /* the next start_step (the coordinator's stable plan) */
+    pl_engine shadow;     /* strategy redundant: the successor's layers (shadow.h) */
+    int have_shadow;
+    pl_rc_layout rc;      /* the plan's redundant layout (PL_RC_NONE without shadows) */
+    pl_engine shadow_src; /* the shadow of the plan before this one, kept like src until the
+                             next start_step: a failover's local source (Bamboo §5.2) */
+    int have_shadow_src;
     pl_schedule sched;
     int have_sched;
     pl_listener *lst;
@@ -123,6 +130,23 @@ int agent_superseded(agent *a);
 int agent_install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err, size_t errlen);
 /* Closes the plan's links, NCCL world and connections and frees its groups and schedule. */
 void agent_teardown_links(agent *a);
+
+/* shadow_install.c: compute thread */
+
+/* Strategy redundant on the TCP transport (docs/redundant.md): after the plan's links are
+ * up, the shadow engine of the successor's layers, filled with the successor's parameters
+ * and AdamW m, v over the stage link (every stage sends its own to the stage that shadows
+ * it), so that the shadow starts byte-identical to its owner. Sets a->rc; nothing without
+ * strategy redundant, off the TCP transport or with one stage. 0, or -1 with err. */
+int agent_install_shadow(agent *a, const pl_msg_plan *p, char *err, size_t errlen);
+/* Drops the shadow (the end). */
+void agent_drop_shadow(agent *a);
+/* A new plan: the shadow becomes shadow_src (the stable plan's, which a failover takes
+ * over locally), unless shadow_src is still the one of a plan before (no step ran since):
+ * then the shadow is dropped, as retire_engine does with engines. */
+void agent_retire_shadow(agent *a);
+/* Drops shadow_src (a step began: the plan is stable; a checkpoint restart; the end). */
+void agent_drop_shadow_src(agent *a);
 
 /* duties.c: what the coordinator asks besides training */
 

@@ -102,7 +102,8 @@ static int change_engine(agent *a, const pl_msg_plan *p, int in_pipe, int b, int
     pl_engine ne;
     memset(&ne, 0, sizeof ne);
     pl_layer_copy_job job = {.plan = p, .self = a->o->name, .cfg = &a->cfg,
-                             .src = a->have_src ? &a->src : NULL, .dst = in_pipe ? &ne : NULL};
+                             .src = a->have_src ? &a->src : NULL, .dst = in_pipe ? &ne : NULL,
+                             .shadow = a->have_shadow_src ? &a->shadow_src : NULL};
     if (in_pipe && new_engine(a, &job, b, e, nslots, err, errlen)) return -1;
     pl_layer_copy_tcp tcp = {.mesh = a->mesh, .after_send = pl_fault_after_copy_send,
                              .hook_ctx = &a->fault};
@@ -380,6 +381,7 @@ int agent_install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err, 
     const pl_msg_plan *p = &m->u.plan;
     a->broken[0] = 0;
     agent_teardown_links(a);
+    agent_retire_shadow(a);
     pthread_mutex_lock(&a->mu);
     a->gen = m->gen;
     pthread_mutex_unlock(&a->mu);
@@ -391,6 +393,7 @@ int agent_install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err, 
         if (a->have_engine) pl_engine_destroy(&a->e);
         if (a->have_src) pl_engine_destroy(&a->src);
         a->have_engine = a->have_src = 0;
+        agent_drop_shadow_src(a);
     }
     if (p->you_pipeline < 0) { /* idle: serve the sends only */
         pl_mesh_set_plan(a->mesh, (uint64_t)a->gen, PL_COMM_NO_RANK);
@@ -416,5 +419,6 @@ int agent_install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err, 
               p->you_layer_end, p->ncopies, (long long)*bytes_in, p->nsends, pl_now_ms() - tc);
     if (size_batch(a, p, err, errlen)) return -1;
     if (p->transport == PL_TRANSPORT_NCCL) return install_nccl(a, p, bytes_in, err, errlen);
-    return connect_tcp_peers(a, p, err, errlen);
+    if (connect_tcp_peers(a, p, err, errlen)) return -1;
+    return agent_install_shadow(a, p, err, errlen);
 }

@@ -84,8 +84,10 @@ struct pl_tcp_link {
 
 static const char *kind_name(int kind)
 {
-    return kind == PL_LINK_ACTIVATION ? "activation" : kind == PL_LINK_GRADIENT ? "gradient"
-                                                                                : "message";
+    return kind == PL_LINK_ACTIVATION ? "activation"
+           : kind == PL_LINK_GRADIENT ? "gradient"
+           : kind == PL_LINK_SHADOW   ? "shadow"
+                                      : "message";
 }
 
 static void msg_free(msg *m)
@@ -258,7 +260,7 @@ static int rx_header(lconn *c)
                   (unsigned long long)h->generation, (unsigned long long)c->generation);
         return -1;
     }
-    if (h->type != PL_LINK_FRAME || h->tag > 1 || h->aux > INT32_MAX || (h->flags & ~PL_LINK_FLAG_LAST) ||
+    if (h->type != PL_LINK_FRAME || h->tag > PL_LINK_SHADOW || h->aux > INT32_MAX || (h->flags & ~PL_LINK_FLAG_LAST) ||
         h->len > c->chunk) {
         conn_fail(c, PL_COMM_EPROTO,
                   "receive: unexpected frame (type %u, flags %u, tag %u, aux %u, %llu bytes; "

@@ -29,15 +29,20 @@ int pl_layer_copy_local(const pl_layer_copy_job *job, int *fresh, char *err, siz
     for (int j = 0; j < dst->ntensors; j++) {
         if (pl_layer_copy_source(job->plan, pl_layer_copy_layer_of(dst, j))) continue;
         const pl_engine_tensor *t = &dst->tensors[j];
+        const pl_engine *from = src;
         const pl_engine_tensor *st = src ? pl_engine_find(src, t->layer, t->index) : NULL;
+        if (!st && job->shadow) { /* the shadow's layers, taken over (Bamboo §5.2) */
+            from = job->shadow;
+            st = pl_engine_find(from, t->layer, t->index);
+        }
         if (!st) {
             missing++;
             continue;
         }
         const size_t nb = t->spec.numel * sizeof(float);
-        kn_copy(dst->k, dst->params + t->offset, src->params + st->offset, nb);
-        kn_copy(dst->k, dst->m + t->offset, src->m + st->offset, nb);
-        kn_copy(dst->k, dst->v + t->offset, src->v + st->offset, nb);
+        kn_copy(dst->k, dst->params + t->offset, from->params + st->offset, nb);
+        kn_copy(dst->k, dst->m + t->offset, from->m + st->offset, nb);
+        kn_copy(dst->k, dst->v + t->offset, from->v + st->offset, nb);
     }
     if (missing == dst->ntensors && !src && job->plan->ncopies == 0) {
         *fresh = 1; /* the job's first plan: nothing held, nothing to copy */

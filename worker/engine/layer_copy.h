@@ -60,6 +60,10 @@ typedef struct {
     const pl_gpt_config *cfg;
     const pl_engine *src;     /* the engine of the previous plan: what it sends; NULL: none */
     pl_engine *dst;           /* the new engine, the plan's range of this worker; NULL: idle */
+    const pl_engine *shadow;  /* strategy redundant: the successor's layers this worker held
+                                 as its shadow (shadow.h), a second local source: the
+                                 failover takes them over without a copy (Bamboo §5.2);
+                                 NULL: none */
 } pl_layer_copy_job;
 
 typedef struct {
@@ -96,8 +100,8 @@ pl_layer_copier pl_layer_copier_tcp(pl_layer_copy_tcp *t);
 /* Copies over the ordered transport x: pl_layer_copy_xport. x outlives the copier. */
 pl_layer_copier pl_layer_copier_xport(const pl_xport *x);
 
-/* Fills job->dst from job->src where this worker held a tensor and the plan copies its layer
- * from nowhere else. *fresh = 1 when no tensor of dst has any source (no previous engine and
+/* Fills job->dst from job->src (else job->shadow) where this worker held a tensor and the
+ * plan copies its layer from nowhere else. *fresh = 1 when no tensor of dst has any source (no previous engine and
  * no copies: the caller initialises dst). −1 with err when some tensors have neither a local
  * copy nor a copy source. */
 int pl_layer_copy_local(const pl_layer_copy_job *job, int *fresh, char *err, size_t errlen);

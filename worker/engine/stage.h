@@ -12,7 +12,9 @@
 #include "schedule.h"
 #include "xport.h"
 
-typedef enum { PL_LINK_ACTIVATION = 0, PL_LINK_GRADIENT = 1 } pl_link_kind;
+/* PL_LINK_SHADOW: strategy redundant's messages to the stage that shadows this one
+ * (shadow.h), never part of the 1F1B schedule. */
+typedef enum { PL_LINK_ACTIVATION = 0, PL_LINK_GRADIENT = 1, PL_LINK_SHADOW = 2 } pl_link_kind;
 
 /* Point-to-point transfers of B·T·C floats with the stage `peer` (k − 1 or
  * k + 1) about microbatch mb. recv blocks until the message is there; send

@@ -327,6 +327,29 @@ static int counted_sumsq(const sync_state *s, int self, double *out, char *err, 
     return 0;
 }
 
+/* The shadows' gradients (shadow.h): this stage's to its holder, its successor's into
+ * the shadow. The send is queued (pl_stage_link), so every stage sends first. */
+static int rc_exchange(const pl_worker_step_args *a, char *err, size_t errlen)
+{
+    const int stage = a->schedule->stage, S = a->schedule->nstages;
+    const int holder = pl_shadow_holder(a->rc, stage, S);
+    const int succ = pl_shadow_successor(a->rc, stage, S);
+    if (holder >= 0 && pl_shadow_send_grads(a->engine, a->link, holder, err, errlen)) return -1;
+    if (succ >= 0 && pl_shadow_recv_grads(a->shadow, a->link, succ, err, errlen)) return -1;
+    return 0;
+}
+
+static int rc_check(const pl_worker_step_args *a, char *err, size_t errlen)
+{
+    const int succ = pl_shadow_successor(a->rc, a->schedule->stage, a->schedule->nstages);
+    if (a->rc != PL_RC_NONE && a->xport)
+        return pl_errf(err, errlen, "worker step: redundant layers need the TCP stage link");
+    if (succ >= 0 && !a->shadow)
+        return pl_errf(err, errlen, "worker step: stage %d shadows stage %d but has no shadow",
+                       a->schedule->stage, succ);
+    return 0;
+}
+
 int pl_worker_step(const pl_worker_step_args *a, pl_worker_step_result *out, char *err,
                    size_t errlen)
 {
@@ -337,6 +360,7 @@ int pl_worker_step(const pl_worker_step_args *a, pl_worker_step_result *out, cha
         return pl_errf(err, errlen,
                        "worker step: microbatches [%d, %d) outside the step's %d",
                        a->first_micro, a->first_micro + sch->nmicro, a->global_micro);
+    if (rc_check(a, err, errlen)) return -1;
     const int self = a->xport ? a->xport->self : (int)a->peers->self;
     const pl_sync_rank *me = pl_syncgroups_rank(a->groups, self);
     if (!me) return pl_errf(err, errlen, "worker step: rank %d runs no stage in the plan", self);
@@ -377,6 +401,7 @@ int pl_worker_step(const pl_worker_step_args *a, pl_worker_step_result *out, cha
                 kn_to_device(e->k, j->refs[t].data, j->ring[t].data,
                              j->refs[t].count * sizeof(float));
     }
+    if (rc == 0 && a->rc != PL_RC_NONE) rc = rc_exchange(a, err, errlen);
     double sumsq = 0;
     if (rc == 0) rc = counted_sumsq(&s, self, &sumsq, err, errlen);
     free(s.jobs);

@@ -22,6 +22,7 @@
 #include "allreduce.h"
 #include "engine.h"
 #include "schedule.h"
+#include "shadow.h"
 #include "stage.h"
 #include "syncgroups.h"
 
@@ -57,6 +58,14 @@ typedef struct {
      * NULL: consecutive ranks, stage k at self − stage + k (the plan's rank order,
      * pipelines flattened). */
     const int *stage_ranks;
+    /* Redundant layers (shadow.h; Bamboo §5.1), TCP path only. With rc ≠ PL_RC_NONE and a
+     * pipeline of ≥ 2 stages: after its all-reduces the stage sends its gradients to the
+     * stage that shadows it (pl_shadow_holder) over link, and, when it shadows a stage
+     * (pl_shadow_successor), receives that stage's into shadow (its engine, not NULL
+     * then). The caller applies the commit to shadow too (pl_worker_apply). Nothing else
+     * of the step changes: its sums are those of rc = PL_RC_NONE, bit for bit. */
+    pl_rc_layout rc;
+    pl_engine *shadow;
 } pl_worker_step_args;
 
 typedef struct {

@@ -1,0 +1,87 @@
+/* Redundant layers: the shadow's range, its gradients from the owner, the check
+ * (shadow.h). */
+#include "shadow.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+int pl_shadow_successor(pl_rc_layout rc, int stage, int nstages)
+{
+    if (rc == PL_RC_NONE || nstages < 2 || stage < 0 || stage >= nstages) return -1;
+    if (stage + 1 < nstages) return stage + 1;
+    return rc == PL_RC_RING ? 0 : -1;
+}
+
+int pl_shadow_holder(pl_rc_layout rc, int stage, int nstages)
+{
+    if (rc == PL_RC_NONE || nstages < 2 || stage < 0 || stage >= nstages) return -1;
+    if (stage > 0) return stage - 1;
+    return rc == PL_RC_RING ? nstages - 1 : -1;
+}
+
+int pl_shadow_create(pl_engine *shadow, kn_ctx *k, const pl_gpt_config *cfg, int begin,
+                     int end, int B, int T, char *err, size_t errlen)
+{
+    return pl_engine_create(shadow, k, cfg, begin, end, B, T, 1, err, errlen);
+}
+
+static int on_host(const pl_engine *e)
+{
+    return strcmp(kn_backend(e->k), "cpu") == 0;
+}
+
+int pl_shadow_send_grads(pl_engine *owner, const pl_stage_link *link, int holder, char *err,
+                         size_t errlen)
+{
+    const float *buf = owner->grads;
+    if (!on_host(owner)) {
+        float *h = pl_engine_io_buffer(owner, PL_IO_SEND, owner->nparams);
+        if (!h) return pl_errf(err, errlen, "shadow: out of memory");
+        kn_to_host(owner->k, h, owner->grads, owner->nparams * sizeof(float));
+        buf = h;
+    }
+    char msg[400];
+    if (link->send(link->ctx, holder, PL_LINK_SHADOW, 0, buf, owner->nparams, msg, sizeof msg))
+        return pl_errf(err, errlen, "shadow: sending the gradients to stage %d: %s", holder, msg);
+    return 0;
+}
+
+int pl_shadow_recv_grads(pl_engine *shadow, const pl_stage_link *link, int successor, char *err,
+                         size_t errlen)
+{
+    float *buf = shadow->grads;
+    if (!on_host(shadow) && !(buf = pl_engine_io_buffer(shadow, PL_IO_RECV, shadow->nparams)))
+        return pl_errf(err, errlen, "shadow: out of memory");
+    char msg[400];
+    if (link->recv(link->ctx, successor, PL_LINK_SHADOW, 0, buf, shadow->nparams, msg, sizeof msg))
+        return pl_errf(err, errlen, "shadow: receiving stage %d's gradients: %s", successor, msg);
+    if (buf != shadow->grads)
+        kn_to_device(shadow->k, shadow->grads, buf, shadow->nparams * sizeof(float));
+    return 0;
+}
+
+/* a and b's n floats at src_a, src_b (backend memory) byte-identical. */
+static int same_bytes(const pl_engine *a, const float *xa, const pl_engine *b, const float *xb,
+                      size_t n)
+{
+    if (on_host(a) && on_host(b)) return memcmp(xa, xb, n * sizeof(float)) == 0;
+    float *ha = malloc(n * sizeof *ha), *hb = malloc(n * sizeof *hb);
+    int same = 0;
+    if (ha && hb) {
+        kn_to_host(a->k, ha, xa, n * sizeof(float));
+        kn_to_host(b->k, hb, xb, n * sizeof(float));
+        same = memcmp(ha, hb, n * sizeof(float)) == 0;
+    }
+    free(ha);
+    free(hb);
+    return same;
+}
+
+int pl_shadow_identical(const pl_engine *a, const pl_engine *b)
+{
+    if (a->begin != b->begin || a->end != b->end || a->nparams != b->nparams) return 0;
+    return same_bytes(a, a->params, b, b->params, a->nparams) &&
+           same_bytes(a, a->m, b, b->m, a->nparams) && same_bytes(a, a->v, b, b->v, a->nparams);
+}

@@ -1,0 +1,71 @@
+/* Redundant layers (Bamboo, NSDI '23 §5.1; docs/redundant.md): with strategy
+ * redundant each stage of a pipeline also holds its successor's layers, the
+ * "shadow", with their AdamW state, so that it can take over when the successor
+ * is lost without copying a byte.
+ *
+ * How the shadow stays equal to the owner, bit for bit. The owner's gradient of
+ * a layer is final once the layer's sync group has all-reduced it
+ * (worker_step.h). After its all-reduces, each stage sends its whole gradient
+ * buffer (nparams floats, the layout of its range) to the stage that shadows it
+ * over the pipeline's stage link (kind PL_LINK_SHADOW), and that stage receives
+ * it straight into its shadow engine's gradients. Both then run the same AdamW
+ * (pl_worker_apply) with the same grad_scale, lr and t on the same bytes:
+ * AdamW is elementwise, so the results are identical.
+ *
+ * Why this and not the shadow joining the layer's all-reduce group: joining
+ * would give the same bits too (a ring all-reduce hands every member the same
+ * reduced chunks) but changes the owners' ring (one more member per pipeline:
+ * other chunk boundaries, so other sums than the templates strategy's, and
+ * 2·(n−1)/n of the layer's bytes per member instead of once per pipeline), and
+ * it needs a ring connection per shadow and layer group. The stage link exists
+ * already, carries the bytes once per owner, and leaves the training sums of
+ * strategy redundant identical to those of strategy templates. The cost is one
+ * gradient-sized message per stage and step, after that stage's all-reduces.
+ *
+ * Which stage shadows which (pl_rc_layout): Bamboo's ring (§5.1: the first
+ * stage's shadow is the last stage) needs a link between the last and the first
+ * stage; the TCP stage link has one only for 2 stages, so the worker uses the
+ * ring with 2 stages and a chain (the last stage shadows nobody, the first stage
+ * has no shadow) with more.
+ *
+ * Threads: no state of its own; the functions run on the caller's thread (the
+ * worker's compute thread), on engines it owns. */
+#ifndef PLIANT_SHADOW_H
+#define PLIANT_SHADOW_H
+
+#include <stddef.h>
+
+#include "engine.h"
+#include "stage.h"
+
+typedef enum {
+    PL_RC_NONE = 0, /* no redundant layers */
+    PL_RC_CHAIN,    /* stage k shadows k + 1 for k < S − 1 */
+    PL_RC_RING,     /* and stage S − 1 shadows stage 0 (Bamboo §5.1) */
+} pl_rc_layout;
+
+/* The stage whose layers `stage` shadows, or −1 (none: PL_RC_NONE, one stage, the
+ * chain's last stage). */
+int pl_shadow_successor(pl_rc_layout rc, int stage, int nstages);
+/* The stage that shadows `stage`, or −1 (none). */
+int pl_shadow_holder(pl_rc_layout rc, int stage, int nstages);
+
+/* The shadow engine of layers [begin, end): an engine like the owner's, with one
+ * activation slot (what a forward redundant computation needs, Bamboo §5.2). */
+int pl_shadow_create(pl_engine *shadow, kn_ctx *k, const pl_gpt_config *cfg, int begin,
+                     int end, int B, int T, char *err, size_t errlen);
+
+/* Sends the owner's gradients (final: after its all-reduces) to stage `holder`;
+ * host staging off the CPU backend. 0, or −1 with err (the link's). */
+int pl_shadow_send_grads(pl_engine *owner, const pl_stage_link *link, int holder, char *err,
+                         size_t errlen);
+/* Receives stage `successor`'s gradients into the shadow's. 0, or −1 with err (the
+ * link's, or a message of another size: another layer range). */
+int pl_shadow_recv_grads(pl_engine *shadow, const pl_stage_link *link, int successor, char *err,
+                         size_t errlen);
+
+/* 1 when a and b hold the same layer range and their parameters and AdamW m and v
+ * are byte-identical (the redundancy check of the tests and of a debug run). */
+int pl_shadow_identical(const pl_engine *a, const pl_engine *b);
+
+#endif
