@@ -144,6 +144,8 @@ struct pl_coord {
     int nsuspects, capsuspects;
     int64_t suspects_gen;
     int64_t judge_at;      /* when to judge them; -1: no report pending */
+    cpair forgiven;        /* the last link found broken alone, judged without a loss */
+    int64_t forgiven_gen;  /* its generation; -1: none */
     int eval_pending;      /* the step of eval_rec waits for its validation loss */
     pl_coord_step_rec eval_rec;
     double val_sum;
@@ -1631,6 +1633,7 @@ pl_coord *pl_coord_new(const pl_coord_config *cfg, char *err, size_t errlen)
     c->plan_ckpt = -1;
     c->profiler = -1;
     c->judge_at = -1;
+    c->forgiven_gen = -1;
     c->fail_step = -1;
     c->resume_step = cfg->resume_auto ? -1 : cfg->resume_step;
     c->ckpt_last = c->resume_step > 0 ? c->resume_step : 0;
@@ -2043,9 +2046,50 @@ static int broken_links(const pl_coord *c, int w)
     return n;
 }
 
+/* The live worker at the other end of w's first reported broken link. */
+static int broken_partner(const pl_coord *c, int w)
+{
+    for (int k = 0; k < c->nsuspects; k++) {
+        const cpair *p = &c->suspects[k];
+        int other = p->reporter == w ? p->peer : p->peer == w ? p->reporter : -1;
+        if (other >= 0 && c->w[other].live)
+            return other;
+    }
+    return -1;
+}
+
+/* A link that broke with no other broken link beside it names no culprit (a frame
+ * altered on the way, a reset): the first time, the plan is made again with both ends
+ * (a running step is aborted and redone); the same link broken again within two
+ * generations loses one of them. */
+static int forgive_lone_link(pl_coord *c, int w)
+{
+    const int other = broken_partner(c, w);
+    const cpair *f = &c->forgiven;
+    const int again = c->forgiven_gen >= 0 && c->gen - c->forgiven_gen <= 2 &&
+                      ((f->reporter == w && f->peer == other) ||
+                       (f->reporter == other && f->peer == w));
+    if (again)
+        return 0;
+    c->forgiven = (cpair){w, other};
+    c->forgiven_gen = c->gen;
+    char why[2 * sizeof(pl_proto_name) + 40];
+    snprintf(why, sizeof why, "the link between %s and %s broke", c->w[w].name,
+             other >= 0 ? c->w[other].name : "?");
+    if (c->phase == PL_COORD_RUNNING || c->phase == PL_COORD_COPYING ||
+        c->phase == PL_COORD_COMMITTING || c->phase == PL_COORD_EVALUATING) {
+        if (c->phase == PL_COORD_RUNNING) /* no attempt counted: it happens once */
+            to_pipeline_workers(c, PL_MSG_ABORT, why);
+        add_cause(c, "%s%s", why, "");
+        replan_soon(c);
+    }
+    return 1;
+}
+
 /* The reports weighed together: while a reported link joins two live workers, the one
  * with the most broken links is lost (a node cut off from its peers is reported by each
- * of them, and reports each of them); a tie goes to the peer reported first. */
+ * of them, and reports each of them); a tie goes to the peer reported first, once the
+ * same lone link broke twice (forgive_lone_link). */
 static void judge_peers(pl_coord *c)
 {
     c->judge_at = -1;
@@ -2063,7 +2107,7 @@ static void judge_peers(pl_coord *c)
                 }
             }
         }
-        if (lost < 0)
+        if (lost < 0 || (most == 1 && forgive_lone_link(c, lost)))
             break;
         char why[512] = "peer_broken: its links to";
         for (int k = 0, first = 1; k < c->nsuspects; k++) {

@@ -907,8 +907,9 @@ static void test_join_checks_and_settling(void)
 
 /* A worker cut off from its peers but not from the coordinator: w1 reports w0 first,
  * then w2 reports w1; weighed together for peer_judge_ms, w1 (links to both broken) is
- * the one lost, not w0. Two workers that report each other: the peer named first (too
- * few are left then: the job waits for nodes). */
+ * the one lost, not w0. Two workers that report each other: nobody the first time (a
+ * lone broken link names no culprit), the peer named first when the same link breaks
+ * again (too few are left then: the job waits for nodes). */
 static void test_peer_reports_are_judged(void)
 {
     sim s;
@@ -956,9 +957,22 @@ static void test_peer_reports_are_judged(void)
     CHECK_EQ_INT(pl_coord_peer_broken(s.c, nm(a), g, nm(b)), PL_COORD_OK);
     CHECK_EQ_INT(pl_coord_peer_broken(s.c, nm(b), g, nm(a)), PL_COORD_OK);
     CHECK_EQ_INT(pl_coord_tick(s.c, 2499), PL_COORD_IGNORED);
-    CHECK_EQ_INT(pl_coord_tick(s.c, 2500), PL_COORD_OK);
-    CHECK_EQ_INT(pl_coord_heartbeat(s.c, nm(a), 1, 2500), PL_COORD_OK);
-    CHECK_EQ_INT(pl_coord_heartbeat(s.c, nm(b), 1, 2500), PL_COORD_ERR); /* lost */
+    pl_coord_tick(s.c, 2500);
+    CHECK_EQ_INT(pl_coord_live_workers(s.c), 4); /* forgiven once: a new plan, both kept */
+    for (int w = 0; w < 5; w++)
+        if (s.live[w])
+            CHECK_EQ_INT(pl_coord_heartbeat(s.c, nm(w), 1, 2500), PL_COORD_OK);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(s.gen, g + 1);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    g = s.gen;
+    CHECK_EQ_INT(pl_coord_peer_broken(s.c, nm(a), g, nm(b)), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_peer_broken(s.c, nm(b), g, nm(a)), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_tick(s.c, 3499), PL_COORD_IGNORED);
+    CHECK_EQ_INT(pl_coord_tick(s.c, 3500), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_heartbeat(s.c, nm(a), 1, 3500), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_heartbeat(s.c, nm(b), 1, 3500), PL_COORD_ERR); /* lost */
     CHECK_EQ_INT(pl_coord_live_workers(s.c), 3);
     sim_free(&s);
 }
@@ -1278,18 +1292,26 @@ static void test_initial_copy_loss_and_nan(void)
     CHECK_EQ_INT(s.plan[0].u.plan.step, 0);
     all_copy_done(&s);
     CHECK(drain(&s) == 0);
-    /* a report for another step is ignored; peer_broken loses the peer */
+    /* a report for another step is ignored; peer_broken twice loses the peer */
     pl_msg_report r = {.step = 7, .grad_sumsq = 0.25};
     CHECK_EQ_INT(pl_coord_report(s.c, "w0", 2, &r), PL_COORD_IGNORED);
     CHECK(run_step(&s, 0) == 0);
     CHECK_EQ_INT(pl_coord_peer_broken(s.c, "w0", 1, "w3"), PL_COORD_IGNORED);
     CHECK_EQ_INT(pl_coord_peer_broken(s.c, "w0", 2, "w3"), PL_COORD_OK);
+    CHECK(drain(&s) == 0); /* a lone broken link: both ends kept once, the step redone */
+    CHECK_EQ_INT(count_type(&s, PL_MSG_ABORT), 5);
+    CHECK_EQ_INT(s.gen, 3);
+    CHECK_EQ_INT(pl_coord_live_workers(s.c), 5);
+    CHECK_STR_CONTAINS(pl_coord_reconfig(s.c, 1)->cause, "the link between w3 and w0 broke");
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_peer_broken(s.c, "w0", 3, "w3"), PL_COORD_OK); /* again */
     s.live[3] = 0;
     CHECK(drain(&s) == 0);
     CHECK_EQ_INT(count_type(&s, PL_MSG_ABORT), 4);
-    CHECK_EQ_INT(s.gen, 3);
+    CHECK_EQ_INT(s.gen, 4);
     CHECK(plans_valid(&s) == 0);
-    CHECK_STR_CONTAINS(pl_coord_reconfig(s.c, 1)->cause, "lost w3 (peer_broken: its links to w0 broke)");
+    CHECK_STR_CONTAINS(pl_coord_reconfig(s.c, 2)->cause, "lost w3 (peer_broken: its links to w0 broke)");
     all_copy_done(&s);
     CHECK(drain(&s) == 0);
     /* a non-finite norm: never committed (abort at once), redone under new plans, then
