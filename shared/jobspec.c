@@ -477,7 +477,7 @@ static int parse_checkpoint(pctx *c, const pl_ynode *spec, pl_checkpoint_spec *k
 static int parse_fault_tolerance(pctx *c, const pl_ynode *spec, pl_fault_tolerance_spec *f)
 {
     static const char *const known[] = {"strategy", "redundantForward", "tolerate", "maxResets",
-                                        "hostsAddedCheckEvery", "heartbeatSeconds",
+                                        "hostsAddedCheckEvery", "heartbeatSeconds", "stepTimeoutSeconds",
                                         "waitForNodesTimeoutSeconds", NULL};
     static const char *const strategies[] = {"templates", "checkpoint", "redundant", NULL};
     static const char *const frc_modes[] = {"eager", "lazy", NULL};
@@ -501,6 +501,10 @@ static int parse_fault_tolerance(pctx *c, const pl_ynode *spec, pl_fault_toleran
     if (get_num(c, map, P, "heartbeatSeconds", &f->heartbeat_seconds, path)) return -1;
     if (!(f->heartbeat_seconds > 0))
         return pl_errf(c->err, c->errlen, "%s: must be greater than 0 (got %g)", path, f->heartbeat_seconds);
+    if (get_num(c, map, P, "stepTimeoutSeconds", &f->step_timeout_seconds, path)) return -1;
+    if (!(f->step_timeout_seconds >= 0) || f->step_timeout_seconds > 1e9)
+        return pl_errf(c->err, c->errlen, "%s: must be in 0..1e9 (0: automatic; got %g)", path,
+                       f->step_timeout_seconds);
     if (get_num(c, map, P, "waitForNodesTimeoutSeconds", &f->wait_for_nodes_timeout_seconds, path)) return -1;
     if (f->wait_for_nodes_timeout_seconds < 0)
         return pl_errf(c->err, c->errlen, "%s: must be at least 0 (got %g)", path,

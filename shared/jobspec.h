@@ -70,6 +70,7 @@ typedef struct {
     int max_resets;
     int hosts_added_check_every;
     double heartbeat_seconds;
+    double step_timeout_seconds; /* a step's deadline; 0 = automatic (docs/runtime.md) */
     double wait_for_nodes_timeout_seconds;
 } pl_fault_tolerance_spec;
 

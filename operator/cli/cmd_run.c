@@ -386,8 +386,8 @@ static void reap_workers(run_state *r)
     }
 }
 
-/* Workers the coordinator declared lost for missed heartbeats while their process lives
- * (hung: SIGSTOP, a deadlock): killed, so that they free their cores and never wake up
+/* Workers the coordinator declared lost for missed heartbeats or a missed step deadline
+ * while their process lives (hung: SIGSTOP, a deadlock, a stuck compute thread): killed, so that they free their cores and never wake up
  * holding an old plan's state. Their end is then reaped as any other. */
 static void fence_silent_workers(run_state *r)
 {
@@ -397,8 +397,8 @@ static void fence_silent_workers(run_state *r)
         char err[256];
         w->fenced = 1;
         if (pl_local_workers_signal(r->lw, w->name, SIGKILL, err, sizeof err) == 0)
-            fprintf(stderr, "pliant run: worker %s missed its heartbeats but still runs "
-                            "(hung): killed\n", w->name);
+            fprintf(stderr, "pliant run: worker %s was lost (missed heartbeats or step "
+                            "deadline) but still runs (hung): killed\n", w->name);
     }
 }
 

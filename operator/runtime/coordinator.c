@@ -31,7 +31,10 @@ typedef struct {
     int64_t ckpt_step;
     char ckpt_err[256];
     int evaluated; /* EVALUATING: its eval_done came */
-    int silent;    /* lost for missed heartbeats: hung or cut off, maybe still running */
+    int64_t hb_gen; /* the newest plan generation its heartbeats carried: the one its compute
+                       thread installed */
+    int silent;    /* lost for missed heartbeats or a missed step deadline: hung or cut
+                      off, maybe still running */
     int64_t writing;    /* the checkpoint it was asked to write its layers of, 0: none or */
     int write_b, write_e; /* its `saved` came; those layers [write_b, write_e) */
 } cworker;
@@ -150,6 +153,12 @@ struct pl_coord {
     pl_coord_step_rec eval_rec;
     double val_sum;
     int64_t val_batches;
+    int64_t step_t0;       /* when start_step went out */
+    int64_t step_ms[PL_COORD_STEP_TIMES]; /* the last committed steps' times, a ring */
+    int nstep_ms;          /* steps timed (all time) */
+    int64_t probe_from;    /* a step of this generation passed its deadline: the next plan
+                              finds whose compute thread is hung; -1: none */
+    int64_t probe_t0, probe_ms; /* when that plan goes out, the grace after it */
 };
 
 static int fail_err(pl_coord *c, const char *fmt, ...)
@@ -409,6 +418,7 @@ static void reset_step_flags(pl_coord *c)
 static void start_step(pl_coord *c)
 {
     reset_step_flags(c);
+    c->step_t0 = c->now;
     c->phase = PL_COORD_RUNNING;
     to_pipeline_workers(c, PL_MSG_START_STEP, "");
 }
@@ -1307,6 +1317,7 @@ static void step_boundary(pl_coord *c)
     int64_t mbs = c->cfg.global_batch / c->micro;
     x.loss = c->nloss ? c->loss_sum / (double)mbs : NAN;
     memcpy(x.pipelines, c->cur.desc, sizeof x.pipelines);
+    c->step_ms[c->nstep_ms++ % PL_COORD_STEP_TIMES] = c->now - c->step_t0;
     if (c->fail_step == c->step)
         c->fail_step = -1; /* the step went through after all */
     c->step++;
@@ -1635,6 +1646,7 @@ pl_coord *pl_coord_new(const pl_coord_config *cfg, char *err, size_t errlen)
     c->judge_at = -1;
     c->forgiven_gen = -1;
     c->fail_step = -1;
+    c->probe_from = -1;
     c->resume_step = cfg->resume_auto ? -1 : cfg->resume_step;
     c->ckpt_last = c->resume_step > 0 ? c->resume_step : 0;
     c->step = c->ckpt_last;
@@ -2646,6 +2658,107 @@ void pl_coord_end(pl_coord *c, const char *why)
     finish(c);
 }
 
+static int cmp_i64(const void *a, const void *b)
+{
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+int64_t pl_coord_step_deadline(const pl_coord *c)
+{
+    if (c->cfg.step_timeout_ms)
+        return c->cfg.step_timeout_ms > 0 ? c->cfg.step_timeout_ms : -1;
+    if (c->nstep_ms < PL_COORD_STEP_TIMES_MIN)
+        return -1;
+    int64_t t[PL_COORD_STEP_TIMES];
+    const int n = c->nstep_ms < PL_COORD_STEP_TIMES ? c->nstep_ms : PL_COORD_STEP_TIMES;
+    memcpy(t, c->step_ms, (size_t)n * sizeof *t);
+    qsort(t, (size_t)n, sizeof *t, cmp_i64);
+    const int64_t median = n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
+    const int64_t floor_ms =
+        (int64_t)PL_COORD_STEP_TIMEOUT_BEATS * c->misses * c->cfg.heartbeat_ms;
+    const int64_t k = PL_COORD_STEP_TIMEOUT_FACTOR * median;
+    return k > floor_ms ? k : floor_ms;
+}
+
+/* Takes plan worker i out as hung (its control thread may still heartbeat): lost, told to
+ * exit, and silent, so that the front end ends its process. */
+static void lose_hung(pl_coord *c, int i, const char *why, int *idx, int *n)
+{
+    cworker *w = &c->w[i];
+    w->live = 0;
+    w->silent = 1;
+    add_cause(c, "lost %s (%s)", w->name, why);
+    node_failed(c, w->node);
+    stop_removed(c, i, why);
+    idx[(*n)++] = i;
+}
+
+/* The running step passed its deadline (pl_coord_step_deadline). COMMITTING: applying a
+ * commit waits on nobody, so the workers without `committed` are hung and lost. RUNNING:
+ * a stuck compute thread blocks its stage neighbours and the all-reduce partners too, so
+ * the step is aborted and planned again with the same workers; those whose compute thread
+ * does not take the new plan (check_probe) are the hung ones. idx: room for every worker.
+ * The count lost. */
+static int check_step_deadline(pl_coord *c, int *idx)
+{
+    const int running = c->phase == PL_COORD_RUNNING;
+    if (!running && c->phase != PL_COORD_COMMITTING)
+        return 0;
+    const int64_t limit = pl_coord_step_deadline(c);
+    if (limit < 0 || c->now - c->step_t0 <= limit)
+        return 0;
+    char why[160];
+    snprintf(why, sizeof why, "step %lld not %s within its deadline of %.1f s", (long long)c->step,
+             running ? "reported" : "committed", (double)limit / 1000.0);
+    int n = 0;
+    if (running) {
+        add_cause(c, "%s%s", why, ": aborted, planned again");
+        to_pipeline_workers(c, PL_MSG_ABORT, why);
+        c->probe_from = c->gen;
+        c->probe_t0 = c->now + (c->cfg.settle_ms > 0 ? c->cfg.settle_ms : 0); /* replanned */
+        c->probe_ms = limit;
+        replan_soon(c);
+        return 1;
+    }
+    for (int i = 0; i < c->nw; i++)
+        if (c->w[i].live && in_pipes(c, i) && !c->w[i].committed)
+            lose_hung(c, i, why, idx, &n);
+    if (n) {
+        after_loss(c, idx, n);
+        reassign_duties(c);
+    }
+    return n;
+}
+
+/* The plan made after a step deadline: the workers whose heartbeats still carry an older
+ * generation probe_ms after it went out have a compute thread that never took it (the
+ * others' aborted step let theirs go): lost as hung. The count lost. */
+static int check_probe(pl_coord *c, int *idx)
+{
+    if (c->probe_from < 0 || c->gen <= c->probe_from)
+        return 0;
+    if (c->phase != PL_COORD_COPYING) {
+        c->probe_from = -1; /* the plan went through */
+        return 0;
+    }
+    if (c->now - c->probe_t0 <= c->probe_ms)
+        return 0;
+    char why[160];
+    snprintf(why, sizeof why, "hung: plan %lld not taken within %.1f s of the step deadline",
+             (long long)c->gen, (double)c->probe_ms / 1000.0);
+    int n = 0;
+    for (int i = 0; i < c->nw; i++)
+        if (c->w[i].live && c->w[i].got_plan && !c->w[i].copy_done && c->w[i].hb_gen < c->gen)
+            lose_hung(c, i, why, idx, &n);
+    c->probe_from = -1;
+    if (n) {
+        after_loss(c, idx, n);
+        reassign_duties(c);
+    }
+    return n;
+}
+
 int pl_coord_tick(pl_coord *c, int64_t now_ms)
 {
     c->err[0] = 0;
@@ -2693,6 +2806,9 @@ int pl_coord_tick(pl_coord *c, int64_t now_ms)
     if (n) {
         after_loss(c, idx, n);
         reassign_duties(c);
+    } else {
+        n = check_step_deadline(c, idx);
+        n = n ? n : check_probe(c, idx);
     }
     free(idx);
     return n || judged ? PL_COORD_OK : PL_COORD_IGNORED;
@@ -2706,8 +2822,12 @@ int pl_coord_on_msg(pl_coord *c, const char *name, const pl_msg *m, int64_t now_
     if (heard(c, name, now_ms) < 0 && m->type != PL_MSG_SAVED)
         return PL_COORD_ERR; /* a worker that left still reports the checkpoint it wrote */
     switch (m->type) {
-    case PL_MSG_HEARTBEAT:
+    case PL_MSG_HEARTBEAT: {
+        const int i = find_live(c, name);
+        if (m->gen > c->w[i].hb_gen)
+            c->w[i].hb_gen = m->gen;
         return PL_COORD_OK;
+    }
     case PL_MSG_LEAVING:
         return pl_coord_leaving(c, name, m->u.leaving.reason);
     case PL_MSG_REPORT:

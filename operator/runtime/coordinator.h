@@ -103,6 +103,11 @@ typedef struct {
     /* liveness */
     int heartbeat_ms;             /* 100..600000; sent in welcome */
     int heartbeat_misses;         /* 0: PL_PROTO_HEARTBEAT_MISSES (3) */
+    int64_t step_timeout_ms;      /* a step's deadline, from start_step to the last report
+                                     (RUNNING) or committed (COMMITTING): the plan's workers
+                                     not done by then are lost (a compute thread hung while
+                                     the heartbeats go on). 0: automatic (pl_coord_step_deadline);
+                                     < 0: none */
     int n_start;                  /* workers to wait for before the first plan, ≥ (F+1)·n0 */
     int64_t start_grace_ms;       /* > 0: after this long, start with fewer (≥ (F+1)·n0) */
     const char *job;              /* job name for welcome (NULL: "job") */
@@ -148,6 +153,15 @@ typedef enum {
     PL_COORD_DONE,                    /* every step committed, stop sent */
     PL_COORD_FAILED                   /* fatal: see pl_coord_reason */
 } pl_coord_phase_t;
+
+/* The automatic step deadline (step_timeout_ms 0): PL_COORD_STEP_TIMEOUT_FACTOR × the median
+ * time of the last PL_COORD_STEP_TIMES committed steps, at least PL_COORD_STEP_TIMEOUT_BEATS ×
+ * the heartbeat loss window (misses × heartbeat_ms); none before PL_COORD_STEP_TIMES_MIN steps
+ * were timed (the first steps warm up: only the heartbeats watch them). */
+#define PL_COORD_STEP_TIMEOUT_FACTOR 10
+#define PL_COORD_STEP_TIMEOUT_BEATS 5
+#define PL_COORD_STEP_TIMES 15
+#define PL_COORD_STEP_TIMES_MIN 3
 
 /* Attempts at one step that may fail (non-finite, step_failed) before the job fails. */
 #define PL_COORD_STEP_ATTEMPTS 3
@@ -238,8 +252,9 @@ int pl_coord_eval_done(pl_coord *c, const char *name, int64_t gen, const pl_msg_
 int pl_coord_fatal(pl_coord *c, const char *name, const char *reason);
 /* The connection closed / the process ended / anything fatal for that worker. */
 int pl_coord_worker_lost(pl_coord *c, const char *name, const char *cause);
-/* Declares lost every live worker silent for more than misses × heartbeat_ms;
- * fails the job after wait_for_nodes_ms without enough workers. */
+/* Declares lost every live worker silent for more than misses × heartbeat_ms, and every
+ * plan worker that has not reported (or committed) the step when its deadline passed
+ * (pl_coord_step_deadline); fails the job after wait_for_nodes_ms without enough workers. */
 int pl_coord_tick(pl_coord *c, int64_t now_ms);
 
 /* A new coordinator (a new operator leader) takes over a running job
@@ -299,8 +314,12 @@ int64_t pl_coord_generation(const pl_coord *c);
 int64_t pl_coord_step(const pl_coord *c);        /* the step running or to run next */
 int pl_coord_rank(const pl_coord *c, const char *name); /* -1 if unknown */
 int pl_coord_live_workers(const pl_coord *c);
-/* 1 when worker `name` was declared lost for missed heartbeats and has not registered
- * again: its process may still be there, hung (SIGSTOP, a deadlock) or cut off, and the
+/* The running step's deadline in ms from its start_step (step_timeout_ms, or the automatic
+ * one from the steps timed so far); -1: none. */
+int64_t pl_coord_step_deadline(const pl_coord *c);
+/* 1 when worker `name` was declared lost for missed heartbeats or a missed step deadline
+ * and has not registered again: its process may still be there, hung (SIGSTOP, a deadlock,
+ * a compute thread stuck while its control thread heartbeats) or cut off, and the
  * front end should end it (`pliant run` kills it) so that it never comes back holding an
  * old plan's state; else 0. */
 int pl_coord_worker_silent(const pl_coord *c, const char *name);
