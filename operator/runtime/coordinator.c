@@ -2208,6 +2208,47 @@ int pl_coord_plan_pipeline(const pl_coord *c, int q, const char **names, int max
     return p->nnodes;
 }
 
+/* Step s (c->step) may be committed without its messages: nothing its commit or the
+ * boundary after it does would differ from the steps before. */
+static int skippable(const pl_coord *c)
+{
+    int64_t next = c->step + 1;
+    int every = c->cfg.eval_every;
+    if (next >= c->cfg.steps || (every > 0 && next % every == 0) || c->ckpt_retry ||
+        pl_checkpoint_due(c->cfg.checkpoint_dir, c->cfg.checkpoint_every, c->cfg.steps, next))
+        return 0;
+    int check = c->cfg.hosts_added_check_every > 1 ? c->cfg.hosts_added_check_every : 1;
+    return !(c->join_pending && next % check == 0);
+}
+
+int64_t pl_coord_skip_steps(pl_coord *c, int64_t n)
+{
+    if (c->phase != PL_COORD_RUNNING || c->pending || n <= 0)
+        return 0;
+    for (int i = 0; i < c->nw; i++)
+        if (c->w[i].reported || c->w[i].reduced)
+            return 0;
+    int64_t done = 0;
+    while (done < n && skippable(c)) {
+        pl_coord_step_rec x = {.step = c->step, .loss = NAN, .norm = NAN, .grad_scale = 1.0,
+                               .val_loss = NAN, .generation = c->gen};
+        x.lr = pl_lr_at(c->cfg.lr, c->cfg.lr_cosine, c->cfg.lr_warmup, c->cfg.lr_min_ratio,
+                        (int)c->step, (int)c->cfg.steps);
+        memcpy(x.pipelines, c->cur.desc, sizeof x.pipelines);
+        if (log_step(c, &x)) {
+            set_failed(c, "coordinator: out of memory");
+            return done;
+        }
+        if (c->fail_step == c->step)
+            c->fail_step = -1;
+        c->step++;
+        done++;
+    }
+    if (done)
+        start_step(c);
+    return done;
+}
+
 void pl_coord_fail(pl_coord *c, const char *why)
 {
     if (c->phase != PL_COORD_DONE && c->phase != PL_COORD_FAILED)

@@ -260,6 +260,16 @@ int pl_coord_set_zone(pl_coord *c, const char *name, const char *zone);
 int pl_coord_plan_pipeline(const pl_coord *c, int q, const char **names, int max,
                            int64_t *microbatches);
 
+/* Fast-forward for a simulation (`pliant simulate`), where steps between disruptions
+ * run alike: in RUNNING, before any report of the step, with no membership change
+ * pending, commits up to n steps at once without a message (each logged with loss and
+ * norm NaN, grad_scale 1 and its learning rate), stopping before a step whose commit
+ * would save a checkpoint, that is evaluated, that is the last, or while a joined worker
+ * waits to be placed; then start_step for the step reached goes to the plan's workers
+ * (the start_step sent before is superseded: its step counts as committed). The number
+ * of steps committed (0: none could be). */
+int64_t pl_coord_skip_steps(pl_coord *c, int64_t n);
+
 /* Ends the job now (a time limit): a step not committed yet is dropped, every
  * worker gets stop {0}, the phase is DONE with `why` as the reason. */
 void pl_coord_end(pl_coord *c, const char *why);
