@@ -1494,7 +1494,7 @@ int pl_coord_worker_joined(pl_coord *c, const pl_coord_worker_info *wi, int64_t 
     }
     if (old >= 0)
         return fail_err(c, "worker \"%s\" was removed from the job; use a new name", name);
-    if (c->nw >= PL_PROTO_MAX_NODES)
+    if (pl_coord_live_workers(c) >= PL_PROTO_MAX_NODES || c->nw >= PL_PROTO_MAX_RANK)
         return fail_err(c, "too many workers (%d)", PL_PROTO_MAX_NODES);
     const cnode *cn = node_find(c, node);
     if (cn && cn->until > now_ms)
