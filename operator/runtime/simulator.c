@@ -20,7 +20,7 @@ typedef struct {
     pl_coord *coord;
     pl_sim_queue q;
     pl_sim_workers sw;
-    pl_sim_result *res;
+    pl_sim_outcome *res;
     pl_coord_config cc;
     int64_t now;
     int nodes_live, nrec_seen;
@@ -242,7 +242,7 @@ static int loop(sim *s)
 
 static void finish(sim *s)
 {
-    pl_sim_result *r = s->res;
+    pl_sim_outcome *r = s->res;
     r->steps = pl_coord_step(s->coord);
     r->samples = r->steps * s->cfg->job->batch.global;
     r->reconfigs = pl_coord_nreconfigs(s->coord);
@@ -252,7 +252,7 @@ static void finish(sim *s)
     timeline_event(s, "end", -1);
 }
 
-int pl_sim_run(const pl_sim_config *cfg, pl_sim_result *res, char *err, size_t errlen)
+int pl_sim_run(const pl_sim_config *cfg, pl_sim_outcome *res, char *err, size_t errlen)
 {
     memset(res, 0, sizeof *res);
     res->strategy = cfg->strategy->name;
@@ -272,8 +272,8 @@ int pl_sim_run(const pl_sim_config *cfg, pl_sim_result *res, char *err, size_t e
     pl_coord_free(s.coord);
     pl_sim_workers_free(&s.sw);
     pl_sim_queue_free(&s.q);
-    if (rc) pl_sim_result_free(res);
+    if (rc) pl_sim_outcome_free(res);
     return rc;
 }
 
-void pl_sim_result_free(pl_sim_result *res) { pl_sim_account_free(&res->acct); }
+void pl_sim_outcome_free(pl_sim_outcome *res) { pl_sim_account_free(&res->acct); }

@@ -46,12 +46,12 @@ typedef struct {
     int64_t bytes_copied;
     char end_phase[32];               /* the coordinator's phase at the end */
     char reason[512];                 /* why it failed or waits, "" otherwise */
-} pl_sim_result;
+} pl_sim_outcome;
 
 /* Runs the simulation: 0, or -1 with err (a configuration the coordinator refuses, out of
- * memory). The result is filled on success; free it with pl_sim_result_free. */
-int pl_sim_run(const pl_sim_config *cfg, pl_sim_result *res, char *err, size_t errlen);
-void pl_sim_result_free(pl_sim_result *res);
+ * memory). The result is filled on success; free it with pl_sim_outcome_free. */
+int pl_sim_run(const pl_sim_config *cfg, pl_sim_outcome *res, char *err, size_t errlen);
+void pl_sim_outcome_free(pl_sim_outcome *res);
 
 /* The highest node number of a trace + 1, and the most nodes live at once. */
 void pl_sim_trace_nodes(const pl_trace_event *tr, int n, int *nodes, int *peak);
