@@ -78,6 +78,8 @@ struct pl_coord {
     int micro, misses, nlayers;
     cworker *w;
     int nw, capw;
+    int *index;            /* worker names → indices: open addressing, -1 empty */
+    int index_cap;         /* a power of two ≥ 2·nw, or 0 */
     outmsg *out;
     int nout, capout, headout;
     pl_coord_phase_t phase;
@@ -208,14 +210,54 @@ static void cplan_describe(cplan *p)
     }
 }
 
+static uint64_t name_hash(const char *s)
+{
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+    return h;
+}
+
 static int find(const pl_coord *c, const char *name)
 {
-    if (!name)
+    if (!name || !c->index_cap)
         return -1;
-    for (int i = 0; i < c->nw; i++)
-        if (strcmp(c->w[i].name, name) == 0)
+    size_t mask = (size_t)c->index_cap - 1;
+    for (size_t k = name_hash(name) & mask;; k = (k + 1) & mask) {
+        int i = c->index[k];
+        if (i < 0 || strcmp(c->w[i].name, name) == 0)
             return i;
-    return -1;
+    }
+}
+
+static void index_put(pl_coord *c, int i)
+{
+    size_t mask = (size_t)c->index_cap - 1, k = name_hash(c->w[i].name) & mask;
+    while (c->index[k] >= 0)
+        k = (k + 1) & mask;
+    c->index[k] = i;
+}
+
+/* Worker i, the newest (named already), into the index, which grows to stay at most
+ * half full: 0, or -1 when memory ran out. */
+static int index_add(pl_coord *c, int i)
+{
+    if (2 * c->nw > c->index_cap) {
+        int cap = c->index_cap ? 2 * c->index_cap : 64;
+        int *x = malloc((size_t)cap * sizeof *x);
+        if (!x)
+            return -1;
+        for (int k = 0; k < cap; k++)
+            x[k] = -1;
+        free(c->index);
+        c->index = x;
+        c->index_cap = cap;
+        for (int j = 0; j < c->nw; j++)
+            if (j != i)
+                index_put(c, j);
+    }
+    index_put(c, i);
+    return 0;
 }
 
 /* The live worker of that name, or -1 (and the error). */
@@ -1366,6 +1408,7 @@ void pl_coord_free(pl_coord *c)
         pl_msg_free(&c->out[k].m);
     free(c->out);
     free(c->w);
+    free(c->index);
     cplan_free(&c->cur);
     cplan_free(&c->stable);
     free(c->log);
@@ -1512,6 +1555,10 @@ int pl_coord_worker_joined(pl_coord *c, const pl_coord_worker_info *wi, int64_t 
     cworker *w = &c->w[i];
     memset(w, 0, sizeof *w);
     snprintf(w->name, sizeof w->name, "%s", name);
+    if (index_add(c, i)) {
+        c->nw--;
+        return fail_err(c, "out of memory");
+    }
     snprintf(w->node, sizeof w->node, "%s", node);
     snprintf(w->host, sizeof w->host, "%s", host ? host : "127.0.0.1");
     w->rank = i;
