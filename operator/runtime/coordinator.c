@@ -79,6 +79,9 @@ struct pl_coord {
     cworker *w;
     int nw, capw;
     int *index;            /* worker names → indices: open addressing, -1 empty */
+    /* the step's waits resume here: every worker below is done with the step or not
+     * part of it (flags are only set within a step; reset_step_flags restarts them) */
+    int scan_reduced, scan_committed;
     int index_cap;         /* a power of two ≥ 2·nw, or 0 */
     outmsg *out;
     int nout, capout, headout;
@@ -401,6 +404,7 @@ static void reset_step_flags(pl_coord *c)
 {
     for (int i = 0; i < c->nw; i++)
         c->w[i].reported = c->w[i].reduced = c->w[i].committed = 0;
+    c->scan_reduced = c->scan_committed = 0;
     c->sumsq = c->loss_sum = 0;
     c->nloss = 0;
 }
@@ -1154,9 +1158,11 @@ static void check_reduced_complete(pl_coord *c)
 {
     if (c->phase != PL_COORD_RUNNING)
         return;
-    for (int i = 0; i < c->nw; i++)
-        if (c->w[i].live && in_pipes(c, i) && (!c->w[i].reported || !c->w[i].reduced))
+    for (; c->scan_reduced < c->nw; c->scan_reduced++) {
+        const cworker *w = &c->w[c->scan_reduced];
+        if (w->live && in_pipes(c, c->scan_reduced) && (!w->reported || !w->reduced))
             return;
+    }
     c->norm = sqrt(c->sumsq);
     if (!isfinite(c->norm)) { /* finite shares whose sum is not */
         step_attempt_failed(c, NULL, "non-finite gradient norm (inf)", 1);
@@ -1179,9 +1185,11 @@ static void check_committed_complete(pl_coord *c)
 {
     if (c->phase != PL_COORD_COMMITTING)
         return;
-    for (int i = 0; i < c->nw; i++)
-        if (c->w[i].live && in_pipes(c, i) && !c->w[i].committed)
+    for (; c->scan_committed < c->nw; c->scan_committed++) {
+        const cworker *w = &c->w[c->scan_committed];
+        if (w->live && in_pipes(c, c->scan_committed) && !w->committed)
             return;
+    }
     step_boundary(c);
 }
 
