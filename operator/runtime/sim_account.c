@@ -132,3 +132,10 @@ void pl_sim_account_after(pl_sim_account *a, pl_coord_phase_t phase, int64_t ste
     a->nodes = nodes;
     a->workers = workers;
 }
+
+void pl_sim_account_close(pl_sim_account *a, int64_t load_ns, int64_t copy_ns)
+{
+    a->split_ns[PL_SIM_T_COMPUTE] += a->step_ns;
+    a->step_ns = 0;
+    if (a->phase == PL_COORD_COPYING) copy_phase_done(a, load_ns, copy_ns);
+}

@@ -59,4 +59,7 @@ void pl_sim_account_advance(pl_sim_account *a, int64_t now_ns);
 void pl_sim_account_after(pl_sim_account *a, pl_coord_phase_t phase, int64_t step, int nodes,
                           int workers, int64_t load_ns, int64_t copy_ns);
 
+/* The end of the trace: a step in flight counts as computing, a copy phase is split. */
+void pl_sim_account_close(pl_sim_account *a, int64_t load_ns, int64_t copy_ns);
+
 #endif

@@ -243,6 +243,7 @@ static int loop(sim *s)
 static void finish(sim *s)
 {
     pl_sim_outcome *r = s->res;
+    pl_sim_account_close(&r->acct, s->sw.plan_load_ns, s->sw.plan_copy_ns);
     r->steps = pl_coord_step(s->coord);
     r->samples = r->steps * s->cfg->job->batch.global;
     r->reconfigs = pl_coord_nreconfigs(s->coord);
