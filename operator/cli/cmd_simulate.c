@@ -114,7 +114,7 @@ static void timeline_line(void *user, const char *json) { fprintf(user, "%s\n", 
 static void print_summary(const sim_args *a, const pl_sim_outcome *r)
 {
     double hours = pl_sim_node_hours(r), usd = hours * a->spot, total = (double)r->duration_ns;
-    printf("%s: %.2f samples/s, %.1f samples per $, %lld steps, %.1f node-hours, $%.2f spent "
+    printf("%s: %.2f samples/s, %.1f samples per $, %lld steps, %.2f node-hours, $%.2f spent "
            "($%.2f on demand), %d reconfigurations (%d from a checkpoint), %.2f GB copied, %s%s%s\n",
            r->strategy, pl_sim_samples_per_s(r), usd > 0 ? (double)r->samples / usd : 0.0,
            (long long)r->steps, hours, usd, hours * a->on_demand, r->reconfigs, r->from_checkpoint,
