@@ -60,3 +60,7 @@ int pl_sim_queue_pop(pl_sim_queue *q, pl_sim_event *e)
 }
 
 int64_t pl_sim_queue_next_time(const pl_sim_queue *q) { return q->n ? q->ev[0].t_ns : INT64_MAX; }
+
+const pl_sim_event *pl_sim_queue_peek(const pl_sim_queue *q) { return q->n ? &q->ev[0] : NULL; }
+
+uint64_t pl_sim_queue_ticket(pl_sim_queue *q) { return q->next_seq++; }

@@ -12,7 +12,6 @@ typedef enum {
     PL_SIM_EV_NOTICE,      /* the preemption notice of a node removed later */
     PL_SIM_EV_REGISTER,    /* a started node's worker registers */
     PL_SIM_EV_COPY_DONE,   /* a worker installed its plan (copies, checkpoint load) */
-    PL_SIM_EV_REPORT,      /* a worker finished its share of a step (report + reduced) */
     PL_SIM_EV_COMMITTED,   /* a worker applied a commit */
     PL_SIM_EV_SAVED,       /* a worker wrote its layers of a checkpoint */
     PL_SIM_EV_CKPT_DONE,   /* a worker wrote a checkpoint's checkpoint.json */
@@ -43,5 +42,10 @@ int pl_sim_queue_push(pl_sim_queue *q, pl_sim_event e);
 int pl_sim_queue_pop(pl_sim_queue *q, pl_sim_event *e);
 /* The earliest event's time, or INT64_MAX when empty. */
 int64_t pl_sim_queue_next_time(const pl_sim_queue *q);
+/* The earliest event, or NULL when empty. */
+const pl_sim_event *pl_sim_queue_peek(const pl_sim_queue *q);
+/* An insertion number for something timed outside the queue (the step in flight), so
+ * that it keeps its place among the queue's events of the same time. */
+uint64_t pl_sim_queue_ticket(pl_sim_queue *q);
 
 #endif

@@ -15,7 +15,8 @@ int pl_sim_workers_init(pl_sim_workers *s, int n, const pl_sim_costs *k,
     s->n = n;
     s->w = calloc((size_t)(n > 0 ? n : 1), sizeof *s->w);
     s->started = calloc((size_t)(n > 0 ? n : 1), sizeof *s->started);
-    if (!s->w || !s->started) {
+    s->flight.nodes = calloc((size_t)(n > 0 ? n : 1), sizeof *s->flight.nodes);
+    if (!s->w || !s->started || !s->flight.nodes) {
         pl_sim_workers_free(s);
         return -1;
     }
@@ -26,17 +27,37 @@ void pl_sim_workers_free(pl_sim_workers *s)
 {
     free(s->w);
     free(s->started);
+    free(s->flight.nodes);
     memset(s, 0, sizeof *s);
 }
 
-void pl_sim_worker_name(int node, char *buf, int len) { snprintf(buf, (size_t)len, "node%d", node); }
+void pl_sim_worker_name(int node, char *buf, int len)
+{
+    char digits[16];
+    int n = 0;
+    unsigned v = node < 0 ? 0u : (unsigned)node;
+    do
+        digits[n++] = (char)('0' + v % 10);
+    while ((v /= 10) && n < (int)sizeof digits);
+    if (node < 0 || len < n + 5) {
+        snprintf(buf, (size_t)len, "node%d", node);
+        return;
+    }
+    memcpy(buf, "node", 4);
+    for (int i = 0; i < n; i++)
+        buf[4 + i] = digits[n - 1 - i];
+    buf[4 + n] = 0;
+}
 
 int pl_sim_worker_node(const pl_sim_workers *s, const char *name)
 {
-    if (strncmp(name, "node", 4) != 0) return -1;
-    char *end;
-    long v = strtol(name + 4, &end, 10);
-    return *end || v < 0 || v >= s->n ? -1 : (int)v;
+    if (strncmp(name, "node", 4) != 0 || !name[4]) return -1;
+    long v = 0;
+    for (const char *p = name + 4; *p; p++) {
+        if (*p < '0' || *p > '9' || v > s->n) return -1;
+        v = 10 * v + (*p - '0');
+    }
+    return v >= s->n ? -1 : (int)v;
 }
 
 static int push(pl_sim_workers *s, pl_sim_ev_kind kind, int node, int64_t t, int64_t gen,
@@ -99,8 +120,8 @@ int pl_sim_workers_deliver(pl_sim_workers *s, const char *to, const pl_msg *m, i
     case PL_MSG_START_STEP:
         if (!w->started) s->started[s->nstarted++] = node;
         w->started = 1;
-        w->gen = m->gen;
-        w->step = m->u.start_step.step;
+        s->start_gen = m->gen;
+        s->start_step = m->u.start_step.step;
         return 0;
     case PL_MSG_COMMIT:
         if (m->u.commit.save &&
@@ -119,25 +140,54 @@ int pl_sim_workers_deliver(pl_sim_workers *s, const char *to, const pl_msg *m, i
     }
 }
 
-int pl_sim_workers_schedule(pl_sim_workers *s, int64_t now)
+/* The step in flight from now: its end at the slowest of its workers. */
+static void fly(pl_sim_workers *s, int64_t now)
 {
-    int rc = 0;
-    for (int i = 0; i < s->nstarted; i++) {
-        pl_sim_worker *w = &s->w[s->started[i]];
-        w->started = 0;
-        if (w->state == PL_SIM_W_LIVE &&
-            push(s, PL_SIM_EV_REPORT, s->started[i], now + w->step_ns, w->gen, w->step, 0))
-            rc = -1;
-    }
-    s->nstarted = 0;
-    return rc;
+    pl_sim_flight *f = &s->flight;
+    f->step_ns = 0;
+    for (int i = 0; i < f->n; i++)
+        if (s->w[f->nodes[i]].step_ns > f->step_ns) f->step_ns = s->w[f->nodes[i]].step_ns;
+    f->start_ns = now;
+    f->end_ns = now + f->step_ns;
+    f->seq = pl_sim_queue_ticket(s->queue);
+    f->active = 1;
 }
 
-static void report(pl_coord *c, const char *name, const pl_sim_event *e, int64_t step_ns)
+int pl_sim_workers_schedule(pl_sim_workers *s, int64_t now)
 {
-    pl_msg_report r = {.step = e->step, .ms = (double)step_ns / 1e6, .grad_sumsq = 1.0};
-    pl_coord_report(c, name, e->gen, &r);
-    pl_coord_reduced(c, name, e->gen, e->step);
+    if (!s->nstarted) return 0;
+    pl_sim_flight *f = &s->flight;
+    int *t = f->nodes;
+    f->nodes = s->started;
+    s->started = t;
+    f->n = s->nstarted;
+    f->gen = s->start_gen;
+    f->step = s->start_step;
+    for (int i = 0; i < f->n; i++) s->w[f->nodes[i]].started = 0;
+    s->nstarted = 0;
+    fly(s, now);
+    return 0;
+}
+
+void pl_sim_workers_skipped(pl_sim_workers *s, int64_t done, int64_t now)
+{
+    s->flight.step += done;
+    fly(s, now);
+}
+
+void pl_sim_workers_step_done(pl_sim_workers *s, pl_coord *c)
+{
+    pl_sim_flight *f = &s->flight;
+    char name[32];
+    f->active = 0;
+    for (int i = 0; i < f->n; i++) {
+        const pl_sim_worker *w = &s->w[f->nodes[i]];
+        if (w->state != PL_SIM_W_LIVE) continue;
+        pl_sim_worker_name(f->nodes[i], name, sizeof name);
+        pl_msg_report r = {.step = f->step, .ms = (double)w->step_ns / 1e6, .grad_sumsq = 1.0};
+        pl_coord_report(c, name, f->gen, &r);
+        pl_coord_reduced(c, name, f->gen, f->step);
+    }
 }
 
 void pl_sim_workers_fire(pl_sim_workers *s, pl_coord *c, const pl_sim_event *e)
@@ -147,8 +197,6 @@ void pl_sim_workers_fire(pl_sim_workers *s, pl_coord *c, const pl_sim_event *e)
     pl_sim_worker_name(e->node, name, sizeof name);
     if (e->kind == PL_SIM_EV_COPY_DONE) {
         pl_coord_copy_done(c, name, e->gen, e->bytes);
-    } else if (e->kind == PL_SIM_EV_REPORT) {
-        report(c, name, e, s->w[e->node].step_ns);
     } else if (e->kind == PL_SIM_EV_COMMITTED) {
         pl_coord_committed(c, name, e->gen, e->step);
     } else if (e->kind == PL_SIM_EV_SAVED) {

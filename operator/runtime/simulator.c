@@ -51,6 +51,7 @@ static int start_coord(sim *s, char *err, size_t errlen)
     s->cc.resume_auto = 0;
     s->cc.resume_step = 0;
     s->cc.heartbeat_misses = 1 << 30; /* losses come from the trace */
+    s->cc.brief_plans = 1;            /* the simulated workers read only their own place */
     if (!s->cc.checkpoint_dir || !s->cc.checkpoint_dir[0]) s->cc.checkpoint_dir = "(simulated)";
     cfg->strategy->configure(&s->cc);
     return (s->coord = pl_coord_new(&s->cc, err, errlen)) ? 0 : -1;
@@ -143,21 +144,29 @@ static void account(sim *s)
                          s->sw.plan_copy_ns);
 }
 
-/* A step just started and nothing happens before several more would end: those
- * commit at once, the clock moves past them, and the step after them starts. */
+/* The step in flight and nothing happens before it and more would end: the coordinator
+ * commits those at once (quietly: the workers go on), the clock moves to the start of the
+ * step in flight at the next event, and again after a step that saved a checkpoint (its
+ * `save` messages delivered at the time of its commit). */
 static int fast_forward(sim *s)
 {
-    int64_t T = s->sw.plan_step_ns, next = pl_sim_queue_next_time(&s->q);
-    if (T <= 0 || pl_coord_phase(s->coord) != PL_COORD_RUNNING || next == INT64_MAX) return 0;
-    int64_t k = (next - s->now) / T - 1;
-    if (k < 1) return 0;
-    account(s);
-    int64_t done = pl_coord_skip_steps(s->coord, k);
-    if (done <= 0) return 0;
-    s->now += done * T;
-    pl_sim_account_advance(&s->res->acct, s->now);
-    account(s);
-    return drain(s);
+    const pl_sim_flight *f = &s->sw.flight;
+    for (;;) {
+        int64_t T = f->step_ns, next = pl_sim_queue_next_time(&s->q);
+        if (!f->active || T <= 0 || pl_coord_phase(s->coord) != PL_COORD_RUNNING ||
+            next == INT64_MAX)
+            return 0;
+        int64_t k = (next - f->start_ns) / T;
+        if (k < 1) return 0;
+        account(s);
+        int64_t done = pl_coord_skip_steps(s->coord, k, 1);
+        if (done <= 0) return 0;
+        s->now = f->start_ns + done * T;
+        pl_sim_account_advance(&s->res->acct, s->now);
+        account(s);
+        pl_sim_workers_skipped(&s->sw, done, s->now);
+        if (drain(s)) return -1;
+    }
 }
 
 /* The coordinator's timers: a replan after settling, the wait for nodes' limit. */
@@ -178,8 +187,8 @@ static int schedule_ticks(sim *s)
 static int pump(sim *s)
 {
     if (drain(s)) return -1;
-    if (s->sw.nstarted && fast_forward(s)) return -1;
     if (pl_sim_workers_schedule(&s->sw, s->now)) return -1;
+    if (fast_forward(s)) return -1;
     note_reconfigs(s);
     return schedule_ticks(s);
 }
@@ -226,14 +235,33 @@ static void handle(sim *s, const pl_sim_event *e)
     }
 }
 
+/* The step in flight ends before the queue's next event (ties by insertion order). */
+static int flight_first(sim *s)
+{
+    const pl_sim_flight *f = &s->sw.flight;
+    const pl_sim_event *e = pl_sim_queue_peek(&s->q);
+    return f->active && (!e || f->end_ns < e->t_ns || (f->end_ns == e->t_ns && f->seq < e->seq));
+}
+
+static void set_time(sim *s, int64_t t)
+{
+    if (t > s->now) s->now = t;
+    pl_sim_account_advance(&s->res->acct, s->now);
+}
+
 static int loop(sim *s)
 {
     pl_sim_event e;
-    while (pl_sim_queue_pop(&s->q, &e)) {
-        if (e.t_ns > s->now) s->now = e.t_ns;
-        pl_sim_account_advance(&s->res->acct, s->now);
-        if (e.kind == PL_SIM_EV_END) break;
-        handle(s, &e);
+    for (;;) {
+        if (flight_first(s)) {
+            set_time(s, s->sw.flight.end_ns);
+            pl_sim_workers_step_done(&s->sw, s->coord);
+        } else {
+            if (!pl_sim_queue_pop(&s->q, &e)) break;
+            set_time(s, e.t_ns);
+            if (e.kind == PL_SIM_EV_END) break;
+            handle(s, &e);
+        }
         if (pump(s)) return -1;
         account(s);
     }
