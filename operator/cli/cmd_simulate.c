@@ -3,6 +3,7 @@
  * asked for, then prints the summary, and writes the timeline (JSON lines) and the HTML
  * report when asked. Bad input exits with status 2, a failed simulation with 1. */
 #include <getopt.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,31 +181,76 @@ static int write_report(const sim_args *a, const sim_inputs *in, const pl_sim_ou
     return rc;
 }
 
-/* Every strategy over the trace, the summaries printed: 0, or 1 on failure. */
+/* One strategy's simulation, run on a thread of its own: its timeline goes to a memory
+ * buffer, written out in strategy order once all are done. */
+typedef struct {
+    pl_sim_config cfg;
+    pl_sim_outcome res;
+    char *buf;
+    size_t len;
+    FILE *mem;
+    int rc;
+    char err[1024];
+} sim_job;
+
+static void *run_one(void *arg)
+{
+    sim_job *j = arg;
+    j->rc = pl_sim_run(&j->cfg, &j->res, j->err, sizeof j->err);
+    return NULL;
+}
+
+static void job_setup(sim_job *j, const sim_args *a, const sim_inputs *in,
+                      const pl_sim_strategy *st, int timeline)
+{
+    memset(j, 0, sizeof *j);
+    j->cfg = (pl_sim_config){
+        .job = &in->job, .plan = &in->plan, .strategy = st,
+        .costs = {.profile = &in->plan.prof, .templates = &in->plan.ts,
+                  .storage_GBps = a->storage_GBps,
+                  .startup_ns = (int64_t)(a->startup_s * 1e9),
+                  .notice_ns = (int64_t)(a->notice_s * 1e9)},
+        .trace = in->trace, .ntrace = in->ntrace};
+    if (timeline && (j->mem = open_memstream(&j->buf, &j->len))) {
+        j->cfg.timeline = timeline_line;
+        j->cfg.user = j->mem;
+    }
+}
+
+/* Every strategy over the trace, two at a time (the runs share only the read-only job,
+ * planner and trace), the summaries and timelines in strategy order: 0, or 1 on failure. */
 static int simulate(const sim_args *a, const sim_inputs *in, const pl_sim_strategy **st, int n,
                     FILE *out)
 {
-    pl_sim_outcome res[MAX_STRATEGIES];
-    int done = 0, rc = 0;
-    char err[1024] = "";
-    for (; done < n; done++) {
-        pl_sim_config cfg = {
-            .job = &in->job, .plan = &in->plan, .strategy = st[done],
-            .costs = {.profile = &in->plan.prof, .templates = &in->plan.ts,
-                      .storage_GBps = a->storage_GBps,
-                      .startup_ns = (int64_t)(a->startup_s * 1e9),
-                      .notice_ns = (int64_t)(a->notice_s * 1e9)},
-            .trace = in->trace, .ntrace = in->ntrace,
-            .timeline = out ? timeline_line : NULL, .user = out};
-        if (pl_sim_run(&cfg, &res[done], err, sizeof err)) {
-            fprintf(stderr, "pliant simulate: %s: %s\n", st[done]->name, err);
-            rc = 1;
-            break;
-        }
-        print_summary(a, &res[done]);
+    sim_job jobs[MAX_STRATEGIES];
+    pthread_t th[MAX_STRATEGIES];
+    int rc = 0, done = 0;
+    for (int i = 0; i < n; i++) job_setup(&jobs[i], a, in, st[i], out != NULL);
+    for (int i = 0; i < n; i += 2) {
+        int two = i + 1 < n && pthread_create(&th[i + 1], NULL, run_one, &jobs[i + 1]) == 0;
+        run_one(&jobs[i]);
+        if (two) pthread_join(th[i + 1], NULL);
+        else if (i + 1 < n) run_one(&jobs[i + 1]);
     }
+    for (int i = 0; i < n; i++) {
+        if (jobs[i].mem && fclose(jobs[i].mem)) jobs[i].rc = -1;
+        if (!rc && jobs[i].rc) {
+            fprintf(stderr, "pliant simulate: %s: %s\n", st[i]->name,
+                    jobs[i].err[0] ? jobs[i].err : "cannot write the timeline");
+            rc = 1;
+        }
+        if (!rc) {
+            if (out && jobs[i].buf) fwrite(jobs[i].buf, 1, jobs[i].len, out);
+            print_summary(a, &jobs[i].res);
+            done++;
+        }
+        free(jobs[i].buf);
+    }
+    pl_sim_outcome res[MAX_STRATEGIES];
+    for (int i = 0; i < n; i++) res[i] = jobs[i].res;
     if (rc == 0 && a->report && write_report(a, in, res, done)) rc = 1;
-    for (int i = 0; i < done; i++) pl_sim_outcome_free(&res[i]);
+    for (int i = 0; i < n; i++)
+        if (!jobs[i].rc) pl_sim_outcome_free(&res[i]);
     return rc;
 }
 

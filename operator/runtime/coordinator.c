@@ -83,6 +83,7 @@ struct pl_coord {
     /* the step's waits resume here: every worker below is done with the step or not
      * part of it (flags are only set within a step; reset_step_flags restarts them) */
     int scan_reduced, scan_committed;
+    int scan_copy;         /* the same for copy_done within a plan (install_plan restarts it) */
     int index_cap;         /* a power of two ≥ 2·nw, or 0 */
     outmsg *out;
     int nout, capout, headout;
@@ -714,6 +715,7 @@ static int fresh_plan(pl_coord *c, int live, cplan *np)
         return 1;
     np->npipes = e->npipelines;
     char *used = calloc((size_t)c->nw + 1, 1);
+    int lo = 0; /* every worker below is used or not live */
     if (!used || !(np->p = calloc((size_t)e->npipelines, sizeof *np->p))) {
         free(used);
         return -1;
@@ -731,7 +733,9 @@ static int fresh_plan(pl_coord *c, int live, cplan *np)
         for (int j = 0; j < cq->nnodes; j++) {
             const char *prev = j ? c->w[cq->w[j - 1]].zone : "";
             int pick = -1;
-            for (int i = 0; i < c->nw && (pick < 0 || prev[0]); i++) {
+            while (lo < c->nw && (!c->w[lo].live || used[lo]))
+                lo++;
+            for (int i = lo; i < c->nw && (pick < 0 || prev[0]); i++) {
                 if (!c->w[i].live || used[i])
                     continue;
                 if (pick < 0)
@@ -1056,6 +1060,7 @@ static void install_plan(pl_coord *c, cplan *np, int64_t ckpt, const ccopy *cp, 
         set_place(c, i, -1, -1);
         w->got_plan = w->copy_done = w->is_source = 0;
     }
+    c->scan_copy = 0;
     for (int q = 0; q < c->cur.npipes; q++)
         for (int j = 0; j < c->cur.p[q].nnodes; j++)
             set_place(c, c->cur.p[q].w[j], q, j);
@@ -1160,9 +1165,11 @@ static void check_copy_complete(pl_coord *c)
 {
     if (c->phase != PL_COORD_COPYING)
         return;
-    for (int i = 0; i < c->nw; i++)
-        if (c->w[i].live && c->w[i].got_plan && !c->w[i].copy_done)
+    for (; c->scan_copy < c->nw; c->scan_copy++) {
+        const cworker *w = &c->w[c->scan_copy];
+        if (w->live && w->got_plan && !w->copy_done)
             return;
+    }
     if (cplan_copy(&c->stable, &c->cur)) {
         set_failed(c, "coordinator: out of memory");
         return;
