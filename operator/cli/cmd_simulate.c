@@ -27,13 +27,16 @@ static void usage(FILE *f)
             "                       [--price spot=0.918,ondemand=3.06] [--scale K]\n"
             "                       [--out timeline.jsonl] [--report report.html]\n"
             "                       [--profile PROFILE.json] [--storage-gbps %.1f]\n"
-            "                       [--startup SECONDS (%.0f)] [--notice SECONDS (%.0f)]\n",
+            "                       [--startup SECONDS (%.0f)] [--notice SECONDS (%.0f)]\n"
+            "                       [--cores N (0: a device per node)] [--latency-us US (0)]\n"
+            "                       [--install-ms MS (0)]\n",
             PL_SIM_DEFAULT_STORAGE_GBPS, PL_SIM_DEFAULT_STARTUP_S, PL_SIM_DEFAULT_NOTICE_S);
 }
 
 typedef struct {
     const char *job, *trace, *strategy, *price, *out, *report, *profile;
-    long long scale;
+    long long scale, cores;
+    double latency_us, install_ms;
     double storage_GBps, startup_s, notice_s, spot, on_demand;
 } sim_args;
 
@@ -60,6 +63,9 @@ static int parse_num_flag(int c, const char *v, sim_args *a, char *err, size_t e
     case 'g': return cli_parse_double("--storage-gbps", v, 1e-6, 1e6, &a->storage_GBps, err, errlen);
     case 'u': return cli_parse_double("--startup", v, 0, 1e7, &a->startup_s, err, errlen);
     case 'n': return cli_parse_double("--notice", v, 0, 1e7, &a->notice_s, err, errlen);
+    case 'c': return cli_parse_int("--cores", v, 0, 1 << 20, &a->cores, err, errlen);
+    case 'l': return cli_parse_double("--latency-us", v, 0, 1e9, &a->latency_us, err, errlen);
+    case 'i': return cli_parse_double("--install-ms", v, 0, 1e9, &a->install_ms, err, errlen);
     default: return pl_errf(err, errlen, "unknown option");
     }
 }
@@ -72,6 +78,8 @@ static int parse_args(int argc, char **argv, sim_args *a, char *err, size_t errl
         {"out", required_argument, 0, 'o'},     {"report", required_argument, 0, 'r'},
         {"profile", required_argument, 0, 'P'}, {"storage-gbps", required_argument, 0, 'g'},
         {"startup", required_argument, 0, 'u'}, {"notice", required_argument, 0, 'n'},
+        {"cores", required_argument, 0, 'c'},   {"latency-us", required_argument, 0, 'l'},
+        {"install-ms", required_argument, 0, 'i'},
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
     *a = (sim_args){.strategy = "all", .scale = 1, .storage_GBps = PL_SIM_DEFAULT_STORAGE_GBPS,
                     .startup_s = PL_SIM_DEFAULT_STARTUP_S, .notice_s = PL_SIM_DEFAULT_NOTICE_S,
@@ -209,7 +217,9 @@ static void job_setup(sim_job *j, const sim_args *a, const sim_inputs *in,
         .costs = {.profile = &in->plan.prof, .templates = &in->plan.ts,
                   .storage_GBps = a->storage_GBps,
                   .startup_ns = (int64_t)(a->startup_s * 1e9),
-                  .notice_ns = (int64_t)(a->notice_s * 1e9)},
+                  .notice_ns = (int64_t)(a->notice_s * 1e9), .cores = (int)a->cores,
+                  .latency_ns = (int64_t)(a->latency_us * 1e3),
+                  .install_ns = (int64_t)(a->install_ms * 1e6)},
         .trace = in->trace, .ntrace = in->ntrace};
     if (timeline && (j->mem = open_memstream(&j->buf, &j->len))) {
         j->cfg.timeline = timeline_line;

@@ -90,6 +90,8 @@ static int on_plan(pl_sim_workers *s, int node, const pl_msg *m, int64_t now)
         w->step_ns = s->strategy->pipeline_ns(s->costs, q->nnodes, q->microbatches);
         w->layer_begin = p->you_layer_begin;
         w->layer_end = p->you_layer_end;
+        w->stage = p->you_stage;
+        w->work_ns = pl_sim_work_ns(s->costs, w->layer_begin, w->layer_end, q->microbatches);
         s->plan_workers++;
         if (p->has_checkpoint && p->checkpoint_step > 0)
             load = pl_sim_storage_ns(s->costs, pl_sim_state_bytes(s->costs, w->layer_begin,
@@ -100,7 +102,8 @@ static int on_plan(pl_sim_workers *s, int node, const pl_msg *m, int64_t now)
     if (load > s->plan_load_ns) s->plan_load_ns = load;
     if (copy > s->plan_copy_ns) s->plan_copy_ns = copy;
     if (w->step_ns > s->plan_step_ns) s->plan_step_ns = w->step_ns;
-    return push(s, PL_SIM_EV_COPY_DONE, node, now + load + copy, p->generation, 0, bytes);
+    return push(s, PL_SIM_EV_COPY_DONE, node, now + s->costs->install_ns + load + copy,
+                p->generation, 0, bytes);
 }
 
 static int64_t save_ns(const pl_sim_workers *s, int node)
@@ -140,13 +143,22 @@ int pl_sim_workers_deliver(pl_sim_workers *s, const char *to, const pl_msg *m, i
     }
 }
 
-/* The step in flight from now: its end at the slowest of its workers. */
+/* The step in flight from now: its end at the slowest of its workers, or when the shared
+ * cores have done every worker's compute, plus the gradient all-reduce over the
+ * pipelines (one first stage each) and the step's control messages. */
 static void fly(pl_sim_workers *s, int64_t now)
 {
     pl_sim_flight *f = &s->flight;
-    f->step_ns = 0;
-    for (int i = 0; i < f->n; i++)
-        if (s->w[f->nodes[i]].step_ns > f->step_ns) f->step_ns = s->w[f->nodes[i]].step_ns;
+    int64_t slowest = 0, work = 0;
+    int pipes = 0;
+    for (int i = 0; i < f->n; i++) {
+        const pl_sim_worker *w = &s->w[f->nodes[i]];
+        if (w->step_ns > slowest) slowest = w->step_ns;
+        work += w->work_ns;
+        pipes += w->stage == 0;
+    }
+    if (s->costs->cores > 0 && work / s->costs->cores > slowest) slowest = work / s->costs->cores;
+    f->step_ns = slowest > 0 ? slowest + pl_sim_sync_ns(s->costs, pipes) : 0;
     f->start_ns = now;
     f->end_ns = now + f->step_ns;
     f->seq = pl_sim_queue_ticket(s->queue);

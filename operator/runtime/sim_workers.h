@@ -29,6 +29,8 @@ typedef struct {
     pl_sim_w_state state;
     int64_t step_ns;          /* its pipeline's step under its plan; 0: idle */
     int layer_begin, layer_end;
+    int stage;                /* its stage in its pipeline */
+    int64_t work_ns;          /* its layers' compute for its pipeline's microbatches */
     int started;              /* start_step came since the last pl_sim_workers_schedule */
 } pl_sim_worker;
 

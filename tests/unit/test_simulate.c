@@ -218,6 +218,17 @@ static void scale(void)
     CHECK(pl_spot_trace_scale(tr, 3, 0, &out, &n, err, sizeof err) == -1);
 }
 
+/* The local-machine terms: a ring all-reduce over r pipelines is 2 (r − 1) messages, plus the
+ * step's four control messages; one pipeline has no all-reduce. */
+static void sync_latency(void)
+{
+    pl_sim_costs k = {.latency_ns = 1000};
+    CHECK(pl_sim_sync_ns(&k, 1) == 4000);
+    CHECK(pl_sim_sync_ns(&k, 8) == (14 + 4) * 1000);
+    k.latency_ns = 0;
+    CHECK(pl_sim_sync_ns(&k, 8) == 0);
+}
+
 TEST_MAIN_BEGIN
     RUN(loss_with_copies);
     RUN(fatal_loss_falls_back_to_checkpoint);
@@ -225,4 +236,5 @@ TEST_MAIN_BEGIN
     RUN(notice_moves_out_without_loss);
     RUN(count_format);
     RUN(scale);
+    RUN(sync_latency);
 TEST_MAIN_END
