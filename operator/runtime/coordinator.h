@@ -137,6 +137,12 @@ typedef struct {
                                      measures the model (timed runs per layer), PROFILING */
     int eval_every;               /* > 0: validation loss after every eval_every-th step and
                                      the last (EVALUATING) */
+    /* messages */
+    int brief_plans;              /* plan messages for in-process workers that read only their
+                                     own place (the simulator): pipelines holds the receiver's
+                                     pipeline alone (npipelines 1, you_pipeline 0; idle: 0 and
+                                     -1), no peers; copies and sends as usual. Never for real
+                                     workers (they need every pipeline and peer). 0: full */
 } pl_coord_config;
 
 typedef enum {
@@ -280,6 +286,19 @@ int pl_coord_set_zone(pl_coord *c, const char *name, const char *zone);
  * the count, or -1 past the last. */
 int pl_coord_plan_pipeline(const pl_coord *c, int q, const char **names, int max,
                            int64_t *microbatches);
+
+/* Fast-forward for a simulation (`pliant simulate`), where steps between disruptions
+ * run alike: in RUNNING, before any report of the step, with no membership change
+ * pending, commits up to n steps at once without step messages (each logged with loss
+ * and norm NaN, grad_scale 1 and its learning rate), stopping before a step that is
+ * evaluated, that is the last, that retries a failed checkpoint, or while a joined worker
+ * waits to be placed, and after a step whose commit saves a checkpoint: that checkpoint's
+ * `save` goes to pipeline 0's workers (what a commit with save asks of them; they answer
+ * `saved`). Then the step reached starts: start_step to the plan's workers (the one sent
+ * before is superseded: its step counts as committed), or with `quiet` no message at all
+ * (the caller's workers go on with the step reached). The number of steps committed (0:
+ * none could be). */
+int64_t pl_coord_skip_steps(pl_coord *c, int64_t n, int quiet);
 
 /* Ends the job now (a time limit): a step not committed yet is dropped, every
  * worker gets stop {0}, the phase is DONE with `why` as the reason. */
