@@ -90,10 +90,23 @@ $(BUILD)/asan/lib/libpliant_shared.a: $(SHARED_ASAN_OBJ)
 
 $(KERNEL_OBJ) $(KERNEL_ASAN_OBJ) $(BUILD)/bench/kernels_bench: ALL_CFLAGS += -fopenmp
 
-$(RUNTIME_LIB): $(RUNTIME_SRC:%.c=$(BUILD)/obj/%.o)
+# The dashboard's page (operator/runtime/dashboard/: HTML, CSS, JavaScript) as a C string,
+# its stylesheet and script inlined (tools/embed_page.py), in the runtime library.
+DASH_PAGE_SRC   := $(wildcard operator/runtime/dashboard/page.*)
+DASH_PAGE_C     := $(BUILD)/gen/dashboard_page.c
+DASH_PAGE_OBJ   := $(BUILD)/gen/obj/dashboard_page.o
+$(DASH_PAGE_C): tools/embed_page.py $(DASH_PAGE_SRC)
+	@mkdir -p $(@D)
+	$(PYTHON) tools/embed_page.py operator/runtime/dashboard $@
+$(DASH_PAGE_OBJ) $(BUILD)/asan/gen/obj/dashboard_page.o: $(DASH_PAGE_C)
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+$(RUNTIME_LIB): $(RUNTIME_SRC:%.c=$(BUILD)/obj/%.o) $(DASH_PAGE_OBJ)
 $(K8S_LIB): $(K8S_SRC:%.c=$(BUILD)/obj/%.o)
 $(CLI_LIB): $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
-$(RUNTIME_LIB:$(BUILD)/%=$(BUILD)/asan/%): $(RUNTIME_SRC:%.c=$(BUILD)/asan/obj/%.o)
+$(RUNTIME_LIB:$(BUILD)/%=$(BUILD)/asan/%): $(RUNTIME_SRC:%.c=$(BUILD)/asan/obj/%.o) \
+                                          $(BUILD)/asan/gen/obj/dashboard_page.o
 $(K8S_LIB:$(BUILD)/%=$(BUILD)/asan/%): $(K8S_SRC:%.c=$(BUILD)/asan/obj/%.o)
 $(CLI_LIB:$(BUILD)/%=$(BUILD)/asan/%): $(CLI_SRC:%.c=$(BUILD)/asan/obj/%.o)
 $(RUNTIME_LIB) $(K8S_LIB) $(CLI_LIB) $(patsubst $(BUILD)/%,$(BUILD)/asan/%,$(RUNTIME_LIB) $(K8S_LIB) $(CLI_LIB)):
