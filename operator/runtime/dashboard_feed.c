@@ -31,7 +31,7 @@ struct pl_dash_feed {
 static int64_t mono_ns(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
@@ -317,12 +317,18 @@ static void publish_plan(pl_dash_feed *f)
     publish(f, o, 0);
 }
 
+/* The phases every step goes through. */
+static int stepping(pl_coord_phase_t ph)
+{
+    return ph == PL_COORD_RUNNING || ph == PL_COORD_COMMITTING || ph == PL_COORD_EVALUATING;
+}
+
 static void publish_phase(pl_dash_feed *f)
 {
     pl_coord_phase_t ph = pl_coord_phase(f->coord);
     const char *why = pl_coord_reason(f->coord);
-    if (ph == f->phase && !strcmp(why, f->reason))
-        return;
+    if ((ph == f->phase || (stepping(ph) && stepping(f->phase))) && !strcmp(why, f->reason))
+        return; /* the step's own phases are no news */
     f->phase = ph;
     snprintf(f->reason, sizeof f->reason, "%s", why);
     cJSON *o = event(f, "phase");

@@ -238,7 +238,7 @@
     var done = last ? last.step + 1 : 0, total = h ? h.steps : 0;
     $("progress").textContent = done + " / " + total + " steps";
     $("progress-bar").style.width = total ? (100 * done / total).toFixed(1) + "%" : "0";
-    var ended = st.phase && (st.phase.phase === "DONE" || st.phase.phase === "FAILED");
+    var ended = st.phase && (st.phase.phase === "done" || st.phase.phase === "failed");
     $("eta").textContent = ended ? "ended" : last ? fmtSecs(last.eta_s) : "–";
     $("tps").textContent = last ? fmtNum(last.tokens_per_second) : "–";
     $("loss").textContent = last && last.loss !== undefined ? last.loss.toFixed(4) : "–";
