@@ -402,7 +402,7 @@ def page_in_chromium_shows_the_plan_the_steps_and_the_reconfigurations():
            "a reconfiguration")
     out = out_dir()
     b.screenshot(os.path.join(out, "reconfigured.png"))
-    b.wait("(document.getElementById('phase').textContent || '').startsWith('done')", 60,
+    b.wait("((document.getElementById('phase') || {}).textContent || '').startsWith('done')", 60,
            "the end of the job")
     run.wait_line(r"^dashboard: serving the final page", 30)
     time.sleep(0.3)  # the last render (50 ms after the last message)
@@ -433,7 +433,7 @@ def page_in_chromium_shows_the_plan_the_steps_and_the_reconfigurations():
         f.write(page.replace("<!--pliant-history-->", '<script id="pliant-history" '
                              'type="application/json">' + cut + "</script>"))
     b.call("Page.navigate", url="file://" + static)
-    b.wait("document.getElementById('conn').textContent === 'report' && "
+    b.wait("(document.getElementById('conn') || {}).textContent === 'report' && "
            "document.querySelectorAll('#map tbody tr').length > 0", 20, "the static report")
     time.sleep(0.3)
     b.screenshot(os.path.join(out, "recovery.png"))

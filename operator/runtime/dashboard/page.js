@@ -224,6 +224,19 @@
 
   /* ---- the summary cards ---- */
 
+  /* "2x3+1x2": pipelines by their stage count, largest first (the metrics' notation). */
+  function pipelinesOf(plan) {
+    var stages = {};
+    plan.workers.forEach(function (w) {
+      if (w.pipeline >= 0) stages[w.pipeline] = (stages[w.pipeline] || 0) + 1;
+    });
+    var count = {};
+    Object.keys(stages).forEach(function (q) { count[stages[q]] = (count[stages[q]] || 0) + 1; });
+    var parts = Object.keys(count).map(Number).sort(function (a, b) { return b - a; })
+      .map(function (n) { return count[n] + "x" + n; });
+    return parts.length ? parts.join("+") : "none";
+  }
+
   function renderSummary(st) {
     var h = st.hello, last = st.steps.length ? st.steps[st.steps.length - 1] : null;
     if (h) {
@@ -242,8 +255,8 @@
     $("eta").textContent = ended ? "ended" : last ? fmtSecs(last.eta_s) : "–";
     $("tps").textContent = last ? fmtNum(last.tokens_per_second) : "–";
     $("loss").textContent = last && last.loss !== undefined ? last.loss.toFixed(4) : "–";
-    $("plan").textContent = st.plan ? "generation " + st.plan.generation +
-      (last ? ", " + last.pipelines : "") : "–";
+    $("plan").textContent = st.plan ? "generation " + st.plan.generation + ", " +
+      pipelinesOf(st.plan) : "–";
     $("nreconfigs").textContent = String(st.reconfigs.length);
   }
 
