@@ -72,8 +72,15 @@ ASAN_LIBS       := $(LIBS:$(BUILD)/lib/%=$(BUILD)/asan/lib/%)
 DEBIAN_DEPS := build-essential pkg-config python3 libcjson-dev libcurl4-openssl-dev libyaml-dev \
                libwebsockets-dev libssl-dev libopenblas-dev clang libclang-rt-14-dev
 
-.PHONY: test-e2e test-faults all deps test unit-tests bench bench-planner bench-kernels bench-train bench-comm bench-trace cuda clean
+.PHONY: test-e2e test-faults all deps deps-test test unit-tests bench bench-planner bench-kernels bench-train bench-comm bench-trace cuda clean
 all: $(BUILD)/bin/pliant $(BUILD)/bin/pliant-operator
+
+# Only the dashboard's browser test needs it (tests/cli/test_dashboard.py skips without).
+DEBIAN_TEST_DEPS := chromium
+
+deps-test: deps
+	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $(DEBIAN_TEST_DEPS)
 
 deps:
 	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
