@@ -22,7 +22,13 @@
  * step, pipelines}, written when the new plan commits its first step
  * (duration_ms: from the first chaos event or worker end noticed since the
  * previous plan, else from when the plan was seen, to that commit; null if it
- * never commits), and a final {"event": "summary", ...}.
+ * never commits), a {"event": "plan", plan_generation, step, layers: {worker: [b, e)}}
+ * line per plan generation, and a final {"event": "summary", ...}.
+ *
+ * --dashboard HOST:PORT serves the job's live page and feed (operator/runtime/dashboard.h,
+ * dashboard_feed.h; docs/dashboard.md) from a thread of its own; this loop hands the feed
+ * the driver's events, chaos and worker ends. --dashboard-linger keeps serving the final
+ * page that long after the job; the cost line says what the feed cost this thread.
  *
  * --chaos (shared/chaos.h): step events fire once the coordinator runs step S,
  * time events once their time since the workers were started has passed;
