@@ -3180,3 +3180,27 @@ int pl_coord_cooling_nodes(const pl_coord *c, int64_t now_ms, const char **names
         if (c->nodes[k].until > now_ms) names[n++] = c->nodes[k].name;
     return n;
 }
+
+int pl_coord_nworkers(const pl_coord *c) { return c->nw; }
+int pl_coord_nlayers(const pl_coord *c) { return c->nlayers; }
+
+int pl_coord_worker_view_at(const pl_coord *c, int i, pl_coord_worker_view *v)
+{
+    if (i < 0 || i >= c->nw)
+        return -1;
+    const cworker *w = &c->w[i];
+    memset(v, 0, sizeof *v);
+    v->name = w->name;
+    v->zone = w->zone;
+    v->device = w->device;
+    v->live = w->live;
+    v->leaving = w->leaving;
+    v->pipeline = v->stage = -1;
+    if (c->has_cur && w->pipe >= 0 && w->pipe < c->cur.npipes) {
+        v->pipeline = w->pipe;
+        v->stage = w->pos;
+        pipe_layers(c, &c->cur.p[w->pipe], w->pos, &v->layer_begin, &v->layer_end);
+        v->copying = c->phase == PL_COORD_COPYING && w->got_plan && !w->copy_done;
+    }
+    return 0;
+}

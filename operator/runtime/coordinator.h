@@ -363,4 +363,18 @@ const pl_coord_reconfig_rec *pl_coord_reconfig(const pl_coord *c, int i);
  * event) into names; the count. */
 int pl_coord_cooling_nodes(const pl_coord *c, int64_t now_ms, const char **names, int max);
 
+/* One registered worker as a dashboard shows it (rank order, lost ones included). Strings
+ * point into the coordinator and are valid until the next event. */
+typedef struct {
+    const char *name, *zone, *device; /* zone, device "": unknown, none */
+    int live, leaving;
+    int copying;      /* COPYING: it got the current plan and its copy_done has not come */
+    int pipeline, stage; /* its place in the current plan; pipeline -1: none (idle, lost) */
+    int layer_begin, layer_end; /* the layers it holds there, [begin, end); 0, 0: none */
+} pl_coord_worker_view;
+int pl_coord_nworkers(const pl_coord *c);
+/* Worker i (0 ≤ i < pl_coord_nworkers) into *v: 0, or -1 when i is out of range. */
+int pl_coord_worker_view_at(const pl_coord *c, int i, pl_coord_worker_view *v);
+int pl_coord_nlayers(const pl_coord *c); /* the model's layers as planned; 0 before a planner */
+
 #endif
