@@ -3,9 +3,10 @@
  * layers it shadows (its successor's, shadow.h) on its own output, microbatch by
  * microbatch, so that the successor's activations of the step exist twice.
  *
- * When it runs. Bamboo overlaps the FRC of microbatch i − 1 with the normal forward of
- * microbatch i, in the bubbles of the 1F1B schedule (§5.2, Figure 7). A stage here has
- * one compute stream, so the FRC goes where the stage would otherwise wait:
+ * When it runs. Bamboo schedules the FRC "before the node starts communicating with its
+ * successor node. This is where a bubble exists" and overlaps the FRC of microbatch
+ * k − 1 with the normal forward of microbatch k (§5.2 "Scheduling", Figure 9). A stage
+ * here has one compute stream, so the FRC goes where the stage would otherwise wait:
  *  - bubble: before each receive of the schedule, while the message is not there yet
  *    (pl_stage_link.ready), the next FRC whose input exists runs (oldest first);
  *  - forced: the FRC of microbatch i reads the stage's output of i from its activation
@@ -16,8 +17,8 @@
  * bubbles hide, the forced ones are exposed (pl_frc_stats; shared/rc_plan.h predicts
  * the same split: nb·F_succ against the idle time T(nb) − nb·W_k).
  *
- * Where its results go. A normal step never reads them (§5: "Bamboo swaps out the
- * intermediate results of each node's FRC into the node's CPU memory"): after each
+ * Where its results go. A normal step never reads them (§5.2: "we swap out these data
+ * after FRC is done for each microbatch on each node"; only a lazy BRC would): after each
  * FRC the shadow's slot, every activation its backward would read, is copied to the
  * shadow engine's PL_IO_FRC host buffer (page-locked off the CPU: kn_host_alloc; a
  * separate host buffer on the CPU backend), nmicro slots, kept until the next step.
