@@ -324,6 +324,22 @@ float *pl_engine_input_buffer(pl_engine *e, int slot)
     return e->slots[slot].input;
 }
 
+size_t pl_engine_slot_bytes(const pl_engine *e)
+{
+    pl_slot probe = {0};
+    return layout_slot(e, &probe, NULL);
+}
+
+void pl_engine_slot_to_host(const pl_engine *e, int slot, void *host)
+{
+    kn_to_host(e->k, host, e->slots[slot].mem, pl_engine_slot_bytes(e));
+}
+
+void pl_engine_slot_from_host(pl_engine *e, int slot, const void *host)
+{
+    kn_to_device(e->k, e->slots[slot].mem, host, pl_engine_slot_bytes(e));
+}
+
 const float *pl_engine_output(const pl_engine *e, int slot)
 {
     return last_output(e, &e->slots[slot]);

@@ -35,6 +35,7 @@ typedef enum {
     PL_IO_SEND,      /* host: what a stage link sends, staged off the CPU */
     PL_IO_GRADS,     /* host: gradients staged for the TCP all-reduce, off the CPU */
     PL_IO_DEV_GRAD,  /* backend memory: a gradient received over an ordered transport */
+    PL_IO_FRC,       /* host: forward redundant computations swapped out (frc.h) */
     PL_IO_COUNT
 } pl_engine_io;
 
@@ -127,6 +128,15 @@ void pl_engine_backward_last_dev(pl_engine *e, int slot, const float *dout, floa
 float *pl_engine_input_buffer(pl_engine *e, int slot);
 
 void pl_engine_zero_grads(pl_engine *e);
+
+/* The bytes of one slot's activations (everything its backward reads, a multiple of
+ * 64), and their copy to host memory (kn_to_host: a memcpy on the CPU). What a forward
+ * redundant computation swaps out of backend memory (frc.h; Bamboo §5). */
+size_t pl_engine_slot_bytes(const pl_engine *e);
+void pl_engine_slot_to_host(const pl_engine *e, int slot, void *host);
+/* The reverse (swap-in): host, pl_engine_slot_bytes of an engine of the same range
+ * and shape, becomes the slot's activations, as if that slot had run the forward. */
+void pl_engine_slot_from_host(pl_engine *e, int slot, const void *host);
 
 /* The buffer `which` with room for nfloats, kept until the engine is destroyed (grown,
  * contents lost, when a step needs more), so that steps allocate nothing: host memory
