@@ -20,7 +20,7 @@ enum {
     OP_ATTENTION_FORWARD, OP_ATTENTION_BACKWARD, OP_GELU_FORWARD, OP_GELU_BACKWARD,
     OP_RESIDUAL_FORWARD, OP_ACCUMULATE, OP_SOFTMAX_CROSSENTROPY_FORWARD,
     OP_CROSSENTROPY_SOFTMAX_BACKWARD, OP_ADAMW_UPDATE, OP_SUM_SQUARES, OP_SUM, OP_ZERO,
-    OP_COUNT
+    OP_CROSSENTROPY_FORWARD, OP_CROSSENTROPY_BACKWARD, OP_COUNT
 };
 
 static const char *const op_names[OP_COUNT] = {
@@ -29,6 +29,7 @@ static const char *const op_names[OP_COUNT] = {
     "attention_forward", "attention_backward", "gelu_forward", "gelu_backward",
     "residual_forward", "accumulate", "softmax_crossentropy_forward",
     "crossentropy_softmax_backward", "adamw_update", "sum_squares", "sum", "zero",
+    "crossentropy_forward", "crossentropy_backward",
 };
 
 _Static_assert(OP_COUNT <= KN_PROF_MAX_OPS, "kn_prof holds KN_PROF_MAX_OPS kernels");
@@ -266,6 +267,20 @@ void kn_crossentropy_softmax_backward(kn_ctx *k, float *dlogits, const float *pr
     TIMED(OP_CROSSENTROPY_SOFTMAX_BACKWARD,
           k->ops->crossentropy_softmax_backward(k, dlogits, probs, targets, dloss_scale, BT, V,
                                                 Vp));
+}
+
+void kn_crossentropy_forward(kn_ctx *k, float *losses, float *stats, const float *logits,
+                             const int32_t *targets, int BT, int V, int Vp)
+{
+    TIMED(OP_CROSSENTROPY_FORWARD,
+          k->ops->crossentropy_forward(k, losses, stats, logits, targets, BT, V, Vp));
+}
+
+void kn_crossentropy_backward(kn_ctx *k, float *dlogits, const float *logits, const float *stats,
+                              const int32_t *targets, float dloss_scale, int BT, int V, int Vp)
+{
+    TIMED(OP_CROSSENTROPY_BACKWARD, k->ops->crossentropy_backward(k, dlogits, logits, stats,
+                                                                  targets, dloss_scale, BT, V, Vp));
 }
 
 void kn_adamw_update(kn_ctx *k, float *params, const float *grads, float *m, float *v, size_t n,

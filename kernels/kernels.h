@@ -154,6 +154,21 @@ void kn_crossentropy_softmax_backward(kn_ctx *k, float *dlogits, const float *pr
                                       const int32_t *targets, float dloss_scale, int BT, int V,
                                       int Vp);
 
+/* The same loss and gradient without materializing the probabilities (the
+ * training path: llm.c's fused_classifier idea, split at the forward/backward
+ * boundary because the loss weight is only known at backward). Forward:
+ * losses[B·T] as kn_softmax_crossentropy_forward, stats[2·B·T] = per row
+ * (max, Σ e^(logit − max)) over the first V logits; logits are left unchanged.
+ * Backward: dlogits = (softmax − onehot(target)) · dloss_scale from logits and
+ * stats, overwritten, padded columns 0, masked rows 0; dlogits may alias logits
+ * (in place). Same rounding as the pair above on the CPU (bit for bit): each
+ * probability is e^(logit − max) · (1/sum). On CUDA the forward reads the logits
+ * once (online max and sum) and the backward reads and writes them once. */
+void kn_crossentropy_forward(kn_ctx *k, float *losses, float *stats, const float *logits,
+                             const int32_t *targets, int BT, int V, int Vp);
+void kn_crossentropy_backward(kn_ctx *k, float *dlogits, const float *logits, const float *stats,
+                              const int32_t *targets, float dloss_scale, int BT, int V, int Vp);
+
 /* ---- optimizer and reductions -------------------------------------------- */
 
 /* AdamW step t (1-based) with bias correction, on n parameters:

@@ -697,6 +697,39 @@ static void test_crossentropy(void)
     }
 }
 
+/* The training path (kn_crossentropy_forward / _backward, per-row statistics in
+ * place of the probabilities) gives the pair's losses and dlogits bit for bit,
+ * in place as the engine calls it, with masked rows, a target ≥ V (NaN loss)
+ * and an underflowing target probability. */
+static void test_crossentropy_stats(void)
+{
+    arena_reset();
+    rng_state = 1020;
+    int shapes[][3] = {{1, 1, 1}, {5, 7, 8}, {6, 50, 64}, {33, 1000, 1024}, {4, 500, 500},
+                       {3, 50257, 50304}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int BT = shapes[s][0], V = shapes[s][1], Vp = shapes[s][2];
+        size_t n = (size_t)BT * Vp;
+        float *logits = frand(n, 4), *probs = tf(n), *losses = tf((size_t)BT);
+        float *losses2 = tf((size_t)BT), *stats = tf(2 * (size_t)BT), *dl = tf(n), *dl2 = tf(n);
+        int32_t *tg = ti((size_t)BT);
+        for (int r = 0; r < BT; r++) tg[r] = (int32_t)rng_range(0, V - 1);
+        if (BT > 2) tg[1] = -1; /* masked */
+        if (BT > 3) logits[(size_t)3 * Vp + tg[3]] = -60.0f; /* p[target] ≈ 1e-27 */
+        if (BT > 4) tg[4] = V; /* bad data: NaN loss */
+        memcpy(dl2, logits, n * sizeof(float));
+        float scale = 1.0f / (float)BT;
+        kn_softmax_crossentropy_forward(ctx, losses, probs, logits, tg, BT, V, Vp);
+        kn_crossentropy_softmax_backward(ctx, dl, probs, tg, scale, BT, V, Vp);
+        kn_crossentropy_forward(ctx, losses2, stats, dl2, tg, BT, V, Vp);
+        CHECK(memcmp(dl2, logits, n * sizeof(float)) == 0); /* logits unchanged */
+        kn_crossentropy_backward(ctx, dl2, dl2, stats, tg, scale, BT, V, Vp); /* in place */
+        CHECK(memcmp(losses2, losses, (size_t)BT * sizeof(float)) == 0);
+        CHECK(memcmp(dl2, dl, n * sizeof(float)) == 0);
+        if (BT > 4) CHECK(isnan(losses2[4]));
+    }
+}
+
 /* A NaN anywhere in a row must show in its outputs (divergence is detected
  * from the loss), not vanish in a max or a clamp. */
 static void test_nan_propagates(void)
@@ -1133,6 +1166,7 @@ TEST_MAIN_BEGIN
     RUN(test_gelu);
     RUN(test_residual_accumulate);
     RUN(test_crossentropy);
+    RUN(test_crossentropy_stats);
     RUN(test_nan_propagates);
     RUN(test_expf_tanhf);
     RUN(test_adamw);

@@ -584,6 +584,55 @@ static void test_crossentropy(void)
     }
 }
 
+/* The training path: per-row (max, sum) in one read of the logits (online
+ * softmax), then dlogits in place in one pass; against the CPU's, which equals the
+ * pair above bit for bit. Odd Vp and a misaligned row start take the scalar
+ * loads; 50304 the float4 ones. */
+static void test_crossentropy_stats(void)
+{
+    NEED_GPU();
+    arena_reset();
+    rng_state = 1020;
+    int shapes[][3] = {{1, 1, 1}, {5, 7, 8}, {3, 5, 7}, {33, 1000, 1024}, {4, 500, 500},
+                       {8, 50257, 50304}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int BT = shapes[s][0], V = shapes[s][1], Vp = shapes[s][2];
+        size_t n = (size_t)BT * Vp;
+        float *logits = hrand(n, 4), *losses = hf(BT), *stats = hf(2 * (size_t)BT), *dl = hf(n);
+        int32_t *tg = alloc_on(cpu, BT * sizeof(int32_t));
+        for (int r = 0; r < BT; r++) tg[r] = (int32_t)rng_range(0, V - 1);
+        if (BT > 2) tg[1] = -1; /* masked */
+        if (BT > 3) logits[(size_t)3 * Vp + tg[3]] = -60.0f; /* p[target] ≈ 1e-27 */
+        int32_t *d_tg = up(tg, BT * sizeof(int32_t));
+        float *d_logits = upf(logits, n), *d_losses = alloc_on(gpu, BT * 4);
+        float *d_stats = alloc_on(gpu, 2 * (size_t)BT * 4);
+        float scale = 1.0f / (float)BT;
+        kn_crossentropy_forward(cpu, losses, stats, logits, tg, BT, V, Vp);
+        kn_crossentropy_backward(cpu, dl, logits, stats, tg, scale, BT, V, Vp);
+        kn_crossentropy_forward(gpu, d_losses, d_stats, d_logits, d_tg, BT, V, Vp);
+        CHECK(close_to("crossentropy losses (stats)", down(d_losses, BT), losses, BT, 1e-5));
+        CHECK(close_to("crossentropy row stats", down(d_stats, 2 * (size_t)BT), stats,
+                       2 * (size_t)BT, 1e-5));
+        kn_crossentropy_backward(gpu, d_logits, d_logits, d_stats, d_tg, scale, BT, V, Vp);
+        CHECK(close_to("crossentropy dlogits (stats, in place)", down(d_logits, n), dl, n, 1e-6));
+    }
+    /* a row starting off a 16-byte boundary: scalar loads */
+    int BT = 3, V = 37, Vp = 40;
+    size_t n = (size_t)BT * Vp;
+    float *logits = hrand(n + 1, 4), *losses = hf(BT), *stats = hf(2 * (size_t)BT), *dl = hf(n);
+    int32_t *tg = alloc_on(cpu, BT * sizeof(int32_t));
+    for (int r = 0; r < BT; r++) tg[r] = (int32_t)rng_range(0, V - 1);
+    int32_t *d_tg = up(tg, BT * sizeof(int32_t));
+    float *d_logits = upf(logits, n + 1), *d_losses = alloc_on(gpu, BT * 4);
+    float *d_stats = alloc_on(gpu, 2 * (size_t)BT * 4);
+    kn_crossentropy_forward(cpu, losses, stats, logits + 1, tg, BT, V, Vp);
+    kn_crossentropy_backward(cpu, dl, logits + 1, stats, tg, 0.5f, BT, V, Vp);
+    kn_crossentropy_forward(gpu, d_losses, d_stats, d_logits + 1, d_tg, BT, V, Vp);
+    CHECK(close_to("crossentropy losses (misaligned)", down(d_losses, BT), losses, BT, 1e-5));
+    kn_crossentropy_backward(gpu, d_logits + 1, d_logits + 1, d_stats, d_tg, 0.5f, BT, V, Vp);
+    CHECK(close_to("crossentropy dlogits (misaligned)", down(d_logits + 1, n), dl, n, 1e-6));
+}
+
 /* ---- optimizer and reductions ------------------------------------------------- */
 
 static void test_adamw(void)
@@ -749,6 +798,7 @@ TEST_MAIN_BEGIN
     RUN(test_gelu);
     RUN(test_residual_accumulate);
     RUN(test_crossentropy);
+    RUN(test_crossentropy_stats);
     RUN(test_adamw);
     RUN(test_reductions);
     RUN(test_profile_memory);

@@ -19,7 +19,11 @@ struct pl_slot {
     int32_t *tokens, *targets; /* kept for the embedding / head backward */
     float *input;              /* stage input [B,T,C] (the encoder output with the embedding) */
     block_acts *blocks;        /* one per block in the range */
-    float *lnf, *lnf_mean, *lnf_rstd, *probs, *losses;
+    float *lnf, *lnf_mean, *lnf_rstd, *losses;
+    /* [B·T, Vp]: the logits after forward (the softmax probabilities with
+     * keep_probs), dlogits during backward */
+    float *probs;
+    float *ce_stats; /* [B·T, 2]: per row (max, Σ e^(logit − max)), for backward */
 };
 
 /* Backward (and forward projection) scratch, shared by all slots. */
@@ -77,6 +81,7 @@ static size_t layout_slot(const pl_engine *e, pl_slot *s, char *base)
         s->lnf_rstd = carve(base, &off, BT);
         s->probs = carve(base, &off, BT * (size_t)e->cfg.Vp);
         s->losses = carve(base, &off, BT);
+        s->ce_stats = carve(base, &off, 2 * BT);
     }
     return off;
 }
@@ -302,8 +307,12 @@ static float forward(pl_engine *e, int slot, const int32_t *tokens, const float 
     kn_layernorm_forward(k, s->lnf, s->lnf_mean, s->lnf_rstd, last_output(e, s), P(e, H, 0),
                          P(e, H, 1), B, T, C);
     kn_matmul_forward(k, s->probs, s->lnf, wte, NULL, BT, C, e->cfg.Vp);
-    kn_softmax_crossentropy_forward(k, s->losses, s->probs, s->probs, s->targets, BT, e->cfg.V,
-                                    e->cfg.Vp);
+    if (e->keep_probs)
+        kn_softmax_crossentropy_forward(k, s->losses, s->probs, s->probs, s->targets, BT,
+                                        e->cfg.V, e->cfg.Vp);
+    else /* the logits stay; backward turns them into dlogits in one pass */
+        kn_crossentropy_forward(k, s->losses, s->ce_stats, s->probs, s->targets, BT, e->cfg.V,
+                                e->cfg.Vp);
     return (float)(kn_sum(k, s->losses, (size_t)BT) / BT);
 }
 
@@ -327,6 +336,11 @@ float *pl_engine_input_buffer(pl_engine *e, int slot)
 const float *pl_engine_output(const pl_engine *e, int slot)
 {
     return last_output(e, &e->slots[slot]);
+}
+
+void pl_engine_keep_probs(pl_engine *e, int on)
+{
+    e->keep_probs = on != 0;
 }
 
 const float *pl_engine_probs(const pl_engine *e, int slot)
@@ -381,8 +395,12 @@ static void backward(pl_engine *e, int slot, const float *dout, int dev, float d
     if (pl_engine_has_head(e)) {
         const int H = e->cfg.L + 1;
         float *wte = e->params + e->tensors[e->wte_tensor].offset;
-        kn_crossentropy_softmax_backward(k, s->probs, s->probs, s->targets, dloss_scale, BT,
-                                         e->cfg.V, e->cfg.Vp);
+        if (e->keep_probs)
+            kn_crossentropy_softmax_backward(k, s->probs, s->probs, s->targets, dloss_scale, BT,
+                                             e->cfg.V, e->cfg.Vp);
+        else
+            kn_crossentropy_backward(k, s->probs, s->probs, s->ce_stats, s->targets, dloss_scale,
+                                     BT, e->cfg.V, e->cfg.Vp);
         kn_zero(k, w.dln, BTC * sizeof(float));
         kn_matmul_backward(k, w.dln, head_dwte(e), NULL, s->probs, s->lnf, wte, BT, C,
                            e->cfg.Vp);
