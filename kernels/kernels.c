@@ -291,6 +291,15 @@ void kn_adamw_update(kn_ctx *k, float *params, const float *grads, float *m, flo
                                                 weight_decay, grad_scale, t));
 }
 
+void kn_adamw_update_spans(kn_ctx *k, float *params, const float *grads, float *m, float *v,
+                           const kn_adamw_span *spans, int nspans, float lr, float beta1,
+                           float beta2, float eps, float weight_decay, float grad_scale, int t)
+{
+    TIMED(OP_ADAMW_UPDATE, k->ops->adamw_update_spans(k, params, grads, m, v, spans, nspans, lr,
+                                                      beta1, beta2, eps, weight_decay, grad_scale,
+                                                      t));
+}
+
 double kn_sum_squares(kn_ctx *k, const float *x, size_t n)
 {
     double s;

@@ -178,6 +178,22 @@ void kn_adamw_update(kn_ctx *k, float *params, const float *grads, float *m, flo
                      float lr, float beta1, float beta2, float eps, float weight_decay,
                      float grad_scale, int t);
 
+/* One span of kn_adamw_update_spans: n parameters from offset, with or
+ * without weight decay. */
+typedef struct {
+    size_t offset, n;
+    int decay;
+} kn_adamw_span;
+/* kn_adamw_update on every span of params, grads, m and v (the same offsets in
+ * all four), weight_decay where decay is set and 0 elsewhere: the same results
+ * as one kn_adamw_update per span, in fewer launches on CUDA (one per
+ * KN_ADAMW_SPANS spans; the engine's tensors are ~150 launches otherwise, most
+ * of them biases smaller than a launch's cost). Spans must not overlap. */
+#define KN_ADAMW_SPANS 64
+void kn_adamw_update_spans(kn_ctx *k, float *params, const float *grads, float *m, float *v,
+                           const kn_adamw_span *spans, int nspans, float lr, float beta1,
+                           float beta2, float eps, float weight_decay, float grad_scale, int t);
+
 /* Σ x² in double (for the global gradient norm). */
 double kn_sum_squares(kn_ctx *k, const float *x, size_t n);
 

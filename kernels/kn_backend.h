@@ -57,6 +57,10 @@ typedef struct kn_ops {
     void (*adamw_update)(kn_ctx *k, float *params, const float *grads, float *m, float *v,
                          size_t n, float lr, float beta1, float beta2, float eps,
                          float weight_decay, float grad_scale, int t);
+    void (*adamw_update_spans)(kn_ctx *k, float *params, const float *grads, float *m, float *v,
+                               const kn_adamw_span *spans, int nspans, float lr, float beta1,
+                               float beta2, float eps, float weight_decay, float grad_scale,
+                               int t);
     double (*sum_squares)(kn_ctx *k, const float *x, size_t n);
     double (*sum)(kn_ctx *k, const float *x, size_t n);
     void (*copy)(kn_ctx *k, void *dst, const void *src, size_t bytes);

@@ -132,6 +132,7 @@ static const kn_ops kn_cpu_ops = {
     .crossentropy_forward = kn_cpu_crossentropy_forward,
     .crossentropy_backward = kn_cpu_crossentropy_backward,
     .adamw_update = kn_cpu_adamw_update,
+    .adamw_update_spans = kn_cpu_adamw_update_spans,
     .sum_squares = kn_cpu_sum_squares,
     .sum = kn_cpu_sum,
     .copy = cpu_copy,

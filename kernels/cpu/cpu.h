@@ -77,6 +77,10 @@ void kn_cpu_crossentropy_backward(kn_ctx *k, float *dlogits, const float *logits
 void kn_cpu_adamw_update(kn_ctx *k, float *params, const float *grads, float *m, float *v,
                          size_t n, float lr, float beta1, float beta2, float eps,
                          float weight_decay, float grad_scale, int t);
+void kn_cpu_adamw_update_spans(kn_ctx *k, float *params, const float *grads, float *m, float *v,
+                               const kn_adamw_span *spans, int nspans, float lr, float beta1,
+                               float beta2, float eps, float weight_decay, float grad_scale,
+                               int t);
 double kn_cpu_sum_squares(kn_ctx *k, const float *x, size_t n);
 double kn_cpu_sum(kn_ctx *k, const float *x, size_t n);
 

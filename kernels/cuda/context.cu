@@ -153,6 +153,7 @@ static const kn_ops kn_cuda_ops = {
     /* .crossentropy_forward = */ kn_cuda_crossentropy_forward,
     /* .crossentropy_backward = */ kn_cuda_crossentropy_backward,
     /* .adamw_update = */ kn_cuda_adamw_update,
+    /* .adamw_update_spans = */ kn_cuda_adamw_update_spans,
     /* .sum_squares = */ kn_cuda_sum_squares,
     /* .sum = */ kn_cuda_sum,
     /* .copy = */ cuda_copy,

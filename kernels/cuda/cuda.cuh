@@ -152,6 +152,10 @@ void kn_cuda_crossentropy_backward(kn_ctx *k, float *dlogits, const float *logit
 void kn_cuda_adamw_update(kn_ctx *k, float *params, const float *grads, float *m, float *v,
                           size_t n, float lr, float beta1, float beta2, float eps,
                           float weight_decay, float grad_scale, int t);
+void kn_cuda_adamw_update_spans(kn_ctx *k, float *params, const float *grads, float *m,
+                                float *v, const kn_adamw_span *spans, int nspans, float lr,
+                                float beta1, float beta2, float eps, float weight_decay,
+                                float grad_scale, int t);
 double kn_cuda_sum_squares(kn_ctx *k, const float *x, size_t n);
 double kn_cuda_sum(kn_ctx *k, const float *x, size_t n);
 

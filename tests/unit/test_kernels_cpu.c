@@ -809,6 +809,33 @@ static void test_adamw(void)
     }
 }
 
+/* kn_adamw_update_spans equals one kn_adamw_update per span, bit for bit: spans
+ * out of order, with and without decay, an empty one, gaps left untouched. */
+static void test_adamw_spans(void)
+{
+    arena_reset();
+    rng_state = 1113;
+    const size_t n = 3000;
+    const kn_adamw_span sp[] = {{1000, 700, 1}, {0, 10, 0}, {10, 0, 1}, {2000, 1000, 0},
+                                {1700, 250, 1}, {20, 1, 1}};
+    const int ns = (int)(sizeof sp / sizeof sp[0]);
+    float *p = frand(n, 1), *m = frand(n, 1), *v = frand(n, 1), *g = frand(n, 2);
+    for (size_t i = 0; i < n; i++) v[i] = v[i] * v[i];
+    float *p2 = tf(n), *m2 = tf(n), *v2 = tf(n);
+    memcpy(p2, p, n * 4), memcpy(m2, m, n * 4), memcpy(v2, v, n * 4);
+    for (int t = 1; t <= 3; t++) {
+        for (int i = 0; i < ns; i++) {
+            size_t o = sp[i].offset;
+            kn_adamw_update(ctx, p + o, g + o, m + o, v + o, sp[i].n, 3e-3f, 0.9f, 0.95f, 1e-8f,
+                            sp[i].decay ? 0.1f : 0.0f, 0.5f, t);
+        }
+        kn_adamw_update_spans(ctx, p2, g, m2, v2, sp, ns, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
+        CHECK(memcmp(p, p2, n * 4) == 0);
+        CHECK(memcmp(m, m2, n * 4) == 0);
+        CHECK(memcmp(v, v2, n * 4) == 0);
+    }
+}
+
 static void test_reductions(void)
 {
     arena_reset();
@@ -1170,6 +1197,7 @@ TEST_MAIN_BEGIN
     RUN(test_nan_propagates);
     RUN(test_expf_tanhf);
     RUN(test_adamw);
+    RUN(test_adamw_spans);
     RUN(test_reductions);
     RUN(test_fd_layernorm);
     RUN(test_fd_matmul);

@@ -657,6 +657,35 @@ static void test_adamw(void)
     }
 }
 
+/* One launch over many spans (more than KN_ADAMW_SPANS: two launches), with and
+ * without decay, an empty span and gaps: as the CPU's update per span. */
+static void test_adamw_spans(void)
+{
+    NEED_GPU();
+    arena_reset();
+    rng_state = 1113;
+    enum { NS = KN_ADAMW_SPANS + 9 };
+    kn_adamw_span sp[NS];
+    size_t n = 0;
+    for (int i = 0; i < NS; i++) { /* sizes 0..~5000, a gap of 3 after each */
+        size_t len = i == 5 ? 0 : (size_t)rng_range(1, i % 7 == 0 ? 5000 : 300);
+        sp[i] = (kn_adamw_span){n, len, i % 3 != 0};
+        n += len + 3;
+    }
+    float *p = hrand(n, 1), *m = hrand(n, 1), *v = hrand(n, 1);
+    for (size_t i = 0; i < n; i++) v[i] = v[i] * v[i];
+    float *d_p = upf(p, n), *d_m = upf(m, n), *d_v = upf(v, n);
+    for (int t = 1; t <= 3; t++) {
+        float *g = hrand(n, 1), *d_g = upf(g, n);
+        kn_adamw_update_spans(cpu, p, g, m, v, sp, NS, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
+        kn_adamw_update_spans(gpu, d_p, d_g, d_m, d_v, sp, NS, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                              0.5f, t);
+        CHECK(close_to("adamw spans m", down(d_m, n), m, n, 1e-6));
+        CHECK(close_to("adamw spans v", down(d_v, n), v, n, 1e-6));
+        CHECK(close_to("adamw spans params", down(d_p, n), p, n, 1e-6));
+    }
+}
+
 static void test_reductions(void)
 {
     NEED_GPU();
@@ -800,6 +829,7 @@ TEST_MAIN_BEGIN
     RUN(test_crossentropy);
     RUN(test_crossentropy_stats);
     RUN(test_adamw);
+    RUN(test_adamw_spans);
     RUN(test_reductions);
     RUN(test_profile_memory);
     RUN(test_engine_parity);

@@ -488,11 +488,16 @@ double pl_engine_grad_sumsq(pl_engine *e)
 void pl_engine_adamw(pl_engine *e, const pl_adamw *o, float grad_scale, int t)
 {
     require_complete(e, "pl_engine_adamw");
+    /* every tensor, KN_ADAMW_SPANS at a time: one launch each on CUDA */
+    kn_adamw_span sp[KN_ADAMW_SPANS];
+    int n = 0;
     for (int i = 0; i < e->ntensors; i++) {
         const pl_engine_tensor *x = &e->tensors[i];
-        size_t off = x->offset;
-        kn_adamw_update(e->k, e->params + off, e->grads + off, e->m + off, e->v + off,
-                        x->spec.numel, o->lr, o->beta1, o->beta2, o->eps,
-                        x->spec.decay ? o->weight_decay : 0.0f, grad_scale, t);
+        sp[n++] = (kn_adamw_span){x->offset, x->spec.numel, x->spec.decay != 0};
+        if (n == KN_ADAMW_SPANS || i == e->ntensors - 1) {
+            kn_adamw_update_spans(e->k, e->params, e->grads, e->m, e->v, sp, n, o->lr, o->beta1,
+                                  o->beta2, o->eps, o->weight_decay, grad_scale, t);
+            n = 0;
+        }
     }
 }
