@@ -189,7 +189,7 @@ typedef struct {
  * as one kn_adamw_update per span, in fewer launches on CUDA (one per
  * KN_ADAMW_SPANS spans; the engine's tensors are ~150 launches otherwise, most
  * of them biases smaller than a launch's cost). Spans must not overlap. */
-#define KN_ADAMW_SPANS 64
+#define KN_ADAMW_SPANS 160
 void kn_adamw_update_spans(kn_ctx *k, float *params, const float *grads, float *m, float *v,
                            const kn_adamw_span *spans, int nspans, float lr, float beta1,
                            float beta2, float eps, float weight_decay, float grad_scale, int t);

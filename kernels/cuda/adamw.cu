@@ -33,7 +33,7 @@ void kn_cuda_adamw_update(kn_ctx *k, float *params, const float *grads, float *m
 }
 
 /* ---- many tensors in one launch ------------------------------------------------
- * The spans travel in the kernel's parameters (about 1.3 KB for KN_ADAMW_SPANS,
+ * The spans travel in the kernel's parameters (about 3.2 KB for KN_ADAMW_SPANS,
  * within the 4 KB limit): start[s] is where span s begins in the spans laid end
  * to end, so a thread's element i of that virtual range is found by a binary
  * search over start (warps mostly stay in one span, so the constant-bank reads
