@@ -225,6 +225,14 @@ void kn_matmul_gelu_forward(kn_ctx *k, float *out, float *pre, const float *inp,
           k->ops->matmul_gelu_forward(k, out, pre, inp, weight, bias, BT, C, OC));
 }
 
+void kn_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias,
+                            const float *dout, const float *inp, const float *weight, int BT,
+                            int C, int OC)
+{
+    TIMED(OP_MATMUL_BACKWARD,
+          k->ops->matmul_backward_set(k, dinp, dweight, dbias, dout, inp, weight, BT, C, OC));
+}
+
 void kn_matmul_backward_gelu(kn_ctx *k, float *dpre, float *dweight, float *dbias,
                              const float *dout, const float *inp, const float *weight,
                              const float *pre, int BT, int C, int OC)

@@ -107,6 +107,14 @@ void kn_matmul_forward(kn_ctx *k, float *out, const float *inp, const float *wei
 void kn_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
                         const float *inp, const float *weight, int BT, int C, int OC);
 
+/* kn_matmul_backward with dinp OVERWRITTEN (dinp = dout · weight): what the
+ * engine used to get by zeroing dinp first, without the memset and, on CUDA,
+ * without the GEMM reading dinp back (beta 0). The CPU zeroes and accumulates,
+ * bit for bit the zero-then-kn_matmul_backward it replaces. */
+void kn_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias,
+                            const float *dout, const float *inp, const float *weight, int BT,
+                            int C, int OC);
+
 /* Causal multi-head self-attention. qkv is [B, T, 3C] (q, k, v, each C = NH·hs
  * channels); out is [B, T, C] (overwritten); att, of kn_attention_state_floats
  * floats, is what the backend keeps for backward: the CPU saves the softmax

@@ -61,6 +61,9 @@ typedef struct kn_ops {
                                const kn_adamw_span *spans, int nspans, float lr, float beta1,
                                float beta2, float eps, float weight_decay, float grad_scale,
                                int t);
+    void (*matmul_backward_set)(kn_ctx *k, float *dinp, float *dweight, float *dbias,
+                                const float *dout, const float *inp, const float *weight, int BT,
+                                int C, int OC);
     double (*sum_squares)(kn_ctx *k, const float *x, size_t n);
     double (*sum)(kn_ctx *k, const float *x, size_t n);
     void (*copy)(kn_ctx *k, void *dst, const void *src, size_t bytes);

@@ -133,6 +133,7 @@ static const kn_ops kn_cpu_ops = {
     .crossentropy_backward = kn_cpu_crossentropy_backward,
     .adamw_update = kn_cpu_adamw_update,
     .adamw_update_spans = kn_cpu_adamw_update_spans,
+    .matmul_backward_set = kn_cpu_matmul_backward_set,
     .sum_squares = kn_cpu_sum_squares,
     .sum = kn_cpu_sum,
     .copy = cpu_copy,

@@ -81,6 +81,9 @@ void kn_cpu_adamw_update_spans(kn_ctx *k, float *params, const float *grads, flo
                                const kn_adamw_span *spans, int nspans, float lr, float beta1,
                                float beta2, float eps, float weight_decay, float grad_scale,
                                int t);
+void kn_cpu_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias,
+                                const float *dout, const float *inp, const float *weight, int BT,
+                                int C, int OC);
 double kn_cpu_sum_squares(kn_ctx *k, const float *x, size_t n);
 double kn_cpu_sum(kn_ctx *k, const float *x, size_t n);
 

@@ -154,6 +154,7 @@ static const kn_ops kn_cuda_ops = {
     /* .crossentropy_backward = */ kn_cuda_crossentropy_backward,
     /* .adamw_update = */ kn_cuda_adamw_update,
     /* .adamw_update_spans = */ kn_cuda_adamw_update_spans,
+    /* .matmul_backward_set = */ kn_cuda_matmul_backward_set,
     /* .sum_squares = */ kn_cuda_sum_squares,
     /* .sum = */ kn_cuda_sum,
     /* .copy = */ cuda_copy,

@@ -811,6 +811,28 @@ static void test_adamw(void)
 
 /* kn_adamw_update_spans equals one kn_adamw_update per span, bit for bit: spans
  * out of order, with and without decay, an empty one, gaps left untouched. */
+/* kn_matmul_backward_set equals zeroing dinp and kn_matmul_backward, bit for bit. */
+static void test_matmul_backward_set(void)
+{
+    arena_reset();
+    rng_state = 505;
+    const int shapes[][3] = {{7, 13, 9}, {64, 32, 96}, {3, 0, 4}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int BT = shapes[s][0], C = shapes[s][1], OC = shapes[s][2];
+        size_t ni = (size_t)BT * C, nw = (size_t)OC * C, no = (size_t)BT * OC;
+        float *x = frand(ni, 1), *W = frand(nw, 1), *dout = frand(no, 1);
+        float *dx = frand(ni, 1), *dx2 = frand(ni, 1), *dW = frand(nw, 1), *dW2 = tf(nw);
+        float *db = frand((size_t)OC, 1), *db2 = tf((size_t)OC);
+        memcpy(dW2, dW, nw * 4), memcpy(db2, db, (size_t)OC * 4);
+        memset(dx, 0, ni * 4);
+        kn_matmul_backward(ctx, dx, dW, db, dout, x, W, BT, C, OC);
+        kn_matmul_backward_set(ctx, dx2, dW2, db2, dout, x, W, BT, C, OC);
+        CHECK(memcmp(dx, dx2, ni * 4) == 0);
+        CHECK(memcmp(dW, dW2, nw * 4) == 0);
+        CHECK(memcmp(db, db2, (size_t)OC * 4) == 0);
+    }
+}
+
 static void test_adamw_spans(void)
 {
     arena_reset();
@@ -1198,6 +1220,7 @@ TEST_MAIN_BEGIN
     RUN(test_expf_tanhf);
     RUN(test_adamw);
     RUN(test_adamw_spans);
+    RUN(test_matmul_backward_set);
     RUN(test_reductions);
     RUN(test_fd_layernorm);
     RUN(test_fd_matmul);

@@ -343,6 +343,33 @@ static void test_matmul(void)
     }
 }
 
+/* kn_matmul_backward_set: dinp overwritten (the device copy starts as garbage,
+ * 7.0), on the Lt and the cublasGemmEx paths and the chunked one; against the
+ * CPU's zero-then-accumulate. */
+static void test_matmul_backward_set(void)
+{
+    NEED_GPU();
+    arena_reset();
+    rng_state = 304;
+    for (size_t s = 0; s < sizeof mm_shapes / sizeof mm_shapes[0]; s++) {
+        int BT = mm_shapes[s][0], C = mm_shapes[s][1], OC = mm_shapes[s][2];
+        int has_bias = mm_shapes[s][3], off = mm_shapes[s][4];
+        size_t ni = (size_t)BT * C, nw = (size_t)OC * C, no = (size_t)BT * OC;
+        float *x = hrand(ni, 1), *W = hrand(nw, 0.1), *dout = hrand(no, 1);
+        float *dx = hf(ni), *dW = hrand(nw, 1), *db = has_bias ? hrand(OC, 1) : NULL;
+        for (size_t i = 0; i < ni; i++) dx[i] = 7.0f;
+        float *d_dx = upf_at(dx, ni, off), *d_dW = upf_at(dW, nw, off);
+        float *d_db = db ? upf_at(db, OC, off) : NULL;
+        kn_matmul_backward_set(cpu, dx, dW, db, dout, x, W, BT, C, OC);
+        kn_matmul_backward_set(gpu, d_dx, d_dW, d_db, upf_at(dout, no, off), upf_at(x, ni, off),
+                               upf_at(W, nw, off), BT, C, OC);
+        CHECK(close_to("matmul dinp (set)", down(d_dx, ni), dx, ni, tol_lin));
+        CHECK(close_to("matmul dweight (set)", down(d_dW, nw), dW, nw, tol_lin));
+        if (db) CHECK(close_to("matmul dbias (set)", down(d_db, OC), db, OC, 2e-5));
+        arena_reset();
+    }
+}
+
 /* The MLP pair: kn_matmul_gelu_forward (inp [BT, C] · W1[H, C]ᵀ + b1 → pre,
  * out = gelu(pre)), then kn_matmul_backward_gelu of the next layer (dout
  * [BT, C], W2 [C, H]) with inp = out. BT, C, H, with bias, offset of the
@@ -801,6 +828,9 @@ TEST_MAIN_BEGIN
         printf("FAIL kn_create_cpu: %s\n", err);
         return 1;
     }
+    /* the bf16 backward's chunks of 256 MiB, so that test_matmul's last shape
+     * (270 MB of bf16 rows) takes the chunked path (matmul.cu) */
+    setenv("PLIANT_MATMUL_BWD_MB", "256", 1);
     gpu = kn_create("cuda", 1, err, sizeof err);
     if (!gpu) {
         /* no device is a skip; a device that fails to start is a failure, and so
@@ -822,6 +852,7 @@ TEST_MAIN_BEGIN
     RUN(test_encoder_out_of_vocab);
     RUN(test_layernorm);
     RUN(test_matmul);
+    RUN(test_matmul_backward_set);
     RUN(test_matmul_gelu);
     RUN(test_attention);
     RUN(test_gelu);

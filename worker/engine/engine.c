@@ -358,19 +358,17 @@ static void block_backward(pl_engine *e, pl_slot *s, int l, const scratch *w)
     /* w->dres holds d(res3) on entry and d(block input) on exit */
     kn_matmul_backward_gelu(k, w->dfch, G(e, l, 10), G(e, l, 11), w->dres, a->fch_gelu,
                             P(e, l, 10), a->fch, BT, 4 * C, C);
-    kn_zero(k, w->dln, BTC * sizeof(float));
-    kn_matmul_backward(k, w->dln, G(e, l, 8), G(e, l, 9), w->dfch, a->ln2, P(e, l, 8), BT, C,
-                       4 * C);
+    /* _set: the scratch input gradients are overwritten, no zeroing pass */
+    kn_matmul_backward_set(k, w->dln, G(e, l, 8), G(e, l, 9), w->dfch, a->ln2, P(e, l, 8), BT, C,
+                           4 * C);
     kn_layernorm_backward(k, w->dres, G(e, l, 6), G(e, l, 7), w->dln, a->res2, P(e, l, 6),
                           a->ln2_mean, a->ln2_rstd, B, T, C);
-    kn_zero(k, w->datty, BTC * sizeof(float));
-    kn_matmul_backward(k, w->datty, G(e, l, 4), G(e, l, 5), w->dres, a->atty, P(e, l, 4), BT, C,
-                       C);
+    kn_matmul_backward_set(k, w->datty, G(e, l, 4), G(e, l, 5), w->dres, a->atty, P(e, l, 4), BT,
+                           C, C);
     kn_zero(k, w->dqkv, 3 * BTC * sizeof(float));
     kn_attention_backward(k, w->dqkv, w->datty, a->qkv, a->att, a->atty, B, T, C, e->cfg.NH);
-    kn_zero(k, w->dln, BTC * sizeof(float));
-    kn_matmul_backward(k, w->dln, G(e, l, 2), G(e, l, 3), w->dqkv, a->ln1, P(e, l, 2), BT, C,
-                       3 * C);
+    kn_matmul_backward_set(k, w->dln, G(e, l, 2), G(e, l, 3), w->dqkv, a->ln1, P(e, l, 2), BT, C,
+                           3 * C);
     kn_layernorm_backward(k, w->dres, G(e, l, 0), G(e, l, 1), w->dln, x, P(e, l, 0), a->ln1_mean,
                           a->ln1_rstd, B, T, C);
 }
@@ -401,9 +399,8 @@ static void backward(pl_engine *e, int slot, const float *dout, int dev, float d
         else
             kn_crossentropy_backward(k, s->probs, s->probs, s->ce_stats, s->targets, dloss_scale,
                                      BT, e->cfg.V, e->cfg.Vp);
-        kn_zero(k, w.dln, BTC * sizeof(float));
-        kn_matmul_backward(k, w.dln, head_dwte(e), NULL, s->probs, s->lnf, wte, BT, C,
-                           e->cfg.Vp);
+        kn_matmul_backward_set(k, w.dln, head_dwte(e), NULL, s->probs, s->lnf, wte, BT, C,
+                               e->cfg.Vp);
         e->head_pending = e->head_dwte != NULL;
         kn_zero(k, w.dres, BTC * sizeof(float));
         kn_layernorm_backward(k, w.dres, G(e, H, 0), G(e, H, 1), w.dln, last_output(e, s),
