@@ -172,7 +172,17 @@ $(BUILD)/bench/%: bench/%.c $(LIBS)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) $< $(LIBS) -o $@ $(LDLIBS)
 
-unit-tests: $(UNIT_BIN) $(UNIT_ASAN_BIN)
+unit-tests: $(UNIT_BIN) $(UNIT_ASAN_BIN) $(BUILD)/tests/test_attention_emu
+
+# The bf16 attention kernels (kernels/cuda/attention_bf16.cuh) compiled by the host
+# C++ compiler against a CPU emulation of mma.sync, ldmatrix, shuffles and barriers
+# (tests/gpu_emu/attention_emu.cpp): their fragment mapping is checked without a GPU.
+# C++20 for designated braces and lambdas in the emulation; no nvcc needed.
+CXX ?= g++
+$(BUILD)/tests/test_attention_emu: tests/gpu_emu/attention_emu.cpp kernels/cuda/attention_bf16.cuh
+	@mkdir -p $(@D)
+	$(CXX) -std=c++20 -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter -Wno-unknown-pragmas \
+	    -Ikernels $< -o $@
 
 # Fuzzing (tests/fuzz/README.md): every tests/fuzz/fuzz_<parser>.c is built twice, as a
 # libFuzzer target with clang (build/fuzz/bin/, coverage-guided; where clang's libFuzzer

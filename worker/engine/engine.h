@@ -52,6 +52,7 @@ typedef struct {
     int wte_tensor;  /* index in tensors of wte, or −1 */
     float *head_dwte;/* with both ends: the head's share of wte's gradient (pl_engine_backward) */
     int head_pending;/* head_dwte holds a share not yet added (a backward_last is missing) */
+    int keep_probs;  /* pl_engine_keep_probs */
     pl_slot *slots;
     float *bw;       /* backward scratch, shared by all slots */
     size_t act_bytes;/* activation memory, for reports */
@@ -88,7 +89,11 @@ float pl_engine_forward(pl_engine *e, int slot, const int32_t *tokens, const flo
                         const int32_t *targets);
 const float *pl_engine_output(const pl_engine *e, int slot);
 /* With the head: the softmax probabilities [B·T, Vp] of the last forward in
- * slot (backend memory), until that slot's backward. */
+ * slot (backend memory), until that slot's backward; only after
+ * pl_engine_keep_probs(e, 1). By default the forward keeps the logits and two
+ * floats per row (kn_crossentropy_forward), which backward turns into the
+ * logits' gradient in one pass: the probabilities are never written. */
+void pl_engine_keep_probs(pl_engine *e, int on);
 const float *pl_engine_probs(const pl_engine *e, int slot);
 
 /* Backward of the microbatch in `slot`. With the head, the loss gradient is
