@@ -54,6 +54,33 @@ static size_t bwd_bf16_bytes(void)
 }
 #define LT_CACHE_SIZE 128 /* heuristic results remembered per context */
 
+/* The algorithm per shape: cuBLASLt's heuristic ranks algorithms by a model,
+ * and its first choice is measurably slower than others on some of our shapes
+ * (the GELU epilogues above all). So at the first use of a shape the GEMM is
+ * timed with each of the heuristic's first LT_TUNE_ALGOS candidates
+ * (LT_TUNE_RUNS runs each after one warm-up) and the fastest is kept for the
+ * process. Each algorithm is deterministic (split-K reductions included: in
+ * the workspace, or in place with counters that fix the order), so a run stays
+ * bit-reproducible for a fixed choice; two processes may choose differently
+ * (timing noise), hence the 2 % margin an earlier-ranked candidate keeps.
+ * PLIANT_MATMUL_TUNE=0 takes the heuristic's first (the old behaviour), =2
+ * prints each shape's times. */
+#define LT_TUNE_ALGOS 8
+#define LT_TUNE_RUNS 3
+/* A GEMM that accumulates (beta 1) is timed on a scratch copy of D's size,
+ * not on D; above this size it is not timed (the heuristic's first). */
+#define LT_TUNE_SCRATCH_MAX ((size_t)512 << 20)
+
+static int tune_mode(void)
+{
+    static int mode = -1; /* read once; every thread computes the same value */
+    if (mode < 0) {
+        const char *e = getenv("PLIANT_MATMUL_TUNE");
+        mode = e && *e ? atoi(e) : 1;
+    }
+    return mode;
+}
+
 static size_t round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 /* The largest power of two (≤ 256) that divides the address. */
@@ -235,6 +262,77 @@ static const char *epi_name(int epi)
     return epi == EPI_BIAS ? "BIAS" : epi == EPI_GELU ? "GELU_AUX" : epi == EPI_DGELU ? "DGELU" : "none";
 }
 
+/* The index in cand[0, n) of the fastest algorithm for this GEMM (0 where it
+ * cannot be timed), by CUDA events on the context's stream; waits for the
+ * stream. A GEMM that overwrites D from its inputs alone (beta 0, D not
+ * overlapping the aux it reads) is timed in place: every run writes the same
+ * D (and aux), and the caller's run with the chosen algorithm writes them
+ * last. Otherwise (beta 1 reads D; dpre written over pre) the runs go to a
+ * scratch buffer of D's size, so that D is never touched here. */
+static int lt_tune(kn_ctx *k, const mm_job *j, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
+                   cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t ld, float beta,
+                   const cublasLtMatmulAlgo_t *cand, int n)
+{
+    struct kn_cuda *c = k->cuda;
+    const float alpha = 1.0f;
+    const size_t d_bytes = ((size_t)j->ldd * (size_t)(j->n - 1) + (size_t)j->m) * sizeof(float);
+    const char *d0 = (const char *)j->D, *a0 = (const char *)j->aux;
+    const bool reads_aux = j->epi == EPI_DGELU;
+    const bool overlap = reads_aux && a0 < d0 + d_bytes && d0 < a0 + d_bytes; /* aux: D's extent */
+    float *D = j->D;
+    void *scratch = NULL;
+    if (beta != 0.0f || overlap) {
+        if (d_bytes > LT_TUNE_SCRATCH_MAX) return 0;
+        if (cudaMalloc(&scratch, d_bytes) != cudaSuccess) {
+            (void)cudaGetLastError(); /* out of memory is not sticky: clear it, don't time */
+            return 0;
+        }
+        D = (float *)scratch;
+    }
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    int best = 0;
+    float best_ms = 0.0f, ms_of[LT_TUNE_ALGOS];
+    bool any = false;
+    for (int i = 0; i < n; i++) {
+        ms_of[i] = -1.0f;
+        bool ran = true;
+        CUDA_CHECK(cudaEventRecord(e0, kn_stream(k)));
+        for (int r = 0; r <= LT_TUNE_RUNS && ran; r++) {
+            if (r == 1) CUDA_CHECK(cudaEventRecord(e0, kn_stream(k))); /* run 0 warms up */
+            cublasStatus_t s = cublasLtMatmul(c->lt, op, &alpha, j->A, la, j->B, lb, &beta, D, ld,
+                                              D, ld, &cand[i], c->lt_ws, c->lt_ws_bytes,
+                                              kn_stream(k));
+            ran = s == CUBLAS_STATUS_SUCCESS; /* a refused candidate is skipped */
+        }
+        CUDA_CHECK(cudaEventRecord(e1, kn_stream(k)));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        if (!ran) continue;
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        ms_of[i] = ms / LT_TUNE_RUNS;
+        /* an earlier-ranked candidate keeps its place unless beaten by 2 %:
+         * the choice then changes less with timing noise */
+        if (!any || ms < 0.98f * best_ms) {
+            best = i;
+            best_ms = ms;
+            any = true;
+        }
+    }
+    CUDA_CHECK(cudaEventDestroy(e1));
+    CUDA_CHECK(cudaEventDestroy(e0));
+    const bool on_scratch = scratch != NULL;
+    if (scratch) CUDA_CHECK(cudaFree(scratch));
+    if (tune_mode() >= 2) {
+        fprintf(stderr, "pliant kernels (cuda): matmul %s m %d n %d k %d beta %g: candidate %d of",
+                epi_name(j->epi), j->m, j->n, j->k, beta, best);
+        for (int i = 0; i < n; i++) fprintf(stderr, " %.3f", ms_of[i]);
+        fprintf(stderr, " ms%s\n", on_scratch ? " (on scratch)" : "");
+    }
+    return best;
+}
+
 /* The GEMM through cuBLASLt; false (nothing queued) when it cannot take it. */
 static bool mm_lt(kn_ctx *k, const mm_job *j)
 {
@@ -308,12 +406,19 @@ static bool mm_lt(kn_ctx *k, const mm_job *j)
         for (int i = 0; i < 4; i++)
             CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, al_attr[i], &al_val[i],
                                                               sizeof al_val[i]));
-        cublasLtMatmulHeuristicResult_t res;
-        memset(&res, 0, sizeof res);
+        cublasLtMatmulHeuristicResult_t res[LT_TUNE_ALGOS];
+        memset(res, 0, sizeof res);
         int found = 0;
-        cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, ld, ld, pref, 1, &res,
-                                                          &found);
+        cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(
+            c->lt, op, la, lb, ld, ld, pref, tune_mode() ? LT_TUNE_ALGOS : 1, res, &found);
         CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+        /* the usable candidates, in the heuristic's order */
+        cublasLtMatmulAlgo_t cand[LT_TUNE_ALGOS];
+        int ncand = 0;
+        for (int i = 0; s == CUBLAS_STATUS_SUCCESS && i < found && i < LT_TUNE_ALGOS; i++)
+            if (res[i].state == CUBLAS_STATUS_SUCCESS && res[i].workspaceSize <= c->lt_ws_bytes)
+                cand[ncand++] = res[i].algo;
+        int pick = ncand > 1 ? lt_tune(k, j, op, la, lb, ld, beta, cand, ncand) : 0;
         if (cache->used < LT_CACHE_SIZE) {
             hit = &cache->e[cache->used++];
         } else { /* full: replace the oldest */
@@ -321,9 +426,8 @@ static bool mm_lt(kn_ctx *k, const mm_job *j)
             cache->next = (cache->next + 1) % LT_CACHE_SIZE;
         }
         memcpy(hit->key, key, sizeof key);
-        hit->ok = s == CUBLAS_STATUS_SUCCESS && found > 0 && res.state == CUBLAS_STATUS_SUCCESS &&
-                  res.workspaceSize <= c->lt_ws_bytes;
-        hit->algo = res.algo;
+        hit->ok = ncand > 0;
+        if (hit->ok) hit->algo = cand[pick];
         if (!hit->ok) /* unexpected for an aligned problem: say so once per shape */
             fprintf(stderr,
                     "pliant kernels (cuda): no cuBLASLt algorithm for epilogue %s, m %d n %d k %d "
