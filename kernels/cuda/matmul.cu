@@ -23,7 +23,12 @@
  * has the layout of the output (leading dimension m).
  *
  * dbias stays a separate, deterministic column sum: the BGRADB epilogue
- * overwrites its vector, and kernels.h accumulates into dbias. */
+ * overwrites its vector, and kernels.h accumulates into dbias.
+ *
+ * Algorithms: at a shape's first use the heuristic's first candidates are
+ * timed and the fastest kept (lt_tune); a GELU / DGELU job is also timed as a
+ * plain GEMM plus a separate GELU kernel (mm_split) and runs that way where it
+ * was faster. */
 #include <cuda_bf16.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -64,7 +69,8 @@ static size_t bwd_bf16_bytes(void)
  * bit-reproducible for a fixed choice; two processes may choose differently
  * (timing noise), hence the 2 % margin an earlier-ranked candidate keeps.
  * PLIANT_MATMUL_TUNE=0 takes the heuristic's first (the old behaviour), =2
- * prints each shape's times. */
+ * prints each shape's times, =3 also takes the GELU split below wherever it
+ * may run (so that a parity test covers it whatever the timings say). */
 #define LT_TUNE_ALGOS 8
 #define LT_TUNE_RUNS 3
 /* A GEMM that accumulates (beta 1) is timed on a scratch copy of D's size,
@@ -536,7 +542,7 @@ static bool mm_lt(kn_ctx *k, const mm_job *j)
         if ((j->epi == EPI_GELU || j->epi == EPI_DGELU) && fused_ms > 0.0f && j->ldd == j->m &&
             !d_over_aux(j)) {
             split_ms = time_split(k, j);
-            split = split_ms < 0.98f * fused_ms;
+            split = split_ms < 0.98f * fused_ms || tune_mode() == 3; /* 3: test the split */
             if (tune_mode() >= 2)
                 fprintf(stderr, "pliant kernels (cuda): matmul %s m %d n %d k %d: fused %.3f ms, "
                         "GEMM + separate GELU %.3f ms: %s\n", epi_name(j->epi), j->m, j->n, j->k,
