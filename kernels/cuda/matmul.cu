@@ -23,7 +23,12 @@
  * has the layout of the output (leading dimension m).
  *
  * dbias stays a separate, deterministic column sum: the BGRADB epilogue
- * overwrites its vector, and kernels.h accumulates into dbias. */
+ * overwrites its vector, and kernels.h accumulates into dbias.
+ *
+ * Algorithms: at a shape's first use the heuristic's first candidates are
+ * timed and the fastest kept (lt_tune); a GELU / DGELU job is also timed as a
+ * plain GEMM plus a separate GELU kernel (mm_split) and runs that way where it
+ * was faster. */
 #include <cuda_bf16.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -53,6 +58,34 @@ static size_t bwd_bf16_bytes(void)
     return bytes;
 }
 #define LT_CACHE_SIZE 128 /* heuristic results remembered per context */
+
+/* The algorithm per shape: cuBLASLt's heuristic ranks algorithms by a model,
+ * and its first choice is measurably slower than others on some of our shapes
+ * (the GELU epilogues above all). So at the first use of a shape the GEMM is
+ * timed with each of the heuristic's first LT_TUNE_ALGOS candidates
+ * (LT_TUNE_RUNS runs each after one warm-up) and the fastest is kept for the
+ * process. Each algorithm is deterministic (split-K reductions included: in
+ * the workspace, or in place with counters that fix the order), so a run stays
+ * bit-reproducible for a fixed choice; two processes may choose differently
+ * (timing noise), hence the 2 % margin an earlier-ranked candidate keeps.
+ * PLIANT_MATMUL_TUNE=0 takes the heuristic's first (the old behaviour), =2
+ * prints each shape's times, =3 also takes the GELU split below wherever it
+ * may run (so that a parity test covers it whatever the timings say). */
+#define LT_TUNE_ALGOS 8
+#define LT_TUNE_RUNS 3
+/* A GEMM that accumulates (beta 1) is timed on a scratch copy of D's size,
+ * not on D; above this size it is not timed (the heuristic's first). */
+#define LT_TUNE_SCRATCH_MAX ((size_t)512 << 20)
+
+static int tune_mode(void)
+{
+    static int mode = -1; /* read once; every thread computes the same value */
+    if (mode < 0) {
+        const char *e = getenv("PLIANT_MATMUL_TUNE");
+        mode = e && *e ? atoi(e) : 1;
+    }
+    return mode;
+}
 
 static size_t round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
@@ -143,6 +176,36 @@ __global__ static void gelu_scale_kernel(float *d, const float *pre, int m, int 
     }
 }
 
+/* The GELU epilogue done apart, on a contiguous pre / D, 4 elements a thread
+ * step: D = gelu(pre) (forward), or D ⊙= gelu'(pre) (backward). The same
+ * kn_gelu / kn_gelu_grad as the fp32 path and the CPU. */
+template <bool GRAD>
+__global__ static void gelu_vec_kernel(float4 *d, const float4 *pre, size_t n4)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float4 p = pre[i], v;
+        if (GRAD) {
+            v = d[i];
+            v.x *= kn_gelu_grad(p.x);
+            v.y *= kn_gelu_grad(p.y);
+            v.z *= kn_gelu_grad(p.z);
+            v.w *= kn_gelu_grad(p.w);
+        } else {
+            v = make_float4(kn_gelu(p.x), kn_gelu(p.y), kn_gelu(p.z), kn_gelu(p.w));
+        }
+        d[i] = v;
+    }
+}
+
+template <bool GRAD>
+__global__ static void gelu_flat_kernel(float *d, const float *pre, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        d[i] = GRAD ? d[i] * kn_gelu_grad(pre[i]) : kn_gelu(pre[i]);
+}
+
 /* ---- one GEMM with its epilogue ---------------------------------------------- */
 
 enum {
@@ -212,10 +275,11 @@ static void mm_fallback(kn_ctx *k, const mm_job *j)
 /* Heuristic results per problem: the key holds everything the choice depends
  * on, the alignments of the pointers included (the heuristic reads the bias
  * and aux pointers' values for theirs, and is told A's to D's). */
-#define LT_KEY 16
+#define LT_KEY 17
 typedef struct {
     int key[LT_KEY];
-    bool ok; /* false: no algorithm, take the fallback */
+    bool ok;    /* false: no algorithm, take the fallback */
+    bool split; /* GELU / DGELU: the plain GEMM and a separate kernel timed faster */
     cublasLtMatmulAlgo_t algo;
 } lt_entry;
 
@@ -233,6 +297,154 @@ static void set_attr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, c
 static const char *epi_name(int epi)
 {
     return epi == EPI_BIAS ? "BIAS" : epi == EPI_GELU ? "GELU_AUX" : epi == EPI_DGELU ? "DGELU" : "none";
+}
+
+/* The bytes D spans (aux, where there is one, spans the same: D's ld). */
+static size_t d_extent(const mm_job *j)
+{
+    return ((size_t)j->ldd * (size_t)(j->n - 1) + (size_t)j->m) * sizeof(float);
+}
+
+/* Does D share memory with the aux matrix that EPI_DGELU reads (dpre written
+ * over pre)? Then neither timing in place nor the split below may run. */
+static bool d_over_aux(const mm_job *j)
+{
+    if (j->epi != EPI_GELU && j->epi != EPI_DGELU) return false;
+    const size_t bytes = d_extent(j);
+    const char *d0 = (const char *)j->D, *a0 = (const char *)j->aux;
+    return a0 < d0 + bytes && d0 < a0 + bytes;
+}
+
+static void mm(kn_ctx *k, const mm_job *j);
+
+/* A GELU / DGELU job as a plain GEMM (its own cuBLASLt algorithm, tuned at its
+ * own first use) and then the elementwise GELU kernel above: for a
+ * contiguous D (ldd = m) that does not overlap aux. The split moves more
+ * bytes (the forward writes pre, then reads it back and writes out: 3 passes
+ * instead of 2; the backward writes D, then reads D and pre and writes D: 4
+ * instead of 2), so it is only taken where the fused epilogue timed slower
+ * (lt_tune's caller compares both). */
+static void mm_split(kn_ctx *k, const mm_job *j)
+{
+    mm_job p = *j;
+    p.beta = 0.0f;
+    p.aux = NULL;
+    if (j->epi == EPI_GELU) { /* pre = product + bias */
+        p.D = j->aux;
+        p.epi = j->bias ? EPI_BIAS : EPI_NONE;
+    } else { /* D = product */
+        p.epi = EPI_NONE;
+    }
+    p.bias = p.epi == EPI_BIAS ? j->bias : NULL;
+    mm(k, &p);
+    const size_t n = (size_t)j->m * (size_t)j->n;
+    const bool grad = j->epi == EPI_DGELU;
+    if (n % 4 == 0 && (uintptr_t)j->D % 16 == 0 && (uintptr_t)j->aux % 16 == 0) {
+        if (grad)
+            gelu_vec_kernel<true><<<kn_blocks(n / 4, 256), 256, 0, kn_stream(k)>>>(
+                (float4 *)j->D, (const float4 *)j->aux, n / 4);
+        else
+            gelu_vec_kernel<false><<<kn_blocks(n / 4, 256), 256, 0, kn_stream(k)>>>(
+                (float4 *)j->D, (const float4 *)j->aux, n / 4);
+    } else {
+        if (grad)
+            gelu_flat_kernel<true><<<kn_blocks(n, 256), 256, 0, kn_stream(k)>>>(j->D, j->aux, n);
+        else
+            gelu_flat_kernel<false><<<kn_blocks(n, 256), 256, 0, kn_stream(k)>>>(j->D, j->aux, n);
+    }
+    CUDA_LAUNCHED();
+}
+
+/* mm_split's time per run (its first run, untimed, tunes its GEMM); waits for
+ * the stream. It rewrites D and aux as the fused job would: the caller's run
+ * of the chosen path writes them last. */
+static float time_split(kn_ctx *k, const mm_job *j)
+{
+    mm_split(k, j);
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    CUDA_CHECK(cudaEventRecord(e0, kn_stream(k)));
+    for (int r = 0; r < LT_TUNE_RUNS; r++) mm_split(k, j);
+    CUDA_CHECK(cudaEventRecord(e1, kn_stream(k)));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    CUDA_CHECK(cudaEventDestroy(e1));
+    CUDA_CHECK(cudaEventDestroy(e0));
+    return ms / LT_TUNE_RUNS;
+}
+
+/* The index in cand[0, n) of the fastest algorithm for this GEMM (0 where it
+ * cannot be timed; *best_ms_out its time per run where timed in place, else
+ * 0), by CUDA events on the context's stream; waits for the
+ * stream. A GEMM that overwrites D from its inputs alone (beta 0, D not
+ * overlapping the aux it reads) is timed in place: every run writes the same
+ * D (and aux), and the caller's run with the chosen algorithm writes them
+ * last. Otherwise (beta 1 reads D; dpre written over pre) the runs go to a
+ * scratch buffer of D's size, so that D is never touched here. */
+static int lt_tune(kn_ctx *k, const mm_job *j, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
+                   cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t ld, float beta,
+                   const cublasLtMatmulAlgo_t *cand, int n, float *best_ms_out)
+{
+    *best_ms_out = 0.0f; /* 0: not timed in place */
+    struct kn_cuda *c = k->cuda;
+    const float alpha = 1.0f;
+    const size_t d_bytes = d_extent(j);
+    const bool overlap = j->epi == EPI_DGELU && d_over_aux(j); /* runs would read their own D */
+    float *D = j->D;
+    void *scratch = NULL;
+    if (beta != 0.0f || overlap) {
+        if (d_bytes > LT_TUNE_SCRATCH_MAX) return 0;
+        if (cudaMalloc(&scratch, d_bytes) != cudaSuccess) {
+            (void)cudaGetLastError(); /* out of memory is not sticky: clear it, don't time */
+            return 0;
+        }
+        D = (float *)scratch;
+    }
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    int best = 0;
+    float best_ms = 0.0f, ms_of[LT_TUNE_ALGOS];
+    bool any = false;
+    for (int i = 0; i < n; i++) {
+        ms_of[i] = -1.0f;
+        bool ran = true;
+        CUDA_CHECK(cudaEventRecord(e0, kn_stream(k)));
+        for (int r = 0; r <= LT_TUNE_RUNS && ran; r++) {
+            if (r == 1) CUDA_CHECK(cudaEventRecord(e0, kn_stream(k))); /* run 0 warms up */
+            cublasStatus_t s = cublasLtMatmul(c->lt, op, &alpha, j->A, la, j->B, lb, &beta, D, ld,
+                                              D, ld, &cand[i], c->lt_ws, c->lt_ws_bytes,
+                                              kn_stream(k));
+            ran = s == CUBLAS_STATUS_SUCCESS; /* a refused candidate is skipped */
+        }
+        CUDA_CHECK(cudaEventRecord(e1, kn_stream(k)));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        if (!ran) continue;
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        ms_of[i] = ms / LT_TUNE_RUNS;
+        /* an earlier-ranked candidate keeps its place unless beaten by 2 %:
+         * the choice then changes less with timing noise */
+        if (!any || ms < 0.98f * best_ms) {
+            best = i;
+            best_ms = ms;
+            any = true;
+        }
+    }
+    CUDA_CHECK(cudaEventDestroy(e1));
+    CUDA_CHECK(cudaEventDestroy(e0));
+    const bool on_scratch = scratch != NULL;
+    if (scratch) CUDA_CHECK(cudaFree(scratch));
+    if (tune_mode() >= 2) {
+        fprintf(stderr, "pliant kernels (cuda): matmul %s m %d n %d k %d beta %g: candidate %d of",
+                epi_name(j->epi), j->m, j->n, j->k, beta, best);
+        for (int i = 0; i < n; i++) fprintf(stderr, " %.3f", ms_of[i]);
+        fprintf(stderr, " ms%s\n", on_scratch ? " (on scratch)" : "");
+    }
+    if (!on_scratch && any) *best_ms_out = best_ms / LT_TUNE_RUNS;
+    return best;
 }
 
 /* The GEMM through cuBLASLt; false (nothing queued) when it cannot take it. */
@@ -261,7 +473,7 @@ static bool mm_lt(kn_ctx *k, const mm_job *j)
                        j->k,       j->lda, j->ldb,    j->ldd,     beta != 0.0f,
                        (int)alA,   (int)alB, (int)alD,
                        has_bias ? (int)align_of(j->bias) : 0, has_aux ? (int)align_of(j->aux) : 0,
-                       (int)c->compute};
+                       (int)c->compute, d_over_aux(j)};
     if (!c->lt_cache) {
         c->lt_cache = calloc(1, sizeof(lt_cache));
         if (!c->lt_cache) kn_cuda_fail("calloc", "out of memory", __FILE__, __LINE__);
@@ -308,12 +520,34 @@ static bool mm_lt(kn_ctx *k, const mm_job *j)
         for (int i = 0; i < 4; i++)
             CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, al_attr[i], &al_val[i],
                                                               sizeof al_val[i]));
-        cublasLtMatmulHeuristicResult_t res;
-        memset(&res, 0, sizeof res);
+        cublasLtMatmulHeuristicResult_t res[LT_TUNE_ALGOS];
+        memset(res, 0, sizeof res);
         int found = 0;
-        cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, ld, ld, pref, 1, &res,
-                                                          &found);
+        cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(
+            c->lt, op, la, lb, ld, ld, pref, tune_mode() ? LT_TUNE_ALGOS : 1, res, &found);
         CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+        /* the usable candidates, in the heuristic's order */
+        cublasLtMatmulAlgo_t cand[LT_TUNE_ALGOS];
+        int ncand = 0;
+        for (int i = 0; s == CUBLAS_STATUS_SUCCESS && i < found && i < LT_TUNE_ALGOS; i++)
+            if (res[i].state == CUBLAS_STATUS_SUCCESS && res[i].workspaceSize <= c->lt_ws_bytes)
+                cand[ncand++] = res[i].algo;
+        float fused_ms = 0.0f;
+        int pick = ncand > 1 ? lt_tune(k, j, op, la, lb, ld, beta, cand, ncand, &fused_ms) : 0;
+        /* GELU epilogues: the fused best against the split (only where the
+         * fused one was timed in place, so never with D over aux). Timed
+         * before this entry is taken: the split's own GEMM may take a slot. */
+        bool split = false;
+        float split_ms = 0.0f;
+        if ((j->epi == EPI_GELU || j->epi == EPI_DGELU) && fused_ms > 0.0f && j->ldd == j->m &&
+            !d_over_aux(j)) {
+            split_ms = time_split(k, j);
+            split = split_ms < 0.98f * fused_ms || tune_mode() == 3; /* 3: test the split */
+            if (tune_mode() >= 2)
+                fprintf(stderr, "pliant kernels (cuda): matmul %s m %d n %d k %d: fused %.3f ms, "
+                        "GEMM + separate GELU %.3f ms: %s\n", epi_name(j->epi), j->m, j->n, j->k,
+                        fused_ms, split_ms, split ? "separate" : "fused");
+        }
         if (cache->used < LT_CACHE_SIZE) {
             hit = &cache->e[cache->used++];
         } else { /* full: replace the oldest */
@@ -321,9 +555,9 @@ static bool mm_lt(kn_ctx *k, const mm_job *j)
             cache->next = (cache->next + 1) % LT_CACHE_SIZE;
         }
         memcpy(hit->key, key, sizeof key);
-        hit->ok = s == CUBLAS_STATUS_SUCCESS && found > 0 && res.state == CUBLAS_STATUS_SUCCESS &&
-                  res.workspaceSize <= c->lt_ws_bytes;
-        hit->algo = res.algo;
+        hit->ok = ncand > 0;
+        hit->split = hit->ok && split;
+        if (hit->ok) hit->algo = cand[pick];
         if (!hit->ok) /* unexpected for an aligned problem: say so once per shape */
             fprintf(stderr,
                     "pliant kernels (cuda): no cuBLASLt algorithm for epilogue %s, m %d n %d k %d "
@@ -331,7 +565,10 @@ static bool mm_lt(kn_ctx *k, const mm_job *j)
                     epi_name(j->epi), j->m, j->n, j->k,
                     s != CUBLAS_STATUS_SUCCESS ? cublasGetStatusString(s) : "none found");
     }
-    if (hit->ok) {
+    const bool do_split = hit->ok && hit->split; /* hit may be replaced by the split's GEMM */
+    if (do_split) {
+        mm_split(k, j);
+    } else if (hit->ok) {
         cublasStatus_t s = cublasLtMatmul(c->lt, op, &alpha, j->A, la, j->B, lb, &beta, j->D, ld,
                                           j->D, ld, &hit->algo, c->lt_ws, c->lt_ws_bytes,
                                           kn_stream(k));
@@ -346,7 +583,7 @@ static bool mm_lt(kn_ctx *k, const mm_job *j)
             kn_cuda_fail("cublasLtMatmul", cublasGetStatusString(s), __FILE__, __LINE__);
         }
     }
-    bool ok = hit->ok;
+    bool ok = do_split || hit->ok;
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(ld));
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
