@@ -16,14 +16,24 @@
 #include "util.h"
 #include "worker_step.h"
 
+/* One write per line: the workers of `pliant run` share its stderr, and a line written in
+ * pieces interleaves with another process's. */
 void agent_log(agent *a, const char *fmt, ...)
 {
+    char line[2048];
+    int n = snprintf(line, sizeof line - 1, "worker %s: ", a->o->name);
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "worker %s: ", a->o->name);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    if (n >= 0 && (size_t)n < sizeof line - 1)
+        n += vsnprintf(line + n, sizeof line - 1 - (size_t)n, fmt, ap);
     va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n > sizeof line - 2)
+        n = (int)sizeof line - 2; /* cut: the line still ends */
+    line[n++] = '\n';
+    fflush(stderr);
+    (void)!write(STDERR_FILENO, line, (size_t)n);
 }
 
 /* A fatal error: the coordinator is told why (fatal; it answers stop) and the worker
