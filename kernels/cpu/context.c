@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "cpu.h"
@@ -48,18 +49,53 @@ static void cpu_zero(kn_ctx *k, void *p, size_t bytes)
     }
 }
 
+/* Allocations: a 64-byte header before the block says how it was made. Large blocks are
+ * anonymous mappings, zero by the kernel's guarantee and faulted in page by page where
+ * they are first written (a new engine's tensors are filled while layer copies arrive,
+ * never swept with zeros first); small ones come from the heap and are zeroed here. */
+#define ALLOC_HDR 64
+#define ALLOC_MAP_MIN ((size_t)1 << 20)
+#define ALLOC_MAGIC_HEAP 0x706c6865u
+#define ALLOC_MAGIC_MAP 0x706c6d61u
+
+typedef struct {
+    uint32_t magic;
+    size_t len; /* of the whole block, header included */
+} alloc_hdr;
+
 static void *cpu_alloc(kn_ctx *k, size_t bytes)
 {
     size_t n = round64(bytes);
-    void *p = n ? aligned_alloc(64, n) : NULL;
-    if (p) cpu_zero(k, p, n);
-    return p;
+    if (!n || n > SIZE_MAX - 2 * ALLOC_HDR) return NULL;
+    const size_t len = n + ALLOC_HDR;
+    char *base;
+    uint32_t magic = ALLOC_MAGIC_HEAP;
+    if (n >= ALLOC_MAP_MIN) {
+        base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (base == MAP_FAILED) return NULL;
+        magic = ALLOC_MAGIC_MAP;
+    } else {
+        if (!(base = aligned_alloc(64, len))) return NULL;
+        cpu_zero(k, base + ALLOC_HDR, n);
+    }
+    *(alloc_hdr *)base = (alloc_hdr){.magic = magic, .len = len};
+    return base + ALLOC_HDR;
 }
 
 static void cpu_free(kn_ctx *k, void *p)
 {
     (void)k;
-    free(p);
+    if (!p) return;
+    char *base = (char *)p - ALLOC_HDR;
+    const alloc_hdr h = *(alloc_hdr *)base;
+    if (h.magic == ALLOC_MAGIC_MAP) {
+        munmap(base, h.len);
+    } else if (h.magic == ALLOC_MAGIC_HEAP) {
+        free(base);
+    } else {
+        fprintf(stderr, "pliant kernels: freeing memory the CPU backend did not allocate\n");
+        abort();
+    }
 }
 
 static void cpu_to_device(kn_ctx *k, void *dst, const void *src, size_t bytes)

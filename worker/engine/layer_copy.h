@@ -64,10 +64,22 @@ typedef struct {
                                  as its shadow (shadow.h), a second local source: the
                                  failover takes them over without a copy (Bamboo §5.2);
                                  NULL: none */
+    /* How dst is made, so that making it overlaps the network (NULL: dst is ready). The
+     * TCP copier calls make_dst on the caller's thread once its senders run and before it
+     * accepts any source: it creates dst (allocation only). Then it starts its receivers
+     * and calls fill_dst while they run: it fills the tensors no copy brings
+     * (pl_layer_copy_local) and must not touch the copied ones. Both return 0, or −1 with
+     * err (the copier then waits for its threads and fails). */
+    int (*make_dst)(void *ctx, char *err, size_t errlen);
+    int (*fill_dst)(void *ctx, char *err, size_t errlen);
+    void *dst_ctx;
 } pl_layer_copy_job;
 
 typedef struct {
     int64_t bytes_in;           /* bytes received: 3 · numel · 4 per tensor */
+    double make_ms, fill_ms;    /* TCP copier: time in make_dst and fill_dst */
+    double net_ms;              /* TCP copier: from the first source accepted to the last
+                                   tensor received (0: nothing received) */
     pl_proto_name failed_peer;  /* a copy from or to this peer failed ("": none, or a
                                    failure no peer is known for) */
 } pl_layer_copy_result;
