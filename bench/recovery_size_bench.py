@@ -9,9 +9,11 @@ training state (weights, gradients, AdamW m and v) but not all of it, so n0 = 2:
 4 workers that form 2x2, each survivor's layer range changing and layers copied.
 
 Printed per model: the median step time before the loss, the reconfigure event's
-duration_ms (the kill to the new plan's first committed step) and bytes_copied, the
-slowest receiver's bytes and copy time (the worker's "received ... in T ms" line) and its
-throughput, next to the loopback stream figure measured in the same run (comm_bench's
+duration_ms (the kill to the new plan's first committed step) and bytes_copied; for the
+receiver of the most bytes, its bytes, the whole plan change (the worker's "received ... in
+T ms" line) and its phases ("engine made in ..., filled locally in ..., copies received in
+..."): making the new engine, filling what it kept locally, the network copies from the
+first source accepted to the last tensor received, and that last one's throughput, next to the loopback stream figure measured in the same run (comm_bench's
 send/recv over one connection with the default frame protection), and the bound
 step + bytes_copied / loopback + 300 ms with the recovery's ratio to it.
 Standard library only. Usage: bench/recovery_size_bench.py [--build DIR] [--models a,b]
@@ -47,6 +49,8 @@ spec:
   profile: {profile}
   faultTolerance: {{strategy: templates, tolerate: 1, waitForNodesTimeoutSeconds: 60}}
 """
+PHASES = re.compile(r"worker (\S+): generation 2: engine made in ([0-9.]+) ms, filled locally in "
+                    r"([0-9.]+) ms, copies received in ([0-9.]+) ms")
 RECEIVED = re.compile(r"worker (\S+): generation (\d+): layers .* received (\d+) layers "
                       r"\((\d+) bytes\), sent (\d+), in ([0-9.]+) ms")
 
@@ -109,7 +113,9 @@ def one(pliant, tmp, data, model, steps, kill, rep):
     rec = [r for r in rows if r.get("event") == "reconfigure"][0]
     st = [r for r in rows if "event" not in r]
     before = sorted(512e3 / r["tokens_per_second"] for r in st[1:kill])  # global 8 x 64
-    recv = [(int(g[3]), float(g[5]), g[0]) for g in RECEIVED.findall(p.stderr) if int(g[3]) > 0]
+    phases = {g[0]: (float(g[1]), float(g[2]), float(g[3])) for g in PHASES.findall(p.stderr)}
+    recv = [(int(g[3]), float(g[5]), phases.get(g[0], (0.0, 0.0, 0.0)))
+            for g in RECEIVED.findall(p.stderr) if int(g[1]) == 2 and int(g[3]) > 0]
     if os.environ.get("PLIANT_BENCH_LOG"):
         sys.stderr.write(p.stderr)
     return rec, st[0]["pipelines"], st[-1]["pipelines"], before[len(before) // 2], recv
@@ -134,19 +140,19 @@ def main():
     prot, plain = loopback(a.build)
     print("loopback stream (comm_bench send/recv, 200 MB): %.2f GB/s with the default frame "
           "protection, %.2f GB/s plain" % (prot, plain))
-    print("%-10s %3s %-11s %8s %11s %10s %14s %10s %9s %6s %9s %6s" % (
-        "model", "run", "pipelines", "step_ms", "recovery_ms", "copied_MB", "recv_MB(max)",
-        "copy_ms", "copy_GB/s", "%link", "bound_ms", "ratio"))
+    print("%-10s %3s %-11s %8s %11s %9s %8s %8s %7s %7s %7s %9s %6s %9s %6s" % (
+        "model", "run", "pipelines", "step_ms", "recovery_ms", "copied_MB", "recv_MB",
+        "plan_ms", "make", "fill", "net_ms", "net_GB/s", "%link", "bound_ms", "ratio"))
     for model in a.models.split(","):
         for rep in range(a.repeat):
             rec, p0, p1, step_ms, recv = one(pliant, tmp, data, model, a.steps, a.kill, rep)
-            b, ms, _ = max(recv) if recv else (0, 0.0, "")
-            gbs = b / ms / 1e6 if ms else 0.0
+            b, ms, (make, fill, net) = max(recv) if recv else (0, 0.0, (0.0, 0.0, 0.0))
+            gbs = b / net / 1e6 if net else 0.0
             bound = step_ms + rec["bytes_copied"] / (prot * 1e6) + 300
-            print("%-10s %3d %-11s %8.0f %11d %10.0f %14.0f %10.0f %9.2f %5.0f%% %9.0f %6.2f" % (
+            print("%-10s %3d %-11s %8.0f %11d %9.0f %8.0f %8.0f %7.0f %7.0f %7.0f %9.2f %5.0f%% %9.0f %6.2f" % (
                 model, rep, "%s>%s" % (p0, p1), step_ms, rec["duration_ms"],
-                rec["bytes_copied"] / 1e6, b / 1e6, ms, gbs, 100 * gbs / prot, bound,
-                rec["duration_ms"] / bound))
+                rec["bytes_copied"] / 1e6, b / 1e6, ms, make, fill, net, gbs, 100 * gbs / prot,
+                bound, rec["duration_ms"] / bound))
             sys.stdout.flush()
     shutil.rmtree(tmp, ignore_errors=True)
 
