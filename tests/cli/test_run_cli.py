@@ -933,7 +933,7 @@ def below_minimum_degrade_trains_on_then_restores_tolerance():
     killed at step 4: the survivor trains on alone with tolerance 0 (no wait, no
     checkpoint), a worker started at step 8 joins and the plan is back to tolerance 1 (2x1,
     the new worker receiving the survivor's layers); every step once, train's samples."""
-    steps = 14
+    steps = 80  # room for the new worker to start and join while steps take milliseconds
     job = write_job("degrade", steps=steps,
                     extra="  faultTolerance: {belowMinimum: degrade, hostsAddedCheckEvery: 1}\n")
     m, out, err = run_chaos(job, 4, "kill:1@step=4,kill:2@step=4,kill:3@step=4,add:1@step=8")
