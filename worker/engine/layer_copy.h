@@ -1,7 +1,7 @@
 /* Layer copies of a reconfiguration (docs/runtime.md "Recovery"). A worker whose layers
  * change gets a new engine for its range of the new plan; each tensor comes from the engine
- * of the previous plan when this worker held it (pl_layer_copy_local, kn_copy on the
- * backend), else from the copy source the plan names: params, AdamW m and v of every
+ * of the previous plan when this worker held it (pl_layer_copy_local: the layer's pages
+ * mapped, kn_share, else kn_copy on the backend), else from the copy source the plan names: params, AdamW m and v of every
  * tensor of each layer in the plan's copies, and a head-only range's tied wte with the
  * head (layer L+1). Meanwhile the worker serves the plan's sends from its previous engine.
  *
@@ -113,7 +113,9 @@ pl_layer_copier pl_layer_copier_tcp(pl_layer_copy_tcp *t);
 pl_layer_copier pl_layer_copier_xport(const pl_xport *x);
 
 /* Fills job->dst from job->src (else job->shadow) where this worker held a tensor and the
- * plan copies its layer from nowhere else. *fresh = 1 when no tensor of dst has any source (no previous engine and
+ * plan copies its layer from nowhere else: a layer held whole by one of them is mapped
+ * (kn_share: the two engines then share its params, m and v, so the caller writes neither
+ * engine's copy of it until the old engine is freed), else copied. *fresh = 1 when no tensor of dst has any source (no previous engine and
  * no copies: the caller initialises dst). −1 with err when some tensors have neither a local
  * copy nor a copy source. */
 int pl_layer_copy_local(const pl_layer_copy_job *job, int *fresh, char *err, size_t errlen);
