@@ -622,9 +622,8 @@ static void names_list(char *buf, size_t len, const char *const *names, int n)
 
 /* A plan from scratch: the coverage entry for the live count, workers in rank
  * order. 0, or 1 when too few workers, -1 out of memory. */
-static int fresh_plan(pl_coord *c, int live, cplan *np)
+static int fresh_plan_from(pl_coord *c, const pl_coverage *cov, int live, cplan *np)
 {
-    const pl_coverage *cov = c->cfg.coverage;
     const pl_instance_plan *e = NULL;
     int top = live < cov->nodes_hi ? live : cov->nodes_hi;
     for (int k = 0; k < cov->count && !e && live >= cov->nodes_lo; k++)
@@ -667,6 +666,26 @@ static int fresh_plan(pl_coord *c, int live, cplan *np)
     }
     free(used);
     return 0;
+}
+
+/* The best plan for the live workers from the coverage table; with below_minimum_degrade
+ * and too few of them for F, from the table of the largest tolerance f < F they allow
+ * (computed here: c->plan_tolerance = f). 1 when there is none, −1 out of memory. */
+static int fresh_plan(pl_coord *c, int live, cplan *np)
+{
+    int rc = fresh_plan_from(c, c->cfg.coverage, live, np);
+    for (int f = c->cfg.tolerate - 1; c->cfg.below_minimum_degrade && rc == 1 && f >= 0; f--) {
+        pl_coverage cov;
+        char err[256];
+        if (pl_coverage_compute(c->cfg.templates, live, f, c->cfg.global_batch,
+                                c->cfg.profile->microbatch_size, &cov, err, sizeof err))
+            continue; /* too few workers for f too, or a batch f cannot split */
+        rc = fresh_plan_from(c, &cov, live, np);
+        pl_coverage_free(&cov);
+        if (rc == 0)
+            c->plan_tolerance = f;
+    }
+    return rc;
 }
 
 /* Same-zone neighbours in the pipelines (zones known on both sides). */
