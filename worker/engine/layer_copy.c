@@ -64,6 +64,9 @@ static int share_block(const pl_layer_copy_job *job, int j, int k)
     for (int a = 0; a < 3; a++)
         if (kn_share(dst->k, da[a], d * sizeof(float), sa[a], o * sizeof(float), nb))
             kn_copy(dst->k, da[a] + d, sa[a] + o, nb);
+    /* gradients too where it can: their values do not matter (the first step zeroes them,
+     * and the old engine's are never read again), its pages are already in memory */
+    (void)kn_share(dst->k, dst->grads, d * sizeof(float), from->grads, o * sizeof(float), nb);
     return 0;
 }
 
