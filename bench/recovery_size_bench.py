@@ -13,7 +13,7 @@ duration_ms (the kill to the new plan's first committed step) and bytes_copied; 
 receiver of the most bytes, its bytes, the whole plan change (the worker's "received ... in
 T ms" line) and its phases ("engine made in ..., filled locally in ..., copies received in
 ..."): making the new engine, filling what it kept locally, the network copies from the
-first source accepted to the last tensor received, and that last one's throughput, next to the loopback stream figure measured in the same run (comm_bench's
+first source accepted to the last tensor received, and that last one's throughput, next to the loopback stream figure measured right before the run (comm_bench's
 send/recv over one connection with the default frame protection), and the bound
 step + bytes_copied / loopback + 300 ms with the recovery's ratio to it.
 Standard library only. Usage: bench/recovery_size_bench.py [--build DIR] [--models a,b]
@@ -137,22 +137,23 @@ def main():
         dst.write(src.read(200000))
     data = os.path.join(tmp, "ts")
     subprocess.run([pliant, "tokenize", "--bytes", text, data], check=True, capture_output=True)
-    prot, plain = loopback(a.build)
-    print("loopback stream (comm_bench send/recv, 200 MB): %.2f GB/s with the default frame "
-          "protection, %.2f GB/s plain" % (prot, plain))
-    print("%-10s %3s %-11s %8s %11s %9s %8s %8s %7s %7s %7s %9s %6s %9s %6s" % (
+    print("link: comm_bench's send/recv over one stream (200 MB), default frame protection, "
+          "measured right before each run; net: the receiver of the most bytes")
+    print("%-10s %3s %-11s %8s %11s %9s %8s %8s %7s %7s %7s %9s %9s %6s %9s %6s" % (
         "model", "run", "pipelines", "step_ms", "recovery_ms", "copied_MB", "recv_MB",
-        "plan_ms", "make", "fill", "net_ms", "net_GB/s", "%link", "bound_ms", "ratio"))
+        "plan_ms", "make", "fill", "net_ms", "net_GB/s", "link_GB/s", "%link", "bound_ms",
+        "ratio"))
     for model in a.models.split(","):
         for rep in range(a.repeat):
+            prot, _ = loopback(a.build)
             rec, p0, p1, step_ms, recv = one(pliant, tmp, data, model, a.steps, a.kill, rep)
             b, ms, (make, fill, net) = max(recv) if recv else (0, 0.0, (0.0, 0.0, 0.0))
             gbs = b / net / 1e6 if net else 0.0
             bound = step_ms + rec["bytes_copied"] / (prot * 1e6) + 300
-            print("%-10s %3d %-11s %8.0f %11d %9.0f %8.0f %8.0f %7.0f %7.0f %7.0f %9.2f %5.0f%% %9.0f %6.2f" % (
+            print("%-10s %3d %-11s %8.0f %11d %9.0f %8.0f %8.0f %7.0f %7.0f %7.0f %9.2f %9.2f %5.0f%% %9.0f %6.2f" % (
                 model, rep, "%s>%s" % (p0, p1), step_ms, rec["duration_ms"],
-                rec["bytes_copied"] / 1e6, b / 1e6, ms, make, fill, net, gbs, 100 * gbs / prot,
-                bound, rec["duration_ms"] / bound))
+                rec["bytes_copied"] / 1e6, b / 1e6, ms, make, fill, net, gbs, prot,
+                100 * gbs / prot, bound, rec["duration_ms"] / bound))
             sys.stdout.flush()
     shutil.rmtree(tmp, ignore_errors=True)
 
