@@ -72,8 +72,15 @@ ASAN_LIBS       := $(LIBS:$(BUILD)/lib/%=$(BUILD)/asan/lib/%)
 DEBIAN_DEPS := build-essential pkg-config python3 libcjson-dev libcurl4-openssl-dev libyaml-dev \
                libwebsockets-dev libssl-dev libopenblas-dev clang libclang-rt-14-dev
 
-.PHONY: test-e2e test-faults all deps test unit-tests bench bench-planner bench-kernels bench-train bench-comm bench-trace bench-recovery cuda clean
+.PHONY: test-e2e test-faults all deps deps-test test unit-tests bench bench-planner bench-kernels bench-train bench-comm bench-trace bench-recovery cuda clean
 all: $(BUILD)/bin/pliant $(BUILD)/bin/pliant-operator
+
+# Only the dashboard's browser test needs it (tests/cli/test_dashboard.py skips without).
+DEBIAN_TEST_DEPS := chromium
+
+deps-test: deps
+	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $(DEBIAN_TEST_DEPS)
 
 deps:
 	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
@@ -90,10 +97,23 @@ $(BUILD)/asan/lib/libpliant_shared.a: $(SHARED_ASAN_OBJ)
 
 $(KERNEL_OBJ) $(KERNEL_ASAN_OBJ) $(BUILD)/bench/kernels_bench: ALL_CFLAGS += -fopenmp
 
-$(RUNTIME_LIB): $(RUNTIME_SRC:%.c=$(BUILD)/obj/%.o)
+# The dashboard's page (operator/runtime/dashboard/: HTML, CSS, JavaScript) as a C string,
+# its stylesheet and script inlined (tools/embed_page.py), in the runtime library.
+DASH_PAGE_SRC   := $(wildcard operator/runtime/dashboard/page.*)
+DASH_PAGE_C     := $(BUILD)/gen/dashboard_page.c
+DASH_PAGE_OBJ   := $(BUILD)/gen/obj/dashboard_page.o
+$(DASH_PAGE_C): tools/embed_page.py $(DASH_PAGE_SRC)
+	@mkdir -p $(@D)
+	$(PYTHON) tools/embed_page.py operator/runtime/dashboard $@
+$(DASH_PAGE_OBJ) $(BUILD)/asan/gen/obj/dashboard_page.o: $(DASH_PAGE_C)
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+$(RUNTIME_LIB): $(RUNTIME_SRC:%.c=$(BUILD)/obj/%.o) $(DASH_PAGE_OBJ)
 $(K8S_LIB): $(K8S_SRC:%.c=$(BUILD)/obj/%.o)
 $(CLI_LIB): $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
-$(RUNTIME_LIB:$(BUILD)/%=$(BUILD)/asan/%): $(RUNTIME_SRC:%.c=$(BUILD)/asan/obj/%.o)
+$(RUNTIME_LIB:$(BUILD)/%=$(BUILD)/asan/%): $(RUNTIME_SRC:%.c=$(BUILD)/asan/obj/%.o) \
+                                          $(BUILD)/asan/gen/obj/dashboard_page.o
 $(K8S_LIB:$(BUILD)/%=$(BUILD)/asan/%): $(K8S_SRC:%.c=$(BUILD)/asan/obj/%.o)
 $(CLI_LIB:$(BUILD)/%=$(BUILD)/asan/%): $(CLI_SRC:%.c=$(BUILD)/asan/obj/%.o)
 $(RUNTIME_LIB) $(K8S_LIB) $(CLI_LIB) $(patsubst $(BUILD)/%,$(BUILD)/asan/%,$(RUNTIME_LIB) $(K8S_LIB) $(CLI_LIB)):
@@ -152,7 +172,17 @@ $(BUILD)/bench/%: bench/%.c $(LIBS)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) $< $(LIBS) -o $@ $(LDLIBS)
 
-unit-tests: $(UNIT_BIN) $(UNIT_ASAN_BIN)
+unit-tests: $(UNIT_BIN) $(UNIT_ASAN_BIN) $(BUILD)/tests/test_attention_emu
+
+# The bf16 attention kernels (kernels/cuda/attention_bf16.cuh) compiled by the host
+# C++ compiler against a CPU emulation of mma.sync, ldmatrix, shuffles and barriers
+# (tests/gpu_emu/attention_emu.cpp): their fragment mapping is checked without a GPU.
+# C++20 for designated braces and lambdas in the emulation; no nvcc needed.
+CXX ?= g++
+$(BUILD)/tests/test_attention_emu: tests/gpu_emu/attention_emu.cpp kernels/cuda/attention_bf16.cuh
+	@mkdir -p $(@D)
+	$(CXX) -std=c++20 -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter -Wno-unknown-pragmas \
+	    -Ikernels $< -o $@
 
 # Fuzzing (tests/fuzz/README.md): every tests/fuzz/fuzz_<parser>.c is built twice, as a
 # libFuzzer target with clang (build/fuzz/bin/, coverage-guided; where clang's libFuzzer

@@ -20,7 +20,7 @@ enum {
     OP_ATTENTION_FORWARD, OP_ATTENTION_BACKWARD, OP_GELU_FORWARD, OP_GELU_BACKWARD,
     OP_RESIDUAL_FORWARD, OP_ACCUMULATE, OP_SOFTMAX_CROSSENTROPY_FORWARD,
     OP_CROSSENTROPY_SOFTMAX_BACKWARD, OP_ADAMW_UPDATE, OP_SUM_SQUARES, OP_SUM, OP_ZERO,
-    OP_COUNT
+    OP_CROSSENTROPY_FORWARD, OP_CROSSENTROPY_BACKWARD, OP_COUNT
 };
 
 static const char *const op_names[OP_COUNT] = {
@@ -29,6 +29,7 @@ static const char *const op_names[OP_COUNT] = {
     "attention_forward", "attention_backward", "gelu_forward", "gelu_backward",
     "residual_forward", "accumulate", "softmax_crossentropy_forward",
     "crossentropy_softmax_backward", "adamw_update", "sum_squares", "sum", "zero",
+    "crossentropy_forward", "crossentropy_backward",
 };
 
 _Static_assert(OP_COUNT <= KN_PROF_MAX_OPS, "kn_prof holds KN_PROF_MAX_OPS kernels");
@@ -230,6 +231,14 @@ void kn_matmul_gelu_forward(kn_ctx *k, float *out, float *pre, const float *inp,
           k->ops->matmul_gelu_forward(k, out, pre, inp, weight, bias, BT, C, OC));
 }
 
+void kn_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias,
+                            const float *dout, const float *inp, const float *weight, int BT,
+                            int C, int OC)
+{
+    TIMED(OP_MATMUL_BACKWARD,
+          k->ops->matmul_backward_set(k, dinp, dweight, dbias, dout, inp, weight, BT, C, OC));
+}
+
 void kn_matmul_backward_gelu(kn_ctx *k, float *dpre, float *dweight, float *dbias,
                              const float *dout, const float *inp, const float *weight,
                              const float *pre, int BT, int C, int OC)
@@ -274,12 +283,35 @@ void kn_crossentropy_softmax_backward(kn_ctx *k, float *dlogits, const float *pr
                                                 Vp));
 }
 
+void kn_crossentropy_forward(kn_ctx *k, float *losses, float *stats, const float *logits,
+                             const int32_t *targets, int BT, int V, int Vp)
+{
+    TIMED(OP_CROSSENTROPY_FORWARD,
+          k->ops->crossentropy_forward(k, losses, stats, logits, targets, BT, V, Vp));
+}
+
+void kn_crossentropy_backward(kn_ctx *k, float *dlogits, const float *logits, const float *stats,
+                              const int32_t *targets, float dloss_scale, int BT, int V, int Vp)
+{
+    TIMED(OP_CROSSENTROPY_BACKWARD, k->ops->crossentropy_backward(k, dlogits, logits, stats,
+                                                                  targets, dloss_scale, BT, V, Vp));
+}
+
 void kn_adamw_update(kn_ctx *k, float *params, const float *grads, float *m, float *v, size_t n,
                      float lr, float beta1, float beta2, float eps, float weight_decay,
                      float grad_scale, int t)
 {
     TIMED(OP_ADAMW_UPDATE, k->ops->adamw_update(k, params, grads, m, v, n, lr, beta1, beta2, eps,
                                                 weight_decay, grad_scale, t));
+}
+
+void kn_adamw_update_spans(kn_ctx *k, float *params, const float *grads, float *m, float *v,
+                           const kn_adamw_span *spans, int nspans, float lr, float beta1,
+                           float beta2, float eps, float weight_decay, float grad_scale, int t)
+{
+    TIMED(OP_ADAMW_UPDATE, k->ops->adamw_update_spans(k, params, grads, m, v, spans, nspans, lr,
+                                                      beta1, beta2, eps, weight_decay, grad_scale,
+                                                      t));
 }
 
 double kn_sum_squares(kn_ctx *k, const float *x, size_t n)

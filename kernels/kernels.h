@@ -117,6 +117,14 @@ void kn_matmul_forward(kn_ctx *k, float *out, const float *inp, const float *wei
 void kn_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
                         const float *inp, const float *weight, int BT, int C, int OC);
 
+/* kn_matmul_backward with dinp OVERWRITTEN (dinp = dout · weight): what the
+ * engine used to get by zeroing dinp first, without the memset and, on CUDA,
+ * without the GEMM reading dinp back (beta 0). The CPU zeroes and accumulates,
+ * bit for bit the zero-then-kn_matmul_backward it replaces. */
+void kn_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias,
+                            const float *dout, const float *inp, const float *weight, int BT,
+                            int C, int OC);
+
 /* Causal multi-head self-attention. qkv is [B, T, 3C] (q, k, v, each C = NH·hs
  * channels); out is [B, T, C] (overwritten); att, of kn_attention_state_floats
  * floats, is what the backend keeps for backward: the CPU saves the softmax
@@ -164,6 +172,21 @@ void kn_crossentropy_softmax_backward(kn_ctx *k, float *dlogits, const float *pr
                                       const int32_t *targets, float dloss_scale, int BT, int V,
                                       int Vp);
 
+/* The same loss and gradient without materializing the probabilities (the
+ * training path: llm.c's fused_classifier idea, split at the forward/backward
+ * boundary because the loss weight is only known at backward). Forward:
+ * losses[B·T] as kn_softmax_crossentropy_forward, stats[2·B·T] = per row
+ * (max, Σ e^(logit − max)) over the first V logits; logits are left unchanged.
+ * Backward: dlogits = (softmax − onehot(target)) · dloss_scale from logits and
+ * stats, overwritten, padded columns 0, masked rows 0; dlogits may alias logits
+ * (in place). Same rounding as the pair above on the CPU (bit for bit): each
+ * probability is e^(logit − max) · (1/sum). On CUDA the forward reads the logits
+ * once (online max and sum) and the backward reads and writes them once. */
+void kn_crossentropy_forward(kn_ctx *k, float *losses, float *stats, const float *logits,
+                             const int32_t *targets, int BT, int V, int Vp);
+void kn_crossentropy_backward(kn_ctx *k, float *dlogits, const float *logits, const float *stats,
+                              const int32_t *targets, float dloss_scale, int BT, int V, int Vp);
+
 /* ---- optimizer and reductions -------------------------------------------- */
 
 /* AdamW step t (1-based) with bias correction, on n parameters:
@@ -172,6 +195,22 @@ void kn_crossentropy_softmax_backward(kn_ctx *k, float *dlogits, const float *pr
 void kn_adamw_update(kn_ctx *k, float *params, const float *grads, float *m, float *v, size_t n,
                      float lr, float beta1, float beta2, float eps, float weight_decay,
                      float grad_scale, int t);
+
+/* One span of kn_adamw_update_spans: n parameters from offset, with or
+ * without weight decay. */
+typedef struct {
+    size_t offset, n;
+    int decay;
+} kn_adamw_span;
+/* kn_adamw_update on every span of params, grads, m and v (the same offsets in
+ * all four), weight_decay where decay is set and 0 elsewhere: the same results
+ * as one kn_adamw_update per span, in fewer launches on CUDA (one per
+ * KN_ADAMW_SPANS spans; the engine's tensors are ~150 launches otherwise, most
+ * of them biases smaller than a launch's cost). Spans must not overlap. */
+#define KN_ADAMW_SPANS 160
+void kn_adamw_update_spans(kn_ctx *k, float *params, const float *grads, float *m, float *v,
+                           const kn_adamw_span *spans, int nspans, float lr, float beta1,
+                           float beta2, float eps, float weight_decay, float grad_scale, int t);
 
 /* Σ x² in double (for the global gradient norm). */
 double kn_sum_squares(kn_ctx *k, const float *x, size_t n);

@@ -1,6 +1,7 @@
 /* Fault injection: the --chaos SPEC and spot-instance traces parsed into timed kill,
  * term and add events (chaos.h). */
 #include "chaos.h"
+#include "spot_trace.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -150,11 +151,15 @@ static int add_trace(pl_chaos *c, const char *arg, size_t len, char *err, size_t
     path[plen] = '\0';
     pl_trace_event *tr;
     int n;
-    if (pl_trace_read(path, &tr, &n, err, errlen)) return -1;
+    if (pl_spot_trace_load(path, &tr, &n, err, errlen)) return -1;
     int *worker_of = malloc((MAX_TRACE_NODE + 1) * sizeof *worker_of);
     int next_worker = 0, rc = worker_of ? 0 : pl_errf(err, errlen, "trace: out of memory");
     int64_t t0 = n ? tr[0].t_ms : 0; /* the replay starts at the trace's first event */
     for (int i = 0; rc == 0 && i < n; i++) {
+        if (tr[i].node < 0 || tr[i].node > MAX_TRACE_NODE) {
+            rc = pl_errf(err, errlen, "trace %s: more than %d nodes", path, MAX_TRACE_NODE);
+            break;
+        }
         pl_chaos_event e = {.when = PL_CHAOS_AT_TIME,
                             .t_ms = (int64_t)((double)(tr[i].t_ms - t0) / speedup)};
         if (tr[i].add) {

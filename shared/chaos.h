@@ -15,7 +15,8 @@
  *   trace:FILE[:SPEEDUP] replay a trace of ../shared/traces/ format, time-compressed by SPEEDUP
  *
  * A trace is CSV without header, one event per row, `t_ms,add|remove,nodeN`, rows sorted by time,
- * CRLF or LF line ends. Replaying starts at the trace's first timestamp and maps its nodes to
+ * CRLF or LF line ends; or Bamboo's node counts, `YYYY-MM-DD, HH:MM:SS, COUNT` (spot_trace.h:
+ * a rise adds nodes, a drop removes the most recently added live ones). Replaying starts at the trace's first timestamp and maps its nodes to
  * workers: the nodes added at that first timestamp are the job's initial workers in order of
  * appearance, later `add` rows start new workers, and a `remove` kills (SIGKILL) the worker that
  * node maps to. */

@@ -477,7 +477,7 @@ static int parse_checkpoint(pctx *c, const pl_ynode *spec, pl_checkpoint_spec *k
 static int parse_fault_tolerance(pctx *c, const pl_ynode *spec, pl_fault_tolerance_spec *f)
 {
     static const char *const known[] = {"strategy", "redundantForward", "tolerate", "maxResets",
-                                        "hostsAddedCheckEvery", "heartbeatSeconds",
+                                        "hostsAddedCheckEvery", "heartbeatSeconds", "stepTimeoutSeconds",
                                         "waitForNodesTimeoutSeconds", "belowMinimum", NULL};
     static const char *const below[] = {"wait", "degrade", NULL};
     static const char *const strategies[] = {"templates", "checkpoint", "redundant", NULL};
@@ -505,6 +505,10 @@ static int parse_fault_tolerance(pctx *c, const pl_ynode *spec, pl_fault_toleran
     if (get_num(c, map, P, "heartbeatSeconds", &f->heartbeat_seconds, path)) return -1;
     if (!(f->heartbeat_seconds > 0))
         return pl_errf(c->err, c->errlen, "%s: must be greater than 0 (got %g)", path, f->heartbeat_seconds);
+    if (get_num(c, map, P, "stepTimeoutSeconds", &f->step_timeout_seconds, path)) return -1;
+    if (!(f->step_timeout_seconds >= 0) || f->step_timeout_seconds > 1e9)
+        return pl_errf(c->err, c->errlen, "%s: must be in 0..1e9 (0: automatic; got %g)", path,
+                       f->step_timeout_seconds);
     if (get_num(c, map, P, "waitForNodesTimeoutSeconds", &f->wait_for_nodes_timeout_seconds, path)) return -1;
     if (f->wait_for_nodes_timeout_seconds < 0)
         return pl_errf(c->err, c->errlen, "%s: must be at least 0 (got %g)", path,
@@ -527,6 +531,23 @@ static int parse_nodes(pctx *c, const pl_ynode *spec, pl_nodes_spec *n)
     if (n->max != 0 && n->max < n->min)
         return pl_errf(c->err, c->errlen, "spec.nodes.max: must be 0 (unset) or at least spec.nodes.min (%d)",
                        n->min);
+    return 0;
+}
+
+static int parse_cost(pctx *c, const pl_ynode *spec, pl_cost_spec *k)
+{
+    static const char *const known[] = {"spot", "onDemand", NULL};
+    const char *P = "spec.cost";
+    const pl_ynode *map;
+    char path[FIELD_MAX];
+    if (get_map(c, spec, "spec", "cost", 0, &map)) return -1;
+    if (!map) return 0;
+    if (check_fields(c, map, P, known)) return -1;
+    if (get_num(c, map, P, "spot", &k->spot, path)) return -1;
+    if (k->spot < 0) return pl_errf(c->err, c->errlen, "%s: must be at least 0 (got %g)", path, k->spot);
+    if (get_num(c, map, P, "onDemand", &k->on_demand, path)) return -1;
+    if (k->on_demand < 0)
+        return pl_errf(c->err, c->errlen, "%s: must be at least 0 (got %g)", path, k->on_demand);
     return 0;
 }
 
@@ -651,7 +672,7 @@ static int parse_spec(pctx *c, const pl_ynode *root, pl_job *job)
 {
     static const char *const known[] = {"model", "data", "batch", "optimizer", "steps", "evalEvery",
                                         "evalBatches", "checkpoint", "faultTolerance", "nodes",
-                                        "profile", "worker", "runPolicy", NULL};
+                                        "profile", "worker", "runPolicy", "cost", NULL};
     const pl_ynode *spec;
     if (get_map(c, root, "", "spec", 1, &spec)) return -1;
     if (check_fields(c, spec, "spec", known)) return -1;
@@ -661,7 +682,8 @@ static int parse_spec(pctx *c, const pl_ynode *root, pl_job *job)
         get_int(c, spec, "spec", "evalEvery", 0, 0, INT_MAX, &job->eval_every) ||
         get_int(c, spec, "spec", "evalBatches", 0, 1, INT_MAX, &job->eval_batches) ||
         parse_checkpoint(c, spec, &job->checkpoint) ||
-        parse_fault_tolerance(c, spec, &job->fault_tolerance) || parse_nodes(c, spec, &job->nodes))
+        parse_fault_tolerance(c, spec, &job->fault_tolerance) || parse_nodes(c, spec, &job->nodes) ||
+        parse_cost(c, spec, &job->cost))
         return -1;
 
     char profile[PL_PATH_MAX] = "";

@@ -74,9 +74,16 @@ typedef struct {
     int max_resets;
     int hosts_added_check_every;
     double heartbeat_seconds;
+    double step_timeout_seconds; /* a step's deadline; 0 = automatic (docs/runtime.md) */
     double wait_for_nodes_timeout_seconds;
     pl_below_minimum below_minimum;
 } pl_fault_tolerance_spec;
+
+/* spec.cost: what a node costs, dollars per node-hour (`pliant simulate`'s default prices). */
+typedef struct {
+    double spot;           /* a spot (preemptible) node; 0 = unset */
+    double on_demand;      /* the same node on demand; 0 = unset */
+} pl_cost_spec;
 
 typedef struct {
     int min, max;          /* max 0 = unset (pliant run: --workers) */
@@ -96,6 +103,7 @@ typedef struct {
     pl_checkpoint_spec checkpoint;
     pl_fault_tolerance_spec fault_tolerance;
     pl_nodes_spec nodes;
+    pl_cost_spec cost;
     char profile[PL_PATH_MAX];   /* "auto" or a path to a planner profile */
     char *worker_json;           /* spec.worker as JSON text (operator only), NULL if absent */
     char *run_policy_json;       /* spec.runPolicy as JSON text, NULL if absent */

@@ -629,7 +629,7 @@ static int dec_challenge(const cJSON *o, pl_msg *m, char *err, size_t errlen)
 static int dec_welcome(const cJSON *o, pl_msg *m, char *err, size_t errlen)
 {
     pl_msg_welcome *w = &m->u.welcome;
-    return get_i32(o, "", "rank", 0, PL_PROTO_MAX_NODES - 1, &w->rank, err, errlen) ||
+    return get_i32(o, "", "rank", 0, PL_PROTO_MAX_RANK, &w->rank, err, errlen) ||
                    NAME(o, "", "job", w->job) || get_bool(o, "", "token_ok", &w->token_ok, err, errlen) ||
                    get_i32(o, "", "heartbeat_ms", PL_PROTO_HEARTBEAT_MIN_MS, PL_PROTO_HEARTBEAT_MAX_MS,
                            &w->heartbeat_ms, err, errlen)

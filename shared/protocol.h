@@ -22,7 +22,8 @@
 #define PL_PROTO_NONCE_MIN 32       /* challenge nonce: even number of hex digits */
 #define PL_PROTO_NONCE_MAX 128
 #define PL_PROTO_PROOF_LEN 64       /* token_proof: hex HMAC-SHA256, exactly 64 digits */
-#define PL_PROTO_MAX_NODES 4096     /* workers in a plan, pipelines, peers, ranks */
+#define PL_PROTO_MAX_NODES 4096     /* workers in a plan, pipelines, peers */
+#define PL_PROTO_MAX_RANK 1073741823 /* welcome.rank: ranks are never reused over a long job */
 #define PL_PROTO_MAX_LAYERS 4096    /* partitionable layers (L blocks + embedding + head) */
 #define PL_PROTO_MAX_SENDS 65536    /* entries of a plan's "sends" */
 #define PL_PROTO_MAX_MICRO (1 << 20)       /* plan.micro: samples per microbatch */
@@ -156,7 +157,7 @@ typedef struct {
 typedef struct { char nonce[PL_PROTO_NONCE_MAX + 1]; } pl_msg_challenge;
 
 typedef struct {
-    int rank;               /* 0..PL_PROTO_MAX_NODES-1, stable: oldest worker first */
+    int rank;               /* 0..PL_PROTO_MAX_RANK, stable: oldest worker first */
     pl_proto_name job;
     int token_ok;           /* 0: the coordinator runs without authentication (local, insecure) */
     int heartbeat_ms;       /* PL_PROTO_HEARTBEAT_MIN_MS..PL_PROTO_HEARTBEAT_MAX_MS */

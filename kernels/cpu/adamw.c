@@ -70,3 +70,16 @@ void kn_cpu_adamw_update(kn_ctx *k, float *params, const float *grads, float *m,
         if (hi > lo) adam_span(params + lo, grads + lo, m + lo, v + lo, hi - lo, &a);
     }
 }
+
+/* A call per span: the CPU has no launch cost to save. */
+void kn_cpu_adamw_update_spans(kn_ctx *k, float *params, const float *grads, float *m, float *v,
+                               const kn_adamw_span *spans, int nspans, float lr, float beta1,
+                               float beta2, float eps, float weight_decay, float grad_scale,
+                               int t)
+{
+    for (int i = 0; i < nspans; i++) {
+        const size_t o = spans[i].offset;
+        kn_cpu_adamw_update(k, params + o, grads + o, m + o, v + o, spans[i].n, lr, beta1, beta2,
+                            eps, spans[i].decay ? weight_decay : 0.0f, grad_scale, t);
+    }
+}

@@ -69,9 +69,21 @@ void kn_cpu_softmax_crossentropy_forward(kn_ctx *k, float *losses, float *probs,
 void kn_cpu_crossentropy_softmax_backward(kn_ctx *k, float *dlogits, const float *probs,
                                           const int32_t *targets, float dloss_scale, int BT,
                                           int V, int Vp);
+void kn_cpu_crossentropy_forward(kn_ctx *k, float *losses, float *stats, const float *logits,
+                                 const int32_t *targets, int BT, int V, int Vp);
+void kn_cpu_crossentropy_backward(kn_ctx *k, float *dlogits, const float *logits,
+                                  const float *stats, const int32_t *targets, float dloss_scale,
+                                  int BT, int V, int Vp);
 void kn_cpu_adamw_update(kn_ctx *k, float *params, const float *grads, float *m, float *v,
                          size_t n, float lr, float beta1, float beta2, float eps,
                          float weight_decay, float grad_scale, int t);
+void kn_cpu_adamw_update_spans(kn_ctx *k, float *params, const float *grads, float *m, float *v,
+                               const kn_adamw_span *spans, int nspans, float lr, float beta1,
+                               float beta2, float eps, float weight_decay, float grad_scale,
+                               int t);
+void kn_cpu_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias,
+                                const float *dout, const float *inp, const float *weight, int BT,
+                                int C, int OC);
 double kn_cpu_sum_squares(kn_ctx *k, const float *x, size_t n);
 double kn_cpu_sum(kn_ctx *k, const float *x, size_t n);
 

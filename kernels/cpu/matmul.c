@@ -5,6 +5,8 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <string.h>
+
 #include "cpu.h"
 
 /* Products below this many multiply-adds run on one thread. */
@@ -107,4 +109,14 @@ void kn_cpu_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias
             if (hi > lo) column_sums(dbias + lo, dout + lo, BT, OC, (int)(hi - lo));
         }
     }
+}
+
+/* The same products onto a zeroed dinp: bit for bit what zeroing and then
+ * accumulating gives. */
+void kn_cpu_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias,
+                                const float *dout, const float *inp, const float *weight, int BT,
+                                int C, int OC)
+{
+    if (dinp && BT > 0 && C > 0) memset(dinp, 0, (size_t)BT * C * sizeof(float));
+    kn_cpu_matmul_backward(k, dinp, dweight, dbias, dout, inp, weight, BT, C, OC);
 }

@@ -4,7 +4,7 @@
  * with PLIANT_ATTENTION_EMU defined: it then supplies emu_mma and
  * emu_ldmatrix (the instructions by their documented semantics), the
  * shuffles, barriers and thread indices, and runs the threads of a block as
- * coroutines. */
+ * coroutines: tests/gpu_emu/attention_emu.cpp, part of `make test`. */
 /* ---- bf16 tensor cores ------------------------------------------------------------
  *
  * In bf16 mode (kn_precision, the CUDA default) the products run on the tensor
@@ -78,6 +78,15 @@ __device__ static inline uint32_t pack_bf16(float lo, float hi)
     memcpy(&u, &v, sizeof u);
     return u;
 }
+
+/* The block's dynamic shared memory. The emulation (tests/gpu_emu/) maps
+ * __shared__ to static and supplies tc_smem as a plain array, where
+ * "extern static" would not compile. */
+#ifdef PLIANT_ATTENTION_EMU
+#define TC_DYNAMIC_SMEM(name) extern unsigned char name[]
+#else
+#define TC_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
 
 /* d += a · b, one m16n8k16 bf16 product with fp32 accumulation. */
 __device__ static inline void mma_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
@@ -384,7 +393,7 @@ flash_backward_dkv_bf16_kernel(float *dqkv, const float *dout, const float *qkv,
                                int vec_qkv, int vec_dout)
 {
     constexpr int BQ = tc_tile<D>(), LD = tc_ld<D>(), NK = D / 16, NO = D / 8;
-    extern __shared__ __align__(16) unsigned char tc_smem[];
+    TC_DYNAMIC_SMEM(tc_smem);
     bf16 *Ks = reinterpret_cast<bf16 *>(tc_smem), *Vs = Ks + TC_ROWS * LD;
     bf16 *Qs = Vs + TC_ROWS * LD, *dOs = Qs + BQ * LD;
     float *lse2 = reinterpret_cast<float *>(dOs + BQ * LD), *Ds = lse2 + BQ;

@@ -1,5 +1,6 @@
 /* Softmax over the first V of Vp logits and cross-entropy (kernels/cpu/
- * crossentropy.c). Forward: one block per row. Backward: elementwise. */
+ * crossentropy.c). Forward: one block per row. Backward: elementwise. The
+ * training path (kn_crossentropy_forward / _backward) is at the end. */
 #include <math.h>
 
 #include "cuda.cuh"
@@ -78,5 +79,141 @@ void kn_cuda_crossentropy_softmax_backward(kn_ctx *k, float *dlogits, const floa
     if (!n) return;
     ce_backward_kernel<<<kn_blocks(n, 256), 256, 0, kn_stream(k)>>>(dlogits, probs, targets,
                                                                    dloss_scale, V, Vp, n);
+    CUDA_LAUNCHED();
+}
+
+/* ---- the loss and gradient from per-row statistics ---------------------------
+ * The training path (kernels.h: kn_crossentropy_forward / _backward): the
+ * [B·T, Vp] fp32 logits (3.3 GB for GPT-2 at B·T = 16384) are read once by the
+ * forward and read and written once by the backward, where the pair above reads
+ * them five times and writes them three. Following llm.c's fused_classifier
+ * (online max and sum in one pass, float4 loads), split at the forward/backward
+ * boundary: the loss weight (dloss_scale) is only known at backward. */
+
+/* Running (max m, Σ e^(x − m)) of a thread's elements: one expf per element
+ * (the sum is rescaled only when the max grows). −inf elements add nothing
+ * (and would make −inf − −inf = NaN while m is still −inf); NaN propagates
+ * through the sum. */
+__device__ static inline void online_add(float &m, float &s, float x)
+{
+    if (x > m) {
+        s = s * expf(m - x) + 1.0f; /* m = −inf at first: 0 · 0 + 1 */
+        m = x;
+    } else if (x != -INFINITY) {
+        s += expf(x - m);
+    }
+}
+
+/* Merges (m2, s2) into (m, s); an empty side (m = −inf, s = 0) adds nothing. */
+__device__ static inline void online_merge(float &m, float &s, float m2, float s2)
+{
+    const float mx = fmaxf(m, m2);
+    const float a = m == -INFINITY ? 0.0f : s * expf(m - mx);
+    const float b = m2 == -INFINITY ? 0.0f : s2 * expf(m2 - mx);
+    m = mx;
+    s = a + b;
+}
+
+/* One block per row: (max, sum) of logits[0..V) and the loss. vec: the row
+ * start is 16-byte aligned and Vp % 4 == 0, so float4 loads may run up to the
+ * next multiple of 4 past V (still < Vp); the lanes at or past V are skipped. */
+__global__ static void __launch_bounds__(CE_THREADS)
+ce_stats_kernel(float *losses, float *stats, const float *logits, const int32_t *targets, int V,
+                int Vp, int vec)
+{
+    __shared__ float sm[CE_THREADS / 32], ss[CE_THREADS / 32];
+    const float *l = logits + (size_t)blockIdx.x * Vp;
+    float m = -INFINITY, s = 0.0f;
+    if (vec) {
+        const float4 *l4 = reinterpret_cast<const float4 *>(l);
+        for (int i = threadIdx.x; 4 * i < V; i += blockDim.x) {
+            const float4 x = l4[i];
+            online_add(m, s, x.x);
+            if (4 * i + 1 < V) online_add(m, s, x.y);
+            if (4 * i + 2 < V) online_add(m, s, x.z);
+            if (4 * i + 3 < V) online_add(m, s, x.w);
+        }
+    } else {
+        for (int i = threadIdx.x; i < V; i += blockDim.x) online_add(m, s, l[i]);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+        const float s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        online_merge(m, s, m2, s2);
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) sm[warp] = m, ss[warp] = s;
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    for (int w = 1; w < (int)blockDim.x / 32; w++) online_merge(m, s, sm[w], ss[w]);
+    /* thread 0 holds warp 0's total in (m, s) */
+    stats[2 * (size_t)blockIdx.x] = m;
+    stats[2 * (size_t)blockIdx.x + 1] = s;
+    const int target = targets[blockIdx.x];
+    /* −log p[target] without log(0) when p[target] underflows */
+    losses[blockIdx.x] = target < 0 ? 0.0f : target >= V ? NAN : logf(s) - (l[target] - m);
+}
+
+void kn_cuda_crossentropy_forward(kn_ctx *k, float *losses, float *stats, const float *logits,
+                                  const int32_t *targets, int BT, int V, int Vp)
+{
+    if (BT <= 0) return;
+    const int vec = Vp % 4 == 0 && ((uintptr_t)logits & 15) == 0;
+    ce_stats_kernel<<<BT, CE_THREADS, 0, kn_stream(k)>>>(losses, stats, logits, targets, V, Vp,
+                                                        vec);
+    CUDA_LAUNCHED();
+}
+
+/* dlogits at column c of a row, from its logit x: (p − [c = target]) · scale
+ * with p = e^(x − max) · (1/sum) as the CPU rounds it; 0 at c ≥ V. */
+__device__ static inline float ce_grad(float x, int c, int target, int V, float mx, float inv,
+                                       float scale)
+{
+    if (c >= V) return 0.0f;
+    const float p = expf(x - mx) * inv;
+    return (c == target ? p - 1.0f : p) * scale;
+}
+
+/* One block per row; dlogits may alias logits (each element is read, then
+ * written, by the same thread). Masked rows (target < 0) are written as zeros
+ * without reading the logits. */
+__global__ static void __launch_bounds__(CE_THREADS)
+ce_backward_stats_kernel(float *dlogits, const float *logits, const float *stats,
+                         const int32_t *targets, float scale, int V, int Vp, int vec)
+{
+    const size_t row = (size_t)blockIdx.x * Vp;
+    const float *l = logits + row;
+    float *d = dlogits + row;
+    const int target = targets[blockIdx.x];
+    const float mx = stats[2 * (size_t)blockIdx.x], inv = 1.0f / stats[2 * (size_t)blockIdx.x + 1];
+    if (vec) {
+        const float4 *l4 = reinterpret_cast<const float4 *>(l);
+        float4 *d4 = reinterpret_cast<float4 *>(d);
+        for (int i = threadIdx.x; i < Vp / 4; i += blockDim.x) {
+            if (target < 0) {
+                d4[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                continue;
+            }
+            const float4 x = l4[i];
+            const int c = 4 * i;
+            d4[i] = make_float4(ce_grad(x.x, c, target, V, mx, inv, scale),
+                                ce_grad(x.y, c + 1, target, V, mx, inv, scale),
+                                ce_grad(x.z, c + 2, target, V, mx, inv, scale),
+                                ce_grad(x.w, c + 3, target, V, mx, inv, scale));
+        }
+    } else {
+        for (int c = threadIdx.x; c < Vp; c += blockDim.x)
+            d[c] = target < 0 ? 0.0f : ce_grad(l[c], c, target, V, mx, inv, scale);
+    }
+}
+
+void kn_cuda_crossentropy_backward(kn_ctx *k, float *dlogits, const float *logits,
+                                   const float *stats, const int32_t *targets, float dloss_scale,
+                                   int BT, int V, int Vp)
+{
+    if (BT <= 0) return;
+    const int vec = Vp % 4 == 0 && ((uintptr_t)logits & 15) == 0 && ((uintptr_t)dlogits & 15) == 0;
+    ce_backward_stats_kernel<<<BT, CE_THREADS, 0, kn_stream(k)>>>(dlogits, logits, stats, targets,
+                                                                 dloss_scale, V, Vp, vec);
     CUDA_LAUNCHED();
 }

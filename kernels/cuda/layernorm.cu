@@ -95,12 +95,77 @@ __global__ static void layernorm_params_kernel(float *partial, const float *dout
     }
 }
 
+/* dinp and the parameter-gradient partial sums in one pass over dout and inp
+ * (the two kernels above read both twice), after llm.c's layernorm_backward:
+ * one warp per row as layernorm_dinp_kernel, and each warp adds its rows'
+ * dout·norm and dout into its own shared-memory row of C channels (lane l owns
+ * channels l, l+32, ...: no races, a fixed order). The block's LN_FUSED_ROWS
+ * rows go to warps round-robin; at the end the 8 warp rows are summed in order
+ * into partial[blockIdx.x] (dweight) and partial[gridDim.x + blockIdx.x]
+ * (dbias), which kn_cuda_sum_partials adds in order: deterministic. Shared
+ * memory 2 · 8 · C floats: taken for C ≤ 768 (48 KB, no opt-in needed). */
+#define LN_FUSED_ROWS 32 /* 512 blocks at B·T = 16384: about one wave of 4 blocks per SM */
+#define LN_FUSED_MAX_C 768
+
+__global__ static void __launch_bounds__(256)
+layernorm_backward_fused_kernel(float *dinp, float *partial, const float *dout, const float *inp,
+                                const float *w, const float *mean, const float *rstd, long BT,
+                                int C)
+{
+    extern __shared__ float ln_sh[]; /* [2][8][C]: Σ dout·norm, Σ dout per warp */
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int i = threadIdx.x; i < 16 * C; i += blockDim.x) ln_sh[i] = 0.0f;
+    __syncthreads();
+    float *sw = ln_sh + (size_t)warp * C, *sb = ln_sh + (size_t)(8 + warp) * C;
+    const long r0 = (long)blockIdx.x * LN_FUSED_ROWS, r1 = min(r0 + LN_FUSED_ROWS, BT);
+    for (long row = r0 + warp; row < r1; row += 8) {
+        const float *x = inp + row * C, *d = dout + row * C;
+        const float m = mean[row], r = rstd[row];
+        float a = 0.0f, bsum = 0.0f;
+        for (int i = lane; i < C; i += 32) {
+            const float di = d[i], norm = (x[i] - m) * r, dnorm = w[i] * di;
+            a += dnorm;
+            bsum += dnorm * norm;
+            sw[i] += di * norm;
+            sb[i] += di;
+        }
+        const float dnorm_mean = warp_sum(a) / (float)C;
+        const float dnorm_norm_mean = warp_sum(bsum) / (float)C;
+        float *dx = dinp + row * C;
+        for (int i = lane; i < C; i += 32) {
+            const float norm = (x[i] - m) * r;
+            dx[i] += (w[i] * d[i] - dnorm_mean - norm * dnorm_norm_mean) * r;
+        }
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float tw = 0.0f, tb = 0.0f;
+        for (int y = 0; y < 8; y++) {
+            tw += ln_sh[(size_t)y * C + c];
+            tb += ln_sh[(size_t)(8 + y) * C + c];
+        }
+        partial[(size_t)blockIdx.x * C + c] = tw;
+        partial[(size_t)(gridDim.x + blockIdx.x) * C + c] = tb;
+    }
+}
+
 void kn_cuda_layernorm_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
                                 const float *dout, const float *inp, const float *weight,
                                 const float *mean, const float *rstd, int B, int T, int C)
 {
     long BT = (long)B * T;
     if (BT <= 0 || C <= 0) return; /* C = 0: nothing to do (and a 0-block grid would abort) */
+    if (dinp && dweight && dbias && C <= LN_FUSED_MAX_C) { /* the engine's case */
+        unsigned parts = (unsigned)((BT + LN_FUSED_ROWS - 1) / LN_FUSED_ROWS);
+        float *partial = (float *)kn_cuda_workspace(k, 2 * (size_t)parts * C * sizeof(float));
+        layernorm_backward_fused_kernel<<<parts, 256, 16 * (size_t)C * sizeof(float),
+                                          kn_stream(k)>>>(dinp, partial, dout, inp, weight, mean,
+                                                          rstd, BT, C);
+        CUDA_LAUNCHED();
+        kn_cuda_sum_partials(k, dweight, partial, (int)parts, C);
+        kn_cuda_sum_partials(k, dbias, partial + (size_t)parts * C, (int)parts, C);
+        return;
+    }
     if (dinp) {
         unsigned blocks = (unsigned)((BT * 32 + 255) / 256);
         layernorm_dinp_kernel<<<blocks, 256, 0, kn_stream(k)>>>(dinp, dout, inp, weight, mean,

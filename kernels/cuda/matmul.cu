@@ -26,14 +26,32 @@
  * overwrites its vector, and kernels.h accumulates into dbias. */
 #include <cuda_bf16.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda.cuh"
 
 #define BIAS_ROWS 256 /* rows of dout per block of the dbias partial sums */
 /* The backward converts dout and inp to bf16 in chunks of rows so that its
- * workspace stays near this size (the LM head's dout is BT × 50304). */
-#define BWD_BF16_BYTES ((size_t)256 << 20)
+ * workspace stays near this size. Each chunk re-reads and re-writes the fp32
+ * dweight (beta 1) and runs smaller GEMMs, so the limit is set to take the
+ * GPT-2 LM head at B·T = 16384 in one piece: W 77 MB + dout and inp 1.67 GB
+ * in bf16 (at 256 MiB it ran in 10 chunks, 154 MB of dweight read and written
+ * each time). The workspace grows only to what a call needs.
+ * PLIANT_MATMUL_BWD_MB overrides it (test_kernels_cuda sets 256, so that its
+ * largest shape still takes the chunked path). */
+#define BWD_BF16_BYTES ((size_t)2 << 30)
+
+static size_t bwd_bf16_bytes(void)
+{
+    static size_t bytes; /* read once; every thread computes the same value */
+    if (!bytes) {
+        const char *e = getenv("PLIANT_MATMUL_BWD_MB");
+        long mb = e ? atol(e) : 0;
+        bytes = mb > 0 ? (size_t)mb << 20 : BWD_BF16_BYTES;
+    }
+    return bytes;
+}
 #define LT_CACHE_SIZE 128 /* heuristic results remembered per context */
 
 static size_t round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -405,12 +423,14 @@ __global__ static void bias_partial_kernel(float *partial, const float *dout, in
     }
 }
 
-/* dinp += dout·W, or with pre: dinp = (dout·W) ⊙ gelu'(pre) (overwritten);
- * dweight += doutᵀ·inp; dbias += column sums of dout. */
+/* dinp += dout·W (dinp = dout·W with set), or with pre: dinp = (dout·W) ⊙
+ * gelu'(pre) (overwritten); dweight += doutᵀ·inp; dbias += column sums of dout. */
 static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
                      const float *inp, const float *weight, const float *pre, int BT, int C,
-                     int OC)
+                     int OC, bool set)
 {
+    if (set && dinp && BT > 0 && C > 0 && OC <= 0) /* an empty product: dinp = 0 */
+        CUDA_CHECK(cudaMemsetAsync(dinp, 0, (size_t)BT * C * sizeof(float), kn_stream(k)));
     if (BT <= 0 || OC <= 0 || C < 0) return;
     const bool gemms = C > 0 && (dinp || dweight);
     const bool conv = k->cuda->bf16 && gemms;
@@ -418,8 +438,9 @@ static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const
     size_t w_bytes = conv && dinp ? round256((size_t)OC * C * 2) : 0;
     size_t row_bytes = 2 * ((size_t)OC + (dweight ? (size_t)C : 0));
     int rows = BT;
-    if (conv && w_bytes + (size_t)BT * row_bytes > BWD_BF16_BYTES) {
-        size_t room = BWD_BF16_BYTES > 2 * w_bytes ? BWD_BF16_BYTES - w_bytes : BWD_BF16_BYTES / 2;
+    const size_t limit = bwd_bf16_bytes();
+    if (conv && w_bytes + (size_t)BT * row_bytes > limit) {
+        size_t room = limit > 2 * w_bytes ? limit - w_bytes : limit / 2;
         size_t r = room / row_bytes / 64 * 64; /* chunks start at multiples of 64 rows: aligned */
         if (r < 64) r = 64;
         if (r < (size_t)BT) rows = (int)r;
@@ -471,9 +492,9 @@ static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const
                 j.epi = EPI_DGELU;
                 j.beta = 0.0f;
                 j.aux = (float *)(pre + (size_t)r0 * C); /* only read */
-            } else {
+            } else { /* every chunk writes its own rows: beta 0 overwrites them all */
                 j.epi = EPI_NONE;
-                j.beta = 1.0f;
+                j.beta = set ? 0.0f : 1.0f;
             }
             mm(k, &j);
         }
@@ -507,7 +528,14 @@ void kn_cuda_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbia
                              const float *dout, const float *inp, const float *weight, int BT,
                              int C, int OC)
 {
-    backward(k, dinp, dweight, dbias, dout, inp, weight, NULL, BT, C, OC);
+    backward(k, dinp, dweight, dbias, dout, inp, weight, NULL, BT, C, OC, false);
+}
+
+void kn_cuda_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias,
+                                 const float *dout, const float *inp, const float *weight, int BT,
+                                 int C, int OC)
+{
+    backward(k, dinp, dweight, dbias, dout, inp, weight, NULL, BT, C, OC, true);
 }
 
 void kn_cuda_matmul_gelu_forward(kn_ctx *k, float *out, float *pre, const float *inp,
@@ -520,5 +548,5 @@ void kn_cuda_matmul_backward_gelu(kn_ctx *k, float *dpre, float *dweight, float 
                                   const float *dout, const float *inp, const float *weight,
                                   const float *pre, int BT, int C, int OC)
 {
-    backward(k, dpre, dweight, dbias, dout, inp, weight, pre, BT, C, OC);
+    backward(k, dpre, dweight, dbias, dout, inp, weight, pre, BT, C, OC, false);
 }

@@ -22,7 +22,13 @@
  * step, pipelines}, written when the new plan commits its first step
  * (duration_ms: from the first chaos event or worker end noticed since the
  * previous plan, else from when the plan was seen, to that commit; null if it
- * never commits), and a final {"event": "summary", ...}.
+ * never commits), a {"event": "plan", plan_generation, step, layers: {worker: [b, e)}}
+ * line per plan generation, and a final {"event": "summary", ...}.
+ *
+ * --dashboard HOST:PORT serves the job's live page and feed (operator/runtime/dashboard.h,
+ * dashboard_feed.h; docs/dashboard.md) from a thread of its own; this loop hands the feed
+ * the driver's events, chaos and worker ends. --dashboard-linger keeps serving the final
+ * page that long after the job; the cost line says what the feed cost this thread.
  *
  * --chaos (shared/chaos.h): step events fire once the coordinator runs step S,
  * time events once their time since the workers were started has passed;
@@ -42,6 +48,7 @@
 #include "chaos.h"
 #include "cli_args.h"
 #include "commands.h"
+#include "dashboard_feed.h"
 #include "job_driver.h"
 #include "local_workers.h"
 #include "sampler.h"
@@ -54,8 +61,8 @@
 
 /* The command line. */
 typedef struct {
-    const char *job_path, *metrics_path, *chaos_spec, *ckpt_dir, *backend;
-    long long nworkers, threads, steps, duration_s, gpus;
+    const char *job_path, *metrics_path, *chaos_spec, *ckpt_dir, *backend, *dashboard;
+    long long nworkers, threads, steps, duration_s, gpus, linger_s;
     int devices[MAX_WORKERS]; /* --devices: worker i sees GPU devices[i mod ndevices] */
     int ndevices;
     pl_chaos chaos;
@@ -79,6 +86,9 @@ typedef struct {
     pl_sampler smp;           /* the samples of each step, for their digests */
     FILE *metrics;
     char *fired;              /* per chaos event: fired already */
+    pl_dashboard *dash;       /* --dashboard: the server, and its feed of the job */
+    pl_dash_feed *feed;
+    int64_t plan_gen;         /* the plan generation of the last plan metrics line */
     /* the loop */
     int reconfigs, recovered, finished;
     int error_exits, last_status, same_status; /* workers that exited with an error */
@@ -95,7 +105,10 @@ static void run_usage(FILE *f)
                "                 [--metrics FILE] [--threads T] [--backend auto|cpu|cuda]\n"
                "                 [--devices 0,1,...]\n"
                "                 [--chaos SPEC] [--duration SECONDS] [--checkpoint-dir DIR]\n"
+               "                 [--dashboard HOST:PORT [--dashboard-linger SECONDS]]\n"
                "  --duration: stop after that long (benchmarks), dropping the step in flight\n"
+               "  --dashboard: serve the job's live dashboard at http://HOST:PORT/ (port 0: any);\n"
+               "        --dashboard-linger: keep serving it that long after the job ended\n"
                "  SPEC: comma-separated kill:W@step=S, term:W@step=S, add:K@step=S\n"
                "        (or @t=SECONDS, or @waiting: when too few workers are left), trace:FILE[:SPEEDUP];\n"
                "        W: worker number in start order\n");
@@ -138,6 +151,9 @@ static int parse_option(int c, run_args *a, char **argv, char *err, size_t errle
     case 'm': a->metrics_path = optarg; return 0;
     case 'c': a->chaos_spec = optarg; return 0;
     case 'k': a->ckpt_dir = optarg; return 0;
+    case 'A': a->dashboard = optarg; return 0;
+    case 'L':
+        return cli_parse_int("--dashboard-linger", optarg, 0, 1000000, &a->linger_s, err, errlen);
     case 'b':
         a->backend = optarg;
         return cli_check_backend("--backend", optarg, err, errlen);
@@ -184,6 +200,8 @@ static int parse_args(int argc, char **argv, run_args *a)
                                          {"gpus-per-worker", required_argument, 0, 'g'},
                                          {"backend", required_argument, 0, 'b'},
                                          {"devices", required_argument, 0, 'D'},
+                                         {"dashboard", required_argument, 0, 'A'},
+                                         {"dashboard-linger", required_argument, 0, 'L'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     char err[1024] = "";
@@ -299,6 +317,9 @@ static int signal_chaos(run_state *r, const pl_chaos_event *e, const char *when)
     }
     printf("chaos: %s: %s w%d (%s)\n", when, what, e->worker,
            sig == SIGKILL ? "SIGKILL" : "SIGTERM");
+    char line[128];
+    snprintf(line, sizeof line, "chaos at %s: %s", when, sig == SIGKILL ? "SIGKILL" : "SIGTERM");
+    pl_dash_feed_notice(r->feed, r->w[e->worker].name, what, line);
     return 1;
 }
 
@@ -313,6 +334,10 @@ static int fire_chaos(run_state *r, const pl_chaos_event *e, const char *when)
         fprintf(stderr, "pliant run: chaos %s: add %d: %s\n", when, e->count, err);
     } else {
         acted = 1;
+        char line[128];
+        snprintf(line, sizeof line, "chaos at %s: %d worker%s started", when, e->count,
+                 e->count == 1 ? "" : "s");
+        pl_dash_feed_notice(r->feed, r->w[r->nw - 1].name, "add", line);
         if (e->count == 1)
             printf("chaos: %s: started 1 worker (w%d)\n", when, r->nw - 1);
         else
@@ -383,12 +408,13 @@ static void reap_workers(run_state *r)
         else
             snprintf(cause, sizeof cause, "killed by signal %d", ev.signal);
         fprintf(stderr, "pliant run: worker %s %s\n", ev.name, cause);
+        pl_dash_feed_notice(r->feed, ev.name, "exit", cause);
         pl_job_driver_worker_gone(r->drv, ev.name, cause);
     }
 }
 
-/* Workers the coordinator declared lost for missed heartbeats while their process lives
- * (hung: SIGSTOP, a deadlock): killed, so that they free their cores and never wake up
+/* Workers the coordinator declared lost for missed heartbeats or a missed step deadline
+ * while their process lives (hung: SIGSTOP, a deadlock, a stuck compute thread): killed, so that they free their cores and never wake up
  * holding an old plan's state. Their end is then reaped as any other. */
 static void fence_silent_workers(run_state *r)
 {
@@ -398,8 +424,8 @@ static void fence_silent_workers(run_state *r)
         char err[256];
         w->fenced = 1;
         if (pl_local_workers_signal(r->lw, w->name, SIGKILL, err, sizeof err) == 0)
-            fprintf(stderr, "pliant run: worker %s missed its heartbeats but still runs "
-                            "(hung): killed\n", w->name);
+            fprintf(stderr, "pliant run: worker %s was lost (missed heartbeats or step "
+                            "deadline) but still runs (hung): killed\n", w->name);
     }
 }
 
@@ -545,12 +571,35 @@ static void print_profiling(run_state *r)
     fflush(stdout);
 }
 
+/* A plan metrics line for each new plan generation: {"event": "plan", plan_generation,
+ * step, "layers": {worker: [begin, end)}} for the workers holding layers in it. */
+static void write_plan(run_state *r)
+{
+    int64_t g = pl_coord_generation(r->coord);
+    if (!r->metrics || g == r->plan_gen || g <= 0) return;
+    r->plan_gen = g;
+    fprintf(r->metrics, "{\"event\": \"plan\", \"plan_generation\": %lld, \"step\": %lld, "
+                        "\"layers\": {", (long long)g, (long long)pl_coord_step(r->coord));
+    int first = 1;
+    for (int i = 0; i < pl_coord_nworkers(r->coord); i++) {
+        pl_coord_worker_view v;
+        if (pl_coord_worker_view_at(r->coord, i, &v) || v.pipeline < 0) continue;
+        fputs(first ? "" : ", ", r->metrics);
+        json_string(r->metrics, v.name);
+        fprintf(r->metrics, ": [%d, %d]", v.layer_begin, v.layer_end);
+        first = 0;
+    }
+    fputs("}}\n", r->metrics);
+    fflush(r->metrics);
+}
+
 /* What the driver reports since the last poll, and the wait for workers. */
 static void report(run_state *r)
 {
     pl_job_driver_event ev;
     print_profiling(r);
     while (pl_job_driver_next(r->drv, &ev)) {
+        pl_dash_feed_event(r->feed, &ev);
         switch (ev.kind) {
         case PL_JOB_DRIVER_RESUME: print_resume(r, ev.step, ev.error); break;
         case PL_JOB_DRIVER_PROFILED:
@@ -571,6 +620,8 @@ static void report(run_state *r)
         case PL_JOB_DRIVER_STEP: print_step(r, pl_coord_step_log(r->coord, ev.index)); break;
         }
     }
+    write_plan(r);
+    pl_dash_feed_poll(r->feed);
     pl_coord_phase_t ph = pl_coord_phase(r->coord);
     if (ph != r->last_phase && ph == PL_COORD_WAITING_FOR_NODES) {
         printf("waiting: %s\n", pl_coord_reason(r->coord));
@@ -621,6 +672,48 @@ static int run_loop(run_state *r, char *err, size_t errlen)
     return 0;
 }
 
+/* --dashboard: the server and the job's feed. 0, or -1 and err. */
+static int start_dashboard(run_state *r, char *err, size_t errlen)
+{
+    if (!r->a->dashboard) return 0;
+    if (!(r->dash = pl_dashboard_start(r->a->dashboard, err, errlen))) return -1;
+    if (!(r->feed = pl_dash_feed_new(r->dash, r->drv)))
+        return pl_errf(err, errlen, "dashboard: out of memory");
+    return 0;
+}
+
+static void print_dashboard_url(const run_state *r)
+{
+    if (!r->dash) return;
+    const char *h = pl_dashboard_host(r->dash);
+    int v6 = strchr(h, ':') != NULL;
+    printf("dashboard: http://%s%s%s:%d/\n", v6 ? "[" : "", h, v6 ? "]" : "",
+           pl_dashboard_port(r->dash));
+    fflush(stdout);
+}
+
+/* After the job: what the dashboard cost the coordinator's thread, then its final page
+ * served for --dashboard-linger seconds. */
+static void finish_dashboard(run_state *r, int steps, double secs)
+{
+    if (!r->dash) return;
+    int64_t calls;
+    const double cost_ms = (double)pl_dash_feed_cost_ns(r->feed, &calls) / 1e6;
+    int total;
+    pl_dashboard_pages(r->dash, &total);
+    const double per_step = steps ? cost_ms / steps : 0, step_ms = steps ? secs * 1e3 / steps : 0;
+    printf("dashboard: %d page%s served; the coordinator's thread spent %.3f ms on it "
+           "(%.1f us per step, %.3f %% of a step)\n", total, total == 1 ? "" : "s", cost_ms,
+           per_step * 1e3, step_ms > 0 ? 100 * per_step / step_ms : 0.0);
+    if (r->a->linger_s > 0) {
+        printf("dashboard: serving the final page for %lld s\n", r->a->linger_s);
+        fflush(stdout);
+        for (int64_t until = pl_now_ms() + r->a->linger_s * 1000; pl_now_ms() < until;)
+            usleep(50000);
+    }
+    fflush(stdout);
+}
+
 /* After the loop: plans that never committed a step, the summary; 0 when every
  * step was committed, else 1 and err. */
 static int finish(run_state *r, char *err, size_t errlen)
@@ -641,6 +734,7 @@ static int finish(run_state *r, char *err, size_t errlen)
         fprintf(r->metrics, ", \"seconds\": %.3f, \"tokens_per_second\": %.1f}\n", secs, tps);
         fflush(r->metrics);
     }
+    finish_dashboard(r, ns, secs);
     if (pl_coord_phase(r->coord) != PL_COORD_DONE)
         return pl_errf(err, errlen, "job failed: %s", pl_coord_reason(r->coord));
     printf("run: done, %d steps committed, generation %lld\n", ns,
@@ -694,6 +788,7 @@ static int start_run(run_state *r, char *err, size_t errlen)
 {
     if (pl_job_driver_start(r->drv, err, errlen)) return -1;
     r->coord = pl_job_driver_coord(r->drv);
+    if (start_dashboard(r, err, errlen)) return -1;
     const int N = (int)r->a->nworkers;
     long long threads = r->a->threads;
     if (threads <= 0) {
@@ -716,6 +811,7 @@ static int start_run(run_state *r, char *err, size_t errlen)
            "planner profile %s\n",
            r->job->name, N, r->job->fault_tolerance.tolerate, r->job->steps,
            pl_job_driver_port(r->drv), pl_job_driver_cert_path(r->drv), r->job->profile);
+    print_dashboard_url(r);
     fflush(stdout);
     return 0;
 }
@@ -742,6 +838,8 @@ int cmd_run(int argc, char **argv)
         if ((rc = open_job(r)) < 0) rc = run_job(r);
         if (r->metrics) fclose(r->metrics);
         pl_local_workers_free(r->lw); /* kills and reaps the workers left */
+        pl_dash_feed_free(r->feed);
+        pl_dashboard_stop(r->dash);
         pl_job_driver_free(r->drv);
         free(r->fired);
         free(r);

@@ -114,6 +114,7 @@ int cmd_sample(int argc, char **argv)
     pl_engine e;
     int rc = 1;
     if (k && pl_engine_from_checkpoint(&e, k, argv[optind], 1, 0, err, sizeof err) == 0) {
+        pl_engine_keep_probs(&e, 1); /* generate() draws from pl_engine_probs */
         rc = generate(&e, &a) ? 1 : 0;
         if (rc) snprintf(err, sizeof err, "out of memory");
         pl_engine_destroy(&e);

@@ -11,5 +11,6 @@ int cmd_sample(int argc, char **argv);
 int cmd_profile(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_worker(int argc, char **argv);
+int cmd_simulate(int argc, char **argv);
 
 #endif

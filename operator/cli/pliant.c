@@ -21,6 +21,7 @@ static void usage(FILE *f)
             "  export    write a checkpoint as an llm.c model file\n"
             "  run       train a TrainingJob with local worker processes\n"
             "  worker    one worker process of 'pliant run' (started by it)\n"
+            "  simulate  replay a spot trace in simulated time: throughput, cost, time split\n"
             "  version   print the version\n"
             "\n"
             "Run 'pliant COMMAND --help' for a command's options.\n");
@@ -43,7 +44,8 @@ int main(int argc, char **argv)
         int (*run)(int, char **);
     } cmds[] = {{"plan", cmd_plan},       {"train", cmd_train},   {"tokenize", cmd_tokenize},
                 {"profile", cmd_profile}, {"sample", cmd_sample}, {"export", cmd_export},
-                {"run", cmd_run},         {"worker", cmd_worker}};
+                {"run", cmd_run},         {"worker", cmd_worker},
+                {"simulate", cmd_simulate}};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (!strcmp(cmd, cmds[i].name)) return cmds[i].run(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {

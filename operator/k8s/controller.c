@@ -44,6 +44,7 @@ typedef struct cpod {
     char phase[32];
     char zone[64];  /* its node's topology.kubernetes.io/zone; "" unknown */
     int deleting, gone_reported, counted;
+    int fenced;     /* deleted because the coordinator lost its worker while it still ran */
     struct cpod *next;
 } cpod;
 
@@ -564,6 +565,20 @@ static void observe_driver(pl_controller *c, cjob *j)
     }
 }
 
+static int pod_finished(const cpod *p);
+
+/* The first Pod whose worker the coordinator lost to missed heartbeats or a missed step
+ * deadline while the Pod still runs (a node partitioned or silent, a hung process); NULL:
+ * none. */
+static cpod *silent_pod(cjob *j)
+{
+    pl_coord *co = pl_job_driver_coord(j->rt);
+    for (cpod *p = j->pods; p; p = p->next)
+        if (!p->fenced && !p->deleting && !pod_finished(p) && pl_coord_worker_silent(co, p->name))
+            return p;
+    return NULL;
+}
+
 /* Events, status, metrics from the driver and the coordinator since the last look. */
 static void observe(pl_controller *c, cjob *j)
 {
@@ -577,6 +592,8 @@ static void observe(pl_controller *c, cjob *j)
               (long long)j->ckpt_seen, j->spec.checkpoint.dir);
         j->status_dirty = 1;
     }
+    if (silent_pod(j))
+        pl_workqueue_add(c->q, j->key); /* reconcile deletes it (fence_lost) */
     const char *phase = phase_of(co);
     if (strcmp(phase, j->phase)) {
         if (!strcmp(phase, "Running") &&
@@ -1199,6 +1216,31 @@ static int ensure_pods(pl_controller *c, cjob *j)
     return 0;
 }
 
+/* Deletes the Pods of the workers the coordinator took out while they still ran (missed
+ * heartbeats, a missed step deadline): such a Pod would go on holding its node and counting
+ * as a worker, and its process could wake with an old plan. Its node cools down in the
+ * coordinator, so the replacement goes elsewhere (avoid_nodes); a deletion counts as a
+ * preemption, not toward backoffLimit. */
+static int fence_lost(pl_controller *c, cjob *j)
+{
+    int rc = 0;
+    for (cpod *p; (p = silent_pod(j));) {
+        p->fenced = 1;
+        if (delete_obj(c, j, PL_REQ_POD_DELETE, p->name)) {
+            rc = -1;
+            p->fenced = 0; /* again at the next reconcile */
+            break;
+        }
+        p->deleting = 1; /* replaced at once (ensure_pods); the watch confirms it */
+        pl_log(PL_LOG_INFO, "%s: deleted pod %s: its worker was lost while it still ran", j->key,
+               p->name);
+        event(c, j, "Warning", "LostWorkerDeleted", "DeletePod",
+              "pod %s: its worker was lost (missed heartbeats or step deadline) while the Pod "
+              "still ran; deleted, a replacement takes its place", p->name);
+    }
+    return rc;
+}
+
 /* Finished worker Pods beyond the newest few, once the failed ones were replaced (the
  * last few stay for their logs). */
 static int prune_finished(pl_controller *c, cjob *j)
@@ -1309,7 +1351,7 @@ static int reconcile(pl_controller *c, cjob *j)
         return -1;
     }
     if (!j->rt) return write_status(c, j); /* it cannot start: Failed */
-    if (ensure_network(c, j) || ensure_pods(c, j) || prune_finished(c, j)) {
+    if (ensure_network(c, j) || fence_lost(c, j) || ensure_pods(c, j) || prune_finished(c, j)) {
         if (j->status_dirty) write_status(c, j); /* a FailedCreate condition shows at once */
         return -1;
     }

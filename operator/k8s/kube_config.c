@@ -195,8 +195,11 @@ static int load_cluster(loader *L, pl_kube_config *c, const pl_ynode *cl, const 
     if (get_str(L, cl, path, "server", &server) < 0) return -1;
     set_field(field, path, "server");
     if (!server) return fail(L, field, "missing");
-    if (strncmp(server, "https://", 8) != 0 && strncmp(server, "http://", 7) != 0)
+    size_t scheme = !strncmp(server, "https://", 8) ? 8 : !strncmp(server, "http://", 7) ? 7 : 0;
+    if (!scheme)
         return fail(L, field, "\"%s\" must start with https:// or http://", server);
+    if (server[scheme] == '\0' || server[scheme] == '/')
+        return fail(L, field, "\"%s\" names no host", server);
     if (dup_str(L, server, &c->server)) return -1;
     size_t n = strlen(c->server);
     while (n && c->server[n - 1] == '/') c->server[--n] = '\0';

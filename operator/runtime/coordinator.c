@@ -27,11 +27,15 @@ typedef struct {
     int64_t r_committed, r_reduced;
     double r_scale, r_lr;
     int pipe, pos; /* place in the current plan; pipe -1: idle */
+    int lb, le;    /* its layers [lb, le) there (0, 0: idle) */
     int has_ckpt;  /* register.checkpoint: ckpt_step, or ckpt_err when it cannot read it */
     int64_t ckpt_step;
     char ckpt_err[256];
     int evaluated; /* EVALUATING: its eval_done came */
-    int silent;    /* lost for missed heartbeats: hung or cut off, maybe still running */
+    int64_t hb_gen; /* the newest plan generation its heartbeats carried: the one its compute
+                       thread installed */
+    int silent;    /* lost for missed heartbeats or a missed step deadline: hung or cut
+                      off, maybe still running */
     int64_t writing;    /* the checkpoint it was asked to write its layers of, 0: none or */
     int write_b, write_e; /* its `saved` came; those layers [write_b, write_e) */
 } cworker;
@@ -92,6 +96,12 @@ struct pl_coord {
     int micro, misses, nlayers;
     cworker *w;
     int nw, capw;
+    int *index;            /* worker names → indices: open addressing, -1 empty */
+    /* the step's waits resume here: every worker below is done with the step or not
+     * part of it (flags are only set within a step; reset_step_flags restarts them) */
+    int scan_reduced, scan_committed;
+    int scan_copy;         /* the same for copy_done within a plan (install_plan restarts it) */
+    int index_cap;         /* a power of two ≥ 2·nw, or 0 */
     outmsg *out;
     int nout, capout, headout;
     pl_coord_phase_t phase;
@@ -146,10 +156,18 @@ struct pl_coord {
     int nsuspects, capsuspects;
     int64_t suspects_gen;
     int64_t judge_at;      /* when to judge them; -1: no report pending */
+    cpair forgiven;        /* the last link found broken alone, judged without a loss */
+    int64_t forgiven_gen;  /* its generation; -1: none */
     int eval_pending;      /* the step of eval_rec waits for its validation loss */
     pl_coord_step_rec eval_rec;
     double val_sum;
     int64_t val_batches;
+    int64_t step_t0;       /* when start_step went out */
+    int64_t step_ms[PL_COORD_STEP_TIMES]; /* the last committed steps' times, a ring */
+    int nstep_ms;          /* steps timed (all time) */
+    int64_t probe_from;    /* a step of this generation passed its deadline: the next plan
+                              finds whose compute thread is hung; -1: none */
+    int64_t probe_t0, probe_ms; /* when that plan goes out, the grace after it */
 };
 
 static int fail_err(pl_coord *c, const char *fmt, ...)
@@ -238,14 +256,54 @@ static void cplan_describe(cplan *p)
     }
 }
 
+static uint64_t name_hash(const char *s)
+{
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+    return h;
+}
+
 static int find(const pl_coord *c, const char *name)
 {
-    if (!name)
+    if (!name || !c->index_cap)
         return -1;
-    for (int i = 0; i < c->nw; i++)
-        if (strcmp(c->w[i].name, name) == 0)
+    size_t mask = (size_t)c->index_cap - 1;
+    for (size_t k = name_hash(name) & mask;; k = (k + 1) & mask) {
+        int i = c->index[k];
+        if (i < 0 || strcmp(c->w[i].name, name) == 0)
             return i;
-    return -1;
+    }
+}
+
+static void index_put(pl_coord *c, int i)
+{
+    size_t mask = (size_t)c->index_cap - 1, k = name_hash(c->w[i].name) & mask;
+    while (c->index[k] >= 0)
+        k = (k + 1) & mask;
+    c->index[k] = i;
+}
+
+/* Worker i, the newest (named already), into the index, which grows to stay at most
+ * half full: 0, or -1 when memory ran out. */
+static int index_add(pl_coord *c, int i)
+{
+    if (2 * c->nw > c->index_cap) {
+        int cap = c->index_cap ? 2 * c->index_cap : 64;
+        int *x = malloc((size_t)cap * sizeof *x);
+        if (!x)
+            return -1;
+        for (int k = 0; k < cap; k++)
+            x[k] = -1;
+        free(c->index);
+        c->index = x;
+        c->index_cap = cap;
+        for (int j = 0; j < c->nw; j++)
+            if (j != i)
+                index_put(c, j);
+    }
+    index_put(c, i);
+    return 0;
 }
 
 /* The live worker of that name, or -1 (and the error). */
@@ -402,6 +460,7 @@ static void reset_step_flags(pl_coord *c)
 {
     for (int i = 0; i < c->nw; i++)
         c->w[i].reported = c->w[i].reduced = c->w[i].committed = 0;
+    c->scan_reduced = c->scan_committed = 0;
     c->sumsq = c->loss_sum = 0;
     c->nloss = 0;
 }
@@ -409,6 +468,7 @@ static void reset_step_flags(pl_coord *c)
 static void start_step(pl_coord *c)
 {
     reset_step_flags(c);
+    c->step_t0 = c->now;
     c->phase = PL_COORD_RUNNING;
     to_pipeline_workers(c, PL_MSG_START_STEP, "");
 }
@@ -444,19 +504,25 @@ static void pipe_layers(const pl_coord *c, const cpipe *cq, int pos, int *begin,
 static int holds(const pl_coord *c, int i, int layer)
 {
     const cworker *w = &c->w[i];
-    if (w->pipe < 0)
-        return 0;
-    int b, e;
-    pipe_layers(c, &c->cur.p[w->pipe], w->pos, &b, &e);
-    return b <= layer && layer < e;
+    return w->pipe >= 0 && w->lb <= layer && layer < w->le;
 }
 
+/* Worker i holds one of the layers [b, e). */
 static int holds_any(const pl_coord *c, int i, int b, int e)
 {
-    for (int l = b; l < e; l++)
-        if (holds(c, i, l))
-            return 1;
-    return 0;
+    const cworker *w = &c->w[i];
+    return w->pipe >= 0 && w->lb < w->le && b < e && w->lb < e && b < w->le;
+}
+
+/* Worker i's place: node j of pipeline q of the current plan (q -1: idle). */
+static void set_place(pl_coord *c, int i, int q, int j)
+{
+    cworker *w = &c->w[i];
+    w->pipe = q;
+    w->pos = j;
+    w->lb = w->le = 0;
+    if (q >= 0)
+        pipe_layers(c, &c->cur.p[q], j, &w->lb, &w->le);
 }
 
 /* NCCL when every worker of the current plan can run it on a GPU of its own (NCCL
@@ -476,35 +542,115 @@ static int plan_transport(const pl_coord *c)
     return PL_TRANSPORT_NCCL;
 }
 
-/* The current plan's pipelines, each node's layer range contiguous in stage order. */
-static int plan_pipelines(const pl_coord *c, pl_msg_plan *p)
+/* Scratch for one plan's messages (replan): the plan's copies indexed by receiver
+ * and by sender (stable: in the copies' order), the peers of the worker being planned
+ * as marks and as a list. */
+typedef struct {
+    const ccopy *cp;
+    int ncp;
+    int *in_at, *in, *out_at, *out; /* worker i: cp[in[in_at[i] .. in_at[i + 1])], sends too */
+    char *mark;
+    int *peer, npeer;
+} cplanmsg;
+
+static void cplanmsg_free(cplanmsg *s)
 {
-    p->npipelines = c->cur.npipes;
-    p->pipelines = calloc((size_t)c->cur.npipes, sizeof *p->pipelines);
-    if (!p->pipelines)
+    free(s->in_at);
+    free(s->in);
+    free(s->out_at);
+    free(s->out);
+    free(s->mark);
+    free(s->peer);
+    memset(s, 0, sizeof *s);
+}
+
+/* at/idx: the copies grouped by key (dest or src), a counting sort. */
+static void index_copies(const ccopy *cp, int ncp, int nw, int by_src, int *at, int *idx)
+{
+    memset(at, 0, ((size_t)nw + 2) * sizeof *at);
+    for (int k = 0; k < ncp; k++)
+        at[(by_src ? cp[k].src : cp[k].dest) + 2]++;
+    for (int i = 0; i < nw; i++)
+        at[i + 2] += at[i + 1];
+    for (int k = 0; k < ncp; k++)
+        idx[at[(by_src ? cp[k].src : cp[k].dest) + 1]++] = k;
+}
+
+static int cplanmsg_init(cplanmsg *s, const pl_coord *c, const ccopy *cp, int ncp)
+{
+    size_t nw = (size_t)c->nw, n = (size_t)(ncp ? ncp : 1);
+    memset(s, 0, sizeof *s);
+    s->cp = cp;
+    s->ncp = ncp;
+    s->in_at = malloc((nw + 2) * sizeof(int));
+    s->out_at = malloc((nw + 2) * sizeof(int));
+    s->in = malloc(n * sizeof(int));
+    s->out = malloc(n * sizeof(int));
+    s->mark = calloc(nw + 1, 1);
+    s->peer = malloc((nw + 1) * sizeof(int));
+    if (!s->in_at || !s->out_at || !s->in || !s->out || !s->mark || !s->peer) {
+        cplanmsg_free(s);
         return -1;
-    for (int q = 0; q < c->cur.npipes; q++) {
-        const cpipe *cq = &c->cur.p[q];
-        pl_msg_pipeline *mp = &p->pipelines[q];
-        mp->nodes = calloc((size_t)cq->nnodes, sizeof *mp->nodes);
-        if (!mp->nodes)
-            return -1;
-        mp->nnodes = mp->template_nodes = cq->nnodes;
-        if (!(mp->layers = malloc(((size_t)cq->nnodes + 1) * sizeof *mp->layers)))
-            return -1;
-        for (int j = 0; j < cq->nnodes; j++)
-            pipe_layers(c, cq, j, &mp->layers[j], &mp->layers[j + 1]);
-        mp->microbatches = cq->mb;
-        mp->first_microbatch = cq->first;
-        for (int j = 0; j < cq->nnodes; j++)
-            memcpy(mp->nodes[j], c->w[cq->w[j]].name, sizeof mp->nodes[j]);
     }
+    index_copies(cp, ncp, c->nw, 0, s->in_at, s->in);
+    index_copies(cp, ncp, c->nw, 1, s->out_at, s->out);
     return 0;
 }
 
-/* Worker i's place in the plan ("you"); mark receives the peers that place
- * gives it: its stage neighbours and its sync-group members. */
-static void plan_you(const pl_coord *c, int i, pl_msg_plan *p, char *mark)
+static void mark_peer(cplanmsg *s, int k)
+{
+    if (!s->mark[k]) {
+        s->mark[k] = 1;
+        s->peer[s->npeer++] = k;
+    }
+}
+
+static int int_cmp(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* Pipeline q of the current plan as a message's, each node's layer range contiguous
+ * in stage order: 0, or -1 when memory ran out. */
+static int plan_pipeline(const pl_coord *c, int q, pl_msg_pipeline *mp)
+{
+    const cpipe *cq = &c->cur.p[q];
+    mp->nodes = calloc((size_t)cq->nnodes, sizeof *mp->nodes);
+    mp->layers = malloc(((size_t)cq->nnodes + 1) * sizeof *mp->layers);
+    if (!mp->nodes || !mp->layers)
+        return -1;
+    mp->nnodes = mp->template_nodes = cq->nnodes;
+    for (int j = 0; j < cq->nnodes; j++) {
+        const cworker *w = &c->w[cq->w[j]];
+        mp->layers[j] = w->lb;
+        mp->layers[j + 1] = w->le;
+        memcpy(mp->nodes[j], w->name, sizeof mp->nodes[j]);
+    }
+    mp->microbatches = cq->mb;
+    mp->first_microbatch = cq->first;
+    return 0;
+}
+
+/* The current plan's pipelines (brief plans: worker i's own, as pipeline 0). */
+static int plan_pipelines(const pl_coord *c, int i, pl_msg_plan *p)
+{
+    int own = c->w[i].pipe, brief = c->cfg.brief_plans;
+    p->npipelines = !brief ? c->cur.npipes : own >= 0;
+    if (!p->npipelines)
+        return 0;
+    p->pipelines = calloc((size_t)p->npipelines, sizeof *p->pipelines);
+    if (!p->pipelines)
+        return -1;
+    for (int q = 0; q < p->npipelines; q++)
+        if (plan_pipeline(c, brief ? own : q, &p->pipelines[q]))
+            return -1;
+    return 0;
+}
+
+/* Worker i's place in the plan ("you"), and the peers that place gives it: its stage
+ * neighbours and its sync-group members (none in brief plans). */
+static void plan_you(const pl_coord *c, int i, pl_msg_plan *p, cplanmsg *s)
 {
     const cworker *w = &c->w[i];
     int L = c->nlayers;
@@ -512,14 +658,17 @@ static void plan_you(const pl_coord *c, int i, pl_msg_plan *p, char *mark)
     if (w->pipe < 0)
         return;
     const cpipe *cq = &c->cur.p[w->pipe];
-    p->you_pipeline = w->pipe;
+    p->you_pipeline = c->cfg.brief_plans ? 0 : w->pipe;
     p->you_stage = w->pos;
-    pipe_layers(c, cq, w->pos, &p->you_layer_begin, &p->you_layer_end);
+    p->you_layer_begin = w->lb;
+    p->you_layer_end = w->le;
+    if (c->cfg.brief_plans)
+        return;
     if (w->pos > 0)
-        mark[cq->w[w->pos - 1]] = 1;
+        mark_peer(s, cq->w[w->pos - 1]);
     if (w->pos + 1 < cq->nnodes)
-        mark[cq->w[w->pos + 1]] = 1;
-    int b = p->you_layer_begin, e = p->you_layer_end;
+        mark_peer(s, cq->w[w->pos + 1]);
+    int b = w->lb, e = w->le;
     int tied = b == 0 || e == L; /* embedding or head: the wte group */
     /* sync-group members: holders of our layers in other pipelines, and every wte holder
      * (embedding or head) when we hold one — the first and last stage of our own pipeline
@@ -529,55 +678,54 @@ static void plan_you(const pl_coord *c, int i, pl_msg_plan *p, char *mark)
             continue;
         int other = c->w[k].pipe != w->pipe;
         if ((other && holds_any(c, k, b, e)) || (tied && (holds(c, k, 0) || holds(c, k, L - 1))))
-            mark[k] = 1;
+            mark_peer(s, k);
     }
 }
 
 /* The layers worker i receives (copies) and sends, whose other ends are peers
- * too; then the peers, every marked worker but i. */
-static int plan_transfers(const pl_coord *c, int i, const ccopy *cp, int ncp, char *mark,
-                          pl_msg_plan *p)
+ * too (not in brief plans); then the peers, every marked worker but i, in rank order. */
+static int plan_transfers(const pl_coord *c, int i, pl_msg_plan *p, cplanmsg *s)
 {
-    for (int k = 0; k < ncp; k++) {
-        if (cp[k].dest == i) {
-            mark[cp[k].src] = 1;
-            p->ncopies++;
-        }
-        if (cp[k].src == i) {
-            mark[cp[k].dest] = 1;
-            p->nsends++;
-        }
-    }
-    mark[i] = 0;
-    for (int k = 0; k < c->nw; k++)
-        p->npeers += mark[k];
-    p->peers = calloc((size_t)(p->npeers ? p->npeers : 1), sizeof *p->peers);
+    const ccopy *cp = s->cp;
+    int brief = c->cfg.brief_plans;
+    p->ncopies = s->in_at[i + 1] - s->in_at[i];
+    p->nsends = s->out_at[i + 1] - s->out_at[i];
+    for (int k = s->in_at[i]; k < s->in_at[i + 1] && !brief; k++)
+        mark_peer(s, cp[s->in[k]].src);
+    for (int k = s->out_at[i]; k < s->out_at[i + 1] && !brief; k++)
+        mark_peer(s, cp[s->out[k]].dest);
+    qsort(s->peer, (size_t)s->npeer, sizeof *s->peer, int_cmp);
+    p->peers = calloc((size_t)(s->npeer ? s->npeer : 1), sizeof *p->peers);
     p->copies = calloc((size_t)(p->ncopies ? p->ncopies : 1), sizeof *p->copies);
     p->sends = calloc((size_t)(p->nsends ? p->nsends : 1), sizeof *p->sends);
     if (!p->peers || !p->copies || !p->sends)
         return -1;
-    for (int k = 0, n = 0; k < c->nw; k++)
-        if (mark[k]) {
-            memcpy(p->peers[n].name, c->w[k].name, sizeof p->peers[n].name);
-            memcpy(p->peers[n].host, c->w[k].host, sizeof p->peers[n].host);
-            p->peers[n++].port = c->w[k].port;
-        }
-    for (int k = 0, nc = 0, ns = 0; k < ncp; k++) {
-        if (cp[k].dest == i) {
-            p->copies[nc].layer = cp[k].layer;
-            p->copies[nc].bytes = cp[k].bytes;
-            memcpy(p->copies[nc++].source, c->w[cp[k].src].name, sizeof p->copies[0].source);
-        }
-        if (cp[k].src == i) {
-            p->sends[ns].layer = cp[k].layer;
-            memcpy(p->sends[ns++].dest, c->w[cp[k].dest].name, sizeof p->sends[0].dest);
-        }
+    for (int n = 0; n < s->npeer; n++) {
+        const cworker *w = &c->w[s->peer[n]];
+        s->mark[s->peer[n]] = 0;
+        if (s->peer[n] == i)
+            continue;
+        memcpy(p->peers[p->npeers].name, w->name, sizeof p->peers[0].name);
+        memcpy(p->peers[p->npeers].host, w->host, sizeof p->peers[0].host);
+        p->peers[p->npeers++].port = w->port;
+    }
+    s->npeer = 0;
+    for (int n = 0; n < p->ncopies; n++) {
+        const ccopy *x = &cp[s->in[s->in_at[i] + n]];
+        p->copies[n].layer = x->layer;
+        p->copies[n].bytes = x->bytes;
+        memcpy(p->copies[n].source, c->w[x->src].name, sizeof p->copies[0].source);
+    }
+    for (int n = 0; n < p->nsends; n++) {
+        const ccopy *x = &cp[s->out[s->out_at[i] + n]];
+        p->sends[n].layer = x->layer;
+        memcpy(p->sends[n].dest, c->w[x->dest].name, sizeof p->sends[0].dest);
     }
     return 0;
 }
 
 /* Builds and queues the plan of generation c->gen for worker i. */
-static int send_plan(pl_coord *c, int i, const ccopy *cp, int ncp, char *mark)
+static int send_plan(pl_coord *c, int i, cplanmsg *s)
 {
     pl_msg *m = push(c, i, PL_MSG_PLAN, c->gen);
     if (!m)
@@ -596,11 +744,10 @@ static int send_plan(pl_coord *c, int i, const ccopy *cp, int ncp, char *mark)
                                                                    : "(none)");
     }
     p->transport = c->transport;
-    if (plan_pipelines(c, p))
+    if (plan_pipelines(c, i, p))
         return -1;
-    memset(mark, 0, (size_t)c->nw);
-    plan_you(c, i, p, mark);
-    return plan_transfers(c, i, cp, ncp, mark, p);
+    plan_you(c, i, p, s);
+    return plan_transfers(c, i, p, s);
 }
 
 static void waiting_for_nodes(pl_coord *c, int live)
@@ -633,6 +780,7 @@ static int fresh_plan_from(pl_coord *c, const pl_coverage *cov, int live, cplan 
         return 1;
     np->npipes = e->npipelines;
     char *used = calloc((size_t)c->nw + 1, 1);
+    int lo = 0; /* every worker below is used or not live */
     if (!used || !(np->p = calloc((size_t)e->npipelines, sizeof *np->p))) {
         free(used);
         return -1;
@@ -650,7 +798,9 @@ static int fresh_plan_from(pl_coord *c, const pl_coverage *cov, int live, cplan 
         for (int j = 0; j < cq->nnodes; j++) {
             const char *prev = j ? c->w[cq->w[j - 1]].zone : "";
             int pick = -1;
-            for (int i = 0; i < c->nw && (pick < 0 || prev[0]); i++) {
+            while (lo < c->nw && (!c->w[lo].live || used[lo]))
+                lo++;
+            for (int i = lo; i < c->nw && (pick < 0 || prev[0]); i++) {
                 if (!c->w[i].live || used[i])
                     continue;
                 if (pick < 0)
@@ -1182,17 +1332,35 @@ static void install_plan(pl_coord *c, cplan *np, int64_t ckpt, const ccopy *cp, 
     }
     for (int i = 0; i < c->nw; i++) {
         cworker *w = &c->w[i];
-        w->pipe = w->pos = -1;
+        set_place(c, i, -1, -1);
         w->got_plan = w->copy_done = w->is_source = 0;
     }
+    c->scan_copy = 0;
     for (int q = 0; q < c->cur.npipes; q++)
-        for (int j = 0; j < c->cur.p[q].nnodes; j++) {
-            c->w[c->cur.p[q].w[j]].pipe = q;
-            c->w[c->cur.p[q].w[j]].pos = j;
-        }
+        for (int j = 0; j < c->cur.p[q].nnodes; j++)
+            set_place(c, c->cur.p[q].w[j], q, j);
     for (int k = 0; k < ncp; k++)
         c->w[cp[k].src].is_source = 1;
     c->transport = plan_transport(c);
+}
+
+/* The current plan to every live worker. */
+static void send_plans(pl_coord *c, const ccopy *cp, int ncp)
+{
+    cplanmsg s;
+    if (cplanmsg_init(&s, c, cp, ncp)) {
+        set_failed(c, "coordinator: out of memory");
+        return;
+    }
+    for (int i = 0; i < c->nw; i++)
+        if (c->w[i].live) {
+            if (send_plan(c, i, &s)) {
+                set_failed(c, "coordinator: out of memory");
+                break;
+            }
+            c->w[i].got_plan = 1;
+        }
+    cplanmsg_free(&s);
 }
 
 /* Makes a new plan for the live workers and sends it (or enters
@@ -1244,14 +1412,7 @@ static void replan(pl_coord *c)
     c->reason[0] = 0;
     c->wait_since = -1;
     c->phase = PL_COORD_COPYING;
-    for (int i = 0; i < c->nw; i++)
-        if (c->w[i].live) {
-            if (send_plan(c, i, cp, ncp, mark)) {
-                set_failed(c, "coordinator: out of memory");
-                goto done;
-            }
-            c->w[i].got_plan = 1;
-        }
+    send_plans(c, cp, ncp);
 done:
     cplan_free(&np);
     free(cp);
@@ -1280,9 +1441,11 @@ static void check_copy_complete(pl_coord *c)
 {
     if (c->phase != PL_COORD_COPYING)
         return;
-    for (int i = 0; i < c->nw; i++)
-        if (c->w[i].live && c->w[i].got_plan && !c->w[i].copy_done)
+    for (; c->scan_copy < c->nw; c->scan_copy++) {
+        const cworker *w = &c->w[c->scan_copy];
+        if (w->live && w->got_plan && !w->copy_done)
             return;
+    }
     if (cplan_copy(&c->stable, &c->cur)) {
         set_failed(c, "coordinator: out of memory");
         return;
@@ -1349,6 +1512,7 @@ static void step_boundary(pl_coord *c)
     int64_t mbs = c->cfg.global_batch / c->micro;
     x.loss = c->nloss ? c->loss_sum / (double)mbs : NAN;
     memcpy(x.pipelines, c->cur.desc, sizeof x.pipelines);
+    c->step_ms[c->nstep_ms++ % PL_COORD_STEP_TIMES] = c->now - c->step_t0;
     if (c->fail_step == c->step)
         c->fail_step = -1; /* the step went through after all */
     c->step++;
@@ -1382,9 +1546,11 @@ static void check_reduced_complete(pl_coord *c)
 {
     if (c->phase != PL_COORD_RUNNING)
         return;
-    for (int i = 0; i < c->nw; i++)
-        if (c->w[i].live && in_pipes(c, i) && (!c->w[i].reported || !c->w[i].reduced))
+    for (; c->scan_reduced < c->nw; c->scan_reduced++) {
+        const cworker *w = &c->w[c->scan_reduced];
+        if (w->live && in_pipes(c, c->scan_reduced) && (!w->reported || !w->reduced))
             return;
+    }
     c->norm = sqrt(c->sumsq);
     if (!isfinite(c->norm)) { /* finite shares whose sum is not */
         step_attempt_failed(c, NULL, "non-finite gradient norm (inf)", 1);
@@ -1409,9 +1575,11 @@ static void check_committed_complete(pl_coord *c)
 {
     if (c->phase != PL_COORD_COMMITTING)
         return;
-    for (int i = 0; i < c->nw; i++)
-        if (c->w[i].live && in_pipes(c, i) && !c->w[i].committed)
+    for (; c->scan_committed < c->nw; c->scan_committed++) {
+        const cworker *w = &c->w[c->scan_committed];
+        if (w->live && in_pipes(c, c->scan_committed) && !w->committed)
             return;
+    }
     step_boundary(c);
 }
 
@@ -1676,7 +1844,9 @@ pl_coord *pl_coord_new(const pl_coord_config *cfg, char *err, size_t errlen)
     c->plan_ckpt = -1;
     c->profiler = -1;
     c->judge_at = -1;
+    c->forgiven_gen = -1;
     c->fail_step = -1;
+    c->probe_from = -1;
     c->resume_step = cfg->resume_auto ? -1 : cfg->resume_step;
     c->ckpt_last = c->resume_step > 0 ? c->resume_step : 0;
     c->step = c->ckpt_last;
@@ -1693,6 +1863,7 @@ void pl_coord_free(pl_coord *c)
         pl_msg_free(&c->out[k].m);
     free(c->out);
     free(c->w);
+    free(c->index);
     cplan_free(&c->cur);
     cplan_free(&c->stable);
     free(c->log);
@@ -1822,7 +1993,7 @@ int pl_coord_worker_joined(pl_coord *c, const pl_coord_worker_info *wi, int64_t 
     }
     if (old >= 0)
         return fail_err(c, "worker \"%s\" was removed from the job; use a new name", name);
-    if (c->nw >= PL_PROTO_MAX_NODES)
+    if (pl_coord_live_workers(c) >= PL_PROTO_MAX_NODES || c->nw >= PL_PROTO_MAX_RANK)
         return fail_err(c, "too many workers (%d)", PL_PROTO_MAX_NODES);
     const cnode *cn = node_find(c, node);
     if (cn && cn->until > now_ms)
@@ -1840,6 +2011,10 @@ int pl_coord_worker_joined(pl_coord *c, const pl_coord_worker_info *wi, int64_t 
     cworker *w = &c->w[i];
     memset(w, 0, sizeof *w);
     snprintf(w->name, sizeof w->name, "%s", name);
+    if (index_add(c, i)) {
+        c->nw--;
+        return fail_err(c, "out of memory");
+    }
     snprintf(w->node, sizeof w->node, "%s", node);
     snprintf(w->host, sizeof w->host, "%s", host ? host : "127.0.0.1");
     w->rank = i;
@@ -1851,7 +2026,7 @@ int pl_coord_worker_joined(pl_coord *c, const pl_coord_worker_info *wi, int64_t 
     w->nccl = wi->nccl != 0;
     w->live = 1;
     w->last_heard = now_ms;
-    w->pipe = w->pos = -1;
+    set_place(c, i, -1, -1);
     note_checkpoint_report(w, wi);
     welcome(c, i);
     reassign_duties(c); /* a duty nobody could take (no live worker) */
@@ -2088,9 +2263,50 @@ static int broken_links(const pl_coord *c, int w)
     return n;
 }
 
+/* The live worker at the other end of w's first reported broken link. */
+static int broken_partner(const pl_coord *c, int w)
+{
+    for (int k = 0; k < c->nsuspects; k++) {
+        const cpair *p = &c->suspects[k];
+        int other = p->reporter == w ? p->peer : p->peer == w ? p->reporter : -1;
+        if (other >= 0 && c->w[other].live)
+            return other;
+    }
+    return -1;
+}
+
+/* A link that broke with no other broken link beside it names no culprit (a frame
+ * altered on the way, a reset): the first time, the plan is made again with both ends
+ * (a running step is aborted and redone); the same link broken again within two
+ * generations loses one of them. */
+static int forgive_lone_link(pl_coord *c, int w)
+{
+    const int other = broken_partner(c, w);
+    const cpair *f = &c->forgiven;
+    const int again = c->forgiven_gen >= 0 && c->gen - c->forgiven_gen <= 2 &&
+                      ((f->reporter == w && f->peer == other) ||
+                       (f->reporter == other && f->peer == w));
+    if (again)
+        return 0;
+    c->forgiven = (cpair){w, other};
+    c->forgiven_gen = c->gen;
+    char why[2 * sizeof(pl_proto_name) + 40];
+    snprintf(why, sizeof why, "the link between %s and %s broke", c->w[w].name,
+             other >= 0 ? c->w[other].name : "?");
+    if (c->phase == PL_COORD_RUNNING || c->phase == PL_COORD_COPYING ||
+        c->phase == PL_COORD_COMMITTING || c->phase == PL_COORD_EVALUATING) {
+        if (c->phase == PL_COORD_RUNNING) /* no attempt counted: it happens once */
+            to_pipeline_workers(c, PL_MSG_ABORT, why);
+        add_cause(c, "%s%s", why, "");
+        replan_soon(c);
+    }
+    return 1;
+}
+
 /* The reports weighed together: while a reported link joins two live workers, the one
  * with the most broken links is lost (a node cut off from its peers is reported by each
- * of them, and reports each of them); a tie goes to the peer reported first. */
+ * of them, and reports each of them); a tie goes to the peer reported first, once the
+ * same lone link broke twice (forgive_lone_link). */
 static void judge_peers(pl_coord *c)
 {
     c->judge_at = -1;
@@ -2108,7 +2324,7 @@ static void judge_peers(pl_coord *c)
                 }
             }
         }
-        if (lost < 0)
+        if (lost < 0 || (most == 1 && forgive_lone_link(c, lost)))
             break;
         char why[512] = "peer_broken: its links to";
         for (int k = 0, first = 1; k < c->nsuspects; k++) {
@@ -2570,10 +2786,8 @@ int pl_coord_restore(pl_coord *c, int64_t generation, int64_t step, const pl_msg
     c->stable = p;
     c->has_stable = c->has_cur = 1;
     for (int q = 0; q < p.npipes; q++)
-        for (int j = 0; j < p.p[q].nnodes; j++) {
-            c->w[p.p[q].w[j]].pipe = q;
-            c->w[p.p[q].w[j]].pos = j;
-        }
+        for (int j = 0; j < p.p[q].nnodes; j++)
+            set_place(c, p.p[q].w[j], q, j);
     c->gen = generation;
     c->step = step;
     c->cause[0] = 0;
@@ -2632,6 +2846,67 @@ int pl_coord_plan_pipeline(const pl_coord *c, int q, const char **names, int max
     return p->nnodes;
 }
 
+/* Step s (c->step) may be committed without its messages: nothing its commit or the
+ * boundary after it does would differ from the steps before. */
+/* The step after the current one may be committed without messages: not evaluated, not
+ * the last, no joined worker to place, no checkpoint to retry. */
+static int skippable(const pl_coord *c)
+{
+    int64_t next = c->step + 1;
+    int every = c->cfg.eval_every;
+    if (next >= c->cfg.steps || (every > 0 && next % every == 0) || c->ckpt_retry)
+        return 0;
+    int check = c->cfg.hosts_added_check_every > 1 ? c->cfg.hosts_added_check_every : 1;
+    return !(c->join_pending && next % check == 0);
+}
+
+/* The checkpoint of step `step` to pipeline 0's workers, as a commit with save asks. */
+static void save_to_pipeline0(pl_coord *c, int64_t step)
+{
+    for (int i = 0; i < c->nw; i++) {
+        if (!c->w[i].live || !in_pipes(c, i) || c->w[i].pipe != 0)
+            continue;
+        pl_msg *m = push(c, i, PL_MSG_SAVE, c->gen);
+        if (m)
+            m->u.save.step = step;
+    }
+}
+
+int64_t pl_coord_skip_steps(pl_coord *c, int64_t n, int quiet)
+{
+    if (c->phase != PL_COORD_RUNNING || c->pending || n <= 0)
+        return 0;
+    for (int i = 0; i < c->nw; i++)
+        if (c->w[i].reported || c->w[i].reduced)
+            return 0;
+    int64_t done = 0;
+    int saved = 0;
+    while (done < n && !saved && skippable(c)) {
+        pl_coord_step_rec x = {.step = c->step, .loss = NAN, .norm = NAN, .grad_scale = 1.0,
+                               .val_loss = NAN, .generation = c->gen};
+        x.lr = pl_lr_at(c->cfg.lr, c->cfg.lr_cosine, c->cfg.lr_warmup, c->cfg.lr_min_ratio,
+                        (int)c->step, (int)c->cfg.steps);
+        memcpy(x.pipelines, c->cur.desc, sizeof x.pipelines);
+        if (log_step(c, &x)) {
+            set_failed(c, "coordinator: out of memory");
+            return done;
+        }
+        if (c->fail_step == c->step)
+            c->fail_step = -1;
+        c->step++;
+        done++;
+        saved = pl_checkpoint_due(c->cfg.checkpoint_dir, c->cfg.checkpoint_every, c->cfg.steps,
+                                  c->step);
+        if (saved)
+            save_to_pipeline0(c, c->step);
+    }
+    if (done && quiet)
+        reset_step_flags(c);
+    else if (done)
+        start_step(c);
+    return done;
+}
+
 void pl_coord_fail(pl_coord *c, const char *why)
 {
     if (c->phase != PL_COORD_DONE && c->phase != PL_COORD_FAILED)
@@ -2645,6 +2920,107 @@ void pl_coord_end(pl_coord *c, const char *why)
     c->reason[0] = 0;
     appendf(c->reason, sizeof c->reason, "%s", why);
     finish(c);
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+int64_t pl_coord_step_deadline(const pl_coord *c)
+{
+    if (c->cfg.step_timeout_ms)
+        return c->cfg.step_timeout_ms > 0 ? c->cfg.step_timeout_ms : -1;
+    if (c->nstep_ms < PL_COORD_STEP_TIMES_MIN)
+        return -1;
+    int64_t t[PL_COORD_STEP_TIMES];
+    const int n = c->nstep_ms < PL_COORD_STEP_TIMES ? c->nstep_ms : PL_COORD_STEP_TIMES;
+    memcpy(t, c->step_ms, (size_t)n * sizeof *t);
+    qsort(t, (size_t)n, sizeof *t, cmp_i64);
+    const int64_t median = n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
+    const int64_t floor_ms =
+        (int64_t)PL_COORD_STEP_TIMEOUT_BEATS * c->misses * c->cfg.heartbeat_ms;
+    const int64_t k = PL_COORD_STEP_TIMEOUT_FACTOR * median;
+    return k > floor_ms ? k : floor_ms;
+}
+
+/* Takes plan worker i out as hung (its control thread may still heartbeat): lost, told to
+ * exit, and silent, so that the front end ends its process. */
+static void lose_hung(pl_coord *c, int i, const char *why, int *idx, int *n)
+{
+    cworker *w = &c->w[i];
+    w->live = 0;
+    w->silent = 1;
+    add_cause(c, "lost %s (%s)", w->name, why);
+    node_failed(c, w->node);
+    stop_removed(c, i, why);
+    idx[(*n)++] = i;
+}
+
+/* The running step passed its deadline (pl_coord_step_deadline). COMMITTING: applying a
+ * commit waits on nobody, so the workers without `committed` are hung and lost. RUNNING:
+ * a stuck compute thread blocks its stage neighbours and the all-reduce partners too, so
+ * the step is aborted and planned again with the same workers; those whose compute thread
+ * does not take the new plan (check_probe) are the hung ones. idx: room for every worker.
+ * The count lost. */
+static int check_step_deadline(pl_coord *c, int *idx)
+{
+    const int running = c->phase == PL_COORD_RUNNING;
+    if (!running && c->phase != PL_COORD_COMMITTING)
+        return 0;
+    const int64_t limit = pl_coord_step_deadline(c);
+    if (limit < 0 || c->now - c->step_t0 <= limit)
+        return 0;
+    char why[160];
+    snprintf(why, sizeof why, "step %lld not %s within its deadline of %.1f s", (long long)c->step,
+             running ? "reported" : "committed", (double)limit / 1000.0);
+    int n = 0;
+    if (running) {
+        add_cause(c, "%s%s", why, ": aborted, planned again");
+        to_pipeline_workers(c, PL_MSG_ABORT, why);
+        c->probe_from = c->gen;
+        c->probe_t0 = c->now + (c->cfg.settle_ms > 0 ? c->cfg.settle_ms : 0); /* replanned */
+        c->probe_ms = limit;
+        replan_soon(c);
+        return 1;
+    }
+    for (int i = 0; i < c->nw; i++)
+        if (c->w[i].live && in_pipes(c, i) && !c->w[i].committed)
+            lose_hung(c, i, why, idx, &n);
+    if (n) {
+        after_loss(c, idx, n);
+        reassign_duties(c);
+    }
+    return n;
+}
+
+/* The plan made after a step deadline: the workers whose heartbeats still carry an older
+ * generation probe_ms after it went out have a compute thread that never took it (the
+ * others' aborted step let theirs go): lost as hung. The count lost. */
+static int check_probe(pl_coord *c, int *idx)
+{
+    if (c->probe_from < 0 || c->gen <= c->probe_from)
+        return 0;
+    if (c->phase != PL_COORD_COPYING) {
+        c->probe_from = -1; /* the plan went through */
+        return 0;
+    }
+    if (c->now - c->probe_t0 <= c->probe_ms)
+        return 0;
+    char why[160];
+    snprintf(why, sizeof why, "hung: plan %lld not taken within %.1f s of the step deadline",
+             (long long)c->gen, (double)c->probe_ms / 1000.0);
+    int n = 0;
+    for (int i = 0; i < c->nw; i++)
+        if (c->w[i].live && c->w[i].got_plan && !c->w[i].copy_done && c->w[i].hb_gen < c->gen)
+            lose_hung(c, i, why, idx, &n);
+    c->probe_from = -1;
+    if (n) {
+        after_loss(c, idx, n);
+        reassign_duties(c);
+    }
+    return n;
 }
 
 int pl_coord_tick(pl_coord *c, int64_t now_ms)
@@ -2694,6 +3070,9 @@ int pl_coord_tick(pl_coord *c, int64_t now_ms)
     if (n) {
         after_loss(c, idx, n);
         reassign_duties(c);
+    } else {
+        n = check_step_deadline(c, idx);
+        n = n ? n : check_probe(c, idx);
     }
     free(idx);
     return n || judged ? PL_COORD_OK : PL_COORD_IGNORED;
@@ -2707,8 +3086,12 @@ int pl_coord_on_msg(pl_coord *c, const char *name, const pl_msg *m, int64_t now_
     if (heard(c, name, now_ms) < 0 && m->type != PL_MSG_SAVED)
         return PL_COORD_ERR; /* a worker that left still reports the checkpoint it wrote */
     switch (m->type) {
-    case PL_MSG_HEARTBEAT:
+    case PL_MSG_HEARTBEAT: {
+        const int i = find_live(c, name);
+        if (m->gen > c->w[i].hb_gen)
+            c->w[i].hb_gen = m->gen;
         return PL_COORD_OK;
+    }
     case PL_MSG_LEAVING:
         return pl_coord_leaving(c, name, m->u.leaving.reason);
     case PL_MSG_REPORT:
@@ -2752,8 +3135,12 @@ int pl_coord_next(pl_coord *c, char *to, size_t tolen, pl_msg *out)
         return 0;
     }
     outmsg *o = &c->out[c->headout++];
-    if (to && tolen)
-        snprintf(to, tolen, "%s", o->to);
+    if (to && tolen) {
+        size_t n = strnlen(o->to, sizeof o->to);
+        n = n < tolen - 1 ? n : tolen - 1;
+        memcpy(to, o->to, n);
+        to[n] = 0;
+    }
     if (out)
         *out = o->m;
     else
@@ -2842,4 +3229,28 @@ int pl_coord_cooling_nodes(const pl_coord *c, int64_t now_ms, const char **names
     for (int k = 0; k < c->nnodes && n < max; k++)
         if (c->nodes[k].until > now_ms) names[n++] = c->nodes[k].name;
     return n;
+}
+
+int pl_coord_nworkers(const pl_coord *c) { return c->nw; }
+int pl_coord_nlayers(const pl_coord *c) { return c->nlayers; }
+
+int pl_coord_worker_view_at(const pl_coord *c, int i, pl_coord_worker_view *v)
+{
+    if (i < 0 || i >= c->nw)
+        return -1;
+    const cworker *w = &c->w[i];
+    memset(v, 0, sizeof *v);
+    v->name = w->name;
+    v->zone = w->zone;
+    v->device = w->device;
+    v->live = w->live;
+    v->leaving = w->leaving;
+    v->pipeline = v->stage = -1;
+    if (c->has_cur && w->pipe >= 0 && w->pipe < c->cur.npipes) {
+        v->pipeline = w->pipe;
+        v->stage = w->pos;
+        pipe_layers(c, &c->cur.p[w->pipe], w->pos, &v->layer_begin, &v->layer_end);
+        v->copying = c->phase == PL_COORD_COPYING && w->got_plan && !w->copy_done;
+    }
+    return 0;
 }

@@ -103,6 +103,11 @@ typedef struct {
     /* liveness */
     int heartbeat_ms;             /* 100..600000; sent in welcome */
     int heartbeat_misses;         /* 0: PL_PROTO_HEARTBEAT_MISSES (3) */
+    int64_t step_timeout_ms;      /* a step's deadline, from start_step to the last report
+                                     (RUNNING) or committed (COMMITTING): the plan's workers
+                                     not done by then are lost (a compute thread hung while
+                                     the heartbeats go on). 0: automatic (pl_coord_step_deadline);
+                                     < 0: none */
     int n_start;                  /* workers to wait for before the first plan, ≥ (F+1)·n0 */
     int64_t start_grace_ms;       /* > 0: after this long, start with fewer (≥ (F+1)·n0) */
     const char *job;              /* job name for welcome (NULL: "job") */
@@ -137,6 +142,12 @@ typedef struct {
                                      measures the model (timed runs per layer), PROFILING */
     int eval_every;               /* > 0: validation loss after every eval_every-th step and
                                      the last (EVALUATING) */
+    /* messages */
+    int brief_plans;              /* plan messages for in-process workers that read only their
+                                     own place (the simulator): pipelines holds the receiver's
+                                     pipeline alone (npipelines 1, you_pipeline 0; idle: 0 and
+                                     -1), no peers; copies and sends as usual. Never for real
+                                     workers (they need every pipeline and peer). 0: full */
 } pl_coord_config;
 
 typedef enum {
@@ -153,6 +164,15 @@ typedef enum {
     PL_COORD_DONE,                    /* every step committed, stop sent */
     PL_COORD_FAILED                   /* fatal: see pl_coord_reason */
 } pl_coord_phase_t;
+
+/* The automatic step deadline (step_timeout_ms 0): PL_COORD_STEP_TIMEOUT_FACTOR × the median
+ * time of the last PL_COORD_STEP_TIMES committed steps, at least PL_COORD_STEP_TIMEOUT_BEATS ×
+ * the heartbeat loss window (misses × heartbeat_ms); none before PL_COORD_STEP_TIMES_MIN steps
+ * were timed (the first steps warm up: only the heartbeats watch them). */
+#define PL_COORD_STEP_TIMEOUT_FACTOR 10
+#define PL_COORD_STEP_TIMEOUT_BEATS 5
+#define PL_COORD_STEP_TIMES 15
+#define PL_COORD_STEP_TIMES_MIN 3
 
 /* Attempts at one step that may fail (non-finite, step_failed) before the job fails. */
 #define PL_COORD_STEP_ATTEMPTS 3
@@ -244,8 +264,9 @@ int pl_coord_eval_done(pl_coord *c, const char *name, int64_t gen, const pl_msg_
 int pl_coord_fatal(pl_coord *c, const char *name, const char *reason);
 /* The connection closed / the process ended / anything fatal for that worker. */
 int pl_coord_worker_lost(pl_coord *c, const char *name, const char *cause);
-/* Declares lost every live worker silent for more than misses × heartbeat_ms;
- * fails the job after wait_for_nodes_ms without enough workers. */
+/* Declares lost every live worker silent for more than misses × heartbeat_ms, and every
+ * plan worker that has not reported (or committed) the step when its deadline passed
+ * (pl_coord_step_deadline); fails the job after wait_for_nodes_ms without enough workers. */
 int pl_coord_tick(pl_coord *c, int64_t now_ms);
 
 /* A new coordinator (a new operator leader) takes over a running job
@@ -271,6 +292,19 @@ int pl_coord_set_zone(pl_coord *c, const char *name, const char *zone);
  * the count, or -1 past the last. */
 int pl_coord_plan_pipeline(const pl_coord *c, int q, const char **names, int max,
                            int64_t *microbatches);
+
+/* Fast-forward for a simulation (`pliant simulate`), where steps between disruptions
+ * run alike: in RUNNING, before any report of the step, with no membership change
+ * pending, commits up to n steps at once without step messages (each logged with loss
+ * and norm NaN, grad_scale 1 and its learning rate), stopping before a step that is
+ * evaluated, that is the last, that retries a failed checkpoint, or while a joined worker
+ * waits to be placed, and after a step whose commit saves a checkpoint: that checkpoint's
+ * `save` goes to pipeline 0's workers (what a commit with save asks of them; they answer
+ * `saved`). Then the step reached starts: start_step to the plan's workers (the one sent
+ * before is superseded: its step counts as committed), or with `quiet` no message at all
+ * (the caller's workers go on with the step reached). The number of steps committed (0:
+ * none could be). */
+int64_t pl_coord_skip_steps(pl_coord *c, int64_t n, int quiet);
 
 /* Ends the job now (a time limit): a step not committed yet is dropped, every
  * worker gets stop {0}, the phase is DONE with `why` as the reason. */
@@ -308,8 +342,12 @@ int64_t pl_coord_generation(const pl_coord *c);
 int64_t pl_coord_step(const pl_coord *c);        /* the step running or to run next */
 int pl_coord_rank(const pl_coord *c, const char *name); /* -1 if unknown */
 int pl_coord_live_workers(const pl_coord *c);
-/* 1 when worker `name` was declared lost for missed heartbeats and has not registered
- * again: its process may still be there, hung (SIGSTOP, a deadlock) or cut off, and the
+/* The running step's deadline in ms from its start_step (step_timeout_ms, or the automatic
+ * one from the steps timed so far); -1: none. */
+int64_t pl_coord_step_deadline(const pl_coord *c);
+/* 1 when worker `name` was declared lost for missed heartbeats or a missed step deadline
+ * and has not registered again: its process may still be there, hung (SIGSTOP, a deadlock,
+ * a compute thread stuck while its control thread heartbeats) or cut off, and the
  * front end should end it (`pliant run` kills it) so that it never comes back holding an
  * old plan's state; else 0. */
 int pl_coord_worker_silent(const pl_coord *c, const char *name);
@@ -333,5 +371,19 @@ const pl_coord_reconfig_rec *pl_coord_reconfig(const pl_coord *c, int i);
  * twice or more): up to max names (pointers into the coordinator, valid until the next
  * event) into names; the count. */
 int pl_coord_cooling_nodes(const pl_coord *c, int64_t now_ms, const char **names, int max);
+
+/* One registered worker as a dashboard shows it (rank order, lost ones included). Strings
+ * point into the coordinator and are valid until the next event. */
+typedef struct {
+    const char *name, *zone, *device; /* zone, device "": unknown, none */
+    int live, leaving;
+    int copying;      /* COPYING: it got the current plan and its copy_done has not come */
+    int pipeline, stage; /* its place in the current plan; pipeline -1: none (idle, lost) */
+    int layer_begin, layer_end; /* the layers it holds there, [begin, end); 0, 0: none */
+} pl_coord_worker_view;
+int pl_coord_nworkers(const pl_coord *c);
+/* Worker i (0 ≤ i < pl_coord_nworkers) into *v: 0, or -1 when i is out of range. */
+int pl_coord_worker_view_at(const pl_coord *c, int i, pl_coord_worker_view *v);
+int pl_coord_nlayers(const pl_coord *c); /* the model's layers as planned; 0 before a planner */
 
 #endif

@@ -95,6 +95,7 @@ pl_coord_config pl_job_coord_config(const pl_job *job, const pl_job_plan *p, int
         .lr_min_ratio = (float)op->min_lr_ratio, .lr_cosine = op->schedule == PL_SCHEDULE_COSINE,
         .lr_warmup = op->warmup_steps, .grad_clip = op->grad_clip,
         .heartbeat_ms = hb < 100 ? 100 : hb > 600000 ? 600000 : (int)hb,
+        .step_timeout_ms = (int64_t)(ft->step_timeout_seconds * 1000.0),
         .n_start = p ? pl_job_plan_n_start(p, n_start) : n_start,
         .job = job->name, .token_ok = 1, .checkpoint_dir = job->checkpoint.dir,
         .checkpoint_every = job->checkpoint.every,

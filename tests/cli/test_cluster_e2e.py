@@ -696,8 +696,10 @@ def silent_node_loss_is_detected_by_heartbeats():
         fx.node_action(node, "restore")
     last = st["lastReconfiguration"]
     check("missed heartbeats" in last["cause"] and last["fromCheckpoint"] is False, "lastReconfiguration %s", last)
-    check(t_plan - t0 <= 3 * HEARTBEAT + 1.5, "the loss was seen after %.1f s (3 heartbeats: %d s)", t_plan - t0,
-          3 * HEARTBEAT)
+    # the plan shows in status a status write and a poll after the coordinator made it: on a
+    # loaded 2-core machine that adds up to 2 s to the 3 heartbeats
+    check(t_plan - t0 <= 3 * HEARTBEAT + 2.5, "the loss was seen after %.1f s (3 heartbeats: %d s)",
+          t_plan - t0, 3 * HEARTBEAT)
     check_steps_monotonic(fx.history(NS, job, t0 - 1))
     measured("silent node loss to the next committed step (heartbeat %d s)" % HEARTBEAT, "%.1f" % (t_step - t0), "s")
 

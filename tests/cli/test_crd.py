@@ -330,7 +330,8 @@ FUNC_PATH = {"parse_root": "", "parse_spec": "spec", "parse_model": "spec.model"
              "parse_data": "spec.data", "parse_batch": "spec.batch",
              "parse_optimizer": "spec.optimizer", "parse_checkpoint": "spec.checkpoint",
              "parse_fault_tolerance": "spec.faultTolerance", "parse_nodes": "spec.nodes",
-             "parse_worker": "spec.worker", "parse_run_policy": "spec.runPolicy"}
+             "parse_worker": "spec.worker", "parse_run_policy": "spec.runPolicy",
+             "parse_cost": "spec.cost"}
 
 
 def jobspec_functions():
@@ -665,6 +666,9 @@ INVALID = [
     ("spec.nodes.min", 0),
     ("spec.nodes.max", -1),
     ("spec.nodes.gpusPerNode", 0),
+    ("spec.cost.spot", -1),
+    ("spec.cost.onDemand", "3"),
+    ("spec.cost.hourly", 1),                    # unknown field
     ("spec.profile", ""),
     ("spec.worker.image", 5),
     ("spec.worker.tolerations", {"key": "x"}),
@@ -800,6 +804,7 @@ def every_crd_field_accepted_by_pliant():
                                            "hostsAddedCheckEvery": 2, "heartbeatSeconds": 0.5,
                                            "waitForNodesTimeoutSeconds": 0}, m)
     m = with_field("spec.nodes", {"min": 2, "max": 4, "gpusPerNode": 8}, m)
+    m = with_field("spec.cost", {"spot": 0.918, "onDemand": 3.06}, m)
     m = with_field("spec.optimizer", {"lr": 1e-3, "schedule": "constant", "warmupSteps": 0, "minLrRatio": 0,
                                       "beta1": 0, "beta2": 0.999, "eps": 1e-6, "weightDecay": 0,
                                       "gradClip": 0}, m)

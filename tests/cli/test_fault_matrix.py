@@ -53,7 +53,7 @@ spec:
 """
 
 SIGNAL_WORD = {"kill": "SIGKILL", "stop": "SIGSTOP", "term": "SIGTERM",
-               "cut": "control connection cut"}
+               "cut": "control connection cut", "stall": "a stall"}
 PHASE_WORDS = {"forward": "the forward", "backward": "the backward",
                "sync": "the gradient all-reduce", "copy": "a layer copy",
                "commit": "the commit", "checkpoint": "the checkpoint write"}
@@ -160,6 +160,10 @@ def cell(name, faults, chaos=None, steps=STEPS, restart=False, expect_fired=1):
         check("missed heartbeats" in causes, "the hung worker was not found by its heartbeats: "
               "%s", causes)
         check("(hung): killed" in err, "the hung worker was not killed:\n%s", err[-1500:])
+    if "stall" in actions:
+        check("within its deadline" in causes, "the stalled worker was not found by the step "
+              "deadline: %s", causes)
+        check("(hung): killed" in err, "the stalled worker was not killed:\n%s", err[-1500:])
     if actions == {"term"}:
         check("leaving" in causes and not redone, "not a clean leave: %s", causes)
     if "cut" in actions:
@@ -207,6 +211,15 @@ def backward_cut():
 
 if not BIG:  # the big matrix cuts at every phase
     suite.test(backward_cut)
+
+
+@suite.test
+def backward_stall():
+    """Stage 1 of pipeline 0's compute thread blocks for good in the backward while its
+    control thread goes on heartbeating: the automatic step deadline (here its floor, 5
+    heartbeat windows: 3 s) finds it, the step is redone under a new plan and pliant run
+    kills the hung process."""
+    one_worker("backward", "stall")
 
 
 @suite.test

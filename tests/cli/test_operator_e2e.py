@@ -39,6 +39,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -438,12 +439,12 @@ def check_job_metrics(samples, text, job, steps, ns=NS):
     check(e2e.metric_sum(samples, "pliant_leader") == 1, "pliant_leader %s", e2e.metric_sum(samples, "pliant_leader"))
 
 
-def kill_worker(pod_name, ns=NS):
-    """SIGKILL of a worker Pod's process: the Pod fails on its own (no disruption)."""
+def kill_worker(pod_name, ns=NS, sig=9):
+    """SIGKILL (or sig) of a worker Pod's process: the Pod fails on its own (no disruption)."""
     pod = emu().get("/api/v1/namespaces/%s/pods/%s" % (ns, pod_name))
     cid = ((pod or {}).get("status", {}).get("containerStatuses") or [{}])[0].get("containerID", "")
     check("//" in cid, "pod %s has no process: %s", pod_name, cid)
-    os.kill(int(cid.split("//")[1]), 9)
+    os.kill(int(cid.split("//")[1]), sig)
 
 
 # ---------------------------------------------------------------------------
@@ -683,6 +684,25 @@ def deleted_worker_pod_is_replaced_without_restart():
           e2e.metric_sum(samples, "pliant_recovery_seconds_bucket") is not None,
           "no pliant_recovery_seconds histogram samples:\n%s", text[:1500])
     check(op.alive(), "the operator exited")
+
+
+@e2e_test("operator", jobs=["silent"])
+def silent_worker_pod_is_deleted_and_replaced():
+    """A worker Pod's process stopped (SIGSTOP: as a node cut off or hung, the Pod still
+    Running): the coordinator loses it to missed heartbeats, the operator deletes the Pod
+    (a LostWorkerDeleted Event) so that a replacement joins, and the job succeeds."""
+    operator()
+    steps = long_steps(20)
+    apply(job_manifest("silent", steps, tolerate="1, heartbeatSeconds: 0.5"))
+
+    def stop_pod():
+        kill_worker("silent-w1", sig=signal.SIGSTOP)
+        return ["silent-w1"]
+    disrupt_and_finish("silent", steps, steps // 8, stop_pod, 1)
+    check("LostWorkerDeleted" in event_reasons("silent"), "no LostWorkerDeleted Event: %s",
+          event_reasons("silent"))
+    wait_for("the stopped Pod silent-w1 to be gone",
+             lambda: "silent-w1" not in [p["metadata"]["name"] for p in pods_now("silent")], 30)
 
 
 @e2e_test("operator", jobs=["nodeloss"])

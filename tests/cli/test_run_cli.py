@@ -173,25 +173,37 @@ def two_three_stage_pipelines_match_train():
 def redundant_matches_train_and_templates():
     """strategy redundant (docs/redundant.md): 5 workers make 1x3 + 1x2; every stage but
     the 3-stage pipeline's last also holds its successor's layers (the 2-stage one both
-    ways), updated from the owners' reduced gradients. The losses equal the templates
-    run's exactly (the shadows change no sum) and train's within 1e-6."""
+    ways), updated from the owners' reduced gradients. With lazy FRC and with eager FRC
+    (each shadow holder also runs its successor's forward every step: one `frc:` line per
+    holder, every microbatch of every step) the losses equal the templates run's exactly
+    (neither the shadows nor the FRC change a sum) and train's within 1e-6."""
     plain = run_and_compare(write_job("rc-plain", steps=6, global_=4), 5, 6)
-    job = write_job("rc", steps=6, global_=4,
-                    extra="  faultTolerance: {strategy: redundant, redundantForward: lazy}\n")
-    m = job + ".run5.jsonl"
-    rc, out, err = run("run", job, "--workers", 5, "--metrics", m, "--threads", 1)
-    check(rc == 0, "run failed (%d):\n%s\n%s", rc, out[-2000:], err[-2000:])
-    rows = metrics(m)
-    check(len(rows) == 6 and rows[0]["pipelines"] == "1x3+1x2", "rows %s", rows[:1])
-    shadows = re.findall(r"shadow of stage (\d+)", err)
-    check(sorted(shadows) == ["0", "1", "1", "2"], "shadow lines %s:\n%s", shadows, err[-2000:])
     ref = reference(write_job("rc-ref", steps=6, global_=4))
-    for a, p, b in zip(rows, plain, ref):
-        check(a["loss"] == p["loss"], "step %d: loss %.9g, templates %.9g", a["step"], a["loss"],
-              p["loss"])
-        check(abs(a["loss"] - b["loss"]) <= 1e-6 * abs(b["loss"]),
-              "step %d: loss %.9g, train %.9g", a["step"], a["loss"], b["loss"])
-        check(a["samples_digest"] == b["samples_digest"], "step %d: samples differ", a["step"])
+    for mode in ("lazy", "eager"):
+        job = write_job("rc-" + mode, steps=6, global_=4,
+                        extra="  faultTolerance: {strategy: redundant, redundantForward: %s}\n"
+                        % mode)
+        m = job + ".run5.jsonl"
+        rc, out, err = run("run", job, "--workers", 5, "--metrics", m, "--threads", 1)
+        check(rc == 0, "%s run failed (%d):\n%s\n%s", mode, rc, out[-2000:], err[-2000:])
+        rows = metrics(m)
+        check(len(rows) == 6 and rows[0]["pipelines"] == "1x3+1x2", "rows %s", rows[:1])
+        shadows = re.findall(r"shadow of stage (\d+)", err)
+        check(sorted(shadows) == ["0", "1", "1", "2"], "shadow lines %s:\n%s", shadows, err[-2000:])
+        frc = re.findall(r"frc: (\d+) steps, (\d+) microbatches in waits .*, (\d+) exposed", err)
+        if mode == "lazy":
+            check(not frc, "lazy FRC ran: %s", frc)
+        else:
+            check(len(frc) == 4 and all(int(n) == 6 for n, _, _ in frc), "frc lines %s:\n%s",
+                  frc, err[-2000:])
+            # global 4 = 2 microbatches, one per pipeline: each holder's FRC runs once a step
+            check(sum(int(a) + int(b) for _, a, b in frc) == 4 * 6, "frc lines %s", frc)
+        for a, p, b in zip(rows, plain, ref):
+            check(a["loss"] == p["loss"], "%s step %d: loss %.9g, templates %.9g", mode,
+                  a["step"], a["loss"], p["loss"])
+            check(abs(a["loss"] - b["loss"]) <= 1e-6 * abs(b["loss"]),
+                  "%s step %d: loss %.9g, train %.9g", mode, a["step"], a["loss"], b["loss"])
+            check(a["samples_digest"] == b["samples_digest"], "step %d: samples differ", a["step"])
 
 
 def write_eval_job(name, steps, global_, every, extra=""):

@@ -87,4 +87,18 @@ static int box_recv(void *ctx, int peer, pl_link_kind kind, int mb, float *buf, 
     }
 }
 
+/* pl_stage_link.ready: 1 when that message is in the box. */
+static inline int box_ready(void *ctx, int peer, pl_link_kind kind, int mb)
+{
+    endpoint *ep = ctx;
+    mailbox *b = ep->box;
+    int there = 0;
+    pthread_mutex_lock(&b->mu);
+    for (int i = 0; i < MAILBOX_SLOTS && !there; i++)
+        there = b->msg[i].used && b->msg[i].to == ep->self && b->msg[i].from == peer &&
+                b->msg[i].kind == (int)kind && b->msg[i].mb == mb;
+    pthread_mutex_unlock(&b->mu);
+    return there;
+}
+
 #endif

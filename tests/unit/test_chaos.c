@@ -95,6 +95,27 @@ static void test_trace_maps_nodes_to_workers(void)
     pl_chaos_free(&c);
 }
 
+static void test_trace_count_format(void)
+{
+    /* 3 nodes, one preempted (the newest: worker 2), two new ones, then 2 preempted (newest first) */
+    const char *path = write_tmp("2021-12-11, 11:00:00, 3\n2021-12-11, 11:01:00, 2\n"
+                                 "2021-12-11, 11:02:00, 4\n2021-12-11, 11:03:00, 2\n");
+    char spec[128];
+    snprintf(spec, sizeof spec, "trace:%s:60", path);
+    pl_chaos c;
+    CHECK(pl_chaos_parse(spec, &c, err, sizeof err) == 0);
+    unlink(path);
+    CHECK_EQ_INT(c.initial_workers, 3);
+    CHECK_EQ_INT(c.n, 5);
+    CHECK(c.events[0].action == PL_CHAOS_KILL && c.events[0].worker == 2 && c.events[0].t_ms == 1000);
+    CHECK(c.events[1].action == PL_CHAOS_ADD && c.events[1].t_ms == 2000);
+    CHECK(c.events[2].action == PL_CHAOS_ADD && c.events[2].t_ms == 2000);
+    CHECK(c.events[3].action == PL_CHAOS_KILL && c.events[3].t_ms == 3000);
+    CHECK(c.events[4].action == PL_CHAOS_KILL && c.events[4].t_ms == 3000);
+    CHECK(c.events[3].worker + c.events[4].worker == 3 + 4); /* the two added ones */
+    pl_chaos_free(&c);
+}
+
 static void test_bad_traces(void)
 {
     static const struct {
@@ -148,6 +169,7 @@ TEST_MAIN_BEGIN
 RUN(test_step_and_time_events);
 RUN(test_bad_specs_name_the_event);
 RUN(test_trace_maps_nodes_to_workers);
+RUN(test_trace_count_format);
 RUN(test_bad_traces);
 RUN(test_shared_traces);
 TEST_MAIN_END

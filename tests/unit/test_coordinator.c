@@ -984,8 +984,9 @@ static void test_join_checks_and_settling(void)
 
 /* A worker cut off from its peers but not from the coordinator: w1 reports w0 first,
  * then w2 reports w1; weighed together for peer_judge_ms, w1 (links to both broken) is
- * the one lost, not w0. Two workers that report each other: the peer named first (too
- * few are left then: the job waits for nodes). */
+ * the one lost, not w0. Two workers that report each other: nobody the first time (a
+ * lone broken link names no culprit), the peer named first when the same link breaks
+ * again (too few are left then: the job waits for nodes). */
 static void test_peer_reports_are_judged(void)
 {
     sim s;
@@ -1033,9 +1034,22 @@ static void test_peer_reports_are_judged(void)
     CHECK_EQ_INT(pl_coord_peer_broken(s.c, nm(a), g, nm(b)), PL_COORD_OK);
     CHECK_EQ_INT(pl_coord_peer_broken(s.c, nm(b), g, nm(a)), PL_COORD_OK);
     CHECK_EQ_INT(pl_coord_tick(s.c, 2499), PL_COORD_IGNORED);
-    CHECK_EQ_INT(pl_coord_tick(s.c, 2500), PL_COORD_OK);
-    CHECK_EQ_INT(pl_coord_heartbeat(s.c, nm(a), 1, 2500), PL_COORD_OK);
-    CHECK_EQ_INT(pl_coord_heartbeat(s.c, nm(b), 1, 2500), PL_COORD_ERR); /* lost */
+    pl_coord_tick(s.c, 2500);
+    CHECK_EQ_INT(pl_coord_live_workers(s.c), 4); /* forgiven once: a new plan, both kept */
+    for (int w = 0; w < 5; w++)
+        if (s.live[w])
+            CHECK_EQ_INT(pl_coord_heartbeat(s.c, nm(w), 1, 2500), PL_COORD_OK);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(s.gen, g + 1);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    g = s.gen;
+    CHECK_EQ_INT(pl_coord_peer_broken(s.c, nm(a), g, nm(b)), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_peer_broken(s.c, nm(b), g, nm(a)), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_tick(s.c, 3499), PL_COORD_IGNORED);
+    CHECK_EQ_INT(pl_coord_tick(s.c, 3500), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_heartbeat(s.c, nm(a), 1, 3500), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_heartbeat(s.c, nm(b), 1, 3500), PL_COORD_ERR); /* lost */
     CHECK_EQ_INT(pl_coord_live_workers(s.c), 3);
     sim_free(&s);
 }
@@ -1355,18 +1369,26 @@ static void test_initial_copy_loss_and_nan(void)
     CHECK_EQ_INT(s.plan[0].u.plan.step, 0);
     all_copy_done(&s);
     CHECK(drain(&s) == 0);
-    /* a report for another step is ignored; peer_broken loses the peer */
+    /* a report for another step is ignored; peer_broken twice loses the peer */
     pl_msg_report r = {.step = 7, .grad_sumsq = 0.25};
     CHECK_EQ_INT(pl_coord_report(s.c, "w0", 2, &r), PL_COORD_IGNORED);
     CHECK(run_step(&s, 0) == 0);
     CHECK_EQ_INT(pl_coord_peer_broken(s.c, "w0", 1, "w3"), PL_COORD_IGNORED);
     CHECK_EQ_INT(pl_coord_peer_broken(s.c, "w0", 2, "w3"), PL_COORD_OK);
+    CHECK(drain(&s) == 0); /* a lone broken link: both ends kept once, the step redone */
+    CHECK_EQ_INT(count_type(&s, PL_MSG_ABORT), 5);
+    CHECK_EQ_INT(s.gen, 3);
+    CHECK_EQ_INT(pl_coord_live_workers(s.c), 5);
+    CHECK_STR_CONTAINS(pl_coord_reconfig(s.c, 1)->cause, "the link between w3 and w0 broke");
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_peer_broken(s.c, "w0", 3, "w3"), PL_COORD_OK); /* again */
     s.live[3] = 0;
     CHECK(drain(&s) == 0);
     CHECK_EQ_INT(count_type(&s, PL_MSG_ABORT), 4);
-    CHECK_EQ_INT(s.gen, 3);
+    CHECK_EQ_INT(s.gen, 4);
     CHECK(plans_valid(&s) == 0);
-    CHECK_STR_CONTAINS(pl_coord_reconfig(s.c, 1)->cause, "lost w3 (peer_broken: its links to w0 broke)");
+    CHECK_STR_CONTAINS(pl_coord_reconfig(s.c, 2)->cause, "lost w3 (peer_broken: its links to w0 broke)");
     all_copy_done(&s);
     CHECK(drain(&s) == 0);
     /* a non-finite norm: never committed (abort at once), redone under new plans, then
@@ -2141,6 +2163,113 @@ static void test_eval_aggregation(void)
     sim_free(&s);
 }
 
+/* Heartbeats from every live worker at t, through the dispatcher, with the plan generation
+ * each one's compute thread installed: s->gen, or old_gen for worker `hung`. */
+static void beat_all_gen(sim *s, int64_t t, int hung, int64_t old_gen)
+{
+    for (int w = 0; w < s->nw; w++) {
+        if (!s->live[w])
+            continue;
+        pl_msg hb;
+        pl_msg_init(&hb, PL_MSG_HEARTBEAT, w == hung ? old_gen : s->gen);
+        pl_coord_on_msg(s->c, nm(w), &hb, t);
+        pl_msg_free(&hb);
+    }
+}
+
+static void beat_all(sim *s, int64_t t) { beat_all_gen(s, t, -1, 0); }
+
+/* A worker whose compute thread hangs while its heartbeats go on: the automatic step
+ * deadline (10 × the median step time, at least 5 heartbeat windows) passes; the step is
+ * aborted and planned again with the same workers, and the one whose compute thread never
+ * takes that plan (its heartbeats keep the old generation) is lost like any other (stop to
+ * it, a new plan), named in the cause. */
+static void test_step_deadline_automatic(void)
+{
+    sim s;
+    CHECK(begin_run(&s, 20, 6) == 0);
+    CHECK_EQ_INT((int)pl_coord_step_deadline(s.c), -1); /* nothing timed yet */
+    for (int st = 0; st < 4; st++) {                     /* steps of 2 s */
+        beat_all(&s, 2000 * (st + 1));
+        CHECK(run_step(&s, st) == 0);
+    }
+    CHECK_EQ_INT((int)pl_coord_step_deadline(s.c), 20000);
+    /* step 4 starts at 8 s; w1 never reports, its heartbeats go on; the others wait on it */
+    report_all(&s, 4, 1, 1);
+    for (int64_t t = 10000; t <= 28000; t += 2000) {
+        beat_all(&s, t);
+        CHECK_EQ_INT(pl_coord_tick(s.c, t), PL_COORD_IGNORED);
+    }
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(s.nm, 0);
+    const int64_t old = s.gen;
+    beat_all(&s, 28001);
+    CHECK_EQ_INT(pl_coord_tick(s.c, 28001), PL_COORD_OK);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_ABORT), 6);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_PLAN), 6); /* the same workers */
+    CHECK_EQ_INT(count_type(&s, PL_MSG_STOP), 0);
+    CHECK_STR_CONTAINS(pl_coord_reconfig(s.c, 0)->cause,
+                       "step 4 not reported within its deadline of 20.0 s: aborted");
+    for (int w = 0; w < 6; w++)
+        if (w != 1)
+            pl_coord_copy_done(s.c, nm(w), s.gen, 0);
+    for (int64_t t = 30000; t <= 48000; t += 2000) {
+        beat_all_gen(&s, t, 1, old);
+        CHECK_EQ_INT(pl_coord_tick(s.c, t), PL_COORD_IGNORED);
+    }
+    beat_all_gen(&s, 48002, 1, old);
+    CHECK_EQ_INT(pl_coord_tick(s.c, 48002), PL_COORD_OK);
+    s.live[1] = 0;
+    CHECK_EQ_INT(pl_coord_worker_silent(s.c, "w1"), 1); /* the front end ends it */
+    CHECK_EQ_INT(pl_coord_worker_silent(s.c, "w0"), 0);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_STOP), 1);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_PLAN), 5);
+    CHECK(plans_valid(&s) == 0);
+    CHECK_STR_CONTAINS(pl_coord_reconfig(s.c, 1)->cause,
+                       "lost w1 (hung: plan 2 not taken within 20.0 s of the step deadline)");
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 4) == 0); /* redone under the new plan */
+    sim_free(&s);
+}
+
+/* stepTimeoutSeconds set: that deadline from the first step; a worker that never
+ * answers the commit is lost, the commit stands and the next step gets a new plan. */
+static void test_step_deadline_fixed(void)
+{
+    sim s;
+    CHECK(sim_init(&s, 5, 6) == 0);
+    pl_coord_free(s.c);
+    s.cfg.step_timeout_ms = 5000;
+    char err[256];
+    s.c = pl_coord_new(&s.cfg, err, sizeof err);
+    CHECK(s.c != NULL);
+    CHECK(start_workers(&s, 6) == 0 && plans_valid(&s) == 0);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT((int)pl_coord_step_deadline(s.c), 5000);
+    report_all(&s, 0, -1, 1);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_COMMIT), npipeworkers(&s));
+    for (int w = 0; w < s.nw; w++)
+        if (w != 2 && in_pipes(&s, w))
+            pl_coord_committed(s.c, nm(w), s.gen, 0);
+    beat_all(&s, 2500);
+    CHECK_EQ_INT(pl_coord_tick(s.c, 5000), PL_COORD_IGNORED);
+    beat_all(&s, 5001);
+    CHECK_EQ_INT(pl_coord_tick(s.c, 5001), PL_COORD_OK);
+    s.live[2] = 0;
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_PLAN), 5);
+    CHECK_EQ_INT((int)pl_coord_step(s.c), 1); /* the commit stands */
+    CHECK_EQ_INT(pl_coord_nsteps(s.c), 1);
+    CHECK_STR_CONTAINS(pl_coord_reconfig(s.c, 0)->cause,
+                       "lost w2 (step 0 not committed within its deadline of 5.0 s)");
+    sim_free(&s);
+}
+
 static void test_bad_config(void)
 {
     sim s;
@@ -2198,5 +2327,7 @@ RUN(test_profiling_on_a_worker);
 RUN(test_profiling_failures);
 RUN(test_eval_aggregation);
 RUN(test_bad_config);
+RUN(test_step_deadline_automatic);
+RUN(test_step_deadline_fixed);
 RUN(test_peer_reports_are_judged);
 TEST_MAIN_END

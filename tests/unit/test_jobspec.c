@@ -80,6 +80,7 @@ static void test_defaults(void)
     CHECK_EQ_INT(job.fault_tolerance.max_resets, 100);
     CHECK_EQ_INT(job.fault_tolerance.hosts_added_check_every, 1);
     CHECK(job.fault_tolerance.heartbeat_seconds == 3.0);
+    CHECK(job.fault_tolerance.step_timeout_seconds == 0.0);
     CHECK(job.fault_tolerance.wait_for_nodes_timeout_seconds == 600.0);
     CHECK_EQ_INT(job.nodes.min, 1);
     CHECK_EQ_INT(job.nodes.max, 0);
@@ -108,6 +109,7 @@ static void test_every_field(void)
                        "  checkpoint: {dir: /ck, every: 0, resume: never, keep: 3}\n"
                        "  faultTolerance: {strategy: checkpoint, tolerate: 0, maxResets: 0,\n"
                        "                   hostsAddedCheckEvery: 5, heartbeatSeconds: 0.5,\n"
+                       "                   stepTimeoutSeconds: 90,\n"
                        "                   waitForNodesTimeoutSeconds: 0}\n"
                        "  nodes: {min: 2, max: 2, gpusPerNode: 8}\n"
                        "  profile: /p/prof.json\n";
@@ -155,6 +157,7 @@ static void test_every_field(void)
     CHECK_EQ_INT(job.fault_tolerance.max_resets, 0);
     CHECK_EQ_INT(job.fault_tolerance.hosts_added_check_every, 5);
     CHECK(job.fault_tolerance.heartbeat_seconds == 0.5);
+    CHECK(job.fault_tolerance.step_timeout_seconds == 90.0);
     CHECK(job.fault_tolerance.wait_for_nodes_timeout_seconds == 0);
     CHECK_EQ_INT(job.nodes.min, 2);
     CHECK_EQ_INT(job.nodes.max, 2);
@@ -645,6 +648,8 @@ static void test_validation_errors(void)
          "spec.faultTolerance.heartbeatSeconds: must be greater than 0"},
         {MINIMAL "  faultTolerance: {belowMinimum: shrink}\n",
          "spec.faultTolerance.belowMinimum: must be wait or degrade"},
+        {MINIMAL "  faultTolerance: {stepTimeoutSeconds: -1}\n",
+         "spec.faultTolerance.stepTimeoutSeconds: must be in 0..1e9 (0: automatic; got -1)"},
         {MINIMAL "  faultTolerance: {waitForNodesTimeoutSeconds: -1}\n",
          "spec.faultTolerance.waitForNodesTimeoutSeconds: must be at least 0"},
         {MINIMAL "  faultTolerance: {strategy: bamboo}\n",

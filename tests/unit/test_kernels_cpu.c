@@ -697,6 +697,39 @@ static void test_crossentropy(void)
     }
 }
 
+/* The training path (kn_crossentropy_forward / _backward, per-row statistics in
+ * place of the probabilities) gives the pair's losses and dlogits bit for bit,
+ * in place as the engine calls it, with masked rows, a target ≥ V (NaN loss)
+ * and an underflowing target probability. */
+static void test_crossentropy_stats(void)
+{
+    arena_reset();
+    rng_state = 1020;
+    int shapes[][3] = {{1, 1, 1}, {5, 7, 8}, {6, 50, 64}, {33, 1000, 1024}, {4, 500, 500},
+                       {3, 50257, 50304}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int BT = shapes[s][0], V = shapes[s][1], Vp = shapes[s][2];
+        size_t n = (size_t)BT * Vp;
+        float *logits = frand(n, 4), *probs = tf(n), *losses = tf((size_t)BT);
+        float *losses2 = tf((size_t)BT), *stats = tf(2 * (size_t)BT), *dl = tf(n), *dl2 = tf(n);
+        int32_t *tg = ti((size_t)BT);
+        for (int r = 0; r < BT; r++) tg[r] = (int32_t)rng_range(0, V - 1);
+        if (BT > 2) tg[1] = -1; /* masked */
+        if (BT > 3) logits[(size_t)3 * Vp + tg[3]] = -60.0f; /* p[target] ≈ 1e-27 */
+        if (BT > 4) tg[4] = V; /* bad data: NaN loss */
+        memcpy(dl2, logits, n * sizeof(float));
+        float scale = 1.0f / (float)BT;
+        kn_softmax_crossentropy_forward(ctx, losses, probs, logits, tg, BT, V, Vp);
+        kn_crossentropy_softmax_backward(ctx, dl, probs, tg, scale, BT, V, Vp);
+        kn_crossentropy_forward(ctx, losses2, stats, dl2, tg, BT, V, Vp);
+        CHECK(memcmp(dl2, logits, n * sizeof(float)) == 0); /* logits unchanged */
+        kn_crossentropy_backward(ctx, dl2, dl2, stats, tg, scale, BT, V, Vp); /* in place */
+        CHECK(memcmp(losses2, losses, (size_t)BT * sizeof(float)) == 0);
+        CHECK(memcmp(dl2, dl, n * sizeof(float)) == 0);
+        if (BT > 4) CHECK(isnan(losses2[4]));
+    }
+}
+
 /* A NaN anywhere in a row must show in its outputs (divergence is detected
  * from the loss), not vanish in a max or a clamp. */
 static void test_nan_propagates(void)
@@ -773,6 +806,55 @@ static void test_adamw(void)
             CHECK(near("adamw v", v, vd, n, 1e-6));
             CHECK(near("adamw params", p, pd, n, 1e-6));
         }
+    }
+}
+
+/* kn_adamw_update_spans equals one kn_adamw_update per span, bit for bit: spans
+ * out of order, with and without decay, an empty one, gaps left untouched. */
+/* kn_matmul_backward_set equals zeroing dinp and kn_matmul_backward, bit for bit. */
+static void test_matmul_backward_set(void)
+{
+    arena_reset();
+    rng_state = 505;
+    const int shapes[][3] = {{7, 13, 9}, {64, 32, 96}, {3, 0, 4}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int BT = shapes[s][0], C = shapes[s][1], OC = shapes[s][2];
+        size_t ni = (size_t)BT * C, nw = (size_t)OC * C, no = (size_t)BT * OC;
+        float *x = frand(ni, 1), *W = frand(nw, 1), *dout = frand(no, 1);
+        float *dx = frand(ni, 1), *dx2 = frand(ni, 1), *dW = frand(nw, 1), *dW2 = tf(nw);
+        float *db = frand((size_t)OC, 1), *db2 = tf((size_t)OC);
+        memcpy(dW2, dW, nw * 4), memcpy(db2, db, (size_t)OC * 4);
+        memset(dx, 0, ni * 4);
+        kn_matmul_backward(ctx, dx, dW, db, dout, x, W, BT, C, OC);
+        kn_matmul_backward_set(ctx, dx2, dW2, db2, dout, x, W, BT, C, OC);
+        CHECK(memcmp(dx, dx2, ni * 4) == 0);
+        CHECK(memcmp(dW, dW2, nw * 4) == 0);
+        CHECK(memcmp(db, db2, (size_t)OC * 4) == 0);
+    }
+}
+
+static void test_adamw_spans(void)
+{
+    arena_reset();
+    rng_state = 1113;
+    const size_t n = 3000;
+    const kn_adamw_span sp[] = {{1000, 700, 1}, {0, 10, 0}, {10, 0, 1}, {2000, 1000, 0},
+                                {1700, 250, 1}, {20, 1, 1}};
+    const int ns = (int)(sizeof sp / sizeof sp[0]);
+    float *p = frand(n, 1), *m = frand(n, 1), *v = frand(n, 1), *g = frand(n, 2);
+    for (size_t i = 0; i < n; i++) v[i] = v[i] * v[i];
+    float *p2 = tf(n), *m2 = tf(n), *v2 = tf(n);
+    memcpy(p2, p, n * 4), memcpy(m2, m, n * 4), memcpy(v2, v, n * 4);
+    for (int t = 1; t <= 3; t++) {
+        for (int i = 0; i < ns; i++) {
+            size_t o = sp[i].offset;
+            kn_adamw_update(ctx, p + o, g + o, m + o, v + o, sp[i].n, 3e-3f, 0.9f, 0.95f, 1e-8f,
+                            sp[i].decay ? 0.1f : 0.0f, 0.5f, t);
+        }
+        kn_adamw_update_spans(ctx, p2, g, m2, v2, sp, ns, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
+        CHECK(memcmp(p, p2, n * 4) == 0);
+        CHECK(memcmp(m, m2, n * 4) == 0);
+        CHECK(memcmp(v, v2, n * 4) == 0);
     }
 }
 
@@ -1178,9 +1260,12 @@ TEST_MAIN_BEGIN
     RUN(test_gelu);
     RUN(test_residual_accumulate);
     RUN(test_crossentropy);
+    RUN(test_crossentropy_stats);
     RUN(test_nan_propagates);
     RUN(test_expf_tanhf);
     RUN(test_adamw);
+    RUN(test_adamw_spans);
+    RUN(test_matmul_backward_set);
     RUN(test_reductions);
     RUN(test_fd_layernorm);
     RUN(test_fd_matmul);

@@ -267,7 +267,9 @@ static void test_layernorm(void)
     NEED_GPU();
     arena_reset();
     rng_state = 202;
-    int shapes[][3] = {{1, 1, 1}, {1, 1, 8}, {2, 7, 13}, {3, 33, 200}, {4, 300, 768}};
+    /* C ≤ 768 with all three gradients: the fused kernel (rows not a multiple of
+     * its 32-row blocks); C = 1024: the two separate kernels */
+    int shapes[][3] = {{1, 1, 1}, {1, 1, 8}, {2, 7, 13}, {3, 33, 200}, {4, 300, 768}, {2, 50, 1024}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int B = shapes[s][0], T = shapes[s][1], C = shapes[s][2];
         size_t N = (size_t)B * T, n = N * C;
@@ -340,6 +342,33 @@ static void test_matmul(void)
         CHECK(close_to("matmul dweight (accumulated)", down(d_dW, nw), dW, nw, tol_lin));
         if (db) CHECK(close_to("matmul dbias (accumulated)", down(d_db, OC), db, OC, 2e-5));
         arena_reset(); /* the last shape is large */
+    }
+}
+
+/* kn_matmul_backward_set: dinp overwritten (the device copy starts as garbage,
+ * 7.0), on the Lt and the cublasGemmEx paths and the chunked one; against the
+ * CPU's zero-then-accumulate. */
+static void test_matmul_backward_set(void)
+{
+    NEED_GPU();
+    arena_reset();
+    rng_state = 304;
+    for (size_t s = 0; s < sizeof mm_shapes / sizeof mm_shapes[0]; s++) {
+        int BT = mm_shapes[s][0], C = mm_shapes[s][1], OC = mm_shapes[s][2];
+        int has_bias = mm_shapes[s][3], off = mm_shapes[s][4];
+        size_t ni = (size_t)BT * C, nw = (size_t)OC * C, no = (size_t)BT * OC;
+        float *x = hrand(ni, 1), *W = hrand(nw, 0.1), *dout = hrand(no, 1);
+        float *dx = hf(ni), *dW = hrand(nw, 1), *db = has_bias ? hrand(OC, 1) : NULL;
+        for (size_t i = 0; i < ni; i++) dx[i] = 7.0f;
+        float *d_dx = upf_at(dx, ni, off), *d_dW = upf_at(dW, nw, off);
+        float *d_db = db ? upf_at(db, OC, off) : NULL;
+        kn_matmul_backward_set(cpu, dx, dW, db, dout, x, W, BT, C, OC);
+        kn_matmul_backward_set(gpu, d_dx, d_dW, d_db, upf_at(dout, no, off), upf_at(x, ni, off),
+                               upf_at(W, nw, off), BT, C, OC);
+        CHECK(close_to("matmul dinp (set)", down(d_dx, ni), dx, ni, tol_lin));
+        CHECK(close_to("matmul dweight (set)", down(d_dW, nw), dW, nw, tol_lin));
+        if (db) CHECK(close_to("matmul dbias (set)", down(d_db, OC), db, OC, 2e-5));
+        arena_reset();
     }
 }
 
@@ -584,6 +613,55 @@ static void test_crossentropy(void)
     }
 }
 
+/* The training path: per-row (max, sum) in one read of the logits (online
+ * softmax), then dlogits in place in one pass; against the CPU's, which equals the
+ * pair above bit for bit. Odd Vp and a misaligned row start take the scalar
+ * loads; 50304 the float4 ones. */
+static void test_crossentropy_stats(void)
+{
+    NEED_GPU();
+    arena_reset();
+    rng_state = 1020;
+    int shapes[][3] = {{1, 1, 1}, {5, 7, 8}, {3, 5, 7}, {33, 1000, 1024}, {4, 500, 500},
+                       {8, 50257, 50304}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int BT = shapes[s][0], V = shapes[s][1], Vp = shapes[s][2];
+        size_t n = (size_t)BT * Vp;
+        float *logits = hrand(n, 4), *losses = hf(BT), *stats = hf(2 * (size_t)BT), *dl = hf(n);
+        int32_t *tg = alloc_on(cpu, BT * sizeof(int32_t));
+        for (int r = 0; r < BT; r++) tg[r] = (int32_t)rng_range(0, V - 1);
+        if (BT > 2) tg[1] = -1; /* masked */
+        if (BT > 3) logits[(size_t)3 * Vp + tg[3]] = -60.0f; /* p[target] ≈ 1e-27 */
+        int32_t *d_tg = up(tg, BT * sizeof(int32_t));
+        float *d_logits = upf(logits, n), *d_losses = alloc_on(gpu, BT * 4);
+        float *d_stats = alloc_on(gpu, 2 * (size_t)BT * 4);
+        float scale = 1.0f / (float)BT;
+        kn_crossentropy_forward(cpu, losses, stats, logits, tg, BT, V, Vp);
+        kn_crossentropy_backward(cpu, dl, logits, stats, tg, scale, BT, V, Vp);
+        kn_crossentropy_forward(gpu, d_losses, d_stats, d_logits, d_tg, BT, V, Vp);
+        CHECK(close_to("crossentropy losses (stats)", down(d_losses, BT), losses, BT, 1e-5));
+        CHECK(close_to("crossentropy row stats", down(d_stats, 2 * (size_t)BT), stats,
+                       2 * (size_t)BT, 1e-5));
+        kn_crossentropy_backward(gpu, d_logits, d_logits, d_stats, d_tg, scale, BT, V, Vp);
+        CHECK(close_to("crossentropy dlogits (stats, in place)", down(d_logits, n), dl, n, 1e-6));
+    }
+    /* a row starting off a 16-byte boundary: scalar loads */
+    int BT = 3, V = 37, Vp = 40;
+    size_t n = (size_t)BT * Vp;
+    float *logits = hrand(n + 1, 4), *losses = hf(BT), *stats = hf(2 * (size_t)BT), *dl = hf(n);
+    int32_t *tg = alloc_on(cpu, BT * sizeof(int32_t));
+    for (int r = 0; r < BT; r++) tg[r] = (int32_t)rng_range(0, V - 1);
+    int32_t *d_tg = up(tg, BT * sizeof(int32_t));
+    float *d_logits = upf(logits, n + 1), *d_losses = alloc_on(gpu, BT * 4);
+    float *d_stats = alloc_on(gpu, 2 * (size_t)BT * 4);
+    kn_crossentropy_forward(cpu, losses, stats, logits + 1, tg, BT, V, Vp);
+    kn_crossentropy_backward(cpu, dl, logits + 1, stats, tg, 0.5f, BT, V, Vp);
+    kn_crossentropy_forward(gpu, d_losses, d_stats, d_logits + 1, d_tg, BT, V, Vp);
+    CHECK(close_to("crossentropy losses (misaligned)", down(d_losses, BT), losses, BT, 1e-5));
+    kn_crossentropy_backward(gpu, d_logits + 1, d_logits + 1, d_stats, d_tg, 0.5f, BT, V, Vp);
+    CHECK(close_to("crossentropy dlogits (misaligned)", down(d_logits + 1, n), dl, n, 1e-6));
+}
+
 /* ---- optimizer and reductions ------------------------------------------------- */
 
 static void test_adamw(void)
@@ -605,6 +683,35 @@ static void test_adamw(void)
         CHECK(close_to("adamw params", down(d_p, n), p, n, 1e-6));
         CHECK(close_to("adamw m", down(d_m, n), m, n, 1e-6));
         CHECK(close_to("adamw v", down(d_v, n), v, n, 1e-6));
+    }
+}
+
+/* One launch over many spans (more than KN_ADAMW_SPANS: two launches), with and
+ * without decay, an empty span and gaps: as the CPU's update per span. */
+static void test_adamw_spans(void)
+{
+    NEED_GPU();
+    arena_reset();
+    rng_state = 1113;
+    enum { NS = KN_ADAMW_SPANS + 9 };
+    kn_adamw_span sp[NS];
+    size_t n = 0;
+    for (int i = 0; i < NS; i++) { /* sizes 0..~5000, a gap of 3 after each */
+        size_t len = i == 5 ? 0 : (size_t)rng_range(1, i % 7 == 0 ? 5000 : 300);
+        sp[i] = (kn_adamw_span){n, len, i % 3 != 0};
+        n += len + 3;
+    }
+    float *p = hrand(n, 1), *m = hrand(n, 1), *v = hrand(n, 1);
+    for (size_t i = 0; i < n; i++) v[i] = v[i] * v[i];
+    float *d_p = upf(p, n), *d_m = upf(m, n), *d_v = upf(v, n);
+    for (int t = 1; t <= 3; t++) {
+        float *g = hrand(n, 1), *d_g = upf(g, n);
+        kn_adamw_update_spans(cpu, p, g, m, v, sp, NS, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
+        kn_adamw_update_spans(gpu, d_p, d_g, d_m, d_v, sp, NS, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                              0.5f, t);
+        CHECK(close_to("adamw spans m", down(d_m, n), m, n, 1e-6));
+        CHECK(close_to("adamw spans v", down(d_v, n), v, n, 1e-6));
+        CHECK(close_to("adamw spans params", down(d_p, n), p, n, 1e-6));
     }
 }
 
@@ -723,6 +830,9 @@ TEST_MAIN_BEGIN
         printf("FAIL kn_create_cpu: %s\n", err);
         return 1;
     }
+    /* the bf16 backward's chunks of 256 MiB, so that test_matmul's last shape
+     * (270 MB of bf16 rows) takes the chunked path (matmul.cu) */
+    setenv("PLIANT_MATMUL_BWD_MB", "256", 1);
     gpu = kn_create("cuda", 1, err, sizeof err);
     if (!gpu) {
         /* no device is a skip; a device that fails to start is a failure, and so
@@ -744,12 +854,15 @@ TEST_MAIN_BEGIN
     RUN(test_encoder_out_of_vocab);
     RUN(test_layernorm);
     RUN(test_matmul);
+    RUN(test_matmul_backward_set);
     RUN(test_matmul_gelu);
     RUN(test_attention);
     RUN(test_gelu);
     RUN(test_residual_accumulate);
     RUN(test_crossentropy);
+    RUN(test_crossentropy_stats);
     RUN(test_adamw);
+    RUN(test_adamw_spans);
     RUN(test_reductions);
     RUN(test_profile_memory);
     RUN(test_engine_parity);

@@ -134,6 +134,8 @@ static void test_errors_name_the_field(void)
          "clusters[0].cluster.server: missing"},
         {"current-context: ctx\n" CLUSTER("    server: k8s:6443\n") CONTEXT(""),
          "clusters[0].cluster.server: \"k8s:6443\" must start with https:// or http://"},
+        {"current-context: ctx\n" CLUSTER("    server: https://\n") CONTEXT(""),
+         "clusters[0].cluster.server: \"https://\" names no host"},
         {"current-context: ctx\n" CLUSTER(SERVER "    insecure-skip-tls-verify: 'yes'\n")
          CONTEXT(""),
          "clusters[0].cluster.insecure-skip-tls-verify: must be a boolean, not a string"},

@@ -658,8 +658,8 @@ static void test_reject_fields(void)
     REJECT("{\"v\":1,\"type\":\"challenge\",\"gen\":0,\"nonce\":\"0011\"}", "nonce: too short");
     REJECT("{\"v\":1,\"type\":\"welcome\",\"gen\":0,\"rank\":0,\"job\":\"j\",\"token_ok\":1,\"heartbeat_ms\":1000}",
            "token_ok: must be true or false");
-    REJECT("{\"v\":1,\"type\":\"welcome\",\"gen\":0,\"rank\":4096,\"job\":\"j\",\"token_ok\":true,\"heartbeat_ms\":1000}",
-           "rank: must be an integer in [0, 4095]");
+    REJECT("{\"v\":1,\"type\":\"welcome\",\"gen\":0,\"rank\":1073741824,\"job\":\"j\",\"token_ok\":true,\"heartbeat_ms\":1000}",
+           "rank: must be an integer in [0, 1073741823]");
     REJECT("{\"v\":1,\"type\":\"welcome\",\"gen\":0,\"rank\":1,\"job\":\"j\",\"token_ok\":true,\"heartbeat_ms\":5}",
            "heartbeat_ms: must be an integer in [100, 600000]");
 

@@ -38,7 +38,7 @@ static void on_layer_done(void *ctx, int layer)
 static void *run_stage(void *arg)
 {
     stage_thread *st = arg;
-    pl_stage_link link = {&st->ep, box_send, box_recv};
+    pl_stage_link link = {&st->ep, box_send, box_recv, NULL};
     char err[256];
     st->rc = pl_stage_step_notify(&st->e, &st->s, &link, &st->batch, on_layer_done, st,
                                   &st->loss, err, sizeof err);

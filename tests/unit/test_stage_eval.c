@@ -33,7 +33,7 @@ static void *run_eval(void *arg)
 {
     eval_stage *s = arg;
     if (!s->xport) {
-        pl_stage_link link = {&s->ep, box_send, box_recv};
+        pl_stage_link link = {&s->ep, box_send, box_recv, NULL};
         s->rc = pl_stage_eval(&s->e, s->stage, &link, s->tok, s->tgt, s->n, &s->loss, s->err,
                               sizeof s->err);
         return NULL;

@@ -487,7 +487,7 @@ typedef struct {
 static void *run_dying(void *arg)
 {
     dying_thread *st = arg;
-    pl_stage_link link = {&st->d, dying_send, dying_recv};
+    pl_stage_link link = {&st->d, dying_send, dying_recv, NULL};
     double loss;
     st->rc = pl_stage_step(&st->e, &st->s, &link, &st->batch, &loss, st->err, sizeof st->err);
     st->end_ms = ms_now();

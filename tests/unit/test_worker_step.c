@@ -85,6 +85,7 @@ struct shared_state {
     float grad_scale;
     int failed; /* set by the main thread: ranks stop after the current step */
     pl_rc_layout rc; /* redundant layers: Bamboo's ring in both pipelines */
+    int frc;         /* with rc: eager forward redundant computation (frc.h) */
     double losses[STEPS]; /* each step's mean loss */
     rank_thread r[NRANKS];
 };
@@ -105,14 +106,14 @@ static void *run_rank(void *arg)
     pthread_barrier_wait(&sh->bar); /* main checked the meshes */
     if (sh->failed) return NULL;
     pl_peer_table peers = {r->rank, NRANKS, r->conns};
-    pl_stage_link link = {&r->ep, box_send, box_recv};
+    pl_stage_link link = {&r->ep, box_send, box_recv, NULL};
     for (int step = 0; step < STEPS; step++) {
         pl_worker_step_args a = {
             .engine = &r->e, .schedule = &r->s, .link = &link, .tokens = sh->tok,
             .targets = sh->tgt, .first_micro = FIRST_MB[PIPE_OF[r->rank]],
             .global_micro = GLOBAL_MB, .groups = &sh->g, .peers = &peers,
             .step = (uint32_t)step, .timeout_ms = 10000, .rc = sh->rc,
-            .shadow = r->has_shadow ? &r->shadow : NULL,
+            .shadow = r->has_shadow ? &r->shadow : NULL, .frc = sh->frc,
         };
         r->rc = pl_worker_step(&a, &r->res, r->err, sizeof r->err);
         pthread_barrier_wait(&sh->bar); /* reduced */
@@ -276,6 +277,9 @@ static void check_steps(shared_state *sh, pl_engine *whole, verdict *v)
             EXPECT(v, pl_shadow_identical(&sh->r[i].shadow, &sh->r[owner].e),
                    "step %d: rank %d's shadow of stage %d differs from rank %d's layers", step,
                    i, succ, owner);
+            const pl_frc_stats *f = &sh->r[i].res.frc;
+            EXPECT(v, f->bubble + f->forced == (sh->frc ? NMB[PIPE_OF[i]] : 0),
+                   "step %d: rank %d ran %d + %d FRCs", step, i, f->bubble, f->forced);
         }
         if (step + 1 < STEPS) step_data(step + 1, sh->tok, sh->tgt);
         sh->failed = !v->ok;
@@ -325,13 +329,14 @@ static double compare_with_whole(const shared_state *sh, const pl_engine *whole,
 /* The losses of the run without redundant layers, for the run with them. */
 static double plain_losses[STEPS];
 
-static void two_pipelines(pl_rc_layout rc)
+static void two_pipelines(pl_rc_layout rc, int frc)
 {
     const pl_gpt_config *c = config();
     char err[512];
     shared_state *sh = calloc(1, sizeof *sh);
     CHECK(sh);
     sh->rc = rc;
+    sh->frc = frc;
     memcpy(sh->losses, plain_losses, sizeof plain_losses);
     pl_sync_pipeline pipes[NPIPE] = {{3, P0}, {2, P1}};
     CHECK_EQ_INT(pl_syncgroups_compute(pipes, NPIPE, c->L, &sh->g, err, sizeof err), 0);
@@ -384,7 +389,7 @@ static void two_pipelines(pl_rc_layout rc)
 
 static void test_two_heterogeneous_pipelines_equal_one_process(void)
 {
-    two_pipelines(PL_RC_NONE);
+    two_pipelines(PL_RC_NONE, 0);
 }
 
 /* Strategy redundant (shadow.h): every stage of both pipelines (3 and 2 stages, Bamboo's
@@ -393,7 +398,16 @@ static void test_two_heterogeneous_pipelines_equal_one_process(void)
  * are byte-identical to the owner's, and the losses equal the run without shadows exactly. */
 static void test_redundant_shadows_equal_their_owners(void)
 {
-    two_pipelines(PL_RC_RING);
+    two_pipelines(PL_RC_RING, 0);
+}
+
+/* The same with eager forward redundant computation (frc.h; Bamboo §5.2): every stage
+ * also runs its successor's forward on each of its microbatches, in its waits, and the
+ * losses, the gradients' norms and the shadows are still exactly those of the run
+ * without it. */
+static void test_redundant_eager_frc_changes_nothing(void)
+{
+    two_pipelines(PL_RC_RING, 1);
 }
 
 #undef EXPECT
@@ -472,7 +486,7 @@ static void *dp_run(void *arg)
     if (r->rc) return NULL;
     if (r->shut) shutdown(pl_conn_fd(r->conns[1 - r->rank]), SHUT_RDWR);
     pl_peer_table peers = {r->rank, 2, r->conns};
-    pl_stage_link none = {NULL, NULL, NULL}; /* one stage: no neighbours */
+    pl_stage_link none = {NULL, NULL, NULL, NULL}; /* one stage: no neighbours */
     for (int step = 0; step < r->steps && r->rc == 0; step++) {
         const int serial = r->compare && step % 2;
         const double t0 = pl_now_ms();
@@ -666,7 +680,7 @@ static void test_link_failure_stops_the_sync(void)
     const char *want[2] = {"recv of 0 broke", "send of 2 broke"};
     for (int i = 0; i < 2; i++) {
         fake_link f = cases[i];
-        pl_stage_link link = {&f, fake_send, fake_recv};
+        pl_stage_link link = {&f, fake_send, fake_recv, NULL};
         pl_worker_step_args a = {.engine = &e, .schedule = &s, .link = &link,
                                  .targets = tgt, .first_micro = 0, .global_micro = 3,
                                  .groups = &g, .peers = &peers, .step = 0,
@@ -677,7 +691,7 @@ static void test_link_failure_stops_the_sync(void)
     }
     /* and with a link that works, the missing wte connection is the step's error */
     fake_link ok = {-1, -1};
-    pl_stage_link link = {&ok, fake_send, fake_recv};
+    pl_stage_link link = {&ok, fake_send, fake_recv, NULL};
     pl_worker_step_args a = {.engine = &e, .schedule = &s, .link = &link, .targets = tgt,
                              .first_micro = 0, .global_micro = 3, .groups = &g,
                              .peers = &peers, .step = 0, .timeout_ms = 1000};
@@ -693,6 +707,7 @@ static void test_link_failure_stops_the_sync(void)
 TEST_MAIN_BEGIN
 RUN(test_two_heterogeneous_pipelines_equal_one_process);
 RUN(test_redundant_shadows_equal_their_owners);
+RUN(test_redundant_eager_frc_changes_nothing);
 RUN(test_sync_overlaps_the_backward);
 RUN(test_transport_failure_during_backward_fails_the_step);
 RUN(test_link_failure_stops_the_sync);

@@ -166,9 +166,11 @@ static int run_step(agent *a, int64_t s, char *err, size_t errlen)
                                 .before_reduce = pl_fault_step_hook(&a->fault, s),
                                 .before_op = pl_fault_before_op,
                                 .hook_ctx = &a->fault, .rc = a->rc,
-                                .shadow = a->have_shadow ? &a->shadow : NULL};
+                                .shadow = a->have_shadow ? &a->shadow : NULL,
+                                .frc = a->job.fault_tolerance.redundant_forward == PL_FRC_EAGER};
     pl_worker_step_result res;
     if (pl_worker_step(&args, &res, err, errlen)) return -1;
+    agent_count_frc(a, &res.frc);
     pl_msg m;
     pl_msg_init(&m, PL_MSG_REPORT, a->gen);
     m.u.report.step = s;

@@ -19,6 +19,7 @@
 #include "control_client.h"
 #include "engine.h"
 #include "fault.h"
+#include "frc.h"
 #include "jobspec.h"
 #include "mesh.h"
 #include "msg_queue.h"
@@ -79,6 +80,9 @@ typedef struct {
     pl_engine shadow_src; /* the shadow of the plan before this one, kept like src until the
                              next start_step: a failover's local source (Bamboo §5.2) */
     int have_shadow_src;
+    pl_frc_stats frc;     /* eager FRC of the shadow's steps so far (frc.h), logged when the
+                             shadow goes */
+    int frc_steps;
     pl_schedule sched;
     int have_sched;
     pl_listener *lst;
@@ -139,8 +143,10 @@ void agent_teardown_links(agent *a);
  * it), so that the shadow starts byte-identical to its owner. Sets a->rc; nothing without
  * strategy redundant, off the TCP transport or with one stage. 0, or -1 with err. */
 int agent_install_shadow(agent *a, const pl_msg_plan *p, char *err, size_t errlen);
-/* Drops the shadow (the end). */
+/* Drops the shadow (the end), logging its eager FRC figures. */
 void agent_drop_shadow(agent *a);
+/* Adds a step's FRC figures (nothing when it ran none). */
+void agent_count_frc(agent *a, const pl_frc_stats *s);
 /* A new plan: the shadow becomes shadow_src (the stable plan's, which a failover takes
  * over locally), unless shadow_src is still the one of a plan before (no step ran since):
  * then the shadow is dropped, as retire_engine does with engines. */

@@ -2,6 +2,7 @@
 #include "fault.h"
 
 #include <signal.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +17,8 @@ static const char *const PHASES[] = {
     [PL_FAULT_BADTOKEN] = "badtoken",
 };
 static const char *const ACTIONS[] = {[PL_FAULT_KILL] = "kill", [PL_FAULT_STOP] = "stop",
-                                      [PL_FAULT_TERM] = "term", [PL_FAULT_CUT] = "cut"};
+                                      [PL_FAULT_TERM] = "term", [PL_FAULT_CUT] = "cut",
+                                      [PL_FAULT_STALL] = "stall"};
 
 /* The phase named by v up to its first ':', and where its number starts. */
 static pl_fault_phase parse_phase(const char *v, const char **num)
@@ -37,7 +39,7 @@ static int parse_action(const char *s, pl_fault_action *out)
     *out = PL_FAULT_KILL;
     if (!*s) return 0;
     if (*s != ':') return -1;
-    for (int k = PL_FAULT_KILL; k <= PL_FAULT_CUT; k++)
+    for (int k = PL_FAULT_KILL; k <= PL_FAULT_STALL; k++)
         if (!strcmp(s + 1, ACTIONS[k])) {
             *out = (pl_fault_action)k;
             return 0;
@@ -115,12 +117,20 @@ void pl_fault_begin_step(pl_fault *f, int64_t step, int nmb)
     f->groups = 0;
 }
 
+/* Blocks the calling thread for good (until the process is killed); the others go on. */
+static void stall(void)
+{
+    for (;;)
+        pause();
+}
+
 /* Does the action of each fault of phase `phase` at `at` for this worker's rank, once. */
 static void fire(pl_fault *f, pl_fault_phase phase, int64_t at, const char *where)
 {
     static const char *const what[] = {[PL_FAULT_KILL] = "SIGKILL", [PL_FAULT_STOP] = "SIGSTOP",
                                        [PL_FAULT_TERM] = "SIGTERM",
-                                       [PL_FAULT_CUT] = "control connection cut"};
+                                       [PL_FAULT_CUT] = "control connection cut",
+                                       [PL_FAULT_STALL] = "a stall"};
     for (int i = 0; i < f->n; i++) {
         pl_fault_spec *x = &f->f[i];
         if (x->kind != phase || at != x->at) continue;
@@ -134,6 +144,7 @@ static void fire(pl_fault *f, pl_fault_phase phase, int64_t at, const char *wher
         if (x->action == PL_FAULT_KILL) raise(SIGKILL);
         else if (x->action == PL_FAULT_STOP) raise(SIGSTOP); /* until someone SIGKILLs it */
         else if (x->action == PL_FAULT_TERM) raise(SIGTERM);  /* the worker's own handler */
+        else if (x->action == PL_FAULT_STALL) stall();
         else atomic_store(&f->cut, 1);
     }
 }

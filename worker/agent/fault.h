@@ -14,7 +14,9 @@
  *
  * ACTION: kill (the default: SIGKILL), stop (SIGSTOP: the process hangs, heartbeats
  * stop), term (SIGTERM: the preemption notice; the worker goes on) or cut (its control
- * connection is closed; the worker goes on and connects again). @RANK: only where the
+ * connection is closed; the worker goes on and connects again) or stall (the thread of the
+ * operation blocks for good, the control thread and its heartbeats go on: a compute thread
+ * stuck in a kernel or a deadlock; only the step deadline finds it). @RANK: only where the
  * worker has one of these ranks in the first plan (copy: in plan GENERATION). Workers
  * register, and so get their places, in no fixed order: a rank names a place, pipelines
  * flattened in stage order; and a step redone under a new plan, where another worker has
@@ -45,7 +47,13 @@ typedef enum {
     PL_FAULT_BADTOKEN
 } pl_fault_phase;
 
-typedef enum { PL_FAULT_KILL, PL_FAULT_STOP, PL_FAULT_TERM, PL_FAULT_CUT } pl_fault_action;
+typedef enum {
+    PL_FAULT_KILL,
+    PL_FAULT_STOP,
+    PL_FAULT_TERM,
+    PL_FAULT_CUT,
+    PL_FAULT_STALL
+} pl_fault_action;
 
 #define PL_FAULT_MAX 4
 

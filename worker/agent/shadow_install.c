@@ -11,8 +11,30 @@
  * numbers (the step's gradients use 0). */
 enum { REFRESH_PARAMS = 1, REFRESH_M = 2, REFRESH_V = 3 };
 
+void agent_count_frc(agent *a, const pl_frc_stats *s)
+{
+    if (s->bubble + s->forced == 0) return;
+    a->frc.bubble += s->bubble;
+    a->frc.forced += s->forced;
+    a->frc.bubble_ms += s->bubble_ms;
+    a->frc.forced_ms += s->forced_ms;
+    a->frc_steps++;
+}
+
+/* The FRC figures of the shadow's steps (bench/rc_overhead_bench.py reads this line). */
+static void log_frc(agent *a)
+{
+    if (a->frc_steps)
+        agent_log(a, "frc: %d steps, %d microbatches in waits (%.1f ms), %d exposed (%.1f ms)",
+                  a->frc_steps, a->frc.bubble, a->frc.bubble_ms, a->frc.forced,
+                  a->frc.forced_ms);
+    memset(&a->frc, 0, sizeof a->frc);
+    a->frc_steps = 0;
+}
+
 void agent_drop_shadow(agent *a)
 {
+    log_frc(a);
     if (a->have_shadow) pl_engine_destroy(&a->shadow);
     a->have_shadow = 0;
     a->rc = PL_RC_NONE;

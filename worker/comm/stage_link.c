@@ -701,6 +701,16 @@ int pl_tcp_link_recv(pl_tcp_link *l, int peer, pl_link_kind kind, int mb, float 
     return rc;
 }
 
+int pl_tcp_link_ready(pl_tcp_link *l, int peer, pl_link_kind kind, int mb)
+{
+    lconn *c = peer_conn(l, peer);
+    if (!c) return 0;
+    pthread_mutex_lock(&l->mu);
+    const int there = stash_find(c, (int)kind, mb) >= 0;
+    pthread_mutex_unlock(&l->mu);
+    return there;
+}
+
 int pl_tcp_link_flush(pl_tcp_link *l, int timeout_ms, char *err, size_t errlen)
 {
     const int64_t deadline = timeout_ms < 0 ? -1 : pl_now_ms() + timeout_ms;
@@ -780,8 +790,13 @@ static int cb_recv(void *ctx, int peer, pl_link_kind kind, int mb, float *buf, s
     return pl_tcp_link_recv(ctx, peer, kind, mb, buf, n, err, errlen);
 }
 
+static int cb_ready(void *ctx, int peer, pl_link_kind kind, int mb)
+{
+    return pl_tcp_link_ready(ctx, peer, kind, mb);
+}
+
 pl_stage_link pl_tcp_link_stage(pl_tcp_link *l)
 {
-    pl_stage_link s = {l, cb_send, cb_recv};
+    pl_stage_link s = {l, cb_send, cb_recv, cb_ready};
     return s;
 }

@@ -79,6 +79,9 @@ int pl_tcp_link_send(pl_tcp_link *l, int peer, pl_link_kind kind, int mb, const 
                      size_t n, char *err, size_t errlen);
 int pl_tcp_link_recv(pl_tcp_link *l, int peer, pl_link_kind kind, int mb, float *buf,
                      size_t n, char *err, size_t errlen);
+/* pl_stage_link's ready: 1 when that message has arrived (a recv returns at once),
+ * 0 when not, or no connection to peer. Thread-safe. */
+int pl_tcp_link_ready(pl_tcp_link *l, int peer, pl_link_kind kind, int mb);
 
 /* Waits until every queued message has been handed to the kernel (not
  * necessarily read by the peer). 0, or −1 with err (broken connection, abort,

@@ -19,7 +19,11 @@ struct pl_slot {
     int32_t *tokens, *targets; /* kept for the embedding / head backward */
     float *input;              /* stage input [B,T,C] (the encoder output with the embedding) */
     block_acts *blocks;        /* one per block in the range */
-    float *lnf, *lnf_mean, *lnf_rstd, *probs, *losses;
+    float *lnf, *lnf_mean, *lnf_rstd, *losses;
+    /* [B·T, Vp]: the logits after forward (the softmax probabilities with
+     * keep_probs), dlogits during backward */
+    float *probs;
+    float *ce_stats; /* [B·T, 2]: per row (max, Σ e^(logit − max)), for backward */
 };
 
 /* Backward (and forward projection) scratch, shared by all slots. */
@@ -77,6 +81,7 @@ static size_t layout_slot(const pl_engine *e, pl_slot *s, char *base)
         s->lnf_rstd = carve(base, &off, BT);
         s->probs = carve(base, &off, BT * (size_t)e->cfg.Vp);
         s->losses = carve(base, &off, BT);
+        s->ce_stats = carve(base, &off, 2 * BT);
     }
     return off;
 }
@@ -310,8 +315,12 @@ static float forward(pl_engine *e, int slot, const int32_t *tokens, const float 
     kn_layernorm_forward(k, s->lnf, s->lnf_mean, s->lnf_rstd, last_output(e, s), P(e, H, 0),
                          P(e, H, 1), B, T, C);
     kn_matmul_forward(k, s->probs, s->lnf, wte, NULL, BT, C, e->cfg.Vp);
-    kn_softmax_crossentropy_forward(k, s->losses, s->probs, s->probs, s->targets, BT, e->cfg.V,
-                                    e->cfg.Vp);
+    if (e->keep_probs)
+        kn_softmax_crossentropy_forward(k, s->losses, s->probs, s->probs, s->targets, BT,
+                                        e->cfg.V, e->cfg.Vp);
+    else /* the logits stay; backward turns them into dlogits in one pass */
+        kn_crossentropy_forward(k, s->losses, s->ce_stats, s->probs, s->targets, BT, e->cfg.V,
+                                e->cfg.Vp);
     return (float)(kn_sum(k, s->losses, (size_t)BT) / BT);
 }
 
@@ -332,9 +341,30 @@ float *pl_engine_input_buffer(pl_engine *e, int slot)
     return e->slots[slot].input;
 }
 
+size_t pl_engine_slot_bytes(const pl_engine *e)
+{
+    pl_slot probe = {0};
+    return layout_slot(e, &probe, NULL);
+}
+
+void pl_engine_slot_to_host(const pl_engine *e, int slot, void *host)
+{
+    kn_to_host(e->k, host, e->slots[slot].mem, pl_engine_slot_bytes(e));
+}
+
+void pl_engine_slot_from_host(pl_engine *e, int slot, const void *host)
+{
+    kn_to_device(e->k, e->slots[slot].mem, host, pl_engine_slot_bytes(e));
+}
+
 const float *pl_engine_output(const pl_engine *e, int slot)
 {
     return last_output(e, &e->slots[slot]);
+}
+
+void pl_engine_keep_probs(pl_engine *e, int on)
+{
+    e->keep_probs = on != 0;
 }
 
 const float *pl_engine_probs(const pl_engine *e, int slot)
@@ -352,19 +382,17 @@ static void block_backward(pl_engine *e, pl_slot *s, int l, const scratch *w)
     /* w->dres holds d(res3) on entry and d(block input) on exit */
     kn_matmul_backward_gelu(k, w->dfch, G(e, l, 10), G(e, l, 11), w->dres, a->fch_gelu,
                             P(e, l, 10), a->fch, BT, 4 * C, C);
-    kn_zero(k, w->dln, BTC * sizeof(float));
-    kn_matmul_backward(k, w->dln, G(e, l, 8), G(e, l, 9), w->dfch, a->ln2, P(e, l, 8), BT, C,
-                       4 * C);
+    /* _set: the scratch input gradients are overwritten, no zeroing pass */
+    kn_matmul_backward_set(k, w->dln, G(e, l, 8), G(e, l, 9), w->dfch, a->ln2, P(e, l, 8), BT, C,
+                           4 * C);
     kn_layernorm_backward(k, w->dres, G(e, l, 6), G(e, l, 7), w->dln, a->res2, P(e, l, 6),
                           a->ln2_mean, a->ln2_rstd, B, T, C);
-    kn_zero(k, w->datty, BTC * sizeof(float));
-    kn_matmul_backward(k, w->datty, G(e, l, 4), G(e, l, 5), w->dres, a->atty, P(e, l, 4), BT, C,
-                       C);
+    kn_matmul_backward_set(k, w->datty, G(e, l, 4), G(e, l, 5), w->dres, a->atty, P(e, l, 4), BT,
+                           C, C);
     kn_zero(k, w->dqkv, 3 * BTC * sizeof(float));
     kn_attention_backward(k, w->dqkv, w->datty, a->qkv, a->att, a->atty, B, T, C, e->cfg.NH);
-    kn_zero(k, w->dln, BTC * sizeof(float));
-    kn_matmul_backward(k, w->dln, G(e, l, 2), G(e, l, 3), w->dqkv, a->ln1, P(e, l, 2), BT, C,
-                       3 * C);
+    kn_matmul_backward_set(k, w->dln, G(e, l, 2), G(e, l, 3), w->dqkv, a->ln1, P(e, l, 2), BT, C,
+                           3 * C);
     kn_layernorm_backward(k, w->dres, G(e, l, 0), G(e, l, 1), w->dln, x, P(e, l, 0), a->ln1_mean,
                           a->ln1_rstd, B, T, C);
 }
@@ -389,11 +417,14 @@ static void backward(pl_engine *e, int slot, const float *dout, int dev, float d
     if (pl_engine_has_head(e)) {
         const int H = e->cfg.L + 1;
         float *wte = e->params + e->tensors[e->wte_tensor].offset;
-        kn_crossentropy_softmax_backward(k, s->probs, s->probs, s->targets, dloss_scale, BT,
-                                         e->cfg.V, e->cfg.Vp);
-        kn_zero(k, w.dln, BTC * sizeof(float));
-        kn_matmul_backward(k, w.dln, head_dwte(e), NULL, s->probs, s->lnf, wte, BT, C,
-                           e->cfg.Vp);
+        if (e->keep_probs)
+            kn_crossentropy_softmax_backward(k, s->probs, s->probs, s->targets, dloss_scale, BT,
+                                             e->cfg.V, e->cfg.Vp);
+        else
+            kn_crossentropy_backward(k, s->probs, s->probs, s->ce_stats, s->targets, dloss_scale,
+                                     BT, e->cfg.V, e->cfg.Vp);
+        kn_matmul_backward_set(k, w.dln, head_dwte(e), NULL, s->probs, s->lnf, wte, BT, C,
+                               e->cfg.Vp);
         e->head_pending = e->head_dwte != NULL;
         kn_zero(k, w.dres, BTC * sizeof(float));
         kn_layernorm_backward(k, w.dres, G(e, H, 0), G(e, H, 1), w.dln, last_output(e, s),
@@ -478,11 +509,16 @@ double pl_engine_grad_sumsq(pl_engine *e)
 void pl_engine_adamw(pl_engine *e, const pl_adamw *o, float grad_scale, int t)
 {
     require_complete(e, "pl_engine_adamw");
+    /* every tensor, KN_ADAMW_SPANS at a time: one launch each on CUDA */
+    kn_adamw_span sp[KN_ADAMW_SPANS];
+    int n = 0;
     for (int i = 0; i < e->ntensors; i++) {
         const pl_engine_tensor *x = &e->tensors[i];
-        size_t off = x->offset;
-        kn_adamw_update(e->k, e->params + off, e->grads + off, e->m + off, e->v + off,
-                        x->spec.numel, o->lr, o->beta1, o->beta2, o->eps,
-                        x->spec.decay ? o->weight_decay : 0.0f, grad_scale, t);
+        sp[n++] = (kn_adamw_span){x->offset, x->spec.numel, x->spec.decay != 0};
+        if (n == KN_ADAMW_SPANS || i == e->ntensors - 1) {
+            kn_adamw_update_spans(e->k, e->params, e->grads, e->m, e->v, sp, n, o->lr, o->beta1,
+                                  o->beta2, o->eps, o->weight_decay, grad_scale, t);
+            n = 0;
+        }
     }
 }

@@ -35,6 +35,7 @@ typedef enum {
     PL_IO_SEND,      /* host: what a stage link sends, staged off the CPU */
     PL_IO_GRADS,     /* host: gradients staged for the TCP all-reduce, off the CPU */
     PL_IO_DEV_GRAD,  /* backend memory: a gradient received over an ordered transport */
+    PL_IO_FRC,       /* host: forward redundant computations swapped out (frc.h) */
     PL_IO_COUNT
 } pl_engine_io;
 
@@ -59,6 +60,7 @@ typedef struct {
     int wte_tensor;  /* index in tensors of wte, or −1 */
     float *head_dwte;/* with both ends: the head's share of wte's gradient (pl_engine_backward) */
     int head_pending;/* head_dwte holds a share not yet added (a backward_last is missing) */
+    int keep_probs;  /* pl_engine_keep_probs */
     pl_slot *slots;
     float *bw;       /* backward scratch, shared by all slots */
     size_t act_bytes;/* activation memory, for reports */
@@ -95,7 +97,11 @@ float pl_engine_forward(pl_engine *e, int slot, const int32_t *tokens, const flo
                         const int32_t *targets);
 const float *pl_engine_output(const pl_engine *e, int slot);
 /* With the head: the softmax probabilities [B·T, Vp] of the last forward in
- * slot (backend memory), until that slot's backward. */
+ * slot (backend memory), until that slot's backward; only after
+ * pl_engine_keep_probs(e, 1). By default the forward keeps the logits and two
+ * floats per row (kn_crossentropy_forward), which backward turns into the
+ * logits' gradient in one pass: the probabilities are never written. */
+void pl_engine_keep_probs(pl_engine *e, int on);
 const float *pl_engine_probs(const pl_engine *e, int slot);
 
 /* Backward of the microbatch in `slot`. With the head, the loss gradient is
@@ -135,6 +141,15 @@ void pl_engine_backward_last_dev(pl_engine *e, int slot, const float *dout, floa
 float *pl_engine_input_buffer(pl_engine *e, int slot);
 
 void pl_engine_zero_grads(pl_engine *e);
+
+/* The bytes of one slot's activations (everything its backward reads, a multiple of
+ * 64), and their copy to host memory (kn_to_host: a memcpy on the CPU). What a forward
+ * redundant computation swaps out of backend memory (frc.h; Bamboo §5). */
+size_t pl_engine_slot_bytes(const pl_engine *e);
+void pl_engine_slot_to_host(const pl_engine *e, int slot, void *host);
+/* The reverse (swap-in): host, pl_engine_slot_bytes of an engine of the same range
+ * and shape, becomes the slot's activations, as if that slot had run the forward. */
+void pl_engine_slot_from_host(pl_engine *e, int slot, const void *host);
 
 /* The buffer `which` with room for nfloats, kept until the engine is destroyed (grown,
  * contents lost, when a step needs more), so that steps allocate nothing: host memory

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "frc.h"
 #include "util.h"
 
 /* x (backend memory, n floats) as host memory: x itself on the CPU, else its copy in
@@ -26,6 +27,16 @@ static void before_op(const pl_stage_batch *batch, const pl_sched_op *op)
 {
     if (batch->before_op)
         batch->before_op(batch->op_ctx, op->kind == PL_SCHED_BACKWARD, op->mb);
+}
+
+/* Before op's receive: the eager FRC fills the wait (frc.h). */
+static void frc_wait(const pl_stage_batch *batch, const pl_stage_link *link,
+                     const pl_sched_op *op)
+{
+    if (batch->frc && op->recv_from >= 0)
+        pl_frc_fill_wait(batch->frc, link, op->recv_from,
+                         op->kind == PL_SCHED_FORWARD ? PL_LINK_ACTIVATION : PL_LINK_GRADIENT,
+                         op->mb);
 }
 
 /* Checks that the engine has the schedule's slots and finds its last backward (*last_bw):
@@ -63,6 +74,7 @@ int pl_stage_step_notify(pl_engine *e, const pl_schedule *s, const pl_stage_link
         const pl_sched_op *op = &s->ops[i];
         const size_t off = (size_t)op->mb * BT;
         before_op(batch, op);
+        frc_wait(batch, link, op);
         if (op->kind == PL_SCHED_FORWARD) {
             if (op->recv_from >= 0)
                 rc = link->recv(link->ctx, op->recv_from, PL_LINK_ACTIVATION, op->mb, buf, n, err,
@@ -71,6 +83,7 @@ int pl_stage_step_notify(pl_engine *e, const pl_schedule *s, const pl_stage_link
             const int32_t *tok = pl_engine_has_embedding(e) ? batch->tokens + off : NULL;
             const int32_t *tgt = pl_engine_has_head(e) ? batch->targets + off : NULL;
             sum += pl_engine_forward(e, op->slot, tok, buf, tgt);
+            if (batch->frc) pl_frc_input_ready(batch->frc, op->mb);
             if (op->send_to >= 0)
                 rc = link->send(link->ctx, op->send_to, PL_LINK_ACTIVATION, op->mb,
                                 host_view(e, out, pl_engine_output(e, op->slot), n), n, err,
@@ -80,6 +93,7 @@ int pl_stage_step_notify(pl_engine *e, const pl_schedule *s, const pl_stage_link
                 rc = link->recv(link->ctx, op->recv_from, PL_LINK_GRADIENT, op->mb, buf, n, err,
                                 errlen);
             if (rc) break;
+            if (batch->frc) pl_frc_before_free(batch->frc, op->mb);
             if (i == last_bw)
                 pl_engine_backward_last(e, op->slot, buf, batch->dloss_scale, done, ctx);
             else
@@ -89,6 +103,7 @@ int pl_stage_step_notify(pl_engine *e, const pl_schedule *s, const pl_stage_link
                                 host_view(e, out, pl_engine_input_grad(e), n), n, err, errlen);
         }
     }
+    if (rc == 0 && batch->frc) pl_frc_finish(batch->frc);
     if (loss_sum) *loss_sum = sum;
     return rc;
 }

@@ -29,7 +29,13 @@ typedef struct {
                 char *err, size_t errlen);
     int (*recv)(void *ctx, int peer, pl_link_kind kind, int mb, float *buf, size_t n, char *err,
                 size_t errlen);
+    /* 1 when that message is there (a recv would not wait), 0 when not or the link
+     * broke (the recv reports it). NULL: unknown, read as 0. Only the forward redundant
+     * computation asks (frc.h: it fills the waits). */
+    int (*ready)(void *ctx, int peer, pl_link_kind kind, int mb);
 } pl_stage_link;
+
+typedef struct pl_frc pl_frc; /* frc.h */
 
 /* The microbatches this pipeline runs in the step: tokens[mb·B·T ...] for the
  * stage with the embedding, targets likewise for the stage with the head. */
@@ -40,6 +46,9 @@ typedef struct {
      * op of the schedule, backward 0 or 1, mb the microbatch. NULL: none. */
     void (*before_op)(void *ctx, int backward, int mb);
     void *op_ctx;
+    /* Eager forward redundant computation (frc.h; Bamboo §5.2), run in this stage's
+     * waits; NULL: none. pl_stage_step_notify only (not the ordered transport's). */
+    pl_frc *frc;
 } pl_stage_batch;
 
 /* Runs the schedule; gradients accumulate in the engine. With the head,

@@ -350,6 +350,18 @@ static int rc_check(const pl_worker_step_args *a, char *err, size_t errlen)
     return 0;
 }
 
+/* Eager FRC of this step (frc.h) when the stage shadows one and a->frc; else f is
+ * zeroed (f->shadow NULL). 0, or −1 with err. */
+static int frc_begin(const pl_worker_step_args *a, pl_frc *f, char *err, size_t errlen)
+{
+    memset(f, 0, sizeof *f);
+    const int succ = pl_shadow_successor(a->rc, a->schedule->stage, a->schedule->nstages);
+    if (!a->frc || succ < 0 || !a->shadow) return 0;
+    const size_t off = (size_t)a->first_micro * (size_t)a->engine->B * (size_t)a->engine->T;
+    return pl_frc_begin(f, a->shadow, a->engine, a->schedule, a->tokens ? a->tokens + off : NULL,
+                        a->targets ? a->targets + off : NULL, err, errlen);
+}
+
 int pl_worker_step(const pl_worker_step_args *a, pl_worker_step_result *out, char *err,
                    size_t errlen)
 {
@@ -372,11 +384,15 @@ int pl_worker_step(const pl_worker_step_args *a, pl_worker_step_result *out, cha
         1.0f / (float)((double)a->global_micro * (double)BT),
         a->before_op,
         a->hook_ctx,
+        NULL,
     };
     if (pl_engine_has_embedding(e) && !batch.tokens)
         return pl_errf(err, errlen, "worker step: the stage has the embedding and needs tokens");
     if (pl_engine_has_head(e) && !batch.targets)
         return pl_errf(err, errlen, "worker step: the stage has the head and needs targets");
+    pl_frc frc;
+    if (frc_begin(a, &frc, err, errlen)) return -1;
+    if (frc.shadow) batch.frc = &frc;
 
     /* on an ordered transport the gradients are reduced where they are */
     sync_state s = {.a = a, .host = a->xport || strcmp(kn_backend(e->k), "cpu") == 0};
@@ -410,6 +426,7 @@ int pl_worker_step(const pl_worker_step_args *a, pl_worker_step_result *out, cha
     out->has_loss = pl_engine_has_head(e);
     out->loss_sum = out->has_loss ? loss : 0;
     out->overlapped = s.overlapped;
+    out->frc = frc.stats;
     return 0;
 }
 

@@ -21,6 +21,7 @@
 
 #include "allreduce.h"
 #include "engine.h"
+#include "frc.h"
 #include "schedule.h"
 #include "shadow.h"
 #include "stage.h"
@@ -66,6 +67,11 @@ typedef struct {
      * of the step changes: its sums are those of rc = PL_RC_NONE, bit for bit. */
     pl_rc_layout rc;
     pl_engine *shadow;
+    /* With a shadow: eager forward redundant computation (frc.h; Bamboo §5.2), the
+     * shadow's forward on this stage's outputs in the schedule's waits, its results
+     * swapped to host memory; it needs tokens (targets) when the shadow has the
+     * embedding (head). 0: lazy, none. The step's sums do not change. */
+    int frc;
 } pl_worker_step_args;
 
 typedef struct {
@@ -75,6 +81,7 @@ typedef struct {
     int has_loss;       /* the stage holds the head */
     int overlapped;     /* groups of ≥ 2 ranks whose all-reduce started while the stage
                            was still running: the sync hidden behind the backward */
+    pl_frc_stats frc;   /* with args.frc: the FRCs run in waits and exposed */
 } pl_worker_step_result;
 
 /* Zeroes the gradients and runs the stage with dloss_scale = 1 / (global_micro · B · T)

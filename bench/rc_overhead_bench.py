@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Per-step overhead of strategy redundant against templates, failure-free
+(docs/redundant.md, bench/README.md "Redundant computation's overhead").
+
+The same pipelined job (GPT 6 layers x 128 channels, 8 microbatches of 2 x 64
+tokens per step) runs under `pliant run` on 3 local workers, one thread each,
+with strategy templates, redundant with lazy FRC and redundant with eager FRC,
+in turn, --repeat times. A planner profile with uniform blocks (forward 1,
+backward 2) and 32 MB of "GPU" memory makes every strategy plan the same single
+3-stage pipeline [0,3) [3,5) [5,8): the model does not fit one node, and with
+its shadows (stage k also holds k+1's layers, a chain) it needs 3.
+
+Printed per run: the median step time (steps after the first two), the overhead
+against the templates run of the same round, and for eager FRC the workers'
+`frc:` lines summed: the FRC's compute time and the part run while the stage
+waited for a message (hidden by the bubbles) against the part forced before a
+backward freed its input (exposed). Last, what shared/rc_plan predicts for the
+same profile (`pliant plan --redundant`). Standard library only.
+Usage: bench/rc_overhead_bench.py [--repeat N] [--steps N] [--build DIR]
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOB = """\
+apiVersion: pliant.dev/v1alpha1
+kind: TrainingJob
+metadata:
+  name: rco-{name}
+spec:
+  model: {{layers: 6, channels: 128, heads: 4, vocabSize: 256, maxSeqLen: 64, seed: 7}}
+  data: {{train: {data}_train.bin, order: shuffled, seed: 3}}
+  batch: {{global: 16, micro: 2, seqLen: 64}}
+  optimizer: {{lr: 1.0e-3, warmupSteps: 2, schedule: cosine, gradClip: 1.0}}
+  steps: {steps}
+  profile: {profile}
+  faultTolerance: {{tolerate: 0{ft}}}
+"""
+RUNS = (("templates", ""), ("lazy", ", strategy: redundant, redundantForward: lazy"),
+        ("eager", ", strategy: redundant, redundantForward: eager"))
+FRC = re.compile(r"frc: (\d+) steps, (\d+) microbatches in waits \(([\d.]+) ms\), "
+                 r"(\d+) exposed \(([\d.]+) ms\)")
+
+
+def write_job(tmp, name, data, steps, profile, ft):
+    path = os.path.join(tmp, name + ".yaml")
+    with open(path, "w") as f:
+        f.write(JOB.format(name=name, data=data, steps=steps, profile=profile, ft=ft))
+    return path
+
+
+def make_profile(pliant, tmp, data):
+    """The layers' sizes measured by `pliant profile`, their times made uniform and the
+    memory set to 32 MB, so that the three strategies plan the same pipeline."""
+    job = write_job(tmp, "profile", data, 1, "synthetic", "")
+    out = os.path.join(tmp, "measured.json")
+    subprocess.run([pliant, "profile", job, "--out", out, "--repeat", "1"], check=True,
+                   capture_output=True)
+    with open(out) as f:
+        p = json.load(f)
+    for layer in p["layers"]:
+        block = layer["name"].startswith("block")
+        layer["forward_ms"] = {"1": 1.0 if block else 0.1}
+        layer["backward_ms"] = {"1": 2.0 if block else 0.2}
+    p["gpu_memory_bytes"] = 32e6
+    path = os.path.join(tmp, "profile.json")
+    with open(path, "w") as f:
+        json.dump(p, f)
+    return path
+
+
+def one(pliant, job, steps):
+    """Median and fastest step ms (after the first two steps), the pipelines, the FRC sums
+    (microbatches and ms in waits, exposed)."""
+    m = job + ".jsonl"
+    p = subprocess.run([pliant, "run", job, "--workers", "3", "--threads", "1", "--metrics", m],
+                       capture_output=True, text=True, timeout=900)
+    if p.returncode:
+        sys.exit("%s failed:\n%s" % (job, p.stderr[-2000:]))
+    rows = [json.loads(l) for l in open(m) if l.strip()]
+    rows = [r for r in rows if "event" not in r]
+    tokens = 16 * 64
+    ms = sorted(1e3 * tokens / r["tokens_per_second"] for r in rows[2:])
+    frc = [0, 0.0, 0, 0.0]
+    for g in FRC.finditer(p.stderr):
+        frc[0] += int(g.group(2))
+        frc[1] += float(g.group(3))
+        frc[2] += int(g.group(4))
+        frc[3] += float(g.group(5))
+    return ms[len(ms) // 2], ms[0], rows[0]["pipelines"], frc
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def summary(seen, steps):
+    """Over the rounds: the median of the runs' medians and the fastest step of all, each
+    against templates' (on a loaded machine the fastest step is the least disturbed)."""
+    base_med = median([m for m, _, _ in seen["templates"]])
+    base_min = min(f for _, f, _ in seen["templates"])
+    for name, _ in RUNS:
+        med = median([m for m, _, _ in seen[name]])
+        low = min(f for _, f, _ in seen[name])
+        waits = sum(f[1] for _, _, f in seen[name])
+        exposed = sum(f[3] for _, _, f in seen[name])
+        hidden = " , FRC %.1f ms a step, %.0f%% of it in waits" % (
+            (waits + exposed) / steps / len(seen[name]), 100.0 * waits / (waits + exposed)) \
+            if waits + exposed else ""
+        print("%-9s median %7.1f ms (%+5.1f%%), fastest %7.1f ms (%+5.1f%%)%s" % (
+            name, med, 100.0 * (med / base_med - 1), low, 100.0 * (low / base_min - 1), hidden))
+
+
+def predicted(pliant, profile):
+    out = {}
+    for mode in ("lazy", "eager"):
+        p = subprocess.run([pliant, "plan", "--profile", profile, "--nodes", "3", "--tolerate",
+                            "0", "--global-batch", "16", "--redundant", mode],
+                           capture_output=True, text=True, check=True)
+        out[mode] = json.loads(p.stdout)["redundant"]["templates"][-1]
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--build", default=os.path.join(REPO, "build"))
+    a = ap.parse_args()
+    pliant = os.path.join(a.build, "bin", "pliant")
+    tmp = tempfile.mkdtemp(prefix="pliant-rcoverhead-")
+    text = os.path.join(tmp, "ts.txt")
+    with open(os.path.join(os.path.dirname(REPO), "shared", "data", "tinyshakespeare.txt"),
+              "rb") as src, open(text, "wb") as dst:
+        dst.write(src.read(200000))
+    data = os.path.join(tmp, "ts")
+    subprocess.run([pliant, "tokenize", "--bytes", text, data], check=True, capture_output=True)
+    profile = make_profile(pliant, tmp, data)
+    print("%-9s %4s %9s %8s %8s %9s %12s %12s %8s" % (
+        "run", "rep", "pipelines", "median", "fastest", "overhead", "frc_ms/step",
+        "exposed/step", "hidden"))
+    seen = {name: [] for name, _ in RUNS}
+    for rep in range(a.repeat):
+        base = None
+        for name, ft in RUNS:
+            job = write_job(tmp, "%s-%d" % (name, rep), data, a.steps, profile, ft)
+            ms, fastest, pipes, frc = one(pliant, job, a.steps)
+            base = ms if base is None else base
+            total = frc[1] + frc[3]
+            seen[name].append((ms, fastest, frc))
+            print("%-9s %4d %9s %8.1f %8.1f %8.1f%% %12s %12s %8s" % (
+                name, rep, pipes, ms, fastest, 100.0 * (ms / base - 1),
+                "%.1f" % (total / a.steps) if total else "-",
+                "%.1f" % (frc[3] / a.steps) if total else "-",
+                "%.0f%%" % (100.0 * frc[1] / total) if total else "-"))
+            sys.stdout.flush()
+    summary(seen, a.steps)
+    pred = predicted(pliant, profile)
+    for mode in ("lazy", "eager"):
+        t = pred[mode]
+        print("planner (%s): iteration %.1f ms vs templates %.1f ms (+%.1f%%), FRC %.1f ms, "
+              "exposed %.1f ms (hidden %.0f%%), shadow gradients %.1f ms" % (
+                  mode, t["iteration_ms"], t["templates_iteration_ms"],
+                  100.0 * (t["iteration_ms"] / t["templates_iteration_ms"] - 1), t["frc_ms"],
+                  t["exposed_frc_ms"],
+                  100.0 * (1 - t["exposed_frc_ms"] / t["frc_ms"]) if t["frc_ms"] else 0,
+                  t["shadow_sync_ms"]))
+
+
+if __name__ == "__main__":
+    main()

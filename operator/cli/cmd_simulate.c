@@ -1,0 +1,296 @@
+/* `pliant simulate JOB.yaml --trace FILE`: replays a spot trace in simulated time with
+ * the real coordinator and planner (operator/runtime/simulator.h) under each strategy
+ * asked for, then prints the summary, and writes the timeline (JSON lines) and the HTML
+ * report when asked. Bad input exits with status 2, a failed simulation with 1. */
+#include <getopt.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli_args.h"
+#include "commands.h"
+#include "job_plan.h"
+#include "sim_report.h"
+#include "simulator.h"
+#include "spot_trace.h"
+#include "util.h"
+
+#define DEFAULT_SPOT 0.918     /* Bamboo's p3 prices, $ per node-hour, without spec.cost */
+#define DEFAULT_ON_DEMAND 3.06
+#define MAX_STRATEGIES 8
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: pliant simulate JOB.yaml --trace FILE [--strategy templates|checkpoint|all]\n"
+            "                       [--price spot=0.918,ondemand=3.06] [--scale K]\n"
+            "                       [--out timeline.jsonl] [--report report.html]\n"
+            "                       [--profile PROFILE.json] [--storage-gbps %.1f]\n"
+            "                       [--startup SECONDS (%.0f)] [--notice SECONDS (%.0f)]\n"
+            "                       [--cores N (0: a device per node)] [--latency-us US (0)]\n"
+            "                       [--install-ms MS (0)]\n",
+            PL_SIM_DEFAULT_STORAGE_GBPS, PL_SIM_DEFAULT_STARTUP_S, PL_SIM_DEFAULT_NOTICE_S);
+}
+
+typedef struct {
+    const char *job, *trace, *strategy, *price, *out, *report, *profile;
+    long long scale, cores;
+    double latency_us, install_ms;
+    double storage_GBps, startup_s, notice_s, spot, on_demand;
+} sim_args;
+
+/* "spot=X,ondemand=Y" (either may be left out). */
+static int parse_price(const char *s, sim_args *a, char *err, size_t errlen)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        if (!eq) return pl_errf(err, errlen, "--price: expected spot=X,ondemand=Y (got %s)", tok);
+        *eq = 0;
+        double *dst = !strcmp(tok, "spot") ? &a->spot : !strcmp(tok, "ondemand") ? &a->on_demand : NULL;
+        if (!dst) return pl_errf(err, errlen, "--price: unknown price %s (spot, ondemand)", tok);
+        if (cli_parse_double("--price", eq + 1, 0, 1e9, dst, err, errlen)) return -1;
+    }
+    return 0;
+}
+
+static int parse_num_flag(int c, const char *v, sim_args *a, char *err, size_t errlen)
+{
+    switch (c) {
+    case 'k': return cli_parse_int("--scale", v, 1, 100000, &a->scale, err, errlen);
+    case 'g': return cli_parse_double("--storage-gbps", v, 1e-6, 1e6, &a->storage_GBps, err, errlen);
+    case 'u': return cli_parse_double("--startup", v, 0, 1e7, &a->startup_s, err, errlen);
+    case 'n': return cli_parse_double("--notice", v, 0, 1e7, &a->notice_s, err, errlen);
+    case 'c': return cli_parse_int("--cores", v, 0, 1 << 20, &a->cores, err, errlen);
+    case 'l': return cli_parse_double("--latency-us", v, 0, 1e9, &a->latency_us, err, errlen);
+    case 'i': return cli_parse_double("--install-ms", v, 0, 1e9, &a->install_ms, err, errlen);
+    default: return pl_errf(err, errlen, "unknown option");
+    }
+}
+
+static int parse_args(int argc, char **argv, sim_args *a, char *err, size_t errlen)
+{
+    static const struct option opts[] = {
+        {"trace", required_argument, 0, 't'},   {"strategy", required_argument, 0, 's'},
+        {"price", required_argument, 0, 'p'},   {"scale", required_argument, 0, 'k'},
+        {"out", required_argument, 0, 'o'},     {"report", required_argument, 0, 'r'},
+        {"profile", required_argument, 0, 'P'}, {"storage-gbps", required_argument, 0, 'g'},
+        {"startup", required_argument, 0, 'u'}, {"notice", required_argument, 0, 'n'},
+        {"cores", required_argument, 0, 'c'},   {"latency-us", required_argument, 0, 'l'},
+        {"install-ms", required_argument, 0, 'i'},
+        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+    *a = (sim_args){.strategy = "all", .scale = 1, .storage_GBps = PL_SIM_DEFAULT_STORAGE_GBPS,
+                    .startup_s = PL_SIM_DEFAULT_STARTUP_S, .notice_s = PL_SIM_DEFAULT_NOTICE_S,
+                    .spot = -1, .on_demand = -1};
+    opterr = 0;
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        if (c == 'h') return 1;
+        if (c == '?') return pl_errf(err, errlen, "unknown or incomplete option %s", argv[optind - 1]);
+        if (c == 't') a->trace = optarg;
+        else if (c == 's') a->strategy = optarg;
+        else if (c == 'p') a->price = optarg;
+        else if (c == 'o') a->out = optarg;
+        else if (c == 'r') a->report = optarg;
+        else if (c == 'P') a->profile = optarg;
+        else if (parse_num_flag(c, optarg, a, err, errlen)) return -1;
+    }
+    if (optind != argc - 1) return pl_errf(err, errlen, "expected one JOB.yaml");
+    a->job = argv[optind];
+    if (!a->trace) return pl_errf(err, errlen, "--trace: required");
+    return a->price ? parse_price(a->price, a, err, errlen) : 0;
+}
+
+/* The strategies named by --strategy: their count, or -1 with err. */
+static int pick_strategies(const char *name, const pl_sim_strategy **out, char *err, size_t errlen)
+{
+    if (!strcmp(name, "all")) {
+        int n = 0;
+        while (n < MAX_STRATEGIES && (out[n] = pl_sim_strategy_at(n))) n++;
+        return n;
+    }
+    if (!(out[0] = pl_sim_strategy_find(name)))
+        return pl_errf(err, errlen, "--strategy: unknown strategy %s (templates, checkpoint, all)",
+                       name);
+    return 1;
+}
+
+static void timeline_line(void *user, const char *json) { fprintf(user, "%s\n", json); }
+
+static void print_summary(const sim_args *a, const pl_sim_outcome *r)
+{
+    double hours = pl_sim_node_hours(r), usd = hours * a->spot, total = (double)r->duration_ns;
+    printf("%s: %.2f samples/s, %.1f samples per $, %lld steps, %.2f node-hours, $%.2f spent "
+           "($%.2f on demand), %d reconfigurations (%d from a checkpoint), %.2f GB copied, %s%s%s\n",
+           r->strategy, pl_sim_samples_per_s(r), usd > 0 ? (double)r->samples / usd : 0.0,
+           (long long)r->steps, hours, usd, hours * a->on_demand, r->reconfigs, r->from_checkpoint,
+           (double)r->bytes_copied / 1e9, r->end_phase, r->reason[0] ? ": " : "", r->reason);
+    printf("  time:");
+    for (int k = 0; k < PL_SIM_T_COUNT; k++)
+        printf(" %s %.1f %%", pl_sim_time_kind_name(k),
+               total > 0 ? 100.0 * (double)r->acct.split_ns[k] / total : 0.0);
+    printf("\n");
+}
+
+typedef struct {
+    pl_job job;
+    pl_job_plan plan;
+    pl_trace_event *trace;
+    int ntrace, have_job, have_plan;
+} sim_inputs;
+
+static void inputs_free(sim_inputs *in)
+{
+    if (in->have_plan) pl_job_plan_free(&in->plan);
+    if (in->have_job) pl_job_free(&in->job);
+    free(in->trace);
+}
+
+/* The job (its profile replaced by --profile), the trace at its scale, the planner for
+ * the trace's peak. */
+static int load_inputs(sim_args *a, sim_inputs *in, char *err, size_t errlen)
+{
+    if (pl_job_load(a->job, &in->job, err, errlen)) return -1;
+    in->have_job = 1;
+    if (a->profile) snprintf(in->job.profile, sizeof in->job.profile, "%s", a->profile);
+    if (!strcmp(in->job.profile, "auto"))
+        return pl_errf(err, errlen, "spec.profile: auto is measured by a worker at run time; "
+                       "simulate needs a profile file (spec.profile or --profile)");
+    if (a->spot < 0) a->spot = in->job.cost.spot > 0 ? in->job.cost.spot : DEFAULT_SPOT;
+    if (a->on_demand < 0)
+        a->on_demand = in->job.cost.on_demand > 0 ? in->job.cost.on_demand : DEFAULT_ON_DEMAND;
+    pl_trace_event *raw;
+    int nraw, nodes, peak;
+    if (pl_spot_trace_load(a->trace, &raw, &nraw, err, errlen)) return -1;
+    int rc = pl_spot_trace_scale(raw, nraw, (int)a->scale, &in->trace, &in->ntrace, err, errlen);
+    free(raw);
+    if (rc) return -1;
+    pl_sim_trace_nodes(in->trace, in->ntrace, &nodes, &peak);
+    int nmax = peak > in->job.nodes.max ? peak : in->job.nodes.max;
+    if (pl_job_plan_init(&in->plan, &in->job, nmax, err, errlen)) {
+        pl_job_plan_free(&in->plan);
+        return -1;
+    }
+    in->have_plan = 1;
+    return 0;
+}
+
+static int write_report(const sim_args *a, const sim_inputs *in, const pl_sim_outcome *res, int n)
+{
+    FILE *f = fopen(a->report, "w");
+    pl_sim_report_info info = {.job = in->job.name, .trace = a->trace, .scale = (int)a->scale,
+                               .spot = a->spot, .on_demand = a->on_demand};
+    int rc = f ? pl_sim_report_write(f, &info, res, n) : -1;
+    if (f && fclose(f)) rc = -1;
+    if (rc) fprintf(stderr, "pliant simulate: cannot write %s\n", a->report);
+    return rc;
+}
+
+/* One strategy's simulation, run on a thread of its own: its timeline goes to a memory
+ * buffer, written out in strategy order once all are done. */
+typedef struct {
+    pl_sim_config cfg;
+    pl_sim_outcome res;
+    char *buf;
+    size_t len;
+    FILE *mem;
+    int rc;
+    char err[1024];
+} sim_job;
+
+static void *run_one(void *arg)
+{
+    sim_job *j = arg;
+    j->rc = pl_sim_run(&j->cfg, &j->res, j->err, sizeof j->err);
+    return NULL;
+}
+
+static void job_setup(sim_job *j, const sim_args *a, const sim_inputs *in,
+                      const pl_sim_strategy *st, int timeline)
+{
+    memset(j, 0, sizeof *j);
+    j->cfg = (pl_sim_config){
+        .job = &in->job, .plan = &in->plan, .strategy = st,
+        .costs = {.profile = &in->plan.prof, .templates = &in->plan.ts,
+                  .storage_GBps = a->storage_GBps,
+                  .startup_ns = (int64_t)(a->startup_s * 1e9),
+                  .notice_ns = (int64_t)(a->notice_s * 1e9), .cores = (int)a->cores,
+                  .latency_ns = (int64_t)(a->latency_us * 1e3),
+                  .install_ns = (int64_t)(a->install_ms * 1e6)},
+        .trace = in->trace, .ntrace = in->ntrace};
+    if (timeline && (j->mem = open_memstream(&j->buf, &j->len))) {
+        j->cfg.timeline = timeline_line;
+        j->cfg.user = j->mem;
+    }
+}
+
+/* Every strategy over the trace, two at a time (the runs share only the read-only job,
+ * planner and trace), the summaries and timelines in strategy order: 0, or 1 on failure. */
+static int simulate(const sim_args *a, const sim_inputs *in, const pl_sim_strategy **st, int n,
+                    FILE *out)
+{
+    sim_job jobs[MAX_STRATEGIES];
+    pthread_t th[MAX_STRATEGIES];
+    int rc = 0, done = 0;
+    for (int i = 0; i < n; i++) job_setup(&jobs[i], a, in, st[i], out != NULL);
+    for (int i = 0; i < n; i += 2) {
+        int two = i + 1 < n && pthread_create(&th[i + 1], NULL, run_one, &jobs[i + 1]) == 0;
+        run_one(&jobs[i]);
+        if (two) pthread_join(th[i + 1], NULL);
+        else if (i + 1 < n) run_one(&jobs[i + 1]);
+    }
+    for (int i = 0; i < n; i++) {
+        if (jobs[i].mem && fclose(jobs[i].mem)) jobs[i].rc = -1;
+        if (!rc && jobs[i].rc) {
+            fprintf(stderr, "pliant simulate: %s: %s\n", st[i]->name,
+                    jobs[i].err[0] ? jobs[i].err : "cannot write the timeline");
+            rc = 1;
+        }
+        if (!rc) {
+            if (out && jobs[i].buf) fwrite(jobs[i].buf, 1, jobs[i].len, out);
+            print_summary(a, &jobs[i].res);
+            done++;
+        }
+        free(jobs[i].buf);
+    }
+    pl_sim_outcome res[MAX_STRATEGIES];
+    for (int i = 0; i < n; i++) res[i] = jobs[i].res;
+    if (rc == 0 && a->report && write_report(a, in, res, done)) rc = 1;
+    for (int i = 0; i < n; i++)
+        if (!jobs[i].rc) pl_sim_outcome_free(&res[i]);
+    return rc;
+}
+
+int cmd_simulate(int argc, char **argv)
+{
+    sim_args a;
+    char err[1024] = "";
+    int prc = parse_args(argc, argv, &a, err, sizeof err);
+    if (prc) {
+        if (prc > 0) {
+            usage(stdout);
+            return 0;
+        }
+        fprintf(stderr, "pliant simulate: %s\n", err);
+        usage(stderr);
+        return 2;
+    }
+    const pl_sim_strategy *st[MAX_STRATEGIES];
+    int n = pick_strategies(a.strategy, st, err, sizeof err);
+    sim_inputs in = {0};
+    if (n < 0 || load_inputs(&a, &in, err, sizeof err)) {
+        fprintf(stderr, "pliant simulate: %s\n", err);
+        inputs_free(&in);
+        return 2;
+    }
+    FILE *out = a.out ? fopen(a.out, "w") : NULL;
+    int rc = a.out && !out ? 2 : 0;
+    if (rc) fprintf(stderr, "pliant simulate: --out: cannot write %s\n", a.out);
+    else rc = simulate(&a, &in, st, n, out);
+    if (out && fclose(out)) rc = 1;
+    inputs_free(&in);
+    return rc;
+}

@@ -1,0 +1,463 @@
+/* The dashboard's server and its event log (see dashboard.h). */
+#include "dashboard.h"
+
+#include "dashboard_page.h"
+#include "util.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <libwebsockets.h>
+
+#define DASH_FEED_PATH "/feed"
+#define DASH_CHUNK ((size_t)64 << 10) /* bytes of history per WebSocket fragment */
+
+/* One published event: its sequence number (from 0, never reused) and its text. */
+typedef struct {
+    uint64_t seq;
+    char *text;
+    size_t len;
+    int step;
+} dash_event;
+
+/* A connection: a page's feed, or an HTTP request for the page. Owned by lws
+ * (per-session data), touched on the server's thread only. */
+typedef struct {
+    int feed;          /* a WebSocket on DASH_FEED_PATH */
+    int live;          /* the history is sent: events go one per message */
+    int hist_started;  /* the history message's first fragment is sent */
+    int hist_any;      /* an event of the history is in it (the next needs a comma) */
+    uint64_t seq;      /* the next event to send */
+    uint64_t hist_end; /* the history is the events before this one */
+    size_t http_sent;  /* GET /: bytes of the page sent */
+} dash_conn;
+
+struct pl_dashboard {
+    pthread_mutex_t mu; /* guards ev, n, cap, next_seq */
+    dash_event *ev;
+    size_t n, cap;
+    uint64_t next_seq;
+    struct lws_context *ctx;
+    struct lws_protocols protocols[2];
+    pthread_t thread;
+    int thread_started;
+    atomic_int stop;
+    atomic_int pages, pages_total;
+    char host[128];
+    int port;
+};
+
+/* ---- the event log (any thread, under mu) ---- */
+
+/* Drops every other step event of the older half: called when the log is full. */
+static void log_thin(pl_dashboard *d)
+{
+    size_t half = d->n / 2, k = 0;
+    int odd = 0;
+    for (size_t i = 0; i < d->n; i++) {
+        dash_event *e = &d->ev[i];
+        if (i < half && e->step && (odd ^= 1)) {
+            free(e->text);
+            continue;
+        }
+        d->ev[k++] = *e;
+    }
+    d->n = k;
+}
+
+static int log_append(pl_dashboard *d, char *text, size_t len, int step)
+{
+    if (d->n >= PL_DASHBOARD_MAX_EVENTS)
+        log_thin(d);
+    if (d->n == d->cap) {
+        size_t cap = d->cap ? 2 * d->cap : 1024;
+        dash_event *ev = realloc(d->ev, cap * sizeof *ev);
+        if (!ev)
+            return -1;
+        d->ev = ev;
+        d->cap = cap;
+    }
+    d->ev[d->n++] = (dash_event){.seq = d->next_seq++, .text = text, .len = len, .step = step};
+    return 0;
+}
+
+/* The index of the first event with seq ≥ seq (n when none). */
+static size_t log_find(const pl_dashboard *d, uint64_t seq)
+{
+    size_t lo = 0, hi = d->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (d->ev[mid].seq < seq)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+void pl_dashboard_publish(pl_dashboard *d, const char *json, int step)
+{
+    if (!d || !json)
+        return;
+    size_t len = strlen(json);
+    char *text = malloc(len + 1);
+    if (!text)
+        return; /* the dashboard misses it; the job goes on */
+    memcpy(text, json, len + 1);
+    pthread_mutex_lock(&d->mu);
+    int rc = log_append(d, text, len, step);
+    pthread_mutex_unlock(&d->mu);
+    if (rc)
+        free(text);
+    else if (d->ctx)
+        lws_cancel_service(d->ctx);
+}
+
+/* ---- what a connection sends (server thread) ---- */
+
+/* A buffer of LWS_PRE + cap bytes for lws_write. */
+typedef struct {
+    unsigned char *buf;
+    size_t len, cap;
+} dash_out;
+
+static int out_add(dash_out *o, const char *s, size_t n)
+{
+    if (o->len + n > o->cap) {
+        size_t cap = o->cap ? o->cap : 4096;
+        while (cap < o->len + n)
+            cap *= 2;
+        unsigned char *b = realloc(o->buf, LWS_PRE + cap);
+        if (!b)
+            return -1;
+        o->buf = b;
+        o->cap = cap;
+    }
+    memcpy(o->buf + LWS_PRE + o->len, s, n);
+    o->len += n;
+    return 0;
+}
+
+/* The next fragment of the history message into o: 1 when it is the last, 0 when
+ * more follow, -1 out of memory. Holds the lock for at most DASH_CHUNK bytes. */
+static int history_chunk(pl_dashboard *d, dash_conn *c, dash_out *o)
+{
+    const char *head = "{\"type\": \"history\", \"events\": [";
+    int rc = 0;
+    if (!c->hist_started)
+        rc = out_add(o, head, strlen(head));
+    pthread_mutex_lock(&d->mu);
+    size_t i = log_find(d, c->seq);
+    for (; !rc && i < d->n && d->ev[i].seq < c->hist_end && o->len < DASH_CHUNK; i++) {
+        if (c->hist_any && out_add(o, ",\n", 2))
+            rc = -1;
+        else
+            rc = out_add(o, d->ev[i].text, d->ev[i].len);
+        c->hist_any = 1;
+        c->seq = d->ev[i].seq + 1;
+    }
+    int last = i >= d->n || d->ev[i].seq >= c->hist_end;
+    pthread_mutex_unlock(&d->mu);
+    if (rc)
+        return -1;
+    if (last && out_add(o, "]}", 2))
+        return -1;
+    if (last)
+        c->seq = c->hist_end;
+    return last;
+}
+
+/* The next live event into o: 1, or 0 when there is none, -1 out of memory. */
+static int live_event(pl_dashboard *d, dash_conn *c, dash_out *o)
+{
+    pthread_mutex_lock(&d->mu);
+    size_t i = log_find(d, c->seq);
+    int rc = 0;
+    if (i < d->n) {
+        rc = out_add(o, d->ev[i].text, d->ev[i].len) ? -1 : 1;
+        c->seq = d->ev[i].seq + 1;
+    }
+    pthread_mutex_unlock(&d->mu);
+    return rc;
+}
+
+/* 1 when the connection has events it has not sent. */
+static int has_more(pl_dashboard *d, const dash_conn *c)
+{
+    pthread_mutex_lock(&d->mu);
+    int more = !c->live || c->seq < d->next_seq;
+    pthread_mutex_unlock(&d->mu);
+    return more;
+}
+
+/* A feed is writable: the next history fragment, or the next event. -1 closes it. */
+static int feed_writeable(pl_dashboard *d, struct lws *wsi, dash_conn *c)
+{
+    dash_out o = {0};
+    int rc, flags;
+    if (!c->live) {
+        rc = history_chunk(d, c, &o);
+        flags = lws_write_ws_flags(LWS_WRITE_TEXT, !c->hist_started, rc == 1);
+        c->hist_started = 1;
+        if (rc == 1)
+            c->live = 1;
+    } else {
+        rc = live_event(d, c, &o);
+        flags = LWS_WRITE_TEXT;
+    }
+    if (rc < 0 || (rc == 0 && c->live && !o.len)) {
+        free(o.buf);
+        return rc < 0 ? -1 : 0;
+    }
+    int w = lws_write(wsi, o.buf + LWS_PRE, o.len, (enum lws_write_protocol)flags);
+    free(o.buf);
+    if (w < (int)o.len)
+        return -1;
+    if (has_more(d, c))
+        lws_callback_on_writable(wsi);
+    return 0;
+}
+
+/* A WebSocket opened: a feed on DASH_FEED_PATH (its history is what is there now). */
+static int feed_established(pl_dashboard *d, struct lws *wsi, dash_conn *c)
+{
+    char uri[64] = "";
+    if (lws_hdr_copy(wsi, uri, sizeof uri, WSI_TOKEN_GET_URI) < 0 || strcmp(uri, DASH_FEED_PATH))
+        return -1;
+    memset(c, 0, sizeof *c);
+    c->feed = 1;
+    pthread_mutex_lock(&d->mu);
+    c->seq = d->n ? d->ev[0].seq : d->next_seq;
+    c->hist_end = d->next_seq;
+    pthread_mutex_unlock(&d->mu);
+    atomic_fetch_add(&d->pages, 1);
+    atomic_fetch_add(&d->pages_total, 1);
+    lws_callback_on_writable(wsi);
+    return 0;
+}
+
+/* GET /: the page's headers; its body follows in http_writeable. Else 404. */
+static int http_request(struct lws *wsi, dash_conn *c, const char *uri)
+{
+    memset(c, 0, sizeof *c);
+    if (strcmp(uri, "/") && strcmp(uri, "/index.html")) {
+        lws_return_http_status(wsi, HTTP_STATUS_NOT_FOUND, NULL);
+        return lws_http_transaction_completed(wsi) ? -1 : 0;
+    }
+    unsigned char buf[LWS_PRE + 1024], *start = buf + LWS_PRE, *p = start,
+                  *end = buf + sizeof buf - 1;
+    const char *nostore = "no-store";
+    if (lws_add_http_common_headers(wsi, HTTP_STATUS_OK, "text/html; charset=utf-8",
+                                    (lws_filepos_t)pl_dashboard_page_len, &p, end) ||
+        lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_CACHE_CONTROL,
+                                     (const unsigned char *)nostore, (int)strlen(nostore), &p,
+                                     end) ||
+        lws_finalize_write_http_header(wsi, start, &p, end))
+        return -1;
+    lws_callback_on_writable(wsi);
+    return 0;
+}
+
+static int http_writeable(struct lws *wsi, dash_conn *c)
+{
+    size_t left = pl_dashboard_page_len - c->http_sent, n = left < DASH_CHUNK ? left : DASH_CHUNK;
+    unsigned char *buf = malloc(LWS_PRE + n + 1);
+    if (!buf)
+        return -1;
+    memcpy(buf + LWS_PRE, pl_dashboard_page + c->http_sent, n);
+    int last = n == left;
+    int w = lws_write(wsi, buf + LWS_PRE, n, last ? LWS_WRITE_HTTP_FINAL : LWS_WRITE_HTTP);
+    free(buf);
+    if (w < (int)n)
+        return -1;
+    c->http_sent += n;
+    if (last)
+        return lws_http_transaction_completed(wsi) ? -1 : 0;
+    lws_callback_on_writable(wsi);
+    return 0;
+}
+
+static int dash_callback(struct lws *wsi, enum lws_callback_reasons reason, void *user, void *in,
+                         size_t len)
+{
+    struct lws_context *ctx = lws_get_context(wsi);
+    pl_dashboard *d = ctx ? lws_context_user(ctx) : NULL;
+    dash_conn *c = user;
+    switch (reason) {
+    case LWS_CALLBACK_HTTP: return http_request(wsi, c, in ? (const char *)in : "");
+    case LWS_CALLBACK_HTTP_WRITEABLE: return c ? http_writeable(wsi, c) : -1;
+    case LWS_CALLBACK_ESTABLISHED: return feed_established(d, wsi, c);
+    case LWS_CALLBACK_SERVER_WRITEABLE: return c && c->feed ? feed_writeable(d, wsi, c) : 0;
+    case LWS_CALLBACK_RECEIVE: return 0; /* read-only: whatever a page sends is ignored */
+    case LWS_CALLBACK_CLOSED:
+        if (c && c->feed)
+            atomic_fetch_sub(&d->pages, 1);
+        return 0;
+    case LWS_CALLBACK_EVENT_WAIT_CANCELLED:
+        if (d && !atomic_load(&d->stop))
+            lws_callback_on_writable_all_protocol(ctx, &d->protocols[0]);
+        return 0;
+    default: return lws_callback_http_dummy(wsi, reason, user, in, len);
+    }
+}
+
+/* ---- the server ---- */
+
+static void *serve(void *arg)
+{
+    pl_dashboard *d = arg;
+    while (!atomic_load(&d->stop))
+        if (lws_service(d->ctx, 0) < 0)
+            break;
+    return NULL;
+}
+
+/* "HOST:PORT", "[V6]:PORT", ":PORT" into host and port. */
+static int parse_addr(const char *addr, char *host, size_t hostlen, int *port, char *err,
+                      size_t errlen)
+{
+    const char *colon = strrchr(addr, ':');
+    const char *h = addr, *he = colon;
+    if (!colon)
+        return pl_errf(err, errlen, "--dashboard %s: expected HOST:PORT", addr);
+    if (*h == '[' && he > h && he[-1] == ']') {
+        h++;
+        he--;
+    }
+    char *end;
+    long p = strtol(colon + 1, &end, 10);
+    if (end == colon + 1 || *end || p < 0 || p > 65535)
+        return pl_errf(err, errlen, "--dashboard %s: bad port", addr);
+    size_t n = (size_t)(he - h);
+    if (n >= hostlen)
+        return pl_errf(err, errlen, "--dashboard %s: host too long", addr);
+    if (n == 0)
+        snprintf(host, hostlen, "127.0.0.1");
+    else
+        snprintf(host, hostlen, "%.*s", (int)n, h);
+    *port = (int)p;
+    return 0;
+}
+
+static int create_context(pl_dashboard *d, int port, char *err, size_t errlen)
+{
+    d->protocols[0].name = PL_DASHBOARD_SUBPROTOCOL;
+    d->protocols[0].callback = dash_callback;
+    d->protocols[0].per_session_data_size = sizeof(dash_conn);
+    d->protocols[0].rx_buffer_size = 4096;
+    struct lws_context_creation_info info;
+    memset(&info, 0, sizeof info);
+    if (!strchr(d->host, ':'))
+        info.options |= LWS_SERVER_OPTION_DISABLE_IPV6;
+    info.port = port;
+    info.iface = d->host;
+    info.protocols = d->protocols;
+    info.user = d;
+    info.gid = -1;
+    info.uid = -1;
+    info.vhost_name = "pliant-dashboard";
+    d->ctx = lws_create_context(&info);
+    struct lws_vhost *vh = d->ctx ? lws_get_vhost_by_name(d->ctx, "pliant-dashboard") : NULL;
+    d->port = vh ? lws_get_vhost_listen_port(vh) : 0;
+    if (d->port <= 0)
+        return pl_errf(err, errlen, "dashboard: cannot listen on %s:%d", d->host, port);
+    return 0;
+}
+
+pl_dashboard *pl_dashboard_start(const char *addr, char *err, size_t errlen)
+{
+    pl_dashboard *d = calloc(1, sizeof *d);
+    if (!d) {
+        pl_errf(err, errlen, "dashboard: out of memory");
+        return NULL;
+    }
+    pthread_mutex_init(&d->mu, NULL);
+    int port = 0;
+    if (parse_addr(addr, d->host, sizeof d->host, &port, err, errlen) ||
+        create_context(d, port, err, errlen))
+        goto fail;
+    if (pthread_create(&d->thread, NULL, serve, d)) {
+        pl_errf(err, errlen, "dashboard: cannot start its thread");
+        goto fail;
+    }
+    d->thread_started = 1;
+    return d;
+fail:
+    pl_dashboard_stop(d);
+    return NULL;
+}
+
+void pl_dashboard_stop(pl_dashboard *d)
+{
+    if (!d)
+        return;
+    atomic_store(&d->stop, 1);
+    if (d->thread_started) {
+        lws_cancel_service(d->ctx);
+        pthread_join(d->thread, NULL);
+    }
+    if (d->ctx)
+        lws_context_destroy(d->ctx);
+    for (size_t i = 0; i < d->n; i++)
+        free(d->ev[i].text);
+    free(d->ev);
+    pthread_mutex_destroy(&d->mu);
+    free(d);
+}
+
+const char *pl_dashboard_host(const pl_dashboard *d) { return d->host; }
+int pl_dashboard_port(const pl_dashboard *d) { return d->port; }
+
+int pl_dashboard_pages(const pl_dashboard *d, int *total)
+{
+    pl_dashboard *m = (pl_dashboard *)d;
+    if (total)
+        *total = atomic_load(&m->pages_total);
+    return atomic_load(&m->pages);
+}
+
+/* ---- the page as a file ---- */
+
+/* JSON text inside <script>: "</" written "<\/" (the same string to a JSON parser). */
+static int write_script_safe(FILE *f, const char *s)
+{
+    for (; *s; s++)
+        if (fputc(*s, f) == EOF || (*s == '<' && s[1] == '/' && fputc('\\', f) == EOF))
+            return -1;
+    return 0;
+}
+
+int pl_dashboard_write_static(FILE *f, const char *const *events, int n)
+{
+    const char *mark = strstr(pl_dashboard_page, PL_DASHBOARD_PAGE_MARK);
+    size_t head = mark ? (size_t)(mark - pl_dashboard_page) : pl_dashboard_page_len;
+    int rc = fwrite(pl_dashboard_page, 1, head, f) == head ? 0 : -1;
+    rc |= fputs("<script id=\"pliant-history\" type=\"application/json\">[", f) < 0;
+    for (int i = 0; i < n && !rc; i++) {
+        rc |= i && fputs(",\n", f) < 0;
+        rc |= write_script_safe(f, events[i]);
+    }
+    rc |= fputs("]</script>", f) < 0;
+    if (mark) {
+        size_t rest = pl_dashboard_page_len - head - strlen(PL_DASHBOARD_PAGE_MARK);
+        rc |= fwrite(mark + strlen(PL_DASHBOARD_PAGE_MARK), 1, rest, f) != rest;
+    }
+    return rc ? -1 : 0;
+}
+
+int pl_dashboard_write_report(pl_dashboard *d, FILE *f)
+{
+    pthread_mutex_lock(&d->mu);
+    const char **ev = malloc((d->n ? d->n : 1) * sizeof *ev);
+    int rc = -1;
+    if (ev) {
+        for (size_t i = 0; i < d->n; i++)
+            ev[i] = d->ev[i].text;
+        rc = pl_dashboard_write_static(f, ev, (int)d->n);
+        free(ev);
+    }
+    pthread_mutex_unlock(&d->mu);
+    return rc;
+}

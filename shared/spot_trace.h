@@ -1,0 +1,34 @@
+/* Spot-instance traces for the simulator (`pliant simulate`): both formats read into
+ * one list of events, and the scaling of a trace to a larger cluster.
+ *
+ * Formats (../shared/traces/README.md):
+ * - events: `t_ms,add|remove,nodeN` per row (chaos.h, pl_trace_read);
+ * - node counts (Bamboo's GCP traces): `YYYY-MM-DD, HH:MM:SS, COUNT` per row, sampled
+ *   about once a minute. Times count from the first row (UTC calendar arithmetic, no
+ *   time zone). The first row's count is the nodes there at t = 0; a rise of the count
+ *   is that many new nodes, a drop that many preemptions of the most recently added
+ *   live nodes (the trace does not say which went: newest first is this reader's
+ *   choice).
+ * Pure functions; the caller owns (free) every array returned. */
+#ifndef PL_SPOT_TRACE_H
+#define PL_SPOT_TRACE_H
+
+#include <stddef.h>
+
+#include "chaos.h"
+
+/* Reads a trace of either format (chosen by its first row: a date makes it the count
+ * format) into *out, sorted by time; times from the trace's first row. 0, or -1 with err
+ * naming the file and line. */
+int pl_spot_trace_load(const char *path, pl_trace_event **out, int *n, char *err, size_t errlen);
+
+/* The count format from text; `name` names it in errors. */
+int pl_spot_trace_parse_counts(const char *text, const char *name, pl_trace_event **out, int *n,
+                               char *err, size_t errlen);
+
+/* The trace on a k-times larger cluster: node N becomes nodes N·k .. N·k + k − 1, every
+ * event k events at the same time. k ≥ 1. */
+int pl_spot_trace_scale(const pl_trace_event *in, int n, int k, pl_trace_event **out, int *nout,
+                        char *err, size_t errlen);
+
+#endif

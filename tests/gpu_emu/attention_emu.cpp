@@ -1,0 +1,420 @@
+/* CPU emulation test of the bf16 attention kernels (kernels/cuda/attention_bf16.cuh).
+ *
+ * What it checks: the FlashAttention-2 kernels (forward, backward dK/dV,
+ * backward dQ) give out, lse and dqkv within 1e-2 (relative to the largest
+ * value) of a double-precision reference, on shapes covering head sizes 15..128
+ * (D = 16, 32, 64, 128), sequence lengths that are not multiples of the tiles,
+ * and misaligned (scalar-load) pointers.
+ *
+ * Why an emulation: those kernels map mma.sync / ldmatrix fragments by hand
+ * (inline PTX), and an index error there only shows on a GPU, which the
+ * default test suite does not have. This program compiles the very same
+ * kernel code with g++ (PLIANT_ATTENTION_EMU selects emu_mma and
+ * emu_ldmatrix below in place of the inline PTX) and runs each block's 256
+ * threads as coroutines (ucontext) so that barriers, warp shuffles, ldmatrix
+ * and mma exchange values between lanes as the PTX ISA defines them ("Matrix
+ * Fragments for mma.m16n8k16", "ldmatrix"). It also catches lanes of a warp
+ * in different collectives and deadlocked barriers (it aborts), and reads of
+ * shared memory nothing wrote (filled with NaN bf16s before each block).
+ *
+ * Output: one "ok NAME" / "FAIL NAME" line per shape (tests/unit/check.h's
+ * protocol, counted by tests/run_tests.py). With four arguments B T C NH it
+ * runs that one shape. */
+#include <assert.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucontext.h>
+
+#include <algorithm>
+#include <functional>
+#include <vector>
+using std::min;
+
+#define __global__
+#define __device__
+#define __host__
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+#define PLIANT_ATTENTION_EMU 1
+#define FA_LOG2E 1.4426950408889634f
+#define FA_LN2 0.6931471805599453f
+
+struct float4 { float x, y, z, w; };
+static float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+struct uint2 { uint32_t x, y; };
+struct dim3v { unsigned x, y, z; };
+struct __nv_bfloat16 { uint16_t v; };
+struct __nv_bfloat162 { uint16_t x, y; };
+static uint16_t f2bf(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    u = u + 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static float bf2f(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) { return {f2bf(lo), f2bf(hi)}; }
+
+// ---- fibers
+enum { NT = 256 };
+static ucontext_t sched_ctx;
+struct Fiber {
+    ucontext_t ctx;
+    char *stack;
+    bool done;
+    int tid;
+};
+static Fiber fibers[NT];
+static int cur;
+static bool progress;
+static dim3v blockIdx, gridDim;
+struct TI { unsigned x; };
+#define threadIdx (tix_())
+static TI tix_() { return TI{(unsigned)fibers[cur].tid}; }
+
+static void yield_() { swapcontext(&fibers[cur].ctx, &sched_ctx); }
+
+// generation barriers: block and per warp
+static long bgen, bcount;
+static long wgen[8], wcount[8];
+static void __syncthreads()
+{
+    long g = bgen;
+    if (++bcount == NT) {
+        bcount = 0;
+        bgen++;
+        progress = true;
+        return;
+    }
+    while (bgen == g) yield_();
+    progress = true;
+}
+static void warp_bar()
+{
+    int w = cur / 32;
+    long g = wgen[w];
+    if (++wcount[w] == 32) {
+        wcount[w] = 0;
+        wgen[w]++;
+        progress = true;
+        return;
+    }
+    while (wgen[w] == g) yield_();
+    progress = true;
+}
+
+// per-warp exchange slots
+struct Slot {
+    int op;
+    uint32_t u[8];
+    float f[4];
+    const void *p;
+};
+static Slot slots[NT];
+static void deposit_check(int op)
+{
+    slots[cur].op = op;
+    warp_bar();
+    int w0 = cur / 32 * 32;
+    for (int l = 0; l < 32; l++)
+        if (slots[w0 + l].op != op) {
+            fprintf(stderr, "warp %d: lanes in different collectives (%d vs %d)\n", cur / 32,
+                    slots[w0 + l].op, op);
+            abort();
+        }
+}
+
+static float __shfl_xor_sync(unsigned mask, float v, int o)
+{
+    assert(mask == 0xffffffffu);
+    slots[cur].f[0] = v;
+    deposit_check(1);
+    float r = slots[cur / 32 * 32 + ((cur % 32) ^ o)].f[0];
+    warp_bar();
+    return r;
+}
+
+static void emu_ldmatrix(uint32_t r[4], const __nv_bfloat16 *row, bool trans)
+{
+    slots[cur].p = row;
+    deposit_check(trans ? 3 : 2);
+    assert(((uintptr_t)row & 15) == 0);
+    int w0 = cur / 32 * 32, l = cur % 32;
+    for (int i = 0; i < 4; i++) {
+        const __nv_bfloat16 *rows[8];
+        for (int rr = 0; rr < 8; rr++) rows[rr] = (const __nv_bfloat16 *)slots[w0 + 8 * i + rr].p;
+        uint16_t e0, e1;
+        if (!trans) {
+            e0 = rows[l / 4][2 * (l % 4)].v, e1 = rows[l / 4][2 * (l % 4) + 1].v;
+        } else {
+            e0 = rows[2 * (l % 4)][l / 4].v, e1 = rows[2 * (l % 4) + 1][l / 4].v;
+        }
+        r[i] = (uint32_t)e0 | (uint32_t)e1 << 16;
+    }
+    warp_bar();
+}
+
+static long n_mma;
+static void emu_mma(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    Slot &s = slots[cur];
+    for (int i = 0; i < 4; i++) s.u[i] = a[i], s.f[i] = d[i];
+    s.u[4] = b0, s.u[5] = b1;
+    deposit_check(4);
+    int w0 = cur / 32 * 32, l = cur % 32;
+    float A[16][16], B[16][8], Cm[16][8];
+    for (int ln = 0; ln < 32; ln++) {
+        const Slot &o = slots[w0 + ln];
+        int g = ln / 4, t = ln % 4;
+        for (int i = 0; i < 4; i++) {
+            int row = g + 8 * (i & 1), col = 2 * t + 8 * (i >> 1);
+            A[row][col] = bf2f(o.u[i] & 0xffff), A[row][col + 1] = bf2f(o.u[i] >> 16);
+        }
+        for (int i = 0; i < 2; i++) {
+            int k = 2 * t + 8 * i;
+            B[k][g] = bf2f(o.u[4 + i] & 0xffff), B[k + 1][g] = bf2f(o.u[4 + i] >> 16);
+        }
+        Cm[g][2 * t] = o.f[0], Cm[g][2 * t + 1] = o.f[1];
+        Cm[g + 8][2 * t] = o.f[2], Cm[g + 8][2 * t + 1] = o.f[3];
+    }
+    int g = l / 4, t = l % 4;
+    float out[4];
+    for (int i = 0; i < 4; i++) {
+        int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+        double acc = Cm[row][col];
+        for (int k = 0; k < 16; k++) acc += (double)A[row][k] * B[k][col];
+        out[i] = (float)acc;
+    }
+    if (l == 0) n_mma++;
+    warp_bar();
+    for (int i = 0; i < 4; i++) d[i] = out[i];
+}
+
+unsigned char tc_smem[1 << 18] __attribute__((aligned(128)));
+
+#include "cuda/attention_bf16.cuh"
+
+// ---- block runner
+static std::function<void()> entry; // the kernel call every thread of a block makes
+static void fiber_main(void) { entry(); fibers[cur].done = true; }
+
+/* Thread i at the kernel's entry. A function of its own (not inlined): getcontext
+ * returns twice, which would make the block loop's counters "clobbered". */
+__attribute__((noinline)) static void start_fiber(int i)
+{
+    Fiber &f = fibers[i];
+    f.tid = i, f.done = false;
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack;
+    f.ctx.uc_stack.ss_size = 1 << 17;
+    f.ctx.uc_link = &sched_ctx;
+    makecontext(&f.ctx, fiber_main, 0);
+}
+
+static void run_grid(unsigned gx, unsigned gy, const std::function<void()> &kernel)
+{
+    entry = kernel;
+    gridDim = {gx, gy, 1};
+    for (auto &f : fibers)
+        if (!f.stack) f.stack = (char *)malloc(1 << 17);
+    for (unsigned by = 0; by < gy; by++)
+        for (unsigned bx = 0; bx < gx; bx++) {
+            blockIdx = {bx, by, 0};
+            memset(tc_smem, 0xff, sizeof tc_smem); // garbage (NaN bf16s) where nothing was stored
+            bcount = 0;
+            for (int w = 0; w < 8; w++) wcount[w] = 0;
+            for (int i = 0; i < NT; i++) start_fiber(i);
+            for (;;) {
+                bool any = false;
+                progress = false;
+                for (cur = 0; cur < NT; cur++) {
+                    if (fibers[cur].done) continue;
+                    any = true;
+                    swapcontext(&sched_ctx, &fibers[cur].ctx);
+                }
+                if (!any) break;
+                if (!progress) {
+                    int live = 0;
+                    for (int i = 0; i < NT; i++) live += !fibers[i].done;
+                    fprintf(stderr, "deadlock in block (%u, %u): %d threads waiting\n", bx, by,
+                            live);
+                    abort();
+                }
+            }
+        }
+}
+
+// ---- reference (double) and the test
+static double urand(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return ((*s >> 11) * (1.0 / 9007199254740992.0)) * 2 - 1;
+}
+static float bfr(float x) { return bf2f(f2bf(x)); }
+
+static double maxabs(const std::vector<double> &v)
+{
+    double m = 0;
+    for (double x : v) m = std::max(m, fabs(x));
+    return m;
+}
+
+static int check(const char *what, const float *got, const std::vector<double> &ref, double tol)
+{
+    double m = maxabs(ref), worst = 0;
+    size_t wi = 0;
+    for (size_t i = 0; i < ref.size(); i++) {
+        double e = fabs(got[i] - ref[i]);
+        if (!(e <= worst)) worst = e, wi = i;
+        if (isnan(got[i])) worst = INFINITY, wi = i;
+    }
+    printf("  %-6s max err %.2e of max %.3g%s\n", what, worst / (m ? m : 1), m,
+           worst > tol * (m ? m : 1) ? "   FAIL" : "");
+    if (worst > tol * (m ? m : 1)) {
+        printf("    at %zu got %g ref %g\n", wi, got[wi], ref[wi]);
+        return 1;
+    }
+    return 0;
+}
+
+template <int D>
+static int run_case(int B, int T, int C, int NH, int misalign)
+{
+    const int hs = C / NH;
+    const size_t n = (size_t)B * T * C, n3 = 3 * n;
+    uint64_t seed = 1234 + T * 7 + C;
+    std::vector<float> qkv_buf(n3 + 4), dout_buf(n + 4), out(n, 7.0f), lse((size_t)B * NH * T, 7.0f);
+    float *qkv = qkv_buf.data() + misalign, *dout = dout_buf.data() + misalign;
+    for (size_t i = 0; i < n3; i++) qkv[i] = bfr((float)(3 * urand(&seed)));
+    for (size_t i = 0; i < n; i++) dout[i] = bfr((float)urand(&seed));
+    std::vector<float> dqkv(n3);
+    for (auto &x : dqkv) x = (float)urand(&seed);
+    std::vector<double> dqkv_ref(dqkv.begin(), dqkv.end()), out_ref(n), lse_ref(lse.size());
+
+    // reference
+    const double scale = 1.0 / sqrt((double)hs);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            auto Q = [&](int t, int c) { return (double)qkv[((size_t)b * T + t) * 3 * C + h * hs + c]; };
+            auto K = [&](int t, int c) { return (double)qkv[((size_t)b * T + t) * 3 * C + C + h * hs + c]; };
+            auto V = [&](int t, int c) { return (double)qkv[((size_t)b * T + t) * 3 * C + 2 * C + h * hs + c]; };
+            auto dO = [&](int t, int c) { return (double)dout[((size_t)b * T + t) * C + h * hs + c]; };
+            std::vector<double> P((size_t)T * T, 0.0), dP((size_t)T * T, 0.0);
+            for (int i = 0; i < T; i++) {
+                double mx = -INFINITY;
+                for (int j = 0; j <= i; j++) {
+                    double s = 0;
+                    for (int c = 0; c < hs; c++) s += Q(i, c) * K(j, c);
+                    P[(size_t)i * T + j] = s * scale;
+                    mx = std::max(mx, s * scale);
+                }
+                double sum = 0;
+                for (int j = 0; j <= i; j++) sum += exp(P[(size_t)i * T + j] - mx);
+                for (int j = 0; j <= i; j++) P[(size_t)i * T + j] = exp(P[(size_t)i * T + j] - mx) / sum;
+                lse_ref[((size_t)b * NH + h) * T + i] = mx + log(sum);
+                for (int c = 0; c < hs; c++) {
+                    double o = 0;
+                    for (int j = 0; j <= i; j++) o += P[(size_t)i * T + j] * V(j, c);
+                    out_ref[((size_t)b * T + i) * C + h * hs + c] = o;
+                }
+            }
+            for (int i = 0; i < T; i++) {
+                double Di = 0;
+                for (int j = 0; j <= i; j++) {
+                    double d = 0;
+                    for (int c = 0; c < hs; c++) d += dO(i, c) * V(j, c);
+                    dP[(size_t)i * T + j] = d;
+                    Di += P[(size_t)i * T + j] * d;
+                }
+                for (int j = 0; j <= i; j++) {
+                    double p = P[(size_t)i * T + j], ds = p * (dP[(size_t)i * T + j] - Di);
+                    for (int c = 0; c < hs; c++) {
+                        dqkv_ref[((size_t)b * T + i) * 3 * C + h * hs + c] += ds * K(j, c) * scale;
+                        dqkv_ref[((size_t)b * T + j) * 3 * C + C + h * hs + c] += ds * Q(i, c) * scale;
+                        dqkv_ref[((size_t)b * T + j) * 3 * C + 2 * C + h * hs + c] += p * dO(i, c);
+                    }
+                }
+            }
+        }
+
+    const float sc = (1.0f / sqrtf((float)hs)) * FA_LOG2E, scl = 1.0f / sqrtf((float)hs);
+    const unsigned gy = (T + TC_ROWS - 1) / TC_ROWS;
+    auto v4 = [&](const float *p) { return C % 4 == 0 && hs % 4 == 0 && ((uintptr_t)p & 15) == 0; };
+    const int vq = v4(qkv), vd = v4(dout);
+    run_grid(B * NH, gy, [&] {
+        flash_forward_bf16_kernel<D>(out.data(), lse.data(), qkv, T, NH, hs, sc, vq);
+    });
+    // D = rowsum(dO ∘ O) from the kernel's own out (as attention_delta_kernel)
+    std::vector<float> delta((size_t)B * NH * T);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                float s = 0;
+                for (int c = 0; c < hs; c++)
+                    s += dout[((size_t)b * T + t) * C + h * hs + c] * out[((size_t)b * T + t) * C + h * hs + c];
+                delta[((size_t)b * NH + h) * T + t] = s;
+            }
+    run_grid(B * NH, gy, [&] {
+        flash_backward_dkv_bf16_kernel<D>(dqkv.data(), dout, qkv, lse.data(), delta.data(), T, NH,
+                                          hs, scl, sc, vq, vd);
+    });
+    run_grid(B * NH, gy, [&] {
+        flash_backward_dq_bf16_kernel<D>(dqkv.data(), dout, qkv, lse.data(), delta.data(), T, NH,
+                                         hs, scl, sc, vq);
+    });
+    printf("B %d T %d C %d NH %d (hs %d, D %d, vec %d/%d)\n", B, T, C, NH, hs, D, vq, vd);
+    int fails = 0;
+    fails += check("out", out.data(), out_ref, 1e-2);
+    fails += check("lse", lse.data(), lse_ref, 1e-2);
+    fails += check("dqkv", dqkv.data(), dqkv_ref, 1e-2);
+    return fails;
+}
+
+static int run(int B, int T, int C, int NH, int mis = 0)
+{
+    int hs = C / NH;
+    int D = hs <= 16 ? 16 : hs <= 32 ? 32 : hs <= 64 ? 64 : 128;
+    switch (D) {
+    case 16: return run_case<16>(B, T, C, NH, mis);
+    case 32: return run_case<32>(B, T, C, NH, mis);
+    case 64: return run_case<64>(B, T, C, NH, mis);
+    default: return run_case<128>(B, T, C, NH, mis);
+    }
+}
+
+/* One shape: its result line is "ok attention_emu/B.T.C.NH" (plus "/misaligned"). */
+static int run_named(int B, int T, int C, int NH, int mis)
+{
+    const int fails = run(B, T, C, NH, mis);
+    printf("%s attention_emu/%d.%d.%d.%d%s\n", fails ? "FAIL" : "ok", B, T, C, NH,
+           mis ? "/misaligned" : "");
+    fflush(stdout);
+    return fails;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 5) return run_named(atoi(argv[1]), atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), 0) != 0;
+    /* head sizes 32, 32, 64, 32, 128, 128, 16, 48, 64, 15, 60 (every D), T
+     * below, across and not a multiple of the 128-row blocks and 64/32-row tiles */
+    static const int shapes[][4] = {{1, 1, 32, 1},    {2, 37, 64, 2},  {2, 37, 128, 2},
+                                    {1, 130, 96, 3},  {3, 65, 256, 2}, {1, 200, 384, 3},
+                                    {2, 70, 64, 4},   {2, 90, 144, 3}, {1, 300, 128, 2},
+                                    {1, 257, 45, 3},  {1, 140, 60, 1}};
+    int fails = 0;
+    for (const auto &sh : shapes) fails += run_named(sh[0], sh[1], sh[2], sh[3], 0);
+    fails += run_named(1, 150, 128, 2, 1); /* misaligned pointers: the scalar loads */
+    printf("%ld mma emulated\n", n_mma);
+    return fails != 0;
+}

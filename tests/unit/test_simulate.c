@@ -1,0 +1,240 @@
+/* `pliant simulate`'s engine (operator/runtime/simulator.c) on small traces: a loss
+ * survived with layer copies under templates; a fatal loss falling back to the checkpoint
+ * after waiting for nodes; the checkpoint strategy redoing lost steps; the same inputs
+ * giving the same result; the node-count trace format; --scale. */
+#include <stdlib.h>
+
+#include "check.h"
+#include "job_plan.h"
+#include "simulator.h"
+#include "spot_trace.h"
+
+#define L 6
+
+/* 6 layers, one GPU per node, memory such that n0 = 2 (as test_coordinator's). */
+static void make_profile(pl_profile *p)
+{
+    memset(p, 0, sizeof *p);
+    strcpy(p->model, "synthetic");
+    p->microbatch_size = 1;
+    p->gpus_per_node = 1;
+    p->intra_node_GBps = 100;
+    p->inter_node_GBps = 10;
+    p->nkeys = 1;
+    p->keys[0] = 1;
+    p->nlayers = L;
+    p->layers = calloc(L, sizeof *p->layers);
+    int64_t total = 0;
+    for (int l = 0; l < L; l++) {
+        pl_layer_profile *y = &p->layers[l];
+        snprintf(y->name, sizeof y->name, "layer%d", l);
+        y->param_bytes = 1000000000LL * (l + 1);
+        y->output_bytes = 4096;
+        y->fwd_ns[0] = 100000000 + 7919 * l; /* 0.1 s a microbatch */
+        y->bwd_ns[0] = 2 * y->fwd_ns[0];
+        total += y->param_bytes;
+    }
+    p->gpu_memory_bytes = 4 * total * 6 / 10;
+}
+
+static const char *job_yaml(const char *strategy, int tolerate)
+{
+    static char buf[1024];
+    snprintf(buf, sizeof buf,
+             "apiVersion: pliant.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: sim}\n"
+             "spec:\n  model: {preset: gpt2-d6}\n  data: {train: /x_*.bin}\n"
+             "  batch: {global: 16, micro: 1, seqLen: 64}\n  steps: 1000\n"
+             "  checkpoint: {dir: /ckpt, every: 20}\n"
+             "  faultTolerance: {strategy: %s, tolerate: %d, maxResets: 0}\n", strategy, tolerate);
+    return buf;
+}
+
+typedef struct {
+    pl_job job;
+    pl_job_plan plan;
+} fixture;
+
+static int setup(fixture *f, const char *strategy, int tolerate, int nmax)
+{
+    char err[512];
+    memset(f, 0, sizeof *f);
+    if (pl_job_parse(job_yaml(strategy, tolerate), NULL, &f->job, err, sizeof err)) {
+        printf("    %s\n", err);
+        return -1;
+    }
+    make_profile(&f->plan.prof);
+    f->plan.have_prof = 1;
+    f->plan.nmax = nmax;
+    if (pl_templates_plan(&f->plan.prof, nmax, tolerate, &f->plan.ts, err, sizeof err)) return -1;
+    f->plan.have_ts = 1;
+    if (pl_coverage_compute(&f->plan.ts, nmax, tolerate, 16, 1, &f->plan.cov, err, sizeof err))
+        return -1;
+    f->plan.have_cov = 1;
+    return 0;
+}
+
+static void teardown(fixture *f)
+{
+    pl_job_plan_free(&f->plan);
+    pl_job_free(&f->job);
+}
+
+static int run(fixture *f, const char *strategy, const pl_trace_event *tr, int n, int64_t notice_s,
+               pl_sim_outcome *out)
+{
+    pl_sim_config cfg = {
+        .job = &f->job, .plan = &f->plan, .strategy = pl_sim_strategy_find(strategy),
+        .costs = {.profile = &f->plan.prof, .templates = &f->plan.ts, .storage_GBps = 1.0,
+                  .startup_ns = 10000000000LL, .notice_ns = notice_s * 1000000000LL},
+        .trace = tr, .ntrace = n, .nbins = 10};
+    char err[512];
+    int rc = pl_sim_run(&cfg, out, err, sizeof err);
+    if (rc) printf("    %s\n", err);
+    return rc;
+}
+
+#define ADD(t, n) {(t) * 1000LL, 1, (n)}
+#define REMOVE(t, n) {(t) * 1000LL, 0, (n)}
+
+static void loss_with_copies(void)
+{
+    fixture f;
+    CHECK(setup(&f, "templates", 1, 6) == 0);
+    const pl_trace_event tr[] = {ADD(0, 0), ADD(0, 1), ADD(0, 2), ADD(0, 3), ADD(0, 4), ADD(0, 5),
+                                 REMOVE(100, 4), ADD(400, 6)};
+    pl_sim_outcome r;
+    CHECK(run(&f, "templates", tr, 8, 0, &r) == 0);
+    CHECK_EQ_INT(r.from_checkpoint, 0);
+    CHECK(r.reconfigs >= 1);
+    CHECK(r.bytes_copied > 0);
+    CHECK(r.acct.split_ns[PL_SIM_T_COPY] > 0);
+    CHECK(r.acct.split_ns[PL_SIM_T_REDO] > 0); /* the step the loss aborted */
+    CHECK(r.acct.split_ns[PL_SIM_T_COMPUTE] > 300 * 1000000000LL);
+    CHECK(!strcmp(r.end_phase, "running") || !strcmp(r.end_phase, "committing"));
+    int64_t total = 0;
+    for (int k = 0; k < PL_SIM_T_COUNT; k++) total += r.acct.split_ns[k];
+    CHECK_EQ_INT(total, r.duration_ns);
+    /* the same inputs, the same result */
+    pl_sim_outcome again;
+    CHECK(run(&f, "templates", tr, 8, 0, &again) == 0);
+    CHECK_EQ_INT(again.steps, r.steps);
+    CHECK_EQ_INT(again.bytes_copied, r.bytes_copied);
+    pl_sim_outcome_free(&again);
+    pl_sim_outcome_free(&r);
+    teardown(&f);
+}
+
+static void fatal_loss_falls_back_to_checkpoint(void)
+{
+    fixture f;
+    CHECK(setup(&f, "templates", 0, 4) == 0);
+    /* 3 of 4 nodes at once (after the checkpoint of step 20 is complete): some layer has no
+     * holder left and 1 node is too few; 3 more register 10 s later */
+    const pl_trace_event tr[] = {ADD(0, 0), ADD(0, 1), ADD(0, 2), ADD(0, 3), REMOVE(400, 0),
+                                 REMOVE(400, 1), REMOVE(400, 2), ADD(400, 4), ADD(400, 5),
+                                 ADD(400, 6), ADD(800, 7)};
+    pl_sim_outcome r;
+    CHECK(run(&f, "templates", tr, 11, 0, &r) == 0);
+    CHECK(r.from_checkpoint >= 1);
+    CHECK(r.acct.split_ns[PL_SIM_T_WAIT] >= 10 * 1000000000LL - 1000000000LL); /* start-up */
+    CHECK(r.acct.split_ns[PL_SIM_T_CKPT] > 0);  /* the load */
+    CHECK(r.acct.split_ns[PL_SIM_T_REDO] > 0);  /* steps since the checkpoint */
+    pl_sim_outcome_free(&r);
+    teardown(&f);
+}
+
+static void checkpoint_strategy_redoes_work(void)
+{
+    fixture f;
+    CHECK(setup(&f, "checkpoint", 1, 6) == 0);
+    const pl_trace_event tr[] = {ADD(0, 0), ADD(0, 1), ADD(0, 2), ADD(0, 3), ADD(0, 4), ADD(0, 5),
+                                 REMOVE(100, 4), REMOVE(250, 1), ADD(400, 6)};
+    pl_sim_outcome ck, tp;
+    CHECK(run(&f, "checkpoint", tr, 9, 0, &ck) == 0);
+    CHECK(run(&f, "templates", tr, 9, 0, &tp) == 0);
+    CHECK(ck.from_checkpoint >= 2);
+    CHECK_EQ_INT(ck.bytes_copied, 0);
+    CHECK(ck.acct.split_ns[PL_SIM_T_REDO] > tp.acct.split_ns[PL_SIM_T_REDO]);
+    CHECK(ck.steps < tp.steps);
+    pl_sim_outcome_free(&ck);
+    pl_sim_outcome_free(&tp);
+    teardown(&f);
+}
+
+static void notice_moves_out_without_loss(void)
+{
+    fixture f;
+    CHECK(setup(&f, "templates", 1, 6) == 0);
+    const pl_trace_event tr[] = {ADD(0, 0), ADD(0, 1), ADD(0, 2), ADD(0, 3), ADD(0, 4), ADD(0, 5),
+                                 REMOVE(100, 4), ADD(400, 6)};
+    pl_sim_outcome r;
+    CHECK(run(&f, "templates", tr, 8, 30, &r) == 0);
+    CHECK(r.reconfigs >= 1);
+    CHECK_EQ_INT(r.acct.split_ns[PL_SIM_T_REDO], 0); /* left at a step boundary */
+    pl_sim_outcome_free(&r);
+    teardown(&f);
+}
+
+static void count_format(void)
+{
+    const char *text = "2021-12-11, 11:11:30, 3\r\n2021-12-11, 11:13:10, 3\r\n"
+                       "2021-12-11, 11:14:50, 1\n2021-12-11, 11:15:50, 2\n";
+    pl_trace_event *ev;
+    int n;
+    char err[256];
+    CHECK(pl_spot_trace_parse_counts(text, "t.csv", &ev, &n, err, sizeof err) == 0);
+    CHECK_EQ_INT(n, 6);
+    CHECK(ev[0].add && ev[0].node == 0 && ev[0].t_ms == 0);
+    CHECK(ev[2].add && ev[2].node == 2);
+    /* a drop of 2 at 200 s: the newest nodes (2, then 1) */
+    CHECK(!ev[3].add && ev[3].node == 2 && ev[3].t_ms == 200000);
+    CHECK(!ev[4].add && ev[4].node == 1);
+    CHECK(ev[5].add && ev[5].node == 3 && ev[5].t_ms == 260000);
+    free(ev);
+    /* midnight rolls over by the calendar */
+    CHECK(pl_spot_trace_parse_counts("2021-12-31, 23:59:00, 1\n2022-01-01, 00:01:00, 2\n", "t",
+                                     &ev, &n, err, sizeof err) == 0);
+    CHECK(n == 2 && ev[1].t_ms == 120000);
+    free(ev);
+    CHECK(pl_spot_trace_parse_counts("2021-12-11, 11:11:30, 3\n11:12, 4\n", "t.csv", &ev, &n, err,
+                                     sizeof err) == -1);
+    CHECK(strstr(err, "t.csv:2") != NULL);
+}
+
+static void scale(void)
+{
+    const pl_trace_event tr[] = {ADD(0, 0), ADD(0, 1), REMOVE(60, 1)};
+    pl_trace_event *out;
+    int n;
+    char err[256];
+    CHECK(pl_spot_trace_scale(tr, 3, 4, &out, &n, err, sizeof err) == 0);
+    CHECK_EQ_INT(n, 12);
+    CHECK(out[4].add && out[4].node == 4 && out[7].node == 7);
+    CHECK(!out[11].add && out[11].node == 7 && out[11].t_ms == 60000);
+    int nodes, peak;
+    pl_sim_trace_nodes(out, n, &nodes, &peak);
+    CHECK(nodes == 8 && peak == 8);
+    free(out);
+    CHECK(pl_spot_trace_scale(tr, 3, 0, &out, &n, err, sizeof err) == -1);
+}
+
+/* The local-machine terms: a ring all-reduce over r pipelines is 2 (r − 1) messages, plus the
+ * step's four control messages; one pipeline has no all-reduce. */
+static void sync_latency(void)
+{
+    pl_sim_costs k = {.latency_ns = 1000};
+    CHECK(pl_sim_sync_ns(&k, 1) == 4000);
+    CHECK(pl_sim_sync_ns(&k, 8) == (14 + 4) * 1000);
+    k.latency_ns = 0;
+    CHECK(pl_sim_sync_ns(&k, 8) == 0);
+}
+
+TEST_MAIN_BEGIN
+    RUN(loss_with_copies);
+    RUN(fatal_loss_falls_back_to_checkpoint);
+    RUN(checkpoint_strategy_redoes_work);
+    RUN(notice_moves_out_without_loss);
+    RUN(count_format);
+    RUN(scale);
+    RUN(sync_latency);
+TEST_MAIN_END

@@ -1,0 +1,78 @@
+/* Eager forward redundant computation in the stage's waits (frc.h). */
+#include "frc.h"
+
+#include <string.h>
+
+#include "util.h"
+
+int pl_frc_begin(pl_frc *f, pl_engine *shadow, const pl_engine *stage, const pl_schedule *s,
+                 const int32_t *tokens, const int32_t *targets, char *err, size_t errlen)
+{
+    memset(f, 0, sizeof *f);
+    if (pl_engine_has_embedding(shadow) && !tokens)
+        return pl_errf(err, errlen, "frc: the shadow has the embedding and needs tokens");
+    if (pl_engine_has_head(shadow) && !targets)
+        return pl_errf(err, errlen, "frc: the shadow has the head and needs targets");
+    f->slot_bytes = pl_engine_slot_bytes(shadow);
+    const size_t floats = (size_t)s->nmicro * f->slot_bytes / sizeof(float);
+    f->host = (char *)pl_engine_io_buffer(shadow, PL_IO_FRC, floats);
+    if (!f->host) return pl_errf(err, errlen, "frc: out of host memory for %d microbatches",
+                                 s->nmicro);
+    f->shadow = shadow;
+    f->stage = stage;
+    f->tokens = tokens;
+    f->targets = targets;
+    f->nmicro = s->nmicro;
+    f->nslots = s->nslots;
+    /* on the tokens every input exists from the start */
+    f->avail = pl_engine_has_embedding(shadow) ? s->nmicro : 0;
+    return 0;
+}
+
+void pl_frc_input_ready(pl_frc *f, int mb)
+{
+    if (mb + 1 > f->avail) f->avail = mb + 1;
+}
+
+/* Runs the FRC of microbatch f->next and swaps its slot out to host memory. */
+static void run_next(pl_frc *f, int bubble)
+{
+    const int i = f->next++;
+    const size_t BT = (size_t)f->shadow->B * (size_t)f->shadow->T;
+    const double t0 = pl_now_ms();
+    const int32_t *tok = pl_engine_has_embedding(f->shadow) ? f->tokens + i * BT : NULL;
+    const int32_t *tgt = pl_engine_has_head(f->shadow) ? f->targets + i * BT : NULL;
+    const float *in = tok ? NULL : pl_engine_output(f->stage, i % f->nslots);
+    pl_engine_forward_dev(f->shadow, 0, tok, in, tgt);
+    pl_engine_slot_to_host(f->shadow, 0, f->host + (size_t)i * f->slot_bytes);
+    const double ms = pl_now_ms() - t0;
+    if (bubble) {
+        f->stats.bubble++;
+        f->stats.bubble_ms += ms;
+    } else {
+        f->stats.forced++;
+        f->stats.forced_ms += ms;
+    }
+}
+
+void pl_frc_fill_wait(pl_frc *f, const pl_stage_link *link, int peer, pl_link_kind kind, int mb)
+{
+    while (f->next < f->avail && !(link->ready && link->ready(link->ctx, peer, kind, mb)))
+        run_next(f, 1);
+}
+
+void pl_frc_before_free(pl_frc *f, int mb)
+{
+    if (pl_engine_has_embedding(f->shadow)) return; /* the tokens are not freed */
+    while (f->next <= mb && f->next < f->avail) run_next(f, 0);
+}
+
+void pl_frc_finish(pl_frc *f)
+{
+    while (f->next < f->avail) run_next(f, 0);
+}
+
+const void *pl_frc_result(const pl_frc *f, int mb)
+{
+    return mb >= 0 && mb < f->next ? f->host + (size_t)mb * f->slot_bytes : NULL;
+}
