@@ -16,14 +16,21 @@
 #include "util.h"
 #include "worker_step.h"
 
+/* One line, written at once: the workers of `pliant run` share its stderr, and lines
+ * written piecewise interleave. */
 void agent_log(agent *a, const char *fmt, ...)
 {
+    char line[2048];
+    int n = snprintf(line, sizeof line, "worker %s: ", a->o->name);
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "worker %s: ", a->o->name);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    if (n >= 0 && (size_t)n < sizeof line) n += vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
     va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n > sizeof line - 2) n = (int)sizeof line - 2;
+    line[n++] = '\n';
+    fwrite(line, 1, (size_t)n, stderr);
+    fflush(stderr);
 }
 
 /* A fatal error: the coordinator is told why (fatal; it answers stop) and the worker
