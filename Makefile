@@ -72,7 +72,7 @@ ASAN_LIBS       := $(LIBS:$(BUILD)/lib/%=$(BUILD)/asan/lib/%)
 DEBIAN_DEPS := build-essential pkg-config python3 libcjson-dev libcurl4-openssl-dev libyaml-dev \
                libwebsockets-dev libssl-dev libopenblas-dev clang libclang-rt-14-dev
 
-.PHONY: test-e2e test-faults all deps deps-test test unit-tests bench bench-planner bench-kernels bench-train bench-comm bench-trace cuda clean
+.PHONY: test-e2e test-faults all deps deps-test test unit-tests bench bench-planner bench-kernels bench-train bench-comm bench-trace bench-recovery cuda clean
 all: $(BUILD)/bin/pliant $(BUILD)/bin/pliant-operator
 
 # Only the dashboard's browser test needs it (tests/cli/test_dashboard.py skips without).
@@ -272,6 +272,9 @@ bench-kernels: $(BUILD)/bench/kernels_bench
 bench-comm: $(BUILD)/bench/comm_bench
 	$(BUILD)/bench/comm_bench
 # Spot-trace replay, templates vs checkpoint (about 4 minutes; SPEEDUP: trace compression)
+# MODELS: a comma-separated subset of gpt2-124m,gpt2-350m (bench/README.md "Recovery at size")
+bench-recovery: $(BUILD)/bin/pliant $(BUILD)/bench/comm_bench
+	$(PYTHON) bench/recovery_size_bench.py --build $(BUILD) $(if $(MODELS),--models $(MODELS))
 bench-trace: $(BUILD)/bin/pliant $(BUILD)/bench/comm_bench
 	$(PYTHON) bench/trace_bench.py --build $(BUILD) $(if $(SPEEDUP),--speedup $(SPEEDUP))
 

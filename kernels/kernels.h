@@ -55,6 +55,16 @@ void kn_to_host(kn_ctx *k, void *dst, const void *src, size_t bytes);
 void kn_sync(kn_ctx *k);
 /* Copies within backend memory (device to device on CUDA; queued, no wait). */
 void kn_copy(kn_ctx *k, void *dst, const void *src, size_t bytes);
+/* Makes [dst_block + dst_off, + bytes) the same memory as [src_block + src_off, + bytes)
+ * rather than a copy of it: both blocks from kn_alloc, offsets and bytes multiples of
+ * KN_SHARE_ALIGN, within the blocks. Afterwards a write through either range is seen
+ * through both, so the caller writes neither while both blocks live (the layer copies: a
+ * layer a worker keeps, shared by its old and new engines until the old one is freed).
+ * Freeing either block leaves the other whole. 0 when done; −1 when the backend or these
+ * blocks cannot (nothing changed: copy instead). */
+#define KN_SHARE_ALIGN 4096
+int kn_share(kn_ctx *k, void *dst_block, size_t dst_off, const void *src_block, size_t src_off,
+             size_t bytes);
 /* Host memory for staging transfers to and from backend memory: page-locked on
  * CUDA (so copies run at full speed), plain aligned memory on the CPU; zero-filled. */
 void *kn_host_alloc(kn_ctx *k, size_t bytes);

@@ -85,6 +85,9 @@ typedef struct kn_ops {
     void (*prof_collect)(kn_ctx *k);
     /* kn_memory_stats; NULL where the backend does not track its memory. */
     int (*memory_stats)(kn_ctx *k, kn_mem_stats *out);
+    /* kn_share; NULL where the backend cannot (the caller copies). */
+    int (*share)(kn_ctx *k, void *dst_block, size_t dst_off, const void *src_block,
+                 size_t src_off, size_t bytes);
 } kn_ops;
 
 /* Kernel-level timing state (kernels.c), one per context once enabled. */

@@ -478,7 +478,8 @@ static int parse_fault_tolerance(pctx *c, const pl_ynode *spec, pl_fault_toleran
 {
     static const char *const known[] = {"strategy", "redundantForward", "tolerate", "maxResets",
                                         "hostsAddedCheckEvery", "heartbeatSeconds", "stepTimeoutSeconds",
-                                        "waitForNodesTimeoutSeconds", NULL};
+                                        "waitForNodesTimeoutSeconds", "belowMinimum", NULL};
+    static const char *const below[] = {"wait", "degrade", NULL};
     static const char *const strategies[] = {"templates", "checkpoint", "redundant", NULL};
     static const char *const frc_modes[] = {"eager", "lazy", NULL};
     const char *P = "spec.faultTolerance";
@@ -488,7 +489,9 @@ static int parse_fault_tolerance(pctx *c, const pl_ynode *spec, pl_fault_toleran
     if (!map) return 0;
     if (check_fields(c, map, P, known)) return -1;
     int strategy = (int)f->strategy, frc = (int)f->redundant_forward;
+    int bm = (int)f->below_minimum;
     if (get_enum(c, map, P, "strategy", strategies, &strategy) ||
+        get_enum(c, map, P, "belowMinimum", below, &bm) ||
         get_enum(c, map, P, "redundantForward", frc_modes, &frc) ||
         get_int(c, map, P, "tolerate", 0, 0, INT_MAX, &f->tolerate) ||
         get_int(c, map, P, "maxResets", 0, 0, INT_MAX, &f->max_resets) ||
@@ -496,6 +499,7 @@ static int parse_fault_tolerance(pctx *c, const pl_ynode *spec, pl_fault_toleran
         return -1;
     f->strategy = (pl_ft_strategy)strategy;
     f->redundant_forward = (pl_frc_mode)frc;
+    f->below_minimum = (pl_below_minimum)bm;
     if (field(map, "redundantForward") && f->strategy != PL_STRATEGY_REDUNDANT)
         return pl_errf(c->err, c->errlen, "%s.redundantForward: only with strategy redundant", P);
     if (get_num(c, map, P, "heartbeatSeconds", &f->heartbeat_seconds, path)) return -1;

@@ -20,6 +20,10 @@ typedef enum { PL_STRATEGY_TEMPLATES, PL_STRATEGY_CHECKPOINT, PL_STRATEGY_REDUND
  * computation (FRC) of the successor's layers runs. Eager: every step, in the 1F1B
  * bubbles (Bamboo §5.2); lazy: only after a loss. */
 typedef enum { PL_FRC_EAGER, PL_FRC_LAZY } pl_frc_mode;
+/* spec.faultTolerance.belowMinimum: what a job does when a loss leaves fewer than (F+1)·n0
+ * workers: wait for workers (waitForNodesTimeoutSeconds), or train on the pipelines the
+ * remaining workers form with a lower tolerance until workers join. */
+typedef enum { PL_BELOW_MIN_WAIT, PL_BELOW_MIN_DEGRADE } pl_below_minimum;
 
 typedef struct {
     char preset[32];      /* gpt2-tiny | gpt2-d6 | gpt2-124m | gpt2-350m | gpt2-774m | gpt2-1558m */
@@ -72,6 +76,7 @@ typedef struct {
     double heartbeat_seconds;
     double step_timeout_seconds; /* a step's deadline; 0 = automatic (docs/runtime.md) */
     double wait_for_nodes_timeout_seconds;
+    pl_below_minimum below_minimum;
 } pl_fault_tolerance_spec;
 
 /* spec.cost: what a node costs, dollars per node-hour (`pliant simulate`'s default prices). */

@@ -94,6 +94,7 @@ typedef struct {
     int error_exits, last_status, same_status; /* workers that exited with an error */
     pl_coord_phase_t last_phase;
     char last_profiling[512]; /* the PROFILING reason printed last */
+    int degraded;             /* the last plan's tolerance is below the job's */
     double t0, last_t;        /* seconds: the loop's start, the last step line */
     int64_t start_ms, end_ms;
 } run_state;
@@ -478,7 +479,7 @@ static void write_reconfig(FILE *f, const pl_coord_reconfig_rec *x, int64_t dura
             (long long)x->bytes_copied, x->from_checkpoint ? "true" : "false",
             (long long)x->generation, (long long)x->step);
     json_string(f, x->pipelines);
-    fputs("}\n", f);
+    fprintf(f, ", \"tolerance\": %d}\n", x->tolerance);
     fflush(f);
 }
 
@@ -500,10 +501,16 @@ static void print_checkpoint(run_state *r, int64_t step, const char *error)
     }
 }
 
-static void print_reconfig(const pl_coord_reconfig_rec *x)
+static void print_reconfig(const run_state *r, const pl_coord_reconfig_rec *x)
 {
+    const int f = r->job->fault_tolerance.tolerate;
     printf("reconfigure: generation %lld at step %lld: %s; pipelines %s\n",
            (long long)x->generation, (long long)x->step, x->cause, x->pipelines);
+    if (x->tolerance < f)
+        printf("degraded: tolerance %d of %d until workers join (belowMinimum: degrade)\n",
+               x->tolerance, f);
+    else if (r->degraded)
+        printf("tolerance restored: %d\n", f);
     fflush(stdout);
 }
 
@@ -602,7 +609,9 @@ static void report(run_state *r)
         case PL_JOB_DRIVER_CHECKPOINT: print_checkpoint(r, ev.step, ev.error); break;
         case PL_JOB_DRIVER_RECONFIG:
             r->reconfigs++;
-            print_reconfig(pl_coord_reconfig(r->coord, ev.index));
+            print_reconfig(r, pl_coord_reconfig(r->coord, ev.index));
+            r->degraded = pl_coord_reconfig(r->coord, ev.index)->tolerance <
+                          r->job->fault_tolerance.tolerate;
             break;
         case PL_JOB_DRIVER_RECOVERED:
             r->recovered++;

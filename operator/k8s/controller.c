@@ -35,7 +35,8 @@
 #define CONTROLLER_NAME "pliant.dev/operator"
 
 static const char *const COND_TYPES[] = {"Created",   "Running",   "Reconfiguring", "WaitingForNodes",
-                                         "Suspended", "Succeeded", "Failed",        "PodsCreated"};
+                                         "Suspended", "Succeeded", "Failed",        "PodsCreated",
+                                         "Degraded"};
 #define NCOND (int)(sizeof COND_TYPES / sizeof COND_TYPES[0])
 
 typedef struct cpod {
@@ -488,6 +489,22 @@ static void name_events(pl_controller *c, cjob *j, const char *list, const char 
               "worker %s %s", n, strcmp(reason, "NodeLost") ? "joined" : "left the job");
 }
 
+/* faultTolerance.belowMinimum degrade: a plan with less than the job's tolerance sets the
+ * condition Degraded (a Warning Event), one with all of it clears it (a Normal Event). */
+static void observe_tolerance(pl_controller *c, cjob *j, const pl_coord_reconfig_rec *x)
+{
+    const int f = j->spec.fault_tolerance.tolerate, was = !strcmp(j->cond[NCOND - 1].status, "True");
+    if (x->tolerance < f) {
+        set_cond(j, "Degraded", 1, "BelowMinimum", "tolerance %d of %d until workers join",
+                 x->tolerance, f);
+        event(c, j, "Warning", "Degraded", "Reconfigure",
+              "too few workers for tolerance %d: training on with tolerance %d", f, x->tolerance);
+    } else if (was) {
+        set_cond(j, "Degraded", 0, "ToleranceRestored", "tolerance %d", f);
+        event(c, j, "Normal", "ToleranceRestored", "Reconfigure", "tolerance %d restored", f);
+    }
+}
+
 /* A new plan: Events for the workers it removed and added and for itself. */
 static void observe_reconfig(pl_controller *c, cjob *j, const pl_coord_reconfig_rec *x)
 {
@@ -498,6 +515,7 @@ static void observe_reconfig(pl_controller *c, cjob *j, const pl_coord_reconfig_
           "generation %lld at step %lld: %s; pipelines %s%s", (long long)x->generation,
           (long long)x->step, x->cause, x->pipelines,
           x->from_checkpoint ? " (from the checkpoint)" : "");
+    observe_tolerance(c, j, x);
     j->status_dirty = 1;
 }
 

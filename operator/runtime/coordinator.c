@@ -122,6 +122,8 @@ struct pl_coord {
     int nrec, caprec;
     int64_t now;           /* the latest time an event brought */
     int64_t wait_since;    /* when waiting for workers began; -1: not waiting */
+    int tolerance;         /* the current plan's (cfg.tolerate, or less: degraded) */
+    int plan_tolerance;    /* the one of the plan next_plan made */
     int64_t replan_at;     /* SETTLING: when to make the new plan */
     int64_t resume_ms, resume_at; /* RESUMING: how long to wait, and until when (-1: unset) */
     int64_t ckpt_last;     /* newest complete checkpoint; 0: none (the initial state) */
@@ -767,9 +769,8 @@ static void names_list(char *buf, size_t len, const char *const *names, int n)
 
 /* A plan from scratch: the coverage entry for the live count, workers in rank
  * order. 0, or 1 when too few workers, -1 out of memory. */
-static int fresh_plan(pl_coord *c, int live, cplan *np)
+static int fresh_plan_from(pl_coord *c, const pl_coverage *cov, int live, cplan *np)
 {
-    const pl_coverage *cov = c->cfg.coverage;
     const pl_instance_plan *e = NULL;
     int top = live < cov->nodes_hi ? live : cov->nodes_hi;
     for (int k = 0; k < cov->count && !e && live >= cov->nodes_lo; k++)
@@ -815,6 +816,26 @@ static int fresh_plan(pl_coord *c, int live, cplan *np)
     }
     free(used);
     return 0;
+}
+
+/* The best plan for the live workers from the coverage table; with below_minimum_degrade
+ * and too few of them for F, from the table of the largest tolerance f < F they allow
+ * (computed here: c->plan_tolerance = f). 1 when there is none, −1 out of memory. */
+static int fresh_plan(pl_coord *c, int live, cplan *np)
+{
+    int rc = fresh_plan_from(c, c->cfg.coverage, live, np);
+    for (int f = c->cfg.tolerate - 1; c->cfg.below_minimum_degrade && rc == 1 && f >= 0; f--) {
+        pl_coverage cov;
+        char err[256];
+        if (pl_coverage_compute(c->cfg.templates, live, f, c->cfg.global_batch,
+                                c->cfg.profile->microbatch_size, &cov, err, sizeof err))
+            continue; /* too few workers for f too, or a batch f cannot split */
+        rc = fresh_plan_from(c, &cov, live, np);
+        pl_coverage_free(&cov);
+        if (rc == 0)
+            c->plan_tolerance = f;
+    }
+    return rc;
 }
 
 /* Same-zone neighbours in the pipelines (zones known on both sides). */
@@ -1012,9 +1033,11 @@ static void rc_local_copies(pl_coord *c, const cplan *np, ccopy *cp, int *ncp,
  * pl_reinstantiate): fills np and the layer copies. 0, 1 when too few
  * workers, 2 on a fatal loss (lost layers appended to c->cause), -1 with the
  * reason failed. */
-static int reinstantiate(pl_coord *c, const char **rm, int nrm, const char **ad, int nad,
+static int reinstantiate(pl_coord *c, int f, const char **rm, int nrm, const char **ad, int nad,
                          cplan *np, ccopy **cp, int *ncp, int64_t *bytes_planned)
 {
+    /* the coverage table holds F's plans only; a lower tolerance plans from the templates */
+    const pl_coverage *cov = f == c->cfg.tolerate ? c->cfg.coverage : NULL;
     pl_current_plan cur = {.npipelines = c->stable.npipes};
     pl_reinstantiation r = {0};
     char e2[512] = "";
@@ -1040,8 +1063,8 @@ static int reinstantiate(pl_coord *c, const char **rm, int nrm, const char **ad,
                 rm2[nrm2++] = c->w[tw[j]].name;
         }
     }
-    int rrc = ok ? pl_reinstantiate(c->cfg.profile, c->cfg.templates, c->cfg.coverage,
-                                    c->cfg.tolerate, c->cfg.global_batch, &cur, rm2, nrm2, ad,
+    int rrc = ok ? pl_reinstantiate(c->cfg.profile, c->cfg.templates, cov,
+                                    f, c->cfg.global_batch, &cur, rm2, nrm2, ad,
                                     nad, &r, e2, sizeof e2)
                  : -1;
     for (int q = 0; cur.pipelines && q < cur.npipelines; q++)
@@ -1123,6 +1146,7 @@ static void log_reconfig(pl_coord *c, const char *removed, const char *added,
     x->bytes_planned = bytes_planned;
     x->from_checkpoint = c->plan_ckpt >= 0;
     memcpy(x->pipelines, c->cur.desc, sizeof x->pipelines);
+    x->tolerance = c->tolerance;
 }
 
 /* Leaving workers go now: they are removed, survivors are the sources. */
@@ -1238,17 +1262,36 @@ static int64_t restart_step(const pl_coord *c)
 /* The next plan np: the stable plan re-instantiated, or a fresh one (the first
  * plan, or a restart from checkpoint *ckpt, which a fatal loss sets). 0, 1
  * when too few workers, -1 failed. */
+/* Too few live workers for F (reinstantiate returned 1): with below_minimum_degrade, the
+ * largest tolerance f < F that the live workers allow (c->plan_tolerance); 1 when none
+ * does, or when the job waits instead. */
+static int degraded_plan(pl_coord *c, const cchange *ch, cplan *np, ccopy **cp, int *ncp,
+                         int64_t *bytes_planned)
+{
+    int rc = 1;
+    for (int f = c->cfg.tolerate - 1; c->cfg.below_minimum_degrade && rc == 1 && f >= 0; f--) {
+        rc = reinstantiate(c, f, ch->rm, ch->nrm, ch->ad, ch->nad, np, cp, ncp, bytes_planned);
+        if (rc == 0)
+            c->plan_tolerance = f;
+    }
+    return rc;
+}
+
 static int next_plan(pl_coord *c, const cchange *ch, int live, int64_t *ckpt, cplan *np,
                      ccopy **cp, int *ncp, int64_t *bytes_planned)
 {
     int rc = 1;
+    c->plan_tolerance = c->cfg.tolerate;
     if (c->has_stable && *ckpt < 0 && (rc = rc_failover(c, ch->nrm, ch->nad, np)) <= 0) {
         if (rc < 0)
             set_failed(c, "coordinator: out of memory");
         return rc;
     }
     if (c->has_stable && *ckpt < 0) {
-        rc = reinstantiate(c, ch->rm, ch->nrm, ch->ad, ch->nad, np, cp, ncp, bytes_planned);
+        rc = reinstantiate(c, c->cfg.tolerate, ch->rm, ch->nrm, ch->ad, ch->nad, np, cp, ncp,
+                           bytes_planned);
+        if (rc == 1)
+            rc = degraded_plan(c, ch, np, cp, ncp, bytes_planned);
         if (rc < 0)
             return -1;
         if (rc == 2) { /* no live holder: the checkpoint is all there is */
@@ -1361,6 +1404,7 @@ static void replan(pl_coord *c)
         goto done;
     }
     install_plan(c, &np, ckpt, cp, ncp);
+    c->tolerance = c->plan_tolerance;
     if (c->gen > 1)
         log_reconfig(c, ch.removed, ch.added, bytes_planned);
     c->cause[0] = 0;
@@ -1785,6 +1829,7 @@ pl_coord *pl_coord_new(const pl_coord_config *cfg, char *err, size_t errlen)
         return NULL;
     }
     c->cfg = *cfg;
+    c->tolerance = c->plan_tolerance = cfg->tolerate;
     snprintf(c->job, sizeof c->job, "%s", cfg->job ? cfg->job : "job");
     if (!profiling)
         take_planner(c, cfg->profile, cfg->templates, cfg->coverage, cfg->n_start);
@@ -3112,6 +3157,11 @@ const char *pl_coord_phase_name(pl_coord_phase_t p)
                                         "waiting_for_nodes", "saving", "settling", "resuming",
                                         "profiling", "evaluating", "done", "failed"};
     return (unsigned)p < sizeof names / sizeof names[0] ? names[p] : "?";
+}
+
+int pl_coord_tolerance(const pl_coord *c)
+{
+    return c->tolerance;
 }
 
 const char *pl_coord_reason(const pl_coord *c) { return c->reason; }

@@ -123,6 +123,11 @@ typedef struct {
                                      re-instantiation's copies use them as local sources */
     int max_resets;               /* reconfigurations allowed; 0: unlimited */
     int64_t wait_for_nodes_ms;    /* give up after waiting this long for workers; 0: never */
+    int below_minimum_degrade;    /* fewer live workers than (F+1)·n0 after a loss: 0 waits
+                                     (WAITING_FOR_NODES); 1 re-instantiates with the largest
+                                     tolerance f < F the live workers allow, down to 0
+                                     (degraded: pl_coord_tolerance), and returns to F when
+                                     joined workers are placed */
     int64_t cooldown_ms;          /* first cooldown of a failing node; 0: 10 s */
     int hosts_added_check_every;  /* steps between placements of joined workers; ≤ 1: every */
     int settle_ms;                /* replan this long after the last of a burst of losses
@@ -200,6 +205,7 @@ typedef struct {
     int64_t bytes_copied;    /* Σ copy_done.bytes of this generation */
     int from_checkpoint;     /* the plan loads the checkpoint of `step` (0: initial state) */
     char pipelines[64];
+    int tolerance;           /* the new plan's: F, or less when degraded */
 } pl_coord_reconfig_rec;
 
 typedef struct pl_coord pl_coord;
@@ -327,6 +333,9 @@ int pl_coord_pending(const pl_coord *c); /* messages in the outbox */
 
 pl_coord_phase_t pl_coord_phase(const pl_coord *c);
 const char *pl_coord_phase_name(pl_coord_phase_t p);
+/* The tolerance of the current plan: the configured F, or less while degraded
+ * (below_minimum_degrade); F before the first plan. */
+int pl_coord_tolerance(const pl_coord *c);
 const char *pl_coord_reason(const pl_coord *c);  /* why WAITING_FOR_NODES / FAILED, else "" */
 const char *pl_coord_error(const pl_coord *c);   /* the last event's error */
 int64_t pl_coord_generation(const pl_coord *c);

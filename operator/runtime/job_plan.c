@@ -104,6 +104,7 @@ pl_coord_config pl_job_coord_config(const pl_job *job, const pl_job_plan *p, int
         .strategy_redundant = ft->strategy == PL_STRATEGY_REDUNDANT,
         .max_resets = ft->max_resets,
         .wait_for_nodes_ms = (int64_t)(ft->wait_for_nodes_timeout_seconds * 1000.0),
+        .below_minimum_degrade = ft->below_minimum == PL_BELOW_MIN_DEGRADE,
         .settle_ms = SETTLE_MS, .hosts_added_check_every = ft->hosts_added_check_every,
         /* one heartbeat: both ends of a cut link report it within about that */
         .peer_judge_ms = hb < 100 ? 100 : hb > 600000 ? 600000 : (int)hb,

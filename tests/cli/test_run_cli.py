@@ -940,6 +940,28 @@ def redundant_join_restores_redundancy_then_survives_a_second_loss():
 
 
 @test
+def below_minimum_degrade_trains_on_then_restores_tolerance():
+    """belowMinimum: degrade. 4 single-node pipelines (F = 1: at least 2 needed); 3 are
+    killed at step 4: the survivor trains on alone with tolerance 0 (no wait, no
+    checkpoint), a worker started at step 8 joins and the plan is back to tolerance 1 (2x1,
+    the new worker receiving the survivor's layers); every step once, train's samples."""
+    steps = 80  # room for the new worker to start and join while steps take milliseconds
+    job = write_job("degrade", steps=steps,
+                    extra="  faultTolerance: {belowMinimum: degrade, hostsAddedCheckEvery: 1}\n")
+    m, out, err = run_chaos(job, 4, "kill:1@step=4,kill:2@step=4,kill:3@step=4,add:1@step=8")
+    check("waiting:" not in out, "waited:\n%s", out[-2000:])
+    check("degraded: tolerance 0 of 1" in out and "tolerance restored: 1" in out,
+          "no degraded / restored lines:\n%s", out[-2500:])
+    rec = events(m, "reconfigure")
+    check(len(rec) == 2 and all(r["from_checkpoint"] is False for r in rec), "reconfigure: %s",
+          rec)
+    check(rec[0]["tolerance"] == 0 and rec[0]["pipelines"] == "1x1", "degraded: %s", rec[0])
+    check(rec[1]["tolerance"] == 1 and rec[1]["added"] and rec[1]["pipelines"] == "2x1" and
+          rec[1]["bytes_copied"] > 0, "restored: %s", rec[1])
+    check_steps_match(metrics(m), reference(job), steps)
+
+
+@test
 def too_few_workers_wait_then_continue_with_the_returning_ones():
     """4 single-node pipelines (F = 1: at least 2 needed); 3 are killed at step 4; the
     job waits with one survivor, 2 new workers start (add@waiting), it re-instantiates with the

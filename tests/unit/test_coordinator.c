@@ -717,6 +717,83 @@ static int sim_reconfigure(sim *s)
     return s->c ? 0 : -1;
 }
 
+/* belowMinimum degrade, then the loss of a layer's last holder: the fallback restarts from
+ * the checkpoint (here none: step 0) on the pipelines the 2 workers left can form. */
+static void test_below_minimum_degrade_then_fatal(void)
+{
+    sim s;
+    CHECK(sim_init(&s, 9, 6) == 0);
+    s.cfg.below_minimum_degrade = 1;
+    CHECK(sim_reconfigure(&s) == 0);
+    CHECK(start_workers(&s, 6) == 0);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    for (int w = 5; w >= 3; w--) {
+        CHECK_EQ_INT(pl_coord_worker_lost(s.c, nm(w), "closed connection"), PL_COORD_OK);
+        s.live[w] = 0;
+        CHECK(drain(&s) == 0);
+        all_copy_done(&s);
+        CHECK(drain(&s) == 0);
+    }
+    CHECK_EQ_INT(pl_coord_tolerance(s.c), 0);
+    CHECK(run_step(&s, 1) == 0);
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, "w2", "closed connection"), PL_COORD_OK);
+    s.live[2] = 0;
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
+    CHECK(plans_valid(&s) == 0);
+    const pl_coord_reconfig_rec *x = pl_coord_reconfig(s.c, pl_coord_nreconfigs(s.c) - 1);
+    CHECK(x->from_checkpoint && x->step == 0 && x->tolerance == 0);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    sim_free(&s);
+}
+
+/* belowMinimum degrade: losses that leave 3 < (F+1)·n0 = 4 re-instantiate with tolerance 0
+ * (copies from the survivors, no wait), training goes on; a join gives tolerance 1 back. */
+static void test_below_minimum_degrade(void)
+{
+    sim s;
+    CHECK(sim_init(&s, 9, 6) == 0);
+    s.cfg.below_minimum_degrade = 1;
+    CHECK(sim_reconfigure(&s) == 0);
+    CHECK(start_workers(&s, 6) == 0);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    CHECK_EQ_INT(pl_coord_tolerance(s.c), 1);
+    for (int w = 5; w >= 3; w--) {
+        CHECK_EQ_INT(pl_coord_worker_lost(s.c, nm(w), "closed connection"), PL_COORD_OK);
+        s.live[w] = 0;
+        CHECK(drain(&s) == 0);
+        CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
+        CHECK(plans_valid(&s) == 0);
+        all_copy_done(&s);
+        CHECK(drain(&s) == 0);
+    }
+    CHECK_EQ_INT(pl_coord_tolerance(s.c), 0); /* 3 workers: one pipeline */
+    const int nrec = pl_coord_nreconfigs(s.c);
+    CHECK_EQ_INT(pl_coord_reconfig(s.c, nrec - 1)->tolerance, 0);
+    CHECK_EQ_INT(pl_coord_reconfig(s.c, nrec - 1)->from_checkpoint, 0);
+    CHECK(run_step(&s, 1) == 0);
+    CHECK_EQ_INT(pl_coord_worker_registered(s.c, "w6", NULL, NULL, 0, 0), PL_COORD_OK);
+    s.live[6] = 1;
+    s.nw = 7;
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 2) == 0); /* joined workers are placed at a step boundary */
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
+    CHECK(plans_valid(&s) == 0);
+    CHECK_EQ_INT(pl_coord_tolerance(s.c), 1);
+    CHECK_EQ_INT(pl_coord_reconfig(s.c, pl_coord_nreconfigs(s.c) - 1)->tolerance, 1);
+    CHECK(s.plan[6].u.plan.ncopies > 0);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 3) == 0);
+    sim_free(&s);
+}
+
 /* Drains the outbox and answers every complete_checkpoint in it: checkpoint.json
  * written (error NULL) or not. The number asked. */
 static int complete_asked(sim *s, const char *error)
@@ -2220,6 +2297,8 @@ RUN(test_loss_after_commit);
 RUN(test_leaving_at_boundary);
 RUN(test_join_and_heartbeats);
 RUN(test_insufficient_then_join);
+RUN(test_below_minimum_degrade);
+RUN(test_below_minimum_degrade_then_fatal);
 RUN(test_fatal_loss);
 RUN(test_checkpoint_strategy_and_end);
 RUN(test_limits);

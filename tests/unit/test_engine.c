@@ -107,7 +107,10 @@ static void test_loss_and_gradients_match_double_reference(void) {
     CHECK(k);
     pl_engine e;
     CHECK(pl_engine_create(&e, k, &cfg, 0, NL, B, T, 1, err_, sizeof err_) == 0);
-    CHECK_EQ_INT(e.nparams, pl_gpt_total_params(&cfg));
+    size_t held = 0;
+    for (int t = 0; t < e.ntensors; t++) held += e.tensors[t].spec.numel;
+    CHECK_EQ_INT(held, pl_gpt_total_params(&cfg));
+    CHECK(e.nparams >= held && e.nparams % PL_ENGINE_LAYER_ALIGN == 0);
     CHECK_EQ_INT(e.ntensors, 2 + 12 * cfg.L + 2);
     pl_engine_init_random(&e, 1234);
     perturb(&e);
@@ -977,22 +980,27 @@ static void test_create_and_tensor_table(void) {
                                err_, sizeof err_) != 0);
         CHECK_STR_CONTAINS(err_, "engine");
     }
-    /* every range: tensors contiguous, named layer.<i>.<name>, the head's wte copy first */
+    /* every range: each layer's tensors contiguous from a page-aligned start (engine.h),
+     * named layer.<i>.<name>, the head's wte copy first */
     for (int b = 0; b < NL; b++)
         for (int en = b + 1; en <= NL; en++) {
             CHECK(pl_engine_create(&e, k, &cfg, b, en, 1, 8, 2, err_, sizeof err_) == 0);
             size_t off = 0, want = 0;
             for (int l = b; l < en; l++) want += pl_gpt_layer_params(&cfg, l);
             if (en == NL && b > 0) want += pl_gpt_layer_params(&cfg, 0) - (size_t)cfg.maxT * cfg.C;
-            int ok = e.nparams == want && (e.wte_tensor >= 0) == (b == 0 || en == NL);
+            size_t held = 0;
+            int ok = (e.wte_tensor >= 0) == (b == 0 || en == NL);
             for (int t = 0; ok && t < e.ntensors; t++) {
                 const pl_engine_tensor *x = &e.tensors[t];
                 char name[64];
                 snprintf(name, sizeof name, "layer.%d.%s", x->layer, x->spec.name);
+                if (x->index == 0) off = pl_engine_align_layer(off);
                 ok = x->offset == off && !strcmp(name, x->name) &&
                      pl_engine_find(&e, x->layer, x->index) == x;
                 off += x->spec.numel;
+                held += x->spec.numel;
             }
+            ok = ok && held == want && e.nparams == pl_engine_align_layer(off);
             if (ok && b > 0 && en == NL)
                 ok = e.wte_tensor == 0 && !strcmp(e.tensors[0].name, "layer.0.wte");
             for (int l = 0; ok && l < NL; l++) /* nothing outside the range but the wte copy */

@@ -181,6 +181,11 @@ static void test_redundant(void)
     CHECK_EQ_INT(job.fault_tolerance.strategy, PL_STRATEGY_REDUNDANT);
     CHECK_EQ_INT(job.fault_tolerance.redundant_forward, PL_FRC_LAZY);
     CHECK(!job.checkpoint.dir[0]); /* no checkpoint directory required */
+    CHECK_EQ_INT(job.fault_tolerance.below_minimum, PL_BELOW_MIN_WAIT);
+    pl_job_free(&job);
+    CHECK_EQ_INT(pl_job_parse(MINIMAL "  faultTolerance: {belowMinimum: degrade}\n", NULL, &job,
+                              err, sizeof err), 0);
+    CHECK_EQ_INT(job.fault_tolerance.below_minimum, PL_BELOW_MIN_DEGRADE);
     pl_job_free(&job);
 }
 
@@ -641,6 +646,8 @@ static void test_validation_errors(void)
          "spec.faultTolerance.hostsAddedCheckEvery: must be at least 1"},
         {MINIMAL "  faultTolerance: {heartbeatSeconds: 0}\n",
          "spec.faultTolerance.heartbeatSeconds: must be greater than 0"},
+        {MINIMAL "  faultTolerance: {belowMinimum: shrink}\n",
+         "spec.faultTolerance.belowMinimum: must be wait or degrade"},
         {MINIMAL "  faultTolerance: {stepTimeoutSeconds: -1}\n",
          "spec.faultTolerance.stepTimeoutSeconds: must be in 0..1e9 (0: automatic; got -1)"},
         {MINIMAL "  faultTolerance: {waitForNodesTimeoutSeconds: -1}\n",

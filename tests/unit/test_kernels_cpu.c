@@ -1196,6 +1196,51 @@ static void test_profile(void)
     CHECK(ok);
 }
 
+/* kn_share: a page range of one block mapped over another's; writes seen through both;
+ * either freed first leaves the other whole; misaligned, out-of-block and heap blocks
+ * refused. */
+static void test_share(void)
+{
+    const size_t pg = KN_SHARE_ALIGN / sizeof(float), n = 64 * pg;
+    for (int free_src_first = 0; free_src_first < 2; free_src_first++) {
+        float *a = kn_alloc(ctx, n * sizeof(float)), *b = kn_alloc(ctx, n * sizeof(float));
+        CHECK(a && b);
+        for (size_t i = 0; i < n; i++) a[i] = (float)i, b[i] = -1.0f;
+        CHECK_EQ_INT(kn_share(ctx, b, 2 * KN_SHARE_ALIGN, a, KN_SHARE_ALIGN, 4 * KN_SHARE_ALIGN), 0);
+        CHECK(b[2 * pg] == (float)pg && b[6 * pg - 1] == (float)(5 * pg - 1));
+        CHECK(b[2 * pg - 1] == -1.0f && b[6 * pg] == -1.0f); /* only the range */
+        b[3 * pg] = 42.0f;
+        CHECK(a[2 * pg] == 42.0f);
+        CHECK(kn_share(ctx, b, 100, a, 0, KN_SHARE_ALIGN) != 0);       /* misaligned */
+        CHECK(kn_share(ctx, b, 0, a, 0, 2 * n * sizeof(float)) != 0);  /* beyond the block */
+        if (free_src_first) {
+            kn_free(ctx, a);
+            CHECK(b[3 * pg] == 42.0f && b[6 * pg - 1] == (float)(5 * pg - 1) && b[0] == -1.0f);
+            kn_free(ctx, b);
+        } else {
+            kn_free(ctx, b);
+            CHECK(a[2 * pg] == 42.0f && a[5 * pg - 1] == (float)(5 * pg - 1));
+            kn_free(ctx, a);
+        }
+    }
+    /* a range shared again: the memory behind it, not the middle block's own */
+    float *a = kn_alloc(ctx, n * sizeof(float)), *b = kn_alloc(ctx, n * sizeof(float));
+    float *c = kn_alloc(ctx, n * sizeof(float));
+    CHECK(a && b && c);
+    for (size_t i = 0; i < n; i++) a[i] = (float)i;
+    CHECK_EQ_INT(kn_share(ctx, b, 0, a, KN_SHARE_ALIGN, 2 * KN_SHARE_ALIGN), 0);
+    CHECK_EQ_INT(kn_share(ctx, c, KN_SHARE_ALIGN, b, KN_SHARE_ALIGN, KN_SHARE_ALIGN), 0);
+    CHECK(kn_share(ctx, c, 0, b, 0, 3 * KN_SHARE_ALIGN) != 0); /* half shared, half own */
+    kn_free(ctx, a);
+    kn_free(ctx, b);
+    CHECK(c[pg] == (float)(2 * pg) && c[2 * pg - 1] == (float)(3 * pg - 1) && c[0] == 0.0f);
+    kn_free(ctx, c);
+    float *small = kn_alloc(ctx, 256), *big = kn_alloc(ctx, n * sizeof(float));
+    CHECK(small && big && kn_share(ctx, big, 0, small, 0, KN_SHARE_ALIGN) != 0); /* heap: copy */
+    kn_free(ctx, small);
+    kn_free(ctx, big);
+}
+
 TEST_MAIN_BEGIN
     char err[128];
     ctx = kn_create("cpu", 2, err, sizeof err);
@@ -1230,6 +1275,7 @@ TEST_MAIN_BEGIN
     RUN(test_fd_encoder);
     RUN(test_threads_agree);
     RUN(test_profile);
+    RUN(test_share);
     arena_reset();
     kn_destroy(ctx);
 TEST_MAIN_END

@@ -59,10 +59,11 @@ static void retire_engine(agent *a)
     memset(&a->e, 0, sizeof a->e);
 }
 
-/* A plan that leaves this worker's layers as they are keeps the engine. */
+/* A plan that leaves this worker's layers as they are keeps the engine: nothing is copied
+ * into it, and the plan's sends are served from it (nothing writes it while they run). */
 static int keep_engine(agent *a, const pl_msg_plan *p, int b, int e, int nslots)
 {
-    if (p->nsends || p->ncopies || !a->have_src || a->src.begin != b || a->src.end != e ||
+    if (p->ncopies || !a->have_src || a->src.begin != b || a->src.end != e ||
         a->src.nslots != nslots)
         return 0;
     a->e = a->src;
@@ -72,39 +73,56 @@ static int keep_engine(agent *a, const pl_msg_plan *p, int b, int e, int nslots)
     return 1;
 }
 
-/* A new engine for layers [b, e): what this worker held is copied over, and a first plan
- * (nothing held, nothing to copy) starts from the job's initial state. */
-static int new_engine(agent *a, const pl_layer_copy_job *job, int b, int e, int nslots,
-                      char *err, size_t errlen)
+/* The engine this worker's sends read: the previous plan's, or the kept one. */
+static const pl_engine *send_source(const agent *a)
 {
+    return a->have_src ? &a->src : a->have_engine ? &a->e : NULL;
+}
+
+/* Making the new engine of layers [b, e) while the network copies run (layer_copy.h:
+ * make_dst, fill_dst): what this worker held is copied over, and a first plan (nothing
+ * held, nothing to copy) starts from the job's initial state. */
+typedef struct {
+    agent *a;
+    const pl_layer_copy_job *job;
+    int b, e, nslots;
+} engine_maker;
+
+static int make_engine(void *ctx, char *err, size_t errlen)
+{
+    engine_maker *mk = ctx;
+    agent *a = mk->a;
+    return pl_engine_create(mk->job->dst, a->k, &a->cfg, mk->b, mk->e, a->job.batch.micro,
+                            a->job.batch.seq_len, mk->nslots, err, errlen);
+}
+
+static int fill_engine(void *ctx, char *err, size_t errlen)
+{
+    engine_maker *mk = ctx;
     int fresh = 0;
-    if (pl_engine_create(job->dst, a->k, &a->cfg, b, e, a->job.batch.micro,
-                         a->job.batch.seq_len, nslots, err, errlen))
-        return -1;
-    if (pl_layer_copy_local(job, &fresh, err, errlen) ||
-        (fresh && pl_engine_init_from_job(job->dst, &a->job, err, errlen))) {
-        pl_engine_destroy(job->dst);
-        return -1;
-    }
-    return 0;
+    if (pl_layer_copy_local(mk->job, &fresh, err, errlen)) return -1;
+    return fresh ? pl_engine_init_from_job(mk->job->dst, &mk->a->job, err, errlen) : 0;
 }
 
 /* Installs the engine of the plan: for a pipeline worker (in_pipe) layers [b, e) with
- * nslots; the plan's copies over TCP arrive in it and its sends are served from the
- * previous engine (layer_copy.h; those over NCCL come later, install_nccl). *bytes_in:
- * bytes received. */
+ * nslots, made and filled locally while the plan's copies over TCP arrive in it; its sends
+ * are served from the previous engine (layer_copy.h; those over NCCL come later,
+ * install_nccl). *bytes_in: bytes received; the times go to the log. */
 static int change_engine(agent *a, const pl_msg_plan *p, int in_pipe, int b, int e, int nslots,
                          int64_t *bytes_in, char *err, size_t errlen)
 {
     *bytes_in = 0;
     retire_engine(a);
-    if (in_pipe && keep_engine(a, p, b, e, nslots)) return 0;
+    const int kept = in_pipe && keep_engine(a, p, b, e, nslots);
+    if (kept && !p->nsends) return 0;
     pl_engine ne;
     memset(&ne, 0, sizeof ne);
     pl_layer_copy_job job = {.plan = p, .self = a->o->name, .cfg = &a->cfg,
-                             .src = a->have_src ? &a->src : NULL, .dst = in_pipe ? &ne : NULL,
-                             .shadow = a->have_shadow_src ? &a->shadow_src : NULL};
-    if (in_pipe && new_engine(a, &job, b, e, nslots, err, errlen)) return -1;
+                             .src = send_source(a), .dst = in_pipe && !kept ? &ne : NULL,
+                             .shadow = a->have_shadow_src ? &a->shadow_src : NULL,
+                             .make_dst = make_engine, .fill_dst = fill_engine};
+    engine_maker mk = {.a = a, .job = &job, .b = b, .e = e, .nslots = nslots};
+    job.dst_ctx = &mk;
     pl_layer_copy_tcp tcp = {.mesh = a->mesh, .after_send = pl_fault_after_copy_send,
                              .hook_ctx = &a->fault};
     const pl_layer_copier copier = pl_layer_copier_tcp(&tcp);
@@ -112,10 +130,14 @@ static int change_engine(agent *a, const pl_msg_plan *p, int in_pipe, int b, int
     const int rc = copier.copy(&copier, &job, &res, err, errlen);
     *bytes_in = res.bytes_in;
     if (res.failed_peer[0]) snprintf(a->broken, sizeof a->broken, "%s", res.failed_peer);
-    if (rc == 0 && in_pipe) {
+    if (p->ncopies || !kept)
+        agent_log(a, "generation %lld: engine made in %.1f ms, filled locally in %.1f ms, "
+                  "copies received in %.1f ms after the first source", (long long)a->gen,
+                  res.make_ms, res.fill_ms, res.net_ms);
+    if (rc == 0 && job.dst) {
         a->e = ne;
         a->have_engine = 1;
-    } else if (in_pipe) {
+    } else if (job.dst) {
         pl_engine_destroy(&ne);
     }
     return rc;
@@ -289,8 +311,9 @@ static int install_nccl(agent *a, const pl_msg_plan *p, int64_t *bytes_in, char 
     if (join_nccl(a, err, errlen)) return -1;
     if (!pl_layer_copy_xport_possible(p)) return 0;
     const pl_layer_copier copier = pl_layer_copier_xport(pl_nccl_plan_xport(a->ncp));
+    /* a kept engine (keep_engine) is its own send source */
     const pl_layer_copy_job job = {.plan = p, .self = a->o->name, .cfg = &a->cfg,
-                                   .src = a->have_src ? &a->src : NULL, .dst = &a->e};
+                                   .src = send_source(a), .dst = &a->e};
     pl_layer_copy_result res = {0};
     const int rc = copier.copy(&copier, &job, &res, err, errlen);
     *bytes_in += res.bytes_in;

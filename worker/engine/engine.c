@@ -94,8 +94,15 @@ static scratch scratch_of(const pl_engine *e)
     return s;
 }
 
+size_t pl_engine_align_layer(size_t floats)
+{
+    return (floats + PL_ENGINE_LAYER_ALIGN - 1) / PL_ENGINE_LAYER_ALIGN * PL_ENGINE_LAYER_ALIGN;
+}
+
+/* A layer's first tensor (and the head's copy of wte) starts a block of its own. */
 static int add_tensor(pl_engine *e, int layer, int index, const pl_tensor_spec *spec)
 {
+    if (index == 0) e->nparams = pl_engine_align_layer(e->nparams);
     pl_engine_tensor *t = &e->tensors[e->ntensors++];
     snprintf(t->name, sizeof t->name, "layer.%d.%s", layer, spec->name);
     t->layer = layer;
@@ -140,6 +147,7 @@ int pl_engine_create(pl_engine *e, kn_ctx *k, const pl_gpt_config *cfg, int begi
             add_tensor(e, l, i, &s[i]);
         }
     }
+    e->nparams = pl_engine_align_layer(e->nparams);
     size_t bytes = e->nparams * sizeof(float);
     e->params = kn_alloc(k, bytes);
     e->grads = kn_alloc(k, bytes);

@@ -39,13 +39,21 @@ typedef enum {
     PL_IO_COUNT
 } pl_engine_io;
 
+/* Layout of params, grads, m and v: tensors in layer order (a head-only range's copy of
+ * wte first), each layer's tensors contiguous, each layer (and that wte) starting at a
+ * multiple of PL_ENGINE_LAYER_ALIGN floats, a page (KN_SHARE_ALIGN), zeros between; nparams
+ * is rounded up too. So a layer takes the same whole pages in every engine that holds it,
+ * and a worker that keeps it maps it into its new engine (kn_share) instead of copying. */
+#define PL_ENGINE_LAYER_ALIGN ((size_t)KN_SHARE_ALIGN / sizeof(float))
+size_t pl_engine_align_layer(size_t floats);
+
 typedef struct {
     pl_gpt_config cfg;
     int begin, end;  /* layer range */
     int B, T;        /* microbatch shape */
     int nslots;
     kn_ctx *k;
-    size_t nparams;
+    size_t nparams;  /* floats of each of params, grads, m, v (the layout's padding included) */
     float *params, *grads, *m, *v;
     int ntensors;
     pl_engine_tensor *tensors;

@@ -20,29 +20,80 @@ const char *pl_layer_copy_source(const pl_msg_plan *p, int layer)
     return NULL;
 }
 
+/* The local engine that holds tensor t of dst (src, else the shadow) and its tensor there. */
+static const pl_engine *local_holder(const pl_layer_copy_job *job, const pl_engine_tensor *t,
+                                     const pl_engine_tensor **st)
+{
+    *st = job->src ? pl_engine_find(job->src, t->layer, t->index) : NULL;
+    if (*st) return job->src;
+    if (!job->shadow) return NULL; /* the shadow's layers, taken over (Bamboo §5.2) */
+    *st = pl_engine_find(job->shadow, t->layer, t->index);
+    return *st ? job->shadow : NULL;
+}
+
+/* The block of dst's tensors [j, *end): one layer's (or the head's wte), engine.h. */
+static int block_end(const pl_engine *dst, int j)
+{
+    int k = j + 1;
+    while (k < dst->ntensors && dst->tensors[k].index != 0) k++;
+    return k;
+}
+
+/* Block [j, k) of dst from the engine that holds all of it, when both lay it out alike:
+ * each of params, m, v mapped (kn_share: the same pages, no copy), else copied as one span.
+ * −1 when no one local engine holds the block alike (the caller copies tensor by tensor). */
+static int share_block(const pl_layer_copy_job *job, int j, int k)
+{
+    pl_engine *dst = job->dst;
+    const pl_engine_tensor *s0 = NULL, *st = NULL;
+    const pl_engine *from = NULL;
+    for (int i = j; i < k; i++) {
+        const pl_engine_tensor *t = &dst->tensors[i];
+        const pl_engine *f = local_holder(job, t, &st);
+        if (!f || (from && f != from)) return -1;
+        if (!from) from = f, s0 = st;
+        if (st->offset - s0->offset != t->offset - dst->tensors[j].offset) return -1;
+    }
+    const pl_engine_tensor *dl = &dst->tensors[k - 1];
+    const size_t span = pl_engine_align_layer(dl->offset + dl->spec.numel) - dst->tensors[j].offset;
+    const pl_engine_tensor *sl = pl_engine_find(from, s0->layer, s0->index + (k - 1 - j));
+    if (!sl || pl_engine_align_layer(sl->offset + sl->spec.numel) - s0->offset != span) return -1;
+    const size_t d = dst->tensors[j].offset, o = s0->offset, nb = span * sizeof(float);
+    float *da[3] = {dst->params, dst->m, dst->v};
+    const float *sa[3] = {from->params, from->m, from->v};
+    for (int a = 0; a < 3; a++)
+        if (kn_share(dst->k, da[a], d * sizeof(float), sa[a], o * sizeof(float), nb))
+            kn_copy(dst->k, da[a] + d, sa[a] + o, nb);
+    /* gradients too where it can: their values do not matter (the first step zeroes them,
+     * and the old engine's are never read again), its pages are already in memory */
+    (void)kn_share(dst->k, dst->grads, d * sizeof(float), from->grads, o * sizeof(float), nb);
+    return 0;
+}
+
+/* Copies tensor t of dst from its local holder; 0, or −1 when none holds it. */
+static int copy_tensor(const pl_layer_copy_job *job, const pl_engine_tensor *t)
+{
+    const pl_engine_tensor *st;
+    const pl_engine *from = local_holder(job, t, &st);
+    if (!from) return -1;
+    const size_t nb = t->spec.numel * sizeof(float);
+    kn_copy(job->dst->k, job->dst->params + t->offset, from->params + st->offset, nb);
+    kn_copy(job->dst->k, job->dst->m + t->offset, from->m + st->offset, nb);
+    kn_copy(job->dst->k, job->dst->v + t->offset, from->v + st->offset, nb);
+    return 0;
+}
+
 int pl_layer_copy_local(const pl_layer_copy_job *job, int *fresh, char *err, size_t errlen)
 {
     const pl_engine *src = job->src;
     pl_engine *dst = job->dst;
     *fresh = 0;
     int missing = 0;
-    for (int j = 0; j < dst->ntensors; j++) {
+    for (int j = 0, k; j < dst->ntensors; j = k) {
+        k = block_end(dst, j);
         if (pl_layer_copy_source(job->plan, pl_layer_copy_layer_of(dst, j))) continue;
-        const pl_engine_tensor *t = &dst->tensors[j];
-        const pl_engine *from = src;
-        const pl_engine_tensor *st = src ? pl_engine_find(src, t->layer, t->index) : NULL;
-        if (!st && job->shadow) { /* the shadow's layers, taken over (Bamboo §5.2) */
-            from = job->shadow;
-            st = pl_engine_find(from, t->layer, t->index);
-        }
-        if (!st) {
-            missing++;
-            continue;
-        }
-        const size_t nb = t->spec.numel * sizeof(float);
-        kn_copy(dst->k, dst->params + t->offset, from->params + st->offset, nb);
-        kn_copy(dst->k, dst->m + t->offset, from->m + st->offset, nb);
-        kn_copy(dst->k, dst->v + t->offset, from->v + st->offset, nb);
+        if (share_block(job, j, k) == 0) continue;
+        for (int i = j; i < k; i++) missing += copy_tensor(job, &dst->tensors[i]) != 0;
     }
     if (missing == dst->ntensors && !src && job->plan->ncopies == 0) {
         *fresh = 1; /* the job's first plan: nothing held, nothing to copy */

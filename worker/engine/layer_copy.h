@@ -1,7 +1,7 @@
 /* Layer copies of a reconfiguration (docs/runtime.md "Recovery"). A worker whose layers
  * change gets a new engine for its range of the new plan; each tensor comes from the engine
- * of the previous plan when this worker held it (pl_layer_copy_local, kn_copy on the
- * backend), else from the copy source the plan names: params, AdamW m and v of every
+ * of the previous plan when this worker held it (pl_layer_copy_local: the layer's pages
+ * mapped, kn_share, else kn_copy on the backend), else from the copy source the plan names: params, AdamW m and v of every
  * tensor of each layer in the plan's copies, and a head-only range's tied wte with the
  * head (layer L+1). Meanwhile the worker serves the plan's sends from its previous engine.
  *
@@ -64,10 +64,22 @@ typedef struct {
                                  as its shadow (shadow.h), a second local source: the
                                  failover takes them over without a copy (Bamboo §5.2);
                                  NULL: none */
+    /* How dst is made, so that making it overlaps the network (NULL: dst is ready). The
+     * TCP copier calls make_dst on the caller's thread once its senders run and before it
+     * accepts any source: it creates dst (allocation only). Then it starts its receivers
+     * and calls fill_dst while they run: it fills the tensors no copy brings
+     * (pl_layer_copy_local) and must not touch the copied ones. Both return 0, or −1 with
+     * err (the copier then waits for its threads and fails). */
+    int (*make_dst)(void *ctx, char *err, size_t errlen);
+    int (*fill_dst)(void *ctx, char *err, size_t errlen);
+    void *dst_ctx;
 } pl_layer_copy_job;
 
 typedef struct {
     int64_t bytes_in;           /* bytes received: 3 · numel · 4 per tensor */
+    double make_ms, fill_ms;    /* TCP copier: time in make_dst and fill_dst */
+    double net_ms;              /* TCP copier: from the first source accepted to the last
+                                   tensor received (0: nothing received) */
     pl_proto_name failed_peer;  /* a copy from or to this peer failed ("": none, or a
                                    failure no peer is known for) */
 } pl_layer_copy_result;
@@ -101,7 +113,9 @@ pl_layer_copier pl_layer_copier_tcp(pl_layer_copy_tcp *t);
 pl_layer_copier pl_layer_copier_xport(const pl_xport *x);
 
 /* Fills job->dst from job->src (else job->shadow) where this worker held a tensor and the
- * plan copies its layer from nowhere else. *fresh = 1 when no tensor of dst has any source (no previous engine and
+ * plan copies its layer from nowhere else: a layer held whole by one of them is mapped
+ * (kn_share: the two engines then share its params, m and v, so the caller writes neither
+ * engine's copy of it until the old engine is freed), else copied. *fresh = 1 when no tensor of dst has any source (no previous engine and
  * no copies: the caller initialises dst). −1 with err when some tensors have neither a local
  * copy nor a copy source. */
 int pl_layer_copy_local(const pl_layer_copy_job *job, int *fresh, char *err, size_t errlen);

@@ -131,6 +131,7 @@ typedef struct {
     tensor_ref *want;
     int nwant;
     int64_t bytes;
+    double done_ms; /* pl_now_ms when the last tensor arrived */
     int rc, started;
     char err[512];
     pthread_t th;
@@ -154,6 +155,7 @@ static int recv_tensors(copy_receiver *r, host_stage *stage)
         }
         r->bytes += ARRAYS * (int64_t)t->spec.numel * (int64_t)sizeof(float);
     }
+    r->done_ms = pl_now_ms();
     return 0;
 }
 
@@ -181,6 +183,7 @@ typedef struct {
     copy_receiver *rcv;
     int nrecv;
     tensor_ref *wants; /* the receivers' lists, one after another */
+    double first_ms;   /* pl_now_ms when the first source was accepted (0: none) */
 } tcp_copies;
 
 /* A copy of this plan over TCP: not one over the ordered transport. */
@@ -250,6 +253,7 @@ static int accept_sources(tcp_copies *tc, char *err, size_t errlen)
             continue;
         }
         r->c = c;
+        if (!tc->first_ms) tc->first_ms = pl_now_ms();
         if (pthread_create(&r->th, NULL, receiver_main, r))
             return pl_errf(err, errlen, "cannot start a copy thread");
         r->started = 1;
@@ -270,6 +274,8 @@ static int join_all(tcp_copies *tc, int rc, pl_layer_copy_result *res, char *err
                 snprintf(res->failed_peer, sizeof res->failed_peer, "%s", r->source);
             }
             res->bytes_in += r->bytes;
+            if (r->done_ms > tc->first_ms && r->done_ms - tc->first_ms > res->net_ms)
+                res->net_ms = r->done_ms - tc->first_ms;
         }
         pl_conn_close(r->c);
     }
@@ -284,6 +290,30 @@ static int join_all(tcp_copies *tc, int rc, pl_layer_copy_result *res, char *err
     return rc;
 }
 
+/* Makes dst (job->make_dst) while the senders run, then plans its receivers. */
+static int make_dst(tcp_copies *tc, pl_layer_copy_result *res, char *err, size_t errlen)
+{
+    const pl_layer_copy_job *job = tc->job;
+    const double t0 = pl_now_ms();
+    if (job->dst && job->make_dst && job->make_dst(job->dst_ctx, err, errlen)) return -1;
+    res->make_ms = pl_now_ms() - t0;
+    if (!job->dst) return 0;
+    if (!(tc->wants = calloc((size_t)job->dst->ntensors + 1, sizeof *tc->wants)))
+        return pl_errf(err, errlen, "out of memory");
+    plan_receivers(tc);
+    return 0;
+}
+
+/* Fills what no copy brings (job->fill_dst) while the receivers run. */
+static int fill_dst(const pl_layer_copy_job *job, pl_layer_copy_result *res, char *err,
+                    size_t errlen)
+{
+    const double t0 = pl_now_ms();
+    if (job->dst && job->fill_dst && job->fill_dst(job->dst_ctx, err, errlen)) return -1;
+    res->fill_ms = pl_now_ms() - t0;
+    return 0;
+}
+
 static int copy_tcp(const pl_layer_copier *self, const pl_layer_copy_job *job,
                     pl_layer_copy_result *res, char *err, size_t errlen)
 {
@@ -296,13 +326,12 @@ static int copy_tcp(const pl_layer_copier *self, const pl_layer_copy_job *job,
     tcp_copies tc = {.t = self->ctx, .job = job};
     tc.snd = calloc((size_t)p->nsends + 1, sizeof *tc.snd);
     tc.rcv = calloc((size_t)p->ncopies + 1, sizeof *tc.rcv);
-    tc.wants = calloc(job->dst ? (size_t)job->dst->ntensors + 1 : 1, sizeof *tc.wants);
     int rc = -1;
-    if (!tc.snd || !tc.rcv || !tc.wants) {
+    if (!tc.snd || !tc.rcv) {
         pl_errf(err, errlen, "out of memory");
-    } else if (start_senders(&tc, err, errlen) == 0) {
-        if (job->dst) plan_receivers(&tc);
+    } else if (start_senders(&tc, err, errlen) == 0 && make_dst(&tc, res, err, errlen) == 0) {
         rc = accept_sources(&tc, err, errlen);
+        if (rc == 0) rc = fill_dst(job, res, err, errlen);
     }
     rc = join_all(&tc, rc, res, err, errlen);
     free(tc.snd);

@@ -85,7 +85,8 @@ typedef struct {
  * local engine. */
 typedef struct {
     int peer, send, first, last, wte;
-    size_t off, count;
+    size_t off, count; /* count: floats from the first tensor to the end of the last */
+    size_t held;       /* floats of the segment's tensors (count less the layout's padding) */
 } segment;
 
 static int item_cmp(const void *a, const void *b)
@@ -120,6 +121,7 @@ static int locate(const pl_engine *e, const pl_gpt_config *cfg, segment *g, char
     const int lo = g->wte ? 0 : g->first, hi = g->wte ? 0 : g->last;
     size_t next = 0;
     int started = 0;
+    g->held = 0;
     for (int l = lo; l <= hi; l++) {
         pl_tensor_spec s[PL_MAX_LAYER_TENSORS];
         int n = pl_gpt_layer_tensors(cfg, l, s);
@@ -128,11 +130,13 @@ static int locate(const pl_engine *e, const pl_gpt_config *cfg, segment *g, char
             const pl_engine_tensor *t = pl_engine_find(e, l, i);
             if (!t) return pl_errf(err, errlen, "tensor (%d, %d) is not in layers [%d, %d)", l, i,
                                    e->begin, e->end);
-            if (t->spec.numel != s[i].numel || (started && t->offset != next))
+            const size_t at = i == 0 ? pl_engine_align_layer(next) : next; /* engine.h */
+            if (t->spec.numel != s[i].numel || (started && t->offset != at))
                 return pl_errf(err, errlen, "tensor (%d, %d) of layers [%d, %d) is not where "
                                "the layout puts it", l, i, e->begin, e->end);
             if (!started) g->off = t->offset, started = 1;
             next = t->offset + t->spec.numel;
+            g->held += t->spec.numel;
         }
     }
     g->count = next - g->off;
@@ -150,10 +154,10 @@ static int add_segments(const item *it, int i, int j, int dest_begin, int L, seg
             seg[nseg - 1].last = it[k].layer;
             continue;
         }
-        seg[nseg++] = (segment){it[k].peer, it[k].send, it[k].layer, it[k].layer, 0, 0, 0};
+        seg[nseg++] = (segment){it[k].peer, it[k].send, it[k].layer, it[k].layer, 0, 0, 0, 0};
     }
     if (it[j - 1].layer == L + 1 && dest_begin > 0)
-        seg[nseg++] = (segment){it[i].peer, it[i].send, 0, 0, 1, 0, 0};
+        seg[nseg++] = (segment){it[i].peer, it[i].send, 0, 0, 1, 0, 0, 0};
     return nseg;
 }
 
@@ -306,7 +310,7 @@ static int make_ops(xcopy *c, char *err, size_t errlen)
         float *arr[3] = {eng->params, eng->m, eng->v};
         for (int a = 0; a < 3; a++)
             c->ops[c->nops++] = (pl_xport_op){g->peer, g->send, arr[a] + g->off, g->count};
-        if (!g->send) c->in += 3 * (int64_t)g->count * (int64_t)sizeof(float);
+        if (!g->send) c->in += 3 * (int64_t)g->held * (int64_t)sizeof(float);
     }
     return 0;
 }

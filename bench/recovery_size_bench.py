@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Recovery at realistic model sizes: the layer copies of one loss (`make bench-recovery`).
+
+GPT-2 124M- and 350M-shaped jobs (presets gpt2-124m, gpt2-350m; batch 8, micro 2, seqLen 64,
+tolerate 1) under `pliant run` with 5 local workers (CPU backend, --threads 1). The planner
+profile is the synthetic one's shape with a device memory that holds half the model's
+training state (weights, gradients, AdamW m and v) but not all of it, so n0 = 2: the
+5 workers run 1x3 + 1x2, and SIGKILLing stage 1 of pipeline 0 when step KILL begins leaves
+4 workers that form 2x2, each survivor's layer range changing and layers copied.
+
+Printed per model: the median step time before the loss, the reconfigure event's
+duration_ms (the kill to the new plan's first committed step) and bytes_copied; for the
+receiver of the most bytes, its bytes, the whole plan change (the worker's "received ... in
+T ms" line) and its phases ("engine made in ..., filled locally in ..., copies received in
+..."): making the new engine, filling what it kept locally, the network copies from the
+first source accepted to the last tensor received, and that last one's throughput, next to the loopback stream figure measured right before the run (comm_bench's
+send/recv over one connection with the default frame protection), and the bound
+step + bytes_copied / loopback + 300 ms with the recovery's ratio to it.
+Standard library only. Usage: bench/recovery_size_bench.py [--build DIR] [--models a,b]
+[--repeat N] [--keep]
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHAPES = {  # layers, channels, max sequence length; the vocabulary is GPT-2's, padded
+    "gpt2-124m": (12, 768, 1024),
+    "gpt2-350m": (24, 1024, 1024),
+}
+VP = 50304
+JOB = """\
+apiVersion: pliant.dev/v1alpha1
+kind: TrainingJob
+metadata:
+  name: rs-{tag}
+spec:
+  model: {{preset: {model}, seed: 7}}
+  data: {{train: {data}_train.bin, order: shuffled, seed: 3}}
+  batch: {{global: 8, micro: 2, seqLen: 64}}
+  optimizer: {{lr: 1.0e-4, warmupSteps: 2, schedule: cosine, gradClip: 1.0}}
+  steps: {steps}
+  profile: {profile}
+  faultTolerance: {{strategy: templates, tolerate: 1, waitForNodesTimeoutSeconds: 60}}
+"""
+PHASES = re.compile(r"worker (\S+): generation 2: engine made in ([0-9.]+) ms, filled locally in "
+                    r"([0-9.]+) ms, copies received in ([0-9.]+) ms")
+RECEIVED = re.compile(r"worker (\S+): generation (\d+): layers .* received (\d+) layers "
+                      r"\((\d+) bytes\), sent (\d+), in ([0-9.]+) ms")
+
+
+def layer_params(L, C, maxT, l):
+    if l == 0:
+        return VP * C + maxT * C
+    if l == L + 1:
+        return 2 * C
+    return 12 * C * C + 13 * C
+
+
+def profile(model, path):
+    """The synthetic profile's shape (model_profile.c), with memory for half the state."""
+    L, C, maxT = SHAPES[model]
+    B, T = 2, 64
+    layers, total = [], 0
+    for l in range(L + 2):
+        p = layer_params(L, C, maxT, l)
+        total += p
+        flops = B * T * C if l == 0 else 2.0 * p * B * T + (4.0 * B * T * T * C if l <= L else 0)
+        fwd = max(flops / 1e7, 0.001)
+        act = 4 * B * T * C if l == 0 else 8 * B * T * VP if l == L + 1 else 64 * B * T * C
+        layers.append({"name": "embedding" if l == 0 else "head" if l == L + 1 else "block%d" % (l - 1),
+                       "forward_ms": {"1": round(fwd, 6)}, "backward_ms": {"1": round(2 * fwd, 6)},
+                       "param_bytes": 4 * p, "activation_bytes": act,
+                       "output_bytes": 0 if l == L + 1 else 4 * B * T * C})
+    state = 16 * total  # weights, gradients, m, v
+    with open(path, "w") as f:
+        json.dump({"model": model, "microbatch_size": B, "gpus_per_node": 1,
+                   "gpu_memory_bytes": int(state * 0.65), "intra_node_GBps": 10.0,
+                   "inter_node_GBps": 1.0, "layers": layers}, f, indent=1)
+
+
+def loopback(build):
+    """comm_bench's send/recv over one stream, GB/s: (default protection, plain)."""
+    out = subprocess.run([os.path.join(build, "bench", "comm_bench"), "--mb", "200", "--reps", "3"],
+                         capture_output=True, text=True, check=True, timeout=600).stdout
+    for line in out.splitlines():
+        if line.startswith("send/recv"):
+            rates = [float(x) for x in re.findall(r"([0-9.]+) GB/s", line)]
+            return rates[1], rates[0]
+    sys.exit("comm_bench: no send/recv line in:\n" + out)
+
+
+def one(pliant, tmp, data, model, steps, kill, rep):
+    tag = "%s-%d" % (model, rep)
+    prof = os.path.join(tmp, tag + ".json")
+    profile(model, prof)
+    job = os.path.join(tmp, tag + ".yaml")
+    with open(job, "w") as f:
+        f.write(JOB.format(tag=tag, model=model, data=data, steps=steps, profile=prof))
+    m = job + ".jsonl"
+    p = subprocess.run([pliant, "run", job, "--workers", "5", "--threads", "1", "--metrics", m,
+                        "--chaos", "kill:p0.1@step=%d" % kill], capture_output=True, text=True,
+                       timeout=1800)
+    if p.returncode:
+        sys.exit("%s failed:\n%s" % (model, p.stderr[-3000:]))
+    rows = [json.loads(l) for l in open(m) if l.strip()]
+    rec = [r for r in rows if r.get("event") == "reconfigure"][0]
+    st = [r for r in rows if "event" not in r]
+    before = sorted(512e3 / r["tokens_per_second"] for r in st[1:kill])  # global 8 x 64
+    phases = {g[0]: (float(g[1]), float(g[2]), float(g[3])) for g in PHASES.findall(p.stderr)}
+    recv = [(int(g[3]), float(g[5]), phases.get(g[0], (0.0, 0.0, 0.0)))
+            for g in RECEIVED.findall(p.stderr) if int(g[1]) == 2 and int(g[3]) > 0]
+    if os.environ.get("PLIANT_BENCH_LOG"):
+        sys.stderr.write(p.stderr)
+    return rec, st[0]["pipelines"], st[-1]["pipelines"], before[len(before) // 2], recv
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=os.path.join(REPO, "build"))
+    ap.add_argument("--models", default="gpt2-124m,gpt2-350m")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--kill", type=int, default=3)
+    a = ap.parse_args()
+    pliant = os.path.join(a.build, "bin", "pliant")
+    tmp = tempfile.mkdtemp(prefix="pliant-recsize-")
+    text = os.path.join(tmp, "ts.txt")
+    with open(os.path.join(os.path.dirname(REPO), "shared", "data", "tinyshakespeare.txt"),
+              "rb") as src, open(text, "wb") as dst:
+        dst.write(src.read(200000))
+    data = os.path.join(tmp, "ts")
+    subprocess.run([pliant, "tokenize", "--bytes", text, data], check=True, capture_output=True)
+    print("link: comm_bench's send/recv over one stream (200 MB), default frame protection, "
+          "measured right before each run; net: the receiver of the most bytes")
+    print("%-10s %3s %-11s %8s %11s %9s %8s %8s %7s %7s %7s %9s %9s %6s %9s %6s" % (
+        "model", "run", "pipelines", "step_ms", "recovery_ms", "copied_MB", "recv_MB",
+        "plan_ms", "make", "fill", "net_ms", "net_GB/s", "link_GB/s", "%link", "bound_ms",
+        "ratio"))
+    for model in a.models.split(","):
+        for rep in range(a.repeat):
+            prot, _ = loopback(a.build)
+            rec, p0, p1, step_ms, recv = one(pliant, tmp, data, model, a.steps, a.kill, rep)
+            b, ms, (make, fill, net) = max(recv) if recv else (0, 0.0, (0.0, 0.0, 0.0))
+            gbs = b / net / 1e6 if net else 0.0
+            bound = step_ms + rec["bytes_copied"] / (prot * 1e6) + 300
+            print("%-10s %3d %-11s %8.0f %11d %9.0f %8.0f %8.0f %7.0f %7.0f %7.0f %9.2f %9.2f %5.0f%% %9.0f %6.2f" % (
+                model, rep, "%s>%s" % (p0, p1), step_ms, rec["duration_ms"],
+                rec["bytes_copied"] / 1e6, b / 1e6, ms, make, fill, net, gbs, prot,
+                100 * gbs / prot, bound, rec["duration_ms"] / bound))
+            sys.stdout.flush()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
