@@ -802,7 +802,7 @@ def every_crd_field_accepted_by_pliant():
     m = with_field("spec.faultTolerance", {"strategy": "redundant", "redundantForward": "lazy",
                                            "tolerate": 2, "maxResets": 3,
                                            "hostsAddedCheckEvery": 2, "heartbeatSeconds": 0.5,
-                                           "stepTimeoutSeconds": 30,
+                                           "stepTimeoutSeconds": 30, "belowMinimum": "degrade",
                                            "waitForNodesTimeoutSeconds": 0}, m)
     m = with_field("spec.nodes", {"min": 2, "max": 4, "gpusPerNode": 8}, m)
     m = with_field("spec.cost", {"spot": 0.918, "onDemand": 3.06}, m)
