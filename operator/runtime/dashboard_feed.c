@@ -121,6 +121,25 @@ static double eta_s(const pl_dash_feed *f, int64_t step)
     return left > 0 ? left * sum / n : 0;
 }
 
+void pl_dash_cost_fields(cJSON *o, double node_hours, double samples, double spot,
+                         double on_demand)
+{
+    if (spot <= 0 && on_demand <= 0)
+        return;
+    cJSON_AddNumberToObject(o, "node_hours", round(node_hours * 1e4) / 1e4);
+    const char *usd[] = {"usd", "usd_on_demand"};
+    const char *per[] = {"samples_per_usd", "samples_per_usd_on_demand"};
+    double price[] = {spot, on_demand};
+    for (int i = 0; i < 2; i++) {
+        if (price[i] <= 0)
+            continue;
+        double d = node_hours * price[i];
+        cJSON_AddNumberToObject(o, usd[i], round(d * 1e4) / 1e4);
+        if (d > 0)
+            cJSON_AddNumberToObject(o, per[i], round(samples / d * 10) / 10);
+    }
+}
+
 static void publish_step(pl_dash_feed *f, const pl_coord_step_rec *s)
 {
     double t = now_s(), dt = t - f->last_step_t;
@@ -143,8 +162,7 @@ static void publish_step(pl_dash_feed *f, const pl_coord_step_rec *s)
     publish(f, o, 1);
 }
 
-/* "a,b" as ["a", "b"] into o[key]. */
-static void add_names(cJSON *o, const char *key, const char *list)
+void pl_dash_add_names(cJSON *o, const char *key, const char *list)
 {
     cJSON *a = cJSON_AddArrayToObject(o, key);
     for (const char *p = list; a && p && *p;) {
@@ -168,8 +186,8 @@ static void publish_reconfig(pl_dash_feed *f, int index)
     cJSON_AddNumberToObject(o, "generation", (double)x->generation);
     cJSON_AddNumberToObject(o, "step", (double)x->step);
     cJSON_AddStringToObject(o, "cause", x->cause);
-    add_names(o, "removed", x->removed);
-    add_names(o, "added", x->added);
+    pl_dash_add_names(o, "removed", x->removed);
+    pl_dash_add_names(o, "added", x->added);
     cJSON_AddNumberToObject(o, "bytes_planned", (double)x->bytes_planned);
     cJSON_AddBoolToObject(o, "from_checkpoint", x->from_checkpoint);
     cJSON_AddStringToObject(o, "pipelines", x->pipelines);

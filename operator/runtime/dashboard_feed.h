@@ -32,6 +32,15 @@ void pl_dash_feed_poll(pl_dash_feed *f);
 void pl_dash_feed_notice(pl_dash_feed *f, const char *worker, const char *what,
                          const char *detail);
 
+/* Helpers for events made elsewhere in the feed's format (`pliant simulate --report`):
+ * "a,b" as ["a", "b"] into o[key]; the cost fields of a step event (docs/dashboard.md)
+ * for node_hours of nodes and samples trained at spot and on-demand $ per node-hour
+ * (either 0: unset; both 0: none). */
+struct cJSON;
+void pl_dash_add_names(struct cJSON *o, const char *key, const char *list);
+void pl_dash_cost_fields(struct cJSON *o, double node_hours, double samples, double spot,
+                         double on_demand);
+
 /* Nanoseconds spent in this feed's calls, and how many calls. */
 int64_t pl_dash_feed_cost_ns(const pl_dash_feed *f, int64_t *calls);
 

@@ -12,7 +12,10 @@ under 1 % of a step. The browser test loads the page while the job trains, waits
 reconfigurations, and checks through the DOM that the pipeline map holds the metrics'
 plan, the loss chart one point per committed step and the timeline every
 reconfiguration. Screenshots go to BUILD/test-output/dashboard/ (recovery.png: the page
-in the middle of a recovery, rendered from the feed's history cut there).
+in the middle of a recovery, rendered from the feed's history cut there). The browser
+also renders `pliant simulate --report` (the same page with one run per strategy):
+each strategy's charts, timeline and cost, chosen with the page's selector
+(simulate.png).
 
 Run: python3 tests/cli/test_dashboard.py --build build [-k SUBSTRING]
 """
@@ -439,6 +442,87 @@ def page_in_chromium_shows_the_plan_the_steps_and_the_reconfigurations():
     b.screenshot(os.path.join(out, "recovery.png"))
     run.stop()
     print("# screenshots in %s" % out)
+
+
+SIM_JOB = """\
+apiVersion: pliant.dev/v1alpha1
+kind: TrainingJob
+metadata:
+  name: simjob
+spec:
+  model: {{layers: 4, channels: 64, heads: 2, vocabSize: 256, maxSeqLen: 64}}
+  data: {{train: /nowhere/x_*.bin}}
+  batch: {{global: {batch}, micro: {micro}, seqLen: 32}}
+  steps: 100
+  checkpoint: {{dir: /nowhere/ckpt, every: 10}}
+  faultTolerance: {{tolerate: 1, maxResets: 0}}
+  cost: {{spot: 2.0, onDemand: 5.0}}
+  profile: {profile}
+"""
+
+SIM_TRACE = "".join("0,add,node%d\n" % i for i in range(6)) + \
+    "600000,remove,node2\n900000,remove,node4\n960000,add,node6\n3600000,remove,node0\n"
+
+
+def simulate_report():
+    """`pliant simulate --report` of every strategy over a one-hour trace: its path and
+    the runs built into it ({name: [events]})."""
+    profile = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples",
+                           "profiles", "tiny.json")
+    with open(profile) as f:
+        micro = json.load(f)["microbatch_size"]
+    job, trace = os.path.join(suite.tmp, "sim.yaml"), os.path.join(suite.tmp, "trace.csv")
+    with open(job, "w") as f:
+        f.write(SIM_JOB.format(batch=16 * micro, micro=micro, profile=profile))
+    with open(trace, "w") as f:
+        f.write(SIM_TRACE)
+    report = os.path.join(out_dir(), "simulate.html")
+    rc, out, err = suite.run("simulate", job, "--trace", trace, "--report", report, timeout=60)
+    check(rc == 0, "simulate: status %d: %s", rc, err)
+    with open(report) as f:
+        m = re.search(r'<script id="pliant-history" type="application/json">(.*?)</script>',
+                      f.read(), re.S)
+    return report, {r["name"]: r["events"] for r in json.loads(m.group(1))["runs"]}
+
+
+def check_sim_run(b, events):
+    """The page shows this run: one tokens/s point per step event, its reconfigurations
+    recovered in the timeline, its dollars."""
+    pts = b.eval("document.querySelector('#tps-chart polyline.tps').points.numberOfItems")
+    nsteps = len([e for e in events if e["type"] == "step"])
+    check(pts == nsteps, "tokens/s chart: %s points, %d step events", pts, nsteps)
+    nrec = b.eval("document.querySelectorAll('#timeline li.reconfig').length")
+    want = len([e for e in events if e["type"] == "reconfig"])
+    check(nrec == want > 0, "timeline: %s reconfigurations, %d events", nrec, want)
+    text = b.eval("document.getElementById('timeline').textContent")
+    check("recovered in" in text and "recovering" not in text, "timeline: %s", text[:300])
+    cost = b.eval("document.getElementById('cost-card').hidden ? '' : "
+                  "document.getElementById('cost-card').textContent")
+    check("$" in cost and "samples/$" in cost and "on demand" in cost, "cost card: %r", cost)
+
+
+@test
+def simulate_report_in_chromium_shows_each_strategy():
+    exe = chromium()
+    if not exe:
+        raise Skip("chromium not installed (Debian: apt-get install chromium)")
+    report, runs = simulate_report()
+    names = list(runs)
+    check(len(names) >= 2, "runs %s", names)
+    b = Browser(exe)
+    b.call("Page.enable")
+    b.call("Page.navigate", url="file://" + report)
+    b.wait("(document.getElementById('conn') || {}).textContent === 'report' && "
+           "!!document.querySelector('#tps-chart polyline')", 20, "the report")
+    opts = b.eval("[...document.querySelectorAll('#runs option')].map(o => o.textContent)")
+    check(opts == names, "the selector offers %s, runs %s", opts, names)
+    check_sim_run(b, runs[names[0]])
+    b.screenshot(os.path.join(out_dir(), "simulate.png"))
+    b.eval("(() => { const s = document.getElementById('runs'); s.value = '1';"
+           " s.dispatchEvent(new Event('change')); return 1; })()")
+    check(b.eval("document.getElementById('strategy').textContent").startswith(names[1]),
+          "the page did not switch to %s", names[1])
+    check_sim_run(b, runs[names[1]])
 
 
 if __name__ == "__main__":
