@@ -121,23 +121,37 @@ static double eta_s(const pl_dash_feed *f, int64_t step)
     return left > 0 ? left * sum / n : 0;
 }
 
+int pl_dash_cost_of(double node_hours, double samples, double spot, double on_demand,
+                    pl_dash_cost *c)
+{
+    *c = (pl_dash_cost){.node_hours = node_hours};
+    if (spot <= 0 && on_demand <= 0)
+        return 0;
+    c->usd = spot > 0 ? node_hours * spot : 0;
+    c->usd_on_demand = on_demand > 0 ? node_hours * on_demand : 0;
+    c->samples_per_usd = c->usd > 0 ? samples / c->usd : 0;
+    c->samples_per_usd_on_demand = c->usd_on_demand > 0 ? samples / c->usd_on_demand : 0;
+    return 1;
+}
+
+/* x into o[key]; nothing for 0 when `skip0`. */
+static void add_cost(cJSON *o, const char *key, double x, int skip0)
+{
+    if (!(skip0 && x == 0))
+        cJSON_AddNumberToObject(o, key, x);
+}
+
 void pl_dash_cost_fields(cJSON *o, double node_hours, double samples, double spot,
                          double on_demand)
 {
-    if (spot <= 0 && on_demand <= 0)
+    pl_dash_cost c;
+    if (!pl_dash_cost_of(node_hours, samples, spot, on_demand, &c))
         return;
-    cJSON_AddNumberToObject(o, "node_hours", round(node_hours * 1e4) / 1e4);
-    const char *usd[] = {"usd", "usd_on_demand"};
-    const char *per[] = {"samples_per_usd", "samples_per_usd_on_demand"};
-    double price[] = {spot, on_demand};
-    for (int i = 0; i < 2; i++) {
-        if (price[i] <= 0)
-            continue;
-        double d = node_hours * price[i];
-        cJSON_AddNumberToObject(o, usd[i], round(d * 1e4) / 1e4);
-        if (d > 0)
-            cJSON_AddNumberToObject(o, per[i], round(samples / d * 10) / 10);
-    }
+    add_cost(o, "node_hours", c.node_hours, 0);
+    add_cost(o, "usd", c.usd, spot <= 0);
+    add_cost(o, "usd_on_demand", c.usd_on_demand, on_demand <= 0);
+    add_cost(o, "samples_per_usd", c.samples_per_usd, 1);
+    add_cost(o, "samples_per_usd_on_demand", c.samples_per_usd_on_demand, 1);
 }
 
 static void publish_step(pl_dash_feed *f, const pl_coord_step_rec *s)
@@ -159,6 +173,9 @@ static void publish_step(pl_dash_feed *f, const pl_coord_step_rec *s)
     cJSON_AddNumberToObject(o, "generation", (double)s->generation);
     cJSON_AddStringToObject(o, "pipelines", s->pipelines);
     cJSON_AddNumberToObject(o, "eta_s", round(eta_s(f, s->step) * 10) / 10);
+    pl_dash_cost_fields(o, pl_job_driver_node_hours(f->drv),
+                        (double)pl_coord_nsteps(f->coord) * f->job->batch.global,
+                        f->job->cost.spot, f->job->cost.on_demand);
     publish(f, o, 1);
 }
 

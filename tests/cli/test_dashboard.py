@@ -7,7 +7,7 @@ Both run 6 workers (2 pipelines of 3 stages) with a kill and an add. The feed te
 5 pages before the job starts training and a sixth after it ended: the early ones get a
 history then live events, the late one the same events as one history; every step,
 plan, reconfiguration, recovery, checkpoint and notice is checked against the metrics
-file, and the dashboard's cost to the coordinator's thread with 5 pages open must stay
+file, so are the dollars and samples per dollar of spec.cost, and the dashboard's cost to the coordinator's thread with 5 pages open must stay
 under 1 % of a step. The browser test loads the page while the job trains, waits for the
 reconfigurations, and checks through the DOM that the pipeline map holds the metrics'
 plan, the loss chart one point per committed step and the timeline every
@@ -52,6 +52,7 @@ spec:
   steps: {steps}
   evalEvery: 5
   checkpoint: {{dir: {ckpt}, every: 10}}
+  cost: {{spot: 2.0, onDemand: 5.0}}
   profile: synthetic
 """
 
@@ -258,6 +259,23 @@ def check_events(evs, recs):
     check(phases[-1] == "done" and "copying" in phases, "phases %s", phases)
 
 
+def check_cost(evs, recs):
+    """spec.cost: each step event's node-hours grow, its dollars are node-hours × price, its
+    samples per $ the samples trained over them; the metrics' summary has the last word."""
+    steps = [e for e in evs if e["type"] == "step"]
+    hours = [e["node_hours"] for e in steps]
+    check(hours == sorted(hours) and hours[-1] > 0, "node-hours %s", hours[-8:])
+    for e in steps:
+        check(abs(e["usd"] - 2.0 * e["node_hours"]) < 1e-3 and
+              abs(e["usd_on_demand"] - 5.0 * e["node_hours"]) < 1e-3, "cost of %s", e)
+    last = steps[-1]
+    check(abs(last["samples_per_usd"] * last["usd"] - 4 * len(steps)) < 0.01 * 4 * len(steps),
+          "samples per $ of %s (%d steps)", last, len(steps))
+    summary = [r for r in recs if r.get("event") == "summary"][0]
+    check(summary["node_hours"] >= last["node_hours"] - 1e-4 and
+          abs(summary["usd"] - 2.0 * summary["node_hours"]) < 1e-6, "summary %s", summary)
+
+
 @test
 def feed_gives_history_then_live_events_that_match_the_metrics():
     run = Run(write_job("feed", 24), "kill:1@step=6,add:1@step=12")
@@ -282,6 +300,7 @@ def feed_gives_history_then_live_events_that_match_the_metrics():
     for g in got[1:]:
         check(flatten(g) == early, "two pages saw different events")
     check_events(early, run.records())
+    check_cost(early, run.records())
     cost = run.wait_line(r"^dashboard: \d+ pages served", 5)
     m = re.search(r"(\d+) pages served.*\(([\d.]+) us per step, ([\d.]+) % of a step\)", cost)
     check(m and int(m.group(1)) == 5 and float(m.group(3)) < 1.0, "cost: %s", cost)
@@ -424,6 +443,9 @@ def page_in_chromium_shows_the_plan_the_steps_and_the_reconfigurations():
     text = b.eval("document.getElementById('timeline').textContent")
     check("lost w1" in text and "joined w6" in text and "recovered in" in text and
           "kill" in text, "timeline text: %s", text[:500])
+    cost = b.eval("document.getElementById('cost-card').hidden ? '' : "
+                  "document.getElementById('cost-card').textContent")
+    check("$" in cost and "samples/$" in cost and "on demand" in cost, "cost card: %r", cost)
     # the page in the middle of a recovery, from the feed's history (a static report)
     feed = WS(run.port, "/feed", "pliant-dashboard")
     history = json.loads(feed.recv())["events"]

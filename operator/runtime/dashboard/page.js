@@ -269,7 +269,7 @@
     $("cost-card").hidden = !(spot || od);
     if (!(spot || od)) return;
     function part(usd, per) {
-      return "$" + usd.toFixed(2) + (per !== undefined ? ", " + fmtNum(per) + " samples/$" : "");
+      return "$" + (usd > 0 && usd < 0.01 ? usd.toPrecision(2) : usd.toFixed(2)) + (per !== undefined ? ", " + fmtNum(per) + " samples/$" : "");
     }
     $("cost").textContent = spot ? part(last.usd, last.samples_per_usd) : "–";
     $("cost-od").textContent = od ? "on demand: " +
