@@ -714,6 +714,25 @@ static void finish_dashboard(run_state *r, int steps, double secs)
     fflush(stdout);
 }
 
+/* The metrics file's {"event": "summary", ...} line; its cost fields where spec.cost is
+ * set (cost not NULL). */
+static void write_summary(FILE *m, int ns, int reconfigs, double final_loss, double secs,
+                          double tps, const pl_dash_cost *cost)
+{
+    fprintf(m, "{\"event\": \"summary\", \"steps\": %d, \"reconfigurations\": %d, "
+               "\"final_loss\": ", ns, reconfigs);
+    if (isfinite(final_loss)) fprintf(m, "%.9g", final_loss);
+    else fputs("null", m);
+    fprintf(m, ", \"seconds\": %.3f, \"tokens_per_second\": %.1f", secs, tps);
+    if (cost)
+        fprintf(m, ", \"node_hours\": %.9g, \"usd\": %.9g, \"samples_per_usd\": %.9g, "
+                   "\"usd_on_demand\": %.9g, \"samples_per_usd_on_demand\": %.9g",
+                cost->node_hours, cost->usd, cost->samples_per_usd, cost->usd_on_demand,
+                cost->samples_per_usd_on_demand);
+    fputs("}\n", m);
+    fflush(m);
+}
+
 /* After the loop: plans that never committed a step, the summary; 0 when every
  * step was committed, else 1 and err. */
 static int finish(run_state *r, char *err, size_t errlen)
@@ -724,16 +743,20 @@ static int finish(run_state *r, char *err, size_t errlen)
     const int ns = pl_coord_nsteps(r->coord);
     const double final_loss = ns ? pl_coord_step_log(r->coord, ns - 1)->loss : NAN;
     const double tps = secs > 0 ? ns * tokens_per_step(r) / secs : 0;
-    printf("summary: %d steps, %d reconfigurations, final loss %.6f, %.1f s, %.0f tok/s\n", ns,
+    const pl_job *job = pl_job_driver_job(r->drv);
+    pl_dash_cost cost;
+    const int priced = pl_dash_cost_of(pl_job_driver_node_hours(r->drv),
+                                       (double)ns * job->batch.global, job->cost.spot,
+                                       job->cost.on_demand, &cost);
+    printf("summary: %d steps, %d reconfigurations, final loss %.6f, %.1f s, %.0f tok/s", ns,
            r->reconfigs, final_loss, secs, tps);
-    if (r->metrics) {
-        fprintf(r->metrics, "{\"event\": \"summary\", \"steps\": %d, \"reconfigurations\": %d, "
-                            "\"final_loss\": ", ns, r->reconfigs);
-        if (isfinite(final_loss)) fprintf(r->metrics, "%.9g", final_loss);
-        else fputs("null", r->metrics);
-        fprintf(r->metrics, ", \"seconds\": %.3f, \"tokens_per_second\": %.1f}\n", secs, tps);
-        fflush(r->metrics);
-    }
+    if (priced)
+        printf(", %.6f node-hours, $%.6f spent, %.1f samples per $ ($%.6f on demand, %.1f "
+               "samples per $)", cost.node_hours, cost.usd, cost.samples_per_usd,
+               cost.usd_on_demand, cost.samples_per_usd_on_demand);
+    printf("\n");
+    if (r->metrics) write_summary(r->metrics, ns, r->reconfigs, final_loss, secs, tps,
+                                  priced ? &cost : NULL);
     finish_dashboard(r, ns, secs);
     if (pl_coord_phase(r->coord) != PL_COORD_DONE)
         return pl_errf(err, errlen, "job failed: %s", pl_coord_reason(r->coord));

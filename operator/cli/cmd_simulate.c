@@ -178,12 +178,12 @@ static int load_inputs(sim_args *a, sim_inputs *in, char *err, size_t errlen)
     return 0;
 }
 
-static int write_report(const sim_args *a, const sim_inputs *in, const pl_sim_outcome *res, int n)
+static int write_report(const sim_args *a, const sim_inputs *in, const pl_sim_outcome *res,
+                        const char *const *timelines, int n)
 {
     FILE *f = fopen(a->report, "w");
-    pl_sim_report_info info = {.job = in->job.name, .trace = a->trace, .scale = (int)a->scale,
-                               .spot = a->spot, .on_demand = a->on_demand};
-    int rc = f ? pl_sim_report_write(f, &info, res, n) : -1;
+    pl_sim_report_info info = {.job = &in->job, .spot = a->spot, .on_demand = a->on_demand};
+    int rc = f ? pl_sim_report_write(f, &info, res, timelines, n) : -1;
     if (f && fclose(f)) rc = -1;
     if (rc) fprintf(stderr, "pliant simulate: cannot write %s\n", a->report);
     return rc;
@@ -228,14 +228,15 @@ static void job_setup(sim_job *j, const sim_args *a, const sim_inputs *in,
 }
 
 /* Every strategy over the trace, two at a time (the runs share only the read-only job,
- * planner and trace), the summaries and timelines in strategy order: 0, or 1 on failure. */
+ * planner and trace), the summaries and timelines in strategy order, then the report:
+ * 0, or 1 on failure. */
 static int simulate(const sim_args *a, const sim_inputs *in, const pl_sim_strategy **st, int n,
                     FILE *out)
 {
     sim_job jobs[MAX_STRATEGIES];
     pthread_t th[MAX_STRATEGIES];
     int rc = 0, done = 0;
-    for (int i = 0; i < n; i++) job_setup(&jobs[i], a, in, st[i], out != NULL);
+    for (int i = 0; i < n; i++) job_setup(&jobs[i], a, in, st[i], out || a->report);
     for (int i = 0; i < n; i += 2) {
         int two = i + 1 < n && pthread_create(&th[i + 1], NULL, run_one, &jobs[i + 1]) == 0;
         run_one(&jobs[i]);
@@ -254,13 +255,15 @@ static int simulate(const sim_args *a, const sim_inputs *in, const pl_sim_strate
             print_summary(a, &jobs[i].res);
             done++;
         }
-        free(jobs[i].buf);
     }
     pl_sim_outcome res[MAX_STRATEGIES];
-    for (int i = 0; i < n; i++) res[i] = jobs[i].res;
-    if (rc == 0 && a->report && write_report(a, in, res, done)) rc = 1;
-    for (int i = 0; i < n; i++)
+    const char *timelines[MAX_STRATEGIES];
+    for (int i = 0; i < n; i++) res[i] = jobs[i].res, timelines[i] = jobs[i].buf;
+    if (rc == 0 && a->report && write_report(a, in, res, timelines, done)) rc = 1;
+    for (int i = 0; i < n; i++) {
         if (!jobs[i].rc) pl_sim_outcome_free(&res[i]);
+        free(jobs[i].buf);
+    }
     return rc;
 }
 

@@ -1,16 +1,14 @@
-/* The HTML report of `pliant simulate` (sim_report.h). */
+/* The report of `pliant simulate` (sim_report.h): each strategy's timeline and plot bins
+ * turned into the dashboard feed's events, written as the dashboard's static page. */
 #include "sim_report.h"
 
+#include <cJSON.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
-#define W 760.0
-#define H 220.0
-#define PAD 48.0
-
-static const char *const colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd"};
-static const char *const split_colors[PL_SIM_T_COUNT] = {"#2ca02c", "#ff7f0e", "#1f77b4",
-                                                         "#d62728", "#7f7f7f", "#9467bd",
-                                                         "#cccccc"};
+#include "dashboard.h"
+#include "dashboard_feed.h"
 
 double pl_sim_node_hours(const pl_sim_outcome *r) { return (double)r->acct.node_ns / 3.6e12; }
 
@@ -19,119 +17,164 @@ double pl_sim_samples_per_s(const pl_sim_outcome *r)
     return r->duration_ns > 0 ? (double)r->samples / ((double)r->duration_ns / 1e9) : 0;
 }
 
-/* A bin's value: samples/s (which 0) or mean nodes (1). */
-static double bin_value(const pl_sim_outcome *r, int which, int b)
+/* A growing list of event texts (owned). */
+typedef struct {
+    char **ev;
+    int n, cap, oom;
+} ev_list;
+
+/* Appends o's text (o freed) with its type and time. */
+static void push(ev_list *l, cJSON *o, const char *type, double t)
+{
+    if (!o || l->oom) {
+        l->oom = 1;
+        cJSON_Delete(o);
+        return;
+    }
+    cJSON_AddStringToObject(o, "type", type);
+    cJSON_AddNumberToObject(o, "t", t);
+    char *text = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 256;
+        char **ev = realloc(l->ev, (size_t)cap * sizeof *ev);
+        if (!ev) l->oom = 1;
+        else l->ev = ev, l->cap = cap;
+    }
+    if (!text || l->oom) l->oom = 1, free(text);
+    else l->ev[l->n++] = text;
+}
+
+static void hello(ev_list *l, const pl_sim_report_info *info, const pl_sim_outcome *r)
+{
+    const pl_job *j = info->job;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "version", 1);
+    cJSON_AddStringToObject(o, "job", j->name);
+    cJSON_AddNumberToObject(o, "steps", (double)r->steps);
+    cJSON_AddStringToObject(o, "strategy", r->strategy);
+    cJSON_AddNumberToObject(o, "tolerate", j->fault_tolerance.tolerate);
+    cJSON_AddNumberToObject(o, "global_batch", j->batch.global);
+    cJSON_AddNumberToObject(o, "seq_len", j->batch.seq_len);
+    cJSON_AddNumberToObject(o, "eval_every", 0);
+    cJSON_AddNumberToObject(o, "checkpoint_every", j->checkpoint.every);
+    cJSON_AddNumberToObject(o, "model_layers", j->model.layers);
+    cJSON_AddBoolToObject(o, "simulated", 1);
+    push(l, o, "hello", 0);
+}
+
+/* Bin b as a step event: the steps trained by its end, its throughput, the cost so far. */
+static void bin_step(ev_list *l, const pl_sim_report_info *info, const pl_sim_outcome *r, int b,
+                     double samples, double node_ns)
 {
     const pl_sim_account *a = &r->acct;
-    double secs = (double)a->bin_ns / 1e9;
-    return which == 0 ? a->bin_samples[b] / secs : a->bin_node_ns[b] / (double)a->bin_ns;
+    double secs = (double)a->bin_ns / 1e9, gb = (double)info->job->batch.global;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "step", fmax(0, floor(samples / gb + 1e-9) - 1));
+    cJSON_AddNumberToObject(o, "steps", (double)r->steps);
+    cJSON_AddNumberToObject(o, "tokens_per_second",
+                            a->bin_samples[b] / secs * info->job->batch.seq_len);
+    pl_dash_cost_fields(o, node_ns / 3.6e12, samples, info->spot, info->on_demand);
+    push(l, o, "step", fmin(secs * (b + 1), (double)r->duration_ns / 1e9));
 }
 
-static void axes(FILE *f, const char *title, double ymax, double hours)
+static void copy_field(cJSON *to, const cJSON *from, const char *name)
 {
-    fprintf(f, "<svg width=\"%.0f\" height=\"%.0f\" xmlns=\"http://www.w3.org/2000/svg\" "
-               "font-family=\"sans-serif\" font-size=\"11\">\n", W, H);
-    fprintf(f, "<text x=\"%.0f\" y=\"14\" font-size=\"13\">%s</text>\n", PAD, title);
-    fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"#000\"/>\n", PAD,
-            H - 24, W - 10, H - 24);
-    fprintf(f, "<line x1=\"%.0f\" y1=\"24\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"#000\"/>\n", PAD, PAD,
-            H - 24);
-    fprintf(f, "<text x=\"2\" y=\"30\">%.4g</text><text x=\"2\" y=\"%.0f\">0</text>\n", ymax, H - 24);
-    fprintf(f, "<text x=\"%.0f\" y=\"%.0f\">0 h</text><text x=\"%.0f\" y=\"%.0f\">%.2f h</text>\n",
-            PAD, H - 8, W - 60, H - 8, hours);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(from, name);
+    if (v) cJSON_AddItemToObject(to, name, cJSON_Duplicate(v, 1));
 }
 
-static void series(FILE *f, const pl_sim_outcome *r, int which, double ymax, const char *color, int k)
+static void notice(ev_list *l, const cJSON *in, const char *what, const char *detail, double t)
 {
-    const int nb = r->acct.nbins;
-    fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", color);
-    for (int b = 0; b < nb; b++) {
-        double x = PAD + (W - 10 - PAD) * (b + 0.5) / nb;
-        double y = (H - 24) - (H - 48) * (ymax > 0 ? bin_value(r, which, b) / ymax : 0);
-        fprintf(f, "%.1f,%.1f ", x, y);
+    cJSON *o = cJSON_CreateObject();
+    copy_field(o, in, "step");
+    const cJSON *node = cJSON_GetObjectItemCaseSensitive(in, "node");
+    cJSON_AddStringToObject(o, "worker", cJSON_IsString(node) ? node->valuestring : "");
+    cJSON_AddStringToObject(o, "what", what);
+    cJSON_AddStringToObject(o, "detail", detail);
+    push(l, o, "notice", t);
+}
+
+/* One timeline line as the feed's event; *nrec counts the reconfigurations. */
+static void timeline_event(ev_list *l, const cJSON *in, int *nrec)
+{
+    const char *ev = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(in, "event"));
+    double t = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(in, "t"));
+    if (!ev) return;
+    if (!strcmp(ev, "add")) return notice(l, in, "add", "the trace adds the node", t);
+    if (!strcmp(ev, "notice")) return notice(l, in, "leaving", "preemption notice", t);
+    if (!strcmp(ev, "remove")) return notice(l, in, "lost", "preempted", t);
+    cJSON *o = cJSON_CreateObject();
+    const char *type = "phase";
+    if (!strcmp(ev, "reconfigure")) {
+        type = "reconfig";
+        cJSON_AddNumberToObject(o, "index", (*nrec)++);
+        const char *f[] = {"generation", "step", "cause", "bytes_planned", "from_checkpoint",
+                           "pipelines"};
+        for (size_t i = 0; i < sizeof f / sizeof *f; i++) copy_field(o, in, f[i]);
+        pl_dash_add_names(o, "removed",
+                          cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(in, "removed")));
+        pl_dash_add_names(o, "added",
+                          cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(in, "added")));
+    } else if (!strcmp(ev, "recovered")) {
+        type = "recovered";
+        cJSON_AddNumberToObject(o, "index", *nrec - 1);
+        copy_field(o, in, "generation");
+        copy_field(o, in, "duration_ms");
+        copy_field(o, in, "bytes_copied");
+    } else {
+        copy_field(o, in, "phase");
+        copy_field(o, in, "step");
+        copy_field(o, in, "workers");
+        cJSON_AddStringToObject(o, "reason", "the trace ended");
     }
-    fprintf(f, "\"/>\n<text x=\"%.0f\" y=\"%d\" fill=\"%s\">%s</text>\n", W - 160, 30 + 14 * k,
-            color, r->strategy);
+    push(l, o, type, t);
 }
 
-static void plot(FILE *f, const pl_sim_outcome *res, int n, int which, const char *title)
+/* One strategy's events: hello, then the timeline's lines and the bins' steps by time
+ * (the last bins before the end, whatever their rounding). */
+static void run_events(ev_list *l, const pl_sim_report_info *info, const pl_sim_outcome *r,
+                       const char *timeline)
 {
-    double ymax = 0;
-    for (int i = 0; i < n; i++)
-        for (int b = 0; b < res[i].acct.nbins; b++)
-            ymax = fmax(ymax, bin_value(&res[i], which, b));
-    axes(f, title, ymax, n ? (double)res[0].duration_ns / 3.6e12 : 0);
-    for (int i = 0; i < n && (which == 0 || i == 0); i++)
-        series(f, &res[i], which, ymax, which ? "#555" : colors[i % 4], which ? 0 : i);
-    fprintf(f, "</svg>\n");
-}
-
-static void split_bars(FILE *f, const pl_sim_outcome *res, int n)
-{
-    fprintf(f, "<svg width=\"%.0f\" height=\"%d\" xmlns=\"http://www.w3.org/2000/svg\" "
-               "font-family=\"sans-serif\" font-size=\"11\">\n", W, 40 + 30 * n);
-    for (int k = 0; k < PL_SIM_T_COUNT; k++)
-        fprintf(f, "<rect x=\"%d\" y=\"4\" width=\"10\" height=\"10\" fill=\"%s\"/>"
-                   "<text x=\"%d\" y=\"13\">%s</text>\n", 100 + 95 * k, split_colors[k],
-                114 + 95 * k, pl_sim_time_kind_name(k));
-    for (int i = 0; i < n; i++) {
-        double x = 100, total = (double)res[i].duration_ns;
-        fprintf(f, "<text x=\"4\" y=\"%d\">%s</text>\n", 44 + 30 * i, res[i].strategy);
-        for (int k = 0; k < PL_SIM_T_COUNT && total > 0; k++) {
-            double w = (W - 110) * (double)res[i].acct.split_ns[k] / total;
-            fprintf(f, "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"20\" fill=\"%s\">"
-                       "<title>%s %.1f %%</title></rect>\n", x, 28 + 30 * i, w, split_colors[k],
-                    pl_sim_time_kind_name(k), 100.0 * (double)res[i].acct.split_ns[k] / total);
-            x += w;
+    const pl_sim_account *a = &r->acct;
+    double samples = 0, node_ns = 0;
+    int b = 0, nrec = 0;
+    hello(l, info, r);
+    for (const char *p = timeline ? timeline : ""; *p;) {
+        const char *nl = strchr(p, '\n');
+        size_t len = nl ? (size_t)(nl - p) : strlen(p);
+        cJSON *in = cJSON_ParseWithLength(p, len);
+        double t = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(in, "t"));
+        const char *ev = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(in, "event"));
+        if (ev && !strcmp(ev, "end")) t = INFINITY; /* every bin before the end */
+        for (; in && b < a->nbins && (double)a->bin_ns * (b + 1) / 1e9 <= t; b++) {
+            samples += a->bin_samples[b], node_ns += a->bin_node_ns[b];
+            bin_step(l, info, r, b, samples, node_ns);
         }
-    }
-    fprintf(f, "</svg>\n");
-}
-
-static void table(FILE *f, const pl_sim_report_info *info, const pl_sim_outcome *res, int n)
-{
-    fprintf(f, "<table border=\"1\" cellpadding=\"4\" cellspacing=\"0\"><tr><th>strategy</th>"
-               "<th>samples/s</th><th>samples per $</th><th>node-hours</th><th>$ spent</th>"
-               "<th>reconfigurations</th><th>from a checkpoint</th><th>end</th></tr>\n");
-    for (int i = 0; i < n; i++) {
-        const pl_sim_outcome *r = &res[i];
-        double usd = pl_sim_node_hours(r) * info->spot;
-        fprintf(f, "<tr><td>%s</td><td>%.1f</td><td>%.0f</td><td>%.1f</td><td>%.2f</td><td>%d</td>"
-                   "<td>%d</td><td>%s</td></tr>\n", r->strategy, pl_sim_samples_per_s(r),
-                usd > 0 ? (double)r->samples / usd : 0, pl_sim_node_hours(r), usd, r->reconfigs,
-                r->from_checkpoint, r->end_phase);
-    }
-    fprintf(f, "</table>\n");
-}
-
-/* Text with &, <, >, " escaped. */
-static void escaped(FILE *f, const char *s)
-{
-    for (; s && *s; s++) {
-        if (*s == '&') fputs("&amp;", f);
-        else if (*s == '<') fputs("&lt;", f);
-        else if (*s == '>') fputs("&gt;", f);
-        else if (*s == '"') fputs("&quot;", f);
-        else fputc(*s, f);
+        if (in) timeline_event(l, in, &nrec);
+        cJSON_Delete(in);
+        p += len + (nl != NULL);
     }
 }
 
-int pl_sim_report_write(FILE *f, const pl_sim_report_info *info, const pl_sim_outcome *res, int n)
+int pl_sim_report_write(FILE *f, const pl_sim_report_info *info, const pl_sim_outcome *res,
+                        const char *const *timelines, int n)
 {
-    fputs("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>pliant simulate</title>"
-          "</head>\n<body style=\"font-family:sans-serif\">\n<h1>pliant simulate</h1>\n<p>job <b>", f);
-    escaped(f, info->job);
-    fputs("</b>, trace <b>", f);
-    escaped(f, info->trace);
-    fprintf(f, "</b> at scale %d; $%.3f spot and $%.3f on demand per node-hour</p>\n", info->scale,
-            info->spot, info->on_demand);
-    table(f, info, res, n);
-    fprintf(f, "<h2>Throughput</h2>\n");
-    plot(f, res, n, 0, "samples/s over trace time");
-    fprintf(f, "<h2>Nodes</h2>\n");
-    plot(f, res, n, 1, "nodes in the cluster over trace time");
-    fprintf(f, "<h2>Where the time went</h2>\n");
-    split_bars(f, res, n);
-    fprintf(f, "</body></html>\n");
-    return ferror(f) ? -1 : 0;
+    ev_list *lists = calloc((size_t)(n > 0 ? n : 1), sizeof *lists);
+    pl_dashboard_run *runs = calloc((size_t)(n > 0 ? n : 1), sizeof *runs);
+    int rc = lists && runs ? 0 : -1;
+    for (int i = 0; i < n && !rc; i++) {
+        run_events(&lists[i], info, &res[i], timelines[i]);
+        runs[i] = (pl_dashboard_run){.name = res[i].strategy, .events = (const char *const *)lists[i].ev,
+                                     .n = lists[i].n};
+        rc = lists[i].oom ? -1 : 0;
+    }
+    if (!rc) rc = pl_dashboard_write_runs(f, runs, n);
+    for (int i = 0; lists && i < n; i++) {
+        for (int k = 0; k < lists[i].n; k++) free(lists[i].ev[k]);
+        free(lists[i].ev);
+    }
+    free(lists);
+    free(runs);
+    return rc || ferror(f) ? -1 : 0;
 }

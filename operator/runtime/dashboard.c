@@ -429,22 +429,55 @@ static int write_script_safe(FILE *f, const char *s)
     return 0;
 }
 
-int pl_dashboard_write_static(FILE *f, const char *const *events, int n)
+/* A JSON array of events, each "</" escaped. */
+static int write_events(FILE *f, const char *const *events, int n)
 {
-    const char *mark = strstr(pl_dashboard_page, PL_DASHBOARD_PAGE_MARK);
-    size_t head = mark ? (size_t)(mark - pl_dashboard_page) : pl_dashboard_page_len;
-    int rc = fwrite(pl_dashboard_page, 1, head, f) == head ? 0 : -1;
-    rc |= fputs("<script id=\"pliant-history\" type=\"application/json\">[", f) < 0;
+    int rc = fputc('[', f) == EOF;
     for (int i = 0; i < n && !rc; i++) {
         rc |= i && fputs(",\n", f) < 0;
         rc |= write_script_safe(f, events[i]);
     }
-    rc |= fputs("]</script>", f) < 0;
+    return rc | (fputc(']', f) == EOF) ? -1 : 0;
+}
+
+/* The history element: the events of one unnamed run as an array, several runs as
+ * {"runs": [{"name": ..., "events": [...]}, ...]}. */
+static int write_history(FILE *f, const pl_dashboard_run *runs, int n)
+{
+    int one = n == 1 && !runs[0].name;
+    int rc = fputs("<script id=\"pliant-history\" type=\"application/json\">", f) < 0;
+    rc |= !one && fputs("{\"runs\": [", f) < 0;
+    for (int i = 0; i < n && !rc; i++) {
+        if (!one) {
+            rc |= i && fputs(",\n", f) < 0;
+            rc |= fputs("{\"name\": ", f) < 0 || write_script_safe(f, "\"") ||
+                  write_script_safe(f, runs[i].name ? runs[i].name : "") ||
+                  fputs("\", \"events\": ", f) < 0;
+        }
+        rc |= write_events(f, runs[i].events, runs[i].n);
+        rc |= !one && fputc('}', f) == EOF;
+    }
+    rc |= !one && fputs("]}", f) < 0;
+    return rc | (fputs("</script>", f) < 0) ? -1 : 0;
+}
+
+int pl_dashboard_write_runs(FILE *f, const pl_dashboard_run *runs, int n)
+{
+    const char *mark = strstr(pl_dashboard_page, PL_DASHBOARD_PAGE_MARK);
+    size_t head = mark ? (size_t)(mark - pl_dashboard_page) : pl_dashboard_page_len;
+    int rc = fwrite(pl_dashboard_page, 1, head, f) == head ? 0 : -1;
+    rc |= write_history(f, runs, n);
     if (mark) {
         size_t rest = pl_dashboard_page_len - head - strlen(PL_DASHBOARD_PAGE_MARK);
         rc |= fwrite(mark + strlen(PL_DASHBOARD_PAGE_MARK), 1, rest, f) != rest;
     }
     return rc ? -1 : 0;
+}
+
+int pl_dashboard_write_static(FILE *f, const char *const *events, int n)
+{
+    pl_dashboard_run run = {.name = NULL, .events = events, .n = n};
+    return pl_dashboard_write_runs(f, &run, 1);
 }
 
 int pl_dashboard_write_report(pl_dashboard *d, FILE *f)

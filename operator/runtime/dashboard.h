@@ -47,6 +47,15 @@ int pl_dashboard_pages(const pl_dashboard *d, int *total);
  * page kept as a file): events[0..n) as the feed's history gives them. 0, or -1 on a
  * write error. */
 int pl_dashboard_write_static(FILE *f, const char *const *events, int n);
+/* One run of a static page with several (`pliant simulate --report`: one per strategy):
+ * its name, for the page's selector, and its events in the feed's format. */
+typedef struct {
+    const char *name;
+    const char *const *events;
+    int n;
+} pl_dashboard_run;
+/* The page with runs[0..n) built in, the first shown, the others a choice away. */
+int pl_dashboard_write_runs(FILE *f, const pl_dashboard_run *runs, int n);
 /* The same with every event this dashboard published. */
 int pl_dashboard_write_report(pl_dashboard *d, FILE *f);
 

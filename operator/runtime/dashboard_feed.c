@@ -121,6 +121,39 @@ static double eta_s(const pl_dash_feed *f, int64_t step)
     return left > 0 ? left * sum / n : 0;
 }
 
+int pl_dash_cost_of(double node_hours, double samples, double spot, double on_demand,
+                    pl_dash_cost *c)
+{
+    *c = (pl_dash_cost){.node_hours = node_hours};
+    if (spot <= 0 && on_demand <= 0)
+        return 0;
+    c->usd = spot > 0 ? node_hours * spot : 0;
+    c->usd_on_demand = on_demand > 0 ? node_hours * on_demand : 0;
+    c->samples_per_usd = c->usd > 0 ? samples / c->usd : 0;
+    c->samples_per_usd_on_demand = c->usd_on_demand > 0 ? samples / c->usd_on_demand : 0;
+    return 1;
+}
+
+/* x into o[key]; nothing for 0 when `skip0`. */
+static void add_cost(cJSON *o, const char *key, double x, int skip0)
+{
+    if (!(skip0 && x == 0))
+        cJSON_AddNumberToObject(o, key, x);
+}
+
+void pl_dash_cost_fields(cJSON *o, double node_hours, double samples, double spot,
+                         double on_demand)
+{
+    pl_dash_cost c;
+    if (!pl_dash_cost_of(node_hours, samples, spot, on_demand, &c))
+        return;
+    add_cost(o, "node_hours", c.node_hours, 0);
+    add_cost(o, "usd", c.usd, spot <= 0);
+    add_cost(o, "usd_on_demand", c.usd_on_demand, on_demand <= 0);
+    add_cost(o, "samples_per_usd", c.samples_per_usd, 1);
+    add_cost(o, "samples_per_usd_on_demand", c.samples_per_usd_on_demand, 1);
+}
+
 static void publish_step(pl_dash_feed *f, const pl_coord_step_rec *s)
 {
     double t = now_s(), dt = t - f->last_step_t;
@@ -140,11 +173,13 @@ static void publish_step(pl_dash_feed *f, const pl_coord_step_rec *s)
     cJSON_AddNumberToObject(o, "generation", (double)s->generation);
     cJSON_AddStringToObject(o, "pipelines", s->pipelines);
     cJSON_AddNumberToObject(o, "eta_s", round(eta_s(f, s->step) * 10) / 10);
+    pl_dash_cost_fields(o, pl_job_driver_node_hours(f->drv),
+                        (double)pl_coord_nsteps(f->coord) * f->job->batch.global,
+                        f->job->cost.spot, f->job->cost.on_demand);
     publish(f, o, 1);
 }
 
-/* "a,b" as ["a", "b"] into o[key]. */
-static void add_names(cJSON *o, const char *key, const char *list)
+void pl_dash_add_names(cJSON *o, const char *key, const char *list)
 {
     cJSON *a = cJSON_AddArrayToObject(o, key);
     for (const char *p = list; a && p && *p;) {
@@ -168,8 +203,8 @@ static void publish_reconfig(pl_dash_feed *f, int index)
     cJSON_AddNumberToObject(o, "generation", (double)x->generation);
     cJSON_AddNumberToObject(o, "step", (double)x->step);
     cJSON_AddStringToObject(o, "cause", x->cause);
-    add_names(o, "removed", x->removed);
-    add_names(o, "added", x->added);
+    pl_dash_add_names(o, "removed", x->removed);
+    pl_dash_add_names(o, "added", x->added);
     cJSON_AddNumberToObject(o, "bytes_planned", (double)x->bytes_planned);
     cJSON_AddBoolToObject(o, "from_checkpoint", x->from_checkpoint);
     cJSON_AddStringToObject(o, "pipelines", x->pipelines);

@@ -32,6 +32,22 @@ void pl_dash_feed_poll(pl_dash_feed *f);
 void pl_dash_feed_notice(pl_dash_feed *f, const char *worker, const char *what,
                          const char *detail);
 
+/* What node_hours cost at spot and on-demand $ per node-hour (either 0: unset, its
+ * fields 0), and samples per $ (0 for $0): 1, or 0 when neither price is set. */
+typedef struct {
+    double node_hours, usd, usd_on_demand, samples_per_usd, samples_per_usd_on_demand;
+} pl_dash_cost;
+int pl_dash_cost_of(double node_hours, double samples, double spot, double on_demand,
+                    pl_dash_cost *c);
+
+/* Helpers for events made elsewhere in the feed's format (`pliant simulate --report`):
+ * "a,b" as ["a", "b"] into o[key]; the cost fields of a step event (docs/dashboard.md),
+ * from pl_dash_cost_of (none when it gives 0). */
+struct cJSON;
+void pl_dash_add_names(struct cJSON *o, const char *key, const char *list);
+void pl_dash_cost_fields(struct cJSON *o, double node_hours, double samples, double spot,
+                         double on_demand);
+
 /* Nanoseconds spent in this feed's calls, and how many calls. */
 int64_t pl_dash_feed_cost_ns(const pl_dash_feed *f, int64_t *calls);
 

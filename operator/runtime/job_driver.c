@@ -50,6 +50,9 @@ struct pl_job_driver {
     int rec_reported, steps_reported, recovered_reported;
     int64_t step_ms[RATE_STEPS];     /* times of the last commits, newest first */
     int nstep_ms;
+    /* node time: Σ over live workers of their time, integrated at each poll */
+    int64_t node_ms, node_at_ms;
+    int node_live;
 };
 
 pl_job_driver *pl_job_driver_new(const pl_job_driver_config *cfg, char *err, size_t errlen)
@@ -248,6 +251,15 @@ static void track_checkpoints(pl_job_driver *d)
         d->ckpt_done = pl_coord_last_checkpoint(d->coord);
 }
 
+/* The live workers' time since the last poll, at the count seen then. */
+static void track_node_time(pl_job_driver *d)
+{
+    int64_t now = pl_now_ms();
+    if (d->node_at_ms > 0) d->node_ms += d->node_live * (now - d->node_at_ms);
+    d->node_at_ms = now;
+    d->node_live = pl_coord_live_workers(d->coord);
+}
+
 int pl_job_driver_poll(pl_job_driver *d, int timeout_ms, char *err, size_t errlen)
 {
     if (pl_coord_session_poll(d->session, timeout_ms) < 0)
@@ -255,6 +267,7 @@ int pl_job_driver_poll(pl_job_driver *d, int timeout_ms, char *err, size_t errle
     plan_measured_profile(d);
     track_checkpoints(d);
     track_recovery(d);
+    track_node_time(d);
     return 0;
 }
 
@@ -362,6 +375,8 @@ double pl_job_driver_samples_per_second(const pl_job_driver *d)
     int64_t span = d->step_ms[0] - d->step_ms[d->nstep_ms - 1];
     return span > 0 ? 1000.0 * (d->nstep_ms - 1) * d->job.batch.global / (double)span : 0;
 }
+
+double pl_job_driver_node_hours(const pl_job_driver *d) { return (double)d->node_ms / 3.6e6; }
 
 int pl_job_driver_connected(const pl_job_driver *d)
 {

@@ -131,5 +131,8 @@ int64_t pl_job_driver_recovery_ms(const pl_job_driver *d, int i);
 /* Samples per second over the last committed steps (0 before two). */
 double pl_job_driver_samples_per_second(const pl_job_driver *d);
 int pl_job_driver_connected(const pl_job_driver *d); /* registered workers connected */
+/* Node-hours so far: Σ over workers of their live time (registered, not lost), measured
+ * at each poll; what spec.cost's prices apply to. */
+double pl_job_driver_node_hours(const pl_job_driver *d);
 
 #endif

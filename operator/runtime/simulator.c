@@ -24,6 +24,8 @@ typedef struct {
     pl_coord_config cc;
     int64_t now;
     int nodes_live, nrec_seen;
+    int64_t disrupted_ns;             /* the first trace event since the last recovery; -1: none */
+    int64_t recovering;               /* the reconfiguration awaiting its first commit; -1: none */
     pl_coord_phase_t phase_seen;
     pl_msg msg;
 } sim;
@@ -112,6 +114,7 @@ static void note_reconfigs(sim *s)
     for (; s->nrec_seen < pl_coord_nreconfigs(s->coord); s->nrec_seen++) {
         const pl_coord_reconfig_rec *r = pl_coord_reconfig(s->coord, s->nrec_seen);
         s->res->from_checkpoint += r->from_checkpoint;
+        s->recovering = s->nrec_seen;
         if (!s->cfg->timeline) continue;
         cJSON *o = cJSON_CreateObject();
         if (!o) continue;
@@ -121,8 +124,29 @@ static void note_reconfigs(sim *s)
         cJSON_AddNumberToObject(o, "bytes_planned", (double)r->bytes_planned);
         cJSON_AddBoolToObject(o, "from_checkpoint", r->from_checkpoint);
         cJSON_AddStringToObject(o, "pipelines", r->pipelines);
+        cJSON_AddStringToObject(o, "removed", r->removed);
+        cJSON_AddStringToObject(o, "added", r->added);
         timeline(s, o);
     }
+}
+
+/* The newest reconfiguration's first commit: a "recovered" line with the time from the
+ * first trace event that disrupted the job to that commit. */
+static void note_recovery(sim *s)
+{
+    if (s->recovering < 0) return;
+    const pl_coord_reconfig_rec *r = pl_coord_reconfig(s->coord, (int)s->recovering);
+    if (pl_coord_step(s->coord) <= r->step || pl_coord_phase(s->coord) != PL_COORD_RUNNING) return;
+    int64_t since = s->disrupted_ns >= 0 ? s->disrupted_ns : s->now;
+    s->recovering = s->disrupted_ns = -1;
+    if (!s->cfg->timeline) return;
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return;
+    cJSON_AddStringToObject(o, "event", "recovered");
+    cJSON_AddNumberToObject(o, "generation", (double)r->generation);
+    cJSON_AddNumberToObject(o, "duration_ms", (double)(s->now - since) / NS_PER_MS);
+    cJSON_AddNumberToObject(o, "bytes_copied", (double)r->bytes_copied);
+    timeline(s, o);
 }
 
 /* Every queued coordinator message to its simulated worker. */
@@ -190,6 +214,7 @@ static int pump(sim *s)
     if (pl_sim_workers_schedule(&s->sw, s->now)) return -1;
     if (fast_forward(s)) return -1;
     note_reconfigs(s);
+    note_recovery(s);
     return schedule_ticks(s);
 }
 
@@ -198,6 +223,10 @@ static void node_event(sim *s, const pl_sim_event *e)
     char name[32];
     pl_sim_worker_name(e->node, name, sizeof name);
     pl_sim_worker *w = &s->sw.w[e->node];
+    int live = w->state == PL_SIM_W_LIVE || (e->kind == PL_SIM_EV_REGISTER &&
+                                              w->state == PL_SIM_W_STARTING);
+    if (e->kind != PL_SIM_EV_NODE_ADD && live && s->disrupted_ns < 0 && pl_coord_step(s->coord) > 0)
+        s->disrupted_ns = e->t_ns; /* a loss, notice or join the coordinator sees */
     if (e->kind == PL_SIM_EV_NODE_ADD) {
         s->nodes_live++;
         w->state = PL_SIM_W_STARTING;
@@ -285,7 +314,8 @@ int pl_sim_run(const pl_sim_config *cfg, pl_sim_outcome *res, char *err, size_t 
 {
     memset(res, 0, sizeof *res);
     res->strategy = cfg->strategy->name;
-    sim s = {.cfg = cfg, .res = res, .phase_seen = PL_COORD_WAITING_FOR_WORKERS};
+    sim s = {.cfg = cfg, .res = res, .phase_seen = PL_COORD_WAITING_FOR_WORKERS,
+             .disrupted_ns = -1, .recovering = -1};
     pl_sim_queue_init(&s.q);
     int nodes, peak, rc = -1;
     pl_sim_trace_nodes(cfg->trace, cfg->ntrace, &nodes, &peak);

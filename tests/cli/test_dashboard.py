@@ -7,12 +7,15 @@ Both run 6 workers (2 pipelines of 3 stages) with a kill and an add. The feed te
 5 pages before the job starts training and a sixth after it ended: the early ones get a
 history then live events, the late one the same events as one history; every step,
 plan, reconfiguration, recovery, checkpoint and notice is checked against the metrics
-file, and the dashboard's cost to the coordinator's thread with 5 pages open must stay
+file, so are the dollars and samples per dollar of spec.cost, and the dashboard's cost to the coordinator's thread with 5 pages open must stay
 under 1 % of a step. The browser test loads the page while the job trains, waits for the
 reconfigurations, and checks through the DOM that the pipeline map holds the metrics'
 plan, the loss chart one point per committed step and the timeline every
 reconfiguration. Screenshots go to BUILD/test-output/dashboard/ (recovery.png: the page
-in the middle of a recovery, rendered from the feed's history cut there).
+in the middle of a recovery, rendered from the feed's history cut there). The browser
+also renders `pliant simulate --report` (the same page with one run per strategy):
+each strategy's charts, timeline and cost, chosen with the page's selector
+(simulate.png).
 
 Run: python3 tests/cli/test_dashboard.py --build build [-k SUBSTRING]
 """
@@ -49,6 +52,7 @@ spec:
   steps: {steps}
   evalEvery: 5
   checkpoint: {{dir: {ckpt}, every: 10}}
+  cost: {{spot: 2.0, onDemand: 5.0}}
   profile: synthetic
 """
 
@@ -255,6 +259,23 @@ def check_events(evs, recs):
     check(phases[-1] == "done" and "copying" in phases, "phases %s", phases)
 
 
+def check_cost(evs, recs):
+    """spec.cost: each step event's node-hours grow, its dollars are node-hours × price, its
+    samples per $ the samples trained over them; the metrics' summary has the last word."""
+    steps = [e for e in evs if e["type"] == "step"]
+    hours = [e["node_hours"] for e in steps]
+    check(hours == sorted(hours) and hours[-1] > 0, "node-hours %s", hours[-8:])
+    for e in steps:
+        check(abs(e["usd"] - 2.0 * e["node_hours"]) < 1e-3 and
+              abs(e["usd_on_demand"] - 5.0 * e["node_hours"]) < 1e-3, "cost of %s", e)
+    last = steps[-1]
+    check(abs(last["samples_per_usd"] * last["usd"] - 4 * len(steps)) < 0.01 * 4 * len(steps),
+          "samples per $ of %s (%d steps)", last, len(steps))
+    summary = [r for r in recs if r.get("event") == "summary"][0]
+    check(summary["node_hours"] >= last["node_hours"] - 1e-4 and
+          abs(summary["usd"] - 2.0 * summary["node_hours"]) < 1e-6, "summary %s", summary)
+
+
 @test
 def feed_gives_history_then_live_events_that_match_the_metrics():
     run = Run(write_job("feed", 24), "kill:1@step=6,add:1@step=12")
@@ -279,6 +300,7 @@ def feed_gives_history_then_live_events_that_match_the_metrics():
     for g in got[1:]:
         check(flatten(g) == early, "two pages saw different events")
     check_events(early, run.records())
+    check_cost(early, run.records())
     cost = run.wait_line(r"^dashboard: \d+ pages served", 5)
     m = re.search(r"(\d+) pages served.*\(([\d.]+) us per step, ([\d.]+) % of a step\)", cost)
     check(m and int(m.group(1)) == 5 and float(m.group(3)) < 1.0, "cost: %s", cost)
@@ -421,6 +443,9 @@ def page_in_chromium_shows_the_plan_the_steps_and_the_reconfigurations():
     text = b.eval("document.getElementById('timeline').textContent")
     check("lost w1" in text and "joined w6" in text and "recovered in" in text and
           "kill" in text, "timeline text: %s", text[:500])
+    cost = b.eval("document.getElementById('cost-card').hidden ? '' : "
+                  "document.getElementById('cost-card').textContent")
+    check("$" in cost and "samples/$" in cost and "on demand" in cost, "cost card: %r", cost)
     # the page in the middle of a recovery, from the feed's history (a static report)
     feed = WS(run.port, "/feed", "pliant-dashboard")
     history = json.loads(feed.recv())["events"]
@@ -439,6 +464,87 @@ def page_in_chromium_shows_the_plan_the_steps_and_the_reconfigurations():
     b.screenshot(os.path.join(out, "recovery.png"))
     run.stop()
     print("# screenshots in %s" % out)
+
+
+SIM_JOB = """\
+apiVersion: pliant.dev/v1alpha1
+kind: TrainingJob
+metadata:
+  name: simjob
+spec:
+  model: {{layers: 4, channels: 64, heads: 2, vocabSize: 256, maxSeqLen: 64}}
+  data: {{train: /nowhere/x_*.bin}}
+  batch: {{global: {batch}, micro: {micro}, seqLen: 32}}
+  steps: 100
+  checkpoint: {{dir: /nowhere/ckpt, every: 10}}
+  faultTolerance: {{tolerate: 1, maxResets: 0}}
+  cost: {{spot: 2.0, onDemand: 5.0}}
+  profile: {profile}
+"""
+
+SIM_TRACE = "".join("0,add,node%d\n" % i for i in range(6)) + \
+    "600000,remove,node2\n900000,remove,node4\n960000,add,node6\n3600000,remove,node0\n"
+
+
+def simulate_report():
+    """`pliant simulate --report` of every strategy over a one-hour trace: its path and
+    the runs built into it ({name: [events]})."""
+    profile = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples",
+                           "profiles", "tiny.json")
+    with open(profile) as f:
+        micro = json.load(f)["microbatch_size"]
+    job, trace = os.path.join(suite.tmp, "sim.yaml"), os.path.join(suite.tmp, "trace.csv")
+    with open(job, "w") as f:
+        f.write(SIM_JOB.format(batch=16 * micro, micro=micro, profile=profile))
+    with open(trace, "w") as f:
+        f.write(SIM_TRACE)
+    report = os.path.join(out_dir(), "simulate.html")
+    rc, out, err = suite.run("simulate", job, "--trace", trace, "--report", report, timeout=60)
+    check(rc == 0, "simulate: status %d: %s", rc, err)
+    with open(report) as f:
+        m = re.search(r'<script id="pliant-history" type="application/json">(.*?)</script>',
+                      f.read(), re.S)
+    return report, {r["name"]: r["events"] for r in json.loads(m.group(1))["runs"]}
+
+
+def check_sim_run(b, events):
+    """The page shows this run: one tokens/s point per step event, its reconfigurations
+    recovered in the timeline, its dollars."""
+    pts = b.eval("document.querySelector('#tps-chart polyline.tps').points.numberOfItems")
+    nsteps = len([e for e in events if e["type"] == "step"])
+    check(pts == nsteps, "tokens/s chart: %s points, %d step events", pts, nsteps)
+    nrec = b.eval("document.querySelectorAll('#timeline li.reconfig').length")
+    want = len([e for e in events if e["type"] == "reconfig"])
+    check(nrec == want > 0, "timeline: %s reconfigurations, %d events", nrec, want)
+    text = b.eval("document.getElementById('timeline').textContent")
+    check("recovered in" in text and "recovering" not in text, "timeline: %s", text[:300])
+    cost = b.eval("document.getElementById('cost-card').hidden ? '' : "
+                  "document.getElementById('cost-card').textContent")
+    check("$" in cost and "samples/$" in cost and "on demand" in cost, "cost card: %r", cost)
+
+
+@test
+def simulate_report_in_chromium_shows_each_strategy():
+    exe = chromium()
+    if not exe:
+        raise Skip("chromium not installed (Debian: apt-get install chromium)")
+    report, runs = simulate_report()
+    names = list(runs)
+    check(len(names) >= 2, "runs %s", names)
+    b = Browser(exe)
+    b.call("Page.enable")
+    b.call("Page.navigate", url="file://" + report)
+    b.wait("(document.getElementById('conn') || {}).textContent === 'report' && "
+           "!!document.querySelector('#tps-chart polyline')", 20, "the report")
+    opts = b.eval("[...document.querySelectorAll('#runs option')].map(o => o.textContent)")
+    check(opts == names, "the selector offers %s, runs %s", opts, names)
+    check_sim_run(b, runs[names[0]])
+    b.screenshot(os.path.join(out_dir(), "simulate.png"))
+    b.eval("(() => { const s = document.getElementById('runs'); s.value = '1';"
+           " s.dispatchEvent(new Event('change')); return 1; })()")
+    check(b.eval("document.getElementById('strategy').textContent").startswith(names[1]),
+          "the page did not switch to %s", names[1])
+    check_sim_run(b, runs[names[1]])
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ simultaneous kills with F = 2; a worker with a wrong token and malformed or
 oversized control messages refused without harm to the job; the validation loss
 the workers compute (evalEvery) equal to train's with one and two pipelines;
 spec.profile auto measured by a worker; a job resumed from the checkpoint its
-workers report.
+workers report; spec.cost's dollars and samples per dollar in the summaries.
 
 Run: python3 tests/cli/test_run_cli.py --build build [-k SUBSTRING]
 """
@@ -487,6 +487,33 @@ def sigterm_notice_moves_the_worker_out_at_a_step_boundary():
     check(len(rec) == 1 and rec[0]["removed"] == ["w1"] and "leav" in rec[0]["cause"],
           "reconfigure lines: %s", rec)
     check("killed by signal" not in out + err, "w1 was killed, not stopped:\n%s", out[-1500:])
+
+
+@test
+def spec_cost_gives_dollars_in_the_summary():
+    """spec.cost: the summary line and the metrics' summary give node-hours (the workers'
+    live time), dollars spot and on demand and samples per dollar."""
+    steps = 6
+    job = write_job("cost", steps=steps, extra="  cost: {spot: 2.0, onDemand: 5.0}\n")
+    m = job + ".metrics.jsonl"
+    rc, out, err = run("run", job, "--workers", 2, "--metrics", m, "--threads", 1)
+    check(rc == 0, "run failed (%d): %s", rc, err[-1500:])
+    s = events(m, "summary")[0]
+    hours = s["node_hours"]
+    check(0 < hours <= 2 * s["seconds"] / 3600 * 1.2, "node-hours %s", s)
+    check(abs(s["usd"] - 2.0 * hours) < 1e-6 and abs(s["usd_on_demand"] - 5.0 * hours) < 1e-6,
+          "dollars %s", s)
+    check(abs(s["samples_per_usd"] - 8 * steps / s["usd"]) < 1e-3 * s["samples_per_usd"] and
+          abs(s["samples_per_usd_on_demand"] - 8 * steps / s["usd_on_demand"]) <
+          1e-3 * s["samples_per_usd_on_demand"], "samples per $ %s", s)
+    line = [l for l in out.splitlines() if l.startswith("summary: ")]
+    mm = line and re.search(r", ([\d.]+) node-hours, \$([\d.]+) spent, ([\d.]+) samples per \$ "
+                            r"\(\$([\d.]+) on demand, ([\d.]+) samples per \$\)$", line[0])
+    check(mm and abs(float(mm.group(2)) - s["usd"]) < 1e-4, "summary line %s", line)
+    plain = write_job("nocost", steps=2)
+    rc, out, err = run("run", plain, "--workers", 2, "--metrics", plain + ".m", "--threads", 1)
+    check(rc == 0 and "spent" not in out and "usd" not in events(plain + ".m", "summary")[0],
+          "no spec.cost, yet dollars (%d): %s %s", rc, out[-500:], err[-500:])
 
 
 @test

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Command-line tests of `pliant simulate`: a small job (the tiny example profile) on a
 trace written here, in both trace formats, every strategy: the summary lines, the
-timeline's JSON lines, the offline HTML report (inline SVG, no external reference),
+timeline's JSON lines, the report (the dashboard's page with each strategy's run built in:
+its events, the charts' elements, no external reference),
 --scale, spec.cost as the default prices and --price over it, bad input refused naming
 the flag or field. Each run takes well under a second.
 
@@ -89,11 +90,39 @@ def all_strategies_summary_timeline_report():
     kinds = {r["event"] for r in rows}
     check({"add", "remove", "reconfigure", "end"} <= kinds, "timeline events %s", kinds)
     check({r["strategy"] for r in rows} == {"templates", "checkpoint"}, "strategies in the timeline")
-    with open(html) as f:
+    check_report(html, s)
+
+
+def report_runs(path):
+    """The page's text and the runs built into it ({name: [events]})."""
+    with open(path) as f:
         page = f.read()
-    check(page.count("<svg") >= 3 and "templates" in page and "checkpoint" in page, "report: %s",
-          page[:300])
+    m = re.search(r'<script id="pliant-history" type="application/json">(.*?)</script>', page, re.S)
+    check(m, "no history in the report")
+    return page, {r["name"]: r["events"] for r in json.loads(m.group(1))["runs"]}
+
+
+def check_report(path, s):
+    page, runs = report_runs(path)
+    check(set(runs) == {"templates", "checkpoint"}, "runs in the report: %s", list(runs))
+    for el in ('id="loss-chart"', 'id="tps-chart"', 'id="map"', 'id="timeline"', 'id="runs"',
+               "PliantDashboard"):
+        check(el in page, "the report lacks the dashboard's %s", el)
     check(not re.search(r"(src|href)=\"(https?:)?//", page), "the report references the network")
+    for name, evs in runs.items():
+        types = [e["type"] for e in evs]
+        check(types[0] == "hello" and evs[0]["strategy"] == name, "%s: first %s", name, evs[0])
+        check({"step", "reconfig", "recovered", "notice", "phase"} <= set(types), "%s: %s", name,
+              set(types))
+        steps = [e for e in evs if e["type"] == "step"]
+        check(all(e["tokens_per_second"] >= 0 for e in steps), "%s: tokens/s", name)
+        last = steps[-1]
+        check(abs(last["usd"] - s[name][4]) < 0.05 and last["usd_on_demand"] > last["usd"],
+              "%s: $ %s, summary %s", name, last, s[name])
+        check(abs(last["node_hours"] - s[name][3]) < 0.05, "%s: node-hours %s", name, last)
+        check(last["samples_per_usd"] > 0, "%s: samples per $ %s", name, last)
+        times = [e["t"] for e in evs]
+        check(times == sorted(times), "%s: events out of time order", name)
 
 
 @test

@@ -133,6 +133,7 @@
                    .map(function (s) { return [s.step, s.val_loss]; });
     var series = [{ cls: "train", points: train }];
     if (val.length) series.push({ cls: "val", points: val, dots: true });
+    $("loss-fig").hidden = !!(st.hello && st.hello.simulated); /* a simulation has no loss */
     lineChart($("loss-chart"), series, markers, 0, x1);
     lineChart($("tps-chart"), [{ cls: "tps", points: steps.map(function (s) {
       return [s.step, s.tokens_per_second]; }) }], markers, 0, x1);
@@ -142,6 +143,7 @@
 
   function renderMap(st) {
     var plan = st.plan;
+    $("map-section").hidden = !plan && !!(st.hello && st.hello.simulated);
     if (!plan) return;
     var nl = plan.layers || 0;
     plan.workers.forEach(function (w) { if (w.layers.length) nl = Math.max(nl, w.layers[1]); });
@@ -258,6 +260,20 @@
     $("plan").textContent = st.plan ? "generation " + st.plan.generation + ", " +
       pipelinesOf(st.plan) : "–";
     $("nreconfigs").textContent = String(st.reconfigs.length);
+    renderCost(last);
+  }
+
+  /* Dollars and samples per dollar, where the job sets spec.cost (the step's fields). */
+  function renderCost(last) {
+    var spot = last && last.usd !== undefined, od = last && last.usd_on_demand !== undefined;
+    $("cost-card").hidden = !(spot || od);
+    if (!(spot || od)) return;
+    function part(usd, per) {
+      return "$" + (usd > 0 && usd < 0.01 ? usd.toPrecision(2) : usd.toFixed(2)) + (per !== undefined ? ", " + fmtNum(per) + " samples/$" : "");
+    }
+    $("cost").textContent = spot ? part(last.usd, last.samples_per_usd) : "–";
+    $("cost-od").textContent = od ? "on demand: " +
+      part(last.usd_on_demand, last.samples_per_usd_on_demand) : "";
   }
 
   function render(st) {
@@ -294,17 +310,40 @@
     };
   }
 
-  function start() {
+  /* A static page's run: a fresh state from its events, drawn on a cleared map. */
+  function showRun(events) {
     var st = newState();
     window.pliantState = st; /* for the tests and the curious */
-    var embedded = document.getElementById("pliant-history");
-    if (embedded) {
-      JSON.parse(embedded.textContent).forEach(function (e) { apply(st, e); });
-      setConn("report", false);
-      render(st);
-    } else {
-      connect(st);
+    events.forEach(function (e) { apply(st, e); });
+    $("map").tHead.dataset.layers = "";
+    $("map").tHead.innerHTML = "";
+    $("map").tBodies[0].innerHTML = "";
+    render(st);
+    return st;
+  }
+
+  /* The history built into the page: an array of events (one run) or {"runs": [{name,
+   * events}]}, the runs chosen with the selector. */
+  function startStatic(embedded) {
+    var h = JSON.parse(embedded.textContent), runs = Array.isArray(h) ? [{ events: h }] : h.runs;
+    var sel = $("runs"), st = showRun(runs.length ? runs[0].events : []);
+    setConn("report", false);
+    if (runs.length > 1) {
+      sel.innerHTML = runs.map(function (r, i) {
+        return '<option value="' + i + '">' + esc(r.name) + "</option>";
+      }).join("");
+      sel.hidden = false;
+      sel.onchange = function () { st = showRun(runs[sel.value].events); };
     }
+    window.addEventListener("resize", function () { render(st); });
+  }
+
+  function start() {
+    var embedded = document.getElementById("pliant-history");
+    if (embedded) return startStatic(embedded);
+    var st = newState();
+    window.pliantState = st; /* for the tests and the curious */
+    connect(st);
     window.addEventListener("resize", function () { render(st); });
   }
 
