@@ -271,7 +271,8 @@ bench-kernels: $(BUILD)/bench/kernels_bench
 	$(BUILD)/bench/kernels_bench
 bench-comm: $(BUILD)/bench/comm_bench
 	$(BUILD)/bench/comm_bench
-# Spot-trace replay, templates vs checkpoint (about 4 minutes; SPEEDUP: trace compression)
+# Spot-trace replay of the p3 and g4dn traces with a pipelined model, strategies templates,
+# redundant and checkpoint (about 6 minutes; SPEEDUP: trace compression, default 1000)
 bench-trace: $(BUILD)/bin/pliant $(BUILD)/bench/comm_bench
 	$(PYTHON) bench/trace_bench.py --build $(BUILD) $(if $(SPEEDUP),--speedup $(SPEEDUP))
 
