@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "control_server.h"
+#include "job_cost.h"
 #include "job_driver.h"
 #include "job_metrics.h"
 #include "job_objects.h"
@@ -45,6 +46,7 @@ typedef struct cpod {
     char zone[64];  /* its node's topology.kubernetes.io/zone; "" unknown */
     int deleting, gone_reported, counted;
     int fenced;     /* deleted because the coordinator lost its worker while it still ran */
+    pl_pod_clock clock; /* its node billed while it runs (spec.cost) */
     struct cpod *next;
 } cpod;
 
@@ -76,6 +78,8 @@ typedef struct cjob {
     int64_t start_ms, end_ms;   /* startTime and completionTime on pl_now_ms()'s clock */
     char start_time[40], completion_time[40], last_ckpt_time[40], last_reconfig_time[40];
     int profile_saved;          /* status.profile holds the profile a worker measured */
+    int64_t node_ms;            /* node time of worker Pods' running intervals that ended */
+    double samples;             /* committed samples (step × batch.global), the latest known */
     struct cjob *next;
 } cjob;
 
@@ -321,6 +325,27 @@ static const char *stored_profile(const cjob *j)
     return text && !strcmp(j->spec.profile, "auto") ? text : NULL;
 }
 
+/* What the job's nodes cost so far: the ended intervals and those still open. */
+static pl_job_cost job_cost(const cjob *j)
+{
+    int64_t now = pl_now_ms(), ms = j->node_ms;
+    for (const cpod *p = j->pods; p; p = p->next) ms += pl_pod_clock_open_ms(&p->clock, now);
+    return pl_job_cost_of(&j->spec.cost, ms, j->samples);
+}
+
+/* status.cost (spec.cost set). */
+static void add_cost_status(cJSON *s, const cjob *j)
+{
+    if (!j->have_spec || !pl_job_cost_enabled(&j->spec.cost)) return;
+    pl_job_cost k = job_cost(j);
+    cJSON *o = cJSON_AddObjectToObject(s, "cost");
+    cJSON_AddNumberToObject(o, "nodeHours", round(k.node_hours * 1e6) / 1e6);
+    cJSON_AddNumberToObject(o, "dollars", round(k.dollars * 1e6) / 1e6);
+    cJSON_AddNumberToObject(o, "onDemandDollars", round(k.on_demand_dollars * 1e6) / 1e6);
+    cJSON_AddNumberToObject(o, "samples", j->samples);
+    cJSON_AddNumberToObject(o, "samplesPerDollar", round(k.samples_per_dollar));
+}
+
 static cJSON *status_json(pl_controller *c, cjob *j)
 {
     cJSON *s = cJSON_CreateObject();
@@ -398,6 +423,7 @@ static cJSON *status_json(pl_controller *c, cjob *j)
     if (j->start_time[0]) cJSON_AddStringToObject(s, "startTime", j->start_time);
     else cJSON_AddNullToObject(s, "startTime"); /* reset by a suspension */
     if (j->completion_time[0]) cJSON_AddStringToObject(s, "completionTime", j->completion_time);
+    add_cost_status(s, j);
     (void)c;
     return s;
 }
@@ -437,6 +463,14 @@ static void update_job_metrics(pl_controller *c, cjob *j)
         int64_t vstep;
         s.validation_loss = pl_job_driver_validation_loss(j->rt, &vstep);
     }
+    if (j->have_spec && pl_job_cost_enabled(&j->spec.cost)) {
+        pl_job_cost k = job_cost(j);
+        s.has_cost = 1;
+        s.node_hours = k.node_hours;
+        s.dollars = k.dollars;
+        s.on_demand_dollars = k.on_demand_dollars;
+        s.samples_per_dollar = k.samples_per_dollar;
+    }
     pl_job_metrics_set(c->cfg.metrics, j->ns, j->name, &s);
 }
 
@@ -445,6 +479,8 @@ static void update_job_metrics(pl_controller *c, cjob *j)
 static int write_status(pl_controller *c, cjob *j)
 {
     if (!j->obj) return 0;
+    if (j->rt && j->have_spec) /* the samples spec.cost prices */
+        j->samples = (double)pl_coord_step(pl_job_driver_coord(j->rt)) * j->spec.batch.global;
     update_phase_gauges(c);
     update_job_metrics(c, j);
     cJSON *s = status_json(c, j);
@@ -756,6 +792,8 @@ static void pod_event(pl_controller *c, pl_watch_event ev, const cJSON *pod)
     snprintf(p->phase, sizeof p->phase, "%s", phase ? phase : "Pending");
     p->deleting = pl_kube_field(pod, "metadata.deletionTimestamp") != NULL;
     count_pod(j, p, ev, disrupted(pod));
+    pl_pod_clock_set(&p->clock, ev != PL_WATCH_DELETED && !strcmp(p->phase, "Running"),
+                     pl_now_ms(), &j->node_ms);
     /* a deleting Pod's worker got SIGTERM and leaves at a step boundary; the Pod's
      * end is a loss if it has not left by then */
     int ended = ev == PL_WATCH_DELETED || !strcmp(p->phase, "Failed") ||
@@ -872,6 +910,16 @@ static pl_job_objects job_objects(const pl_controller *c, const cjob *j, const c
                             coordinator, NULL, 0};
 }
 
+/* status.cost of the last leader: the node time and samples it counted. */
+static void restore_cost(cjob *j)
+{
+    const cJSON *cost = cJSON_GetObjectItem(cJSON_GetObjectItem(j->obj, "status"), "cost");
+    const cJSON *h = cJSON_GetObjectItem(cost, "nodeHours");
+    const cJSON *n = cJSON_GetObjectItem(cost, "samples");
+    if (cJSON_IsNumber(h) && h->valuedouble > 0) j->node_ms += (int64_t)(h->valuedouble * 3.6e6);
+    if (cJSON_IsNumber(n) && n->valuedouble > 0) j->samples = n->valuedouble;
+}
+
 /* The first reconcile of a job by this process: its spec parsed, and what its status
  * recorded (phase, Pods failed and preempted, start and completion times) taken up, so
  * that a new leader goes on where the last one stopped. */
@@ -889,6 +937,7 @@ static void first_look(pl_controller *c, cjob *j)
     j->failed_pods = (int)pl_json_int_or(failed, 0, INT_MAX, j->failed_pods);
     j->preempted = (int)pl_json_int_or(preempted, 0, INT_MAX, j->preempted);
     j->owed = j->streak = 0; /* Pods listed before: replaced by the last leader, or now */
+    restore_cost(j);
     const char *t0 = pl_kube_field(j->obj, "status.startTime");
     const char *t1 = pl_kube_field(j->obj, "status.completionTime");
     if (t0 && (j->start_ms = pl_rfc3339_to_now_ms(t0, pl_now_ms())) != PL_NO_TIME)

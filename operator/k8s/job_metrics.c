@@ -29,6 +29,20 @@ static void gauge(pl_metrics *m, const char *name, const char *help, const char 
     if (isfinite(v)) pl_metrics_gauge_set(m, name, help, lab, v);
 }
 
+/* The cost series (spec.cost set); samples per dollar once a dollar is spent. */
+static void set_cost(pl_metrics *m, const char *lab, const pl_job_sample *s)
+{
+    gauge(m, "pliant_job_node_hours", "Node-hours of the job's running worker Pods", lab,
+          s->node_hours);
+    gauge(m, "pliant_job_dollars", "Node-hours at the spot price (spec.cost.spot)", lab,
+          s->dollars);
+    gauge(m, "pliant_job_on_demand_dollars",
+          "Node-hours at the on-demand price (spec.cost.onDemand)", lab, s->on_demand_dollars);
+    if (s->dollars > 0)
+        gauge(m, "pliant_job_samples_per_dollar", "Committed training samples per spot dollar",
+              lab, s->samples_per_dollar);
+}
+
 void pl_job_metrics_set(pl_metrics *m, const char *ns, const char *name, const pl_job_sample *s)
 {
     if (!m) return;
@@ -51,6 +65,7 @@ void pl_job_metrics_set(pl_metrics *m, const char *ns, const char *name, const p
     gauge(m, "pliant_loss", "Training loss of the last committed step", lab, s->loss);
     gauge(m, "pliant_validation_loss", "Loss on spec.data.val of the last evaluation", lab,
           s->validation_loss);
+    if (s->has_cost) set_cost(m, lab, s);
 }
 
 void pl_job_metrics_steps(pl_metrics *m, const char *ns, const char *name, int steps,

@@ -14,6 +14,10 @@
  *   pliant_validation_loss          gauge    loss on spec.data.val of the last evaluation
  *   pliant_steps_total              counter  committed steps (pl_job_metrics_steps)
  *   pliant_samples_per_second       gauge    training throughput (pl_job_metrics_steps)
+ *   pliant_job_node_hours           gauge    node-hours of the job's running worker Pods  } only with
+ *   pliant_job_dollars              gauge    those node-hours at spec.cost.spot           } spec.cost
+ *   pliant_job_on_demand_dollars    gauge    the same at spec.cost.onDemand              } (has_cost)
+ *   pliant_job_samples_per_dollar   gauge    committed samples per spot dollar           }
  *
  * A gauge whose value is unknown (NaN: no step yet, no evaluation yet) is not written. */
 #ifndef PLIANT_JOB_METRICS_H
@@ -29,6 +33,8 @@ typedef struct {
     int workers_desired, workers_ready;
     int64_t preemptions, failed_pods, reconfigurations, checkpoints, checkpoint_step;
     double loss, validation_loss; /* NaN: unknown */
+    int has_cost;                 /* spec.cost set: the cost series below are written */
+    double node_hours, dollars, on_demand_dollars, samples_per_dollar;
 } pl_job_sample;
 
 /* `trainingjob_namespace="NS",trainingjob="NAME"` (values escaped) into buf. */

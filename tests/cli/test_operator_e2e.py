@@ -10,7 +10,7 @@ started for the whole file, then one operator watching namespace `default` (writ
 each job's EndpointSlice with address 127.0.0.1 and a NetworkPolicy per job).
   crd_applies_and_kubectl_shows_the_columns     kubectl apply -f crds/; a job; kubectl get tj columns
   invalid_manifests_are_rejected_by_the_schema  kubectl apply refused, message naming the field
-  job_runs_to_succeeded                         status, Events, Secret/Service/Pods, metrics
+  job_runs_to_succeeded                         status (cost too), Events, Secret/Service/Pods, metrics
   deleted_worker_pod_is_replaced_without_restart     a Pod deleted mid-training
   deleted_node_loses_two_pods_without_restart        a Node deleted (F = 2, 5 Pods)
   invalid_spec_gets_a_failed_condition          specs beyond the schema
@@ -522,7 +522,7 @@ def job_runs_to_succeeded():
     /readyz and /metrics answer."""
     op = operator()
     steps = 100
-    apply(job_manifest("basic", steps))
+    apply(job_manifest("basic", steps, extra="  cost: {spot: 0.918, onDemand: 3.06}\n"))
     st = wait_status("basic", "Succeeded", succeeded, 90)
     note_rate(st)
     tj = get_tj("basic")
@@ -616,7 +616,26 @@ def job_runs_to_succeeded():
     check(e2e.metric_sum(samples, "pliant_steps_total") >= steps, "pliant_steps_total %s < %d",
           e2e.metric_sum(samples, "pliant_steps_total"), steps)
     check_job_metrics(samples, text, "basic", steps)
+    check_cost(st, samples, "basic", steps * 8)
     check(op.alive(), "the operator exited")
+
+
+def check_cost(st, samples, job, trained):
+    """status.cost (spec.cost: $0.918 spot, $3.06 on demand per node-hour): the node-hours
+    of the worker Pods priced at both rates, the samples of the committed steps and their
+    samples per dollar; the same figures on /metrics."""
+    cost = st.get("cost") or {}
+    hours = cost.get("nodeHours") or 0
+    check(0 < hours < 1, "status.cost.nodeHours %s: %s", hours, cost)
+    check(abs(cost.get("dollars", -1) - 0.918 * hours) < 1e-5 and
+          abs(cost.get("onDemandDollars", -1) - 3.06 * hours) < 1e-5, "status.cost dollars: %s", cost)
+    check(cost.get("samples") == trained, "status.cost.samples %s, want %d", cost.get("samples"), trained)
+    check(abs(cost.get("samplesPerDollar", 0) * cost["dollars"] / trained - 1) < 0.01, "samplesPerDollar: %s",
+          cost)  # dollars are rounded to 1e-6
+    lab = {"trainingjob": job, "trainingjob_namespace": NS}
+    for name in ("pliant_job_node_hours", "pliant_job_dollars", "pliant_job_on_demand_dollars",
+                 "pliant_job_samples_per_dollar"):
+        check((e2e.metric_sum(samples, name, **lab) or 0) > 0, "/metrics lacks %s%s", name, lab)
 
 
 def disrupt_and_finish(job, steps, threshold, disrupt, lost, timeout=150):
