@@ -473,24 +473,3 @@ int pl_dashboard_write_runs(FILE *f, const pl_dashboard_run *runs, int n)
     }
     return rc ? -1 : 0;
 }
-
-int pl_dashboard_write_static(FILE *f, const char *const *events, int n)
-{
-    pl_dashboard_run run = {.name = NULL, .events = events, .n = n};
-    return pl_dashboard_write_runs(f, &run, 1);
-}
-
-int pl_dashboard_write_report(pl_dashboard *d, FILE *f)
-{
-    pthread_mutex_lock(&d->mu);
-    const char **ev = malloc((d->n ? d->n : 1) * sizeof *ev);
-    int rc = -1;
-    if (ev) {
-        for (size_t i = 0; i < d->n; i++)
-            ev[i] = d->ev[i].text;
-        rc = pl_dashboard_write_static(f, ev, (int)d->n);
-        free(ev);
-    }
-    pthread_mutex_unlock(&d->mu);
-    return rc;
-}

@@ -43,10 +43,6 @@ int pl_dashboard_port(const pl_dashboard *d);
 /* Pages connected to the feed now, and since the start. */
 int pl_dashboard_pages(const pl_dashboard *d, int *total);
 
-/* The page with a history built in (no feed: `pliant simulate --report`, a job's final
- * page kept as a file): events[0..n) as the feed's history gives them. 0, or -1 on a
- * write error. */
-int pl_dashboard_write_static(FILE *f, const char *const *events, int n);
 /* One run of a static page with several (`pliant simulate --report`: one per strategy):
  * its name, for the page's selector, and its events in the feed's format. */
 typedef struct {
@@ -54,9 +50,8 @@ typedef struct {
     const char *const *events;
     int n;
 } pl_dashboard_run;
-/* The page with runs[0..n) built in, the first shown, the others a choice away. */
+/* The page with runs[0..n) built in (no feed), the first shown, the others a choice away.
+ * 0, or -1 on a write error. */
 int pl_dashboard_write_runs(FILE *f, const pl_dashboard_run *runs, int n);
-/* The same with every event this dashboard published. */
-int pl_dashboard_write_report(pl_dashboard *d, FILE *f);
 
 #endif
