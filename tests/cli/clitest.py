@@ -121,6 +121,23 @@ class Suite:
         return 1 if failures else 0
 
 
+def websocket_upgrade(sock, port, path, protocol=None):
+    """The client's side of a WebSocket upgrade (RFC 6455) on a connected socket."""
+    key = base64.b64encode(os.urandom(16)).decode()
+    req = ("GET %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUpgrade: websocket\r\n"
+           "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n"
+           % (path, port, key))
+    if protocol:
+        req += "Sec-WebSocket-Protocol: %s\r\n" % protocol
+    sock.sendall((req + "\r\n").encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = sock.recv(1)
+        check(chunk, "connection closed during the upgrade")
+        head += chunk
+    check(head.startswith(b"HTTP/1.1 101"), "upgrade refused: %r", head[:200])
+
+
 class WebSocket:
     """A minimal client of the control channel (TLS + RFC 6455, masked frames), for
     sending what a real worker never would."""
@@ -129,17 +146,7 @@ class WebSocket:
         ctx = ssl.create_default_context(cafile=ca)
         ctx.check_hostname = False
         self.s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10))
-        key = base64.b64encode(os.urandom(16)).decode()
-        self.s.sendall(("GET /control HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUpgrade: websocket\r\n"
-                        "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\n"
-                        "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: pliant.v1\r\n\r\n"
-                        % (port, key)).encode())
-        head = b""
-        while b"\r\n\r\n" not in head:
-            chunk = self.s.recv(1)
-            check(chunk, "connection closed during the upgrade")
-            head += chunk
-        check(head.startswith(b"HTTP/1.1 101"), "upgrade refused: %r", head[:200])
+        websocket_upgrade(self.s, port, "/control", "pliant.v1")
 
     def _read(self, n):
         data = b""

@@ -34,7 +34,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from clitest import SHAKESPEARE, Skip, Suite, check  # noqa: E402
+from clitest import SHAKESPEARE, Skip, Suite, check, websocket_upgrade  # noqa: E402
 
 suite = Suite("dashboard", needs=[SHAKESPEARE])
 test = suite.test
@@ -128,19 +128,7 @@ class WS:
 
     def __init__(self, port, path, protocol=None, timeout=30):
         self.s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        key = base64.b64encode(os.urandom(16)).decode()
-        req = ("GET %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUpgrade: websocket\r\n"
-               "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n"
-               % (path, port, key))
-        if protocol:
-            req += "Sec-WebSocket-Protocol: %s\r\n" % protocol
-        self.s.sendall((req + "\r\n").encode())
-        head = b""
-        while b"\r\n\r\n" not in head:
-            chunk = self.s.recv(1)
-            check(chunk, "connection closed during the upgrade")
-            head += chunk
-        check(head.startswith(b"HTTP/1.1 101"), "upgrade refused: %r", head[:200])
+        websocket_upgrade(self.s, port, path, protocol)
 
     def _read(self, n):
         data = b""
