@@ -27,6 +27,8 @@ import subprocess
 import sys
 import tempfile
 
+from bench_data import shakespeare_shards
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = """\
 apiVersion: pliant.dev/v1alpha1
@@ -136,12 +138,7 @@ def main():
     a = ap.parse_args()
     pliant = os.path.join(a.build, "bin", "pliant")
     tmp = tempfile.mkdtemp(prefix="pliant-rcoverhead-")
-    text = os.path.join(tmp, "ts.txt")
-    with open(os.path.join(os.path.dirname(REPO), "shared", "data", "tinyshakespeare.txt"),
-              "rb") as src, open(text, "wb") as dst:
-        dst.write(src.read(200000))
-    data = os.path.join(tmp, "ts")
-    subprocess.run([pliant, "tokenize", "--bytes", text, data], check=True, capture_output=True)
+    data = shakespeare_shards(pliant, tmp, 200000)
     profile = make_profile(pliant, tmp, data)
     print("%-9s %4s %9s %8s %8s %9s %12s %12s %8s" % (
         "run", "rep", "pipelines", "median", "fastest", "overhead", "frc_ms/step",

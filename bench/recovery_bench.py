@@ -19,6 +19,8 @@ import subprocess
 import sys
 import tempfile
 
+from bench_data import shakespeare_shards
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = """\
 apiVersion: pliant.dev/v1alpha1
@@ -64,12 +66,7 @@ def main():
     a = ap.parse_args()
     pliant = os.path.join(a.build, "bin", "pliant")
     tmp = tempfile.mkdtemp(prefix="pliant-recovery-")
-    text = os.path.join(tmp, "ts.txt")
-    with open(os.path.join(os.path.dirname(REPO), "shared", "data", "tinyshakespeare.txt"),
-              "rb") as src, open(text, "wb") as dst:
-        dst.write(src.read(200000))
-    data = os.path.join(tmp, "ts")
-    subprocess.run([pliant, "tokenize", "--bytes", text, data], check=True, capture_output=True)
+    data = shakespeare_shards(pliant, tmp, 200000)
     print("%-10s %4s %9s %8s %12s %13s %10s %11s" % (
         "strategy", "run", "pipelines", "step_ms", "duration_ms", "bytes_copied", "restart_at",
         "checkpoint"))

@@ -29,6 +29,8 @@ import subprocess
 import sys
 import tempfile
 
+from bench_data import shakespeare_shards
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPES = {  # layers, channels, max sequence length; the vocabulary is GPT-2's, padded
     "gpt2-124m": (12, 768, 1024),
@@ -131,12 +133,7 @@ def main():
     a = ap.parse_args()
     pliant = os.path.join(a.build, "bin", "pliant")
     tmp = tempfile.mkdtemp(prefix="pliant-recsize-")
-    text = os.path.join(tmp, "ts.txt")
-    with open(os.path.join(os.path.dirname(REPO), "shared", "data", "tinyshakespeare.txt"),
-              "rb") as src, open(text, "wb") as dst:
-        dst.write(src.read(200000))
-    data = os.path.join(tmp, "ts")
-    subprocess.run([pliant, "tokenize", "--bytes", text, data], check=True, capture_output=True)
+    data = shakespeare_shards(pliant, tmp, 200000)
     print("link: comm_bench's send/recv over one stream (200 MB), default frame protection, "
           "measured right before each run; net: the receiver of the most bytes")
     print("%-10s %3s %-11s %8s %11s %9s %8s %8s %7s %7s %7s %9s %9s %6s %9s %6s" % (
