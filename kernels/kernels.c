@@ -206,9 +206,9 @@ void kn_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, co
           k->ops->matmul_backward(k, dinp, dweight, dbias, dout, inp, weight, BT, C, OC));
 }
 
-size_t kn_attention_state_floats(kn_ctx *k, int B, int T, int NH)
+size_t kn_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH)
 {
-    return k->ops->attention_state_floats(k, B, T, NH);
+    return k->ops->attention_state_floats(k, B, T, C, NH);
 }
 
 void kn_attention_forward(kn_ctx *k, float *out, float *att, const float *qkv, int B, int T,

@@ -129,9 +129,10 @@ void kn_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias
  * channels); out is [B, T, C] (overwritten); att, of kn_attention_state_floats
  * floats, is what the backend keeps for backward: the CPU saves the softmax
  * probabilities [B, NH, T, T] (row t uses columns 0..t); CUDA runs a fused
- * (flash) attention that keeps only each row's log-sum-exp [B, NH, T], so no
- * T×T matrix reaches memory. Scale 1/sqrt(hs). */
-size_t kn_attention_state_floats(kn_ctx *k, int B, int T, int NH);
+ * (flash) attention that keeps each row's log-sum-exp [B, NH, T] (and, in
+ * bf16 mode, the bf16 q, k, v its kernels read), so no T×T matrix reaches
+ * memory. Scale 1/sqrt(hs). */
+size_t kn_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH);
 void kn_attention_forward(kn_ctx *k, float *out, float *att, const float *qkv, int B, int T,
                           int C, int NH);
 /* dqkv += gradient of the attention w.r.t. qkv. out is the forward's output

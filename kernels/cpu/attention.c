@@ -118,7 +118,7 @@ void kn_cpu_attention_backward(kn_ctx *k, float *dqkv, const float *dout, const 
 }
 
 /* The CPU keeps the probabilities themselves (kernels.h). */
-size_t kn_cpu_attention_state_floats(kn_ctx *k, int B, int T, int NH)
+size_t kn_cpu_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH)
 {
     (void)k;
     return (size_t)B * (size_t)NH * (size_t)T * (size_t)T;

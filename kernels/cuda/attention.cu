@@ -446,11 +446,34 @@ static void allow_smem(F *kernel, size_t bytes)
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
-/* Whether the rows of a head (hs floats at channel offset h·hs, row stride a
- * multiple of C) allow aligned float4 loads: the bf16 kernels' tile loads. */
-static int float4_rows(const float *p, int C, int hs)
+/* Whether pairs of a head's channels (hs floats at offset h·hs, row stride a
+ * multiple of C) allow aligned float2 accesses: the bf16 kernels' stores. */
+static int float2_rows(const float *p, int hs)
 {
-    return C % 4 == 0 && hs % 4 == 0 && ((uintptr_t)p & 15) == 0;
+    return hs % 2 == 0 && ((uintptr_t)p & 7) == 0;
+}
+
+/* The bf16 kernels' packed q, k, v in the forward's state: after the lse
+ * [B, NH, T], at the next 16-byte boundary. */
+static bf16 *packed_qkv(const float *att, int B, int T, int NH)
+{
+    const uintptr_t p = (uintptr_t)(att + (size_t)B * NH * T);
+    return (bf16 *)((p + 15) & ~(uintptr_t)15);
+}
+
+/* Elements of the packed q, k, v (or, / 3, of the packed dO) at tile width D. */
+static size_t packed_elems(int B, int T, int NH, int D)
+{
+    return (size_t)B * NH * 3 * tc_padded_rows(T) * D;
+}
+
+/* Launches a bf16 kernel with its dynamic shared memory. */
+template <typename F, typename... A>
+static void launch_tc(F *kernel, dim3 grid, size_t smem, kn_ctx *k, A... args)
+{
+    allow_smem(kernel, smem);
+    kernel<<<grid, TC_THREADS, smem, kn_stream(k)>>>(args...);
+    CUDA_LAUNCHED();
 }
 
 /* out and lse: bf16 tensor cores in bf16 mode, fp32 otherwise. */
@@ -461,26 +484,21 @@ static void forward_tiles(kn_ctx *k, float *out, float *lse, const float *qkv, i
     const int hs = C / NH;
     const float sc = log2_scale(hs);
     if (k->cuda->bf16) {
-        const dim3 grid((unsigned)(B * NH), (unsigned)((T + TC_ROWS - 1) / TC_ROWS));
-        flash_forward_bf16_kernel<D><<<grid, TC_THREADS, 0, kn_stream(k)>>>(
-            out, lse, qkv, T, NH, hs, sc, float4_rows(qkv, C, hs));
-    } else {
-        const dim3 grid((unsigned)(B * NH), (unsigned)((T + FA_TILE - 1) / FA_TILE));
-        const size_t sm = fwd_smem<D>();
-        allow_smem(flash_forward_kernel<D>, sm);
-        flash_forward_kernel<D><<<grid, FA_THREADS, sm, kn_stream(k)>>>(out, lse, qkv, T, NH, hs,
-                                                                        sc);
+        bf16 *pk = packed_qkv(lse, B, T, NH);
+        const size_t n8 = packed_elems(B, T, NH, D) / 8;
+        attention_pack_qkv_kernel<D><<<kn_blocks(n8, TC_THREADS), TC_THREADS, 0, kn_stream(k)>>>(
+            pk, qkv, B, T, NH, hs);
+        CUDA_LAUNCHED();
+        const dim3 grid((unsigned)(B * NH), (unsigned)(tc_padded_rows(T) / TC_ROWS));
+        launch_tc(flash_forward_bf16_kernel<D>, grid, tc_smem_bytes<D>(false), k, out, lse,
+                  (const bf16 *)pk, T, NH, hs, sc, float2_rows(out, hs));
+        return;
     }
+    const dim3 grid((unsigned)(B * NH), (unsigned)((T + FA_TILE - 1) / FA_TILE));
+    const size_t sm = fwd_smem<D>();
+    allow_smem(flash_forward_kernel<D>, sm);
+    flash_forward_kernel<D><<<grid, FA_THREADS, sm, kn_stream(k)>>>(out, lse, qkv, T, NH, hs, sc);
     CUDA_LAUNCHED();
-}
-
-/* Shared memory of the bf16 dK/dV kernel: K, V (128 rows), Q, dO (tc_tile rows),
- * bf16, and the tile's lse (base 2) and D. */
-template <int D>
-static constexpr size_t tc_dkv_smem()
-{
-    return (size_t)(2 * TC_ROWS + 2 * tc_tile<D>()) * tc_ld<D>() * sizeof(bf16) +
-           (size_t)2 * tc_tile<D>() * sizeof(float);
 }
 
 template <int D>
@@ -489,23 +507,30 @@ static void backward_tiles(kn_ctx *k, float *dqkv, const float *dout, const floa
 {
     const int hs = C / NH;
     const size_t rows = (size_t)B * NH * T;
+    const float scale = 1.0f / sqrtf((float)hs), sc = log2_scale(hs);
+    if (k->cuda->bf16) {
+        /* the workspace: delta, then (16-byte aligned) the packed dO */
+        const size_t dbytes = (rows * sizeof(float) + 15) / 16 * 16;
+        char *ws = (char *)kn_cuda_workspace(k, dbytes + packed_elems(B, T, NH, D) / 3 * sizeof(bf16));
+        float *delta = (float *)ws;
+        bf16 *pdo = (bf16 *)(ws + dbytes);
+        const size_t warps = (size_t)B * NH * tc_padded_rows(T);
+        attention_delta_pack_kernel<D><<<kn_blocks(warps * 32, TC_THREADS), TC_THREADS, 0,
+                                         kn_stream(k)>>>(delta, pdo, dout, out, B, T, NH, hs);
+        CUDA_LAUNCHED();
+        const bf16 *pk = packed_qkv(lse, B, T, NH);
+        const dim3 grid((unsigned)(B * NH), (unsigned)(tc_padded_rows(T) / TC_ROWS));
+        const int v2 = float2_rows(dqkv, hs) && (3 * C) % 2 == 0;
+        launch_tc(flash_backward_dkv_bf16_kernel<D>, grid, tc_smem_bytes<D>(true), k, dqkv, pk,
+                  (const bf16 *)pdo, lse, (const float *)delta, T, NH, hs, scale, sc, v2);
+        launch_tc(flash_backward_dq_bf16_kernel<D>, grid, tc_smem_bytes<D>(false), k, dqkv, pk,
+                  (const bf16 *)pdo, lse, (const float *)delta, T, NH, hs, scale, sc, v2);
+        return;
+    }
     float *delta = (float *)kn_cuda_workspace(k, rows * sizeof(float));
     attention_delta_kernel<<<kn_blocks(rows * 32, 256), 256, 0, kn_stream(k)>>>(delta, dout, out,
                                                                                B, T, NH, hs);
     CUDA_LAUNCHED();
-    const float scale = 1.0f / sqrtf((float)hs), sc = log2_scale(hs);
-    if (k->cuda->bf16) {
-        const dim3 grid((unsigned)(B * NH), (unsigned)((T + TC_ROWS - 1) / TC_ROWS));
-        const int vq = float4_rows(qkv, C, hs), vd = float4_rows(dout, C, hs);
-        allow_smem(flash_backward_dkv_bf16_kernel<D>, tc_dkv_smem<D>());
-        flash_backward_dkv_bf16_kernel<D><<<grid, TC_THREADS, tc_dkv_smem<D>(), kn_stream(k)>>>(
-            dqkv, dout, qkv, lse, delta, T, NH, hs, scale, sc, vq, vd);
-        CUDA_LAUNCHED();
-        flash_backward_dq_bf16_kernel<D><<<grid, TC_THREADS, 0, kn_stream(k)>>>(
-            dqkv, dout, qkv, lse, delta, T, NH, hs, scale, sc, vq);
-        CUDA_LAUNCHED();
-        return;
-    }
     const dim3 grid((unsigned)(B * NH), (unsigned)((T + FA_TILE - 1) / FA_TILE));
     allow_smem(flash_backward_dkv_kernel<D>, dkv_smem<D>());
     flash_backward_dkv_kernel<D><<<grid, FA_THREADS, dkv_smem<D>(), kn_stream(k)>>>(
@@ -541,9 +566,12 @@ void kn_cuda_attention_backward(kn_ctx *k, float *dqkv, const float *dout, const
     }
 }
 
-/* att is the log-sum-exp of each row's scaled scores, [B, NH, T]. */
-size_t kn_cuda_attention_state_floats(kn_ctx *k, int B, int T, int NH)
+/* att is the log-sum-exp of each row's scaled scores, [B, NH, T]; in bf16 mode
+ * followed (16-byte aligned) by the packed bf16 q, k, v of the forward's qkv. */
+size_t kn_cuda_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH)
 {
-    (void)k;
-    return (size_t)B * (size_t)NH * (size_t)T;
+    const size_t lse = (size_t)B * (size_t)NH * (size_t)T;
+    if (!k->cuda->bf16 || B <= 0 || T <= 0) return lse;
+    const int D = tile_width("kn_attention_state_floats", T, C, NH);
+    return lse + 4 + (packed_elems(B, T, NH, D) + 1) / 2; /* 4: the alignment */
 }

@@ -14,9 +14,9 @@
  * FlashAttention-2's CUDA code uses: each warp owns 16 rows of the block's own
  * tile (query rows in forward and dQ, key rows in dK/dV), so its row
  * statistics never leave the warp, and the accumulator fragment of S (C layout)
- * is, packed to bf16 pairs, the A fragment of P for the next product. As
- * before, q, k, v and dO are rounded to bf16 where they are loaded, P and dS
- * just before their products; sums, the online softmax, lse, D and the final
+ * is, packed to bf16 pairs, the A fragment of P for the next product. q, k,
+ * v and dO are rounded to bf16 where they are packed, P and dS just before
+ * their products; sums, the online softmax, lse, D and the final
  * scaling are fp32. Error: about 2⁻⁹ relative per rounded operand.
  *
  * Fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16", bf16): lane l has
@@ -32,24 +32,49 @@
  * against these definitions (an emulation of ldmatrix and mma by their
  * documented semantics, and of the kernels' loops on small shapes).
  *
- * Tiles: forward and dQ: 128 queries per block (8 warps × 16 rows), key
- * tiles of 64 (32 at D = 128, for registers); dK/dV: 128 keys per block (8
- * warps × 16 keys), query tiles of 64 (32 at D = 128). The streamed tile (K
- * and V, or Q and dO) is read as fp32 into registers one tile ahead (the
- * loads are in flight while the tensor cores work on the current tile),
- * converted and stored to shared memory as bf16 between two barriers. Within
- * a tile a warp works in chunks of 16 keys (or queries): a chunk entirely
- * above the diagonal is skipped, a chunk crossing it (or past T) is masked
- * element by element. Backward needs no reduction along the chunk, so it
- * keeps only one chunk of S and dP (16 × 16) in registers at a time.
+ * Operands: before the products, q, k and v are packed once into bf16, head
+ * by head ([B·NH][3][Tp][D] after the lse in the forward's state, Tp = T
+ * rounded up to TC_ROWS), and the backward packs dO the same way ([B·NH][Tp]
+ * [D], in the pass that computes D = rowsum(dO ∘ O)); rows past T and
+ * channels past hs are zero. So every tile is whole, 16-byte aligned rows that
+ * cp.async copies straight into shared memory, two stages deep (the next
+ * tile is in flight while the tensor cores work on this one), with no
+ * registers held for the prefetch and no bounds checks in the loops.
+ *
+ * Tiles: a block of 4 warps owns 64 rows (TC_ROWS): queries in forward and dQ,
+ * keys in dK/dV; each warp 16 of them, whose A fragments (q, or k and v) it
+ * keeps in registers for the whole block. The streamed tile (K and V, or Q
+ * and dO) has 64 rows (32 at D = 128, for registers). Small blocks with at
+ * most ~168 registers a thread let 3 blocks share an SM (12 warps), whose
+ * barriers do not wait on each other: the kernels are latency-bound, not
+ * bound by the tensor cores. Within a tile a warp works in chunks of 16 keys
+ * (or queries): a chunk entirely above the diagonal is skipped, a chunk
+ * crossing it (or past T) is masked element by element. Backward needs no
+ * reduction along the chunk, so it keeps only one chunk of S and dP (16 × 16)
+ * in registers at a time.
  *
  * Every gradient element has one owner thread, accumulated in a fixed order
  * (no atomics): the same bits every run. */
 
 typedef __nv_bfloat16 bf16;
 
-#define TC_THREADS 256 /* 8 warps */
-#define TC_ROWS 128    /* the block's own rows: queries (forward, dQ) or keys (dK/dV) */
+#define TC_THREADS 128 /* 4 warps */
+#define TC_ROWS 64     /* the block's own rows: queries (forward, dQ) or keys (dK/dV) */
+
+/* Blocks per SM the register budget must allow (launch bounds): 3 (at most 168
+ * registers a thread) where the accumulators fit; at D = 128 dK and dV alone
+ * take 128 registers, so one. */
+template <int D>
+__host__ __device__ static constexpr int tc_min_blocks()
+{
+    return D <= 64 ? 3 : 1;
+}
+
+/* T rounded up to whole blocks: the rows of the packed operands. */
+__host__ __device__ static inline int tc_padded_rows(int T)
+{
+    return (T + TC_ROWS - 1) / TC_ROWS * TC_ROWS;
+}
 
 /* Rows of the streamed tile: 64, or 32 at D = 128 (keeps the registers of
  * the fp32 prefetch and of the accumulators under the limit). */
@@ -174,12 +199,69 @@ __device__ static inline void c_to_a(uint32_t a[4], const float c0[4], const flo
     a[3] = pack_bf16(c1[2], c1[3]);
 }
 
-/* A fragments of the warp's 16 rows × D (row0.., row stride ld) straight from
- * global memory (read once per block): a[kc] for channels 16kc..16kc+15;
- * zero past T and hs. */
+/* ---- packed operands and their copies to shared memory ---------------------------- */
+
+/* 16 bytes from global to shared memory, asynchronously (cp.async.cg: cached
+ * in L2 only; the tiles are re-read by other blocks, not by this one). */
+__device__ static inline void cp_async16(void *dst, const void *src)
+{
+#ifdef PLIANT_ATTENTION_EMU
+    assert(((uintptr_t)dst & 15) == 0 && ((uintptr_t)src & 15) == 0);
+    memcpy(dst, src, 16);
+#else
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
+#endif
+}
+
+/* One float, or zero where !valid (the source is then not read). */
+__device__ static inline void cp_async4(float *dst, const float *src, bool valid)
+{
+#ifdef PLIANT_ATTENTION_EMU
+    *dst = valid ? *src : 0.0f;
+#else
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(src),
+                 "r"(valid ? 4 : 0)
+                 : "memory");
+#endif
+}
+
+/* Closes the group of this thread's copies issued since the last commit. */
+__device__ static inline void cp_async_commit()
+{
+#ifndef PLIANT_ATTENTION_EMU
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+/* Waits for every copy this thread committed (a barrier then makes all threads' visible). */
+__device__ static inline void cp_async_wait_all()
+{
+#ifndef PLIANT_ATTENTION_EMU
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+/* Copies rows 0..R−1 of a packed operand (row stride D) to dst (row stride
+ * tc_ld<D>()): thread x issues the 16-byte chunks x + TC_THREADS·i. */
+template <int R, int D>
+__device__ static inline void tile_async(bf16 *dst, const bf16 *src)
+{
+    constexpr int CH = D / 8, N = R * CH / TC_THREADS;
+    static_assert(N >= 1 && R * CH % TC_THREADS == 0, "whole 16-byte chunks per thread");
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        const int j = threadIdx.x + TC_THREADS * i, r = j / CH, c = 8 * (j % CH);
+        cp_async16(dst + r * tc_ld<D>() + c, src + (size_t)r * D + c);
+    }
+}
+
+/* A fragments of the warp's 16 rows row0.. of a packed operand, straight from
+ * global memory (read once per block): a[kc] for channels 16kc..16kc+15. */
 template <int D>
-__device__ static inline void frag_a_global(uint32_t a[D / 16][4], const float *src, size_t ld,
-                                            int row0, int T, int hs, int lane)
+__device__ static inline void frag_a_packed(uint32_t a[D / 16][4], const bf16 *src, int row0,
+                                            int lane)
 {
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
@@ -187,101 +269,137 @@ __device__ static inline void frag_a_global(uint32_t a[D / 16][4], const float *
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int r = row0 + g + 8 * (i & 1), c = 16 * kc + 2 * t + 8 * (i >> 1);
-            const float *p = src + (size_t)r * ld + c;
-            const float x0 = r < T && c < hs ? p[0] : 0.0f;
-            const float x1 = r < T && c + 1 < hs ? p[1] : 0.0f;
-            a[kc][i] = pack_bf16(x0, x1);
+            a[kc][i] = *reinterpret_cast<const uint32_t *>(src + (size_t)r * D + c);
         }
 }
 
-/* A tile of R rows × D channels in flight: thread x holds the float4s of the
- * items x + 256i, item j being row j / (D/4), channels 4(j % (D/4)) ..+3. */
-template <int R, int D>
-struct tile_regs {
-    static constexpr int N = R * D / 4 / TC_THREADS;
-    static_assert(N >= 1 && R * D / 4 % TC_THREADS == 0, "whole float4s per thread");
-    float4 v[N];
-};
-
-/* Reads rows row0.. of src (row stride ld; zero at rows ≥ T and channels ≥
- * hs). vec: ld, hs and src allow aligned float4 loads (then hs is a multiple
- * of 4, so a float4 is wholly inside or outside the head). */
-template <int R, int D>
-__device__ static inline void tile_fetch(tile_regs<R, D> &x, const float *src, size_t ld, int row0,
-                                         int T, int hs, bool vec)
+/* Eight bf16 from the first n (≤ 0: none) of the floats at src, zero after. */
+__device__ static inline void pack8(bf16 *dst, const float *src, int n)
 {
+    float x[8];
 #pragma unroll
-    for (int i = 0; i < tile_regs<R, D>::N; i++) {
-        const int j = threadIdx.x + TC_THREADS * i, r = j / (D / 4), c = 4 * (j % (D / 4));
-        const int t = row0 + r;
-        float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (t < T && c < hs) {
-            const float *p = src + (size_t)t * ld + c;
-            if (vec) {
-                f = *reinterpret_cast<const float4 *>(p);
-            } else {
-                f.x = p[0];
-                if (c + 1 < hs) f.y = p[1];
-                if (c + 2 < hs) f.z = p[2];
-                if (c + 3 < hs) f.w = p[3];
-            }
-        }
-        x.v[i] = f;
-    }
+    for (int i = 0; i < 8; i++) x[i] = i < n ? src[i] : 0.0f;
+    uint4 u;
+    u.x = pack_bf16(x[0], x[1]);
+    u.y = pack_bf16(x[2], x[3]);
+    u.z = pack_bf16(x[4], x[5]);
+    u.w = pack_bf16(x[6], x[7]);
+    *reinterpret_cast<uint4 *>(dst) = u;
 }
 
-/* The fetched tile as bf16 into dst (R rows of stride tc_ld<D>()). */
-template <int R, int D>
-__device__ static inline void tile_store(bf16 *dst, const tile_regs<R, D> &x)
-{
-#pragma unroll
-    for (int i = 0; i < tile_regs<R, D>::N; i++) {
-        const int j = threadIdx.x + TC_THREADS * i, r = j / (D / 4), c = 4 * (j % (D / 4));
-        uint2 u;
-        u.x = pack_bf16(x.v[i].x, x.v[i].y);
-        u.y = pack_bf16(x.v[i].z, x.v[i].w);
-        *reinterpret_cast<uint2 *>(dst + r * tc_ld<D>() + c) = u;
-    }
-}
-
-/* Block (bh, 128 queries); warp w owns queries r0 = q0 + 16w .. r0 + 15: in
- * lane (g, t) rows r0 + g and r0 + g + 8, their m (the running maximum of the
- * raw scores) and l (this lane's part of the running sum), and O columns
- * 8j + 2t, 8j + 2t + 1. */
+/* pk[bh][part][t][c] = qkv[b, t, part·C + h·hs + c] as bf16 (zero at t ≥ T,
+ * c ≥ hs); one thread per 8 channels. */
 template <int D>
 __global__ static void __launch_bounds__(TC_THREADS)
-flash_forward_bf16_kernel(float *out, float *lse, const float *qkv, int T, int NH, int hs, float sc,
-                          int vec)
+attention_pack_qkv_kernel(bf16 *pk, const float *qkv, int B, int T, int NH, int hs)
+{
+    constexpr int CH = D / 8;
+    const int Tp = tc_padded_rows(T);
+    const size_t j = (size_t)blockIdx.x * TC_THREADS + threadIdx.x;
+    if (j >= (size_t)B * NH * 3 * Tp * CH) return;
+    const int c = 8 * (int)(j % CH);
+    const size_t row = j / CH; /* (bh·3 + part)·Tp + t */
+    const int t = (int)(row % Tp), part = (int)(row / Tp % 3), bh = (int)(row / Tp / 3);
+    const int b = bh / NH, h = bh % NH, C = NH * hs;
+    const float *src =
+        t < T ? qkv + ((size_t)b * T + t) * 3 * C + (size_t)part * C + (size_t)h * hs + c : qkv;
+    pack8(pk + row * D + c, src, t < T ? hs - c : 0);
+}
+
+/* delta[bh·T + t] = Σ_c dout[b, t, h·hs + c] · out[b, t, h·hs + c] and the
+ * packed dO, pdo[bh][t][c] (zero at t ≥ T, c ≥ hs): one warp per (bh, t < Tp),
+ * lanes over channel pairs, a fixed shuffle tree (deterministic). */
+template <int D>
+__global__ static void __launch_bounds__(TC_THREADS)
+attention_delta_pack_kernel(float *delta, bf16 *pdo, const float *dout, const float *out, int B,
+                            int T, int NH, int hs)
+{
+    const int Tp = tc_padded_rows(T);
+    const size_t g = ((size_t)blockIdx.x * TC_THREADS + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (g >= (size_t)B * NH * Tp) return; /* whole warps: TC_THREADS is a multiple of 32 */
+    const int t = (int)(g % Tp), bh = (int)(g / Tp), b = bh / NH, h = bh % NH;
+    bf16 *dst = pdo + g * D;
+    if (t >= T) {
+        for (int c = 2 * lane; c < D; c += 64) *reinterpret_cast<uint32_t *>(dst + c) = 0u;
+        return;
+    }
+    const size_t at = ((size_t)b * T + t) * NH * hs + (size_t)h * hs;
+    float s = 0.0f;
+    for (int c = 2 * lane; c < D; c += 64) {
+        const float x0 = c < hs ? dout[at + c] : 0.0f, x1 = c + 1 < hs ? dout[at + c + 1] : 0.0f;
+        if (c < hs) s += x0 * out[at + c];
+        if (c + 1 < hs) s += x1 * out[at + c + 1];
+        *reinterpret_cast<uint32_t *>(dst + c) = pack_bf16(x0, x1);
+    }
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) delta[(size_t)bh * T + t] = s;
+}
+
+/* Adds x0 and x1 (times f) to p[c], p[c + 1] where c, c + 1 < hs; vec2: one
+ * 8-byte access (p + c aligned, hs even). */
+__device__ static inline void add_pair(float *p, int c, int hs, float x0, float x1, int vec2)
+{
+    if (vec2 && c + 1 < hs) {
+        float2 *p2 = reinterpret_cast<float2 *>(p + c);
+        float2 y = *p2;
+        y.x += x0, y.y += x1;
+        *p2 = y;
+        return;
+    }
+    if (c < hs) p[c] += x0;
+    if (c + 1 < hs) p[c + 1] += x1;
+}
+
+/* ---- the kernels ---------------------------------------------------------------- */
+
+/* Shared memory of each kernel (bytes): two stages of two bf16 tiles of
+ * tc_tile<D>() rows, and for dK/dV the stages' lse and D. */
+template <int D>
+__host__ __device__ static constexpr int tc_smem_bytes(bool dkv)
+{
+    return 2 * 2 * tc_tile<D>() * tc_ld<D>() * (int)sizeof(bf16) +
+           (dkv ? 2 * 2 * tc_tile<D>() * (int)sizeof(float) : 0);
+}
+
+/* Block (bh, 64 queries); warp w owns queries r0 = q0 + 16w .. r0 + 15: in
+ * lane (g, t) rows r0 + g and r0 + g + 8, their m (the running maximum of the
+ * raw scores) and l (this lane's part of the running sum), and O columns
+ * 8j + 2t, 8j + 2t + 1. pk: the packed q, k, v. */
+template <int D>
+__global__ static void __launch_bounds__(TC_THREADS, tc_min_blocks<D>())
+flash_forward_bf16_kernel(float *out, float *lse, const bf16 *pk, int T, int NH, int hs, float sc,
+                          int vec2)
 {
     constexpr int BK = tc_tile<D>(), LD = tc_ld<D>(), NK = D / 16, NO = D / 8, NS = BK / 8;
-    __shared__ __align__(16) bf16 Ks[BK * LD], Vs[BK * LD];
-    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    TC_DYNAMIC_SMEM(tc_smem);
+    bf16 *Ks = reinterpret_cast<bf16 *>(tc_smem), *Vs = Ks + 2 * BK * LD; /* [2][BK·LD] each */
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH, Tp = tc_padded_rows(T);
     const int q0 = (gridDim.y - 1 - blockIdx.y) * TC_ROWS; /* the longest rows first */
     const int C = NH * hs;
-    const size_t C3 = 3 * (size_t)C;
-    const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs, *k = q + C, *v = q + 2 * C;
+    const bf16 *q = pk + (size_t)bh * 3 * Tp * D, *k = q + (size_t)Tp * D, *v = k + (size_t)Tp * D;
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int r0 = q0 + 16 * w;
     const int kend = min(q0 + TC_ROWS, T); /* the block's rows see keys < kend */
 
     uint32_t qa[NK][4];
-    frag_a_global<D>(qa, q, C3, r0, T, hs, lane);
+    frag_a_packed<D>(qa, q, r0, lane);
     float o[NO][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int j = 0; j < NO; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
 
-    tile_regs<BK, D> kr, vr;
-    tile_fetch(kr, k, C3, 0, T, hs, vec);
-    tile_fetch(vr, v, C3, 0, T, hs, vec);
-    tile_store(Ks, kr);
-    tile_store(Vs, vr);
-    for (int k0 = 0; k0 < kend; k0 += BK) {
-        __syncthreads(); /* Ks, Vs hold keys k0 .. k0 + BK − 1 */
-        const bool more = k0 + BK < kend;
-        if (more) { /* the next tile's loads fly while this one is used */
-            tile_fetch(kr, k, C3, k0 + BK, T, hs, vec);
-            tile_fetch(vr, v, C3, k0 + BK, T, hs, vec);
+    tile_async<BK, D>(Ks, k);
+    tile_async<BK, D>(Vs, v);
+    cp_async_commit();
+    for (int k0 = 0, buf = 0; k0 < kend; k0 += BK, buf ^= 1) {
+        cp_async_wait_all();
+        __syncthreads(); /* stage buf holds keys k0 .. k0 + BK − 1; the other stage is free */
+        if (k0 + BK < kend) { /* the next tile flies while this one is used */
+            tile_async<BK, D>(Ks + (buf ^ 1) * BK * LD, k + (size_t)(k0 + BK) * D);
+            tile_async<BK, D>(Vs + (buf ^ 1) * BK * LD, v + (size_t)(k0 + BK) * D);
+            cp_async_commit();
         }
+        const bf16 *Kt = Ks + buf * BK * LD, *Vt = Vs + buf * BK * LD;
         /* Chunks of 16 keys with a key ≤ the warp's last row: nc (warp-uniform).
          * Rows at or past T are not stored; a warp of only those skips. */
         if (r0 < T && r0 + 15 >= k0) {
@@ -295,7 +413,7 @@ flash_forward_bf16_kernel(float *out, float *lse, const float *qkv, int T, int N
 #pragma unroll
                 for (int kc = 0; kc < NK; kc++) { /* S = Q Kᵀ */
                     uint32_t kb[2][2];
-                    frag_b_nk(kb, Ks + 16 * c * LD + 16 * kc, LD, lane);
+                    frag_b_nk(kb, Kt + 16 * c * LD + 16 * kc, LD, lane);
                     mma_bf16(s[2 * c], qa[kc], kb[0][0], kb[0][1]);
                     mma_bf16(s[2 * c + 1], qa[kc], kb[1][0], kb[1][1]);
                 }
@@ -349,16 +467,11 @@ flash_forward_bf16_kernel(float *out, float *lse, const float *qkv, int T, int N
 #pragma unroll
                 for (int jp = 0; jp < NO / 2; jp++) {
                     uint32_t vb[2][2];
-                    frag_b_kn(vb, Vs + 16 * c * LD + 16 * jp, LD, lane);
+                    frag_b_kn(vb, Vt + 16 * c * LD + 16 * jp, LD, lane);
                     mma_bf16(o[2 * jp], pa, vb[0][0], vb[0][1]);
                     mma_bf16(o[2 * jp + 1], pa, vb[1][0], vb[1][1]);
                 }
             }
-        }
-        __syncthreads(); /* every warp is done with Ks, Vs */
-        if (more) {
-            tile_store(Ks, kr);
-            tile_store(Vs, vr);
         }
     }
 
@@ -375,76 +488,71 @@ flash_forward_bf16_kernel(float *out, float *lse, const float *qkv, int T, int N
 #pragma unroll
         for (int j = 0; j < NO; j++) {
             const int c = 8 * j + 2 * t;
-            if (c < hs) po[c] = o[j][2 * i] * inv;
-            if (c + 1 < hs) po[c + 1] = o[j][2 * i + 1] * inv;
+            if (vec2 && c + 1 < hs) {
+                *reinterpret_cast<float2 *>(po + c) =
+                    make_float2(o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
+            } else {
+                if (c < hs) po[c] = o[j][2 * i] * inv;
+                if (c + 1 < hs) po[c + 1] = o[j][2 * i + 1] * inv;
+            }
         }
         if (t == 0) lse[(size_t)bh * T + row] = (m[i] * sc + log2f(l[i])) * FA_LN2;
     }
 }
 
-/* Block (bh, 128 keys); warp w owns keys kw = k0 + 16w .. kw + 15 (lane (g,
- * t): keys kw + g, kw + g + 8) and their dK, dV (columns 8j + 2t, +1). Per
- * chunk of 16 queries it computes the transposed Sᵀ = K Qᵀ and dPᵀ = V dOᵀ
- * (16 keys × 16 queries), then dV += Pᵀ dO and dK += dSᵀ Q. */
+/* Block (bh, 64 keys); warp w owns keys kw = k0 + 16w .. kw + 15 (lane (g,
+ * t): keys kw + g, kw + g + 8), their k and v fragments, and their dK, dV
+ * (columns 8j + 2t, +1). Per chunk of 16 queries it computes the transposed
+ * Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (16 keys × 16 queries), then dV += Pᵀ dO and
+ * dK += dSᵀ Q. pk, pdo: the packed q, k, v and dO. */
 template <int D>
-__global__ static void __launch_bounds__(TC_THREADS)
-flash_backward_dkv_bf16_kernel(float *dqkv, const float *dout, const float *qkv, const float *lse,
+__global__ static void __launch_bounds__(TC_THREADS, tc_min_blocks<D>())
+flash_backward_dkv_bf16_kernel(float *dqkv, const bf16 *pk, const bf16 *pdo, const float *lse,
                                const float *delta, int T, int NH, int hs, float scale, float sc,
-                               int vec_qkv, int vec_dout)
+                               int vec2)
 {
     constexpr int BQ = tc_tile<D>(), LD = tc_ld<D>(), NK = D / 16, NO = D / 8;
     TC_DYNAMIC_SMEM(tc_smem);
-    bf16 *Ks = reinterpret_cast<bf16 *>(tc_smem), *Vs = Ks + TC_ROWS * LD;
-    bf16 *Qs = Vs + TC_ROWS * LD, *dOs = Qs + BQ * LD;
-    float *lse2 = reinterpret_cast<float *>(dOs + BQ * LD), *Ds = lse2 + BQ;
-    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    bf16 *Qs = reinterpret_cast<bf16 *>(tc_smem), *dOs = Qs + 2 * BQ * LD; /* [2][BQ·LD] */
+    float *lse_s = reinterpret_cast<float *>(dOs + 2 * BQ * LD), *D_s = lse_s + 2 * BQ;
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH, Tp = tc_padded_rows(T);
     const int k0 = blockIdx.y * TC_ROWS; /* the first key tiles see the most queries: first */
     const int C = NH * hs;
     const size_t C3 = 3 * (size_t)C;
-    const size_t base = (size_t)b * T * C3 + (size_t)h * hs;
-    const float *q = qkv + base, *k = q + C, *v = q + 2 * C;
-    const float *dO = dout + (size_t)b * T * C + (size_t)h * hs;
+    const bf16 *q = pk + (size_t)bh * 3 * Tp * D, *kp = q + (size_t)Tp * D, *vp = kp + (size_t)Tp * D;
+    const bf16 *dO = pdo + (size_t)bh * Tp * D;
     const float *L = lse + (size_t)bh * T, *Dl = delta + (size_t)bh * T;
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int kw = k0 + 16 * w;
 
-    {
-        tile_regs<TC_ROWS / 2, D> x; /* the block's K and V, in halves (registers) */
-#pragma unroll
-        for (int half = 0; half < 2; half++) {
-            const int at = half * (TC_ROWS / 2);
-            tile_fetch(x, k, C3, k0 + at, T, hs, vec_qkv);
-            tile_store(Ks + at * LD, x);
-            tile_fetch(x, v, C3, k0 + at, T, hs, vec_qkv);
-            tile_store(Vs + at * LD, x);
-        }
-    }
+    uint32_t ka[NK][4], va[NK][4];
+    frag_a_packed<D>(ka, kp, kw, lane);
+    frag_a_packed<D>(va, vp, kw, lane);
     float dk[NO][4], dv[NO][4];
 #pragma unroll
     for (int j = 0; j < NO; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) dk[j][e] = dv[j][e] = 0.0f;
 
-    /* queries before k0 see none of these keys; q tiles start at k0 (a multiple of BQ) */
-    tile_regs<BQ, D> qr, dr;
-    float nl = 0.0f, nd = 0.0f; /* thread x < BQ: lse (base 2) and D of query q0 + x */
-    tile_fetch(qr, q, C3, k0, T, hs, vec_qkv);
-    tile_fetch(dr, dO, (size_t)C, k0, T, hs, vec_dout);
-    if (threadIdx.x < BQ && k0 + (int)threadIdx.x < T)
-        nl = L[k0 + threadIdx.x] * FA_LOG2E, nd = Dl[k0 + threadIdx.x];
-    tile_store(Qs, qr);
-    tile_store(dOs, dr);
-    if (threadIdx.x < BQ) lse2[threadIdx.x] = nl, Ds[threadIdx.x] = nd;
-    for (int q0 = k0; q0 < T; q0 += BQ) {
-        __syncthreads(); /* Qs, dOs, lse2, Ds hold queries q0 .. q0 + BQ − 1 (and Ks, Vs) */
-        const bool more = q0 + BQ < T;
-        if (more) {
-            tile_fetch(qr, q, C3, q0 + BQ, T, hs, vec_qkv);
-            tile_fetch(dr, dO, (size_t)C, q0 + BQ, T, hs, vec_dout);
-            const int x = q0 + BQ + (int)threadIdx.x;
-            nl = nd = 0.0f;
-            if (threadIdx.x < BQ && x < T) nl = L[x] * FA_LOG2E, nd = Dl[x];
+    /* stage s gets queries qt..qt + BQ − 1: Q, dO, lse, D (zero past T) */
+    auto fetch = [&](int qt, int s) {
+        tile_async<BQ, D>(Qs + s * BQ * LD, q + (size_t)qt * D);
+        tile_async<BQ, D>(dOs + s * BQ * LD, dO + (size_t)qt * D);
+        if (threadIdx.x < BQ) {
+            const int x = qt + (int)threadIdx.x;
+            cp_async4(lse_s + s * BQ + threadIdx.x, x < T ? L + x : L, x < T);
+            cp_async4(D_s + s * BQ + threadIdx.x, x < T ? Dl + x : Dl, x < T);
         }
+        cp_async_commit();
+    };
+    /* queries before k0 see none of these keys; q tiles start at k0 (a multiple of BQ) */
+    fetch(k0, 0);
+    for (int q0 = k0, buf = 0; q0 < T; q0 += BQ, buf ^= 1) {
+        cp_async_wait_all();
+        __syncthreads(); /* stage buf holds queries q0 .. q0 + BQ − 1; the other is free */
+        if (q0 + BQ < T) fetch(q0 + BQ, buf ^ 1);
+        const bf16 *Qt = Qs + buf * BQ * LD, *dOt = dOs + buf * BQ * LD;
+        const float *Lt = lse_s + buf * BQ, *Dt = D_s + buf * BQ;
 #pragma unroll
         for (int c = 0; c < BQ / 16; c++) {
             const int qc = q0 + 16 * c; /* the chunk's first query */
@@ -454,15 +562,13 @@ flash_backward_dkv_bf16_kernel(float *dqkv, const float *dout, const float *qkv,
             float st[2][4] = {}, dpt[2][4] = {};
 #pragma unroll
             for (int kc = 0; kc < NK; kc++) {
-                uint32_t a[4], bq[2][2];
-                frag_a(a, Ks + 16 * w * LD + 16 * kc, LD, lane);
-                frag_b_nk(bq, Qs + 16 * c * LD + 16 * kc, LD, lane);
-                mma_bf16(st[0], a, bq[0][0], bq[0][1]); /* Sᵀ = K Qᵀ */
-                mma_bf16(st[1], a, bq[1][0], bq[1][1]);
-                frag_a(a, Vs + 16 * w * LD + 16 * kc, LD, lane);
-                frag_b_nk(bq, dOs + 16 * c * LD + 16 * kc, LD, lane);
-                mma_bf16(dpt[0], a, bq[0][0], bq[0][1]); /* dPᵀ = V dOᵀ */
-                mma_bf16(dpt[1], a, bq[1][0], bq[1][1]);
+                uint32_t bq[2][2];
+                frag_b_nk(bq, Qt + 16 * c * LD + 16 * kc, LD, lane);
+                mma_bf16(st[0], ka[kc], bq[0][0], bq[0][1]); /* Sᵀ = K Qᵀ */
+                mma_bf16(st[1], ka[kc], bq[1][0], bq[1][1]);
+                frag_b_nk(bq, dOt + 16 * c * LD + 16 * kc, LD, lane);
+                mma_bf16(dpt[0], va[kc], bq[0][0], bq[0][1]); /* dPᵀ = V dOᵀ */
+                mma_bf16(dpt[1], va[kc], bq[1][0], bq[1][1]);
             }
             /* masked where key > query or query ≥ T: a select, since a masked
              * score's exp2 may overflow */
@@ -470,12 +576,17 @@ flash_backward_dkv_bf16_kernel(float *dqkv, const float *dout, const float *qkv,
 #pragma unroll
             for (int j = 0; j < 2; j++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int key = kw + g + 8 * (e >> 1), qi = 16 * c + 8 * j + 2 * t + (e & 1);
-                    const bool live = !edge || (key <= q0 + qi && q0 + qi < T);
-                    const float p = live ? exp2f(fmaf(st[j][e], sc, -lse2[qi])) : 0.0f;
-                    st[j][e] = p;
-                    dpt[j][e] = p * (dpt[j][e] - Ds[qi]); /* dSᵀ, without the scale */
+                for (int u = 0; u < 2; u++) {
+                    const int qi = 16 * c + 8 * j + 2 * t + u; /* the query, in the tile */
+                    const float l2 = Lt[qi] * FA_LOG2E, dq = Dt[qi];
+#pragma unroll
+                    for (int i = 0; i < 2; i++) {
+                        const int e = 2 * i + u, key = kw + g + 8 * i;
+                        const bool live = !edge || (key <= q0 + qi && q0 + qi < T);
+                        const float p = live ? exp2f(fmaf(st[j][e], sc, -l2)) : 0.0f;
+                        st[j][e] = p;
+                        dpt[j][e] = p * (dpt[j][e] - dq); /* dSᵀ, without the scale */
+                    }
                 }
             uint32_t pa[4], dsa[4];
             c_to_a(pa, st[0], st[1]);
@@ -483,19 +594,13 @@ flash_backward_dkv_bf16_kernel(float *dqkv, const float *dout, const float *qkv,
 #pragma unroll
             for (int jp = 0; jp < NO / 2; jp++) {
                 uint32_t xb[2][2];
-                frag_b_kn(xb, dOs + 16 * c * LD + 16 * jp, LD, lane); /* dV += Pᵀ dO */
+                frag_b_kn(xb, dOt + 16 * c * LD + 16 * jp, LD, lane); /* dV += Pᵀ dO */
                 mma_bf16(dv[2 * jp], pa, xb[0][0], xb[0][1]);
                 mma_bf16(dv[2 * jp + 1], pa, xb[1][0], xb[1][1]);
-                frag_b_kn(xb, Qs + 16 * c * LD + 16 * jp, LD, lane); /* dK += dSᵀ Q */
+                frag_b_kn(xb, Qt + 16 * c * LD + 16 * jp, LD, lane); /* dK += dSᵀ Q */
                 mma_bf16(dk[2 * jp], dsa, xb[0][0], xb[0][1]);
                 mma_bf16(dk[2 * jp + 1], dsa, xb[1][0], xb[1][1]);
             }
-        }
-        __syncthreads(); /* every warp is done with Qs, dOs, lse2, Ds */
-        if (more) {
-            tile_store(Qs, qr);
-            tile_store(dOs, dr);
-            if (threadIdx.x < BQ) lse2[threadIdx.x] = nl, Ds[threadIdx.x] = nd;
         }
     }
 
@@ -503,41 +608,41 @@ flash_backward_dkv_bf16_kernel(float *dqkv, const float *dout, const float *qkv,
     for (int i = 0; i < 2; i++) {
         const int key = kw + g + 8 * i;
         if (key >= T) continue;
-        float *dK = dqkv + base + (size_t)key * C3 + C, *dV = dK + C;
+        float *dK = dqkv + (size_t)b * T * C3 + (size_t)key * C3 + C + (size_t)h * hs, *dV = dK + C;
 #pragma unroll
         for (int j = 0; j < NO; j++) {
             const int c = 8 * j + 2 * t;
-            if (c < hs) dK[c] += dk[j][2 * i] * scale, dV[c] += dv[j][2 * i];
-            if (c + 1 < hs) dK[c + 1] += dk[j][2 * i + 1] * scale, dV[c + 1] += dv[j][2 * i + 1];
+            add_pair(dK, c, hs, dk[j][2 * i] * scale, dk[j][2 * i + 1] * scale, vec2);
+            add_pair(dV, c, hs, dv[j][2 * i], dv[j][2 * i + 1], vec2);
         }
     }
 }
 
-/* Block (bh, 128 queries); warp w owns queries r0 = q0 + 16w .. r0 + 15 (lane
- * (g, t): rows r0 + g, r0 + g + 8) and their dQ (columns 8j + 2t, +1). Per
- * chunk of 16 keys: S = Q Kᵀ, dP = dO Vᵀ, dS = P ∘ (dP − D), dQ += dS K. */
+/* Block (bh, 64 queries); warp w owns queries r0 = q0 + 16w .. r0 + 15 (lane
+ * (g, t): rows r0 + g, r0 + g + 8), their q and dO fragments, and their dQ
+ * (columns 8j + 2t, +1). Per chunk of 16 keys: S = Q Kᵀ, dP = dO Vᵀ,
+ * dS = P ∘ (dP − D), dQ += dS K. */
 template <int D>
-__global__ static void __launch_bounds__(TC_THREADS)
-flash_backward_dq_bf16_kernel(float *dqkv, const float *dout, const float *qkv, const float *lse,
+__global__ static void __launch_bounds__(TC_THREADS, tc_min_blocks<D>())
+flash_backward_dq_bf16_kernel(float *dqkv, const bf16 *pk, const bf16 *pdo, const float *lse,
                               const float *delta, int T, int NH, int hs, float scale, float sc,
-                              int vec)
+                              int vec2)
 {
     constexpr int BK = tc_tile<D>(), LD = tc_ld<D>(), NK = D / 16, NO = D / 8;
-    __shared__ __align__(16) bf16 Ks[BK * LD], Vs[BK * LD];
-    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    TC_DYNAMIC_SMEM(tc_smem);
+    bf16 *Ks = reinterpret_cast<bf16 *>(tc_smem), *Vs = Ks + 2 * BK * LD; /* [2][BK·LD] each */
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH, Tp = tc_padded_rows(T);
     const int q0 = (gridDim.y - 1 - blockIdx.y) * TC_ROWS; /* the longest rows first */
     const int C = NH * hs;
     const size_t C3 = 3 * (size_t)C;
-    const size_t base = (size_t)b * T * C3 + (size_t)h * hs;
-    const float *q = qkv + base, *k = q + C, *v = q + 2 * C;
-    const float *dO = dout + (size_t)b * T * C + (size_t)h * hs;
+    const bf16 *q = pk + (size_t)bh * 3 * Tp * D, *k = q + (size_t)Tp * D, *v = k + (size_t)Tp * D;
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int r0 = q0 + 16 * w;
     const int kend = min(q0 + TC_ROWS, T);
 
     uint32_t qa[NK][4], da[NK][4];
-    frag_a_global<D>(qa, q, C3, r0, T, hs, lane);
-    frag_a_global<D>(da, dO, (size_t)C, r0, T, hs, lane);
+    frag_a_packed<D>(qa, q, r0, lane);
+    frag_a_packed<D>(da, pdo + (size_t)bh * Tp * D, r0, lane);
     float l2[2], dl[2], dq[NO][4];
 #pragma unroll
     for (int i = 0; i < 2; i++) {
@@ -548,60 +653,54 @@ flash_backward_dq_bf16_kernel(float *dqkv, const float *dout, const float *qkv, 
 #pragma unroll
     for (int j = 0; j < NO; j++) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.0f;
 
-    tile_regs<BK, D> kr, vr;
-    tile_fetch(kr, k, C3, 0, T, hs, vec);
-    tile_fetch(vr, v, C3, 0, T, hs, vec);
-    tile_store(Ks, kr);
-    tile_store(Vs, vr);
-    for (int k0 = 0; k0 < kend; k0 += BK) {
-        __syncthreads(); /* Ks, Vs hold keys k0 .. k0 + BK − 1 */
-        const bool more = k0 + BK < kend;
-        if (more) {
-            tile_fetch(kr, k, C3, k0 + BK, T, hs, vec);
-            tile_fetch(vr, v, C3, k0 + BK, T, hs, vec);
+    tile_async<BK, D>(Ks, k);
+    tile_async<BK, D>(Vs, v);
+    cp_async_commit();
+    for (int k0 = 0, buf = 0; k0 < kend; k0 += BK, buf ^= 1) {
+        cp_async_wait_all();
+        __syncthreads(); /* stage buf holds keys k0 .. k0 + BK − 1; the other stage is free */
+        if (k0 + BK < kend) {
+            tile_async<BK, D>(Ks + (buf ^ 1) * BK * LD, k + (size_t)(k0 + BK) * D);
+            tile_async<BK, D>(Vs + (buf ^ 1) * BK * LD, v + (size_t)(k0 + BK) * D);
+            cp_async_commit();
         }
-        if (r0 < T) {
+        const bf16 *Kt = Ks + buf * BK * LD, *Vt = Vs + buf * BK * LD;
+        if (r0 >= T) continue;
 #pragma unroll
-            for (int c = 0; c < BK / 16; c++) {
-                const int kc0 = k0 + 16 * c; /* the chunk's first key */
-                if (kc0 > r0 + 15) break;    /* every key after every row of the warp */
-                float s[2][4] = {}, dp[2][4] = {};
+        for (int c = 0; c < BK / 16; c++) {
+            const int kc0 = k0 + 16 * c; /* the chunk's first key */
+            if (kc0 > r0 + 15) break;    /* every key after every row of the warp */
+            float s[2][4] = {}, dp[2][4] = {};
 #pragma unroll
-                for (int kc = 0; kc < NK; kc++) {
-                    uint32_t kb[2][2];
-                    frag_b_nk(kb, Ks + 16 * c * LD + 16 * kc, LD, lane); /* S = Q Kᵀ */
-                    mma_bf16(s[0], qa[kc], kb[0][0], kb[0][1]);
-                    mma_bf16(s[1], qa[kc], kb[1][0], kb[1][1]);
-                    frag_b_nk(kb, Vs + 16 * c * LD + 16 * kc, LD, lane); /* dP = dO Vᵀ */
-                    mma_bf16(dp[0], da[kc], kb[0][0], kb[0][1]);
-                    mma_bf16(dp[1], da[kc], kb[1][0], kb[1][1]);
-                }
-                /* keys ≥ T are after every real row, so the diagonal mask covers them */
-                const bool diag = kc0 + 15 > r0;
-#pragma unroll
-                for (int j = 0; j < 2; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int row = r0 + g + 8 * (e >> 1), key = kc0 + 8 * j + 2 * t + (e & 1);
-                        const bool live = !diag || key <= row;
-                        const float p = live ? exp2f(fmaf(s[j][e], sc, -l2[e >> 1])) : 0.0f;
-                        dp[j][e] = p * (dp[j][e] - dl[e >> 1]); /* dS, without the scale */
-                    }
-                uint32_t dsa[4];
-                c_to_a(dsa, dp[0], dp[1]);
-#pragma unroll
-                for (int jp = 0; jp < NO / 2; jp++) { /* dQ += dS K */
-                    uint32_t kb[2][2];
-                    frag_b_kn(kb, Ks + 16 * c * LD + 16 * jp, LD, lane);
-                    mma_bf16(dq[2 * jp], dsa, kb[0][0], kb[0][1]);
-                    mma_bf16(dq[2 * jp + 1], dsa, kb[1][0], kb[1][1]);
-                }
+            for (int kc = 0; kc < NK; kc++) {
+                uint32_t kb[2][2];
+                frag_b_nk(kb, Kt + 16 * c * LD + 16 * kc, LD, lane); /* S = Q Kᵀ */
+                mma_bf16(s[0], qa[kc], kb[0][0], kb[0][1]);
+                mma_bf16(s[1], qa[kc], kb[1][0], kb[1][1]);
+                frag_b_nk(kb, Vt + 16 * c * LD + 16 * kc, LD, lane); /* dP = dO Vᵀ */
+                mma_bf16(dp[0], da[kc], kb[0][0], kb[0][1]);
+                mma_bf16(dp[1], da[kc], kb[1][0], kb[1][1]);
             }
-        }
-        __syncthreads(); /* every warp is done with Ks, Vs */
-        if (more) {
-            tile_store(Ks, kr);
-            tile_store(Vs, vr);
+            /* keys ≥ T are after every real row, so the diagonal mask covers them */
+            const bool diag = kc0 + 15 > r0;
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int row = r0 + g + 8 * (e >> 1), key = kc0 + 8 * j + 2 * t + (e & 1);
+                    const bool live = !diag || key <= row;
+                    const float p = live ? exp2f(fmaf(s[j][e], sc, -l2[e >> 1])) : 0.0f;
+                    dp[j][e] = p * (dp[j][e] - dl[e >> 1]); /* dS, without the scale */
+                }
+            uint32_t dsa[4];
+            c_to_a(dsa, dp[0], dp[1]);
+#pragma unroll
+            for (int jp = 0; jp < NO / 2; jp++) { /* dQ += dS K */
+                uint32_t kb[2][2];
+                frag_b_kn(kb, Kt + 16 * c * LD + 16 * jp, LD, lane);
+                mma_bf16(dq[2 * jp], dsa, kb[0][0], kb[0][1]);
+                mma_bf16(dq[2 * jp + 1], dsa, kb[1][0], kb[1][1]);
+            }
         }
     }
 
@@ -609,13 +708,9 @@ flash_backward_dq_bf16_kernel(float *dqkv, const float *dout, const float *qkv, 
     for (int i = 0; i < 2; i++) {
         const int row = r0 + g + 8 * i;
         if (row >= T) continue;
-        float *dQ = dqkv + base + (size_t)row * C3;
+        float *dQ = dqkv + (size_t)b * T * C3 + (size_t)row * C3 + (size_t)h * hs;
 #pragma unroll
-        for (int j = 0; j < NO; j++) {
-            const int c = 8 * j + 2 * t;
-            if (c < hs) dQ[c] += dq[j][2 * i] * scale;
-            if (c + 1 < hs) dQ[c + 1] += dq[j][2 * i + 1] * scale;
-        }
+        for (int j = 0; j < NO; j++)
+            add_pair(dQ, 8 * j + 2 * t, hs, dq[j][2 * i] * scale, dq[j][2 * i + 1] * scale, vec2);
     }
 }
-

@@ -128,7 +128,7 @@ void kn_cuda_attention_forward(kn_ctx *k, float *out, float *att, const float *q
                                int C, int NH);
 void kn_cuda_attention_backward(kn_ctx *k, float *dqkv, const float *dout, const float *qkv,
                                 const float *att, const float *out, int B, int T, int C, int NH);
-size_t kn_cuda_attention_state_floats(kn_ctx *k, int B, int T, int NH);
+size_t kn_cuda_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH);
 void kn_cuda_matmul_gelu_forward(kn_ctx *k, float *out, float *pre, const float *inp,
                                  const float *weight, const float *bias, int BT, int C, int OC);
 void kn_cuda_matmul_backward_gelu(kn_ctx *k, float *dpre, float *dweight, float *dbias,

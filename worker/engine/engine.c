@@ -65,7 +65,8 @@ static size_t layout_slot(const pl_engine *e, pl_slot *s, char *base)
         a.ln1_rstd = carve(base, &off, BT);
         a.qkv = carve(base, &off, BT * 3 * C);
         a.atty = carve(base, &off, BT * C);
-        a.att = carve(base, &off, kn_attention_state_floats(e->k, e->B, e->T, e->cfg.NH));
+        a.att = carve(base, &off,
+                      kn_attention_state_floats(e->k, e->B, e->T, e->cfg.C, e->cfg.NH));
         a.res2 = carve(base, &off, BT * C);
         a.ln2 = carve(base, &off, BT * C);
         a.ln2_mean = carve(base, &off, BT);
