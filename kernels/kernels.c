@@ -20,7 +20,7 @@ enum {
     OP_ATTENTION_FORWARD, OP_ATTENTION_BACKWARD, OP_GELU_FORWARD, OP_GELU_BACKWARD,
     OP_RESIDUAL_FORWARD, OP_ACCUMULATE, OP_SOFTMAX_CROSSENTROPY_FORWARD,
     OP_CROSSENTROPY_SOFTMAX_BACKWARD, OP_ADAMW_UPDATE, OP_SUM_SQUARES, OP_SUM, OP_ZERO,
-    OP_CROSSENTROPY_FORWARD, OP_CROSSENTROPY_BACKWARD, OP_COUNT
+    OP_CROSSENTROPY_FORWARD, OP_CROSSENTROPY_BACKWARD, OP_LM_HEAD_BACKWARD, OP_COUNT
 };
 
 static const char *const op_names[OP_COUNT] = {
@@ -29,7 +29,7 @@ static const char *const op_names[OP_COUNT] = {
     "attention_forward", "attention_backward", "gelu_forward", "gelu_backward",
     "residual_forward", "accumulate", "softmax_crossentropy_forward",
     "crossentropy_softmax_backward", "adamw_update", "sum_squares", "sum", "zero",
-    "crossentropy_forward", "crossentropy_backward",
+    "crossentropy_forward", "crossentropy_backward", "lm_head_backward",
 };
 
 _Static_assert(OP_COUNT <= KN_PROF_MAX_OPS, "kn_prof holds KN_PROF_MAX_OPS kernels");
@@ -295,6 +295,19 @@ void kn_crossentropy_backward(kn_ctx *k, float *dlogits, const float *logits, co
 {
     TIMED(OP_CROSSENTROPY_BACKWARD, k->ops->crossentropy_backward(k, dlogits, logits, stats,
                                                                   targets, dloss_scale, BT, V, Vp));
+}
+
+void kn_lm_head_backward(kn_ctx *k, float *dinp, float *dweight, float *logits,
+                         const float *stats, const int32_t *targets, float dloss_scale,
+                         const float *inp, const float *weight, int BT, int C, int V, int Vp)
+{
+    if (!k->ops->lm_head_backward) {
+        kn_crossentropy_backward(k, logits, logits, stats, targets, dloss_scale, BT, V, Vp);
+        kn_matmul_backward_set(k, dinp, dweight, NULL, logits, inp, weight, BT, C, Vp);
+        return;
+    }
+    TIMED(OP_LM_HEAD_BACKWARD, k->ops->lm_head_backward(k, dinp, dweight, logits, stats, targets,
+                                                        dloss_scale, inp, weight, BT, C, V, Vp));
 }
 
 void kn_adamw_update(kn_ctx *k, float *params, const float *grads, float *m, float *v, size_t n,

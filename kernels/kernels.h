@@ -187,6 +187,16 @@ void kn_crossentropy_forward(kn_ctx *k, float *losses, float *stats, const float
                              const int32_t *targets, int BT, int V, int Vp);
 void kn_crossentropy_backward(kn_ctx *k, float *dlogits, const float *logits, const float *stats,
                               const int32_t *targets, float dloss_scale, int BT, int V, int Vp);
+/* The LM head's backward from its logits [BT, Vp] (kept by kn_crossentropy_forward,
+ * with stats): dlogits as kn_crossentropy_backward, then dinp = dlogits · weight
+ * (overwritten, [BT, C]) and dweight += dlogitsᵀ · inp ([Vp, C]), as
+ * kn_matmul_backward_set without a bias. logits is the scratch the dlogits are
+ * made in: its contents are undefined afterwards. The CPU makes the fp32 dlogits
+ * in place; CUDA in bf16 mode writes them as bf16 into the first half of each
+ * row, which the matmul reads directly (half the bytes, no conversion). */
+void kn_lm_head_backward(kn_ctx *k, float *dinp, float *dweight, float *logits,
+                         const float *stats, const int32_t *targets, float dloss_scale,
+                         const float *inp, const float *weight, int BT, int C, int V, int Vp);
 
 /* ---- optimizer and reductions -------------------------------------------- */
 

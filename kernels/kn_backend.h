@@ -88,6 +88,11 @@ typedef struct kn_ops {
     /* kn_share; NULL where the backend cannot (the caller copies). */
     int (*share)(kn_ctx *k, void *dst_block, size_t dst_off, const void *src_block,
                  size_t src_off, size_t bytes);
+    /* kn_lm_head_backward fused; NULL: kernels.c runs crossentropy_backward and
+     * matmul_backward_set. */
+    void (*lm_head_backward)(kn_ctx *k, float *dinp, float *dweight, float *logits,
+                             const float *stats, const int32_t *targets, float dloss_scale,
+                             const float *inp, const float *weight, int BT, int C, int V, int Vp);
 } kn_ops;
 
 /* Kernel-level timing state (kernels.c), one per context once enabled. */

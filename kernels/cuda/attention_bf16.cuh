@@ -44,10 +44,10 @@
  * Tiles: a block of 4 warps owns 64 rows (TC_ROWS): queries in forward and dQ,
  * keys in dK/dV; each warp 16 of them, whose A fragments (q, or k and v) it
  * keeps in registers for the whole block. The streamed tile (K and V, or Q
- * and dO) has 64 rows (32 at D = 128, for registers). Small blocks with at
- * most ~168 registers a thread let 3 blocks share an SM (12 warps), whose
- * barriers do not wait on each other: the kernels are latency-bound, not
- * bound by the tensor cores. Within a tile a warp works in chunks of 16 keys
+ * and dO) has 64 rows (32 at D = 128, for registers). Small blocks with few
+ * registers let 3 or 4 blocks share an SM (12 or 16 warps, tc_min_blocks),
+ * whose barriers do not wait on each other: the kernels are latency-bound,
+ * not bound by the tensor cores. Within a tile a warp works in chunks of 16 keys
  * (or queries): a chunk entirely above the diagonal is skipped, a chunk
  * crossing it (or past T) is masked element by element. Backward needs no
  * reduction along the chunk, so it keeps only one chunk of S and dP (16 × 16)
@@ -61,13 +61,14 @@ typedef __nv_bfloat16 bf16;
 #define TC_THREADS 128 /* 4 warps */
 #define TC_ROWS 64     /* the block's own rows: queries (forward, dQ) or keys (dK/dV) */
 
-/* Blocks per SM the register budget must allow (launch bounds): 3 (at most 168
- * registers a thread) where the accumulators fit; at D = 128 dK and dV alone
- * take 128 registers, so one. */
+/* Blocks per SM the register budget must allow (launch bounds), for a kernel
+ * with one 16 × D accumulator a warp (forward, dQ: 4 blocks, at most 128
+ * registers a thread) or two (dK/dV: 3, at most 168; with 128 they spill); at
+ * D = 128 dK and dV alone take 128 registers, so one. */
 template <int D>
-__host__ __device__ static constexpr int tc_min_blocks()
+__host__ __device__ static constexpr int tc_min_blocks(int accumulators)
 {
-    return D <= 64 ? 3 : 1;
+    return D > 64 ? 1 : accumulators == 1 ? 4 : 3;
 }
 
 /* T rounded up to whole blocks: the rows of the packed operands. */
@@ -367,7 +368,7 @@ __host__ __device__ static constexpr int tc_smem_bytes(bool dkv)
  * raw scores) and l (this lane's part of the running sum), and O columns
  * 8j + 2t, 8j + 2t + 1. pk: the packed q, k, v. */
 template <int D>
-__global__ static void __launch_bounds__(TC_THREADS, tc_min_blocks<D>())
+__global__ static void __launch_bounds__(TC_THREADS, tc_min_blocks<D>(1))
 flash_forward_bf16_kernel(float *out, float *lse, const bf16 *pk, int T, int NH, int hs, float sc,
                           int vec2)
 {
@@ -506,7 +507,7 @@ flash_forward_bf16_kernel(float *out, float *lse, const bf16 *pk, int T, int NH,
  * Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (16 keys × 16 queries), then dV += Pᵀ dO and
  * dK += dSᵀ Q. pk, pdo: the packed q, k, v and dO. */
 template <int D>
-__global__ static void __launch_bounds__(TC_THREADS, tc_min_blocks<D>())
+__global__ static void __launch_bounds__(TC_THREADS, tc_min_blocks<D>(2))
 flash_backward_dkv_bf16_kernel(float *dqkv, const bf16 *pk, const bf16 *pdo, const float *lse,
                                const float *delta, int T, int NH, int hs, float scale, float sc,
                                int vec2)
@@ -623,7 +624,7 @@ flash_backward_dkv_bf16_kernel(float *dqkv, const bf16 *pk, const bf16 *pdo, con
  * (columns 8j + 2t, +1). Per chunk of 16 keys: S = Q Kᵀ, dP = dO Vᵀ,
  * dS = P ∘ (dP − D), dQ += dS K. */
 template <int D>
-__global__ static void __launch_bounds__(TC_THREADS, tc_min_blocks<D>())
+__global__ static void __launch_bounds__(TC_THREADS, tc_min_blocks<D>(1))
 flash_backward_dq_bf16_kernel(float *dqkv, const bf16 *pk, const bf16 *pdo, const float *lse,
                               const float *delta, int T, int NH, int hs, float scale, float sc,
                               int vec2)

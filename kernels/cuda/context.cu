@@ -167,6 +167,8 @@ static const kn_ops kn_cuda_ops = {
     /* .prof_end = */ kn_cuda_prof_end,
     /* .prof_collect = */ kn_cuda_prof_collect,
     /* .memory_stats = */ kn_cuda_memory_stats,
+    /* .share = */ NULL,
+    /* .lm_head_backward = */ kn_cuda_lm_head_backward,
 };
 
 /* Fails (NULL, message in err) when there is no usable device. */

@@ -217,3 +217,51 @@ void kn_cuda_crossentropy_backward(kn_ctx *k, float *dlogits, const float *logit
                                                                  dloss_scale, V, Vp, vec);
     CUDA_LAUNCHED();
 }
+
+/* The same gradient as bf16 for the LM head's matmul (kn_lm_head_backward):
+ * row r's dlogits overwrite the first half of its own logits (bf16 c at byte
+ * 2c of the row's 4·Vp). A block walks its row in chunks of 8·CE_THREADS:
+ * each thread reads its 8 logits, a barrier, then the 8 bf16 go to bytes
+ * that only this chunk and earlier ones were read from. Vp % 8 == 0 and the
+ * rows 16-byte aligned. */
+__global__ static void __launch_bounds__(CE_THREADS)
+ce_backward_bf16_kernel(float *logits, const float *stats, const int32_t *targets, float scale,
+                        int V, int Vp)
+{
+    float *l = logits + (size_t)blockIdx.x * Vp;
+    __nv_bfloat16 *d = reinterpret_cast<__nv_bfloat16 *>(l);
+    const int target = targets[blockIdx.x];
+    const float mx = stats[2 * (size_t)blockIdx.x], inv = 1.0f / stats[2 * (size_t)blockIdx.x + 1];
+    for (int c0 = 0; c0 < Vp; c0 += 8 * CE_THREADS) {
+        const int c = c0 + 8 * (int)threadIdx.x;
+        float g[8] = {};
+        if (c < Vp && target >= 0) {
+            const float4 a = *reinterpret_cast<const float4 *>(l + c);
+            const float4 b = *reinterpret_cast<const float4 *>(l + c + 4);
+            const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+            for (int i = 0; i < 8; i++) g[i] = ce_grad(x[i], c + i, target, V, mx, inv, scale);
+        }
+        __syncthreads(); /* the chunk is read */
+        if (c < Vp) {
+            uint4 u;
+            u.x = bf16_pair(g[0], g[1]);
+            u.y = bf16_pair(g[2], g[3]);
+            u.z = bf16_pair(g[4], g[5]);
+            u.w = bf16_pair(g[6], g[7]);
+            *reinterpret_cast<uint4 *>(d + c) = u;
+        }
+    }
+}
+
+bool kn_cuda_crossentropy_backward_bf16(kn_ctx *k, float *logits, const float *stats,
+                                        const int32_t *targets, float dloss_scale, int BT, int V,
+                                        int Vp)
+{
+    if (Vp % 8 || ((uintptr_t)logits & 15)) return false;
+    if (BT <= 0) return true;
+    ce_backward_bf16_kernel<<<BT, CE_THREADS, 0, kn_stream(k)>>>(logits, stats, targets,
+                                                                dloss_scale, V, Vp);
+    CUDA_LAUNCHED();
+    return true;
+}

@@ -23,6 +23,7 @@
 #ifndef PLIANT_KERNELS_CUDA_CUH
 #define PLIANT_KERNELS_CUDA_CUH
 
+#include <cuda_bf16.h>
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -128,6 +129,16 @@ void kn_cuda_attention_forward(kn_ctx *k, float *out, float *att, const float *q
                                int C, int NH);
 void kn_cuda_attention_backward(kn_ctx *k, float *dqkv, const float *dout, const float *qkv,
                                 const float *att, const float *out, int B, int T, int C, int NH);
+void kn_cuda_lm_head_backward(kn_ctx *k, float *dinp, float *dweight, float *logits,
+                              const float *stats, const int32_t *targets, float dloss_scale,
+                              const float *inp, const float *weight, int BT, int C, int V,
+                              int Vp);
+/* kn_crossentropy_backward writing each row's dlogits as bf16 over the first
+ * half of the row itself (row stride 2·Vp bf16); false, nothing queued, where
+ * the rows do not allow it (Vp % 8, alignment). */
+bool kn_cuda_crossentropy_backward_bf16(kn_ctx *k, float *logits, const float *stats,
+                                        const int32_t *targets, float dloss_scale, int BT, int V,
+                                        int Vp);
 size_t kn_cuda_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH);
 void kn_cuda_matmul_gelu_forward(kn_ctx *k, float *out, float *pre, const float *inp,
                                  const float *weight, const float *bias, int BT, int C, int OC);
@@ -161,6 +172,14 @@ void kn_cuda_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *
                                  int C, int OC);
 double kn_cuda_sum_squares(kn_ctx *k, const float *x, size_t n);
 double kn_cuda_sum(kn_ctx *k, const float *x, size_t n);
+
+/* Two floats as a bf16 pair (round to nearest even), the earlier in the low
+ * half: little-endian, so the pair's bytes are those of two bf16 in order. */
+__device__ static inline unsigned bf16_pair(float lo, float hi)
+{
+    return (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
+           (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16;
+}
 
 /* GELU, tanh approximation, and its derivative (kernels/cpu/gelu.c). */
 #define KN_GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */

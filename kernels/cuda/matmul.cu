@@ -100,12 +100,6 @@ static unsigned align_of(const void *p)
 
 /* ---- fp32 → bf16 (round to nearest even) ------------------------------------ */
 
-static __device__ inline unsigned bf16_pair(float lo, float hi)
-{
-    return (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
-           (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16;
-}
-
 /* 4 floats in (16 bytes), 4 bf16 out (8 bytes) per step; little-endian, so
  * the lower half of each word is the earlier element. */
 __global__ static void to_bf16_vec_kernel(uint2 *dst, const float4 *src, size_t n4)
@@ -661,10 +655,12 @@ __global__ static void bias_partial_kernel(float *partial, const float *dout, in
 }
 
 /* dinp += dout·W (dinp = dout·W with set), or with pre: dinp = (dout·W) ⊙
- * gelu'(pre) (overwritten); dweight += doutᵀ·inp; dbias += column sums of dout. */
+ * gelu'(pre) (overwritten); dweight += doutᵀ·inp; dbias += column sums of dout.
+ * dout16 (bf16 mode, no dbias): dout is already bf16 there, rows 2·OC apart
+ * (kn_cuda_crossentropy_backward_bf16's layout), and dout is not read. */
 static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
-                     const float *inp, const float *weight, const float *pre, int BT, int C,
-                     int OC, bool set)
+                     const __nv_bfloat16 *dout16, const float *inp, const float *weight,
+                     const float *pre, int BT, int C, int OC, bool set)
 {
     if (set && dinp && BT > 0 && C > 0 && OC <= 0) /* an empty product: dinp = 0 */
         CUDA_CHECK(cudaMemsetAsync(dinp, 0, (size_t)BT * C * sizeof(float), kn_stream(k)));
@@ -673,16 +669,17 @@ static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const
     const bool conv = k->cuda->bf16 && gemms;
     /* bf16 copies: W (for dinp) once, then dout and inp a chunk of rows at a time */
     size_t w_bytes = conv && dinp ? round256((size_t)OC * C * 2) : 0;
-    size_t row_bytes = 2 * ((size_t)OC + (dweight ? (size_t)C : 0));
+    size_t row_bytes = 2 * ((dout16 ? 0 : (size_t)OC) + (dweight ? (size_t)C : 0));
     int rows = BT;
     const size_t limit = bwd_bf16_bytes();
-    if (conv && w_bytes + (size_t)BT * row_bytes > limit) {
+    if (conv && row_bytes && w_bytes + (size_t)BT * row_bytes > limit) {
         size_t room = limit > 2 * w_bytes ? limit - w_bytes : limit / 2;
         size_t r = room / row_bytes / 64 * 64; /* chunks start at multiples of 64 rows: aligned */
         if (r < 64) r = 64;
         if (r < (size_t)BT) rows = (int)r;
     }
-    size_t dout_bytes = round256((size_t)rows * OC * 2);
+    size_t dout_bytes = dout16 ? 0 : round256((size_t)rows * OC * 2);
+    const size_t ldo = dout16 ? 2 * (size_t)OC : (size_t)OC; /* dout's row stride in the GEMMs */
     size_t inp_bytes = dweight ? round256((size_t)rows * C * 2) : 0;
     size_t conv_bytes = conv ? w_bytes + dout_bytes + inp_bytes : 0;
     int parts = (BT + BIAS_ROWS - 1) / BIAS_ROWS;
@@ -706,9 +703,13 @@ static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const
     if (conv && dinp) W = to_bf16(k, ws, weight, (size_t)OC * C);
     for (int r0 = 0; r0 < BT; r0 += rows) {
         int R = BT - r0 < rows ? BT - r0 : rows;
-        const float *dout_r = dout + (size_t)r0 * OC, *inp_r = inp + (size_t)r0 * C;
+        const float *dout_r = dout16 ? NULL : dout + (size_t)r0 * OC;
+        const float *inp_r = inp + (size_t)r0 * C;
         const void *Dr = dout_r, *Ir = inp_r;
-        if (conv) {
+        if (dout16) {
+            Dr = dout16 + (size_t)r0 * ldo;
+            if (dweight) Ir = to_bf16(k, ws + w_bytes, inp_r, (size_t)R * C);
+        } else if (conv) {
             Dr = to_bf16(k, ws + w_bytes, dout_r, (size_t)R * OC);
             if (dweight) Ir = to_bf16(k, ws + w_bytes + dout_bytes, inp_r, (size_t)R * C);
         }
@@ -722,7 +723,7 @@ static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const
             j.A = W;
             j.lda = C;
             j.B = Dr;
-            j.ldb = OC;
+            j.ldb = (int)ldo;
             j.D = dinp + (size_t)r0 * C;
             j.ldd = C;
             if (pre) {
@@ -745,7 +746,7 @@ static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const
             j.A = Ir;
             j.lda = C;
             j.B = Dr;
-            j.ldb = OC;
+            j.ldb = (int)ldo;
             j.beta = 1.0f;
             j.D = dweight;
             j.ldd = C;
@@ -765,14 +766,14 @@ void kn_cuda_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbia
                              const float *dout, const float *inp, const float *weight, int BT,
                              int C, int OC)
 {
-    backward(k, dinp, dweight, dbias, dout, inp, weight, NULL, BT, C, OC, false);
+    backward(k, dinp, dweight, dbias, dout, NULL, inp, weight, NULL, BT, C, OC, false);
 }
 
 void kn_cuda_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias,
                                  const float *dout, const float *inp, const float *weight, int BT,
                                  int C, int OC)
 {
-    backward(k, dinp, dweight, dbias, dout, inp, weight, NULL, BT, C, OC, true);
+    backward(k, dinp, dweight, dbias, dout, NULL, inp, weight, NULL, BT, C, OC, true);
 }
 
 void kn_cuda_matmul_gelu_forward(kn_ctx *k, float *out, float *pre, const float *inp,
@@ -785,5 +786,19 @@ void kn_cuda_matmul_backward_gelu(kn_ctx *k, float *dpre, float *dweight, float 
                                   const float *dout, const float *inp, const float *weight,
                                   const float *pre, int BT, int C, int OC)
 {
-    backward(k, dpre, dweight, dbias, dout, inp, weight, pre, BT, C, OC, false);
+    backward(k, dpre, dweight, dbias, dout, NULL, inp, weight, pre, BT, C, OC, false);
+}
+
+void kn_cuda_lm_head_backward(kn_ctx *k, float *dinp, float *dweight, float *logits,
+                              const float *stats, const int32_t *targets, float dloss_scale,
+                              const float *inp, const float *weight, int BT, int C, int V, int Vp)
+{
+    if (k->cuda->bf16 && kn_cuda_crossentropy_backward_bf16(k, logits, stats, targets,
+                                                            dloss_scale, BT, V, Vp)) {
+        backward(k, dinp, dweight, NULL, NULL, (const __nv_bfloat16 *)logits, inp, weight, NULL,
+                 BT, C, Vp, true);
+        return;
+    }
+    kn_cuda_crossentropy_backward(k, logits, logits, stats, targets, dloss_scale, BT, V, Vp);
+    backward(k, dinp, dweight, NULL, logits, NULL, inp, weight, NULL, BT, C, Vp, true);
 }

@@ -662,6 +662,46 @@ static void test_crossentropy_stats(void)
     CHECK(close_to("crossentropy dlogits (misaligned)", down(d_logits + 1, n), dl, n, 1e-6));
 }
 
+/* kn_lm_head_backward against the CPU's kn_crossentropy_backward then
+ * kn_matmul_backward_set (BT, C, V, Vp, offset of the device tensors in
+ * floats). Vp % 8 == 0 with aligned rows takes CUDA's bf16 dlogits in place
+ * (bf16 mode); Vp = 1020 and the offset shape the fp32 dlogits. dinp starts as
+ * garbage (overwritten), dweight random (accumulated). */
+static void test_lm_head_backward(void)
+{
+    NEED_GPU();
+    arena_reset();
+    rng_state = 1021;
+    static const int shapes[][5] = {{64, 64, 1000, 1024, 0},  {37, 96, 500, 504, 0},
+                                    {16, 64, 1000, 1020, 0},  {64, 64, 1000, 1024, 1},
+                                    {256, 768, 50257, 50304, 0}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int BT = shapes[s][0], C = shapes[s][1], V = shapes[s][2], Vp = shapes[s][3];
+        int off = shapes[s][4];
+        size_t n = (size_t)BT * Vp, ni = (size_t)BT * C, nw = (size_t)Vp * C;
+        float *logits = hrand(n, 4), *losses = hf(BT), *stats = hf(2 * (size_t)BT);
+        float *x = hrand(ni, 1), *W = hrand(nw, 0.1), *dx = hf(ni), *dW = hrand(nw, 1);
+        int32_t *tg = alloc_on(cpu, BT * sizeof(int32_t));
+        for (int r = 0; r < BT; r++) tg[r] = (int32_t)rng_range(0, V - 1);
+        tg[BT / 2] = -1; /* masked */
+        for (size_t i = 0; i < ni; i++) dx[i] = 7.0f;
+        float *d_logits = upf_at(logits, n, off), *d_dx = upf_at(dx, ni, off);
+        float *d_dW = upf_at(dW, nw, off), *d_x = upf_at(x, ni, off), *d_W = upf_at(W, nw, off);
+        const float scale = 1.0f / (float)BT;
+        kn_crossentropy_forward(cpu, losses, stats, logits, tg, BT, V, Vp);
+        kn_crossentropy_backward(cpu, logits, logits, stats, tg, scale, BT, V, Vp);
+        kn_matmul_backward_set(cpu, dx, dW, NULL, logits, x, W, BT, C, Vp);
+        kn_lm_head_backward(gpu, d_dx, d_dW, d_logits, upf(stats, 2 * (size_t)BT),
+                            up(tg, BT * sizeof(int32_t)), scale, d_x, d_W, BT, C, V, Vp);
+        char what[96];
+        snprintf(what, sizeof what, "lm head dinp (BT %d C %d Vp %d off %d)", BT, C, Vp, off);
+        CHECK(close_to(what, down(d_dx, ni), dx, ni, tol_lin));
+        snprintf(what, sizeof what, "lm head dweight (BT %d C %d Vp %d off %d)", BT, C, Vp, off);
+        CHECK(close_to(what, down(d_dW, nw), dW, nw, tol_lin));
+        arena_reset();
+    }
+}
+
 /* ---- optimizer and reductions ------------------------------------------------- */
 
 static void test_adamw(void)
@@ -861,6 +901,7 @@ TEST_MAIN_BEGIN
     RUN(test_residual_accumulate);
     RUN(test_crossentropy);
     RUN(test_crossentropy_stats);
+    RUN(test_lm_head_backward);
     RUN(test_adamw);
     RUN(test_adamw_spans);
     RUN(test_reductions);

@@ -418,14 +418,15 @@ static void backward(pl_engine *e, int slot, const float *dout, int dev, float d
     if (pl_engine_has_head(e)) {
         const int H = e->cfg.L + 1;
         float *wte = e->params + e->tensors[e->wte_tensor].offset;
-        if (e->keep_probs)
+        if (e->keep_probs) {
             kn_crossentropy_softmax_backward(k, s->probs, s->probs, s->targets, dloss_scale, BT,
                                              e->cfg.V, e->cfg.Vp);
-        else
-            kn_crossentropy_backward(k, s->probs, s->probs, s->ce_stats, s->targets, dloss_scale,
-                                     BT, e->cfg.V, e->cfg.Vp);
-        kn_matmul_backward_set(k, w.dln, head_dwte(e), NULL, s->probs, s->lnf, wte, BT, C,
-                               e->cfg.Vp);
+            kn_matmul_backward_set(k, w.dln, head_dwte(e), NULL, s->probs, s->lnf, wte, BT, C,
+                                   e->cfg.Vp);
+        } else { /* the logits become the dlogits (bf16 on CUDA) */
+            kn_lm_head_backward(k, w.dln, head_dwte(e), s->probs, s->ce_stats, s->targets,
+                                dloss_scale, s->lnf, wte, BT, C, e->cfg.V, e->cfg.Vp);
+        }
         e->head_pending = e->head_dwte != NULL;
         kn_zero(k, w.dres, BTC * sizeof(float));
         kn_layernorm_backward(k, w.dres, G(e, H, 0), G(e, H, 1), w.dln, last_output(e, s),
