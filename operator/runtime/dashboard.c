@@ -316,16 +316,31 @@ static int feed_writeable(struct lws *wsi, dash_conn *c)
     return 0;
 }
 
-/* A WebSocket opened: the feed of the job at its path (its history is what is there
- * now); anything else is refused. */
-static int feed_established(pl_dashboard *d, struct lws *wsi, dash_conn *c)
+/* The job whose feed a WebSocket asks for; NULL while unavailable. Under mu. */
+static pl_dashboard_job *feed_route(pl_dashboard *d, struct lws *wsi)
 {
     char uri[DASH_URI_MAX] = "";
-    memset(c, 0, sizeof *c);
-    if (lws_hdr_copy(wsi, uri, sizeof uri, WSI_TOKEN_GET_URI) < 0)
-        return -1;
+    if (d->unavailable || lws_hdr_copy(wsi, uri, sizeof uri, WSI_TOKEN_GET_URI) < 0)
+        return NULL;
+    return route(d, uri, 1);
+}
+
+/* An upgrade: refused before its answer unless it asks for a job's feed. */
+static int feed_filter(pl_dashboard *d, struct lws *wsi)
+{
     pthread_mutex_lock(&d->mu);
-    pl_dashboard_job *j = d->unavailable ? NULL : route(d, uri, 1);
+    int ok = feed_route(d, wsi) != NULL;
+    pthread_mutex_unlock(&d->mu);
+    return ok ? 0 : -1;
+}
+
+/* A WebSocket opened: the feed of the job at its path (its history is what is there
+ * now); a job removed since the upgrade was admitted: closed. */
+static int feed_established(pl_dashboard *d, struct lws *wsi, dash_conn *c)
+{
+    memset(c, 0, sizeof *c);
+    pthread_mutex_lock(&d->mu);
+    pl_dashboard_job *j = feed_route(d, wsi);
     if (j) {
         j->refs++;
         c->job = j;
@@ -416,6 +431,7 @@ static int dash_callback(struct lws *wsi, enum lws_callback_reasons reason, void
     switch (reason) {
     case LWS_CALLBACK_HTTP: return http_request(d, wsi, c, in ? (const char *)in : "");
     case LWS_CALLBACK_HTTP_WRITEABLE: return c ? http_writeable(wsi, c) : -1;
+    case LWS_CALLBACK_FILTER_PROTOCOL_CONNECTION: return feed_filter(d, wsi);
     case LWS_CALLBACK_ESTABLISHED: return feed_established(d, wsi, c);
     case LWS_CALLBACK_SERVER_WRITEABLE: return c && c->job ? feed_writeable(wsi, c) : 0;
     case LWS_CALLBACK_RECEIVE: return 0; /* read-only: whatever a page sends is ignored */
