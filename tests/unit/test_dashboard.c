@@ -11,21 +11,8 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "loopback.h"
 #include "dashboard.h"
-
-static int connect_to(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {0};
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
 
 /* n bytes within 5 s: 0, or -1 when the connection closed first or nothing came. */
 static int read_full(int fd, void *buf, size_t n)
