@@ -488,6 +488,7 @@ static int create_context(pl_dashboard *d, const char *flag, int port, char *err
     d->protocols[0].callback = dash_callback;
     d->protocols[0].per_session_data_size = sizeof(dash_conn);
     d->protocols[0].rx_buffer_size = 4096;
+    lws_set_log_level(LLL_ERR, NULL); /* as the control server: lws's notices are noise */
     struct lws_context_creation_info info;
     memset(&info, 0, sizeof info);
     if (!strchr(d->host, ':'))
