@@ -17,12 +17,12 @@
 #include <stdatomic.h>
 #include <stddef.h>
 
-#define CTL_DASH_ENDED_KEPT 16    /* final dashboard pages of ended jobs kept, at most */
-#define CTL_DASH_EVENTS 20000     /* a job's dashboard log (dashboard.h: steps thinned past it) */
-
 #include "dashboard.h"
 #include "kube_config.h"
 #include "metrics.h"
+
+#define CTL_DASH_ENDED_KEPT 16    /* final dashboard pages of ended jobs kept, at most */
+#define CTL_DASH_EVENTS 20000     /* a job's dashboard log (dashboard.h: steps thinned past it) */
 
 typedef struct {
     pl_kube_config *kc;
