@@ -86,7 +86,8 @@ typedef struct {
     pl_sampler smp;           /* the samples of each step, for their digests */
     FILE *metrics;
     char *fired;              /* per chaos event: fired already */
-    pl_dashboard *dash;       /* --dashboard: the server, and its feed of the job */
+    pl_dashboard *dash;       /* --dashboard: the server, the job's page at / and its feed */
+    pl_dashboard_job *page;
     pl_dash_feed *feed;
     int64_t plan_gen;         /* the plan generation of the last plan metrics line */
     /* the loop */
@@ -676,8 +677,9 @@ static int run_loop(run_state *r, char *err, size_t errlen)
 static int start_dashboard(run_state *r, char *err, size_t errlen)
 {
     if (!r->a->dashboard) return 0;
-    if (!(r->dash = pl_dashboard_start(r->a->dashboard, err, errlen))) return -1;
-    if (!(r->feed = pl_dash_feed_new(r->dash, r->drv)))
+    if (!(r->dash = pl_dashboard_start("--dashboard", r->a->dashboard, err, errlen))) return -1;
+    if (!(r->page = pl_dashboard_add(r->dash, "/", PL_DASHBOARD_MAX_EVENTS)) ||
+        !(r->feed = pl_dash_feed_new(r->page, r->drv)))
         return pl_errf(err, errlen, "dashboard: out of memory");
     return 0;
 }
@@ -700,7 +702,7 @@ static void finish_dashboard(run_state *r, int steps, double secs)
     int64_t calls;
     const double cost_ms = (double)pl_dash_feed_cost_ns(r->feed, &calls) / 1e6;
     int total;
-    pl_dashboard_pages(r->dash, &total);
+    pl_dashboard_pages(r->page, &total);
     const double per_step = steps ? cost_ms / steps : 0, step_ms = steps ? secs * 1e3 / steps : 0;
     printf("dashboard: %d page%s served; the coordinator's thread spent %.3f ms on it "
            "(%.1f us per step, %.3f %% of a step)\n", total, total == 1 ? "" : "s", cost_ms,

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "control_server.h"
+#include "dashboard_feed.h"
 #include "job_cost.h"
 #include "job_driver.h"
 #include "job_metrics.h"
@@ -61,6 +62,9 @@ typedef struct cjob {
     pl_job spec;
     int have_spec, invalid;
     pl_job_driver *rt;          /* the job's driver (its coordinator), while it runs */
+    pl_dashboard_job *page;     /* its dashboard page: the last runtime's, kept after it */
+    pl_dash_feed *feed;         /* the runtime's events to the page, while it runs */
+    int64_t page_ended_ms;      /* when the page's runtime ended; 0: it runs */
     int64_t done_ms;            /* when the runtime finished (flushing `stop`); 0: running */
     int service_ok, slice_ok, policy_ok; /* the runtime's Service, EndpointSlice, NetworkPolicy */
     cpod *pods;
@@ -200,10 +204,55 @@ static cjob *job_get(pl_controller *c, const char *ns, const char *name)
     return j;
 }
 
+/* ------------------------------------------------------------- dashboard */
+
+/* The job's dashboard page: /jobs/NAMESPACE/NAME/ on the leader's dashboard port. */
+static void page_path(const cjob *j, char *buf, size_t len)
+{
+    snprintf(buf, len, "/jobs/%s/%s/", j->ns, j->name);
+}
+
+/* A new runtime's page (a previous runtime's is replaced) and its feed. */
+static void open_page(pl_controller *c, cjob *j)
+{
+    if (!c->cfg.dashboard) return;
+    char path[PL_DASHBOARD_MAX_PATH + 1];
+    page_path(j, path, sizeof path);
+    pl_dashboard_remove(j->page);
+    j->page = pl_dashboard_add(c->cfg.dashboard, path, CTL_DASH_EVENTS);
+    j->feed = j->page ? pl_dash_feed_new(j->page, j->rt) : NULL;
+    j->page_ended_ms = 0;
+    if (!j->feed) pl_log(PL_LOG_WARN, "%s: no dashboard page: out of memory", j->key);
+}
+
+/* The runtime ends: its feed goes, its page stays (the job's final page) but for the
+ * oldest beyond CTL_DASH_ENDED_KEPT, which go, so that ended jobs bound the memory. */
+static void close_feed(pl_controller *c, cjob *j)
+{
+    if (!j->feed) return;
+    pl_dash_feed_free(j->feed);
+    j->feed = NULL;
+    j->page_ended_ms = pl_now_ms();
+    for (;;) {
+        int ended = 0;
+        cjob *oldest = NULL;
+        for (cjob *o = c->jobs; o; o = o->next) {
+            if (!o->page || o->feed) continue;
+            ended++;
+            if (!oldest || o->page_ended_ms < oldest->page_ended_ms) oldest = o;
+        }
+        if (ended <= CTL_DASH_ENDED_KEPT) return;
+        pl_dashboard_remove(oldest->page);
+        oldest->page = NULL;
+    }
+}
+
+/* ------------------------------------------------------- a job stops, is freed */
+
 static void job_stop(pl_controller *c, cjob *j)
 {
-    (void)c;
     if (!j->rt) return;
+    close_feed(c, j);
     pl_coord *co = pl_job_driver_coord(j->rt);
     j->reconfigs_before += pl_coord_nreconfigs(co);
     pl_job_driver_free(j->rt);
@@ -215,6 +264,7 @@ static void job_stop(pl_controller *c, cjob *j)
 static void job_free(pl_controller *c, cjob *j)
 {
     job_stop(c, j);
+    pl_dashboard_remove(j->page);
     pl_job_metrics_forget(c->cfg.metrics, j->ns, j->name);
     for (cjob **p = &c->jobs; *p; p = &(*p)->next)
         if (*p == j) {
@@ -424,6 +474,10 @@ static cJSON *status_json(pl_controller *c, cjob *j)
     else cJSON_AddNullToObject(s, "startTime"); /* reset by a suspension */
     if (j->completion_time[0]) cJSON_AddStringToObject(s, "completionTime", j->completion_time);
     add_cost_status(s, j);
+    char path[PL_DASHBOARD_MAX_PATH + 1];
+    page_path(j, path, sizeof path);
+    if (j->page) cJSON_AddStringToObject(s, "dashboard", path);
+    else cJSON_AddNullToObject(s, "dashboard"); /* not served by this leader */
     (void)c;
     return s;
 }
@@ -578,6 +632,7 @@ static void observe_driver(pl_controller *c, cjob *j)
     int steps = 0;
     pl_job_driver_event ev;
     while (pl_job_driver_next(j->rt, &ev)) {
+        pl_dash_feed_event(j->feed, &ev);
         switch (ev.kind) {
         case PL_JOB_DRIVER_STEP: steps++; break;
         case PL_JOB_DRIVER_RECONFIG:
@@ -620,6 +675,7 @@ static void observe(pl_controller *c, cjob *j)
 {
     pl_coord *co = pl_job_driver_coord(j->rt);
     observe_driver(c, j);
+    pl_dash_feed_poll(j->feed);
     if (pl_coord_last_checkpoint(co) > j->ckpt_seen) {
         j->ckpt_seen = pl_coord_last_checkpoint(co);
         j->checkpoints++;
@@ -803,6 +859,7 @@ static void pod_event(pl_controller *c, pl_watch_event ev, const cJSON *pod)
         char cause[96];
         snprintf(cause, sizeof cause, "pod %s", ev == PL_WATCH_DELETED ? "deleted" : p->phase);
         pl_job_driver_worker_gone(j->rt, name, cause);
+        pl_dash_feed_notice(j->feed, name, "exit", cause);
     }
     if (ev == PL_WATCH_DELETED) {
         *pp = p->next;
@@ -1113,6 +1170,7 @@ static int start_runtime(pl_controller *c, cjob *j)
         return -1;
     }
     set_cond(j, "Created", 1, "Created", "coordinator on port %d", pl_job_driver_port(j->rt));
+    open_page(c, j);
     for (const cpod *p = j->pods; p; p = p->next)
         if (p->zone[0]) pl_job_driver_set_zone(j->rt, p->name, p->zone);
     /* counters exist from the start (Prometheus practice) */

@@ -5,7 +5,9 @@
  * (Secret, Service and its EndpointSlice, NetworkPolicy, worker Pods, clean-up,
  * suspend, deadlines, back-off and backoffLimit, TTL), and for each running job
  * its coordinator (job_driver.h) served in the same loop. Status goes through
- * the /status subresource (merge patch), Events through events.k8s.io/v1. A
+ * the /status subresource (merge patch), Events through events.k8s.io/v1; with a
+ * dashboard each job's page at /jobs/NAMESPACE/NAME/ (status.dashboard), kept once its
+ * coordinator ended (the newest CTL_DASH_ENDED_KEPT such pages). A
  * deleted or failed Pod is the loss of that node; Pods stopped by a disruption
  * (condition DisruptionTarget, node gone) count as preempted, not failed.
  * Every API request it makes is a row of kube_requests.h. */
@@ -15,8 +17,12 @@
 #include <stdatomic.h>
 #include <stddef.h>
 
+#include "dashboard.h"
 #include "kube_config.h"
 #include "metrics.h"
+
+#define CTL_DASH_ENDED_KEPT 16    /* final dashboard pages of ended jobs kept, at most */
+#define CTL_DASH_EVENTS 20000     /* a job's dashboard log (dashboard.h: steps thinned past it) */
 
 typedef struct {
     pl_kube_config *kc;
@@ -32,6 +38,8 @@ typedef struct {
     int network_policy;            /* 1: a NetworkPolicy per job (pl_job_network_policy) */
     const char *operator_namespace;/* where the operator's Pods run (that policy's peer) */
     pl_metrics *metrics;           /* may be NULL */
+    pl_dashboard *dashboard;       /* the jobs' pages are added to it; NULL: none. Borrowed:
+                                    * it outlives the controller */
 } pl_controller_config;
 
 typedef struct pl_controller pl_controller;

@@ -2,7 +2,9 @@
  * leader election (leader.h: only the Lease holder reconciles and runs
  * coordinators; a replica that loses the Lease exits so that it restarts as a
  * candidate), /metrics on --metrics-addr and /healthz, /readyz on
- * --health-addr (probe_server.h), its log filtered by --log-level (oplog.h).
+ * --health-addr (probe_server.h), the jobs' dashboards on --dashboard-addr (served by
+ * the leader; a follower answers 503 naming the Lease), its log filtered by --log-level
+ * (oplog.h).
  * Defaults come from the Pod's environment the chart sets: POD_NAME (identity),
  * POD_NAMESPACE (the Lease's, and the operator's in the jobs' NetworkPolicies),
  * POD_IP (the endpoint of the jobs' coordinator Services), PLIANT_WORKER_IMAGE.
@@ -16,6 +18,7 @@
 #include <unistd.h>
 
 #include "controller.h"
+#include "dashboard.h"
 #include "kube_config.h"
 #include "leader.h"
 #include "metrics.h"
@@ -77,7 +80,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: pliant-operator [--kubeconfig PATH] [--namespace NS] [--leader-elect]\n"
             "         [--lease-name NAME] [--lease-namespace NS] [--lease-duration S] [--identity ID]\n"
-            "         [--metrics-addr HOST:PORT] [--health-addr HOST:PORT]\n"
+            "         [--metrics-addr HOST:PORT] [--health-addr HOST:PORT] [--dashboard-addr HOST:PORT]\n"
             "         [--coordinator-host HOST] [--coordinator-port BASE] [--bind-host HOST]\n"
             "         [--worker-image IMAGE] [--worker-command PATH]\n"
             "         [--advertise-address IP] [--job-network-policy] [--operator-namespace NS]\n"
@@ -85,6 +88,8 @@ static void usage(FILE *f)
             "  --kubeconfig: else $KUBECONFIG, the in-cluster service account, ~/.kube/config\n"
             "  --namespace: watch one namespace (default: all)\n"
             "  --metrics-addr, --health-addr: default :8080 and :8081; \"\" turns one off\n"
+            "  --dashboard-addr: the leader serves each job's dashboard at /jobs/NS/NAME/ (default\n"
+            "      off; HOST omitted: 127.0.0.1, as `pliant run --dashboard`)\n"
             "  --coordinator-host: the address worker Pods dial (default: in a Pod, each job's\n"
             "      Service, whose EndpointSlice the leader writes; else 127.0.0.1)\n"
             "  --advertise-address: this replica's IP in those EndpointSlices (default $POD_IP;\n"
@@ -104,7 +109,7 @@ static const char *env_or(const char *name, const char *dflt)
 /* The command line, with the defaults the Pod's environment gives. */
 typedef struct {
     const char *kubeconfig, *ns, *lease_name, *lease_ns, *metrics_addr, *health_addr,
-        *coord_host, *bind_host, *image, *command, *advertise, *operator_ns;
+        *dashboard_addr, *coord_host, *bind_host, *image, *command, *advertise, *operator_ns;
     char identity[256];
     int leader_elect, lease_s, port_base, network_policy;
 } op_args;
@@ -112,7 +117,7 @@ typedef struct {
 static void default_args(op_args *a)
 {
     *a = (op_args){.lease_name = "pliant-operator", .lease_ns = env_or("POD_NAMESPACE", NULL),
-                   .metrics_addr = ":8080", .health_addr = ":8081",
+                   .metrics_addr = ":8080", .health_addr = ":8081", .dashboard_addr = "",
                    /* in a Pod: the jobs' Services (they follow the leader); else this host */
                    .coord_host = getenv("POD_NAME") ? NULL : "127.0.0.1",
                    .image = env_or("PLIANT_WORKER_IMAGE", NULL), .lease_s = 15,
@@ -144,6 +149,7 @@ static int parse_args(int argc, char **argv, op_args *a)
         {"advertise-address", required_argument, 0, 'A'},
         {"job-network-policy", no_argument, 0, 'p'},
         {"operator-namespace", required_argument, 0, 'O'},
+        {"dashboard-addr", required_argument, 0, 'd'},
         {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
     default_args(a);
     int c;
@@ -158,6 +164,7 @@ static int parse_args(int argc, char **argv, op_args *a)
         case 'i': snprintf(a->identity, sizeof a->identity, "%s", optarg); break;
         case 'm': a->metrics_addr = optarg; break;
         case 'H': a->health_addr = optarg; break;
+        case 'd': a->dashboard_addr = optarg; break;
         case 'c': a->coord_host = optarg; break;
         case 'b': a->bind_host = optarg; break;
         case 'I': a->image = optarg; break;
@@ -231,6 +238,22 @@ static int lead(const op_args *a, pl_kube_config *kc, pl_metrics *metrics, pl_le
     return 0;
 }
 
+/* --dashboard-addr: the server, 503 naming the Lease until this replica leads. 0, or -1
+ * and err. */
+static int start_dashboard(const op_args *a, pl_dashboard **d, char *err, size_t errlen)
+{
+    if (!a->dashboard_addr[0]) return 0;
+    if (!(*d = pl_dashboard_start("--dashboard-addr", a->dashboard_addr, err, errlen))) return -1;
+    if (a->leader_elect) {
+        char why[768];
+        snprintf(why, sizeof why,
+                 "%s does not lead: the dashboards are served by the holder of Lease %s/%s",
+                 a->identity, a->lease_ns ? a->lease_ns : "default", a->lease_name);
+        pl_dashboard_set_unavailable(*d, why);
+    }
+    return 0;
+}
+
 /* The controller, its probe servers and, once this replica leads, its loop
  * until stopped. The exit status. */
 static int run(const op_args *a, pl_kube_config *kc)
@@ -240,13 +263,15 @@ static int run(const op_args *a, pl_kube_config *kc)
     pl_metrics *metrics = pl_metrics_new();
     probe_state ps = {metrics, NULL, a->leader_elect};
     pl_probe_server *mp = NULL, *hp = NULL;
+    pl_dashboard *dash = NULL;
     pl_leader *leader = NULL;
+    if (start_dashboard(a, &dash, err, sizeof err)) goto done;
     pl_controller_config cc = {.kc = kc, .namespace_ = a->ns, .coordinator_host = a->coord_host,
                                .bind_host = a->bind_host, .port_base = a->port_base,
                                .worker_image = a->image, .worker_command = a->command,
                                .identity = a->identity, .metrics = metrics,
                                .advertise_ip = a->advertise, .network_policy = a->network_policy,
-                               .operator_namespace = a->operator_ns};
+                               .operator_namespace = a->operator_ns, .dashboard = dash};
     if (!metrics || !(ps.ctl = pl_controller_new(&cc, err, sizeof err))) goto done;
     pl_probe_config mc = {.addr = a->metrics_addr, .metrics = metrics_text, .ready = ready,
                           .user = &ps};
@@ -254,18 +279,22 @@ static int run(const op_args *a, pl_kube_config *kc)
     if ((a->metrics_addr[0] && !(mp = pl_probe_start(&mc, err, sizeof err))) ||
         (a->health_addr[0] && !(hp = pl_probe_start(&hc, err, sizeof err))))
         goto done;
-    pl_log(PL_LOG_INFO, "%s, identity %s, workers dial %s, metrics port %d, health port %d",
+    pl_log(PL_LOG_INFO,
+           "%s, identity %s, workers dial %s, metrics port %d, health port %d, dashboard port %d",
            VERSION, a->identity, a->coord_host ? a->coord_host : "each job's Service",
-           mp ? pl_probe_port(mp) : 0, hp ? pl_probe_port(hp) : 0);
+           mp ? pl_probe_port(mp) : 0, hp ? pl_probe_port(hp) : 0,
+           dash ? pl_dashboard_port(dash) : 0);
     if (lead(a, kc, metrics, &leader, err, sizeof err)) goto done;
+    if (dash && atomic_load(&leading)) pl_dashboard_set_unavailable(dash, NULL);
     if (!atomic_load(&stop_flag) && pl_controller_run(ps.ctl, &stop_flag, err, sizeof err))
         goto done;
     rc = atomic_load(&lost_lease) ? 1 : 0;
     if (rc) snprintf(err, sizeof err, "lost the lease: exiting so that another replica leads");
 done:
     if (rc && err[0]) pl_log(PL_LOG_ERROR, "%s", err);
-    pl_controller_free(ps.ctl);
+    pl_controller_free(ps.ctl); /* removes its pages: before the dashboard stops */
     pl_leader_stop(leader);
+    pl_dashboard_stop(dash);
     pl_probe_stop(hp);
     pl_probe_stop(mp);
     pl_metrics_free(metrics);

@@ -1,4 +1,4 @@
-/* The dashboard's server and its event log (see dashboard.h). */
+/* The dashboard's server and its jobs' event logs (see dashboard.h). */
 #include "dashboard.h"
 
 #include "dashboard_page.h"
@@ -11,8 +11,9 @@
 
 #include <libwebsockets.h>
 
-#define DASH_FEED_PATH "/feed"
-#define DASH_CHUNK ((size_t)64 << 10) /* bytes of history per WebSocket fragment */
+#define DASH_FEED "feed"                 /* a job's feed: its path and this */
+#define DASH_CHUNK ((size_t)64 << 10)    /* bytes of history per WebSocket fragment */
+#define DASH_URI_MAX (PL_DASHBOARD_MAX_PATH + 16)
 
 /* One published event: its sequence number (from 0, never reused) and its text. */
 typedef struct {
@@ -22,74 +23,100 @@ typedef struct {
     int step;
 } dash_event;
 
-/* A connection: a page's feed, or an HTTP request for the page. Owned by lws
+/* A job: its path and its log. Every field but pages is guarded by its server's mu. */
+struct pl_dashboard_job {
+    pl_dashboard *d;
+    char path[PL_DASHBOARD_MAX_PATH + 1];
+    dash_event *ev;
+    size_t n, cap, max;
+    uint64_t next_seq;
+    int refs;    /* the front end's (until removed) and one per open feed */
+    int removed;
+    atomic_int pages, pages_total;
+    pl_dashboard_job *next;
+};
+
+/* A connection: a page's feed, or an HTTP request for a page. Owned by lws
  * (per-session data), touched on the server's thread only. */
 typedef struct {
-    int feed;          /* a WebSocket on DASH_FEED_PATH */
+    pl_dashboard_job *job; /* a feed's job (a reference) */
     int live;          /* the history is sent: events go one per message */
     int hist_started;  /* the history message's first fragment is sent */
     int hist_any;      /* an event of the history is in it (the next needs a comma) */
     uint64_t seq;      /* the next event to send */
     uint64_t hist_end; /* the history is the events before this one */
-    size_t http_sent;  /* GET /: bytes of the page sent */
+    size_t http_sent;  /* GET: bytes of the page sent */
 } dash_conn;
 
 struct pl_dashboard {
-    pthread_mutex_t mu; /* guards ev, n, cap, next_seq */
-    dash_event *ev;
-    size_t n, cap;
-    uint64_t next_seq;
+    pthread_mutex_t mu; /* guards jobs, the jobs' fields, unavailable */
+    pl_dashboard_job *jobs;
+    char *unavailable;
     struct lws_context *ctx;
     struct lws_protocols protocols[2];
     pthread_t thread;
     int thread_started;
     atomic_int stop;
-    atomic_int pages, pages_total;
     char host[128];
     int port;
 };
 
-/* ---- the event log (any thread, under mu) ---- */
+/* ---- the jobs and their logs (any thread, under mu) ---- */
+
+static void job_free(pl_dashboard_job *j)
+{
+    for (size_t i = 0; i < j->n; i++)
+        free(j->ev[i].text);
+    free(j->ev);
+    free(j);
+}
+
+/* Drops a reference; the last one of a removed job frees it. */
+static void job_unref(pl_dashboard_job *j)
+{
+    if (--j->refs == 0)
+        job_free(j);
+}
 
 /* Drops every other step event of the older half: called when the log is full. */
-static void log_thin(pl_dashboard *d)
+static void log_thin(pl_dashboard_job *j)
 {
-    size_t half = d->n / 2, k = 0;
+    size_t half = j->n / 2, k = 0;
     int odd = 0;
-    for (size_t i = 0; i < d->n; i++) {
-        dash_event *e = &d->ev[i];
+    for (size_t i = 0; i < j->n; i++) {
+        dash_event *e = &j->ev[i];
         if (i < half && e->step && (odd ^= 1)) {
             free(e->text);
             continue;
         }
-        d->ev[k++] = *e;
+        j->ev[k++] = *e;
     }
-    d->n = k;
+    j->n = k;
 }
 
-static int log_append(pl_dashboard *d, char *text, size_t len, int step)
+static int log_append(pl_dashboard_job *j, char *text, size_t len, int step)
 {
-    if (d->n >= PL_DASHBOARD_MAX_EVENTS)
-        log_thin(d);
-    if (d->n == d->cap) {
-        size_t cap = d->cap ? 2 * d->cap : 1024;
-        dash_event *ev = realloc(d->ev, cap * sizeof *ev);
+    if (j->n >= j->max)
+        log_thin(j);
+    if (j->n == j->cap) {
+        size_t cap = j->cap ? 2 * j->cap : 256;
+        dash_event *ev = realloc(j->ev, cap * sizeof *ev);
         if (!ev)
             return -1;
-        d->ev = ev;
-        d->cap = cap;
+        j->ev = ev;
+        j->cap = cap;
     }
-    d->ev[d->n++] = (dash_event){.seq = d->next_seq++, .text = text, .len = len, .step = step};
+    j->ev[j->n++] = (dash_event){.seq = j->next_seq++, .text = text, .len = len, .step = step};
     return 0;
 }
 
 /* The index of the first event with seq ≥ seq (n when none). */
-static size_t log_find(const pl_dashboard *d, uint64_t seq)
+static size_t log_find(const pl_dashboard_job *j, uint64_t seq)
 {
-    size_t lo = 0, hi = d->n;
+    size_t lo = 0, hi = j->n;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (d->ev[mid].seq < seq)
+        if (j->ev[mid].seq < seq)
             lo = mid + 1;
         else
             hi = mid;
@@ -97,22 +124,90 @@ static size_t log_find(const pl_dashboard *d, uint64_t seq)
     return lo;
 }
 
-void pl_dashboard_publish(pl_dashboard *d, const char *json, int step)
+/* The job whose page (feed 0: its path, without the last '/', or with "index.html") or
+ * feed (feed 1: its path and DASH_FEED) uri is; NULL. */
+static pl_dashboard_job *route(const pl_dashboard *d, const char *uri, int feed)
 {
-    if (!d || !json)
+    for (pl_dashboard_job *j = d->jobs; j; j = j->next) {
+        size_t p = strlen(j->path) - 1; /* without the last '/' */
+        if (strncmp(uri, j->path, p))
+            continue;
+        const char *rest = uri + p;
+        if (feed ? !strcmp(rest, "/" DASH_FEED)
+                 : !strcmp(rest, "/") || !strcmp(rest, "/index.html") || (!*rest && p > 0))
+            return j;
+    }
+    return NULL;
+}
+
+pl_dashboard_job *pl_dashboard_add(pl_dashboard *d, const char *path, size_t max_events)
+{
+    size_t len = path ? strlen(path) : 0;
+    if (!d || !len || len > PL_DASHBOARD_MAX_PATH || path[0] != '/' || path[len - 1] != '/')
+        return NULL;
+    pl_dashboard_job *j = calloc(1, sizeof *j);
+    if (!j)
+        return NULL;
+    j->d = d;
+    memcpy(j->path, path, len + 1);
+    j->max = max_events > 2 ? max_events : 2;
+    j->refs = 1;
+    pthread_mutex_lock(&d->mu);
+    for (pl_dashboard_job *o = d->jobs; o; o = o->next)
+        if (!strcmp(o->path, path)) {
+            pthread_mutex_unlock(&d->mu);
+            free(j);
+            return NULL;
+        }
+    j->next = d->jobs;
+    d->jobs = j;
+    pthread_mutex_unlock(&d->mu);
+    return j;
+}
+
+void pl_dashboard_remove(pl_dashboard_job *j)
+{
+    if (!j)
+        return;
+    pl_dashboard *d = j->d;
+    pthread_mutex_lock(&d->mu);
+    for (pl_dashboard_job **p = &d->jobs; *p; p = &(*p)->next)
+        if (*p == j) {
+            *p = j->next;
+            break;
+        }
+    j->removed = 1;
+    job_unref(j);
+    pthread_mutex_unlock(&d->mu);
+    lws_cancel_service(d->ctx); /* its feeds close when writable */
+}
+
+void pl_dashboard_publish(pl_dashboard_job *j, const char *json, int step)
+{
+    if (!j || !json)
         return;
     size_t len = strlen(json);
     char *text = malloc(len + 1);
     if (!text)
         return; /* the dashboard misses it; the job goes on */
     memcpy(text, json, len + 1);
+    pl_dashboard *d = j->d;
     pthread_mutex_lock(&d->mu);
-    int rc = log_append(d, text, len, step);
+    int rc = log_append(j, text, len, step);
     pthread_mutex_unlock(&d->mu);
     if (rc)
         free(text);
-    else if (d->ctx)
+    else
         lws_cancel_service(d->ctx);
+}
+
+void pl_dashboard_set_unavailable(pl_dashboard *d, const char *why)
+{
+    char *copy = why ? strdup(why) : NULL;
+    pthread_mutex_lock(&d->mu);
+    free(d->unavailable);
+    d->unavailable = copy;
+    pthread_mutex_unlock(&d->mu);
 }
 
 /* ---- what a connection sends (server thread) ---- */
@@ -142,24 +237,24 @@ static int out_add(dash_out *o, const char *s, size_t n)
 
 /* The next fragment of the history message into o: 1 when it is the last, 0 when
  * more follow, -1 out of memory. Holds the lock for at most DASH_CHUNK bytes. */
-static int history_chunk(pl_dashboard *d, dash_conn *c, dash_out *o)
+static int history_chunk(pl_dashboard_job *j, dash_conn *c, dash_out *o)
 {
     const char *head = "{\"type\": \"history\", \"events\": [";
     int rc = 0;
     if (!c->hist_started)
         rc = out_add(o, head, strlen(head));
-    pthread_mutex_lock(&d->mu);
-    size_t i = log_find(d, c->seq);
-    for (; !rc && i < d->n && d->ev[i].seq < c->hist_end && o->len < DASH_CHUNK; i++) {
+    pthread_mutex_lock(&j->d->mu);
+    size_t i = log_find(j, c->seq);
+    for (; !rc && i < j->n && j->ev[i].seq < c->hist_end && o->len < DASH_CHUNK; i++) {
         if (c->hist_any && out_add(o, ",\n", 2))
             rc = -1;
         else
-            rc = out_add(o, d->ev[i].text, d->ev[i].len);
+            rc = out_add(o, j->ev[i].text, j->ev[i].len);
         c->hist_any = 1;
-        c->seq = d->ev[i].seq + 1;
+        c->seq = j->ev[i].seq + 1;
     }
-    int last = i >= d->n || d->ev[i].seq >= c->hist_end;
-    pthread_mutex_unlock(&d->mu);
+    int last = i >= j->n || j->ev[i].seq >= c->hist_end;
+    pthread_mutex_unlock(&j->d->mu);
     if (rc)
         return -1;
     if (last && out_add(o, "]}", 2))
@@ -169,42 +264,43 @@ static int history_chunk(pl_dashboard *d, dash_conn *c, dash_out *o)
     return last;
 }
 
-/* The next live event into o: 1, or 0 when there is none, -1 out of memory. */
-static int live_event(pl_dashboard *d, dash_conn *c, dash_out *o)
+/* The next live event into o: 1, or 0 when there is none, -1 out of memory or when
+ * the job was removed. */
+static int live_event(pl_dashboard_job *j, dash_conn *c, dash_out *o)
 {
-    pthread_mutex_lock(&d->mu);
-    size_t i = log_find(d, c->seq);
-    int rc = 0;
-    if (i < d->n) {
-        rc = out_add(o, d->ev[i].text, d->ev[i].len) ? -1 : 1;
-        c->seq = d->ev[i].seq + 1;
+    pthread_mutex_lock(&j->d->mu);
+    size_t i = log_find(j, c->seq);
+    int rc = j->removed ? -1 : 0;
+    if (!rc && i < j->n) {
+        rc = out_add(o, j->ev[i].text, j->ev[i].len) ? -1 : 1;
+        c->seq = j->ev[i].seq + 1;
     }
-    pthread_mutex_unlock(&d->mu);
+    pthread_mutex_unlock(&j->d->mu);
     return rc;
 }
 
-/* 1 when the connection has events it has not sent. */
-static int has_more(pl_dashboard *d, const dash_conn *c)
+/* 1 when the connection has events it has not sent (or its job was removed). */
+static int has_more(pl_dashboard_job *j, const dash_conn *c)
 {
-    pthread_mutex_lock(&d->mu);
-    int more = !c->live || c->seq < d->next_seq;
-    pthread_mutex_unlock(&d->mu);
+    pthread_mutex_lock(&j->d->mu);
+    int more = !c->live || c->seq < j->next_seq || j->removed;
+    pthread_mutex_unlock(&j->d->mu);
     return more;
 }
 
 /* A feed is writable: the next history fragment, or the next event. -1 closes it. */
-static int feed_writeable(pl_dashboard *d, struct lws *wsi, dash_conn *c)
+static int feed_writeable(struct lws *wsi, dash_conn *c)
 {
     dash_out o = {0};
     int rc, flags;
     if (!c->live) {
-        rc = history_chunk(d, c, &o);
+        rc = history_chunk(c->job, c, &o);
         flags = lws_write_ws_flags(LWS_WRITE_TEXT, !c->hist_started, rc == 1);
         c->hist_started = 1;
         if (rc == 1)
             c->live = 1;
     } else {
-        rc = live_event(d, c, &o);
+        rc = live_event(c->job, c, &o);
         flags = LWS_WRITE_TEXT;
     }
     if (rc < 0 || (rc == 0 && c->live && !o.len)) {
@@ -215,37 +311,84 @@ static int feed_writeable(pl_dashboard *d, struct lws *wsi, dash_conn *c)
     free(o.buf);
     if (w < (int)o.len)
         return -1;
-    if (has_more(d, c))
+    if (has_more(c->job, c))
         lws_callback_on_writable(wsi);
     return 0;
 }
 
-/* A WebSocket opened: a feed on DASH_FEED_PATH (its history is what is there now). */
+/* The job whose feed a WebSocket asks for; NULL while unavailable. Under mu. */
+static pl_dashboard_job *feed_route(pl_dashboard *d, struct lws *wsi)
+{
+    char uri[DASH_URI_MAX] = "";
+    if (d->unavailable || lws_hdr_copy(wsi, uri, sizeof uri, WSI_TOKEN_GET_URI) < 0)
+        return NULL;
+    return route(d, uri, 1);
+}
+
+/* An upgrade: refused before its answer unless it asks for a job's feed. */
+static int feed_filter(pl_dashboard *d, struct lws *wsi)
+{
+    pthread_mutex_lock(&d->mu);
+    int ok = feed_route(d, wsi) != NULL;
+    pthread_mutex_unlock(&d->mu);
+    return ok ? 0 : -1;
+}
+
+/* A WebSocket opened: the feed of the job at its path (its history is what is there
+ * now); a job removed since the upgrade was admitted: closed. */
 static int feed_established(pl_dashboard *d, struct lws *wsi, dash_conn *c)
 {
-    char uri[64] = "";
-    if (lws_hdr_copy(wsi, uri, sizeof uri, WSI_TOKEN_GET_URI) < 0 || strcmp(uri, DASH_FEED_PATH))
-        return -1;
     memset(c, 0, sizeof *c);
-    c->feed = 1;
     pthread_mutex_lock(&d->mu);
-    c->seq = d->n ? d->ev[0].seq : d->next_seq;
-    c->hist_end = d->next_seq;
+    pl_dashboard_job *j = feed_route(d, wsi);
+    if (j) {
+        j->refs++;
+        c->job = j;
+        c->seq = j->n ? j->ev[0].seq : j->next_seq;
+        c->hist_end = j->next_seq;
+    }
     pthread_mutex_unlock(&d->mu);
-    atomic_fetch_add(&d->pages, 1);
-    atomic_fetch_add(&d->pages_total, 1);
+    if (!j)
+        return -1;
+    atomic_fetch_add(&j->pages, 1);
+    atomic_fetch_add(&j->pages_total, 1);
     lws_callback_on_writable(wsi);
     return 0;
 }
 
-/* GET /: the page's headers; its body follows in http_writeable. Else 404. */
-static int http_request(struct lws *wsi, dash_conn *c, const char *uri)
+static void feed_closed(pl_dashboard *d, dash_conn *c)
+{
+    if (!c || !c->job)
+        return;
+    atomic_fetch_sub(&c->job->pages, 1);
+    pthread_mutex_lock(&d->mu);
+    job_unref(c->job);
+    pthread_mutex_unlock(&d->mu);
+    c->job = NULL;
+}
+
+/* An answer with no page: status and a line for people. */
+static int http_refuse(struct lws *wsi, unsigned status, const char *why)
+{
+    lws_return_http_status(wsi, status, why);
+    return lws_http_transaction_completed(wsi) ? -1 : 0;
+}
+
+/* GET a job's page: its headers; its body follows in http_writeable. 503 while the
+ * server is unavailable, else 404 for what is no job's page. */
+static int http_request(pl_dashboard *d, struct lws *wsi, dash_conn *c, const char *uri)
 {
     memset(c, 0, sizeof *c);
-    if (strcmp(uri, "/") && strcmp(uri, "/index.html")) {
-        lws_return_http_status(wsi, HTTP_STATUS_NOT_FOUND, NULL);
-        return lws_http_transaction_completed(wsi) ? -1 : 0;
-    }
+    char why[512] = "";
+    pthread_mutex_lock(&d->mu);
+    int found = route(d, uri, 0) != NULL;
+    if (d->unavailable)
+        snprintf(why, sizeof why, "%s", d->unavailable);
+    pthread_mutex_unlock(&d->mu);
+    if (why[0])
+        return http_refuse(wsi, HTTP_STATUS_SERVICE_UNAVAILABLE, why);
+    if (!found)
+        return http_refuse(wsi, HTTP_STATUS_NOT_FOUND, NULL);
     unsigned char buf[LWS_PRE + 1024], *start = buf + LWS_PRE, *p = start,
                   *end = buf + sizeof buf - 1;
     const char *nostore = "no-store";
@@ -286,15 +429,13 @@ static int dash_callback(struct lws *wsi, enum lws_callback_reasons reason, void
     pl_dashboard *d = ctx ? lws_context_user(ctx) : NULL;
     dash_conn *c = user;
     switch (reason) {
-    case LWS_CALLBACK_HTTP: return http_request(wsi, c, in ? (const char *)in : "");
+    case LWS_CALLBACK_HTTP: return http_request(d, wsi, c, in ? (const char *)in : "");
     case LWS_CALLBACK_HTTP_WRITEABLE: return c ? http_writeable(wsi, c) : -1;
+    case LWS_CALLBACK_FILTER_PROTOCOL_CONNECTION: return feed_filter(d, wsi);
     case LWS_CALLBACK_ESTABLISHED: return feed_established(d, wsi, c);
-    case LWS_CALLBACK_SERVER_WRITEABLE: return c && c->feed ? feed_writeable(d, wsi, c) : 0;
+    case LWS_CALLBACK_SERVER_WRITEABLE: return c && c->job ? feed_writeable(wsi, c) : 0;
     case LWS_CALLBACK_RECEIVE: return 0; /* read-only: whatever a page sends is ignored */
-    case LWS_CALLBACK_CLOSED:
-        if (c && c->feed)
-            atomic_fetch_sub(&d->pages, 1);
-        return 0;
+    case LWS_CALLBACK_CLOSED: feed_closed(d, c); return 0;
     case LWS_CALLBACK_EVENT_WAIT_CANCELLED:
         if (d && !atomic_load(&d->stop))
             lws_callback_on_writable_all_protocol(ctx, &d->protocols[0]);
@@ -315,13 +456,13 @@ static void *serve(void *arg)
 }
 
 /* "HOST:PORT", "[V6]:PORT", ":PORT" into host and port. */
-static int parse_addr(const char *addr, char *host, size_t hostlen, int *port, char *err,
-                      size_t errlen)
+static int parse_addr(const char *flag, const char *addr, char *host, size_t hostlen, int *port,
+                      char *err, size_t errlen)
 {
     const char *colon = strrchr(addr, ':');
     const char *h = addr, *he = colon;
     if (!colon)
-        return pl_errf(err, errlen, "--dashboard %s: expected HOST:PORT", addr);
+        return pl_errf(err, errlen, "%s %s: expected HOST:PORT", flag, addr);
     if (*h == '[' && he > h && he[-1] == ']') {
         h++;
         he--;
@@ -329,10 +470,10 @@ static int parse_addr(const char *addr, char *host, size_t hostlen, int *port, c
     char *end;
     long p = strtol(colon + 1, &end, 10);
     if (end == colon + 1 || *end || p < 0 || p > 65535)
-        return pl_errf(err, errlen, "--dashboard %s: bad port", addr);
+        return pl_errf(err, errlen, "%s %s: bad port", flag, addr);
     size_t n = (size_t)(he - h);
     if (n >= hostlen)
-        return pl_errf(err, errlen, "--dashboard %s: host too long", addr);
+        return pl_errf(err, errlen, "%s %s: host too long", flag, addr);
     if (n == 0)
         snprintf(host, hostlen, "127.0.0.1");
     else
@@ -341,12 +482,13 @@ static int parse_addr(const char *addr, char *host, size_t hostlen, int *port, c
     return 0;
 }
 
-static int create_context(pl_dashboard *d, int port, char *err, size_t errlen)
+static int create_context(pl_dashboard *d, const char *flag, int port, char *err, size_t errlen)
 {
     d->protocols[0].name = PL_DASHBOARD_SUBPROTOCOL;
     d->protocols[0].callback = dash_callback;
     d->protocols[0].per_session_data_size = sizeof(dash_conn);
     d->protocols[0].rx_buffer_size = 4096;
+    lws_set_log_level(LLL_ERR, NULL); /* as the control server: lws's notices are noise */
     struct lws_context_creation_info info;
     memset(&info, 0, sizeof info);
     if (!strchr(d->host, ':'))
@@ -362,24 +504,24 @@ static int create_context(pl_dashboard *d, int port, char *err, size_t errlen)
     struct lws_vhost *vh = d->ctx ? lws_get_vhost_by_name(d->ctx, "pliant-dashboard") : NULL;
     d->port = vh ? lws_get_vhost_listen_port(vh) : 0;
     if (d->port <= 0)
-        return pl_errf(err, errlen, "dashboard: cannot listen on %s:%d", d->host, port);
+        return pl_errf(err, errlen, "%s: cannot listen on %s:%d", flag, d->host, port);
     return 0;
 }
 
-pl_dashboard *pl_dashboard_start(const char *addr, char *err, size_t errlen)
+pl_dashboard *pl_dashboard_start(const char *flag, const char *addr, char *err, size_t errlen)
 {
     pl_dashboard *d = calloc(1, sizeof *d);
     if (!d) {
-        pl_errf(err, errlen, "dashboard: out of memory");
+        pl_errf(err, errlen, "%s: out of memory", flag);
         return NULL;
     }
     pthread_mutex_init(&d->mu, NULL);
     int port = 0;
-    if (parse_addr(addr, d->host, sizeof d->host, &port, err, errlen) ||
-        create_context(d, port, err, errlen))
+    if (parse_addr(flag, addr, d->host, sizeof d->host, &port, err, errlen) ||
+        create_context(d, flag, port, err, errlen))
         goto fail;
     if (pthread_create(&d->thread, NULL, serve, d)) {
-        pl_errf(err, errlen, "dashboard: cannot start its thread");
+        pl_errf(err, errlen, "%s: cannot start the dashboard's thread", flag);
         goto fail;
     }
     d->thread_started = 1;
@@ -399,10 +541,13 @@ void pl_dashboard_stop(pl_dashboard *d)
         pthread_join(d->thread, NULL);
     }
     if (d->ctx)
-        lws_context_destroy(d->ctx);
-    for (size_t i = 0; i < d->n; i++)
-        free(d->ev[i].text);
-    free(d->ev);
+        lws_context_destroy(d->ctx); /* the feeds' references go (feed_closed) */
+    while (d->jobs) {
+        pl_dashboard_job *j = d->jobs;
+        d->jobs = j->next;
+        job_free(j);
+    }
+    free(d->unavailable);
     pthread_mutex_destroy(&d->mu);
     free(d);
 }
@@ -410,9 +555,9 @@ void pl_dashboard_stop(pl_dashboard *d)
 const char *pl_dashboard_host(const pl_dashboard *d) { return d->host; }
 int pl_dashboard_port(const pl_dashboard *d) { return d->port; }
 
-int pl_dashboard_pages(const pl_dashboard *d, int *total)
+int pl_dashboard_pages(const pl_dashboard_job *j, int *total)
 {
-    pl_dashboard *m = (pl_dashboard *)d;
+    pl_dashboard_job *m = (pl_dashboard_job *)j;
     if (total)
         *total = atomic_load(&m->pages_total);
     return atomic_load(&m->pages);

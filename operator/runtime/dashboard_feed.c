@@ -14,7 +14,7 @@
 #define FEED_VIEW_INTS 8  /* per worker in a plan's signature */
 
 struct pl_dash_feed {
-    pl_dashboard *dash;
+    pl_dashboard_job *page;
     pl_job_driver *drv;
     const pl_job *job;
     pl_coord *coord;
@@ -52,7 +52,7 @@ static void publish(pl_dash_feed *f, cJSON *o, int step)
 {
     char *text = o ? cJSON_PrintUnformatted(o) : NULL;
     if (text)
-        pl_dashboard_publish(f->dash, text, step);
+        pl_dashboard_publish(f->page, text, step);
     cJSON_free(text);
     cJSON_Delete(o);
 }
@@ -81,13 +81,13 @@ static void publish_hello(pl_dash_feed *f)
     publish(f, o, 0);
 }
 
-pl_dash_feed *pl_dash_feed_new(pl_dashboard *dash, pl_job_driver *drv)
+pl_dash_feed *pl_dash_feed_new(pl_dashboard_job *page, pl_job_driver *drv)
 {
     pl_dash_feed *f = calloc(1, sizeof *f);
     if (!f)
         return NULL;
     int64_t t = mono_ns();
-    f->dash = dash;
+    f->page = page;
     f->drv = drv;
     f->job = pl_job_driver_job(drv);
     f->coord = pl_job_driver_coord(drv);

@@ -3,10 +3,10 @@
  * hands it every event it drains from the driver (pl_dash_feed_event), calls
  * pl_dash_feed_poll after each poll (plans, workers' states, the phase) and tells it
  * what only it sees (pl_dash_feed_notice: chaos, a worker's process ending). The feed
- * publishes JSON events to the dashboard (dashboard.h), which serves them.
+ * publishes JSON events to the job's page on a dashboard (dashboard.h), which serves them.
  *
  * Single-threaded: every call on the front end's thread (the coordinator's). The feed
- * borrows the dashboard and the driver (both must outlive it) and owns nothing else
+ * borrows the job's page and the driver (both must outlive it) and owns nothing else
  * but itself. It keeps the time it spent, so that its cost to the coordinator's thread
  * can be reported (pl_dash_feed_cost_ns). */
 #ifndef PLIANT_DASHBOARD_FEED_H
@@ -20,7 +20,7 @@
 typedef struct pl_dash_feed pl_dash_feed;
 
 /* After pl_job_driver_start; publishes the job's "hello". NULL when out of memory. */
-pl_dash_feed *pl_dash_feed_new(pl_dashboard *dash, pl_job_driver *drv);
+pl_dash_feed *pl_dash_feed_new(pl_dashboard_job *page, pl_job_driver *drv);
 void pl_dash_feed_free(pl_dash_feed *f); /* NULL is fine */
 
 /* One event drained from the driver (step, reconfiguration, recovery, checkpoint...). */

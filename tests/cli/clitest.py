@@ -138,29 +138,38 @@ def websocket_upgrade(sock, port, path, protocol=None):
     check(head.startswith(b"HTTP/1.1 101"), "upgrade refused: %r", head[:200])
 
 
-class WebSocket:
-    """A minimal client of the control channel (TLS + RFC 6455, masked frames), for
-    sending what a real worker never would."""
+class WS:
+    """A WebSocket client (RFC 6455, masked frames; fragmented messages reassembled) on
+    plain TCP: the dashboard's feed, or chromium's DevTools."""
 
-    def __init__(self, port, ca):
-        ctx = ssl.create_default_context(cafile=ca)
-        ctx.check_hostname = False
-        self.s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10))
-        websocket_upgrade(self.s, port, "/control", "pliant.v1")
+    def __init__(self, port, path, protocol=None, timeout=30, sock=None):
+        self.s = sock or socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        websocket_upgrade(self.s, port, path, protocol)
 
     def _read(self, n):
         data = b""
         while len(data) < n:
             chunk = self.s.recv(n - len(data))
             if not chunk:
-                return None
+                raise EOFError
             data += chunk
         return data
 
-    def send(self, payload, declared=None):
-        """One masked text frame; declared: a length to announce instead of the real one."""
+    def frame(self):
+        """(fin, opcode, payload) of the next frame; EOFError once closed."""
+        h = self._read(2)
+        n = h[1] & 0x7F
+        if n == 126:
+            n = int.from_bytes(self._read(2), "big")
+        elif n == 127:
+            n = int.from_bytes(self._read(8), "big")
+        return bool(h[0] & 0x80), h[0] & 0x0F, self._read(n)
+
+    def send(self, text, opcode=1, declared=None):
+        """One masked final frame; declared: a length to announce instead of the real one."""
+        payload = text.encode() if isinstance(text, str) else text
         n = len(payload) if declared is None else declared
-        head = bytes([0x81])
+        head = bytes([0x80 | opcode])
         if n < 126:
             head += bytes([0x80 | n])
         elif n < 65536:
@@ -169,25 +178,70 @@ class WebSocket:
             head += bytes([0x80 | 127]) + n.to_bytes(8, "big")
         mask = os.urandom(4)
         body = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+        self.s.sendall(head + mask + body)
+
+    def recv(self):
+        """The next text message (str), or None once closed."""
+        parts = []
         try:
-            self.s.sendall(head + mask + body)
+            while True:
+                fin, op, payload = self.frame()
+                if op == 8:
+                    return None
+                if op in (1, 0):
+                    parts.append(payload)
+                    if fin:
+                        return b"".join(parts).decode()
+        except (OSError, EOFError):
+            return None
+
+    def close(self):
+        self.s.close()
+
+
+def read_feed(ws, into, until=("done", "failed")):
+    """Messages into `into` until a phase event in `until` (or the end)."""
+    while True:
+        text = ws.recv()
+        if text is None:
+            return
+        m = json.loads(text)
+        into.append(m)
+        evs = m["events"] if m["type"] == "history" else [m]
+        if any(e["type"] == "phase" and e["phase"] in until for e in evs):
+            return
+
+
+def flatten(msgs):
+    """A page's messages as the events in order: the history's, then the live ones."""
+    check(msgs and msgs[0]["type"] == "history", "first message: %s", msgs[:1])
+    check(all(m["type"] != "history" for m in msgs[1:]), "a second history message")
+    return msgs[0]["events"] + msgs[1:]
+
+
+class WebSocket(WS):
+    """A minimal client of the control channel (TLS), for sending what a real worker
+    never would."""
+
+    def __init__(self, port, ca):
+        ctx = ssl.create_default_context(cafile=ca)
+        ctx.check_hostname = False
+        sock = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10))
+        super().__init__(port, "/control", "pliant.v1", sock=sock)
+
+    def send(self, payload, declared=None):
+        """One masked text frame; declared: a length to announce instead of the real one."""
+        try:
+            super().send(payload, 1, declared)
         except OSError:
             pass  # the server may close before reading it all
 
     def recv(self):
         """(opcode, payload), or None once the connection is closed."""
         try:
-            h = self._read(2)
-            if h is None:
-                return None
-            n = h[1] & 0x7F
-            if n == 126:
-                n = int.from_bytes(self._read(2), "big")
-            elif n == 127:
-                n = int.from_bytes(self._read(8), "big")
-            payload = self._read(n)
-            return None if payload is None else (h[0] & 0x0F, payload)
-        except (OSError, TypeError):
+            _, op, payload = self.frame()
+            return op, payload
+        except (OSError, EOFError):
             return None
 
     def closed_after(self):

@@ -66,11 +66,13 @@ CUSTOM = {
     "metrics": {"port": 9090, "service": {"port": 9090, "annotations": {"prometheus.io/scrape": "true"}},
                 "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
     "health": {"port": 9091},
+    "dashboard": {"port": 9092, "host": "0.0.0.0"},
     "coordinator": {"port": 9443},
     "serviceAccount": {"name": "pliant-sa", "annotations": {"example.com/role": "x"}},
     "networkPolicy": {"workerNamespaces": ["team-a", "team-b"], "perJob": False,
                       "metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}],
-                      "healthFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]},
+                      "healthFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}}],
+                      "dashboardFrom": [{"namespaceSelector": {"matchLabels": {"name": "ml-tools"}}}]},
 }
 
 MINIMAL = {
@@ -167,8 +169,9 @@ def deployment_defaults():
     c = _container(dep)
     check(c["image"] == "ghcr.io/pliant-dev/pliant-operator:0.1.0", "image %r", c["image"])
     check(c["command"] == ["/usr/local/bin/pliant-operator"], "command %r", c["command"])
-    check(c["args"] == ["--leader-elect", "--metrics-addr=:8080", "--health-addr=:8081", "--log-level=info",
-                        "--job-network-policy"], "args %r", c["args"])
+    check(c["args"] == ["--leader-elect", "--metrics-addr=:8080", "--health-addr=:8081",
+                        "--dashboard-addr=127.0.0.1:8090", "--log-level=info", "--job-network-policy"],
+          "args %r", c["args"])
     env = {e["name"]: e for e in c["env"]}
     check(env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}, "POD_NAME %r", env["POD_NAME"])
     check(env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}},
@@ -179,7 +182,7 @@ def deployment_defaults():
     check(env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}},
           "POD_IP (the jobs' EndpointSlices' address) %r", env.get("POD_IP"))
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    check(ports == {"metrics": 8080, "health": 8081, "coordinator": 8443}, "ports %r", ports)
+    check(ports == {"metrics": 8080, "health": 8081, "coordinator": 8443, "dashboard": 8090}, "ports %r", ports)
     check(c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}, "liveness %r", c["livenessProbe"])
     check(c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}, "readiness %r", c["readinessProbe"])
     sc = c["securityContext"]
@@ -395,6 +398,16 @@ def service_and_network_policies():
     check(all(r.get("from") for r in op["ingress"]), "an ingress rule without from: %r", op["ingress"])
     check(op["ingress"][1]["from"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {
         "app.kubernetes.io/name": "prometheus"}}}], "metrics ingress %r", op["ingress"][1])
+    # the dashboard: no rule by default (loopback; kubectl port-forward connects inside the
+    # Pod), none while it is off even with dashboardFrom
+    peers = [{"podSelector": {"matchLabels": {"app": "grafana"}}}]
+    for values, want in (({}, []),
+                         ({"networkPolicy": {"dashboardFrom": peers}},
+                          [{"from": peers, "ports": [{"protocol": "TCP", "port": 8090}]}]),
+                         ({"dashboard": {"enabled": False}, "networkPolicy": {"dashboardFrom": peers}}, [])):
+        pol = {o["metadata"]["name"]: o for o in by_kind(render(values), "NetworkPolicy")}["pliant-operator"]["spec"]
+        got = [r for r in pol["ingress"] if r["ports"][0]["port"] == 8090]
+        check(got == want, "dashboard ingress with %r: %r", values, got)
     closed = render({"networkPolicy": {"metricsFrom": []}})
     op2 = {o["metadata"]["name"]: o for o in by_kind(closed, "NetworkPolicy")}["pliant-operator"]["spec"]
     check([r["ports"][0]["port"] for r in op2["ingress"]] == [8443], "metricsFrom [] ports %r", op2["ingress"])
@@ -426,8 +439,9 @@ def renders_custom_values():
     c = _container(dep)
     check(c["image"] == "registry.example.com/pliant-operator:1.2.3" and c["imagePullPolicy"] == "Always",
           "image %r %r", c["image"], c["imagePullPolicy"])
-    check(c["args"] == ["--leader-elect", "--metrics-addr=:9090", "--health-addr=:9091", "--log-level=debug",
-                        "--namespace=team-a"], "args %r", c["args"])
+    check(c["args"] == ["--leader-elect", "--metrics-addr=:9090", "--health-addr=:9091",
+                        "--dashboard-addr=0.0.0.0:9092", "--log-level=debug", "--namespace=team-a"],
+          "args %r", c["args"])
     env = {e["name"]: e.get("value") for e in c["env"]}
     check(env["PLIANT_WORKER_IMAGE"] == "registry.example.com/pliant-worker:1.2.3-cuda12" and env["TZ"] == "UTC",
           "env %r", env)
@@ -451,6 +465,8 @@ def renders_custom_values():
     check(op["ingress"][1]["ports"] == [{"protocol": "TCP", "port": 9090}], "metrics port %r", op["ingress"][1])
     check(op["ingress"][2] == {"from": CUSTOM["networkPolicy"]["healthFrom"],
                                "ports": [{"protocol": "TCP", "port": 9091}]}, "healthFrom %r", op["ingress"][2:])
+    check(op["ingress"][3:] == [{"from": CUSTOM["networkPolicy"]["dashboardFrom"],
+                                 "ports": [{"protocol": "TCP", "port": 9092}]}], "dashboardFrom %r", op["ingress"][3:])
     check(by_kind(objs, "ServiceAccount") == [] or
           one(objs, "ServiceAccount")["metadata"]["name"] == "pliant-sa", "ServiceAccount name")
     svc = one(objs, "Service")
@@ -466,6 +482,10 @@ def renders_minimal_values():
     dep = one(objs, "Deployment")
     c = _container(dep)
     check("--leader-elect" not in c["args"] and dep["spec"]["replicas"] == 1, "args %r", c["args"])
+    off = _container(one(render({"dashboard": {"enabled": False}}), "Deployment"))
+    check(not any(a.startswith("--dashboard-addr") for a in off["args"]) and
+          "dashboard" not in {p["name"] for p in off["ports"]}, "dashboard.enabled false: %r %r", off["args"],
+          off["ports"])
     check(dep["spec"]["template"]["spec"]["serviceAccountName"] == "existing-sa", "serviceAccountName")
 
 

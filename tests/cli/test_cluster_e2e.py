@@ -11,7 +11,9 @@ the end.
         examples/shakespeare-tiny.yaml (shortened) in namespace training (Pod
         Security restricted), data and checkpoints on claims: Succeeded; `kubectl
         get tj` and `kubectl describe tj` as README.md shows them; no 403 for the
-        operator's ServiceAccount in the API server's request log
+        operator's ServiceAccount in the API server's request log; the job's final
+        dashboard page at status.dashboard from inside the leading operator Pod (where
+        kubectl port-forward connects), 503 from the other, nothing from outside
   no_403_for_the_operator_in_the_whole_file
         (last) no RBAC refusal of any request the operator made while the file ran
   profile_auto_is_measured_on_a_worker
@@ -280,6 +282,52 @@ def shakespeare_example_trains_in_a_restricted_namespace():
     denied = [r for r in fx.requests()[0] if r["status"] == 403 and r["user"] == OPERATOR_SA]
     check(not denied, "403 for the operator: %s", [(r["method"], r["path"]) for r in denied][:5])
     check(any(r["user"] == OPERATOR_SA for r in fx.requests()[0]), "no request recorded as %s", OPERATOR_SA)
+    check(st.get("dashboard") == "/jobs/%s/%s/" % (NS, name), "status.dashboard %r", st.get("dashboard"))
+    dashboard_as_port_forward_sees_it(st["dashboard"])
+
+
+GET = r"""
+import http.client, json, sys
+try:
+    c = http.client.HTTPConnection(sys.argv[1], int(sys.argv[2]), timeout=5)
+    c.request("GET", sys.argv[3])
+    r = c.getresponse()
+    out = [r.status, r.read().decode(errors="replace")]
+except OSError as e:
+    out = [0, "error: %s" % (e.strerror or e)]
+print(json.dumps(out))
+"""
+DASHBOARD_PORT = 8090  # the chart's dashboard.port, on 127.0.0.1 (dashboard.host)
+
+
+def get_in_pod_network(pod, host, port, path):
+    """GET http://host:port/path from the operator Pod's network namespace, as kubectl
+    port-forward connects: (status, body), status 0 and the error when nothing answers."""
+    pid = fx.pod_pids("pliant", pod)[0]
+    p = subprocess.run(["nsenter", "-t", str(pid), "-n", "--", sys.executable, "-c", GET, host, str(port), path],
+                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=20)
+    out = p.stdout.decode(errors="replace")
+    check(p.returncode == 0, "GET %s in %s: %s", path, pod, out)
+    return tuple(json.loads(out.strip().splitlines()[-1]))
+
+
+def dashboard_as_port_forward_sees_it(path):
+    """The leader serves the job's page to what connects inside its Pod; the other
+    replica answers 503 naming the Lease; the port is not reachable from outside."""
+    leader = fx.leader()
+    code, body = get_in_pod_network(leader, "127.0.0.1", DASHBOARD_PORT, path)
+    check(code == 200 and "PliantDashboard" in body, "the leader %s's dashboard %s: %s %s", leader, path, code,
+          body[:300])
+    ip = fx.pod("pliant", leader)["status"]["podIP"]
+    for p in fx.operator_pods():
+        other = p["metadata"]["name"]
+        if other == leader:
+            continue
+        code, body = get_in_pod_network(other, "127.0.0.1", DASHBOARD_PORT, path)
+        check(code == 503 and "does not lead" in body, "the follower %s's dashboard: %s %s", other, code,
+              body[:300])
+        code, body = get_in_pod_network(other, ip, DASHBOARD_PORT, path)
+        check(code == 0, "the leader's dashboard from another Pod: %s %s", code, body[:300])
 
 
 # ---------------------------------------------------------------------------

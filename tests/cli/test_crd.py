@@ -459,7 +459,7 @@ def crd_status_schema():
     for name in ("phase", "conditions", "observedGeneration", "step", "progressPercentage",
                  "estimatedRemainingSeconds", "loss", "samplesPerSecond", "nodes", "pipelines",
                  "planGeneration", "plan", "reconfigurations", "lastReconfiguration", "lastCheckpoint",
-                 "startTime", "completionTime"):
+                 "startTime", "completionTime", "dashboard"):
         check(name in st, "status.%s missing", name)
     cond = st["conditions"]["items"]["properties"]
     check(set(cond) == {"type", "status", "reason", "message", "lastTransitionTime", "observedGeneration"},
@@ -476,7 +476,8 @@ def crd_status_schema():
                               "observedGeneration": 1}],
               "lastReconfiguration": {"time": "2026-01-01T00:00:00Z", "cause": "NodeLost",
                                       "durationSeconds": 1.5, "bytesCopied": 123456},
-              "lastCheckpoint": {"step": 100, "time": "2026-01-01T00:00:00Z", "dir": "/ckpt/x"}}
+              "lastCheckpoint": {"step": 100, "time": "2026-01-01T00:00:00Z", "dir": "/ckpt/x"},
+              "dashboard": "/jobs/default/gpt2/"}
     m = copy.deepcopy(BASE)
     m["status"] = status
     _, errs = admit(m)

@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -34,7 +33,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from clitest import SHAKESPEARE, Skip, Suite, check, websocket_upgrade  # noqa: E402
+from clitest import SHAKESPEARE, WS, Skip, Suite, check, flatten, read_feed  # noqa: E402
 
 suite = Suite("dashboard", needs=[SHAKESPEARE])
 test = suite.test
@@ -120,83 +119,6 @@ class Run:
     def records(self):
         with open(self.metrics) as f:
             return [json.loads(line) for line in f if line.strip()]
-
-
-class WS:
-    """A WebSocket client (RFC 6455, plain TCP, masked frames; fragmented messages
-    reassembled): the dashboard's feed, or chromium's DevTools."""
-
-    def __init__(self, port, path, protocol=None, timeout=30):
-        self.s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        websocket_upgrade(self.s, port, path, protocol)
-
-    def _read(self, n):
-        data = b""
-        while len(data) < n:
-            chunk = self.s.recv(n - len(data))
-            if not chunk:
-                raise EOFError
-            data += chunk
-        return data
-
-    def send(self, text, opcode=1):
-        payload = text.encode() if isinstance(text, str) else text
-        n = len(payload)
-        head = bytes([0x80 | opcode])
-        if n < 126:
-            head += bytes([0x80 | n])
-        elif n < 65536:
-            head += bytes([0x80 | 126]) + n.to_bytes(2, "big")
-        else:
-            head += bytes([0x80 | 127]) + n.to_bytes(8, "big")
-        mask = os.urandom(4)
-        body = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-        self.s.sendall(head + mask + body)
-
-    def recv(self):
-        """The next text message (str), or None once closed."""
-        parts = []
-        try:
-            while True:
-                h = self._read(2)
-                n = h[1] & 0x7F
-                if n == 126:
-                    n = int.from_bytes(self._read(2), "big")
-                elif n == 127:
-                    n = int.from_bytes(self._read(8), "big")
-                payload = self._read(n)
-                op = h[0] & 0x0F
-                if op == 8:
-                    return None
-                if op in (1, 0):
-                    parts.append(payload)
-                    if h[0] & 0x80:
-                        return b"".join(parts).decode()
-        except (OSError, EOFError):
-            return None
-
-    def close(self):
-        self.s.close()
-
-
-def read_feed(ws, into, until=("done", "failed")):
-    """Messages into `into` until a phase event in `until` (or the end)."""
-    while True:
-        text = ws.recv()
-        if text is None:
-            return
-        m = json.loads(text)
-        into.append(m)
-        evs = m["events"] if m["type"] == "history" else [m]
-        if any(e["type"] == "phase" and e["phase"] in until for e in evs):
-            return
-
-
-def flatten(msgs):
-    """A page's messages as the events in order: the history's, then the live ones."""
-    check(msgs and msgs[0]["type"] == "history", "first message: %s", msgs[:1])
-    check(all(m["type"] != "history" for m in msgs[1:]), "a second history message")
-    return msgs[0]["events"] + msgs[1:]
 
 
 def check_events(evs, recs):

@@ -11,6 +11,7 @@ each job's EndpointSlice with address 127.0.0.1 and a NetworkPolicy per job).
   crd_applies_and_kubectl_shows_the_columns     kubectl apply -f crds/; a job; kubectl get tj columns
   invalid_manifests_are_rejected_by_the_schema  kubectl apply refused, message naming the field
   job_runs_to_succeeded                         status (cost too), Events, Secret/Service/Pods, metrics
+  dashboard_serves_each_job_on_the_leader       status.dashboard, the page and its feed, the final page
   deleted_worker_pod_is_replaced_without_restart     a Pod deleted mid-training
   deleted_node_loses_two_pods_without_restart        a Node deleted (F = 2, 5 Pods)
   invalid_spec_gets_a_failed_condition          specs beyond the schema
@@ -23,7 +24,8 @@ each job's EndpointSlice with address 127.0.0.1 and a NetworkPolicy per job).
   failed_pods_back_off_then_exhaust_the_backoff_limit   killed workers: back-off, BackoffLimitExceeded
   log_levels                                    --log-level error|warn|info|debug
   workers_profile_evaluate_and_checkpoint       profile auto, evalEvery, checkpoints: status, resume
-  leader_failover_continues_training            two operators with --leader-elect; the EndpointSlice follows
+  leader_failover_continues_training            two operators with --leader-elect; the EndpointSlice follows,
+                                                the dashboard too (503 on the follower)
 The first two need only the emulator and kubectl; the others are skipped while
 build/bin/pliant-operator is missing, and the failover test while
 `pliant-operator --version`/`--help` does not mention hello_resume (workers
@@ -48,7 +50,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "k8s"))
 
-from clitest import REPO, SHAKESPEARE, Failure, Suite, check  # noqa: E402
+from clitest import REPO, SHAKESPEARE, WS, Failure, Suite, check, flatten, read_feed  # noqa: E402
 import e2e  # noqa: E402
 from e2e import E2EFailure  # noqa: E402
 
@@ -620,6 +622,60 @@ def job_runs_to_succeeded():
     check(op.alive(), "the operator exited")
 
 
+def feed_events(op, path, timeout=60):
+    """The events of the job's dashboard feed at path (history, then live until the end),
+    something sent to it first (the port is read-only: ignored)."""
+    ws = WS(op.dashboard_port, path + "feed", "pliant-dashboard", timeout=timeout)
+    ws.send('{"type": "stop"}')
+    msgs = []
+    read_feed(ws, msgs)
+    ws.close()
+    return flatten(msgs)
+
+
+def check_feed(evs, job, steps, pods, first_step=0):
+    """A job's dashboard events: its hello first, plans naming its worker Pods, one step
+    event per committed step from first_step (0: the first) to the last, the end."""
+    check(evs and evs[0]["type"] == "hello" and evs[0]["job"] == job and evs[0]["steps"] == steps,
+          "the feed begins %s", json.dumps(evs[:1])[:300])
+    plans = [e for e in evs if e["type"] == "plan"]
+    check(plans, "no plan event: types %s", sorted({e["type"] for e in evs}))
+    held = {w["name"] for w in plans[-1]["workers"] if w["pipeline"] >= 0 and w["layers"]}
+    check(held and held <= set(pods), "the last plan's workers %s, worker Pods %s", sorted(held), sorted(pods))
+    got = [e["step"] for e in evs if e["type"] == "step"]
+    check(got == list(range(first_step, steps)), "step events %s ... %s, want %d..%d", got[:5], got[-5:],
+          first_step, steps - 1)
+    ends = [e["phase"] for e in evs if e["type"] == "phase" and e["phase"] in ("done", "failed")]
+    check(ends == ["done"], "the feed's end phases %s", ends)
+
+
+@e2e_test("operator", jobs=["dash"])
+def dashboard_serves_each_job_on_the_leader():
+    """the operator's dashboard port serves the job's page at status.dashboard
+    (/jobs/default/dash/) and its feed (hello, plans of its worker Pods, one step event
+    per committed step, the end); after the job's coordinator stopped, the same final
+    page and history; 404 for what is no job's page."""
+    op = operator()
+    steps = min(long_steps(6), 3000)  # within the log's bound (no step event thinned)
+    apply(job_manifest("dash", steps))
+    path = "/jobs/default/dash/"
+    st = wait_status("dash", "status.dashboard", lambda s: s.get("dashboard"), 60)
+    check(st["dashboard"] == path, "status.dashboard %r, want %r", st["dashboard"], path)
+    code, page = op.dashboard(path)
+    check(code == 200 and "PliantDashboard" in page, "GET %s: %s %s", path, code, page[:200])
+    evs = feed_events(op, path)
+    st = wait_status("dash", "Succeeded", succeeded, 120)
+    check(st.get("dashboard") == path, "status.dashboard %r once Succeeded", st.get("dashboard"))
+    check_feed(evs, "dash", steps, job_pods("dash"))
+    time.sleep(5)  # the coordinator stops 3 s after the end; its page stays
+    late = feed_events(op, path)
+    check(late[:len(evs)] == evs, "the final page's history differs from the live feed")
+    for p, want in ((path, 200), (path[:-1], 200), (path + "feed", 404), ("/jobs/default/nothing/", 404),
+                    ("/", 404)):
+        code, _ = op.dashboard(p)
+        check(code == want, "GET %s: %s, want %d", p, code, want)
+
+
 def check_cost(st, samples, job, trained):
     """status.cost (spec.cost: $0.918 spot, $3.06 on demand per node-hour): the node-hours
     of the worker Pods priced at both rates, the samples of the committed steps and their
@@ -1117,6 +1173,10 @@ def workers_profile_evaluate_and_checkpoint():
     check(op.alive(), "the operator exited")
 
 
+def other_of(ident):
+    return "op-b" if ident == "op-a" else "op-a"
+
+
 @e2e_test("failover", jobs=[("ha", "ha")])
 def leader_failover_continues_training():
     """two operators with --leader-elect; SIGKILL of the Lease holder
@@ -1153,11 +1213,15 @@ def leader_failover_continues_training():
     slice_path = "/apis/discovery.k8s.io/v1/namespaces/ha/endpointslices/ha-coordinator"
     check(emu().get(slice_path)["endpoints"][0]["addresses"] == [address[leader]],
           "the EndpointSlice does not name the leader %s: %s", leader, emu().get(slice_path))
+    code, body = pair[leader].dashboard("/jobs/ha/ha/")
+    check(code == 200, "the leader's dashboard: %s %s", code, body[:200])
+    code, body = pair[other_of(leader)].dashboard("/jobs/ha/ha/")
+    check(code == 503 and "does not lead" in body, "the follower's dashboard: %s %s", code, body[:300])
     s_kill = status_of("ha", "ha").get("step") or 0
     check(s_kill < steps * 0.8, "step %s of %d before the failover: raise the steps", s_kill, steps)
     t_kill = time.monotonic()
     pair[leader].kill()
-    other = "op-b" if leader == "op-a" else "op-a"
+    other = other_of(leader)
     wait_for("%s to take the Lease over" % other, lambda: holder() == other, 60, 0.2, alive=ops_dead)
     wait_for("the new leader %s to rewrite the EndpointSlice" % other,
              lambda: emu().get(slice_path)["endpoints"][0]["addresses"] == [address[other]], 60, 0.2,
@@ -1169,6 +1233,13 @@ def leader_failover_continues_training():
                 stall=90)
     st = wait_status("ha", "Succeeded", succeeded, 150, ns="ha", stall=60)
     check(st.get("step") == steps, "final status.step %s", st.get("step"))
+    # the new leader's page: the job from where it took it over
+    check(st.get("dashboard") == "/jobs/ha/ha/", "status.dashboard %r", st.get("dashboard"))
+    evs = feed_events(pair[other], "/jobs/ha/ha/")
+    first = min([e["step"] for e in evs if e["type"] == "step"] or [0])
+    check(first >= s_kill - 1, "the new leader's first step event %d, status.step %d before the failover",
+          first, s_kill)
+    check_feed(evs, "ha", steps, job_pods("ha", "ha"), first)
     hist = check_monotonic("ha", "ha", slack=1)
     check(hist[-1] == steps, "step history ends %s", hist[-5:])
     seen = [(t, (o.get("status") or {}).get("step")) for t, typ, o in state["jobs"].objects(

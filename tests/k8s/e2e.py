@@ -6,7 +6,7 @@
   the admin endpoints (/_emulator/faults, /_emulator/nodes, /_emulator/compact),
   and its --state-log (every object ever written).
 - Operator: one build/bin/pliant-operator process, its stderr in a file, its
-  /healthz, /readyz and /metrics.
+  /healthz, /readyz, /metrics and its jobs' dashboard pages.
 - Recorder: a background list + watch of one resource (re-watch at the last
   resourceVersion, re-list on 410) that keeps every event it saw, so a test
   can look at the history of a job's status or of its Pods after the fact.
@@ -172,16 +172,17 @@ class Emulator(ApiClient):
 # ---------------------------------------------------------------------------
 
 class Operator:
-    """build/bin/pliant-operator with --metrics-addr / --health-addr on free ports."""
+    """build/bin/pliant-operator with --metrics-addr / --health-addr / --dashboard-addr on
+    free ports."""
 
     def __init__(self, binary, emulator, workdir, name="operator", args=()):
         self.binary, self.name = binary, name
         os.makedirs(workdir, exist_ok=True)
         self.stderr_path = os.path.join(workdir, name + ".stderr")
-        self.metrics_port, self.health_port = free_port(), free_port()
+        self.metrics_port, self.health_port, self.dashboard_port = free_port(), free_port(), free_port()
         self.cmd = [binary, "--kubeconfig", emulator.kubeconfig, "--metrics-addr",
                     "127.0.0.1:%d" % self.metrics_port, "--health-addr", "127.0.0.1:%d" % self.health_port,
-                    "--log-level", "debug"] + list(args)
+                    "--dashboard-addr", "127.0.0.1:%d" % self.dashboard_port, "--log-level", "debug"] + list(args)
         self._err = open(self.stderr_path, "wb")
         self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=self._err, stderr=self._err,
                                      cwd=workdir)
@@ -230,6 +231,9 @@ class Operator:
 
     def health(self, path):
         return self.http(self.health_port, path)
+
+    def dashboard(self, path):
+        return self.http(self.dashboard_port, path)
 
     def metrics(self):
         """{(name, frozenset(labels.items())): value} of the Prometheus text at /metrics."""

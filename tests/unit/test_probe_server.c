@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "loopback.h"
 #include "probe_server.h"
 
 static atomic_int ready_;
@@ -28,20 +29,6 @@ static char *metrics_cb(void *user)
 static int ready_cb(void *user)
 {
     return atomic_load(&ready_);
-}
-
-static int connect_to(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {0};
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
 }
 
 /* Sends raw, reads the whole answer until the server closes (within 5 s)

@@ -295,7 +295,9 @@
     function later() {
       if (!pending) pending = setTimeout(function () { pending = null; render(st); }, 50);
     }
-    var url = (location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/feed";
+    /* the feed is next to the page: /feed, or /jobs/NS/NAME/feed in the operator */
+    var dir = location.pathname.replace(/\/(index\.html)?$/, "") + "/feed";
+    var url = (location.protocol === "https:" ? "wss://" : "ws://") + location.host + dir;
     var ws = new WebSocket(url, "pliant-dashboard");
     ws.onopen = function () { setConn("live", true); };
     ws.onmessage = function (m) {
