@@ -23,7 +23,8 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: pliant simulate JOB.yaml --trace FILE [--strategy templates|checkpoint|all]\n"
+            "usage: pliant simulate JOB.yaml --trace FILE\n"
+            "                       [--strategy templates|redundant|checkpoint|all]\n"
             "                       [--price spot=0.918,ondemand=3.06] [--scale K]\n"
             "                       [--out timeline.jsonl] [--report report.html]\n"
             "                       [--profile PROFILE.json] [--storage-gbps %.1f]\n"
@@ -113,7 +114,7 @@ static int pick_strategies(const char *name, const pl_sim_strategy **out, char *
         return n;
     }
     if (!(out[0] = pl_sim_strategy_find(name)))
-        return pl_errf(err, errlen, "--strategy: unknown strategy %s (templates, checkpoint, all)",
+        return pl_errf(err, errlen, "--strategy: unknown strategy %s (templates, redundant, checkpoint, all)",
                        name);
     return 1;
 }
@@ -135,23 +136,48 @@ static void print_summary(const sim_args *a, const pl_sim_outcome *r)
     printf("\n");
 }
 
+/* The planners the strategies run on: [0] the templates' (templates, checkpoint), [1]
+ * redundant computation's (templates that fit shadows). */
+#define NPLANNERS 2
+
+static int planner_of(const pl_sim_strategy *st) { return st->planner == PL_STRATEGY_REDUNDANT; }
+
 typedef struct {
     pl_job job;
-    pl_job_plan plan;
+    pl_job_plan plan[NPLANNERS];
     pl_trace_event *trace;
-    int ntrace, have_job, have_plan;
+    int ntrace, have_job, have_plan[NPLANNERS];
 } sim_inputs;
 
 static void inputs_free(sim_inputs *in)
 {
-    if (in->have_plan) pl_job_plan_free(&in->plan);
+    for (int i = 0; i < NPLANNERS; i++)
+        if (in->have_plan[i]) pl_job_plan_free(&in->plan[i]);
     if (in->have_job) pl_job_free(&in->job);
     free(in->trace);
 }
 
-/* The job (its profile replaced by --profile), the trace at its scale, the planner for
- * the trace's peak. */
-static int load_inputs(sim_args *a, sim_inputs *in, char *err, size_t errlen)
+/* The planner of strategy st for up to nmax nodes, once per planner. */
+static int load_plan(sim_inputs *in, const pl_sim_strategy *st, int nmax, char *err, size_t errlen)
+{
+    const int i = planner_of(st);
+    if (in->have_plan[i]) return 0;
+    pl_job j = in->job; /* a view with the strategy's planner; owns nothing */
+    j.fault_tolerance.strategy = st->planner;
+    if (pl_job_plan_init(&in->plan[i], &j, nmax, err, errlen)) {
+        pl_job_plan_free(&in->plan[i]);
+        char why[768];
+        snprintf(why, sizeof why, "%s", err);
+        return pl_errf(err, errlen, "--strategy %s: %s", st->name, why);
+    }
+    in->have_plan[i] = 1;
+    return 0;
+}
+
+/* The job (its profile replaced by --profile), the trace at its scale, the planners of
+ * the strategies for the trace's peak. */
+static int load_inputs(sim_args *a, sim_inputs *in, const pl_sim_strategy *const *st, int n,
+                       char *err, size_t errlen)
 {
     if (pl_job_load(a->job, &in->job, err, errlen)) return -1;
     in->have_job = 1;
@@ -170,11 +196,8 @@ static int load_inputs(sim_args *a, sim_inputs *in, char *err, size_t errlen)
     if (rc) return -1;
     pl_sim_trace_nodes(in->trace, in->ntrace, &nodes, &peak);
     int nmax = peak > in->job.nodes.max ? peak : in->job.nodes.max;
-    if (pl_job_plan_init(&in->plan, &in->job, nmax, err, errlen)) {
-        pl_job_plan_free(&in->plan);
-        return -1;
-    }
-    in->have_plan = 1;
+    for (int i = 0; i < n; i++)
+        if (load_plan(in, st[i], nmax, err, errlen)) return -1;
     return 0;
 }
 
@@ -212,14 +235,16 @@ static void job_setup(sim_job *j, const sim_args *a, const sim_inputs *in,
                       const pl_sim_strategy *st, int timeline)
 {
     memset(j, 0, sizeof *j);
+    const pl_job_plan *plan = &in->plan[planner_of(st)];
     j->cfg = (pl_sim_config){
-        .job = &in->job, .plan = &in->plan, .strategy = st,
-        .costs = {.profile = &in->plan.prof, .templates = &in->plan.ts,
+        .job = &in->job, .plan = plan, .strategy = st,
+        .costs = {.profile = &plan->prof, .templates = &plan->ts,
                   .storage_GBps = a->storage_GBps,
                   .startup_ns = (int64_t)(a->startup_s * 1e9),
                   .notice_ns = (int64_t)(a->notice_s * 1e9), .cores = (int)a->cores,
                   .latency_ns = (int64_t)(a->latency_us * 1e3),
-                  .install_ns = (int64_t)(a->install_ms * 1e6)},
+                  .install_ns = (int64_t)(a->install_ms * 1e6),
+                  .frc_eager = in->job.fault_tolerance.redundant_forward == PL_FRC_EAGER},
         .trace = in->trace, .ntrace = in->ntrace};
     if (timeline && (j->mem = open_memstream(&j->buf, &j->len))) {
         j->cfg.timeline = timeline_line;
@@ -284,7 +309,7 @@ int cmd_simulate(int argc, char **argv)
     const pl_sim_strategy *st[MAX_STRATEGIES];
     int n = pick_strategies(a.strategy, st, err, sizeof err);
     sim_inputs in = {0};
-    if (n < 0 || load_inputs(&a, &in, err, sizeof err)) {
+    if (n < 0 || load_inputs(&a, &in, st, n, err, sizeof err)) {
         fprintf(stderr, "pliant simulate: %s\n", err);
         inputs_free(&in);
         return 2;
