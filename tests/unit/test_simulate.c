@@ -1,11 +1,14 @@
 /* `pliant simulate`'s engine (operator/runtime/simulator.c) on small traces: a loss
  * survived with layer copies under templates; a fatal loss falling back to the checkpoint
- * after waiting for nodes; the checkpoint strategy redoing lost steps; the same inputs
+ * after waiting for nodes; the checkpoint strategy redoing lost steps; the redundant
+ * strategy failing over without copies, restoring on a join and falling back to
+ * re-instantiation on two consecutive losses, and its step overhead; the same inputs
  * giving the same result; the node-count trace format; --scale. */
 #include <stdlib.h>
 
 #include "check.h"
 #include "job_plan.h"
+#include "rc_plan.h"
 #include "simulator.h"
 #include "spot_trace.h"
 
@@ -65,7 +68,12 @@ static int setup(fixture *f, const char *strategy, int tolerate, int nmax)
     make_profile(&f->plan.prof);
     f->plan.have_prof = 1;
     f->plan.nmax = nmax;
-    if (pl_templates_plan(&f->plan.prof, nmax, tolerate, &f->plan.ts, err, sizeof err)) return -1;
+    if (!strcmp(strategy, "redundant")
+            ? pl_templates_plan_rc(&f->plan.prof, nmax, tolerate, 0, &f->plan.ts, err, sizeof err)
+            : pl_templates_plan(&f->plan.prof, nmax, tolerate, &f->plan.ts, err, sizeof err)) {
+        printf("    %s\n", err);
+        return -1;
+    }
     f->plan.have_ts = 1;
     if (pl_coverage_compute(&f->plan.ts, nmax, tolerate, 16, 1, &f->plan.cov, err, sizeof err))
         return -1;
@@ -79,10 +87,25 @@ static void teardown(fixture *f)
     pl_job_free(&f->job);
 }
 
+/* The timeline's reconfigure lines, one after the other (for the redundant strategy's
+ * failovers). */
+static char reconfigs[8192];
+
+static void keep_reconfigs(void *user, const char *json)
+{
+    if (strstr(json, "\"event\":\"reconfigure\"") &&
+        strlen(reconfigs) + strlen(json) + 2 < sizeof reconfigs) {
+        strcat(reconfigs, json);
+        strcat(reconfigs, "\n");
+    }
+}
+
 static int run(fixture *f, const char *strategy, const pl_trace_event *tr, int n, int64_t notice_s,
                pl_sim_outcome *out)
 {
+    reconfigs[0] = 0;
     pl_sim_config cfg = {
+        .timeline = keep_reconfigs,
         .job = &f->job, .plan = &f->plan, .strategy = pl_sim_strategy_find(strategy),
         .costs = {.profile = &f->plan.prof, .templates = &f->plan.ts, .storage_GBps = 1.0,
                   .startup_ns = 10000000000LL, .notice_ns = notice_s * 1000000000LL},
@@ -161,6 +184,64 @@ static void checkpoint_strategy_redoes_work(void)
     teardown(&f);
 }
 
+/* The n-th (from 0) reconfigure line of the last run, or NULL. */
+static const char *reconfig_line(int n)
+{
+    const char *p = reconfigs;
+    for (int i = 0; i < n && p; i++) {
+        p = strchr(p, '\n');
+        if (p) p++;
+    }
+    return p && *p ? p : NULL;
+}
+
+static void redundant_fails_over_without_copies(void)
+{
+    fixture f;
+    CHECK(setup(&f, "redundant", 1, 10) == 0);
+    const pl_trace_event tr[] = {ADD(0, 0), ADD(0, 1), ADD(0, 2), ADD(0, 3), ADD(0, 4), ADD(0, 5),
+                                 ADD(0, 6), ADD(0, 7), ADD(0, 8), ADD(0, 9), REMOVE(100, 2),
+                                 ADD(200, 10), REMOVE(300, 6), REMOVE(300, 7), ADD(400, 11)};
+    pl_sim_outcome r;
+    CHECK(run(&f, "redundant", tr, 15, 0, &r) == 0);
+    /* pipelines 1x6 + 1x4 (nodes 0–5, 6–9); node 2's holder is node 1: no copy */
+    CHECK_EQ_INT(r.reconfigs, 3);
+    CHECK_EQ_INT(r.from_checkpoint, 0);
+    CHECK(strstr(reconfig_line(0), "failover: node1 runs layers [1, 3) without a copy") != NULL);
+    CHECK(strstr(reconfig_line(0), "\"bytes_planned\":0,") != NULL);
+    /* the join restores the layout: node 10 receives layer 2 (3 × 3 GB) from node 1 */
+    CHECK(strstr(reconfig_line(1), "\"bytes_planned\":9000000000,") != NULL);
+    CHECK(strstr(reconfig_line(1), "\"pipelines\":\"1x6+1x4\"") != NULL);
+    /* stages 0 and 1 of the second pipeline at once: no holder, re-instantiation with copies */
+    CHECK(strstr(reconfig_line(2), "failover") == NULL);
+    CHECK(strstr(reconfig_line(2), "\"bytes_planned\":0,") == NULL);
+    CHECK(r.bytes_copied > 9000000000LL);
+    pl_sim_outcome_free(&r);
+    teardown(&f);
+}
+
+/* A step with redundant computation costs more than without (the shadow's gradient; eager:
+ * the FRC the bubbles do not hide too); a merged layout (a failover's) is costed as it is. */
+static void redundant_step_overhead(void)
+{
+    fixture f;
+    CHECK(setup(&f, "redundant", 1, 10) == 0);
+    const pl_template *t = pl_template_for(&f.plan.ts, 4);
+    CHECK(t != NULL && t->nstages == 4);
+    int b[5];
+    for (int j = 0; j < 4; j++) b[j] = t->stages[j].layer_begin;
+    b[4] = L;
+    pl_sim_costs k = {.profile = &f.plan.prof, .templates = &f.plan.ts};
+    const int64_t plain = pl_sim_pipeline_ns(&k, 4, b, 8, 0), lazy = pl_sim_pipeline_ns(&k, 4, b, 8, 1);
+    k.frc_eager = 1;
+    const int64_t eager = pl_sim_pipeline_ns(&k, 4, b, 8, 1);
+    CHECK_EQ_INT(plain, pl_template_time(t, 8));
+    CHECK(lazy > plain && eager >= lazy);
+    const int merged[4] = {b[0], b[2], b[3], L}; /* stage 1 taken over by stage 0 */
+    CHECK(pl_sim_pipeline_ns(&k, 3, merged, 8, 0) > plain);
+    teardown(&f);
+}
+
 static void notice_moves_out_without_loss(void)
 {
     fixture f;
@@ -233,6 +314,8 @@ TEST_MAIN_BEGIN
     RUN(loss_with_copies);
     RUN(fatal_loss_falls_back_to_checkpoint);
     RUN(checkpoint_strategy_redoes_work);
+    RUN(redundant_fails_over_without_copies);
+    RUN(redundant_step_overhead);
     RUN(notice_moves_out_without_loss);
     RUN(count_format);
     RUN(scale);
