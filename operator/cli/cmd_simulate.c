@@ -164,10 +164,9 @@ static int load_plan(sim_inputs *in, const pl_sim_strategy *st, int nmax, char *
     if (in->have_plan[i]) return 0;
     pl_job j = in->job; /* a view with the strategy's planner; owns nothing */
     j.fault_tolerance.strategy = st->planner;
-    if (pl_job_plan_init(&in->plan[i], &j, nmax, err, errlen)) {
+    char why[768];
+    if (pl_job_plan_init(&in->plan[i], &j, nmax, why, sizeof why)) {
         pl_job_plan_free(&in->plan[i]);
-        char why[768];
-        snprintf(why, sizeof why, "%s", err);
         return pl_errf(err, errlen, "--strategy %s: %s", st->name, why);
     }
     in->have_plan[i] = 1;
