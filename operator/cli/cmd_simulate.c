@@ -1,7 +1,9 @@
 /* `pliant simulate JOB.yaml --trace FILE`: replays a spot trace in simulated time with
  * the real coordinator and planner (operator/runtime/simulator.h) under each strategy
  * asked for, then prints the summary, and writes the timeline (JSON lines) and the HTML
- * report when asked. Bad input exits with status 2, a failed simulation with 1. */
+ * report when asked. With --sweep (sim_sweep.h) it simulates every choice of F and node
+ * count instead, prints the value of each and recommends one. Bad input exits with status
+ * 2, a failed simulation with 1. */
 #include <getopt.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -12,6 +14,7 @@
 #include "commands.h"
 #include "job_plan.h"
 #include "sim_report.h"
+#include "sim_sweep.h"
 #include "simulator.h"
 #include "spot_trace.h"
 #include "util.h"
@@ -30,7 +33,9 @@ static void usage(FILE *f)
             "                       [--profile PROFILE.json] [--storage-gbps %.1f]\n"
             "                       [--startup SECONDS (%.0f)] [--notice SECONDS (%.0f)]\n"
             "                       [--cores N (0: a device per node)] [--latency-us US (0)]\n"
-            "                       [--install-ms MS (0)]\n",
+            "                       [--install-ms MS (0)]\n"
+            "       pliant simulate JOB.yaml --trace FILE --sweep tolerate=1,2,3 nodes=16,24,32\n"
+            "                       [the options above but --out and --report]\n",
             PL_SIM_DEFAULT_STORAGE_GBPS, PL_SIM_DEFAULT_STARTUP_S, PL_SIM_DEFAULT_NOTICE_S);
 }
 
@@ -39,6 +44,8 @@ typedef struct {
     long long scale, cores;
     double latency_us, install_ms;
     double storage_GBps, startup_s, notice_s, spot, on_demand;
+    pl_sweep sweep;
+    int sweeping;
 } sim_args;
 
 /* "spot=X,ondemand=Y" (either may be left out). */
@@ -80,7 +87,7 @@ static int parse_args(int argc, char **argv, sim_args *a, char *err, size_t errl
         {"profile", required_argument, 0, 'P'}, {"storage-gbps", required_argument, 0, 'g'},
         {"startup", required_argument, 0, 'u'}, {"notice", required_argument, 0, 'n'},
         {"cores", required_argument, 0, 'c'},   {"latency-us", required_argument, 0, 'l'},
-        {"install-ms", required_argument, 0, 'i'},
+        {"install-ms", required_argument, 0, 'i'}, {"sweep", required_argument, 0, 'w'},
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
     *a = (sim_args){.strategy = "all", .scale = 1, .storage_GBps = PL_SIM_DEFAULT_STORAGE_GBPS,
                     .startup_s = PL_SIM_DEFAULT_STARTUP_S, .notice_s = PL_SIM_DEFAULT_NOTICE_S,
@@ -97,11 +104,25 @@ static int parse_args(int argc, char **argv, sim_args *a, char *err, size_t errl
         else if (c == 'o') a->out = optarg;
         else if (c == 'r') a->report = optarg;
         else if (c == 'P') a->profile = optarg;
-        else if (parse_num_flag(c, optarg, a, err, errlen)) return -1;
+        else if (c == 'w' ? (a->sweeping = 1, pl_sweep_parse(&a->sweep, optarg, err, errlen))
+                          : parse_num_flag(c, optarg, a, err, errlen))
+            return -1;
     }
-    if (optind != argc - 1) return pl_errf(err, errlen, "expected one JOB.yaml");
-    a->job = argv[optind];
+    /* --sweep's further dimensions stand as words of their own: nodes=16,24,32 */
+    for (; optind < argc; optind++) {
+        if (a->sweeping && strchr(argv[optind], '=')) {
+            if (pl_sweep_parse(&a->sweep, argv[optind], err, errlen)) return -1;
+        } else if (a->job) {
+            return pl_errf(err, errlen, "expected one JOB.yaml (got %s too)", argv[optind]);
+        } else {
+            a->job = argv[optind];
+        }
+    }
+    if (!a->job) return pl_errf(err, errlen, "expected one JOB.yaml");
     if (!a->trace) return pl_errf(err, errlen, "--trace: required");
+    if (a->sweeping && (a->out || a->report))
+        return pl_errf(err, errlen, "--sweep: prints a table; --out and --report are for one "
+                       "simulation");
     return a->price ? parse_price(a->price, a, err, errlen) : 0;
 }
 
@@ -173,10 +194,20 @@ static int load_plan(sim_inputs *in, const pl_sim_strategy *st, int nmax, char *
     return 0;
 }
 
-/* The job (its profile replaced by --profile), the trace at its scale, the planners of
- * the strategies for the trace's peak. */
-static int load_inputs(sim_args *a, sim_inputs *in, const pl_sim_strategy *const *st, int n,
-                       char *err, size_t errlen)
+/* The planners of the strategies for the trace's peak or the job's nodes.max. */
+static int load_plans(sim_inputs *in, const pl_sim_strategy *const *st, int n, char *err,
+                      size_t errlen)
+{
+    int nodes, peak;
+    pl_sim_trace_nodes(in->trace, in->ntrace, &nodes, &peak);
+    int nmax = peak > in->job.nodes.max ? peak : in->job.nodes.max;
+    for (int i = 0; i < n; i++)
+        if (load_plan(in, st[i], nmax, err, errlen)) return -1;
+    return 0;
+}
+
+/* The job (its profile replaced by --profile) and the trace at its scale. */
+static int load_inputs(sim_args *a, sim_inputs *in, char *err, size_t errlen)
 {
     if (pl_job_load(a->job, &in->job, err, errlen)) return -1;
     in->have_job = 1;
@@ -188,16 +219,11 @@ static int load_inputs(sim_args *a, sim_inputs *in, const pl_sim_strategy *const
     if (a->on_demand < 0)
         a->on_demand = in->job.cost.on_demand > 0 ? in->job.cost.on_demand : DEFAULT_ON_DEMAND;
     pl_trace_event *raw;
-    int nraw, nodes, peak;
+    int nraw;
     if (pl_spot_trace_load(a->trace, &raw, &nraw, err, errlen)) return -1;
     int rc = pl_spot_trace_scale(raw, nraw, (int)a->scale, &in->trace, &in->ntrace, err, errlen);
     free(raw);
-    if (rc) return -1;
-    pl_sim_trace_nodes(in->trace, in->ntrace, &nodes, &peak);
-    int nmax = peak > in->job.nodes.max ? peak : in->job.nodes.max;
-    for (int i = 0; i < n; i++)
-        if (load_plan(in, st[i], nmax, err, errlen)) return -1;
-    return 0;
+    return rc;
 }
 
 static int write_report(const sim_args *a, const sim_inputs *in, const pl_sim_outcome *res,
@@ -251,22 +277,28 @@ static void job_setup(sim_job *j, const sim_args *a, const sim_inputs *in,
     }
 }
 
-/* Every strategy over the trace, two at a time (the runs share only the read-only job,
- * planner and trace), the summaries and timelines in strategy order, then the report:
- * 0, or 1 on failure. */
+/* The simulations of jobs[0..n), two at a time (they share only the read-only job,
+ * planner and trace). */
+static void run_all(sim_job *jobs, int n)
+{
+    pthread_t th;
+    for (int i = 0; i < n; i += 2) {
+        int two = i + 1 < n && pthread_create(&th, NULL, run_one, &jobs[i + 1]) == 0;
+        run_one(&jobs[i]);
+        if (two) pthread_join(th, NULL);
+        else if (i + 1 < n) run_one(&jobs[i + 1]);
+    }
+}
+
+/* Every strategy over the trace, the summaries and timelines in strategy order, then the
+ * report: 0, or 1 on failure. */
 static int simulate(const sim_args *a, const sim_inputs *in, const pl_sim_strategy **st, int n,
                     FILE *out)
 {
     sim_job jobs[MAX_STRATEGIES];
-    pthread_t th[MAX_STRATEGIES];
     int rc = 0, done = 0;
     for (int i = 0; i < n; i++) job_setup(&jobs[i], a, in, st[i], out || a->report);
-    for (int i = 0; i < n; i += 2) {
-        int two = i + 1 < n && pthread_create(&th[i + 1], NULL, run_one, &jobs[i + 1]) == 0;
-        run_one(&jobs[i]);
-        if (two) pthread_join(th[i + 1], NULL);
-        else if (i + 1 < n) run_one(&jobs[i + 1]);
-    }
+    run_all(jobs, n);
     for (int i = 0; i < n; i++) {
         if (jobs[i].mem && fclose(jobs[i].mem)) jobs[i].rc = -1;
         if (!rc && jobs[i].rc) {
@@ -291,6 +323,88 @@ static int simulate(const sim_args *a, const sim_inputs *in, const pl_sim_strate
     return rc;
 }
 
+/* One choice of the sweep: the job with F = tolerate, asking for at most `nodes` of the
+ * trace's (0: all), every strategy that can plan it; its rows into rows[*nrows]. */
+static void sweep_choice(const sim_args *a, const sim_inputs *in, const pl_sim_strategy **st,
+                         int n, int tolerate, int nodes, pl_sweep_row *rows, int *nrows)
+{
+    sim_inputs v = {.job = in->job}; /* a view of the job: owns its trace and plans only */
+    v.job.fault_tolerance.tolerate = tolerate;
+    sim_job jobs[MAX_STRATEGIES];
+    char err[MAX_STRATEGIES][1024];
+    int rc = 0, peak, ignored, run = 0;
+    if (nodes > 0) {
+        v.job.nodes.max = nodes;
+        rc = pl_spot_trace_cap(in->trace, in->ntrace, nodes, &v.trace, &v.ntrace, err[0],
+                               sizeof err[0]);
+    } else if ((v.trace = malloc(((size_t)in->ntrace + 1) * sizeof *v.trace))) {
+        memcpy(v.trace, in->trace, (size_t)in->ntrace * sizeof *v.trace);
+        v.ntrace = in->ntrace;
+    } else {
+        rc = pl_errf(err[0], sizeof err[0], "out of memory");
+    }
+    if (rc == 0) pl_sim_trace_nodes(v.trace, v.ntrace, &ignored, &peak);
+    for (int i = 0; i < n; i++) {
+        jobs[i].rc = rc ? -1 : load_plan(&v, st[i], peak > v.job.nodes.max ? peak : v.job.nodes.max,
+                                         err[i], sizeof err[i]);
+        if (rc) snprintf(err[i], sizeof err[i], "%s", err[0]);
+        if (jobs[i].rc == 0) job_setup(&jobs[run++], a, &v, st[i], 0);
+    }
+    run_all(jobs, run);
+    for (int i = 0, j = 0; i < n; i++) {
+        pl_sweep_row *r = &rows[(*nrows)++];
+        *r = (pl_sweep_row){.tolerate = tolerate, .nodes = nodes, .strategy = st[i]->name};
+        printf("tolerate %d, nodes %s%d, %s: ", tolerate, nodes ? "" : "all ", nodes, st[i]->name);
+        if (!v.have_plan[planner_of(st[i])]) {
+            printf("cannot plan: %s\n", err[i]);
+            continue;
+        }
+        sim_job *x = &jobs[j++];
+        if (x->rc) {
+            printf("cannot run: %s\n", x->err);
+            continue;
+        }
+        const pl_sim_outcome *o = &x->res;
+        const double usd = pl_sim_node_hours(o) * a->spot;
+        r->samples_per_s = pl_sim_samples_per_s(o);
+        r->samples_per_usd = usd > 0 ? (double)o->samples / usd : 0;
+        r->ok = strcmp(o->end_phase, "failed") != 0;
+        printf("%.2f samples/s, %.1f samples per $, %.2f node-hours, %d reconfigurations, %s\n",
+               r->samples_per_s, r->samples_per_usd, pl_sim_node_hours(o), o->reconfigs,
+               o->end_phase);
+        pl_sim_outcome_free(&x->res);
+    }
+    inputs_free(&v);
+}
+
+/* Every choice of the sweep, then the one recommended: 0, or 1 when none ran. */
+static int sweep(const sim_args *a, const sim_inputs *in, const pl_sim_strategy **st, int n)
+{
+    const pl_sweep *g = &a->sweep;
+    const int nf = g->ntolerate ? g->ntolerate : 1, nn = g->nnodes ? g->nnodes : 1;
+    pl_sweep_row *rows = calloc((size_t)(nf * nn * n), sizeof *rows);
+    if (!rows) {
+        fprintf(stderr, "pliant simulate: out of memory\n");
+        return 1;
+    }
+    int nrows = 0;
+    for (int f = 0; f < nf; f++)
+        for (int k = 0; k < nn; k++)
+            sweep_choice(a, in, st, n,
+                         g->ntolerate ? g->tolerate[f] : in->job.fault_tolerance.tolerate,
+                         g->nnodes ? g->nodes[k] : 0, rows, &nrows);
+    const int b = pl_sweep_best(rows, nrows);
+    if (b >= 0)
+        printf("recommended: tolerate %d, nodes %s%d, %s: %.1f samples per $ (%.2f samples/s), "
+               "the most samples per $ of the choices that did not fail\n",
+               rows[b].tolerate, rows[b].nodes ? "" : "all ", rows[b].nodes, rows[b].strategy,
+               rows[b].samples_per_usd, rows[b].samples_per_s);
+    else
+        printf("recommended: none (every choice failed)\n");
+    free(rows);
+    return b >= 0 ? 0 : 1;
+}
+
 int cmd_simulate(int argc, char **argv)
 {
     sim_args a;
@@ -308,7 +422,8 @@ int cmd_simulate(int argc, char **argv)
     const pl_sim_strategy *st[MAX_STRATEGIES];
     int n = pick_strategies(a.strategy, st, err, sizeof err);
     sim_inputs in = {0};
-    if (n < 0 || load_inputs(&a, &in, st, n, err, sizeof err)) {
+    if (n < 0 || load_inputs(&a, &in, err, sizeof err) ||
+        (!a.sweeping && load_plans(&in, st, n, err, sizeof err))) {
         fprintf(stderr, "pliant simulate: %s\n", err);
         inputs_free(&in);
         return 2;
@@ -316,7 +431,7 @@ int cmd_simulate(int argc, char **argv)
     FILE *out = a.out ? fopen(a.out, "w") : NULL;
     int rc = a.out && !out ? 2 : 0;
     if (rc) fprintf(stderr, "pliant simulate: --out: cannot write %s\n", a.out);
-    else rc = simulate(&a, &in, st, n, out);
+    else rc = a.sweeping ? sweep(&a, &in, st, n) : simulate(&a, &in, st, n, out);
     if (out && fclose(out)) rc = 1;
     inputs_free(&in);
     return rc;

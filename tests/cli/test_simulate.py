@@ -3,8 +3,9 @@
 trace written here, in both trace formats, every strategy: the summary lines, the
 timeline's JSON lines, the report (the dashboard's page with each strategy's run built in:
 its events, the charts' elements, no external reference),
---scale, spec.cost as the default prices and --price over it, bad input refused naming
-the flag or field. Each run takes well under a second.
+--scale, spec.cost as the default prices and --price over it, --sweep's table and
+recommendation, bad input refused naming the flag or field. Each run takes well under a
+second.
 
 agrees_with_real_replay (about 45 s): the simulator against `pliant run --chaos trace:` on
 this machine, same pipelined job (n0 = 2), profile (`pliant profile --threads 1`, measured
@@ -169,6 +170,37 @@ def count_format_scale_and_price():
     hours = 3 * (6 * 15 + 4 * 15 + 6 * 30) / 60.0
     check(abs(s[3] - hours) < 0.05, "node-hours %.2f, expected %.2f", s[3], hours)
     check(abs(s[4] - s[3]) < 0.02, "--price spot=1 not used: %s", out)
+
+
+@test
+def sweep_prints_each_choice_and_recommends_one():
+    trace = write("events.csv", EVENTS)
+    rc, out, err = suite.run("simulate", job(), "--trace", trace, "--sweep", "tolerate=0,1",
+                             "nodes=4,6", timeout=60)
+    check(rc == 0, "status %d: %s", rc, err)
+    rows, choices = {}, re.findall(r"^tolerate \d+, nodes \d+, \w+: ", out, re.M)
+    for line in out.splitlines():
+        m = re.match(r"tolerate (\d+), nodes (\d+), (\w+): ([0-9.]+) samples/s, ([0-9.]+) samples "
+                     r"per \$, ([0-9.]+) node-hours, \d+ reconfigurations, (\w+)", line)
+        if m:
+            rows[(int(m.group(1)), int(m.group(2)), m.group(3))] = (
+                float(m.group(4)), float(m.group(5)), float(m.group(6)), m.group(7))
+    check(len(choices) == 12, "2 x 2 choices x 3 strategies expected: %s", out)
+    # redundant's n0 is 3 here: F = 1 needs 6 nodes
+    check("tolerate 1, nodes 4, redundant: cannot plan: --strategy redundant:" in out,
+          "a choice the planner refuses: %s", out)
+    # 4 nodes asked for: always 4 held (a preempted one replaced from the market), 1 h
+    check(all(abs(v[2] - 4.0) < 0.01 for k, v in rows.items() if k[1] == 4),
+          "node-hours with 4 nodes: %s", out)
+    ok = {k: v for k, v in rows.items() if v[3] != "failed"}
+    best = max(ok, key=lambda k: (ok[k][1], ok[k][0]))
+    m = re.search(r"recommended: tolerate (\d+), nodes (\d+), (\w+): ([0-9.]+) samples per \$", out)
+    check(m and ok[(int(m.group(1)), int(m.group(2)), m.group(3))][1] == ok[best][1],
+          "recommendation is not the most samples per $ (%s): %s", best, out)
+    rc, out, err = suite.run("simulate", job(), "--trace", trace, "--sweep", "zones=3", timeout=30)
+    check(rc == 2 and "--sweep" in err, "status %d, %s", rc, err)
+    rc, out, err = suite.run("simulate", job(), "--trace", trace, "--sweep", "nodes=0", timeout=30)
+    check(rc == 2 and "--sweep" in err, "status %d, %s", rc, err)
 
 
 @test

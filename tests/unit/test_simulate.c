@@ -3,7 +3,8 @@
  * after waiting for nodes; the checkpoint strategy redoing lost steps; the redundant
  * strategy failing over without copies, restoring on a join and falling back to
  * re-instantiation on two consecutive losses, and its step overhead; the same inputs
- * giving the same result; the node-count trace format; --scale. */
+ * giving the same result; the node-count trace format; --scale; a job asking for fewer
+ * nodes than the trace has (--sweep nodes=). */
 #include <stdlib.h>
 
 #include "check.h"
@@ -299,6 +300,30 @@ static void scale(void)
     CHECK(pl_spot_trace_scale(tr, 3, 0, &out, &n, err, sizeof err) == -1);
 }
 
+/* A job asking for 4 of the trace's nodes: a preempted one is replaced from the market at
+ * once, the oldest first; nodes the trace adds while 4 are held stay in the market. */
+static void cap(void)
+{
+    const pl_trace_event tr[] = {ADD(0, 0), ADD(0, 1), ADD(0, 2), ADD(0, 3), ADD(0, 4), ADD(0, 5),
+                                 REMOVE(600, 2), REMOVE(700, 5), REMOVE(900, 4), ADD(960, 6),
+                                 ADD(1000, 7), REMOVE(3600, 0), REMOVE(3700, 1)};
+    pl_trace_event *out;
+    int n;
+    char err[256];
+    CHECK(pl_spot_trace_cap(tr, 13, 4, &out, &n, err, sizeof err) == 0);
+    /* node 4 replaces node 2; node 5 leaves the market; node 4 goes with none to replace it;
+     * node 6 is taken (3 held), node 7 waits in the market until node 0 goes */
+    const pl_trace_event want[] = {ADD(0, 0), ADD(0, 1), ADD(0, 2), ADD(0, 3), REMOVE(600, 2),
+                                   ADD(600, 4), REMOVE(900, 4), ADD(960, 6), REMOVE(3600, 0),
+                                   ADD(3600, 7), REMOVE(3700, 1)};
+    CHECK_EQ_INT(n, 11);
+    for (int i = 0; i < n && i < 11; i++)
+        CHECK(out[i].t_ms == want[i].t_ms && out[i].add == want[i].add &&
+              out[i].node == want[i].node);
+    free(out);
+    CHECK(pl_spot_trace_cap(tr, 13, 0, &out, &n, err, sizeof err) == -1);
+}
+
 /* The local-machine terms: a ring all-reduce over r pipelines is 2 (r − 1) messages, plus the
  * step's four control messages; one pipeline has no all-reduce. */
 static void sync_latency(void)
@@ -319,5 +344,6 @@ TEST_MAIN_BEGIN
     RUN(notice_moves_out_without_loss);
     RUN(count_format);
     RUN(scale);
+    RUN(cap);
     RUN(sync_latency);
 TEST_MAIN_END
