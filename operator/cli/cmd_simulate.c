@@ -331,23 +331,23 @@ static void sweep_choice(const sim_args *a, const sim_inputs *in, const pl_sim_s
     sim_inputs v = {.job = in->job}; /* a view of the job: owns its trace and plans only */
     v.job.fault_tolerance.tolerate = tolerate;
     sim_job jobs[MAX_STRATEGIES];
-    char err[MAX_STRATEGIES][1024];
+    char err[MAX_STRATEGIES][1024], trace_err[256] = "";
     int rc = 0, peak, ignored, run = 0;
     if (nodes > 0) {
         v.job.nodes.max = nodes;
-        rc = pl_spot_trace_cap(in->trace, in->ntrace, nodes, &v.trace, &v.ntrace, err[0],
-                               sizeof err[0]);
+        rc = pl_spot_trace_cap(in->trace, in->ntrace, nodes, &v.trace, &v.ntrace, trace_err,
+                               sizeof trace_err);
     } else if ((v.trace = malloc(((size_t)in->ntrace + 1) * sizeof *v.trace))) {
         memcpy(v.trace, in->trace, (size_t)in->ntrace * sizeof *v.trace);
         v.ntrace = in->ntrace;
     } else {
-        rc = pl_errf(err[0], sizeof err[0], "out of memory");
+        rc = pl_errf(trace_err, sizeof trace_err, "out of memory");
     }
     if (rc == 0) pl_sim_trace_nodes(v.trace, v.ntrace, &ignored, &peak);
     for (int i = 0; i < n; i++) {
         jobs[i].rc = rc ? -1 : load_plan(&v, st[i], peak > v.job.nodes.max ? peak : v.job.nodes.max,
                                          err[i], sizeof err[i]);
-        if (rc) snprintf(err[i], sizeof err[i], "%s", err[0]);
+        if (rc) snprintf(err[i], sizeof err[i], "%s", trace_err);
         if (jobs[i].rc == 0) job_setup(&jobs[run++], a, &v, st[i], 0);
     }
     run_all(jobs, run);
