@@ -120,8 +120,8 @@ def make_profile(pliant, tmp, data):
     (spec.profile) of every run."""
     job = write_job(tmp, "profile", data, "synthetic", "templates", 0, 2)
     out = os.path.join(tmp, "measured.json")
-    subprocess.run([pliant, "profile", job, "--out", out, "--repeat", "5", "--threads", "1"], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run([pliant, "profile", job, "--out", out, "--repeat", "5", "--threads", "1"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with open(out) as f:
         p = json.load(f)
     p["gpu_memory_bytes"] = GPU_MEMORY
