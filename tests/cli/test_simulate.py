@@ -221,10 +221,15 @@ def bad_input_refused():
 
 
 def agree_trace():
-    """A loss at 1.2 s, a join at 2.2 s, ... (each one node), a join at the end."""
+    """Losses and joins of one node in turn, 0.75 to 1.3 s apart, from 1.2 s; a join at the
+    end. The uneven gaps matter for the checkpoint strategy: a restart keeps whole checkpoint
+    intervals, so with equal gaps the steps of a gap against a multiple of the interval would
+    decide every restart alike, and a slightly faster or slower real run would differ in all
+    of them at once."""
     rows = ["0,add,node%d" % i for i in range(AGREE_NODES)]
     nxt, live = AGREE_NODES, list(range(AGREE_NODES))
-    for k, t in enumerate(range(1200, AGREE_SECONDS * 1000, 1000)):
+    times = [1200, 2200, 3000, 4300, 5200, 6400, 7150, 8250, 9200, 10450, 11300]
+    for k, t in enumerate(times):
         if k % 2 == 0:
             rows.append("%d,remove,node%d" % (t, live.pop((3 * k + 1) % len(live))))
         else:
