@@ -131,13 +131,20 @@ int pl_spot_trace_load(const char *path, pl_trace_event **out, int *n, char *err
     return 0;
 }
 
+/* The highest node number of a trace (0 when empty). */
+static int max_node(const pl_trace_event *in, int n)
+{
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (in[i].node > m) m = in[i].node;
+    return m;
+}
+
 int pl_spot_trace_scale(const pl_trace_event *in, int n, int k, pl_trace_event **out, int *nout,
                         char *err, size_t errlen)
 {
     if (k < 1) return pl_errf(err, errlen, "--scale: must be at least 1 (got %d)", k);
-    int maxnode = 0;
-    for (int i = 0; i < n; i++)
-        if (in[i].node > maxnode) maxnode = in[i].node;
+    const int maxnode = max_node(in, n);
     if ((int64_t)n * k > INT32_MAX / 2 || (int64_t)(maxnode + 1) * k > INT32_MAX / 2)
         return pl_errf(err, errlen, "--scale: %d makes the trace too large", k);
     pl_trace_event *o = malloc(((size_t)n * (size_t)k + 1) * sizeof *o);
@@ -169,9 +176,7 @@ int pl_spot_trace_cap(const pl_trace_event *in, int n, int nodes, pl_trace_event
                       char *err, size_t errlen)
 {
     if (nodes < 1) return pl_errf(err, errlen, "nodes: must be at least 1 (got %d)", nodes);
-    int maxnode = 0;
-    for (int i = 0; i < n; i++)
-        if (in[i].node > maxnode) maxnode = in[i].node;
+    const int maxnode = max_node(in, n);
     char *state = calloc((size_t)maxnode + 1, 1);
     market m = {.node = malloc(((size_t)n + 1) * sizeof(int))};
     pl_trace_event *o = malloc(((size_t)n + 1) * sizeof *o);
