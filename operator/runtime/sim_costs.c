@@ -5,7 +5,8 @@
 
 #include "rc_plan.h"
 
-/* Node j of template t starts at layers[j] for every node, and the last ends at L. */
+/* 1 when the node bounds layers[0..nnodes] are template t's (node j's first stage begins at
+ * layers[j], its last stage ends at layers[nnodes]). */
 static int is_template_layout(const pl_template *t, int nnodes, const int *layers)
 {
     for (int s = 0, j = 0; s < t->nstages; s++) {
