@@ -115,12 +115,13 @@ def pliant_run(pliant, job, workers, seconds, metrics, chaos=None):
 
 
 def make_profile(pliant, tmp, data):
-    """The model's layers measured by `pliant profile`, the GPU memory lowered to
-    GPU_MEMORY: the planner's profile (spec.profile) of every run."""
+    """The model's layers measured by `pliant profile` on one thread, as the workers
+    (--threads 1) compute them, the GPU memory lowered to GPU_MEMORY: the planner's profile
+    (spec.profile) of every run."""
     job = write_job(tmp, "profile", data, "synthetic", "templates", 0, 2)
     out = os.path.join(tmp, "measured.json")
-    subprocess.run([pliant, "profile", job, "--out", out, "--repeat", "1"], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run([pliant, "profile", job, "--out", out, "--repeat", "5", "--threads", "1"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with open(out) as f:
         p = json.load(f)
     p["gpu_memory_bytes"] = GPU_MEMORY

@@ -131,13 +131,20 @@ int pl_spot_trace_load(const char *path, pl_trace_event **out, int *n, char *err
     return 0;
 }
 
+/* The highest node number of a trace (0 when empty). */
+static int max_node(const pl_trace_event *in, int n)
+{
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (in[i].node > m) m = in[i].node;
+    return m;
+}
+
 int pl_spot_trace_scale(const pl_trace_event *in, int n, int k, pl_trace_event **out, int *nout,
                         char *err, size_t errlen)
 {
     if (k < 1) return pl_errf(err, errlen, "--scale: must be at least 1 (got %d)", k);
-    int maxnode = 0;
-    for (int i = 0; i < n; i++)
-        if (in[i].node > maxnode) maxnode = in[i].node;
+    const int maxnode = max_node(in, n);
     if ((int64_t)n * k > INT32_MAX / 2 || (int64_t)(maxnode + 1) * k > INT32_MAX / 2)
         return pl_errf(err, errlen, "--scale: %d makes the trace too large", k);
     pl_trace_event *o = malloc(((size_t)n * (size_t)k + 1) * sizeof *o);
@@ -148,5 +155,63 @@ int pl_spot_trace_scale(const pl_trace_event *in, int n, int k, pl_trace_event *
                 (pl_trace_event){.t_ms = in[i].t_ms, .add = in[i].add, .node = in[i].node * k + j};
     *out = o;
     *nout = n * k;
+    return 0;
+}
+
+/* The market: live nodes of the trace not held, oldest first, taken from the front
+ * (entries whose node has since gone are passed over). state per node: 0 not live, 1 in the
+ * market, 2 held. */
+typedef struct {
+    int *node;
+    int head, tail;
+} market;
+
+static int market_take(market *m, const char *state)
+{
+    while (m->head < m->tail && state[m->node[m->head]] != 1) m->head++;
+    return m->head < m->tail ? m->node[m->head++] : -1;
+}
+
+int pl_spot_trace_cap(const pl_trace_event *in, int n, int nodes, pl_trace_event **out, int *nout,
+                      char *err, size_t errlen)
+{
+    if (nodes < 1) return pl_errf(err, errlen, "nodes: must be at least 1 (got %d)", nodes);
+    const int maxnode = max_node(in, n);
+    char *state = calloc((size_t)maxnode + 1, 1);
+    market m = {.node = malloc(((size_t)n + 1) * sizeof(int))};
+    pl_trace_event *o = malloc(((size_t)n + 1) * sizeof *o);
+    int held = 0, k = 0;
+    if (!state || !m.node) {
+        free(o);
+        o = NULL;
+    }
+    for (int i = 0; o && i < n; i++) {
+        const pl_trace_event *e = &in[i];
+        if (e->add && held < nodes) {
+            state[e->node] = 2;
+            held++;
+            o[k++] = *e;
+        } else if (e->add) {
+            state[e->node] = 1;
+            m.node[m.tail++] = e->node;
+        } else if (state[e->node] == 2) {
+            state[e->node] = 0;
+            o[k++] = *e;
+            const int t = market_take(&m, state);
+            if (t >= 0) { /* its replacement, bought from the market at once */
+                state[t] = 2;
+                o[k++] = (pl_trace_event){.t_ms = e->t_ms, .add = 1, .node = t};
+            } else {
+                held--;
+            }
+        } else {
+            state[e->node] = 0;
+        }
+    }
+    free(state);
+    free(m.node);
+    if (!o) return pl_errf(err, errlen, "nodes: out of memory");
+    *out = o;
+    *nout = k;
     return 0;
 }

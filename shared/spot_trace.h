@@ -31,4 +31,11 @@ int pl_spot_trace_parse_counts(const char *text, const char *name, pl_trace_even
 int pl_spot_trace_scale(const pl_trace_event *in, int n, int k, pl_trace_event **out, int *nout,
                         char *err, size_t errlen);
 
+/* The trace for a job that asks for at most `nodes` of the trace's spot nodes: a node the
+ * trace adds is taken while fewer are held (else it stays in the market), and when a held
+ * node is removed the oldest node of the market not held is taken at the same time (it
+ * starts up as an added one). Times unchanged, node numbers kept. nodes ≥ 1. */
+int pl_spot_trace_cap(const pl_trace_event *in, int n, int nodes, pl_trace_event **out, int *nout,
+                      char *err, size_t errlen);
+
 #endif

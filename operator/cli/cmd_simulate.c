@@ -1,7 +1,9 @@
 /* `pliant simulate JOB.yaml --trace FILE`: replays a spot trace in simulated time with
  * the real coordinator and planner (operator/runtime/simulator.h) under each strategy
  * asked for, then prints the summary, and writes the timeline (JSON lines) and the HTML
- * report when asked. Bad input exits with status 2, a failed simulation with 1. */
+ * report when asked. With --sweep (sim_sweep.h) it simulates every choice of F and node
+ * count instead, prints the value of each and recommends one. Bad input exits with status
+ * 2, a failed simulation with 1. */
 #include <getopt.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -12,6 +14,7 @@
 #include "commands.h"
 #include "job_plan.h"
 #include "sim_report.h"
+#include "sim_sweep.h"
 #include "simulator.h"
 #include "spot_trace.h"
 #include "util.h"
@@ -23,13 +26,16 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: pliant simulate JOB.yaml --trace FILE [--strategy templates|checkpoint|all]\n"
+            "usage: pliant simulate JOB.yaml --trace FILE\n"
+            "                       [--strategy templates|redundant|checkpoint|all]\n"
             "                       [--price spot=0.918,ondemand=3.06] [--scale K]\n"
             "                       [--out timeline.jsonl] [--report report.html]\n"
             "                       [--profile PROFILE.json] [--storage-gbps %.1f]\n"
             "                       [--startup SECONDS (%.0f)] [--notice SECONDS (%.0f)]\n"
             "                       [--cores N (0: a device per node)] [--latency-us US (0)]\n"
-            "                       [--install-ms MS (0)]\n",
+            "                       [--install-ms MS (0)]\n"
+            "       pliant simulate JOB.yaml --trace FILE --sweep tolerate=1,2,3 nodes=16,24,32\n"
+            "                       [the options above but --out and --report]\n",
             PL_SIM_DEFAULT_STORAGE_GBPS, PL_SIM_DEFAULT_STARTUP_S, PL_SIM_DEFAULT_NOTICE_S);
 }
 
@@ -38,6 +44,8 @@ typedef struct {
     long long scale, cores;
     double latency_us, install_ms;
     double storage_GBps, startup_s, notice_s, spot, on_demand;
+    pl_sweep sweep;
+    int sweeping;
 } sim_args;
 
 /* "spot=X,ondemand=Y" (either may be left out). */
@@ -79,7 +87,7 @@ static int parse_args(int argc, char **argv, sim_args *a, char *err, size_t errl
         {"profile", required_argument, 0, 'P'}, {"storage-gbps", required_argument, 0, 'g'},
         {"startup", required_argument, 0, 'u'}, {"notice", required_argument, 0, 'n'},
         {"cores", required_argument, 0, 'c'},   {"latency-us", required_argument, 0, 'l'},
-        {"install-ms", required_argument, 0, 'i'},
+        {"install-ms", required_argument, 0, 'i'}, {"sweep", required_argument, 0, 'w'},
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
     *a = (sim_args){.strategy = "all", .scale = 1, .storage_GBps = PL_SIM_DEFAULT_STORAGE_GBPS,
                     .startup_s = PL_SIM_DEFAULT_STARTUP_S, .notice_s = PL_SIM_DEFAULT_NOTICE_S,
@@ -96,11 +104,25 @@ static int parse_args(int argc, char **argv, sim_args *a, char *err, size_t errl
         else if (c == 'o') a->out = optarg;
         else if (c == 'r') a->report = optarg;
         else if (c == 'P') a->profile = optarg;
-        else if (parse_num_flag(c, optarg, a, err, errlen)) return -1;
+        else if (c == 'w' ? (a->sweeping = 1, pl_sweep_parse(&a->sweep, optarg, err, errlen))
+                          : parse_num_flag(c, optarg, a, err, errlen))
+            return -1;
     }
-    if (optind != argc - 1) return pl_errf(err, errlen, "expected one JOB.yaml");
-    a->job = argv[optind];
+    /* --sweep's further dimensions stand as words of their own: nodes=16,24,32 */
+    for (; optind < argc; optind++) {
+        if (a->sweeping && strchr(argv[optind], '=')) {
+            if (pl_sweep_parse(&a->sweep, argv[optind], err, errlen)) return -1;
+        } else if (a->job) {
+            return pl_errf(err, errlen, "expected one JOB.yaml (got %s too)", argv[optind]);
+        } else {
+            a->job = argv[optind];
+        }
+    }
+    if (!a->job) return pl_errf(err, errlen, "expected one JOB.yaml");
     if (!a->trace) return pl_errf(err, errlen, "--trace: required");
+    if (a->sweeping && (a->out || a->report))
+        return pl_errf(err, errlen, "--sweep: prints a table; --out and --report are for one "
+                       "simulation");
     return a->price ? parse_price(a->price, a, err, errlen) : 0;
 }
 
@@ -113,7 +135,7 @@ static int pick_strategies(const char *name, const pl_sim_strategy **out, char *
         return n;
     }
     if (!(out[0] = pl_sim_strategy_find(name)))
-        return pl_errf(err, errlen, "--strategy: unknown strategy %s (templates, checkpoint, all)",
+        return pl_errf(err, errlen, "--strategy: unknown strategy %s (templates, redundant, checkpoint, all)",
                        name);
     return 1;
 }
@@ -135,22 +157,56 @@ static void print_summary(const sim_args *a, const pl_sim_outcome *r)
     printf("\n");
 }
 
+/* The planners the strategies run on: [0] the templates' (templates, checkpoint), [1]
+ * redundant computation's (templates that fit shadows). */
+#define NPLANNERS 2
+
+static int planner_of(const pl_sim_strategy *st) { return st->planner == PL_STRATEGY_REDUNDANT; }
+
 typedef struct {
     pl_job job;
-    pl_job_plan plan;
+    pl_job_plan plan[NPLANNERS];
     pl_trace_event *trace;
-    int ntrace, have_job, have_plan;
+    int ntrace, have_job, have_plan[NPLANNERS];
 } sim_inputs;
 
 static void inputs_free(sim_inputs *in)
 {
-    if (in->have_plan) pl_job_plan_free(&in->plan);
+    for (int i = 0; i < NPLANNERS; i++)
+        if (in->have_plan[i]) pl_job_plan_free(&in->plan[i]);
     if (in->have_job) pl_job_free(&in->job);
     free(in->trace);
 }
 
-/* The job (its profile replaced by --profile), the trace at its scale, the planner for
- * the trace's peak. */
+/* The planner of strategy st for up to nmax nodes, once per planner. */
+static int load_plan(sim_inputs *in, const pl_sim_strategy *st, int nmax, char *err, size_t errlen)
+{
+    const int i = planner_of(st);
+    if (in->have_plan[i]) return 0;
+    pl_job j = in->job; /* a view with the strategy's planner; owns nothing */
+    j.fault_tolerance.strategy = st->planner;
+    char why[768];
+    if (pl_job_plan_init(&in->plan[i], &j, nmax, why, sizeof why)) {
+        pl_job_plan_free(&in->plan[i]);
+        return pl_errf(err, errlen, "--strategy %s: %s", st->name, why);
+    }
+    in->have_plan[i] = 1;
+    return 0;
+}
+
+/* The planners of the strategies for the trace's peak or the job's nodes.max. */
+static int load_plans(sim_inputs *in, const pl_sim_strategy *const *st, int n, char *err,
+                      size_t errlen)
+{
+    int nodes, peak;
+    pl_sim_trace_nodes(in->trace, in->ntrace, &nodes, &peak);
+    int nmax = peak > in->job.nodes.max ? peak : in->job.nodes.max;
+    for (int i = 0; i < n; i++)
+        if (load_plan(in, st[i], nmax, err, errlen)) return -1;
+    return 0;
+}
+
+/* The job (its profile replaced by --profile) and the trace at its scale. */
 static int load_inputs(sim_args *a, sim_inputs *in, char *err, size_t errlen)
 {
     if (pl_job_load(a->job, &in->job, err, errlen)) return -1;
@@ -163,19 +219,11 @@ static int load_inputs(sim_args *a, sim_inputs *in, char *err, size_t errlen)
     if (a->on_demand < 0)
         a->on_demand = in->job.cost.on_demand > 0 ? in->job.cost.on_demand : DEFAULT_ON_DEMAND;
     pl_trace_event *raw;
-    int nraw, nodes, peak;
+    int nraw;
     if (pl_spot_trace_load(a->trace, &raw, &nraw, err, errlen)) return -1;
     int rc = pl_spot_trace_scale(raw, nraw, (int)a->scale, &in->trace, &in->ntrace, err, errlen);
     free(raw);
-    if (rc) return -1;
-    pl_sim_trace_nodes(in->trace, in->ntrace, &nodes, &peak);
-    int nmax = peak > in->job.nodes.max ? peak : in->job.nodes.max;
-    if (pl_job_plan_init(&in->plan, &in->job, nmax, err, errlen)) {
-        pl_job_plan_free(&in->plan);
-        return -1;
-    }
-    in->have_plan = 1;
-    return 0;
+    return rc;
 }
 
 static int write_report(const sim_args *a, const sim_inputs *in, const pl_sim_outcome *res,
@@ -212,14 +260,16 @@ static void job_setup(sim_job *j, const sim_args *a, const sim_inputs *in,
                       const pl_sim_strategy *st, int timeline)
 {
     memset(j, 0, sizeof *j);
+    const pl_job_plan *plan = &in->plan[planner_of(st)];
     j->cfg = (pl_sim_config){
-        .job = &in->job, .plan = &in->plan, .strategy = st,
-        .costs = {.profile = &in->plan.prof, .templates = &in->plan.ts,
+        .job = &in->job, .plan = plan, .strategy = st,
+        .costs = {.profile = &plan->prof, .templates = &plan->ts,
                   .storage_GBps = a->storage_GBps,
                   .startup_ns = (int64_t)(a->startup_s * 1e9),
                   .notice_ns = (int64_t)(a->notice_s * 1e9), .cores = (int)a->cores,
                   .latency_ns = (int64_t)(a->latency_us * 1e3),
-                  .install_ns = (int64_t)(a->install_ms * 1e6)},
+                  .install_ns = (int64_t)(a->install_ms * 1e6),
+                  .frc_eager = in->job.fault_tolerance.redundant_forward == PL_FRC_EAGER},
         .trace = in->trace, .ntrace = in->ntrace};
     if (timeline && (j->mem = open_memstream(&j->buf, &j->len))) {
         j->cfg.timeline = timeline_line;
@@ -227,22 +277,28 @@ static void job_setup(sim_job *j, const sim_args *a, const sim_inputs *in,
     }
 }
 
-/* Every strategy over the trace, two at a time (the runs share only the read-only job,
- * planner and trace), the summaries and timelines in strategy order, then the report:
- * 0, or 1 on failure. */
+/* The simulations of jobs[0..n), two at a time (they share only the read-only job,
+ * planner and trace). */
+static void run_all(sim_job *jobs, int n)
+{
+    pthread_t th;
+    for (int i = 0; i < n; i += 2) {
+        int two = i + 1 < n && pthread_create(&th, NULL, run_one, &jobs[i + 1]) == 0;
+        run_one(&jobs[i]);
+        if (two) pthread_join(th, NULL);
+        else if (i + 1 < n) run_one(&jobs[i + 1]);
+    }
+}
+
+/* Every strategy over the trace, the summaries and timelines in strategy order, then the
+ * report: 0, or 1 on failure. */
 static int simulate(const sim_args *a, const sim_inputs *in, const pl_sim_strategy **st, int n,
                     FILE *out)
 {
     sim_job jobs[MAX_STRATEGIES];
-    pthread_t th[MAX_STRATEGIES];
     int rc = 0, done = 0;
     for (int i = 0; i < n; i++) job_setup(&jobs[i], a, in, st[i], out || a->report);
-    for (int i = 0; i < n; i += 2) {
-        int two = i + 1 < n && pthread_create(&th[i + 1], NULL, run_one, &jobs[i + 1]) == 0;
-        run_one(&jobs[i]);
-        if (two) pthread_join(th[i + 1], NULL);
-        else if (i + 1 < n) run_one(&jobs[i + 1]);
-    }
+    run_all(jobs, n);
     for (int i = 0; i < n; i++) {
         if (jobs[i].mem && fclose(jobs[i].mem)) jobs[i].rc = -1;
         if (!rc && jobs[i].rc) {
@@ -267,6 +323,88 @@ static int simulate(const sim_args *a, const sim_inputs *in, const pl_sim_strate
     return rc;
 }
 
+/* One choice of the sweep: the job with F = tolerate, asking for at most `nodes` of the
+ * trace's (0: all), every strategy that can plan it; its rows into rows[*nrows]. */
+static void sweep_choice(const sim_args *a, const sim_inputs *in, const pl_sim_strategy **st,
+                         int n, int tolerate, int nodes, pl_sweep_row *rows, int *nrows)
+{
+    sim_inputs v = {.job = in->job}; /* a view of the job: owns its trace and plans only */
+    v.job.fault_tolerance.tolerate = tolerate;
+    sim_job jobs[MAX_STRATEGIES];
+    char err[MAX_STRATEGIES][1024], trace_err[256] = "";
+    int rc = 0, peak, ignored, run = 0;
+    if (nodes > 0) {
+        v.job.nodes.max = nodes;
+        rc = pl_spot_trace_cap(in->trace, in->ntrace, nodes, &v.trace, &v.ntrace, trace_err,
+                               sizeof trace_err);
+    } else if ((v.trace = malloc(((size_t)in->ntrace + 1) * sizeof *v.trace))) {
+        memcpy(v.trace, in->trace, (size_t)in->ntrace * sizeof *v.trace);
+        v.ntrace = in->ntrace;
+    } else {
+        rc = pl_errf(trace_err, sizeof trace_err, "out of memory");
+    }
+    if (rc == 0) pl_sim_trace_nodes(v.trace, v.ntrace, &ignored, &peak);
+    for (int i = 0; i < n; i++) {
+        jobs[i].rc = rc ? -1 : load_plan(&v, st[i], peak > v.job.nodes.max ? peak : v.job.nodes.max,
+                                         err[i], sizeof err[i]);
+        if (rc) snprintf(err[i], sizeof err[i], "%s", trace_err);
+        if (jobs[i].rc == 0) job_setup(&jobs[run++], a, &v, st[i], 0);
+    }
+    run_all(jobs, run);
+    for (int i = 0, j = 0; i < n; i++) {
+        pl_sweep_row *r = &rows[(*nrows)++];
+        *r = (pl_sweep_row){.tolerate = tolerate, .nodes = nodes, .strategy = st[i]->name};
+        printf("tolerate %d, nodes %s%d, %s: ", tolerate, nodes ? "" : "all ", nodes, st[i]->name);
+        if (!v.have_plan[planner_of(st[i])]) {
+            printf("cannot plan: %s\n", err[i]);
+            continue;
+        }
+        sim_job *x = &jobs[j++];
+        if (x->rc) {
+            printf("cannot run: %s\n", x->err);
+            continue;
+        }
+        const pl_sim_outcome *o = &x->res;
+        const double usd = pl_sim_node_hours(o) * a->spot;
+        r->samples_per_s = pl_sim_samples_per_s(o);
+        r->samples_per_usd = usd > 0 ? (double)o->samples / usd : 0;
+        r->ok = strcmp(o->end_phase, "failed") != 0;
+        printf("%.2f samples/s, %.1f samples per $, %.2f node-hours, %d reconfigurations, %s\n",
+               r->samples_per_s, r->samples_per_usd, pl_sim_node_hours(o), o->reconfigs,
+               o->end_phase);
+        pl_sim_outcome_free(&x->res);
+    }
+    inputs_free(&v);
+}
+
+/* Every choice of the sweep, then the one recommended: 0, or 1 when none ran. */
+static int sweep(const sim_args *a, const sim_inputs *in, const pl_sim_strategy **st, int n)
+{
+    const pl_sweep *g = &a->sweep;
+    const int nf = g->ntolerate ? g->ntolerate : 1, nn = g->nnodes ? g->nnodes : 1;
+    pl_sweep_row *rows = calloc((size_t)(nf * nn * n), sizeof *rows);
+    if (!rows) {
+        fprintf(stderr, "pliant simulate: out of memory\n");
+        return 1;
+    }
+    int nrows = 0;
+    for (int f = 0; f < nf; f++)
+        for (int k = 0; k < nn; k++)
+            sweep_choice(a, in, st, n,
+                         g->ntolerate ? g->tolerate[f] : in->job.fault_tolerance.tolerate,
+                         g->nnodes ? g->nodes[k] : 0, rows, &nrows);
+    const int b = pl_sweep_best(rows, nrows);
+    if (b >= 0)
+        printf("recommended: tolerate %d, nodes %s%d, %s: %.1f samples per $ (%.2f samples/s), "
+               "the most samples per $ of the choices that did not fail\n",
+               rows[b].tolerate, rows[b].nodes ? "" : "all ", rows[b].nodes, rows[b].strategy,
+               rows[b].samples_per_usd, rows[b].samples_per_s);
+    else
+        printf("recommended: none (every choice failed)\n");
+    free(rows);
+    return b >= 0 ? 0 : 1;
+}
+
 int cmd_simulate(int argc, char **argv)
 {
     sim_args a;
@@ -284,7 +422,8 @@ int cmd_simulate(int argc, char **argv)
     const pl_sim_strategy *st[MAX_STRATEGIES];
     int n = pick_strategies(a.strategy, st, err, sizeof err);
     sim_inputs in = {0};
-    if (n < 0 || load_inputs(&a, &in, err, sizeof err)) {
+    if (n < 0 || load_inputs(&a, &in, err, sizeof err) ||
+        (!a.sweeping && load_plans(&in, st, n, err, sizeof err))) {
         fprintf(stderr, "pliant simulate: %s\n", err);
         inputs_free(&in);
         return 2;
@@ -292,7 +431,7 @@ int cmd_simulate(int argc, char **argv)
     FILE *out = a.out ? fopen(a.out, "w") : NULL;
     int rc = a.out && !out ? 2 : 0;
     if (rc) fprintf(stderr, "pliant simulate: --out: cannot write %s\n", a.out);
-    else rc = simulate(&a, &in, st, n, out);
+    else rc = a.sweeping ? sweep(&a, &in, st, n) : simulate(&a, &in, st, n, out);
     if (out && fclose(out)) rc = 1;
     inputs_free(&in);
     return rc;

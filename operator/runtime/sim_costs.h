@@ -25,11 +25,18 @@ typedef struct {
                               coordinator (≥ 0); 0: none */
     int64_t install_ns;    /* a worker installing a plan beyond copies and loads (engine,
                               connections; ≥ 0); 0: nothing */
+    int frc_eager;         /* redundant computation: eager FRC (the job's redundantForward) */
 } pl_sim_costs;
 
-/* One pipeline's step on the template for nnodes nodes with mb microbatches: the
- * planner's cost model (pl_template_time); -1 without such a template. */
-int64_t pl_sim_pipeline_ns(const pl_sim_costs *k, int nnodes, int64_t mb);
+/* One pipeline's step with mb microbatches, node j of its nnodes running layers
+ * [layers[j], layers[j + 1]), under the planner's cost model: the template for nnodes when
+ * the layout is that template's (pl_template_time), else the layout itself with one stage
+ * per node on all its GPUs (a redundant failover's merged stage), without the memory
+ * check (the merged stage's memory held its shadow). rc: with redundant computation's
+ * overhead (pl_rc_evaluate: the FRC the bubbles do not hide when frc_eager, the shadow's
+ * gradient). -1: no such layout, or out of memory. */
+int64_t pl_sim_pipeline_ns(const pl_sim_costs *k, int nnodes, const int *layers, int64_t mb,
+                           int rc);
 /* The compute of layers [b, e) for mb microbatches (forward + backward, one GPU). */
 int64_t pl_sim_work_ns(const pl_sim_costs *k, int b, int e, int64_t mb);
 /* What a step adds to its slowest pipeline in message latency: the gradient all-reduce

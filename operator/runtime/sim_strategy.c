@@ -1,16 +1,63 @@
 /* The simulator's strategies (sim_strategy.h): templates (Oobleck: re-instantiation with
- * layer copies from survivors, a checkpoint only on a fatal loss) and checkpoint (every
- * membership change restarts every worker from the newest checkpoint). */
+ * layer copies from survivors, a checkpoint only on a fatal loss), checkpoint (every
+ * membership change restarts every worker from the newest checkpoint) and redundant
+ * (Bamboo: each node also holds its successor's layers; docs/redundant.md). */
 #include "sim_strategy.h"
 
 #include <string.h>
 
-static void templates_configure(pl_coord_config *cc) { cc->strategy_checkpoint = 0; }
-static void checkpoint_configure(pl_coord_config *cc) { cc->strategy_checkpoint = 1; }
+#include "rc_plan.h"
+
+static void templates_configure(pl_coord_config *cc)
+{
+    cc->strategy_checkpoint = 0;
+    cc->strategy_redundant = 0;
+}
+
+static void checkpoint_configure(pl_coord_config *cc)
+{
+    cc->strategy_checkpoint = 1;
+    cc->strategy_redundant = 0;
+}
+
+/* The coordinator's rc_failover: a loss whose stages' shadow holders survive keeps the
+ * stable plan's pipelines with merged ranges and copies nothing (Bamboo §4, §5.2); two
+ * consecutive losses, a chain's first stage or a join with them re-instantiate as
+ * templates do. */
+static void redundant_configure(pl_coord_config *cc)
+{
+    cc->strategy_checkpoint = 0;
+    cc->strategy_redundant = 1;
+}
+
+static int64_t plain_ns(const pl_sim_costs *k, int nnodes, const int *layers, int64_t mb)
+{
+    return pl_sim_pipeline_ns(k, nnodes, layers, mb, 0);
+}
+
+/* The step with RC's overhead: eager FRC not hidden by bubbles, the shadow's gradient. */
+static int64_t redundant_ns(const pl_sim_costs *k, int nnodes, const int *layers, int64_t mb)
+{
+    return pl_sim_pipeline_ns(k, nnodes, layers, mb, 1);
+}
+
+static int64_t no_bytes(const pl_sim_costs *k, int node, int nnodes, const int *layers)
+{
+    return 0;
+}
+
+/* Every plan fills the shadows anew: each node receives its successor's weights and AdamW
+ * m, v over the stage link (docs/redundant.md "The shadow layers"). */
+static int64_t shadow_bytes(const pl_sim_costs *k, int node, int nnodes, const int *layers)
+{
+    const int succ = pl_rc_successor(node, nnodes);
+    return succ < 0 ? 0 : pl_sim_state_bytes(k, layers[succ], layers[succ + 1]);
+}
 
 static const pl_sim_strategy strategies[] = {
-    {"templates", templates_configure, pl_sim_pipeline_ns},
-    {"checkpoint", checkpoint_configure, pl_sim_pipeline_ns},
+    {"templates", PL_STRATEGY_TEMPLATES, templates_configure, plain_ns, no_bytes},
+    {"redundant", PL_STRATEGY_REDUNDANT, redundant_configure, redundant_ns, shadow_bytes},
+    {"checkpoint", PL_STRATEGY_TEMPLATES, checkpoint_configure, plain_ns, no_bytes},
 };
 #define NSTRATEGIES ((int)(sizeof strategies / sizeof strategies[0]))
 

@@ -1,21 +1,27 @@
 /* Recovery strategies of the simulator (`pliant simulate --strategy`): what differs
- * between them, behind one interface so that another (Bamboo's redundant computation)
- * plugs in beside them. A strategy sets the coordinator's recovery path (its
- * configuration: the same state machine `pliant run` drives) and the time of a
- * pipeline's step (the planner's cost model, plus the strategy's own overhead, e.g.
- * redundant computation's). Strategies are static tables: nothing to free. */
+ * between them, behind one interface. A strategy names the planner its templates come
+ * from, sets the coordinator's recovery path (its configuration: the same state machine
+ * `pliant run` drives), the time of a pipeline's step (the planner's cost model, plus the
+ * strategy's own overhead) and what a worker receives at every plan beyond its copies.
+ * Strategies are static tables: nothing to free. */
 #ifndef PLIANT_SIM_STRATEGY_H
 #define PLIANT_SIM_STRATEGY_H
 
 #include <stdint.h>
 
 #include "coordinator.h"
+#include "jobspec.h"
 #include "sim_costs.h"
 
 typedef struct {
     const char *name;                          /* as --strategy names it */
+    pl_ft_strategy planner;                    /* whose templates: redundant's fit shadows
+                                                  (pl_templates_plan_rc), the others' not */
     void (*configure)(pl_coord_config *cc);    /* the coordinator's recovery path */
-    int64_t (*pipeline_ns)(const pl_sim_costs *k, int nnodes, int64_t microbatches);
+    /* a step of the pipeline whose node j of nnodes runs [layers[j], layers[j + 1]) */
+    int64_t (*pipeline_ns)(const pl_sim_costs *k, int nnodes, const int *layers, int64_t mb);
+    /* bytes node `node` of that pipeline receives at every plan beyond its copies */
+    int64_t (*plan_bytes)(const pl_sim_costs *k, int node, int nnodes, const int *layers);
 } pl_sim_strategy;
 
 /* The strategy of that name, or NULL. */

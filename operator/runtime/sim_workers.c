@@ -72,7 +72,8 @@ static int push(pl_sim_workers *s, pl_sim_ev_kind kind, int node, int64_t t, int
     return pl_sim_queue_push(s->queue, e);
 }
 
-/* A plan: its place, then copy_done once its checkpoint is read and its layers copied. */
+/* A plan: its place, then copy_done once its checkpoint is read and its layers copied
+ * (with the strategy's own bytes, e.g. shadows, which copy_done does not count). */
 static int on_plan(pl_sim_workers *s, int node, const pl_msg *m, int64_t now)
 {
     const pl_msg_plan *p = &m->u.plan;
@@ -84,10 +85,11 @@ static int on_plan(pl_sim_workers *s, int node, const pl_msg *m, int64_t now)
     }
     w->step_ns = 0;
     w->layer_begin = w->layer_end = 0;
-    int64_t load = 0, bytes = 0;
+    int64_t load = 0, bytes = 0, shadow = 0;
     if (p->you_pipeline >= 0) {
         const pl_msg_pipeline *q = &p->pipelines[p->you_pipeline];
-        w->step_ns = s->strategy->pipeline_ns(s->costs, q->nnodes, q->microbatches);
+        w->step_ns = s->strategy->pipeline_ns(s->costs, q->nnodes, q->layers, q->microbatches);
+        shadow = s->strategy->plan_bytes(s->costs, p->you_stage, q->nnodes, q->layers);
         w->layer_begin = p->you_layer_begin;
         w->layer_end = p->you_layer_end;
         w->stage = p->you_stage;
@@ -98,7 +100,7 @@ static int on_plan(pl_sim_workers *s, int node, const pl_msg *m, int64_t now)
                                                                    w->layer_end));
     }
     for (int i = 0; i < p->ncopies; i++) bytes += p->copies[i].bytes;
-    int64_t copy = pl_sim_copy_ns(s->costs, bytes);
+    int64_t copy = pl_sim_copy_ns(s->costs, bytes + shadow); /* the receiver's link */
     if (load > s->plan_load_ns) s->plan_load_ns = load;
     if (copy > s->plan_copy_ns) s->plan_copy_ns = copy;
     if (w->step_ns > s->plan_step_ns) s->plan_step_ns = w->step_ns;

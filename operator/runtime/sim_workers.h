@@ -4,7 +4,8 @@
  * coordinator sends (pl_coord_next) is delivered here; the answers become timed events
  * in the queue, which the simulator turns back into coordinator events
  * (pl_sim_workers_fire) when their time comes:
- *   plan        → copy_done after its checkpoint load + layer copies (idle: at once)
+ *   plan        → copy_done after its checkpoint load + layer copies + the strategy's own
+ *                 bytes (redundant: the shadow) (idle: at once)
  *   start_step  → report + reduced at the end of the step, for every worker of the step at
  *                 once when the slowest pipeline is done (the step in flight:
  *                 pl_sim_workers_schedule, pl_sim_workers_step_done)

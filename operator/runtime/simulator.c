@@ -230,8 +230,9 @@ static void node_event(sim *s, const pl_sim_event *e)
     if (e->kind == PL_SIM_EV_NODE_ADD) {
         s->nodes_live++;
         w->state = PL_SIM_W_STARTING;
-        pl_sim_event r = {.t_ns = e->t_ns + (e->t_ns > 0 ? s->cfg->costs.startup_ns : 0),
-                          .kind = PL_SIM_EV_REGISTER, .node = e->node};
+        /* the nodes of the trace's start too: the job starts with the trace */
+        pl_sim_event r = {.t_ns = e->t_ns + s->cfg->costs.startup_ns, .kind = PL_SIM_EV_REGISTER,
+                          .node = e->node};
         pl_sim_queue_push(&s->q, r);
         timeline_event(s, "add", e->node);
     } else if (e->kind == PL_SIM_EV_NODE_REMOVE) {

@@ -277,6 +277,11 @@ def profile_feeds_the_planner():
     rc, out, err = run("plan", "--profile", prof, "--nodes", 4, "--tolerate", 1,
                        "--global-batch", 8)
     check(rc == 0 and json.loads(out)["n0"] == 1, "plan on the profile: %s", err)
+    # one compute thread, as `pliant run --threads 1` gives each worker
+    rc, _, err = run("profile", job, "--out", prof, "--repeat", 1, "--threads", 1)
+    check(rc == 0, "profile --threads 1 failed: %s", err)
+    rc, _, err = run("profile", job, "--threads", 0)
+    check(rc == 2 and "--threads" in err, "--threads 0: status %d, %s", rc, err)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,15 @@
 /* `pliant simulate`'s engine (operator/runtime/simulator.c) on small traces: a loss
  * survived with layer copies under templates; a fatal loss falling back to the checkpoint
- * after waiting for nodes; the checkpoint strategy redoing lost steps; the same inputs
- * giving the same result; the node-count trace format; --scale. */
+ * after waiting for nodes; the checkpoint strategy redoing lost steps; the redundant
+ * strategy failing over without copies, restoring on a join and falling back to
+ * re-instantiation on two consecutive losses, and its step overhead; the same inputs
+ * giving the same result; the node-count trace format; --scale; a job asking for fewer
+ * nodes than the trace has (--sweep nodes=). */
 #include <stdlib.h>
 
 #include "check.h"
 #include "job_plan.h"
+#include "rc_plan.h"
 #include "simulator.h"
 #include "spot_trace.h"
 
@@ -65,7 +69,12 @@ static int setup(fixture *f, const char *strategy, int tolerate, int nmax)
     make_profile(&f->plan.prof);
     f->plan.have_prof = 1;
     f->plan.nmax = nmax;
-    if (pl_templates_plan(&f->plan.prof, nmax, tolerate, &f->plan.ts, err, sizeof err)) return -1;
+    if (!strcmp(strategy, "redundant")
+            ? pl_templates_plan_rc(&f->plan.prof, nmax, tolerate, 0, &f->plan.ts, err, sizeof err)
+            : pl_templates_plan(&f->plan.prof, nmax, tolerate, &f->plan.ts, err, sizeof err)) {
+        printf("    %s\n", err);
+        return -1;
+    }
     f->plan.have_ts = 1;
     if (pl_coverage_compute(&f->plan.ts, nmax, tolerate, 16, 1, &f->plan.cov, err, sizeof err))
         return -1;
@@ -79,10 +88,25 @@ static void teardown(fixture *f)
     pl_job_free(&f->job);
 }
 
+/* The timeline's reconfigure lines, one after the other (for the redundant strategy's
+ * failovers). */
+static char reconfigs[8192];
+
+static void keep_reconfigs(void *user, const char *json)
+{
+    if (strstr(json, "\"event\":\"reconfigure\"") &&
+        strlen(reconfigs) + strlen(json) + 2 < sizeof reconfigs) {
+        strcat(reconfigs, json);
+        strcat(reconfigs, "\n");
+    }
+}
+
 static int run(fixture *f, const char *strategy, const pl_trace_event *tr, int n, int64_t notice_s,
                pl_sim_outcome *out)
 {
+    reconfigs[0] = 0;
     pl_sim_config cfg = {
+        .timeline = keep_reconfigs,
         .job = &f->job, .plan = &f->plan, .strategy = pl_sim_strategy_find(strategy),
         .costs = {.profile = &f->plan.prof, .templates = &f->plan.ts, .storage_GBps = 1.0,
                   .startup_ns = 10000000000LL, .notice_ns = notice_s * 1000000000LL},
@@ -161,6 +185,64 @@ static void checkpoint_strategy_redoes_work(void)
     teardown(&f);
 }
 
+/* The n-th (from 0) reconfigure line of the last run, or NULL. */
+static const char *reconfig_line(int n)
+{
+    const char *p = reconfigs;
+    for (int i = 0; i < n && p; i++) {
+        p = strchr(p, '\n');
+        if (p) p++;
+    }
+    return p && *p ? p : NULL;
+}
+
+static void redundant_fails_over_without_copies(void)
+{
+    fixture f;
+    CHECK(setup(&f, "redundant", 1, 10) == 0);
+    const pl_trace_event tr[] = {ADD(0, 0), ADD(0, 1), ADD(0, 2), ADD(0, 3), ADD(0, 4), ADD(0, 5),
+                                 ADD(0, 6), ADD(0, 7), ADD(0, 8), ADD(0, 9), REMOVE(100, 2),
+                                 ADD(200, 10), REMOVE(300, 6), REMOVE(300, 7), ADD(400, 11)};
+    pl_sim_outcome r;
+    CHECK(run(&f, "redundant", tr, 15, 0, &r) == 0);
+    /* pipelines 1x6 + 1x4 (nodes 0–5, 6–9); node 2's holder is node 1: no copy */
+    CHECK_EQ_INT(r.reconfigs, 3);
+    CHECK_EQ_INT(r.from_checkpoint, 0);
+    CHECK(strstr(reconfig_line(0), "failover: node1 runs layers [1, 3) without a copy") != NULL);
+    CHECK(strstr(reconfig_line(0), "\"bytes_planned\":0,") != NULL);
+    /* the join restores the layout: node 10 receives layer 2 (3 × 3 GB) from node 1 */
+    CHECK(strstr(reconfig_line(1), "\"bytes_planned\":9000000000,") != NULL);
+    CHECK(strstr(reconfig_line(1), "\"pipelines\":\"1x6+1x4\"") != NULL);
+    /* stages 0 and 1 of the second pipeline at once: no holder, re-instantiation with copies */
+    CHECK(strstr(reconfig_line(2), "failover") == NULL);
+    CHECK(strstr(reconfig_line(2), "\"bytes_planned\":0,") == NULL);
+    CHECK(r.bytes_copied > 9000000000LL);
+    pl_sim_outcome_free(&r);
+    teardown(&f);
+}
+
+/* A step with redundant computation costs more than without (the shadow's gradient; eager:
+ * the FRC the bubbles do not hide too); a merged layout (a failover's) is costed as it is. */
+static void redundant_step_overhead(void)
+{
+    fixture f;
+    CHECK(setup(&f, "redundant", 1, 10) == 0);
+    const pl_template *t = pl_template_for(&f.plan.ts, 4);
+    CHECK(t != NULL && t->nstages == 4);
+    int b[5];
+    for (int j = 0; j < 4; j++) b[j] = t->stages[j].layer_begin;
+    b[4] = L;
+    pl_sim_costs k = {.profile = &f.plan.prof, .templates = &f.plan.ts};
+    const int64_t plain = pl_sim_pipeline_ns(&k, 4, b, 8, 0), lazy = pl_sim_pipeline_ns(&k, 4, b, 8, 1);
+    k.frc_eager = 1;
+    const int64_t eager = pl_sim_pipeline_ns(&k, 4, b, 8, 1);
+    CHECK_EQ_INT(plain, pl_template_time(t, 8));
+    CHECK(lazy > plain && eager >= lazy);
+    const int merged[4] = {b[0], b[2], b[3], L}; /* stage 1 taken over by stage 0 */
+    CHECK(pl_sim_pipeline_ns(&k, 3, merged, 8, 0) > plain);
+    teardown(&f);
+}
+
 static void notice_moves_out_without_loss(void)
 {
     fixture f;
@@ -218,6 +300,30 @@ static void scale(void)
     CHECK(pl_spot_trace_scale(tr, 3, 0, &out, &n, err, sizeof err) == -1);
 }
 
+/* A job asking for 4 of the trace's nodes: a preempted one is replaced from the market at
+ * once, the oldest first; nodes the trace adds while 4 are held stay in the market. */
+static void cap(void)
+{
+    const pl_trace_event tr[] = {ADD(0, 0), ADD(0, 1), ADD(0, 2), ADD(0, 3), ADD(0, 4), ADD(0, 5),
+                                 REMOVE(600, 2), REMOVE(700, 5), REMOVE(900, 4), ADD(960, 6),
+                                 ADD(1000, 7), REMOVE(3600, 0), REMOVE(3700, 1)};
+    pl_trace_event *out;
+    int n;
+    char err[256];
+    CHECK(pl_spot_trace_cap(tr, 13, 4, &out, &n, err, sizeof err) == 0);
+    /* node 4 replaces node 2; node 5 leaves the market; node 4 goes with none to replace it;
+     * node 6 is taken (3 held), node 7 waits in the market until node 0 goes */
+    const pl_trace_event want[] = {ADD(0, 0), ADD(0, 1), ADD(0, 2), ADD(0, 3), REMOVE(600, 2),
+                                   ADD(600, 4), REMOVE(900, 4), ADD(960, 6), REMOVE(3600, 0),
+                                   ADD(3600, 7), REMOVE(3700, 1)};
+    CHECK_EQ_INT(n, 11);
+    for (int i = 0; i < n && i < 11; i++)
+        CHECK(out[i].t_ms == want[i].t_ms && out[i].add == want[i].add &&
+              out[i].node == want[i].node);
+    free(out);
+    CHECK(pl_spot_trace_cap(tr, 13, 0, &out, &n, err, sizeof err) == -1);
+}
+
 /* The local-machine terms: a ring all-reduce over r pipelines is 2 (r − 1) messages, plus the
  * step's four control messages; one pipeline has no all-reduce. */
 static void sync_latency(void)
@@ -233,8 +339,11 @@ TEST_MAIN_BEGIN
     RUN(loss_with_copies);
     RUN(fatal_loss_falls_back_to_checkpoint);
     RUN(checkpoint_strategy_redoes_work);
+    RUN(redundant_fails_over_without_copies);
+    RUN(redundant_step_overhead);
     RUN(notice_moves_out_without_loss);
     RUN(count_format);
     RUN(scale);
+    RUN(cap);
     RUN(sync_latency);
 TEST_MAIN_END
