@@ -135,7 +135,7 @@ void kn_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias
 size_t kn_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH);
 void kn_attention_forward(kn_ctx *k, float *out, float *att, const float *qkv, int B, int T,
                           int C, int NH);
-/* dqkv += gradient of the attention w.r.t. qkv. out is the forward's output
+/* dqkv = gradient of the attention w.r.t. qkv (overwritten). out is the forward's output
  * [B, T, C] for these qkv (CUDA uses it for rowsum(dout ∘ out); the CPU
  * ignores it). */
 void kn_attention_backward(kn_ctx *k, float *dqkv, const float *dout, const float *qkv,

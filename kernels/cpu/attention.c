@@ -14,6 +14,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <string.h>
 
 #include "cpu.h"
 
@@ -95,6 +96,9 @@ void kn_cpu_attention_backward(kn_ctx *k, float *dqkv, const float *dout, const 
         float *dQ = dqkv + qoff, *dK = dQ + C, *dV = dQ + 2 * C;
         const float *A = att + (size_t)bh * T * T;
         const float *dO = dout + (size_t)b * T * C + (size_t)h * hs;
+        for (int t = 0; t < T; t++) /* the head's dQ, dK, dV are overwritten (kernels.h) */
+            for (int part = 0; part < 3; part++)
+                memset(dQ + (size_t)t * C3 + (size_t)part * C, 0, (size_t)hs * sizeof(float));
         for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
             int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T, m = r1 - r0;
             /* datt[r0:r1, 0:r1] = dO[r0:r1] · V[0:r1]ᵀ, into S (row stride r1) */

@@ -527,6 +527,8 @@ static void backward_tiles(kn_ctx *k, float *dqkv, const float *dout, const floa
                   (const bf16 *)pdo, lse, (const float *)delta, T, NH, hs, scale, sc, v2);
         return;
     }
+    /* the fp32 kernels accumulate into dqkv: zero first (kernels.h: overwritten) */
+    CUDA_CHECK(cudaMemsetAsync(dqkv, 0, (size_t)B * T * 3 * C * sizeof(float), kn_stream(k)));
     float *delta = (float *)kn_cuda_workspace(k, rows * sizeof(float));
     attention_delta_kernel<<<kn_blocks(rows * 32, 256), 256, 0, kn_stream(k)>>>(delta, dout, out,
                                                                                B, T, NH, hs);

@@ -54,7 +54,9 @@
  * in registers at a time.
  *
  * Every gradient element has one owner thread, accumulated in a fixed order
- * (no atomics): the same bits every run. */
+ * (no atomics) and stored once (dqkv is overwritten, every element of it:
+ * each key and each query below T is some block's own row): the same bits
+ * every run. */
 
 typedef __nv_bfloat16 bf16;
 
@@ -337,19 +339,16 @@ attention_delta_pack_kernel(float *delta, bf16 *pdo, const float *dout, const fl
     if (lane == 0) delta[(size_t)bh * T + t] = s;
 }
 
-/* Adds x0 and x1 (times f) to p[c], p[c + 1] where c, c + 1 < hs; vec2: one
- * 8-byte access (p + c aligned, hs even). */
-__device__ static inline void add_pair(float *p, int c, int hs, float x0, float x1, int vec2)
+/* p[c] = x0, p[c + 1] = x1 where c, c + 1 < hs; vec2: one 8-byte store (p + c
+ * aligned, hs even). */
+__device__ static inline void store_pair(float *p, int c, int hs, float x0, float x1, int vec2)
 {
     if (vec2 && c + 1 < hs) {
-        float2 *p2 = reinterpret_cast<float2 *>(p + c);
-        float2 y = *p2;
-        y.x += x0, y.y += x1;
-        *p2 = y;
+        *reinterpret_cast<float2 *>(p + c) = make_float2(x0, x1);
         return;
     }
-    if (c < hs) p[c] += x0;
-    if (c + 1 < hs) p[c + 1] += x1;
+    if (c < hs) p[c] = x0;
+    if (c + 1 < hs) p[c + 1] = x1;
 }
 
 /* ---- the kernels ---------------------------------------------------------------- */
@@ -613,8 +612,8 @@ flash_backward_dkv_bf16_kernel(float *dqkv, const bf16 *pk, const bf16 *pdo, con
 #pragma unroll
         for (int j = 0; j < NO; j++) {
             const int c = 8 * j + 2 * t;
-            add_pair(dK, c, hs, dk[j][2 * i] * scale, dk[j][2 * i + 1] * scale, vec2);
-            add_pair(dV, c, hs, dv[j][2 * i], dv[j][2 * i + 1], vec2);
+            store_pair(dK, c, hs, dk[j][2 * i] * scale, dk[j][2 * i + 1] * scale, vec2);
+            store_pair(dV, c, hs, dv[j][2 * i], dv[j][2 * i + 1], vec2);
         }
     }
 }
@@ -712,6 +711,7 @@ flash_backward_dq_bf16_kernel(float *dqkv, const bf16 *pk, const bf16 *pdo, cons
         float *dQ = dqkv + (size_t)b * T * C3 + (size_t)row * C3 + (size_t)h * hs;
 #pragma unroll
         for (int j = 0; j < NO; j++)
-            add_pair(dQ, 8 * j + 2 * t, hs, dq[j][2 * i] * scale, dq[j][2 * i + 1] * scale, vec2);
+            store_pair(dQ, 8 * j + 2 * t, hs, dq[j][2 * i] * scale, dq[j][2 * i + 1] * scale,
+                       vec2);
     }
 }

@@ -299,9 +299,8 @@ static int run_case(int B, int T, int C, int NH, int misalign)
     float *qkv = qkv_buf.data() + misalign, *dout = dout_buf.data() + misalign;
     for (size_t i = 0; i < n3; i++) qkv[i] = bfr((float)(3 * urand(&seed)));
     for (size_t i = 0; i < n; i++) dout[i] = bfr((float)urand(&seed));
-    std::vector<float> dqkv(n3);
-    for (auto &x : dqkv) x = (float)urand(&seed);
-    std::vector<double> dqkv_ref(dqkv.begin(), dqkv.end()), out_ref(n), lse_ref(lse.size());
+    std::vector<float> dqkv(n3, NAN); // overwritten, every element
+    std::vector<double> dqkv_ref(n3, 0.0), out_ref(n), lse_ref(lse.size());
 
     // reference
     const double scale = 1.0 / sqrt((double)hs);

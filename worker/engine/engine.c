@@ -377,7 +377,6 @@ static void block_backward(pl_engine *e, pl_slot *s, int l, const scratch *w)
 {
     kn_ctx *k = e->k;
     const int B = e->B, T = e->T, C = e->cfg.C, BT = B * T;
-    const size_t BTC = (size_t)BT * C;
     block_acts *a = &s->blocks[l - (int)first_block(e)];
     const float *x = block_input(e, s, l);
     /* w->dres holds d(res3) on entry and d(block input) on exit */
@@ -390,7 +389,6 @@ static void block_backward(pl_engine *e, pl_slot *s, int l, const scratch *w)
                           a->ln2_mean, a->ln2_rstd, B, T, C);
     kn_matmul_backward_set(k, w->datty, G(e, l, 4), G(e, l, 5), w->dres, a->atty, P(e, l, 4), BT,
                            C, C);
-    kn_zero(k, w->dqkv, 3 * BTC * sizeof(float));
     kn_attention_backward(k, w->dqkv, w->datty, a->qkv, a->att, a->atty, B, T, C, e->cfg.NH);
     kn_matmul_backward_set(k, w->dln, G(e, l, 2), G(e, l, 3), w->dqkv, a->ln1, P(e, l, 2), BT, C,
                            3 * C);
