@@ -2526,7 +2526,10 @@ int pl_coord_checkpoint_done(pl_coord *c, const char *name, int64_t step, const 
         checkpoint_failed(c, slot, why);
         return PL_COORD_OK;
     }
-    c->ckpt_failures = 0;
+    /* an older checkpoint completing after a newer one failed does not end the run of
+     * failures in a row */
+    if (step >= c->ckpt_fail_step)
+        c->ckpt_failures = 0;
     if (step > c->ckpt_last)
         c->ckpt_last = step;
     drop_saving(c, c->ckpt_last);

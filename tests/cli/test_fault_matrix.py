@@ -63,7 +63,7 @@ PHASE_WORDS = {"forward": "the forward", "backward": "the backward",
 # receives layers in plan 2; the faulty worker is its source.
 PHASES = {"forward": ("5", "@1", None), "backward": ("5", "@1", None),
           "sync": ("5", "@0", None), "commit": ("5", "@1", None),
-          "checkpoint": ("8", "@1", None), "copy": ("2", "", "add:1@step=3")}
+          "checkpoint": ("4", "@1", None), "copy": ("2", "", "add:1@step=3")}
 
 _table = []
 _reference = {}

@@ -5,9 +5,9 @@
                              gracefully (Ready=False "node is shutting down"); each
                              Pod gets DisruptionTarget (TerminationByKubelet),
                              SIGTERM, its terminationGracePeriodSeconds, SIGKILL and
-                             ends Failed (reason Terminated); then the machine and
-                             its Node are deleted (the Pod garbage collector removes
-                             the Pods)
+                             ends Failed (reason Terminated); then the machine and,
+                             POWER_OFF_S later, its Node are deleted (the Pod garbage
+                             collector removes the Pods)
   lose                       the node's link goes down: no RST, no FIN; its
                              heartbeats stop, so it becomes NotReady after the
                              node-monitor grace period and its Pods are evicted
@@ -30,6 +30,7 @@ import time
 from api import now
 from errors import ApiError
 
+POWER_OFF_S = 2.0  # from the Pods stopping to the Node deleted (_delete_after)
 ACTIONS = ("preempt", "lose", "partition-from-peers", "partition-from-coordinator", "restore")
 
 
@@ -108,10 +109,14 @@ class Faults:
         return {"node": name, "action": "preempt", "pods": [r.name for r in runners], "graceSeconds": grace}
 
     def _delete_after(self, name, runners, grace):
-        """The machine powers off once its Pods stopped (or their grace ran out); its Node goes."""
+        """The machine powers off once its Pods stopped (or their grace ran out), and the
+        cloud's node controller deletes its Node a moment later (POWER_OFF_S): until then
+        the Pods show their final status (Failed, Terminated), as on a real cluster, where
+        the Pod garbage collector also waits before removing a gone node's Pods."""
         deadline = time.monotonic() + grace + 2
         while time.monotonic() < deadline and not all(r.done for r in runners):
             time.sleep(0.1)
+        time.sleep(POWER_OFF_S)
         with self.store.cond:
             if self.store.get("nodes", "", name) is not None:
                 self.api.delete(self.api.registry.lookup("v1", "nodes"), None, name, {})
