@@ -13,6 +13,7 @@
 #include "reinstantiate.h"
 #include "training_schedule.h"
 #include "util.h"
+#include "zone_place.h"
 
 typedef struct {
     pl_proto_name name, node, zone; /* zone "" : unknown */
@@ -767,8 +768,102 @@ static void names_list(char *buf, size_t len, const char *const *names, int n)
         appendf(buf, len, "%s%s", k ? "," : "", names[k]);
 }
 
-/* A plan from scratch: the coverage entry for the live count, workers in rank
- * order. 0, or 1 when too few workers, -1 out of memory. */
+/* Zone ids of the workers (−1 unknown) into zid; returns how many zones. */
+static int zone_ids(const pl_coord *c, int *zid)
+{
+    int nz = 0;
+    for (int i = 0; i < c->nw; i++) {
+        zid[i] = -1;
+        for (int k = 0; c->w[i].zone[0] && k < i && zid[i] < 0; k++)
+            if (zid[k] >= 0 && !strcmp(c->w[k].zone, c->w[i].zone))
+                zid[i] = zid[k];
+        if (c->w[i].zone[0] && zid[i] < 0)
+            zid[i] = nz++;
+    }
+    return nz;
+}
+
+/* A plan's pipelines and their stages' layers, for zone_place.h. */
+typedef struct {
+    pl_zone_shape sh;
+    int nslots, *nnodes, **bounds;
+} cshape;
+
+static void cshape_free(cshape *s)
+{
+    for (int q = 0; s->bounds && q < s->sh.npipes; q++)
+        free(s->bounds[q]);
+    free(s->bounds);
+    free(s->nnodes);
+}
+
+static int cshape_init(const pl_coord *c, const cplan *np, cshape *s)
+{
+    memset(s, 0, sizeof *s);
+    s->sh.nlayers = c->cfg.profile->nlayers;
+    s->sh.npipes = np->npipes;
+    s->nnodes = calloc((size_t)np->npipes + 1, sizeof *s->nnodes);
+    s->bounds = calloc((size_t)np->npipes + 1, sizeof *s->bounds);
+    if (!s->nnodes || !s->bounds)
+        goto oom;
+    for (int q = 0; q < np->npipes; q++) {
+        const cpipe *cq = &np->p[q];
+        s->nnodes[q] = cq->nnodes;
+        s->nslots += cq->nnodes;
+        if (!(s->bounds[q] = malloc(((size_t)cq->nnodes + 1) * sizeof(int))))
+            goto oom;
+        for (int j = 0; j < cq->nnodes; j++)
+            pipe_layers(c, cq, j, &s->bounds[q][j], &s->bounds[q][j + 1]);
+    }
+    s->sh.nnodes = s->nnodes;
+    s->sh.bounds = (const int *const *)s->bounds;
+    return 0;
+oom:
+    cshape_free(s);
+    return -1;
+}
+
+/* The live workers on the stages of np (shaped, workers unset): spread over zones so
+ * that one zone's loss is not fatal (zone_place.h), rank order where zones are not
+ * known. 0, or -1 out of memory. */
+static int place_fresh(pl_coord *c, cplan *np)
+{
+    cshape s;
+    int *zid = malloc(((size_t)c->nw + 1) * sizeof *zid);
+    int *cand = malloc(((size_t)c->nw + 1) * sizeof *cand);
+    int *czone = malloc(((size_t)c->nw + 1) * sizeof *czone);
+    int *slot = NULL, rc = -1;
+    if (!zid || !cand || !czone || cshape_init(c, np, &s)) {
+        free(zid);
+        free(cand);
+        free(czone);
+        return -1;
+    }
+    const int nz = zone_ids(c, zid);
+    int ncand = 0;
+    for (int i = 0; i < c->nw; i++)
+        if (c->w[i].live) {
+            czone[ncand] = zid[i];
+            cand[ncand++] = i;
+        }
+    if ((slot = malloc(((size_t)s.nslots + 1) * sizeof *slot)) &&
+        !pl_zone_place(&s.sh, ncand, czone, nz, slot)) {
+        int k = 0;
+        for (int q = 0; q < np->npipes; q++)
+            for (int j = 0; j < np->p[q].nnodes; j++)
+                np->p[q].w[j] = cand[slot[k++]];
+        rc = 0;
+    }
+    cshape_free(&s);
+    free(slot);
+    free(zid);
+    free(cand);
+    free(czone);
+    return rc;
+}
+
+/* A plan from scratch: the coverage entry for the live count, its workers placed by
+ * place_fresh. 0, or 1 when too few workers, -1 out of memory. */
 static int fresh_plan_from(pl_coord *c, const pl_coverage *cov, int live, cplan *np)
 {
     const pl_instance_plan *e = NULL;
@@ -779,43 +874,16 @@ static int fresh_plan_from(pl_coord *c, const pl_coverage *cov, int live, cplan 
     if (!e)
         return 1;
     np->npipes = e->npipelines;
-    char *used = calloc((size_t)c->nw + 1, 1);
-    int lo = 0; /* every worker below is used or not live */
-    if (!used || !(np->p = calloc((size_t)e->npipelines, sizeof *np->p))) {
-        free(used);
+    if (!(np->p = calloc((size_t)e->npipelines, sizeof *np->p)))
         return -1;
-    }
     for (int q = 0; q < e->npipelines; q++) {
         cpipe *cq = &np->p[q];
         cq->mb = e->pipelines[q].microbatches;
-        if (!(cq->w = malloc((size_t)e->pipelines[q].template_nodes * sizeof(int)))) {
-            free(used);
-            return -1;
-        }
         cq->nnodes = e->pipelines[q].template_nodes;
-        /* workers in rank order, but a stage's neighbour from another zone where one
-         * is left: simultaneous preemptions come from one zone (Bamboo §3) */
-        for (int j = 0; j < cq->nnodes; j++) {
-            const char *prev = j ? c->w[cq->w[j - 1]].zone : "";
-            int pick = -1;
-            while (lo < c->nw && (!c->w[lo].live || used[lo]))
-                lo++;
-            for (int i = lo; i < c->nw && (pick < 0 || prev[0]); i++) {
-                if (!c->w[i].live || used[i])
-                    continue;
-                if (pick < 0)
-                    pick = i;
-                if (prev[0] && c->w[i].zone[0] && strcmp(c->w[i].zone, prev)) {
-                    pick = i;
-                    break;
-                }
-            }
-            used[pick] = 1;
-            cq->w[j] = pick;
-        }
+        if (!(cq->w = malloc((size_t)cq->nnodes * sizeof(int))))
+            return -1;
     }
-    free(used);
-    return 0;
+    return place_fresh(c, np);
 }
 
 /* The best plan for the live workers from the coverage table; with below_minimum_degrade
@@ -838,46 +906,58 @@ static int fresh_plan(pl_coord *c, int live, cplan *np)
     return rc;
 }
 
-/* Same-zone neighbours in the pipelines (zones known on both sides). */
-static int zone_conflicts(const pl_coord *c, const cplan *np)
+/* Added workers hold nothing: swapping two of them changes no copy's size or source,
+ * only who receives it. Swaps that leave the plan less exposed to a zone's loss
+ * (zone_place.h) are kept, so that re-instantiation spreads zones where it costs
+ * nothing (Bamboo §3). 0, or -1 out of memory. */
+static int spread_added(pl_coord *c, cplan *np, ccopy *cp, int ncp, const char **ad, int nad)
 {
-    int n = 0;
-    for (int q = 0; q < np->npipes; q++)
-        for (int j = 1; j < np->p[q].nnodes; j++) {
-            const char *a = c->w[np->p[q].w[j - 1]].zone, *b = c->w[np->p[q].w[j]].zone;
-            n += a[0] && b[0] && !strcmp(a, b);
+    cshape s;
+    int *zid = malloc(((size_t)c->nw + 1) * sizeof *zid);
+    if (!zid || cshape_init(c, np, &s)) {
+        free(zid);
+        return -1;
+    }
+    const int nz = zone_ids(c, zid);
+    int *sz = malloc(((size_t)s.nslots + 1) * sizeof *sz);  /* each slot's zone */
+    int *sw = malloc(((size_t)s.nslots + 1) * sizeof *sw);  /* and worker */
+    int *mov = malloc(((size_t)s.nslots + 1) * sizeof *mov); /* the added workers' slots */
+    int **at = malloc(((size_t)s.nslots + 1) * sizeof *at);
+    int n = 0, rc = -1;
+    if (!sz || !sw || !mov || !at)
+        goto out;
+    for (int q = 0, k = 0; q < np->npipes; q++)
+        for (int j = 0; j < np->p[q].nnodes; j++, k++) {
+            sw[k] = np->p[q].w[j];
+            sz[k] = zid[sw[k]];
+            at[k] = &np->p[q].w[j];
+            for (int a = 0; a < nad; a++)
+                if (!strcmp(c->w[sw[k]].name, ad[a]))
+                    mov[n++] = k;
         }
-    return n;
-}
-
-/* Added workers hold nothing: swapping two of them changes no copy's size or
- * source, only who receives it. Swaps that leave fewer same-zone neighbours are
- * kept, so that re-instantiation spreads zones where it costs nothing (Bamboo §3). */
-static void spread_added(pl_coord *c, cplan *np, ccopy *cp, int ncp, const char **ad, int nad)
-{
-    int *slot[PL_PROTO_MAX_NODES];
-    int n = 0;
-    for (int q = 0; q < np->npipes; q++)
-        for (int j = 0; j < np->p[q].nnodes; j++)
-            for (int k = 0; k < nad && n < PL_PROTO_MAX_NODES; k++)
-                if (!strcmp(c->w[np->p[q].w[j]].name, ad[k]))
-                    slot[n++] = &np->p[q].w[j];
-    int best = zone_conflicts(c, np);
-    for (int a = 0; a < n && best > 0; a++)
-        for (int b = a + 1; b < n && best > 0; b++) {
-            int x = *slot[a], y = *slot[b];
-            *slot[a] = y;
-            *slot[b] = x;
-            int now = zone_conflicts(c, np);
-            if (now < best) {
-                best = now;
-                for (int k = 0; k < ncp; k++) /* the copies follow the positions */
-                    cp[k].dest = cp[k].dest == x ? y : cp[k].dest == y ? x : cp[k].dest;
-            } else {
-                *slot[a] = x;
-                *slot[b] = y;
-            }
-        }
+    if (nz > 0 && n > 1 && pl_zone_improve(&s.sh, nz, sz, sw, mov, n))
+        goto out;
+    for (int a = 0; a < n; a++) {
+        const int k = mov[a], was = *at[k];
+        if (was == sw[k])
+            continue;
+        for (int x = 0; x < ncp; x++) /* the copies follow the positions */
+            if (cp[x].dest == was)
+                cp[x].dest = -1 - sw[k];
+    }
+    for (int x = 0; x < ncp; x++)
+        cp[x].dest = cp[x].dest < 0 ? -1 - cp[x].dest : cp[x].dest;
+    for (int k = 0; k < s.nslots; k++)
+        *at[k] = sw[k];
+    rc = 0;
+out:
+    cshape_free(&s);
+    free(zid);
+    free(sz);
+    free(sw);
+    free(mov);
+    free(at);
+    return rc;
 }
 
 /* ---- strategy redundant (Bamboo, NSDI '23; docs/redundant.md) ----
@@ -1114,7 +1194,8 @@ static int reinstantiate(pl_coord *c, int f, const char **rm, int nrm, const cha
             x->bytes = r.copies[k].layers[j].bytes;
         }
     *bytes_planned = r.bytes_to_copy;
-    spread_added(c, np, *cp, *ncp, ad, nad);
+    if (spread_added(c, np, *cp, *ncp, ad, nad))
+        goto oom;
     rc_local_copies(c, np, *cp, ncp, bytes_planned);
     rc = 0;
     goto out;

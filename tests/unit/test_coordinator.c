@@ -1138,6 +1138,57 @@ static void test_zone_placement(void)
     sim_free(&s);
 }
 
+/* 1 when every layer has a holder outside zone z among the live workers of the current
+ * plan (zones[w]: worker w's zone). */
+static int survives_zone_loss(const sim *s, const char *const *zones, const char *z)
+{
+    for (int l = 0; l < L; l++) {
+        int held = 0;
+        for (int w = 0; w < s->nw && !held; w++) {
+            const pl_msg_plan *p = &s->plan[w].u.plan;
+            held = s->live[w] && in_pipes(s, w) && strcmp(zones[w], z) &&
+                   p->you_layer_begin <= l && l < p->you_layer_end;
+        }
+        if (!held)
+            return 0;
+    }
+    return 1;
+}
+
+/* Zones a, b, c in turn (≥ F + 1 = 2 of them): whichever zone is lost, every layer of the
+ * fresh plan keeps a live holder, and losing zone a copies layers instead of restarting
+ * from a checkpoint. Rank order alone would put both pipelines' last stage in zone c. */
+static void test_zone_loss_leaves_holders(void)
+{
+    sim s;
+    CHECK(sim_init(&s, 9, 6) == 0);
+    const char *zones[] = {"a", "b", "c", "a", "b", "c"};
+    for (int w = 0; w < 6; w++) {
+        pl_coord_worker_info wi = {.name = nm(w), .zone = zones[w]};
+        CHECK_EQ_INT(pl_coord_worker_joined(s.c, &wi, 0), PL_COORD_OK);
+        s.live[w] = 1;
+        s.nw = w + 1;
+    }
+    CHECK(drain(&s) == 0);
+    CHECK(plans_valid(&s) == 0);
+    CHECK(survives_zone_loss(&s, zones, "a") && survives_zone_loss(&s, zones, "b") &&
+          survives_zone_loss(&s, zones, "c"));
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    /* zone a goes */
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, "w0", "preempted"), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, "w3", "preempted"), PL_COORD_OK);
+    s.live[0] = s.live[3] = 0;
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
+    CHECK(plans_valid(&s) == 0);
+    CHECK(pl_coord_nreconfigs(s.c) > 0);
+    for (int k = 0; k < pl_coord_nreconfigs(s.c); k++)
+        CHECK(!pl_coord_reconfig(s.c, k)->from_checkpoint);
+    sim_free(&s);
+}
+
 /* Workers added together are swapped so that neighbours differ in zone where
  * that costs no copy; the plans stay consistent (copies follow positions). */
 static void test_added_workers_spread_over_zones(void)
@@ -2307,6 +2358,7 @@ RUN(test_restore_after_coordinator_loss);
 RUN(test_start_grace);
 RUN(test_zone_placement);
 RUN(test_added_workers_spread_over_zones);
+RUN(test_zone_loss_leaves_holders);
 RUN(test_transport_and_nccl_id);
 RUN(test_step_failed_replans);
 RUN(test_initial_copy_loss_and_nan);
