@@ -22,6 +22,8 @@ typedef struct {
     char host[PL_PROTO_HOST_MAX + 1];
     int port, rank;
     int live, leaving;
+    int departing; /* left under notice, not yet stopped: a copy source of the plan it
+                      left (Bamboo §3's grace period), stopped once those copies are done */
     int64_t last_heard;
     int got_plan, copy_done, reported, reduced, committed, is_source;
     int restored, resumed;      /* in the restored plan; reconnected with hello_resume */
@@ -1124,7 +1126,8 @@ static int reinstantiate(pl_coord *c, int f, const char **rm, int nrm, const cha
     int rc = -1;
     cur.pipelines = calloc((size_t)c->stable.npipes, sizeof *cur.pipelines);
     const char **rm2 = calloc((size_t)c->nw + 1, sizeof *rm2);
-    int ok = cur.pipelines != NULL && rm2 != NULL, nrm2 = nrm;
+    const char **dep = calloc((size_t)c->nw + 1, sizeof *dep);
+    int ok = cur.pipelines != NULL && rm2 != NULL && dep != NULL, nrm2 = nrm;
     for (int k = 0; ok && k < nrm; k++)
         rm2[k] = rm[k];
     for (int q = 0; ok && q < c->stable.npipes; q++) {
@@ -1143,6 +1146,10 @@ static int reinstantiate(pl_coord *c, int f, const char **rm, int nrm, const cha
                 rm2[nrm2++] = c->w[tw[j]].name;
         }
     }
+    for (int k = 0; ok && k < nrm2; k++) /* their notice lets them send still */
+        if (c->w[find(c, rm2[k])].departing)
+            dep[cur.ndeparting++] = rm2[k];
+    cur.departing = dep;
     int rrc = ok ? pl_reinstantiate(c->cfg.profile, c->cfg.templates, cov,
                                     f, c->cfg.global_batch, &cur, rm2, nrm2, ad,
                                     nad, &r, e2, sizeof e2)
@@ -1151,6 +1158,7 @@ static int reinstantiate(pl_coord *c, int f, const char **rm, int nrm, const cha
         free(cur.pipelines[q].nodes);
     free(cur.pipelines);
     free(rm2);
+    free(dep);
     if (rrc) {
         char why[700];
         snprintf(why, sizeof why, "re-instantiation failed: %s", ok ? e2 : "out of memory");
@@ -1230,13 +1238,27 @@ static void log_reconfig(pl_coord *c, const char *removed, const char *added,
     x->tolerance = c->tolerance;
 }
 
-/* Leaving workers go now: they are removed, survivors are the sources. */
-static void stop_leaving(pl_coord *c)
+/* Leaving workers leave the plan now. On TCP they stay until the next plan's copies
+ * are done, as sources of the layers no survivor holds (their notice's grace period);
+ * otherwise (NCCL copies need a rank) they stop now. */
+static void depart_leaving(pl_coord *c)
 {
     for (int i = 0; i < c->nw; i++)
         if (c->w[i].live && c->w[i].leaving) {
-            send_text(c, i, PL_MSG_STOP, c->gen, 0, "left the job", 0);
             c->w[i].live = 0;
+            c->w[i].departing = c->has_stable && c->transport == PL_TRANSPORT_TCP;
+            if (!c->w[i].departing)
+                send_text(c, i, PL_MSG_STOP, c->gen, 0, "left the job", 0);
+        }
+}
+
+/* Departing workers are stopped, but (keep_sources) those the current plan copies from. */
+static void stop_departed(pl_coord *c, int keep_sources)
+{
+    for (int i = 0; i < c->nw; i++)
+        if (c->w[i].departing && !(keep_sources && c->w[i].is_source)) {
+            c->w[i].departing = 0;
+            send_text(c, i, PL_MSG_STOP, c->gen, 0, "left the job", 0);
         }
 }
 
@@ -1434,7 +1456,7 @@ static void send_plans(pl_coord *c, const ccopy *cp, int ncp)
         return;
     }
     for (int i = 0; i < c->nw; i++)
-        if (c->w[i].live) {
+        if (c->w[i].live || (c->w[i].departing && c->w[i].is_source)) {
             if (send_plan(c, i, &s)) {
                 set_failed(c, "coordinator: out of memory");
                 break;
@@ -1448,7 +1470,7 @@ static void send_plans(pl_coord *c, const ccopy *cp, int ncp)
  * WAITING_FOR_NODES / FAILED). */
 static void replan(pl_coord *c)
 {
-    stop_leaving(c);
+    depart_leaving(c);
     reassign_duties(c);
     if (c->phase == PL_COORD_DONE || c->phase == PL_COORD_FAILED)
         return;
@@ -1495,6 +1517,7 @@ static void replan(pl_coord *c)
     c->phase = PL_COORD_COPYING;
     send_plans(c, cp, ncp);
 done:
+    stop_departed(c, c->phase == PL_COORD_COPYING);
     cplan_free(&np);
     free(cp);
     free(mark);
@@ -1533,6 +1556,7 @@ static void check_copy_complete(pl_coord *c)
     }
     c->has_stable = 1;
     c->need_ckpt = 0;
+    stop_departed(c, 0);
     if (c->eval_pending) /* a loss interrupted the evaluation of a committed step */
         start_eval(c);
     else if (c->step >= c->cfg.steps) /* a writer of the last checkpoint was lost */
@@ -2304,7 +2328,14 @@ int pl_coord_worker_lost(pl_coord *c, const char *name, const char *cause)
         return fail_err(c, "unknown worker \"%s\"", name ? name : "(null)");
     if (!c->w[i].live) { /* gone after its stop (it left): a write it had yet to report */
         writer_gone_after_leaving(c, i);
-        return PL_COORD_IGNORED;
+        const int owed = c->w[i].departing && c->phase == PL_COORD_COPYING && c->w[i].is_source;
+        c->w[i].departing = 0;
+        if (!owed)
+            return PL_COORD_IGNORED;
+        /* its notice ran out before its copies were done: planned again without it */
+        add_cause(c, "lost %s (%s) before its copies were sent", name, cause ? cause : "?");
+        replan_soon(c);
+        return PL_COORD_OK;
     }
     c->w[i].live = 0;
     add_cause(c, "lost %s (%s)", name, cause ? cause : "?");

@@ -265,8 +265,9 @@ static void notice_moves_out_without_loss(void)
 
 /* Six nodes in zones 0, 1, 2, 0, 1, 2; node 0's preemption takes its zone (nodes 0 and 3)
  * at once. Placed by rank (zones not told), both pipelines run the same layers on nodes of
- * the same zones: the loss is fatal and the job restarts from its checkpoint. Placed by
- * zone, every layer keeps a holder and the loss costs copies only. */
+ * the same zones: the loss without notice is fatal and the job restarts from its
+ * checkpoint; with notice the leaving nodes are copy sources. Placed by zone, every layer
+ * keeps a holder and the loss costs copies only. */
 static void zone_loss_and_placement(void)
 {
     fixture f;
@@ -286,6 +287,14 @@ static void zone_loss_and_placement(void)
     CHECK_EQ_INT(placed.from_checkpoint, 0);
     CHECK(placed.acct.split_ns[PL_SIM_T_REDO] < blind.acct.split_ns[PL_SIM_T_REDO]);
     CHECK(placed.steps > blind.steps);
+    /* the zone preempted with notice: placed by rank still, its nodes send the layers no
+     * survivor holds during their grace period, and no checkpoint is needed */
+    pl_sim_outcome noticed;
+    CHECK(run_zones(&f, "templates", z, nz, 30, 0, &noticed) == 0);
+    CHECK_EQ_INT(noticed.from_checkpoint, 0);
+    CHECK(noticed.reconfigs >= 1 && noticed.bytes_copied > 0);
+    CHECK_EQ_INT(noticed.acct.split_ns[PL_SIM_T_REDO], 0);
+    pl_sim_outcome_free(&noticed);
     /* no zone loss drawn: the trace as it was */
     pl_trace_event *same;
     int nsame;
