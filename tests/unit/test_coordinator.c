@@ -613,6 +613,57 @@ static void test_leaving_at_boundary(void)
     sim_free(&s);
 }
 
+/* w1 and w4, the only holders of layers [2, 4) (rank order: the pipelines w0 w1 w2 and
+ * w3 w4 w5), get their notice together: at the boundary they leave the pipelines but send
+ * those layers to the survivors first (idle in the plan, with sends), and are stopped only
+ * when every copy is done. No checkpoint is read. Lost instead, the same layers are gone. */
+static void test_notice_keeps_copy_sources(void)
+{
+    sim s;
+    CHECK(begin_run(&s, 9, 6) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    CHECK(s.plan[1].u.plan.you_layer_begin == s.plan[4].u.plan.you_layer_begin &&
+          s.plan[1].u.plan.you_layer_end == s.plan[4].u.plan.you_layer_end);
+    CHECK_EQ_INT(pl_coord_leaving(s.c, "w1", PL_LEAVE_SIGTERM), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_leaving(s.c, "w4", PL_LEAVE_SIGTERM), PL_COORD_OK);
+    CHECK(run_step(&s, 1) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
+    const pl_coord_reconfig_rec *rec = pl_coord_reconfig(s.c, 0);
+    CHECK(rec && !rec->from_checkpoint && rec->bytes_planned > 0);
+    CHECK(msg_to(&s, 1, PL_MSG_STOP) == NULL && msg_to(&s, 4, PL_MSG_STOP) == NULL);
+    int sends = 0;
+    for (int w = 1; w < 5; w += 3) {
+        const pl_msg_plan *p = &s.plan[w].u.plan;
+        CHECK(s.plan[w].gen == s.gen && p->you_pipeline == -1);
+        sends += p->nsends;
+    }
+    CHECK(sends > 0);
+    s.live[1] = s.live[4] = 0; /* out of the plan: copy_done comes from the others */
+    CHECK(plans_valid(&s) == 0);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(msg_to(&s, 1, PL_MSG_STOP) && msg_to(&s, 4, PL_MSG_STOP));
+    CHECK_EQ_INT(count_type(&s, PL_MSG_START_STEP), 4);
+    sim_free(&s);
+
+    /* their notice runs out before the copies are done: planned again without them */
+    CHECK(begin_run(&s, 9, 6) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    CHECK_EQ_INT(pl_coord_leaving(s.c, "w1", PL_LEAVE_SIGTERM), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_leaving(s.c, "w4", PL_LEAVE_SIGTERM), PL_COORD_OK);
+    CHECK(run_step(&s, 1) == 0);
+    const int64_t g = s.gen;
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, "w1", "preempted"), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, "w4", "preempted"), PL_COORD_OK);
+    s.live[1] = s.live[4] = 0;
+    CHECK(drain(&s) == 0);
+    CHECK(s.gen > g);
+    rec = pl_coord_reconfig(s.c, pl_coord_nreconfigs(s.c) - 1);
+    CHECK(rec && rec->from_checkpoint);
+    CHECK_STR_CONTAINS(rec->cause, "before its copies were sent");
+    sim_free(&s);
+}
+
 static void test_join_and_heartbeats(void)
 {
     sim s;
@@ -2359,6 +2410,7 @@ RUN(test_start_grace);
 RUN(test_zone_placement);
 RUN(test_added_workers_spread_over_zones);
 RUN(test_zone_loss_leaves_holders);
+RUN(test_notice_keeps_copy_sources);
 RUN(test_transport_and_nccl_id);
 RUN(test_step_failed_replans);
 RUN(test_initial_copy_loss_and_nan);
