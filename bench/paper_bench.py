@@ -57,7 +57,7 @@ LINE = re.compile(r"^(\w+): ([0-9.]+) samples/s, ([0-9.]+) samples per \$, (\d+)
                   r"([0-9.]+) node-hours, .* (\d+) reconfigurations \((\d+) from a checkpoint\), "
                   r"[0-9.]+ GB copied, (\w+)")
 SWEEP = re.compile(r"^tolerate \d+, nodes (\d+), templates: ([0-9.]+) samples/s, .* (\d+) "
-                   r"reconfigurations, (\w+)")
+                   r"reconfigurations \((\d+) from a checkpoint\), (\w+)")
 
 
 def read_trace(path):
@@ -147,8 +147,9 @@ def zone_table(pliant, trace_name):
     print("oobleck setup, %s trace, the job asking for 6 or 8 nodes, %d zones, a preemption "
           "instant takes its zone with probability %.2f (templates):" %
           (trace_name, ZONES, ZONE_LOSS))
-    print("| placement | notice | nodes | samples/s | reconfigurations | at the end |")
-    print("|---|---|---|---|---|---|")
+    print("| placement | notice | nodes | samples/s | reconfigurations | from a checkpoint "
+          "| at the end |")
+    print("|---|---|---|---|---|---|---|")
     for blind in (False, True):
         for notice in (0, NOTICE_S):
             args = [pliant, "simulate", job, "--trace", path, "--strategy", "templates",
@@ -159,7 +160,7 @@ def zone_table(pliant, trace_name):
             if p.returncode != 0:
                 sys.exit("paper_bench: %s: %s" % (" ".join(args), p.stderr))
             for m in filter(None, map(SWEEP.match, p.stdout.splitlines())):
-                print("| %s | %s | %s | %s | %s | %s |" %
+                print("| %s | %s | %s | %s | %s | %s | %s |" %
                       ("by rank" if blind else "by zone", "%d s" % notice if notice else "none",
                        *m.groups()))
     print()

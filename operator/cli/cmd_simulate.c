@@ -387,9 +387,10 @@ static void sweep_choice(const sim_args *a, const sim_inputs *in, const pl_sim_s
         r->samples_per_s = pl_sim_samples_per_s(o);
         r->samples_per_usd = usd > 0 ? (double)o->samples / usd : 0;
         r->ok = strcmp(o->end_phase, "failed") != 0;
-        printf("%.2f samples/s, %.1f samples per $, %.2f node-hours, %d reconfigurations, %s\n",
+        printf("%.2f samples/s, %.1f samples per $, %.2f node-hours, %d reconfigurations "
+               "(%d from a checkpoint), %s\n",
                r->samples_per_s, r->samples_per_usd, pl_sim_node_hours(o), o->reconfigs,
-               o->end_phase);
+               o->from_checkpoint, o->end_phase);
         pl_sim_outcome_free(&x->res);
     }
     inputs_free(&v);

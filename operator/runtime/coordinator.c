@@ -1572,6 +1572,24 @@ static void finish(pl_coord *c)
     stop_all(c, "done", 0);
 }
 
+/* Leaving workers stay in the plan while moving them out would leave too few workers for
+ * one ((F + 1)·n0; n0 with below_minimum_degrade): they train on until they go, as
+ * without a notice, rather than stopping the job early. Only while every worker of the
+ * plan is live (a lost one needs its new plan now). */
+static int leaving_held(const pl_coord *c)
+{
+    int live = 0, leaving = 0;
+    for (int i = 0; i < c->nw; i++) {
+        if (c->w[i].pipe >= 0 && !c->w[i].live)
+            return 0;
+        live += c->w[i].live;
+        leaving += c->w[i].live && c->w[i].leaving;
+    }
+    const int need =
+        (c->cfg.below_minimum_degrade ? 1 : c->cfg.tolerate + 1) * c->cfg.templates->n0;
+    return leaving > 0 && live - leaving < need;
+}
+
 /* After a committed step (and its evaluation): the last checkpoint or the end, a new
  * plan at the step boundary, or the next step. */
 static void after_step(pl_coord *c)
@@ -1593,7 +1611,7 @@ static void after_step(pl_coord *c)
         return;
     }
     int every = c->cfg.hosts_added_check_every > 1 ? c->cfg.hosts_added_check_every : 1;
-    if (c->pending || (c->join_pending && c->step % every == 0))
+    if ((c->pending && !leaving_held(c)) || (c->join_pending && c->step % every == 0))
         replan(c);
     else
         start_step(c);

@@ -664,6 +664,27 @@ static void test_notice_keeps_copy_sources(void)
     sim_free(&s);
 }
 
+/* 4 workers, (F + 1)·n0 = 4: a worker under notice trains on (moving it out would stop the
+ * job early) until it goes; then the job waits for nodes, as after a loss without notice. */
+static void test_notice_held_at_the_minimum(void)
+{
+    sim s;
+    CHECK(begin_run(&s, 9, 4) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    CHECK_EQ_INT(pl_coord_leaving(s.c, "w3", PL_LEAVE_SIGTERM), PL_COORD_OK);
+    const int64_t g = s.gen;
+    CHECK(run_step(&s, 1) == 0);
+    CHECK(run_step(&s, 2) == 0);
+    CHECK_EQ_INT(s.gen, g);
+    CHECK(msg_to(&s, 3, PL_MSG_STOP) == NULL);
+    CHECK_EQ_INT(pl_coord_nreconfigs(s.c), 0);
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, "w3", "preempted"), PL_COORD_OK);
+    s.live[3] = 0;
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_WAITING_FOR_NODES);
+    sim_free(&s);
+}
+
 static void test_join_and_heartbeats(void)
 {
     sim s;
@@ -2411,6 +2432,7 @@ RUN(test_zone_placement);
 RUN(test_added_workers_spread_over_zones);
 RUN(test_zone_loss_leaves_holders);
 RUN(test_notice_keeps_copy_sources);
+RUN(test_notice_held_at_the_minimum);
 RUN(test_transport_and_nccl_id);
 RUN(test_step_failed_replans);
 RUN(test_initial_copy_loss_and_nan);
