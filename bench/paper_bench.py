@@ -32,6 +32,9 @@ import re
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from trace_bench import trace_rows  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO), "shared")
 SPOT, ON_DEMAND = 0.918, 3.06
@@ -62,14 +65,7 @@ SWEEP = re.compile(r"^tolerate \d+, nodes (\d+), templates: ([0-9.]+) samples/s,
 
 def read_trace(path):
     """[(t_s, +1 | -1)] of an event trace."""
-    out = []
-    with open(path) as f:
-        for row in f:
-            row = row.strip()
-            if row:
-                t, ev, _ = row.split(",")
-                out.append((int(t) / 1000.0, 1 if ev == "add" else -1))
-    return out
+    return [(t / 1000.0, 1 if kind == "add" else -1) for t, kind in trace_rows(path)]
 
 
 def coverage(pliant, profile, peak, batch):
