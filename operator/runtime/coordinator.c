@@ -3375,6 +3375,7 @@ int pl_coord_worker_view_at(const pl_coord *c, int i, pl_coord_worker_view *v)
     v->device = w->device;
     v->live = w->live;
     v->leaving = w->leaving;
+    v->departing = w->departing;
     v->pipeline = v->stage = -1;
     if (c->has_cur && w->pipe >= 0 && w->pipe < c->cur.npipes) {
         v->pipeline = w->pipe;

@@ -378,6 +378,7 @@ int pl_coord_cooling_nodes(const pl_coord *c, int64_t now_ms, const char **names
 typedef struct {
     const char *name, *zone, *device; /* zone, device "": unknown, none */
     int live, leaving;
+    int departing;    /* out of the plan under notice, still a copy source until stopped */
     int copying;      /* COPYING: it got the current plan and its copy_done has not come */
     int pipeline, stage; /* its place in the current plan; pipeline -1: none (idle, lost) */
     int layer_begin, layer_end; /* the layers it holds there, [begin, end); 0, 0: none */

@@ -638,11 +638,15 @@ static void test_notice_keeps_copy_sources(void)
         sends += p->nsends;
     }
     CHECK(sends > 0);
+    pl_coord_worker_view v;
+    CHECK(pl_coord_worker_view_at(s.c, 1, &v) == 0 && !strcmp(v.name, "w1") && !v.live &&
+          v.departing && v.pipeline == -1);
     s.live[1] = s.live[4] = 0; /* out of the plan: copy_done comes from the others */
     CHECK(plans_valid(&s) == 0);
     all_copy_done(&s);
     CHECK(drain(&s) == 0);
     CHECK(msg_to(&s, 1, PL_MSG_STOP) && msg_to(&s, 4, PL_MSG_STOP));
+    CHECK(pl_coord_worker_view_at(s.c, 1, &v) == 0 && !v.departing);
     CHECK_EQ_INT(count_type(&s, PL_MSG_START_STEP), 4);
     sim_free(&s);
 
