@@ -1,8 +1,9 @@
 /* The coordinator's state machine (operator/runtime/coordinator.c) driven by simulated
  * workers: registration, first plan, steps, commit values, a worker killed mid
  * step (abort, new generation, copies from live holders, the step redone),
- * stale generations, leaving at the step boundary, missed heartbeats, too few
- * workers, fatal loss. Every outgoing message must encode (protocol-valid). */
+ * stale generations, leaving at the step boundary (and sending its layers first, or
+ * training on at the minimum), missed heartbeats, too few workers, fatal loss, placement
+ * over zones. Every outgoing message must encode (protocol-valid). */
 #include <math.h>
 #include <stdlib.h>
 

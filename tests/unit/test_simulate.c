@@ -3,8 +3,9 @@
  * after waiting for nodes; the checkpoint strategy redoing lost steps; the redundant
  * strategy failing over without copies, restoring on a join and falling back to
  * re-instantiation on two consecutive losses, and its step overhead; the same inputs
- * giving the same result; the node-count trace format; --scale; a job asking for fewer
- * nodes than the trace has (--sweep nodes=). */
+ * giving the same result; a zone's loss against placement by zone and by rank, and with
+ * notice; the node-count trace format; --scale; a job asking for fewer nodes than the
+ * trace has (--sweep nodes=). */
 #include <stdlib.h>
 
 #include "check.h"
