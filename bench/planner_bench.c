@@ -172,7 +172,8 @@ static int bench_reinstantiate(pl_profile *p, int nodes, int tolerate, int64_t b
     const pl_instance_plan *best = &cov.entries[16];
     nodes -= 16;
     static char names[4096][16], added_names[64][16];
-    pl_current_plan cur = {best->npipelines, calloc((size_t)best->npipelines, sizeof *cur.pipelines)};
+    pl_current_plan cur = {.npipelines = best->npipelines,
+                           .pipelines = calloc((size_t)best->npipelines, sizeof *cur.pipelines)};
     int id = 0;
     for (int q = 0; q < best->npipelines; q++) {
         int k = best->pipelines[q].template_nodes;

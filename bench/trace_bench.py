@@ -57,8 +57,8 @@ STRATEGIES = ("templates", "redundant", "checkpoint")
 GPU_MEMORY = 2000000  # bytes: the model fits no single node, templates need pipelines of 2
 
 
-def read_trace(path):
-    """(initial nodes, peak, time-weighted mean nodes, duration ms, removal instants)."""
+def trace_rows(path):
+    """[(t_ms, "add" | "remove")] of an event trace."""
     rows = []
     with open(path) as f:
         for line in f:
@@ -66,6 +66,12 @@ def read_trace(path):
             if line:
                 t, kind, _ = line.split(",")
                 rows.append((int(t), kind))
+    return rows
+
+
+def read_trace(path):
+    """(initial nodes, peak, time-weighted mean nodes, duration ms, removal instants)."""
+    rows = trace_rows(path)
     t0 = rows[0][0]
     initial = sum(1 for t, _ in rows if t == t0)
     live = peak = 0

@@ -220,6 +220,7 @@ typedef struct {
     int ncur, nall;       /* ids [0, ncur) are current nodes, [ncur, nall) added ones */
     const char **name;
     unsigned char *alive; /* not removed */
+    unsigned char *sends; /* alive, or removed and departing: can send its layers */
     int *hr_off;          /* node u held [hr_lo[i], hr_hi[i]) for i in hr_off[u] .. hr_off[u+1] */
     int *hr_lo, *hr_hi;
     int64_t *pb;          /* pb[l] = Σ param_bytes of layers < l */
@@ -1033,7 +1034,7 @@ static int cmp_named(const void *x, const void *y)
     return strcmp(((const named *)x)->name, ((const named *)y)->name);
 }
 
-/* Surviving holders of each layer, in name order (the tie-break below):
+/* Holders of each layer that can send it, in name order (the tie-break below):
  * layer l's are hold[hoff[l] .. hoff[l+1]). */
 static int build_holders(const ctx *c, int **hoff_out, int **hold_out)
 {
@@ -1049,11 +1050,11 @@ static int build_holders(const ctx *c, int **hoff_out, int **hold_out)
         return -1;
     }
     for (int u = 0; u < c->ncur; u++)
-        if (c->alive[u])
+        if (c->sends[u])
             byname[n++] = (named){c->name[u], u};
     qsort(byname, (size_t)n, sizeof *byname, cmp_named);
     for (int u = 0; u < c->ncur; u++)
-        for (int r = c->hr_off[u]; c->alive[u] && r < c->hr_off[u + 1]; r++)
+        for (int r = c->hr_off[u]; c->sends[u] && r < c->hr_off[u + 1]; r++)
             for (int l = c->hr_lo[r]; l < c->hr_hi[r]; l++)
                 hoff[l + 1]++;
     for (int l = 0; l < L; l++)
@@ -1075,7 +1076,8 @@ static int build_holders(const ctx *c, int **hoff_out, int **hold_out)
 }
 
 /* Layer copies: each missing layer comes from the surviving holder with the
- * fewest bytes to send so far (ties by name), so sending is spread out. */
+ * fewest bytes to send so far (ties by name), so sending is spread out; from a
+ * departing one only when no surviving holder has it. */
 static int plan_copies(const ctx *c, pl_reinstantiation *out, const int *const *orders,
                        const int *gidx, const char **nm)
 {
@@ -1103,9 +1105,12 @@ static int plan_copies(const ctx *c, pl_reinstantiation *out, const int *const *
                     if (!hold && build_holders(c, &hoff, &hold))
                         goto done;
                     int src = hold[hoff[l]];
-                    for (int h = hoff[l] + 1; h < hoff[l + 1]; h++)
-                        if (sent[hold[h]] < sent[src])
-                            src = hold[h];
+                    for (int h = hoff[l] + 1; h < hoff[l + 1]; h++) {
+                        const int v = hold[h];
+                        if (c->alive[v] > c->alive[src] ||
+                            (c->alive[v] == c->alive[src] && sent[v] < sent[src]))
+                            src = v;
+                    }
                     int64_t bytes = PL_COPY_FACTOR * c->p->layers[l].param_bytes;
                     sent[src] += bytes;
                     if (nflat == cflat) {
@@ -1183,11 +1188,12 @@ static int load_nodes(ctx *c, const pl_current_plan *cur, const char *const *rem
     c->nall = c->ncur + nadded;
     c->name = malloc((size_t)c->nall * sizeof *c->name);
     c->alive = malloc((size_t)c->nall);
+    c->sends = calloc((size_t)c->nall, 1);
     c->hr_off = calloc((size_t)c->ncur + 1, sizeof *c->hr_off);
     c->hr_lo = malloc((size_t)(nranges ? nranges : 1) * sizeof *c->hr_lo);
     c->hr_hi = malloc((size_t)(nranges ? nranges : 1) * sizeof *c->hr_hi);
     c->pb = malloc((size_t)(L + 1) * sizeof *c->pb);
-    if (!c->name || !c->alive || !c->hr_off || !c->hr_lo || !c->hr_hi || !c->pb ||
+    if (!c->name || !c->alive || !c->sends || !c->hr_off || !c->hr_lo || !c->hr_hi || !c->pb ||
         ni_init(ix, c->nall, c->name))
         return oom(c);
     memset(c->alive, 1, (size_t)c->nall);
@@ -1241,6 +1247,15 @@ static int load_nodes(ctx *c, const pl_current_plan *cur, const char *const *rem
                            removed[j]);
         c->alive[v] = 0;
     }
+    for (int j = 0; j < cur->ndeparting; j++) {
+        int v = cur->departing[j] ? ni_find_or_add(ix, cur->departing[j], -1) : -1;
+        if (v < 0 || c->alive[v])
+            return pl_errf(c->err, c->errlen, "departing[%d]: \"%s\" is not a removed node", j,
+                           cur->departing[j] ? cur->departing[j] : "(null)");
+        c->sends[v] = 1;
+    }
+    for (u = 0; u < c->ncur; u++)
+        c->sends[u] |= c->alive[u];
     for (int j = 0; j < nadded; j++) {
         const char *s = added[j];
         if (!s || !*s)
@@ -1367,6 +1382,8 @@ int pl_reinstantiate(const pl_profile *p, const pl_template_set *ts, const pl_co
         return pl_errf(err, errlen, "removed: bad list");
     if (nadded < 0 || (nadded > 0 && !added))
         return pl_errf(err, errlen, "added: bad list");
+    if (cur->ndeparting < 0 || (cur->ndeparting > 0 && !cur->departing))
+        return pl_errf(err, errlen, "departing: bad list");
     if (pl_batch_check(global_batch, p->microbatch_size, tolerate, err, errlen))
         return -1;
 
@@ -1383,15 +1400,16 @@ int pl_reinstantiate(const pl_profile *p, const pl_template_set *ts, const pl_co
     }
     int live = nadded;
     for (int u = 0; u < c.ncur; u++) {
-        if (!c.alive[u])
+        live += c.alive[u];
+        if (!c.sends[u])
             continue;
-        live++;
         for (int r = c.hr_off[u]; r < c.hr_off[u + 1]; r++)
             memset(covered + c.hr_lo[r], 1, (size_t)(c.hr_hi[r] - c.hr_lo[r]));
     }
     for (int l = 0; l < L; l++)
         out->fatal |= !covered[l];
-    /* §5: recovery needs a surviving copy of every layer and (f+1)·n0 nodes. */
+    /* §5: recovery needs a copy of every layer that can be sent (a survivor's or a
+     * departing node's) and (f+1)·n0 nodes. */
     out->insufficient_nodes = live < (tolerate + 1) * ts->n0;
     if (out->fatal || out->insufficient_nodes) {
         rc = no_plan(&c, covered, nm, out);
@@ -1433,6 +1451,7 @@ done:
     free(c.pool.v);
     free(c.name);
     free(c.alive);
+    free(c.sends);
     free(c.hr_off);
     free(c.hr_lo);
     free(c.hr_hi);

@@ -25,6 +25,12 @@ typedef struct {
 typedef struct {
     int npipelines;
     pl_current_pipeline *pipelines;
+    /* removed nodes that can still send their layers while the new plan installs (a
+     * preemption notice's grace period): no place in the new plan, but holders for the
+     * copies (those of a live holder first) and for the fatal-loss check. Borrowed, not
+     * freed by pl_current_plan_free; NULL, 0: none. */
+    const char *const *departing;
+    int ndeparting;
 } pl_current_plan;
 
 /* Parses {"pipelines": [{"nodes": ["a", "b"]}, ...]}. Node names must be

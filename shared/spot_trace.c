@@ -215,3 +215,58 @@ int pl_spot_trace_cap(const pl_trace_event *in, int n, int nodes, pl_trace_event
     *nout = k;
     return 0;
 }
+
+int pl_spot_trace_zone(int node, int zones) { return zones > 0 ? node % zones : 0; }
+
+/* A uniform draw in [0, 1) for instant k (splitmix64 of k). */
+static double instant_draw(uint64_t k)
+{
+    uint64_t z = k * 0x9E3779B97F4A7C15ULL + 0x5A17ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    z ^= z >> 31;
+    return (double)(z >> 11) / 9007199254740992.0;
+}
+
+int pl_spot_trace_zones(const pl_trace_event *in, int n, int zones, double loss,
+                        pl_trace_event **out, int *nout, char *err, size_t errlen)
+{
+    if (zones < 1) return pl_errf(err, errlen, "--zones: must be at least 1 (got %d)", zones);
+    if (!(loss >= 0 && loss <= 1))
+        return pl_errf(err, errlen, "--zone-loss: must be in [0, 1] (got %g)", loss);
+    const int maxnode = max_node(in, n);
+    char *live = calloc((size_t)maxnode + 1, 1);
+    pl_trace_event *o = malloc((2 * (size_t)n + 1) * sizeof *o); /* a node goes once */
+    if (!live || !o) {
+        free(live);
+        free(o);
+        return pl_errf(err, errlen, "--zones: out of memory");
+    }
+    int k = 0;
+    uint64_t instant = 0;
+    for (int i = 0; i < n; i++) {
+        const pl_trace_event *e = &in[i];
+        if (e->add) {
+            live[e->node] = 1;
+            o[k++] = *e;
+            continue;
+        }
+        const int first = i == 0 || in[i - 1].add || in[i - 1].t_ms != e->t_ms;
+        if (first && instant_draw(instant++) < loss) { /* the whole zone goes now */
+            const int z = pl_spot_trace_zone(e->node, zones);
+            for (int m = 0; m <= maxnode; m++)
+                if (live[m] && pl_spot_trace_zone(m, zones) == z) {
+                    live[m] = 0;
+                    o[k++] = (pl_trace_event){.t_ms = e->t_ms, .add = 0, .node = m};
+                }
+        }
+        if (live[e->node]) {
+            live[e->node] = 0;
+            o[k++] = *e;
+        }
+    }
+    free(live);
+    *out = o;
+    *nout = k;
+    return 0;
+}

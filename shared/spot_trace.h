@@ -38,4 +38,18 @@ int pl_spot_trace_scale(const pl_trace_event *in, int n, int k, pl_trace_event *
 int pl_spot_trace_cap(const pl_trace_event *in, int n, int nodes, pl_trace_event **out, int *nout,
                       char *err, size_t errlen);
 
+/* Zone-correlated preemptions (Bamboo §3: a spot group's simultaneous preemptions come
+ * from one zone). Node N is in zone pl_spot_trace_zone(N, zones) = N mod zones (a group's
+ * instances spread over its zones as they are bought). */
+int pl_spot_trace_zone(int node, int zones);
+
+/* The trace with zone losses: each preemption instant (the removes at one time) becomes,
+ * with probability `loss`, the loss of the whole zone of its first removed node: every
+ * live node of that zone is removed at that time. Whether an instant does is drawn from a
+ * fixed seed and the instant's number (the same inputs give the same trace). A later
+ * remove of a node already gone with its zone is dropped; adds are kept (a zone comes
+ * back as the trace buys nodes again). zones ≥ 1, loss in [0, 1]. */
+int pl_spot_trace_zones(const pl_trace_event *in, int n, int zones, double loss,
+                        pl_trace_event **out, int *nout, char *err, size_t errlen);
+
 #endif

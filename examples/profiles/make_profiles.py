@@ -146,6 +146,26 @@ def gpt3_2_7b_8gpu():
                        eff={1: 1.0, 2: 0.9, 4: 0.78, 8: 0.62})
 
 
+def gpt3_2_7b_a40():
+    # GPT-3 2.7B on Oobleck's cluster (SOSP '23 §7.1): one NVIDIA A40 a node, 40 GB as the
+    # paper states it, 200 Gb/s InfiniBand between nodes (25 GB/s), TF32 (74.8 TFLOPS dense
+    # peak; about half reached: 37). Microbatch 2 x 2048 tokens (its Table 1).
+    return gpt_profile(model="gpt3-2.7b", vocab=50257, max_seq=2048, channels=2560, layers=32,
+                       seq=2048, micro=2, gpus_per_node=1, gpu_memory_bytes=40 * 10**9,
+                       intra_GBps=25.0, inter_GBps=25.0, tflops=37.0, hbm_GBps=696.0,
+                       eff={1: 1.0})
+
+
+def gpt2_345m_v100():
+    # GPT-2 345M (24 blocks, 1024 channels) on Bamboo's spot nodes (NSDI '23 §6): EC2
+    # p3.2xlarge, one V100 16 GB a node, up to 10 Gb/s between nodes (1.25 GB/s), fp16
+    # (125 TFLOPS tensor peak; about 40 % reached: 50). Microbatch 4 x 1024 tokens.
+    return gpt_profile(model="gpt2-345m", vocab=50257, max_seq=1024, channels=1024, layers=24,
+                       seq=1024, micro=4, gpus_per_node=1, gpu_memory_bytes=16 * 10**9,
+                       intra_GBps=1.25, inter_GBps=1.25, tflops=50.0, hbm_GBps=900.0,
+                       eff={1: 1.0})
+
+
 def tiny():
     # The gpt2-tiny preset of TRAININGJOB.md (4 blocks, 128 channels, vocab 256,
     # context 256), microbatch 4 x 256 tokens, on nodes of 2 small GPUs. Six layers:
@@ -213,6 +233,8 @@ def dumps(prof):
 def main():
     for name, prof in (("gpt2-124m-a100.json", gpt2_124m_a100()),
                        ("gpt3-2.7b-8gpu.json", gpt3_2_7b_8gpu()),
+                       ("gpt3-2.7b-a40.json", gpt3_2_7b_a40()),
+                       ("gpt2-345m-v100.json", gpt2_345m_v100()),
                        ("tiny.json", tiny())):
         path = os.path.join(HERE, name)
         with open(path, "w") as f:

@@ -34,6 +34,7 @@ static void usage(FILE *f)
             "                       [--startup SECONDS (%.0f)] [--notice SECONDS (%.0f)]\n"
             "                       [--cores N (0: a device per node)] [--latency-us US (0)]\n"
             "                       [--install-ms MS (0)]\n"
+            "                       [--zones N [--zone-loss P (0)] [--zone-blind]]\n"
             "       pliant simulate JOB.yaml --trace FILE --sweep tolerate=1,2,3 nodes=16,24,32\n"
             "                       [the options above but --out and --report]\n",
             PL_SIM_DEFAULT_STORAGE_GBPS, PL_SIM_DEFAULT_STARTUP_S, PL_SIM_DEFAULT_NOTICE_S);
@@ -41,8 +42,9 @@ static void usage(FILE *f)
 
 typedef struct {
     const char *job, *trace, *strategy, *price, *out, *report, *profile;
-    long long scale, cores;
-    double latency_us, install_ms;
+    long long scale, cores, zones;
+    double latency_us, install_ms, zone_loss;
+    int zone_blind;
     double storage_GBps, startup_s, notice_s, spot, on_demand;
     pl_sweep sweep;
     int sweeping;
@@ -74,6 +76,8 @@ static int parse_num_flag(int c, const char *v, sim_args *a, char *err, size_t e
     case 'c': return cli_parse_int("--cores", v, 0, 1 << 20, &a->cores, err, errlen);
     case 'l': return cli_parse_double("--latency-us", v, 0, 1e9, &a->latency_us, err, errlen);
     case 'i': return cli_parse_double("--install-ms", v, 0, 1e9, &a->install_ms, err, errlen);
+    case 'z': return cli_parse_int("--zones", v, 1, 1000, &a->zones, err, errlen);
+    case 'Z': return cli_parse_double("--zone-loss", v, 0, 1, &a->zone_loss, err, errlen);
     default: return pl_errf(err, errlen, "unknown option");
     }
 }
@@ -88,6 +92,8 @@ static int parse_args(int argc, char **argv, sim_args *a, char *err, size_t errl
         {"startup", required_argument, 0, 'u'}, {"notice", required_argument, 0, 'n'},
         {"cores", required_argument, 0, 'c'},   {"latency-us", required_argument, 0, 'l'},
         {"install-ms", required_argument, 0, 'i'}, {"sweep", required_argument, 0, 'w'},
+        {"zones", required_argument, 0, 'z'},   {"zone-loss", required_argument, 0, 'Z'},
+        {"zone-blind", no_argument, 0, 'B'},
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
     *a = (sim_args){.strategy = "all", .scale = 1, .storage_GBps = PL_SIM_DEFAULT_STORAGE_GBPS,
                     .startup_s = PL_SIM_DEFAULT_STARTUP_S, .notice_s = PL_SIM_DEFAULT_NOTICE_S,
@@ -97,6 +103,10 @@ static int parse_args(int argc, char **argv, sim_args *a, char *err, size_t errl
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         if (c == 'h') return 1;
+        if (c == 'B') {
+            a->zone_blind = 1;
+            continue;
+        }
         if (c == '?') return pl_errf(err, errlen, "unknown or incomplete option %s", argv[optind - 1]);
         if (c == 't') a->trace = optarg;
         else if (c == 's') a->strategy = optarg;
@@ -120,6 +130,8 @@ static int parse_args(int argc, char **argv, sim_args *a, char *err, size_t errl
     }
     if (!a->job) return pl_errf(err, errlen, "expected one JOB.yaml");
     if (!a->trace) return pl_errf(err, errlen, "--trace: required");
+    if (!a->zones && (a->zone_loss > 0 || a->zone_blind))
+        return pl_errf(err, errlen, "--zone-loss, --zone-blind: need --zones");
     if (a->sweeping && (a->out || a->report))
         return pl_errf(err, errlen, "--sweep: prints a table; --out and --report are for one "
                        "simulation");
@@ -223,6 +235,12 @@ static int load_inputs(sim_args *a, sim_inputs *in, char *err, size_t errlen)
     if (pl_spot_trace_load(a->trace, &raw, &nraw, err, errlen)) return -1;
     int rc = pl_spot_trace_scale(raw, nraw, (int)a->scale, &in->trace, &in->ntrace, err, errlen);
     free(raw);
+    if (rc || !a->zones) return rc;
+    pl_trace_event *scaled = in->trace;
+    rc = pl_spot_trace_zones(scaled, in->ntrace, (int)a->zones, a->zone_loss, &in->trace,
+                             &in->ntrace, err, errlen);
+    free(scaled);
+    if (rc) in->trace = NULL;
     return rc;
 }
 
@@ -270,7 +288,7 @@ static void job_setup(sim_job *j, const sim_args *a, const sim_inputs *in,
                   .latency_ns = (int64_t)(a->latency_us * 1e3),
                   .install_ns = (int64_t)(a->install_ms * 1e6),
                   .frc_eager = in->job.fault_tolerance.redundant_forward == PL_FRC_EAGER},
-        .trace = in->trace, .ntrace = in->ntrace};
+        .trace = in->trace, .ntrace = in->ntrace, .zones = a->zone_blind ? 0 : (int)a->zones};
     if (timeline && (j->mem = open_memstream(&j->buf, &j->len))) {
         j->cfg.timeline = timeline_line;
         j->cfg.user = j->mem;
@@ -369,9 +387,10 @@ static void sweep_choice(const sim_args *a, const sim_inputs *in, const pl_sim_s
         r->samples_per_s = pl_sim_samples_per_s(o);
         r->samples_per_usd = usd > 0 ? (double)o->samples / usd : 0;
         r->ok = strcmp(o->end_phase, "failed") != 0;
-        printf("%.2f samples/s, %.1f samples per $, %.2f node-hours, %d reconfigurations, %s\n",
+        printf("%.2f samples/s, %.1f samples per $, %.2f node-hours, %d reconfigurations "
+               "(%d from a checkpoint), %s\n",
                r->samples_per_s, r->samples_per_usd, pl_sim_node_hours(o), o->reconfigs,
-               o->end_phase);
+               o->from_checkpoint, o->end_phase);
         pl_sim_outcome_free(&x->res);
     }
     inputs_free(&v);

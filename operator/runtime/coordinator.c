@@ -13,6 +13,7 @@
 #include "reinstantiate.h"
 #include "training_schedule.h"
 #include "util.h"
+#include "zone_place.h"
 
 typedef struct {
     pl_proto_name name, node, zone; /* zone "" : unknown */
@@ -21,6 +22,8 @@ typedef struct {
     char host[PL_PROTO_HOST_MAX + 1];
     int port, rank;
     int live, leaving;
+    int departing; /* left under notice, not yet stopped: a copy source of the plan it
+                      left (Bamboo §3's grace period), stopped once those copies are done */
     int64_t last_heard;
     int got_plan, copy_done, reported, reduced, committed, is_source;
     int restored, resumed;      /* in the restored plan; reconnected with hello_resume */
@@ -767,8 +770,102 @@ static void names_list(char *buf, size_t len, const char *const *names, int n)
         appendf(buf, len, "%s%s", k ? "," : "", names[k]);
 }
 
-/* A plan from scratch: the coverage entry for the live count, workers in rank
- * order. 0, or 1 when too few workers, -1 out of memory. */
+/* Zone ids of the workers (−1 unknown) into zid; returns how many zones. */
+static int zone_ids(const pl_coord *c, int *zid)
+{
+    int nz = 0;
+    for (int i = 0; i < c->nw; i++) {
+        zid[i] = -1;
+        for (int k = 0; c->w[i].zone[0] && k < i && zid[i] < 0; k++)
+            if (zid[k] >= 0 && !strcmp(c->w[k].zone, c->w[i].zone))
+                zid[i] = zid[k];
+        if (c->w[i].zone[0] && zid[i] < 0)
+            zid[i] = nz++;
+    }
+    return nz;
+}
+
+/* A plan's pipelines and their stages' layers, for zone_place.h. */
+typedef struct {
+    pl_zone_shape sh;
+    int nslots, *nnodes, **bounds;
+} cshape;
+
+static void cshape_free(cshape *s)
+{
+    for (int q = 0; s->bounds && q < s->sh.npipes; q++)
+        free(s->bounds[q]);
+    free(s->bounds);
+    free(s->nnodes);
+}
+
+static int cshape_init(const pl_coord *c, const cplan *np, cshape *s)
+{
+    memset(s, 0, sizeof *s);
+    s->sh.nlayers = c->cfg.profile->nlayers;
+    s->sh.npipes = np->npipes;
+    s->nnodes = calloc((size_t)np->npipes + 1, sizeof *s->nnodes);
+    s->bounds = calloc((size_t)np->npipes + 1, sizeof *s->bounds);
+    if (!s->nnodes || !s->bounds)
+        goto oom;
+    for (int q = 0; q < np->npipes; q++) {
+        const cpipe *cq = &np->p[q];
+        s->nnodes[q] = cq->nnodes;
+        s->nslots += cq->nnodes;
+        if (!(s->bounds[q] = malloc(((size_t)cq->nnodes + 1) * sizeof(int))))
+            goto oom;
+        for (int j = 0; j < cq->nnodes; j++)
+            pipe_layers(c, cq, j, &s->bounds[q][j], &s->bounds[q][j + 1]);
+    }
+    s->sh.nnodes = s->nnodes;
+    s->sh.bounds = (const int *const *)s->bounds;
+    return 0;
+oom:
+    cshape_free(s);
+    return -1;
+}
+
+/* The live workers on the stages of np (shaped, workers unset): spread over zones so
+ * that one zone's loss is not fatal (zone_place.h), rank order where zones are not
+ * known. 0, or -1 out of memory. */
+static int place_fresh(pl_coord *c, cplan *np)
+{
+    cshape s;
+    int *zid = malloc(((size_t)c->nw + 1) * sizeof *zid);
+    int *cand = malloc(((size_t)c->nw + 1) * sizeof *cand);
+    int *czone = malloc(((size_t)c->nw + 1) * sizeof *czone);
+    int *slot = NULL, rc = -1;
+    if (!zid || !cand || !czone || cshape_init(c, np, &s)) {
+        free(zid);
+        free(cand);
+        free(czone);
+        return -1;
+    }
+    const int nz = zone_ids(c, zid);
+    int ncand = 0;
+    for (int i = 0; i < c->nw; i++)
+        if (c->w[i].live) {
+            czone[ncand] = zid[i];
+            cand[ncand++] = i;
+        }
+    if ((slot = malloc(((size_t)s.nslots + 1) * sizeof *slot)) &&
+        !pl_zone_place(&s.sh, ncand, czone, nz, slot)) {
+        int k = 0;
+        for (int q = 0; q < np->npipes; q++)
+            for (int j = 0; j < np->p[q].nnodes; j++)
+                np->p[q].w[j] = cand[slot[k++]];
+        rc = 0;
+    }
+    cshape_free(&s);
+    free(slot);
+    free(zid);
+    free(cand);
+    free(czone);
+    return rc;
+}
+
+/* A plan from scratch: the coverage entry for the live count, its workers placed by
+ * place_fresh. 0, or 1 when too few workers, -1 out of memory. */
 static int fresh_plan_from(pl_coord *c, const pl_coverage *cov, int live, cplan *np)
 {
     const pl_instance_plan *e = NULL;
@@ -779,43 +876,16 @@ static int fresh_plan_from(pl_coord *c, const pl_coverage *cov, int live, cplan 
     if (!e)
         return 1;
     np->npipes = e->npipelines;
-    char *used = calloc((size_t)c->nw + 1, 1);
-    int lo = 0; /* every worker below is used or not live */
-    if (!used || !(np->p = calloc((size_t)e->npipelines, sizeof *np->p))) {
-        free(used);
+    if (!(np->p = calloc((size_t)e->npipelines, sizeof *np->p)))
         return -1;
-    }
     for (int q = 0; q < e->npipelines; q++) {
         cpipe *cq = &np->p[q];
         cq->mb = e->pipelines[q].microbatches;
-        if (!(cq->w = malloc((size_t)e->pipelines[q].template_nodes * sizeof(int)))) {
-            free(used);
-            return -1;
-        }
         cq->nnodes = e->pipelines[q].template_nodes;
-        /* workers in rank order, but a stage's neighbour from another zone where one
-         * is left: simultaneous preemptions come from one zone (Bamboo §3) */
-        for (int j = 0; j < cq->nnodes; j++) {
-            const char *prev = j ? c->w[cq->w[j - 1]].zone : "";
-            int pick = -1;
-            while (lo < c->nw && (!c->w[lo].live || used[lo]))
-                lo++;
-            for (int i = lo; i < c->nw && (pick < 0 || prev[0]); i++) {
-                if (!c->w[i].live || used[i])
-                    continue;
-                if (pick < 0)
-                    pick = i;
-                if (prev[0] && c->w[i].zone[0] && strcmp(c->w[i].zone, prev)) {
-                    pick = i;
-                    break;
-                }
-            }
-            used[pick] = 1;
-            cq->w[j] = pick;
-        }
+        if (!(cq->w = malloc((size_t)cq->nnodes * sizeof(int))))
+            return -1;
     }
-    free(used);
-    return 0;
+    return place_fresh(c, np);
 }
 
 /* The best plan for the live workers from the coverage table; with below_minimum_degrade
@@ -838,46 +908,58 @@ static int fresh_plan(pl_coord *c, int live, cplan *np)
     return rc;
 }
 
-/* Same-zone neighbours in the pipelines (zones known on both sides). */
-static int zone_conflicts(const pl_coord *c, const cplan *np)
+/* Added workers hold nothing: swapping two of them changes no copy's size or source,
+ * only who receives it. Swaps that leave the plan less exposed to a zone's loss
+ * (zone_place.h) are kept, so that re-instantiation spreads zones where it costs
+ * nothing (Bamboo §3). 0, or -1 out of memory. */
+static int spread_added(pl_coord *c, cplan *np, ccopy *cp, int ncp, const char **ad, int nad)
 {
-    int n = 0;
-    for (int q = 0; q < np->npipes; q++)
-        for (int j = 1; j < np->p[q].nnodes; j++) {
-            const char *a = c->w[np->p[q].w[j - 1]].zone, *b = c->w[np->p[q].w[j]].zone;
-            n += a[0] && b[0] && !strcmp(a, b);
+    cshape s;
+    int *zid = malloc(((size_t)c->nw + 1) * sizeof *zid);
+    if (!zid || cshape_init(c, np, &s)) {
+        free(zid);
+        return -1;
+    }
+    const int nz = zone_ids(c, zid);
+    int *sz = malloc(((size_t)s.nslots + 1) * sizeof *sz);  /* each slot's zone */
+    int *sw = malloc(((size_t)s.nslots + 1) * sizeof *sw);  /* and worker */
+    int *mov = malloc(((size_t)s.nslots + 1) * sizeof *mov); /* the added workers' slots */
+    int **at = malloc(((size_t)s.nslots + 1) * sizeof *at);
+    int n = 0, rc = -1;
+    if (!sz || !sw || !mov || !at)
+        goto out;
+    for (int q = 0, k = 0; q < np->npipes; q++)
+        for (int j = 0; j < np->p[q].nnodes; j++, k++) {
+            sw[k] = np->p[q].w[j];
+            sz[k] = zid[sw[k]];
+            at[k] = &np->p[q].w[j];
+            for (int a = 0; a < nad; a++)
+                if (!strcmp(c->w[sw[k]].name, ad[a]))
+                    mov[n++] = k;
         }
-    return n;
-}
-
-/* Added workers hold nothing: swapping two of them changes no copy's size or
- * source, only who receives it. Swaps that leave fewer same-zone neighbours are
- * kept, so that re-instantiation spreads zones where it costs nothing (Bamboo §3). */
-static void spread_added(pl_coord *c, cplan *np, ccopy *cp, int ncp, const char **ad, int nad)
-{
-    int *slot[PL_PROTO_MAX_NODES];
-    int n = 0;
-    for (int q = 0; q < np->npipes; q++)
-        for (int j = 0; j < np->p[q].nnodes; j++)
-            for (int k = 0; k < nad && n < PL_PROTO_MAX_NODES; k++)
-                if (!strcmp(c->w[np->p[q].w[j]].name, ad[k]))
-                    slot[n++] = &np->p[q].w[j];
-    int best = zone_conflicts(c, np);
-    for (int a = 0; a < n && best > 0; a++)
-        for (int b = a + 1; b < n && best > 0; b++) {
-            int x = *slot[a], y = *slot[b];
-            *slot[a] = y;
-            *slot[b] = x;
-            int now = zone_conflicts(c, np);
-            if (now < best) {
-                best = now;
-                for (int k = 0; k < ncp; k++) /* the copies follow the positions */
-                    cp[k].dest = cp[k].dest == x ? y : cp[k].dest == y ? x : cp[k].dest;
-            } else {
-                *slot[a] = x;
-                *slot[b] = y;
-            }
-        }
+    if (nz > 0 && n > 1 && pl_zone_improve(&s.sh, nz, sz, sw, mov, n))
+        goto out;
+    for (int a = 0; a < n; a++) {
+        const int k = mov[a], was = *at[k];
+        if (was == sw[k])
+            continue;
+        for (int x = 0; x < ncp; x++) /* the copies follow the positions */
+            if (cp[x].dest == was)
+                cp[x].dest = -1 - sw[k];
+    }
+    for (int x = 0; x < ncp; x++)
+        cp[x].dest = cp[x].dest < 0 ? -1 - cp[x].dest : cp[x].dest;
+    for (int k = 0; k < s.nslots; k++)
+        *at[k] = sw[k];
+    rc = 0;
+out:
+    cshape_free(&s);
+    free(zid);
+    free(sz);
+    free(sw);
+    free(mov);
+    free(at);
+    return rc;
 }
 
 /* ---- strategy redundant (Bamboo, NSDI '23; docs/redundant.md) ----
@@ -1044,7 +1126,8 @@ static int reinstantiate(pl_coord *c, int f, const char **rm, int nrm, const cha
     int rc = -1;
     cur.pipelines = calloc((size_t)c->stable.npipes, sizeof *cur.pipelines);
     const char **rm2 = calloc((size_t)c->nw + 1, sizeof *rm2);
-    int ok = cur.pipelines != NULL && rm2 != NULL, nrm2 = nrm;
+    const char **dep = calloc((size_t)c->nw + 1, sizeof *dep);
+    int ok = cur.pipelines != NULL && rm2 != NULL && dep != NULL, nrm2 = nrm;
     for (int k = 0; ok && k < nrm; k++)
         rm2[k] = rm[k];
     for (int q = 0; ok && q < c->stable.npipes; q++) {
@@ -1063,6 +1146,10 @@ static int reinstantiate(pl_coord *c, int f, const char **rm, int nrm, const cha
                 rm2[nrm2++] = c->w[tw[j]].name;
         }
     }
+    for (int k = 0; ok && k < nrm2; k++) /* their notice lets them send still */
+        if (c->w[find(c, rm2[k])].departing)
+            dep[cur.ndeparting++] = rm2[k];
+    cur.departing = dep;
     int rrc = ok ? pl_reinstantiate(c->cfg.profile, c->cfg.templates, cov,
                                     f, c->cfg.global_batch, &cur, rm2, nrm2, ad,
                                     nad, &r, e2, sizeof e2)
@@ -1071,6 +1158,7 @@ static int reinstantiate(pl_coord *c, int f, const char **rm, int nrm, const cha
         free(cur.pipelines[q].nodes);
     free(cur.pipelines);
     free(rm2);
+    free(dep);
     if (rrc) {
         char why[700];
         snprintf(why, sizeof why, "re-instantiation failed: %s", ok ? e2 : "out of memory");
@@ -1114,7 +1202,8 @@ static int reinstantiate(pl_coord *c, int f, const char **rm, int nrm, const cha
             x->bytes = r.copies[k].layers[j].bytes;
         }
     *bytes_planned = r.bytes_to_copy;
-    spread_added(c, np, *cp, *ncp, ad, nad);
+    if (spread_added(c, np, *cp, *ncp, ad, nad))
+        goto oom;
     rc_local_copies(c, np, *cp, ncp, bytes_planned);
     rc = 0;
     goto out;
@@ -1149,13 +1238,27 @@ static void log_reconfig(pl_coord *c, const char *removed, const char *added,
     x->tolerance = c->tolerance;
 }
 
-/* Leaving workers go now: they are removed, survivors are the sources. */
-static void stop_leaving(pl_coord *c)
+/* Leaving workers leave the plan now. On TCP they stay until the next plan's copies
+ * are done, as sources of the layers no survivor holds (their notice's grace period);
+ * otherwise (NCCL copies need a rank) they stop now. */
+static void depart_leaving(pl_coord *c)
 {
     for (int i = 0; i < c->nw; i++)
         if (c->w[i].live && c->w[i].leaving) {
-            send_text(c, i, PL_MSG_STOP, c->gen, 0, "left the job", 0);
             c->w[i].live = 0;
+            c->w[i].departing = c->has_stable && c->transport == PL_TRANSPORT_TCP;
+            if (!c->w[i].departing)
+                send_text(c, i, PL_MSG_STOP, c->gen, 0, "left the job", 0);
+        }
+}
+
+/* Departing workers are stopped, but (keep_sources) those the current plan copies from. */
+static void stop_departed(pl_coord *c, int keep_sources)
+{
+    for (int i = 0; i < c->nw; i++)
+        if (c->w[i].departing && !(keep_sources && c->w[i].is_source)) {
+            c->w[i].departing = 0;
+            send_text(c, i, PL_MSG_STOP, c->gen, 0, "left the job", 0);
         }
 }
 
@@ -1353,7 +1456,7 @@ static void send_plans(pl_coord *c, const ccopy *cp, int ncp)
         return;
     }
     for (int i = 0; i < c->nw; i++)
-        if (c->w[i].live) {
+        if (c->w[i].live || (c->w[i].departing && c->w[i].is_source)) {
             if (send_plan(c, i, &s)) {
                 set_failed(c, "coordinator: out of memory");
                 break;
@@ -1367,7 +1470,7 @@ static void send_plans(pl_coord *c, const ccopy *cp, int ncp)
  * WAITING_FOR_NODES / FAILED). */
 static void replan(pl_coord *c)
 {
-    stop_leaving(c);
+    depart_leaving(c);
     reassign_duties(c);
     if (c->phase == PL_COORD_DONE || c->phase == PL_COORD_FAILED)
         return;
@@ -1414,6 +1517,7 @@ static void replan(pl_coord *c)
     c->phase = PL_COORD_COPYING;
     send_plans(c, cp, ncp);
 done:
+    stop_departed(c, c->phase == PL_COORD_COPYING);
     cplan_free(&np);
     free(cp);
     free(mark);
@@ -1452,6 +1556,7 @@ static void check_copy_complete(pl_coord *c)
     }
     c->has_stable = 1;
     c->need_ckpt = 0;
+    stop_departed(c, 0);
     if (c->eval_pending) /* a loss interrupted the evaluation of a committed step */
         start_eval(c);
     else if (c->step >= c->cfg.steps) /* a writer of the last checkpoint was lost */
@@ -1465,6 +1570,24 @@ static void finish(pl_coord *c)
     flush_eval(c);
     c->phase = PL_COORD_DONE;
     stop_all(c, "done", 0);
+}
+
+/* Leaving workers stay in the plan while moving them out would leave too few workers for
+ * one ((F + 1)·n0; n0 with below_minimum_degrade): they train on until they go, as
+ * without a notice, rather than stopping the job early. Only while every worker of the
+ * plan is live (a lost one needs its new plan now). */
+static int leaving_held(const pl_coord *c)
+{
+    int live = 0, leaving = 0;
+    for (int i = 0; i < c->nw; i++) {
+        if (c->w[i].pipe >= 0 && !c->w[i].live)
+            return 0;
+        live += c->w[i].live;
+        leaving += c->w[i].live && c->w[i].leaving;
+    }
+    const int need =
+        (c->cfg.below_minimum_degrade ? 1 : c->cfg.tolerate + 1) * c->cfg.templates->n0;
+    return leaving > 0 && live - leaving < need;
 }
 
 /* After a committed step (and its evaluation): the last checkpoint or the end, a new
@@ -1488,7 +1611,7 @@ static void after_step(pl_coord *c)
         return;
     }
     int every = c->cfg.hosts_added_check_every > 1 ? c->cfg.hosts_added_check_every : 1;
-    if (c->pending || (c->join_pending && c->step % every == 0))
+    if ((c->pending && !leaving_held(c)) || (c->join_pending && c->step % every == 0))
         replan(c);
     else
         start_step(c);
@@ -2223,7 +2346,14 @@ int pl_coord_worker_lost(pl_coord *c, const char *name, const char *cause)
         return fail_err(c, "unknown worker \"%s\"", name ? name : "(null)");
     if (!c->w[i].live) { /* gone after its stop (it left): a write it had yet to report */
         writer_gone_after_leaving(c, i);
-        return PL_COORD_IGNORED;
+        const int owed = c->w[i].departing && c->phase == PL_COORD_COPYING && c->w[i].is_source;
+        c->w[i].departing = 0;
+        if (!owed)
+            return PL_COORD_IGNORED;
+        /* its notice ran out before its copies were done: planned again without it */
+        add_cause(c, "lost %s (%s) before its copies were sent", name, cause ? cause : "?");
+        replan_soon(c);
+        return PL_COORD_OK;
     }
     c->w[i].live = 0;
     add_cause(c, "lost %s (%s)", name, cause ? cause : "?");
@@ -3248,6 +3378,7 @@ int pl_coord_worker_view_at(const pl_coord *c, int i, pl_coord_worker_view *v)
     v->device = w->device;
     v->live = w->live;
     v->leaving = w->leaving;
+    v->departing = w->departing;
     v->pipeline = v->stage = -1;
     if (c->has_cur && w->pipe >= 0 && w->pipe < c->cur.npipes) {
         v->pipeline = w->pipe;

@@ -282,8 +282,9 @@ int pl_coord_restore(pl_coord *c, int64_t generation, int64_t step, const pl_msg
                      int npipes, int64_t resume_ms);
 int pl_coord_hello_resume(pl_coord *c, const char *name, int64_t gen,
                           const pl_msg_hello_resume *h);
-/* The topology zone of a worker (its node's), for placement: a fresh plan puts
- * consecutive stages of a pipeline in different zones where it can. */
+/* The topology zone of a worker (its node's), for placement: fresh plans and the
+ * workers a re-instantiation adds spread every layer's holders over zones and put
+ * consecutive stages of a pipeline in different zones where they can (zone_place.h). */
 int pl_coord_set_zone(pl_coord *c, const char *name, const char *zone);
 
 
@@ -377,6 +378,7 @@ int pl_coord_cooling_nodes(const pl_coord *c, int64_t now_ms, const char **names
 typedef struct {
     const char *name, *zone, *device; /* zone, device "": unknown, none */
     int live, leaving;
+    int departing;    /* out of the plan under notice, still a copy source until stopped */
     int copying;      /* COPYING: it got the current plan and its copy_done has not come */
     int pipeline, stage; /* its place in the current plan; pipeline -1: none (idle, lost) */
     int layer_begin, layer_end; /* the layers it holds there, [begin, end); 0, 0: none */

@@ -269,7 +269,7 @@ static void publish_notice(pl_dash_feed *f, const char *worker, const char *what
 static const char *worker_state(const pl_coord_worker_view *v)
 {
     if (!v->live)
-        return "lost";
+        return v->departing ? "leaving" : "lost";
     if (v->leaving)
         return "leaving";
     if (v->copying)
@@ -299,7 +299,7 @@ static cJSON *worker_json(const pl_coord_worker_view *v)
 /* A worker's preemption notice (`leaving`) or loss, as the coordinator saw it. */
 static void notice_transition(pl_dash_feed *f, const pl_coord_worker_view *v, const int *old)
 {
-    if (old[0] && !v->live)
+    if (old[0] && !v->live && !v->departing)
         publish_notice(f, v->name, "lost", "the coordinator lost it");
     else if (!old[1] && v->leaving && v->live)
         publish_notice(f, v->name, "leaving", "preemption notice: it leaves at the step boundary");
@@ -322,7 +322,7 @@ static int plan_changed(pl_dash_feed *f)
         pl_coord_worker_view v;
         pl_coord_worker_view_at(f->coord, i, &v);
         int x[FEED_VIEW_INTS] = {v.live, v.leaving, v.copying, v.pipeline, v.stage,
-                                 v.layer_begin, v.layer_end, 0};
+                                 v.layer_begin, v.layer_end, v.departing};
         int *old = &f->sig[i * FEED_VIEW_INTS];
         if (i * FEED_VIEW_INTS < f->nsig && memcmp(old, x, sizeof x)) {
             changed = 1;

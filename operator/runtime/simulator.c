@@ -10,6 +10,7 @@
 
 #include "sim_queue.h"
 #include "sim_workers.h"
+#include "spot_trace.h"
 #include "util.h"
 
 #define NS_PER_MS 1000000LL
@@ -244,7 +245,10 @@ static void node_event(sim *s, const pl_sim_event *e)
         if (w->state == PL_SIM_W_LIVE) pl_coord_leaving(s->coord, name, PL_LEAVE_SIGTERM);
         timeline_event(s, "notice", e->node);
     } else if (e->kind == PL_SIM_EV_REGISTER && w->state == PL_SIM_W_STARTING) {
-        pl_coord_worker_info wi = {.name = name, .node = name};
+        char zone[16] = "";
+        if (s->cfg->zones > 0)
+            snprintf(zone, sizeof zone, "z%d", pl_spot_trace_zone(e->node, s->cfg->zones));
+        pl_coord_worker_info wi = {.name = name, .node = name, .zone = zone};
         w->state = pl_coord_worker_joined(s->coord, &wi, s->now / NS_PER_MS) == PL_COORD_OK
                        ? PL_SIM_W_LIVE : PL_SIM_W_GONE;
     }

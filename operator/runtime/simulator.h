@@ -31,6 +31,9 @@ typedef struct {
     const pl_trace_event *trace;      /* times from 0, sorted */
     int ntrace;
     int nbins;                        /* plot bins over the trace (0: 200) */
+    /* zones the coordinator is told: node N registers in zone "zK", K =
+     * pl_spot_trace_zone(N, zones); 0: no zone known (placement by rank) */
+    int zones;
     /* one JSON object per line of the timeline (NUL-terminated, no newline); may be NULL */
     void (*timeline)(void *user, const char *json);
     void *user;

@@ -490,6 +490,51 @@ def sigterm_notice_moves_the_worker_out_at_a_step_boundary():
 
 
 @test
+def notice_keeps_leaving_workers_as_copy_sources():
+    """A pipelined job (the GPU memory of a measured profile lowered: n0 = 2), 8 workers;
+    --chaos term: the last stage of every pipeline at once (a zone preempted with notice).
+    Lost without notice those layers would be gone (a restart from a checkpoint); with it
+    the leaving workers send them to the survivors before they are stopped: one
+    reconfiguration, no checkpoint read, no step lost, the losses equal train's."""
+    steps = 10
+    job = write_job("notice-src", steps=steps, global_=16)
+    measured = os.path.join(suite.tmp, "notice-src-measured.json")
+    rc, _, err = run("profile", job, "--out", measured, "--repeat", "3", "--threads", 1)
+    check(rc == 0, "profile: %s", err)
+    with open(measured) as f:
+        prof = json.load(f)
+    prof["gpu_memory_bytes"] = 1500000  # n0 = 2: 8 workers run 4 pipelines of 2
+    prof_path = os.path.join(suite.tmp, "notice-src-profile.json")
+    with open(prof_path, "w") as f:
+        json.dump(prof, f)
+    with open(job) as f:
+        text = f.read().replace("profile: synthetic", "profile: " + prof_path)
+    with open(job, "w") as f:
+        f.write(text + "  faultTolerance: {tolerate: 1, maxResets: 0}\n")
+    m = job + ".run.jsonl"
+    plan = subprocess.run([os.path.join(REPO, "build", "bin", "pliant"), "plan", "--profile",
+                           prof_path, "--nodes", "8", "--tolerate", "1", "--global-batch", "16"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    check(plan.returncode == 0 and json.loads(plan.stdout)["n0"] == 2,
+          "the profile's templates: %s %s", plan.stdout[-500:], plan.stderr[-500:])
+    chaos = ",".join("term:p%d.1@step=3" % q for q in range(4))
+    rc, out, err = run("run", job, "--workers", 8, "--metrics", m, "--threads", 1,
+                       "--chaos", chaos, timeout=180)
+    check(rc == 0, "run failed (%d):\n%s\n%s", rc, out[-2000:], err[-2000:])
+    rows = metrics(m)
+    check([r["step"] for r in rows] == list(range(steps)), "steps %s", [r["step"] for r in rows])
+    ref = reference(reference_job("notice-src", steps, global_=16))
+    for a, b in zip(rows, ref):
+        check(abs(a["loss"] - b["loss"]) <= 1e-4 * abs(b["loss"]),
+              "step %d: loss %.9g, train %.9g", a["step"], a["loss"], b["loss"])
+    rec = events(m, "reconfigure")
+    check(len(rec) == 1 and len(rec[0]["removed"]) == 4 and not rec[0]["from_checkpoint"] and
+          rec[0]["bytes_copied"] > 0, "reconfigure lines: %s", rec)
+    check("killed by signal" not in out + err, "a worker was killed, not stopped:\n%s",
+          out[-1500:])
+
+
+@test
 def spec_cost_gives_dollars_in_the_summary():
     """spec.cost: the summary line and the metrics' summary give node-hours (the workers'
     live time), dollars spot and on demand and samples per dollar."""

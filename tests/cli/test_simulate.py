@@ -181,7 +181,8 @@ def sweep_prints_each_choice_and_recommends_one():
     rows, choices = {}, re.findall(r"^tolerate \d+, nodes \d+, \w+: ", out, re.M)
     for line in out.splitlines():
         m = re.match(r"tolerate (\d+), nodes (\d+), (\w+): ([0-9.]+) samples/s, ([0-9.]+) samples "
-                     r"per \$, ([0-9.]+) node-hours, \d+ reconfigurations, (\w+)", line)
+                     r"per \$, ([0-9.]+) node-hours, \d+ reconfigurations \(\d+ from a "
+                     r"checkpoint\), (\w+)", line)
         if m:
             rows[(int(m.group(1)), int(m.group(2)), m.group(3))] = (
                 float(m.group(4)), float(m.group(5)), float(m.group(6)), m.group(7))

@@ -1,8 +1,9 @@
 /* The coordinator's state machine (operator/runtime/coordinator.c) driven by simulated
  * workers: registration, first plan, steps, commit values, a worker killed mid
  * step (abort, new generation, copies from live holders, the step redone),
- * stale generations, leaving at the step boundary, missed heartbeats, too few
- * workers, fatal loss. Every outgoing message must encode (protocol-valid). */
+ * stale generations, leaving at the step boundary (and sending its layers first, or
+ * training on at the minimum), missed heartbeats, too few workers, fatal loss, placement
+ * over zones. Every outgoing message must encode (protocol-valid). */
 #include <math.h>
 #include <stdlib.h>
 
@@ -613,6 +614,82 @@ static void test_leaving_at_boundary(void)
     sim_free(&s);
 }
 
+/* w1 and w4, the only holders of layers [2, 4) (rank order: the pipelines w0 w1 w2 and
+ * w3 w4 w5), get their notice together: at the boundary they leave the pipelines but send
+ * those layers to the survivors first (idle in the plan, with sends), and are stopped only
+ * when every copy is done. No checkpoint is read. Lost instead, the same layers are gone. */
+static void test_notice_keeps_copy_sources(void)
+{
+    sim s;
+    CHECK(begin_run(&s, 9, 6) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    CHECK(s.plan[1].u.plan.you_layer_begin == s.plan[4].u.plan.you_layer_begin &&
+          s.plan[1].u.plan.you_layer_end == s.plan[4].u.plan.you_layer_end);
+    CHECK_EQ_INT(pl_coord_leaving(s.c, "w1", PL_LEAVE_SIGTERM), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_leaving(s.c, "w4", PL_LEAVE_SIGTERM), PL_COORD_OK);
+    CHECK(run_step(&s, 1) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
+    const pl_coord_reconfig_rec *rec = pl_coord_reconfig(s.c, 0);
+    CHECK(rec && !rec->from_checkpoint && rec->bytes_planned > 0);
+    CHECK(msg_to(&s, 1, PL_MSG_STOP) == NULL && msg_to(&s, 4, PL_MSG_STOP) == NULL);
+    int sends = 0;
+    for (int w = 1; w < 5; w += 3) {
+        const pl_msg_plan *p = &s.plan[w].u.plan;
+        CHECK(s.plan[w].gen == s.gen && p->you_pipeline == -1);
+        sends += p->nsends;
+    }
+    CHECK(sends > 0);
+    pl_coord_worker_view v;
+    CHECK(pl_coord_worker_view_at(s.c, 1, &v) == 0 && !strcmp(v.name, "w1") && !v.live &&
+          v.departing && v.pipeline == -1);
+    s.live[1] = s.live[4] = 0; /* out of the plan: copy_done comes from the others */
+    CHECK(plans_valid(&s) == 0);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(msg_to(&s, 1, PL_MSG_STOP) && msg_to(&s, 4, PL_MSG_STOP));
+    CHECK(pl_coord_worker_view_at(s.c, 1, &v) == 0 && !v.departing);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_START_STEP), 4);
+    sim_free(&s);
+
+    /* their notice runs out before the copies are done: planned again without them */
+    CHECK(begin_run(&s, 9, 6) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    CHECK_EQ_INT(pl_coord_leaving(s.c, "w1", PL_LEAVE_SIGTERM), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_leaving(s.c, "w4", PL_LEAVE_SIGTERM), PL_COORD_OK);
+    CHECK(run_step(&s, 1) == 0);
+    const int64_t g = s.gen;
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, "w1", "preempted"), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, "w4", "preempted"), PL_COORD_OK);
+    s.live[1] = s.live[4] = 0;
+    CHECK(drain(&s) == 0);
+    CHECK(s.gen > g);
+    rec = pl_coord_reconfig(s.c, pl_coord_nreconfigs(s.c) - 1);
+    CHECK(rec && rec->from_checkpoint);
+    CHECK_STR_CONTAINS(rec->cause, "before its copies were sent");
+    sim_free(&s);
+}
+
+/* 4 workers, (F + 1)·n0 = 4: a worker under notice trains on (moving it out would stop the
+ * job early) until it goes; then the job waits for nodes, as after a loss without notice. */
+static void test_notice_held_at_the_minimum(void)
+{
+    sim s;
+    CHECK(begin_run(&s, 9, 4) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    CHECK_EQ_INT(pl_coord_leaving(s.c, "w3", PL_LEAVE_SIGTERM), PL_COORD_OK);
+    const int64_t g = s.gen;
+    CHECK(run_step(&s, 1) == 0);
+    CHECK(run_step(&s, 2) == 0);
+    CHECK_EQ_INT(s.gen, g);
+    CHECK(msg_to(&s, 3, PL_MSG_STOP) == NULL);
+    CHECK_EQ_INT(pl_coord_nreconfigs(s.c), 0);
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, "w3", "preempted"), PL_COORD_OK);
+    s.live[3] = 0;
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_WAITING_FOR_NODES);
+    sim_free(&s);
+}
+
 static void test_join_and_heartbeats(void)
 {
     sim s;
@@ -1135,6 +1212,57 @@ static void test_zone_placement(void)
         }
     CHECK(checked > 0);
     CHECK_EQ_INT(pl_coord_set_zone(s.c, "nobody", "a"), PL_COORD_ERR);
+    sim_free(&s);
+}
+
+/* 1 when every layer has a holder outside zone z among the live workers of the current
+ * plan (zones[w]: worker w's zone). */
+static int survives_zone_loss(const sim *s, const char *const *zones, const char *z)
+{
+    for (int l = 0; l < L; l++) {
+        int held = 0;
+        for (int w = 0; w < s->nw && !held; w++) {
+            const pl_msg_plan *p = &s->plan[w].u.plan;
+            held = s->live[w] && in_pipes(s, w) && strcmp(zones[w], z) &&
+                   p->you_layer_begin <= l && l < p->you_layer_end;
+        }
+        if (!held)
+            return 0;
+    }
+    return 1;
+}
+
+/* Zones a, b, c in turn (≥ F + 1 = 2 of them): whichever zone is lost, every layer of the
+ * fresh plan keeps a live holder, and losing zone a copies layers instead of restarting
+ * from a checkpoint. Rank order alone would put both pipelines' last stage in zone c. */
+static void test_zone_loss_leaves_holders(void)
+{
+    sim s;
+    CHECK(sim_init(&s, 9, 6) == 0);
+    const char *zones[] = {"a", "b", "c", "a", "b", "c"};
+    for (int w = 0; w < 6; w++) {
+        pl_coord_worker_info wi = {.name = nm(w), .zone = zones[w]};
+        CHECK_EQ_INT(pl_coord_worker_joined(s.c, &wi, 0), PL_COORD_OK);
+        s.live[w] = 1;
+        s.nw = w + 1;
+    }
+    CHECK(drain(&s) == 0);
+    CHECK(plans_valid(&s) == 0);
+    CHECK(survives_zone_loss(&s, zones, "a") && survives_zone_loss(&s, zones, "b") &&
+          survives_zone_loss(&s, zones, "c"));
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    /* zone a goes */
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, "w0", "preempted"), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, "w3", "preempted"), PL_COORD_OK);
+    s.live[0] = s.live[3] = 0;
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
+    CHECK(plans_valid(&s) == 0);
+    CHECK(pl_coord_nreconfigs(s.c) > 0);
+    for (int k = 0; k < pl_coord_nreconfigs(s.c); k++)
+        CHECK(!pl_coord_reconfig(s.c, k)->from_checkpoint);
     sim_free(&s);
 }
 
@@ -2307,6 +2435,9 @@ RUN(test_restore_after_coordinator_loss);
 RUN(test_start_grace);
 RUN(test_zone_placement);
 RUN(test_added_workers_spread_over_zones);
+RUN(test_zone_loss_leaves_holders);
+RUN(test_notice_keeps_copy_sources);
+RUN(test_notice_held_at_the_minimum);
 RUN(test_transport_and_nccl_id);
 RUN(test_step_failed_replans);
 RUN(test_initial_copy_loss_and_nan);

@@ -481,6 +481,50 @@ static void test_fatal(void)
     fixture_free(&f);
 }
 
+/* The same losses, two of the nodes under a preemption notice (departing): they hold
+ * layer 0 still, so the loss is not fatal; a layer comes from a departing node only when
+ * no survivor holds it, and no departing node gets a place. */
+static void test_departing_sources(void)
+{
+    fixture f;
+    const int sizes[] = {3, 3, 2, 2};
+    CHECK(fixture_init(&f, 8, 1, 0, 10, 1, sizes, 4) == 0);
+    const char *removed[] = {"n0", "n3", "n6", "n8"};
+    const char *departing[] = {"n0", "n3"};
+    f.cur.departing = departing;
+    f.cur.ndeparting = 2;
+    pl_reinstantiation r;
+    CHECK(run_case(&f, removed, 4, NULL, 0, &r) == 0);
+    CHECK(!r.fatal && r.npipelines > 0);
+    int from_departing = 0;
+    for (int k = 0; k < r.ncopies; k++)
+        for (int j = 0; j < r.copies[k].nlayers; j++) {
+            const pl_layer_copy *x = &r.copies[k].layers[j];
+            const int dep = !strcmp(x->source, "n0") || !strcmp(x->source, "n3");
+            from_departing += dep;
+            for (int i = 0; dep && i < f.nnodes; i++)
+                if (i != 0 && i != 3 && i != 6 && i != 8)
+                    CHECK(!held_before(&f, i, x->layer));
+        }
+    CHECK(from_departing > 0);
+    for (int q = 0; q < r.npipelines; q++)
+        for (int j = 0; j < r.pipelines[q].template_nodes; j++)
+            for (int k = 0; k < 4; k++)
+                CHECK(strcmp(r.pipelines[q].nodes[j], removed[k]) != 0);
+    pl_reinstantiation_free(&r);
+    /* a departing node must be one of the removed */
+    const char *kept[] = {"n1"};
+    f.cur.departing = kept;
+    f.cur.ndeparting = 1;
+    char err[256];
+    CHECK(pl_reinstantiate(&f.p, &f.ts, NULL, f.tolerate, f.global_batch, &f.cur, removed, 4, NULL,
+                           0, &r, err, sizeof err) == -1);
+    CHECK_STR_CONTAINS(err, "departing[0]");
+    f.cur.departing = NULL;
+    f.cur.ndeparting = 0;
+    fixture_free(&f);
+}
+
 /* F = 2 needs 3·n0 = 6 nodes; three failures leave 5. */
 static void test_insufficient(void)
 {
@@ -823,6 +867,7 @@ RUN(test_simple);
 RUN(test_borrow);
 RUN(test_merge);
 RUN(test_fatal);
+RUN(test_departing_sources);
 RUN(test_insufficient);
 RUN(test_wiped_out_pipeline);
 RUN(test_replace_with_added);

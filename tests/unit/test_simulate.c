@@ -3,8 +3,9 @@
  * after waiting for nodes; the checkpoint strategy redoing lost steps; the redundant
  * strategy failing over without copies, restoring on a join and falling back to
  * re-instantiation on two consecutive losses, and its step overhead; the same inputs
- * giving the same result; the node-count trace format; --scale; a job asking for fewer
- * nodes than the trace has (--sweep nodes=). */
+ * giving the same result; a zone's loss against placement by zone and by rank, and with
+ * notice; the node-count trace format; --scale; a job asking for fewer nodes than the
+ * trace has (--sweep nodes=). */
 #include <stdlib.h>
 
 #include "check.h"
@@ -101,8 +102,8 @@ static void keep_reconfigs(void *user, const char *json)
     }
 }
 
-static int run(fixture *f, const char *strategy, const pl_trace_event *tr, int n, int64_t notice_s,
-               pl_sim_outcome *out)
+static int run_zones(fixture *f, const char *strategy, const pl_trace_event *tr, int n,
+                     int64_t notice_s, int zones, pl_sim_outcome *out)
 {
     reconfigs[0] = 0;
     pl_sim_config cfg = {
@@ -110,11 +111,17 @@ static int run(fixture *f, const char *strategy, const pl_trace_event *tr, int n
         .job = &f->job, .plan = &f->plan, .strategy = pl_sim_strategy_find(strategy),
         .costs = {.profile = &f->plan.prof, .templates = &f->plan.ts, .storage_GBps = 1.0,
                   .startup_ns = 10000000000LL, .notice_ns = notice_s * 1000000000LL},
-        .trace = tr, .ntrace = n, .nbins = 10};
+        .trace = tr, .ntrace = n, .nbins = 10, .zones = zones};
     char err[512];
     int rc = pl_sim_run(&cfg, out, err, sizeof err);
     if (rc) printf("    %s\n", err);
     return rc;
+}
+
+static int run(fixture *f, const char *strategy, const pl_trace_event *tr, int n, int64_t notice_s,
+               pl_sim_outcome *out)
+{
+    return run_zones(f, strategy, tr, n, notice_s, 0, out);
 }
 
 #define ADD(t, n) {(t) * 1000LL, 1, (n)}
@@ -257,6 +264,52 @@ static void notice_moves_out_without_loss(void)
     teardown(&f);
 }
 
+/* Six nodes in zones 0, 1, 2, 0, 1, 2; node 0's preemption takes its zone (nodes 0 and 3)
+ * at once. Placed by rank (zones not told), both pipelines run the same layers on nodes of
+ * the same zones: the loss without notice is fatal and the job restarts from its
+ * checkpoint; with notice the leaving nodes are copy sources. Placed by zone, every layer
+ * keeps a holder and the loss costs copies only. */
+static void zone_loss_and_placement(void)
+{
+    fixture f;
+    CHECK(setup(&f, "templates", 1, 6) == 0);
+    const pl_trace_event tr[] = {ADD(0, 0), ADD(0, 1), ADD(0, 2), ADD(0, 3), ADD(0, 4), ADD(0, 5),
+                                 REMOVE(100, 0), ADD(400, 6), ADD(400, 7)};
+    pl_trace_event *z;
+    int nz;
+    char err[256];
+    CHECK(pl_spot_trace_zones(tr, 9, 3, 1.0, &z, &nz, err, sizeof err) == 0);
+    CHECK_EQ_INT(nz, 10); /* node 3 goes with node 0 */
+    CHECK(z[6].t_ms == 100000 && !z[6].add && z[6].node == 0 && z[7].node == 3 && !z[7].add);
+    pl_sim_outcome blind, placed;
+    CHECK(run_zones(&f, "templates", z, nz, 0, 0, &blind) == 0);
+    CHECK(run_zones(&f, "templates", z, nz, 0, 3, &placed) == 0);
+    CHECK(blind.from_checkpoint >= 1);
+    CHECK_EQ_INT(placed.from_checkpoint, 0);
+    CHECK(placed.acct.split_ns[PL_SIM_T_REDO] < blind.acct.split_ns[PL_SIM_T_REDO]);
+    CHECK(placed.steps > blind.steps);
+    /* the zone preempted with notice: placed by rank still, its nodes send the layers no
+     * survivor holds during their grace period, and no checkpoint is needed */
+    pl_sim_outcome noticed;
+    CHECK(run_zones(&f, "templates", z, nz, 30, 0, &noticed) == 0);
+    CHECK_EQ_INT(noticed.from_checkpoint, 0);
+    CHECK(noticed.reconfigs >= 1 && noticed.bytes_copied > 0);
+    CHECK_EQ_INT(noticed.acct.split_ns[PL_SIM_T_REDO], 0);
+    pl_sim_outcome_free(&noticed);
+    /* no zone loss drawn: the trace as it was */
+    pl_trace_event *same;
+    int nsame;
+    CHECK(pl_spot_trace_zones(tr, 9, 3, 0.0, &same, &nsame, err, sizeof err) == 0);
+    CHECK(nsame == 9 && !memcmp(same, tr, sizeof tr));
+    CHECK(pl_spot_trace_zones(tr, 9, 0, 0.5, &same, &nsame, err, sizeof err) == -1);
+    CHECK_STR_CONTAINS(err, "--zones");
+    free(same);
+    free(z);
+    pl_sim_outcome_free(&blind);
+    pl_sim_outcome_free(&placed);
+    teardown(&f);
+}
+
 static void count_format(void)
 {
     const char *text = "2021-12-11, 11:11:30, 3\r\n2021-12-11, 11:13:10, 3\r\n"
@@ -342,6 +395,7 @@ TEST_MAIN_BEGIN
     RUN(redundant_fails_over_without_copies);
     RUN(redundant_step_overhead);
     RUN(notice_moves_out_without_loss);
+    RUN(zone_loss_and_placement);
     RUN(count_format);
     RUN(scale);
     RUN(cap);

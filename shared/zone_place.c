@@ -1,0 +1,193 @@
+/* Zone-aware placement (zone_place.h). */
+#include "zone_place.h"
+
+#include <stdlib.h>
+
+/* Holders of each layer in each known zone (slot_zone[s]: the zone on slot s). */
+static void count_holders(const pl_zone_shape *sh, const int *slot_zone, int nzones, int *cnt)
+{
+    int s = 0;
+    for (int q = 0; q < sh->npipes; q++)
+        for (int j = 0; j < sh->nnodes[q]; j++, s++) {
+            const int z = slot_zone[s];
+            for (int l = sh->bounds[q][j]; z >= 0 && l < sh->bounds[q][j + 1]; l++)
+                cnt[l * nzones + z]++;
+        }
+}
+
+int pl_zone_risk_of(const pl_zone_shape *sh, const int *slot_zone, int nzones, pl_zone_risk *r)
+{
+    *r = (pl_zone_risk){0};
+    int *cnt = calloc((size_t)sh->nlayers * (size_t)(nzones > 0 ? nzones : 1), sizeof *cnt);
+    int *unknown = calloc((size_t)sh->nlayers + 1, sizeof *unknown);
+    if (!cnt || !unknown) {
+        free(cnt);
+        free(unknown);
+        return -1;
+    }
+    count_holders(sh, slot_zone, nzones, cnt);
+    int s = 0;
+    for (int q = 0; q < sh->npipes; q++)
+        for (int j = 0; j < sh->nnodes[q]; j++, s++) {
+            for (int l = sh->bounds[q][j]; slot_zone[s] < 0 && l < sh->bounds[q][j + 1]; l++)
+                unknown[l] = 1;
+            r->neighbours += j > 0 && slot_zone[s] >= 0 && slot_zone[s] == slot_zone[s - 1];
+        }
+    for (int l = 0; l < sh->nlayers; l++) {
+        int zones = 0;
+        for (int z = 0; z < nzones; z++) {
+            const int64_t k = cnt[l * nzones + z];
+            zones += k > 0;
+            r->crowding += k * k;
+        }
+        r->exposed += zones == 1 && !unknown[l];
+    }
+    free(cnt);
+    free(unknown);
+    return 0;
+}
+
+/* Marks the slots that hold an exposed layer or sit next to a stage of their zone. */
+static int mark_bad(const pl_zone_shape *sh, const int *slot_zone, int nzones, char *bad)
+{
+    int *cnt = calloc((size_t)sh->nlayers * (size_t)(nzones > 0 ? nzones : 1), sizeof *cnt);
+    if (!cnt)
+        return -1;
+    count_holders(sh, slot_zone, nzones, cnt);
+    int s = 0;
+    for (int q = 0; q < sh->npipes; q++)
+        for (int j = 0; j < sh->nnodes[q]; j++, s++) {
+            const int z = slot_zone[s];
+            bad[s] = z >= 0 && ((j > 0 && slot_zone[s - 1] == z) ||
+                                (j + 1 < sh->nnodes[q] && slot_zone[s + 1] == z));
+            for (int l = sh->bounds[q][j]; z >= 0 && !bad[s] && l < sh->bounds[q][j + 1]; l++) {
+                int others = 0;
+                for (int y = 0; y < nzones; y++)
+                    others += y != z && cnt[l * nzones + y] > 0;
+                bad[s] = !others;
+            }
+        }
+    free(cnt);
+    return 0;
+}
+
+int pl_zone_improve(const pl_zone_shape *sh, int nzones, int *slot_zone, int *slot_item,
+                    const int *movable, int nmov)
+{
+    int nslots = 0;
+    for (int q = 0; q < sh->npipes; q++)
+        nslots += sh->nnodes[q];
+    char *bad = malloc((size_t)nslots + 1);
+    pl_zone_risk best, now;
+    int rc = -1, better = 1;
+    if (!bad || pl_zone_risk_of(sh, slot_zone, nzones, &best))
+        goto out;
+    while (better && (best.exposed > 0 || best.neighbours > 0)) {
+        better = 0;
+        if (mark_bad(sh, slot_zone, nzones, bad))
+            goto out;
+        for (int a = 0; a < nmov && !better; a++)
+            for (int b = 0; b < nmov && !better; b++) {
+                const int x = movable[a], y = movable[b];
+                if (!bad[x] || slot_zone[x] == slot_zone[y])
+                    continue;
+                int t = slot_zone[x];
+                slot_zone[x] = slot_zone[y];
+                slot_zone[y] = t;
+                if (pl_zone_risk_of(sh, slot_zone, nzones, &now))
+                    goto out;
+                if (pl_zone_risk_cmp(&now, &best) < 0) {
+                    best = now;
+                    better = 1;
+                    t = slot_item[x];
+                    slot_item[x] = slot_item[y];
+                    slot_item[y] = t;
+                } else {
+                    slot_zone[y] = slot_zone[x];
+                    slot_zone[x] = t;
+                }
+            }
+    }
+    rc = 0;
+out:
+    free(bad);
+    return rc;
+}
+
+int pl_zone_risk_cmp(const pl_zone_risk *a, const pl_zone_risk *b)
+{
+    if (a->exposed != b->exposed) return a->exposed < b->exposed ? -1 : 1;
+    if (a->neighbours != b->neighbours) return a->neighbours < b->neighbours ? -1 : 1;
+    if (a->crowding != b->crowding) return a->crowding < b->crowding ? -1 : 1;
+    return 0;
+}
+
+int pl_zone_place(const pl_zone_shape *sh, int ncand, const int *cand_zone, int nzones,
+                  int *slot_cand)
+{
+    /* candidates grouped by zone (group 0: unknown, group z + 1: zone z), rank order kept */
+    const int ng = nzones + 1;
+    int *start = calloc((size_t)ng + 1, sizeof *start), *next = calloc((size_t)ng, sizeof *next);
+    int *order = malloc((size_t)(ncand ? ncand : 1) * sizeof *order);
+    int *cnt = calloc((size_t)sh->nlayers * (size_t)(nzones > 0 ? nzones : 1), sizeof *cnt);
+    if (!start || !next || !order || !cnt) {
+        free(start);
+        free(next);
+        free(order);
+        free(cnt);
+        return -1;
+    }
+    for (int k = 0; k < ncand; k++)
+        start[cand_zone[k] + 2]++;
+    for (int g = 1; g <= ng; g++)
+        start[g] += start[g - 1];
+    for (int g = 0; g < ng; g++)
+        next[g] = start[g];
+    for (int k = 0; k < ncand; k++)
+        order[next[cand_zone[k] + 1]++] = k;
+    for (int g = 0; g < ng; g++)
+        next[g] = start[g];
+    int s = 0;
+    for (int q = 0; q < sh->npipes; q++)
+        for (int j = 0; j < sh->nnodes[q]; j++, s++) {
+            const int b = sh->bounds[q][j], e = sh->bounds[q][j + 1];
+            const int prev = j ? cand_zone[slot_cand[s - 1]] : -1;
+            int best = -1;
+            int64_t best_cost = 0;
+            for (int g = 0; g < ng; g++) {
+                if (next[g] == start[g + 1])
+                    continue;
+                const int z = g - 1;
+                /* crowding first (a layer's holders in one zone), then neighbours */
+                int64_t cost = 0;
+                for (int l = b; z >= 0 && l < e; l++)
+                    cost += cnt[l * nzones + z];
+                cost = 2 * cost + (z >= 0 && z == prev);
+                if (best < 0 || cost < best_cost ||
+                    (cost == best_cost && order[next[g]] < order[next[best]])) {
+                    best = g;
+                    best_cost = cost;
+                }
+            }
+            slot_cand[s] = order[next[best]++];
+            for (int l = b; best > 0 && l < e; l++)
+                cnt[l * nzones + best - 1]++;
+        }
+    free(start);
+    free(next);
+    free(order);
+    free(cnt);
+    /* the greedy does not look ahead: its last stages may find only one zone left */
+    int *sz = malloc(((size_t)s + 1) * sizeof *sz), *all = malloc(((size_t)s + 1) * sizeof *all);
+    int rc = -1;
+    if (sz && all) {
+        for (int k = 0; k < s; k++) {
+            sz[k] = cand_zone[slot_cand[k]];
+            all[k] = k;
+        }
+        rc = pl_zone_improve(sh, nzones, sz, slot_cand, all, s);
+    }
+    free(sz);
+    free(all);
+    return rc;
+}
