@@ -202,7 +202,7 @@ void pl_engine_destroy(pl_engine *e)
 float *pl_engine_io_buffer(pl_engine *e, pl_engine_io which, size_t nfloats)
 {
     if (nfloats <= e->io_floats[which] && e->io[which]) return e->io[which];
-    const int dev = which == PL_IO_DEV_GRAD;
+    const int dev = which == PL_IO_DEV_GRAD || which == PL_IO_FRC_IN;
     if (dev) kn_free(e->k, e->io[which]);
     else kn_host_free(e->k, e->io[which]);
     e->io_floats[which] = 0;

@@ -36,6 +36,7 @@ typedef enum {
     PL_IO_GRADS,     /* host: gradients staged for the TCP all-reduce, off the CPU */
     PL_IO_DEV_GRAD,  /* backend memory: a gradient received over an ordered transport */
     PL_IO_FRC,       /* host: forward redundant computations swapped out (frc.h) */
+    PL_IO_FRC_IN,    /* backend memory: the forward redundant computations' inputs (frc.h) */
     PL_IO_COUNT
 } pl_engine_io;
 
@@ -153,8 +154,9 @@ void pl_engine_slot_from_host(pl_engine *e, int slot, const void *host);
 
 /* The buffer `which` with room for nfloats, kept until the engine is destroyed (grown,
  * contents lost, when a step needs more), so that steps allocate nothing: host memory
- * (page-locked off the CPU: kn_host_alloc) but PL_IO_DEV_GRAD, backend memory. NULL when
- * memory runs out. Not counted in act_bytes (the planner's activation figure). */
+ * (page-locked off the CPU: kn_host_alloc) but PL_IO_DEV_GRAD and PL_IO_FRC_IN, backend
+ * memory. NULL when memory runs out. Not counted in act_bytes (the planner's activation
+ * figure). */
 float *pl_engine_io_buffer(pl_engine *e, pl_engine_io which, size_t nfloats);
 
 /* Σ grad² over the range's tensors, the tied wte counted only where the

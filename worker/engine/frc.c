@@ -18,6 +18,13 @@ int pl_frc_begin(pl_frc *f, pl_engine *shadow, const pl_engine *stage, const pl_
     f->host = (char *)pl_engine_io_buffer(shadow, PL_IO_FRC, floats);
     if (!f->host) return pl_errf(err, errlen, "frc: out of host memory for %d microbatches",
                                  s->nmicro);
+    if (!pl_engine_has_embedding(shadow)) {
+        const size_t n = (size_t)s->nmicro * (size_t)shadow->B * (size_t)shadow->T *
+                         (size_t)shadow->cfg.C;
+        if (!(f->inputs = pl_engine_io_buffer(shadow, PL_IO_FRC_IN, n)))
+            return pl_errf(err, errlen, "frc: out of memory for %d microbatches' inputs",
+                           s->nmicro);
+    }
     f->shadow = shadow;
     f->stage = stage;
     f->tokens = tokens;
@@ -29,8 +36,18 @@ int pl_frc_begin(pl_frc *f, pl_engine *shadow, const pl_engine *stage, const pl_
     return 0;
 }
 
+/* One microbatch's input: B·T·C floats. */
+static size_t input_floats(const pl_frc *f)
+{
+    return (size_t)f->shadow->B * (size_t)f->shadow->T * (size_t)f->shadow->cfg.C;
+}
+
 void pl_frc_input_ready(pl_frc *f, int mb)
 {
+    if (!f->inputs) return; /* on the tokens: every input exists from the start */
+    const size_t n = input_floats(f);
+    kn_copy(f->shadow->k, f->inputs + (size_t)mb * n,
+            pl_engine_output(f->stage, mb % f->nslots), n * sizeof(float));
     if (mb + 1 > f->avail) f->avail = mb + 1;
 }
 
@@ -42,7 +59,7 @@ static void run_next(pl_frc *f, int bubble)
     const double t0 = pl_now_ms();
     const int32_t *tok = pl_engine_has_embedding(f->shadow) ? f->tokens + i * BT : NULL;
     const int32_t *tgt = pl_engine_has_head(f->shadow) ? f->targets + i * BT : NULL;
-    const float *in = tok ? NULL : pl_engine_output(f->stage, i % f->nslots);
+    const float *in = tok ? NULL : f->inputs + (size_t)i * input_floats(f);
     pl_engine_forward_dev(f->shadow, 0, tok, in, tgt);
     pl_engine_slot_to_host(f->shadow, 0, f->host + (size_t)i * f->slot_bytes);
     const double ms = pl_now_ms() - t0;
@@ -61,10 +78,9 @@ void pl_frc_fill_wait(pl_frc *f, const pl_stage_link *link, int peer, pl_link_ki
         run_next(f, 1);
 }
 
-void pl_frc_before_free(pl_frc *f, int mb)
+void pl_frc_fill_while(pl_frc *f, int (*waiting)(void *ctx), void *ctx)
 {
-    if (pl_engine_has_embedding(f->shadow)) return; /* the tokens are not freed */
-    while (f->next <= mb && f->next < f->avail) run_next(f, 0);
+    while (f->next < f->avail && waiting(ctx)) run_next(f, 1);
 }
 
 void pl_frc_finish(pl_frc *f)
