@@ -13,11 +13,13 @@
  *    input exists runs (oldest first);
  *  - exposed: what no wait took runs after all of them (pl_frc_finish).
  * The FRC of microbatch i reads the stage's output of i, which the backward of i frees
- * with its activation slot: pl_frc_input_ready keeps a copy (B·T·C floats a
- * microbatch, PL_IO_FRC_IN of the shadow engine, backend memory), so that an FRC never
- * has to run before that backward and the cool-down's and the step end's waits can take
- * it too. With the embedding as the FRC's input (the 2-stage ring's last stage shadows
+ * with its activation slot: pl_frc_input_ready keeps a copy in host memory (B·T·C floats
+ * a microbatch, PL_IO_FRC_IN of the shadow engine: swapped out like the results, so the
+ * device holds no more than one FRC slot), so that an FRC never has to run before that
+ * backward and the cool-down's and the step end's waits can take it too. With the embedding as the FRC's input (the 2-stage ring's last stage shadows
  * stage 0: its input is the tokens) nothing is kept.
+ * An FRC runs a layer at a time (pl_engine_forward_part), the wait checked between
+ * layers, so a message that arrives during one waits for a layer, not the whole range.
  * Every microbatch's FRC runs once per step, in order; the bubble runs are what the
  * bubbles hide, the others are exposed (pl_frc_stats; shared/rc_plan.h predicts the
  * same split: nb·F_succ against the idle time T(nb) − nb·W_k).
@@ -28,10 +30,10 @@
  * shadow engine's PL_IO_FRC host buffer (page-locked off the CPU: kn_host_alloc; a
  * separate host buffer on the CPU backend), nmicro slots, kept until the next step.
  *
- * Exactness: the FRC writes only the shadow engine's slot, scratch and PL_IO_FRC; it
- * reads the stage's output and the shadow's parameters. Nothing of the normal step
- * (the stage's engine, the messages, the gradients) changes, so a step with eager FRC
- * sums exactly what a step without it sums.
+ * Exactness: the FRC writes only the shadow engine's slot, scratch, PL_IO_FRC and
+ * PL_IO_FRC_IN; it reads the stage's output and the shadow's parameters. Nothing of the
+ * normal step (the stage's engine, the messages, the gradients) changes, so a step with
+ * eager FRC sums exactly what a step without it sums.
  *
  * Threads: the stage's compute thread, like the stage. */
 #ifndef PLIANT_FRC_H
@@ -45,9 +47,9 @@
 #include "stage.h"
 
 typedef struct {
-    int bubble, forced;         /* FRCs run while the stage waited / after every wait of
-                                   the step (exposed) */
-    double bubble_ms, forced_ms;
+    int bubble, forced;         /* FRCs whose last part ran while the stage waited / after
+                                   every wait of the step (exposed) */
+    double bubble_ms, forced_ms; /* the time of the parts run in each */
 } pl_frc_stats;
 
 struct pl_frc {
@@ -56,19 +58,20 @@ struct pl_frc {
     const int32_t *tokens;       /* the pipeline's microbatches (shadow with the embedding) */
     const int32_t *targets;      /* the same, for a shadow with the head */
     int nmicro, nslots;          /* the step's microbatches; the stage's slots (mb mod nslots) */
-    float *inputs;               /* nmicro of the stage's outputs (PL_IO_FRC_IN), or NULL
+    float *inputs;               /* nmicro of the stage's outputs (PL_IO_FRC_IN, host), or NULL
                                     (the shadow has the embedding: the tokens) */
     char *host;                  /* nmicro swapped-out slots (PL_IO_FRC) */
     size_t slot_bytes;
     int next;                    /* the next microbatch to run */
+    int part;                    /* its next part (pl_engine_forward_part) */
     int avail;                   /* microbatches [0, avail) have their input */
     pl_frc_stats stats;
 };
 
 /* Prepares a step's FRC: the shadow (one slot), the stage, the schedule (nmicro, the
  * slots), the pipeline's tokens and targets from its first microbatch (NULL when the
- * shadow does not need them). 0, or −1 with err (out of memory, or a shadow with the
- * embedding or the head without tokens or targets). */
+ * shadow does not need them). 0, or −1 with err (out of host memory, or a shadow with
+ * the embedding or the head without tokens or targets). */
 int pl_frc_begin(pl_frc *f, pl_engine *shadow, const pl_engine *stage, const pl_schedule *s,
                  const int32_t *tokens, const int32_t *targets, char *err, size_t errlen);
 
