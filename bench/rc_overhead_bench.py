@@ -111,10 +111,14 @@ def median(xs):
 
 def summary(seen, steps):
     """Over the rounds: the median of the runs' medians and the fastest step of all, each
-    against templates' (on a loaded machine the fastest step is the least disturbed)."""
+    against templates' (on a loaded machine the fastest step is the least disturbed), and
+    the median of the rounds' own overheads (each run against the templates run just
+    before it: the load of the moment cancels out more)."""
     base_med = median([m for m, _, _ in seen["templates"]])
     base_min = min(f for _, f, _ in seen["templates"])
     for name, _ in RUNS:
+        paired = median([100.0 * (m / b - 1) for (m, _, _), (b, _, _) in
+                         zip(seen[name], seen["templates"])])
         med = median([m for m, _, _ in seen[name]])
         low = min(f for _, f, _ in seen[name])
         waits = sum(f[1] for _, _, f in seen[name])
@@ -122,8 +126,9 @@ def summary(seen, steps):
         hidden = " , FRC %.1f ms a step, %.0f%% of it in waits" % (
             (waits + exposed) / steps / len(seen[name]), 100.0 * waits / (waits + exposed)) \
             if waits + exposed else ""
-        print("%-9s median %7.1f ms (%+5.1f%%), fastest %7.1f ms (%+5.1f%%)%s" % (
-            name, med, 100.0 * (med / base_med - 1), low, 100.0 * (low / base_min - 1), hidden))
+        print("%-9s median %7.1f ms (%+5.1f%%), fastest %7.1f ms (%+5.1f%%), rounds' median "
+              "%+5.1f%%%s" % (name, med, 100.0 * (med / base_med - 1), low,
+                              100.0 * (low / base_min - 1), paired, hidden))
 
 
 def predicted(pliant, profile):

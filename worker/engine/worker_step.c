@@ -374,25 +374,25 @@ static int counted_sumsq(const sync_state *s, int self, double *out, char *err, 
 }
 
 /* The successor's gradients into the shadow (shadow.h), group by group in the order
- * its comm thread sent them, the eager FRC (frc, or NULL) filling the waits; their time
- * into *ms. */
+ * its comm thread sent them, the eager FRC (frc, or NULL) filling the waits; the time
+ * of the receives themselves into *ms. */
 static int rc_receive(const pl_worker_step_args *a, pl_frc *frc, double *ms, char *err,
                       size_t errlen)
 {
     const int succ = pl_shadow_successor(a->rc, a->schedule->stage, a->schedule->nstages);
     if (succ < 0) return 0;
-    const double t0 = pl_now_ms();
     const int L = a->shadow->cfg.L;
     pl_tensor_ref refs[PL_MAX_LAYER_TENSORS];
     for (int order = 0; order <= L + 2; order++) {
         const int key = order == L + 2 ? PL_SYNC_WTE : L + 1 - order;
         const int n = pl_worker_group_tensors(a->shadow, key, refs);
-        if (n && frc)
+        if (!n) continue;
+        if (frc)
             pl_frc_fill_wait(frc, a->link, succ, PL_LINK_SHADOW, pl_shadow_grad_tag(L, key, 0));
-        if (n && pl_shadow_recv_group(a->shadow, a->link, succ, key, refs, n, err, errlen))
-            return -1;
+        const double t0 = pl_now_ms();
+        if (pl_shadow_recv_group(a->shadow, a->link, succ, key, refs, n, err, errlen)) return -1;
+        *ms += pl_now_ms() - t0;
     }
-    *ms = pl_now_ms() - t0;
     return 0;
 }
 

@@ -84,7 +84,8 @@ typedef struct {
                            was still running: the sync hidden behind the backward */
     pl_frc_stats frc;   /* with args.frc: the FRCs run in waits and exposed */
     double shadow_recv_ms; /* with a shadow: receiving its gradients after the stage (the
-                              part of their transfer the step did not hide) */
+                              part of their transfer the step did not hide; without the
+                              FRC that filled that wait) */
 } pl_worker_step_result;
 
 /* Zeroes the gradients and runs the stage with dloss_scale = 1 / (global_micro · B · T)
