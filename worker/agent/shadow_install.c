@@ -8,7 +8,7 @@
 #include "util.h"
 
 /* The refresh's messages on the stage link: kind PL_LINK_SHADOW, these microbatch
- * numbers (the step's gradients use 0). */
+ * numbers (the step's gradients use PL_SHADOW_GRAD_TAG0 and up). */
 enum { REFRESH_PARAMS = 1, REFRESH_M = 2, REFRESH_V = 3 };
 
 void agent_count_rc(agent *a, const pl_worker_step_result *r)
