@@ -11,10 +11,12 @@ backward 2) and 32 MB of "GPU" memory makes every strategy plan the same single
 its shadows (stage k also holds k+1's layers, a chain) it needs 3.
 
 Printed per run: the median step time (steps after the first two), the overhead
-against the templates run of the same round, and for eager FRC the workers'
-`frc:` lines summed: the FRC's compute time and the part run while the stage
-waited for a message (hidden by the bubbles) against the part forced before a
-backward freed its input (exposed). Last, what shared/rc_plan predicts for the
+against the templates run of the same round, for eager FRC the workers' `frc:`
+lines summed: the FRC's compute time and the part run while the stage waited
+(hidden by the bubbles) against the part run after every wait (exposed), and
+from the holders' `rc:` lines the largest shadow costs a step: receiving the
+successor's gradients after the stage (sh_recv, the transfer's unhidden part) and
+the shadow's AdamW after `committed` (sh_adamw, off the step's path). Last, what shared/rc_plan predicts for the
 same profile (`pliant plan --redundant`). Standard library only.
 Usage: bench/rc_overhead_bench.py [--repeat N] [--steps N] [--build DIR]
 """
@@ -48,6 +50,8 @@ RUNS = (("templates", ""), ("lazy", ", strategy: redundant, redundantForward: la
         ("eager", ", strategy: redundant, redundantForward: eager"))
 FRC = re.compile(r"frc: (\d+) steps, (\d+) microbatches in waits \(([\d.]+) ms\), "
                  r"(\d+) exposed \(([\d.]+) ms\)")
+RC = re.compile(r"rc: \d+ steps, shadow gradients received after the stage ([\d.]+) ms a step, "
+                r"shadow AdamW after the commit ([\d.]+) ms a step")
 
 
 def write_job(tmp, name, data, steps, profile, ft):
@@ -79,7 +83,8 @@ def make_profile(pliant, tmp, data):
 
 def one(pliant, job, steps):
     """Median and fastest step ms (after the first two steps), the pipelines, the FRC sums
-    (microbatches and ms in waits, exposed)."""
+    (microbatches and ms in waits, exposed), and the holders' largest shadow costs a step
+    (gradients received after the stage, AdamW after the commit)."""
     m = job + ".jsonl"
     p = subprocess.run([pliant, "run", job, "--workers", "3", "--threads", "1", "--metrics", m],
                        capture_output=True, text=True, timeout=900)
@@ -95,7 +100,8 @@ def one(pliant, job, steps):
         frc[1] += float(g.group(3))
         frc[2] += int(g.group(4))
         frc[3] += float(g.group(5))
-    return ms[len(ms) // 2], ms[0], rows[0]["pipelines"], frc
+    shadow = [max([float(g.group(i)) for g in RC.finditer(p.stderr)] or [0.0]) for i in (1, 2)]
+    return ms[len(ms) // 2], ms[0], rows[0]["pipelines"], frc, shadow
 
 
 def median(xs):
@@ -105,10 +111,14 @@ def median(xs):
 
 def summary(seen, steps):
     """Over the rounds: the median of the runs' medians and the fastest step of all, each
-    against templates' (on a loaded machine the fastest step is the least disturbed)."""
+    against templates' (on a loaded machine the fastest step is the least disturbed), and
+    the median of the rounds' own overheads (each run against the templates run just
+    before it: the load of the moment cancels out more)."""
     base_med = median([m for m, _, _ in seen["templates"]])
     base_min = min(f for _, f, _ in seen["templates"])
     for name, _ in RUNS:
+        paired = median([100.0 * (m / b - 1) for (m, _, _), (b, _, _) in
+                         zip(seen[name], seen["templates"])])
         med = median([m for m, _, _ in seen[name]])
         low = min(f for _, f, _ in seen[name])
         waits = sum(f[1] for _, _, f in seen[name])
@@ -116,8 +126,9 @@ def summary(seen, steps):
         hidden = " , FRC %.1f ms a step, %.0f%% of it in waits" % (
             (waits + exposed) / steps / len(seen[name]), 100.0 * waits / (waits + exposed)) \
             if waits + exposed else ""
-        print("%-9s median %7.1f ms (%+5.1f%%), fastest %7.1f ms (%+5.1f%%)%s" % (
-            name, med, 100.0 * (med / base_med - 1), low, 100.0 * (low / base_min - 1), hidden))
+        print("%-9s median %7.1f ms (%+5.1f%%), fastest %7.1f ms (%+5.1f%%), rounds' median "
+              "%+5.1f%%%s" % (name, med, 100.0 * (med / base_med - 1), low,
+                              100.0 * (low / base_min - 1), paired, hidden))
 
 
 def predicted(pliant, profile):
@@ -140,23 +151,23 @@ def main():
     tmp = tempfile.mkdtemp(prefix="pliant-rcoverhead-")
     data = shakespeare_shards(pliant, tmp, 200000)
     profile = make_profile(pliant, tmp, data)
-    print("%-9s %4s %9s %8s %8s %9s %12s %12s %8s" % (
+    print("%-9s %4s %9s %8s %8s %9s %12s %12s %8s %9s %9s" % (
         "run", "rep", "pipelines", "median", "fastest", "overhead", "frc_ms/step",
-        "exposed/step", "hidden"))
+        "exposed/step", "hidden", "sh_recv", "sh_adamw"))
     seen = {name: [] for name, _ in RUNS}
     for rep in range(a.repeat):
         base = None
         for name, ft in RUNS:
             job = write_job(tmp, "%s-%d" % (name, rep), data, a.steps, profile, ft)
-            ms, fastest, pipes, frc = one(pliant, job, a.steps)
+            ms, fastest, pipes, frc, shadow = one(pliant, job, a.steps)
             base = ms if base is None else base
             total = frc[1] + frc[3]
             seen[name].append((ms, fastest, frc))
-            print("%-9s %4d %9s %8.1f %8.1f %8.1f%% %12s %12s %8s" % (
+            print("%-9s %4d %9s %8.1f %8.1f %8.1f%% %12s %12s %8s %9.2f %9.2f" % (
                 name, rep, pipes, ms, fastest, 100.0 * (ms / base - 1),
                 "%.1f" % (total / a.steps) if total else "-",
                 "%.1f" % (frc[3] / a.steps) if total else "-",
-                "%.0f%%" % (100.0 * frc[1] / total) if total else "-"))
+                "%.0f%%" % (100.0 * frc[1] / total) if total else "-", shadow[0], shadow[1]))
             sys.stdout.flush()
     summary(seen, a.steps)
     pred = predicted(pliant, profile)

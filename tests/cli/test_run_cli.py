@@ -953,12 +953,12 @@ def strategy_checkpoint_restarts_every_worker_from_the_checkpoint():
 RC_EXTRA = "  faultTolerance: {strategy: redundant, redundantForward: lazy}\n"
 
 
-def rc_chaos(name, chaos, steps, workers=5):
+def rc_chaos(name, chaos, steps, workers=5, env=None):
     """A redundant job (5 workers: 1x3 w0-w2 + 1x2 w3-w4) under --chaos: its metrics rows,
     reconfigure events and stderr, after checking every step's loss and samples
     against pliant train's."""
     job = write_job(name, steps=steps, global_=4, extra=RC_EXTRA)
-    m, out, err = run_chaos(job, workers, chaos)
+    m, out, err = run_chaos(job, workers, chaos, env=env)
     check_steps_match(metrics(m), reference(reference_job(name, steps, global_=4)), steps)
     return metrics(m), events(m, "reconfigure"), err
 
@@ -978,6 +978,24 @@ def redundant_failover_takes_over_without_copies():
               r["pipelines"] == pipes, "reconfigure: %s", r)
     check("loaded from" not in err, "a checkpoint was read")
     check(rows[-1]["pipelines"] == "1x2+1x1", "pipelines %s", rows[-1]["pipelines"])
+
+
+@test
+def redundant_fails_over_from_a_fault_in_every_phase():
+    """A stage of the 3-stage pipeline SIGKILLs itself at step 4 in the forward, the
+    backward, between two all-reduces (plan rank 2, the last stage: stage 1 holds one
+    layer, one all-reduce) and on the commit (others may have applied it: its shadow
+    holder applies the shadow's AdamW after `committed`, before any new plan); plan rank 1
+    but for the all-reduce. Each time its predecessor takes over from its shadow, no byte
+    copied, no checkpoint, every step once with train's losses and samples."""
+    for phase, rank, words in (("forward", 1, "the forward"), ("backward", 1, "the backward"),
+                               ("sync", 2, "the gradient all-reduce"),
+                               ("commit", 1, "the commit")):
+        rows, rec, err = rc_chaos("rc-" + phase, "kill:0@step=99", 8,
+                                  env={"PLIANT_FAULT": "%s:4:kill@%d" % (phase, rank)})
+        check("SIGKILL during " + words in err, "%s: no fault:\n%s", phase, err[-1500:])
+        check(len(rec) == 1 and rec[0]["bytes_copied"] == 0 and "failover" in rec[0]["cause"]
+              and rec[0]["from_checkpoint"] is False, "%s: reconfigure %s", phase, rec)
 
 
 @test

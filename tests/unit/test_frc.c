@@ -43,6 +43,7 @@ static void *run_stage(void *arg)
         st->batch.frc = &st->frc;
     }
     st->rc = pl_stage_step(&st->e, &st->s, &link, &st->batch, &st->loss, st->err, sizeof st->err);
+    if (st->rc == 0 && st->batch.frc) pl_frc_finish(st->batch.frc); /* what the waits left */
     return NULL;
 }
 

@@ -31,6 +31,7 @@
 #include "stage_link.h"
 #include "syncgroups.h"
 #include "tokens.h"
+#include "worker_step.h"
 
 /* A peer that makes no progress for this long has failed (dials, the step's links). */
 #define PEER_TIMEOUT_MS 60000
@@ -80,9 +81,13 @@ typedef struct {
     pl_engine shadow_src; /* the shadow of the plan before this one, kept like src until the
                              next start_step: a failover's local source (Bamboo §5.2) */
     int have_shadow_src;
-    pl_frc_stats frc;     /* eager FRC of the shadow's steps so far (frc.h), logged when the
-                             shadow goes */
-    int frc_steps;
+    struct {              /* the shadow's costs so far, logged when the shadow goes */
+        int steps;        /* steps with a shadow */
+        double recv_ms;   /* its gradients received after the stage (worker_step.h) */
+        double apply_ms;  /* its AdamW after `committed` */
+        pl_frc_stats frc; /* eager FRC (frc.h) */
+        int frc_steps;
+    } rc_stats;
     pl_schedule sched;
     int have_sched;
     pl_listener *lst;
@@ -143,10 +148,10 @@ void agent_teardown_links(agent *a);
  * it), so that the shadow starts byte-identical to its owner. Sets a->rc; nothing without
  * strategy redundant, off the TCP transport or with one stage. 0, or -1 with err. */
 int agent_install_shadow(agent *a, const pl_msg_plan *p, char *err, size_t errlen);
-/* Drops the shadow (the end), logging its eager FRC figures. */
+/* Drops the shadow (the end), logging its costs (the `rc:` and `frc:` lines). */
 void agent_drop_shadow(agent *a);
-/* Adds a step's FRC figures (nothing when it ran none). */
-void agent_count_frc(agent *a, const pl_frc_stats *s);
+/* Adds a step's shadow costs (nothing without a shadow). */
+void agent_count_rc(agent *a, const pl_worker_step_result *r);
 /* A new plan: the shadow becomes shadow_src (the stable plan's, which a failover takes
  * over locally), unless shadow_src is still the one of a plan before (no step ran since):
  * then the shadow is dropped, as retire_engine does with engines. */

@@ -341,6 +341,11 @@ static int start_stage_link(agent *a, pl_conn *prev, pl_conn *next, char *err, s
 {
     int fp, fn;
     pl_tcp_link_pending_limits(&a->sched, &fp, &fn);
+    /* a shadow's holder takes its successor's gradient messages after its own schedule */
+    const int shadow = a->job.fault_tolerance.strategy == PL_STRATEGY_REDUNDANT
+                           ? pl_shadow_grad_messages(a->cfg.L) : 0;
+    fp += shadow;
+    fn += shadow;
     pl_tcp_link_config lc = {.stage = a->stage, .prev = prev, .next = next,
                              .timeout_ms = PEER_TIMEOUT_MS, .max_pending_prev = fp > 0 ? fp : 1,
                              .max_pending_next = fn > 0 ? fn : 1};

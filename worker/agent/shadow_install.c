@@ -8,33 +8,41 @@
 #include "util.h"
 
 /* The refresh's messages on the stage link: kind PL_LINK_SHADOW, these microbatch
- * numbers (the step's gradients use 0). */
+ * numbers (the step's gradients use PL_SHADOW_GRAD_TAG0 and up). */
 enum { REFRESH_PARAMS = 1, REFRESH_M = 2, REFRESH_V = 3 };
 
-void agent_count_frc(agent *a, const pl_frc_stats *s)
+void agent_count_rc(agent *a, const pl_worker_step_result *r)
 {
-    if (s->bubble + s->forced == 0) return;
-    a->frc.bubble += s->bubble;
-    a->frc.forced += s->forced;
-    a->frc.bubble_ms += s->bubble_ms;
-    a->frc.forced_ms += s->forced_ms;
-    a->frc_steps++;
+    if (!a->have_shadow) return;
+    a->rc_stats.steps++;
+    a->rc_stats.recv_ms += r->shadow_recv_ms;
+    const pl_frc_stats *f = &r->frc;
+    if (f->bubble + f->forced == 0) return;
+    a->rc_stats.frc.bubble += f->bubble;
+    a->rc_stats.frc.forced += f->forced;
+    a->rc_stats.frc.bubble_ms += f->bubble_ms;
+    a->rc_stats.frc.forced_ms += f->forced_ms;
+    a->rc_stats.frc_steps++;
 }
 
-/* The FRC figures of the shadow's steps (bench/rc_overhead_bench.py reads this line). */
-static void log_frc(agent *a)
+/* The shadow's costs (bench/rc_overhead_bench.py reads these lines). */
+static void log_rc(agent *a)
 {
-    if (a->frc_steps)
+    const int n = a->rc_stats.steps;
+    if (n)
+        agent_log(a, "rc: %d steps, shadow gradients received after the stage %.2f ms a step, "
+                  "shadow AdamW after the commit %.2f ms a step",
+                  n, a->rc_stats.recv_ms / n, a->rc_stats.apply_ms / n);
+    const pl_frc_stats *f = &a->rc_stats.frc;
+    if (a->rc_stats.frc_steps)
         agent_log(a, "frc: %d steps, %d microbatches in waits (%.1f ms), %d exposed (%.1f ms)",
-                  a->frc_steps, a->frc.bubble, a->frc.bubble_ms, a->frc.forced,
-                  a->frc.forced_ms);
-    memset(&a->frc, 0, sizeof a->frc);
-    a->frc_steps = 0;
+                  a->rc_stats.frc_steps, f->bubble, f->bubble_ms, f->forced, f->forced_ms);
+    memset(&a->rc_stats, 0, sizeof a->rc_stats);
 }
 
 void agent_drop_shadow(agent *a)
 {
-    log_frc(a);
+    log_rc(a);
     if (a->have_shadow) pl_engine_destroy(&a->shadow);
     a->have_shadow = 0;
     a->rc = PL_RC_NONE;

@@ -290,13 +290,12 @@ static const float *last_output(const pl_engine *e, const pl_slot *s)
     return n ? s->blocks[n - 1].res3 : s->input;
 }
 
-/* `in` is host memory (dev = 0) or backend memory (dev = 1; the slot's input itself:
- * nothing to copy). */
-static float forward(pl_engine *e, int slot, const int32_t *tokens, const float *in, int dev,
-                     const int32_t *targets)
+/* The forward's input: the embedding of tokens, or `in`, host memory (dev = 0) or
+ * backend memory (dev = 1; the slot's input itself: nothing to copy). */
+static void input_forward(pl_engine *e, pl_slot *s, const int32_t *tokens, const float *in,
+                          int dev)
 {
     kn_ctx *k = e->k;
-    pl_slot *s = &e->slots[slot];
     const int B = e->B, T = e->T, C = e->cfg.C, BT = B * T;
     if (pl_engine_has_embedding(e)) {
         kn_to_device(k, s->tokens, tokens, (size_t)BT * sizeof(int32_t));
@@ -307,9 +306,13 @@ static float forward(pl_engine *e, int slot, const int32_t *tokens, const float 
     } else if (in != s->input) {
         kn_copy(k, s->input, in, (size_t)BT * C * sizeof(float));
     }
-    int lo = (int)first_block(e);
-    for (int b = 0; b < nblocks(e); b++) block_forward(e, s, lo + b);
-    if (!pl_engine_has_head(e)) return 0;
+}
+
+/* The head's forward; returns the mean loss. */
+static float head_forward(pl_engine *e, pl_slot *s, const int32_t *targets)
+{
+    kn_ctx *k = e->k;
+    const int B = e->B, T = e->T, C = e->cfg.C, BT = B * T;
     const int H = e->cfg.L + 1;
     const float *wte = e->params + e->tensors[e->wte_tensor].offset;
     kn_to_device(k, s->targets, targets, (size_t)BT * sizeof(int32_t));
@@ -323,6 +326,31 @@ static float forward(pl_engine *e, int slot, const int32_t *tokens, const float 
         kn_crossentropy_forward(k, s->losses, s->ce_stats, s->probs, s->targets, BT, e->cfg.V,
                                 e->cfg.Vp);
     return (float)(kn_sum(k, s->losses, (size_t)BT) / BT);
+}
+
+static float forward(pl_engine *e, int slot, const int32_t *tokens, const float *in, int dev,
+                     const int32_t *targets)
+{
+    pl_slot *s = &e->slots[slot];
+    input_forward(e, s, tokens, in, dev);
+    int lo = (int)first_block(e);
+    for (int b = 0; b < nblocks(e); b++) block_forward(e, s, lo + b);
+    return pl_engine_has_head(e) ? head_forward(e, s, targets) : 0;
+}
+
+int pl_engine_forward_parts(const pl_engine *e)
+{
+    return 1 + (int)nblocks(e) + pl_engine_has_head(e);
+}
+
+float pl_engine_forward_part(pl_engine *e, int slot, int part, const int32_t *tokens,
+                             const float *in, const int32_t *targets)
+{
+    pl_slot *s = &e->slots[slot];
+    if (part == 0) input_forward(e, s, tokens, in, 0);
+    else if (part <= (int)nblocks(e)) block_forward(e, s, (int)first_block(e) + part - 1);
+    else return head_forward(e, s, targets);
+    return 0;
 }
 
 float pl_engine_forward(pl_engine *e, int slot, const int32_t *tokens, const float *in,

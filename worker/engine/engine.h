@@ -36,6 +36,7 @@ typedef enum {
     PL_IO_GRADS,     /* host: gradients staged for the TCP all-reduce, off the CPU */
     PL_IO_DEV_GRAD,  /* backend memory: a gradient received over an ordered transport */
     PL_IO_FRC,       /* host: forward redundant computations swapped out (frc.h) */
+    PL_IO_FRC_IN,    /* host: the forward redundant computations' inputs (frc.h) */
     PL_IO_COUNT
 } pl_engine_io;
 
@@ -132,6 +133,14 @@ const float *pl_engine_input_grad(const pl_engine *e);
  * targets stay host memory. */
 float pl_engine_forward_dev(pl_engine *e, int slot, const int32_t *tokens, const float *in,
                             const int32_t *targets);
+/* pl_engine_forward in parts, for a caller that interleaves it with other work (the
+ * eager FRC, frc.h): part 0 the input (the embedding of tokens, or `in`, host memory),
+ * 1 .. n the blocks, then the head (its part returns the mean loss; the others 0). Parts
+ * 0 .. pl_engine_forward_parts − 1 in order compute what pl_engine_forward computes, bit
+ * for bit. */
+int pl_engine_forward_parts(const pl_engine *e);
+float pl_engine_forward_part(pl_engine *e, int slot, int part, const int32_t *tokens,
+                             const float *in, const int32_t *targets);
 void pl_engine_backward_dev(pl_engine *e, int slot, const float *dout, float dloss_scale);
 void pl_engine_backward_last_dev(pl_engine *e, int slot, const float *dout, float dloss_scale,
                                  pl_layer_done_fn done, void *ctx);

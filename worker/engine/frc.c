@@ -18,6 +18,13 @@ int pl_frc_begin(pl_frc *f, pl_engine *shadow, const pl_engine *stage, const pl_
     f->host = (char *)pl_engine_io_buffer(shadow, PL_IO_FRC, floats);
     if (!f->host) return pl_errf(err, errlen, "frc: out of host memory for %d microbatches",
                                  s->nmicro);
+    if (!pl_engine_has_embedding(shadow)) {
+        const size_t n = (size_t)s->nmicro * (size_t)shadow->B * (size_t)shadow->T *
+                         (size_t)shadow->cfg.C;
+        if (!(f->inputs = pl_engine_io_buffer(shadow, PL_IO_FRC_IN, n)))
+            return pl_errf(err, errlen, "frc: out of host memory for %d microbatches' inputs",
+                           s->nmicro);
+    }
     f->shadow = shadow;
     f->stage = stage;
     f->tokens = tokens;
@@ -29,28 +36,45 @@ int pl_frc_begin(pl_frc *f, pl_engine *shadow, const pl_engine *stage, const pl_
     return 0;
 }
 
+/* One microbatch's input: B·T·C floats. */
+static size_t input_floats(const pl_frc *f)
+{
+    return (size_t)f->shadow->B * (size_t)f->shadow->T * (size_t)f->shadow->cfg.C;
+}
+
 void pl_frc_input_ready(pl_frc *f, int mb)
 {
+    if (!f->inputs) return; /* on the tokens: every input exists from the start */
+    const size_t n = input_floats(f);
+    kn_to_host(f->shadow->k, f->inputs + (size_t)mb * n,
+               pl_engine_output(f->stage, mb % f->nslots), n * sizeof(float));
     if (mb + 1 > f->avail) f->avail = mb + 1;
 }
 
-/* Runs the FRC of microbatch f->next and swaps its slot out to host memory. */
-static void run_next(pl_frc *f, int bubble)
+/* Runs the next part (pl_engine_forward_part: the input, a block, the head) of
+ * microbatch f->next's FRC, so that a message arriving during a wait waits for one
+ * layer, not the whole range; after the last part the slot goes to host memory. */
+static void run_part(pl_frc *f, int bubble)
 {
-    const int i = f->next++;
+    const int i = f->next;
     const size_t BT = (size_t)f->shadow->B * (size_t)f->shadow->T;
     const double t0 = pl_now_ms();
     const int32_t *tok = pl_engine_has_embedding(f->shadow) ? f->tokens + i * BT : NULL;
     const int32_t *tgt = pl_engine_has_head(f->shadow) ? f->targets + i * BT : NULL;
-    const float *in = tok ? NULL : pl_engine_output(f->stage, i % f->nslots);
-    pl_engine_forward_dev(f->shadow, 0, tok, in, tgt);
-    pl_engine_slot_to_host(f->shadow, 0, f->host + (size_t)i * f->slot_bytes);
+    const float *in = tok ? NULL : f->inputs + (size_t)i * input_floats(f);
+    pl_engine_forward_part(f->shadow, 0, f->part, tok, in, tgt);
+    const int done = ++f->part == pl_engine_forward_parts(f->shadow);
+    if (done) {
+        pl_engine_slot_to_host(f->shadow, 0, f->host + (size_t)i * f->slot_bytes);
+        f->part = 0;
+        f->next++;
+    }
     const double ms = pl_now_ms() - t0;
     if (bubble) {
-        f->stats.bubble++;
+        f->stats.bubble += done;
         f->stats.bubble_ms += ms;
     } else {
-        f->stats.forced++;
+        f->stats.forced += done;
         f->stats.forced_ms += ms;
     }
 }
@@ -58,18 +82,17 @@ static void run_next(pl_frc *f, int bubble)
 void pl_frc_fill_wait(pl_frc *f, const pl_stage_link *link, int peer, pl_link_kind kind, int mb)
 {
     while (f->next < f->avail && !(link->ready && link->ready(link->ctx, peer, kind, mb)))
-        run_next(f, 1);
+        run_part(f, 1);
 }
 
-void pl_frc_before_free(pl_frc *f, int mb)
+void pl_frc_fill_while(pl_frc *f, int (*waiting)(void *ctx), void *ctx)
 {
-    if (pl_engine_has_embedding(f->shadow)) return; /* the tokens are not freed */
-    while (f->next <= mb && f->next < f->avail) run_next(f, 0);
+    while (f->next < f->avail && waiting(ctx)) run_part(f, 1);
 }
 
 void pl_frc_finish(pl_frc *f)
 {
-    while (f->next < f->avail) run_next(f, 0);
+    while (f->next < f->avail) run_part(f, 0);
 }
 
 const void *pl_frc_result(const pl_frc *f, int mb)

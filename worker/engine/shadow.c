@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "syncgroups.h"
 #include "util.h"
 
 int pl_shadow_successor(pl_rc_layout rc, int stage, int nstages)
@@ -32,33 +33,56 @@ static int on_host(const pl_engine *e)
     return strcmp(kn_backend(e->k), "cpu") == 0;
 }
 
-int pl_shadow_send_grads(pl_engine *owner, const pl_stage_link *link, int holder, char *err,
-                         size_t errlen)
+int pl_shadow_grad_tag(int L, int key, int run)
 {
-    const float *buf = owner->grads;
-    if (!on_host(owner)) {
-        float *h = pl_engine_io_buffer(owner, PL_IO_SEND, owner->nparams);
-        if (!h) return pl_errf(err, errlen, "shadow: out of memory");
-        kn_to_host(owner->k, h, owner->grads, owner->nparams * sizeof(float));
-        buf = h;
-    }
+    return PL_SHADOW_GRAD_TAG0 + pl_sync_key_order(L, key) * PL_MAX_LAYER_TENSORS + run;
+}
+
+int pl_shadow_grad_messages(int L)
+{
+    return (L + 3) * PL_MAX_LAYER_TENSORS; /* keys 0 .. L+1 and wte, a run per tensor */
+}
+
+/* The contiguous run of refs starting at *i (its first float and length); advances *i. */
+static float *next_run(const pl_tensor_ref *refs, int n, int *i, size_t *len)
+{
+    float *run = refs[*i].data;
+    *len = 0;
+    for (; *i < n && refs[*i].data == run + *len; (*i)++) *len += refs[*i].count;
+    return run;
+}
+
+int pl_shadow_send_group(const pl_stage_link *link, int holder, int L, int key,
+                         const pl_tensor_ref *refs, int n, char *err, size_t errlen)
+{
     char msg[400];
-    if (link->send(link->ctx, holder, PL_LINK_SHADOW, 0, buf, owner->nparams, msg, sizeof msg))
-        return pl_errf(err, errlen, "shadow: sending the gradients to stage %d: %s", holder, msg);
+    for (int i = 0, run = 0; i < n; run++) {
+        size_t len;
+        const float *x = next_run(refs, n, &i, &len);
+        if (link->send(link->ctx, holder, PL_LINK_SHADOW, pl_shadow_grad_tag(L, key, run), x,
+                       len, msg, sizeof msg))
+            return pl_errf(err, errlen, "shadow: sending the gradients to stage %d: %s", holder,
+                           msg);
+    }
     return 0;
 }
 
-int pl_shadow_recv_grads(pl_engine *shadow, const pl_stage_link *link, int successor, char *err,
-                         size_t errlen)
+int pl_shadow_recv_group(pl_engine *shadow, const pl_stage_link *link, int successor, int key,
+                         const pl_tensor_ref *refs, int n, char *err, size_t errlen)
 {
-    float *buf = shadow->grads;
-    if (!on_host(shadow) && !(buf = pl_engine_io_buffer(shadow, PL_IO_RECV, shadow->nparams)))
-        return pl_errf(err, errlen, "shadow: out of memory");
+    const int L = shadow->cfg.L;
     char msg[400];
-    if (link->recv(link->ctx, successor, PL_LINK_SHADOW, 0, buf, shadow->nparams, msg, sizeof msg))
-        return pl_errf(err, errlen, "shadow: receiving stage %d's gradients: %s", successor, msg);
-    if (buf != shadow->grads)
-        kn_to_device(shadow->k, shadow->grads, buf, shadow->nparams * sizeof(float));
+    for (int i = 0, run = 0; i < n; run++) {
+        size_t len;
+        float *x = next_run(refs, n, &i, &len), *buf = x;
+        if (!on_host(shadow) && !(buf = pl_engine_io_buffer(shadow, PL_IO_RECV, len)))
+            return pl_errf(err, errlen, "shadow: out of memory");
+        if (link->recv(link->ctx, successor, PL_LINK_SHADOW, pl_shadow_grad_tag(L, key, run), buf,
+                       len, msg, sizeof msg))
+            return pl_errf(err, errlen, "shadow: receiving stage %d's gradients: %s", successor,
+                           msg);
+        if (buf != x) kn_to_device(shadow->k, x, buf, len * sizeof(float));
+    }
     return 0;
 }
 

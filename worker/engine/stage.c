@@ -93,7 +93,6 @@ int pl_stage_step_notify(pl_engine *e, const pl_schedule *s, const pl_stage_link
                 rc = link->recv(link->ctx, op->recv_from, PL_LINK_GRADIENT, op->mb, buf, n, err,
                                 errlen);
             if (rc) break;
-            if (batch->frc) pl_frc_before_free(batch->frc, op->mb);
             if (i == last_bw)
                 pl_engine_backward_last(e, op->slot, buf, batch->dloss_scale, done, ctx);
             else
@@ -103,7 +102,6 @@ int pl_stage_step_notify(pl_engine *e, const pl_schedule *s, const pl_stage_link
                                 host_view(e, out, pl_engine_input_grad(e), n), n, err, errlen);
         }
     }
-    if (rc == 0 && batch->frc) pl_frc_finish(batch->frc);
     if (loss_sum) *loss_sum = sum;
     return rc;
 }

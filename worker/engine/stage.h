@@ -47,7 +47,8 @@ typedef struct {
     void (*before_op)(void *ctx, int backward, int mb);
     void *op_ctx;
     /* Eager forward redundant computation (frc.h; Bamboo §5.2), run in this stage's
-     * waits; NULL: none. pl_stage_step_notify only (not the ordered transport's). */
+     * waits; what they leave is the caller's (pl_frc_finish). NULL: none.
+     * pl_stage_step_notify only (not the ordered transport's). */
     pl_frc *frc;
 } pl_stage_batch;
 

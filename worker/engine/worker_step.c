@@ -44,14 +44,23 @@ typedef struct {
     sync_job *jobs;
     int njobs;
     int host;          /* CPU backend: gradients are host memory, reduced in place */
+    int holder;        /* the stage that shadows this one (shadow.h), or −1 */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int stage_over;    /* under mu: the stage returned */
+    int comm_over;     /* under mu: the comm thread is done */
     int abort;         /* under mu: the stage failed, reduce nothing more */
     int overlapped;    /* under mu */
     int rc;            /* the comm thread's result, read after join */
     char err[512];
 } sync_state;
+
+/* Whether job j's comm-thread view (ring) is a host copy of its gradients: off the CPU
+ * backend, for the all-reduce and for the shadow's holder. */
+static int staged(const sync_state *s, const sync_job *j)
+{
+    return !s->host && (j->g->nranks > 1 || s->holder >= 0);
+}
 
 /* Compute thread, from the engine's backward: the jobs completed by `layer` can go. */
 static void layer_done(void *ctx, int layer)
@@ -62,7 +71,7 @@ static void layer_done(void *ctx, int layer)
         sync_job *j = &s->jobs[i];
         if (j->layer != layer) continue;
         /* the kernels are the compute thread's: it stages device gradients itself */
-        if (!s->host && j->g->nranks > 1)
+        if (staged(s, j))
             for (int t = 0; t < j->n; t++)
                 kn_to_host(e->k, j->ring[t].data, j->refs[t].data,
                            j->refs[t].count * sizeof(float));
@@ -97,22 +106,58 @@ static int reduce_job(const sync_state *s, const sync_job *j, char *err, size_t 
     return rc;
 }
 
+/* Comm thread: jobs [*sent, upto), reduced, to the shadow's holder (shadow.h). Only once
+ * the stage is over: its last messages are queued then, so these bytes never delay them
+ * on the link. */
+static int send_shadow(sync_state *s, int upto, int *sent)
+{
+    for (; *sent < upto && s->rc == 0; (*sent)++) {
+        const sync_job *j = &s->jobs[*sent];
+        s->rc = pl_shadow_send_group(s->a->link, s->holder, s->a->groups->L, j->g->key, j->ring,
+                                     j->n, s->err, sizeof s->err);
+    }
+    return s->rc;
+}
+
 /* The comm thread: no OpenMP, no kernels, the only user of the peers' connections. */
 static void *sync_main(void *arg)
 {
     sync_state *s = arg;
+    int sent = 0;
     for (int i = 0; i < s->njobs && s->rc == 0; i++) {
         const sync_job *j = &s->jobs[i];
         pthread_mutex_lock(&s->mu);
         while (!j->ready && !s->abort) pthread_cond_wait(&s->cv, &s->mu);
-        const int stop = s->abort;
-        if (!stop && j->g->nranks > 1 && !s->stage_over) s->overlapped++;
+        const int stop = s->abort, over = s->stage_over;
+        if (!stop && j->g->nranks > 1 && !over) s->overlapped++;
         pthread_mutex_unlock(&s->mu);
         if (stop) break;
         if (s->a->before_reduce && j->g->nranks > 1) s->a->before_reduce(s->a->hook_ctx, j->g->key);
         s->rc = reduce_job(s, j, s->err, sizeof s->err);
+        /* final now: after the stage, it goes while the other groups are reduced */
+        if (s->rc == 0 && s->holder >= 0 && over) send_shadow(s, i + 1, &sent);
     }
+    if (s->rc == 0 && s->holder >= 0) {
+        pthread_mutex_lock(&s->mu);
+        while (!s->stage_over) pthread_cond_wait(&s->cv, &s->mu);
+        const int stop = s->abort;
+        pthread_mutex_unlock(&s->mu);
+        if (!stop) send_shadow(s, s->njobs, &sent);
+    }
+    pthread_mutex_lock(&s->mu);
+    s->comm_over = 1;
+    pthread_mutex_unlock(&s->mu);
     return NULL;
+}
+
+/* pl_frc_fill_while's test: the comm thread still reduces (or sends). */
+static int comm_busy(void *ctx)
+{
+    sync_state *s = ctx;
+    pthread_mutex_lock(&s->mu);
+    const int busy = !s->comm_over;
+    pthread_mutex_unlock(&s->mu);
+    return busy;
 }
 
 /* The rank's jobs in its run order; host staging (the engine's PL_IO_GRADS buffer) off
@@ -126,7 +171,7 @@ static int plan_sync(sync_state *s, const pl_sync_rank *me, float **buf, char *e
     s->njobs = me->ngroups;
     s->jobs = calloc((size_t)me->ngroups, sizeof *s->jobs);
     if (!s->jobs) return pl_errf(err, errlen, "worker step: out of memory");
-    size_t staged = 0;
+    size_t nstaged = 0;
     for (int i = 0; i < me->ngroups; i++) {
         sync_job *j = &s->jobs[i];
         j->g = pl_syncgroups_group(a->groups, me->keys[i]);
@@ -143,16 +188,16 @@ static int plan_sync(sync_state *s, const pl_sync_rank *me, float **buf, char *e
         j->layer = j->g->key != PL_SYNC_WTE ? j->g->key
                    : pl_engine_has_embedding(e) ? 0 : e->cfg.L + 1;
         memcpy(j->ring, j->refs, (size_t)j->n * sizeof *j->refs);
-        if (!s->host && j->g->nranks > 1)
-            for (int t = 0; t < j->n; t++) staged += j->refs[t].count;
+        if (staged(s, j))
+            for (int t = 0; t < j->n; t++) nstaged += j->refs[t].count;
     }
-    if (staged == 0) return 0;
-    *buf = pl_engine_io_buffer(e, PL_IO_GRADS, staged);
+    if (nstaged == 0) return 0;
+    *buf = pl_engine_io_buffer(e, PL_IO_GRADS, nstaged);
     if (!*buf) return pl_errf(err, errlen, "worker step: out of memory");
     size_t off = 0;
     for (int i = 0; i < s->njobs; i++) {
         sync_job *j = &s->jobs[i];
-        if (j->g->nranks == 1) continue;
+        if (!staged(s, j)) continue;
         for (int t = 0; t < j->n; t++) {
             j->ring[t].data = *buf + off;
             off += j->refs[t].count;
@@ -177,6 +222,7 @@ static int stage_and_sync(sync_state *s, const pl_stage_batch *batch, double *lo
     s->abort = rc != 0;
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
+    if (rc == 0 && batch->frc) pl_frc_fill_while(batch->frc, comm_busy, s); /* a bubble too */
     pthread_join(th, NULL);
     if (rc == 0 && s->rc != 0) rc = pl_errf(err, errlen, "%s", s->err);
     return rc;
@@ -327,15 +373,26 @@ static int counted_sumsq(const sync_state *s, int self, double *out, char *err, 
     return 0;
 }
 
-/* The shadows' gradients (shadow.h): this stage's to its holder, its successor's into
- * the shadow. The send is queued (pl_stage_link), so every stage sends first. */
-static int rc_exchange(const pl_worker_step_args *a, char *err, size_t errlen)
+/* The successor's gradients into the shadow (shadow.h), group by group in the order
+ * its comm thread sent them, the eager FRC (frc, or NULL) filling the waits; the time
+ * of the receives themselves into *ms. */
+static int rc_receive(const pl_worker_step_args *a, pl_frc *frc, double *ms, char *err,
+                      size_t errlen)
 {
-    const int stage = a->schedule->stage, S = a->schedule->nstages;
-    const int holder = pl_shadow_holder(a->rc, stage, S);
-    const int succ = pl_shadow_successor(a->rc, stage, S);
-    if (holder >= 0 && pl_shadow_send_grads(a->engine, a->link, holder, err, errlen)) return -1;
-    if (succ >= 0 && pl_shadow_recv_grads(a->shadow, a->link, succ, err, errlen)) return -1;
+    const int succ = pl_shadow_successor(a->rc, a->schedule->stage, a->schedule->nstages);
+    if (succ < 0) return 0;
+    const int L = a->shadow->cfg.L;
+    pl_tensor_ref refs[PL_MAX_LAYER_TENSORS];
+    for (int order = 0; order <= L + 2; order++) {
+        const int key = order == L + 2 ? PL_SYNC_WTE : L + 1 - order;
+        const int n = pl_worker_group_tensors(a->shadow, key, refs);
+        if (!n) continue;
+        if (frc)
+            pl_frc_fill_wait(frc, a->link, succ, PL_LINK_SHADOW, pl_shadow_grad_tag(L, key, 0));
+        const double t0 = pl_now_ms();
+        if (pl_shadow_recv_group(a->shadow, a->link, succ, key, refs, n, err, errlen)) return -1;
+        *ms += pl_now_ms() - t0;
+    }
     return 0;
 }
 
@@ -395,7 +452,8 @@ int pl_worker_step(const pl_worker_step_args *a, pl_worker_step_result *out, cha
     if (frc.shadow) batch.frc = &frc;
 
     /* on an ordered transport the gradients are reduced where they are */
-    sync_state s = {.a = a, .host = a->xport || strcmp(kn_backend(e->k), "cpu") == 0};
+    sync_state s = {.a = a, .host = a->xport || strcmp(kn_backend(e->k), "cpu") == 0,
+                    .holder = a->xport ? -1 : pl_shadow_holder(a->rc, sch->stage, sch->nstages)};
     float *buf = NULL;
     int rc = plan_sync(&s, me, &buf, err, errlen);
     double loss = 0;
@@ -417,7 +475,8 @@ int pl_worker_step(const pl_worker_step_args *a, pl_worker_step_result *out, cha
                 kn_to_device(e->k, j->refs[t].data, j->ring[t].data,
                              j->refs[t].count * sizeof(float));
     }
-    if (rc == 0 && a->rc != PL_RC_NONE) rc = rc_exchange(a, err, errlen);
+    if (rc == 0) rc = rc_receive(a, batch.frc, &out->shadow_recv_ms, err, errlen);
+    if (rc == 0 && batch.frc) pl_frc_finish(batch.frc);
     double sumsq = 0;
     if (rc == 0) rc = counted_sumsq(&s, self, &sumsq, err, errlen);
     free(s.jobs);

@@ -60,11 +60,12 @@ typedef struct {
      * pipelines flattened). */
     const int *stage_ranks;
     /* Redundant layers (shadow.h; Bamboo §5.1), TCP path only. With rc ≠ PL_RC_NONE and a
-     * pipeline of ≥ 2 stages: after its all-reduces the stage sends its gradients to the
-     * stage that shadows it (pl_shadow_holder) over link, and, when it shadows a stage
-     * (pl_shadow_successor), receives that stage's into shadow (its engine, not NULL
-     * then). The caller applies the commit to shadow too (pl_worker_apply). Nothing else
-     * of the step changes: its sums are those of rc = PL_RC_NONE, bit for bit. */
+     * pipeline of ≥ 2 stages: the comm thread sends each sync group's reduced gradients
+     * to the stage that shadows this one (pl_shadow_holder) over link as soon as the
+     * group is reduced, and, when the stage shadows one (pl_shadow_successor), the step
+     * ends by receiving that stage's into shadow (its engine, not NULL then). The caller
+     * applies the commit to shadow too (pl_worker_apply). Nothing else of the step
+     * changes: its sums are those of rc = PL_RC_NONE, bit for bit. */
     pl_rc_layout rc;
     pl_engine *shadow;
     /* With a shadow: eager forward redundant computation (frc.h; Bamboo §5.2), the
@@ -82,6 +83,9 @@ typedef struct {
     int overlapped;     /* groups of ≥ 2 ranks whose all-reduce started while the stage
                            was still running: the sync hidden behind the backward */
     pl_frc_stats frc;   /* with args.frc: the FRCs run in waits and exposed */
+    double shadow_recv_ms; /* with a shadow: receiving its gradients after the stage (the
+                              part of their transfer the step did not hide; without the
+                              FRC that filled that wait) */
 } pl_worker_step_result;
 
 /* Zeroes the gradients and runs the stage with dloss_scale = 1 / (global_micro · B · T)
