@@ -46,6 +46,8 @@ typedef struct {
     uint64_t seq;      /* the next event to send */
     uint64_t hist_end; /* the history is the events before this one */
     size_t http_sent;  /* GET: bytes of the page sent */
+    char *index;       /* GET /: the list of jobs' pages (malloc'd), sent in place of a page */
+    size_t index_len;
 } dash_conn;
 
 struct pl_dashboard {
@@ -367,6 +369,47 @@ static void feed_closed(pl_dashboard *d, dash_conn *c)
     c->job = NULL;
 }
 
+/* Writes s with HTML's special characters escaped. */
+static void put_html(FILE *f, const char *s)
+{
+    for (; *s; s++) {
+        switch (*s) {
+        case '&': fputs("&amp;", f); break;
+        case '<': fputs("&lt;", f); break;
+        case '>': fputs("&gt;", f); break;
+        case '"': fputs("&quot;", f); break;
+        default: fputc(*s, f);
+        }
+    }
+}
+
+/* GET / on a server with no job at "/" (the operator's): a page listing every job's
+ * page, newest first. NULL: out of memory. Under d->mu. */
+static char *index_page(const pl_dashboard *d, size_t *len)
+{
+    char *buf = NULL;
+    FILE *f = open_memstream(&buf, len);
+    if (!f)
+        return NULL;
+    fputs("<!doctype html>\n<html lang=\"en\"><meta charset=\"utf-8\"><title>Pliant: jobs</title>\n"
+          "<style>body{font:15px system-ui,sans-serif;margin:2em}li{margin:.4em 0}</style>\n"
+          "<h1>Training jobs</h1>\n<ul>\n", f);
+    int n = 0;
+    for (const pl_dashboard_job *j = d->jobs; j; j = j->next, n++) {
+        fputs("<li><a href=\"", f);
+        put_html(f, j->path);
+        fputs("\">", f);
+        put_html(f, j->path);
+        fputs("</a>\n", f);
+    }
+    fputs(n ? "</ul>\n" : "<li>none yet</ul>\n", f);
+    if (fclose(f)) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
 /* An answer with no page: status and a line for people. */
 static int http_refuse(struct lws *wsi, unsigned status, const char *why)
 {
@@ -374,26 +417,31 @@ static int http_refuse(struct lws *wsi, unsigned status, const char *why)
     return lws_http_transaction_completed(wsi) ? -1 : 0;
 }
 
-/* GET a job's page: its headers; its body follows in http_writeable. 503 while the
- * server is unavailable, else 404 for what is no job's page. */
+/* GET a job's page (or at "/" with no job there, the list of jobs' pages): its
+ * headers; its body follows in http_writeable. 503 while the server is unavailable,
+ * else 404 for what is no job's page. */
 static int http_request(pl_dashboard *d, struct lws *wsi, dash_conn *c, const char *uri)
 {
+    free(c->index); /* an earlier request's on a kept-alive connection */
     memset(c, 0, sizeof *c);
     char why[512] = "";
     pthread_mutex_lock(&d->mu);
     int found = route(d, uri, 0) != NULL;
     if (d->unavailable)
         snprintf(why, sizeof why, "%s", d->unavailable);
+    else if (!found && !strcmp(uri, "/") && !(c->index = index_page(d, &c->index_len)))
+        snprintf(why, sizeof why, "out of memory");
     pthread_mutex_unlock(&d->mu);
     if (why[0])
         return http_refuse(wsi, HTTP_STATUS_SERVICE_UNAVAILABLE, why);
-    if (!found)
+    if (!found && !c->index)
         return http_refuse(wsi, HTTP_STATUS_NOT_FOUND, NULL);
+    const size_t len = c->index ? c->index_len : pl_dashboard_page_len;
     unsigned char buf[LWS_PRE + 1024], *start = buf + LWS_PRE, *p = start,
                   *end = buf + sizeof buf - 1;
     const char *nostore = "no-store";
     if (lws_add_http_common_headers(wsi, HTTP_STATUS_OK, "text/html; charset=utf-8",
-                                    (lws_filepos_t)pl_dashboard_page_len, &p, end) ||
+                                    (lws_filepos_t)len, &p, end) ||
         lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_CACHE_CONTROL,
                                      (const unsigned char *)nostore, (int)strlen(nostore), &p,
                                      end) ||
@@ -405,11 +453,13 @@ static int http_request(pl_dashboard *d, struct lws *wsi, dash_conn *c, const ch
 
 static int http_writeable(struct lws *wsi, dash_conn *c)
 {
-    size_t left = pl_dashboard_page_len - c->http_sent, n = left < DASH_CHUNK ? left : DASH_CHUNK;
+    const char *body = c->index ? c->index : (const char *)pl_dashboard_page;
+    const size_t total = c->index ? c->index_len : pl_dashboard_page_len;
+    size_t left = total - c->http_sent, n = left < DASH_CHUNK ? left : DASH_CHUNK;
     unsigned char *buf = malloc(LWS_PRE + n + 1);
     if (!buf)
         return -1;
-    memcpy(buf + LWS_PRE, pl_dashboard_page + c->http_sent, n);
+    memcpy(buf + LWS_PRE, body + c->http_sent, n);
     int last = n == left;
     int w = lws_write(wsi, buf + LWS_PRE, n, last ? LWS_WRITE_HTTP_FINAL : LWS_WRITE_HTTP);
     free(buf);
@@ -436,6 +486,12 @@ static int dash_callback(struct lws *wsi, enum lws_callback_reasons reason, void
     case LWS_CALLBACK_SERVER_WRITEABLE: return c && c->job ? feed_writeable(wsi, c) : 0;
     case LWS_CALLBACK_RECEIVE: return 0; /* read-only: whatever a page sends is ignored */
     case LWS_CALLBACK_CLOSED: feed_closed(d, c); return 0;
+    case LWS_CALLBACK_CLOSED_HTTP:
+        if (c) {
+            free(c->index);
+            c->index = NULL;
+        }
+        return 0;
     case LWS_CALLBACK_EVENT_WAIT_CANCELLED:
         if (d && !atomic_load(&d->stop))
             lws_callback_on_writable_all_protocol(ctx, &d->protocols[0]);

@@ -1,7 +1,8 @@
 /* The dashboard's server over real sockets with several jobs: each page and feed at its
- * own path, 404 elsewhere, 503 while unavailable, a job's history then its live events
- * and none of another job's, a removed job's feed closed and its page gone, a bounded
- * log thinned of step events, the server stopped with feeds open, bad addresses. */
+ * own path, the list of them at "/", 404 elsewhere, 503 while unavailable, a job's
+ * history then its live events and none of another job's, a removed job's feed closed
+ * and its page gone, a bounded log thinned of step events, the server stopped with feeds
+ * open, bad addresses. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -105,8 +106,12 @@ static void pages_at_their_paths(void)
         CHECK_EQ_INT(get(port, ok[i], body, sizeof body), 200);
         CHECK(strstr(body, "PliantDashboard"));
     }
-    static const char *const missing[] = {"/", "/jobs/ns/ab/", "/jobs/ns/a/feed", "/jobs/ns/",
-                                          "/feed"};
+    /* "/" (no job there): the list of the jobs' pages */
+    CHECK_EQ_INT(get(port, "/", body, sizeof body), 200);
+    CHECK_STR_CONTAINS(body, "<a href=\"/jobs/ns/a/\">");
+    CHECK_STR_CONTAINS(body, "<a href=\"/jobs/ns/b/\">");
+    static const char *const missing[] = {"/index", "/jobs/ns/ab/", "/jobs/ns/a/feed",
+                                          "/jobs/ns/", "/feed"};
     for (size_t i = 0; i < sizeof missing / sizeof missing[0]; i++) {
         CHECK_EQ_INT(get(port, missing[i], body, sizeof body), 404);
     }
@@ -114,6 +119,7 @@ static void pages_at_their_paths(void)
     pl_dashboard_set_unavailable(d, "replica x does not lead");
     CHECK_EQ_INT(get(port, "/jobs/ns/a/", body, sizeof body), 503);
     CHECK_STR_CONTAINS(body, "replica x does not lead");
+    CHECK_EQ_INT(get(port, "/", body, sizeof body), 503);
     CHECK(ws_open(port, "/jobs/ns/a/feed") < 0);
     pl_dashboard_set_unavailable(d, NULL);
     CHECK_EQ_INT(get(port, "/jobs/ns/a/", body, sizeof body), 200);
