@@ -430,6 +430,9 @@ int agent_install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err, 
     pl_mesh_set_plan(a->mesh, (uint64_t)a->gen, a->rank);
     pl_fault_set_plan(&a->fault, a->gen, a->rank);
     const double tc = pl_now_ms();
+    pthread_mutex_lock(&a->mu);
+    const double waited = tc - a->plan_ms; /* for the compute thread: the step before */
+    pthread_mutex_unlock(&a->mu);
     const int ob = a->have_src ? a->src.begin : a->have_engine ? a->e.begin : 0;
     const int oe = a->have_src ? a->src.end : a->have_engine ? a->e.end : 0;
     if (change_engine(a, p, 1, p->you_layer_begin, p->you_layer_end, a->sched.nslots, bytes_in,
@@ -438,8 +441,9 @@ int agent_install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err, 
         return -1;
     if (p->ncopies || p->nsends)
         agent_log(a, "generation %lld: layers [%d, %d) -> [%d, %d), received %d layers (%lld bytes), "
-              "sent %d, in %.1f ms", (long long)a->gen, ob, oe, p->you_layer_begin,
-              p->you_layer_end, p->ncopies, (long long)*bytes_in, p->nsends, pl_now_ms() - tc);
+              "sent %d, in %.1f ms, begun %.1f ms after the plan arrived", (long long)a->gen, ob,
+              oe, p->you_layer_begin, p->you_layer_end, p->ncopies, (long long)*bytes_in,
+              p->nsends, pl_now_ms() - tc, waited);
     if (size_batch(a, p, err, errlen)) return -1;
     if (p->transport == PL_TRANSPORT_NCCL) return install_nccl(a, p, bytes_in, err, errlen);
     if (connect_tcp_peers(a, p, err, errlen)) return -1;

@@ -297,6 +297,7 @@ static float forward(pl_engine *e, int slot, const int32_t *tokens, const float 
     kn_ctx *k = e->k;
     pl_slot *s = &e->slots[slot];
     const int B = e->B, T = e->T, C = e->cfg.C, BT = B * T;
+    if (pl_engine_stopped(e)) return 0;
     if (pl_engine_has_embedding(e)) {
         kn_to_device(k, s->tokens, tokens, (size_t)BT * sizeof(int32_t));
         kn_encoder_forward(k, s->input, s->tokens, P(e, 0, 0), P(e, 0, 1), B, T, C,
@@ -307,8 +308,8 @@ static float forward(pl_engine *e, int slot, const int32_t *tokens, const float 
         kn_copy(k, s->input, in, (size_t)BT * C * sizeof(float));
     }
     int lo = (int)first_block(e);
-    for (int b = 0; b < nblocks(e); b++) block_forward(e, s, lo + b);
-    if (!pl_engine_has_head(e)) return 0;
+    for (int b = 0; b < nblocks(e) && !pl_engine_stopped(e); b++) block_forward(e, s, lo + b);
+    if (!pl_engine_has_head(e) || pl_engine_stopped(e)) return 0;
     const int H = e->cfg.L + 1;
     const float *wte = e->params + e->tensors[e->wte_tensor].offset;
     kn_to_device(k, s->targets, targets, (size_t)BT * sizeof(int32_t));
@@ -414,6 +415,7 @@ static void backward(pl_engine *e, int slot, const float *dout, int dev, float d
     const int B = e->B, T = e->T, C = e->cfg.C, BT = B * T;
     const size_t BTC = (size_t)BT * C;
     scratch w = scratch_of(e);
+    if (pl_engine_stopped(e)) return;
     if (pl_engine_has_head(e)) {
         const int H = e->cfg.L + 1;
         float *wte = e->params + e->tensors[e->wte_tensor].offset;
@@ -436,11 +438,11 @@ static void backward(pl_engine *e, int slot, const float *dout, int dev, float d
         kn_copy(k, w.dres, dout, BTC * sizeof(float));
     }
     int lo = (int)first_block(e);
-    for (int b = nblocks(e) - 1; b >= 0; b--) {
+    for (int b = nblocks(e) - 1; b >= 0 && !pl_engine_stopped(e); b--) {
         block_backward(e, s, lo + b, &w);
         if (done) done(ctx, lo + b);
     }
-    if (pl_engine_has_embedding(e)) {
+    if (pl_engine_has_embedding(e) && !pl_engine_stopped(e)) {
         kn_encoder_backward(k, G(e, 0, 0), G(e, 0, 1), w.dres, s->tokens, B, T, C, e->cfg.V);
         if (last && e->head_pending) {
             const pl_engine_tensor *t = &e->tensors[e->wte_tensor];
