@@ -88,6 +88,8 @@ typedef struct kn_ops {
     /* kn_share; NULL where the backend cannot (the caller copies). */
     int (*share)(kn_ctx *k, void *dst_block, size_t dst_off, const void *src_block,
                  size_t src_off, size_t bytes);
+    /* kn_populate; NULL where memory is always present (device memory). */
+    int (*populate)(kn_ctx *k, void *p, size_t bytes);
 } kn_ops;
 
 /* Kernel-level timing state (kernels.c), one per context once enabled. */

@@ -176,6 +176,22 @@ oom:
                    begin, end, B, T);
 }
 
+void pl_engine_populate(pl_engine *e)
+{
+    const size_t bytes = e->nparams * sizeof(float);
+    kn_populate(e->k, e->params, bytes);
+    kn_populate(e->k, e->grads, bytes);
+    kn_populate(e->k, e->m, bytes);
+    kn_populate(e->k, e->v, bytes);
+    if (e->head_dwte)
+        kn_populate(e->k, e->head_dwte, e->tensors[e->wte_tensor].spec.numel * sizeof(float));
+    const size_t BTC = (size_t)e->B * (size_t)e->T * (size_t)e->cfg.C;
+    kn_populate(e->k, e->bw, SCRATCH_BTC * BTC * sizeof(float));
+    pl_slot sizing = {0}; /* layout_slot without a base only measures (into its argument) */
+    const size_t slot_bytes = layout_slot(e, &sizing, NULL);
+    for (int i = 0; i < e->nslots; i++) kn_populate(e->k, e->slots[i].mem, slot_bytes);
+}
+
 void pl_engine_destroy(pl_engine *e)
 {
     if (!e->k) return;

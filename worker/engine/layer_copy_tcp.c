@@ -154,6 +154,9 @@ static int recv_tensors(copy_receiver *r, host_stage *stage)
         for (int j = 0; j < ARRAYS; j++) {
             float *dst = arr[j] + t->offset + off;
             float *x = stage->on ? stage_room(stage, cnt) : dst;
+            /* the new engine's fresh pages in one call rather than a fault each inside
+             * the receive: about half the CPU time, on cores the copy needs */
+            if (!stage->on) kn_populate(stage->k, dst, cnt * sizeof(float));
             if (!x)
                 return pl_errf(r->err, sizeof r->err, "out of memory staging a layer from %s",
                                r->source);
