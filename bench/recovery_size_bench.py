@@ -28,6 +28,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 
 from bench_data import shakespeare_shards
 
@@ -66,7 +68,8 @@ def layer_params(L, C, maxT, l):
 
 
 def profile(model, path):
-    """The synthetic profile's shape (model_profile.c), with memory for half the state."""
+    """The synthetic profile's shape (model_profile.c) with the head's logits counted,
+    so that the plans balance their stages, and memory for 65 % of the state."""
     L, C, maxT = SHAPES[model]
     B, T = 2, 64
     layers, total = [], 0
@@ -74,6 +77,8 @@ def profile(model, path):
         p = layer_params(L, C, maxT, l)
         total += p
         flops = B * T * C if l == 0 else 2.0 * p * B * T + (4.0 * B * T * T * C if l <= L else 0)
+        if l == L + 1:  # the logits: the tied wte's matmul, about five blocks' worth at 124M
+            flops += 2.0 * B * T * C * VP
         fwd = max(flops / 1e7, 0.001)
         act = 4 * B * T * C if l == 0 else 8 * B * T * VP if l == L + 1 else 64 * B * T * C
         layers.append({"name": "embedding" if l == 0 else "head" if l == L + 1 else "block%d" % (l - 1),
@@ -106,21 +111,61 @@ def one(pliant, tmp, data, model, steps, kill, rep):
     with open(job, "w") as f:
         f.write(JOB.format(tag=tag, model=model, data=data, steps=steps, profile=prof))
     m = job + ".jsonl"
-    p = subprocess.run([pliant, "run", job, "--workers", "5", "--threads", "1", "--metrics", m,
-                        "--chaos", "kill:p0.1@step=%d" % kill], capture_output=True, text=True,
-                       timeout=1800)
-    if p.returncode:
-        sys.exit("%s failed:\n%s" % (model, p.stderr[-3000:]))
+    rc, lines = timed_run([pliant, "run", job, "--workers", "5", "--threads", "1", "--metrics",
+                           m, "--chaos", "kill:p0.1@step=%d" % kill])
+    err = "".join(l for _, l in lines)
+    if rc:
+        sys.exit("%s failed:\n%s" % (model, err[-3000:]))
     rows = [json.loads(l) for l in open(m) if l.strip()]
     rec = [r for r in rows if r.get("event") == "reconfigure"][0]
     st = [r for r in rows if "event" not in r]
     before = sorted(512e3 / r["tokens_per_second"] for r in st[1:kill])  # global 8 x 64
-    phases = {g[0]: (float(g[1]), float(g[2]), float(g[3])) for g in PHASES.findall(p.stderr)}
+    after = sorted(512e3 / r["tokens_per_second"] for r in st[kill + 1:])
+    phases = {g[0]: (float(g[1]), float(g[2]), float(g[3])) for g in PHASES.findall(err)}
     recv = [(int(g[3]), float(g[5]), phases.get(g[0], (0.0, 0.0, 0.0)))
-            for g in RECEIVED.findall(p.stderr) if int(g[1]) == 2 and int(g[3]) > 0]
+            for g in RECEIVED.findall(err) if int(g[1]) == 2 and int(g[3]) > 0]
     if os.environ.get("PLIANT_BENCH_LOG"):
-        sys.stderr.write(p.stderr)
-    return rec, st[0]["pipelines"], st[-1]["pipelines"], before[len(before) // 2], recv
+        sys.stderr.write(err)
+    return (rec, st[0]["pipelines"], st[-1]["pipelines"], before[len(before) // 2], recv,
+            timeline(lines, kill), after[len(after) // 2] if after else float("nan"))
+
+
+def timed_run(cmd):
+    """Runs cmd; its exit status and its stdout and stderr lines, each with the time it
+    arrived (seconds; every line is one write, so that is when it was written)."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines, mu = [], threading.Lock()
+
+    def pump(f):
+        for line in f:
+            with mu:
+                lines.append((time.monotonic(), line))
+
+    th = [threading.Thread(target=pump, args=(f,)) for f in (p.stdout, p.stderr)]
+    for t in th:
+        t.start()
+    try:
+        rc = p.wait(timeout=1800)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        rc = p.wait()
+    for t in th:
+        t.join()
+    return rc, sorted(lines, key=lambda x: x[0])
+
+
+def timeline(lines, kill):
+    """Milliseconds from the kill (pliant run's "killed by signal" line) to: the last
+    survivor's aborted step ending, the last plan installed (copies done), the new plan's
+    first step committed."""
+    t0 = next((t for t, l in lines if "killed by signal" in l), None)
+    if t0 is None:
+        return None
+    ms = lambda pat: max([(t - t0) * 1e3 for t, l in lines if t >= t0 and re.search(pat, l)],
+                         default=float("nan"))
+    first = min([(t - t0) * 1e3 for t, l in lines if t >= t0 and
+                 re.match(r"step\s+%d/" % kill, l)], default=float("nan"))
+    return ms(r": step %d (aborted|failed)" % kill), ms(r": generation 2: layers "), first
 
 
 def main():
@@ -143,7 +188,8 @@ def main():
     for model in a.models.split(","):
         for rep in range(a.repeat):
             prot, _ = loopback(a.build)
-            rec, p0, p1, step_ms, recv = one(pliant, tmp, data, model, a.steps, a.kill, rep)
+            rec, p0, p1, step_ms, recv, tl, after = one(pliant, tmp, data, model, a.steps, a.kill,
+                                                        rep)
             b, ms, (make, fill, net) = max(recv) if recv else (0, 0.0, (0.0, 0.0, 0.0))
             gbs = b / net / 1e6 if net else 0.0
             bound = step_ms + rec["bytes_copied"] / (prot * 1e6) + 300
@@ -151,6 +197,10 @@ def main():
                 model, rep, "%s>%s" % (p0, p1), step_ms, rec["duration_ms"],
                 rec["bytes_copied"] / 1e6, b / 1e6, ms, make, fill, net, gbs, prot,
                 100 * gbs / prot, bound, rec["duration_ms"] / bound))
+            if tl:
+                print("           after the kill: aborted steps ended %.0f ms, plans installed "
+                      "%.0f ms, first step committed %.0f ms; median step after it %.0f ms"
+                      % (tl + (after,)))
             sys.stdout.flush()
     shutil.rmtree(tmp, ignore_errors=True)
 
