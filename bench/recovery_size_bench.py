@@ -61,8 +61,8 @@ spec:
 PHASES = re.compile(r"worker (\S+): generation 2: engine made in ([0-9.]+) ms, filled locally in "
                     r"([0-9.]+) ms, copies received in ([0-9.]+) ms after the first source, "
                     r"populated in ([0-9.]+) ms")
-RECEIVED = re.compile(r"worker (\S+): generation (\d+): layers .* received (\d+) layers "
-                      r"\((\d+) bytes\), sent (\d+), in ([0-9.]+) ms")
+RECEIVED = re.compile(r"worker (\S+): generation (\d+): layers .* received (\d+) layers in \d+ "
+                      r"copies \((\d+) bytes\), sent (\d+), in ([0-9.]+) ms")
 
 
 def layer_params(L, C, maxT, l):

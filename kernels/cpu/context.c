@@ -197,15 +197,19 @@ static int cpu_share(kn_ctx *k, void *dst_block, size_t dst_off, const void *src
 #define MADV_POPULATE_WRITE 23 /* Linux 5.14; older kernels answer EINVAL */
 #endif
 
-/* kn_populate: the pages faulted in for writing by the kernel in one call, contents kept
- * (a memory file's pages allocated and zeroed, a shared range's mapped). */
+/* kn_populate: the pages faulted in for writing by the kernel, contents kept (a memory
+ * file's pages allocated and zeroed, a shared range's mapped), 64 MiB a call: a call holds
+ * the process's address-space lock, which the other threads' mmap and munmap (a large
+ * malloc, a thread's stack) wait for. */
 static int cpu_populate(kn_ctx *k, void *p, size_t bytes)
 {
     (void)k;
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), step = (uintptr_t)64 << 20;
     const uintptr_t lo = (uintptr_t)p & ~(page - 1);
     const uintptr_t hi = ((uintptr_t)p + bytes + page - 1) & ~(page - 1);
-    return bytes && madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE) ? -1 : 0;
+    for (uintptr_t at = lo; bytes && at < hi; at += step)
+        if (madvise((void *)at, hi - at < step ? hi - at : step, MADV_POPULATE_WRITE)) return -1;
+    return 0;
 }
 
 static void cpu_to_device(kn_ctx *k, void *dst, const void *src, size_t bytes)

@@ -130,11 +130,11 @@ static int change_engine(agent *a, const pl_msg_plan *p, int in_pipe, int b, int
     const int rc = copier.copy(&copier, &job, &res, err, errlen);
     *bytes_in = res.bytes_in;
     if (res.failed_peer[0]) snprintf(a->broken, sizeof a->broken, "%s", res.failed_peer);
-    /* the new engine's pages (mapped kept layers, gradients, activations) at once, not
-     * one fault at a time in its first step; on 2 cores this cannot overlap the copies,
-     * which use both */
+    /* after copies, the new engine's pages (mapped kept layers, gradients, activations)
+     * at once, not one fault at a time in its first step; on 2 cores this cannot overlap
+     * the copies, which use both. A first plan's engine is left to fill as it runs. */
     const double tp = pl_now_ms();
-    if (rc == 0 && job.dst) pl_engine_populate(job.dst);
+    if (rc == 0 && job.dst && p->ncopies) pl_engine_populate(job.dst);
     if (p->ncopies || !kept)
         agent_log(a, "generation %lld: engine made in %.1f ms, filled locally in %.1f ms, "
                   "copies received in %.1f ms after the first source, populated in %.1f ms",
@@ -445,10 +445,11 @@ int agent_install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err, 
         load_checkpoint(a, p, err, errlen))
         return -1;
     if (p->ncopies || p->nsends)
-        agent_log(a, "generation %lld: layers [%d, %d) -> [%d, %d), received %d layers (%lld bytes), "
-              "sent %d, in %.1f ms, begun %.1f ms after the plan arrived", (long long)a->gen, ob,
-              oe, p->you_layer_begin, p->you_layer_end, p->ncopies, (long long)*bytes_in,
-              p->nsends, pl_now_ms() - tc, waited);
+        agent_log(a, "generation %lld: layers [%d, %d) -> [%d, %d), received %d layers in %d copies "
+              "(%lld bytes), sent %d, in %.1f ms, begun %.1f ms after the plan arrived",
+              (long long)a->gen, ob, oe, p->you_layer_begin, p->you_layer_end,
+              pl_layer_copy_layers(p), p->ncopies, (long long)*bytes_in, p->nsends,
+              pl_now_ms() - tc, waited);
     if (size_batch(a, p, err, errlen)) return -1;
     if (p->transport == PL_TRANSPORT_NCCL) return install_nccl(a, p, bytes_in, err, errlen);
     if (connect_tcp_peers(a, p, err, errlen)) return -1;

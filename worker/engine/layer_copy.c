@@ -51,6 +51,13 @@ int pl_layer_copy_check_parts(const pl_msg_plan *p, char *err, size_t errlen)
     return rc;
 }
 
+int pl_layer_copy_layers(const pl_msg_plan *p)
+{
+    int n = 0;
+    for (int i = 0; i < p->ncopies; i++) n += p->copies[i].parts <= 1 || p->copies[i].part == 0;
+    return n;
+}
+
 void pl_layer_copy_part_span(size_t numel, int part, int parts, size_t *off, size_t *n)
 {
     if (parts <= 1) part = 0, parts = 1;

@@ -136,6 +136,9 @@ const char *pl_layer_copy_source(const pl_msg_plan *p, int layer);
  * naming the entry. */
 int pl_layer_copy_check_parts(const pl_msg_plan *p, char *err, size_t errlen);
 
+/* The layers the plan's copies bring (a layer in parts counts once). */
+int pl_layer_copy_layers(const pl_msg_plan *p);
+
 /* Elements [*off, *off + *n) of a tensor of numel elements: part `part` of `parts` of it
  * (parts ≤ 1: all of it). */
 void pl_layer_copy_part_span(size_t numel, int part, int parts, size_t *off, size_t *n);
