@@ -1259,7 +1259,10 @@ static int decide_resume(pl_coord *c)
  * strategy checkpoint, or to resume a job (the first plan). */
 static int64_t restart_step(const pl_coord *c)
 {
-    if (!c->has_stable && c->resume_step > 0)
+    /* a plan replacing a first plan that never became stable starts from the resume point
+     * too, step 0 included: the workers drop what that plan's unfinished install gave them
+     * (engines for other ranges) instead of taking it as held */
+    if (!c->has_stable && (c->resume_step > 0 || (c->resume_step == 0 && c->gen > 0)))
         return c->resume_step;
     if (c->has_stable && (c->need_ckpt || c->cfg.strategy_checkpoint))
         return c->ckpt_last;
