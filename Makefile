@@ -272,9 +272,11 @@ bench-kernels: $(BUILD)/bench/kernels_bench
 bench-comm: $(BUILD)/bench/comm_bench
 	$(BUILD)/bench/comm_bench
 # Single-loss recoveries of GPT-2 124M/350M-shaped local jobs against their bound; MODELS: a
-# comma-separated subset of gpt2-124m,gpt2-350m (bench/README.md "Recovery at size")
+# comma-separated subset of gpt2-124m,gpt2-350m; WORKERS: 7 for layers copied in parts from two
+# holders (bench/README.md "Recovery at size")
 bench-recovery: $(BUILD)/bin/pliant $(BUILD)/bench/comm_bench
-	$(PYTHON) bench/recovery_size_bench.py --build $(BUILD) $(if $(MODELS),--models $(MODELS))
+	$(PYTHON) bench/recovery_size_bench.py --build $(BUILD) $(if $(MODELS),--models $(MODELS)) \
+	    $(if $(WORKERS),--workers $(WORKERS))
 
 # Spot-trace replay of the p3 and g4dn traces with a pipelined model, strategies templates,
 # redundant and checkpoint (about 6 minutes; SPEEDUP: trace compression, default 1000)

@@ -3,21 +3,26 @@
 
 GPT-2 124M- and 350M-shaped jobs (presets gpt2-124m, gpt2-350m; batch 8, micro 2, seqLen 64,
 tolerate 1) under `pliant run` with 5 local workers (CPU backend, --threads 1). The planner
-profile is the synthetic one's shape with a device memory that holds half the model's
-training state (weights, gradients, AdamW m and v) but not all of it, so n0 = 2: the
-5 workers run 1x3 + 1x2, and SIGKILLing stage 1 of pipeline 0 when step KILL begins leaves
-4 workers that form 2x2, each survivor's layer range changing and layers copied.
+profile is the synthetic one's shape (the head's logits counted) with a device memory that
+holds 65 % of the model's training state (weights, gradients, AdamW m and v), so n0 = 2:
+the 5 workers run 1x3 + 1x2, and SIGKILLing stage 1 of pipeline 0 when step KILL begins
+leaves 4 workers that form 2x2, layers copied. With --workers 7 (1x3 + 2x2, then 3x2) each
+lost layer has two surviving holders and comes in parts from both.
 
 Printed per model: the median step time before the loss, the reconfigure event's
 duration_ms (the kill to the new plan's first committed step) and bytes_copied; for the
 receiver of the most bytes, its bytes, the whole plan change (the worker's "received ... in
 T ms" line) and its phases ("engine made in ..., filled locally in ..., copies received in
-..."): making the new engine, filling what it kept locally, the network copies from the
-first source accepted to the last tensor received, and that last one's throughput, next to the loopback stream figure measured right before the run (comm_bench's
-send/recv over one connection with the default frame protection), and the bound
-step + bytes_copied / loopback + 300 ms with the recovery's ratio to it.
+..., populated in ..."): making the new engine, filling what it kept locally, the network
+copies from the first source accepted to the last tensor received and their throughput,
+making the new engine's pages present; next to them the loopback stream figure measured
+right before the run (comm_bench's send/recv over one connection with the default frame
+protection), and the bound step + bytes_copied / loopback + 300 ms with the recovery's
+ratio to it. Then a timeline from the kill (pliant run's line noticing it, each line
+timed as it arrives): the last aborted step's end, the last plan installed, the new plan's
+first step committed, and the median step after it.
 Standard library only. Usage: bench/recovery_size_bench.py [--build DIR] [--models a,b]
-[--repeat N] [--keep]
+[--repeat N] [--steps N] [--kill STEP] [--workers N]
 """
 
 import argparse
@@ -28,6 +33,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 
 from bench_data import shakespeare_shards
 
@@ -52,9 +59,10 @@ spec:
   faultTolerance: {{strategy: templates, tolerate: 1, waitForNodesTimeoutSeconds: 60}}
 """
 PHASES = re.compile(r"worker (\S+): generation 2: engine made in ([0-9.]+) ms, filled locally in "
-                    r"([0-9.]+) ms, copies received in ([0-9.]+) ms")
-RECEIVED = re.compile(r"worker (\S+): generation (\d+): layers .* received (\d+) layers "
-                      r"\((\d+) bytes\), sent (\d+), in ([0-9.]+) ms")
+                    r"([0-9.]+) ms, copies received in ([0-9.]+) ms after the first source, "
+                    r"populated in ([0-9.]+) ms")
+RECEIVED = re.compile(r"worker (\S+): generation (\d+): layers .* received (\d+) layers in \d+ "
+                      r"copies \((\d+) bytes\), sent (\d+), in ([0-9.]+) ms")
 
 
 def layer_params(L, C, maxT, l):
@@ -66,7 +74,8 @@ def layer_params(L, C, maxT, l):
 
 
 def profile(model, path):
-    """The synthetic profile's shape (model_profile.c), with memory for half the state."""
+    """The synthetic profile's shape (model_profile.c) with the head's logits counted,
+    so that the plans balance their stages, and memory for 65 % of the state."""
     L, C, maxT = SHAPES[model]
     B, T = 2, 64
     layers, total = [], 0
@@ -74,6 +83,8 @@ def profile(model, path):
         p = layer_params(L, C, maxT, l)
         total += p
         flops = B * T * C if l == 0 else 2.0 * p * B * T + (4.0 * B * T * T * C if l <= L else 0)
+        if l == L + 1:  # the logits: the tied wte's matmul, about five blocks' worth at 124M
+            flops += 2.0 * B * T * C * VP
         fwd = max(flops / 1e7, 0.001)
         act = 4 * B * T * C if l == 0 else 8 * B * T * VP if l == L + 1 else 64 * B * T * C
         layers.append({"name": "embedding" if l == 0 else "head" if l == L + 1 else "block%d" % (l - 1),
@@ -98,7 +109,7 @@ def loopback(build):
     sys.exit("comm_bench: no send/recv line in:\n" + out)
 
 
-def one(pliant, tmp, data, model, steps, kill, rep):
+def one(pliant, tmp, data, model, steps, kill, rep, workers):
     tag = "%s-%d" % (model, rep)
     prof = os.path.join(tmp, tag + ".json")
     profile(model, prof)
@@ -106,21 +117,61 @@ def one(pliant, tmp, data, model, steps, kill, rep):
     with open(job, "w") as f:
         f.write(JOB.format(tag=tag, model=model, data=data, steps=steps, profile=prof))
     m = job + ".jsonl"
-    p = subprocess.run([pliant, "run", job, "--workers", "5", "--threads", "1", "--metrics", m,
-                        "--chaos", "kill:p0.1@step=%d" % kill], capture_output=True, text=True,
-                       timeout=1800)
-    if p.returncode:
-        sys.exit("%s failed:\n%s" % (model, p.stderr[-3000:]))
+    rc, lines = timed_run([pliant, "run", job, "--workers", str(workers), "--threads", "1", "--metrics",
+                           m, "--chaos", "kill:p0.1@step=%d" % kill])
+    err = "".join(l for _, l in lines)
+    if rc:
+        sys.exit("%s failed:\n%s" % (model, err[-3000:]))
     rows = [json.loads(l) for l in open(m) if l.strip()]
     rec = [r for r in rows if r.get("event") == "reconfigure"][0]
     st = [r for r in rows if "event" not in r]
     before = sorted(512e3 / r["tokens_per_second"] for r in st[1:kill])  # global 8 x 64
-    phases = {g[0]: (float(g[1]), float(g[2]), float(g[3])) for g in PHASES.findall(p.stderr)}
-    recv = [(int(g[3]), float(g[5]), phases.get(g[0], (0.0, 0.0, 0.0)))
-            for g in RECEIVED.findall(p.stderr) if int(g[1]) == 2 and int(g[3]) > 0]
+    after = sorted(512e3 / r["tokens_per_second"] for r in st[kill + 1:])
+    phases = {g[0]: tuple(float(x) for x in g[1:]) for g in PHASES.findall(err)}
+    recv = [(int(g[3]), float(g[5]), phases.get(g[0], (0.0, 0.0, 0.0, 0.0)))
+            for g in RECEIVED.findall(err) if int(g[1]) == 2 and int(g[3]) > 0]
     if os.environ.get("PLIANT_BENCH_LOG"):
-        sys.stderr.write(p.stderr)
-    return rec, st[0]["pipelines"], st[-1]["pipelines"], before[len(before) // 2], recv
+        sys.stderr.write(err)
+    return (rec, st[0]["pipelines"], st[-1]["pipelines"], before[len(before) // 2], recv,
+            timeline(lines, kill), after[len(after) // 2] if after else float("nan"))
+
+
+def timed_run(cmd):
+    """Runs cmd; its exit status and its stdout and stderr lines, each with the time it
+    arrived (seconds; every line is one write, so that is when it was written)."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines, mu = [], threading.Lock()
+
+    def pump(f):
+        for line in f:
+            with mu:
+                lines.append((time.monotonic(), line))
+
+    th = [threading.Thread(target=pump, args=(f,)) for f in (p.stdout, p.stderr)]
+    for t in th:
+        t.start()
+    try:
+        rc = p.wait(timeout=1800)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        rc = p.wait()
+    for t in th:
+        t.join()
+    return rc, sorted(lines, key=lambda x: x[0])
+
+
+def timeline(lines, kill):
+    """Milliseconds from the kill (pliant run's "killed by signal" line) to: the last
+    survivor's aborted step ending, the last plan installed (copies done), the new plan's
+    first step committed."""
+    t0 = next((t for t, l in lines if "killed by signal" in l), None)
+    if t0 is None:
+        return None
+    ms = lambda pat: max([(t - t0) * 1e3 for t, l in lines if t >= t0 and re.search(pat, l)],
+                         default=float("nan"))
+    first = min([(t - t0) * 1e3 for t, l in lines if t >= t0 and
+                 re.match(r"step\s+%d/" % kill, l)], default=float("nan"))
+    return ms(r": step %d (aborted|failed)" % kill), ms(r": generation 2: layers "), first
 
 
 def main():
@@ -130,27 +181,35 @@ def main():
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--kill", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=5)
     a = ap.parse_args()
     pliant = os.path.join(a.build, "bin", "pliant")
     tmp = tempfile.mkdtemp(prefix="pliant-recsize-")
     data = shakespeare_shards(pliant, tmp, 200000)
     print("link: comm_bench's send/recv over one stream (200 MB), default frame protection, "
           "measured right before each run; net: the receiver of the most bytes")
-    print("%-10s %3s %-11s %8s %11s %9s %8s %8s %7s %7s %7s %9s %9s %6s %9s %6s" % (
+    print("%-10s %3s %-13s %8s %11s %9s %8s %8s %7s %7s %7s %7s %9s %9s %6s %9s %6s" % (
         "model", "run", "pipelines", "step_ms", "recovery_ms", "copied_MB", "recv_MB",
-        "plan_ms", "make", "fill", "net_ms", "net_GB/s", "link_GB/s", "%link", "bound_ms",
-        "ratio"))
+        "plan_ms", "make", "fill", "net_ms", "pop_ms", "net_GB/s", "link_GB/s", "%link",
+        "bound_ms", "ratio"))
     for model in a.models.split(","):
         for rep in range(a.repeat):
+            load0 = os.getloadavg()[0]
             prot, _ = loopback(a.build)
-            rec, p0, p1, step_ms, recv = one(pliant, tmp, data, model, a.steps, a.kill, rep)
-            b, ms, (make, fill, net) = max(recv) if recv else (0, 0.0, (0.0, 0.0, 0.0))
+            rec, p0, p1, step_ms, recv, tl, after = one(pliant, tmp, data, model, a.steps, a.kill,
+                                                        rep, a.workers)
+            b, ms, (make, fill, net, pop) = max(recv) if recv else (0, 0.0, (0.0,) * 4)
             gbs = b / net / 1e6 if net else 0.0
             bound = step_ms + rec["bytes_copied"] / (prot * 1e6) + 300
-            print("%-10s %3d %-11s %8.0f %11d %9.0f %8.0f %8.0f %7.0f %7.0f %7.0f %9.2f %9.2f %5.0f%% %9.0f %6.2f" % (
+            print("%-10s %3d %-13s %8.0f %11d %9.0f %8.0f %8.0f %7.0f %7.0f %7.0f %7.0f %9.2f %9.2f %5.0f%% %9.0f %6.2f" % (
                 model, rep, "%s>%s" % (p0, p1), step_ms, rec["duration_ms"],
-                rec["bytes_copied"] / 1e6, b / 1e6, ms, make, fill, net, gbs, prot,
+                rec["bytes_copied"] / 1e6, b / 1e6, ms, make, fill, net, pop, gbs, prot,
                 100 * gbs / prot, bound, rec["duration_ms"] / bound))
+            if tl:
+                print("           after the kill: aborted steps ended %.0f ms, plans installed "
+                      "%.0f ms, first step committed %.0f ms; median step after it %.0f ms; "
+                      "load average %.1f before the run, %.1f after"
+                      % (tl + (after, load0, os.getloadavg()[0])))
             sys.stdout.flush()
     shutil.rmtree(tmp, ignore_errors=True)
 

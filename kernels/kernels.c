@@ -154,6 +154,11 @@ int kn_share(kn_ctx *k, void *dst_block, size_t dst_off, const void *src_block, 
     return k->ops->share ? k->ops->share(k, dst_block, dst_off, src_block, src_off, bytes) : -1;
 }
 
+int kn_populate(kn_ctx *k, void *p, size_t bytes)
+{
+    return k->ops->populate ? k->ops->populate(k, p, bytes) : -1;
+}
+
 void *kn_host_alloc(kn_ctx *k, size_t bytes) { return k->ops->host_alloc(k, bytes); }
 void kn_host_free(kn_ctx *k, void *p) { k->ops->host_free(k, p); }
 const char *kn_precision(const kn_ctx *k) { return k->precision; }

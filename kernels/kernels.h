@@ -65,6 +65,12 @@ void kn_copy(kn_ctx *k, void *dst, const void *src, size_t bytes);
 #define KN_SHARE_ALIGN 4096
 int kn_share(kn_ctx *k, void *dst_block, size_t dst_off, const void *src_block, size_t src_off,
              size_t bytes);
+/* Makes the memory of [p, p + bytes) (backend memory from kn_alloc) present and writable
+ * without changing what it holds, so that later writes take no page faults: on the CPU a
+ * block's pages come from the kernel on first touch, one fault each (layer copies
+ * receiving into a new engine). Any thread, also while another writes the range. 0, or −1
+ * where the backend or the system cannot (nothing changed: the pages come when touched). */
+int kn_populate(kn_ctx *k, void *p, size_t bytes);
 /* Host memory for staging transfers to and from backend memory: page-locked on
  * CUDA (so copies run at full speed), plain aligned memory on the CPU; zero-filled. */
 void *kn_host_alloc(kn_ctx *k, size_t bytes);

@@ -93,6 +93,8 @@ typedef struct kn_ops {
     void (*lm_head_backward)(kn_ctx *k, float *dinp, float *dweight, float *logits,
                              const float *stats, const int32_t *targets, float dloss_scale,
                              const float *inp, const float *weight, int BT, int C, int V, int Vp);
+    /* kn_populate; NULL where memory is always present (device memory). */
+    int (*populate)(kn_ctx *k, void *p, size_t bytes);
 } kn_ops;
 
 /* Kernel-level timing state (kernels.c), one per context once enabled. */

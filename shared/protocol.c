@@ -680,7 +680,7 @@ static const char *const pipeline_keys[] = {"nodes", "layers", "template_nodes",
                                             "first_microbatch", NULL};
 static const char *const you_keys[] = {"pipeline", "stage", "layer_begin", "layer_end", NULL};
 static const char *const peer_keys[] = {"name", "host", "port", NULL};
-static const char *const copy_keys[] = {"layer", "source", "bytes", NULL};
+static const char *const copy_keys[] = {"layer", "part", "parts", "source", "bytes", NULL};
 static const char *const send_keys[] = {"layer", "dest", NULL};
 static const char *const ckpt_keys[] = {"dir", "step", NULL};
 
@@ -860,6 +860,12 @@ static int dec_copy(const cJSON *e, const char *q, pl_msg_plan *p, int i, char *
                     size_t errlen)
 {
     pl_msg_copy *x = &p->copies[i];
+    x->parts = 1;
+    /* "part" and "parts" come together, for a layer copied in parts only */
+    if ((field(e, "part") || field(e, "parts")) &&
+        (get_i32(e, q, "parts", 2, PL_PROTO_MAX_PARTS, &x->parts, err, errlen) ||
+         get_i32(e, q, "part", 0, x->parts - 1, &x->part, err, errlen)))
+        return -1;
     return get_i32(e, q, "layer", 0, PL_PROTO_MAX_LAYERS - 1, &x->layer, err, errlen) ||
            NAME(e, q, "source", x->source) ||
            get_int(e, q, "bytes", 0, PL_PROTO_INT_MAX, &x->bytes, err, errlen);
@@ -883,7 +889,7 @@ static int dec_plan_lists(const cJSON *o, pl_msg_plan *p, char *err, size_t errl
         return -1;
     p->peers = mem;
     if (dec_entries(arr, "peers", peer_keys, dec_peer, p, err, errlen)) return -1;
-    if (!(arr = get_list(o, "copies", PL_PROTO_MAX_LAYERS, sizeof *p->copies, &mem, &p->ncopies,
+    if (!(arr = get_list(o, "copies", PL_PROTO_MAX_COPIES, sizeof *p->copies, &mem, &p->ncopies,
                          err, errlen)))
         return -1;
     p->copies = mem;
@@ -1203,6 +1209,10 @@ static int enc_plan_lists(enc *e, cJSON *o, const pl_msg_plan *p)
         cJSON *x = add_item(e, copies);
         if (!x) return -1;
         add_int(e, x, "layer", p->copies[i].layer);
+        if (p->copies[i].parts > 1) {
+            add_int(e, x, "part", p->copies[i].part);
+            add_int(e, x, "parts", p->copies[i].parts);
+        }
         ADD_STR(e, x, "source", p->copies[i].source);
         add_int(e, x, "bytes", p->copies[i].bytes);
     }

@@ -26,6 +26,8 @@
 #define PL_PROTO_MAX_RANK 1073741823 /* welcome.rank: ranks are never reused over a long job */
 #define PL_PROTO_MAX_LAYERS 4096    /* partitionable layers (L blocks + embedding + head) */
 #define PL_PROTO_MAX_SENDS 65536    /* entries of a plan's "sends" */
+#define PL_PROTO_MAX_PARTS 8        /* a copy's "parts" (PL_COPY_MAX_PARTS) */
+#define PL_PROTO_MAX_COPIES (PL_PROTO_MAX_LAYERS * PL_PROTO_MAX_PARTS) /* a plan's "copies" */
 #define PL_PROTO_MAX_MICRO (1 << 20)       /* plan.micro: samples per microbatch */
 #define PL_PROTO_MAX_SEQ_LEN (1 << 24)
 #define PL_PROTO_MAX_MICROBATCHES (1LL << 40) /* per pipeline */
@@ -179,8 +181,10 @@ typedef struct {
     int port;
 } pl_msg_peer;
 
+/* parts > 1: part `part` of the layer (reinstantiate.h: pl_layer_copy); 0 or 1: all of it */
 typedef struct {
     int layer;
+    int part, parts;
     pl_proto_name source;
     int64_t bytes;
 } pl_msg_copy;
@@ -201,7 +205,7 @@ typedef struct {
     int you_stage, you_layer_begin, you_layer_end; /* layers [begin, end) */
     int npeers;
     pl_msg_peer *peers;
-    int ncopies;            /* layers this worker receives */
+    int ncopies;            /* layers (or parts of layers) this worker receives */
     pl_msg_copy *copies;
     int nsends;             /* layers this worker sends */
     pl_msg_send *sends;

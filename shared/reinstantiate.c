@@ -1075,9 +1075,19 @@ static int build_holders(const ctx *c, int **hoff_out, int **hold_out)
     return hold ? 0 : -1;
 }
 
-/* Layer copies: each missing layer comes from the surviving holder with the
- * fewest bytes to send so far (ties by name), so sending is spread out; from a
- * departing one only when no surviving holder has it. */
+/* How many parts a layer of `bytes` with nh surviving holders is copied in. */
+static int copy_parts(int64_t bytes, int nh)
+{
+    int64_t n = bytes / PL_COPY_PART_MIN_BYTES;
+    if (n > nh) n = nh;
+    if (n > PL_COPY_MAX_PARTS) n = PL_COPY_MAX_PARTS;
+    return n > 1 ? (int)n : 1;
+}
+
+/* Layer copies: each missing layer, or each part of a large one (pl_layer_copy), comes
+ * from the surviving holder with the fewest bytes to send so far (ties by name), a part
+ * from a holder no other part of the layer uses, so sending is spread out; from a
+ * departing holder only when no surviving one has the layer (then whole). */
 static int plan_copies(const ctx *c, pl_reinstantiation *out, const int *const *orders,
                        const int *gidx, const char **nm)
 {
@@ -1104,23 +1114,35 @@ static int plan_copies(const ctx *c, pl_reinstantiation *out, const int *const *
                         continue;
                     if (!hold && build_holders(c, &hoff, &hold))
                         goto done;
-                    int src = hold[hoff[l]];
-                    for (int h = hoff[l] + 1; h < hoff[l + 1]; h++) {
-                        const int v = hold[h];
-                        if (c->alive[v] > c->alive[src] ||
-                            (c->alive[v] == c->alive[src] && sent[v] < sent[src]))
-                            src = v;
-                    }
-                    int64_t bytes = PL_COPY_FACTOR * c->p->layers[l].param_bytes;
-                    sent[src] += bytes;
-                    if (nflat == cflat) {
-                        cflat = cflat ? 2 * cflat : 64;
+                    const int64_t bytes = PL_COPY_FACTOR * c->p->layers[l].param_bytes;
+                    int surviving = 0;
+                    for (int h = hoff[l]; h < hoff[l + 1]; h++)
+                        surviving += c->alive[hold[h]] != 0;
+                    const int parts = copy_parts(bytes, surviving);
+                    if (nflat + parts > cflat) {
+                        cflat = 2 * cflat + parts + 64;
                         pl_layer_copy *f = realloc(flat, (size_t)cflat * sizeof *f);
                         if (!f)
                             goto done;
                         flat = f;
                     }
-                    flat[nflat++] = (pl_layer_copy){l, nm[src], bytes};
+                    int chosen[PL_COPY_MAX_PARTS];
+                    for (int k = 0; k < parts; k++) {
+                        int src = -1;
+                        for (int h = hoff[l]; h < hoff[l + 1]; h++) {
+                            const int v = hold[h];
+                            int taken = 0;
+                            for (int y = 0; y < k; y++)
+                                taken |= chosen[y] == v;
+                            if (!taken && (src < 0 || c->alive[v] > c->alive[src] ||
+                                           (c->alive[v] == c->alive[src] && sent[v] < sent[src])))
+                                src = v;
+                        }
+                        chosen[k] = src;
+                        const int64_t part = bytes * (k + 1) / parts - bytes * k / parts;
+                        sent[src] += part;
+                        flat[nflat++] = (pl_layer_copy){l, k, parts, nm[src], part};
+                    }
                 }
             }
             if (nflat == begin)
@@ -1517,6 +1539,9 @@ cJSON *pl_reinstantiation_to_json(const pl_reinstantiation *r)
             cJSON *y = NULL;
             ok = put(layers, NULL, y = cJSON_CreateObject()) &&
                  put(y, "layer", cJSON_CreateNumber(nc->layers[k].layer)) &&
+                 (nc->layers[k].parts == 1 ||
+                  (put(y, "part", cJSON_CreateNumber(nc->layers[k].part)) &&
+                   put(y, "parts", cJSON_CreateNumber(nc->layers[k].parts)))) &&
                  put(y, "source", cJSON_CreateString(nc->layers[k].source)) &&
                  put(y, "bytes", cJSON_CreateNumber((double)nc->layers[k].bytes));
         }

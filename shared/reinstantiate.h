@@ -46,16 +46,25 @@ typedef struct {
     int64_t iteration_ns;       /* this pipeline's time for its microbatches */
 } pl_reinst_pipeline;
 
+/* A large layer with several surviving holders is copied in parts, one from each of
+ * up to PL_COPY_MAX_PARTS holders at once, so that its bytes rather than whole layers
+ * are spread over the holders' links: part k of n is, of every tensor of the layer
+ * (weights, Adam m and v), the elements [numel·k/n, numel·(k+1)/n). A layer is split
+ * into parts of at least PL_COPY_PART_MIN_BYTES. */
+#define PL_COPY_MAX_PARTS 8
+#define PL_COPY_PART_MIN_BYTES ((int64_t)16 << 20)
+
 typedef struct {
     int layer;
+    int part, parts;            /* part `part` of `parts` (0 of 1: the whole layer) */
     const char *source;         /* a surviving node that held the layer before the change */
-    int64_t bytes;              /* weights + Adam m and v: 3 × param_bytes */
+    int64_t bytes;              /* of weights + Adam m and v (3 × param_bytes in all) */
 } pl_layer_copy;
 
 typedef struct {
     const char *node;           /* a node that must receive layers */
     int nlayers;
-    pl_layer_copy *layers;      /* ascending layer order */
+    pl_layer_copy *layers;      /* ascending (layer, part) order */
     int64_t bytes;
 } pl_node_copy;
 
@@ -100,7 +109,8 @@ int pl_reinstantiate(const pl_profile *p, const pl_template_set *ts, const pl_co
 void pl_reinstantiation_free(pl_reinstantiation *r);
 
 /* {"pipelines": [{"nodes", "template_nodes", "microbatches", "iteration_ms"}],
- *  "iteration_ms", "copies": [{"node", "layers": [{"layer", "source", "bytes"}],
+ *  "iteration_ms", "copies": [{"node", "layers": [{"layer", "source", "bytes"} (with
+ *  "part" and "parts" when the layer comes in parts)],
  *  "bytes"}], "bytes_to_copy", "idle_nodes", "fatal", "lost_layers",
  *  "insufficient_nodes", "steps"}. NULL when out of memory. */
 cJSON *pl_reinstantiation_to_json(const pl_reinstantiation *r);

@@ -193,6 +193,25 @@ static int cpu_share(kn_ctx *k, void *dst_block, size_t dst_off, const void *src
     return -1;
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14; older kernels answer EINVAL */
+#endif
+
+/* kn_populate: the pages faulted in for writing by the kernel, contents kept (a memory
+ * file's pages allocated and zeroed, a shared range's mapped), 64 MiB a call: a call holds
+ * the process's address-space lock, which the other threads' mmap and munmap (a large
+ * malloc, a thread's stack) wait for. */
+static int cpu_populate(kn_ctx *k, void *p, size_t bytes)
+{
+    (void)k;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), step = (uintptr_t)64 << 20;
+    const uintptr_t lo = (uintptr_t)p & ~(page - 1);
+    const uintptr_t hi = ((uintptr_t)p + bytes + page - 1) & ~(page - 1);
+    for (uintptr_t at = lo; bytes && at < hi; at += step)
+        if (madvise((void *)at, hi - at < step ? hi - at : step, MADV_POPULATE_WRITE)) return -1;
+    return 0;
+}
+
 static void cpu_to_device(kn_ctx *k, void *dst, const void *src, size_t bytes)
 {
     (void)k;
@@ -271,6 +290,7 @@ static const kn_ops kn_cpu_ops = {
     .host_alloc = cpu_host_alloc,
     .host_free = cpu_free,
     .share = cpu_share,
+    .populate = cpu_populate,
     .attention_state_floats = kn_cpu_attention_state_floats,
     .matmul_gelu_forward = kn_cpu_matmul_gelu_forward,
     .matmul_backward_gelu = kn_cpu_matmul_backward_gelu,

@@ -15,6 +15,8 @@
 #include "util.h"
 #include "zone_place.h"
 
+_Static_assert(PL_COPY_MAX_PARTS <= PL_PROTO_MAX_PARTS, "a plan message carries every part");
+
 typedef struct {
     pl_proto_name name, node, zone; /* zone "" : unknown */
     pl_proto_name device;           /* its GPU's UUID; "" : none */
@@ -62,6 +64,7 @@ typedef struct {
 
 typedef struct {
     int dest, src, layer;
+    int part, parts;      /* pl_layer_copy's: part of parts (0 of 1: the whole layer) */
     int64_t bytes;
 } ccopy;
 
@@ -716,6 +719,8 @@ static int plan_transfers(const pl_coord *c, int i, pl_msg_plan *p, cplanmsg *s)
     for (int n = 0; n < p->ncopies; n++) {
         const ccopy *x = &cp[s->in[s->in_at[i] + n]];
         p->copies[n].layer = x->layer;
+        p->copies[n].part = x->part;
+        p->copies[n].parts = x->parts;
         p->copies[n].bytes = x->bytes;
         memcpy(p->copies[n].source, c->w[x->src].name, sizeof p->copies[0].source);
     }
@@ -1199,6 +1204,8 @@ static int reinstantiate(pl_coord *c, int f, const char **rm, int nrm, const cha
             x->dest = find(c, r.copies[k].node);
             x->src = find(c, r.copies[k].layers[j].source);
             x->layer = r.copies[k].layers[j].layer;
+            x->part = r.copies[k].layers[j].part;
+            x->parts = r.copies[k].layers[j].parts;
             x->bytes = r.copies[k].layers[j].bytes;
         }
     *bytes_planned = r.bytes_to_copy;
@@ -1355,7 +1362,10 @@ static int decide_resume(pl_coord *c)
  * strategy checkpoint, or to resume a job (the first plan). */
 static int64_t restart_step(const pl_coord *c)
 {
-    if (!c->has_stable && c->resume_step > 0)
+    /* a plan replacing a first plan that never became stable starts from the resume point
+     * too, step 0 included: the workers drop what that plan's unfinished install gave them
+     * (engines for other ranges) instead of taking it as held */
+    if (!c->has_stable && (c->resume_step > 0 || (c->resume_step == 0 && c->gen > 0)))
         return c->resume_step;
     if (c->has_stable && (c->need_ckpt || c->cfg.strategy_checkpoint))
         return c->ckpt_last;
@@ -1413,9 +1423,30 @@ static int next_plan(pl_coord *c, const cchange *ch, int live, int64_t *ckpt, cp
     return rc;
 }
 
+/* On NCCL a layer moves GPU to GPU as whole segments (layer_copy.h), so a layer planned in
+ * parts comes whole from its first part's source. */
+static void whole_layers(ccopy *cp, int *ncp)
+{
+    int n = 0;
+    for (int k = 0; k < *ncp; k++) {
+        if (cp[k].parts > 1 && cp[k].part > 0) {
+            for (int y = n - 1; y >= 0; y--)
+                if (cp[y].dest == cp[k].dest && cp[y].layer == cp[k].layer) {
+                    cp[y].bytes += cp[k].bytes;
+                    break;
+                }
+            continue;
+        }
+        cp[n] = cp[k];
+        cp[n].part = 0;
+        cp[n++].parts = 1;
+    }
+    *ncp = n;
+}
+
 /* Makes np the current plan, of a new generation: microbatch ranges, the
- * workers' places, the copies' sources, the transport. */
-static void install_plan(pl_coord *c, cplan *np, int64_t ckpt, const ccopy *cp, int ncp)
+ * workers' places, the transport, the copies' sources. */
+static void install_plan(pl_coord *c, cplan *np, int64_t ckpt, ccopy *cp, int *ncp)
 {
     int64_t first = 0;
     for (int q = 0; q < np->npipes; q++) {
@@ -1442,9 +1473,11 @@ static void install_plan(pl_coord *c, cplan *np, int64_t ckpt, const ccopy *cp, 
     for (int q = 0; q < c->cur.npipes; q++)
         for (int j = 0; j < c->cur.p[q].nnodes; j++)
             set_place(c, c->cur.p[q].w[j], q, j);
-    for (int k = 0; k < ncp; k++)
-        c->w[cp[k].src].is_source = 1;
     c->transport = plan_transport(c);
+    if (c->transport == PL_TRANSPORT_NCCL)
+        whole_layers(cp, ncp);
+    for (int k = 0; k < *ncp; k++)
+        c->w[cp[k].src].is_source = 1;
 }
 
 /* The current plan to every live worker. */
@@ -1506,7 +1539,7 @@ static void replan(pl_coord *c)
         waiting_for_nodes(c, live);
         goto done;
     }
-    install_plan(c, &np, ckpt, cp, ncp);
+    install_plan(c, &np, ckpt, cp, &ncp);
     c->tolerance = c->plan_tolerance;
     if (c->gen > 1)
         log_reconfig(c, ch.removed, ch.added, bytes_planned);

@@ -1492,8 +1492,10 @@ static void test_initial_copy_loss_and_nan(void)
     CHECK_EQ_INT(s.gen, 2);
     CHECK(plans_valid(&s) == 0);
     for (int w = 0; w < 6; w++)
-        if (s.live[w])
+        if (s.live[w]) { /* from the initial state again, whatever the first plan left */
             CHECK_EQ_INT(s.plan[w].u.plan.ncopies, 0);
+            CHECK(s.plan[w].u.plan.has_checkpoint && s.plan[w].u.plan.checkpoint_step == 0);
+        }
     CHECK_EQ_INT(s.plan[0].u.plan.step, 0);
     all_copy_done(&s);
     CHECK(drain(&s) == 0);

@@ -1241,6 +1241,29 @@ static void test_share(void)
     kn_free(ctx, big);
 }
 
+/* kn_populate: a block's pages made present keep what they hold, zero or written, shared
+ * ranges included (the same memory seen through both blocks), unaligned ranges too. */
+static void test_populate(void)
+{
+    const size_t pg = KN_SHARE_ALIGN / sizeof(float), n = 64 * pg;
+    float *a = kn_alloc(ctx, n * sizeof(float)), *b = kn_alloc(ctx, n * sizeof(float));
+    CHECK(a && b);
+    for (size_t i = 0; i < 8 * pg; i++) a[i] = (float)i;
+    CHECK_EQ_INT(kn_share(ctx, b, 0, a, 0, 4 * KN_SHARE_ALIGN), 0);
+    CHECK_EQ_INT(kn_populate(ctx, b, n * sizeof(float)), 0);
+    CHECK_EQ_INT(kn_populate(ctx, a + 3, 5 * pg * sizeof(float) + 7), 0);
+    int same = 1;
+    for (size_t i = 0; i < n; i++) {
+        same &= a[i] == (i < 8 * pg ? (float)i : 0.0f);
+        same &= b[i] == (i < 4 * pg ? (float)i : 0.0f);
+    }
+    CHECK(same);
+    b[pg] = 7.0f; /* still one memory */
+    CHECK(a[pg] == 7.0f);
+    kn_free(ctx, a);
+    kn_free(ctx, b);
+}
+
 TEST_MAIN_BEGIN
     char err[128];
     ctx = kn_create("cpu", 2, err, sizeof err);
@@ -1276,6 +1299,7 @@ TEST_MAIN_BEGIN
     RUN(test_threads_agree);
     RUN(test_profile);
     RUN(test_share);
+    RUN(test_populate);
     arena_reset();
     kn_destroy(ctx);
 TEST_MAIN_END

@@ -128,6 +128,8 @@ static void rand_plan(pl_msg *m)
     p->copies = p->ncopies ? calloc((size_t)p->ncopies, sizeof *p->copies) : NULL;
     for (int i = 0; i < p->ncopies; i++) {
         p->copies[i].layer = (int)rand_int(0, PL_PROTO_MAX_LAYERS - 1);
+        p->copies[i].parts = rng_range(0, 2) ? 1 : (int)rand_int(2, PL_PROTO_MAX_PARTS);
+        p->copies[i].part = (int)rand_int(0, p->copies[i].parts - 1);
         rand_name(p->copies[i].source);
         p->copies[i].bytes = rand_int(0, PL_PROTO_INT_MAX);
     }
@@ -367,7 +369,8 @@ static int msg_equal(const pl_msg *a, const pl_msg *b)
             return 0;
     for (int i = 0; i < x->ncopies; i++)
         if (x->copies[i].layer != y->copies[i].layer || strcmp(x->copies[i].source, y->copies[i].source) ||
-            x->copies[i].bytes != y->copies[i].bytes)
+            x->copies[i].bytes != y->copies[i].bytes || x->copies[i].part != y->copies[i].part ||
+            x->copies[i].parts != y->copies[i].parts)
             return 0;
     for (int i = 0; i < x->nsends; i++)
         if (x->sends[i].layer != y->sends[i].layer || strcmp(x->sends[i].dest, y->sends[i].dest))
@@ -941,6 +944,13 @@ static void test_plan(void)
     PLAN_REJECT("\"peers\":[{", "\"peers\":[1,{", "peers[0]: must be an object");
     PLAN_REJECT("{\"layer\":9", "{\"layer\":-1", "copies[1].layer: must be an integer in [0, 4095]");
     PLAN_REJECT("\"source\":\"b\"", "\"source\":\"\"", "copies[0].source: must not be empty");
+    /* a layer copied in parts: "part" and "parts" together, 2 ≤ parts ≤ 8, part < parts */
+    PLAN_REJECT("{\"layer\":9,", "{\"layer\":9,\"part\":1,", "copies[1].parts: missing");
+    PLAN_REJECT("{\"layer\":9,", "{\"layer\":9,\"parts\":2,", "copies[1].part: missing");
+    PLAN_REJECT("{\"layer\":9,", "{\"layer\":9,\"part\":0,\"parts\":1,",
+                "copies[1].parts: must be an integer in [2, 8]");
+    PLAN_REJECT("{\"layer\":9,", "{\"layer\":9,\"part\":2,\"parts\":2,",
+                "copies[1].part: must be an integer in [0, 1]");
     PLAN_REJECT("\"dest\":\"c\"", "\"dst\":\"c\"", "sends[0].dst: unknown field");
     PLAN_REJECT("{\"layer\":3,\"dest\":\"c\"}", "{\"layer\":3}", "sends[0].dest: missing");
     PLAN_REJECT("\"sends\":[{\"layer\":3,\"dest\":\"c\"}]", "\"sends\":{\"layer\":3}", "sends: must be an array");

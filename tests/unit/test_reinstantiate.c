@@ -227,9 +227,25 @@ static void check_result(const fixture *f, const char *const *removed, int nremo
             CHECK(src >= 0);
             CHECK(!is_in(removed, nremoved, lc->source));
             CHECK(held_before(f, src, lc->layer));
-            CHECK_EQ_INT(lc->bytes, 3 * f->p.layers[lc->layer].param_bytes);
-            if (k > 0)
+            /* part k of n: its share of the layer's bytes, parts in order, each from a
+             * holder of its own */
+            const int64_t all = 3 * f->p.layers[lc->layer].param_bytes;
+            CHECK(lc->parts >= 1 && lc->parts <= PL_COPY_MAX_PARTS);
+            CHECK(lc->part >= 0 && lc->part < lc->parts);
+            CHECK_EQ_INT(lc->bytes, all * (lc->part + 1) / lc->parts - all * lc->part / lc->parts);
+            CHECK(lc->parts == 1 || all / lc->parts >= PL_COPY_PART_MIN_BYTES);
+            if (lc->part > 0) {
+                CHECK(k > 0 && nc->layers[k - 1].layer == lc->layer &&
+                      nc->layers[k - 1].part == lc->part - 1 &&
+                      nc->layers[k - 1].parts == lc->parts);
+                for (int y = k - lc->part; y < k; y++)
+                    CHECK(strcmp(nc->layers[y].source, lc->source) != 0);
+            } else if (k > 0) {
                 CHECK(lc->layer > nc->layers[k - 1].layer);
+                CHECK(nc->layers[k - 1].part == nc->layers[k - 1].parts - 1);
+            }
+            if (k == nc->nlayers - 1)
+                CHECK(lc->part == lc->parts - 1);
             b += lc->bytes;
         }
         CHECK_EQ_INT(nc->bytes, b);
@@ -673,6 +689,66 @@ static void test_copy_sources_spread(void)
     fixture_free(&f);
 }
 
+/* Layers of 16 MiB and more with several surviving holders come in parts, each from a
+ * holder of its own, so that the bytes rather than whole layers are spread: four new
+ * nodes take every layer from four holders (one per pipeline); after a loss with F = 2
+ * the lost layers have two holders left. Small layers stay whole. */
+static void test_large_layers_come_in_parts(void)
+{
+    fixture f;
+    const int sizes[] = {2, 2, 2, 2};
+    CHECK(fixture_init(&f, 8, 1, 0, 8, 1, sizes, 4) == 0);
+    /* layer l: 3 × (l + 1) × 6 MiB copied, so layer 0 stays whole (18 MiB, one part of
+     * 16 MiB at most) and layer 7 has 144 MiB: four parts, one per holder */
+    pl_template_set_free(&f.ts);
+    for (int l = 0; l < f.p.nlayers; l++)
+        f.p.layers[l].param_bytes *= 6 * 1048576 / 1000;
+    f.p.gpu_memory_bytes *= 6 * 1048576 / 1000;
+    char err[256];
+    CHECK(pl_templates_plan(&f.p, 8, 1, &f.ts, err, sizeof err) == 0);
+    const char *added[] = {"a0", "a1", "a2", "a3"};
+    pl_reinstantiation r;
+    CHECK(run_case(&f, NULL, 0, added, 4, &r) == 0);
+    check_result(&f, NULL, 0, added, 4, &r);
+    int parts[8] = {0};
+    int64_t sent[MAXN] = {0}, most = 0, largest = 0;
+    for (int c = 0; c < r.ncopies; c++)
+        for (int k = 0; k < r.copies[c].nlayers; k++) {
+            const pl_layer_copy *lc = &r.copies[c].layers[k];
+            parts[lc->layer] = lc->parts;
+            sent[node_index(&f, lc->source)] += lc->bytes;
+            largest = lc->bytes > largest ? lc->bytes : largest;
+        }
+    CHECK_EQ_INT(parts[0], 1);
+    CHECK_EQ_INT(parts[1], 2);
+    CHECK_EQ_INT(parts[7], 4);
+    for (int i = 0; i < f.nnodes; i++)
+        most = sent[i] > most ? sent[i] : most;
+    CHECK(largest <= 3 * f.p.layers[7].param_bytes / 4 + 1);
+    CHECK(most <= r.bytes_to_copy / 4 + largest); /* balanced to within one part */
+    pl_reinstantiation_free(&r);
+    fixture_free(&f);
+
+    /* F = 2, three pipelines of 3: a lost node's layers have two holders */
+    const int three[] = {3, 3, 3};
+    CHECK(fixture_init(&f, 9, 1, 0, 9, 2, three, 3) == 0);
+    pl_template_set_free(&f.ts);
+    for (int l = 0; l < f.p.nlayers; l++)
+        f.p.layers[l].param_bytes *= 6 * 1048576 / 1000;
+    f.p.gpu_memory_bytes *= 6 * 1048576 / 1000;
+    CHECK(pl_templates_plan(&f.p, 9, 2, &f.ts, err, sizeof err) == 0);
+    const char *removed[] = {"n1"};
+    CHECK(run_case(&f, removed, 1, NULL, 0, &r) == 0);
+    check_result(&f, removed, 1, NULL, 0, &r);
+    int split = 0;
+    for (int c = 0; c < r.ncopies; c++)
+        for (int k = 0; k < r.copies[c].nlayers; k++)
+            split += r.copies[c].layers[k].parts == 2;
+    CHECK(split > 0);
+    pl_reinstantiation_free(&r);
+    fixture_free(&f);
+}
+
 /* Every node holds one layer (n0 = L = 4), so only 4-node pipelines exist and
  * a ninth node has nowhere to go. */
 static void test_idle_when_uncovered(void)
@@ -874,6 +950,7 @@ RUN(test_replace_with_added);
 RUN(test_add_reaches_best_plan);
 RUN(test_add_reshapes);
 RUN(test_copy_sources_spread);
+RUN(test_large_layers_come_in_parts);
 RUN(test_idle_when_uncovered);
 RUN(test_json_and_determinism);
 RUN(test_parse);

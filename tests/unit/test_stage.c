@@ -2,9 +2,11 @@
  * running the 1F1B schedule over an in-memory link (worker/engine/stage.c),
  * trains exactly like the whole model run one microbatch after another; and
  * each layer it reports finished (pl_stage_step_notify) already has its final
- * gradient. */
+ * gradient. A step whose engine's stop flag is set ends at the next layer, and
+ * redone it gives the uninterrupted step's gradients and loss bit for bit. */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -155,7 +157,82 @@ static void test_three_and_four_stages(void)
     CHECK(compare(four, 4, 7));
 }
 
+/* The stop flag, set from the hooks: before op `stop_op`, or (stop_op < 0) as the last
+ * backward reports its first layer, the head. */
+typedef struct {
+    atomic_int stop;
+    int stop_op, ops, layers;
+} stopper;
+
+static void stop_before_op(void *ctx, int backward, int mb)
+{
+    stopper *x = ctx;
+    (void)backward, (void)mb;
+    if (x->ops++ == x->stop_op) atomic_store(&x->stop, 1);
+}
+
+static void stop_at_layer(void *ctx, int layer)
+{
+    stopper *x = ctx;
+    (void)layer;
+    if (x->layers++ == 0 && x->stop_op < 0) atomic_store(&x->stop, 1);
+}
+
+static void test_a_stopped_step_ends_at_the_next_layer_and_is_redone_exactly(void)
+{
+    const pl_gpt_config *c = whole_model_config();
+    enum { B = 2, T = 5, BT = B * T, Nb = 3 };
+    char err[256];
+    int32_t tok[Nb * BT], tgt[Nb * BT];
+    rng_state = 11;
+    for (int i = 0; i < Nb * BT; i++) {
+        tok[i] = (int32_t)rng_range(0, c->V - 1);
+        tgt[i] = (int32_t)rng_range(0, c->V - 1);
+    }
+    kn_ctx *k = kn_create("cpu", 1, err, sizeof err);
+    pl_schedule s;
+    CHECK_EQ_INT(pl_schedule_1f1b(1, 0, Nb, &s, err, sizeof err), 0);
+    pl_engine ref, e;
+    CHECK_EQ_INT(pl_engine_create(&ref, k, c, 0, c->L + 2, B, T, s.nslots, err, sizeof err), 0);
+    CHECK_EQ_INT(pl_engine_create(&e, k, c, 0, c->L + 2, B, T, s.nslots, err, sizeof err), 0);
+    pl_engine_init_random(&ref, 5);
+    pl_engine_init_random(&e, 5);
+    const pl_stage_link none = {0};
+    double ref_loss = 0, loss = 0;
+    pl_stage_batch batch = {.tokens = tok, .targets = tgt, .dloss_scale = 1.0f / (Nb * BT)};
+    pl_engine_zero_grads(&ref);
+    CHECK_EQ_INT(pl_stage_step(&ref, &s, &none, &batch, &ref_loss, err, sizeof err), 0);
+
+    /* stopped before op 2 (of 2·Nb): op 2 computes nothing and no op follows it */
+    stopper x = {.stop_op = 2};
+    e.stop = &x.stop;
+    batch.before_op = stop_before_op;
+    batch.op_ctx = &x;
+    pl_engine_zero_grads(&e);
+    CHECK_EQ_INT(pl_stage_step(&e, &s, &none, &batch, &loss, err, sizeof err), -1);
+    CHECK_STR_CONTAINS(err, "step aborted");
+    CHECK_EQ_INT(x.ops, 3);
+    /* stopped as the last backward finishes the head: no block after it */
+    x = (stopper){.stop_op = -1};
+    pl_engine_zero_grads(&e);
+    CHECK_EQ_INT(pl_stage_step_notify(&e, &s, &none, &batch, stop_at_layer, &x, &loss, err,
+                                      sizeof err), -1);
+    CHECK_EQ_INT(x.layers, 1);
+    /* redone: the uninterrupted step, bit for bit */
+    atomic_store(&x.stop, 0);
+    x.stop_op = 1000;
+    pl_engine_zero_grads(&e);
+    CHECK_EQ_INT(pl_stage_step(&e, &s, &none, &batch, &loss, err, sizeof err), 0);
+    CHECK(loss == ref_loss);
+    CHECK(!memcmp(e.grads, ref.grads, e.nparams * sizeof(float)));
+    pl_engine_destroy(&e);
+    pl_engine_destroy(&ref);
+    pl_schedule_free(&s);
+    kn_destroy(k);
+}
+
 TEST_MAIN_BEGIN
 RUN(test_two_stages_every_cut);
 RUN(test_three_and_four_stages);
+RUN(test_a_stopped_step_ends_at_the_next_layer_and_is_redone_exactly);
 TEST_MAIN_END

@@ -130,6 +130,8 @@ static void abort_step(agent *a, int64_t gen, int64_t step)
     a->aborted_step = step;
     if (a->reduced_step == step) a->reduced_step = -1;
     if (a->stepping && gen == a->gen) {
+        atomic_store(&a->step_stop, 1);
+        a->abort_ms = pl_now_ms();
         if (a->link) pl_tcp_link_abort(a->link, "step aborted by the coordinator");
         pl_nccl_plan_abort(a->ncp, "step aborted by the coordinator");
         for (int r = 0; a->conns && r < a->nranks; r++) pl_conn_shutdown(a->conns[r]);
@@ -143,6 +145,7 @@ static int step_begin(agent *a, int64_t s)
     pthread_mutex_lock(&a->mu);
     int go = !(a->aborted_gen == a->gen && a->aborted_step == s);
     a->stepping = go;
+    atomic_store(&a->step_stop, 0);
     pthread_mutex_unlock(&a->mu);
     return go;
 }
@@ -166,6 +169,7 @@ static int run_step(agent *a, int64_t s, char *err, size_t errlen)
     pl_fault_begin_step(&a->fault, s, a->nmb);
     pl_stage_link link = {0};
     if (a->link) link = pl_tcp_link_stage(a->link);
+    a->e.stop = &a->step_stop;
     pl_peer_table peers = {a->rank, a->nranks, a->conns};
     pl_worker_step_args args = {.engine = &a->e, .schedule = &a->sched, .link = &link,
                                 .tokens = a->tok, .targets = a->tgt, .first_micro = a->first_mb,
@@ -179,7 +183,9 @@ static int run_step(agent *a, int64_t s, char *err, size_t errlen)
                                 .shadow = a->have_shadow ? &a->shadow : NULL,
                                 .frc = a->job.fault_tolerance.redundant_forward == PL_FRC_EAGER};
     pl_worker_step_result res;
-    if (pl_worker_step(&args, &res, err, errlen)) return -1;
+    const int failed = pl_worker_step(&args, &res, err, errlen);
+    a->e.stop = NULL; /* an evaluation of the committed step may follow an aborted one */
+    if (failed) return -1;
     agent_count_rc(a, &res);
     pl_msg m;
     pl_msg_init(&m, PL_MSG_REPORT, a->gen);
@@ -267,8 +273,13 @@ static void step_failed(agent *a, int64_t step, const char *err)
     pthread_mutex_lock(&a->mu);
     pl_nccl_plan_abort(a->ncp, "step failed");
     const int aborted = a->aborted_gen == a->gen && a->aborted_step == step;
+    const double since = pl_now_ms() - a->abort_ms;
     pthread_mutex_unlock(&a->mu);
-    agent_log(a, "step %lld failed: %s (waiting for the coordinator)", (long long)step, err);
+    if (aborted) /* how long the step ran on after its abort delays the next plan */
+        agent_log(a, "step %lld aborted: %s, %.1f ms after the abort", (long long)step, err,
+                  since);
+    else
+        agent_log(a, "step %lld failed: %s (waiting for the coordinator)", (long long)step, err);
     if (aborted || agent_superseded(a)) return;
     pl_msg r;
     const char *peer = failed_peer(a);
@@ -443,6 +454,7 @@ static void on_message(pl_ctl_client *c, const pl_msg *m, void *user)
             /* a copy or step blocked in the old plan's NCCL world gives up now, so that
              * the compute thread gets to the new plan (TCP links time out or break) */
             pthread_mutex_lock(&a->mu);
+            a->plan_ms = pl_now_ms();
             pl_nccl_plan_abort(a->ncp, "superseded by a newer plan");
             if (a->evaluating && a->link) /* an evaluation waiting on a lost stage */
                 pl_tcp_link_abort(a->link, SUPERSEDED_MSG);

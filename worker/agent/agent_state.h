@@ -105,6 +105,12 @@ typedef struct {
      * control thread) and the newest step the coordinator aborted */
     int stepping, evaluating;
     int64_t aborted_gen, aborted_step;
+    /* the running step was aborted: its engine skips the layers left (pl_engine.stop), so
+     * that the worker gets to the next plan's copies and step at once; cleared (under mu)
+     * when a step begins */
+    atomic_int step_stop;
+    double abort_ms;      /* under mu: when the running step's abort arrived (the log) */
+    double plan_ms;       /* under mu: when the newest plan arrived (the log) */
     /* under mu: what hello_resume tells a new coordinator */
     int64_t last_committed, reduced_step;
     double last_scale, last_lr;

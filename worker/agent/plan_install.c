@@ -130,10 +130,15 @@ static int change_engine(agent *a, const pl_msg_plan *p, int in_pipe, int b, int
     const int rc = copier.copy(&copier, &job, &res, err, errlen);
     *bytes_in = res.bytes_in;
     if (res.failed_peer[0]) snprintf(a->broken, sizeof a->broken, "%s", res.failed_peer);
+    /* after copies, the new engine's pages (mapped kept layers, gradients, activations)
+     * at once, not one fault at a time in its first step; on 2 cores this cannot overlap
+     * the copies, which use both. A first plan's engine is left to fill as it runs. */
+    const double tp = pl_now_ms();
+    if (rc == 0 && job.dst && p->ncopies) pl_engine_populate(job.dst);
     if (p->ncopies || !kept)
         agent_log(a, "generation %lld: engine made in %.1f ms, filled locally in %.1f ms, "
-                  "copies received in %.1f ms after the first source", (long long)a->gen,
-                  res.make_ms, res.fill_ms, res.net_ms);
+                  "copies received in %.1f ms after the first source, populated in %.1f ms",
+                  (long long)a->gen, res.make_ms, res.fill_ms, res.net_ms, pl_now_ms() - tp);
     if (rc == 0 && job.dst) {
         a->e = ne;
         a->have_engine = 1;
@@ -435,6 +440,9 @@ int agent_install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err, 
     pl_mesh_set_plan(a->mesh, (uint64_t)a->gen, a->rank);
     pl_fault_set_plan(&a->fault, a->gen, a->rank);
     const double tc = pl_now_ms();
+    pthread_mutex_lock(&a->mu);
+    const double waited = tc - a->plan_ms; /* for the compute thread: the step before */
+    pthread_mutex_unlock(&a->mu);
     const int ob = a->have_src ? a->src.begin : a->have_engine ? a->e.begin : 0;
     const int oe = a->have_src ? a->src.end : a->have_engine ? a->e.end : 0;
     if (change_engine(a, p, 1, p->you_layer_begin, p->you_layer_end, a->sched.nslots, bytes_in,
@@ -442,9 +450,11 @@ int agent_install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err, 
         load_checkpoint(a, p, err, errlen))
         return -1;
     if (p->ncopies || p->nsends)
-        agent_log(a, "generation %lld: layers [%d, %d) -> [%d, %d), received %d layers (%lld bytes), "
-              "sent %d, in %.1f ms", (long long)a->gen, ob, oe, p->you_layer_begin,
-              p->you_layer_end, p->ncopies, (long long)*bytes_in, p->nsends, pl_now_ms() - tc);
+        agent_log(a, "generation %lld: layers [%d, %d) -> [%d, %d), received %d layers in %d copies "
+              "(%lld bytes), sent %d, in %.1f ms, begun %.1f ms after the plan arrived",
+              (long long)a->gen, ob, oe, p->you_layer_begin, p->you_layer_end,
+              pl_layer_copy_layers(p), p->ncopies, (long long)*bytes_in, p->nsends,
+              pl_now_ms() - tc, waited);
     if (size_batch(a, p, err, errlen)) return -1;
     if (p->transport == PL_TRANSPORT_NCCL) return install_nccl(a, p, bytes_in, err, errlen);
     if (connect_tcp_peers(a, p, err, errlen)) return -1;

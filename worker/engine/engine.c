@@ -177,6 +177,22 @@ oom:
                    begin, end, B, T);
 }
 
+void pl_engine_populate(pl_engine *e)
+{
+    const size_t bytes = e->nparams * sizeof(float);
+    kn_populate(e->k, e->params, bytes);
+    kn_populate(e->k, e->grads, bytes);
+    kn_populate(e->k, e->m, bytes);
+    kn_populate(e->k, e->v, bytes);
+    if (e->head_dwte)
+        kn_populate(e->k, e->head_dwte, e->tensors[e->wte_tensor].spec.numel * sizeof(float));
+    const size_t BTC = (size_t)e->B * (size_t)e->T * (size_t)e->cfg.C;
+    kn_populate(e->k, e->bw, SCRATCH_BTC * BTC * sizeof(float));
+    pl_slot sizing = {0}; /* layout_slot without a base only measures (into its argument) */
+    const size_t slot_bytes = layout_slot(e, &sizing, NULL);
+    for (int i = 0; i < e->nslots; i++) kn_populate(e->k, e->slots[i].mem, slot_bytes);
+}
+
 void pl_engine_destroy(pl_engine *e)
 {
     if (!e->k) return;
@@ -332,10 +348,11 @@ static float forward(pl_engine *e, int slot, const int32_t *tokens, const float 
                      const int32_t *targets)
 {
     pl_slot *s = &e->slots[slot];
+    if (pl_engine_stopped(e)) return 0;
     input_forward(e, s, tokens, in, dev);
     int lo = (int)first_block(e);
-    for (int b = 0; b < nblocks(e); b++) block_forward(e, s, lo + b);
-    return pl_engine_has_head(e) ? head_forward(e, s, targets) : 0;
+    for (int b = 0; b < nblocks(e) && !pl_engine_stopped(e); b++) block_forward(e, s, lo + b);
+    return pl_engine_has_head(e) && !pl_engine_stopped(e) ? head_forward(e, s, targets) : 0;
 }
 
 int pl_engine_forward_parts(const pl_engine *e)
@@ -441,6 +458,7 @@ static void backward(pl_engine *e, int slot, const float *dout, int dev, float d
     const int B = e->B, T = e->T, C = e->cfg.C, BT = B * T;
     const size_t BTC = (size_t)BT * C;
     scratch w = scratch_of(e);
+    if (pl_engine_stopped(e)) return;
     if (pl_engine_has_head(e)) {
         const int H = e->cfg.L + 1;
         float *wte = e->params + e->tensors[e->wte_tensor].offset;
@@ -464,11 +482,11 @@ static void backward(pl_engine *e, int slot, const float *dout, int dev, float d
         kn_copy(k, w.dres, dout, BTC * sizeof(float));
     }
     int lo = (int)first_block(e);
-    for (int b = nblocks(e) - 1; b >= 0; b--) {
+    for (int b = nblocks(e) - 1; b >= 0 && !pl_engine_stopped(e); b--) {
         block_backward(e, s, lo + b, &w);
         if (done) done(ctx, lo + b);
     }
-    if (pl_engine_has_embedding(e)) {
+    if (pl_engine_has_embedding(e) && !pl_engine_stopped(e)) {
         kn_encoder_backward(k, G(e, 0, 0), G(e, 0, 1), w.dres, s->tokens, B, T, C, e->cfg.V);
         if (last && e->head_pending) {
             const pl_engine_tensor *t = &e->tensors[e->wte_tensor];

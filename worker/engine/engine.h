@@ -13,6 +13,7 @@
 #ifndef PLIANT_ENGINE_H
 #define PLIANT_ENGINE_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -67,6 +68,12 @@ typedef struct {
     size_t act_bytes;/* activation memory, for reports */
     float *io[PL_IO_COUNT];    /* pl_engine_io_buffer, allocated on first use */
     size_t io_floats[PL_IO_COUNT];
+    /* Set by the runtime around a step (NULL: never): once *stop is non-zero, forward and
+     * backward skip their remaining layers and report no more layers done, so that an
+     * aborted step ends at the next layer rather than after the whole microbatch. What
+     * they leave is meaningless: the step must be dropped (nothing but AdamW changes
+     * parameters, and the next step zeroes the gradients). Any thread may set it. */
+    const atomic_int *stop;
 } pl_engine;
 
 /* A stage for layers [begin, end) with microbatches of B×T tokens and nslots
@@ -83,6 +90,17 @@ static inline int pl_engine_has_head(const pl_engine *e)
 {
     return e->end == e->cfg.L + 2;
 }
+/* The step running on e was aborted (pl_engine.stop). */
+static inline int pl_engine_stopped(const pl_engine *e)
+{
+    return e->stop && atomic_load_explicit(e->stop, memory_order_relaxed);
+}
+
+/* Makes all of the engine's memory present (kn_populate: params, gradients, m, v,
+ * activations) without changing it, so that its first step takes no page faults (a new
+ * engine after layer copies: on the CPU its pages are faulted in one by one where first
+ * touched, about twice the cost of faulting them in at once). */
+void pl_engine_populate(pl_engine *e);
 
 /* GPT-2 random initialisation (same values for a layer in any range). */
 void pl_engine_init_random(pl_engine *e, uint64_t seed);

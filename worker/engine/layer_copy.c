@@ -3,6 +3,7 @@
  * layer_copy_xport.c. */
 #include "layer_copy.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "util.h"
@@ -18,6 +19,50 @@ const char *pl_layer_copy_source(const pl_msg_plan *p, int layer)
     for (int i = 0; i < p->ncopies; i++)
         if (p->copies[i].layer == layer) return p->copies[i].source;
     return NULL;
+}
+
+int pl_layer_copy_check_parts(const pl_msg_plan *p, char *err, size_t errlen)
+{
+    /* per layer: its parts count (0: not copied) and the parts seen */
+    unsigned char *n = calloc(2 * PL_PROTO_MAX_LAYERS, 1), *seen = n + PL_PROTO_MAX_LAYERS;
+    if (!n) return pl_errf(err, errlen, "layer copy: out of memory");
+    int rc = 0;
+    for (int i = 0; i < p->ncopies && rc == 0; i++) {
+        const pl_msg_copy *x = &p->copies[i];
+        const int parts = x->parts > 1 ? x->parts : 1, part = x->parts > 1 ? x->part : 0;
+        if (x->layer < 0 || x->layer >= PL_PROTO_MAX_LAYERS || parts > PL_PROTO_MAX_PARTS ||
+            part < 0 || part >= parts)
+            rc = pl_errf(err, errlen, "layer copy: copies[%d]: layer %d part %d of %d", i,
+                         x->layer, part, parts);
+        else if (n[x->layer] && n[x->layer] != parts)
+            rc = pl_errf(err, errlen, "layer copy: copies[%d]: layer %d in %d parts, an earlier "
+                         "entry has %d", i, x->layer, parts, n[x->layer]);
+        else if (seen[x->layer] & (1u << part))
+            rc = pl_errf(err, errlen, "layer copy: copies[%d]: part %d of layer %d listed twice",
+                         i, part, x->layer);
+        else
+            n[x->layer] = (unsigned char)parts, seen[x->layer] |= (unsigned char)(1u << part);
+    }
+    for (int l = 0; l < PL_PROTO_MAX_LAYERS && rc == 0; l++)
+        if (n[l] && seen[l] != (1u << n[l]) - 1)
+            rc = pl_errf(err, errlen, "layer copy: layer %d: some of its %d parts have no copy",
+                         l, n[l]);
+    free(n);
+    return rc;
+}
+
+int pl_layer_copy_layers(const pl_msg_plan *p)
+{
+    int n = 0;
+    for (int i = 0; i < p->ncopies; i++) n += p->copies[i].parts <= 1 || p->copies[i].part == 0;
+    return n;
+}
+
+void pl_layer_copy_part_span(size_t numel, int part, int parts, size_t *off, size_t *n)
+{
+    if (parts <= 1) part = 0, parts = 1;
+    *off = numel * (size_t)part / (size_t)parts;
+    *n = numel * (size_t)(part + 1) / (size_t)parts - *off;
 }
 
 /* The local engine that holds tensor t of dst (src, else the shadow) and its tensor there. */

@@ -8,12 +8,15 @@
  * Two copiers move tensors between workers, behind one interface (pl_layer_copier):
  *  - TCP (pl_layer_copier_tcp, layer_copy_tcp.c): a source dials each destination over the
  *    mesh (worker/comm/mesh.h, purpose PL_CONN_LAYER_COPY) from a thread of its own; the
- *    destination asks for tensors (one PL_LAYER_COPY_FRAME_REQ frame: pairs of int32 layer,
- *    index), the source streams params, m and v of each (tensor frames, tags 3k, 3k+1,
- *    3k+2), the destination answers PL_LAYER_COPY_FRAME_ACK. Off the CPU backend each
- *    tensor passes through a page-locked host buffer.
+ *    destination asks for tensors (one PL_LAYER_COPY_FRAME_REQ frame: int32 layer, index,
+ *    part, parts each), the source streams params, m and v of each (tensor frames, tags
+ *    3k, 3k+1, 3k+2; of a layer copied in parts, only that part of each tensor), the
+ *    destination answers PL_LAYER_COPY_FRAME_ACK. A layer in parts comes from several
+ *    sources at once, each on its own connection. Off the CPU backend each tensor passes
+ *    through a page-locked host buffer.
  *  - an ORDERED transport (pl_layer_copier_xport, layer_copy_xport.c; worker/comm/xport.h:
- *    NCCL's model), so that GPU workers move weights and AdamW state GPU to GPU.
+ *    NCCL's model), so that GPU workers move weights and AdamW state GPU to GPU, whole
+ *    layers only (the coordinator plans no parts on an NCCL plan).
  * The plan's transport chooses (pl_layer_copy_over_xport): on an NCCL plan whose pipelines
  * name each worker once, every copy between two ranks goes over the transport; the others
  * (a source idle in the new plan has no rank) go over TCP. Both ends of a copy decide the
@@ -124,8 +127,21 @@ int pl_layer_copy_local(const pl_layer_copy_job *job, int *fresh, char *err, siz
  * the tied wte of a range without the embedding. */
 int pl_layer_copy_layer_of(const pl_engine *e, int j);
 
-/* The copy source of a layer in the plan's copies, or NULL. */
+/* The copy source of a layer in the plan's copies (of its first part), or NULL. */
 const char *pl_layer_copy_source(const pl_msg_plan *p, int layer);
+
+/* Checks the parts of the plan's copies: each layer comes whole (one entry, parts 0 or
+ * 1) or as parts 0 .. n − 1 of one n, each once (shared/reinstantiate.h: part k of n is
+ * elements [numel·k/n, numel·(k+1)/n) of each of the layer's tensors). 0, or −1 with err
+ * naming the entry. */
+int pl_layer_copy_check_parts(const pl_msg_plan *p, char *err, size_t errlen);
+
+/* The layers the plan's copies bring (a layer in parts counts once). */
+int pl_layer_copy_layers(const pl_msg_plan *p);
+
+/* Elements [*off, *off + *n) of a tensor of numel elements: part `part` of `parts` of it
+ * (parts ≤ 1: all of it). */
+void pl_layer_copy_part_span(size_t numel, int part, int parts, size_t *off, size_t *n);
 
 /* 1 when the plan's copies between its ranks may go over the ordered transport: its
  * transport is NCCL and its pipelines name each worker once. It reads only what every

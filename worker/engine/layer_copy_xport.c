@@ -230,6 +230,9 @@ static int add_receives(xcopy *c, char *err, size_t errlen)
     for (int l = 0; l < c->cfg->L + 2; l++) c->from[l] = -1;
     for (int i = 0; i < p->ncopies; i++) {
         const pl_msg_copy *cp = &p->copies[i];
+        if (cp->parts > 1)
+            return pl_errf(err, errlen, "layer copy: copies[%d]: layer %d in %d parts: the "
+                           "transport moves whole layers", i, cp->layer, cp->parts);
         if (cp->layer < c->b || cp->layer >= c->e)
             return pl_errf(err, errlen, "layer copy: copy of layer %d from %s: this worker runs "
                            "layers [%d, %d)", cp->layer, cp->source, c->b, c->e);

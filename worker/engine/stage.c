@@ -73,6 +73,7 @@ int pl_stage_step_notify(pl_engine *e, const pl_schedule *s, const pl_stage_link
     for (int i = 0; i < s->nops && rc == 0; i++) {
         const pl_sched_op *op = &s->ops[i];
         const size_t off = (size_t)op->mb * BT;
+        if (pl_engine_stopped(e)) break;
         before_op(batch, op);
         frc_wait(batch, link, op);
         if (op->kind == PL_SCHED_FORWARD) {
@@ -102,6 +103,8 @@ int pl_stage_step_notify(pl_engine *e, const pl_schedule *s, const pl_stage_link
                                 host_view(e, out, pl_engine_input_grad(e), n), n, err, errlen);
         }
     }
+    /* what an aborted step computed is incomplete: it must not be reported */
+    if (rc == 0 && pl_engine_stopped(e)) rc = pl_errf(err, errlen, "stage: step aborted");
     if (loss_sum) *loss_sum = sum;
     return rc;
 }
@@ -146,6 +149,7 @@ int pl_stage_step_xport(pl_engine *e, const pl_schedule *s, const pl_stage_xlink
     int rc = 0;
     for (int i = 0; i < s->nops && rc == 0; i++) {
         const pl_sched_op *op = &s->ops[i];
+        if (pl_engine_stopped(e)) break;
         before_op(batch, op);
         /* the paired group: the send after op i−1 and the receive before op i */
         pl_xport_op g[2];
@@ -174,6 +178,7 @@ int pl_stage_step_xport(pl_engine *e, const pl_schedule *s, const pl_stage_xlink
                 pl_engine_backward_dev(e, op->slot, in, batch->dloss_scale);
         }
     }
+    if (rc == 0 && pl_engine_stopped(e)) rc = pl_errf(err, errlen, "stage: step aborted");
     if (rc == 0 && s->nops > 0 && s->ops[s->nops - 1].send_to >= 0) {
         const pl_xport_op last = send_of(e, x, &s->ops[s->nops - 1], n);
         if (xp->after_compute(xp->ctx, err, errlen) || xp->p2p(xp->ctx, &last, 1, err, errlen))

@@ -54,7 +54,9 @@ typedef struct {
 
 /* Runs the schedule; gradients accumulate in the engine. With the head,
  * *loss_sum receives the sum of the microbatches' mean losses. The engine
- * needs at least s->nslots slots. Returns 0 or −1 with err. */
+ * needs at least s->nslots slots. Returns 0 or −1 with err; −1 ("step aborted")
+ * too when the engine's stop flag was set during the step (engine.h): the
+ * schedule ends at the next layer. */
 int pl_stage_step(pl_engine *e, const pl_schedule *s, const pl_stage_link *link,
                   const pl_stage_batch *batch, double *loss_sum, char *err, size_t errlen);
 

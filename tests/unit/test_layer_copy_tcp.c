@@ -1,0 +1,232 @@
+/* Layer copies over TCP (worker/engine/layer_copy.h, pl_layer_copier_tcp) with layers in
+ * parts (shared/reinstantiate.h): a destination takes parts of one layer from two sources
+ * at once, two parts of a layer from the same source, whole layers and the head's parts,
+ * over the workers' meshes on 127.0.0.1 (threads of this process, CPU engines). The two
+ * sources hold different values, so every element must be its own part's source's, and
+ * bytes_in the whole layers'. A plan whose parts do not cover a layer fails before
+ * anything moves. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "layer_copy.h"
+#include "util.h"
+
+#define TOKEN "layer-copy-test"
+#define HOST "127.0.0.1"
+
+enum { B = 2, T = 5, NW = 3, MAXC = 16 };
+
+static const pl_gpt_config *config(void)
+{
+    static pl_gpt_config c;
+    char err[128];
+    pl_gpt_config_init(&c, 3, 16, 2, 37, 8, err, sizeof err);
+    return &c;
+}
+
+/* A value for (worker, tensor, array, element): distinct everywhere. */
+static float value(int id, int tensor, int arr, size_t i)
+{
+    uint64_t z = ((uint64_t)id << 56) ^ ((uint64_t)tensor << 44) ^ ((uint64_t)arr << 40) ^ i;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (float)((z ^ (z >> 31)) >> 40) / (float)(1u << 24);
+}
+
+static float *array_of(const pl_engine *e, int arr)
+{
+    return arr == 0 ? e->params : arr == 1 ? e->m : e->v;
+}
+
+typedef struct {
+    const char *name;
+    pl_listener *l;
+    pl_mesh *m;
+    kn_ctx *k;
+    pl_engine src, dst;
+    int has_src, has_dst;
+    pl_msg_plan plan;
+    pl_msg_copy copies[MAXC];
+    pl_msg_send sends[MAXC];
+    pl_msg_peer peers[NW];
+    pl_layer_copy_result res;
+    int rc;
+    char err[1024];
+} node;
+
+static int never(void *ctx) { return (void)ctx, 0; }
+
+static void quiet(void *ctx, const char *line) { (void)ctx, (void)line; }
+
+/* The copy of layer `layer`, part `part` of `parts`, from `from` to `to`. */
+static void add_copy(node *from, node *to, int layer, int part, int parts)
+{
+    pl_msg_copy *c = &to->copies[to->plan.ncopies++];
+    *c = (pl_msg_copy){.layer = layer, .part = part, .parts = parts};
+    snprintf(c->source, sizeof c->source, "%s", from->name);
+    pl_msg_send *s = &from->sends[from->plan.nsends++];
+    s->layer = layer;
+    snprintf(s->dest, sizeof s->dest, "%s", to->name);
+}
+
+static pl_msg_pipeline pipe_of_d;
+static pl_proto_name pipe_names[1];
+static int pipe_layers[2];
+
+/* Sources a and b hold every layer (ids 1, 2); d runs them all in the new plan. */
+static int setup(node *n, char *err, size_t errlen)
+{
+    static const char *const names[NW] = {"a", "b", "d"};
+    const pl_gpt_config *c = config();
+    pipe_layers[0] = 0;
+    pipe_layers[1] = c->L + 2;
+    snprintf(pipe_names[0], sizeof pipe_names[0], "d");
+    pipe_of_d = (pl_msg_pipeline){.nnodes = 1, .template_nodes = 1, .nodes = pipe_names,
+                                  .layers = pipe_layers, .microbatches = 1};
+    for (int i = 0; i < NW; i++) {
+        node *x = &n[i];
+        memset(x, 0, sizeof *x);
+        x->name = names[i];
+        if (pl_listener_open(HOST, 0, &x->l, err, errlen)) return -1;
+        pl_mesh_config mc = {.listener = x->l, .token = TOKEN, .token_len = strlen(TOKEN),
+                             .name = x->name, .cancelled = never, .log = quiet, .redial = 1};
+        if (pl_mesh_create(&mc, &x->m, err, errlen)) return -1;
+        pl_mesh_set_plan(x->m, 1, i == 2 ? 0 : PL_COMM_NO_RANK);
+        if (!(x->k = kn_create("cpu", 1, err, errlen))) return -1;
+        pl_engine *e = i == 2 ? &x->dst : &x->src;
+        if (pl_engine_create(e, x->k, c, 0, c->L + 2, B, T, 1, err, errlen)) return -1;
+        x->has_src = i < 2;
+        x->has_dst = i == 2;
+        for (int t = 0; t < e->ntensors; t++)
+            for (int a = 0; a < 3; a++)
+                for (size_t j = 0; j < e->tensors[t].spec.numel; j++)
+                    array_of(e, a)[e->tensors[t].offset + j] = i < 2 ? value(i + 1, t, a, j) : -1;
+        x->plan = (pl_msg_plan){.generation = 1, .npipelines = 1, .pipelines = &pipe_of_d,
+                                .you_pipeline = i == 2 ? 0 : -1, .you_layer_end = i == 2 ? c->L + 2 : 0,
+                                .copies = x->copies, .sends = x->sends, .peers = x->peers,
+                                .transport = PL_TRANSPORT_TCP};
+    }
+    for (int i = 0; i < NW; i++)
+        for (int j = 0; j < NW; j++) {
+            if (j == i) continue;
+            pl_msg_peer *p = &n[i].peers[n[i].plan.npeers++];
+            snprintf(p->name, sizeof p->name, "%s", n[j].name);
+            snprintf(p->host, sizeof p->host, HOST);
+            p->port = pl_listener_port(n[j].l);
+        }
+    return 0;
+}
+
+static void teardown(node *n)
+{
+    for (int i = 0; i < NW; i++) {
+        if (n[i].has_src) pl_engine_destroy(&n[i].src);
+        if (n[i].has_dst) pl_engine_destroy(&n[i].dst);
+        if (n[i].k) kn_destroy(n[i].k);
+        pl_mesh_destroy(n[i].m);
+        pl_listener_close(n[i].l);
+    }
+}
+
+static void *copy_main(void *arg)
+{
+    node *x = arg;
+    pl_layer_copy_tcp tcp = {.mesh = x->m};
+    const pl_layer_copier c = pl_layer_copier_tcp(&tcp);
+    const pl_layer_copy_job job = {.plan = &x->plan, .self = x->name, .cfg = config(),
+                                   .src = x->has_src ? &x->src : NULL,
+                                   .dst = x->has_dst ? &x->dst : NULL};
+    x->rc = c.copy(&c, &job, &x->res, x->err, sizeof x->err);
+    return NULL;
+}
+
+static void run_all(node *n)
+{
+    pthread_t th[NW];
+    for (int i = 0; i < NW; i++) pthread_create(&th[i], NULL, copy_main, &n[i]);
+    for (int i = 0; i < NW; i++) pthread_join(th[i], NULL);
+}
+
+/* The id of the source of element j of tensor t of d's engine, from d's copies. */
+static int source_id(const node *d, int t, size_t j)
+{
+    const pl_engine *e = &d->dst;
+    const int layer = pl_layer_copy_layer_of(e, t);
+    for (int i = 0; i < d->plan.ncopies; i++) {
+        const pl_msg_copy *c = &d->plan.copies[i];
+        size_t off, cnt;
+        pl_layer_copy_part_span(e->tensors[t].spec.numel, c->part, c->parts, &off, &cnt);
+        if (c->layer == layer && j >= off && j < off + cnt) return c->source[0] == 'a' ? 1 : 2;
+    }
+    return 0;
+}
+
+static void test_parts_from_several_sources(void)
+{
+    node n[NW];
+    char err[256];
+    int ok = setup(n, err, sizeof err) == 0;
+    if (!ok) printf("    setup: %s\n", err);
+    CHECK(ok);
+    if (!ok) return;
+    node *a = &n[0], *b = &n[1], *d = &n[2];
+    add_copy(a, d, 0, 0, 2); /* the embedding from both */
+    add_copy(b, d, 0, 1, 2);
+    add_copy(a, d, 1, 0, 3); /* two parts from a, one from b */
+    add_copy(b, d, 1, 1, 3);
+    add_copy(a, d, 1, 2, 3);
+    add_copy(b, d, 2, 0, 1); /* whole */
+    add_copy(a, d, 3, 0, 1);
+    add_copy(b, d, 4, 0, 2); /* the head */
+    add_copy(a, d, 4, 1, 2);
+    run_all(n);
+    for (int i = 0; i < NW; i++)
+        if (n[i].rc) printf("    %s: %s\n", n[i].name, n[i].err);
+    CHECK(a->rc == 0 && b->rc == 0 && d->rc == 0);
+    int64_t want = 0;
+    int wrong = 0;
+    for (int t = 0; t < d->dst.ntensors; t++) {
+        const pl_engine_tensor *x = &d->dst.tensors[t];
+        want += 3 * (int64_t)x->spec.numel * (int64_t)sizeof(float);
+        for (int arr = 0; arr < 3; arr++)
+            for (size_t j = 0; j < x->spec.numel; j++)
+                wrong += array_of(&d->dst, arr)[x->offset + j] != value(source_id(d, t, j), t, arr, j);
+    }
+    if (wrong) printf("    %d elements differ from their part's source\n", wrong);
+    CHECK_EQ_INT(wrong, 0);
+    CHECK_EQ_INT(d->res.bytes_in, want);
+    teardown(n);
+}
+
+static void test_parts_not_covering_a_layer_fail_first(void)
+{
+    node n[NW];
+    char err[256];
+    int ok = setup(n, err, sizeof err) == 0;
+    CHECK(ok);
+    if (!ok) return;
+    node *a = &n[0], *b = &n[1], *d = &n[2];
+    add_copy(a, d, 1, 0, 3);
+    add_copy(b, d, 1, 2, 3);
+    copy_main(d); /* fails before it accepts anything: no source needed */
+    CHECK(d->rc != 0 && strstr(d->err, "layer 1: some of its 3 parts have no copy"));
+    d->plan.ncopies = 0;
+    add_copy(a, d, 1, 0, 2);
+    add_copy(b, d, 1, 0, 2);
+    copy_main(d);
+    CHECK(d->rc != 0 && strstr(d->err, "copies[1]: part 0 of layer 1 listed twice"));
+    d->plan.ncopies = 0;
+    add_copy(a, d, 1, 0, 2);
+    add_copy(b, d, 1, 1, 3);
+    copy_main(d);
+    CHECK(d->rc != 0 && strstr(d->err, "copies[1]: layer 1 in 3 parts, an earlier entry has 2"));
+    teardown(n);
+}
+
+TEST_MAIN_BEGIN
+RUN(test_parts_from_several_sources);
+RUN(test_parts_not_covering_a_layer_fail_first);
+TEST_MAIN_END
