@@ -25,6 +25,14 @@ int64_t pl_transfer_ns(int64_t bytes, double GBps)
     return llround((double)bytes / GBps);
 }
 
+int64_t pl_profile_state_bytes(const pl_profile *p, int b, int e)
+{
+    int64_t bytes = 0;
+    for (int l = b < 0 ? 0 : b; l < e && l < p->nlayers; l++)
+        bytes += 3 * p->layers[l].param_bytes;
+    return bytes;
+}
+
 /* A JSON number that must be a whole number of bytes below 9e15. */
 static int get_bytes(const cJSON *obj, const char *key, const char *path, int64_t *out,
                      char *err, size_t errlen)

@@ -43,4 +43,7 @@ int pl_profile_key_index(const pl_profile *p, int d);
 /* Time in ns to send `bytes` at `GBps` (GB = 1e9 bytes), rounded to the nearest ns. */
 int64_t pl_transfer_ns(int64_t bytes, double GBps);
 
+/* The training state of layers [b, e): parameters and AdamW's m and v, what a copy moves. */
+int64_t pl_profile_state_bytes(const pl_profile *p, int b, int e);
+
 #endif

@@ -9,6 +9,7 @@
  * (resources), the emptyDir at /tmp (a user's mount at /tmp replaces it). */
 #include "job_objects.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -21,7 +22,7 @@
 /* The operator's worker environment, which a user's env cannot override. */
 static const char *const OWN_ENV[] = {"PLIANT_COORDINATOR", "PLIANT_TOKEN_FILE", "PLIANT_CA",
                                       "PLIANT_HOST", "PLIANT_WORKER_NAME", "PLIANT_NODE",
-                                      "PLIANT_ADVERTISE", NULL};
+                                      "PLIANT_ADVERTISE", "PLIANT_GRACE_SECONDS", NULL};
 /* The files of the Secret a worker reads (not the coordinator's key). */
 static const char *const WORKER_FILES[] = {"token", "ca.crt", "job.yaml", NULL};
 
@@ -134,15 +135,20 @@ static void add_affinity(cJSON *spec, const pl_job_objects *o, const cJSON *work
     cJSON_AddItemToObject(spec, "affinity", aff);
 }
 
+/* The Pod's terminationGracePeriodSeconds: its worker's `leaving` tells the coordinator. */
+static double grace_seconds(const cJSON *worker)
+{
+    const cJSON *grace = cJSON_GetObjectItem(worker, "terminationGracePeriodSeconds");
+    return cJSON_IsNumber(grace) ? grace->valuedouble : 30;
+}
+
 /* The Pod-level settings: scheduling, identity, security, the zone spread. */
 static void pod_settings(cJSON *spec, const pl_job_objects *o, const cJSON *worker)
 {
     char label[PL_NAME_LEN];
     pl_job_label_value(o->job, label, sizeof label);
     cJSON_AddStringToObject(spec, "restartPolicy", "Never"); /* a lost worker is replaced */
-    const cJSON *grace = cJSON_GetObjectItem(worker, "terminationGracePeriodSeconds");
-    cJSON_AddNumberToObject(spec, "terminationGracePeriodSeconds",
-                            cJSON_IsNumber(grace) ? grace->valuedouble : 30);
+    cJSON_AddNumberToObject(spec, "terminationGracePeriodSeconds", grace_seconds(worker));
     const cJSON *automount = cJSON_GetObjectItem(worker, "automountServiceAccountToken");
     cJSON_AddBoolToObject(spec, "automountServiceAccountToken", cJSON_IsTrue(automount));
     static const char *const copied[] = {"nodeSelector", "tolerations", "priorityClassName",
@@ -200,6 +206,9 @@ static void container_settings(cJSON *c, const pl_job_objects *o, const cJSON *w
     env_field(env, "PLIANT_WORKER_NAME", "metadata.name");
     env_field(env, "PLIANT_NODE", "spec.nodeName");
     env_field(env, "PLIANT_ADVERTISE", "status.podIP");
+    char grace[24];
+    snprintf(grace, sizeof grace, "%.0f", fmax(grace_seconds(worker), 0));
+    env_value(env, "PLIANT_GRACE_SECONDS", grace);
     append_items(env, worker, "env", "name", OWN_ENV);
     const cJSON *res = cJSON_GetObjectItem(worker, "resources");
     if (res) {

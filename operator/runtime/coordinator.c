@@ -2041,6 +2041,11 @@ static void note_time(pl_coord *c, int64_t now_ms)
         c->wait_since = c->now;
 }
 
+void pl_coord_clock(pl_coord *c, int64_t now_ms)
+{
+    note_time(c, now_ms);
+}
+
 static cnode *node_find(pl_coord *c, const char *node)
 {
     for (int k = 0; k < c->nnodes; k++)
@@ -2343,7 +2348,50 @@ int pl_coord_eval_done(pl_coord *c, const char *name, int64_t gen, const pl_msg_
     return PL_COORD_OK;
 }
 
-int pl_coord_leaving(pl_coord *c, const char *name, int reason)
+static int cmp_i64(const void *a, const void *b)
+{
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median time of the last committed steps; -1 before PL_COORD_STEP_TIMES_MIN were
+ * timed (the first steps warm up). */
+static int64_t median_step_ms(const pl_coord *c)
+{
+    if (c->nstep_ms < PL_COORD_STEP_TIMES_MIN)
+        return -1;
+    int64_t t[PL_COORD_STEP_TIMES];
+    const int n = c->nstep_ms < PL_COORD_STEP_TIMES ? c->nstep_ms : PL_COORD_STEP_TIMES;
+    memcpy(t, c->step_ms, (size_t)n * sizeof *t);
+    qsort(t, (size_t)n, sizeof *t, cmp_i64);
+    return n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
+}
+
+/* How long sending worker i's layers takes over the profile's inter-node link; without
+ * one, half the grace period is kept for it. */
+static int64_t copy_ms(const pl_coord *c, int i, int64_t grace_ms)
+{
+    const pl_profile *p = c->cfg.profile;
+    if (!p || p->inter_node_GBps <= 0)
+        return grace_ms / 2;
+    const int64_t bytes = pl_profile_state_bytes(p, c->w[i].lb, c->w[i].le);
+    return pl_transfer_ns(bytes, p->inter_node_GBps) / 1000000;
+}
+
+/* Plan worker i's notice of grace_ms ends before the running step's expected end (its
+ * median time) and the copies from it: the step is better given up now than the worker
+ * lost at its deadline, its layers with it. Not while the leaving workers are held in the
+ * plan (leaving_held): they train on then. */
+static int notice_outlasts_step(const pl_coord *c, int i, int64_t grace_ms)
+{
+    const int64_t median = median_step_ms(c);
+    if (c->phase != PL_COORD_RUNNING || !in_pipes(c, i) || grace_ms <= 0 || median < 0 ||
+        leaving_held(c))
+        return 0;
+    return median - (c->now - c->step_t0) + copy_ms(c, i, grace_ms) > grace_ms;
+}
+
+int pl_coord_leaving(pl_coord *c, const char *name, int reason, int64_t grace_ms)
 {
     c->err[0] = 0;
     int i = find_live(c, name);
@@ -2365,7 +2413,12 @@ int pl_coord_leaving(pl_coord *c, const char *name, int reason)
     case PL_COORD_FAILED:
         break;
     default:
-        c->pending = 1; /* at the step boundary */
+        if (notice_outlasts_step(c, i, grace_ms)) {
+            to_pipeline_workers(c, PL_MSG_ABORT, "a worker's notice ends before the step");
+            replan_soon(c); /* its plan makes the leaving workers copy sources */
+        } else {
+            c->pending = 1; /* at the step boundary */
+        }
         break;
     }
     return PL_COORD_OK;
@@ -3038,7 +3091,7 @@ static void save_to_pipeline0(pl_coord *c, int64_t step)
     }
 }
 
-int64_t pl_coord_skip_steps(pl_coord *c, int64_t n, int quiet)
+int64_t pl_coord_skip_steps(pl_coord *c, int64_t n, int quiet, int64_t step_ms)
 {
     if (c->phase != PL_COORD_RUNNING || c->pending || n <= 0)
         return 0;
@@ -3061,11 +3114,14 @@ int64_t pl_coord_skip_steps(pl_coord *c, int64_t n, int quiet)
             c->fail_step = -1;
         c->step++;
         done++;
+        c->step_ms[c->nstep_ms++ % PL_COORD_STEP_TIMES] = step_ms;
+        c->step_t0 += step_ms;
         saved = pl_checkpoint_due(c->cfg.checkpoint_dir, c->cfg.checkpoint_every, c->cfg.steps,
                                   c->step);
         if (saved)
             save_to_pipeline0(c, c->step);
     }
+    note_time(c, c->step_t0);
     if (done && quiet)
         reset_step_flags(c);
     else if (done)
@@ -3088,23 +3144,13 @@ void pl_coord_end(pl_coord *c, const char *why)
     finish(c);
 }
 
-static int cmp_i64(const void *a, const void *b)
-{
-    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
-}
-
 int64_t pl_coord_step_deadline(const pl_coord *c)
 {
     if (c->cfg.step_timeout_ms)
         return c->cfg.step_timeout_ms > 0 ? c->cfg.step_timeout_ms : -1;
-    if (c->nstep_ms < PL_COORD_STEP_TIMES_MIN)
+    const int64_t median = median_step_ms(c);
+    if (median < 0)
         return -1;
-    int64_t t[PL_COORD_STEP_TIMES];
-    const int n = c->nstep_ms < PL_COORD_STEP_TIMES ? c->nstep_ms : PL_COORD_STEP_TIMES;
-    memcpy(t, c->step_ms, (size_t)n * sizeof *t);
-    qsort(t, (size_t)n, sizeof *t, cmp_i64);
-    const int64_t median = n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
     const int64_t floor_ms =
         (int64_t)PL_COORD_STEP_TIMEOUT_BEATS * c->misses * c->cfg.heartbeat_ms;
     const int64_t k = PL_COORD_STEP_TIMEOUT_FACTOR * median;
@@ -3259,7 +3305,7 @@ int pl_coord_on_msg(pl_coord *c, const char *name, const pl_msg *m, int64_t now_
         return PL_COORD_OK;
     }
     case PL_MSG_LEAVING:
-        return pl_coord_leaving(c, name, m->u.leaving.reason);
+        return pl_coord_leaving(c, name, m->u.leaving.reason, m->u.leaving.grace_ms);
     case PL_MSG_REPORT:
         return pl_coord_report(c, name, m->gen, &m->u.report);
     case PL_MSG_REDUCED:

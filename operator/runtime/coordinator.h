@@ -21,8 +21,10 @@
  *   the commit stands (the step counts); the coordinator waits for committed
  *   from the live ones and reconfigures before s+1. A failure during the copy
  *   phase replans at once from the stable plan. A lost idle worker, a join and
- *   `leaving` are handled at the next step boundary (leaving: stop {0} to it,
- *   it serves no sends: survivors are the copy sources).
+ *   `leaving` are handled at the next step boundary; a `leaving` whose grace
+ *   period that boundary and the copies would outlast aborts the step instead. The
+ *   leaving worker is a copy source of the new plan (TCP) until its copies are
+ *   done, then gets stop {0}.
  * - peer_broken is treated as the loss of the named peer.
  * - Checkpoints: after committing step s with s+1 a checkpoint step (every
  *   checkpoint_every steps and the last), the workers of pipeline 0 (every
@@ -247,7 +249,13 @@ int pl_coord_report(pl_coord *c, const char *name, int64_t gen, const pl_msg_rep
 int pl_coord_reduced(pl_coord *c, const char *name, int64_t gen, int64_t step);
 int pl_coord_committed(pl_coord *c, const char *name, int64_t gen, int64_t step);
 int pl_coord_copy_done(pl_coord *c, const char *name, int64_t gen, int64_t bytes);
-int pl_coord_leaving(pl_coord *c, const char *name, int reason /* pl_leave_reason */);
+/* grace_ms: how long the worker expects to live (0: unknown). When the running step's
+ * expected end (its median time) and then the copies of the worker's layers (over the
+ * profile's inter-node link; half of grace_ms without one) would outlast it, the step is
+ * aborted at once and the plan made without the leaving workers (its copy sources while
+ * they live). */
+int pl_coord_leaving(pl_coord *c, const char *name, int reason /* pl_leave_reason */,
+                     int64_t grace_ms);
 int pl_coord_peer_broken(pl_coord *c, const char *name, int64_t gen, const char *peer);
 int pl_coord_saved(pl_coord *c, const char *name, const pl_msg_saved *s);
 /* The worker asked to complete the checkpoint of `step` answered: error NULL or "" when its
@@ -303,9 +311,12 @@ int pl_coord_plan_pipeline(const pl_coord *c, int q, const char **names, int max
  * `save` goes to pipeline 0's workers (what a commit with save asks of them; they answer
  * `saved`). Then the step reached starts: start_step to the plan's workers (the one sent
  * before is superseded: its step counts as committed), or with `quiet` no message at all
- * (the caller's workers go on with the step reached). The number of steps committed (0:
- * none could be). */
-int64_t pl_coord_skip_steps(pl_coord *c, int64_t n, int quiet);
+ * (the caller's workers go on with the step reached). step_ms: each step's time, as the
+ * step times measured and the clock (the step reached starts done × step_ms after the
+ * step skipped from). The number of steps committed (0: none could be). */
+int64_t pl_coord_skip_steps(pl_coord *c, int64_t n, int quiet, int64_t step_ms);
+/* The caller's clock (a simulation's), for the events whose calls carry no time. */
+void pl_coord_clock(pl_coord *c, int64_t now_ms);
 
 /* Ends the job now (a time limit): a step not committed yet is dropped, every
  * worker gets stop {0}, the phase is DONE with `why` as the reason. */

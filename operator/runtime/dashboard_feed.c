@@ -302,7 +302,9 @@ static void notice_transition(pl_dash_feed *f, const pl_coord_worker_view *v, co
     if (old[0] && !v->live && !v->departing)
         publish_notice(f, v->name, "lost", "the coordinator lost it");
     else if (!old[1] && v->leaving && v->live)
-        publish_notice(f, v->name, "leaving", "preemption notice: it leaves at the step boundary");
+        publish_notice(f, v->name, "leaving",
+                       "preemption notice: it leaves at the step boundary, or at once when its "
+                       "grace period would end first");
 }
 
 /* The plan's workers and their states as ints; 1 when they differ from the last ones

@@ -45,10 +45,7 @@ int64_t pl_sim_pipeline_ns(const pl_sim_costs *k, int nnodes, const int *layers,
 
 int64_t pl_sim_state_bytes(const pl_sim_costs *k, int b, int e)
 {
-    int64_t bytes = 0;
-    for (int l = b < 0 ? 0 : b; l < e && l < k->profile->nlayers; l++)
-        bytes += 3 * k->profile->layers[l].param_bytes;
-    return bytes;
+    return pl_profile_state_bytes(k->profile, b, e);
 }
 
 int64_t pl_sim_copy_ns(const pl_sim_costs *k, int64_t bytes)

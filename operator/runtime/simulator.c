@@ -184,7 +184,7 @@ static int fast_forward(sim *s)
         int64_t k = (next - f->start_ns) / T;
         if (k < 1) return 0;
         account(s);
-        int64_t done = pl_coord_skip_steps(s->coord, k, 1);
+        int64_t done = pl_coord_skip_steps(s->coord, k, 1, T / NS_PER_MS);
         if (done <= 0) return 0;
         s->now = f->start_ns + done * T;
         pl_sim_account_advance(&s->res->acct, s->now);
@@ -242,7 +242,8 @@ static void node_event(sim *s, const pl_sim_event *e)
         w->state = PL_SIM_W_GONE;
         timeline_event(s, "remove", e->node);
     } else if (e->kind == PL_SIM_EV_NOTICE) {
-        if (w->state == PL_SIM_W_LIVE) pl_coord_leaving(s->coord, name, PL_LEAVE_SIGTERM);
+        const int64_t grace_ms = s->cfg->costs.notice_ns / NS_PER_MS;
+        if (w->state == PL_SIM_W_LIVE) pl_coord_leaving(s->coord, name, PL_LEAVE_SIGTERM, grace_ms);
         timeline_event(s, "notice", e->node);
     } else if (e->kind == PL_SIM_EV_REGISTER && w->state == PL_SIM_W_STARTING) {
         char zone[16] = "";
@@ -281,6 +282,7 @@ static void set_time(sim *s, int64_t t)
 {
     if (t > s->now) s->now = t;
     pl_sim_account_advance(&s->res->acct, s->now);
+    pl_coord_clock(s->coord, s->now / NS_PER_MS); /* its step times and timers */
 }
 
 static int loop(sim *s)

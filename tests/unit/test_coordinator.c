@@ -586,7 +586,7 @@ static void test_leaving_at_boundary(void)
     CHECK(begin_run(&s, 5, 6) == 0);
     CHECK(run_step(&s, 0) == 0);
     report_all(&s, 1, -1, 0);
-    CHECK_EQ_INT(pl_coord_leaving(s.c, "w4", PL_LEAVE_SIGTERM), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_leaving(s.c, "w4", PL_LEAVE_SIGTERM, 0), PL_COORD_OK);
     CHECK(drain(&s) == 0);
     CHECK_EQ_INT(s.nm, 0); /* no abort: the step finishes */
     for (int w = 0; w < 6; w++)
@@ -625,8 +625,8 @@ static void test_notice_keeps_copy_sources(void)
     CHECK(run_step(&s, 0) == 0);
     CHECK(s.plan[1].u.plan.you_layer_begin == s.plan[4].u.plan.you_layer_begin &&
           s.plan[1].u.plan.you_layer_end == s.plan[4].u.plan.you_layer_end);
-    CHECK_EQ_INT(pl_coord_leaving(s.c, "w1", PL_LEAVE_SIGTERM), PL_COORD_OK);
-    CHECK_EQ_INT(pl_coord_leaving(s.c, "w4", PL_LEAVE_SIGTERM), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_leaving(s.c, "w1", PL_LEAVE_SIGTERM, 0), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_leaving(s.c, "w4", PL_LEAVE_SIGTERM, 0), PL_COORD_OK);
     CHECK(run_step(&s, 1) == 0);
     CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
     const pl_coord_reconfig_rec *rec = pl_coord_reconfig(s.c, 0);
@@ -654,8 +654,8 @@ static void test_notice_keeps_copy_sources(void)
     /* their notice runs out before the copies are done: planned again without them */
     CHECK(begin_run(&s, 9, 6) == 0);
     CHECK(run_step(&s, 0) == 0);
-    CHECK_EQ_INT(pl_coord_leaving(s.c, "w1", PL_LEAVE_SIGTERM), PL_COORD_OK);
-    CHECK_EQ_INT(pl_coord_leaving(s.c, "w4", PL_LEAVE_SIGTERM), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_leaving(s.c, "w1", PL_LEAVE_SIGTERM, 0), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_leaving(s.c, "w4", PL_LEAVE_SIGTERM, 0), PL_COORD_OK);
     CHECK(run_step(&s, 1) == 0);
     const int64_t g = s.gen;
     CHECK_EQ_INT(pl_coord_worker_lost(s.c, "w1", "preempted"), PL_COORD_OK);
@@ -676,7 +676,7 @@ static void test_notice_held_at_the_minimum(void)
     sim s;
     CHECK(begin_run(&s, 9, 4) == 0);
     CHECK(run_step(&s, 0) == 0);
-    CHECK_EQ_INT(pl_coord_leaving(s.c, "w3", PL_LEAVE_SIGTERM), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_leaving(s.c, "w3", PL_LEAVE_SIGTERM, 0), PL_COORD_OK);
     const int64_t g = s.gen;
     CHECK(run_step(&s, 1) == 0);
     CHECK(run_step(&s, 2) == 0);
@@ -1014,6 +1014,67 @@ static void test_checkpoint_strategy_and_end(void)
     CHECK(drain(&s) == 0);
     CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_DONE);
     CHECK_EQ_INT(count_type(&s, PL_MSG_STOP), 5);
+    sim_free(&s);
+}
+
+/* Steps of 10 s (a settle of 20 ms: the zone's notices make one plan). */
+static int begin_timed_run(sim *s, int64_t *t)
+{
+    if (sim_init(s, 9, 6))
+        return -1;
+    s->cfg.settle_ms = 20;
+    s->cfg.heartbeat_ms = 60000; /* the test sends none */
+    if (sim_reconfigure(s) || start_workers(s, 6) || plans_valid(s))
+        return -1;
+    all_copy_done(s);
+    if (drain(s))
+        return -1;
+    *t = 0;
+    for (int st = 0; st < PL_COORD_STEP_TIMES_MIN; st++) {
+        pl_coord_clock(s->c, *t += 10000);
+        if (run_step(s, st))
+            return -1;
+    }
+    return 0;
+}
+
+/* w1 and w4 get a notice of 4 s (their layers' copies take well under 2 s over the
+ * profile's link). Early in a step (9 s left) the step is aborted at once and planned again
+ * with them as copy sources, as at a boundary; late in one (2 s left) the boundary is
+ * waited for. */
+static void test_notice_shorter_than_step(void)
+{
+    sim s;
+    int64_t t;
+    CHECK(begin_timed_run(&s, &t) == 0);
+    pl_coord_clock(s.c, t + 1000);
+    CHECK_EQ_INT(pl_coord_leaving(s.c, "w1", PL_LEAVE_SIGTERM, 4000), PL_COORD_OK);
+    CHECK_EQ_INT(pl_coord_leaving(s.c, "w4", PL_LEAVE_SIGTERM, 4000), PL_COORD_OK);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_ABORT), 6);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_SETTLING);
+    CHECK(pl_coord_tick(s.c, t + 1020) != PL_COORD_ERR); /* the settled plan */
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
+    CHECK_EQ_INT(pl_coord_step(s.c), PL_COORD_STEP_TIMES_MIN); /* the aborted step, again */
+    const pl_coord_reconfig_rec *rec = pl_coord_reconfig(s.c, 0);
+    CHECK(rec && !rec->from_checkpoint && rec->bytes_planned > 0);
+    CHECK(strcmp(rec->removed, "w1,w4") == 0);
+    pl_coord_worker_view v;
+    CHECK(pl_coord_worker_view_at(s.c, 4, &v) == 0 && v.departing && v.pipeline == -1);
+    s.live[1] = s.live[4] = 0;
+    CHECK(plans_valid(&s) == 0);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(msg_to(&s, 1, PL_MSG_STOP) && msg_to(&s, 4, PL_MSG_STOP));
+    sim_free(&s);
+
+    CHECK(begin_timed_run(&s, &t) == 0);
+    pl_coord_clock(s.c, t + 8000);
+    CHECK_EQ_INT(pl_coord_leaving(s.c, "w1", PL_LEAVE_SIGTERM, 4000), PL_COORD_OK);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(s.nm, 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_RUNNING);
     sim_free(&s);
 }
 
@@ -2439,6 +2500,7 @@ RUN(test_zone_placement);
 RUN(test_added_workers_spread_over_zones);
 RUN(test_zone_loss_leaves_holders);
 RUN(test_notice_keeps_copy_sources);
+RUN(test_notice_shorter_than_step);
 RUN(test_notice_held_at_the_minimum);
 RUN(test_transport_and_nccl_id);
 RUN(test_step_failed_replans);

@@ -265,6 +265,8 @@ static void test_default_pod(void)
     /* the worker checks the coordinator's certificate: the Secret's ca.crt, mounted */
     CHECK(!strcmp(pl_kube_field(find(env, "name", "PLIANT_CA"), "value"), PL_SECRET_MOUNT "/ca.crt"));
     CHECK(!find(env, "name", "PLIANT_INSECURE"));
+    /* the Pod's grace period (the default), for the worker's `leaving` */
+    CHECK(!strcmp(pl_kube_field(find(env, "name", "PLIANT_GRACE_SECONDS"), "value"), "30"));
     CHECK(!strcmp(pl_kube_field(pod, "metadata.name"), "basic-w0"));
     cJSON_Delete(pod);
     cJSON_Delete(j);

@@ -556,6 +556,7 @@ static void announce_leaving(agent *a, int *sent)
     pl_msg m;
     pl_msg_init(&m, PL_MSG_LEAVING, atomic_load(&a->newest_plan));
     m.u.leaving.reason = PL_LEAVE_SIGTERM;
+    m.u.leaving.grace_ms = a->o->grace_ms;
     if (pl_ctl_client_send(a->cli, &m) == 0) {
         agent_log(a, "SIGTERM: told the coordinator this worker is leaving");
         *sent = 1;

@@ -45,6 +45,8 @@
 #ifndef PLIANT_AGENT_H
 #define PLIANT_AGENT_H
 
+#include <stdint.h>
+
 typedef struct {
     const char *job_path;     /* the TrainingJob */
     const char *coordinator;  /* HOST:PORT */
@@ -60,6 +62,8 @@ typedef struct {
     int peer_protection;      /* pl_frame_protection of peer frames (worker/comm/tcp.h);
                                  0: the default */
     const char *checkpoint_dir; /* overrides spec.checkpoint.dir (NULL: the job's) */
+    int64_t grace_ms;         /* from SIGTERM to the kill (the Pod's grace period; 0: unknown),
+                                 told the coordinator in `leaving` */
     int threads;              /* compute threads (≤ 0: all cores) */
     const char *backend;      /* kernels: "cpu", "cuda", "auto" or NULL (CUDA if there is a
                                  device and this build has it, else the CPU) */
