@@ -260,6 +260,18 @@ __device__ static inline void tile_async(bf16 *dst, const bf16 *src)
     }
 }
 
+/* Keys k0 .. k0 + BK − 1 of the packed k and v into stage s of Ks and Vs (each two
+ * stages of BK rows), as one group of copies. */
+template <int D>
+__device__ static inline void kv_tile_async(bf16 *Ks, bf16 *Vs, const bf16 *k, const bf16 *v,
+                                            int s, int k0)
+{
+    constexpr int BK = tc_tile<D>(), LD = tc_ld<D>();
+    tile_async<BK, D>(Ks + s * BK * LD, k + (size_t)k0 * D);
+    tile_async<BK, D>(Vs + s * BK * LD, v + (size_t)k0 * D);
+    cp_async_commit();
+}
+
 /* A fragments of the warp's 16 rows row0.. of a packed operand, straight from
  * global memory (read once per block): a[kc] for channels 16kc..16kc+15. */
 template <int D>
@@ -388,17 +400,12 @@ flash_forward_bf16_kernel(float *out, float *lse, const bf16 *pk, int T, int NH,
 #pragma unroll
     for (int j = 0; j < NO; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
 
-    tile_async<BK, D>(Ks, k);
-    tile_async<BK, D>(Vs, v);
-    cp_async_commit();
+    kv_tile_async<D>(Ks, Vs, k, v, 0, 0);
     for (int k0 = 0, buf = 0; k0 < kend; k0 += BK, buf ^= 1) {
         cp_async_wait_all();
         __syncthreads(); /* stage buf holds keys k0 .. k0 + BK − 1; the other stage is free */
-        if (k0 + BK < kend) { /* the next tile flies while this one is used */
-            tile_async<BK, D>(Ks + (buf ^ 1) * BK * LD, k + (size_t)(k0 + BK) * D);
-            tile_async<BK, D>(Vs + (buf ^ 1) * BK * LD, v + (size_t)(k0 + BK) * D);
-            cp_async_commit();
-        }
+        if (k0 + BK < kend) /* the next tile flies while this one is used */
+            kv_tile_async<D>(Ks, Vs, k, v, buf ^ 1, k0 + BK);
         const bf16 *Kt = Ks + buf * BK * LD, *Vt = Vs + buf * BK * LD;
         /* Chunks of 16 keys with a key ≤ the warp's last row: nc (warp-uniform).
          * Rows at or past T are not stored; a warp of only those skips. */
@@ -653,17 +660,12 @@ flash_backward_dq_bf16_kernel(float *dqkv, const bf16 *pk, const bf16 *pdo, cons
 #pragma unroll
     for (int j = 0; j < NO; j++) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.0f;
 
-    tile_async<BK, D>(Ks, k);
-    tile_async<BK, D>(Vs, v);
-    cp_async_commit();
+    kv_tile_async<D>(Ks, Vs, k, v, 0, 0);
     for (int k0 = 0, buf = 0; k0 < kend; k0 += BK, buf ^= 1) {
         cp_async_wait_all();
         __syncthreads(); /* stage buf holds keys k0 .. k0 + BK − 1; the other stage is free */
-        if (k0 + BK < kend) {
-            tile_async<BK, D>(Ks + (buf ^ 1) * BK * LD, k + (size_t)(k0 + BK) * D);
-            tile_async<BK, D>(Vs + (buf ^ 1) * BK * LD, v + (size_t)(k0 + BK) * D);
-            cp_async_commit();
-        }
+        if (k0 + BK < kend)
+            kv_tile_async<D>(Ks, Vs, k, v, buf ^ 1, k0 + BK);
         const bf16 *Kt = Ks + buf * BK * LD, *Vt = Vs + buf * BK * LD;
         if (r0 >= T) continue;
 #pragma unroll
