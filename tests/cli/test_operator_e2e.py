@@ -671,9 +671,11 @@ def dashboard_serves_each_job_on_the_leader():
     late = feed_events(op, path)
     check(late[:len(evs)] == evs, "the final page's history differs from the live feed")
     for p, want in ((path, 200), (path[:-1], 200), (path + "feed", 404), ("/jobs/default/nothing/", 404),
-                    ("/", 404)):
+                    ("/index.html", 404)):
         code, _ = op.dashboard(p)
         check(code == want, "GET %s: %s, want %d", p, code, want)
+    code, index = op.dashboard("/")
+    check(code == 200 and ('href="%s"' % path) in index, "GET / (the jobs' pages): %s %s", code, index[:300])
 
 
 def check_cost(st, samples, job, trained):
