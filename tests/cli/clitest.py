@@ -34,6 +34,29 @@ class Skip(Exception):
     """Raised by a test that cannot run here (the reason is printed)."""
 
 
+SIM_JOB = """\
+apiVersion: pliant.dev/v1alpha1
+kind: TrainingJob
+metadata:
+  name: simjob
+spec:
+  model: {{layers: 4, channels: 64, heads: 2, vocabSize: 256, maxSeqLen: 64}}
+  data: {{train: /nowhere/x_*.bin}}
+  batch: {{global: {global_}, micro: {micro}, seqLen: 32}}
+  steps: 100
+  checkpoint: {{dir: /nowhere/ckpt, every: 10}}
+  faultTolerance: {{tolerate: 1, maxResets: 0}}
+  cost: {{spot: 2.0, onDemand: 5.0}}
+  profile: {profile}
+"""
+
+
+def sim_job(micro, profile):
+    """A small job for pliant simulate (its data is never read): 16 microbatches of `micro`
+    a step, planned from the profile file `profile`."""
+    return SIM_JOB.format(global_=16 * micro, micro=micro, profile=profile)
+
+
 def check(cond, msg, *args):
     if not cond:
         raise Failure(msg % args if args else msg)

@@ -33,7 +33,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from clitest import SHAKESPEARE, WS, Skip, Suite, check, flatten, read_feed  # noqa: E402
+from clitest import SHAKESPEARE, WS, Skip, Suite, check, flatten, read_feed, sim_job  # noqa: E402
 
 suite = Suite("dashboard", needs=[SHAKESPEARE])
 test = suite.test
@@ -376,21 +376,6 @@ def page_in_chromium_shows_the_plan_the_steps_and_the_reconfigurations():
     print("# screenshots in %s" % out)
 
 
-SIM_JOB = """\
-apiVersion: pliant.dev/v1alpha1
-kind: TrainingJob
-metadata:
-  name: simjob
-spec:
-  model: {{layers: 4, channels: 64, heads: 2, vocabSize: 256, maxSeqLen: 64}}
-  data: {{train: /nowhere/x_*.bin}}
-  batch: {{global: {batch}, micro: {micro}, seqLen: 32}}
-  steps: 100
-  checkpoint: {{dir: /nowhere/ckpt, every: 10}}
-  faultTolerance: {{tolerate: 1, maxResets: 0}}
-  cost: {{spot: 2.0, onDemand: 5.0}}
-  profile: {profile}
-"""
 
 SIM_TRACE = "".join("0,add,node%d\n" % i for i in range(6)) + \
     "600000,remove,node2\n900000,remove,node4\n960000,add,node6\n3600000,remove,node0\n"
@@ -405,7 +390,7 @@ def simulate_report():
         micro = json.load(f)["microbatch_size"]
     job, trace = os.path.join(suite.tmp, "sim.yaml"), os.path.join(suite.tmp, "trace.csv")
     with open(job, "w") as f:
-        f.write(SIM_JOB.format(batch=16 * micro, micro=micro, profile=profile))
+        f.write(sim_job(micro, profile))
     with open(trace, "w") as f:
         f.write(SIM_TRACE)
     report = os.path.join(out_dir(), "simulate.html")

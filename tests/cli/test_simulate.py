@@ -25,28 +25,12 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from clitest import REPO, Suite, check  # noqa: E402
+from clitest import REPO, Suite, check, sim_job  # noqa: E402
 
 suite = Suite("simulate")
 test = suite.test
 
 PROFILE = os.path.join(REPO, "examples", "profiles", "tiny.json")
-
-JOB = """\
-apiVersion: pliant.dev/v1alpha1
-kind: TrainingJob
-metadata:
-  name: simjob
-spec:
-  model: {{layers: 4, channels: 64, heads: 2, vocabSize: 256, maxSeqLen: 64}}
-  data: {{train: /nowhere/x_*.bin}}
-  batch: {{global: {global_}, micro: {micro}, seqLen: 32}}
-  steps: 100
-  checkpoint: {{dir: /nowhere/ckpt, every: 10}}
-  faultTolerance: {{tolerate: 1, maxResets: 0}}
-  cost: {{spot: 2.0, onDemand: 5.0}}
-  profile: {profile}
-"""
 
 EVENTS = "0,add,node0\n0,add,node1\n0,add,node2\n0,add,node3\n0,add,node4\n0,add,node5\n" \
          "600000,remove,node2\n900000,remove,node4\n960000,add,node6\n1800000,add,node7\n" \
@@ -89,7 +73,7 @@ def write(name, text):
 def job():
     with open(PROFILE) as f:
         micro = json.load(f)["microbatch_size"]
-    return write("job.yaml", JOB.format(global_=16 * micro, micro=micro, profile=PROFILE))
+    return write("job.yaml", sim_job(micro, PROFILE))
 
 
 def summary(out):
@@ -212,7 +196,7 @@ def bad_input_refused():
         full = ["simulate", job()] + (["--trace", trace] if want != "--trace" else []) + args
         rc, out, err = suite.run(*full, timeout=30)
         check(rc == 2 and want in err, "%s: status %d, %s", args, rc, err)
-    bad = write("bad.yaml", JOB.format(global_=16, micro=1, profile=PROFILE).replace(
+    bad = write("bad.yaml", sim_job(1, PROFILE).replace(
         "spot: 2.0", "spot: -1"))
     rc, out, err = suite.run("simulate", bad, "--trace", trace, timeout=30)
     check(rc == 2 and "spec.cost.spot" in err, "status %d, %s", rc, err)
