@@ -474,13 +474,27 @@ static int parse_checkpoint(pctx *c, const pl_ynode *spec, pl_checkpoint_spec *k
     return 0;
 }
 
+/* spec.faultTolerance.strategy's words, in pl_ft_strategy's order */
+static const char *const STRATEGIES[] = {"templates", "checkpoint", "redundant", NULL};
+
+const char *pl_ft_strategy_name(pl_ft_strategy s) { return STRATEGIES[s]; }
+
+int pl_ft_strategy_from_name(const char *name, pl_ft_strategy *out)
+{
+    for (int i = 0; STRATEGIES[i]; i++)
+        if (!strcmp(name, STRATEGIES[i])) {
+            *out = (pl_ft_strategy)i;
+            return 0;
+        }
+    return -1;
+}
+
 static int parse_fault_tolerance(pctx *c, const pl_ynode *spec, pl_fault_tolerance_spec *f)
 {
     static const char *const known[] = {"strategy", "redundantForward", "tolerate", "maxResets",
                                         "hostsAddedCheckEvery", "heartbeatSeconds", "stepTimeoutSeconds",
                                         "waitForNodesTimeoutSeconds", "belowMinimum", NULL};
     static const char *const below[] = {"wait", "degrade", NULL};
-    static const char *const strategies[] = {"templates", "checkpoint", "redundant", NULL};
     static const char *const frc_modes[] = {"eager", "lazy", NULL};
     const char *P = "spec.faultTolerance";
     const pl_ynode *map;
@@ -490,7 +504,7 @@ static int parse_fault_tolerance(pctx *c, const pl_ynode *spec, pl_fault_toleran
     if (check_fields(c, map, P, known)) return -1;
     int strategy = (int)f->strategy, frc = (int)f->redundant_forward;
     int bm = (int)f->below_minimum;
-    if (get_enum(c, map, P, "strategy", strategies, &strategy) ||
+    if (get_enum(c, map, P, "strategy", STRATEGIES, &strategy) ||
         get_enum(c, map, P, "belowMinimum", below, &bm) ||
         get_enum(c, map, P, "redundantForward", frc_modes, &frc) ||
         get_int(c, map, P, "tolerate", 0, 0, INT_MAX, &f->tolerate) ||

@@ -115,6 +115,10 @@ typedef struct {
 int pl_job_parse(const char *text, const char *base_dir, pl_job *job, char *err, size_t errlen);
 int pl_job_load(const char *path, pl_job *job, char *err, size_t errlen);
 void pl_job_free(pl_job *job);
+/* spec.faultTolerance.strategy's word for s ("templates", "checkpoint", "redundant"). */
+const char *pl_ft_strategy_name(pl_ft_strategy s);
+/* The strategy a word names: 0, or -1 for none. */
+int pl_ft_strategy_from_name(const char *name, pl_ft_strategy *out);
 
 /* Fills the model sizes of a preset name; −1 if unknown. */
 int pl_model_preset(const char *name, pl_model_spec *m);

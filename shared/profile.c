@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "jobspec.h"
 #include "json_num.h"
 #include "util.h"
 
@@ -40,9 +41,9 @@ static int get_bytes(const cJSON *obj, const char *key, const char *path, int64_
     return pl_json_get_int(obj, path, key, 0, 9000000000000000LL, out, err, errlen);
 }
 
-static int get_positive(const cJSON *obj, const char *key, double *out, char *err, size_t errlen)
+/* v (the field named key) must be a positive number. */
+static int get_positive(const char *key, const cJSON *v, double *out, char *err, size_t errlen)
 {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
     if (!v) return pl_errf(err, errlen, "%s: missing", key);
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
         return pl_errf(err, errlen, "%s: must be a number", key);
@@ -141,6 +142,33 @@ static int parse_layer(pl_profile *p, int i, const cJSON *layer, char *err, size
     return 0;
 }
 
+/* The optional "pipeline_step": {"strategy", "workers", "threads", "steps", "ms"}. */
+static int parse_pipeline_step(const cJSON *root, pl_pipeline_step *ps, char *err, size_t errlen)
+{
+    const cJSON *o = cJSON_GetObjectItemCaseSensitive(root, "pipeline_step");
+    if (!o) return 0;
+    if (!cJSON_IsObject(o)) return pl_errf(err, errlen, "pipeline_step: must be an object");
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(o, "strategy");
+    pl_ft_strategy ignored;
+    if (!cJSON_IsString(st) || pl_ft_strategy_from_name(st->valuestring, &ignored))
+        return pl_errf(err, errlen,
+                       "pipeline_step.strategy: must be templates, checkpoint or redundant");
+    int64_t w, t, n;
+    double ms;
+    if (pl_json_get_int(o, "pipeline_step", "workers", 1, 4096, &w, err, errlen) ||
+        pl_json_get_int(o, "pipeline_step", "threads", 1, 1024, &t, err, errlen) ||
+        pl_json_get_int(o, "pipeline_step", "steps", 1, 1000000, &n, err, errlen) ||
+        get_positive("pipeline_step.ms", cJSON_GetObjectItemCaseSensitive(o, "ms"), &ms, err,
+                     errlen))
+        return -1;
+    /* the bound keeps the step inside int64 nanoseconds with room to spare */
+    if (ms > 1e7) return pl_errf(err, errlen, "pipeline_step.ms: above 1e7 ms (got %g)", ms);
+    *ps = (pl_pipeline_step){.workers = (int)w, .threads = (int)t, .steps = (int)n,
+                             .ns = llround(ms * 1e6)};
+    snprintf(ps->strategy, sizeof ps->strategy, "%s", st->valuestring);
+    return 0;
+}
+
 static int parse_root(const cJSON *root, pl_profile *p, char *err, size_t errlen)
 {
     if (!cJSON_IsObject(root)) return pl_errf(err, errlen, "profile: must be a JSON object");
@@ -153,8 +181,11 @@ static int parse_root(const cJSON *root, pl_profile *p, char *err, size_t errlen
         pl_json_get_int(root, NULL, "gpus_per_node", 1, 1024, &m, err, errlen) ||
         pl_json_get_int(root, NULL, "gpu_memory_bytes", 1, 9000000000000000LL,
                         &p->gpu_memory_bytes, err, errlen) ||
-        get_positive(root, "intra_node_GBps", &p->intra_node_GBps, err, errlen) ||
-        get_positive(root, "inter_node_GBps", &p->inter_node_GBps, err, errlen))
+        get_positive("intra_node_GBps", cJSON_GetObjectItemCaseSensitive(root, "intra_node_GBps"),
+                     &p->intra_node_GBps, err, errlen) ||
+        get_positive("inter_node_GBps", cJSON_GetObjectItemCaseSensitive(root, "inter_node_GBps"),
+                     &p->inter_node_GBps, err, errlen) ||
+        parse_pipeline_step(root, &p->pipeline_step, err, errlen))
         return -1;
     p->microbatch_size = (int)mb;
     p->gpus_per_node = (int)m;

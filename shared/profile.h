@@ -18,6 +18,18 @@ typedef struct {
     int64_t output_bytes;
 } pl_layer_profile;
 
+/* A real failure-free step of the job on the machine that measured the profile
+ * (`pliant profile --pipeline-workers`): `workers` local workers of `threads` compute
+ * threads each, under the job's strategy, took ns per step (the mean after the first
+ * plan's warm-up). What the planner's layer times leave out of a step there (messages,
+ * scheduling) is taken from it (docs/simulate.md). workers 0: not measured. */
+typedef struct {
+    int workers, threads;
+    char strategy[16];        /* spec.faultTolerance.strategy's word */
+    int steps;                /* the steps the mean is over */
+    int64_t ns;
+} pl_pipeline_step;
+
 typedef struct {
     char model[64];
     int microbatch_size;
@@ -29,6 +41,7 @@ typedef struct {
     int keys[PL_MAX_GPU_KEYS];
     int nlayers;              /* L */
     pl_layer_profile *layers;
+    pl_pipeline_step pipeline_step; /* optional "pipeline_step" */
 } pl_profile;
 
 /* Parses and validates a profile JSON document. On error returns -1 and writes

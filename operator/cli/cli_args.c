@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "util.h"
 
@@ -39,4 +40,10 @@ int cli_check_backend(const char *flag, const char *s, char *err, size_t errlen)
 {
     if (!strcmp(s, "auto") || !strcmp(s, "cpu") || !strcmp(s, "cuda")) return 0;
     return pl_errf(err, errlen, "%s: must be auto, cpu or cuda, not '%s'", flag, s);
+}
+
+int cli_worker_threads(long long n)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    return cores / n > 0 ? (int)(cores / n) : 1;
 }

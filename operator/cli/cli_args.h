@@ -11,6 +11,9 @@ int cli_parse_int(const char *flag, const char *s, long long lo, long long hi, l
 /* The same for a finite double. */
 int cli_parse_double(const char *flag, const char *s, double lo, double hi, double *out,
                      char *err, size_t errlen);
+/* The compute threads `pliant run` gives each of n local workers without --threads: an
+ * equal share of the cores, at least one. */
+int cli_worker_threads(long long n);
 /* A kernel backend choice: auto (CUDA where there is one), cpu or cuda. */
 int cli_check_backend(const char *flag, const char *s, char *err, size_t errlen);
 

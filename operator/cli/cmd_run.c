@@ -61,7 +61,7 @@
 
 /* The command line. */
 typedef struct {
-    const char *job_path, *metrics_path, *chaos_spec, *ckpt_dir, *backend, *dashboard;
+    const char *job_path, *metrics_path, *chaos_spec, *ckpt_dir, *backend, *dashboard, *profile;
     long long nworkers, threads, steps, duration_s, gpus, linger_s;
     int devices[MAX_WORKERS]; /* --devices: worker i sees GPU devices[i mod ndevices] */
     int ndevices;
@@ -106,8 +106,10 @@ static void run_usage(FILE *f)
                "                 [--metrics FILE] [--threads T] [--backend auto|cpu|cuda]\n"
                "                 [--devices 0,1,...]\n"
                "                 [--chaos SPEC] [--duration SECONDS] [--checkpoint-dir DIR]\n"
+               "                 [--profile PROFILE.json]\n"
                "                 [--dashboard HOST:PORT [--dashboard-linger SECONDS]]\n"
                "  --duration: stop after that long (benchmarks), dropping the step in flight\n"
+               "  --profile: the planner profile instead of spec.profile\n"
                "  --dashboard: serve the job's live dashboard at http://HOST:PORT/ (port 0: any);\n"
                "        --dashboard-linger: keep serving it that long after the job ended\n"
                "  SPEC: comma-separated kill:W@step=S, term:W@step=S, add:K@step=S\n"
@@ -152,6 +154,7 @@ static int parse_option(int c, run_args *a, char **argv, char *err, size_t errle
     case 'm': a->metrics_path = optarg; return 0;
     case 'c': a->chaos_spec = optarg; return 0;
     case 'k': a->ckpt_dir = optarg; return 0;
+    case 'P': a->profile = optarg; return 0;
     case 'A': a->dashboard = optarg; return 0;
     case 'L':
         return cli_parse_int("--dashboard-linger", optarg, 0, 1000000, &a->linger_s, err, errlen);
@@ -198,6 +201,7 @@ static int parse_args(int argc, char **argv, run_args *a)
                                          {"chaos", required_argument, 0, 'c'},
                                          {"duration", required_argument, 0, 'd'},
                                          {"checkpoint-dir", required_argument, 0, 'k'},
+                                         {"profile", required_argument, 0, 'P'},
                                          {"gpus-per-worker", required_argument, 0, 'g'},
                                          {"backend", required_argument, 0, 'b'},
                                          {"devices", required_argument, 0, 'D'},
@@ -775,6 +779,7 @@ static int open_job(run_state *r)
     char err[1024] = "";
     pl_job_driver_config cfg = {.path = a->job_path, .steps = (int)a->steps,
                                 .gpus_per_node = (int)a->gpus, .checkpoint_dir = a->ckpt_dir,
+                                .profile = a->profile,
                                 .n_start = (int)a->nworkers, .admit = admit, .user = r};
     if (!(r->drv = pl_job_driver_new(&cfg, err, sizeof err))) {
         fprintf(stderr, "pliant run: %s: %s\n", a->job_path, err);
@@ -815,11 +820,7 @@ static int start_run(run_state *r, char *err, size_t errlen)
     r->coord = pl_job_driver_coord(r->drv);
     if (start_dashboard(r, err, errlen)) return -1;
     const int N = (int)r->a->nworkers;
-    long long threads = r->a->threads;
-    if (threads <= 0) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = cores / N > 0 ? cores / N : 1;
-    }
+    const long long threads = r->a->threads > 0 ? r->a->threads : cli_worker_threads(N);
     snprintf(r->thr, sizeof r->thr, "%lld", threads);
     ssize_t n = readlink("/proc/self/exe", r->exe, sizeof r->exe - 1);
     if (n <= 0) return pl_errf(err, errlen, "cannot find this program (/proc/self/exe)");

@@ -32,7 +32,8 @@ static void usage(FILE *f)
             "                       [--out timeline.jsonl] [--report report.html]\n"
             "                       [--profile PROFILE.json] [--storage-gbps %.1f]\n"
             "                       [--startup SECONDS (%.0f)] [--notice SECONDS (%.0f)]\n"
-            "                       [--cores N (0: a device per node)] [--latency-us US (0)]\n"
+            "                       [--cores N (0: a device per node)]\n"
+            "                       [--latency-us US (the profile's pipeline_step, else 0)]\n"
             "                       [--install-ms MS (0)]\n"
             "                       [--zones N [--zone-loss P (0)] [--zone-blind]]\n"
             "       pliant simulate JOB.yaml --trace FILE --sweep tolerate=1,2,3 nodes=16,24,32\n"
@@ -97,7 +98,7 @@ static int parse_args(int argc, char **argv, sim_args *a, char *err, size_t errl
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
     *a = (sim_args){.strategy = "all", .scale = 1, .storage_GBps = PL_SIM_DEFAULT_STORAGE_GBPS,
                     .startup_s = PL_SIM_DEFAULT_STARTUP_S, .notice_s = PL_SIM_DEFAULT_NOTICE_S,
-                    .spot = -1, .on_demand = -1};
+                    .latency_us = -1, .spot = -1, .on_demand = -1};
     opterr = 0;
     optind = 1;
     int c;
@@ -206,13 +207,19 @@ static int load_plan(sim_inputs *in, const pl_sim_strategy *st, int nmax, char *
     return 0;
 }
 
-/* The planners of the strategies for the trace's peak or the job's nodes.max. */
-static int load_plans(sim_inputs *in, const pl_sim_strategy *const *st, int n, char *err,
-                      size_t errlen)
+/* The nodes the planners plan for: the trace's peak or the job's nodes.max. */
+static int plan_nodes(const sim_inputs *in)
 {
     int nodes, peak;
     pl_sim_trace_nodes(in->trace, in->ntrace, &nodes, &peak);
-    int nmax = peak > in->job.nodes.max ? peak : in->job.nodes.max;
+    return peak > in->job.nodes.max ? peak : in->job.nodes.max;
+}
+
+/* The planners of the strategies. */
+static int load_plans(sim_inputs *in, const pl_sim_strategy *const *st, int n, char *err,
+                      size_t errlen)
+{
+    const int nmax = plan_nodes(in);
     for (int i = 0; i < n; i++)
         if (load_plan(in, st[i], nmax, err, errlen)) return -1;
     return 0;
@@ -293,6 +300,38 @@ static void job_setup(sim_job *j, const sim_args *a, const sim_inputs *in,
         j->cfg.timeline = timeline_line;
         j->cfg.user = j->mem;
     }
+}
+
+/* Without --latency-us, the latency of a message on the machine that measured the profile:
+ * the one at which the job, failure-free on its pipeline_step's workers under the strategy
+ * measured, steps as the real one did there (0 when the profile has no pipeline_step).
+ * Printed: it is a figure of that machine. */
+static int latency_from_profile(sim_args *a, sim_inputs *in, const pl_sim_strategy *any,
+                                char *err, size_t errlen)
+{
+    if (a->latency_us >= 0) return 0;
+    a->latency_us = 0;
+    const int nmax = plan_nodes(in);
+    if (load_plan(in, any, nmax, err, errlen)) return -1;
+    const pl_pipeline_step ps = in->plan[planner_of(any)].prof.pipeline_step;
+    if (!ps.workers) return 0;
+    const pl_sim_strategy *st = pl_sim_strategy_find(ps.strategy);
+    if (!st) return pl_errf(err, errlen, "pipeline_step.strategy: %s is not simulated", ps.strategy);
+    if (ps.workers > nmax)
+        return pl_errf(err, errlen, "pipeline_step.workers: %d, more than the %d nodes the job "
+                       "plans for here", ps.workers, nmax);
+    sim_job j;
+    int64_t ns;
+    char why[768];
+    if (load_plan(in, st, nmax, err, errlen)) return -1;
+    job_setup(&j, a, in, st, 0);
+    if (pl_sim_latency_for_step(&j.cfg, ps.workers, ps.ns, &ns, why, sizeof why))
+        return pl_errf(err, errlen, "pipeline_step: %s", why);
+    a->latency_us = (double)ns / 1e3;
+    printf("latency: %.0f us a message, from the profile's pipeline_step (%s, %d workers of %d "
+           "threads: %.2f ms a step)\n",
+           a->latency_us, ps.strategy, ps.workers, ps.threads, (double)ps.ns / 1e6);
+    return 0;
 }
 
 /* The simulations of jobs[0..n), two at a time (they share only the read-only job,
@@ -442,7 +481,8 @@ int cmd_simulate(int argc, char **argv)
     int n = pick_strategies(a.strategy, st, err, sizeof err);
     sim_inputs in = {0};
     if (n < 0 || load_inputs(&a, &in, err, sizeof err) ||
-        (!a.sweeping && load_plans(&in, st, n, err, sizeof err))) {
+        (!a.sweeping && load_plans(&in, st, n, err, sizeof err)) ||
+        latency_from_profile(&a, &in, st[0], err, sizeof err)) {
         fprintf(stderr, "pliant simulate: %s\n", err);
         inputs_free(&in);
         return 2;

@@ -57,12 +57,6 @@ static void publish(pl_dash_feed *f, cJSON *o, int step)
     cJSON_Delete(o);
 }
 
-static const char *strategy_name(pl_ft_strategy s)
-{
-    return s == PL_STRATEGY_CHECKPOINT ? "checkpoint"
-           : s == PL_STRATEGY_REDUNDANT ? "redundant" : "templates";
-}
-
 static void publish_hello(pl_dash_feed *f)
 {
     cJSON *o = event(f, "hello");
@@ -71,7 +65,7 @@ static void publish_hello(pl_dash_feed *f)
     cJSON_AddNumberToObject(o, "version", 1);
     cJSON_AddStringToObject(o, "job", f->job->name);
     cJSON_AddNumberToObject(o, "steps", f->job->steps);
-    cJSON_AddStringToObject(o, "strategy", strategy_name(f->job->fault_tolerance.strategy));
+    cJSON_AddStringToObject(o, "strategy", pl_ft_strategy_name(f->job->fault_tolerance.strategy));
     cJSON_AddNumberToObject(o, "tolerate", f->job->fault_tolerance.tolerate);
     cJSON_AddNumberToObject(o, "global_batch", f->job->batch.global);
     cJSON_AddNumberToObject(o, "seq_len", f->job->batch.seq_len);

@@ -75,9 +75,11 @@ pl_job_driver *pl_job_driver_new(const pl_job_driver_config *cfg, char *err, siz
     }
     if (cfg->steps > 0) d->job.steps = cfg->steps;
     if (cfg->gpus_per_node > 0) d->job.nodes.gpus_per_node = cfg->gpus_per_node;
-    if (cfg->checkpoint_dir &&
-        pl_pathf(d->job.checkpoint.dir, sizeof d->job.checkpoint.dir, err, errlen, "%s",
-                 cfg->checkpoint_dir)) {
+    if ((cfg->checkpoint_dir &&
+         pl_pathf(d->job.checkpoint.dir, sizeof d->job.checkpoint.dir, err, errlen, "%s",
+                  cfg->checkpoint_dir)) ||
+        (cfg->profile &&
+         pl_pathf(d->job.profile, sizeof d->job.profile, err, errlen, "%s", cfg->profile))) {
         pl_job_driver_free(d);
         return NULL;
     }

@@ -33,6 +33,7 @@ typedef struct {
     int steps;                  /* > 0: replaces spec.steps (pliant run --steps) */
     int gpus_per_node;          /* > 0: replaces spec.nodes.gpusPerNode */
     const char *checkpoint_dir; /* non-NULL: replaces spec.checkpoint.dir */
+    const char *profile;        /* non-NULL: replaces spec.profile (pliant run --profile) */
     /* the first plan: n_start workers (raised to the least that can run one), or
      * those there after start_grace_ms when > 0; plans for up to
      * max(n_start, spec.nodes.max) workers */

@@ -4,6 +4,7 @@
 #include "simulator.h"
 
 #include <cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -314,6 +315,7 @@ static void finish(sim *s)
     for (int i = 0; i < r->reconfigs; i++) r->bytes_copied += pl_coord_reconfig(s->coord, i)->bytes_copied;
     snprintf(r->end_phase, sizeof r->end_phase, "%s", pl_coord_phase_name(pl_coord_phase(s->coord)));
     snprintf(r->reason, sizeof r->reason, "%s", pl_coord_reason(s->coord));
+    r->step_ns = s->sw.flight.active ? s->sw.flight.step_ns : 0;
     timeline_event(s, "end", -1);
 }
 
@@ -343,3 +345,46 @@ int pl_sim_run(const pl_sim_config *cfg, pl_sim_outcome *res, char *err, size_t 
 }
 
 void pl_sim_outcome_free(pl_sim_outcome *res) { pl_sim_account_free(&res->acct); }
+
+/* The step of cfg's job on n nodes there from the start, with latency_ns a message, once
+ * its first plan has stepped for a minute (simulated). */
+static int failure_free_step(const pl_sim_config *cfg, int n, int64_t latency_ns,
+                             int64_t *step_ns, char *err, size_t errlen)
+{
+    pl_trace_event *tr = calloc((size_t)n + 1, sizeof *tr);
+    if (!tr) return pl_errf(err, errlen, "simulate: out of memory");
+    for (int i = 0; i < n; i++) tr[i] = (pl_trace_event){.add = 1, .node = i};
+    /* the trace ends at its last event: a node that would start up after it */
+    tr[n] = (pl_trace_event){.t_ms = (cfg->costs.startup_ns + cfg->costs.install_ns) / NS_PER_MS
+                                     + 60000,
+                             .add = 1, .node = n};
+    pl_sim_config c = *cfg;
+    c.trace = tr;
+    c.ntrace = n + 1;
+    c.timeline = NULL;
+    c.costs.latency_ns = latency_ns;
+    pl_sim_outcome o;
+    int rc = pl_sim_run(&c, &o, err, errlen);
+    free(tr);
+    if (rc) return -1;
+    *step_ns = o.step_ns;
+    if (!o.step_ns)
+        rc = pl_errf(err, errlen, "no step on %d nodes without failures (%s: %s)", n, o.end_phase,
+                     o.reason);
+    pl_sim_outcome_free(&o);
+    return rc;
+}
+
+int pl_sim_latency_for_step(const pl_sim_config *cfg, int nodes, int64_t step_ns,
+                            int64_t *latency_ns, char *err, size_t errlen)
+{
+    /* the step is linear in the latency (pl_sim_sync_ns): two runs draw the line */
+    int64_t at0, at1;
+    if (failure_free_step(cfg, nodes, 0, &at0, err, errlen) ||
+        failure_free_step(cfg, nodes, NS_PER_MS, &at1, err, errlen))
+        return -1;
+    if (at1 <= at0) return pl_errf(err, errlen, "the simulated step does not grow with the latency");
+    *latency_ns = step_ns > at0
+                      ? llround((double)(step_ns - at0) * NS_PER_MS / (double)(at1 - at0)) : 0;
+    return 0;
+}

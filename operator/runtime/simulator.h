@@ -49,12 +49,20 @@ typedef struct {
     int64_t bytes_copied;
     char end_phase[32];               /* the coordinator's phase at the end */
     char reason[512];                 /* why it failed or waits, "" otherwise */
+    int64_t step_ns;                  /* the step in flight at the end; 0: none */
 } pl_sim_outcome;
 
 /* Runs the simulation: 0, or -1 with err (a configuration the coordinator refuses, out of
  * memory). The result is filled on success; free it with pl_sim_outcome_free. */
 int pl_sim_run(const pl_sim_config *cfg, pl_sim_outcome *res, char *err, size_t errlen);
 void pl_sim_outcome_free(pl_sim_outcome *res);
+
+/* The message latency (pl_sim_costs.latency_ns) at which cfg's job, failure-free on
+ * `nodes` nodes from the start, steps in step_ns (a real step measured there: the
+ * profile's pipeline_step): 0 when the step without latency is already that long. cfg's
+ * trace is not used; its costs' latency is replaced. 0, or -1 with err (no step ran). */
+int pl_sim_latency_for_step(const pl_sim_config *cfg, int nodes, int64_t step_ns,
+                            int64_t *latency_ns, char *err, size_t errlen);
 
 /* The highest node number of a trace + 1, and the most nodes live at once. */
 void pl_sim_trace_nodes(const pl_trace_event *tr, int n, int *nodes, int *peak);
