@@ -41,14 +41,18 @@ static int get_bytes(const cJSON *obj, const char *key, const char *path, int64_
     return pl_json_get_int(obj, path, key, 0, 9000000000000000LL, out, err, errlen);
 }
 
-/* v (the field named key) must be a positive number. */
-static int get_positive(const char *key, const cJSON *v, double *out, char *err, size_t errlen)
+/* obj's field key, a positive number; errors name prefix.key (key without a prefix). */
+static int get_positive(const cJSON *obj, const char *prefix, const char *key, double *out,
+                        char *err, size_t errlen)
 {
-    if (!v) return pl_errf(err, errlen, "%s: missing", key);
+    char field[64];
+    snprintf(field, sizeof field, "%s%s%s", prefix ? prefix : "", prefix ? "." : "", key);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v) return pl_errf(err, errlen, "%s: missing", field);
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
-        return pl_errf(err, errlen, "%s: must be a number", key);
+        return pl_errf(err, errlen, "%s: must be a number", field);
     if (v->valuedouble <= 0)
-        return pl_errf(err, errlen, "%s: must be positive (got %g)", key, v->valuedouble);
+        return pl_errf(err, errlen, "%s: must be positive (got %g)", field, v->valuedouble);
     *out = v->valuedouble;
     return 0;
 }
@@ -158,8 +162,7 @@ static int parse_pipeline_step(const cJSON *root, pl_pipeline_step *ps, char *er
     if (pl_json_get_int(o, "pipeline_step", "workers", 1, 4096, &w, err, errlen) ||
         pl_json_get_int(o, "pipeline_step", "threads", 1, 1024, &t, err, errlen) ||
         pl_json_get_int(o, "pipeline_step", "steps", 1, 1000000, &n, err, errlen) ||
-        get_positive("pipeline_step.ms", cJSON_GetObjectItemCaseSensitive(o, "ms"), &ms, err,
-                     errlen))
+        get_positive(o, "pipeline_step", "ms", &ms, err, errlen))
         return -1;
     /* the bound keeps the step inside int64 nanoseconds with room to spare */
     if (ms > 1e7) return pl_errf(err, errlen, "pipeline_step.ms: above 1e7 ms (got %g)", ms);
@@ -181,10 +184,8 @@ static int parse_root(const cJSON *root, pl_profile *p, char *err, size_t errlen
         pl_json_get_int(root, NULL, "gpus_per_node", 1, 1024, &m, err, errlen) ||
         pl_json_get_int(root, NULL, "gpu_memory_bytes", 1, 9000000000000000LL,
                         &p->gpu_memory_bytes, err, errlen) ||
-        get_positive("intra_node_GBps", cJSON_GetObjectItemCaseSensitive(root, "intra_node_GBps"),
-                     &p->intra_node_GBps, err, errlen) ||
-        get_positive("inter_node_GBps", cJSON_GetObjectItemCaseSensitive(root, "inter_node_GBps"),
-                     &p->inter_node_GBps, err, errlen) ||
+        get_positive(root, NULL, "intra_node_GBps", &p->intra_node_GBps, err, errlen) ||
+        get_positive(root, NULL, "inter_node_GBps", &p->inter_node_GBps, err, errlen) ||
         parse_pipeline_step(root, &p->pipeline_step, err, errlen))
         return -1;
     p->microbatch_size = (int)mb;

@@ -302,21 +302,33 @@ static void job_setup(sim_job *j, const sim_args *a, const sim_inputs *in,
     }
 }
 
+/* The pipeline_step of the job's profile file (workers 0: synthetic, or none measured). */
+static int profile_pipeline_step(const pl_job *job, pl_pipeline_step *ps, char *err,
+                                 size_t errlen)
+{
+    *ps = (pl_pipeline_step){0};
+    if (!strcmp(job->profile, "synthetic")) return 0;
+    pl_profile p;
+    if (pl_profile_load(job->profile, &p, err, errlen)) return -1;
+    *ps = p.pipeline_step;
+    pl_profile_free(&p);
+    return 0;
+}
+
 /* Without --latency-us, the latency of a message on the machine that measured the profile:
  * the one at which the job, failure-free on its pipeline_step's workers under the strategy
  * measured, steps as the real one did there (0 when the profile has no pipeline_step).
  * Printed: it is a figure of that machine. */
-static int latency_from_profile(sim_args *a, sim_inputs *in, const pl_sim_strategy *any,
-                                char *err, size_t errlen)
+static int latency_from_profile(sim_args *a, sim_inputs *in, char *err, size_t errlen)
 {
     if (a->latency_us >= 0) return 0;
     a->latency_us = 0;
-    const int nmax = plan_nodes(in);
-    if (load_plan(in, any, nmax, err, errlen)) return -1;
-    const pl_pipeline_step ps = in->plan[planner_of(any)].prof.pipeline_step;
+    pl_pipeline_step ps;
+    if (profile_pipeline_step(&in->job, &ps, err, errlen)) return -1;
     if (!ps.workers) return 0;
     const pl_sim_strategy *st = pl_sim_strategy_find(ps.strategy);
     if (!st) return pl_errf(err, errlen, "pipeline_step.strategy: %s is not simulated", ps.strategy);
+    const int nmax = plan_nodes(in);
     if (ps.workers > nmax)
         return pl_errf(err, errlen, "pipeline_step.workers: %d, more than the %d nodes the job "
                        "plans for here", ps.workers, nmax);
@@ -482,7 +494,7 @@ int cmd_simulate(int argc, char **argv)
     sim_inputs in = {0};
     if (n < 0 || load_inputs(&a, &in, err, sizeof err) ||
         (!a.sweeping && load_plans(&in, st, n, err, sizeof err)) ||
-        latency_from_profile(&a, &in, st[0], err, sizeof err)) {
+        latency_from_profile(&a, &in, err, sizeof err)) {
         fprintf(stderr, "pliant simulate: %s\n", err);
         inputs_free(&in);
         return 2;

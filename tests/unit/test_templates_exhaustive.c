@@ -850,6 +850,62 @@ static void test_parse_errors(void)
     CHECK(err[0] != '\0');
 }
 
+/* The optional pipeline_step: parsed into ns; each bad value's error names
+ * pipeline_step.FIELD and the reason. */
+static void test_pipeline_step(void)
+{
+    static const char *head =
+        "{\"model\":\"toy\",\"microbatch_size\":1,\"gpus_per_node\":1,"
+        "\"gpu_memory_bytes\":5000,\"intra_node_GBps\":2,\"inter_node_GBps\":0.5,\"layers\":["
+        "{\"forward_ms\":{\"1\":1},\"backward_ms\":{\"1\":2},"
+        "\"param_bytes\":1,\"activation_bytes\":1,\"output_bytes\":1}]";
+    static const struct {
+        const char *step, *needle;
+    } cases[] = {
+        {"3", "pipeline_step: must be an object"},
+        {"{\"workers\":9,\"threads\":1,\"steps\":39,\"ms\":42}",
+         "pipeline_step.strategy: must be templates, checkpoint or redundant"},
+        {"{\"strategy\":\"mirror\",\"workers\":9,\"threads\":1,\"steps\":39,\"ms\":42}",
+         "pipeline_step.strategy: must be templates, checkpoint or redundant"},
+        {"{\"strategy\":\"templates\",\"threads\":1,\"steps\":39,\"ms\":42}",
+         "pipeline_step.workers: missing"},
+        {"{\"strategy\":\"templates\",\"workers\":0,\"threads\":1,\"steps\":39,\"ms\":42}",
+         "pipeline_step.workers: must be an integer in [1, 4096] (got 0)"},
+        {"{\"strategy\":\"templates\",\"workers\":9,\"threads\":1.5,\"steps\":39,\"ms\":42}",
+         "pipeline_step.threads: must be an integer in [1, 1024] (got 1.5)"},
+        {"{\"strategy\":\"templates\",\"workers\":9,\"threads\":1,\"steps\":\"39\",\"ms\":42}",
+         "pipeline_step.steps: must be an integer in [1, 1000000] (got not a number)"},
+        {"{\"strategy\":\"templates\",\"workers\":9,\"threads\":1,\"steps\":39}",
+         "pipeline_step.ms: missing"},
+        {"{\"strategy\":\"templates\",\"workers\":9,\"threads\":1,\"steps\":39,\"ms\":0}",
+         "pipeline_step.ms: must be positive (got 0)"},
+        {"{\"strategy\":\"templates\",\"workers\":9,\"threads\":1,\"steps\":39,\"ms\":\"42\"}",
+         "pipeline_step.ms: must be a number"},
+        {"{\"strategy\":\"templates\",\"workers\":9,\"threads\":1,\"steps\":39,\"ms\":2e7}",
+         "pipeline_step.ms: above 1e7 ms (got 2e+07)"},
+    };
+    char json[2048], err[256] = "";
+    pl_profile p;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(json, sizeof json, "%s,\"pipeline_step\":%s}", head, cases[i].step);
+        CHECK_EQ_INT(pl_profile_parse(json, &p, err, sizeof err), -1);
+        CHECK_STR_CONTAINS(err, cases[i].needle);
+    }
+    snprintf(json, sizeof json, "%s,\"pipeline_step\":{\"strategy\":\"redundant\",\"workers\":9,"
+             "\"threads\":1,\"steps\":39,\"ms\":42.5}}", head);
+    CHECK_EQ_INT(pl_profile_parse(json, &p, err, sizeof err), 0);
+    CHECK_STR_CONTAINS(p.pipeline_step.strategy, "redundant");
+    CHECK_EQ_INT(p.pipeline_step.workers, 9);
+    CHECK_EQ_INT(p.pipeline_step.threads, 1);
+    CHECK_EQ_INT(p.pipeline_step.steps, 39);
+    CHECK_EQ_INT(p.pipeline_step.ns, 42500000);
+    pl_profile_free(&p);
+    snprintf(json, sizeof json, "%s}", head); /* none: not measured */
+    CHECK_EQ_INT(pl_profile_parse(json, &p, err, sizeof err), 0);
+    CHECK_EQ_INT(p.pipeline_step.workers, 0);
+    pl_profile_free(&p);
+}
+
 TEST_MAIN_BEGIN
 RUN(test_transfer_ns);
 RUN(test_tiny_by_hand);
@@ -864,4 +920,5 @@ RUN(test_plan_range);
 RUN(test_plan_fixed);
 RUN(test_parse_then_plan);
 RUN(test_parse_errors);
+RUN(test_pipeline_step);
 TEST_MAIN_END
