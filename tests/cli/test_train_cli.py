@@ -278,8 +278,16 @@ def profile_feeds_the_planner():
                        "--global-batch", 8)
     check(rc == 0 and json.loads(out)["n0"] == 1, "plan on the profile: %s", err)
     # one compute thread, as `pliant run --threads 1` gives each worker
-    rc, _, err = run("profile", job, "--out", prof, "--repeat", 1, "--threads", 1)
+    rc, _, err = run("profile", job, "--out", prof, "--repeat", 1, "--threads", 1,
+                     "--gpu-memory", 123456)
     check(rc == 0, "profile --threads 1 failed: %s", err)
+    with open(prof) as f:
+        check(json.load(f)["gpu_memory_bytes"] == 123456, "--gpu-memory not written")
+    for flag in ("--gpu-memory", "--pipeline-workers"):
+        rc, _, err = run("profile", job, flag, 0)
+        check(rc == 2 and flag in err, "%s 0: status %d, %s", flag, rc, err)
+    rc, _, err = run("profile", job, "--pipeline-workers", 2, "--pipeline-steps", 1)
+    check(rc == 2 and "--pipeline-steps" in err, "--pipeline-steps 1: status %d, %s", rc, err)
     rc, _, err = run("profile", job, "--threads", 0)
     check(rc == 2 and "--threads" in err, "--threads 0: status %d, %s", rc, err)
 
