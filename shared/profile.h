@@ -20,9 +20,9 @@ typedef struct {
 
 /* A real failure-free step of the job on the machine that measured the profile
  * (`pliant profile --pipeline-workers`): `workers` local workers of `threads` compute
- * threads each, under the job's strategy, took ns per step (the mean after the first
- * plan's warm-up). What the planner's layer times leave out of a step there (messages,
- * scheduling) is taken from it (docs/simulate.md). workers 0: not measured. */
+ * threads each, under the job's strategy, took ns per step (the mean of `steps` steps, a
+ * plan's first not among them). What the planner's layer times leave out of a step there
+ * (messages, scheduling) is taken from it (docs/simulate.md). workers 0: not measured. */
 typedef struct {
     int workers, threads;
     char strategy[16];        /* spec.faultTolerance.strategy's word */

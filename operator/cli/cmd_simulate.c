@@ -327,7 +327,8 @@ static int latency_from_profile(sim_args *a, sim_inputs *in, char *err, size_t e
     if (profile_pipeline_step(&in->job, &ps, err, errlen)) return -1;
     if (!ps.workers) return 0;
     const pl_sim_strategy *st = pl_sim_strategy_find(ps.strategy);
-    if (!st) return pl_errf(err, errlen, "pipeline_step.strategy: %s is not simulated", ps.strategy);
+    if (!st)
+        return pl_errf(err, errlen, "pipeline_step.strategy: %s is not simulated", ps.strategy);
     const int nmax = plan_nodes(in);
     if (ps.workers > nmax)
         return pl_errf(err, errlen, "pipeline_step.workers: %d, more than the %d nodes the job "

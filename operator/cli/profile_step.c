@@ -31,11 +31,13 @@ static int make_files(run_files *f, char *err, size_t errlen)
 
 static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
-    (void)st, (void)flag, (void)ftw;
     return remove(path);
 }
 
-static void remove_files(const run_files *f) { nftw(f->dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+static void remove_files(const run_files *f)
+{
+    nftw(f->dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
 
 /* Runs argv as a child, its output on stderr (stdout may be the profile), to its end:
  * 0 when it exited with 0. */

@@ -383,7 +383,8 @@ int pl_sim_latency_for_step(const pl_sim_config *cfg, int nodes, int64_t step_ns
     if (failure_free_step(cfg, nodes, 0, &at0, err, errlen) ||
         failure_free_step(cfg, nodes, NS_PER_MS, &at1, err, errlen))
         return -1;
-    if (at1 <= at0) return pl_errf(err, errlen, "the simulated step does not grow with the latency");
+    if (at1 <= at0)
+        return pl_errf(err, errlen, "the simulated step does not grow with the latency");
     *latency_ns = step_ns > at0
                       ? llround((double)(step_ns - at0) * NS_PER_MS / (double)(at1 - at0)) : 0;
     return 0;
