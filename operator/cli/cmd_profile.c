@@ -8,7 +8,7 @@
  * measures the layers as the workers will run them. --gpu-memory: the memory the
  * planner plans each node for instead of this device's. --pipeline-workers: then the
  * job's real failure-free step on W local workers (profile_step.h), N steps (default
- * 40), as the profile's "pipeline_step": what `pliant simulate` takes this machine's
+ * 100), as the profile's "pipeline_step": what `pliant simulate` takes this machine's
  * message latency from (docs/simulate.md). */
 #include <getopt.h>
 #include <stdio.h>
@@ -50,7 +50,7 @@ static int parse_args(int argc, char **argv, profile_args *a, char *err, size_t 
                                          {"pipeline-workers", required_argument, 0, 'w'},
                                          {"pipeline-steps", required_argument, 0, 's'},
                                          {0, 0, 0, 0}};
-    *a = (profile_args){.repeat = 5, .steps = 40};
+    *a = (profile_args){.repeat = 5, .steps = 100};
     opterr = 0;
     optind = 1;
     int c;

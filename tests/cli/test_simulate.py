@@ -60,7 +60,6 @@ spec:
 AGREE_NODES = 9     # at the trace's start: one more than redundant's (F + 1) n0 = 8
 AGREE_SECONDS = 12
 AGREE_GPU_MEMORY = 2000000  # the model fits no node: n0 = 2 (templates), 4 (redundant)
-AGREE_PROFILE_STEPS = 60    # the failure-free steps `pliant profile` times
 AGREE_ATTEMPTS = 3          # a load that changed between the profile and the replay: again
 # the simulator's costs of this machine beside the profile's: a plan's installation beyond
 # its copies (engine, links), a started worker process until it registers (docs/simulate.md)
@@ -266,7 +265,7 @@ def measured_profile(job, path):
     failure-free step on the trace's first nodes (pipeline_step)."""
     rc, out, err = suite.run("profile", job, "--out", path, "--repeat", "21", "--threads", "1",
                              "--gpu-memory", AGREE_GPU_MEMORY, "--pipeline-workers", AGREE_NODES,
-                             "--pipeline-steps", AGREE_PROFILE_STEPS, timeout=120)
+                             timeout=120)
     check(rc == 0, "profile: %s", err[-2000:])
     with open(path) as f:
         return json.load(f)["pipeline_step"]["ms"]
