@@ -817,6 +817,22 @@ static void test_truncations_and_corruptions(void)
     CHECK(parsed >= 1); /* the whole file */
 }
 
+/* spec.faultTolerance.strategy's words and back. */
+static void test_strategy_names(void)
+{
+    const pl_ft_strategy all[] = {PL_STRATEGY_TEMPLATES, PL_STRATEGY_CHECKPOINT,
+                                  PL_STRATEGY_REDUNDANT};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        pl_ft_strategy back = PL_STRATEGY_TEMPLATES;
+        CHECK_EQ_INT(pl_ft_strategy_from_name(pl_ft_strategy_name(all[i]), &back), 0);
+        CHECK_EQ_INT((int)back, (int)all[i]);
+    }
+    CHECK_STR_CONTAINS(pl_ft_strategy_name(PL_STRATEGY_REDUNDANT), "redundant");
+    pl_ft_strategy none;
+    CHECK_EQ_INT(pl_ft_strategy_from_name("Templates", &none), -1);
+    CHECK_EQ_INT(pl_ft_strategy_from_name("", &none), -1);
+}
+
 TEST_MAIN_BEGIN
 RUN(test_defaults);
 RUN(test_every_field);
@@ -835,4 +851,5 @@ RUN(test_duplicate_keys);
 RUN(test_syntax_errors);
 RUN(test_load_examples);
 RUN(test_truncations_and_corruptions);
+RUN(test_strategy_names);
 TEST_MAIN_END
