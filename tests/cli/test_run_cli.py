@@ -497,20 +497,13 @@ def notice_keeps_leaving_workers_as_copy_sources():
     the leaving workers send them to the survivors before they are stopped: one
     reconfiguration, no checkpoint read, no step lost, the losses equal train's."""
     steps = 10
-    job = write_job("notice-src", steps=steps, global_=16)
-    measured = os.path.join(suite.tmp, "notice-src-measured.json")
-    rc, _, err = run("profile", job, "--out", measured, "--repeat", "3", "--threads", 1)
-    check(rc == 0, "profile: %s", err)
-    with open(measured) as f:
-        prof = json.load(f)
-    prof["gpu_memory_bytes"] = 1500000  # n0 = 2: 8 workers run 4 pipelines of 2
+    job = write_job("notice-src", steps=steps, global_=16,
+                    extra="  faultTolerance: {tolerate: 1, maxResets: 0}\n")
     prof_path = os.path.join(suite.tmp, "notice-src-profile.json")
-    with open(prof_path, "w") as f:
-        json.dump(prof, f)
-    with open(job) as f:
-        text = f.read().replace("profile: synthetic", "profile: " + prof_path)
-    with open(job, "w") as f:
-        f.write(text + "  faultTolerance: {tolerate: 1, maxResets: 0}\n")
+    # n0 = 2: 8 workers run 4 pipelines of 2
+    rc, _, err = run("profile", job, "--out", prof_path, "--repeat", "3", "--threads", 1,
+                     "--gpu-memory", 1500000)
+    check(rc == 0, "profile: %s", err)
     m = job + ".run.jsonl"
     plan = subprocess.run([os.path.join(REPO, "build", "bin", "pliant"), "plan", "--profile",
                            prof_path, "--nodes", "8", "--tolerate", "1", "--global-batch", "16"],
@@ -519,7 +512,7 @@ def notice_keeps_leaving_workers_as_copy_sources():
           "the profile's templates: %s %s", plan.stdout[-500:], plan.stderr[-500:])
     chaos = ",".join("term:p%d.1@step=3" % q for q in range(4))
     rc, out, err = run("run", job, "--workers", 8, "--metrics", m, "--threads", 1,
-                       "--chaos", chaos, timeout=180)
+                       "--profile", prof_path, "--chaos", chaos, timeout=180)
     check(rc == 0, "run failed (%d):\n%s\n%s", rc, out[-2000:], err[-2000:])
     rows = metrics(m)
     check([r["step"] for r in rows] == list(range(steps)), "steps %s", [r["step"] for r in rows])
