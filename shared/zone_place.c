@@ -71,42 +71,86 @@ static int mark_bad(const pl_zone_shape *sh, const int *slot_zone, int nzones, c
     return 0;
 }
 
+static void swap_ints(int *v, int x, int y)
+{
+    const int t = v[x];
+    v[x] = v[y];
+    v[y] = t;
+}
+
+/* A candidate swap of slots x and y: the copies it adds and the risk after it. */
+typedef struct {
+    int x, y;
+    int64_t cost;
+    pl_zone_risk risk;
+} zswap;
+
+/* The risk with the zones of slots x and y swapped (slot_zone is restored). */
+static int risk_swapped(const pl_zone_shape *sh, int *slot_zone, int nzones, int x, int y,
+                        pl_zone_risk *r)
+{
+    swap_ints(slot_zone, x, y);
+    const int rc = pl_zone_risk_of(sh, slot_zone, nzones, r);
+    swap_ints(slot_zone, x, y);
+    return rc;
+}
+
+/* The next swap (pl_zone_improve's order) from a bad slot among the movable ones:
+ * 1 and *out, 0 when there is none, −1 out of memory. */
+static int next_swap(const pl_zone_shape *sh, int nzones, int *slot_zone, const char *bad,
+                     const int *movable, int nmov, const pl_zone_price *price,
+                     const pl_zone_risk *now, zswap *out)
+{
+    int found = 0;
+    for (int a = 0; a < nmov; a++)
+        for (int b = 0; b < nmov; b++) {
+            zswap w = {.x = movable[a], .y = movable[b]};
+            if (!bad[w.x] || slot_zone[w.x] == slot_zone[w.y])
+                continue;
+            w.cost = price ? price->added(price->ctx, w.x, w.y) : 0;
+            if (w.cost > 0 && (now->exposed == 0 || w.cost > price->budget ||
+                               (found && w.cost >= out->cost)))
+                continue;
+            if (risk_swapped(sh, slot_zone, nzones, w.x, w.y, &w.risk))
+                return -1;
+            if (w.cost <= 0 && pl_zone_risk_cmp(&w.risk, now) < 0) {
+                *out = w;
+                return 1;
+            }
+            if (w.cost > 0 && w.risk.exposed < now->exposed) {
+                *out = w;
+                found = 1;
+            }
+        }
+    return found;
+}
+
 int pl_zone_improve(const pl_zone_shape *sh, int nzones, int *slot_zone, int *slot_item,
-                    const int *movable, int nmov)
+                    const int *movable, int nmov, const pl_zone_price *price)
 {
     int nslots = 0;
     for (int q = 0; q < sh->npipes; q++)
         nslots += sh->nnodes[q];
     char *bad = malloc((size_t)nslots + 1);
-    pl_zone_risk best, now;
-    int rc = -1, better = 1;
-    if (!bad || pl_zone_risk_of(sh, slot_zone, nzones, &best))
+    pl_zone_risk now;
+    pl_zone_price left = price ? *price : (pl_zone_price){0};
+    zswap w = {0};
+    int rc = -1, found = 1;
+    if (!bad || pl_zone_risk_of(sh, slot_zone, nzones, &now))
         goto out;
-    while (better && (best.exposed > 0 || best.neighbours > 0)) {
-        better = 0;
+    while (found > 0 && (now.exposed > 0 || now.neighbours > 0)) {
         if (mark_bad(sh, slot_zone, nzones, bad))
             goto out;
-        for (int a = 0; a < nmov && !better; a++)
-            for (int b = 0; b < nmov && !better; b++) {
-                const int x = movable[a], y = movable[b];
-                if (!bad[x] || slot_zone[x] == slot_zone[y])
-                    continue;
-                int t = slot_zone[x];
-                slot_zone[x] = slot_zone[y];
-                slot_zone[y] = t;
-                if (pl_zone_risk_of(sh, slot_zone, nzones, &now))
-                    goto out;
-                if (pl_zone_risk_cmp(&now, &best) < 0) {
-                    best = now;
-                    better = 1;
-                    t = slot_item[x];
-                    slot_item[x] = slot_item[y];
-                    slot_item[y] = t;
-                } else {
-                    slot_zone[y] = slot_zone[x];
-                    slot_zone[x] = t;
-                }
-            }
+        found = next_swap(sh, nzones, slot_zone, bad, movable, nmov, price ? &left : NULL,
+                          &now, &w);
+        if (found < 0)
+            goto out;
+        if (found) {
+            swap_ints(slot_zone, w.x, w.y);
+            swap_ints(slot_item, w.x, w.y);
+            now = w.risk;
+            left.budget -= w.cost > 0 ? w.cost : 0;
+        }
     }
     rc = 0;
 out:
@@ -185,7 +229,7 @@ int pl_zone_place(const pl_zone_shape *sh, int ncand, const int *cand_zone, int 
             sz[k] = cand_zone[slot_cand[k]];
             all[k] = k;
         }
-        rc = pl_zone_improve(sh, nzones, sz, slot_cand, all, s);
+        rc = pl_zone_improve(sh, nzones, sz, slot_cand, all, s, NULL);
     }
     free(sz);
     free(all);
