@@ -2347,6 +2347,15 @@ static int notice_outlasts_step(const pl_coord *c, int i, int64_t grace_ms)
     return median - (c->now - c->step_t0) + copy_ms(c, i, grace_ms) > grace_ms;
 }
 
+/* Worker i's notice came while the plan's copies run, and the plan holds it (a stage, or a
+ * copy source): its copies are planned again now, with it a departing source, rather than
+ * finished, a step trained and planned again at the boundary; its grace may end first. */
+static int notice_during_copies(const pl_coord *c, int i)
+{
+    return c->phase == PL_COORD_COPYING && (in_pipes(c, i) || c->w[i].is_source) &&
+           !leaving_held(c);
+}
+
 int pl_coord_leaving(pl_coord *c, const char *name, int reason, int64_t grace_ms)
 {
     c->err[0] = 0;
@@ -2372,6 +2381,8 @@ int pl_coord_leaving(pl_coord *c, const char *name, int reason, int64_t grace_ms
         if (notice_outlasts_step(c, i, grace_ms)) {
             to_pipeline_workers(c, PL_MSG_ABORT, "a worker's notice ends before the step");
             replan_soon(c); /* its plan makes the leaving workers copy sources */
+        } else if (notice_during_copies(c, i)) {
+            replan_soon(c);
         } else {
             c->pending = 1; /* at the step boundary */
         }
