@@ -1055,42 +1055,51 @@ static void test_zones_never_cost_copies_unless_exposed(void)
     fixture_free(&f);
 }
 
+/* compare_zoned on the zoned fixture after nodes a and b go (no node joins). */
+static void zoned_loss(const char *a, const char *b, zcmp *c)
+{
+    fixture f;
+    zones z;
+    zoned_fixture(&f, &z);
+    const char *removed[] = {a, b};
+    compare_zoned(&f, &z, removed, 2, NULL, 0, c);
+    fixture_free(&f);
+}
+
 /* n1 and n6 go: pipeline 0 runs on n0, n2 (both zone a) and pipeline 2 borrows n3 to run
  * with n7 (both zone b). n0 and n3 held the same layers (stage 0 of the 3-node template):
  * swapped, no stage sits next to its zone, at the same copy bytes. */
 static void test_zones_spread_survivors(void)
 {
-    fixture f;
-    zones z;
-    zoned_fixture(&f, &z);
-    const char *removed[] = {"n1", "n6"};
     zcmp c;
-    compare_zoned(&f, &z, removed, 2, NULL, 0, &c);
+    zoned_loss("n1", "n6", &c);
     CHECK_EQ_INT(c.blind.neighbours, 2);
     CHECK_EQ_INT(c.zoned.neighbours, 0);
     CHECK_EQ_INT(c.zoned_bytes, c.blind_bytes);
-    fixture_free(&f);
 }
 
 /* n1 and n3 go: placed by copies alone, every pipeline (all of 2 nodes now) runs its first
  * stage in zone a (n0, n4, n6, n8), whose loss would take those layers. Swapping pipeline
- * 1's two nodes fixes it, at a copy cost within one replica. A zone out of range is an
- * error that names it. */
+ * 1's two nodes fixes it, at a copy cost within one replica. */
 static void test_zones_fix_exposed_layer(void)
+{
+    zcmp c;
+    zoned_loss("n1", "n3", &c);
+    CHECK(c.blind.exposed > 0);
+    CHECK_EQ_INT(c.zoned.exposed, 0);
+    CHECK(c.zoned_bytes > c.blind_bytes);
+}
+
+/* A zone out of range is an error that names it. */
+static void test_zones_bad_zone(void)
 {
     fixture f;
     zones z;
     zoned_fixture(&f, &z);
-    const char *removed[] = {"n1", "n3"};
-    zcmp c;
-    compare_zoned(&f, &z, removed, 2, NULL, 0, &c);
-    CHECK(c.blind.exposed > 0);
-    CHECK_EQ_INT(c.zoned.exposed, 0);
-    CHECK(c.zoned_bytes > c.blind_bytes);
+    z.zone[3] = 2;
     pl_reinstantiation r;
     char err[256];
-    z.zone[3] = 2;
-    CHECK(pl_reinstantiate(&f.p, &f.ts, NULL, 1, 16, &f.cur, removed, 2, NULL, 0, &r, err,
+    CHECK(pl_reinstantiate(&f.p, &f.ts, NULL, 1, 16, &f.cur, NULL, 0, NULL, 0, &r, err,
                            sizeof err) == -1);
     CHECK_STR_CONTAINS(err, "zone_of[3]: zone 2 is not in -1 .. 1");
     fixture_free(&f);
@@ -1121,4 +1130,5 @@ RUN(test_large_cluster);
 RUN(test_zones_never_cost_copies_unless_exposed);
 RUN(test_zones_spread_survivors);
 RUN(test_zones_fix_exposed_layer);
+RUN(test_zones_bad_zone);
 TEST_MAIN_END
