@@ -1299,7 +1299,8 @@ static int load_nodes(ctx *c, const pl_current_plan *cur, const char *const *rem
 static int load_zones(ctx *c, const pl_current_plan *cur, name_index *ix)
 {
     if (cur->nzones < 0 || cur->nzoned < 0 || (cur->nzoned > 0 && (!cur->zoned || !cur->zone_of)))
-        return pl_errf(c->err, c->errlen, "zones: bad list");
+        return pl_errf(c->err, c->errlen, "zoned: bad list (%d names, %d zones)", cur->nzoned,
+                       cur->nzones);
     if (cur->nzones == 0)
         return 0;
     if (!(c->zone = malloc((size_t)c->nall * sizeof *c->zone)))
