@@ -1103,7 +1103,7 @@ static int reinstantiate(pl_coord *c, int f, const char **rm, int nrm, const cha
         if (c->w[find(c, rm2[k])].departing)
             dep[cur.ndeparting++] = rm2[k];
     cur.departing = dep;
-    if (ok) { /* the survivors are placed by zone too, where it costs no copies */
+    if (ok) { /* pl_reinstantiate places survivors and added workers by zone too */
         cur.nzones = zone_ids(c, zid);
         for (int i = 0; i < c->nw; i++)
             zoned[i] = c->w[i].name;
