@@ -40,8 +40,10 @@ int pl_zone_risk_of(const pl_zone_shape *sh, const int *slot_zone, int nzones, p
 /* < 0, 0, > 0 as a is less exposed than, as exposed as, more exposed than b. */
 int pl_zone_risk_cmp(const pl_zone_risk *a, const pl_zone_risk *b);
 
-/* What swapping the workers of slots x and y adds to a plan's copies, in bytes (≤ 0: nothing),
- * and how many such bytes the swaps that leave fewer layers exposed may add in all. */
+/* What swapping the workers of slots x and y adds to a plan's copies, in bytes (≤ 0: nothing;
+ * asked before the swap, slot_item as it stands then: pl_zone_improve permutes it in place),
+ * and how many such bytes the swaps that leave fewer layers exposed may add in all. ctx is
+ * the caller's, borrowed. */
 typedef struct {
     int64_t (*added)(void *ctx, int x, int y);
     void *ctx;
