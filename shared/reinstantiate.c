@@ -9,7 +9,8 @@
  * toward the best plan of pl_instantiate() for the live node count that keeps
  * every pipeline whose size that plan also has. Within each rebuilt pipeline an
  * exact assignment (Hungarian algorithm) maps nodes to template positions so
- * that the bytes they already hold are as many as possible. */
+ * that the bytes they already hold are as many as possible; where zones are known,
+ * the placed nodes are then swapped by zone (zone_place.h) as reinstantiate.h says. */
 #include "reinstantiate.h"
 
 #include <stdarg.h>
@@ -20,6 +21,7 @@
 #include "batch.h"
 #include "coverage.h"
 #include "util.h"
+#include "zone_place.h"
 
 /* A copied layer carries its weights and Adam's m and v (§5: "copy missing layers"). */
 #define PL_COPY_FACTOR 3
@@ -224,6 +226,8 @@ typedef struct {
     int *hr_off;          /* node u held [hr_lo[i], hr_hi[i]) for i in hr_off[u] .. hr_off[u+1] */
     int *hr_lo, *hr_hi;
     int64_t *pb;          /* pb[l] = Σ param_bytes of layers < l */
+    int *zone;            /* node u's zone (−1 unknown); NULL: no zone known */
+    int nzones;
     group *g;
     int ng, gcap;
     ivec pool;            /* free nodes, taken from pool_head on */
@@ -1291,6 +1295,99 @@ static int load_nodes(ctx *c, const pl_current_plan *cur, const char *const *rem
     return 0;
 }
 
+/* The zones of the current and added nodes (cur->zoned, zone_of). */
+static int load_zones(ctx *c, const pl_current_plan *cur, name_index *ix)
+{
+    if (cur->nzones < 0 || cur->nzoned < 0 || (cur->nzoned > 0 && (!cur->zoned || !cur->zone_of)))
+        return pl_errf(c->err, c->errlen, "zoned: bad list (%d names, %d zones)", cur->nzoned,
+                       cur->nzones);
+    if (cur->nzones == 0)
+        return 0;
+    if (!(c->zone = malloc((size_t)c->nall * sizeof *c->zone)))
+        return oom(c);
+    memset(c->zone, 0xff, (size_t)c->nall * sizeof *c->zone);
+    c->nzones = cur->nzones;
+    for (int k = 0; k < cur->nzoned; k++) {
+        if (cur->zone_of[k] < -1 || cur->zone_of[k] >= cur->nzones)
+            return pl_errf(c->err, c->errlen, "zone_of[%d]: zone %d is not in -1 .. %d", k,
+                           cur->zone_of[k], cur->nzones - 1);
+        const int u = cur->zoned[k] ? ni_find_or_add(ix, cur->zoned[k], -1) : -1;
+        if (u >= 0)
+            c->zone[u] = cur->zone_of[k];
+    }
+    return 0;
+}
+
+/* First layer of each node of t (b[0 .. t->nodes)), then the end (b[t->nodes]). */
+static void node_bounds(const pl_template *t, int *b)
+{
+    b[t->nodes] = t->stages[t->nstages - 1].layer_end;
+    for (int s = t->nstages - 1; s >= 0; s--)
+        b[t->stages[s].node] = t->stages[s].layer_begin;
+}
+
+/* The new plan's slots (zone_place.h): layers [lo, hi) and the node on each. */
+typedef struct {
+    const ctx *c;
+    const int *lo, *hi, *item;
+} zslots;
+
+/* Bytes swapping the nodes of slots x and y adds to the copies (pl_zone_price). */
+static int64_t swap_added(void *p, int x, int y)
+{
+    const zslots *z = p;
+    const int u = z->item[x], v = z->item[y];
+    return PL_COPY_FACTOR *
+           (held_in(z->c, u, z->lo[x], z->hi[x]) + held_in(z->c, v, z->lo[y], z->hi[y]) -
+            held_in(z->c, u, z->lo[y], z->hi[y]) - held_in(z->c, v, z->lo[x], z->hi[x]));
+}
+
+/* Swaps the placed nodes by zone (reinstantiate.h): orders[x] of pipeline gidx[x]; a
+ * pipeline whose nodes change is marked changed. The budget, one replica: an exposed layer
+ * is a zone's loss away from a restart from the checkpoint, which costs more than the copy
+ * a pipeline of added nodes takes anyway. 0, or −1 out of memory. */
+static int spread_zones(ctx *c, int np, const int *gidx, int **orders)
+{
+    int n = 0;
+    for (int x = 0; c->zone && x < np; x++)
+        n += c->g[gidx[x]].nodes.n;
+    if (n < 2)
+        return 0;
+    int *buf = malloc((6 * (size_t)n + 2 * (size_t)np) * sizeof *buf);
+    int **bounds = malloc((size_t)np * sizeof *bounds);
+    if (!buf || !bounds) {
+        free(buf);
+        free(bounds);
+        return -1;
+    }
+    int *lo = buf, *hi = lo + n, *item = hi + n, *zone = item + n, *all = zone + n;
+    int *nnodes = all + n, *b = nnodes + np;
+    for (int x = 0, k = 0; x < np; b += nnodes[x++] + 1) {
+        nnodes[x] = c->g[gidx[x]].nodes.n;
+        node_bounds(tmpl(c, nnodes[x]), b);
+        bounds[x] = b;
+        for (int j = 0; j < nnodes[x]; j++, k++) {
+            lo[k] = b[j];
+            hi[k] = b[j + 1];
+            item[k] = orders[x][j];
+            zone[k] = c->zone[item[k]];
+            all[k] = k;
+        }
+    }
+    const pl_zone_shape sh = {c->p->nlayers, np, nnodes, (const int *const *)bounds};
+    zslots z = {c, lo, hi, item};
+    const pl_zone_price price = {swap_added, &z, PL_COPY_FACTOR * c->pb[c->p->nlayers]};
+    const int rc = pl_zone_improve(&sh, c->nzones, zone, item, all, n, &price);
+    for (int x = 0, k = 0; !rc && x < np; x++)
+        for (int j = 0; j < nnodes[x]; j++, k++) {
+            c->g[gidx[x]].changed |= orders[x][j] != item[k];
+            orders[x][j] = item[k];
+        }
+    free(buf);
+    free(bounds);
+    return rc;
+}
+
 /* Writes the pipelines, their batch, the copies and the idle nodes. */
 static int finish(ctx *c, int64_t global_batch, const char **nm, pl_reinstantiation *out)
 {
@@ -1334,10 +1431,15 @@ static int finish(ctx *c, int64_t global_batch, const char **nm, pl_reinstantiat
             goto done;
         }
         rp->template_nodes = g->nodes.n;
-        for (int j = 0; j < g->nodes.n; j++)
-            rp->nodes[j] = nm[orders[x][j]];
         cost[x] = (pl_pipeline_cost){pl_template_time(t, 1), t->max_stage_ns};
     }
+    if (spread_zones(c, np, gidx, orders)) {
+        oom(c);
+        goto done;
+    }
+    for (int x = 0; x < np; x++)
+        for (int j = 0; j < out->pipelines[x].template_nodes; j++)
+            out->pipelines[x].nodes[j] = nm[orders[x][j]];
     /* §5.2: the global batch stays; it is redistributed over the new pipelines. */
     out->iteration_ns = pl_distribute_batch(cost, np, microbatches, nb);
     for (int x = 0; x < np; x++) {
@@ -1414,7 +1516,7 @@ int pl_reinstantiate(const pl_profile *p, const pl_template_set *ts, const pl_co
     const char **nm = NULL;
     unsigned char *covered = NULL;
     int rc = -1, L = p->nlayers;
-    if (load_nodes(&c, cur, removed, nremoved, added, nadded, &ix))
+    if (load_nodes(&c, cur, removed, nremoved, added, nadded, &ix) || load_zones(&c, cur, &ix))
         goto done;
     if (!(nm = copy_names(&c, out)) || !(covered = calloc((size_t)(L ? L : 1), 1))) {
         oom(&c);
@@ -1478,6 +1580,7 @@ done:
     free(c.hr_lo);
     free(c.hr_hi);
     free(c.pb);
+    free(c.zone);
     free(ix.slot);
     free(nm);
     free(covered);

@@ -1,8 +1,8 @@
 /* Pipeline re-instantiation (Oobleck §5.1, appendix B): after nodes leave or
  * join, rebuild the pipelines from the templates (simple re-instantiation, then
  * borrowing nodes, then merging pipelines), map nodes to template positions so
- * that the fewest bytes move, and plan which surviving node sends each missing
- * layer. Pure and deterministic: the same input gives the same output. */
+ * that the fewest bytes move (then, where zones are known, by zone: see
+ * pl_reinstantiate), and plan which surviving node sends each missing layer. Pure and deterministic: the same input gives the same output. */
 #ifndef PLIANT_REINSTANTIATE_H
 #define PLIANT_REINSTANTIATE_H
 
@@ -31,6 +31,13 @@ typedef struct {
      * freed by pl_current_plan_free; NULL, 0: none. */
     const char *const *departing;
     int ndeparting;
+    /* the nodes' zones, for zone-aware placement (zone_place.h): node zoned[k] is in zone
+     * zone_of[k] (0 .. nzones − 1, −1 unknown); names neither current nor added are
+     * ignored, nodes not listed are in no known zone. Borrowed, not freed by
+     * pl_current_plan_free; nzones 0: no zone known (placed by the copies alone). */
+    const char *const *zoned;
+    const int *zone_of;
+    int nzoned, nzones;
 } pl_current_plan;
 
 /* Parses {"pipelines": [{"nodes": ["a", "b"]}, ...]}. Node names must be
@@ -98,7 +105,13 @@ typedef struct {
  * a lost one's place), "drop:" (a wiped-out pipeline not needed for f+1),
  * "simple:", "borrow:", "merge:" (§5.1), then, when added nodes are left or
  * the rules still fail, "plan:" (the best plan for the live count) followed by
- * "grow:", "shrink:", "dissolve:", "new:" and "idle:". Returns 0 (fatal and
+ * "grow:", "shrink:", "dissolve:", "new:" and "idle:". Where cur gives zones, the
+ * nodes placed are then swapped by zone (pl_zone_improve, Bamboo §3): a swap that moves
+ * no more bytes and leaves the plan less exposed to a zone's loss is made; a swap that
+ * moves more is made only while a layer's holders are all in one zone and it leaves fewer
+ * such layers, the cheapest first, all of them together moving at most one replica of
+ * the model (its weights and Adam state: what a pipeline of added nodes receives).
+ * Without an exposed layer zones never add copies. Returns 0 (fatal and
  * insufficient_nodes are results, not errors), or -1 with a message naming the
  * bad argument or field. */
 int pl_reinstantiate(const pl_profile *p, const pl_template_set *ts, const pl_coverage *cov,

@@ -40,12 +40,25 @@ int pl_zone_risk_of(const pl_zone_shape *sh, const int *slot_zone, int nzones, p
 /* < 0, 0, > 0 as a is less exposed than, as exposed as, more exposed than b. */
 int pl_zone_risk_cmp(const pl_zone_risk *a, const pl_zone_risk *b);
 
+/* What swapping the workers of slots x and y adds to a plan's copies, in bytes (≤ 0: nothing;
+ * asked before the swap, slot_item as it stands then: pl_zone_improve permutes it in place),
+ * and how many such bytes the swaps that leave fewer layers exposed may add in all. ctx is
+ * the caller's, borrowed. */
+typedef struct {
+    int64_t (*added)(void *ctx, int x, int y);
+    void *ctx;
+    int64_t budget;
+} pl_zone_price;
+
 /* Swaps between the movable slots (movable[0 .. nmov)) while the plan holds an exposed
- * layer or same-zone neighbours: a swap that involves such a slot and leaves the plan
- * less exposed is kept (slot_zone and slot_item permuted alike), until none does.
- * 0, or −1 out of memory. */
+ * layer or same-zone neighbours, each involving such a slot (slot_zone and slot_item
+ * permuted alike), until none is left:
+ * - first a swap that adds no copies and leaves the plan less exposed;
+ * - else, while a layer is exposed, the swap that adds the fewest copies within what is
+ *   left of price->budget and leaves fewer layers exposed.
+ * price NULL: every swap is free. 0, or −1 out of memory. */
 int pl_zone_improve(const pl_zone_shape *sh, int nzones, int *slot_zone, int *slot_item,
-                    const int *movable, int nmov);
+                    const int *movable, int nmov, const pl_zone_price *price);
 
 /* A fresh placement: slot s gets candidate slot_cand[s] (an index into 0 .. ncand − 1,
  * candidates in rank order, cand_zone[k] the zone of candidate k). Slot after slot, the

@@ -34,7 +34,9 @@
  * time events once their time since the workers were started has passed;
  * kill/term signal worker number W (start order; ended or unknown ones are
  * ignored with a note), or with pQ.J the worker at stage J of pipeline Q of
- * the coordinator's stable plan, add starts workers named w<nw>, w<nw+1>, ... A trace's
+ * the coordinator's stable plan, add starts workers named w<nw>, w<nw+1>, ...
+ * --grace-seconds S: every worker's PLIANT_GRACE_SECONDS, and a term is followed by
+ * SIGKILL S seconds later unless the worker ended first (a Pod's grace period). A trace's
  * initial workers replace --workers. Exit 0 when every step is committed, 1
  * when the job fails, 2 on bad input. */
 #include <getopt.h>
@@ -63,6 +65,7 @@
 typedef struct {
     const char *job_path, *metrics_path, *chaos_spec, *ckpt_dir, *backend, *dashboard, *profile;
     long long nworkers, threads, steps, duration_s, gpus, linger_s;
+    double grace_s;           /* --grace-seconds: each worker's, from SIGTERM to SIGKILL */
     int devices[MAX_WORKERS]; /* --devices: worker i sees GPU devices[i mod ndevices] */
     int ndevices;
     pl_chaos chaos;
@@ -72,6 +75,7 @@ typedef struct {
     char name[PL_WORKER_NAME_MAX];
     int exited;
     int fenced; /* killed after the coordinator gave it up (missed heartbeats) */
+    double kill_at_ms; /* a term's grace period ends then: SIGKILL (0: none) */
 } run_worker;
 
 typedef struct {
@@ -105,8 +109,8 @@ static void run_usage(FILE *f)
     fprintf(f, "usage: pliant run JOB.yaml --workers N [--gpus-per-worker M] [--steps N]\n"
                "                 [--metrics FILE] [--threads T] [--backend auto|cpu|cuda]\n"
                "                 [--devices 0,1,...]\n"
-               "                 [--chaos SPEC] [--duration SECONDS] [--checkpoint-dir DIR]\n"
-               "                 [--profile PROFILE.json]\n"
+               "                 [--chaos SPEC [--grace-seconds S]] [--duration SECONDS]\n"
+               "                 [--checkpoint-dir DIR] [--profile PROFILE.json]\n"
                "                 [--dashboard HOST:PORT [--dashboard-linger SECONDS]]\n"
                "  --duration: stop after that long (benchmarks), dropping the step in flight\n"
                "  --profile: the planner profile instead of spec.profile\n"
@@ -114,7 +118,9 @@ static void run_usage(FILE *f)
                "        --dashboard-linger: keep serving it that long after the job ended\n"
                "  SPEC: comma-separated kill:W@step=S, term:W@step=S, add:K@step=S\n"
                "        (or @t=SECONDS, or @waiting: when too few workers are left), trace:FILE[:SPEEDUP];\n"
-               "        W: worker number in start order\n");
+               "        W: worker number in start order\n"
+               "  --grace-seconds: a term:'s SIGKILL follows its SIGTERM after S seconds (a Pod's\n"
+               "        grace period; each worker's PLIANT_GRACE_SECONDS); 0, the default: never\n");
 }
 
 /* Bad input: the message and the usage, exit status 2. */
@@ -151,6 +157,7 @@ static int parse_option(int c, run_args *a, char **argv, char *err, size_t errle
     case 's': return cli_parse_int("--steps", optarg, 1, 1000000000, &a->steps, err, errlen);
     case 'g': return cli_parse_int("--gpus-per-worker", optarg, 1, 1024, &a->gpus, err, errlen);
     case 'd': return cli_parse_int("--duration", optarg, 1, 1000000, &a->duration_s, err, errlen);
+    case 'G': return cli_parse_double("--grace-seconds", optarg, 0, 86400, &a->grace_s, err, errlen);
     case 'm': a->metrics_path = optarg; return 0;
     case 'c': a->chaos_spec = optarg; return 0;
     case 'k': a->ckpt_dir = optarg; return 0;
@@ -200,6 +207,7 @@ static int parse_args(int argc, char **argv, run_args *a)
                                          {"steps", required_argument, 0, 's'},
                                          {"chaos", required_argument, 0, 'c'},
                                          {"duration", required_argument, 0, 'd'},
+                                         {"grace-seconds", required_argument, 0, 'G'},
                                          {"checkpoint-dir", required_argument, 0, 'k'},
                                          {"profile", required_argument, 0, 'P'},
                                          {"gpus-per-worker", required_argument, 0, 'g'},
@@ -244,7 +252,7 @@ static const char *admit(void *user, const char *name)
  * registers it; each local worker is its own node. */
 static int spawn_worker(run_state *r, int i, char *err, size_t errlen)
 {
-    char e[7][PL_PATH_MAX + 64];
+    char e[8][PL_PATH_MAX + 64];
     snprintf(e[0], sizeof e[0], "PLIANT_COORDINATOR=127.0.0.1:%d", pl_job_driver_port(r->drv));
     snprintf(e[1], sizeof e[1], "PLIANT_TOKEN=%s", pl_job_driver_token(r->drv));
     snprintf(e[2], sizeof e[2], "PLIANT_CA=%s", pl_job_driver_cert_path(r->drv));
@@ -253,11 +261,13 @@ static int spawn_worker(run_state *r, int i, char *err, size_t errlen)
     snprintf(e[5], sizeof e[5], "PLIANT_CHECKPOINT_DIR=%s", r->job->checkpoint.dir);
     snprintf(e[6], sizeof e[6], "CUDA_VISIBLE_DEVICES=%d",
              r->a->ndevices ? r->a->devices[i % r->a->ndevices] : 0);
-    char *env[8];
+    snprintf(e[7], sizeof e[7], "PLIANT_GRACE_SECONDS=%.3f", r->a->grace_s);
+    char *env[9];
     int ne = 0;
     for (int k = 0; k < 5; k++) env[ne++] = e[k];
     if (r->job->checkpoint.dir[0]) env[ne++] = e[5];
     if (r->a->ndevices) env[ne++] = e[6];
+    if (r->a->grace_s > 0) env[ne++] = e[7];
     env[ne] = NULL;
     char *wargv[] = {r->exe,           "worker",  (char *)r->a->job_path,  "--threads",
                      r->thr, "--backend", (char *)r->a->backend, NULL};
@@ -322,6 +332,8 @@ static int signal_chaos(run_state *r, const pl_chaos_event *e, const char *when)
     }
     printf("chaos: %s: %s w%d (%s)\n", when, what, e->worker,
            sig == SIGKILL ? "SIGKILL" : "SIGTERM");
+    if (sig == SIGTERM && r->a->grace_s > 0)
+        r->w[e->worker].kill_at_ms = pl_now_ms() + r->a->grace_s * 1000;
     char line[128];
     snprintf(line, sizeof line, "chaos at %s: %s", when, sig == SIGKILL ? "SIGKILL" : "SIGTERM");
     pl_dash_feed_notice(r->feed, r->w[e->worker].name, what, line);
@@ -431,6 +443,20 @@ static void fence_silent_workers(run_state *r)
         if (pl_local_workers_signal(r->lw, w->name, SIGKILL, err, sizeof err) == 0)
             fprintf(stderr, "pliant run: worker %s was lost (missed heartbeats or step "
                             "deadline) but still runs (hung): killed\n", w->name);
+    }
+}
+
+/* Workers whose term's grace period is over: SIGKILL, as the kubelet does to a Pod. */
+static void end_grace_periods(run_state *r)
+{
+    const double now = pl_now_ms();
+    for (int i = 0; i < r->nw; i++) {
+        run_worker *w = &r->w[i];
+        if (w->exited || w->kill_at_ms <= 0 || now < w->kill_at_ms) continue;
+        char err[256];
+        w->kill_at_ms = 0;
+        if (pl_local_workers_signal(r->lw, w->name, SIGKILL, err, sizeof err) == 0)
+            printf("chaos: w%d's grace period is over (SIGKILL)\n", i);
     }
 }
 
@@ -668,6 +694,7 @@ static int run_loop(run_state *r, char *err, size_t errlen)
         fire_due_chaos(r);
         if (pl_job_driver_poll(r->drv, POLL_MS, err, errlen)) return -1;
         fence_silent_workers(r);
+        end_grace_periods(r);
         reap_workers(r);
         if (r->a->duration_s > 0 && pl_now_ms() - r->start_ms >= r->a->duration_s * 1000)
             pl_coord_end(r->coord, "--duration reached");

@@ -8,13 +8,15 @@
  * Pod), PLIANT_ADVERTISE (the address peers dial, default PLIANT_HOST: the Pod
  * IP), PLIANT_PEER_PORT (default 0: any free port), PLIANT_PEER_PROTECTION (none,
  * integrity or encrypt: how peer frames are protected, worker/comm/tcp.h; default
- * PL_PROTECT_DEFAULT_MODE), PLIANT_GRACE_SECONDS (from SIGTERM to the kill, told the
- * coordinator with `leaving`; default 0: unknown) and PLIANT_CHECKPOINT_DIR
+ * PL_PROTECT_DEFAULT_MODE), PLIANT_GRACE_SECONDS (seconds, fractions too: from SIGTERM
+ * to the kill, told the coordinator with `leaving`; default 0: unknown) and
+ * PLIANT_CHECKPOINT_DIR
  * (overrides spec.checkpoint.dir), PLIANT_ZONE (its topology zone, for placement)
  * PLIANT_THREADS (as --threads) and PLIANT_BACKEND (as --backend: the kernels; auto
  * = CUDA where this build has it and a device is visible). Exits with the code of
  * the coordinator's `stop`, 1 on a failure, 2 on bad input. */
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,10 +121,11 @@ int cmd_worker(int argc, char **argv)
                       sizeof err))
         goto bad;
     o.peer_port = (int)v;
-    if (cli_parse_int("PLIANT_GRACE_SECONDS", env_or("PLIANT_GRACE_SECONDS", "0"), 0, 86400, &v,
-                      err, sizeof err))
+    double grace;
+    if (cli_parse_double("PLIANT_GRACE_SECONDS", env_or("PLIANT_GRACE_SECONDS", "0"), 0, 86400,
+                         &grace, err, sizeof err))
         goto bad;
-    o.grace_ms = v * 1000;
+    o.grace_ms = llround(grace * 1000);
     pl_frame_protection prot;
     if (pl_frame_protection_parse(env_or("PLIANT_PEER_PROTECTION", NULL), &prot, err, sizeof err))
         goto bad;

@@ -913,60 +913,6 @@ static int fresh_plan(pl_coord *c, int live, cplan *np)
     return rc;
 }
 
-/* Added workers hold nothing: swapping two of them changes no copy's size or source,
- * only who receives it. Swaps that leave the plan less exposed to a zone's loss
- * (zone_place.h) are kept, so that re-instantiation spreads zones where it costs
- * nothing (Bamboo §3). 0, or -1 out of memory. */
-static int spread_added(pl_coord *c, cplan *np, ccopy *cp, int ncp, const char **ad, int nad)
-{
-    cshape s;
-    int *zid = malloc(((size_t)c->nw + 1) * sizeof *zid);
-    if (!zid || cshape_init(c, np, &s)) {
-        free(zid);
-        return -1;
-    }
-    const int nz = zone_ids(c, zid);
-    int *sz = malloc(((size_t)s.nslots + 1) * sizeof *sz);  /* each slot's zone */
-    int *sw = malloc(((size_t)s.nslots + 1) * sizeof *sw);  /* and worker */
-    int *mov = malloc(((size_t)s.nslots + 1) * sizeof *mov); /* the added workers' slots */
-    int **at = malloc(((size_t)s.nslots + 1) * sizeof *at);
-    int n = 0, rc = -1;
-    if (!sz || !sw || !mov || !at)
-        goto out;
-    for (int q = 0, k = 0; q < np->npipes; q++)
-        for (int j = 0; j < np->p[q].nnodes; j++, k++) {
-            sw[k] = np->p[q].w[j];
-            sz[k] = zid[sw[k]];
-            at[k] = &np->p[q].w[j];
-            for (int a = 0; a < nad; a++)
-                if (!strcmp(c->w[sw[k]].name, ad[a]))
-                    mov[n++] = k;
-        }
-    if (nz > 0 && n > 1 && pl_zone_improve(&s.sh, nz, sz, sw, mov, n))
-        goto out;
-    for (int a = 0; a < n; a++) {
-        const int k = mov[a], was = *at[k];
-        if (was == sw[k])
-            continue;
-        for (int x = 0; x < ncp; x++) /* the copies follow the positions */
-            if (cp[x].dest == was)
-                cp[x].dest = -1 - sw[k];
-    }
-    for (int x = 0; x < ncp; x++)
-        cp[x].dest = cp[x].dest < 0 ? -1 - cp[x].dest : cp[x].dest;
-    for (int k = 0; k < s.nslots; k++)
-        *at[k] = sw[k];
-    rc = 0;
-out:
-    cshape_free(&s);
-    free(zid);
-    free(sz);
-    free(sw);
-    free(mov);
-    free(at);
-    return rc;
-}
-
 /* ---- strategy redundant (Bamboo, NSDI '23; docs/redundant.md) ----
  * Stage j of a pipeline holds stage j + 1's layers as its shadow (and with 2 stages
  * stage 1 holds stage 0's: pl_rc_holder); the workers do so on the TCP transport. */
@@ -1132,7 +1078,9 @@ static int reinstantiate(pl_coord *c, int f, const char **rm, int nrm, const cha
     cur.pipelines = calloc((size_t)c->stable.npipes, sizeof *cur.pipelines);
     const char **rm2 = calloc((size_t)c->nw + 1, sizeof *rm2);
     const char **dep = calloc((size_t)c->nw + 1, sizeof *dep);
-    int ok = cur.pipelines != NULL && rm2 != NULL && dep != NULL, nrm2 = nrm;
+    const char **zoned = calloc((size_t)c->nw + 1, sizeof *zoned);
+    int *zid = calloc((size_t)c->nw + 1, sizeof *zid);
+    int ok = cur.pipelines && rm2 && dep && zoned && zid, nrm2 = nrm;
     for (int k = 0; ok && k < nrm; k++)
         rm2[k] = rm[k];
     for (int q = 0; ok && q < c->stable.npipes; q++) {
@@ -1155,6 +1103,14 @@ static int reinstantiate(pl_coord *c, int f, const char **rm, int nrm, const cha
         if (c->w[find(c, rm2[k])].departing)
             dep[cur.ndeparting++] = rm2[k];
     cur.departing = dep;
+    if (ok) { /* pl_reinstantiate places survivors and added workers by zone too */
+        cur.nzones = zone_ids(c, zid);
+        for (int i = 0; i < c->nw; i++)
+            zoned[i] = c->w[i].name;
+        cur.zoned = zoned;
+        cur.zone_of = zid;
+        cur.nzoned = c->nw;
+    }
     int rrc = ok ? pl_reinstantiate(c->cfg.profile, c->cfg.templates, cov,
                                     f, c->cfg.global_batch, &cur, rm2, nrm2, ad,
                                     nad, &r, e2, sizeof e2)
@@ -1164,6 +1120,8 @@ static int reinstantiate(pl_coord *c, int f, const char **rm, int nrm, const cha
     free(cur.pipelines);
     free(rm2);
     free(dep);
+    free(zoned);
+    free(zid);
     if (rrc) {
         char why[700];
         snprintf(why, sizeof why, "re-instantiation failed: %s", ok ? e2 : "out of memory");
@@ -1209,8 +1167,6 @@ static int reinstantiate(pl_coord *c, int f, const char **rm, int nrm, const cha
             x->bytes = r.copies[k].layers[j].bytes;
         }
     *bytes_planned = r.bytes_to_copy;
-    if (spread_added(c, np, *cp, *ncp, ad, nad))
-        goto oom;
     rc_local_copies(c, np, *cp, ncp, bytes_planned);
     rc = 0;
     goto out;
@@ -2391,6 +2347,15 @@ static int notice_outlasts_step(const pl_coord *c, int i, int64_t grace_ms)
     return median - (c->now - c->step_t0) + copy_ms(c, i, grace_ms) > grace_ms;
 }
 
+/* Worker i's notice came while the plan's copies run, and the plan holds it (a stage, or a
+ * copy source): its copies are planned again now, with it a departing source, rather than
+ * finished, a step trained and planned again at the boundary; its grace may end first. */
+static int notice_during_copies(const pl_coord *c, int i)
+{
+    return c->phase == PL_COORD_COPYING && (in_pipes(c, i) || c->w[i].is_source) &&
+           !leaving_held(c);
+}
+
 int pl_coord_leaving(pl_coord *c, const char *name, int reason, int64_t grace_ms)
 {
     c->err[0] = 0;
@@ -2416,6 +2381,8 @@ int pl_coord_leaving(pl_coord *c, const char *name, int reason, int64_t grace_ms
         if (notice_outlasts_step(c, i, grace_ms)) {
             to_pipeline_workers(c, PL_MSG_ABORT, "a worker's notice ends before the step");
             replan_soon(c); /* its plan makes the leaving workers copy sources */
+        } else if (notice_during_copies(c, i)) {
+            replan_soon(c);
         } else {
             c->pending = 1; /* at the step boundary */
         }

@@ -22,7 +22,8 @@
  *   from the live ones and reconfigures before s+1. A failure during the copy
  *   phase replans at once from the stable plan. A lost idle worker, a join and
  *   `leaving` are handled at the next step boundary; a `leaving` whose grace
- *   period that boundary and the copies would outlast aborts the step instead. The
+ *   period that boundary and the copies would outlast aborts the step instead, and
+ *   one from a worker of the plan during its copy phase replans at once. The
  *   leaving worker is a copy source of the new plan (TCP) until its copies are
  *   done, then gets stop {0}.
  * - peer_broken is treated as the loss of the named peer.
@@ -253,7 +254,8 @@ int pl_coord_copy_done(pl_coord *c, const char *name, int64_t gen, int64_t bytes
  * expected end (its median time) and then the copies of the worker's layers (over the
  * profile's inter-node link; half of grace_ms without one) would outlast it, the step is
  * aborted at once and the plan made without the leaving workers (its copy sources while
- * they live). */
+ * they live). A notice from a stage or a copy source of a plan whose copies run replans at
+ * once, whatever grace_ms. */
 int pl_coord_leaving(pl_coord *c, const char *name, int reason /* pl_leave_reason */,
                      int64_t grace_ms);
 int pl_coord_peer_broken(pl_coord *c, const char *name, int64_t gen, const char *peer);

@@ -489,42 +489,76 @@ def sigterm_notice_moves_the_worker_out_at_a_step_boundary():
     check("killed by signal" not in out + err, "w1 was killed, not stopped:\n%s", out[-1500:])
 
 
-@test
-def notice_keeps_leaving_workers_as_copy_sources():
-    """A pipelined job (the GPU memory of a measured profile lowered: n0 = 2), 8 workers;
-    --chaos term: the last stage of every pipeline at once (a zone preempted with notice).
-    Lost without notice those layers would be gone (a restart from a checkpoint); with it
-    the leaving workers send them to the survivors before they are stopped: one
-    reconfiguration, no checkpoint read, no step lost, the losses equal train's."""
-    steps = 10
-    job = write_job("notice-src", steps=steps, global_=16,
-                    extra="  faultTolerance: {tolerate: 1, maxResets: 0}\n")
-    prof_path = os.path.join(suite.tmp, "notice-src-profile.json")
-    # n0 = 2: 8 workers run 4 pipelines of 2
+def pipelined_notice_job(name, steps, global_):
+    """A pipelined job for 8 workers: the GPU memory of a measured profile lowered, n0 = 2,
+    F = 1. Returns the job, train's reference of the same steps and batch, and the
+    template sizes of the plan for 8 workers."""
+    job = write_job(name, steps=steps, global_=global_)
+    prof_path = os.path.join(suite.tmp, name + "-profile.json")
     rc, _, err = run("profile", job, "--out", prof_path, "--repeat", "3", "--threads", 1,
-                     "--gpu-memory", 1500000)
+                     "--gpu-memory", 1500000)  # n0 = 2
     check(rc == 0, "profile: %s", err)
+    with open(job) as f:
+        text = f.read().replace("profile: synthetic", "profile: " + prof_path)
+    with open(job, "w") as f:
+        f.write(text + "  faultTolerance: {tolerate: 1, maxResets: 0}\n")
+    rc, out, err = run("plan", "--profile", prof_path, "--nodes", 8, "--tolerate", 1,
+                       "--global-batch", global_)
+    check(rc == 0 and json.loads(out)["n0"] == 2, "the profile's templates: %s %s",
+          out[-500:], err[-500:])
+    sizes = [p["template_nodes"] for e in json.loads(out)["coverage"] if e["nodes"] == 8
+             for p in e["pipelines"]]
+    return job, reference(reference_job(name, steps, global_=global_)), sizes
+
+
+def check_notice_kept_sources(job, ref, steps, sizes, at, *args):
+    """8 workers, --chaos term: the last stage of every pipeline (sizes: their nodes) when
+    step `at` begins (a zone preempted with notice); args: more options. The layers no
+    survivor holds come from the leaving workers before they go: one reconfiguration, no
+    checkpoint read, every step once, the losses equal train's. Returns the output."""
     m = job + ".run.jsonl"
-    plan = subprocess.run([os.path.join(REPO, "build", "bin", "pliant"), "plan", "--profile",
-                           prof_path, "--nodes", "8", "--tolerate", "1", "--global-batch", "16"],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    check(plan.returncode == 0 and json.loads(plan.stdout)["n0"] == 2,
-          "the profile's templates: %s %s", plan.stdout[-500:], plan.stderr[-500:])
-    chaos = ",".join("term:p%d.1@step=3" % q for q in range(4))
+    chaos = ",".join("term:p%d.%d@step=%d" % (q, n - 1, at) for q, n in enumerate(sizes))
     rc, out, err = run("run", job, "--workers", 8, "--metrics", m, "--threads", 1,
-                       "--profile", prof_path, "--chaos", chaos, timeout=180)
+                       "--chaos", chaos, *args, timeout=180)
     check(rc == 0, "run failed (%d):\n%s\n%s", rc, out[-2000:], err[-2000:])
     rows = metrics(m)
-    check([r["step"] for r in rows] == list(range(steps)), "steps %s", [r["step"] for r in rows])
-    ref = reference(reference_job("notice-src", steps, global_=16))
+    check([r["step"] for r in rows] == list(range(steps)), "steps %s\n%s", [r["step"] for r in rows],
+          out[-2000:])
     for a, b in zip(rows, ref):
         check(abs(a["loss"] - b["loss"]) <= 1e-4 * abs(b["loss"]),
               "step %d: loss %.9g, train %.9g", a["step"], a["loss"], b["loss"])
     rec = events(m, "reconfigure")
-    check(len(rec) == 1 and len(rec[0]["removed"]) == 4 and not rec[0]["from_checkpoint"] and
-          rec[0]["bytes_copied"] > 0, "reconfigure lines: %s", rec)
-    check("killed by signal" not in out + err, "a worker was killed, not stopped:\n%s",
-          out[-1500:])
+    check(len(rec) == 1 and len(rec[0]["removed"]) == len(sizes) and
+          not rec[0]["from_checkpoint"] and rec[0]["bytes_copied"] > 0,
+          "reconfigure lines: %s\n%s", rec, out[-3000:])
+    return out + err
+
+
+@test
+def notice_keeps_leaving_workers_as_copy_sources():
+    """4 pipelines of 2. Lost without notice the last stages' layers would be gone (a
+    restart from a checkpoint); with it (no grace period: the workers live until stopped)
+    the leaving workers are stopped, not killed, once they sent them."""
+    steps = 10
+    job, ref, sizes = pipelined_notice_job("notice-src", steps, 16)
+    check(sizes == [2, 2, 2, 2], "the plan for 8 workers: %s", sizes)
+    out = check_notice_kept_sources(job, ref, steps, sizes, 3)
+    check("killed by signal" not in out, "a worker was killed, not stopped:\n%s", out[-1500:])
+
+
+@test
+def a_grace_shorter_than_a_step_still_keeps_the_sources():
+    """--grace-seconds 0.25 (SIGKILL follows each notice after 0.25 s), steps of 4,096
+    samples: where they take longer than the grace period (their median, known by step 4),
+    the coordinator aborts the step at the notice rather than wait for its end and plans at
+    once, and the leaving workers send their layers within their grace period."""
+    steps, grace, global_ = 6, 0.25, 4096
+    job, ref, sizes = pipelined_notice_job("notice-grace", steps, global_)
+    out = check_notice_kept_sources(job, ref, steps, sizes, 4, "--grace-seconds", grace)
+    rows = metrics(job + ".run.jsonl")
+    step_s = sorted(global_ * 32 / r["tokens_per_second"] for r in rows[1:4])[1]
+    check(step_s < 2 * grace or "step 4 aborted" in out, "steps of %.2f s, no abort:\n%s",
+          step_s, out[-2000:])
 
 
 @test
@@ -578,6 +612,8 @@ def usage_errors():
     check(rc == 2 and "--backend" in err and "tpu" in err, "status %d: %s", rc, err)
     rc, _, err = run("worker", job, "--backend", "gpu")
     check(rc == 2 and "--backend" in err and "gpu" in err, "status %d: %s", rc, err)
+    rc, _, err = run("run", job, "--workers", 2, "--grace-seconds", "-1")
+    check(rc == 2 and "--grace-seconds" in err, "status %d: %s", rc, err)
 
 
 def worker_env(job, *args, **env):

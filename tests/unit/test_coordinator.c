@@ -669,6 +669,38 @@ static void test_notice_keeps_copy_sources(void)
     sim_free(&s);
 }
 
+/* w4 is lost and the survivors copy; then w1, the other holder of w4's layers (rank order:
+ * the pipelines w0 w1 w2 and w3 w4 w5), gets a notice: planned again at once, not after the
+ * copies and a step, w1 a departing copy source of those layers, no checkpoint read. */
+static void test_notice_during_copies(void)
+{
+    sim s;
+    CHECK(begin_run(&s, 9, 6) == 0);
+    CHECK(run_step(&s, 0) == 0);
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, "w4", "preempted"), PL_COORD_OK);
+    s.live[4] = 0;
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
+    const int64_t g = s.gen;
+    CHECK_EQ_INT(pl_coord_leaving(s.c, "w1", PL_LEAVE_SIGTERM, 2000), PL_COORD_OK);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(s.gen, g + 1);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
+    const pl_coord_reconfig_rec *rec = pl_coord_reconfig(s.c, pl_coord_nreconfigs(s.c) - 1);
+    CHECK(rec && !rec->from_checkpoint && rec->bytes_planned > 0);
+    CHECK_STR_CONTAINS(rec->cause, "leaving w1 (sigterm)");
+    pl_coord_worker_view v;
+    CHECK(pl_coord_worker_view_at(s.c, 1, &v) == 0 && v.departing && v.pipeline == -1);
+    CHECK(s.plan[1].gen == s.gen && s.plan[1].u.plan.nsends > 0);
+    s.live[1] = 0;
+    CHECK(plans_valid(&s) == 0);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(msg_to(&s, 1, PL_MSG_STOP) != NULL);
+    CHECK_EQ_INT(count_type(&s, PL_MSG_START_STEP), 4);
+    sim_free(&s);
+}
+
 /* 4 workers, (F + 1)·n0 = 4: a worker under notice trains on (moving it out would stop the
  * job early) until it goes; then the job waits for nodes, as after a loss without notice. */
 static void test_notice_held_at_the_minimum(void)
@@ -2500,6 +2532,7 @@ RUN(test_zone_placement);
 RUN(test_added_workers_spread_over_zones);
 RUN(test_zone_loss_leaves_holders);
 RUN(test_notice_keeps_copy_sources);
+RUN(test_notice_during_copies);
 RUN(test_notice_shorter_than_step);
 RUN(test_notice_held_at_the_minimum);
 RUN(test_transport_and_nccl_id);

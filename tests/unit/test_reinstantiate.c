@@ -6,6 +6,7 @@
 #include "check.h"
 #include "coverage.h"
 #include "reinstantiate.h"
+#include "zone_place.h"
 
 #define MAXN 32
 
@@ -934,6 +935,176 @@ static void test_large_cluster(void)
     fixture_free(&f);
 }
 
+/* ---- zones ---- */
+
+/* Zones by node name: current node i in zone zone[i], added nodes new0, new1 in 0, 1. */
+typedef struct {
+    const char *names[MAXN + 2];
+    int zone[MAXN + 2], n, nzones;
+} zones;
+
+static void zones_init(fixture *f, zones *z, const int *zone, int nzones)
+{
+    z->n = 0;
+    z->nzones = nzones;
+    for (int i = 0; i < f->nnodes; i++, z->n++) {
+        z->names[i] = f->names[i];
+        z->zone[i] = zone[i];
+    }
+    z->names[z->n] = "new0";
+    z->zone[z->n++] = 0;
+    z->names[z->n] = "new1";
+    z->zone[z->n++] = 1;
+    f->cur.zoned = z->names;
+    f->cur.zone_of = z->zone;
+    f->cur.nzoned = z->n;
+    f->cur.nzones = nzones;
+}
+
+static int zone_named(const zones *z, const char *name)
+{
+    for (int k = 0; k < z->n; k++)
+        if (!strcmp(z->names[k], name))
+            return z->zone[k];
+    return -1;
+}
+
+/* The zone risk (zone_place.h) of a result's placement. */
+static void result_risk(const fixture *f, const zones *z, const pl_reinstantiation *r,
+                        pl_zone_risk *risk)
+{
+    int nnodes[MAXN], bnd[MAXN][MAXN + 1], slot_zone[MAXN + 2], s = 0;
+    const int *bounds[MAXN];
+    for (int x = 0; x < r->npipelines; x++) {
+        const pl_template *t = pl_template_for(&f->ts, r->pipelines[x].template_nodes);
+        nnodes[x] = t->nodes;
+        bounds[x] = bnd[x];
+        bnd[x][t->nodes] = f->p.nlayers;
+        for (int k = t->nstages - 1; k >= 0; k--)
+            bnd[x][t->stages[k].node] = t->stages[k].layer_begin;
+        for (int j = 0; j < t->nodes; j++)
+            slot_zone[s++] = zone_named(z, r->pipelines[x].nodes[j]);
+    }
+    const pl_zone_shape sh = {f->p.nlayers, r->npipelines, nnodes, bounds};
+    CHECK(pl_zone_risk_of(&sh, slot_zone, z->nzones, risk) == 0);
+}
+
+/* One case placed blind and by zone: its risks and copy bytes. */
+typedef struct {
+    pl_zone_risk blind, zoned;
+    int64_t blind_bytes, zoned_bytes;
+} zcmp;
+
+/* Runs the case both ways (run_case: with and without the coverage table alike). Zones
+ * never leave a plan more exposed, never add copies unless blind placement leaves a layer
+ * exposed, and then add at most one replica (3 × the parameters). */
+static void compare_zoned(fixture *f, const zones *z, const char *const *rm, int nrm,
+                          const char *const *ad, int nad, zcmp *out)
+{
+    pl_reinstantiation blind, zoned;
+    memset(out, 0, sizeof *out);
+    f->cur.nzones = 0;
+    CHECK(run_case(f, rm, nrm, ad, nad, &blind) == 0);
+    f->cur.nzones = z->nzones;
+    CHECK(run_case(f, rm, nrm, ad, nad, &zoned) == 0);
+    if (!check_failed_ && blind.npipelines > 0) {
+        result_risk(f, z, &blind, &out->blind);
+        result_risk(f, z, &zoned, &out->zoned);
+        out->blind_bytes = blind.bytes_to_copy;
+        out->zoned_bytes = zoned.bytes_to_copy;
+        int64_t replica = 0;
+        for (int l = 0; l < f->p.nlayers; l++)
+            replica += 3 * f->p.layers[l].param_bytes;
+        CHECK(pl_zone_risk_cmp(&out->zoned, &out->blind) <= 0);
+        CHECK(out->zoned_bytes <= out->blind_bytes + (out->blind.exposed ? replica : 0));
+    }
+    pl_reinstantiation_free(&blind);
+    pl_reinstantiation_free(&zoned);
+}
+
+/* Pipelines of 3, 3, 2 and 2 nodes, n0 .. n9 in zones a, b, a, b, ... */
+static void zoned_fixture(fixture *f, zones *z)
+{
+    const int sizes[] = {3, 3, 2, 2}, zone[] = {0, 1, 0, 1, 0, 1, 0, 1, 0, 1};
+    CHECK(fixture_init(f, 8, 1, 0, 10, 1, sizes, 4) == 0);
+    zones_init(f, z, zone, 2);
+}
+
+/* Every single and double failure, alone and with two nodes joining (compare_zoned's
+ * bounds hold); some plans are spread at no copy cost. */
+static void test_zones_never_cost_copies_unless_exposed(void)
+{
+    fixture f;
+    zones z;
+    zoned_fixture(&f, &z);
+    int spread = 0, free_spread = 0;
+    const char *added[] = {"new0", "new1"};
+    for (int a = 0; a < f.nnodes && !check_failed_; a++)
+        for (int b = a; b < f.nnodes && !check_failed_; b++)
+            for (int na = 0; na <= 2; na += 2) {
+                const char *removed[2] = {f.names[a], f.names[b]};
+                zcmp c;
+                compare_zoned(&f, &z, removed, a == b ? 1 : 2, added, na, &c);
+                const int better = pl_zone_risk_cmp(&c.zoned, &c.blind) < 0;
+                spread += better;
+                free_spread += better && c.zoned_bytes == c.blind_bytes;
+            }
+    printf("    %d of %d plans spread by zone, %d of them at no copy cost\n", spread,
+           f.nnodes * (f.nnodes + 1), free_spread);
+    CHECK(free_spread > 0);
+    fixture_free(&f);
+}
+
+/* compare_zoned on the zoned fixture after nodes a and b go (no node joins). */
+static void zoned_loss(const char *a, const char *b, zcmp *c)
+{
+    fixture f;
+    zones z;
+    zoned_fixture(&f, &z);
+    const char *removed[] = {a, b};
+    compare_zoned(&f, &z, removed, 2, NULL, 0, c);
+    fixture_free(&f);
+}
+
+/* n1 and n6 go: pipeline 0 runs on n0, n2 (both zone a) and pipeline 2 borrows n3 to run
+ * with n7 (both zone b). n0 and n3 held the same layers (stage 0 of the 3-node template):
+ * swapped, no stage sits next to its zone, at the same copy bytes. */
+static void test_zones_spread_survivors(void)
+{
+    zcmp c;
+    zoned_loss("n1", "n6", &c);
+    CHECK_EQ_INT(c.blind.neighbours, 2);
+    CHECK_EQ_INT(c.zoned.neighbours, 0);
+    CHECK_EQ_INT(c.zoned_bytes, c.blind_bytes);
+}
+
+/* n1 and n3 go: placed by copies alone, every pipeline (all of 2 nodes now) runs its first
+ * stage in zone a (n0, n4, n6, n8), whose loss would take those layers. Swapping pipeline
+ * 1's two nodes fixes it, at a copy cost within one replica. */
+static void test_zones_fix_exposed_layer(void)
+{
+    zcmp c;
+    zoned_loss("n1", "n3", &c);
+    CHECK(c.blind.exposed > 0);
+    CHECK_EQ_INT(c.zoned.exposed, 0);
+    CHECK(c.zoned_bytes > c.blind_bytes);
+}
+
+/* A zone out of range is an error that names it. */
+static void test_zones_bad_zone(void)
+{
+    fixture f;
+    zones z;
+    zoned_fixture(&f, &z);
+    z.zone[3] = 2;
+    pl_reinstantiation r;
+    char err[256];
+    CHECK(pl_reinstantiate(&f.p, &f.ts, NULL, 1, 16, &f.cur, NULL, 0, NULL, 0, &r, err,
+                           sizeof err) == -1);
+    CHECK_STR_CONTAINS(err, "zone_of[3]: zone 2 is not in -1 .. 1");
+    fixture_free(&f);
+}
+
 TEST_MAIN_BEGIN
 RUN(test_every_failure_mixed_sizes);
 RUN(test_every_failure_smallest_pipelines);
@@ -956,4 +1127,8 @@ RUN(test_json_and_determinism);
 RUN(test_parse);
 RUN(test_bad_arguments);
 RUN(test_large_cluster);
+RUN(test_zones_never_cost_copies_unless_exposed);
+RUN(test_zones_spread_survivors);
+RUN(test_zones_fix_exposed_layer);
+RUN(test_zones_bad_zone);
 TEST_MAIN_END
