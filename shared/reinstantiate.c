@@ -1088,6 +1088,35 @@ static int copy_parts(int64_t bytes, int nh)
     return n > 1 ? (int)n : 1;
 }
 
+/* Whether holder v is a better copy source than w: surviving first, then the fewest bytes
+ * to send so far. */
+static int better_source(const ctx *c, const int64_t *sent, int v, int w)
+{
+    return c->alive[v] > c->alive[w] || (c->alive[v] == c->alive[w] && sent[v] < sent[w]);
+}
+
+/* The best PL_COPY_MAX_PARTS (or fewer) of a layer's nh holders, best first, ties in the
+ * holders' order, into best[]; one pass, as a layer has a holder in every pipeline (on
+ * a thousand nodes, hundreds). Returns how many of the holders survive. */
+static int best_sources(const ctx *c, const int *hold, int nh, const int64_t *sent, int *best)
+{
+    int surviving = 0, m = 0;
+    for (int h = 0; h < nh; h++) {
+        const int v = hold[h];
+        surviving += c->alive[v] != 0;
+        int p = m;
+        while (p > 0 && better_source(c, sent, v, best[p - 1]))
+            p--;
+        if (p == PL_COPY_MAX_PARTS)
+            continue;
+        if (m < PL_COPY_MAX_PARTS)
+            m++;
+        memmove(best + p + 1, best + p, (size_t)(m - 1 - p) * sizeof *best);
+        best[p] = v;
+    }
+    return surviving;
+}
+
 /* Layer copies: each missing layer, or each part of a large one (pl_layer_copy), comes
  * from the surviving holder with the fewest bytes to send so far (ties by name), a part
  * from a holder no other part of the layer uses, so sending is spread out; from a
@@ -1119,9 +1148,9 @@ static int plan_copies(const ctx *c, pl_reinstantiation *out, const int *const *
                     if (!hold && build_holders(c, &hoff, &hold))
                         goto done;
                     const int64_t bytes = PL_COPY_FACTOR * c->p->layers[l].param_bytes;
-                    int surviving = 0;
-                    for (int h = hoff[l]; h < hoff[l + 1]; h++)
-                        surviving += c->alive[hold[h]] != 0;
+                    int chosen[PL_COPY_MAX_PARTS];
+                    const int surviving =
+                        best_sources(c, hold + hoff[l], hoff[l + 1] - hoff[l], sent, chosen);
                     const int parts = copy_parts(bytes, surviving);
                     if (nflat + parts > cflat) {
                         cflat = 2 * cflat + parts + 64;
@@ -1130,19 +1159,8 @@ static int plan_copies(const ctx *c, pl_reinstantiation *out, const int *const *
                             goto done;
                         flat = f;
                     }
-                    int chosen[PL_COPY_MAX_PARTS];
                     for (int k = 0; k < parts; k++) {
-                        int src = -1;
-                        for (int h = hoff[l]; h < hoff[l + 1]; h++) {
-                            const int v = hold[h];
-                            int taken = 0;
-                            for (int y = 0; y < k; y++)
-                                taken |= chosen[y] == v;
-                            if (!taken && (src < 0 || c->alive[v] > c->alive[src] ||
-                                           (c->alive[v] == c->alive[src] && sent[v] < sent[src])))
-                                src = v;
-                        }
-                        chosen[k] = src;
+                        const int src = chosen[k];
                         const int64_t part = bytes * (k + 1) / parts - bytes * k / parts;
                         sent[src] += part;
                         flat[nflat++] = (pl_layer_copy){l, k, parts, nm[src], part};

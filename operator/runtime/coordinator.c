@@ -924,22 +924,11 @@ static int rc_active(const pl_coord *c)
     return c->cfg.strategy_redundant && c->has_stable && c->transport == PL_TRANSPORT_TCP;
 }
 
-/* Where worker i runs in the stable plan: 1 and *q, *j, or 0 (not in it). */
-static int stable_place(const pl_coord *c, int i, int *q, int *j)
+/* 1 when the worker at stage j of the stable plan's pipeline q held `layer` in its
+ * engine, or (shadow) in its shadow. */
+static int stable_holds(const pl_coord *c, int q, int j, int layer, int shadow)
 {
-    for (*q = 0; *q < c->stable.npipes; (*q)++)
-        for (*j = 0; *j < c->stable.p[*q].nnodes; (*j)++)
-            if (c->stable.p[*q].w[*j] == i)
-                return 1;
-    return 0;
-}
-
-/* 1 when worker i's engine held `layer` in the stable plan, or (shadow) its shadow did. */
-static int stable_holds(const pl_coord *c, int i, int layer, int shadow)
-{
-    int q, j, b, e;
-    if (!stable_place(c, i, &q, &j))
-        return 0;
+    int b, e;
     const cpipe *cq = &c->stable.p[q];
     pipe_layers(c, cq, j, &b, &e);
     if (b <= layer && layer < e)
@@ -1023,36 +1012,48 @@ static int rc_failover(pl_coord *c, int nremoved, int nadded, cplan *np)
     return 0;
 }
 
-/* The pipeline of np that worker i runs in, or -1. */
-static int new_pipe_of(const cplan *np, int i)
+/* Each worker's place: stable plan pipeline and stage (sq[i], sj[i], −1 when not in it)
+ * and new pipeline (nq[i]); arrays of c->nw, so that a plan's thousands of copies on a
+ * thousand workers look them up at once. */
+static void index_places(const pl_coord *c, const cplan *np, int *sq, int *sj, int *nq)
 {
+    for (int i = 0; i < c->nw; i++)
+        sq[i] = sj[i] = nq[i] = -1;
+    for (int q = 0; q < c->stable.npipes; q++)
+        for (int j = 0; j < c->stable.p[q].nnodes; j++) {
+            sq[c->stable.p[q].w[j]] = q;
+            sj[c->stable.p[q].w[j]] = j;
+        }
     for (int q = 0; q < np->npipes; q++)
         for (int j = 0; j < np->p[q].nnodes; j++)
-            if (np->p[q].w[j] == i)
-                return q;
-    return -1;
+            nq[np->p[q].w[j]] = q;
 }
 
 /* A copy the stable plan's holdings make unnecessary or nearer: the destination held the
  * layer (its engine, or its shadow: a local source), or a worker of its new pipeline held
  * it in its engine (a failover holder: it sends it, restoring the redundancy when a new
- * node takes the lost one's place). Dropped copies leave *bytes_planned. */
-static void rc_local_copies(pl_coord *c, const cplan *np, ccopy *cp, int *ncp,
-                            int64_t *bytes_planned)
+ * node takes the lost one's place). Dropped copies leave *bytes_planned. 0, or −1 out of
+ * memory. */
+static int rc_local_copies(pl_coord *c, const cplan *np, ccopy *cp, int *ncp,
+                           int64_t *bytes_planned)
 {
     if (!rc_active(c))
-        return;
-    int n = 0;
+        return 0;
+    int *sq = malloc(3 * (size_t)(c->nw ? c->nw : 1) * sizeof *sq), n = 0;
+    if (!sq)
+        return -1;
+    int *sj = sq + c->nw, *nq = sj + c->nw;
+    index_places(c, np, sq, sj, nq);
     for (int k = 0; k < *ncp; k++) {
         ccopy x = cp[k];
-        if (stable_holds(c, x.dest, x.layer, 1)) {
+        if (sq[x.dest] >= 0 && stable_holds(c, sq[x.dest], sj[x.dest], x.layer, 1)) {
             *bytes_planned -= x.bytes;
             continue;
         }
-        const int q = new_pipe_of(np, x.dest);
+        const int q = nq[x.dest];
         for (int s = 0; q >= 0 && s < np->p[q].nnodes; s++) {
             const int y = np->p[q].w[s];
-            if (y != x.dest && stable_holds(c, y, x.layer, 0)) {
+            if (y != x.dest && sq[y] >= 0 && stable_holds(c, sq[y], sj[y], x.layer, 0)) {
                 x.src = y;
                 break;
             }
@@ -1060,6 +1061,8 @@ static void rc_local_copies(pl_coord *c, const cplan *np, ccopy *cp, int *ncp,
         cp[n++] = x;
     }
     *ncp = n;
+    free(sq);
+    return 0;
 }
 
 /* Re-instantiation of the stable plan for the live workers (§5.1 via
@@ -1167,7 +1170,8 @@ static int reinstantiate(pl_coord *c, int f, const char **rm, int nrm, const cha
             x->bytes = r.copies[k].layers[j].bytes;
         }
     *bytes_planned = r.bytes_to_copy;
-    rc_local_copies(c, np, *cp, ncp, bytes_planned);
+    if (rc_local_copies(c, np, *cp, ncp, bytes_planned))
+        goto oom;
     rc = 0;
     goto out;
 oom:
