@@ -9,15 +9,30 @@
 int pl_rc_successor(int stage, int nstages)
 {
     if (nstages < 2 || stage < 0 || stage >= nstages) return -1;
-    if (stage + 1 < nstages) return stage + 1;
-    return nstages == 2 ? 0 : -1;
+    return (stage + 1) % nstages;
 }
 
 int pl_rc_holder(int stage, int nstages)
 {
     if (nstages < 2 || stage < 0 || stage >= nstages) return -1;
-    if (stage > 0) return stage - 1;
-    return nstages == 2 ? 1 : -1;
+    return (stage + nstages - 1) % nstages;
+}
+
+/* Stage 0 of n ≥ 3 lost: its holder, the last stage, runs [0, b1) first, and stage n − 2,
+ * which holds the last stage's layers, runs them after its own (rc_plan.h). */
+static int wrap_failover(int n, const int *layers, const int *lost, int *keep, int *nkeep,
+                         int *out)
+{
+    if (lost[n - 2]) return 0; /* nobody else holds the last stage's layers */
+    out[0] = 0;
+    keep[(*nkeep)++] = n - 1;
+    for (int j = 1; j < n - 1; j++)
+        if (!lost[j]) {
+            out[*nkeep] = layers[j];
+            keep[(*nkeep)++] = j;
+        }
+    out[*nkeep] = layers[n];
+    return 1;
 }
 
 int pl_rc_failover(int n, const int *layers, const int *lost, int *keep, int *nkeep, int *out)
@@ -27,6 +42,7 @@ int pl_rc_failover(int n, const int *layers, const int *lost, int *keep, int *nk
         const int h = pl_rc_holder(j, n);
         if (lost[j] && (h < 0 || lost[h])) return 0;
     }
+    if (n >= 3 && lost[0]) return wrap_failover(n, layers, lost, keep, nkeep, out);
     for (int j = 0; j < n; j++) {
         if (lost[j]) continue;
         /* the first survivor starts at layer 0: stage 0 lost in the 2-stage ring */
@@ -76,8 +92,7 @@ static void stage_rc(const pl_profile *p, const pl_template *t, int k, int eager
     }
     mem = (mem + s->gpus - 1) / s->gpus;
     if (mem > c->memory_bytes) c->memory_bytes = mem;
-    const int holder = k > 0 ? k - 1 : S == 2 ? 1 : -1;
-    if (holder >= 0) {
+    if (pl_rc_holder(k, S) >= 0) {
         const int64_t ns = pl_transfer_ns(range_sum(p, s->layer_begin, s->layer_end, SUM_PARAMS, 0),
                                           p->inter_node_GBps);
         if (ns > c->shadow_sync_ns) c->shadow_sync_ns = ns;

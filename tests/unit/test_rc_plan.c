@@ -56,7 +56,7 @@ static void test_rc_templates_fit_with_shadows(void)
     }
     CHECK_EQ_INT(pl_rc_successor(0, 2), 1);
     CHECK_EQ_INT(pl_rc_successor(1, 2), 0);
-    CHECK_EQ_INT(pl_rc_successor(2, 3), -1);
+    CHECK_EQ_INT(pl_rc_successor(2, 3), 0);
     CHECK_EQ_INT(pl_rc_successor(0, 1), -1);
     pl_template_set_free(&plain);
     pl_template_set_free(&eager);
@@ -65,8 +65,9 @@ static void test_rc_templates_fit_with_shadows(void)
 }
 
 /* Failover (Bamboo §5.2): each lost stage's range joins its holder's, the predecessor's,
- * or the other stage's in the 2-stage ring; two consecutive losses, or a chain's first
- * stage, cannot fail over. */
+ * or the other stage's in the 2-stage ring; with stage 0 of ≥ 3 lost, the last stage
+ * moves to the front with [0, b1) and stage n − 2 takes the last stage's range; two
+ * losses consecutive on the ring, or stage 0 with stage n − 2, cannot fail over. */
 static void test_rc_failover_merges_ranges(void)
 {
     const int l4[] = {0, 2, 4, 7, 10};
@@ -81,7 +82,15 @@ static void test_rc_failover_merges_ranges(void)
     const int lost_two[] = {0, 1, 1, 0};
     CHECK(pl_rc_failover(4, l4, lost_two, keep, &n, out) == 0);
     const int lost_first[] = {1, 0, 0, 0};
-    CHECK(pl_rc_failover(4, l4, lost_first, keep, &n, out) == 0);
+    CHECK(pl_rc_failover(4, l4, lost_first, keep, &n, out) == 1 && n == 3);
+    CHECK(keep[0] == 3 && keep[1] == 1 && keep[2] == 2);
+    CHECK(out[0] == 0 && out[1] == 2 && out[2] == 4 && out[3] == 10);
+    const int lost_first_next_to_last[] = {1, 0, 1, 0}, lost_wrap[] = {1, 0, 0, 1};
+    CHECK(pl_rc_failover(4, l4, lost_first_next_to_last, keep, &n, out) == 0);
+    CHECK(pl_rc_failover(4, l4, lost_wrap, keep, &n, out) == 0);
+    const int l3[] = {0, 3, 6, 10}, lost0of3[] = {1, 0, 0};
+    CHECK(pl_rc_failover(3, l3, lost0of3, keep, &n, out) == 1 && n == 2);
+    CHECK(keep[0] == 2 && keep[1] == 1 && out[0] == 0 && out[1] == 3 && out[2] == 10);
     const int lost_alt[] = {0, 1, 0, 1};
     CHECK(pl_rc_failover(4, l4, lost_alt, keep, &n, out) == 1 && n == 2 && out[1] == 4 &&
           out[2] == 10);
@@ -93,7 +102,7 @@ static void test_rc_failover_merges_ranges(void)
     CHECK(pl_rc_failover(2, l2, both, keep, &n, out) == 0);
     const int none[] = {0, 0};
     CHECK(pl_rc_failover(2, l2, none, keep, &n, out) == 1 && n == 2 && out[1] == 3);
-    CHECK(pl_rc_holder(0, 3) == -1 && pl_rc_holder(0, 2) == 1 && pl_rc_holder(2, 3) == 1);
+    CHECK(pl_rc_holder(0, 3) == 2 && pl_rc_holder(0, 2) == 1 && pl_rc_holder(2, 3) == 1);
 }
 
 TEST_MAIN_BEGIN
