@@ -16,9 +16,11 @@
  *    does not fit is exposed (Bamboo overlaps it with normal work, the planner counts
  *    it as added time: an upper bound). The step grows by the largest exposed part.
  *    Lazy FRC: nothing in failure-free steps (§5.2: lazy-FRC-lazy-BRC);
- *  - the shadow's gradient: each stage sends its reduced gradients (its own P bytes)
- *    to the stage that shadows it after its all-reduces: the largest such transfer at
- *    the inter-node bandwidth.
+ *  - the shadow's gradient: each stage sends its reduced gradients (its own P bytes, at
+ *    the inter-node bandwidth) to the stage that shadows it once its schedule is over;
+ *    what 1F1B's cool-down after that stage (the last microbatch's backward on every
+ *    stage before it) does not hide adds to the step, the largest such part. Stage 0's,
+ *    to the last stage over the ring's wrap, ends the step: nothing hides it.
  *
  * Choosing pipelines: the template DP's memory term is per stage, and a stage's need
  * with RC depends on the next stage's range, so the exact DP does not apply as is.
@@ -40,7 +42,7 @@ typedef struct {
     int64_t memory_bytes;    /* max over stages of per-GPU bytes with the shadow */
     int64_t frc_ns;          /* max over stages of the step's FRC, nb·F_succ (eager) */
     int64_t exposed_frc_ns;  /* the FRC the bubbles do not hide (max over stages) */
-    int64_t shadow_sync_ns;  /* the largest shadow-gradient transfer */
+    int64_t shadow_sync_ns;  /* the largest shadow-gradient transfer's exposed part */
     int64_t iteration_ns;    /* T(nb) + exposed_frc_ns + shadow_sync_ns */
     int fits;                /* memory_bytes within the GPU's memory on every stage */
 } pl_rc_cost;
