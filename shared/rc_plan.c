@@ -118,8 +118,10 @@ int pl_rc_evaluate(const pl_profile *p, const pl_template *t, int eager, int64_t
         const pl_stage *s = &t->stages[k];
         const int key = pl_profile_key_index(p, s->gpus);
         stage_rc(p, t, k, eager, nb, T, out);
-        const int64_t ns = pl_rc_holder(k, t->nstages) >= 0 ? shadow_sync_exposed(p, s, cooldown) : 0;
-        if (ns > out->shadow_sync_ns) out->shadow_sync_ns = ns;
+        if (pl_rc_holder(k, t->nstages) >= 0) {
+            const int64_t ns = shadow_sync_exposed(p, s, cooldown);
+            if (ns > out->shadow_sync_ns) out->shadow_sync_ns = ns;
+        }
         if (key >= 0) cooldown += range_sum(p, s->layer_begin, s->layer_end, SUM_BWD, key);
     }
     out->iteration_ns = T + out->exposed_frc_ns + out->shadow_sync_ns;

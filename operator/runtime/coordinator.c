@@ -1006,8 +1006,8 @@ static int stable_holds(const pl_coord *c, int i, int layer, int shadow)
 }
 
 /* Pipeline q of the stable plan after its losses (lost stages' layers to their
- * holders, the last stage first when stage 0 is lost: pl_rc_failover) into np->p[q]. 1 done, 0 a lost stage has no live holder,
- * -1 out of memory. */
+ * holders, the last stage first when stage 0 is lost: pl_rc_failover) into np->p[q].
+ * 1 done, 0 a lost stage has no live holder, -1 out of memory. */
 static int failover_pipe(pl_coord *c, int q, cplan *np)
 {
     const cpipe *sq = &c->stable.p[q];

@@ -1002,10 +1002,10 @@ def redundant_first_stage_fails_over_over_the_ring():
     check(len(fo) == 2 and fo[0][1] == 0 and fo[1][1] == fo[0][2], "cause: %s", r["cause"])
     # the first held stage 0's layers as its shadow, the second the last stage's
     (first, _, b1), (merged, _, end) = fo
-    check(re.search(r"worker %s: generation 1: shadow of stage 0, layers \[0, %d\)" % (first, b1),
-                    err) and
-          re.search(r"worker %s: generation 1: shadow of stage 2, layers \[\d+, %d\)" % (merged, end),
-                    err), "shadow lines:\n%s", "\n".join(re.findall(r".*shadow of.*", err)))
+    shadow = r"worker %s: generation 1: shadow of stage %d, layers \[%s, %d\)"
+    check(re.search(shadow % (first, 0, "0", b1), err) and
+          re.search(shadow % (merged, 2, r"\d+", end), err),
+          "shadow lines:\n%s", "\n".join(re.findall(r".*shadow of.*", err)))
     check("loaded from" not in err, "a checkpoint was read")
 
 
