@@ -179,9 +179,9 @@ def bench(pliant, tmp, data, config, a):
     pred = predicted(pliant, profile, workers, global_)
     for mode in ("lazy", "eager"):
         t = pred[mode]
-        print("planner (%s): iteration %.1f ms vs templates %.1f ms (+%.1f%%), FRC %.1f ms, "
-              "exposed %.1f ms (hidden %.0f%%), shadow gradients %.1f ms" % (
-                  mode, t["iteration_ms"], t["templates_iteration_ms"],
+        print("planner (%s, at 4 microbatches a stage): iteration %.1f ms vs templates %.1f ms "
+              "(+%.1f%%), FRC %.1f ms, exposed %.1f ms (hidden %.0f%%), shadow gradients %.1f ms"
+              % (mode, t["iteration_ms"], t["templates_iteration_ms"],
                   100.0 * (t["iteration_ms"] / t["templates_iteration_ms"] - 1), t["frc_ms"],
                   t["exposed_frc_ms"],
                   100.0 * (1 - t["exposed_frc_ms"] / t["frc_ms"]) if t["frc_ms"] else 0,
