@@ -1015,16 +1015,20 @@ def redundant_fails_over_from_a_fault_in_every_phase():
     backward, between two all-reduces (plan rank 2, the last stage: stage 1 holds one
     layer, one all-reduce) and on the commit (others may have applied it: its shadow
     holder applies the shadow's AdamW after `committed`, before any new plan); plan rank 1
-    but for the all-reduce. Each time its predecessor takes over from its shadow, no byte
+    but for the all-reduce. Then stage 0 (plan rank 0) in each phase: its shadow is on the
+    last stage, over the ring's wrap. Each time the shadow's holder takes over, no byte
     copied, no checkpoint, every step once with train's losses and samples."""
-    for phase, rank, words in (("forward", 1, "the forward"), ("backward", 1, "the backward"),
-                               ("sync", 2, "the gradient all-reduce"),
-                               ("commit", 1, "the commit")):
-        rows, rec, err = rc_chaos("rc-" + phase, "kill:0@step=99", 8,
+    phases = (("forward", "the forward"), ("backward", "the backward"),
+              ("sync", "the gradient all-reduce"), ("commit", "the commit"))
+    for (phase, words), rank in [(p, 2 if p[0] == "sync" else 1) for p in phases] + \
+                                [(p, 0) for p in phases]:
+        rows, rec, err = rc_chaos("rc-%s-%d" % (phase, rank), "kill:0@step=99", 8,
                                   env={"PLIANT_FAULT": "%s:4:kill@%d" % (phase, rank)})
         check("SIGKILL during " + words in err, "%s: no fault:\n%s", phase, err[-1500:])
         check(len(rec) == 1 and rec[0]["bytes_copied"] == 0 and "failover" in rec[0]["cause"]
               and rec[0]["from_checkpoint"] is False, "%s: reconfigure %s", phase, rec)
+        check(rank or re.search(r"failover: \S+ runs layers \[0, ", rec[0]["cause"]),
+              "%s: stage 0's layers not taken over: %s", phase, rec[0]["cause"])
 
 
 @test
