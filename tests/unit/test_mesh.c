@@ -312,7 +312,8 @@ static void test_a_peer_at_an_older_plan_is_dialed_again(void)
     CHECK(ok);
 }
 
-/* ---- a plan's connections: 3 ranks of one pipeline, all in one ring ---- */
+/* ---- a plan's connections: 3 ranks of one pipeline, all in one ring, its stage links
+ * closed into a ring by the wrap between the first and the last stage ---- */
 
 #define NR 3
 

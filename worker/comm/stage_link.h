@@ -51,7 +51,8 @@
 typedef struct pl_tcp_link pl_tcp_link;
 
 typedef struct {
-    int stage;            /* this stage's index k: peers are k − 1 (prev) and k + 1 (next) */
+    int stage;            /* this stage's index k: peers are k − 1 (prev), k + 1 (next) and
+                             wrap_stage (wrap) */
     pl_conn *prev, *next; /* connections to stage k − 1 / k + 1, or NULL (first / last stage);
                              the link owns them from create on (also when create fails) and
                              closes them in destroy */
