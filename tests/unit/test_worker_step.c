@@ -94,9 +94,10 @@ struct shared_state {
     rank_thread r[NRANKS];
 };
 
-/* Rank r's stage link over TCP, as a worker makes it: prev, next and, for the first and
- * the last stage of ≥ 3 under rc, the ring's wrap, over a mesh of its listener. */
-static int tcp_stage_link(rank_thread *r, char *err, size_t errlen)
+/* Rank r's connections as a worker makes them, in one mesh of its listener: a ring
+ * connection with every other rank (r->conns) and the stage link over TCP (r->tl): prev,
+ * next and, for the first and the last stage of ≥ 3 under rc, the ring's wrap. */
+static int mesh_with_stage_link(rank_thread *r, char *err, size_t errlen)
 {
     const shared_state *sh = r->sh;
     const int S = NSTAGES[PIPE_OF[r->rank]], k = STAGE_OF[r->rank], first = r->rank - k;
@@ -108,13 +109,14 @@ static int tcp_stage_link(rank_thread *r, char *err, size_t errlen)
     pl_mesh_config mc = {.listener = r->l, .token = "test", .token_len = 4, .name = name};
     pl_mesh *m;
     if (pl_mesh_create(&mc, &m, err, errlen)) return -1;
-    pl_mesh_set_plan(m, 2, r->rank);
+    pl_mesh_set_plan(m, 1, r->rank);
+    unsigned char ring[NRANKS];
+    for (int i = 0; i < NRANKS; i++) ring[i] = i != r->rank;
     const pl_mesh_peers peers = {.nranks = NRANKS, .hosts = hosts, .ports = sh->ports,
-                                 .link_prev = k > 0 ? r->rank - 1 : -1,
+                                 .ring = ring, .link_prev = k > 0 ? r->rank - 1 : -1,
                                  .link_next = k + 1 < S ? r->rank + 1 : -1,
                                  .link_wrap = wrap >= 0 ? first + wrap : -1};
-    pl_conn *ring[NRANKS];
-    pl_mesh_links links = {.ring = ring};
+    pl_mesh_links links = {.ring = r->conns};
     int rc = pl_mesh_connect(m, &peers, 10000, &links, err, errlen);
     pl_mesh_destroy(m);
     if (rc) return -1;
@@ -138,9 +140,9 @@ static void *run_rank(void *arg)
     snprintf(name, sizeof name, "rank%d", r->rank);
     pl_comm_ident id = {.token = "test", .token_len = 4, .rank = r->rank, .name = name,
                         .generation = 1};
-    r->rc = pl_comm_mesh(r->l, &id, NRANKS, hosts, sh->ports, 10000, r->conns, r->err,
-                         sizeof r->err);
-    if (r->rc == 0 && sh->tcp_links) r->rc = tcp_stage_link(r, r->err, sizeof r->err);
+    r->rc = sh->tcp_links ? mesh_with_stage_link(r, r->err, sizeof r->err)
+                          : pl_comm_mesh(r->l, &id, NRANKS, hosts, sh->ports, 10000, r->conns,
+                                         r->err, sizeof r->err);
     pthread_barrier_wait(&sh->bar); /* mesh done */
     pthread_barrier_wait(&sh->bar); /* main checked the meshes */
     if (sh->failed) return NULL;
