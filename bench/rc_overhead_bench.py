@@ -2,13 +2,19 @@
 """Per-step overhead of strategy redundant against templates, failure-free
 (docs/redundant.md, bench/README.md "Redundant computation's overhead").
 
-The same pipelined job (GPT 6 layers x 128 channels, 8 microbatches of 2 x 64
-tokens per step) runs under `pliant run` on 3 local workers, one thread each,
-with strategy templates, redundant with lazy FRC and redundant with eager FRC,
-in turn, --repeat times. A planner profile with uniform blocks (forward 1,
-backward 2) and 32 MB of "GPU" memory makes every strategy plan the same single
-3-stage pipeline [0,3) [3,5) [5,8): the model does not fit one node, and with
-its shadows (stage k also holds k+1's layers, a chain) it needs 3.
+The same pipelined job (GPT 6 layers x 128 channels, microbatches of 2 x 64
+tokens) runs under `pliant run` on local workers, one thread each, with strategy
+templates, redundant with lazy FRC and redundant with eager FRC, in turn,
+--repeat times, in each configuration (--config, both by default):
+  3stage: 3 workers, 8 microbatches a step. A planner profile with uniform blocks
+    (forward 1, backward 2) and 32 MB of "GPU" memory makes every strategy plan
+    the same single 3-stage pipeline [0,3) [3,5) [5,8): the model does not fit
+    one node, and with its shadows (Bamboo's ring: stage k also holds
+    (k+1) mod 3's layers) it needs 3. Three stages share the machine's 2 cores.
+  2stage: 2 workers, a core per stage: the 2-stage ring. With memory for the
+    ring (40 MB) one node fits too, and two 1-node pipelines beat one 2-stage
+    pipeline for any microbatch count but 1: the step is one microbatch, so that
+    every strategy plans the one 2-stage pipeline [0,4) [4,8).
 
 Printed per run: the median step time (steps after the first two), the overhead
 against the templates run of the same round, for eager FRC the workers' `frc:`
@@ -18,7 +24,8 @@ from the holders' `rc:` lines the largest shadow costs a step: receiving the
 successor's gradients after the stage (sh_recv, the transfer's unhidden part) and
 the shadow's AdamW after `committed` (sh_adamw, off the step's path). Last, what shared/rc_plan predicts for the
 same profile (`pliant plan --redundant`). Standard library only.
-Usage: bench/rc_overhead_bench.py [--repeat N] [--steps N] [--build DIR]
+Usage: bench/rc_overhead_bench.py [--repeat N] [--steps N] [--config 3stage|2stage]
+                                  [--build DIR]
 """
 
 import argparse
@@ -40,7 +47,7 @@ metadata:
 spec:
   model: {{layers: 6, channels: 128, heads: 4, vocabSize: 256, maxSeqLen: 64, seed: 7}}
   data: {{train: {data}_train.bin, order: shuffled, seed: 3}}
-  batch: {{global: 16, micro: 2, seqLen: 64}}
+  batch: {{global: {global_}, micro: 2, seqLen: 64}}
   optimizer: {{lr: 1.0e-3, warmupSteps: 2, schedule: cosine, gradClip: 1.0}}
   steps: {steps}
   profile: {profile}
@@ -50,21 +57,24 @@ RUNS = (("templates", ""), ("lazy", ", strategy: redundant, redundantForward: la
         ("eager", ", strategy: redundant, redundantForward: eager"))
 FRC = re.compile(r"frc: (\d+) steps, (\d+) microbatches in waits \(([\d.]+) ms\), "
                  r"(\d+) exposed \(([\d.]+) ms\)")
+# name: (workers, sequences a step, planner memory bytes)
+CONFIGS = {"3stage": (3, 16, 32e6), "2stage": (2, 2, 40e6)}
 RC = re.compile(r"rc: \d+ steps, shadow gradients received after the stage ([\d.]+) ms a step, "
                 r"shadow AdamW after the commit ([\d.]+) ms a step")
 
 
-def write_job(tmp, name, data, steps, profile, ft):
+def write_job(tmp, name, data, steps, profile, ft, global_):
     path = os.path.join(tmp, name + ".yaml")
     with open(path, "w") as f:
-        f.write(JOB.format(name=name, data=data, steps=steps, profile=profile, ft=ft))
+        f.write(JOB.format(name=name, data=data, steps=steps, profile=profile, ft=ft,
+                           global_=global_))
     return path
 
 
-def make_profile(pliant, tmp, data):
+def make_profile(pliant, tmp, data, memory):
     """The layers' sizes measured by `pliant profile`, their times made uniform and the
-    memory set to 32 MB, so that the three strategies plan the same pipeline."""
-    job = write_job(tmp, "profile", data, 1, "synthetic", "")
+    memory set to `memory` bytes, so that the three strategies plan the same pipeline."""
+    job = write_job(tmp, "profile", data, 1, "synthetic", "", 16)
     out = os.path.join(tmp, "measured.json")
     subprocess.run([pliant, "profile", job, "--out", out, "--repeat", "1"], check=True,
                    capture_output=True)
@@ -74,25 +84,25 @@ def make_profile(pliant, tmp, data):
         block = layer["name"].startswith("block")
         layer["forward_ms"] = {"1": 1.0 if block else 0.1}
         layer["backward_ms"] = {"1": 2.0 if block else 0.2}
-    p["gpu_memory_bytes"] = 32e6
-    path = os.path.join(tmp, "profile.json")
+    p["gpu_memory_bytes"] = memory
+    path = os.path.join(tmp, "profile-%d.json" % memory)
     with open(path, "w") as f:
         json.dump(p, f)
     return path
 
 
-def one(pliant, job, steps):
+def one(pliant, job, workers, global_):
     """Median and fastest step ms (after the first two steps), the pipelines, the FRC sums
     (microbatches and ms in waits, exposed), and the holders' largest shadow costs a step
     (gradients received after the stage, AdamW after the commit)."""
     m = job + ".jsonl"
-    p = subprocess.run([pliant, "run", job, "--workers", "3", "--threads", "1", "--metrics", m],
-                       capture_output=True, text=True, timeout=900)
+    p = subprocess.run([pliant, "run", job, "--workers", str(workers), "--threads", "1",
+                        "--metrics", m], capture_output=True, text=True, timeout=900)
     if p.returncode:
         sys.exit("%s failed:\n%s" % (job, p.stderr[-2000:]))
     rows = [json.loads(l) for l in open(m) if l.strip()]
     rows = [r for r in rows if "event" not in r]
-    tokens = 16 * 64
+    tokens = global_ * 64
     ms = sorted(1e3 * tokens / r["tokens_per_second"] for r in rows[2:])
     frc = [0, 0.0, 0, 0.0]
     for g in FRC.finditer(p.stderr):
@@ -131,26 +141,21 @@ def summary(seen, steps):
                               100.0 * (low / base_min - 1), paired, hidden))
 
 
-def predicted(pliant, profile):
+def predicted(pliant, profile, workers, global_):
     out = {}
     for mode in ("lazy", "eager"):
-        p = subprocess.run([pliant, "plan", "--profile", profile, "--nodes", "3", "--tolerate",
-                            "0", "--global-batch", "16", "--redundant", mode],
+        p = subprocess.run([pliant, "plan", "--profile", profile, "--nodes", str(workers),
+                            "--tolerate", "0", "--global-batch", str(global_), "--redundant", mode],
                            capture_output=True, text=True, check=True)
         out[mode] = json.loads(p.stdout)["redundant"]["templates"][-1]
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--build", default=os.path.join(REPO, "build"))
-    a = ap.parse_args()
-    pliant = os.path.join(a.build, "bin", "pliant")
-    tmp = tempfile.mkdtemp(prefix="pliant-rcoverhead-")
-    data = shakespeare_shards(pliant, tmp, 200000)
-    profile = make_profile(pliant, tmp, data)
+def bench(pliant, tmp, data, config, a):
+    """The rounds of one configuration, their summary and the planner's prediction."""
+    workers, global_, memory = CONFIGS[config]
+    profile = make_profile(pliant, tmp, data, memory)
+    print("== %s: %d workers, %d microbatches a step" % (config, workers, global_ // 2))
     print("%-9s %4s %9s %8s %8s %9s %12s %12s %8s %9s %9s" % (
         "run", "rep", "pipelines", "median", "fastest", "overhead", "frc_ms/step",
         "exposed/step", "hidden", "sh_recv", "sh_adamw"))
@@ -158,8 +163,9 @@ def main():
     for rep in range(a.repeat):
         base = None
         for name, ft in RUNS:
-            job = write_job(tmp, "%s-%d" % (name, rep), data, a.steps, profile, ft)
-            ms, fastest, pipes, frc, shadow = one(pliant, job, a.steps)
+            job = write_job(tmp, "%s-%s-%d" % (config, name, rep), data, a.steps, profile, ft,
+                            global_)
+            ms, fastest, pipes, frc, shadow = one(pliant, job, workers, global_)
             base = ms if base is None else base
             total = frc[1] + frc[3]
             seen[name].append((ms, fastest, frc))
@@ -170,16 +176,31 @@ def main():
                 "%.0f%%" % (100.0 * frc[1] / total) if total else "-", shadow[0], shadow[1]))
             sys.stdout.flush()
     summary(seen, a.steps)
-    pred = predicted(pliant, profile)
+    pred = predicted(pliant, profile, workers, global_)
     for mode in ("lazy", "eager"):
         t = pred[mode]
-        print("planner (%s): iteration %.1f ms vs templates %.1f ms (+%.1f%%), FRC %.1f ms, "
-              "exposed %.1f ms (hidden %.0f%%), shadow gradients %.1f ms" % (
-                  mode, t["iteration_ms"], t["templates_iteration_ms"],
+        print("planner (%s, at 4 microbatches a stage): iteration %.1f ms vs templates %.1f ms "
+              "(+%.1f%%), FRC %.1f ms, exposed %.1f ms (hidden %.0f%%), shadow gradients %.1f ms"
+              % (mode, t["iteration_ms"], t["templates_iteration_ms"],
                   100.0 * (t["iteration_ms"] / t["templates_iteration_ms"] - 1), t["frc_ms"],
                   t["exposed_frc_ms"],
                   100.0 * (1 - t["exposed_frc_ms"] / t["frc_ms"]) if t["frc_ms"] else 0,
                   t["shadow_sync_ms"]))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--config", choices=sorted(CONFIGS), action="append",
+                    help="a configuration to run (repeatable; default: all)")
+    ap.add_argument("--build", default=os.path.join(REPO, "build"))
+    a = ap.parse_args()
+    pliant = os.path.join(a.build, "bin", "pliant")
+    tmp = tempfile.mkdtemp(prefix="pliant-rcoverhead-")
+    data = shakespeare_shards(pliant, tmp, 200000)
+    for config in a.config or sorted(CONFIGS, reverse=True):
+        bench(pliant, tmp, data, config, a)
 
 
 if __name__ == "__main__":

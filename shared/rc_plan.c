@@ -9,15 +9,30 @@
 int pl_rc_successor(int stage, int nstages)
 {
     if (nstages < 2 || stage < 0 || stage >= nstages) return -1;
-    if (stage + 1 < nstages) return stage + 1;
-    return nstages == 2 ? 0 : -1;
+    return (stage + 1) % nstages;
 }
 
 int pl_rc_holder(int stage, int nstages)
 {
     if (nstages < 2 || stage < 0 || stage >= nstages) return -1;
-    if (stage > 0) return stage - 1;
-    return nstages == 2 ? 1 : -1;
+    return (stage + nstages - 1) % nstages;
+}
+
+/* Stage 0 of n ≥ 3 lost: its holder, the last stage, runs [0, b1) first, and stage n − 2,
+ * which holds the last stage's layers, runs them after its own (rc_plan.h). */
+static int wrap_failover(int n, const int *layers, const int *lost, int *keep, int *nkeep,
+                         int *out)
+{
+    if (lost[n - 2]) return 0; /* nobody else holds the last stage's layers */
+    out[0] = 0;
+    keep[(*nkeep)++] = n - 1;
+    for (int j = 1; j < n - 1; j++)
+        if (!lost[j]) {
+            out[*nkeep] = layers[j];
+            keep[(*nkeep)++] = j;
+        }
+    out[*nkeep] = layers[n];
+    return 1;
 }
 
 int pl_rc_failover(int n, const int *layers, const int *lost, int *keep, int *nkeep, int *out)
@@ -27,6 +42,7 @@ int pl_rc_failover(int n, const int *layers, const int *lost, int *keep, int *nk
         const int h = pl_rc_holder(j, n);
         if (lost[j] && (h < 0 || lost[h])) return 0;
     }
+    if (n >= 3 && lost[0]) return wrap_failover(n, layers, lost, keep, nkeep, out);
     for (int j = 0; j < n; j++) {
         if (lost[j]) continue;
         /* the first survivor starts at layer 0: stage 0 lost in the 2-stage ring */
@@ -38,7 +54,7 @@ int pl_rc_failover(int n, const int *layers, const int *lost, int *keep, int *nk
 }
 
 /* Σ over layers [b, e) of one field. */
-typedef enum { SUM_PARAMS, SUM_ACTS, SUM_FWD, SUM_WORK } sum_kind;
+typedef enum { SUM_PARAMS, SUM_ACTS, SUM_FWD, SUM_BWD, SUM_WORK } sum_kind;
 
 static int64_t range_sum(const pl_profile *p, int b, int e, sum_kind what, int key)
 {
@@ -48,6 +64,7 @@ static int64_t range_sum(const pl_profile *p, int b, int e, sum_kind what, int k
         s += what == SUM_PARAMS ? l->param_bytes
              : what == SUM_ACTS ? l->activation_bytes
              : what == SUM_FWD  ? l->fwd_ns[key]
+             : what == SUM_BWD  ? l->bwd_ns[key]
                                 : l->fwd_ns[key] + l->bwd_ns[key];
     }
     return s;
@@ -76,12 +93,18 @@ static void stage_rc(const pl_profile *p, const pl_template *t, int k, int eager
     }
     mem = (mem + s->gpus - 1) / s->gpus;
     if (mem > c->memory_bytes) c->memory_bytes = mem;
-    const int holder = k > 0 ? k - 1 : S == 2 ? 1 : -1;
-    if (holder >= 0) {
-        const int64_t ns = pl_transfer_ns(range_sum(p, s->layer_begin, s->layer_end, SUM_PARAMS, 0),
-                                          p->inter_node_GBps);
-        if (ns > c->shadow_sync_ns) c->shadow_sync_ns = ns;
-    }
+}
+
+/* The part of stage k's shadow-gradient transfer the step does not hide. Stage k sends
+ * once its schedule is over; 1F1B's cool-down then runs the last microbatch's backward on
+ * stages k − 1 .. 0 (`cooldown_ns`, Σ of their backwards of one microbatch) before the step
+ * ends, and the message travels meanwhile. Stage 0 ends the step: its transfer to the last
+ * stage, the ring's wrap, is hidden by nothing. */
+static int64_t shadow_sync_exposed(const pl_profile *p, const pl_stage *s, int64_t cooldown_ns)
+{
+    const int64_t ns = pl_transfer_ns(range_sum(p, s->layer_begin, s->layer_end, SUM_PARAMS, 0),
+                                      p->inter_node_GBps);
+    return ns > cooldown_ns ? ns - cooldown_ns : 0;
 }
 
 int pl_rc_evaluate(const pl_profile *p, const pl_template *t, int eager, int64_t nb,
@@ -90,7 +113,17 @@ int pl_rc_evaluate(const pl_profile *p, const pl_template *t, int eager, int64_t
     memset(out, 0, sizeof *out);
     if (t->nstages < 1 || !t->stages) return -1;
     const int64_t T = pl_template_time(t, nb);
-    for (int k = 0; k < t->nstages; k++) stage_rc(p, t, k, eager, nb, T, out);
+    int64_t cooldown = 0; /* Σ over the stages before k of one microbatch's backward */
+    for (int k = 0; k < t->nstages; k++) {
+        const pl_stage *s = &t->stages[k];
+        const int key = pl_profile_key_index(p, s->gpus);
+        stage_rc(p, t, k, eager, nb, T, out);
+        if (pl_rc_holder(k, t->nstages) >= 0) {
+            const int64_t ns = shadow_sync_exposed(p, s, cooldown);
+            if (ns > out->shadow_sync_ns) out->shadow_sync_ns = ns;
+        }
+        if (key >= 0) cooldown += range_sum(p, s->layer_begin, s->layer_end, SUM_BWD, key);
+    }
     out->iteration_ns = T + out->exposed_frc_ns + out->shadow_sync_ns;
     out->fits = out->memory_bytes <= p->gpu_memory_bytes;
     return 0;

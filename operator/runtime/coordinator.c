@@ -914,8 +914,8 @@ static int fresh_plan(pl_coord *c, int live, cplan *np)
 }
 
 /* ---- strategy redundant (Bamboo, NSDI '23; docs/redundant.md) ----
- * Stage j of a pipeline holds stage j + 1's layers as its shadow (and with 2 stages
- * stage 1 holds stage 0's: pl_rc_holder); the workers do so on the TCP transport. */
+ * Stage j of a pipeline holds stage (j + 1) mod n's layers as its shadow, the last stage
+ * the first's (§5.1, the ring: pl_rc_successor); the workers do so on the TCP transport. */
 
 /* The stable plan's shadows are there: strategy redundant on TCP, and every worker
  * installed the stable plan (a worker keeps its shadow until a step of a newer plan). */
@@ -941,8 +941,8 @@ static int stable_holds(const pl_coord *c, int q, int j, int layer, int shadow)
 }
 
 /* Pipeline q of the stable plan after its losses (lost stages' layers to their
- * holders: pl_rc_failover) into np->p[q]. 1 done, 0 a lost stage has no live holder,
- * -1 out of memory. */
+ * holders, the last stage first when stage 0 is lost: pl_rc_failover) into np->p[q].
+ * 1 done, 0 a lost stage has no live holder, -1 out of memory. */
 static int failover_pipe(pl_coord *c, int q, cplan *np)
 {
     const cpipe *sq = &c->stable.p[q];

@@ -22,8 +22,8 @@ static void checkpoint_configure(pl_coord_config *cc)
 
 /* The coordinator's rc_failover: a loss whose stages' shadow holders survive keeps the
  * stable plan's pipelines with merged ranges and copies nothing (Bamboo §4, §5.2); two
- * consecutive losses, a chain's first stage or a join with them re-instantiate as
- * templates do. */
+ * losses consecutive on the ring, the first stage with the last but one, or a join with
+ * them re-instantiate as templates do. */
 static void redundant_configure(pl_coord_config *cc)
 {
     cc->strategy_checkpoint = 0;

@@ -171,12 +171,13 @@ def two_three_stage_pipelines_match_train():
 
 @test
 def redundant_matches_train_and_templates():
-    """strategy redundant (docs/redundant.md): 5 workers make 1x3 + 1x2; every stage but
-    the 3-stage pipeline's last also holds its successor's layers (the 2-stage one both
-    ways), updated from the owners' reduced gradients. With lazy FRC and with eager FRC
-    (each shadow holder also runs its successor's forward every step: one `frc:` line per
-    holder, every microbatch of every step) the losses equal the templates run's exactly
-    (neither the shadows nor the FRC change a sum) and train's within 1e-6."""
+    """strategy redundant (docs/redundant.md): 5 workers make 1x3 + 1x2; every stage also
+    holds its successor's layers, the last stage of each pipeline the first's (Bamboo's
+    ring: the 3-stage one over the stage link's wrap), updated from the owners' reduced
+    gradients. With lazy FRC and with eager FRC (each stage also runs its successor's
+    forward every step, the last stage on the tokens: one `frc:` line per stage, every
+    microbatch of every step) the losses equal the templates run's exactly (neither the
+    shadows nor the FRC change a sum) and train's within 1e-6."""
     plain = run_and_compare(write_job("rc-plain", steps=6, global_=4), 5, 6)
     ref = reference(write_job("rc-ref", steps=6, global_=4))
     for mode in ("lazy", "eager"):
@@ -189,15 +190,16 @@ def redundant_matches_train_and_templates():
         rows = metrics(m)
         check(len(rows) == 6 and rows[0]["pipelines"] == "1x3+1x2", "rows %s", rows[:1])
         shadows = re.findall(r"shadow of stage (\d+)", err)
-        check(sorted(shadows) == ["0", "1", "1", "2"], "shadow lines %s:\n%s", shadows, err[-2000:])
+        check(sorted(shadows) == ["0", "0", "1", "1", "2"], "shadow lines %s:\n%s", shadows,
+              err[-2000:])
         frc = re.findall(r"frc: (\d+) steps, (\d+) microbatches in waits .*, (\d+) exposed", err)
         if mode == "lazy":
             check(not frc, "lazy FRC ran: %s", frc)
         else:
-            check(len(frc) == 4 and all(int(n) == 6 for n, _, _ in frc), "frc lines %s:\n%s",
+            check(len(frc) == 5 and all(int(n) == 6 for n, _, _ in frc), "frc lines %s:\n%s",
                   frc, err[-2000:])
             # global 4 = 2 microbatches, one per pipeline: each holder's FRC runs once a step
-            check(sum(int(a) + int(b) for _, a, b in frc) == 4 * 6, "frc lines %s", frc)
+            check(sum(int(a) + int(b) for _, a, b in frc) == 5 * 6, "frc lines %s", frc)
         for a, p, b in zip(rows, plain, ref):
             check(a["loss"] == p["loss"], "%s step %d: loss %.9g, templates %.9g", mode,
                   a["step"], a["loss"], p["loss"])
@@ -1010,28 +1012,59 @@ def redundant_failover_takes_over_without_copies():
 
 
 @test
+def redundant_first_stage_fails_over_over_the_ring():
+    """Stage 0 of the 3-stage pipeline SIGKILLed when step 3 begins: its layers' shadow is
+    on the last stage (Bamboo's ring, over the stage link's wrap), which becomes the first
+    stage and runs them; stage 1 runs its own layers and the last stage's from its shadow
+    (rc_plan.h: a worker runs one contiguous range). No byte copied, no checkpoint, the
+    pipelines 2x2. Then a worker joins at step 4 and the template layout is back (1x3+1x2,
+    copies, no checkpoint). Every step once with train's losses and samples."""
+    rows, rec, err = rc_chaos("rc-first", "kill:p0.0@step=3,add:1@step=4", 40)
+    check(len(rec) == 2, "reconfigure lines: %s", rec)
+    r, join = rec
+    check(join["added"] and join["from_checkpoint"] is False and
+          join["pipelines"] == "1x3+1x2", "join: %s", join)
+    check(len(r["removed"]) == 1 and r["bytes_copied"] == 0 and r["from_checkpoint"] is False
+          and r["pipelines"] == "2x2", "reconfigure: %s", r)
+    fo = [(w, int(b), int(e)) for w, b, e in
+          re.findall(r"failover: (\S+) runs layers \[(\d+), (\d+)\) without a copy", r["cause"])]
+    check(len(fo) == 2 and fo[0][1] == 0 and fo[1][1] == fo[0][2], "cause: %s", r["cause"])
+    # the first held stage 0's layers as its shadow, the second the last stage's
+    (first, _, b1), (merged, _, end) = fo
+    shadow = r"worker %s: generation 1: shadow of stage %d, layers \[%s, %d\)"
+    check(re.search(shadow % (first, 0, "0", b1), err) and
+          re.search(shadow % (merged, 2, r"\d+", end), err),
+          "shadow lines:\n%s", "\n".join(re.findall(r".*shadow of.*", err)))
+    check("loaded from" not in err, "a checkpoint was read")
+
+
+@test
 def redundant_fails_over_from_a_fault_in_every_phase():
     """A stage of the 3-stage pipeline SIGKILLs itself at step 4 in the forward, the
     backward, between two all-reduces (plan rank 2, the last stage: stage 1 holds one
     layer, one all-reduce) and on the commit (others may have applied it: its shadow
     holder applies the shadow's AdamW after `committed`, before any new plan); plan rank 1
-    but for the all-reduce. Each time its predecessor takes over from its shadow, no byte
+    but for the all-reduce. Then stage 0 (plan rank 0) in each phase: its shadow is on the
+    last stage, over the ring's wrap. Each time the shadow's holder takes over, no byte
     copied, no checkpoint, every step once with train's losses and samples."""
-    for phase, rank, words in (("forward", 1, "the forward"), ("backward", 1, "the backward"),
-                               ("sync", 2, "the gradient all-reduce"),
-                               ("commit", 1, "the commit")):
-        rows, rec, err = rc_chaos("rc-" + phase, "kill:0@step=99", 8,
+    phases = (("forward", "the forward"), ("backward", "the backward"),
+              ("sync", "the gradient all-reduce"), ("commit", "the commit"))
+    for (phase, words), rank in [(p, 2 if p[0] == "sync" else 1) for p in phases] + \
+                                [(p, 0) for p in phases]:
+        rows, rec, err = rc_chaos("rc-%s-%d" % (phase, rank), "kill:0@step=99", 8,
                                   env={"PLIANT_FAULT": "%s:4:kill@%d" % (phase, rank)})
         check("SIGKILL during " + words in err, "%s: no fault:\n%s", phase, err[-1500:])
         check(len(rec) == 1 and rec[0]["bytes_copied"] == 0 and "failover" in rec[0]["cause"]
               and rec[0]["from_checkpoint"] is False, "%s: reconfigure %s", phase, rec)
+        check(rank or re.search(r"failover: \S+ runs layers \[0, ", rec[0]["cause"]),
+              "%s: stage 0's layers not taken over: %s", phase, rec[0]["cause"])
 
 
 @test
 def redundant_two_consecutive_losses_copy_from_survivors():
-    """Stages 0 and 1 of the 3-stage pipeline SIGKILLed at once: no shadow covers stage 0
-    (the chain's first) nor stage 1 (its holder is lost too): the templates path copies
-    layers from the survivors, no checkpoint, every step with train's losses."""
+    """Stages 0 and 1 of the 3-stage pipeline SIGKILLed at once: stage 1's shadow holder,
+    stage 0, is lost too, so no failover: the templates path copies layers from the
+    survivors, no checkpoint, every step with train's losses."""
     rows, rec, err = rc_chaos("rc-two", "kill:p0.0@step=3,kill:p0.1@step=3", 8)
     check(rec and all(r["from_checkpoint"] is False for r in rec), "reconfigure: %s", rec)
     check(any(r["bytes_copied"] > 0 for r in rec), "no copy: %s", rec)

@@ -498,28 +498,32 @@ static void test_kill_mid_step(void)
  * over without copies: the same pipelines less the lost worker, the predecessor's range
  * [own.begin, lost.end), the same microbatches, the step redone. Then two consecutive
  * losses: no failover, copies from live holders. */
+/* A redundant run of 6 workers after step 0: the worker at `stage` of a pipeline of at
+ * least 3 stages (its pipeline in *q), or -1 (s freed). */
+static int redundant_run_victim(sim *s, int stage, int *q)
+{
+    sim_redundant = 1;
+    const int begun = begin_run(s, 6, 6) == 0 && run_step(s, 0) == 0;
+    sim_redundant = 0;
+    for (int w = 0; begun && w < 6; w++) {
+        const pl_msg_plan *p = &s->plan[w].u.plan;
+        if (p->you_pipeline >= 0 && p->you_stage == stage &&
+            p->pipelines[p->you_pipeline].nnodes >= 3) {
+            *q = p->you_pipeline;
+            return w;
+        }
+    }
+    sim_free(s);
+    return -1;
+}
+
 static void test_redundant_failover(void)
 {
     sim s;
-    sim_redundant = 1;
-    CHECK(begin_run(&s, 6, 6) == 0);
-    sim_redundant = 0;
-    CHECK(run_step(&s, 0) == 0);
-    int victim = -1, holder = -1, q = -1;
-    for (int w = 0; w < 6 && victim < 0; w++) {
-        const pl_msg_plan *p = &s.plan[w].u.plan;
-        if (p->you_pipeline >= 0 && p->you_stage == 1 &&
-            p->pipelines[p->you_pipeline].nnodes >= 3) {
-            victim = w;
-            q = p->you_pipeline;
-            holder = widx(p->pipelines[q].nodes[0]);
-        }
-    }
+    int q;
+    const int victim = redundant_run_victim(&s, 1, &q);
     CHECK(victim >= 0);
-    if (victim < 0) {
-        sim_free(&s);
-        return;
-    }
+    const int holder = widx(s.plan[victim].u.plan.pipelines[q].nodes[0]);
     const int n = s.plan[victim].u.plan.pipelines[q].nnodes;
     const int vend = s.plan[victim].u.plan.you_layer_end;
     report_all(&s, 1, 1, 0);
@@ -554,6 +558,45 @@ static void test_redundant_failover(void)
         if (s.live[w] && s.plan[w].gen == s.gen)
             ncopies += s.plan[w].u.plan.ncopies;
     CHECK(ncopies > 0 || pl_coord_phase(s.c) == PL_COORD_WAITING_FOR_NODES);
+    sim_free(&s);
+}
+
+/* Strategy redundant, stage 0 of a pipeline of n ≥ 3 lost: its shadow is on the last
+ * stage (Bamboo's ring, §5.1), which becomes the first stage with [0, b1); stage n − 2
+ * runs its own range and the last stage's to the end; nothing copied, the same
+ * microbatches, the step redone. */
+static void test_redundant_failover_of_the_first_stage(void)
+{
+    sim s;
+    int q;
+    const int victim = redundant_run_victim(&s, 0, &q);
+    CHECK(victim >= 0);
+    const pl_msg_pipeline old = s.plan[victim].u.plan.pipelines[q];
+    const int n = old.nnodes, last = widx(old.nodes[n - 1]), merged = widx(old.nodes[n - 2]);
+    const int b1 = s.plan[victim].u.plan.you_layer_end;
+    const pl_msg_plan *mp = &s.plan[merged].u.plan;
+    const int mbegin = mp->you_layer_begin, mb = mp->pipelines[q].microbatches;
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, nm(victim), "closed connection"), PL_COORD_OK);
+    s.live[victim] = 0;
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(s.gen, 2);
+    for (int w = 0; w < 6; w++)
+        if (s.live[w]) {
+            const pl_msg_plan *p = &s.plan[w].u.plan;
+            CHECK(p->step == 1 && p->ncopies == 0 && p->nsends == 0 && !p->has_checkpoint);
+            CHECK_EQ_INT(p->pipelines[q].nnodes, n - 1);
+            CHECK_EQ_INT(p->pipelines[q].microbatches, mb);
+        }
+    const pl_msg_plan *lp = &s.plan[last].u.plan, *np = &s.plan[merged].u.plan;
+    CHECK(lp->you_pipeline == q && lp->you_stage == 0 && lp->you_layer_begin == 0 &&
+          lp->you_layer_end == b1);
+    CHECK(np->you_pipeline == q && np->you_stage == n - 2 && np->you_layer_begin == mbegin &&
+          np->you_layer_end == lp->pipelines[q].layers[n - 1]);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    const pl_coord_reconfig_rec *r = pl_coord_reconfig(s.c, 0);
+    CHECK(r && r->bytes_planned == 0 && !r->from_checkpoint && strstr(r->cause, "failover"));
+    CHECK(run_step(&s, 1) == 0);
     sim_free(&s);
 }
 
@@ -2516,6 +2559,7 @@ TEST_MAIN_BEGIN
 RUN(test_three_steps);
 RUN(test_kill_mid_step);
 RUN(test_redundant_failover);
+RUN(test_redundant_failover_of_the_first_stage);
 RUN(test_loss_after_commit);
 RUN(test_leaving_at_boundary);
 RUN(test_join_and_heartbeats);

@@ -1,5 +1,5 @@
-/* Eager forward redundant computation (worker/engine/frc.h; Bamboo §5.2): pipelines of
- * 2 (Bamboo's ring) and 3 stages (a chain), each stage running its successor's forward
+/* Eager forward redundant computation (worker/engine/frc.h; Bamboo §5.2): Bamboo's ring
+ * of 2 and of 3 stages, each stage running its successor's forward
  * in its waits, over an in-memory link with and without the ready probe. The stages'
  * losses and gradients are bitwise those of the same step without FRC; every
  * microbatch's FRC ran once; and each swapped-out result, swapped back into the shadow,
@@ -181,13 +181,14 @@ static void test_two_stage_ring_exact(void)
             }
 }
 
-/* A chain of 3 stages: stage 0 shadows 1, stage 1 shadows 2 (the head). */
-static void test_three_stage_chain_exact(void)
+/* The ring of 3 stages: stage 0 shadows 1, stage 1 shadows 2 (the head), stage 2 shadows
+ * stage 0 (its FRC runs on the tokens, §5.1). */
+static void test_three_stage_ring_exact(void)
 {
     const int L2 = whole_model_config()->L + 2;
     const int bounds[2][4] = {{0, 1, 3, L2}, {0, 2, 3, L2}};
     for (int b = 0; b < 2; b++)
-        for (int probe = 0; probe <= 1; probe++) CHECK(check(bounds[b], 3, PL_RC_CHAIN, 6, probe));
+        for (int probe = 0; probe <= 1; probe++) CHECK(check(bounds[b], 3, PL_RC_RING, 6, probe));
 }
 
 /* The shadow's inputs are checked: a shadow with the embedding needs tokens. */
@@ -213,6 +214,6 @@ static void test_shadow_with_the_embedding_needs_tokens(void)
 
 TEST_MAIN_BEGIN
 RUN(test_two_stage_ring_exact);
-RUN(test_three_stage_chain_exact);
+RUN(test_three_stage_ring_exact);
 RUN(test_shadow_with_the_embedding_needs_tokens);
 TEST_MAIN_END

@@ -312,7 +312,8 @@ static void test_a_peer_at_an_older_plan_is_dialed_again(void)
     CHECK(ok);
 }
 
-/* ---- a plan's connections: 3 ranks of one pipeline, all in one ring ---- */
+/* ---- a plan's connections: 3 ranks of one pipeline, all in one ring, its stage links
+ * closed into a ring by the wrap between the first and the last stage ---- */
 
 #define NR 3
 
@@ -338,7 +339,8 @@ static void *connect_main(void *arg)
     const pl_mesh_peers peers = {.nranks = NR, .names = names, .hosts = j->hosts,
                                  .ports = j->ports, .ring = ring,
                                  .link_prev = me > 0 ? me - 1 : -1,
-                                 .link_next = me + 1 < NR ? me + 1 : -1};
+                                 .link_next = me + 1 < NR ? me + 1 : -1,
+                                 .link_wrap = me == 0 ? NR - 1 : me == NR - 1 ? 0 : -1};
     j->links.ring = j->ring;
     j->rc = pl_mesh_connect(j->n.m, &peers, 10000, &j->links, j->err, sizeof j->err);
     return NULL;
@@ -378,11 +380,16 @@ static void test_a_plans_connections(void)
         ok &= r + 1 < NR ? j[r].links.next && pl_conn_peer_rank(j[r].links.next) == r + 1 &&
                                pl_conn_purpose_of(j[r].links.next) == PL_CONN_STAGE_LINK
                          : !j[r].links.next;
+        const int wrap = r == 0 ? NR - 1 : r == NR - 1 ? 0 : -1; /* the ring's ends */
+        ok &= wrap >= 0 ? j[r].links.wrap && pl_conn_peer_rank(j[r].links.wrap) == wrap &&
+                              pl_conn_purpose_of(j[r].links.wrap) == PL_CONN_STAGE_LINK
+                        : !j[r].links.wrap;
     }
     for (int r = 0; r < NR; r++) {
         for (int s = 0; s < NR; s++) pl_conn_close(j[r].ring[s]);
         pl_conn_close(j[r].links.prev);
         pl_conn_close(j[r].links.next);
+        pl_conn_close(j[r].links.wrap);
         node_close(&j[r].n);
     }
     CHECK(ok);
@@ -397,7 +404,7 @@ static void test_a_missing_address_and_a_failed_dial(void)
     const unsigned char ring[2] = {1, 0};
     pl_conn *conns[2];
     pl_mesh_peers peers = {.nranks = 2, .hosts = hosts, .ports = ports, .ring = ring,
-                           .link_prev = -1, .link_next = -1};
+                           .link_prev = -1, .link_next = -1, .link_wrap = -1};
     pl_mesh_links links = {.ring = conns};
     char err[256];
     int rc = pl_mesh_connect(a.m, &peers, 500, &links, err, sizeof err);

@@ -389,6 +389,42 @@ static void test_out_of_order_and_bound(void)
     pl_tcp_link_destroy(b);
 }
 
+/* The ring's wrap (Bamboo §5.1): stage 0 and stage 2 of 3 talk over a third connection,
+ * both ways, by stage index; a wrap to a neighbour is refused. */
+static void test_the_wrap_closes_the_ring(void)
+{
+    pl_conn *prev[2], *next[2];
+    char err[320];
+    float x[4] = {1, 2, 3, 4}, y[4];
+    CHECK(make_chain(2, prev, next, 0) == 0);
+    pl_tcp_link *first, *last;
+    pl_tcp_link_config c0 = {.stage = 0, .wrap = next[0], .wrap_stage = 2, .timeout_ms = 5000,
+                             .max_pending_wrap = 2};
+    pl_tcp_link_config c2 = {.stage = 2, .wrap = prev[1], .wrap_stage = 0, .timeout_ms = 5000,
+                             .max_pending_wrap = 2};
+    CHECK(pl_tcp_link_create(&c0, &first, err, sizeof err) == 0);
+    CHECK(pl_tcp_link_create(&c2, &last, err, sizeof err) == 0);
+    CHECK(pl_tcp_link_send(first, 2, PL_LINK_SHADOW, 1, x, 4, err, sizeof err) == 0);
+    CHECK(pl_tcp_link_recv(last, 0, PL_LINK_SHADOW, 1, y, 4, err, sizeof err) == 0);
+    CHECK(memcmp(x, y, sizeof x) == 0);
+    x[0] = 7;
+    CHECK(pl_tcp_link_send(last, 0, PL_LINK_SHADOW, 2, x, 4, err, sizeof err) == 0);
+    CHECK(pl_tcp_link_recv(first, 2, PL_LINK_SHADOW, 2, y, 4, err, sizeof err) == 0);
+    CHECK(y[0] == 7);
+    CHECK(pl_tcp_link_send(first, 1, PL_LINK_ACTIVATION, 0, x, 4, err, sizeof err) == -1);
+    CHECK_STR_CONTAINS(err, "no connection to stage 1");
+    CHECK(pl_tcp_link_status(last, 0, err, sizeof err) == 0);
+    pl_tcp_link_destroy(first);
+    pl_tcp_link_destroy(last);
+
+    CHECK(make_chain(2, prev, next, 0) == 0);
+    pl_conn_close(prev[1]);
+    c0.wrap = next[0];
+    c0.wrap_stage = 1;
+    CHECK(pl_tcp_link_create(&c0, &first, err, sizeof err) == -1);
+    CHECK_STR_CONTAINS(err, "wrap_stage");
+}
+
 typedef struct {
     pl_tcp_link *link;
     int peer, rc;
@@ -548,6 +584,7 @@ static void test_peer_dies_mid_step(void)
 
 TEST_MAIN_BEGIN
 RUN(test_out_of_order_and_bound);
+RUN(test_the_wrap_closes_the_ring);
 RUN(test_timeout_and_abort);
 RUN(test_two_stages_every_cut);
 RUN(test_three_and_four_stages);

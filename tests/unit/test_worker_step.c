@@ -1,7 +1,7 @@
 /* Distributed training steps (worker/engine/worker_step.c) equal single-process
  * training: two heterogeneous pipelines (3 stages and 2 stages), 5 ranks as 5 threads
  * with their own kernel contexts and engines, activations over an in-memory link per
- * pipeline, gradients all-reduced over a real TCP mesh on 127.0.0.1, the Σgrad² shares
+ * pipeline (or the TCP stage link), gradients all-reduced over a real TCP mesh on 127.0.0.1, the Σgrad² shares
  * summed into the global norm for clipping, then AdamW. Compared per step with ONE
  * whole-model engine over the same microbatches.
  *
@@ -21,6 +21,8 @@
 #include "mailbox.h"
 #include "mesh.h"
 #include "rng.h"
+#include "shadow.h"
+#include "stage_link.h"
 #include "util.h"
 #include "whole_model.h"
 #include "worker_step.h"
@@ -71,6 +73,7 @@ typedef struct {
     endpoint ep;
     pl_listener *l;
     pl_conn *conns[NRANKS];
+    pl_tcp_link *tl; /* with tcp_links: the stage link, the ring's wrap included */
     pl_worker_step_result res;
     int rc;
     char err[512];
@@ -86,9 +89,46 @@ struct shared_state {
     int failed; /* set by the main thread: ranks stop after the current step */
     pl_rc_layout rc; /* redundant layers: Bamboo's ring in both pipelines */
     int frc;         /* with rc: eager forward redundant computation (frc.h) */
+    int tcp_links;   /* stage links over TCP (stage_link.h) instead of the mailbox */
     double losses[STEPS]; /* each step's mean loss */
     rank_thread r[NRANKS];
 };
+
+/* Rank r's connections as a worker makes them, in one mesh of its listener: a ring
+ * connection with every other rank (r->conns) and the stage link over TCP (r->tl): prev,
+ * next and, for the first and the last stage of ≥ 3 under rc, the ring's wrap. */
+static int mesh_with_stage_link(rank_thread *r, char *err, size_t errlen)
+{
+    const shared_state *sh = r->sh;
+    const int S = NSTAGES[PIPE_OF[r->rank]], k = STAGE_OF[r->rank], first = r->rank - k;
+    const int wrap = sh->rc != PL_RC_NONE && S >= 3 && (k == 0 || k == S - 1) ? S - 1 - k : -1;
+    const char *hosts[NRANKS];
+    for (int i = 0; i < NRANKS; i++) hosts[i] = "127.0.0.1";
+    char name[16];
+    snprintf(name, sizeof name, "rank%d", r->rank);
+    pl_mesh_config mc = {.listener = r->l, .token = "test", .token_len = 4, .name = name};
+    pl_mesh *m;
+    if (pl_mesh_create(&mc, &m, err, errlen)) return -1;
+    pl_mesh_set_plan(m, 1, r->rank);
+    unsigned char ring[NRANKS];
+    for (int i = 0; i < NRANKS; i++) ring[i] = i != r->rank;
+    const pl_mesh_peers peers = {.nranks = NRANKS, .hosts = hosts, .ports = sh->ports,
+                                 .ring = ring, .link_prev = k > 0 ? r->rank - 1 : -1,
+                                 .link_next = k + 1 < S ? r->rank + 1 : -1,
+                                 .link_wrap = wrap >= 0 ? first + wrap : -1};
+    pl_mesh_links links = {.ring = r->conns};
+    int rc = pl_mesh_connect(m, &peers, 10000, &links, err, errlen);
+    pl_mesh_destroy(m);
+    if (rc) return -1;
+    const int shadow = pl_shadow_grad_messages(config()->L);
+    pl_tcp_link_config lc = {.stage = k, .prev = links.prev, .next = links.next,
+                             .wrap = links.wrap, .wrap_stage = wrap, .timeout_ms = 10000,
+                             .max_pending_wrap = shadow};
+    pl_tcp_link_pending_limits(&r->s, &lc.max_pending_prev, &lc.max_pending_next);
+    lc.max_pending_prev += shadow;
+    lc.max_pending_next += shadow;
+    return pl_tcp_link_create(&lc, &r->tl, err, errlen);
+}
 
 static void *run_rank(void *arg)
 {
@@ -100,13 +140,15 @@ static void *run_rank(void *arg)
     snprintf(name, sizeof name, "rank%d", r->rank);
     pl_comm_ident id = {.token = "test", .token_len = 4, .rank = r->rank, .name = name,
                         .generation = 1};
-    r->rc = pl_comm_mesh(r->l, &id, NRANKS, hosts, sh->ports, 10000, r->conns, r->err,
-                         sizeof r->err);
+    r->rc = sh->tcp_links ? mesh_with_stage_link(r, r->err, sizeof r->err)
+                          : pl_comm_mesh(r->l, &id, NRANKS, hosts, sh->ports, 10000, r->conns,
+                                         r->err, sizeof r->err);
     pthread_barrier_wait(&sh->bar); /* mesh done */
     pthread_barrier_wait(&sh->bar); /* main checked the meshes */
     if (sh->failed) return NULL;
     pl_peer_table peers = {r->rank, NRANKS, r->conns};
-    pl_stage_link link = {&r->ep, box_send, box_recv, NULL};
+    pl_stage_link link = sh->tcp_links ? pl_tcp_link_stage(r->tl)
+                                       : (pl_stage_link){&r->ep, box_send, box_recv, NULL};
     for (int step = 0; step < STEPS; step++) {
         pl_worker_step_args a = {
             .engine = &r->e, .schedule = &r->s, .link = &link, .tokens = sh->tok,
@@ -214,6 +256,7 @@ static void free_ranks(shared_state *sh)
         rank_thread *r = &sh->r[i];
         for (int j = 0; j < NRANKS; j++)
             if (r->conns[j]) pl_conn_close(r->conns[j]);
+        pl_tcp_link_destroy(r->tl);
         pl_listener_close(r->l);
         pl_engine_destroy(&r->e);
         if (r->has_shadow) pl_engine_destroy(&r->shadow);
@@ -329,7 +372,7 @@ static double compare_with_whole(const shared_state *sh, const pl_engine *whole,
 /* The losses of the run without redundant layers, for the run with them. */
 static double plain_losses[STEPS];
 
-static void two_pipelines(pl_rc_layout rc, int frc)
+static void two_pipelines(pl_rc_layout rc, int frc, int tcp_links)
 {
     const pl_gpt_config *c = config();
     char err[512];
@@ -337,6 +380,7 @@ static void two_pipelines(pl_rc_layout rc, int frc)
     CHECK(sh);
     sh->rc = rc;
     sh->frc = frc;
+    sh->tcp_links = tcp_links;
     memcpy(sh->losses, plain_losses, sizeof plain_losses);
     pl_sync_pipeline pipes[NPIPE] = {{3, P0}, {2, P1}};
     CHECK_EQ_INT(pl_syncgroups_compute(pipes, NPIPE, c->L, &sh->g, err, sizeof err), 0);
@@ -389,7 +433,7 @@ static void two_pipelines(pl_rc_layout rc, int frc)
 
 static void test_two_heterogeneous_pipelines_equal_one_process(void)
 {
-    two_pipelines(PL_RC_NONE, 0);
+    two_pipelines(PL_RC_NONE, 0, 0);
 }
 
 /* Strategy redundant (shadow.h): every stage of both pipelines (3 and 2 stages, Bamboo's
@@ -398,7 +442,7 @@ static void test_two_heterogeneous_pipelines_equal_one_process(void)
  * are byte-identical to the owner's, and the losses equal the run without shadows exactly. */
 static void test_redundant_shadows_equal_their_owners(void)
 {
-    two_pipelines(PL_RC_RING, 0);
+    two_pipelines(PL_RC_RING, 0, 0);
 }
 
 /* The same with eager forward redundant computation (frc.h; Bamboo §5.2): every stage
@@ -407,7 +451,15 @@ static void test_redundant_shadows_equal_their_owners(void)
  * without it. */
 static void test_redundant_eager_frc_changes_nothing(void)
 {
-    two_pipelines(PL_RC_RING, 1);
+    two_pipelines(PL_RC_RING, 1, 0);
+}
+
+/* The same over the TCP stage link a worker uses (stage_link.h): the 3-stage pipeline's
+ * last stage receives stage 0's gradients over the ring's wrap, eager FRC probes the
+ * link for its waits; the shadows are still byte-identical to their owners every step. */
+static void test_redundant_ring_over_the_tcp_stage_link(void)
+{
+    two_pipelines(PL_RC_RING, 1, 1);
 }
 
 #undef EXPECT
@@ -708,6 +760,7 @@ TEST_MAIN_BEGIN
 RUN(test_two_heterogeneous_pipelines_equal_one_process);
 RUN(test_redundant_shadows_equal_their_owners);
 RUN(test_redundant_eager_frc_changes_nothing);
+RUN(test_redundant_ring_over_the_tcp_stage_link);
 RUN(test_sync_overlaps_the_backward);
 RUN(test_transport_failure_during_backward_fails_the_step);
 RUN(test_link_failure_stops_the_sync);

@@ -252,8 +252,8 @@ static const char *failed_peer(agent *a)
         const int code = a->conns[r] ? pl_conn_status(a->conns[r]) : 0;
         if (code && code != PL_COMM_ECANCELED) return pl_conn_peer_name(a->conns[r]);
     }
-    for (int k = 0; a->link && k < 2; k++)
-        if (a->link_peer[k][0] && pl_tcp_link_status(a->link, a->stage + (k ? 1 : -1), NULL, 0))
+    for (int k = 0; a->link && k < 3; k++)
+        if (a->link_peer[k][0] && pl_tcp_link_status(a->link, a->link_stage[k], NULL, 0))
             return a->link_peer[k];
     return NULL;
 }

@@ -58,7 +58,9 @@ typedef struct {
     pl_checkpoint_writer *ckw;  /* checkpoints of this worker's layers, in the background */
     pl_fault fault;
     pl_proto_name broken; /* the peer whose link or copy failed the plan being installed */
-    pl_proto_name link_peer[2]; /* the stage link's workers: stage − 1, stage + 1 ("": none) */
+    pl_proto_name link_peer[3]; /* the stage link's workers: stage − 1, stage + 1, the ring's
+                                   other end (agent_wrap_stage) ("": none) */
+    int link_stage[3];          /* their stages */
     pl_msg_queue *queue;  /* the control thread's messages for the compute thread */
 
     pthread_mutex_t mu;   /* the fields marked "under mu" */
@@ -154,6 +156,10 @@ void agent_teardown_links(agent *a);
  * it), so that the shadow starts byte-identical to its owner. Sets a->rc; nothing without
  * strategy redundant, off the TCP transport or with one stage. 0, or -1 with err. */
 int agent_install_shadow(agent *a, const pl_msg_plan *p, char *err, size_t errlen);
+/* The stage at the other end of this stage's ring wrap (Bamboo §5.1: the last stage holds
+ * the first's layers), or −1: strategy redundant with ≥ 3 stages, the first and the last
+ * stage only (2 stages are neighbours already). */
+int agent_wrap_stage(const agent *a);
 /* Drops the shadow (the end), logging its costs (the `rc:` and `frc:` lines). */
 void agent_drop_shadow(agent *a);
 /* Adds a step's shadow costs (nothing without a shadow). */

@@ -342,7 +342,7 @@ static void ring_neighbours(const agent *a, unsigned char *ring)
     ring[a->rank] = 0;
 }
 
-static int start_stage_link(agent *a, pl_conn *prev, pl_conn *next, char *err, size_t errlen)
+static int start_stage_link(agent *a, const pl_mesh_links *links, char *err, size_t errlen)
 {
     int fp, fn;
     pl_tcp_link_pending_limits(&a->sched, &fp, &fn);
@@ -351,15 +351,27 @@ static int start_stage_link(agent *a, pl_conn *prev, pl_conn *next, char *err, s
                            ? pl_shadow_grad_messages(a->cfg.L) : 0;
     fp += shadow;
     fn += shadow;
-    pl_tcp_link_config lc = {.stage = a->stage, .prev = prev, .next = next,
+    pl_tcp_link_config lc = {.stage = a->stage, .prev = links->prev, .next = links->next,
                              .timeout_ms = PEER_TIMEOUT_MS, .max_pending_prev = fp > 0 ? fp : 1,
-                             .max_pending_next = fn > 0 ? fn : 1};
+                             .max_pending_next = fn > 0 ? fn : 1, .wrap = links->wrap,
+                             .wrap_stage = agent_wrap_stage(a), .max_pending_wrap = shadow};
     pl_tcp_link *link;
     if (pl_tcp_link_create(&lc, &link, err, errlen)) return -1;
     pthread_mutex_lock(&a->mu);
     a->link = link;
     pthread_mutex_unlock(&a->mu);
     return 0;
+}
+
+/* The stage link's peers: a->link_peer, a->link_stage (k − 1, k + 1, the ring's wrap). */
+static void name_link_peers(agent *a, const pl_mesh_peers *peers)
+{
+    const int rank[3] = {peers->link_prev, peers->link_next, peers->link_wrap};
+    for (int k = 0; k < 3; k++) {
+        snprintf(a->link_peer[k], sizeof a->link_peer[k], "%s",
+                 rank[k] >= 0 ? peers->names[rank[k]] : "");
+        a->link_stage[k] = rank[k] >= 0 ? a->stage + rank[k] - a->rank : -1;
+    }
 }
 
 /* The TCP side of a plan: ring connections to the sync-group neighbours and the stage
@@ -385,19 +397,20 @@ static int connect_tcp_peers(agent *a, const pl_msg_plan *p, char *err, size_t e
             ports[r] = peer ? peer->port : 0;
         }
     ring_neighbours(a, ring);
+    const int wrap = agent_wrap_stage(a); /* ranks are consecutive along a pipeline */
     const pl_mesh_peers peers = {
         .nranks = n, .names = names, .hosts = hosts, .ports = ports, .ring = ring,
         .link_prev = a->stage > 0 ? a->rank - 1 : -1,
-        .link_next = a->stage + 1 < a->nstages ? a->rank + 1 : -1};
+        .link_next = a->stage + 1 < a->nstages ? a->rank + 1 : -1,
+        .link_wrap = wrap >= 0 ? a->rank - a->stage + wrap : -1};
     pl_mesh_links links = {.ring = a->conns};
-    snprintf(a->link_peer[0], sizeof a->link_peer[0], "%s", peers.link_prev >= 0 ? names[peers.link_prev] : "");
-    snprintf(a->link_peer[1], sizeof a->link_peer[1], "%s", peers.link_next >= 0 ? names[peers.link_next] : "");
+    name_link_peers(a, &peers);
     if (pl_mesh_connect(a->mesh, &peers, PEER_TIMEOUT_MS, &links, err, errlen)) {
         if (links.failed_rank >= 0)
             snprintf(a->broken, sizeof a->broken, "%s", names[links.failed_rank]);
         goto out;
     }
-    rc = start_stage_link(a, links.prev, links.next, err, errlen);
+    rc = start_stage_link(a, &links, err, errlen);
 out:
     free(names);
     free(hosts);

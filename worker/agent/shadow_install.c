@@ -67,14 +67,20 @@ void agent_drop_shadow_src(agent *a)
     memset(&a->shadow_src, 0, sizeof a->shadow_src);
 }
 
-/* Bamboo's ring needs a link from the last stage to the first: the TCP stage link has
- * one with 2 stages; with more, a chain (shadow.h). */
+int agent_wrap_stage(const agent *a)
+{
+    if (a->job.fault_tolerance.strategy != PL_STRATEGY_REDUNDANT || a->nstages < 3) return -1;
+    return a->stage == 0 ? a->nstages - 1 : a->stage == a->nstages - 1 ? 0 : -1;
+}
+
+/* Bamboo's ring (§5.1) on the TCP stage link, which has the wrap between the last and the
+ * first stage with ≥ 3 stages (agent_wrap_stage). */
 static pl_rc_layout layout_of(const agent *a, const pl_msg_plan *p)
 {
     if (a->job.fault_tolerance.strategy != PL_STRATEGY_REDUNDANT || a->nstages < 2 ||
         p->transport != PL_TRANSPORT_TCP || !a->link)
         return PL_RC_NONE;
-    return a->nstages == 2 ? PL_RC_RING : PL_RC_CHAIN;
+    return PL_RC_RING;
 }
 
 /* Sends one of the owner's state buffers (backend memory) to the shadow's holder. */

@@ -289,7 +289,17 @@ static void close_links(const pl_mesh_peers *p, pl_mesh_links *out)
     }
     pl_conn_close(out->prev);
     pl_conn_close(out->next);
-    out->prev = out->next = NULL;
+    pl_conn_close(out->wrap);
+    out->prev = out->next = out->wrap = NULL;
+}
+
+/* The slot of the stage link with rank r, or NULL (none wanted). */
+static pl_conn **link_slot(const pl_mesh_peers *p, pl_mesh_links *out, int r)
+{
+    return r == p->link_prev ? &out->prev
+           : r == p->link_next ? &out->next
+           : r == p->link_wrap ? &out->wrap
+                               : NULL;
 }
 
 static int wants_ring(const pl_mesh_peers *p, int r)
@@ -302,8 +312,9 @@ static int dial_lower(pl_mesh *m, const pl_mesh_peers *p, int timeout_ms, pl_mes
                       char *err, size_t errlen)
 {
     for (int r = 0; r < m->rank; r++) {
-        const int ring = wants_ring(p, r), prev = r == p->link_prev, next = r == p->link_next;
-        if (!ring && !prev && !next) continue;
+        const int ring = wants_ring(p, r);
+        pl_conn **link = link_slot(p, out, r);
+        if (!ring && !link) continue;
         char buf[32];
         const char *name = rank_name(p, r, buf, sizeof buf);
         if (!p->hosts || !p->hosts[r] || !p->ports || p->ports[r] <= 0)
@@ -313,9 +324,9 @@ static int dial_lower(pl_mesh *m, const pl_mesh_peers *p, int timeout_ms, pl_mes
         if (ring)
             rc = pl_mesh_dial(m, p->hosts[r], p->ports[r], PL_CONN_RING, r, timeout_ms,
                               &out->ring[r], err, errlen);
-        if (rc == 0 && (prev || next))
+        if (rc == 0 && link)
             rc = pl_mesh_dial(m, p->hosts[r], p->ports[r], PL_CONN_STAGE_LINK, r, timeout_ms,
-                              prev ? &out->prev : &out->next, err, errlen);
+                              link, err, errlen);
         if (rc) return rc;
         out->failed_rank = -1;
     }
@@ -330,8 +341,7 @@ static pl_conn **slot_of(const pl_mesh *m, const pl_mesh_peers *p, pl_mesh_links
     if (r <= m->rank || r >= p->nranks) return NULL;
     pl_conn **slot = NULL;
     if (pl_conn_purpose_of(c) == PL_CONN_RING && wants_ring(p, r)) slot = &out->ring[r];
-    else if (pl_conn_purpose_of(c) == PL_CONN_STAGE_LINK && r == p->link_prev) slot = &out->prev;
-    else if (pl_conn_purpose_of(c) == PL_CONN_STAGE_LINK && r == p->link_next) slot = &out->next;
+    else if (pl_conn_purpose_of(c) == PL_CONN_STAGE_LINK) slot = link_slot(p, out, r);
     return slot && !*slot ? slot : NULL;
 }
 
@@ -340,7 +350,7 @@ static int accept_higher(pl_mesh *m, const pl_mesh_peers *p, int timeout_ms, pl_
 {
     int missing = 0;
     for (int r = m->rank + 1; r < p->nranks; r++)
-        missing += wants_ring(p, r) + (r == p->link_prev) + (r == p->link_next);
+        missing += wants_ring(p, r) + (link_slot(p, out, r) != NULL);
     const double deadline = pl_now_ms() + timeout_ms;
     const unsigned want = PL_MESH_PURPOSE(PL_CONN_RING) | PL_MESH_PURPOSE(PL_CONN_STAGE_LINK);
     while (missing > 0) {
@@ -368,7 +378,7 @@ static int accept_higher(pl_mesh *m, const pl_mesh_peers *p, int timeout_ms, pl_
 int pl_mesh_connect(pl_mesh *m, const pl_mesh_peers *p, int timeout_ms, pl_mesh_links *out,
                     char *err, size_t errlen)
 {
-    out->prev = out->next = NULL;
+    out->prev = out->next = out->wrap = NULL;
     out->failed_rank = -1;
     if (m->rank < 0 || m->rank >= p->nranks)
         return pl_comm_errf(err, errlen, PL_COMM_EINVAL, "mesh: rank %d of %d", (int)m->rank,
@@ -402,7 +412,7 @@ int pl_comm_mesh(pl_listener *l, const pl_comm_ident *self, int nranks,
     for (int r = 0; r < nranks; r++) ring[r] = r != me;
     pl_mesh_set_plan(m, self->generation, me);
     const pl_mesh_peers peers = {.nranks = nranks, .hosts = hosts, .ports = ports, .ring = ring,
-                                 .link_prev = -1, .link_next = -1};
+                                 .link_prev = -1, .link_next = -1, .link_wrap = -1};
     pl_mesh_links links = {.ring = conns};
     rc = pl_mesh_connect(m, &peers, timeout_ms, &links, err, errlen);
     free(ring);

@@ -106,11 +106,12 @@ typedef struct {
     const int *ports;
     const unsigned char *ring; /* ring[r] ≠ 0: a ring connection with rank r; NULL: none */
     int link_prev, link_next;  /* the stage neighbours' ranks; −1: none */
+    int link_wrap;             /* the rank at the ring's other end (stage_link.h); −1: none */
 } pl_mesh_peers;
 
 typedef struct {
     pl_conn **ring;        /* the caller's nranks entries: ring[r], the connection with r */
-    pl_conn *prev, *next;  /* the stage links (NULL: none) */
+    pl_conn *prev, *next, *wrap; /* the stage links (NULL: none) */
     int failed_rank;       /* after a dial failed: the rank it dialed; else −1 */
 } pl_mesh_links;
 

@@ -17,6 +17,9 @@
 #include <time.h>
 #include <unistd.h>
 
+/* The connections a link may have: prev, next, wrap. */
+#define NCONN 3
+
 /* Bytes read or written in one go before the I/O thread looks at the other direction. */
 #define IO_SLICE_BYTES (8u << 20)
 
@@ -78,8 +81,8 @@ struct pl_tcp_link {
     pthread_cond_t cv; /* messages stashed, errors, abort, queues drained */
     int stop, aborted;
     char abort_reason[200];
-    lconn c[2]; /* 0: prev, 1: next */
-    int has[2];
+    lconn c[NCONN]; /* 0: prev, 1: next, 2: wrap (the ring's other end) */
+    int has[NCONN];
 };
 
 static const char *kind_name(int kind)
@@ -484,7 +487,7 @@ void pl_tcp_link_pending_limits(const pl_schedule *s, int *from_prev, int *from_
 
 static void link_free(pl_tcp_link *l)
 {
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < NCONN; i++) {
         lconn *c = &l->c[i];
         if (!l->has[i]) continue;
         for (msg *m = c->txq_head, *nx; m; m = nx) {
@@ -513,14 +516,19 @@ int pl_tcp_link_create(const pl_tcp_link_config *cfg, pl_tcp_link **out, char *e
     if (cfg->timeout_ms <= 0) bad = "timeout_ms must be > 0";
     else if ((cfg->prev && cfg->max_pending_prev < 1) || (cfg->next && cfg->max_pending_next < 1))
         bad = "max_pending must be ≥ 1";
+    else if (cfg->wrap && cfg->max_pending_wrap < 1) bad = "max_pending_wrap must be ≥ 1";
     else if (cfg->prev && cfg->stage < 1) bad = "stage 0 has no previous stage";
     else if (cfg->stage < 0) bad = "negative stage";
-    else if ((cfg->prev && pl_conn_status(cfg->prev)) || (cfg->next && pl_conn_status(cfg->next)))
+    else if (cfg->wrap && (cfg->wrap_stage < 0 || abs(cfg->wrap_stage - cfg->stage) < 2))
+        bad = "wrap_stage must be a stage other than this one and its neighbours";
+    else if ((cfg->prev && pl_conn_status(cfg->prev)) || (cfg->next && pl_conn_status(cfg->next)) ||
+             (cfg->wrap && pl_conn_status(cfg->wrap)))
         bad = "a connection is already broken";
     pl_tcp_link *l = bad ? NULL : calloc(1, sizeof *l);
     if (!l) {
         pl_conn_close(cfg->prev);
         pl_conn_close(cfg->next);
+        pl_conn_close(cfg->wrap);
         return pl_comm_errf(err, errlen, -1, "stage link: %s", bad ? bad : "out of memory");
     }
     l->stage = cfg->stage;
@@ -531,17 +539,18 @@ int pl_tcp_link_create(const pl_tcp_link_config *cfg, pl_tcp_link **out, char *e
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&l->cv, &ca);
     pthread_condattr_destroy(&ca);
-    pl_conn *conns[2] = {cfg->prev, cfg->next};
-    const int maxp[2] = {cfg->max_pending_prev, cfg->max_pending_next};
+    pl_conn *conns[NCONN] = {cfg->prev, cfg->next, cfg->wrap};
+    const int maxp[NCONN] = {cfg->max_pending_prev, cfg->max_pending_next, cfg->max_pending_wrap};
+    const int peers[NCONN] = {cfg->stage - 1, cfg->stage + 1, cfg->wrap_stage};
     int rc = 0;
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < NCONN; i++) {
         lconn *c = &l->c[i];
         c->wakefd = -1;
         if (!conns[i]) continue;
         l->has[i] = 1;
         c->link = l;
         c->conn = conns[i];
-        c->peer = cfg->stage + (i ? 1 : -1);
+        c->peer = peers[i];
         c->peer_rank = pl_conn_peer_rank(c->conn);
         snprintf(c->peer_name, sizeof c->peer_name, "%s", pl_conn_peer_name(c->conn));
         c->generation = pl_conn_generation(c->conn);
@@ -563,7 +572,7 @@ int pl_tcp_link_create(const pl_tcp_link_config *cfg, pl_tcp_link **out, char *e
                               c->stash ? strerror(errno) : "out of memory");
         }
     }
-    for (int i = 0; i < 2 && rc == 0; i++) {
+    for (int i = 0; i < NCONN && rc == 0; i++) {
         lconn *c = &l->c[i];
         if (!l->has[i]) continue;
         int e = pthread_create(&c->thread, NULL, io_main, c);
@@ -583,8 +592,8 @@ int pl_tcp_link_create(const pl_tcp_link_config *cfg, pl_tcp_link **out, char *e
 
 static lconn *peer_conn(pl_tcp_link *l, int peer)
 {
-    if (peer == l->stage - 1 && l->has[0]) return &l->c[0];
-    if (peer == l->stage + 1 && l->has[1]) return &l->c[1];
+    for (int i = 0; i < NCONN; i++)
+        if (l->has[i] && l->c[i].peer == peer) return &l->c[i];
     return NULL;
 }
 
@@ -718,7 +727,7 @@ int pl_tcp_link_flush(pl_tcp_link *l, int timeout_ms, char *err, size_t errlen)
     pthread_mutex_lock(&l->mu);
     for (;;) {
         int busy = 0;
-        for (int i = 0; i < 2 && rc == 0; i++) {
+        for (int i = 0; i < NCONN && rc == 0; i++) {
             if (!l->has[i]) continue;
             if ((rc = link_check(l, &l->c[i], err, errlen))) break;
             busy |= l->c[i].tx_busy;
@@ -770,7 +779,7 @@ void pl_tcp_link_destroy(pl_tcp_link *l)
     l->stop = 1;
     pthread_cond_broadcast(&l->cv);
     pthread_mutex_unlock(&l->mu);
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < NCONN; i++)
         if (l->has[i] && l->c[i].started) {
             wake(&l->c[i]);
             pthread_join(l->c[i].thread, NULL);

@@ -1,6 +1,8 @@
 /* The TCP link of one pipeline stage (the pl_stage_link of worker/engine/stage.h):
  * activations and gradients exchanged with stage k − 1 and k + 1 over the
- * authenticated connections of worker/comm/tcp.h.
+ * authenticated connections of worker/comm/tcp.h, and optionally a third connection
+ * that closes the pipeline into a ring (the first and the last stage of ≥ 3 stages:
+ * the redundant layers' messages, worker/engine/shadow.h; Bamboo §5.1).
  *
  * Threads: one I/O thread per connection drives its socket in both directions
  * at once (non-blocking, poll), so a send never waits for the peer's recv
@@ -49,7 +51,8 @@
 typedef struct pl_tcp_link pl_tcp_link;
 
 typedef struct {
-    int stage;            /* this stage's index k: peers are k − 1 (prev) and k + 1 (next) */
+    int stage;            /* this stage's index k: peers are k − 1 (prev), k + 1 (next) and
+                             wrap_stage (wrap) */
     pl_conn *prev, *next; /* connections to stage k − 1 / k + 1, or NULL (first / last stage);
                              the link owns them from create on (also when create fails) and
                              closes them in destroy */
@@ -57,6 +60,10 @@ typedef struct {
                              without a byte written */
     int max_pending_prev; /* ≥ 1: complete messages stashed from prev (and from next) */
     int max_pending_next;
+    pl_conn *wrap;        /* or NULL: a connection to stage wrap_stage, not a neighbour (the
+                             ring's other end); owned like prev and next */
+    int wrap_stage;
+    int max_pending_wrap; /* ≥ 1 with wrap */
 } pl_tcp_link_config;
 
 /* The stash bounds a 1F1B schedule needs: from prev at most min(S − k + 1, Nb)
@@ -73,7 +80,7 @@ int pl_tcp_link_create(const pl_tcp_link_config *cfg, pl_tcp_link **out, char *e
 /* The callbacks for pl_stage_step (ctx = the link). */
 pl_stage_link pl_tcp_link_stage(pl_tcp_link *l);
 
-/* pl_stage_link's send and recv: peer is a stage index (k − 1 or k + 1); n
+/* pl_stage_link's send and recv: peer is a stage index (k − 1, k + 1 or wrap_stage); n
  * floats. 0, or −1 with err. recv's n must be the sent message's size. */
 int pl_tcp_link_send(pl_tcp_link *l, int peer, pl_link_kind kind, int mb, const float *buf,
                      size_t n, char *err, size_t errlen);

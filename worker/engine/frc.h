@@ -17,7 +17,7 @@
  * a microbatch, PL_IO_FRC_IN of the shadow engine: swapped out like the results, so the
  * device holds no more than one FRC slot), so that an FRC never has to run before that
  * backward and the cool-down's and the step end's waits can take it too. With the
- * embedding as the FRC's input (the 2-stage ring's last stage shadows stage 0: its input
+ * embedding as the FRC's input (the ring's last stage shadows stage 0: its input
  * is the tokens) nothing is kept.
  * An FRC runs a layer at a time (pl_engine_forward_part), the wait checked between
  * layers, so a message that arrives during one waits for a layer, not the whole range.

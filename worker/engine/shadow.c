@@ -11,15 +11,13 @@
 int pl_shadow_successor(pl_rc_layout rc, int stage, int nstages)
 {
     if (rc == PL_RC_NONE || nstages < 2 || stage < 0 || stage >= nstages) return -1;
-    if (stage + 1 < nstages) return stage + 1;
-    return rc == PL_RC_RING ? 0 : -1;
+    return (stage + 1) % nstages;
 }
 
 int pl_shadow_holder(pl_rc_layout rc, int stage, int nstages)
 {
     if (rc == PL_RC_NONE || nstages < 2 || stage < 0 || stage >= nstages) return -1;
-    if (stage > 0) return stage - 1;
-    return rc == PL_RC_RING ? nstages - 1 : -1;
+    return (stage + nstages - 1) % nstages;
 }
 
 int pl_shadow_create(pl_engine *shadow, kn_ctx *k, const pl_gpt_config *cfg, int begin,

@@ -29,11 +29,11 @@
  * link's stash must hold on top of the 1F1B bound (the holder takes them after
  * its own schedule).
  *
- * Which stage shadows which (pl_rc_layout): Bamboo's ring (§5.1: the first
- * stage's shadow is the last stage) needs a link between the last and the first
- * stage; the TCP stage link has one only for 2 stages, so the worker uses the
- * ring with 2 stages and a chain (the last stage shadows nobody, the first stage
- * has no shadow) with more.
+ * Which stage shadows which (pl_rc_layout): Bamboo's ring (§5.1: "the first node
+ * has its layer replica stored on the last node"): stage k shadows stage
+ * (k + 1) mod S, over the stage link's wrap between the last and the first stage
+ * when S ≥ 3 (worker/comm/stage_link.h). The last stage's FRC runs on the
+ * microbatch's tokens (§5.1: "we let it fetch input samples directly").
  *
  * Threads: no state of its own; the functions run on the caller's thread, on
  * engines it owns (the compute thread), except pl_shadow_send_group, which reads
@@ -49,12 +49,10 @@
 
 typedef enum {
     PL_RC_NONE = 0, /* no redundant layers */
-    PL_RC_CHAIN,    /* stage k shadows k + 1 for k < S − 1 */
-    PL_RC_RING,     /* and stage S − 1 shadows stage 0 (Bamboo §5.1) */
+    PL_RC_RING,     /* stage k shadows (k + 1) mod S (Bamboo §5.1) */
 } pl_rc_layout;
 
-/* The stage whose layers `stage` shadows, or −1 (none: PL_RC_NONE, one stage, the
- * chain's last stage). */
+/* The stage whose layers `stage` shadows, or −1 (none: PL_RC_NONE, one stage). */
 int pl_shadow_successor(pl_rc_layout rc, int stage, int nstages);
 /* The stage that shadows `stage`, or −1 (none). */
 int pl_shadow_holder(pl_rc_layout rc, int stage, int nstages);
