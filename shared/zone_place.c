@@ -8,7 +8,8 @@
 typedef struct {
     int nzones, nslots, nlayers;
     int *lo, *hi;   /* slot s runs layers [lo[s], hi[s]) */
-    char *first;    /* slot s is its pipeline's first stage */
+    int *prev;      /* the slot before s on its pipeline's ring (−1: none), and after it */
+    int *next;
     int *cnt;       /* holders of layer l in zone z: cnt[l * nzones + z] */
     int *unknown;   /* holders of layer l in no known zone */
 } zcount;
@@ -17,7 +18,8 @@ static void zcount_free(zcount *c)
 {
     free(c->lo);
     free(c->hi);
-    free(c->first);
+    free(c->prev);
+    free(c->next);
     free(c->cnt);
     free(c->unknown);
 }
@@ -33,6 +35,15 @@ static void count_slot(zcount *c, int s, int z, int sign)
     }
 }
 
+/* Slot s is stage j of a pipeline of n: its ring's neighbours (Bamboo §5.1: the last
+ * stage holds the first's layers, so with 3 or more stages the last and the first are
+ * neighbours too; with 2 the one pair is counted once). */
+static void ring_neighbours(zcount *c, int s, int j, int n)
+{
+    c->prev[s] = j > 0 ? s - 1 : n > 2 ? s + n - 1 : -1;
+    c->next[s] = j + 1 < n ? s + 1 : n > 2 ? s - n + 1 : -1;
+}
+
 static int zcount_init(zcount *c, const pl_zone_shape *sh, const int *slot_zone, int nzones)
 {
     int n = 0;
@@ -41,10 +52,11 @@ static int zcount_init(zcount *c, const pl_zone_shape *sh, const int *slot_zone,
     *c = (zcount){.nzones = nzones, .nslots = n, .nlayers = sh->nlayers};
     c->lo = malloc(((size_t)n + 1) * sizeof *c->lo);
     c->hi = malloc(((size_t)n + 1) * sizeof *c->hi);
-    c->first = malloc((size_t)n + 1);
+    c->prev = malloc(((size_t)n + 1) * sizeof *c->prev);
+    c->next = malloc(((size_t)n + 1) * sizeof *c->next);
     c->cnt = calloc((size_t)sh->nlayers * (size_t)(nzones > 0 ? nzones : 1) + 1, sizeof *c->cnt);
     c->unknown = calloc((size_t)sh->nlayers + 1, sizeof *c->unknown);
-    if (!c->lo || !c->hi || !c->first || !c->cnt || !c->unknown) {
+    if (!c->lo || !c->hi || !c->prev || !c->next || !c->cnt || !c->unknown) {
         zcount_free(c);
         return -1;
     }
@@ -52,7 +64,7 @@ static int zcount_init(zcount *c, const pl_zone_shape *sh, const int *slot_zone,
         for (int j = 0; j < sh->nnodes[q]; j++, s++) {
             c->lo[s] = sh->bounds[q][j];
             c->hi[s] = sh->bounds[q][j + 1];
-            c->first[s] = j == 0;
+            ring_neighbours(c, s, j, sh->nnodes[q]);
             count_slot(c, s, slot_zone[s], 1);
         }
     return 0;
@@ -70,10 +82,10 @@ static void layer_risk(const zcount *c, int l, pl_zone_risk *r)
     r->exposed += zones == 1 && !c->unknown[l];
 }
 
-/* 1 when slot s and the stage before it in its pipeline are in one known zone. */
+/* 1 when slot s and the stage before it on its pipeline's ring are in one known zone. */
 static int same_as_previous(const zcount *c, const int *slot_zone, int s)
 {
-    return s < c->nslots && !c->first[s] && slot_zone[s] >= 0 && slot_zone[s] == slot_zone[s - 1];
+    return s >= 0 && c->prev[s] >= 0 && slot_zone[s] >= 0 && slot_zone[s] == slot_zone[c->prev[s]];
 }
 
 static void zcount_risk(const zcount *c, const int *slot_zone, pl_zone_risk *r)
@@ -113,7 +125,7 @@ static void swap_zones(zcount *c, int *slot_zone, int x, int y)
 }
 
 /* sign × the risk of what a swap of slots x and y touches, into r: the layers of either
- * (each once) and the neighbour pairs that end at x, x + 1, y or y + 1 (each once). */
+ * (each once) and the neighbour pairs that end at x, after x, y or after y (each once). */
 static void touched_risk(const zcount *c, const int *slot_zone, int x, int y, int sign,
                          pl_zone_risk *r)
 {
@@ -123,7 +135,7 @@ static void touched_risk(const zcount *c, const int *slot_zone, int x, int y, in
     for (int l = b; l < e; l++)
         if ((c->lo[x] <= l && l < c->hi[x]) || (c->lo[y] <= l && l < c->hi[y]))
             layer_risk(c, l, &t);
-    const int ends[4] = {x, x + 1, y, y + 1};
+    const int ends[4] = {x, c->next[x], y, c->next[y]};
     for (int k = 0; k < 4; k++) {
         int seen = 0;
         for (int i = 0; i < k; i++)
@@ -152,7 +164,7 @@ static void mark_bad(const zcount *c, const int *slot_zone, char *bad)
     for (int s = 0; s < c->nslots; s++) {
         const int z = slot_zone[s];
         bad[s] = z >= 0 && (same_as_previous(c, slot_zone, s) ||
-                            same_as_previous(c, slot_zone, s + 1));
+                            same_as_previous(c, slot_zone, c->next[s]));
         for (int l = c->lo[s]; z >= 0 && !bad[s] && l < c->hi[s]; l++) {
             int others = c->unknown[l];
             for (int y = 0; y < c->nzones; y++)

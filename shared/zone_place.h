@@ -25,7 +25,8 @@ typedef struct {
 
 /* How exposed a placement is to a zone's loss, most important first:
  * - exposed: layers whose holders are all in one known zone (its loss is fatal);
- * - neighbours: consecutive stages of a pipeline in one known zone (the loss of a stage
+ * - neighbours: consecutive stages of a pipeline in one known zone, the last and the first
+ *   of 3 or more stages included (their ring: Bamboo §5.1) (the loss of a stage
  *   and its shadow holder: redundant computation cannot fail over);
  * - crowding: Σ over layers and zones of (holders of the layer in the zone)², smallest
  *   when every layer's holders are spread evenly. */

@@ -1105,6 +1105,31 @@ static void test_zones_bad_zone(void)
     fixture_free(&f);
 }
 
+/* The ring's wrap (Bamboo §5.1: the last stage holds the first's layers): the last and the
+ * first stage of 3 or more in one zone are neighbours; of 2, the one pair counts once; and
+ * pl_zone_improve moves them apart. */
+static void test_zone_risk_counts_the_rings_wrap(void)
+{
+    const int nn3[] = {3}, b3[] = {0, 2, 4, 6}, nn2[] = {2}, b2[] = {0, 3, 6};
+    const int *bounds3[] = {b3}, *bounds2[] = {b2};
+    const pl_zone_shape three = {6, 1, nn3, bounds3}, two = {6, 1, nn2, bounds2};
+    int z3[] = {0, 1, 0}, z2[] = {0, 0};
+    pl_zone_risk r;
+    CHECK(pl_zone_risk_of(&three, z3, 3, &r) == 0);
+    CHECK_EQ_INT((int)r.neighbours, 1);
+    CHECK(pl_zone_risk_of(&two, z2, 3, &r) == 0);
+    CHECK_EQ_INT((int)r.neighbours, 1);
+    const int nn4[] = {4}, b4[] = {0, 2, 3, 5, 6}, *bounds4[] = {b4};
+    const pl_zone_shape four = {6, 1, nn4, bounds4};
+    int z4[] = {0, 1, 1, 0}, item[] = {0, 1, 2, 3}, all[] = {0, 1, 2, 3};
+    CHECK(pl_zone_risk_of(&four, z4, 2, &r) == 0);
+    CHECK_EQ_INT((int)r.neighbours, 2); /* stages 1 and 2, and the wrap 3 → 0 */
+    CHECK(pl_zone_improve(&four, 2, z4, item, all, 4, NULL) == 0);
+    CHECK(pl_zone_risk_of(&four, z4, 2, &r) == 0);
+    CHECK_EQ_INT((int)r.neighbours, 0);
+    CHECK(z4[0] != z4[3]);
+}
+
 TEST_MAIN_BEGIN
 RUN(test_every_failure_mixed_sizes);
 RUN(test_every_failure_smallest_pipelines);
@@ -1131,4 +1156,5 @@ RUN(test_zones_never_cost_copies_unless_exposed);
 RUN(test_zones_spread_survivors);
 RUN(test_zones_fix_exposed_layer);
 RUN(test_zones_bad_zone);
+RUN(test_zone_risk_counts_the_rings_wrap);
 TEST_MAIN_END
