@@ -15,10 +15,13 @@ receiver of the most bytes, its bytes, the whole plan change (the worker's "rece
 T ms" line) and its phases ("engine made in ..., filled locally in ..., copies received in
 ..., populated in ..."): making the new engine, filling what it kept locally, the network
 copies from the first source accepted to the last tensor received and their throughput,
-making the new engine's pages present; next to them the loopback stream figure measured
-right before the run (comm_bench's send/recv over one connection with the default frame
-protection), and the bound step + bytes_copied / loopback + 300 ms with the recovery's
-ratio to it. Then a timeline from the kill (pliant run's line noticing it, each line
+making the new engine's pages present; next to them the loopback stream figure (comm_bench's
+send/recv over one connection with the default frame protection; the faster of its figures
+right before and right after the run), and the bound step + bytes_copied / loopback +
+300 ms with the recovery's ratio to it. With several receivers, their bytes together over the longest one's network
+time against the same loopback figure (they run at once on the same cores); the largest
+receiver's first step of the new plan (its time, the process's page faults during it, the
+old engine freed before it). Then a timeline from the kill (pliant run's line noticing it, each line
 timed as it arrives): the last aborted step's end, the last plan installed, the new plan's
 first step committed, and the median step after it.
 Standard library only. Usage: bench/recovery_size_bench.py [--build DIR] [--models a,b]
@@ -61,6 +64,8 @@ spec:
 PHASES = re.compile(r"worker (\S+): generation 2: engine made in ([0-9.]+) ms, filled locally in "
                     r"([0-9.]+) ms, copies received in ([0-9.]+) ms after the first source, "
                     r"populated in ([0-9.]+) ms")
+FIRST = re.compile(r"worker (\S+): generation 2: first step \d+ in ([0-9.]+) ms, (-?\d+) page faults, old "
+                   r"engine freed in ([0-9.]+) ms")
 RECEIVED = re.compile(r"worker (\S+): generation (\d+): layers .* received (\d+) layers in \d+ "
                       r"copies \((\d+) bytes\), sent (\d+), in ([0-9.]+) ms")
 
@@ -128,7 +133,9 @@ def one(pliant, tmp, data, model, steps, kill, rep, workers):
     before = sorted(512e3 / r["tokens_per_second"] for r in st[1:kill])  # global 8 x 64
     after = sorted(512e3 / r["tokens_per_second"] for r in st[kill + 1:])
     phases = {g[0]: tuple(float(x) for x in g[1:]) for g in PHASES.findall(err)}
-    recv = [(int(g[3]), float(g[5]), phases.get(g[0], (0.0, 0.0, 0.0, 0.0)))
+    first = {g[0]: (float(g[1]), int(g[2]), float(g[3])) for g in FIRST.findall(err)}
+    recv = [(int(g[3]), float(g[5]), phases.get(g[0], (0.0, 0.0, 0.0, 0.0)),
+             first.get(g[0], (float("nan"), -1, float("nan"))))
             for g in RECEIVED.findall(err) if int(g[1]) == 2 and int(g[3]) > 0]
     if os.environ.get("PLIANT_BENCH_LOG"):
         sys.stderr.write(err)
@@ -187,7 +194,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="pliant-recsize-")
     data = shakespeare_shards(pliant, tmp, 200000)
     print("link: comm_bench's send/recv over one stream (200 MB), default frame protection, "
-          "measured right before each run; net: the receiver of the most bytes")
+          "the faster of before and after each run; net: the receiver of the most bytes")
     print("%-10s %3s %-13s %8s %11s %9s %8s %8s %7s %7s %7s %7s %9s %9s %6s %9s %6s" % (
         "model", "run", "pipelines", "step_ms", "recovery_ms", "copied_MB", "recv_MB",
         "plan_ms", "make", "fill", "net_ms", "pop_ms", "net_GB/s", "link_GB/s", "%link",
@@ -195,16 +202,30 @@ def main():
     for model in a.models.split(","):
         for rep in range(a.repeat):
             load0 = os.getloadavg()[0]
-            prot, _ = loopback(a.build)
+            prot0, _ = loopback(a.build)
             rec, p0, p1, step_ms, recv, tl, after = one(pliant, tmp, data, model, a.steps, a.kill,
                                                         rep, a.workers)
-            b, ms, (make, fill, net, pop) = max(recv) if recv else (0, 0.0, (0.0,) * 4)
+            # the load moves the loopback figure too: the faster of before and after the run
+            # (the tighter bound, the lower share of it)
+            prot1, _ = loopback(a.build)
+            prot = max(prot0, prot1)
+            b, ms, (make, fill, net, pop), fst = max(recv) if recv else (0, 0.0, (0.0,) * 4, None)
             gbs = b / net / 1e6 if net else 0.0
+            # receivers at once share the cores: their bytes over the longest one's network time
+            total, longest = sum(r[0] for r in recv), max([r[2][2] for r in recv], default=0.0)
             bound = step_ms + rec["bytes_copied"] / (prot * 1e6) + 300
             print("%-10s %3d %-13s %8.0f %11d %9.0f %8.0f %8.0f %7.0f %7.0f %7.0f %7.0f %9.2f %9.2f %5.0f%% %9.0f %6.2f" % (
                 model, rep, "%s>%s" % (p0, p1), step_ms, rec["duration_ms"],
                 rec["bytes_copied"] / 1e6, b / 1e6, ms, make, fill, net, pop, gbs, prot,
                 100 * gbs / prot, bound, rec["duration_ms"] / bound))
+            if len(recv) > 1 and longest:
+                print("           %d receivers at once: %.0f MB in %.0f ms, %.2f GB/s together, "
+                      "%.0f%% of the link" % (len(recv), total / 1e6, longest,
+                                             total / longest / 1e6, 100 * total / longest / 1e6 / prot))
+            print("           loopback %.2f GB/s before the run, %.2f after" % (prot0, prot1))
+            if fst:
+                print("           its first step after the change: %.0f ms, %d page faults, old "
+                      "engine freed in %.0f ms before it" % fst)
             if tl:
                 print("           after the kill: aborted steps ended %.0f ms, plans installed "
                       "%.0f ms, first step committed %.0f ms; median step after it %.0f ms; "

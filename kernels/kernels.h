@@ -60,8 +60,11 @@ void kn_copy(kn_ctx *k, void *dst, const void *src, size_t bytes);
  * KN_SHARE_ALIGN, within the blocks. Afterwards a write through either range is seen
  * through both, so the caller writes neither while both blocks live (the layer copies: a
  * layer a worker keeps, shared by its old and new engines until the old one is freed).
- * Freeing either block leaves the other whole. 0 when done; −1 when the backend or these
- * blocks cannot (nothing changed: copy instead). */
+ * Freeing either block leaves the other whole. On the CPU the source's pages that are
+ * present move to the destination with their page tables: present there at once (no
+ * faults, nothing for kn_populate to do), and the source's range finds them again on its
+ * next touch. 0 when done; −1 when the backend or these blocks cannot (nothing changed:
+ * copy instead). */
 #define KN_SHARE_ALIGN 4096
 int kn_share(kn_ctx *k, void *dst_block, size_t dst_off, const void *src_block, size_t src_off,
              size_t bytes);

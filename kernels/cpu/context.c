@@ -162,6 +162,26 @@ static int backing(const void *p, size_t off, size_t len, size_t *foff)
     return hdr_of(p)->fd;
 }
 
+#ifndef MREMAP_DONTUNMAP
+#define MREMAP_DONTUNMAP 4 /* Linux 5.7, file mappings since 5.13; older kernels answer EINVAL */
+#endif
+
+/* Maps [foff, foff + bytes) of fd at `at` (over what was there), taking over the source
+ * range's page tables where the system can (mremap, MREMAP_DONTUNMAP): the pages are
+ * present at `at` at once rather than faulted in again, and the source's range stays
+ * mapped, empty, its pages faulted back from the same file if it is touched again (a
+ * sender reading it, a later share); else a plain mapping. The source range is one
+ * mapping of fd at foff (backing). */
+static int map_range(void *at, const void *src, size_t bytes, int fd, size_t foff)
+{
+    if (mremap((void *)src, bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP,
+               at) == at)
+        return 0;
+    return mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, (off_t)foff) == at
+               ? 0
+               : -1;
+}
+
 /* kn_share: the memory behind the source's range mapped over the destination's range. */
 static int cpu_share(kn_ctx *k, void *dst_block, size_t dst_off, const void *src_block,
                      size_t src_off, size_t bytes)
@@ -179,7 +199,7 @@ static int cpu_share(kn_ctx *k, void *dst_block, size_t dst_off, const void *src
     const int dup_fd = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
     if (dup_fd < 0) return -1;
     void *at = (char *)dst_block + dst_off;
-    if (mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, dup_fd, (off_t)foff) == at) {
+    if (map_range(at, (const char *)src_block + src_off, bytes, dup_fd, foff) == 0) {
         t->r[t->n++] = (shared_range){.off = dst_off, .len = bytes, .foff = foff, .fd = dup_fd};
         return 0;
     }

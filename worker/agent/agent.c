@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -295,11 +296,20 @@ static void step_failed(agent *a, int64_t step, const char *err)
     agent_post(a, &r);
 }
 
+/* Minor page faults of the process so far (−1 when unknown). */
+static long minor_faults(void)
+{
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) ? -1 : ru.ru_minflt;
+}
+
 static void on_start_step(agent *a, const pl_msg *m)
 {
     char err[1024] = "";
     const int64_t step = m->u.start_step.step;
     if (m->gen != a->gen || a->pipe < 0) return;
+    const double t0 = pl_now_ms();
+    const int changed = a->have_src; /* the first step on a new engine: it is timed */
     if (a->have_src) { /* the plan is stable now: the old layers are no longer needed */
         pl_engine_destroy(&a->src);
         a->have_src = 0;
@@ -307,8 +317,14 @@ static void on_start_step(agent *a, const pl_msg *m)
     agent_drop_shadow_src(a);
     agent_tell_client(a, a->gen, step);
     if (!step_begin(a, step)) return; /* aborted before it began */
+    const double t1 = pl_now_ms();
+    const long faults = minor_faults();
     const int failed = run_step(a, step, err, sizeof err);
     step_end(a);
+    if (changed && !failed)
+        agent_log(a, "generation %lld: first step %lld in %.1f ms, %ld page faults, old engine "
+                  "freed in %.1f ms before it", (long long)a->gen, (long long)step,
+                  pl_now_ms() - t1, minor_faults() - faults, t1 - t0);
     if (failed) step_failed(a, step, err);
 }
 

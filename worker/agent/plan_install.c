@@ -130,11 +130,11 @@ static int change_engine(agent *a, const pl_msg_plan *p, int in_pipe, int b, int
     const int rc = copier.copy(&copier, &job, &res, err, errlen);
     *bytes_in = res.bytes_in;
     if (res.failed_peer[0]) snprintf(a->broken, sizeof a->broken, "%s", res.failed_peer);
-    /* after copies, the new engine's pages (mapped kept layers, gradients, activations)
-     * at once, not one fault at a time in its first step; on 2 cores this cannot overlap
-     * the copies, which use both. A first plan's engine is left to fill as it runs. */
+    /* after copies, the new engine's gradients and activations at once, not one fault at
+     * a time in its first step; on 2 cores this cannot overlap the copies, which use both.
+     * A first plan's engine is left to fill as it runs. */
     const double tp = pl_now_ms();
-    if (rc == 0 && job.dst && p->ncopies) pl_engine_populate(job.dst);
+    if (rc == 0 && job.dst && p->ncopies) pl_engine_populate_work(job.dst);
     if (p->ncopies || !kept)
         agent_log(a, "generation %lld: engine made in %.1f ms, filled locally in %.1f ms, "
                   "copies received in %.1f ms after the first source, populated in %.1f ms",

@@ -177,13 +177,9 @@ oom:
                    begin, end, B, T);
 }
 
-void pl_engine_populate(pl_engine *e)
+void pl_engine_populate_work(pl_engine *e)
 {
-    const size_t bytes = e->nparams * sizeof(float);
-    kn_populate(e->k, e->params, bytes);
-    kn_populate(e->k, e->grads, bytes);
-    kn_populate(e->k, e->m, bytes);
-    kn_populate(e->k, e->v, bytes);
+    kn_populate(e->k, e->grads, e->nparams * sizeof(float));
     if (e->head_dwte)
         kn_populate(e->k, e->head_dwte, e->tensors[e->wte_tensor].spec.numel * sizeof(float));
     const size_t BTC = (size_t)e->B * (size_t)e->T * (size_t)e->cfg.C;

@@ -96,11 +96,13 @@ static inline int pl_engine_stopped(const pl_engine *e)
     return e->stop && atomic_load_explicit(e->stop, memory_order_relaxed);
 }
 
-/* Makes all of the engine's memory present (kn_populate: params, gradients, m, v,
- * activations) without changing it, so that its first step takes no page faults (a new
- * engine after layer copies: on the CPU its pages are faulted in one by one where first
- * touched, about twice the cost of faulting them in at once). */
-void pl_engine_populate(pl_engine *e);
+/* Makes the memory a step works in present (kn_populate: gradients, activations, scratch)
+ * without changing it, so that the first step of a new engine after layer copies takes no
+ * page faults (on the CPU its pages are faulted in one by one where first touched, about
+ * twice the cost of faulting them in at once). Params, m and v are not walked: the copies
+ * leave them present (received into populated pages, kept layers' pages moved by
+ * kn_share). */
+void pl_engine_populate_work(pl_engine *e);
 
 /* GPT-2 random initialisation (same values for a layer in any range). */
 void pl_engine_init_random(pl_engine *e, uint64_t seed);
