@@ -518,10 +518,10 @@ def crd_enums_are_jobspec_enums():
     for fn, var, path in (("parse_data", "orders", "spec.data.order"),
                           ("parse_optimizer", "schedules", "spec.optimizer.schedule"),
                           ("parse_checkpoint", "resumes", "spec.checkpoint.resume"),
-                          ("parse_fault_tolerance", "strategies", "spec.faultTolerance.strategy"),
+                          (None, "STRATEGIES", "spec.faultTolerance.strategy"),
                           ("parse_fault_tolerance", "frc_modes", "spec.faultTolerance.redundantForward"),
                           ("parse_run_policy", "policies", "spec.runPolicy.cleanPodPolicy")):
-        names = c_strings(funcs[fn], var)
+        names = c_strings(funcs[fn] if fn else src, var)  # None: a file-scope table
         check(names and at(s, path)["enum"] == names, "%s: CRD %r, jobspec %r", path, at(s, path)["enum"], names)
 
 
