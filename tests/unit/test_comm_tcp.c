@@ -808,8 +808,11 @@ static void *rank_main(void *arg)
                 t[i] = (pl_tensor_ref){o->out[pos] + off, o->split[i]};
                 off += o->split[i];
             }
+            pl_ar_pack pack = {0}; /* a kept buffer: grown on the first call */
             o->rc[pos] = pl_ring_allreduce_many(&pt, o->group, o->p, t, o->ntensors, o->tag,
-                                                j->timeout_ms, o->err[pos], sizeof o->err[pos]);
+                                                &pack, j->timeout_ms, o->err[pos],
+                                                sizeof o->err[pos]);
+            pl_ar_pack_free(&pack);
         } else {
             o->rc[pos] = pl_ring_allreduce(&pt, o->group, o->p, o->out[pos], o->n, o->tag,
                                            j->timeout_ms, o->err[pos], sizeof o->err[pos]);

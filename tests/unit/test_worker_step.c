@@ -519,7 +519,7 @@ static int serial_step(const pl_worker_step_args *a, char *err, size_t errlen)
         int n = pl_worker_group_tensors(e, g->key, refs);
         int32_t group[2] = {g->ranks[0], g->ranks[1]};
         uint32_t tag = a->step * (uint32_t)(L + 3) + (uint32_t)pl_sync_key_order(L, g->key);
-        if (pl_ring_allreduce_many(a->peers, group, 2, refs, n, tag, a->timeout_ms, err,
+        if (pl_ring_allreduce_many(a->peers, group, 2, refs, n, tag, NULL, a->timeout_ms, err,
                                    errlen))
             return -1;
     }

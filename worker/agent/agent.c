@@ -176,7 +176,7 @@ static int run_step(agent *a, int64_t s, char *err, size_t errlen)
                                 .tokens = a->tok, .targets = a->tgt, .first_micro = a->first_mb,
                                 .global_micro = a->global_micro, .groups = &a->g,
                                 .peers = &peers, .step = (uint32_t)s,
-                                .timeout_ms = PEER_TIMEOUT_MS,
+                                .timeout_ms = PEER_TIMEOUT_MS, .pack = &a->pack,
                                 .xport = a->ncp ? pl_nccl_plan_xport(a->ncp) : NULL,
                                 .before_reduce = pl_fault_step_hook(&a->fault, s),
                                 .before_op = pl_fault_before_op,
@@ -730,6 +730,7 @@ static void agent_free(agent *a)
     agent_drop_shadow_src(a);
     if (a->k) kn_destroy(a->k);
     if (a->lst) pl_listener_close(a->lst);
+    pl_ar_pack_free(&a->pack);
     free(a->tok);
     free(a->tgt);
     free(a->etok);

@@ -122,6 +122,7 @@ typedef struct {
     size_t tokcap;
     int32_t *etok, *etgt; /* the evaluation's batches */
     size_t evalcap;
+    pl_ar_pack pack;      /* the step's comm thread's all-reduce pack buffer */
 } agent;
 
 /* agent.c */

@@ -342,9 +342,26 @@ int pl_ring_allreduce(const pl_peer_table *peers, const int32_t *group, int grou
     return rc;
 }
 
+void pl_ar_pack_free(pl_ar_pack *p)
+{
+    free(p->buf);
+    *p = (pl_ar_pack){0};
+}
+
+/* pack's buffer of at least n floats (grown, its contents dropped), or NULL. */
+static float *pack_reserve(pl_ar_pack *pack, size_t n)
+{
+    if (pack->cap < n) {
+        free(pack->buf);
+        pack->buf = malloc(n * sizeof(float));
+        pack->cap = pack->buf ? n : 0;
+    }
+    return pack->buf;
+}
+
 int pl_ring_allreduce_many(const pl_peer_table *peers, const int32_t *group, int group_size,
                            const pl_tensor_ref *tensors, int ntensors, uint32_t tag,
-                           int timeout_ms, char *err, size_t errlen)
+                           pl_ar_pack *keep, int timeout_ms, char *err, size_t errlen)
 {
     if (ntensors < 0 || (ntensors && !tensors))
         return pl_comm_errf(err, errlen, PL_COMM_EINVAL, "all-reduce: bad tensor list");
@@ -363,7 +380,7 @@ int pl_ring_allreduce_many(const pl_peer_table *peers, const int32_t *group, int
     if (group_size == 1 || total == 0)
         return pl_ring_allreduce(peers, group, group_size, NULL, 0, tag, timeout_ms, err,
                                  errlen);
-    float *pack = malloc(total * sizeof(float));
+    float *pack = keep ? pack_reserve(keep, total) : malloc(total * sizeof(float));
     if (!pack)
         return pl_comm_errf(err, errlen, PL_COMM_ESYS, "all-reduce: out of memory (%zu floats)",
                             total);
@@ -383,6 +400,7 @@ int pl_ring_allreduce_many(const pl_peer_table *peers, const int32_t *group, int
             off += tensors[i].count;
         }
     }
-    free(pack);
+    if (!keep)
+        free(pack);
     return rc;
 }

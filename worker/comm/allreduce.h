@@ -48,11 +48,21 @@ int pl_ring_allreduce(const pl_peer_table *peers, const int32_t *group, int grou
                       float *buf, size_t n, uint32_t tag, int timeout_ms, char *err,
                       size_t errlen);
 
+/* A pack buffer kept from one all-reduce to the next (its owner's; one call at a time):
+ * fresh memory for every group of every step costs the kernel a fault on every page (a
+ * sync group is tens of MB at GPT-2 350M). Zero-initialised; pl_ar_pack_free releases. */
+typedef struct {
+    float *buf;
+    size_t cap; /* floats */
+} pl_ar_pack;
+void pl_ar_pack_free(pl_ar_pack *p);
+
 /* Sums several tensors in one ring all-reduce: packs them (in list order) into one
- * buffer, reduces it, and unpacks. Every member passes the same counts in the same
- * order. A single tensor is reduced in place without packing. */
+ * buffer (pack's, grown as needed; NULL: one for this call), reduces it, and unpacks.
+ * Every member passes the same counts in the same order. A single tensor is reduced in
+ * place without packing. */
 int pl_ring_allreduce_many(const pl_peer_table *peers, const int32_t *group, int group_size,
                            const pl_tensor_ref *tensors, int ntensors, uint32_t tag,
-                           int timeout_ms, char *err, size_t errlen);
+                           pl_ar_pack *pack, int timeout_ms, char *err, size_t errlen);
 
 #endif

@@ -96,8 +96,8 @@ static int reduce_job(const sync_state *s, const sync_job *j, char *err, size_t 
         a->step * (uint32_t)(L + 3) + (uint32_t)pl_sync_key_order(L, g->key);
     char msg[256];
     int rc = 0;
-    if (pl_ring_allreduce_many(a->peers, group, g->nranks, j->ring, j->n, tag, a->timeout_ms,
-                               msg, sizeof msg) != 0) {
+    if (pl_ring_allreduce_many(a->peers, group, g->nranks, j->ring, j->n, tag, a->pack,
+                               a->timeout_ms, msg, sizeof msg) != 0) {
         char name[32];
         pl_sync_key_name(g->key, name, sizeof name);
         rc = pl_errf(err, errlen, "worker step: all-reduce of %s: %s", name, msg);

@@ -43,6 +43,8 @@ typedef struct {
     uint32_t step;                   /* mixed into the all-reduce tags */
     int timeout_ms;                  /* all-reduce idle timeout (with xport: the deadline
                                         of the wait at the end) */
+    pl_ar_pack *pack;                /* the comm thread's pack buffer, kept between steps
+                                        (allreduce.h); NULL: one a group */
     /* Fault injection for recovery tests: called on the comm thread before the
      * all-reduce of each group shared with other ranks. NULL: none. */
     void (*before_reduce)(void *ctx, int key);
