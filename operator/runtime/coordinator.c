@@ -1712,6 +1712,15 @@ static void replan_soon(pl_coord *c)
     c->replan_at = c->now + c->cfg.settle_ms;
 }
 
+/* Whether two attempts failed the same way. A NaN or inf from the job's data or model
+ * shows as a non-finite loss on the workers with the head and as a non-finite gradient
+ * norm on the others: whichever reports first names the attempt, so they are one kind. */
+static int same_failure(const char *a, const char *b)
+{
+    static const char nf[] = "non-finite ";
+    return !strcmp(a, b) || (!strncmp(a, nf, sizeof nf - 1) && !strncmp(b, nf, sizeof nf - 1));
+}
+
 /* An attempt at the running step failed with no loss to blame: a non-finite loss or
  * gradient norm, a worker's step_failed (who: the worker, NULL for the coordinator's own
  * finding), an evaluation that failed (abort_step 0: the step is committed). Nothing of it
@@ -1725,7 +1734,7 @@ static void step_attempt_failed(pl_coord *c, const char *who, const char *why, i
         c->fail_attempts = 0;
         c->fail_same = 1;
         snprintf(c->fail_reason, sizeof c->fail_reason, "%s", why);
-    } else if (strcmp(c->fail_reason, why)) {
+    } else if (!same_failure(c->fail_reason, why)) {
         c->fail_same = 0;
     }
     c->fail_attempts++;

@@ -1658,10 +1658,13 @@ static void test_initial_copy_loss_and_nan(void)
     all_copy_done(&s);
     CHECK(drain(&s) == 0);
     /* a non-finite norm: never committed (abort at once), redone under new plans, then
-     * FAILED with a stop carrying an error */
+     * FAILED with a stop carrying an error; the second attempt's first report is a NaN
+     * loss, the same failure seen from the head (whichever worker reports first) */
     for (int attempt = 1; attempt <= PL_COORD_STEP_ATTEMPTS; attempt++) {
         const int64_t g = s.gen;
         pl_msg_report x = {.step = 1, .grad_sumsq = NAN};
+        if (attempt == 2)
+            x = (pl_msg_report){.step = 1, .has_loss = 1, .loss = NAN, .grad_sumsq = 0.25};
         CHECK_EQ_INT(pl_coord_report(s.c, "w0", g, &x), PL_COORD_OK);
         CHECK(drain(&s) == 0);
         CHECK_EQ_INT(count_type(&s, PL_MSG_COMMIT), 0);
