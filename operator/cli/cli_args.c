@@ -42,6 +42,14 @@ int cli_check_backend(const char *flag, const char *s, char *err, size_t errlen)
     return pl_errf(err, errlen, "%s: must be auto, cpu or cuda, not '%s'", flag, s);
 }
 
+int cli_self_exe(char *exe, size_t n, char *err, size_t errlen)
+{
+    const ssize_t k = readlink("/proc/self/exe", exe, n - 1);
+    if (k <= 0) return pl_errf(err, errlen, "cannot find this program (/proc/self/exe)");
+    exe[k] = 0;
+    return 0;
+}
+
 int cli_worker_threads(long long n)
 {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);

@@ -14,6 +14,9 @@ int cli_parse_double(const char *flag, const char *s, double lo, double hi, doub
 /* The compute threads `pliant run` gives each of n local workers without --threads: an
  * equal share of the cores, at least one. */
 int cli_worker_threads(long long n);
+/* This program's path (to start `pliant` children: workers, a timed run) into exe[n].
+ * 0, or −1 with err. */
+int cli_self_exe(char *exe, size_t n, char *err, size_t errlen);
 /* A kernel backend choice: auto (CUDA where there is one), cpu or cuda. */
 int cli_check_backend(const char *flag, const char *s, char *err, size_t errlen);
 

@@ -849,9 +849,7 @@ static int start_run(run_state *r, char *err, size_t errlen)
     const int N = (int)r->a->nworkers;
     const long long threads = r->a->threads > 0 ? r->a->threads : cli_worker_threads(N);
     snprintf(r->thr, sizeof r->thr, "%lld", threads);
-    ssize_t n = readlink("/proc/self/exe", r->exe, sizeof r->exe - 1);
-    if (n <= 0) return pl_errf(err, errlen, "cannot find this program (/proc/self/exe)");
-    r->exe[n] = 0;
+    if (cli_self_exe(r->exe, sizeof r->exe, err, errlen)) return -1;
     if (!(r->lw = pl_local_workers_new(err, errlen))) return -1;
     if (r->a->chaos.n && !(r->fired = calloc((size_t)r->a->chaos.n, 1)))
         return pl_errf(err, errlen, "out of memory");

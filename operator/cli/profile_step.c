@@ -6,8 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
+#include "cli_args.h"
 #include "local_workers.h"
 #include "util.h"
 
@@ -62,9 +62,7 @@ static int run_child(char *const *argv, char *err, size_t errlen)
 static int run_job(const pl_step_run *r, const run_files *f, char *err, size_t errlen)
 {
     char exe[4096], workers[16], threads[16], steps[16];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0) return pl_errf(err, errlen, "cannot find this program (/proc/self/exe)");
-    exe[n] = 0;
+    if (cli_self_exe(exe, sizeof exe, err, errlen)) return -1;
     snprintf(workers, sizeof workers, "%d", r->workers);
     snprintf(threads, sizeof threads, "%d", r->threads);
     snprintf(steps, sizeof steps, "%d", r->steps);
