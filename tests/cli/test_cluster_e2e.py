@@ -61,6 +61,7 @@ Run: python3 tests/cli/test_cluster_e2e.py --build build [-k SUBSTRING]
 Standard library only.
 """
 
+import calendar
 import copy
 import json
 import os
@@ -163,7 +164,8 @@ def e2e_test(fn):
         try:
             fn()
         except (E2EFailure, Failure) as e:
-            raise Failure("%s\n%s" % (e, diagnostics()))
+            # the message last too: a runner that keeps only a failure's tail shows it
+            raise Failure("%s\n%s\n=> %s" % (e, diagnostics(), str(e).splitlines()[0] if str(e) else ""))
         finally:
             say("%s: %.1f s", fn.__name__, time.monotonic() - t0)
             audit_requests()
@@ -691,7 +693,8 @@ def new_plan(job, st0, t0, what, timeout, cause=None):
     """Waits for a plan newer than st0's (whose cause names `cause`) and a step
     committed under it, both seen after t0 (the failure's time: the new plan may come
     before the command that made the failure returns): (time the new plan was seen,
-    time of that step, status)."""
+    time of that step, status when the plan was seen: by the step a replacement may
+    have joined already)."""
     gen0 = st0.get("planGeneration") or 0
 
     def replanned(st):
@@ -700,11 +703,11 @@ def new_plan(job, st0, t0, what, timeout, cause=None):
     fx.wait_status(NS, job, what, replanned, timeout, stall=timeout)
     hist = fx.history(NS, job, t0)
     t_plan, st_plan = next((t, s) for t, s in hist if replanned(s))
-    st = fx.wait_status(NS, job, "a step committed after " + what, lambda s: (s.get("planGeneration") or 0) > gen0 and
-                        (s.get("step") or 0) > (st_plan.get("step") or 0), 30)
+    fx.wait_status(NS, job, "a step committed after " + what, lambda s: (s.get("planGeneration") or 0) > gen0 and
+                   (s.get("step") or 0) > (st_plan.get("step") or 0), 30)
     t_step = next(t for t, s in fx.history(NS, job, t0) if (s.get("planGeneration") or 0) > gen0 and
                   (s.get("step") or 0) > (st_plan.get("step") or 0))
-    return t_plan, t_step, st
+    return t_plan, t_step, st_plan
 
 
 def full_strength(job, n=3):
@@ -736,7 +739,7 @@ def silent_node_loss_is_detected_by_heartbeats():
     its heartbeats (heartbeatSeconds 2) and re-plans without a checkpoint."""
     job = fault_job()
     name, node, st0 = victim(job)
-    t0 = time.monotonic()
+    t0, wall0 = time.monotonic(), time.time()
     fx.node_action(node, "lose")
     try:
         t_plan, t_step, st = new_plan(job, st0, t0, "the plan without %s" % name, 30, "lost " + name)
@@ -744,11 +747,13 @@ def silent_node_loss_is_detected_by_heartbeats():
         fx.node_action(node, "restore")
     last = st["lastReconfiguration"]
     check("missed heartbeats" in last["cause"] and last["fromCheckpoint"] is False, "lastReconfiguration %s", last)
-    # the plan shows in status a status write and a poll after the coordinator made it: on a
-    # loaded 2-core machine that adds up to 2 s to the 3 heartbeats
-    check(t_plan - t0 <= 3 * HEARTBEAT + 2.5, "the loss was seen after %.1f s (3 heartbeats: %d s)",
-          t_plan - t0, 3 * HEARTBEAT)
+    # when the coordinator re-planned (lastReconfiguration.time, whole seconds, so at most
+    # 1 s early); status shows it a status write later, which a loaded machine delays
+    detected = calendar.timegm(time.strptime(last["time"], "%Y-%m-%dT%H:%M:%SZ")) - wall0
+    check(detected <= 3 * HEARTBEAT + 1, "the coordinator re-planned %.1f s after the loss (3 heartbeats: %d s)",
+          detected, 3 * HEARTBEAT)
     check_steps_monotonic(fx.history(NS, job, t0 - 1))
+    measured("silent node loss to the plan in status (heartbeat %d s)" % HEARTBEAT, "%.1f" % (t_plan - t0), "s")
     measured("silent node loss to the next committed step (heartbeat %d s)" % HEARTBEAT, "%.1f" % (t_step - t0), "s")
 
 

@@ -131,8 +131,8 @@ static void test_later_purposes_wait_in_the_stash(void)
     /* the links' accepts take them from the stash (either may still be finishing its
      * handshake when the copy's accept returns: it completes in the next accept); nobody
      * dials any more */
-    int rc1 = pl_mesh_accept(a.m, RING | LINK, 0, pl_now_ms() + 100, &first, err, sizeof err);
-    int rc2 = pl_mesh_accept(a.m, RING | LINK, 0, pl_now_ms() + 100, &second, err, sizeof err);
+    int rc1 = pl_mesh_accept(a.m, RING | LINK, 0, pl_now_ms() + 5000, &first, err, sizeof err);
+    int rc2 = pl_mesh_accept(a.m, RING | LINK, 0, pl_now_ms() + 5000, &second, err, sizeof err);
     int rc3 = pl_mesh_accept(a.m, RING | LINK, 0, pl_now_ms() + 100, &none, err, sizeof err);
     const int links = rc1 == 0 && rc2 == 0
                           ? (1 << pl_conn_purpose_of(first)) | (1 << pl_conn_purpose_of(second))
@@ -161,6 +161,10 @@ static void test_the_stash_is_bounded_and_a_new_plan_empties_it(void)
     pl_conn *copy = NULL;
     int rc = pl_mesh_accept(a.m, COPY, RING, pl_now_ms() + 10000, &copy, err, sizeof err);
     pthread_join(d.th, NULL);
+    /* handshakes that finished in the copy's round are dealt with by the next accept */
+    pl_conn *none = NULL;
+    char err2[256];
+    pl_mesh_accept(a.m, 0, RING, pl_now_ms() + 300, &none, err2, sizeof err2);
     const int stashed = pl_mesh_stashed(a.m);
     /* the first ones are kept, the ones beyond the bound closed */
     const int kept_open = !closed_by_peer(d.c[0], 0);
@@ -174,7 +178,7 @@ static void test_the_stash_is_bounded_and_a_new_plan_empties_it(void)
     CHECK_EQ_INT(rc, 0);
     CHECK_EQ_INT(stashed, PL_MESH_STASH_MAX);
     CHECK(kept_open && dropped);
-    CHECK_STR_CONTAINS(a.log, "stash is full");
+    CHECK_STR_CONTAINS(a.all, "stash is full");
     CHECK(emptied);
 }
 
@@ -188,14 +192,19 @@ static void test_a_purpose_not_wanted_is_closed(void)
     pl_conn *ring = NULL;
     int rc = pl_mesh_accept(a.m, RING, 0, pl_now_ms() + 5000, &ring, err, sizeof err);
     pthread_join(d.th, NULL);
+    /* both handshakes may finish in one round, the ring's returned first: the copy's is
+     * then closed by the next accept */
+    pl_conn *none = NULL;
+    const int rc2 = pl_mesh_accept(a.m, RING, 0, pl_now_ms() + 300, &none, err, sizeof err);
     const int copy_closed = closed_by_peer(d.c[0], 2000);
     for (int i = 0; i < d.n; i++) pl_conn_close(d.c[i]);
     pl_conn_close(ring);
     node_close(&a);
     CHECK_EQ_INT(rc, 0);
+    CHECK_EQ_INT(rc2, PL_COMM_ETIMEOUT);
     CHECK(copy_closed);
-    CHECK_STR_CONTAINS(a.log, "layer copy connection from peer");
-    CHECK_STR_CONTAINS(a.log, "not wanted now");
+    CHECK_STR_CONTAINS(a.all, "layer copy connection from peer");
+    CHECK_STR_CONTAINS(a.all, "not wanted now");
 }
 
 static void test_timeouts_name_the_last_refusal(void)
