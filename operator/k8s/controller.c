@@ -23,6 +23,7 @@
 #include "kube_requests.h"
 #include "kube_watch.h"
 #include "oplog.h"
+#include "plan_status.h"
 #include "util.h"
 #include "workqueue.h"
 
@@ -334,24 +335,6 @@ static void fail_job(pl_controller *c, cjob *j, const char *reason, const char *
 
 /* ------------------------------------------------------------------ status */
 
-/* status.plan: the stable plan, what a new leader resumes from. */
-static void add_plan(cJSON *s, pl_coord *co)
-{
-    const char *names[PL_PROTO_MAX_NODES];
-    int64_t mb;
-    if (pl_coord_plan_pipeline(co, 0, names, 1, &mb) < 0) return;
-    cJSON *plan = cJSON_AddObjectToObject(s, "plan");
-    cJSON_AddNumberToObject(plan, "generation", (double)pl_coord_generation(co));
-    cJSON *pipes = cJSON_AddArrayToObject(plan, "pipelines");
-    int n;
-    for (int q = 0; (n = pl_coord_plan_pipeline(co, q, names, PL_PROTO_MAX_NODES, &mb)) >= 0; q++) {
-        cJSON *p = cJSON_CreateObject();
-        cJSON_AddItemToObject(p, "nodes", cJSON_CreateStringArray(names, n));
-        cJSON_AddNumberToObject(p, "microbatches", (double)mb);
-        cJSON_AddItemToArray(pipes, p);
-    }
-}
-
 /* What the workers' duties add to the status: the newest validation loss
  * (status.lastValidation), and once the profile a worker measured (status.profile: a new
  * leader plans from it instead of measuring again; merge patches keep it). */
@@ -441,7 +424,7 @@ static cJSON *status_json(pl_controller *c, cjob *j)
         }
         cJSON_AddNumberToObject(s, "samplesPerSecond", round(sps * 10) / 10);
         cJSON_AddNumberToObject(s, "planGeneration", (double)pl_coord_generation(co));
-        add_plan(s, co);
+        cJSON_AddItemToObject(s, "plan", pl_plan_status_json(co)); /* a new leader's */
         int nr = pl_coord_nreconfigs(co);
         cJSON_AddNumberToObject(s, "reconfigurations", j->reconfigs_before + nr);
         if (nr > 0) {
@@ -1009,8 +992,10 @@ static void first_look(pl_controller *c, cjob *j)
 
 /* A new leader (the Secret exists): the same control port (the Service's, which
  * the workers reconnect to), and, when the job was training, the plan of its
- * status to take over. */
-static void restore_config(pl_controller *c, cjob *j, pl_job_driver_config *rc, pl_msg *plan)
+ * status to take over (into plan; a plan that does not read is named, and the job
+ * starts afresh). */
+static void restore_config(pl_controller *c, cjob *j, pl_job_driver_config *rc,
+                           pl_plan_status *plan)
 {
     char svc[PL_NAME_LEN];
     pl_job_service_name(j->obj, svc, sizeof svc);
@@ -1026,34 +1011,19 @@ static void restore_config(pl_controller *c, cjob *j, pl_job_driver_config *rc, 
     const char *phase = pl_kube_field(j->obj, "status.phase");
     const cJSON *status = cJSON_GetObjectItem(j->obj, "status");
     const cJSON *sp = cJSON_GetObjectItem(status, "plan");
-    const cJSON *pipes = cJSON_GetObjectItem(sp, "pipelines"), *gen = cJSON_GetObjectItem(sp, "generation");
     const cJSON *step = cJSON_GetObjectItem(status, "step");
-    int n = cJSON_GetArraySize(pipes);
     if (!phase || !strcmp(phase, "Pending") || !strcmp(phase, "Succeeded") ||
-        !strcmp(phase, "Failed") || !strcmp(phase, "Suspended") || n < 1 ||
-        pl_json_int_or(gen, 0, PL_JSON_INT_MAX, -1) < 0)
+        !strcmp(phase, "Failed") || !strcmp(phase, "Suspended") || !sp)
         return;
-    pl_msg_plan *p = &plan->u.plan;
-    if (!(p->pipelines = calloc((size_t)n, sizeof *p->pipelines))) return;
-    p->npipelines = n;
-    for (int q = 0; q < n; q++) {
-        const cJSON *pj = cJSON_GetArrayItem(pipes, q), *nodes = cJSON_GetObjectItem(pj, "nodes");
-        const cJSON *mb = cJSON_GetObjectItem(pj, "microbatches");
-        pl_msg_pipeline *mp = &p->pipelines[q];
-        int k = cJSON_GetArraySize(nodes);
-        if (k < 1 || pl_json_int_or(mb, 1, PL_JSON_INT_MAX, 0) < 1 || !(mp->nodes = calloc((size_t)k, sizeof *mp->nodes)))
-            return;
-        mp->nnodes = mp->template_nodes = k;
-        mp->microbatches = pl_json_int_or(mb, 1, PL_JSON_INT_MAX, 1);
-        for (int i = 0; i < k; i++) {
-            const cJSON *nm = cJSON_GetArrayItem(nodes, i);
-            if (!cJSON_IsString(nm)) return;
-            snprintf(mp->nodes[i], sizeof mp->nodes[i], "%s", nm->valuestring);
-        }
+    char err[512];
+    if (pl_plan_status_read(sp, plan, err, sizeof err)) {
+        pl_log(PL_LOG_WARN, "%s: %s; starting a new plan", j->key, err);
+        event(c, j, "Warning", "BadStatusPlan", "TakeOver", "%s; starting a new plan", err);
+        return;
     }
-    rc->pipes = p->pipelines;
-    rc->npipes = n;
-    rc->generation = pl_json_int_or(gen, 0, PL_JSON_INT_MAX, 0);
+    rc->pipes = plan->pipes;
+    rc->npipes = plan->npipes;
+    rc->generation = plan->generation;
     rc->step = pl_json_int_or(step, 0, PL_JSON_INT_MAX, 0);
     const cJSON *nr = cJSON_GetObjectItem(status, "reconfigurations");
     j->reconfigs_before = (int)pl_json_int_or(nr, 0, INT_MAX, j->reconfigs_before);
@@ -1134,8 +1104,7 @@ static int start_runtime(pl_controller *c, cjob *j)
                                                                 : j->spec.nodes.min,
                                .start_grace_ms = START_GRACE_MS,
                                .port_base = c->cfg.port_base, .ports = PORT_RANGE};
-    pl_msg plan; /* its pipelines: the plan a new leader takes over */
-    pl_msg_init(&plan, PL_MSG_PLAN, 0);
+    pl_plan_status plan = {0}; /* the plan a new leader takes over */
     if (secret) restore_config(c, j, &rc, &plan);
     rc.profile_json = stored_profile(j);
     j->profile_saved = rc.profile_json != NULL;
@@ -1149,7 +1118,7 @@ static int start_runtime(pl_controller *c, cjob *j)
         pl_log(PL_LOG_INFO, "%s: taking over generation %lld at step %lld on port %d", j->key,
                (long long)rc.generation, (long long)rc.step, rc.port);
     }
-    pl_msg_free(&plan);
+    pl_plan_status_free(&plan);
     free(token);
     free(cert);
     free(key);

@@ -29,6 +29,8 @@ typedef struct {
     int64_t last_heard;
     int got_plan, copy_done, reported, reduced, committed, is_source;
     int restored, resumed;      /* in the restored plan; reconnected with hello_resume */
+    int ghost;     /* a restored failover's template names it, lost before this coordinator:
+                      a name only, which a worker registering is free to take */
     int64_t r_committed, r_reduced;
     double r_scale, r_lr;
     int pipe, pos; /* place in the current plan; pipe -1: idle */
@@ -532,12 +534,15 @@ static void set_place(pl_coord *c, int i, int q, int j)
 }
 
 /* NCCL when every worker of the current plan can run it on a GPU of its own (NCCL
- * refuses two ranks on one device), else TCP. */
+ * refuses two ranks on one device), else TCP. Workers not back (a restored plan's)
+ * count as able: a plan that may have run NCCL has no shadows to fail over from. */
 static int plan_transport(const pl_coord *c)
 {
     for (int q = 0; q < c->cur.npipes; q++)
         for (int j = 0; j < c->cur.p[q].nnodes; j++) {
             const cworker *w = &c->w[c->cur.p[q].w[j]];
+            if (!w->live)
+                continue;
             if (!w->nccl || !w->device[0])
                 return PL_TRANSPORT_TCP;
             for (int r = 0; r <= q; r++)
@@ -991,10 +996,15 @@ out:
  * own layers and the lost stage's, built locally from its engine and its shadow
  * (pl_layer_copy_local); neighbours and sync groups follow from the plan, the microbatches
  * stay, and the aborted step is redone (steps are atomic). Only for losses alone, from a
- * stable plan whose shadows are up. 0 done, 1 not possible, -1 out of memory. */
+ * stable plan whose shadows are up; without a loss (a restored plan resumed) a pipeline
+ * that failed over stays as it is, where re-instantiation would copy it back to its
+ * template's layout. 0 done, 1 not possible, -1 out of memory. */
 static int rc_failover(pl_coord *c, int nremoved, int nadded, cplan *np)
 {
-    if (!rc_active(c) || nadded || !nremoved)
+    int merged = 0;
+    for (int q = 0; q < c->stable.npipes; q++)
+        merged |= c->stable.p[q].layers != NULL;
+    if (!rc_active(c) || nadded || (!nremoved && !merged))
         return 1;
     char cause[sizeof c->cause];
     memcpy(cause, c->cause, sizeof cause);
@@ -1083,7 +1093,8 @@ static int reinstantiate(pl_coord *c, int f, const char **rm, int nrm, const cha
     const char **dep = calloc((size_t)c->nw + 1, sizeof *dep);
     const char **zoned = calloc((size_t)c->nw + 1, sizeof *zoned);
     int *zid = calloc((size_t)c->nw + 1, sizeof *zid);
-    int ok = cur.pipelines && rm2 && dep && zoned && zid, nrm2 = nrm;
+    char(*alias)[16] = calloc((size_t)c->nw + 1, sizeof *alias);
+    int ok = cur.pipelines && rm2 && dep && zoned && zid && alias, nrm2 = nrm;
     for (int k = 0; ok && k < nrm; k++)
         rm2[k] = rm[k];
     for (int q = 0; ok && q < c->stable.npipes; q++) {
@@ -1098,13 +1109,21 @@ static int reinstantiate(pl_coord *c, int f, const char **rm, int nrm, const cha
             int in_pipe = 0;
             for (int k = 0; k < sq->nnodes; k++)
                 in_pipe |= sq->w[k] == tw[j];
+            if (!in_pipe && c->w[tw[j]].live) {
+                /* a ghost's name that a new worker took (it is added): the lost place
+                 * is named as no worker can be ('~' is not a name's character) */
+                snprintf(alias[tw[j]], sizeof alias[0], "~%d", tw[j]);
+                cur.pipelines[q].nodes[j] = alias[tw[j]];
+            }
             if (!in_pipe)
-                rm2[nrm2++] = c->w[tw[j]].name;
+                rm2[nrm2++] = cur.pipelines[q].nodes[j];
         }
     }
-    for (int k = 0; ok && k < nrm2; k++) /* their notice lets them send still */
-        if (c->w[find(c, rm2[k])].departing)
+    for (int k = 0; ok && k < nrm2; k++) { /* their notice lets them send still */
+        const int i = find(c, rm2[k]);
+        if (i >= 0 && c->w[i].departing)
             dep[cur.ndeparting++] = rm2[k];
+    }
     cur.departing = dep;
     if (ok) { /* pl_reinstantiate places survivors and added workers by zone too */
         cur.nzones = zone_ids(c, zid);
@@ -1125,6 +1144,7 @@ static int reinstantiate(pl_coord *c, int f, const char **rm, int nrm, const cha
     free(dep);
     free(zoned);
     free(zid);
+    free(alias);
     if (rrc) {
         char why[700];
         snprintf(why, sizeof why, "re-instantiation failed: %s", ok ? e2 : "out of memory");
@@ -2082,6 +2102,30 @@ static int rejoin(pl_coord *c, int i, const char *host, int port, int64_t now_ms
     return PL_COORD_OK;
 }
 
+/* The slot of a new worker of that name: a ghost's (ghost ≥ 0; the failover's template
+ * keeps the slot as its lost place), else a new one, indexed. -1 out of memory. */
+static int new_slot(pl_coord *c, const char *name, int ghost)
+{
+    int i = ghost;
+    if (i < 0 && c->nw == c->capw) {
+        int cap = c->capw ? 2 * c->capw : 16;
+        cworker *x = realloc(c->w, (size_t)cap * sizeof *x);
+        if (!x)
+            return -1;
+        c->w = x;
+        c->capw = cap;
+    }
+    if (i < 0)
+        i = c->nw++;
+    memset(&c->w[i], 0, sizeof c->w[i]);
+    snprintf(c->w[i].name, sizeof c->w[i].name, "%s", name);
+    if (i != ghost && index_add(c, i)) {
+        c->nw--;
+        return -1;
+    }
+    return i;
+}
+
 int pl_coord_worker_registered(pl_coord *c, const char *name, const char *node,
                                const char *host, int port, int64_t now_ms)
 {
@@ -2121,7 +2165,7 @@ int pl_coord_worker_joined(pl_coord *c, const pl_coord_worker_info *wi, int64_t 
         note_checkpoint_report(&c->w[old], wi);
         return rejoin(c, old, host, port, now_ms);
     }
-    if (old >= 0)
+    if (old >= 0 && !c->w[old].ghost)
         return fail_err(c, "worker \"%s\" was removed from the job; use a new name", name);
     if (pl_coord_live_workers(c) >= PL_PROTO_MAX_NODES || c->nw >= PL_PROTO_MAX_RANK)
         return fail_err(c, "too many workers (%d)", PL_PROTO_MAX_NODES);
@@ -2129,22 +2173,10 @@ int pl_coord_worker_joined(pl_coord *c, const pl_coord_worker_info *wi, int64_t 
     if (cn && cn->until > now_ms)
         return fail_err(c, "node %s is kept out for %lld s more after %d failures", node,
                         (long long)((cn->until - now_ms + 999) / 1000), cn->failures);
-    if (c->nw == c->capw) {
-        int cap = c->capw ? 2 * c->capw : 16;
-        cworker *x = realloc(c->w, (size_t)cap * sizeof *x);
-        if (!x)
-            return fail_err(c, "out of memory");
-        c->w = x;
-        c->capw = cap;
-    }
-    int i = c->nw++;
-    cworker *w = &c->w[i];
-    memset(w, 0, sizeof *w);
-    snprintf(w->name, sizeof w->name, "%s", name);
-    if (index_add(c, i)) {
-        c->nw--;
+    int i = new_slot(c, name, old);
+    if (i < 0)
         return fail_err(c, "out of memory");
-    }
+    cworker *w = &c->w[i];
     snprintf(w->node, sizeof w->node, "%s", node);
     snprintf(w->host, sizeof w->host, "%s", host ? host : "127.0.0.1");
     w->rank = i;
@@ -2926,6 +2958,7 @@ static void resume_done(pl_coord *c)
     }
     if (committer >= 0)
         c->step = last + 1;
+    c->transport = plan_transport(c); /* a failover needs the shadows of TCP */
     if (c->cfg.resume_auto) { /* what a fatal loss would restart from */
         int nread, nerr, differ;
         const int64_t best = newest_reported(c, &nread, &nerr, &differ);
@@ -2936,7 +2969,130 @@ static void resume_done(pl_coord *c)
     replan(c);
 }
 
-int pl_coord_restore(pl_coord *c, int64_t generation, int64_t step, const pl_msg_pipeline *pipes,
+/* A restored failover's bounds and template workers: 0, or -1 and the error. */
+static int check_restored_failover(pl_coord *c, int q, const pl_coord_pipe *p)
+{
+    const int n = p->ntemplate;
+    if (!c->cfg.strategy_redundant || n <= p->nnodes || !p->template_nodes)
+        return fail_err(c, "restore: pipeline %d: layers: a failover's bounds need strategy "
+                        "redundant and template_nodes beyond the %d workers", q, p->nnodes);
+    for (int j = 0; j <= p->nnodes; j++) {
+        const int b = p->layers[j];
+        if ((!j && b) || (j && b <= p->layers[j - 1]) || (j == p->nnodes && b != c->nlayers))
+            return fail_err(c, "restore: pipeline %d: layers[%d]: %d (bounds rise from 0 to "
+                            "%d)", q, j, b, c->nlayers);
+    }
+    for (int j = 0; j < n; j++)
+        if (!p->template_nodes[j])
+            return fail_err(c, "restore: pipeline %d: template_nodes[%d]: no name", q, j);
+    for (int k = 0; k < p->nnodes; k++) {
+        int seen = 0;
+        for (int j = 0; p->nodes[k] && j < n; j++)
+            seen += !strcmp(p->nodes[k], p->template_nodes[j]);
+        if (seen != 1)
+            return fail_err(c, "restore: pipeline %d: template_nodes: nodes[%d] is there %d "
+                            "times, not once", q, k, seen);
+    }
+    return 0;
+}
+
+/* Pipeline q of a plan to restore, against the planner: 0, or -1 and the error. */
+static int check_restored(pl_coord *c, int q, const pl_coord_pipe *p)
+{
+    const int n = p->layers ? p->ntemplate : p->nnodes;
+    if (p->nnodes < 1 || p->nnodes > PL_PROTO_MAX_NODES || !p->nodes)
+        return fail_err(c, "restore: pipeline %d: nodes: %d workers", q, p->nnodes);
+    if (p->microbatches < 1 || p->microbatches > c->cfg.global_batch)
+        return fail_err(c, "restore: pipeline %d: microbatches: %lld, not 1..%lld", q,
+                        (long long)p->microbatches, (long long)c->cfg.global_batch);
+    if (!p->layers && (p->ntemplate || p->template_nodes))
+        return fail_err(c, "restore: pipeline %d: template_nodes without layers", q);
+    if (!pl_template_for(c->cfg.templates, n))
+        return fail_err(c, "restore: pipeline %d: %s: no template for %d workers", q,
+                        p->layers ? "template_nodes" : "nodes", n);
+    return p->layers ? check_restored_failover(c, q, p) : 0;
+}
+
+/* A worker of a plan to restore, at field[j] of pipeline q: registered, not live until it
+ * reconnects (a ghost: never). Its index, or -1 and the error. */
+static int restore_worker(pl_coord *c, int q, const char *field, int j, const char *name,
+                          int ghost)
+{
+    if (find(c, name) >= 0)
+        return fail_err(c, "restore: pipeline %d: %s[%d]: %s is listed twice", q, field, j,
+                        name);
+    if (pl_coord_worker_registered(c, name, NULL, NULL, 0, c->now) != PL_COORD_OK) {
+        char why[sizeof c->err];
+        memcpy(why, c->err, sizeof why);
+        return fail_err(c, "restore: pipeline %d: %s[%d]: %s", q, field, j, why);
+    }
+    cworker *w = &c->w[c->nw - 1];
+    w->live = 0;
+    w->restored = !ghost;
+    w->ghost = ghost;
+    return c->nw - 1;
+}
+
+/* Restored pipeline q's workers: 0, or -1 and the error. */
+static int restore_pipe(pl_coord *c, int q, const pl_coord_pipe *p, cpipe *cq)
+{
+    cq->mb = p->microbatches;
+    if (!(cq->w = malloc((size_t)p->nnodes * sizeof(int))))
+        return fail_err(c, "out of memory");
+    for (; cq->nnodes < p->nnodes; cq->nnodes++)
+        if ((cq->w[cq->nnodes] = restore_worker(c, q, "nodes", cq->nnodes,
+                                                p->nodes[cq->nnodes], 0)) < 0)
+            return -1;
+    return 0;
+}
+
+/* A restored failover's bounds and template workers, its lost ones as ghosts (after
+ * every pipeline's workers, so that a name of two pipelines is an error). 0, or -1. */
+static int restore_failover(pl_coord *c, int q, const pl_coord_pipe *p, cpipe *cq)
+{
+    cq->tn = p->ntemplate;
+    cq->tw = malloc((size_t)cq->tn * sizeof(int));
+    cq->layers = malloc(((size_t)cq->nnodes + 1) * sizeof(int));
+    if (!cq->tw || !cq->layers)
+        return fail_err(c, "out of memory");
+    memcpy(cq->layers, p->layers, ((size_t)cq->nnodes + 1) * sizeof(int));
+    for (int j = 0; j < cq->tn; j++) {
+        int i = -1;
+        for (int k = 0; k < cq->nnodes; k++)
+            if (!strcmp(c->w[cq->w[k]].name, p->template_nodes[j]))
+                i = cq->w[k];
+        if (i < 0 && (i = restore_worker(c, q, "template_nodes", j, p->template_nodes[j], 1)) < 0)
+            return -1;
+        cq->tw[j] = i;
+    }
+    return 0;
+}
+
+/* The restored plan p, checked, into c (its workers registered). 0, or -1 and the error. */
+static int restore_plan(pl_coord *c, const pl_coord_pipe *pipes, int npipes, cplan *p)
+{
+    int64_t mb = 0;
+    for (int q = 0; q < npipes; q++) {
+        if (check_restored(c, q, &pipes[q]))
+            return -1;
+        mb += pipes[q].microbatches;
+    }
+    if (mb * c->micro != c->cfg.global_batch)
+        return fail_err(c, "restore: microbatches: %lld of %d samples, the batch is %lld",
+                        (long long)mb, c->micro, (long long)c->cfg.global_batch);
+    if (!(p->p = calloc((size_t)npipes, sizeof *p->p)))
+        return fail_err(c, "out of memory");
+    p->npipes = npipes;
+    for (int q = 0; q < npipes; q++)
+        if (restore_pipe(c, q, &pipes[q], &p->p[q]))
+            return -1;
+    for (int q = 0; q < npipes; q++)
+        if (pipes[q].layers && restore_failover(c, q, &pipes[q], &p->p[q]))
+            return -1;
+    return 0;
+}
+
+int pl_coord_restore(pl_coord *c, int64_t generation, int64_t step, const pl_coord_pipe *pipes,
                      int npipes, int64_t resume_ms)
 {
     c->err[0] = 0;
@@ -2945,28 +3101,10 @@ int pl_coord_restore(pl_coord *c, int64_t generation, int64_t step, const pl_msg
     if (!c->have_planner)
         return fail_err(c, "restore: the plan needs the planner's profile (not measured yet)");
     cplan p = {0};
-    if (!(p.p = calloc((size_t)npipes, sizeof *p.p)))
-        return fail_err(c, "out of memory");
-    p.npipes = npipes;
     c->phase = PL_COORD_RESUMING; /* registering the plan's names must not plan */
-    for (int q = 0; q < npipes; q++) {
-        cpipe *cq = &p.p[q];
-        cq->mb = pipes[q].microbatches;
-        if (!(cq->w = malloc((size_t)pipes[q].nnodes * sizeof(int)))) {
-            cplan_free(&p);
-            return fail_err(c, "out of memory");
-        }
-        cq->nnodes = pipes[q].nnodes;
-        for (int j = 0; j < cq->nnodes; j++) {
-            if (pl_coord_worker_registered(c, pipes[q].nodes[j], NULL, NULL, 0, c->now) ==
-                PL_COORD_ERR) {
-                cplan_free(&p);
-                return PL_COORD_ERR;
-            }
-            cq->w[j] = c->nw - 1;
-            c->w[c->nw - 1].live = 0; /* until it reconnects */
-            c->w[c->nw - 1].restored = 1;
-        }
+    if (restore_plan(c, pipes, npipes, &p)) {
+        cplan_free(&p);
+        return PL_COORD_ERR;
     }
     /* the welcomes queued by registration are for nobody yet */
     for (int k = c->headout; k < c->nout; k++)
@@ -3043,6 +3181,19 @@ int pl_coord_plan_pipeline(const pl_coord *c, int q, const char **names, int max
     for (int j = 0; j < p->nnodes && j < max; j++)
         names[j] = c->w[p->w[j]].name;
     return p->nnodes;
+}
+
+int pl_coord_plan_failover(const pl_coord *c, int q, int *layers, const char **names, int max)
+{
+    if (!c->has_stable || q < 0 || q >= c->stable.npipes)
+        return -1;
+    const cpipe *p = &c->stable.p[q];
+    if (!p->layers)
+        return 0;
+    memcpy(layers, p->layers, ((size_t)p->nnodes + 1) * sizeof *layers);
+    for (int j = 0; j < p->tn && j < max; j++)
+        names[j] = c->w[p->tw[j]].name;
+    return p->tn;
 }
 
 /* Step s (c->step) may be committed without its messages: nothing its commit or the

@@ -279,16 +279,32 @@ int pl_coord_worker_lost(pl_coord *c, const char *name, const char *cause);
  * (pl_coord_step_deadline); fails the job after wait_for_nodes_ms without enough workers. */
 int pl_coord_tick(pl_coord *c, int64_t now_ms);
 
+/* A pipeline of the stable plan, as a new coordinator takes it over (pl_coord_restore)
+ * and as pl_coord_plan_pipeline and pl_coord_plan_failover read it. */
+typedef struct {
+    int nnodes;
+    const char *const *nodes; /* worker names, stage order */
+    int64_t microbatches;
+    /* strategy redundant, a pipeline that failed over (docs/redundant.md): its stage
+     * bounds (nnodes + 1) and its template's workers in the template's stage order, the
+     * lost ones included (ntemplate > nnodes); layers NULL: a template pipeline */
+    const int *layers;
+    int ntemplate;
+    const char *const *template_nodes;
+} pl_coord_pipe;
+
 /* A new coordinator (a new operator leader) takes over a running job
  * (docs/protocol.md "A restarted coordinator"): the last plan as the stable
- * one (workers named by pipeline, stage order), its generation, and a lower
- * bound of the next step. The plan's workers register again and send
- * hello_resume; once all are back, or resume_ms after the first call to
- * pl_coord_tick, the coordinator settles the step that was in flight (commit
- * it where some worker committed it, abort it where nobody did), then makes
- * generation + 1 from the stable plan without the missing workers. Only
- * before any worker registered. */
-int pl_coord_restore(pl_coord *c, int64_t generation, int64_t step, const pl_msg_pipeline *pipes,
+ * one (workers named by pipeline, stage order; a failed-over pipeline with its bounds
+ * and its template's workers), its generation, and a lower bound of the next step.
+ * The plan's workers register again and send hello_resume; once all are back, or
+ * resume_ms after the first call to pl_coord_tick, the coordinator settles the step
+ * that was in flight (commit it where some worker committed it, abort it where nobody
+ * did), then makes generation + 1 from the stable plan without the missing workers.
+ * A lost worker of a failed-over pipeline's template that registers again is a new
+ * worker joining. Only before any worker registered; a plan that the planner cannot
+ * hold (a field out of range, a worker listed twice) is an error naming it. */
+int pl_coord_restore(pl_coord *c, int64_t generation, int64_t step, const pl_coord_pipe *pipes,
                      int npipes, int64_t resume_ms);
 int pl_coord_hello_resume(pl_coord *c, const char *name, int64_t gen,
                           const pl_msg_hello_resume *h);
@@ -303,6 +319,11 @@ int pl_coord_set_zone(pl_coord *c, const char *name, const char *zone);
  * the count, or -1 past the last. */
 int pl_coord_plan_pipeline(const pl_coord *c, int q, const char **names, int max,
                            int64_t *microbatches);
+/* Strategy redundant: the stable plan's pipeline q after a failover, its stage bounds
+ * (nnodes + 1 into layers) and its template's workers, lost ones included (up to max
+ * names, pointers as above); the template's worker count, 0 for a template pipeline,
+ * -1 past the last. */
+int pl_coord_plan_failover(const pl_coord *c, int q, int *layers, const char **names, int max);
 
 /* Fast-forward for a simulation (`pliant simulate`), where steps between disruptions
  * run alike: in RUNNING, before any report of the step, with no membership change

@@ -51,7 +51,7 @@ typedef struct {
     const char *(*admit)(void *user, const char *name);
     void *user;
     /* a running plan to take over (a new operator leader; pl_coord_restore); npipes 0: none */
-    const pl_msg_pipeline *pipes;
+    const pl_coord_pipe *pipes;
     int npipes;
     int64_t generation, step;
     /* spec.profile auto: the profile a worker measured before (pl_job_driver_profile_json

@@ -10,6 +10,7 @@
 #include "check.h"
 #include "coordinator.h"
 #include "coverage.h"
+#include "plan_status.h"
 #include "training_schedule.h"
 #include "templates.h"
 
@@ -410,6 +411,51 @@ static int begin_run(sim *s, int64_t steps, int n)
     return drain(s);
 }
 
+/* A new coordinator takes s's job over from status.plan (plan_status.h, written and
+ * read back as text) with status.step `step`, and replaces s->c. 0, or -1. */
+static int take_over(sim *s, int64_t step)
+{
+    char err[256] = "";
+    cJSON *js = pl_plan_status_json(s->c);
+    char *text = js ? cJSON_PrintUnformatted(js) : NULL;
+    cJSON *back = text ? cJSON_Parse(text) : NULL;
+    pl_plan_status st = {0};
+    pl_coord *c2 = pl_coord_new(&s->cfg, err, sizeof err);
+    int rc = c2 && back && !pl_plan_status_read(back, &st, err, sizeof err) ? 0 : -1;
+    if (!rc && pl_coord_restore(c2, st.generation, step, st.pipes, st.npipes, 500)) {
+        snprintf(err, sizeof err, "%s", pl_coord_error(c2));
+        rc = -1;
+    }
+    if (rc)
+        printf("    take over: %s\n", err);
+    pl_plan_status_free(&st);
+    cJSON_Delete(back);
+    free(text);
+    cJSON_Delete(js);
+    if (rc) {
+        pl_coord_free(c2);
+        return -1;
+    }
+    pl_coord_free(s->c);
+    s->c = c2;
+    return pl_coord_phase(c2) == PL_COORD_RESUMING ? 0 : -1;
+}
+
+/* The live workers of s (but `skip`) register again and resume, their last step
+ * `committed`; 0, or -1. */
+static int resume_all(sim *s, int skip, int64_t committed)
+{
+    for (int w = 0; w < s->nw; w++) {
+        if (!s->live[w] || w == skip)
+            continue;
+        pl_msg_hello_resume h = {committed, 0.5, 1e-3, -1};
+        if (pl_coord_worker_registered(s->c, nm(w), NULL, NULL, 0, 10) != PL_COORD_OK ||
+            pl_coord_hello_resume(s->c, nm(w), s->gen, &h) == PL_COORD_ERR)
+            return -1;
+    }
+    return drain(s);
+}
+
 static void test_kill_mid_step(void)
 {
     sim s;
@@ -597,6 +643,121 @@ static void test_redundant_failover_of_the_first_stage(void)
     const pl_coord_reconfig_rec *r = pl_coord_reconfig(s.c, 0);
     CHECK(r && r->bytes_planned == 0 && !r->from_checkpoint && strstr(r->cause, "failover"));
     CHECK(run_step(&s, 1) == 0);
+    sim_free(&s);
+}
+
+/* A redundant run whose stage 1 (the victim, of pipeline q) failed over and ran step 1
+ * under the merged plan: 0, or -1. */
+static int redundant_failed_over(sim *s, int *victim, int *q)
+{
+    if ((*victim = redundant_run_victim(s, 1, q)) < 0)
+        return -1;
+    if (pl_coord_worker_lost(s->c, nm(*victim), "closed connection") != PL_COORD_OK)
+        return -1;
+    s->live[*victim] = 0;
+    if (drain(s))
+        return -1;
+    all_copy_done(s);
+    return drain(s) || run_step(s, 1) ? -1 : 0;
+}
+
+/* Every copy of the current plan goes to worker `to`, from worker `from`: the copies'
+ * count, or -1. */
+static int copies_only(const sim *s, int to, int from)
+{
+    int n = 0;
+    for (int w = 0; w < s->nw; w++) {
+        const pl_msg_plan *p = &s->plan[w].u.plan;
+        if (s->live[w] && (s->plan[w].gen != s->gen || (w != to && p->ncopies)))
+            return -1;
+        for (int k = 0; s->live[w] && w == to && k < p->ncopies; k++, n++)
+            if (widx(p->copies[k].source) != from)
+                return -1;
+    }
+    return n;
+}
+
+/* Strategy redundant, the operator leader changes during a failover: the new coordinator
+ * takes over the merged plan from status.plan (its bounds and its template's workers)
+ * and resumes it as it was, every worker on the layers it holds: nothing copied, no
+ * checkpoint. A join then restores the template's layout, the new worker in the lost
+ * one's place, its layers from the failover holder (docs/redundant.md). */
+static void test_redundant_restore_resumes_a_failover(void)
+{
+    sim s;
+    int victim, q;
+    const int rc = redundant_failed_over(&s, &victim, &q);
+    CHECK(rc == 0);
+    if (rc)
+        return;
+    const int n = s.plan[victim].u.plan.pipelines[q].nnodes;
+    const int vb = s.plan[victim].u.plan.you_layer_begin, ve = s.plan[victim].u.plan.you_layer_end;
+    const int holder = widx(s.plan[victim].u.plan.pipelines[q].nodes[0]);
+    int lb[MAXW], le[MAXW];
+    for (int w = 0; w < s.nw; w++) {
+        lb[w] = s.plan[w].u.plan.you_layer_begin;
+        le[w] = s.plan[w].u.plan.you_layer_end;
+    }
+    const int64_t g = s.gen;
+    CHECK(take_over(&s, 2) == 0);
+    CHECK(resume_all(&s, -1, 1) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
+    CHECK_EQ_INT(s.gen, g + 1);
+    for (int w = 0; w < s.nw; w++)
+        if (s.live[w]) {
+            const pl_msg_plan *p = &s.plan[w].u.plan;
+            CHECK(p->step == 2 && p->ncopies == 0 && p->nsends == 0 && !p->has_checkpoint);
+            CHECK(p->you_layer_begin == lb[w] && p->you_layer_end == le[w]);
+            CHECK_EQ_INT(p->pipelines[q].nnodes, n - 1);
+        }
+    const pl_coord_reconfig_rec *r = pl_coord_reconfig(s.c, 0);
+    CHECK(r && r->bytes_planned == 0 && !r->from_checkpoint);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 2) == 0);
+    CHECK_EQ_INT(pl_coord_worker_registered(s.c, "w6", NULL, NULL, 0, 20), PL_COORD_OK);
+    s.live[6] = 1;
+    s.nw = 7;
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 3) == 0);
+    const pl_msg_plan *jp = &s.plan[6].u.plan;
+    CHECK(jp->you_pipeline == q && jp->pipelines[q].nnodes == n);
+    CHECK(jp->you_layer_begin == vb && jp->you_layer_end == ve);
+    CHECK(copies_only(&s, 6, holder) >= ve - vb);
+    sim_free(&s);
+}
+
+/* A lost worker's name registering again: the live coordinator refuses it (the name is
+ * the lost worker's); a new coordinator that knows it only from a failover's template
+ * takes it as a new worker joining, not as the plan's member: its hello_resume is
+ * ignored and it gets the lost place's layers copied from the failover holder. */
+static void test_redundant_restore_a_lost_name_joins_anew(void)
+{
+    sim s;
+    int victim, q;
+    const int rc = redundant_failed_over(&s, &victim, &q);
+    CHECK(rc == 0);
+    if (rc)
+        return;
+    const int vb = s.plan[victim].u.plan.you_layer_begin, ve = s.plan[victim].u.plan.you_layer_end;
+    const int holder = widx(s.plan[victim].u.plan.pipelines[q].nodes[0]);
+    CHECK_EQ_INT(pl_coord_worker_registered(s.c, nm(victim), NULL, NULL, 0, 10), PL_COORD_ERR);
+    CHECK_STR_CONTAINS(pl_coord_error(s.c), "use a new name");
+    CHECK(take_over(&s, 2) == 0);
+    CHECK_EQ_INT(pl_coord_worker_registered(s.c, nm(victim), NULL, NULL, 0, 10), PL_COORD_OK);
+    pl_msg_hello_resume h = {1, 0.5, 1e-3, -1};
+    CHECK_EQ_INT(pl_coord_hello_resume(s.c, nm(victim), s.gen, &h), PL_COORD_IGNORED);
+    s.live[victim] = 1;
+    CHECK(resume_all(&s, victim, 1) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
+    const pl_msg_plan *vp = &s.plan[victim].u.plan;
+    CHECK(vp->you_pipeline == q && vp->you_layer_begin == vb && vp->you_layer_end == ve);
+    CHECK(copies_only(&s, victim, holder) >= ve - vb);
+    const pl_coord_reconfig_rec *r = pl_coord_reconfig(s.c, 0);
+    CHECK(r && !strcmp(r->added, nm(victim)) && !r->from_checkpoint);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 2) == 0);
     sim_free(&s);
 }
 
@@ -1277,15 +1438,8 @@ static void test_restore_after_coordinator_loss(void)
     CHECK(run_step(&s, 0) == 0);
     CHECK(run_step(&s, 1) == 0);
     int64_t g = s.gen;
-    const pl_msg_plan *old = &s.plan[0].u.plan;
     /* the new coordinator: status said step 1 (behind: 2 was committed to some) */
-    char err[256];
-    pl_coord *c2 = pl_coord_new(&s.cfg, err, sizeof err);
-    CHECK(c2 != NULL);
-    CHECK_EQ_INT(pl_coord_restore(c2, g, 1, old->pipelines, old->npipelines, 500), PL_COORD_OK);
-    CHECK_EQ_INT(pl_coord_phase(c2), PL_COORD_RESUMING);
-    pl_coord_free(s.c);
-    s.c = c2;
+    CHECK(take_over(&s, 1) == 0);
     CHECK(drain(&s) == 0);
     CHECK_EQ_INT(s.nm, 0);
     CHECK_EQ_INT(pl_coord_tick(s.c, 0), PL_COORD_IGNORED); /* starts the 500 ms wait */
@@ -2229,14 +2383,8 @@ static void test_restore_learns_the_checkpoint(void)
     sim s;
     CHECK(sim_checkpointed(&s, 9, 4, 2, 1) == 0);
     const char *n0[] = {"w0", "w1"}, *n1[] = {"w2", "w3"};
-    pl_msg_pipeline pipes[2] = {{.nnodes = 2, .template_nodes = 2, .microbatches = 8},
-                                {.nnodes = 2, .template_nodes = 2, .microbatches = 8}};
-    pipes[0].nodes = calloc(2, sizeof *pipes[0].nodes);
-    pipes[1].nodes = calloc(2, sizeof *pipes[1].nodes);
-    for (int j = 0; j < 2; j++) {
-        strcpy(pipes[0].nodes[j], n0[j]);
-        strcpy(pipes[1].nodes[j], n1[j]);
-    }
+    const pl_coord_pipe pipes[2] = {{.nnodes = 2, .nodes = n0, .microbatches = 8},
+                                    {.nnodes = 2, .nodes = n1, .microbatches = 8}};
     CHECK_EQ_INT(pl_coord_restore(s.c, 3, 5, pipes, 2, 500), PL_COORD_OK);
     for (int w = 0; w < 4; w++) {
         CHECK_EQ_INT(join_with_checkpoint(&s, w, 1, w == 3 ? 2 : 4, ""), PL_COORD_OK);
@@ -2249,8 +2397,6 @@ static void test_restore_learns_the_checkpoint(void)
     CHECK_EQ_INT(pl_coord_resume_step(s.c), -1); /* the job did not start from it */
     CHECK_EQ_INT(s.plan[0].u.plan.step, 5);
     CHECK(!s.plan[0].u.plan.has_checkpoint);
-    free(pipes[0].nodes);
-    free(pipes[1].nodes);
     sim_free(&s);
 }
 
@@ -2563,6 +2709,8 @@ RUN(test_three_steps);
 RUN(test_kill_mid_step);
 RUN(test_redundant_failover);
 RUN(test_redundant_failover_of_the_first_stage);
+RUN(test_redundant_restore_resumes_a_failover);
+RUN(test_redundant_restore_a_lost_name_joins_anew);
 RUN(test_loss_after_commit);
 RUN(test_leaving_at_boundary);
 RUN(test_join_and_heartbeats);
