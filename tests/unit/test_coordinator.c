@@ -2400,6 +2400,83 @@ static void test_restore_learns_the_checkpoint(void)
     sim_free(&s);
 }
 
+/* status.plan read back (plan_status.h): what does not read is an error naming the field. */
+static void test_plan_status_errors(void)
+{
+#define PIPE0 "{\"generation\":3,\"pipelines\":[{\"nodes\":[\"w0\",\"w1\"],\"microbatches\":8"
+    static const char *const bad[][2] = {
+        {"[]", "status.plan: must be an object"},
+        {"{\"pipelines\":[]}", "status.plan.generation: missing"},
+        {"{\"generation\":3,\"pipelines\":{}}", "status.plan.pipelines: must be an array"},
+        {PIPE0 "},7]}", "status.plan.pipelines[1]: must be an object"},
+        {"{\"generation\":3,\"pipelines\":[{\"nodes\":[\"\"],\"microbatches\":1}]}",
+         "status.plan.pipelines[0].nodes[0]: must be a worker name"},
+        {"{\"generation\":3,\"pipelines\":[{\"nodes\":[\"w0\"],\"microbatches\":0}]}",
+         "status.plan.pipelines[0].microbatches"},
+        {PIPE0 ",\"layers\":[0,3,6]}]}", "status.plan.pipelines[0].templateNodes: missing"},
+        {PIPE0 ",\"templateNodes\":[\"w0\"]}]}", "status.plan.pipelines[0].layers: missing"},
+        {PIPE0 ",\"layers\":[0,6],\"templateNodes\":[\"w0\"]}]}",
+         "status.plan.pipelines[0].layers: must be an array of 3"},
+        {PIPE0 ",\"layers\":[0,\"3\",6],\"templateNodes\":[\"w0\"]}]}",
+         "status.plan.pipelines[0].layers[1]"},
+        {PIPE0 ",\"layers\":[0,3,6],\"templateNodes\":[\"w0\",7]}]}",
+         "status.plan.pipelines[0].templateNodes[1]"},
+    };
+#undef PIPE0
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        char err[256] = "";
+        cJSON *js = cJSON_Parse(bad[k][0]);
+        pl_plan_status st;
+        CHECK(js != NULL);
+        CHECK_EQ_INT(pl_plan_status_read(js, &st, err, sizeof err), -1);
+        CHECK_STR_CONTAINS(err, bad[k][1]);
+        CHECK(st.pipes == NULL);
+        cJSON_Delete(js);
+    }
+}
+
+/* A plan to restore that the planner cannot hold is an error naming the field; a
+ * failover's bounds and template read as given. */
+static void test_restore_rejects_a_bad_plan(void)
+{
+    const char *a[] = {"w0", "w1"}, *b[] = {"w2", "w3"}, *dup[] = {"w1", "w2"};
+    const char *lost[] = {"w0", "w9", "w1"}, *other[] = {"w0", "w2", "w1"};
+    const char *without[] = {"w0", "w8", "w9"};
+    const int rising[] = {0, 3, L}, flat[] = {0, 4, 4};
+    static const struct {
+        int redundant;
+        const char *want;
+    } want[] = {{1, "pipeline 0: layers[2]: 4"},
+                {1, "pipeline 0: template_nodes: nodes[1] is there 0 times"},
+                {1, "pipeline 0: template_nodes[1]: w2 is listed twice"},
+                {0, "pipeline 1: nodes[0]: w1 is listed twice"},
+                {0, "restore: microbatches: 15"},
+                {0, "pipeline 0: layers: a failover's bounds need strategy redundant"},
+                {1, ""}};
+    const pl_coord_pipe cases[][2] = {{{2, a, 8, flat, 3, lost}, {2, b, 8, NULL, 0, NULL}},
+                                      {{2, a, 8, rising, 3, without}, {2, b, 8, NULL, 0, NULL}},
+                                      {{2, a, 8, rising, 3, other}, {2, b, 8, NULL, 0, NULL}},
+                                      {{2, a, 8, NULL, 0, NULL}, {2, dup, 8, NULL, 0, NULL}},
+                                      {{2, a, 8, NULL, 0, NULL}, {2, b, 7, NULL, 0, NULL}},
+                                      {{2, a, 8, rising, 3, lost}, {2, b, 8, NULL, 0, NULL}},
+                                      {{2, a, 8, rising, 3, lost}, {2, b, 8, NULL, 0, NULL}}};
+    for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
+        sim s;
+        sim_redundant = want[k].redundant;
+        CHECK(sim_init(&s, 9, 4) == 0);
+        sim_redundant = 0;
+        const int rc = pl_coord_restore(s.c, 3, 5, cases[k], 2, 500);
+        CHECK_EQ_INT(rc, want[k].want[0] ? PL_COORD_ERR : PL_COORD_OK);
+        CHECK_STR_CONTAINS(pl_coord_error(s.c), want[k].want);
+        int layers[3];
+        const char *names[3];
+        if (!want[k].want[0])
+            CHECK(pl_coord_plan_failover(s.c, 0, layers, names, 3) == 3 && layers[1] == 3 &&
+                  !strcmp(names[1], "w9") && pl_coord_plan_failover(s.c, 1, layers, names, 3) == 0);
+        sim_free(&s);
+    }
+}
+
 /* The checkpoint of the last step: nothing to train, the job is done at once. */
 static void test_resume_at_the_last_step(void)
 {
@@ -2746,6 +2823,8 @@ RUN(test_last_checkpoint_written_again);
 RUN(test_resume_from_the_workers);
 RUN(test_resume_at_the_last_step);
 RUN(test_restore_learns_the_checkpoint);
+RUN(test_plan_status_errors);
+RUN(test_restore_rejects_a_bad_plan);
 RUN(test_profiling_on_a_worker);
 RUN(test_profiling_failures);
 RUN(test_eval_aggregation);
