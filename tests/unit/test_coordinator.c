@@ -646,15 +646,26 @@ static void test_redundant_failover_of_the_first_stage(void)
     sim_free(&s);
 }
 
-/* A redundant run whose stage 1 (the victim, of pipeline q) failed over and ran step 1
- * under the merged plan: 0, or -1. */
-static int redundant_failed_over(sim *s, int *victim, int *q)
+/* The victim of a failover: its pipeline q (of n stages), its layers [vb, ve), and the
+ * stage that took them over. */
+typedef struct {
+    int victim, q, n, vb, ve, holder;
+} failed_over;
+
+/* A redundant run whose stage 1 (f's victim) failed over and ran step 1 under the merged
+ * plan: 0, or -1. */
+static int redundant_failed_over(sim *s, failed_over *f)
 {
-    if ((*victim = redundant_run_victim(s, 1, q)) < 0)
+    if ((f->victim = redundant_run_victim(s, 1, &f->q)) < 0)
         return -1;
-    if (pl_coord_worker_lost(s->c, nm(*victim), "closed connection") != PL_COORD_OK)
+    const pl_msg_plan *vp = &s->plan[f->victim].u.plan;
+    f->n = vp->pipelines[f->q].nnodes;
+    f->vb = vp->you_layer_begin;
+    f->ve = vp->you_layer_end;
+    f->holder = widx(vp->pipelines[f->q].nodes[0]);
+    if (pl_coord_worker_lost(s->c, nm(f->victim), "closed connection") != PL_COORD_OK)
         return -1;
-    s->live[*victim] = 0;
+    s->live[f->victim] = 0;
     if (drain(s))
         return -1;
     all_copy_done(s);
@@ -685,14 +696,8 @@ static int copies_only(const sim *s, int to, int from)
 static void test_redundant_restore_resumes_a_failover(void)
 {
     sim s;
-    int victim, q;
-    const int rc = redundant_failed_over(&s, &victim, &q);
-    CHECK(rc == 0);
-    if (rc)
-        return;
-    const int n = s.plan[victim].u.plan.pipelines[q].nnodes;
-    const int vb = s.plan[victim].u.plan.you_layer_begin, ve = s.plan[victim].u.plan.you_layer_end;
-    const int holder = widx(s.plan[victim].u.plan.pipelines[q].nodes[0]);
+    failed_over f;
+    CHECK(redundant_failed_over(&s, &f) == 0);
     int lb[MAXW], le[MAXW];
     for (int w = 0; w < s.nw; w++) {
         lb[w] = s.plan[w].u.plan.you_layer_begin;
@@ -708,7 +713,7 @@ static void test_redundant_restore_resumes_a_failover(void)
             const pl_msg_plan *p = &s.plan[w].u.plan;
             CHECK(p->step == 2 && p->ncopies == 0 && p->nsends == 0 && !p->has_checkpoint);
             CHECK(p->you_layer_begin == lb[w] && p->you_layer_end == le[w]);
-            CHECK_EQ_INT(p->pipelines[q].nnodes, n - 1);
+            CHECK_EQ_INT(p->pipelines[f.q].nnodes, f.n - 1);
         }
     const pl_coord_reconfig_rec *r = pl_coord_reconfig(s.c, 0);
     CHECK(r && r->bytes_planned == 0 && !r->from_checkpoint);
@@ -721,9 +726,9 @@ static void test_redundant_restore_resumes_a_failover(void)
     CHECK(drain(&s) == 0);
     CHECK(run_step(&s, 3) == 0);
     const pl_msg_plan *jp = &s.plan[6].u.plan;
-    CHECK(jp->you_pipeline == q && jp->pipelines[q].nnodes == n);
-    CHECK(jp->you_layer_begin == vb && jp->you_layer_end == ve);
-    CHECK(copies_only(&s, 6, holder) >= ve - vb);
+    CHECK(jp->you_pipeline == f.q && jp->pipelines[f.q].nnodes == f.n);
+    CHECK(jp->you_layer_begin == f.vb && jp->you_layer_end == f.ve);
+    CHECK(copies_only(&s, 6, f.holder) >= f.ve - f.vb);
     sim_free(&s);
 }
 
@@ -734,13 +739,9 @@ static void test_redundant_restore_resumes_a_failover(void)
 static void test_redundant_restore_a_lost_name_joins_anew(void)
 {
     sim s;
-    int victim, q;
-    const int rc = redundant_failed_over(&s, &victim, &q);
-    CHECK(rc == 0);
-    if (rc)
-        return;
-    const int vb = s.plan[victim].u.plan.you_layer_begin, ve = s.plan[victim].u.plan.you_layer_end;
-    const int holder = widx(s.plan[victim].u.plan.pipelines[q].nodes[0]);
+    failed_over f;
+    CHECK(redundant_failed_over(&s, &f) == 0);
+    const int victim = f.victim;
     CHECK_EQ_INT(pl_coord_worker_registered(s.c, nm(victim), NULL, NULL, 0, 10), PL_COORD_ERR);
     CHECK_STR_CONTAINS(pl_coord_error(s.c), "use a new name");
     CHECK(take_over(&s, 2) == 0);
@@ -751,8 +752,8 @@ static void test_redundant_restore_a_lost_name_joins_anew(void)
     CHECK(resume_all(&s, victim, 1) == 0);
     CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
     const pl_msg_plan *vp = &s.plan[victim].u.plan;
-    CHECK(vp->you_pipeline == q && vp->you_layer_begin == vb && vp->you_layer_end == ve);
-    CHECK(copies_only(&s, victim, holder) >= ve - vb);
+    CHECK(vp->you_pipeline == f.q && vp->you_layer_begin == f.vb && vp->you_layer_end == f.ve);
+    CHECK(copies_only(&s, victim, f.holder) >= f.ve - f.vb);
     const pl_coord_reconfig_rec *r = pl_coord_reconfig(s.c, 0);
     CHECK(r && !strcmp(r->added, nm(victim)) && !r->from_checkpoint);
     all_copy_done(&s);
