@@ -732,6 +732,35 @@ static void test_redundant_restore_resumes_a_failover(void)
     sim_free(&s);
 }
 
+/* Strategy redundant, a worker of the failed-over pipeline does not come back to the new
+ * coordinator: a loss of the restored plan, so its shadow holder fails over again from the
+ * merged bounds, nothing copied. */
+static void test_redundant_restore_without_a_worker_fails_over(void)
+{
+    sim s;
+    failed_over f;
+    CHECK(redundant_failed_over(&s, &f) == 0);
+    const pl_msg_plan *hp = &s.plan[f.holder].u.plan;
+    const int next = widx(hp->pipelines[f.q].nodes[1]), end = s.plan[next].u.plan.you_layer_end;
+    CHECK(take_over(&s, 2) == 0);
+    CHECK_EQ_INT(pl_coord_tick(s.c, 0), PL_COORD_IGNORED); /* starts the 500 ms wait */
+    CHECK(resume_all(&s, next, 1) == 0);
+    s.live[next] = 0;
+    pl_coord_tick(s.c, 600);
+    CHECK(drain(&s) == 0);
+    CHECK_EQ_INT(pl_coord_phase(s.c), PL_COORD_COPYING);
+    CHECK_EQ_INT(copies_only(&s, -1, -1), 0);
+    hp = &s.plan[f.holder].u.plan;
+    CHECK(hp->you_pipeline == f.q && hp->you_layer_begin == 0 && hp->you_layer_end == end);
+    CHECK(!hp->has_checkpoint && hp->pipelines[f.q].nnodes == f.n - 2);
+    const pl_coord_reconfig_rec *r = pl_coord_reconfig(s.c, 0);
+    CHECK(r && r->bytes_planned == 0 && strstr(r->cause, "failover"));
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 2) == 0);
+    sim_free(&s);
+}
+
 /* A lost worker's name registering again: the live coordinator refuses it (the name is
  * the lost worker's); a new coordinator that knows it only from a failover's template
  * takes it as a new worker joining, not as the plan's member: its hello_resume is
@@ -2788,6 +2817,7 @@ RUN(test_kill_mid_step);
 RUN(test_redundant_failover);
 RUN(test_redundant_failover_of_the_first_stage);
 RUN(test_redundant_restore_resumes_a_failover);
+RUN(test_redundant_restore_without_a_worker_fails_over);
 RUN(test_redundant_restore_a_lost_name_joins_anew);
 RUN(test_loss_after_commit);
 RUN(test_leaving_at_boundary);
