@@ -86,7 +86,7 @@ typedef struct {
                              next start_step: a failover's local source (Bamboo §5.2), and
                              the plan's shadow again where the owner says so */
     int have_shadow_src;
-    int64_t shadow_src_step;
+    int64_t shadow_src_step; /* its shadow_step */
     struct {              /* the shadow's costs so far, logged when the shadow goes */
         int steps;        /* steps with a shadow */
         double recv_ms;   /* its gradients received after the stage (worker_step.h) */

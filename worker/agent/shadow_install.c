@@ -146,9 +146,9 @@ static int ask_successor(agent *a, const pl_stage_link *l, int succ, char *err, 
     return send_ints(l, succ, REFRESH_ASK, ask, ASK_INTS, err, errlen);
 }
 
-/* The owner's side. Its engine holds the state after the plan's step - 1 (copied, kept or
+/* The owner's side. Its engine holds the state after the plan's step − 1 (copied, kept or
  * loaded: on_plan), like every replica of its layers (identical after each commit), so a
- * shadow of the same range at the same step holds its bytes, whoever filled it. */
+ * shadow of the same range with as many committed steps holds its bytes, whoever filled it. */
 static int serve_holder(agent *a, const pl_stage_link *l, int holder, int64_t step, char *err,
                         size_t errlen)
 {
