@@ -1050,6 +1050,25 @@ def redundant_unaffected_pipeline_keeps_its_shadows():
 
 
 @test
+def redundant_shadows_kept_over_the_wrap_take_over():
+    """Stage 1 of the 2-stage ring killed at step 3: its holder runs the whole model alone,
+    and the 3-stage pipeline's three stages keep their shadows (the first stage's on the
+    last, over the wrap). Then stage 0 of that pipeline is killed at step 6: the last stage
+    and stage 1 take over from the kept shadows (Bamboo §5.2). Every step once with train's
+    losses and samples."""
+    rows, rec, err = rc_chaos("rc-wrap", "kill:p1.1@step=3,kill:p0.0@step=6", 10)
+    check(len(rec) == 2 and all(r["bytes_copied"] == 0 and "failover" in r["cause"]
+                                for r in rec), "reconfigure lines: %s", rec)
+    first = shadow_lines(err, rec[0]["plan_generation"])
+    check(len(first) == 3 and all(v[3] for v in first.values()) and
+          sorted(v[0] for v in first.values()) == [0, 1, 2],
+          "generation %d's shadows: %s", rec[0]["plan_generation"], first)
+    takers = re.findall(r"failover: (\S+) runs", rec[1]["cause"])
+    check(len(takers) == 2 and set(takers) <= set(first), "second failover %s, kept %s",
+          rec[1], first)
+
+
+@test
 def redundant_first_stage_fails_over_over_the_ring():
     """Stage 0 of the 3-stage pipeline SIGKILLed when step 3 begins: its layers' shadow is
     on the last stage (Bamboo's ring, over the stage link's wrap), which becomes the first
