@@ -41,23 +41,26 @@ static int64_t redundant_ns(const pl_sim_costs *k, int nnodes, const int *layers
     return pl_sim_pipeline_ns(k, nnodes, layers, mb, 1);
 }
 
-static int64_t no_bytes(const pl_sim_costs *k, int node, int nnodes, const int *layers)
+static int no_shadow(int node, int nnodes, const int *layers, int *begin, int *end)
 {
     return 0;
 }
 
-/* Every plan fills the shadows anew: each node receives its successor's weights and AdamW
- * m, v over the stage link (docs/redundant.md "The shadow layers"). */
-static int64_t shadow_bytes(const pl_sim_costs *k, int node, int nnodes, const int *layers)
+/* Each node holds its successor's layers, with their AdamW m, v (docs/redundant.md "The
+ * shadow layers"). */
+static int successor_shadow(int node, int nnodes, const int *layers, int *begin, int *end)
 {
     const int succ = pl_rc_successor(node, nnodes);
-    return succ < 0 ? 0 : pl_sim_state_bytes(k, layers[succ], layers[succ + 1]);
+    if (succ < 0) return 0;
+    *begin = layers[succ];
+    *end = layers[succ + 1];
+    return 1;
 }
 
 static const pl_sim_strategy strategies[] = {
-    {"templates", PL_STRATEGY_TEMPLATES, templates_configure, plain_ns, no_bytes},
-    {"redundant", PL_STRATEGY_REDUNDANT, redundant_configure, redundant_ns, shadow_bytes},
-    {"checkpoint", PL_STRATEGY_TEMPLATES, checkpoint_configure, plain_ns, no_bytes},
+    {"templates", PL_STRATEGY_TEMPLATES, templates_configure, plain_ns, no_shadow},
+    {"redundant", PL_STRATEGY_REDUNDANT, redundant_configure, redundant_ns, successor_shadow},
+    {"checkpoint", PL_STRATEGY_TEMPLATES, checkpoint_configure, plain_ns, no_shadow},
 };
 #define NSTRATEGIES ((int)(sizeof strategies / sizeof strategies[0]))
 

@@ -2,7 +2,7 @@
  * between them, behind one interface. A strategy names the planner its templates come
  * from, sets the coordinator's recovery path (its configuration: the same state machine
  * `pliant run` drives), the time of a pipeline's step (the planner's cost model, plus the
- * strategy's own overhead) and what a worker receives at every plan beyond its copies.
+ * strategy's own overhead) and the shadow a worker holds beside its layers.
  * Strategies are static tables: nothing to free. */
 #ifndef PLIANT_SIM_STRATEGY_H
 #define PLIANT_SIM_STRATEGY_H
@@ -20,8 +20,9 @@ typedef struct {
     void (*configure)(pl_coord_config *cc);    /* the coordinator's recovery path */
     /* a step of the pipeline whose node j of nnodes runs [layers[j], layers[j + 1]) */
     int64_t (*pipeline_ns)(const pl_sim_costs *k, int nnodes, const int *layers, int64_t mb);
-    /* bytes node `node` of that pipeline receives at every plan beyond its copies */
-    int64_t (*plan_bytes)(const pl_sim_costs *k, int node, int nnodes, const int *layers);
+    /* the layers [*begin, *end) node `node` of that pipeline holds as its shadow (1), or
+     * none (0): what a plan refills unless the worker keeps it (sim_workers.c) */
+    int (*shadow)(int node, int nnodes, const int *layers, int *begin, int *end);
 } pl_sim_strategy;
 
 /* The strategy of that name, or NULL. */

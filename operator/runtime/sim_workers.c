@@ -72,8 +72,28 @@ static int push(pl_sim_workers *s, pl_sim_ev_kind kind, int node, int64_t t, int
     return pl_sim_queue_push(s->queue, e);
 }
 
+/* The bytes of w's shadow refill under plan p, as the worker decides (docs/redundant.md):
+ * the stable plan's shadow is kept when it holds the successor's range after the plan's
+ * step − 1, else the successor's state comes over the link. */
+static int64_t shadow_refill(const pl_sim_workers *s, pl_sim_worker *w, const pl_msg_plan *p)
+{
+    if (w->shadow.end && !w->shadow_src.end) w->shadow_src = w->shadow;
+    if (p->has_checkpoint) w->shadow_src.end = 0;
+    w->shadow.end = 0;
+    int b, e;
+    if (p->you_pipeline < 0) return 0;
+    const pl_msg_pipeline *q = &p->pipelines[p->you_pipeline];
+    if (!s->strategy->shadow(p->you_stage, q->nnodes, q->layers, &b, &e)) return 0;
+    const pl_sim_shadow *src = &w->shadow_src;
+    const int kept = src->end && src->begin == b && src->end == e && src->step == p->step;
+    w->shadow = (pl_sim_shadow){b, e, p->step};
+    if (!kept) return pl_sim_state_bytes(s->costs, b, e);
+    w->shadow_src.end = 0;
+    return 0;
+}
+
 /* A plan: its place, then copy_done once its checkpoint is read and its layers copied
- * (with the strategy's own bytes, e.g. shadows, which copy_done does not count). */
+ * (with its shadow's refill, which copy_done does not count). */
 static int on_plan(pl_sim_workers *s, int node, const pl_msg *m, int64_t now)
 {
     const pl_msg_plan *p = &m->u.plan;
@@ -85,11 +105,10 @@ static int on_plan(pl_sim_workers *s, int node, const pl_msg *m, int64_t now)
     }
     w->step_ns = 0;
     w->layer_begin = w->layer_end = 0;
-    int64_t load = 0, bytes = 0, shadow = 0;
+    int64_t load = 0, bytes = 0;
     if (p->you_pipeline >= 0) {
         const pl_msg_pipeline *q = &p->pipelines[p->you_pipeline];
         w->step_ns = s->strategy->pipeline_ns(s->costs, q->nnodes, q->layers, q->microbatches);
-        shadow = s->strategy->plan_bytes(s->costs, p->you_stage, q->nnodes, q->layers);
         w->layer_begin = p->you_layer_begin;
         w->layer_end = p->you_layer_end;
         w->stage = p->you_stage;
@@ -99,6 +118,7 @@ static int on_plan(pl_sim_workers *s, int node, const pl_msg *m, int64_t now)
             load = pl_sim_storage_ns(s->costs, pl_sim_state_bytes(s->costs, w->layer_begin,
                                                                    w->layer_end));
     }
+    const int64_t shadow = shadow_refill(s, w, p);
     for (int i = 0; i < p->ncopies; i++) bytes += p->copies[i].bytes;
     int64_t copy = pl_sim_copy_ns(s->costs, bytes + shadow); /* the receiver's link */
     if (load > s->plan_load_ns) s->plan_load_ns = load;
@@ -125,10 +145,13 @@ int pl_sim_workers_deliver(pl_sim_workers *s, const char *to, const pl_msg *m, i
     case PL_MSG_START_STEP:
         if (!w->started) s->started[s->nstarted++] = node;
         w->started = 1;
+        w->shadow_src.end = 0;
         s->start_gen = m->gen;
         s->start_step = m->u.start_step.step;
         return 0;
-    case PL_MSG_COMMIT:
+    case PL_MSG_COMMIT: /* a shadow that missed an update is never kept */
+        if (w->shadow.end)
+            w->shadow.step = w->shadow.step == m->u.commit.step ? m->u.commit.step + 1 : -1;
         if (m->u.commit.save &&
             push(s, PL_SIM_EV_SAVED, node, now + save_ns(s, node), m->gen, m->u.commit.step + 1, 0))
             return -1;

@@ -4,8 +4,8 @@
  * coordinator sends (pl_coord_next) is delivered here; the answers become timed events
  * in the queue, which the simulator turns back into coordinator events
  * (pl_sim_workers_fire) when their time comes:
- *   plan        → copy_done after its checkpoint load + layer copies + the strategy's own
- *                 bytes (redundant: the shadow) (idle: at once)
+ *   plan        → copy_done after its checkpoint load + layer copies + the refill of its
+ *                 shadow where it cannot keep it (redundant) (idle: at once)
  *   start_step  → report + reduced at the end of the step, for every worker of the step at
  *                 once when the slowest pipeline is done (the step in flight:
  *                 pl_sim_workers_schedule, pl_sim_workers_step_done)
@@ -26,6 +26,13 @@
 
 typedef enum { PL_SIM_W_NONE = 0, PL_SIM_W_STARTING, PL_SIM_W_LIVE, PL_SIM_W_GONE } pl_sim_w_state;
 
+/* A shadow (strategy redundant): layers [begin, end) after `step` committed steps (−1:
+ * unknown); end 0: none. */
+typedef struct {
+    int begin, end;
+    int64_t step;
+} pl_sim_shadow;
+
 typedef struct {
     pl_sim_w_state state;
     int64_t step_ns;          /* its pipeline's step under its plan; 0: idle */
@@ -33,6 +40,8 @@ typedef struct {
     int stage;                /* its stage in its pipeline */
     int64_t work_ns;          /* its layers' compute for its pipeline's microbatches */
     int started;              /* start_step came since the last pl_sim_workers_schedule */
+    pl_sim_shadow shadow;     /* its plan's shadow, and the stable plan's until start_step, */
+    pl_sim_shadow shadow_src; /* as the worker keeps them (docs/redundant.md) */
 } pl_sim_worker;
 
 /* The step the workers run now: started at start_ns, its reports due at end_ns (the

@@ -1011,6 +1011,63 @@ def redundant_failover_takes_over_without_copies():
     check(rows[-1]["pipelines"] == "1x2+1x1", "pipelines %s", rows[-1]["pipelines"])
 
 
+def shadow_lines(err, gen):
+    """{worker: (stage, begin, end, kept)} of the shadow lines of plan generation gen."""
+    return {w: (int(s_), int(b), int(e), how == "kept")
+            for w, s_, b, e, how in re.findall(r"worker (\S+): generation %d: shadow of stage "
+                                               r"(\d+), layers \[(\d+), (\d+)\), (kept|refilled)"
+                                               % gen, err)}
+
+
+@test
+def redundant_unaffected_pipeline_keeps_its_shadows():
+    """Stage 1 of the 3-stage pipeline killed at step 3: its survivors fail over to a 2-stage
+    ring whose ranges changed, so both refill their shadows; the 2-stage pipeline's ranges
+    did not change, so its two stages keep theirs (0 bytes). Then stage 0 of that pipeline
+    is killed at step 6: its holder runs the whole model from the kept shadow, and the
+    3-stage pipeline's survivors, whose ranges stay, keep theirs. Every step once with
+    train's losses and samples: the kept shadows were their owners' bytes."""
+    rows, rec, err = rc_chaos("rc-keep", "kill:p0.1@step=3,kill:p1.0@step=6", 10)
+    check(len(rec) == 2 and all(r["bytes_copied"] == 0 and "failover" in r["cause"]
+                                for r in rec), "reconfigure lines: %s", rec)
+    fo, fo2 = rec
+    first = shadow_lines(err, fo["plan_generation"])
+    kept = sorted(w for w, v in first.items() if v[3])
+    refilled = sorted(w for w, v in first.items() if not v[3])
+    check(len(kept) == 2 and len(refilled) == 2, "generation %d's shadows: %s",
+          fo["plan_generation"], first)
+    check(re.search(r"failover: (\S+) runs", fo["cause"]).group(1) in refilled,
+          "the failover holder kept its shadow: %s %s", fo["cause"], first)
+    check(re.search(r"(%s): generation %d: .*, kept at step 3, 0 bytes" %
+                    ("|".join(kept), fo["plan_generation"]), err), "no kept line")
+    check(fo2["removed"][0] in kept and
+          re.search(r"failover: (\S+) runs", fo2["cause"]).group(1) in kept,
+          "second failover %s: not from a kept shadow %s", fo2, kept)
+    second = shadow_lines(err, fo2["plan_generation"])
+    check(sorted(second) == refilled and all(v[3] for v in second.values()),
+          "generation %d's shadows: %s", fo2["plan_generation"], second)
+    check("loaded from" not in err, "a checkpoint was read")
+
+
+@test
+def redundant_shadows_kept_over_the_wrap_take_over():
+    """Stage 1 of the 2-stage ring killed at step 3: its holder runs the whole model alone,
+    and the 3-stage pipeline's three stages keep their shadows (the first stage's on the
+    last, over the wrap). Then stage 0 of that pipeline is killed at step 6: the last stage
+    and stage 1 take over from the kept shadows (Bamboo §5.2). Every step once with train's
+    losses and samples."""
+    rows, rec, err = rc_chaos("rc-wrap", "kill:p1.1@step=3,kill:p0.0@step=6", 10)
+    check(len(rec) == 2 and all(r["bytes_copied"] == 0 and "failover" in r["cause"]
+                                for r in rec), "reconfigure lines: %s", rec)
+    first = shadow_lines(err, rec[0]["plan_generation"])
+    check(len(first) == 3 and all(v[3] for v in first.values()) and
+          sorted(v[0] for v in first.values()) == [0, 1, 2],
+          "generation %d's shadows: %s", rec[0]["plan_generation"], first)
+    takers = re.findall(r"failover: (\S+) runs", rec[1]["cause"])
+    check(len(takers) == 2 and set(takers) <= set(first), "second failover %s, kept %s",
+          rec[1], first)
+
+
 @test
 def redundant_first_stage_fails_over_over_the_ring():
     """Stage 0 of the 3-stage pipeline SIGKILLed when step 3 begins: its layers' shadow is

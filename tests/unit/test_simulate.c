@@ -2,7 +2,8 @@
  * survived with layer copies under templates; a fatal loss falling back to the checkpoint
  * after waiting for nodes; the checkpoint strategy redoing lost steps; the redundant
  * strategy failing over without copies, restoring on a join and falling back to
- * re-instantiation on two consecutive losses, and its step overhead; the same inputs
+ * re-instantiation on two consecutive losses, its step overhead and its shadows refilled
+ * only where a worker cannot keep its own; the same inputs
  * giving the same result; a zone's loss against placement by zone and by rank, and with
  * notice (one longer than a step, and one shorter); the node-count trace format; --scale; a job asking for fewer nodes than the
  * trace has (--sweep nodes=). */
@@ -11,6 +12,7 @@
 #include "check.h"
 #include "job_plan.h"
 #include "rc_plan.h"
+#include "sim_workers.h"
 #include "simulator.h"
 #include "spot_trace.h"
 
@@ -250,6 +252,61 @@ static void redundant_step_overhead(void)
     teardown(&f);
 }
 
+/* What a simulated worker's plan g at step `step` (stage 0 of a 2-node pipeline split at
+ * `cut`) costs it in copies: its copy_done's time from 0 (no install time). */
+static int64_t plan_copy_ns(pl_sim_workers *s, pl_sim_queue *q, int64_t g, int64_t step, int cut)
+{
+    pl_proto_name nodes[2] = {"node0", "node1"};
+    int layers[3] = {0, cut, L};
+    pl_msg_pipeline pipe = {.nnodes = 2, .nodes = nodes, .template_nodes = 2, .layers = layers,
+                            .microbatches = 1};
+    pl_msg m = {.type = PL_MSG_PLAN, .gen = g};
+    m.u.plan = (pl_msg_plan){.generation = g, .step = step, .npipelines = 1, .pipelines = &pipe,
+                             .you_layer_end = cut};
+    pl_sim_event e = {0};
+    if (pl_sim_workers_deliver(s, "node0", &m, 0) || !pl_sim_queue_pop(q, &e)) return -1;
+    return e.kind == PL_SIM_EV_COPY_DONE ? e.t_ns : -1;
+}
+
+/* A message of type to node0 (start_step, commit of `step`), its answer dropped. */
+static void deliver(pl_sim_workers *s, pl_sim_queue *q, int type, int64_t g, int64_t step)
+{
+    pl_msg m = {.type = type, .gen = g};
+    if (type == PL_MSG_COMMIT) m.u.commit.step = step;
+    else m.u.start_step.step = step;
+    pl_sim_event e;
+    CHECK(pl_sim_workers_deliver(s, "node0", &m, 0) == 0);
+    while (pl_sim_queue_pop(q, &e)) {}
+}
+
+/* Under redundant a worker refills its shadow only where it cannot keep it, as the worker
+ * does: a first plan, a changed successor range, a shadow that missed a commit. */
+static void redundant_refills_only_changed_shadows(void)
+{
+    fixture f;
+    CHECK(setup(&f, "redundant", 1, 10) == 0);
+    pl_sim_costs k = {.profile = &f.plan.prof, .templates = &f.plan.ts};
+    pl_sim_queue q;
+    pl_sim_queue_init(&q);
+    pl_sim_workers s;
+    CHECK(pl_sim_workers_init(&s, 2, &k, pl_sim_strategy_find("redundant"), &q) == 0);
+    s.w[0].state = PL_SIM_W_LIVE;
+    CHECK_EQ_INT(plan_copy_ns(&s, &q, 1, 0, 2), pl_sim_copy_ns(&k, pl_sim_state_bytes(&k, 2, L)));
+    deliver(&s, &q, PL_MSG_START_STEP, 1, 0);
+    deliver(&s, &q, PL_MSG_COMMIT, 1, 0);
+    CHECK_EQ_INT(plan_copy_ns(&s, &q, 2, 1, 2), 0);  /* same range, same step: kept */
+    deliver(&s, &q, PL_MSG_START_STEP, 2, 1);        /* aborted: nothing changed */
+    CHECK_EQ_INT(plan_copy_ns(&s, &q, 3, 1, 2), 0);
+    deliver(&s, &q, PL_MSG_START_STEP, 3, 1);        /* committed without this worker */
+    CHECK(plan_copy_ns(&s, &q, 4, 2, 2) > 0);
+    deliver(&s, &q, PL_MSG_START_STEP, 4, 2);
+    deliver(&s, &q, PL_MSG_COMMIT, 4, 2);
+    CHECK_EQ_INT(plan_copy_ns(&s, &q, 5, 3, 3), pl_sim_copy_ns(&k, pl_sim_state_bytes(&k, 3, L)));
+    pl_sim_workers_free(&s);
+    pl_sim_queue_free(&q);
+    teardown(&f);
+}
+
 static void notice_moves_out_without_loss(void)
 {
     fixture f;
@@ -405,6 +462,7 @@ TEST_MAIN_BEGIN
     RUN(checkpoint_strategy_redoes_work);
     RUN(redundant_fails_over_without_copies);
     RUN(redundant_step_overhead);
+    RUN(redundant_refills_only_changed_shadows);
     RUN(notice_moves_out_without_loss);
     RUN(zone_loss_and_placement);
     RUN(count_format);

@@ -355,6 +355,8 @@ static void on_commit(agent *a, const pl_msg *m)
         const double t0 = pl_now_ms();
         pl_worker_apply(&a->shadow, &w, (float)c->grad_scale, (int)c->step + 1);
         a->rc_stats.apply_ms += pl_now_ms() - t0;
+        /* a shadow that missed an update is refilled at the next plan, never kept */
+        a->shadow_step = a->shadow_step == c->step ? c->step + 1 : -1;
     }
 }
 

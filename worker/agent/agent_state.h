@@ -79,10 +79,14 @@ typedef struct {
     int have_src;    /* the next start_step (the coordinator's stable plan) */
     pl_engine shadow;     /* strategy redundant: the successor's layers (shadow.h) */
     int have_shadow;
+    int64_t shadow_step;  /* the committed steps in its state; −1: unknown (never kept) */
+    int64_t shadow_refill_bytes; /* received in the shadows' refills so far (the log) */
     pl_rc_layout rc;      /* the plan's redundant layout (PL_RC_NONE without shadows) */
     pl_engine shadow_src; /* the shadow of the plan before this one, kept like src until the
-                             next start_step: a failover's local source (Bamboo §5.2) */
+                             next start_step: a failover's local source (Bamboo §5.2), and
+                             the plan's shadow again where the owner says so */
     int have_shadow_src;
+    int64_t shadow_src_step; /* its shadow_step */
     struct {              /* the shadow's costs so far, logged when the shadow goes */
         int steps;        /* steps with a shadow */
         double recv_ms;   /* its gradients received after the stage (worker_step.h) */
@@ -152,10 +156,11 @@ void agent_teardown_links(agent *a);
 /* shadow_install.c: compute thread */
 
 /* Strategy redundant on the TCP transport (docs/redundant.md): after the plan's links are
- * up, the shadow engine of the successor's layers, filled with the successor's parameters
- * and AdamW m, v over the stage link (every stage sends its own to the stage that shadows
- * it), so that the shadow starts byte-identical to its owner. Sets a->rc; nothing without
- * strategy redundant, off the TCP transport or with one stage. 0, or -1 with err. */
+ * up, the shadow engine of the successor's layers: shadow_src kept when it holds the
+ * successor's range at the plan's step (the successor answers a request over the stage
+ * link), else a new one filled with the successor's parameters and AdamW m, v, so that the
+ * shadow starts byte-identical to its owner. Sets a->rc; nothing without strategy
+ * redundant, off the TCP transport or with one stage. 0, or -1 with err. */
 int agent_install_shadow(agent *a, const pl_msg_plan *p, char *err, size_t errlen);
 /* The stage at the other end of this stage's ring wrap (Bamboo §5.1: the last stage holds
  * the first's layers), or −1: strategy redundant with ≥ 3 stages, the first and the last
