@@ -122,6 +122,18 @@ static void start_save(agent *a, int64_t step)
 
 /* ---- steps ---- */
 
+/* Under mu, from another thread: the running step gives up within one layer's compute
+ * whatever it waits for (its engine skips the layers left, its stage link's waits and
+ * its all-reduce's connections fail at once, its NCCL world is aborted). */
+static void interrupt_step(agent *a, const char *why)
+{
+    atomic_store(&a->step_stop, 1);
+    a->abort_ms = pl_now_ms();
+    if (a->link) pl_tcp_link_abort(a->link, why);
+    pl_nccl_plan_abort(a->ncp, why);
+    for (int r = 0; a->conns && r < a->nranks; r++) pl_conn_shutdown(a->conns[r]);
+}
+
 /* Control thread, on `abort`: a step blocked on a dead peer's links fails now
  * instead of at its timeout; one not started yet is skipped. */
 static void abort_step(agent *a, int64_t gen, int64_t step)
@@ -130,13 +142,7 @@ static void abort_step(agent *a, int64_t gen, int64_t step)
     a->aborted_gen = gen;
     a->aborted_step = step;
     if (a->reduced_step == step) a->reduced_step = -1;
-    if (a->stepping && gen == a->gen) {
-        atomic_store(&a->step_stop, 1);
-        a->abort_ms = pl_now_ms();
-        if (a->link) pl_tcp_link_abort(a->link, "step aborted by the coordinator");
-        pl_nccl_plan_abort(a->ncp, "step aborted by the coordinator");
-        for (int r = 0; a->conns && r < a->nranks; r++) pl_conn_shutdown(a->conns[r]);
-    }
+    if (a->stepping && gen == a->gen) interrupt_step(a, "step aborted by the coordinator");
     pthread_mutex_unlock(&a->mu);
 }
 
@@ -469,13 +475,14 @@ static void on_message(pl_ctl_client *c, const pl_msg *m, void *user)
         if (m->type == PL_MSG_ABORT) abort_step(a, m->gen, m->u.abort_.step);
         if (m->type == PL_MSG_PLAN && m->gen > atomic_load(&a->newest_plan)) {
             atomic_store(&a->newest_plan, m->gen);
-            /* a copy or step blocked in the old plan's NCCL world gives up now, so that
-             * the compute thread gets to the new plan (TCP links time out or break) */
+            /* a copy, step or evaluation of the old plan gives up now, so that the
+             * compute thread gets to the new plan (the install's waits poll
+             * agent_superseded) */
             pthread_mutex_lock(&a->mu);
             a->plan_ms = pl_now_ms();
-            pl_nccl_plan_abort(a->ncp, "superseded by a newer plan");
-            if (a->evaluating && a->link) /* an evaluation waiting on a lost stage */
-                pl_tcp_link_abort(a->link, SUPERSEDED_MSG);
+            pl_nccl_plan_abort(a->ncp, SUPERSEDED_MSG);
+            if (a->stepping) interrupt_step(a, SUPERSEDED_MSG);
+            else if (a->evaluating && a->link) pl_tcp_link_abort(a->link, SUPERSEDED_MSG);
             pthread_mutex_unlock(&a->mu);
         }
         if (pl_msg_queue_push(a->queue, m)) fail(a, "control message", "out of memory");
@@ -694,16 +701,18 @@ static void control_loop(agent *a)
         pl_ctl_client_service(a->cli, 10);
 }
 
-/* Ends the compute thread: a step blocked on a stage neighbour is woken when the worker
- * fails; queued messages are dropped (done is set). */
+/* Ends the compute thread: a running step gives up whatever it waits for, and a link of
+ * an evaluation or a plan's NCCL world when the worker fails; queued messages are
+ * dropped (done is set). */
 static void stop_compute(agent *a, pthread_t th)
 {
+    pthread_mutex_lock(&a->mu);
+    if (a->stepping) interrupt_step(a, "worker exiting");
     if (atomic_load(&a->exit_code)) {
-        pthread_mutex_lock(&a->mu);
         if (a->link) pl_tcp_link_abort(a->link, "worker exiting");
         pl_nccl_plan_abort(a->ncp, "worker exiting");
-        pthread_mutex_unlock(&a->mu);
     }
+    pthread_mutex_unlock(&a->mu);
     atomic_store(&a->done, 1);
     pl_msg_queue_push_end(a->queue);
     pthread_join(th, NULL);
