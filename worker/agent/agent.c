@@ -480,9 +480,12 @@ static void on_message(pl_ctl_client *c, const pl_msg *m, void *user)
              * agent_superseded) */
             pthread_mutex_lock(&a->mu);
             a->plan_ms = pl_now_ms();
-            pl_nccl_plan_abort(a->ncp, SUPERSEDED_MSG);
-            if (a->stepping) interrupt_step(a, SUPERSEDED_MSG);
-            else if (a->evaluating && a->link) pl_tcp_link_abort(a->link, SUPERSEDED_MSG);
+            if (a->stepping) {
+                interrupt_step(a, SUPERSEDED_MSG);
+            } else {
+                pl_nccl_plan_abort(a->ncp, SUPERSEDED_MSG);
+                if (a->evaluating && a->link) pl_tcp_link_abort(a->link, SUPERSEDED_MSG);
+            }
             pthread_mutex_unlock(&a->mu);
         }
         if (pl_msg_queue_push(a->queue, m)) fail(a, "control message", "out of memory");
