@@ -424,6 +424,7 @@ static cJSON *status_json(pl_controller *c, cjob *j)
         }
         cJSON_AddNumberToObject(s, "samplesPerSecond", round(sps * 10) / 10);
         cJSON_AddNumberToObject(s, "planGeneration", (double)pl_coord_generation(co));
+        cJSON_AddNumberToObject(s, "coordinatorPort", pl_job_driver_port(j->rt));
         cJSON_AddItemToObject(s, "plan", pl_plan_status_json(co)); /* a new leader's */
         int nr = pl_coord_nreconfigs(co);
         cJSON_AddNumberToObject(s, "reconfigurations", j->reconfigs_before + nr);
@@ -515,7 +516,9 @@ static void update_job_metrics(pl_controller *c, cjob *j)
  * with a status write; before it, so that /metrics agrees once the status shows). */
 static int write_status(pl_controller *c, cjob *j)
 {
-    if (!j->obj) return 0;
+    /* not before the first reconcile took the status up (first_look): a new leader
+     * would write its empty view (phase Pending) over the job's */
+    if (!j->obj || !(j->have_spec || j->invalid)) return 0;
     if (j->rt && j->have_spec) /* the samples spec.cost prices */
         j->samples = (double)pl_coord_step(pl_job_driver_coord(j->rt)) * j->spec.batch.global;
     update_phase_gauges(c);
@@ -990,36 +993,48 @@ static void first_look(pl_controller *c, cjob *j)
     }
 }
 
-/* A new leader (the Secret exists): the same control port (the Service's, which
- * the workers reconnect to), and, when the job was training, the plan of its
- * status to take over (into plan; a plan that does not read is named, and the job
- * starts afresh). */
-static void restore_config(pl_controller *c, cjob *j, pl_job_driver_config *rc,
-                           pl_plan_status *plan)
+/* The control port the job's Service names (0 when it has none: 404), or -1 when the
+ * API server did not answer (the caller retries: a new port would strand the workers). */
+static int service_port(pl_controller *c, cjob *j)
 {
     char svc[PL_NAME_LEN];
     pl_job_service_name(j->obj, svc, sizeof svc);
     pl_kube_ref r = job_ref(j, PL_REQ_SERVICE_GET, svc);
     pl_kube_status st;
     cJSON *service = NULL;
-    if (API(c, SERVICE_GET, pl_kube_get(c->api, &r, NULL, &service, &st), &st)) return;
+    if (API(c, SERVICE_GET, pl_kube_get(c->api, &r, NULL, &service, &st), &st)) {
+        if (st.http == 404) return 0;
+        pl_log(PL_LOG_WARN, "%s: service %s: %s", j->key, svc, st.message);
+        return -1;
+    }
     const cJSON *port = cJSON_GetObjectItem(
         cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(service, "spec"), "ports"), 0),
         "port");
-    rc->port = (int)pl_json_int_or(port, 0, 65535, 0);
+    int n = (int)pl_json_int_or(port, 0, 65535, 0);
     cJSON_Delete(service);
+    return n;
+}
+
+/* A new leader (the Secret exists): the same control port (the Service's, which
+ * the workers reconnect to), and, when the job was training, the plan of its
+ * status to take over (into plan; a plan that does not read is named, and the job
+ * starts a new plan on the same port). -1 when the port is not known yet. */
+static int restore_config(pl_controller *c, cjob *j, pl_job_driver_config *rc,
+                          pl_plan_status *plan)
+{
+    if ((rc->port = service_port(c, j)) < 0) return -1;
     const char *phase = pl_kube_field(j->obj, "status.phase");
     const cJSON *status = cJSON_GetObjectItem(j->obj, "status");
     const cJSON *sp = cJSON_GetObjectItem(status, "plan");
     const cJSON *step = cJSON_GetObjectItem(status, "step");
     if (!phase || !strcmp(phase, "Pending") || !strcmp(phase, "Succeeded") ||
         !strcmp(phase, "Failed") || !strcmp(phase, "Suspended") || !sp)
-        return;
+        return 0;
     char err[512];
     if (pl_plan_status_read(sp, plan, err, sizeof err)) {
         pl_log(PL_LOG_WARN, "%s: %s; starting a new plan", j->key, err);
         event(c, j, "Warning", "BadStatusPlan", "TakeOver", "%s; starting a new plan", err);
-        return;
+        return 0;
     }
     rc->pipes = plan->pipes;
     rc->npipes = plan->npipes;
@@ -1028,6 +1043,34 @@ static void restore_config(pl_controller *c, cjob *j, pl_job_driver_config *rc,
     const cJSON *nr = cJSON_GetObjectItem(status, "reconfigurations");
     j->reconfigs_before = (int)pl_json_int_or(nr, 0, INT_MAX, j->reconfigs_before);
     snprintf(j->phase, sizeof j->phase, "%s", phase); /* no new Started event */
+    return 0;
+}
+
+/* The control port a job claims: its runtime's, else (not started by this process yet)
+ * the one its status recorded, unless it ended. */
+static int claimed_port(const cjob *j)
+{
+    if (j->rt) return pl_job_driver_port(j->rt);
+    const char *phase = pl_kube_field(j->obj, "status.phase");
+    if (phase && (!strcmp(phase, "Succeeded") || !strcmp(phase, "Failed"))) return 0;
+    const cJSON *port = cJSON_GetObjectItem(cJSON_GetObjectItem(j->obj, "status"),
+                                            "coordinatorPort");
+    return (int)pl_json_int_or(port, 0, 65535, 0);
+}
+
+typedef struct {
+    const pl_controller *c;
+    const cjob *self;
+} port_scan;
+
+/* pl_job_driver_config.port_taken: a new job never takes the port of another job that a
+ * new leader has not taken over yet (that job's workers dial it). */
+static int port_taken(void *ctx, int port)
+{
+    const port_scan *ps = ctx;
+    for (const cjob *o = ps->c->jobs; o; o = o->next)
+        if (o != ps->self && claimed_port(o) == port) return 1;
+    return 0;
 }
 
 /* A job's driver, started: NULL and err when the job cannot run. */
@@ -1037,6 +1080,36 @@ static pl_job_driver *start_driver(const pl_job_driver_config *cfg, char *err, s
     if (d && pl_job_driver_start(d, err, errlen)) {
         pl_job_driver_free(d);
         d = NULL;
+    }
+    return d;
+}
+
+/* The job's driver on rc's port: the plan rc takes over, or else (the coordinator
+ * refuses it) a new plan on the same port, which the workers dial. *wait when the port
+ * is still held by the process that led before: the caller tries again later, as a new
+ * port would strand the workers. */
+static pl_job_driver *take_over(pl_controller *c, cjob *j, pl_job_driver_config *rc,
+                                int *wait, char *err, size_t errlen)
+{
+    pl_job_driver *d = start_driver(rc, err, errlen);
+    if (!d && rc->port > 0 && pl_ctl_port_in_use(rc->bind_host, rc->port)) {
+        pl_log(PL_LOG_WARN, "%s: port %d is still in use; taking over later", j->key, rc->port);
+        if (strcmp(j->cond[0].reason, "PortInUse"))
+            event(c, j, "Warning", "PortInUse", "TakeOver",
+                  "control port %d is still in use; taking the job over once it is free",
+                  rc->port);
+        set_cond(j, "Created", 0, "PortInUse", "control port %d is still in use", rc->port);
+        *wait = 1;
+        return NULL;
+    }
+    if (!d && rc->npipes) {
+        pl_log(PL_LOG_WARN, "%s: %s; starting a new plan", j->key, err);
+        event(c, j, "Warning", "BadStatusPlan", "TakeOver", "%s; starting a new plan", err);
+        rc->npipes = 0;
+        d = start_driver(rc, err, errlen);
+    } else if (d && rc->npipes) {
+        pl_log(PL_LOG_INFO, "%s: taking over generation %lld at step %lld on port %d", j->key,
+               (long long)rc->generation, (long long)rc->step, rc->port);
     }
     return d;
 }
@@ -1104,26 +1177,22 @@ static int start_runtime(pl_controller *c, cjob *j)
                                                                 : j->spec.nodes.min,
                                .start_grace_ms = START_GRACE_MS,
                                .port_base = c->cfg.port_base, .ports = PORT_RANGE};
+    port_scan ps = {c, j};
+    rc.port_taken = port_taken;
+    rc.port_ctx = &ps;
     pl_plan_status plan = {0}; /* the plan a new leader takes over */
-    if (secret) restore_config(c, j, &rc, &plan);
+    char err[1024] = "";
+    int wait = secret && restore_config(c, j, &rc, &plan);
     rc.profile_json = stored_profile(j);
     j->profile_saved = rc.profile_json != NULL;
-    char err[1024] = "";
-    j->rt = text ? start_driver(&rc, err, sizeof err) : NULL;
-    if (!j->rt && rc.npipes) { /* cannot take over (the port is taken): start afresh */
-        pl_log(PL_LOG_WARN, "%s: %s; starting a new plan", j->key, err);
-        rc.npipes = rc.port = 0;
-        j->rt = start_driver(&rc, err, sizeof err);
-    } else if (j->rt && rc.npipes) {
-        pl_log(PL_LOG_INFO, "%s: taking over generation %lld at step %lld on port %d", j->key,
-               (long long)rc.generation, (long long)rc.step, rc.port);
-    }
+    if (!wait && text) j->rt = take_over(c, j, &rc, &wait, err, sizeof err);
     pl_plan_status_free(&plan);
     free(token);
     free(cert);
     free(key);
     free(text);
     cJSON_Delete(secret);
+    if (wait) return -1; /* again after the back-off */
     if (!j->rt) {
         /* a job the coordinator cannot run (a missing data file, no checkpoint to
          * resume): Failed, naming why */

@@ -6,6 +6,10 @@
 #include "ws_queue.h"
 
 #include <ctype.h>
+#include <errno.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -470,3 +474,22 @@ const char *pl_ctl_conn_name(const pl_ctl_conn *c) { return c->name; }
 int64_t pl_ctl_conn_last_heard_ms(const pl_ctl_conn *c) { return c->last_heard_ms; }
 void pl_ctl_conn_set_user(pl_ctl_conn *c, void *user) { c->user = user; }
 void *pl_ctl_conn_user(const pl_ctl_conn *c) { return c->user; }
+
+int pl_ctl_port_in_use(const char *host, int port)
+{
+    char service[16];
+    snprintf(service, sizeof service, "%d", port);
+    struct addrinfo hints = {.ai_flags = AI_PASSIVE | AI_NUMERICHOST | AI_NUMERICSERV,
+                             .ai_socktype = SOCK_STREAM},
+                    *res = NULL;
+    if (getaddrinfo(host, service, &hints, &res)) return 0;
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1, busy = 0;
+    if (fd >= 0) {
+        /* as the server binds: a connection in TIME_WAIT does not hold the port */
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        busy = bind(fd, res->ai_addr, res->ai_addrlen) != 0 && errno == EADDRINUSE;
+        close(fd);
+    }
+    freeaddrinfo(res);
+    return busy;
+}

@@ -52,6 +52,10 @@ pl_ctl_server *pl_ctl_server_create(const pl_ctl_server_config *cfg, char *err, 
  * removes a generated certificate. NULL is fine. */
 void pl_ctl_server_destroy(pl_ctl_server *s);
 
+/* 1 when a socket of this network namespace already listens on host:port (numeric host;
+ * another process, e.g. an operator leader still exiting), else 0 (free, or unknown). */
+int pl_ctl_port_in_use(const char *host, int port);
+
 /* Serves network events for up to timeout_ms (0: do not wait), then closes
  * connections that did not register in time. Returns 0, -1 on a fatal error. */
 int pl_ctl_server_service(pl_ctl_server *s, int timeout_ms);

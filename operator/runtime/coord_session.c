@@ -110,6 +110,11 @@ pl_coord_session *pl_coord_session_new(const pl_coord_session_config *cfg, char 
     int tries = sc.port > 0 && cfg->ports > 1 ? cfg->ports : 1;
     for (int k = 0; k < tries && !s->srv; k++) {
         sc.port = cfg->server.port > 0 ? cfg->server.port + k : 0;
+        if (tries > 1 && cfg->port_taken && cfg->port_taken(cfg->port_ctx, sc.port)) {
+            pl_errf(err, errlen, "control server: ports %d to %d are all taken",
+                    cfg->server.port, cfg->server.port + tries - 1);
+            continue;
+        }
         s->srv = pl_ctl_server_create(&sc, err, errlen);
     }
     if (!s->srv) {

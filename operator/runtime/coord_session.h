@@ -23,6 +23,8 @@ typedef struct {
     void *user;
     pl_ctl_server_config server;  /* everything but the callbacks (the session's) */
     int ports;                    /* server.port > 0: try ports port .. port + ports − 1 */
+    int (*port_taken)(void *ctx, int port); /* of those, skip where nonzero (NULL: none) */
+    void *port_ctx;
 } pl_coord_session_config;
 
 pl_coord_session *pl_coord_session_new(const pl_coord_session_config *cfg, char *err,

@@ -148,7 +148,8 @@ static int start_server(pl_job_driver *d, char *err, size_t errlen)
                    .port = cfg->port ? cfg->port : cfg->port_base,
                    .cert_path = d->tls.cert_path, .key_path = d->tls.key_path,
                    .token = d->token, .token_len = strlen(d->token)},
-        .ports = cfg->port == 0 && cfg->port_base > 0 ? cfg->ports : 1};
+        .ports = cfg->port == 0 && cfg->port_base > 0 ? cfg->ports : 1,
+        .port_taken = cfg->port_taken, .port_ctx = cfg->port_ctx};
     return (d->session = pl_coord_session_new(&sc, err, errlen)) ? 0 : -1;
 }
 

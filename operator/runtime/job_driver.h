@@ -44,6 +44,11 @@ typedef struct {
     const char *cert_host;      /* the address workers dial, put in a fresh certificate */
     int port;                   /* > 0: this port; 0: the first free one of */
     int port_base, ports;       /*   port_base .. port_base + ports − 1, any free one when 0 */
+    /* while the first free port is chosen (pl_job_driver_start only): nonzero for a port
+     * that another owner claims though nothing listens on it yet (another job's Service
+     * names it), skipped; NULL: none */
+    int (*port_taken)(void *ctx, int port);
+    void *port_ctx;
     const char *token;          /* the job token; NULL: a fresh one */
     const char *cert_pem;       /* certificate and key to serve (a new operator leader */
     const char *key_pem;        /*   reuses the Secret's); NULL: a fresh self-signed pair */

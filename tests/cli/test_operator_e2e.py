@@ -1184,7 +1184,9 @@ def leader_failover_continues_training():
     """two operators with --leader-elect; SIGKILL of the Lease holder
     mid-training: the other takes the Lease over and training continues on the same
     worker Pods (no new Pod, no container restart), status.step never goes back by
-    more than the in-flight step, the job succeeds."""
+    more than the in-flight step, the job succeeds. A job created while no operator
+    leads (named to come first) starts on a port of its own: the running job keeps
+    the control port its workers dial."""
     if state["op"] is not None:     # it watches namespace default only, but leave the field to the pair
         state["op"].stop()
     ensure_crd()
@@ -1221,8 +1223,11 @@ def leader_failover_continues_training():
     check(code == 503 and "does not lead" in body, "the follower's dashboard: %s %s", code, body[:300])
     s_kill = status_of("ha", "ha").get("step") or 0
     check(s_kill < steps * 0.8, "step %s of %d before the failover: raise the steps", s_kill, steps)
+    port = status_of("ha", "ha").get("coordinatorPort")
+    check(port, "status.coordinatorPort %r", port)
     t_kill = time.monotonic()
     pair[leader].kill()
+    apply(job_manifest("a-new", 30, ns="ha", max_=1, tolerate=0))
     other = other_of(leader)
     wait_for("%s to take the Lease over" % other, lambda: holder() == other, 60, 0.2, alive=ops_dead)
     wait_for("the new leader %s to rewrite the EndpointSlice" % other,
@@ -1235,6 +1240,11 @@ def leader_failover_continues_training():
                 stall=90)
     st = wait_status("ha", "Succeeded", succeeded, 150, ns="ha", stall=60)
     check(st.get("step") == steps, "final status.step %s", st.get("step"))
+    check(st.get("coordinatorPort") == port, "status.coordinatorPort %r after the failover, %r before",
+          st.get("coordinatorPort"), port)
+    new = wait_status("a-new", "Succeeded", succeeded, 90, ns="ha", stall=60)
+    check(new.get("coordinatorPort") not in (None, port), "the new job's coordinatorPort %r (the other's %r)",
+          new.get("coordinatorPort"), port)
     # the new leader's page: the job from where it took it over
     check(st.get("dashboard") == "/jobs/ha/ha/", "status.dashboard %r", st.get("dashboard"))
     evs = feed_events(pair[other], "/jobs/ha/ha/")
