@@ -83,6 +83,7 @@ typedef struct cjob {
     int64_t start_ms, end_ms;   /* startTime and completionTime on pl_now_ms()'s clock */
     char start_time[40], completion_time[40], last_ckpt_time[40], last_reconfig_time[40];
     int profile_saved;          /* status.profile holds the profile a worker measured */
+    int restart_workers;        /* a new plan without takeover: workers' state is not its */
     int64_t node_ms;            /* node time of worker Pods' running intervals that ended */
     double samples;             /* committed samples (step × batch.global), the latest known */
     struct cjob *next;
@@ -1015,6 +1016,17 @@ static int service_port(pl_controller *c, cjob *j)
     return n;
 }
 
+/* The plan of a training job's status cannot be taken over: a new plan, on new workers
+ * (those running hold the state of a plan the new coordinator does not know, and would
+ * take its first plan for an old one), from the newest checkpoint. */
+static void bad_status_plan(pl_controller *c, cjob *j, const char *why)
+{
+    pl_log(PL_LOG_WARN, "%s: %s; restarting the workers from the newest checkpoint", j->key, why);
+    event(c, j, "Warning", "BadStatusPlan", "TakeOver",
+          "%s; restarting the workers from the newest checkpoint", why);
+    j->restart_workers = 1;
+}
+
 /* A new leader (the Secret exists): the same control port (the Service's, which
  * the workers reconnect to), and, when the job was training, the plan of its
  * status to take over (into plan; a plan that does not read is named, and the job
@@ -1028,12 +1040,11 @@ static int restore_config(pl_controller *c, cjob *j, pl_job_driver_config *rc,
     const cJSON *sp = cJSON_GetObjectItem(status, "plan");
     const cJSON *step = cJSON_GetObjectItem(status, "step");
     if (!phase || !strcmp(phase, "Pending") || !strcmp(phase, "Succeeded") ||
-        !strcmp(phase, "Failed") || !strcmp(phase, "Suspended") || !sp)
+        !strcmp(phase, "Failed") || !strcmp(phase, "Suspended"))
         return 0;
-    char err[512];
-    if (pl_plan_status_read(sp, plan, err, sizeof err)) {
-        pl_log(PL_LOG_WARN, "%s: %s; starting a new plan", j->key, err);
-        event(c, j, "Warning", "BadStatusPlan", "TakeOver", "%s; starting a new plan", err);
+    char err[512] = "status.plan: missing";
+    if (!sp || pl_plan_status_read(sp, plan, err, sizeof err)) {
+        bad_status_plan(c, j, err);
         return 0;
     }
     rc->pipes = plan->pipes;
@@ -1085,7 +1096,7 @@ static pl_job_driver *start_driver(const pl_job_driver_config *cfg, char *err, s
 }
 
 /* The job's driver on rc's port: the plan rc takes over, or else (the coordinator
- * refuses it) a new plan on the same port, which the workers dial. *wait when the port
+ * refuses it) a new plan on the same port, which new workers dial. *wait when the port
  * is still held by the process that led before: the caller tries again later, as a new
  * port would strand the workers. */
 static pl_job_driver *take_over(pl_controller *c, cjob *j, pl_job_driver_config *rc,
@@ -1103,8 +1114,7 @@ static pl_job_driver *take_over(pl_controller *c, cjob *j, pl_job_driver_config 
         return NULL;
     }
     if (!d && rc->npipes) {
-        pl_log(PL_LOG_WARN, "%s: %s; starting a new plan", j->key, err);
-        event(c, j, "Warning", "BadStatusPlan", "TakeOver", "%s; starting a new plan", err);
+        bad_status_plan(c, j, err);
         rc->npipes = 0;
         d = start_driver(rc, err, errlen);
     } else if (d && rc->npipes) {
@@ -1496,6 +1506,10 @@ static int reconcile(pl_controller *c, cjob *j)
         return -1;
     }
     if (!j->rt) return write_status(c, j); /* it cannot start: Failed */
+    if (j->restart_workers) { /* bad_status_plan */
+        if (clean_pods(c, j, "All")) return -1;
+        j->restart_workers = 0;
+    }
     if (ensure_network(c, j) || fence_lost(c, j) || ensure_pods(c, j) || prune_finished(c, j)) {
         if (j->status_dirty) write_status(c, j); /* a FailedCreate condition shows at once */
         return -1;

@@ -14,6 +14,7 @@ each job's EndpointSlice with address 127.0.0.1 and a NetworkPolicy per job).
   dashboard_serves_each_job_on_the_leader       status.dashboard, the page and its feed, the final page
   deleted_worker_pod_is_replaced_without_restart     a Pod deleted mid-training
   deleted_node_loses_two_pods_without_restart        a Node deleted (F = 2, 5 Pods)
+  unreadable_status_plan_restarts_the_workers   status.plan emptied under a killed operator
   invalid_spec_gets_a_failed_condition          specs beyond the schema
   api_faults_are_retried                        injected 500/409/timeouts and a forced re-list
   foreign_secret_is_not_reused                  a <job>-pliant Secret the job does not own: SecretConflict
@@ -761,6 +762,32 @@ def deleted_worker_pod_is_replaced_without_restart():
           e2e.metric_sum(samples, "pliant_recovery_seconds_bucket") is not None,
           "no pliant_recovery_seconds histogram samples:\n%s", text[:1500])
     check(op.alive(), "the operator exited")
+
+
+@e2e_test("operator", jobs=["badplan"])
+def unreadable_status_plan_restarts_the_workers():
+    """The operator killed mid-training and status.plan emptied before the next one
+    starts: it cannot take the plan over, says so (Warning Event BadStatusPlan naming the
+    field), replaces the worker Pods (their state belongs to a plan it does not know) and
+    trains from the start on the job's port; the job succeeds with every step."""
+    op = operator()
+    steps = long_steps(20)
+    apply(job_manifest("badplan", steps))
+    st = wait_status("badplan", "status.step >= %d" % (steps // 8), step_at_least(steps // 8), 60)
+    port = st.get("coordinatorPort")
+    before = sorted(p["metadata"]["name"] for p in pods_now("badplan"))
+    op.kill()
+    emu().ok("PATCH", tj_path("badplan") + "/status", {"status": {"plan": {"pipelines": []}}},
+             content_type="application/merge-patch+json")
+    operator()
+    st = wait_status("badplan", "Succeeded", succeeded, 150, stall=60)
+    check(st.get("step") == steps and st.get("coordinatorPort") == port,
+          "final status.step %s of %d, coordinatorPort %s (%s before)", st.get("step"), steps,
+          st.get("coordinatorPort"), port)
+    bad = [ev.get("note") or "" for ev in job_events("badplan") if ev.get("reason") == "BadStatusPlan"]
+    check(bad and "status.plan.pipelines" in bad[0], "BadStatusPlan Events %s", bad)
+    after = [n for n in job_pods("badplan") if n not in before]
+    check(len(after) >= 3, "worker Pods %s after the new operator, %s before", after, before)
 
 
 @e2e_test("operator", jobs=["silent"])
