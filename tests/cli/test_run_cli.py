@@ -1011,6 +1011,26 @@ def redundant_failover_takes_over_without_copies():
     check(rows[-1]["pipelines"] == "1x2+1x1", "pipelines %s", rows[-1]["pipelines"])
 
 
+@test
+def redundant_pure_data_parallel_loses_a_replica_without_copies():
+    """strategy redundant (eager) on one-stage pipelines, 3 workers (3x1): every worker's
+    whole model is the replica of its peers' (Bamboo §4, "Support for Pure Data
+    Parallelism"), so no shadow is held; SIGKILL of w1 at step 3 gives its microbatches to
+    the two survivors (2x1, over-batching): no byte copied, no checkpoint, every step once
+    with train's losses and samples."""
+    job = write_job("rc-dp", steps=8, global_=6,
+                    extra="  faultTolerance: {strategy: redundant, redundantForward: eager}\n")
+    m, out, err = run_chaos(job, 3, "kill:1@step=3")
+    rows = metrics(m)
+    check_steps_match(rows, reference(reference_job("rc-dp", 8, global_=6)), 8)
+    rec = events(m, "reconfigure")
+    check(len(rec) == 1 and rec[0]["bytes_copied"] == 0 and rec[0]["from_checkpoint"] is False and
+          rec[0]["pipelines"] == "2x1", "reconfigure: %s", rec)
+    check(rows[0]["pipelines"] == "3x1", "pipelines %s", rows[0]["pipelines"])
+    check("shadow of stage" not in err and "loaded from" not in err, "a shadow or a checkpoint: %s",
+          err[-2000:])
+
+
 def shadow_lines(err, gen):
     """{worker: (stage, begin, end, kept)} of the shadow lines of plan generation gen."""
     return {w: (int(s_), int(b), int(e), how == "kept")
