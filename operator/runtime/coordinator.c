@@ -344,6 +344,7 @@ static void checkpoint_failed(pl_coord *c, csaving *slot, const char *why);
 static void resave(pl_coord *c, csaving *slot);
 static csaving *saving_slot(pl_coord *c, int64_t step);
 static csaving *new_saving_slot(pl_coord *c, int64_t step);
+static void forget_saving_after(pl_coord *c, int64_t step);
 static void after_step(pl_coord *c);
 static void node_layers(const pl_coord *c, int n, int pos, int *begin, int *end);
 
@@ -1443,6 +1444,7 @@ static void install_plan(pl_coord *c, cplan *np, int64_t ckpt, ccopy *cp, int *n
     if (ckpt >= 0) {
         flush_eval(c); /* its steps are redone: evaluated again when they are */
         c->step = ckpt;
+        forget_saving_after(c, ckpt);
     }
     for (int i = 0; i < c->nw; i++) {
         cworker *w = &c->w[i];
@@ -2724,6 +2726,24 @@ int pl_coord_saved(pl_coord *c, const char *name, const pl_msg_saved *sv)
     slot->completing = 1; /* every layer is written: one worker writes checkpoint.json */
     ask_completion(c, slot);
     return PL_COORD_OK;
+}
+
+/* A restart from the checkpoint of `step`: the attempts at later checkpoints, failed with
+ * their writers or in flight, are void; those steps' checkpoints are written afresh when
+ * their commits come again (a failed slot left would ignore the new attempt's `saved`). */
+static void forget_saving_after(pl_coord *c, int64_t step)
+{
+    for (int k = 0; k < SAVING_SLOTS; k++)
+        if (c->saving[k].step > step) {
+            free(c->saving[k].covered);
+            memset(&c->saving[k], 0, sizeof c->saving[k]);
+        }
+    if (c->ckpt_writing > step)
+        c->ckpt_writing = 0;
+    c->ckpt_retry = 0;
+    for (int i = 0; i < c->nw; i++)
+        if (c->w[i].writing > step)
+            c->w[i].writing = 0;
 }
 
 /* Frees the slots of checkpoints up to `step` (complete, or given up). */

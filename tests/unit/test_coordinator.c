@@ -1244,6 +1244,10 @@ static void test_fatal_loss(void)
     all_copy_done(&s);
     CHECK(drain(&s) == 0);
     CHECK(run_step(&s, 1) == 0);
+    /* the checkpoint of step 2 is written afresh: the attempt its lost writers left
+     * (before the restart) does not swallow the new one's */
+    save_all(&s, 2, -1);
+    CHECK_EQ_INT(pl_coord_last_checkpoint(s.c), 2);
     sim_free(&s);
 }
 
@@ -1900,7 +1904,6 @@ static void test_checkpoint_completed_by_one_worker(void)
     CHECK_EQ_INT(pl_coord_on_msg(s.c, "w1", &done, 10), PL_COORD_OK);
     CHECK_EQ_INT(pl_coord_last_checkpoint(s.c), 1);
     CHECK_EQ_INT(pl_coord_checkpoint_done(s.c, "w1", 1, ""), PL_COORD_IGNORED); /* once */
-    CHECK_EQ_INT(pl_coord_checkpoint_failed(s.c, NULL), 0);
     /* the next checkpoint cannot be written */
     all_copy_done(&s);
     CHECK(drain(&s) == 0);
