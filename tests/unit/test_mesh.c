@@ -330,7 +330,7 @@ static void test_a_peer_at_an_older_plan_is_dialed_again(void)
 
 typedef struct {
     node n;
-    int rank;
+    int rank, nranks; /* nranks ≤ NR; the wrap only with 3 or more */
     const char *const *hosts;
     const int *ports;
     pl_conn *ring[NR];
@@ -344,14 +344,14 @@ static void *connect_main(void *arg)
     rank_job *j = arg;
     static const char *const names[NR] = {"w0", "w1", "w2"};
     static const unsigned char ring_all[NR] = {1, 1, 1};
-    const int me = j->rank;
+    const int me = j->rank, n = j->nranks;
     unsigned char ring[NR];
     memcpy(ring, ring_all, sizeof ring);
-    const pl_mesh_peers peers = {.nranks = NR, .names = names, .hosts = j->hosts,
+    const pl_mesh_peers peers = {.nranks = n, .names = names, .hosts = j->hosts,
                                  .ports = j->ports, .ring = ring,
                                  .link_prev = me > 0 ? me - 1 : -1,
-                                 .link_next = me + 1 < NR ? me + 1 : -1,
-                                 .link_wrap = me == 0 ? NR - 1 : me == NR - 1 ? 0 : -1};
+                                 .link_next = me + 1 < n ? me + 1 : -1,
+                                 .link_wrap = n < 3 ? -1 : me == 0 ? n - 1 : me == n - 1 ? 0 : -1};
     j->links.ring = j->ring;
     j->rc = pl_mesh_connect(j->n.m, &peers, 10000, &j->links, j->err, sizeof j->err);
     return NULL;
@@ -374,6 +374,7 @@ static void test_a_plans_connections(void)
         j[r].hosts = hosts;
         j[r].ports = ports;
         j[r].rank = r;
+        j[r].nranks = NR;
         pthread_create(&t[r], NULL, connect_main, &j[r]);
     }
     for (int r = 0; r < NR; r++) pthread_join(t[r], NULL);
@@ -631,13 +632,7 @@ static void *relay_main(void *arg)
 static void relay_start(relay *r, int target)
 {
     memset(r, 0, sizeof *r);
-    r->lfd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t sl = sizeof sa;
-    if (bind(r->lfd, (struct sockaddr *)&sa, sizeof sa) || listen(r->lfd, 8) ||
-        getsockname(r->lfd, (struct sockaddr *)&sa, &sl))
-        abort();
-    r->port = ntohs(sa.sin_port);
+    r->lfd = listen_loopback(&r->port);
     r->target = target;
     pthread_create(&r->th, NULL, relay_main, r);
 }
@@ -649,35 +644,26 @@ static void relay_end(relay *r)
     close(r->lfd);
 }
 
-typedef struct {
-    node n;
-    const char *const *hosts;
-    const int *ports;
-    pl_conn *ring[2];
-    int rc;
-    char err[256];
-} pair_job;
-
-/* Rank n's ring connection with the other of two ranks. */
-static void *pair_main(void *arg)
+/* The frame a sends on c is the one b receives on d: c and d are one connection. */
+static int one_connection(pl_conn *c, pl_conn *d)
 {
-    pair_job *j = arg;
-    static const unsigned char ring[2] = {1, 1};
-    const pl_mesh_peers peers = {.nranks = 2, .hosts = j->hosts, .ports = j->ports, .ring = ring,
-                                 .link_prev = -1, .link_next = -1, .link_wrap = -1};
-    pl_mesh_links links = {.ring = j->ring};
-    j->rc = pl_mesh_connect(j->n.m, &peers, 4000, &links, j->err, sizeof j->err);
-    return NULL;
+    pl_frame_hdr h;
+    char err[256], got[8] = "";
+    return c && d &&
+           pl_conn_send_frame(c, PL_FRAME_USER, 1, 0, "redial", 7, 1000, err, sizeof err) == 0 &&
+           pl_conn_recv_frame(d, &h, got, sizeof got, 1000, err, sizeof err) == 0 &&
+           !strcmp(got, "redial");
 }
 
-/* Rank 1 dials rank 0 through the relay; its first handshake's slice ends waiting for
- * rank 0's verdict, so it dials again. Rank 0 must keep the connection rank 1 keeps: the
- * frame one sends is the frame the other receives. (When the dialer sent its verdict
- * before the listener's came, rank 0 took the connection given up and left the plan: the
- * redial then waited for it until its timeout, 60 s in a worker.) */
+/* Rank 1 dials rank 0 (a ring connection, then a stage link) through the relay; its first
+ * handshake's slice ends waiting for rank 0's verdict, so it dials again. Rank 0 must keep
+ * the connections rank 1 keeps. (When the dialer sent its verdict before the listener's
+ * came, rank 0 took the connection given up: it closed the redial as a duplicate, or had
+ * its connections and left the plan, and the redial waited until its timeout, 60 s in a
+ * worker.) */
 static void test_a_redial_wins_over_the_handshake_it_gave_up(void)
 {
-    pair_job j[2];
+    rank_job j[2];
     for (int r = 0; r < 2; r++) {
         memset(&j[r], 0, sizeof j[r]);
         CHECK_EQ_INT(node_open(&j[r].n, r ? "w1" : "w0", r == 0, 7, r), 0);
@@ -690,27 +676,22 @@ static void test_a_redial_wins_over_the_handshake_it_gave_up(void)
     for (int r = 0; r < 2; r++) {
         j[r].hosts = hosts;
         j[r].ports = ports;
-        pthread_create(&t[r], NULL, pair_main, &j[r]);
+        j[r].rank = r;
+        j[r].nranks = 2;
+        pthread_create(&t[r], NULL, connect_main, &j[r]);
     }
     for (int r = 0; r < 2; r++) pthread_join(t[r], NULL);
-    int same = 0;
-    if (j[0].rc == 0 && j[1].rc == 0) {
-        pl_frame_hdr h;
-        char err[256], got[8] = "";
-        same = pl_conn_send_frame(j[1].ring[0], PL_FRAME_USER, 1, 0, "redial", 7, 1000, err,
-                                  sizeof err) == 0 &&
-               pl_conn_recv_frame(j[0].ring[1], &h, got, sizeof got, 1000, err, sizeof err) == 0 &&
-               !strcmp(got, "redial");
-    }
+    const int ok = j[0].rc == 0 && j[1].rc == 0 && one_connection(j[1].ring[0], j[0].ring[1]) &&
+                   one_connection(j[1].links.prev, j[0].links.next);
     for (int r = 0; r < 2; r++) {
         if (j[r].rc) printf("    rank %d: %s\n", r, j[r].err);
         pl_conn_close(j[r].ring[1 - r]);
+        pl_conn_close(r ? j[r].links.prev : j[r].links.next);
     }
     relay_end(&rl);
     for (int r = 0; r < 2; r++) node_close(&j[r].n);
-    CHECK(j[0].rc == 0 && j[1].rc == 0);
-    CHECK(same);
-    CHECK(rl.n >= 2); /* the redial came */
+    CHECK(ok);
+    CHECK(rl.n >= 3); /* the redial came */
 }
 
 TEST_MAIN_BEGIN
