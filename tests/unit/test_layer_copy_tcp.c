@@ -292,7 +292,8 @@ static void test_a_stop_ends_streams_on_a_stalled_peer(void)
         node *x = receive ? d : a;
         staller st = {.self = receive ? a : d, .peer = x, .dial = receive};
         const double ms = stopped_copy(x, &st);
-        if (x->rc == 0 || ms > 2000) printf("    %s: rc %d in %.0f ms: %s\n", x->name, x->rc, ms, x->err);
+        if (x->rc == 0 || ms > 2000)
+            printf("    %s: rc %d in %.0f ms: %s\n", x->name, x->rc, ms, x->err);
         CHECK(atomic_load(&st.connected));
         CHECK(x->rc != 0 && ms < 2000);
         CHECK_STR_CONTAINS(x->err, "layer copies stopped: a newer plan");

@@ -610,16 +610,17 @@ static void *relay_main(void *arg)
     relay *r = arg;
     while (!atomic_load(&r->end)) {
         struct pollfd pf[1 + 2 * 8] = {{.fd = r->lfd, .events = POLLIN}};
-        int side[2 * 8], nf = 1;
-        for (int i = 0; i < r->n; i++)
-            for (int k = 0; k < 2; k++)
-                if ((k ? r->h[i].sfd : r->h[i].cfd) >= 0) {
-                    side[nf - 1] = 2 * i + k;
-                    pf[nf++] = (struct pollfd){.fd = k ? r->h[i].sfd : r->h[i].cfd, .events = POLLIN};
-                }
+        int end[1 + 2 * 8]; /* 2 · hop + (1: the listener's side) */
+        int nf = 1;
+        for (int e = 0; e < 2 * r->n; e++) {
+            const int fd = e % 2 ? r->h[e / 2].sfd : r->h[e / 2].cfd;
+            if (fd < 0) continue;
+            end[nf] = e;
+            pf[nf++] = (struct pollfd){.fd = fd, .events = POLLIN};
+        }
         if (poll(pf, (nfds_t)nf, 20) <= 0) continue;
         for (int j = 1; j < nf; j++)
-            if (pf[j].revents) hop_pass(&r->h[side[j - 1] / 2], side[j - 1] % 2, side[j - 1] / 2 == 0);
+            if (pf[j].revents) hop_pass(&r->h[end[j] / 2], end[j] % 2, end[j] / 2 == 0);
         if ((pf[0].revents & POLLIN) && r->n < 8) {
             const int cfd = accept(r->lfd, NULL, NULL);
             r->h[r->n++] = (hop){.cfd = cfd, .sfd = connect_to(r->target)};

@@ -383,6 +383,8 @@ static int start_stage_link(agent *a, const pl_mesh_links *links, char *err, siz
     if (pl_tcp_link_create(&lc, &link, err, errlen)) return -1;
     pthread_mutex_lock(&a->mu);
     a->link = link;
+    /* a newer plan (or the exit) that came before found no link to abort (set_copy_stop) */
+    if (agent_superseded(a)) pl_tcp_link_abort(link, SUPERSEDED_MSG);
     pthread_mutex_unlock(&a->mu);
     return 0;
 }

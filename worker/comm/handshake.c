@@ -350,7 +350,8 @@ void pl_handshake_free(pl_handshake *h)
  * listener's side that it no longer holds. */
 static int may_send(const pl_handshake *h)
 {
-    return h->sent < h->len && !(h->role == ROLE_DIALER && h->phase == PH_VERDICT && h->got < h->len);
+    const int verdict_due = h->role != ROLE_DIALER || h->phase != PH_VERDICT || h->got == h->len;
+    return h->sent < h->len && verdict_due;
 }
 
 short pl_handshake_events(const pl_handshake *h)
