@@ -57,6 +57,7 @@ typedef struct {
     pl_msg_peer peers[NW];
     pl_layer_copy_result res;
     pl_layer_copy_stop *stop;
+    int fail_fill; /* filling what no copy brings fails */
     int rc;
     char err[1024];
 } node;
@@ -135,6 +136,12 @@ static void teardown(node *n)
     }
 }
 
+static int fill_fails(void *ctx, char *err, size_t errlen)
+{
+    (void)ctx;
+    return pl_errf(err, errlen, "filling failed");
+}
+
 static void *copy_main(void *arg)
 {
     node *x = arg;
@@ -142,7 +149,8 @@ static void *copy_main(void *arg)
     const pl_layer_copier c = pl_layer_copier_tcp(&tcp);
     const pl_layer_copy_job job = {.plan = &x->plan, .self = x->name, .cfg = config(),
                                    .src = x->has_src ? &x->src : NULL,
-                                   .dst = x->has_dst ? &x->dst : NULL};
+                                   .dst = x->has_dst ? &x->dst : NULL,
+                                   .fill_dst = x->fail_fill ? fill_fails : NULL};
     x->rc = c.copy(&c, &job, &x->res, x->err, sizeof x->err);
     return NULL;
 }
@@ -256,12 +264,12 @@ static void *stall_main(void *arg)
     return NULL;
 }
 
-/* x copies with its peer stalled (st); once its stream is open, a stop: the copy must
- * return at once, its threads joined, as stopped. The ms from the stop to the return. */
-static double stopped_copy(node *x, staller *st)
+/* x copies with its peer stalled (st); once its stream is open, a stop (stop = 1): the
+ * copy must return at once, its threads joined. The ms from the stop to the return. */
+static double stalled_copy(node *x, staller *st, int stop)
 {
     pthread_t th;
-    x->stop = pl_layer_copy_stop_new();
+    x->stop = stop ? pl_layer_copy_stop_new() : NULL;
     pthread_create(&st->th, NULL, stall_main, st);
     pthread_create(&th, NULL, copy_main, x);
     for (int i = 0; i < 500 && !atomic_load(&st->connected); i++) usleep(10 * 1000);
@@ -291,7 +299,7 @@ static void test_a_stop_ends_streams_on_a_stalled_peer(void)
         /* receiving: d waits for a's tensors; sending: a waits for d's request */
         node *x = receive ? d : a;
         staller st = {.self = receive ? a : d, .peer = x, .dial = receive};
-        const double ms = stopped_copy(x, &st);
+        const double ms = stalled_copy(x, &st, 1);
         if (x->rc == 0 || ms > 2000)
             printf("    %s: rc %d in %.0f ms: %s\n", x->name, x->rc, ms, x->err);
         CHECK(atomic_load(&st.connected));
@@ -302,8 +310,31 @@ static void test_a_stop_ends_streams_on_a_stalled_peer(void)
     }
 }
 
+/* d fails on its side (filling what no copy brings) while its receiver waits on a stalled
+ * source: the receiver's stream is shut down and the copy returns at once with the
+ * failure, no peer blamed (without, the receiver waited out PL_LAYER_COPY_TIMEOUT_MS). */
+static void test_a_failure_on_its_side_ends_the_other_streams(void)
+{
+    node n[NW];
+    char err[256];
+    int ok = setup(n, err, sizeof err) == 0;
+    CHECK(ok);
+    if (!ok) return;
+    node *a = &n[0], *d = &n[2];
+    add_copy(a, d, 1, 0, 1);
+    d->fail_fill = 1;
+    staller st = {.self = a, .peer = d, .dial = 1};
+    const double ms = stalled_copy(d, &st, 0); /* returned before the 200 ms were over */
+    CHECK(atomic_load(&st.connected));
+    CHECK(d->rc != 0 && ms < 2000);
+    CHECK_STR_CONTAINS(d->err, "filling failed");
+    CHECK_EQ_INT((int)strlen(d->res.failed_peer), 0);
+    teardown(n);
+}
+
 TEST_MAIN_BEGIN
 RUN(test_parts_from_several_sources);
 RUN(test_parts_not_covering_a_layer_fail_first);
 RUN(test_a_stop_ends_streams_on_a_stalled_peer);
+RUN(test_a_failure_on_its_side_ends_the_other_streams);
 TEST_MAIN_END
