@@ -5,7 +5,7 @@
  * sources hold different values, so every element must be its own part's source's, and
  * bytes_in the whole layers'. A plan whose parts do not cover a layer fails before
  * anything moves. A stop from another thread ends a copy whose peer stalls, sender or
- * receiver, at once. */
+ * receiver, at once; so does a failure on the copy's own side. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -285,35 +285,10 @@ static double stalled_copy(node *x, staller *st, int stop)
     return ms;
 }
 
-/* Without the stop each would wait PL_LAYER_COPY_TIMEOUT_MS for the stalled peer. */
-static void test_a_stop_ends_streams_on_a_stalled_peer(void)
-{
-    for (int receive = 0; receive <= 1; receive++) {
-        node n[NW];
-        char err[256];
-        int ok = setup(n, err, sizeof err) == 0;
-        CHECK(ok);
-        if (!ok) return;
-        node *a = &n[0], *d = &n[2];
-        add_copy(a, d, 1, 0, 1);
-        /* receiving: d waits for a's tensors; sending: a waits for d's request */
-        node *x = receive ? d : a;
-        staller st = {.self = receive ? a : d, .peer = x, .dial = receive};
-        const double ms = stalled_copy(x, &st, 1);
-        if (x->rc == 0 || ms > 2000)
-            printf("    %s: rc %d in %.0f ms: %s\n", x->name, x->rc, ms, x->err);
-        CHECK(atomic_load(&st.connected));
-        CHECK(x->rc != 0 && ms < 2000);
-        CHECK_STR_CONTAINS(x->err, "layer copies stopped: a newer plan");
-        CHECK_EQ_INT((int)strlen(x->res.failed_peer), 0);
-        teardown(n);
-    }
-}
-
-/* d fails on its side (filling what no copy brings) while its receiver waits on a stalled
- * source: the receiver's stream is shut down and the copy returns at once with the
- * failure, no peer blamed (without, the receiver waited out PL_LAYER_COPY_TIMEOUT_MS). */
-static void test_a_failure_on_its_side_ends_the_other_streams(void)
+/* a copies layer 1 to d, with the other end stalled: d receiving (a silent), or a sending
+ * (d silent). The copying end is stopped (stop), or fails filling what no copy brings (d
+ * only): either way it returns at once with err saying why, no peer blamed. */
+static void stalled_case(int receive, int stop, const char *why)
 {
     node n[NW];
     char err[256];
@@ -322,14 +297,30 @@ static void test_a_failure_on_its_side_ends_the_other_streams(void)
     if (!ok) return;
     node *a = &n[0], *d = &n[2];
     add_copy(a, d, 1, 0, 1);
-    d->fail_fill = 1;
-    staller st = {.self = a, .peer = d, .dial = 1};
-    const double ms = stalled_copy(d, &st, 0); /* returned before the 200 ms were over */
+    node *x = receive ? d : a;
+    x->fail_fill = !stop;
+    staller st = {.self = receive ? a : d, .peer = x, .dial = receive};
+    const double ms = stalled_copy(x, &st, stop); /* a failure: over before the 200 ms */
+    if (x->rc == 0 || ms > 2000)
+        printf("    %s: rc %d in %.0f ms: %s\n", x->name, x->rc, ms, x->err);
     CHECK(atomic_load(&st.connected));
-    CHECK(d->rc != 0 && ms < 2000);
-    CHECK_STR_CONTAINS(d->err, "filling failed");
-    CHECK_EQ_INT((int)strlen(d->res.failed_peer), 0);
+    CHECK(x->rc != 0 && ms < 2000);
+    CHECK_STR_CONTAINS(x->err, why);
+    CHECK_EQ_INT((int)strlen(x->res.failed_peer), 0);
     teardown(n);
+}
+
+/* Without the stop each would wait PL_LAYER_COPY_TIMEOUT_MS for the stalled peer. */
+static void test_a_stop_ends_streams_on_a_stalled_peer(void)
+{
+    stalled_case(1, 1, "layer copies stopped: a newer plan");
+    stalled_case(0, 1, "layer copies stopped: a newer plan");
+}
+
+/* Without, d's receiver waited out PL_LAYER_COPY_TIMEOUT_MS for the stalled source. */
+static void test_a_failure_on_its_side_ends_the_other_streams(void)
+{
+    stalled_case(1, 0, "filling failed");
 }
 
 TEST_MAIN_BEGIN
