@@ -6,6 +6,7 @@
  * Peers are threads of this process on 127.0.0.1. */
 #include "allreduce.h"
 #include "check.h"
+#include "loopback.h"
 #include "stage_link.h"
 #include "tcp.h"
 #include "util.h"
@@ -112,18 +113,6 @@ static int relay_frames(relay *r, buf *in, size_t *skip, int *index, buf *held, 
     return 0;
 }
 
-static int raw_connect(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
 /* The listener's bytes back to the client, as they come. */
 typedef struct {
     int from, to;
@@ -147,7 +136,7 @@ static void *pipe_main(void *arg)
 static void *relay_main(void *arg)
 {
     relay *r = arg;
-    int cfd = accept(r->lfd, NULL, NULL), sfd = cfd >= 0 ? raw_connect(r->target_port) : -1;
+    int cfd = accept(r->lfd, NULL, NULL), sfd = cfd >= 0 ? connect_to(r->target_port) : -1;
     buf in = {0}, held = {0};
     size_t skip = HANDSHAKE_BYTES;
     int index = 0;
@@ -174,13 +163,7 @@ static void *relay_main(void *arg)
 static void relay_start(relay *r, int target_port, relay_action action, int frame, size_t mac)
 {
     memset(r, 0, sizeof *r);
-    r->lfd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t sl = sizeof sa;
-    if (bind(r->lfd, (struct sockaddr *)&sa, sizeof sa) || listen(r->lfd, 4) ||
-        getsockname(r->lfd, (struct sockaddr *)&sa, &sl))
-        abort();
-    r->port = ntohs(sa.sin_port);
+    r->lfd = listen_loopback(&r->port);
     r->target_port = target_port;
     r->action = action;
     r->frame = frame;

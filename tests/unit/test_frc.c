@@ -4,8 +4,10 @@
  * losses and gradients are bitwise those of the same step without FRC; every
  * microbatch's FRC ran once; and each swapped-out result, swapped back into the shadow,
  * holds the successor's activations of that microbatch bit for bit (its output, and
- * with the head the probabilities), as one process computes them. */
+ * with the head the probabilities), as one process computes them. An abort of the step
+ * ends the FRC of every wait within the part running. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -212,8 +214,74 @@ static void test_shadow_with_the_embedding_needs_tokens(void)
     CHECK_STR_CONTAINS(err, "needs tokens");
 }
 
+/* ---- an abort during a fill: the stage engine's stop flag ends it within one part ---- */
+
+/* A wait that an abort interrupts: the first test sets the stop flag, and the message or
+ * the all-reduces never come. */
+static int abort_comes(void *ctx)
+{
+    atomic_store((atomic_int *)ctx, 1);
+    return 1;
+}
+
+static int never_ready(void *ctx, int peer, pl_link_kind kind, int mb)
+{
+    (void)peer, (void)kind, (void)mb;
+    return !abort_comes(ctx);
+}
+
+/* FRC parts run so far. */
+static int parts_run(const pl_frc *f)
+{
+    return f->next * pl_engine_forward_parts(f->shadow) + f->part;
+}
+
+/* Stage 1 of 2 shadows stage 0 (its FRC on the tokens: every input exists at once), with 6
+ * microbatches to fill with; fill = 0 the receive's wait, 1 the step end's, 2 the finish. */
+static int parts_after_abort(int fill)
+{
+    const pl_gpt_config *c = whole_model_config();
+    enum { NB = 6 };
+    char err[256] = "";
+    kn_ctx *k = kn_create("cpu", 1, err, sizeof err);
+    pl_engine e, sh;
+    pl_schedule s;
+    int32_t tok[NB * BT] = {0};
+    atomic_int stop = 0;
+    pl_schedule_1f1b(2, 1, NB, &s, err, sizeof err);
+    pl_engine_create(&e, k, c, 2, c->L + 2, B, T, s.nslots, err, sizeof err);
+    pl_shadow_create(&sh, k, c, 0, 2, B, T, err, sizeof err);
+    pl_engine_init_random(&sh, SEED);
+    e.stop = &stop;
+    pl_frc f;
+    int parts = -1;
+    if (pl_frc_begin(&f, &sh, &e, &s, tok, NULL, err, sizeof err) == 0) {
+        const pl_stage_link link = {.ctx = &stop, .ready = never_ready};
+        if (fill == 0) pl_frc_fill_wait(&f, &link, 0, PL_LINK_ACTIVATION, 0);
+        if (fill == 1) pl_frc_fill_while(&f, abort_comes, &stop);
+        if (fill == 2) {
+            pl_frc_fill_while(&f, abort_comes, &stop);
+            pl_frc_finish(&f);
+        }
+        parts = parts_run(&f);
+    }
+    pl_engine_destroy(&sh);
+    pl_engine_destroy(&e);
+    pl_schedule_free(&s);
+    kn_destroy(k);
+    return parts;
+}
+
+/* The abort comes with the first wait test: the part that test let start is the last
+ * (without the stop flag the fills would run all 6 microbatches' FRC). */
+static void test_an_abort_ends_the_fill(void)
+{
+    for (int fill = 0; fill < 3; fill++) CHECK_EQ_INT(parts_after_abort(fill), 1);
+}
+
 TEST_MAIN_BEGIN
 RUN(test_two_stage_ring_exact);
 RUN(test_three_stage_ring_exact);
 RUN(test_shadow_with_the_embedding_needs_tokens);
+RUN(test_an_abort_ends_the_fill);
 TEST_MAIN_END

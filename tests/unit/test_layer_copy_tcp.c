@@ -4,11 +4,14 @@
  * over the workers' meshes on 127.0.0.1 (threads of this process, CPU engines). The two
  * sources hold different values, so every element must be its own part's source's, and
  * bytes_in the whole layers'. A plan whose parts do not cover a layer fails before
- * anything moves. */
+ * anything moves. A stop from another thread ends a copy whose peer stalls, sender or
+ * receiver, at once; so does a failure on the copy's own side. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "layer_copy.h"
@@ -53,6 +56,8 @@ typedef struct {
     pl_msg_send sends[MAXC];
     pl_msg_peer peers[NW];
     pl_layer_copy_result res;
+    pl_layer_copy_stop *stop;
+    int fail_fill; /* filling what no copy brings fails */
     int rc;
     char err[1024];
 } node;
@@ -131,14 +136,21 @@ static void teardown(node *n)
     }
 }
 
+static int fill_fails(void *ctx, char *err, size_t errlen)
+{
+    (void)ctx;
+    return pl_errf(err, errlen, "filling failed");
+}
+
 static void *copy_main(void *arg)
 {
     node *x = arg;
-    pl_layer_copy_tcp tcp = {.mesh = x->m};
+    pl_layer_copy_tcp tcp = {.mesh = x->m, .stop = x->stop};
     const pl_layer_copier c = pl_layer_copier_tcp(&tcp);
     const pl_layer_copy_job job = {.plan = &x->plan, .self = x->name, .cfg = config(),
                                    .src = x->has_src ? &x->src : NULL,
-                                   .dst = x->has_dst ? &x->dst : NULL};
+                                   .dst = x->has_dst ? &x->dst : NULL,
+                                   .fill_dst = x->fail_fill ? fill_fails : NULL};
     x->rc = c.copy(&c, &job, &x->res, x->err, sizeof x->err);
     return NULL;
 }
@@ -226,7 +238,94 @@ static void test_parts_not_covering_a_layer_fail_first(void)
     teardown(n);
 }
 
+/* ---- a peer that stalls: connected, alive, silent ---- */
+
+typedef struct {
+    node *self, *peer;
+    int dial;                 /* 1: dials peer as its copy source; 0: accepts peer's copy */
+    atomic_int connected, release;
+    pthread_t th;
+} staller;
+
+static void *stall_main(void *arg)
+{
+    staller *st = arg;
+    pl_conn *c = NULL;
+    char err[256];
+    if (st->dial)
+        pl_mesh_dial(st->self->m, HOST, pl_listener_port(st->peer->l), PL_CONN_LAYER_COPY, -1,
+                     5000, &c, err, sizeof err);
+    else
+        pl_mesh_accept(st->self->m, PL_MESH_PURPOSE(PL_CONN_LAYER_COPY), 0, pl_now_ms() + 5000,
+                       &c, err, sizeof err);
+    atomic_store(&st->connected, c != NULL);
+    while (!atomic_load(&st->release)) usleep(10 * 1000);
+    pl_conn_close(c);
+    return NULL;
+}
+
+/* x copies with its peer stalled (st); once its stream is open, a stop (stop = 1): the
+ * copy must return at once, its threads joined. The ms from the stop to the return. */
+static double stalled_copy(node *x, staller *st, int stop)
+{
+    pthread_t th;
+    x->stop = stop ? pl_layer_copy_stop_new() : NULL;
+    pthread_create(&st->th, NULL, stall_main, st);
+    pthread_create(&th, NULL, copy_main, x);
+    for (int i = 0; i < 500 && !atomic_load(&st->connected); i++) usleep(10 * 1000);
+    usleep(200 * 1000); /* the stream waits on the peer */
+    const double t0 = pl_now_ms();
+    pl_layer_copy_stop_now(x->stop, "a newer plan");
+    pthread_join(th, NULL);
+    const double ms = pl_now_ms() - t0;
+    atomic_store(&st->release, 1);
+    pthread_join(st->th, NULL);
+    pl_layer_copy_stop_free(x->stop);
+    x->stop = NULL;
+    return ms;
+}
+
+/* a copies layer 1 to d, with the other end stalled: d receiving (a silent), or a sending
+ * (d silent). The copying end is stopped (stop), or fails filling what no copy brings (d
+ * only): either way it returns at once with err saying why, no peer blamed. */
+static void stalled_case(int receive, int stop, const char *why)
+{
+    node n[NW];
+    char err[256];
+    int ok = setup(n, err, sizeof err) == 0;
+    CHECK(ok);
+    if (!ok) return;
+    node *a = &n[0], *d = &n[2];
+    add_copy(a, d, 1, 0, 1);
+    node *x = receive ? d : a;
+    x->fail_fill = !stop;
+    staller st = {.self = receive ? a : d, .peer = x, .dial = receive};
+    const double ms = stalled_copy(x, &st, stop); /* a failure: over before the 200 ms */
+    if (x->rc == 0 || ms > 2000)
+        printf("    %s: rc %d in %.0f ms: %s\n", x->name, x->rc, ms, x->err);
+    CHECK(atomic_load(&st.connected));
+    CHECK(x->rc != 0 && ms < 2000);
+    CHECK_STR_CONTAINS(x->err, why);
+    CHECK_EQ_INT((int)strlen(x->res.failed_peer), 0);
+    teardown(n);
+}
+
+/* Without the stop each would wait PL_LAYER_COPY_TIMEOUT_MS for the stalled peer. */
+static void test_a_stop_ends_streams_on_a_stalled_peer(void)
+{
+    stalled_case(1, 1, "layer copies stopped: a newer plan");
+    stalled_case(0, 1, "layer copies stopped: a newer plan");
+}
+
+/* Without, d's receiver waited out PL_LAYER_COPY_TIMEOUT_MS for the stalled source. */
+static void test_a_failure_on_its_side_ends_the_other_streams(void)
+{
+    stalled_case(1, 0, "filling failed");
+}
+
 TEST_MAIN_BEGIN
 RUN(test_parts_from_several_sources);
 RUN(test_parts_not_covering_a_layer_fail_first);
+RUN(test_a_stop_ends_streams_on_a_stalled_peer);
+RUN(test_a_failure_on_its_side_ends_the_other_streams);
 TEST_MAIN_END

@@ -1,8 +1,9 @@
 /* The connections of a plan (worker/comm/mesh.h): the stash keeps a connection for a
  * later purpose and is bounded, a connection for no wanted purpose is closed, accepts and
  * dials time out and give up when cancelled, a peer at another generation is dialed
- * again, and a plan's ring and stage-link connections come out where they belong. Peers
- * are threads of this process on 127.0.0.1. */
+ * again, and a plan's ring and stage-link connections come out where they belong; a
+ * dialer that gives up on a handshake (its redial slice) leaves the listener nothing to
+ * take in place of its next connection. Peers are threads of this process on 127.0.0.1. */
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "loopback.h"
 #include "mesh.h"
 #include "util.h"
 
@@ -328,7 +330,7 @@ static void test_a_peer_at_an_older_plan_is_dialed_again(void)
 
 typedef struct {
     node n;
-    int rank;
+    int rank, nranks; /* nranks ≤ NR; the wrap only with 3 or more */
     const char *const *hosts;
     const int *ports;
     pl_conn *ring[NR];
@@ -342,14 +344,14 @@ static void *connect_main(void *arg)
     rank_job *j = arg;
     static const char *const names[NR] = {"w0", "w1", "w2"};
     static const unsigned char ring_all[NR] = {1, 1, 1};
-    const int me = j->rank;
+    const int me = j->rank, n = j->nranks;
     unsigned char ring[NR];
     memcpy(ring, ring_all, sizeof ring);
-    const pl_mesh_peers peers = {.nranks = NR, .names = names, .hosts = j->hosts,
+    const pl_mesh_peers peers = {.nranks = n, .names = names, .hosts = j->hosts,
                                  .ports = j->ports, .ring = ring,
                                  .link_prev = me > 0 ? me - 1 : -1,
-                                 .link_next = me + 1 < NR ? me + 1 : -1,
-                                 .link_wrap = me == 0 ? NR - 1 : me == NR - 1 ? 0 : -1};
+                                 .link_next = me + 1 < n ? me + 1 : -1,
+                                 .link_wrap = n < 3 ? -1 : me == 0 ? n - 1 : me == n - 1 ? 0 : -1};
     j->links.ring = j->ring;
     j->rc = pl_mesh_connect(j->n.m, &peers, 10000, &j->links, j->err, sizeof j->err);
     return NULL;
@@ -372,6 +374,7 @@ static void test_a_plans_connections(void)
         j[r].hosts = hosts;
         j[r].ports = ports;
         j[r].rank = r;
+        j[r].nranks = NR;
         pthread_create(&t[r], NULL, connect_main, &j[r]);
     }
     for (int r = 0; r < NR; r++) pthread_join(t[r], NULL);
@@ -554,6 +557,144 @@ static void test_over_the_bound_the_oldest_handshake_is_dropped(void)
     CHECK_STR_CONTAINS(a.all, line);
 }
 
+/* ---- a dialer's slice ends while the listener's verdict is on its way ---- */
+
+/* One direction of the handshake before its verdict (handshake.c): hello 126, proof 32. */
+#define BEFORE_VERDICT 158
+
+/* A relay in front of a listener. Its first connection passes the listener's bytes up to
+ * its verdict only, and keeps the listener's side open when the dialer closes its own:
+ * the dialer's slice ends waiting for that verdict, and its close reaches the listener
+ * late (never, here). Later connections pass as they are. */
+typedef struct {
+    int cfd, sfd;  /* the dialer's side, the listener's (−1: closed) */
+    size_t back;   /* the listener's bytes passed to the dialer */
+} hop;
+
+typedef struct {
+    int lfd, port, target;
+    atomic_int end;
+    hop h[8];
+    int n;
+    pthread_t th;
+} relay;
+
+static void hop_close(hop *h)
+{
+    if (h->cfd >= 0) close(h->cfd);
+    if (h->sfd >= 0) close(h->sfd);
+    h->cfd = h->sfd = -1;
+}
+
+/* Passes what one side of hop h has to the other; held: the first connection's rules. */
+static void hop_pass(hop *h, int from_listener, int held)
+{
+    unsigned char buf[4096];
+    const int from = from_listener ? h->sfd : h->cfd, to = from_listener ? h->cfd : h->sfd;
+    const ssize_t n = from >= 0 ? read(from, buf, sizeof buf) : -1;
+    if (n <= 0 && held && !from_listener) { /* the listener is not told */
+        close(h->cfd);
+        h->cfd = -1;
+        return;
+    }
+    size_t pass = n > 0 ? (size_t)n : 0;
+    if (held && from_listener)
+        pass = h->back >= BEFORE_VERDICT ? 0
+               : pass < BEFORE_VERDICT - h->back ? pass : BEFORE_VERDICT - h->back;
+    if (from_listener) h->back += pass;
+    if (n <= 0 || (pass && (to < 0 || write(to, buf, pass) != (ssize_t)pass))) hop_close(h);
+}
+
+static void *relay_main(void *arg)
+{
+    relay *r = arg;
+    while (!atomic_load(&r->end)) {
+        struct pollfd pf[1 + 2 * 8] = {{.fd = r->lfd, .events = POLLIN}};
+        int end[1 + 2 * 8]; /* 2 · hop + (1: the listener's side) */
+        int nf = 1;
+        for (int e = 0; e < 2 * r->n; e++) {
+            const int fd = e % 2 ? r->h[e / 2].sfd : r->h[e / 2].cfd;
+            if (fd < 0) continue;
+            end[nf] = e;
+            pf[nf++] = (struct pollfd){.fd = fd, .events = POLLIN};
+        }
+        if (poll(pf, (nfds_t)nf, 20) <= 0) continue;
+        for (int j = 1; j < nf; j++)
+            if (pf[j].revents) hop_pass(&r->h[end[j] / 2], end[j] % 2, end[j] / 2 == 0);
+        if ((pf[0].revents & POLLIN) && r->n < 8) {
+            const int cfd = accept(r->lfd, NULL, NULL);
+            r->h[r->n++] = (hop){.cfd = cfd, .sfd = connect_to(r->target)};
+        }
+    }
+    for (int i = 0; i < r->n; i++) hop_close(&r->h[i]);
+    return NULL;
+}
+
+static void relay_start(relay *r, int target)
+{
+    memset(r, 0, sizeof *r);
+    r->lfd = listen_loopback(&r->port);
+    r->target = target;
+    pthread_create(&r->th, NULL, relay_main, r);
+}
+
+static void relay_end(relay *r)
+{
+    atomic_store(&r->end, 1);
+    pthread_join(r->th, NULL);
+    close(r->lfd);
+}
+
+/* The frame a sends on c is the one b receives on d: c and d are one connection. */
+static int one_connection(pl_conn *c, pl_conn *d)
+{
+    pl_frame_hdr h;
+    char err[256], got[8] = "";
+    return c && d &&
+           pl_conn_send_frame(c, PL_FRAME_USER, 1, 0, "redial", 7, 1000, err, sizeof err) == 0 &&
+           pl_conn_recv_frame(d, &h, got, sizeof got, 1000, err, sizeof err) == 0 &&
+           !strcmp(got, "redial");
+}
+
+/* Rank 1 dials rank 0 (a ring connection, then a stage link) through the relay; its first
+ * handshake's slice ends waiting for rank 0's verdict, so it dials again. Rank 0 must keep
+ * the connections rank 1 keeps. (When the dialer sent its verdict before the listener's
+ * came, rank 0 took the connection given up: it closed the redial as a duplicate, or had
+ * its connections and left the plan, and the redial waited until its timeout, 60 s in a
+ * worker.) */
+static void test_a_redial_wins_over_the_handshake_it_gave_up(void)
+{
+    rank_job j[2];
+    for (int r = 0; r < 2; r++) {
+        memset(&j[r], 0, sizeof j[r]);
+        CHECK_EQ_INT(node_open(&j[r].n, r ? "w1" : "w0", r == 0, 7, r), 0);
+    }
+    relay rl;
+    relay_start(&rl, pl_listener_port(j[0].n.l));
+    const char *hosts[2] = {HOST, HOST};
+    const int ports[2] = {rl.port, 0};
+    pthread_t t[2];
+    for (int r = 0; r < 2; r++) {
+        j[r].hosts = hosts;
+        j[r].ports = ports;
+        j[r].rank = r;
+        j[r].nranks = 2;
+        pthread_create(&t[r], NULL, connect_main, &j[r]);
+    }
+    for (int r = 0; r < 2; r++) pthread_join(t[r], NULL);
+    const int ok = j[0].rc == 0 && j[1].rc == 0 && one_connection(j[1].ring[0], j[0].ring[1]) &&
+                   one_connection(j[1].links.prev, j[0].links.next);
+    for (int r = 0; r < 2; r++) {
+        if (j[r].rc) printf("    rank %d: %s\n", r, j[r].err);
+        pl_conn_close(j[r].ring[1 - r]);
+        pl_conn_close(r ? j[r].links.prev : j[r].links.next);
+    }
+    relay_end(&rl);
+    for (int r = 0; r < 2; r++) node_close(&j[r].n);
+    CHECK(ok);
+    CHECK(rl.n >= 3); /* the redial came */
+}
+
 TEST_MAIN_BEGIN
 RUN(test_later_purposes_wait_in_the_stash);
 RUN(test_the_stash_is_bounded_and_a_new_plan_empties_it);
@@ -565,4 +706,5 @@ RUN(test_a_plans_connections);
 RUN(test_a_missing_address_and_a_failed_dial);
 RUN(test_silent_and_trickling_strangers_cost_the_real_peers_nothing);
 RUN(test_over_the_bound_the_oldest_handshake_is_dropped);
+RUN(test_a_redial_wins_over_the_handshake_it_gave_up);
 TEST_MAIN_END

@@ -134,6 +134,21 @@ static void interrupt_step(agent *a, const char *why)
     for (int r = 0; a->conns && r < a->nranks; r++) pl_conn_shutdown(a->conns[r]);
 }
 
+/* Under mu, from the control thread (a newer plan, the worker's exit): what the compute
+ * thread waits for outside a step gives up at once: the plan's TCP layer copies (their
+ * streams shut down), the stage link (an evaluation, the shadow's fill), the NCCL world
+ * (its join and copies). Its mesh waits poll agent_superseded. */
+static void interrupt_plan(agent *a, const char *why)
+{
+    if (a->stepping) {
+        interrupt_step(a, why);
+        return;
+    }
+    pl_layer_copy_stop_now(a->copy_stop, why);
+    if (a->link) pl_tcp_link_abort(a->link, why);
+    pl_nccl_plan_abort(a->ncp, why);
+}
+
 /* Control thread, on `abort`: a step blocked on a dead peer's links fails now
  * instead of at its timeout; one not started yet is skipped. */
 static void abort_step(agent *a, int64_t gen, int64_t step)
@@ -146,11 +161,12 @@ static void abort_step(agent *a, int64_t gen, int64_t step)
     pthread_mutex_unlock(&a->mu);
 }
 
-/* Marks the step running; 0 when the coordinator aborted it already. */
+/* Marks the step running; 0 when the coordinator aborted it already, or a newer plan
+ * came (it interrupted nothing: the step was not running yet). */
 static int step_begin(agent *a, int64_t s)
 {
     pthread_mutex_lock(&a->mu);
-    int go = !(a->aborted_gen == a->gen && a->aborted_step == s);
+    int go = !(a->aborted_gen == a->gen && a->aborted_step == s) && !agent_superseded(a);
     a->stepping = go;
     atomic_store(&a->step_stop, 0);
     pthread_mutex_unlock(&a->mu);
@@ -480,12 +496,7 @@ static void on_message(pl_ctl_client *c, const pl_msg *m, void *user)
              * agent_superseded) */
             pthread_mutex_lock(&a->mu);
             a->plan_ms = pl_now_ms();
-            if (a->stepping) {
-                interrupt_step(a, SUPERSEDED_MSG);
-            } else {
-                pl_nccl_plan_abort(a->ncp, SUPERSEDED_MSG);
-                if (a->evaluating && a->link) pl_tcp_link_abort(a->link, SUPERSEDED_MSG);
-            }
+            interrupt_plan(a, SUPERSEDED_MSG);
             pthread_mutex_unlock(&a->mu);
         }
         if (pl_msg_queue_push(a->queue, m)) fail(a, "control message", "out of memory");
@@ -704,19 +715,14 @@ static void control_loop(agent *a)
         pl_ctl_client_service(a->cli, 10);
 }
 
-/* Ends the compute thread: a running step gives up whatever it waits for, and a link of
- * an evaluation or a plan's NCCL world when the worker fails; queued messages are
- * dropped (done is set). */
+/* Ends the compute thread: whatever it waits for gives up (interrupt_plan); queued
+ * messages are dropped (done is set first: the plan's mesh waits poll it). */
 static void stop_compute(agent *a, pthread_t th)
 {
-    pthread_mutex_lock(&a->mu);
-    if (a->stepping) interrupt_step(a, "worker exiting");
-    if (atomic_load(&a->exit_code)) {
-        if (a->link) pl_tcp_link_abort(a->link, "worker exiting");
-        pl_nccl_plan_abort(a->ncp, "worker exiting");
-    }
-    pthread_mutex_unlock(&a->mu);
     atomic_store(&a->done, 1);
+    pthread_mutex_lock(&a->mu);
+    interrupt_plan(a, "worker exiting");
+    pthread_mutex_unlock(&a->mu);
     pl_msg_queue_push_end(a->queue);
     pthread_join(th, NULL);
 }

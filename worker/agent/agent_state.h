@@ -21,6 +21,7 @@
 #include "fault.h"
 #include "frc.h"
 #include "jobspec.h"
+#include "layer_copy.h"
 #include "mesh.h"
 #include "msg_queue.h"
 #include "nccl_plan.h"
@@ -102,14 +103,16 @@ typedef struct {
     pl_conn **conns; /* ring connections by plan rank */
     pl_tcp_link *link;
     pl_nccl_plan *ncp;    /* under mu: the NCCL world of a plan whose transport is nccl */
+    pl_layer_copy_stop *copy_stop; /* under mu: the stop of the TCP layer copies running
+                                      (NULL: none) */
     char nccl_id[PL_PROTO_NCCL_ID_HEX + 1]; /* under mu: the id of nccl_init for nccl_gen */
     int64_t nccl_gen;
     pl_syncgroups g;
     int have_groups;
     int64_t gen;
-    /* under mu: the step or evaluation running (its links may be interrupted from the
-     * control thread) and the newest step the coordinator aborted */
-    int stepping, evaluating;
+    /* under mu: the step running (its links may be interrupted from the control thread)
+     * and the newest step the coordinator aborted */
+    int stepping;
     int64_t aborted_gen, aborted_step;
     /* the running step was aborted: its engine skips the layers left (pl_engine.stop), so
      * that the worker gets to the next plan's copies and step at once; cleared (under mu)

@@ -101,21 +101,12 @@ static int eval_batches(agent *a, int *n, char *err, size_t errlen)
     return 0;
 }
 
-/* Marks the evaluation running: a newer plan arriving meanwhile interrupts its links. */
-static void set_evaluating(agent *a, int on)
-{
-    pthread_mutex_lock(&a->mu);
-    a->evaluating = on;
-    pthread_mutex_unlock(&a->mu);
-}
-
 int agent_eval(agent *a, int64_t step, char *err, size_t errlen)
 {
     int n = 0;
     double loss = 0;
     if (eval_batches(a, &n, err, errlen)) return -1;
-    set_evaluating(a, 1);
-    int rc;
+    int rc; /* a newer plan arriving meanwhile interrupts its links (agent.c) */
     if (a->ncp) { /* the plan's ordered transport: the pipeline's ranks are consecutive */
         int ranks[PL_PROTO_MAX_NODES];
         for (int k = 0; k < a->nstages; k++) ranks[k] = a->rank - a->stage + k;
@@ -126,7 +117,6 @@ int agent_eval(agent *a, int64_t step, char *err, size_t errlen)
         const pl_stage_link link = a->link ? pl_tcp_link_stage(a->link) : (pl_stage_link){0};
         rc = pl_stage_eval(&a->e, a->stage, &link, a->etok, a->etgt, n, &loss, err, errlen);
     }
-    set_evaluating(a, 0);
     if (rc) return -1;
     pl_msg r;
     pl_msg_init(&r, PL_MSG_EVAL_DONE, a->gen);

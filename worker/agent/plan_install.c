@@ -104,6 +104,33 @@ static int fill_engine(void *ctx, char *err, size_t errlen)
     return fresh ? pl_engine_init_from_job(mk->job->dst, &mk->a->job, err, errlen) : 0;
 }
 
+/* Under mu: the stop of the copies running (NULL: none). A newer plan (or the exit) that
+ * came before it was set found nothing to stop: newest_plan / done are set before the
+ * control thread takes mu. */
+static void set_copy_stop(agent *a, pl_layer_copy_stop *stop)
+{
+    pthread_mutex_lock(&a->mu);
+    a->copy_stop = stop;
+    if (stop && agent_superseded(a)) pl_layer_copy_stop_now(stop, SUPERSEDED_MSG);
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* The plan's copies over TCP; the control thread stops them (a newer plan, the exit). */
+static int copy_over_tcp(agent *a, const pl_layer_copy_job *job, pl_layer_copy_result *res,
+                         char *err, size_t errlen)
+{
+    pl_layer_copy_stop *stop = pl_layer_copy_stop_new();
+    if (!stop) return pl_errf(err, errlen, "layer copies: out of memory");
+    pl_layer_copy_tcp tcp = {.mesh = a->mesh, .after_send = pl_fault_after_copy_send,
+                             .hook_ctx = &a->fault, .stop = stop};
+    const pl_layer_copier copier = pl_layer_copier_tcp(&tcp);
+    set_copy_stop(a, stop);
+    const int rc = copier.copy(&copier, job, res, err, errlen);
+    set_copy_stop(a, NULL);
+    pl_layer_copy_stop_free(stop);
+    return rc;
+}
+
 /* Installs the engine of the plan: for a pipeline worker (in_pipe) layers [b, e) with
  * nslots, made and filled locally while the plan's copies over TCP arrive in it; its sends
  * are served from the previous engine (layer_copy.h; those over NCCL come later,
@@ -123,11 +150,8 @@ static int change_engine(agent *a, const pl_msg_plan *p, int in_pipe, int b, int
                              .make_dst = make_engine, .fill_dst = fill_engine};
     engine_maker mk = {.a = a, .job = &job, .b = b, .e = e, .nslots = nslots};
     job.dst_ctx = &mk;
-    pl_layer_copy_tcp tcp = {.mesh = a->mesh, .after_send = pl_fault_after_copy_send,
-                             .hook_ctx = &a->fault};
-    const pl_layer_copier copier = pl_layer_copier_tcp(&tcp);
     pl_layer_copy_result res = {0};
-    const int rc = copier.copy(&copier, &job, &res, err, errlen);
+    const int rc = copy_over_tcp(a, &job, &res, err, errlen);
     *bytes_in = res.bytes_in;
     if (res.failed_peer[0]) snprintf(a->broken, sizeof a->broken, "%s", res.failed_peer);
     /* after copies, the new engine's gradients and activations at once, not one fault at
@@ -359,6 +383,8 @@ static int start_stage_link(agent *a, const pl_mesh_links *links, char *err, siz
     if (pl_tcp_link_create(&lc, &link, err, errlen)) return -1;
     pthread_mutex_lock(&a->mu);
     a->link = link;
+    /* a newer plan (or the exit) that came before found no link to abort (set_copy_stop) */
+    if (agent_superseded(a)) pl_tcp_link_abort(link, SUPERSEDED_MSG);
     pthread_mutex_unlock(&a->mu);
     return 0;
 }

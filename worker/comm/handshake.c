@@ -344,9 +344,19 @@ void pl_handshake_free(pl_handshake *h)
     free(h);
 }
 
+/* The dialer sends its verdict only once the listener's is in: the listener's side then
+ * completes only after the dialer's did, so a dialer that gives up on a handshake (its
+ * deadline: a redial's slice, mesh.c) never leaves a connection complete on the
+ * listener's side that it no longer holds. */
+static int may_send(const pl_handshake *h)
+{
+    const int verdict_due = h->role != ROLE_DIALER || h->phase != PH_VERDICT || h->got == h->len;
+    return h->sent < h->len && verdict_due;
+}
+
 short pl_handshake_events(const pl_handshake *h)
 {
-    return (short)((h->sent < h->len ? POLLOUT : 0) | (h->got < h->len ? POLLIN : 0));
+    return (short)((may_send(h) ? POLLOUT : 0) | (h->got < h->len ? POLLIN : 0));
 }
 
 int64_t pl_handshake_deadline(const pl_handshake *h) { return h->deadline; }
@@ -408,12 +418,12 @@ static int advance(pl_handshake *h, const char *addr, char *err, size_t errlen)
     return finish(h, addr, err, errlen);
 }
 
-/* Moves bytes both ways while the socket takes them: 1 progress, 0 none, <0 an error
- * (*what says which). */
-static int move_bytes(pl_handshake *h, int fd, const char **what)
+/* Sends what may go (may_send) while the socket takes it: 1 progress, 0 none, <0 an
+ * error. */
+static int send_bytes(pl_handshake *h, int fd, const char **what)
 {
     int moved = 0;
-    while (h->sent < h->len) {
+    while (may_send(h)) {
         ssize_t w = send(fd, h->out + h->sent, h->len - h->sent, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w > 0) {
             h->sent += (size_t)w;
@@ -427,6 +437,15 @@ static int move_bytes(pl_handshake *h, int fd, const char **what)
             return pl_comm_io_errno(errno);
         }
     }
+    return moved;
+}
+
+/* Moves bytes both ways while the socket takes them (a dialer's verdict after the
+ * listener's): 1 progress, 0 none, <0 an error (*what says which). */
+static int move_bytes(pl_handshake *h, int fd, const char **what)
+{
+    int moved = send_bytes(h, fd, what);
+    if (moved < 0) return moved;
     while (h->got < h->len) {
         ssize_t r = recv(fd, h->in + h->got, h->len - h->got, MSG_DONTWAIT);
         if (r > 0) {
@@ -445,14 +464,16 @@ static int move_bytes(pl_handshake *h, int fd, const char **what)
             return pl_comm_io_errno(errno);
         }
     }
-    return moved;
+    if (!may_send(h)) return moved;
+    const int sent = send_bytes(h, fd, what);
+    return sent < 0 ? sent : moved | sent;
 }
 
 int pl_handshake_step(pl_handshake *h, int fd, const char *addr, char *err, size_t errlen)
 {
     for (;;) {
         if (h->phase == PH_DONE) return 1;
-        const char *what = h->sent < h->len ? "sending" : "waiting for";
+        const char *what = may_send(h) ? "sending" : "waiting for";
         int rc = move_bytes(h, fd, &what);
         const int sys = errno;
         if (rc == 0 && h->deadline >= 0 && pl_now_ms() >= (double)h->deadline &&

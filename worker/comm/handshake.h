@@ -1,6 +1,7 @@
 /* The handshake of a peer connection (tcp.h "Authentication") as a non-blocking state
  * machine, internal to worker/comm: three exchanges, each side sending before it reads
- * (HELLO, PROOF, VERDICT), then the frame keys of both directions. pl_handshake_step moves
+ * (HELLO, PROOF, VERDICT; but the dialer's verdict after the listener's), then the frame
+ * keys of both directions. pl_handshake_step moves
  * what the socket takes now and never waits, so one thread can run many handshakes under
  * one poll (mesh.c accepts concurrently); tcp.c's blocking calls wait between steps.
  *

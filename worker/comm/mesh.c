@@ -130,15 +130,6 @@ int pl_mesh_dial(pl_mesh *m, const char *host, int port, pl_conn_purpose purpose
     }
 }
 
-/* The dialer has closed its end already: it gave up waiting for the handshake (its
- * slice ended) and dials again. Only with redial: a peer that closes right after its
- * handshake is not told from one that gave up. */
-static int dialer_gone(const pl_conn *c)
-{
-    struct pollfd pf = {.fd = pl_conn_fd(c), .events = POLLIN | POLLRDHUP};
-    return poll(&pf, 1, 0) == 1 && (pf.revents & (POLLRDHUP | POLLHUP | POLLERR));
-}
-
 static int take_stashed(pl_mesh *m, unsigned want, pl_conn **out)
 {
     for (int i = 0; i < m->nstash; i++)
@@ -216,7 +207,7 @@ static int progress(pl_mesh *m, int i, unsigned want, unsigned later, pl_conn **
                 pl_conn_peer_addr(c), m->cfg.handshake_ms, why);
     else if (rc < 0)
         refused(m, "refused a peer connection: %s", why);
-    if (rc < 0 || (m->cfg.redial && dialer_gone(c))) {
+    if (rc < 0) {
         pl_conn_close(c);
         return 0;
     }

@@ -7,9 +7,11 @@
  * installed) and then gives up with PL_COMM_ECANCELED. With redial (the worker's plans),
  * dials go in slices of PL_MESH_DIAL_SLICE_MS: a peer that is not ready (not listening
  * yet, at an older plan generation, a handshake that closed) is dialed again until the
- * timeout; so an accepted connection whose dialer gave up on it already is dropped (it
- * dials again). Without redial a dial is one try for the whole timeout (with
- * pl_conn_connect's retries of a refused connection).
+ * timeout. A dialer that gives up on a handshake has not sent its verdict (it goes after
+ * the listener's, handshake.h), so the accept never completes the connection given up:
+ * it fails as soon as the dialer's close arrives, and only the redial's completes.
+ * Without redial a dial is one try for the whole timeout (with pl_conn_connect's retries
+ * of a refused connection).
  *
  * Accepting. pl_mesh_accept runs the handshakes of every connection accepted meanwhile at
  * once, under one poll with the listener: a stranger that connects and stays silent or

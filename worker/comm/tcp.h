@@ -6,7 +6,9 @@
  * send a HELLO (rank, name, plan generation, purpose, frame protection, cipher, a fresh
  * 32-byte nonce from RAND_bytes), then a PROOF = HMAC-SHA256(token, direction label ||
  * own name || own rank || generation || own purpose || own protection || own cipher ||
- * own nonce || peer nonce), then a one-byte VERDICT on the peer's proof. Proofs are
+ * own nonce || peer nonce), then a one-byte VERDICT on the peer's proof (the dialer's
+ * once the listener's came: a connection complete on the listener's side is one its
+ * dialer holds, handshake.c). Proofs are
  * checked with CRYPTO_memcmp. The direction labels differ for the dialing and the
  * accepting side, so a proof cannot be reflected back. A wrong token (another job), a
  * different plan generation (a stale plan), a purpose the other side does not take or an

@@ -79,20 +79,26 @@ static void run_part(pl_frc *f, int bubble)
     }
 }
 
+/* An FRC whose input exists is left, and the step is not aborted: an abort
+ * (pl_engine.stop, set on the stage's engine) ends a fill within the part running. */
+static int pending(const pl_frc *f)
+{
+    return f->next < f->avail && !pl_engine_stopped(f->stage);
+}
+
 void pl_frc_fill_wait(pl_frc *f, const pl_stage_link *link, int peer, pl_link_kind kind, int mb)
 {
-    while (f->next < f->avail && !(link->ready && link->ready(link->ctx, peer, kind, mb)))
-        run_part(f, 1);
+    while (pending(f) && !(link->ready && link->ready(link->ctx, peer, kind, mb))) run_part(f, 1);
 }
 
 void pl_frc_fill_while(pl_frc *f, int (*waiting)(void *ctx), void *ctx)
 {
-    while (f->next < f->avail && waiting(ctx)) run_part(f, 1);
+    while (pending(f) && waiting(ctx)) run_part(f, 1);
 }
 
 void pl_frc_finish(pl_frc *f)
 {
-    while (f->next < f->avail) run_part(f, 0);
+    while (pending(f)) run_part(f, 0);
 }
 
 const void *pl_frc_result(const pl_frc *f, int mb)

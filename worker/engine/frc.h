@@ -20,7 +20,9 @@
  * embedding as the FRC's input (the ring's last stage shadows stage 0: its input
  * is the tokens) nothing is kept.
  * An FRC runs a layer at a time (pl_engine_forward_part), the wait checked between
- * layers, so a message that arrives during one waits for a layer, not the whole range.
+ * layers, so a message that arrives during one waits for a layer, not the whole range;
+ * an abort of the step (the stage engine's stop flag, pl_engine.stop) ends every fill
+ * and pl_frc_finish the same way: the aborted step's FRC results are never read.
  * Every microbatch's FRC runs once per step, in order; the bubble runs are what the
  * bubbles hide, the others are exposed (pl_frc_stats; shared/rc_plan.h predicts the
  * same split: nb·F_succ against the idle time T(nb) − nb·W_k).

@@ -35,7 +35,8 @@
  * Threads and ownership: a copier runs on the caller's thread (the TCP one starts and
  * joins threads of its own inside copy); the job's engines stay the caller's and must not
  * be used elsewhere while a copy runs. One timeout bounds every copy:
- * PL_LAYER_COPY_TIMEOUT_MS. */
+ * PL_LAYER_COPY_TIMEOUT_MS; another thread ends one sooner: the TCP copier's stop
+ * (pl_layer_copy_stop_now), the ordered transport's abort (xport.h). */
 #ifndef PLIANT_LAYER_COPY_H
 #define PLIANT_LAYER_COPY_H
 
@@ -96,6 +97,18 @@ struct pl_layer_copier {
     void *ctx;
 };
 
+/* Stopping a TCP copy from another thread (a newer plan, the worker's exit): the copy's
+ * streams are shut down (shutdown(2)), each of its threads fails at once rather than at
+ * the streams' idle timeout, and so does any stream it opens later; the copy then joins
+ * its threads and returns −1, err "layer copies stopped: WHY", no failed peer. Its dials
+ * and accepts end on the mesh's cancel test (mesh.h). One stop per copy: made before it,
+ * freed after it returned. */
+typedef struct pl_layer_copy_stop pl_layer_copy_stop;
+pl_layer_copy_stop *pl_layer_copy_stop_new(void); /* NULL: out of memory */
+void pl_layer_copy_stop_free(pl_layer_copy_stop *s);
+/* Any thread, before, during or after the copy; NULL is a no-op. */
+void pl_layer_copy_stop_now(pl_layer_copy_stop *s, const char *why);
+
 /* The TCP copier's setting; it outlives the copier. */
 typedef struct {
     pl_mesh *mesh;                 /* set to the plan (pl_mesh_set_plan); a destination
@@ -104,12 +117,15 @@ typedef struct {
     void (*after_send)(void *ctx); /* after each tensor a source sent; NULL: none (the
                                       recovery tests' faults kill the worker here) */
     void *hook_ctx;
+    pl_layer_copy_stop *stop;      /* NULL: the copy is not stopped from outside */
 } pl_layer_copy_tcp;
 
 /* Copies over TCP: the job's copies and sends that do not go over the transport. Before
  * anything moves, −1 when the plan asks for sends and src is NULL, or gives an idle worker
  * copies. A destination waits PL_LAYER_COPY_TIMEOUT_MS at most for its sources; a failed
- * copy names its peer in res->failed_peer. */
+ * copy names its peer in res->failed_peer, and once this side failed (a source not
+ * accepted in time, dst not made) its other streams are shut down before the threads are
+ * joined. */
 pl_layer_copier pl_layer_copier_tcp(pl_layer_copy_tcp *t);
 
 /* Copies over the ordered transport x: pl_layer_copy_xport. x outlives the copier. */

@@ -1,6 +1,7 @@
 /* Layer copies over TCP (layer_copy.h): a source serves each destination from a thread of
  * its own; a destination accepts its sources on the mesh and receives from each on a
- * thread of its own. */
+ * thread of its own. A stop (pl_layer_copy_stop_now, or the copy's own failure) shuts
+ * every stream down, so that no thread waits out its idle timeout. */
 #include "layer_copy.h"
 
 #include <pthread.h>
@@ -48,16 +49,130 @@ static void stage_free(host_stage *st)
     st->cap = 0;
 }
 
-/* ---- the source's side: one thread per destination ---- */
+/* ---- one plan's copies, and stopping them ---- */
+
+typedef struct copy_sender copy_sender;
+typedef struct copy_receiver copy_receiver;
 
 typedef struct {
     const pl_layer_copy_tcp *t;
+    const pl_layer_copy_job *job;
+    pl_layer_copy_stop *stop;
+    copy_sender *snd;
+    int nsend, maxsend; /* started; room (every entry zeroed first) */
+    copy_receiver *rcv;
+    int nrecv, maxrecv;
+    tensor_ref *wants; /* the receivers' lists, one after another */
+    double first_ms;   /* pl_now_ms when the first source was accepted (0: none) */
+    int failed;        /* under the stop's lock: this side failed, its streams end */
+} tcp_copies;
+
+struct pl_layer_copy_stop {
+    pthread_mutex_t mu;
+    int stopped;       /* pl_layer_copy_stop_now came */
+    char why[256];
+    tcp_copies *tc;    /* the copy whose streams it shuts down; NULL: none (yet) */
+};
+
+struct copy_sender {
+    tcp_copies *tc;
     const pl_engine *src;
     const pl_msg_peer *dest;
+    pl_conn *c; /* under the stop's lock: keep_conn, drop_conn */
     int rc;
     char err[512];
     pthread_t th;
-} copy_sender;
+};
+
+struct copy_receiver {
+    const char *source;
+    pl_conn *c; /* under the stop's lock: keep_conn, drop_conn */
+    pl_engine *dst;
+    tensor_ref *want;
+    int nwant;
+    int64_t bytes;
+    double done_ms; /* pl_now_ms when the last tensor arrived */
+    int rc, started;
+    char err[512];
+    pthread_t th;
+};
+
+static void stop_init(pl_layer_copy_stop *st)
+{
+    memset(st, 0, sizeof *st);
+    pthread_mutex_init(&st->mu, NULL);
+}
+
+pl_layer_copy_stop *pl_layer_copy_stop_new(void)
+{
+    pl_layer_copy_stop *st = malloc(sizeof *st);
+    if (st) stop_init(st);
+    return st;
+}
+
+void pl_layer_copy_stop_free(pl_layer_copy_stop *st)
+{
+    if (!st) return;
+    pthread_mutex_destroy(&st->mu);
+    free(st);
+}
+
+/* Under the stop's lock: every stream open now fails at once (shutdown(2) wakes its
+ * thread, and the peer sees the connection end). */
+static void shut_streams(const tcp_copies *tc)
+{
+    for (int k = 0; tc->snd && k < tc->maxsend; k++) pl_conn_shutdown(tc->snd[k].c);
+    for (int k = 0; tc->rcv && k < tc->maxrecv; k++) pl_conn_shutdown(tc->rcv[k].c);
+}
+
+void pl_layer_copy_stop_now(pl_layer_copy_stop *st, const char *why)
+{
+    if (!st) return;
+    pthread_mutex_lock(&st->mu);
+    if (!st->stopped) snprintf(st->why, sizeof st->why, "%s", why);
+    st->stopped = 1;
+    if (st->tc) shut_streams(st->tc);
+    pthread_mutex_unlock(&st->mu);
+}
+
+/* The streams of tc may be shut down from now on (all its entries are made); a stop that
+ * came before takes effect now. */
+static void stop_attach(tcp_copies *tc)
+{
+    pthread_mutex_lock(&tc->stop->mu);
+    tc->stop->tc = tc;
+    if (tc->stop->stopped) shut_streams(tc);
+    pthread_mutex_unlock(&tc->stop->mu);
+}
+
+/* The copy failed on this side: its other streams end now rather than at their timeout. */
+static void stop_streams(tcp_copies *tc)
+{
+    pthread_mutex_lock(&tc->stop->mu);
+    tc->failed = 1;
+    shut_streams(tc);
+    pthread_mutex_unlock(&tc->stop->mu);
+}
+
+/* A stream's connection, where a stop finds it; one opened after the stop fails at once. */
+static void keep_conn(tcp_copies *tc, pl_conn **slot, pl_conn *c)
+{
+    pthread_mutex_lock(&tc->stop->mu);
+    *slot = c;
+    if (tc->stop->stopped || tc->failed) pl_conn_shutdown(c);
+    pthread_mutex_unlock(&tc->stop->mu);
+}
+
+static void drop_conn(tcp_copies *tc, pl_conn **slot)
+{
+    pthread_mutex_lock(&tc->stop->mu);
+    pl_conn *c = *slot;
+    *slot = NULL;
+    pthread_mutex_unlock(&tc->stop->mu);
+    pl_conn_close(c);
+}
+
+/* ---- the source's side: one thread per destination ---- */
 
 /* Streams params, m and v of the n tensors asked for. */
 static int send_tensors(copy_sender *s, pl_conn *c, const tensor_ref *r, size_t n,
@@ -89,7 +204,7 @@ static int send_tensors(copy_sender *s, pl_conn *c, const tensor_ref *r, size_t 
                                     PL_LAYER_COPY_TIMEOUT_MS, s->err, sizeof s->err))
                 return -1;
         }
-        if (s->t->after_send) s->t->after_send(s->t->hook_ctx);
+        if (s->tc->t->after_send) s->tc->t->after_send(s->tc->t->hook_ctx);
     }
     return 0;
 }
@@ -109,39 +224,34 @@ static int recv_control(copy_sender *s, pl_conn *c, uint16_t type, void **data, 
     return 0;
 }
 
+/* The destination's connection, kept where a stop finds it. */
+static int dial_dest(copy_sender *s)
+{
+    pl_conn *c = NULL;
+    if (pl_mesh_dial(s->tc->t->mesh, s->dest->host, s->dest->port, PL_CONN_LAYER_COPY, -1,
+                     PL_LAYER_COPY_TIMEOUT_MS, &c, s->err, sizeof s->err))
+        return -1;
+    keep_conn(s->tc, &s->c, c);
+    return 0;
+}
+
 static void *sender_main(void *arg)
 {
     copy_sender *s = arg;
-    pl_conn *c = NULL;
     void *req = NULL, *ack = NULL;
     size_t len = 0;
     host_stage stage = stage_for(s->src->k);
-    s->rc = pl_mesh_dial(s->t->mesh, s->dest->host, s->dest->port, PL_CONN_LAYER_COPY, -1,
-                         PL_LAYER_COPY_TIMEOUT_MS, &c, s->err, sizeof s->err) ||
-            recv_control(s, c, PL_LAYER_COPY_FRAME_REQ, &req, &len) ||
-            send_tensors(s, c, req, len / sizeof(tensor_ref), &stage) ||
-            recv_control(s, c, PL_LAYER_COPY_FRAME_ACK, &ack, &len);
+    s->rc = dial_dest(s) || recv_control(s, s->c, PL_LAYER_COPY_FRAME_REQ, &req, &len) ||
+            send_tensors(s, s->c, req, len / sizeof(tensor_ref), &stage) ||
+            recv_control(s, s->c, PL_LAYER_COPY_FRAME_ACK, &ack, &len);
     free(req);
     free(ack);
     stage_free(&stage);
-    pl_conn_close(c);
+    drop_conn(s->tc, &s->c);
     return NULL;
 }
 
 /* ---- the destination's side: one thread per source ---- */
-
-typedef struct {
-    const char *source;
-    pl_conn *c;
-    pl_engine *dst;
-    tensor_ref *want;
-    int nwant;
-    int64_t bytes;
-    double done_ms; /* pl_now_ms when the last tensor arrived */
-    int rc, started;
-    char err[512];
-    pthread_t th;
-} copy_receiver;
 
 static int recv_tensors(copy_receiver *r, host_stage *stage)
 {
@@ -187,17 +297,6 @@ static void *receiver_main(void *arg)
 
 /* ---- one plan's copies ---- */
 
-typedef struct {
-    const pl_layer_copy_tcp *t;
-    const pl_layer_copy_job *job;
-    copy_sender *snd;
-    int nsend;
-    copy_receiver *rcv;
-    int nrecv;
-    tensor_ref *wants; /* the receivers' lists, one after another */
-    double first_ms;   /* pl_now_ms when the first source was accepted (0: none) */
-} tcp_copies;
-
 /* A copy of this plan over TCP: not one over the ordered transport. */
 static int over_tcp(const pl_layer_copy_job *job, const char *source, const char *dest)
 {
@@ -214,7 +313,7 @@ static int start_senders(tcp_copies *tc, char *err, size_t errlen)
         for (int j = 0; j < tc->nsend && !seen; j++) seen = !strcmp(tc->snd[j].dest->name, dest);
         if (seen) continue;
         copy_sender *s = &tc->snd[tc->nsend];
-        *s = (copy_sender){.t = tc->t, .src = tc->job->src, .dest = pl_msg_plan_peer(p, dest)};
+        *s = (copy_sender){.tc = tc, .src = tc->job->src, .dest = pl_msg_plan_peer(p, dest)};
         if (!s->dest || s->dest->port <= 0)
             return pl_errf(err, errlen, "no address for copy destination %s", dest);
         if (pthread_create(&s->th, NULL, sender_main, s))
@@ -268,7 +367,7 @@ static int accept_sources(tcp_copies *tc, char *err, size_t errlen)
             pl_conn_close(c);
             continue;
         }
-        r->c = c;
+        keep_conn(tc, &r->c, c);
         if (!tc->first_ms) tc->first_ms = pl_now_ms();
         if (pthread_create(&r->th, NULL, receiver_main, r))
             return pl_errf(err, errlen, "cannot start a copy thread");
@@ -293,7 +392,7 @@ static int join_all(tcp_copies *tc, int rc, pl_layer_copy_result *res, char *err
             if (r->done_ms > tc->first_ms && r->done_ms - tc->first_ms > res->net_ms)
                 res->net_ms = r->done_ms - tc->first_ms;
         }
-        pl_conn_close(r->c);
+        drop_conn(tc, &r->c);
     }
     for (int k = 0; k < tc->nsend; k++) {
         copy_sender *s = &tc->snd[k];
@@ -303,6 +402,22 @@ static int join_all(tcp_copies *tc, int rc, pl_layer_copy_result *res, char *err
             snprintf(res->failed_peer, sizeof res->failed_peer, "%s", s->dest->name);
         }
     }
+    return rc;
+}
+
+/* After join_all: a stop from outside is the copy's error, whatever its streams reported
+ * (no peer failed); the stop no longer reaches tc. */
+static int detach_stop(tcp_copies *tc, int rc, pl_layer_copy_result *res, char *err,
+                       size_t errlen)
+{
+    pl_layer_copy_stop *st = tc->stop;
+    pthread_mutex_lock(&st->mu);
+    st->tc = NULL;
+    if (st->stopped) {
+        rc = pl_errf(err, errlen, "layer copies stopped: %s", st->why);
+        res->failed_peer[0] = 0;
+    }
+    pthread_mutex_unlock(&st->mu);
     return rc;
 }
 
@@ -342,17 +457,24 @@ static int copy_tcp(const pl_layer_copier *self, const pl_layer_copy_job *job,
     if (!job->dst && p->ncopies > 0)
         return pl_errf(err, errlen, "plan gives an idle worker %d layers to receive", p->ncopies);
     if (pl_layer_copy_check_parts(p, err, errlen)) return -1;
-    tcp_copies tc = {.t = self->ctx, .job = job};
+    const pl_layer_copy_tcp *t = self->ctx;
+    pl_layer_copy_stop own; /* the copy's own failure shuts its streams without one */
+    stop_init(&own);
+    tcp_copies tc = {.t = t, .job = job, .stop = t->stop ? t->stop : &own,
+                     .maxsend = p->nsends, .maxrecv = p->ncopies};
     tc.snd = calloc((size_t)p->nsends + 1, sizeof *tc.snd);
     tc.rcv = calloc((size_t)p->ncopies + 1, sizeof *tc.rcv);
     int rc = -1;
     if (!tc.snd || !tc.rcv) {
         pl_errf(err, errlen, "out of memory");
     } else if (start_senders(&tc, err, errlen) == 0 && make_dst(&tc, res, err, errlen) == 0) {
+        stop_attach(&tc);
         rc = accept_sources(&tc, err, errlen);
         if (rc == 0) rc = fill_dst(job, res, err, errlen);
     }
-    rc = join_all(&tc, rc, res, err, errlen);
+    if (rc) stop_streams(&tc);
+    rc = detach_stop(&tc, join_all(&tc, rc, res, err, errlen), res, err, errlen);
+    pthread_mutex_destroy(&own.mu);
     free(tc.snd);
     free(tc.rcv);
     free(tc.wants);
