@@ -1,0 +1,103 @@
+/* The populating helper of a receiver (worker/engine/populate_ahead.h) over a CPU block:
+ * every range the receiver reaches is present (mapped: /proc/self/pagemap) and keeps what
+ * was written, a receiver that stops early stops the helper, and a helper never
+ * started stops at once. */
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "populate_ahead.h"
+
+enum { NR = 24 };
+
+typedef struct {
+    unsigned char *p;
+    size_t at[NR + 1]; /* range i: [at[i], at[i + 1]) */
+} ranges;
+
+static void range_of(void *ctx, int i, void **p, size_t *bytes)
+{
+    const ranges *r = ctx;
+    *p = r->p + r->at[i];
+    *bytes = r->at[i + 1] - r->at[i];
+}
+
+/* Ranges of uneven sizes (21 MB in all), most not on page boundaries, over block p. */
+static ranges make_ranges(unsigned char *p)
+{
+    ranges r = {.p = p};
+    for (int i = 0; i < NR; i++) r.at[i + 1] = r.at[i] + ((size_t)(i % 5) + 1) * 300001;
+    return r;
+}
+
+/* Pages of [p, p + bytes) not mapped in this process (pagemap's bit 63), or −1. */
+static long absent_pages(const void *p, size_t bytes)
+{
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t lo = (uintptr_t)p / pg, hi = ((uintptr_t)p + bytes + pg - 1) / pg;
+    const int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    long absent = fd < 0 ? -1 : 0;
+    for (uintptr_t v = lo; v < hi && absent >= 0; v++) {
+        uint64_t e = 0;
+        if (pread(fd, &e, sizeof e, (off_t)(v * sizeof e)) != (ssize_t)sizeof e)
+            absent = -1;
+        else
+            absent += !(e >> 63);
+    }
+    if (fd >= 0) close(fd);
+    return absent;
+}
+
+static void test_every_range_present_and_kept(void)
+{
+    char err[128];
+    kn_ctx *k = kn_create("cpu", 1, err, sizeof err);
+    CHECK(k);
+    unsigned char *p = kn_alloc(k, (size_t)24 << 20);
+    CHECK(p);
+    ranges r = make_ranges(p);
+    const int can = kn_populate(k, p, 1) == 0;
+    pl_ahead a;
+    pl_ahead_start(&a, k, NR, range_of, &r);
+    long absent = 0;
+    for (int i = 0; i < NR; i++) {
+        pl_ahead_reach(&a, i);
+        absent += absent_pages(p + r.at[i], r.at[i + 1] - r.at[i]);
+        memset(p + r.at[i], i + 1, r.at[i + 1] - r.at[i]);
+    }
+    pl_ahead_stop(&a);
+    if (can) CHECK_EQ_INT(absent, 0);
+    for (int i = 0; i < NR; i++)
+        for (size_t x = r.at[i]; x < r.at[i + 1]; x++) CHECK_EQ_INT(p[x], i + 1);
+    kn_free(k, p);
+    kn_destroy(k);
+}
+
+static void test_receiver_stopping_early_stops_the_helper(void)
+{
+    char err[128];
+    kn_ctx *k = kn_create("cpu", 1, err, sizeof err);
+    CHECK(k);
+    unsigned char *p = kn_alloc(k, (size_t)24 << 20);
+    CHECK(p);
+    ranges r = make_ranges(p);
+    pl_ahead a, never = {0};
+    pl_ahead_start(&a, k, NR, range_of, &r);
+    pl_ahead_reach(&a, 0);
+    p[0] = 7;
+    pl_ahead_stop(&a);
+    CHECK(!a.running);
+    CHECK_EQ_INT(atomic_load(&a.reached), NR);
+    pl_ahead_stop(&never);
+    CHECK_EQ_INT(p[0], 7);
+    kn_free(k, p);
+    kn_destroy(k);
+}
+
+TEST_MAIN_BEGIN
+RUN(test_every_range_present_and_kept);
+RUN(test_receiver_stopping_early_stops_the_helper);
+TEST_MAIN_END
