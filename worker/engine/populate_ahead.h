@@ -5,9 +5,10 @@
  * stream then waits for (docs/runtime.md "Where a layer copy's time goes").
  *
  * The receiver writes ranges 0 … n−1 in that order and calls pl_ahead_reach(a, i) before
- * writing range i: the helper skips the ranges the receiver has reached, and the receiver
- * populates a range itself when the helper has not finished it (both may work on one range
- * at once: populating keeps what the memory holds). */
+ * writing range i. The helper populates them in the same order from the start, skipping
+ * those the receiver has finished: where the receiver catches up with it, the receiver
+ * faults in the pages at its position while the helper populates further on in the same
+ * range (populating keeps what the memory holds), so that the two split the work. */
 #ifndef PLIANT_POPULATE_AHEAD_H
 #define PLIANT_POPULATE_AHEAD_H
 
@@ -25,17 +26,15 @@ typedef struct {
     int n;
     pl_ahead_range range;
     void *ctx;
-    atomic_int reached; /* ranges the receiver has begun; n once it stops */
-    atomic_int ready;   /* ranges the helper is done with: populated, or skipped as begun */
+    atomic_int reached; /* ranges the receiver has begun; n + 1 once it stops */
     int running;
     pthread_t th;
 } pl_ahead;
 
 /* Starts the helper over n ranges of memory of k. Where no thread starts, the receiver
- * populates each range itself (pl_ahead_reach), as it would without a helper. */
+ * populates each range itself (pl_ahead_reach), in one call rather than a fault a page. */
 void pl_ahead_start(pl_ahead *a, kn_ctx *k, int n, pl_ahead_range range, void *ctx);
-/* The receiver is about to write range i (ranges in increasing order): on return the range
- * is present, where the backend can make it so (else its pages come when touched). */
+/* The receiver is about to write range i (ranges in increasing order). */
 void pl_ahead_reach(pl_ahead *a, int i);
 /* Stops the helper and waits for it: the receiver is done or failed. A zeroed pl_ahead
  * (never started) is stopped already. */
