@@ -8,9 +8,8 @@
  *   fresh       a new memory file mapping (what kn_alloc gives), received into, each page
  *               faulted, allocated and zeroed inside the receive's copy
  *   populate    the same, each tensor's pages made present first (MADV_POPULATE_WRITE)
- *   ahead       the same, a helper thread populating the tensors ahead of the receive, the
- *               receiver populating a tensor the helper has not finished (pl_ahead: what
- *               the layer copies do, worker/engine/populate_ahead.h)
+ *   ahead       the same, a helper thread populating the tensors ahead of the receive
+ *               (pl_ahead: what the layer copies do, worker/engine/populate_ahead.h)
  *   fallocate   the memory file's pages allocated first (fallocate), then received into
  *   pwrite      each 4 MiB frame received into a warm buffer and checked there, then
  *               written into the file (pwrite: pages wholly written are not zeroed); the
@@ -283,14 +282,17 @@ static void print_loadavg(const char *when)
     printf("load average %s: %s", when, line);
 }
 
-/* Every variant reps times, interleaved; one row each. */
+/* Every variant reps times, interleaved, each repetition starting one variant later (a
+ * variant that follows one that freed memory gets the pages the kernel just had back). */
 static int bench(pl_conn *tx, pl_conn *rx, float *src, float *warm, size_t n, int reps)
 {
     double ts[NVAR][MAXREPS];
     long faults[NVAR] = {0};
     for (int k = 0; k < reps; k++)
-        for (int v = 0; v < NVAR; v++)
+        for (int u = 0; u < NVAR; u++) {
+            const int v = (u + k) % NVAR;
             if (run_once(v, tx, rx, src, warm, n, &ts[v][k], &faults[v])) return -1;
+        }
     const double bytes = (double)n * sizeof(float), warm_t = median(ts[WARM], reps);
     printf("%-24s | %9s | %9s | %7s | %s\n", "variant", "median", "rate", "of warm",
            "faults left");

@@ -5,8 +5,9 @@
  * step, and each call holds the address-space lock for a short time (kn_populate). */
 #define STEP ((size_t)4 << 20)
 
-/* Range i made present until the receiver has finished it; −1 where the backend cannot
- * populate (the helper stops: the receiver's writes fault the pages in). */
+/* Range i made present until the receiver has finished it (the helper began it first, so
+ * it works ahead of the receiver's position in it); −1 where the backend cannot populate
+ * (the helper stops: the receiver's writes fault the pages in). */
 static int populate_range(pl_ahead *a, int i)
 {
     void *p;
@@ -21,8 +22,10 @@ static int populate_range(pl_ahead *a, int i)
 static void *ahead_main(void *arg)
 {
     pl_ahead *a = arg;
+    /* a range the receiver has begun is skipped: starting it behind the receiver, the
+     * helper would chase it over the same pages */
     for (int i = 0; i < a->n; i++)
-        if (atomic_load(&a->reached) <= i + 1 && populate_range(a, i)) break;
+        if (atomic_load(&a->reached) <= i && populate_range(a, i)) break;
     return NULL;
 }
 

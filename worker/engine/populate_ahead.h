@@ -5,10 +5,11 @@
  * stream then waits for (docs/runtime.md "Where a layer copy's time goes").
  *
  * The receiver writes ranges 0 … n−1 in that order and calls pl_ahead_reach(a, i) before
- * writing range i. The helper populates them in the same order from the start, skipping
- * those the receiver has finished: where the receiver catches up with it, the receiver
- * faults in the pages at its position while the helper populates further on in the same
- * range (populating keeps what the memory holds), so that the two split the work. */
+ * writing range i. The helper populates them in the same order, skipping those the
+ * receiver has begun before the helper came to them; where the receiver catches up with
+ * it, the receiver faults in the pages at its position while the helper populates further
+ * on in the same range (populating keeps what the memory holds), so that the two split
+ * the work and never do the same pages twice. */
 #ifndef PLIANT_POPULATE_AHEAD_H
 #define PLIANT_POPULATE_AHEAD_H
 
