@@ -25,15 +25,28 @@ static void range_of(void *ctx, int i, void **p, size_t *bytes)
     *bytes = r->at[i + 1] - r->at[i];
 }
 
-/* Ranges of uneven sizes (21 MB in all), most not on page boundaries, over block p. */
-static ranges make_ranges(unsigned char *p)
+/* A CPU context, a 24 MiB block and ranges of uneven sizes (21 MB in all), most not on
+ * page boundaries, over it. */
+typedef struct {
+    kn_ctx *k;
+    ranges r;
+} fixture;
+
+static int fixture_open(fixture *f)
 {
-    ranges r = {.p = p};
-    for (int i = 0; i < NR; i++) r.at[i + 1] = r.at[i] + ((size_t)(i % 5) + 1) * 300001;
-    return r;
+    char err[128];
+    *f = (fixture){.k = kn_create("cpu", 1, err, sizeof err)};
+    if (!f->k || !(f->r.p = kn_alloc(f->k, (size_t)24 << 20))) return -1;
+    for (int i = 0; i < NR; i++) f->r.at[i + 1] = f->r.at[i] + ((size_t)(i % 5) + 1) * 300001;
+    return 0;
 }
 
-/* Pages of [p, p + bytes) not mapped in this process (pagemap's bit 63), or −1. */
+static void fixture_close(fixture *f)
+{
+    kn_free(f->k, f->r.p);
+    kn_destroy(f->k);
+}
+
 static long absent_pages(const void *p, size_t bytes)
 {
     const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
@@ -65,62 +78,48 @@ static void write_ranges(pl_ahead *a, kn_ctx *k, ranges *r)
         for (size_t x = r->at[i]; x < r->at[i + 1]; x++) CHECK_EQ_INT(r->p[x], i + 1);
 }
 
+/* Waits up to 10 s for the helper to make every range present, where the backend can. */
 static void test_helper_populates_ahead(void)
 {
-    char err[128];
-    kn_ctx *k = kn_create("cpu", 1, err, sizeof err);
-    CHECK(k);
-    unsigned char *p = kn_alloc(k, (size_t)24 << 20);
-    CHECK(p);
-    ranges r = make_ranges(p);
-    const int can = kn_populate(k, p, 1) == 0;
+    fixture f;
+    CHECK(fixture_open(&f) == 0);
+    const int can = kn_populate(f.k, f.r.p, 1) == 0;
     pl_ahead a;
-    pl_ahead_start(&a, k, NR, range_of, &r);
+    pl_ahead_start(&a, f.k, NR, range_of, &f.r);
     long absent = -1;
     for (int t = 0; can && t < 1000 && absent; t++) {
-        absent = absent_pages(p, r.at[NR]);
+        absent = absent_pages(f.r.p, f.r.at[NR]);
         usleep(10000);
     }
     if (can) CHECK_EQ_INT(absent, 0);
-    write_ranges(&a, k, &r);
-    kn_free(k, p);
-    kn_destroy(k);
+    write_ranges(&a, f.k, &f.r);
+    fixture_close(&f);
 }
 
 static void test_writes_beside_the_helper_are_kept(void)
 {
-    char err[128];
-    kn_ctx *k = kn_create("cpu", 1, err, sizeof err);
-    CHECK(k);
-    unsigned char *p = kn_alloc(k, (size_t)24 << 20);
-    CHECK(p);
-    ranges r = make_ranges(p);
+    fixture f;
+    CHECK(fixture_open(&f) == 0);
     pl_ahead a;
-    pl_ahead_start(&a, k, NR, range_of, &r);
-    write_ranges(&a, k, &r);
-    kn_free(k, p);
-    kn_destroy(k);
+    pl_ahead_start(&a, f.k, NR, range_of, &f.r);
+    write_ranges(&a, f.k, &f.r);
+    fixture_close(&f);
 }
 
 static void test_receiver_stopping_early_stops_the_helper(void)
 {
-    char err[128];
-    kn_ctx *k = kn_create("cpu", 1, err, sizeof err);
-    CHECK(k);
-    unsigned char *p = kn_alloc(k, (size_t)24 << 20);
-    CHECK(p);
-    ranges r = make_ranges(p);
+    fixture f;
+    CHECK(fixture_open(&f) == 0);
     pl_ahead a, never = {0};
-    pl_ahead_start(&a, k, NR, range_of, &r);
+    pl_ahead_start(&a, f.k, NR, range_of, &f.r);
     pl_ahead_reach(&a, 0);
-    p[0] = 7;
+    f.r.p[0] = 7;
     pl_ahead_stop(&a);
     CHECK(!a.running);
     CHECK_EQ_INT(atomic_load(&a.reached), NR + 1);
     pl_ahead_stop(&never);
-    CHECK_EQ_INT(p[0], 7);
-    kn_free(k, p);
-    kn_destroy(k);
+    CHECK_EQ_INT(f.r.p[0], 7);
+    fixture_close(&f);
 }
 
 TEST_MAIN_BEGIN
