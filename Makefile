@@ -72,7 +72,7 @@ ASAN_LIBS       := $(LIBS:$(BUILD)/lib/%=$(BUILD)/asan/lib/%)
 DEBIAN_DEPS := build-essential pkg-config python3 libcjson-dev libcurl4-openssl-dev libyaml-dev \
                libwebsockets-dev libssl-dev libopenblas-dev clang libclang-rt-14-dev
 
-.PHONY: test-e2e test-faults all deps deps-test test unit-tests bench bench-planner bench-kernels bench-train bench-comm bench-trace bench-papers bench-recovery cuda clean
+.PHONY: test-e2e test-faults all deps deps-test test unit-tests bench bench-planner bench-kernels bench-train bench-comm bench-recv bench-trace bench-papers bench-recovery cuda clean
 all: $(BUILD)/bin/pliant $(BUILD)/bin/pliant-operator
 
 # Only the dashboard's browser test needs it (tests/cli/test_dashboard.py skips without).
@@ -271,6 +271,10 @@ bench-kernels: $(BUILD)/bench/kernels_bench
 	$(BUILD)/bench/kernels_bench
 bench-comm: $(BUILD)/bench/comm_bench
 	$(BUILD)/bench/comm_bench
+# Receiving a stream of tensors into fresh memory, each way of preparing it (bench/README.md
+# "Receiving into fresh memory"); RECV_BENCH_ARGS: e.g. "--mb 256 --reps 3 --huge"
+bench-recv: $(BUILD)/bench/recv_bench
+	$(BUILD)/bench/recv_bench $(RECV_BENCH_ARGS)
 # Single-loss recoveries of GPT-2 124M/350M-shaped local jobs against their bound; MODELS: a
 # comma-separated subset of gpt2-124m,gpt2-350m; WORKERS: 7 for layers copied in parts from two
 # holders (bench/README.md "Recovery at size")

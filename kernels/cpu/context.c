@@ -111,6 +111,10 @@ static void *map_block(size_t n)
         if (fd >= 0) close(fd);
         return NULL;
     }
+    /* huge pages where the system gives them to memory files on request (shmem_enabled
+     * "advise"): a 2 MiB page is allocated, zeroed and populated at a fraction of the cost
+     * of 512 small ones; elsewhere the advice changes nothing, and a refusal is no error */
+    (void)madvise(base, len, MADV_HUGEPAGE);
     *hdr_of(base + MAP_HDR) = (alloc_hdr){.magic = ALLOC_MAGIC_MAP, .fd = fd, .len = len};
     return base + MAP_HDR;
 }

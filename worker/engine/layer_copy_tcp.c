@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "populate_ahead.h"
 #include "util.h"
 
 /* A tensor asked for, or part of one (pl_layer_copy_part_span): the frame carries these. */
@@ -253,23 +254,40 @@ static void *sender_main(void *arg)
 
 /* ---- the destination's side: one thread per source ---- */
 
-static int recv_tensors(copy_receiver *r, host_stage *stage)
+/* Where array j of the k-th tensor asked for goes in dst: its first float and count. */
+static float *want_span(const copy_receiver *r, int k, int j, size_t *cnt)
+{
+    const tensor_ref *w = &r->want[k];
+    const pl_engine_tensor *t = pl_engine_find(r->dst, w->layer, w->index);
+    size_t off;
+    pl_layer_copy_part_span(t->spec.numel, w->part, w->parts, &off, cnt);
+    float *arr[ARRAYS] = {r->dst->params, r->dst->m, r->dst->v};
+    return arr[j] + t->offset + off;
+}
+
+/* pl_ahead_range: range i is array i % ARRAYS of the (i / ARRAYS)-th tensor asked for, the
+ * order the source streams them. */
+static void want_range(void *ctx, int i, void **p, size_t *bytes)
+{
+    size_t cnt;
+    *p = want_span(ctx, i / ARRAYS, i % ARRAYS, &cnt);
+    *bytes = cnt * sizeof(float);
+}
+
+/* On the CPU backend each range is present before it is received into (ahead: a helper
+ * populates the new engine's fresh pages ahead of the stream, so that the receive's copy
+ * does not stop to fault each page in); off it, each passes through the stage. */
+static int recv_tensors(copy_receiver *r, host_stage *stage, pl_ahead *ahead)
 {
     for (int k = 0; k < r->nwant; k++) {
-        const tensor_ref *w = &r->want[k];
-        const pl_engine_tensor *t = pl_engine_find(r->dst, w->layer, w->index);
-        size_t off, cnt;
-        pl_layer_copy_part_span(t->spec.numel, w->part, w->parts, &off, &cnt);
-        float *arr[ARRAYS] = {r->dst->params, r->dst->m, r->dst->v};
+        size_t cnt = 0;
         for (int j = 0; j < ARRAYS; j++) {
-            float *dst = arr[j] + t->offset + off;
+            float *dst = want_span(r, k, j, &cnt);
             float *x = stage->on ? stage_room(stage, cnt) : dst;
-            /* the new engine's fresh pages in one call rather than a fault each inside
-             * the receive: about half the CPU time, on cores the copy needs */
-            if (!stage->on) kn_populate(stage->k, dst, cnt * sizeof(float));
             if (!x)
                 return pl_errf(r->err, sizeof r->err, "out of memory staging a layer from %s",
                                r->source);
+            if (!stage->on) pl_ahead_reach(ahead, ARRAYS * k + j);
             if (pl_conn_recv_floats(r->c, (uint32_t)(ARRAYS * k + j), x, cnt,
                                     PL_LAYER_COPY_TIMEOUT_MS, r->err, sizeof r->err))
                 return -1;
@@ -285,12 +303,15 @@ static void *receiver_main(void *arg)
 {
     copy_receiver *r = arg;
     host_stage stage = stage_for(r->dst->k);
+    pl_ahead ahead = {0};
+    if (!stage.on) pl_ahead_start(&ahead, r->dst->k, ARRAYS * r->nwant, want_range, r);
     r->rc = pl_conn_send_frame(r->c, PL_LAYER_COPY_FRAME_REQ, 0, 0, r->want,
                                (size_t)r->nwant * sizeof(tensor_ref), PL_LAYER_COPY_TIMEOUT_MS,
                                r->err, sizeof r->err) ||
-            recv_tensors(r, &stage) ||
+            recv_tensors(r, &stage, &ahead) ||
             pl_conn_send_frame(r->c, PL_LAYER_COPY_FRAME_ACK, 0, 0, NULL, 0,
                                PL_LAYER_COPY_TIMEOUT_MS, r->err, sizeof r->err);
+    pl_ahead_stop(&ahead);
     stage_free(&stage);
     return NULL;
 }
