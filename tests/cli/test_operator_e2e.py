@@ -26,7 +26,9 @@ each job's EndpointSlice with address 127.0.0.1 and a NetworkPolicy per job).
   log_levels                                    --log-level error|warn|info|debug
   workers_profile_evaluate_and_checkpoint       profile auto, evalEvery, checkpoints: status, resume
   leader_failover_continues_training            two operators with --leader-elect; the EndpointSlice follows,
-                                                the dashboard too (503 on the follower)
+                                                the dashboard too (503 on the follower); a job
+                                                created leaderless gets its own port; a port
+                                                still held makes the new leader wait (PortInUse)
 The first two need only the emulator and kubectl; the others are skipped while
 build/bin/pliant-operator is missing, and the failover test while
 `pliant-operator --version`/`--help` does not mention hello_resume (workers
@@ -43,6 +45,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -1206,14 +1209,33 @@ def other_of(ident):
     return "op-b" if ident == "op-a" else "op-a"
 
 
-@e2e_test("failover", jobs=[("ha", "ha")])
+def hold_port(port):
+    """A socket listening on the port (0.0.0.0), once the process that had it let it go."""
+    deadline = time.monotonic() + 5
+    while True:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+            s.listen(1)
+            return s
+        except OSError:
+            s.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
+@e2e_test("failover", jobs=[("ha", "ha"), ("a-new", "ha")])
 def leader_failover_continues_training():
     """two operators with --leader-elect; SIGKILL of the Lease holder
     mid-training: the other takes the Lease over and training continues on the same
     worker Pods (no new Pod, no container restart), status.step never goes back by
     more than the in-flight step, the job succeeds. A job created while no operator
     leads (named to come first) starts on a port of its own: the running job keeps
-    the control port its workers dial."""
+    the control port its workers dial, and while that port is still held (as by a
+    leader still exiting) the new leader waits for it (a PortInUse Event) rather than
+    move the job."""
     if state["op"] is not None:     # it watches namespace default only, but leave the field to the pair
         state["op"].stop()
     ensure_crd()
@@ -1254,9 +1276,13 @@ def leader_failover_continues_training():
     check(port, "status.coordinatorPort %r", port)
     t_kill = time.monotonic()
     pair[leader].kill()
+    held = hold_port(port)          # as a leader still exiting would: the new one waits for it
     apply(job_manifest("a-new", 30, ns="ha", max_=1, tolerate=0))
     other = other_of(leader)
     wait_for("%s to take the Lease over" % other, lambda: holder() == other, 60, 0.2, alive=ops_dead)
+    wait_for("a PortInUse Event while port %d is held" % port,
+             lambda: "PortInUse" in event_reasons("ha", ns="ha"), 30, 0.2, alive=ops_dead)
+    held.close()
     wait_for("the new leader %s to rewrite the EndpointSlice" % other,
              lambda: emu().get(slice_path)["endpoints"][0]["addresses"] == [address[other]], 60, 0.2,
              alive=ops_dead)
