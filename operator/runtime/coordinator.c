@@ -2728,16 +2728,21 @@ int pl_coord_saved(pl_coord *c, const char *name, const pl_msg_saved *sv)
     return PL_COORD_OK;
 }
 
+/* A checkpoint slot emptied (its step 0: free). */
+static void clear_slot(csaving *slot)
+{
+    free(slot->covered);
+    memset(slot, 0, sizeof *slot);
+}
+
 /* A restart from the checkpoint of `step`: the attempts at later checkpoints, failed with
  * their writers or in flight, are void; those steps' checkpoints are written afresh when
  * their commits come again (a failed slot left would ignore the new attempt's `saved`). */
 static void forget_saving_after(pl_coord *c, int64_t step)
 {
     for (int k = 0; k < SAVING_SLOTS; k++)
-        if (c->saving[k].step > step) {
-            free(c->saving[k].covered);
-            memset(&c->saving[k], 0, sizeof c->saving[k]);
-        }
+        if (c->saving[k].step > step)
+            clear_slot(&c->saving[k]);
     if (c->ckpt_writing > step)
         c->ckpt_writing = 0;
     c->ckpt_retry = 0;
@@ -2750,10 +2755,8 @@ static void forget_saving_after(pl_coord *c, int64_t step)
 static void drop_saving(pl_coord *c, int64_t step)
 {
     for (int k = 0; k < SAVING_SLOTS; k++)
-        if (c->saving[k].step && c->saving[k].step <= step) {
-            free(c->saving[k].covered);
-            memset(&c->saving[k], 0, sizeof c->saving[k]);
-        }
+        if (c->saving[k].step && c->saving[k].step <= step)
+            clear_slot(&c->saving[k]);
 }
 
 int pl_coord_checkpoint_done(pl_coord *c, const char *name, int64_t step, const char *error)
@@ -2838,8 +2841,7 @@ static csaving *new_saving_slot(pl_coord *c, int64_t step)
     for (int k = 1; k < SAVING_SLOTS; k++)
         if (c->saving[k].step < slot->step)
             slot = &c->saving[k];
-    free(slot->covered);
-    memset(slot, 0, sizeof *slot);
+    clear_slot(slot);
     slot->asked = -1;
     if (!(slot->covered = calloc((size_t)c->nlayers, 1)))
         return NULL;

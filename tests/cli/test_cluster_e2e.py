@@ -189,8 +189,13 @@ def audit_requests():
 
 
 def tj(name, steps, ns=NS, max_=2, model=None, tolerate=0, worker=None, **spec):
-    """A TrainingJob reading the claim `data`; worker: fields added to spec.worker."""
-    w = {"terminationGracePeriodSeconds": 5, "env": [{"name": "PLIANT_THREADS", "value": "1"}],
+    """A TrainingJob reading the claim `data`; worker: fields added to spec.worker. The
+    workers use the OpenBLAS kernels this process was told to (OPENBLAS_CORETYPE), as the
+    `pliant run` references do: losses compare exactly only between the same kernels."""
+    env = [{"name": "PLIANT_THREADS", "value": "1"}]
+    if os.environ.get("OPENBLAS_CORETYPE"):
+        env.append({"name": "OPENBLAS_CORETYPE", "value": os.environ["OPENBLAS_CORETYPE"]})
+    w = {"terminationGracePeriodSeconds": 5, "env": env,
          "resources": {"requests": {"cpu": "100m"}},
          "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
          "volumeMounts": [{"name": "data", "mountPath": "/data"}]}
