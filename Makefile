@@ -72,7 +72,7 @@ ASAN_LIBS       := $(LIBS:$(BUILD)/lib/%=$(BUILD)/asan/lib/%)
 DEBIAN_DEPS := build-essential pkg-config python3 libcjson-dev libcurl4-openssl-dev libyaml-dev \
                libwebsockets-dev libssl-dev libopenblas-dev clang libclang-rt-14-dev
 
-.PHONY: test-e2e test-faults all deps deps-test test unit-tests bench bench-planner bench-kernels bench-train bench-comm bench-recv bench-trace bench-papers bench-recovery cuda clean
+.PHONY: test-e2e test-faults all deps deps-test test unit-tests bench bench-planner bench-kernels bench-train bench-comm bench-recv bench-trace bench-papers bench-recovery bench-simulate cuda clean
 all: $(BUILD)/bin/pliant $(BUILD)/bin/pliant-operator
 
 # Only the dashboard's browser test needs it (tests/cli/test_dashboard.py skips without).
@@ -286,6 +286,11 @@ bench-recovery: $(BUILD)/bin/pliant $(BUILD)/bench/comm_bench
 # redundant and checkpoint (about 6 minutes; SPEEDUP: trace compression, default 1000)
 bench-trace: $(BUILD)/bin/pliant $(BUILD)/bench/comm_bench
 	$(PYTHON) bench/trace_bench.py --build $(BUILD) $(if $(SPEEDUP),--speedup $(SPEEDUP))
+
+# `pliant simulate` against a real `pliant run --chaos trace:` of the same job, profile and
+# trace, each strategy (docs/simulate.md "Against a real replay"; about a minute, needs a quiet machine)
+bench-simulate: $(BUILD)/bin/pliant
+	$(PYTHON) bench/simulate_agreement_bench.py --build $(BUILD)
 
 # Oobleck's §7.3 and Bamboo's Table 2 setups in `pliant simulate`, the papers' figures beside
 # (bench/README.md "The papers' setups"; about a second)
