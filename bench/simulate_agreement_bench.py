@@ -19,6 +19,7 @@ Standard library only. Run from the repository root (about 60 s on a quiet machi
 """
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -54,14 +55,15 @@ ATTEMPTS = 3          # a load that changed between the profile and the replay: 
 COSTS = ["--cores", "2", "--install-ms", "60", "--startup", "0.1", "--notice", "0"]
 
 
-def pliant(bench, *args, timeout):
-    """`pliant ARGS`: its stdout; exits naming the command where it fails."""
+def pliant(bench, *args, timeout, stderr=False):
+    """`pliant ARGS`: its stdout (and stderr after it); exits naming the command where it
+    fails."""
     p = subprocess.run([bench.pliant] + [str(a) for a in args], cwd=REPO,
                        stdin=subprocess.DEVNULL, capture_output=True, text=True,
                        timeout=timeout)
     if p.returncode != 0:
         sys.exit("pliant %s: status %d\n%s" % (args[0], p.returncode, p.stderr[-2000:]))
-    return p.stdout
+    return p.stdout + (p.stderr if stderr else "")
 
 
 def trace(tmp):
@@ -100,8 +102,10 @@ def measured_profile(bench, job, path):
 def real_replay(bench, job, trace_path, metrics):
     """(samples/s over the trace, reconfigurations, mean ms of a step that is not a plan's
     first) of `pliant run --chaos trace:`."""
-    pliant(bench, "run", job, "--threads", "1", "--duration", SECONDS, "--metrics", metrics,
-           "--chaos", "trace:%s:1" % trace_path, timeout=120)
+    log = pliant(bench, "run", job, "--threads", "1", "--duration", SECONDS, "--metrics", metrics,
+                 "--chaos", "trace:%s:1" % trace_path, timeout=120, stderr=True)
+    with open(metrics + ".log", "w") as f:
+        f.write(log)
     with open(metrics) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     steps = [r for r in rows if "event" not in r]
@@ -141,9 +145,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default="build")
     ap.add_argument("--strategies", default="templates,redundant,checkpoint")
+    ap.add_argument("--keep", metavar="DIR", help="write the jobs, profiles, traces and the "
+                    "replays' metrics and logs into DIR and keep them")
     a = ap.parse_args()
     build = a.build if os.path.isabs(a.build) else os.path.join(REPO, a.build)
-    with tempfile.TemporaryDirectory(prefix="pliant-agree-") as tmp:
+    if a.keep:
+        os.makedirs(a.keep, exist_ok=True)
+    with (contextlib.nullcontext(os.path.abspath(a.keep)) if a.keep else
+          tempfile.TemporaryDirectory(prefix="pliant-agree-")) as tmp:
         bench = argparse.Namespace(pliant=os.path.join(build, "bin", "pliant"), tmp=tmp)
         data = shakespeare_shards(bench.pliant, tmp)
         trace_path = trace(tmp)
