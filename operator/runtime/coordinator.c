@@ -946,6 +946,20 @@ static int stable_holds(const pl_coord *c, int q, int j, int layer, int shadow)
     return b <= layer && layer < e;
 }
 
+/* Workers a and b trade places in pipeline nq's template. */
+static void swap_template_places(cpipe *nq, int a, int b)
+{
+    int *pa = NULL, *pb = NULL;
+    for (int k = 0; k < nq->tn; k++) {
+        if (nq->tw[k] == a) pa = &nq->tw[k];
+        if (nq->tw[k] == b) pb = &nq->tw[k];
+    }
+    if (pa && pb) {
+        *pa = b;
+        *pb = a;
+    }
+}
+
 /* Pipeline q of the stable plan after its losses (lost stages' layers to their
  * holders, the last stage first when stage 0 is lost: pl_rc_failover) into np->p[q].
  * 1 done, 0 a lost stage has no live holder, -1 out of memory. */
@@ -968,6 +982,11 @@ static int failover_pipe(pl_coord *c, int q, cplan *np)
         nlost += lost[j] = !c->w[sq->w[j]].live;
     }
     rc = pl_rc_failover(n, b, lost, keep, &nkeep, nq->layers);
+    /* Over the ring's wrap the last stage gives its layers to stage n - 2 and runs stage
+     * 0's: it takes the lost stage 0's place in the template, which re-instantiation reads
+     * as the layers a worker holds (a join then copies the last place's layers to it). */
+    if (rc && n >= 3 && lost[0] && nkeep && keep[0] == n - 1)
+        swap_template_places(nq, sq->w[0], sq->w[n - 1]);
     nq->nnodes = nkeep;
     nq->mb = sq->mb;
     for (int k = 0; rc && k < nkeep; k++) {

@@ -38,6 +38,10 @@ typedef struct {
 } sim;
 
 /* 6 layers, one GPU per node, memory such that n0 = 2. */
+/* The next sim_init's device memory, per cent of the model's training state (4 × params:
+ * 60 % makes pipelines of 2 and more), and its template set's largest pipeline. */
+static int sim_memory_pct = 60, sim_nmax = 6;
+
 static void make_profile(pl_profile *p)
 {
     memset(p, 0, sizeof *p);
@@ -60,7 +64,7 @@ static void make_profile(pl_profile *p)
         y->bwd_ns[0] = 2 * y->fwd_ns[0];
         total += y->param_bytes;
     }
-    p->gpu_memory_bytes = 4 * total * 6 / 10;
+    p->gpu_memory_bytes = 4 * total * sim_memory_pct / 100;
 }
 
 static void drain_free(sim *s)
@@ -148,8 +152,8 @@ static int sim_init(sim *s, int64_t steps, int n_start)
     char err[256];
     memset(s, 0, sizeof *s);
     make_profile(&s->p);
-    if (pl_templates_plan(&s->p, 6, 1, &s->ts, err, sizeof err) ||
-        pl_coverage_compute(&s->ts, 6, 1, GB, 1, &s->cov, err, sizeof err)) {
+    if (pl_templates_plan(&s->p, sim_nmax, 1, &s->ts, err, sizeof err) ||
+        pl_coverage_compute(&s->ts, sim_nmax, 1, GB, 1, &s->cov, err, sizeof err)) {
         printf("    planner: %s\n", err);
         return -1;
     }
@@ -643,6 +647,89 @@ static void test_redundant_failover_of_the_first_stage(void)
     const pl_coord_reconfig_rec *r = pl_coord_reconfig(s.c, 0);
     CHECK(r && r->bytes_planned == 0 && !r->from_checkpoint && strstr(r->cause, "failover"));
     CHECK(run_step(&s, 1) == 0);
+    sim_free(&s);
+}
+
+/* What each worker holds under its current plan: engine [lb, le), shadow [sb, se) (its
+ * successor's layers on the pipeline's ring; empty on a one-stage pipeline). */
+typedef struct {
+    int lb[MAXW], le[MAXW], sb[MAXW], se[MAXW];
+} holdings;
+
+static void take_holdings(const sim *s, holdings *h)
+{
+    memset(h, 0, sizeof *h);
+    for (int w = 0; w < s->nw; w++) {
+        const pl_msg_plan *p = &s->plan[w].u.plan;
+        h->lb[w] = h->le[w] = h->sb[w] = h->se[w] = 0;
+        if (!s->live[w] || s->plan[w].gen != s->gen || p->you_pipeline < 0) continue;
+        h->lb[w] = p->you_layer_begin;
+        h->le[w] = p->you_layer_end;
+        const pl_msg_pipeline *pp = &p->pipelines[p->you_pipeline];
+        if (pp->nnodes < 2) continue;
+        const int succ = widx(pp->nodes[(p->you_stage + 1) % pp->nnodes]);
+        h->sb[w] = s->plan[succ].u.plan.you_layer_begin;
+        h->se[w] = s->plan[succ].u.plan.you_layer_end;
+    }
+}
+
+/* Every layer of every live worker's new plan is one it held (h) or one copied to it. */
+static int layers_sourced(const sim *s, const holdings *h)
+{
+    for (int w = 0; w < s->nw; w++) {
+        const pl_msg_plan *p = &s->plan[w].u.plan;
+        if (!s->live[w] || p->you_pipeline < 0) continue;
+        for (int l = p->you_layer_begin; l < p->you_layer_end; l++) {
+            int ok = (h->lb[w] <= l && l < h->le[w]) || (h->sb[w] <= l && l < h->se[w]);
+            for (int k = 0; !ok && k < p->ncopies; k++)
+                ok = p->copies[k].layer == l;
+            if (!ok) return -1;
+        }
+    }
+    return 0;
+}
+
+/* Strategy redundant, stage 0 lost, then a node joins: the layout is restored, and the
+ * last stage, which ran [0, b1) since the failover and no longer holds its own layers,
+ * gets every layer of its new range from a holder (it held them before the failover
+ * only). */
+static void test_redundant_join_after_a_first_stage_failover(void)
+{
+    sim s;
+    sim_redundant = 1;
+    sim_memory_pct = 30; /* pipelines of 4: the ring's wrap moves the last stage's layers */
+    sim_nmax = 9;
+    const int begun = begin_run(&s, 6, 8) == 0 && run_step(&s, 0) == 0;
+    sim_redundant = 0;
+    sim_memory_pct = 60;
+    sim_nmax = 6;
+    CHECK(begun);
+    if (!begun)
+        return;
+    const pl_msg_plan *p0 = &s.plan[0].u.plan;
+    const int q = p0->you_pipeline, n = p0->pipelines[q].nnodes;
+    CHECK_EQ_INT(n, 4);
+    const int victim = widx(p0->pipelines[q].nodes[0]);
+    CHECK_EQ_INT(pl_coord_worker_lost(s.c, nm(victim), "closed connection"), PL_COORD_OK);
+    s.live[victim] = 0;
+    CHECK(drain(&s) == 0);
+    CHECK(strstr(pl_coord_reconfig(s.c, 0)->cause, "failover"));
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 1) == 0);
+    holdings h;
+    take_holdings(&s, &h);
+    const int64_t g = s.gen;
+    CHECK_EQ_INT(pl_coord_worker_registered(s.c, "w8", NULL, NULL, 0, 20), PL_COORD_OK);
+    s.live[8] = 1;
+    s.nw = 9;
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 2) == 0); /* the join takes effect after the step in flight */
+    CHECK_EQ_INT(s.gen, g + 1);
+    CHECK(layers_sourced(&s, &h) == 0);
+    all_copy_done(&s);
+    CHECK(drain(&s) == 0);
+    CHECK(run_step(&s, 3) == 0);
     sim_free(&s);
 }
 
@@ -2819,6 +2906,7 @@ RUN(test_three_steps);
 RUN(test_kill_mid_step);
 RUN(test_redundant_failover);
 RUN(test_redundant_failover_of_the_first_stage);
+RUN(test_redundant_join_after_a_first_stage_failover);
 RUN(test_redundant_restore_resumes_a_failover);
 RUN(test_redundant_restore_without_a_worker_fails_over);
 RUN(test_redundant_restore_a_lost_name_joins_anew);
