@@ -1138,6 +1138,23 @@ def redundant_fails_over_from_a_fault_in_every_phase():
 
 
 @test
+def redundant_loss_during_a_shadow_refill_costs_that_worker_only():
+    """Stage 1 of the 3-stage pipeline SIGKILLed in the first plan's shadow refill, right
+    after it sent its weights to its holder, stage 0: the holder's refill fails on the
+    stage link, and it gives the plan up and reports the peer instead of ending, so the
+    coordinator replans for one loss, not two (from step 0: no step ran). Every step once
+    with train's losses and samples."""
+    rows, rec, err = rc_chaos("rc-refill", "kill:0@step=99", 8,
+                              env={"PLIANT_FAULT": "shadow:1:kill@1"})
+    check("SIGKILL during a shadow's refill" in err, "no fault:\n%s", err[-1500:])
+    # before any step the new plan starts again from step 0
+    check(len(rec) == 1 and len(re.findall(r"\blost w\d+", rec[0]["cause"])) == 1 and
+          rec[0]["step"] == 0, "reconfigure: %s\n%s", rec, err[-2000:])
+    check(re.search(r"plan generation 1 given up: shadow layers: stage link", err),
+          "the holder did not give the plan up:\n%s", err[-2000:])
+
+
+@test
 def redundant_two_consecutive_losses_copy_from_survivors():
     """Stages 0 and 1 of the 3-stage pipeline SIGKILLed at once: stage 1's shadow holder,
     stage 0, is lost too, so no failover: the templates path copies layers from the

@@ -232,6 +232,20 @@ static int run_step(agent *a, int64_t s, char *err, size_t errlen)
 
 /* ---- the compute thread ---- */
 
+/* The peer whose connection failed the step or the plan's set-up (a ring or stage
+ * neighbour; not one only left out of step by the other's failure), or NULL. */
+static const char *failed_peer(agent *a)
+{
+    for (int r = 0; a->conns && r < a->nranks; r++) {
+        const int code = a->conns[r] ? pl_conn_status(a->conns[r]) : 0;
+        if (code && code != PL_COMM_ECANCELED) return pl_conn_peer_name(a->conns[r]);
+    }
+    for (int k = 0; a->link && k < 3; k++)
+        if (a->link_peer[k][0] && pl_tcp_link_status(a->link, a->link_stage[k], NULL, 0))
+            return a->link_peer[k];
+    return NULL;
+}
+
 static void on_plan(agent *a, const pl_msg *m)
 {
     char err[1024] = "";
@@ -249,6 +263,10 @@ static void on_plan(agent *a, const pl_msg *m)
         agent_post(a, &r);
         return;
     }
+    /* a neighbour lost during the set-up (its shadow's refill, the links' handshakes) is
+     * the coordinator's to replan for, not a reason for this worker to end */
+    const char *peer = a->broken[0] ? NULL : failed_peer(a);
+    if (peer) snprintf(a->broken, sizeof a->broken, "%s", peer);
     const int peer_fault = a->broken[0] != 0;
     if (!agent_superseded(a) && !peer_fault) {
         fail(a, "plan", err);
@@ -265,20 +283,6 @@ static void on_plan(agent *a, const pl_msg *m)
         snprintf(r.u.peer_broken.reason, sizeof r.u.peer_broken.reason, "%.200s", err);
         agent_post(a, &r);
     }
-}
-
-/* The peer whose connection failed the step (a ring or stage neighbour; not one only left
- * out of step by the other's failure), or NULL. */
-static const char *failed_peer(agent *a)
-{
-    for (int r = 0; a->conns && r < a->nranks; r++) {
-        const int code = a->conns[r] ? pl_conn_status(a->conns[r]) : 0;
-        if (code && code != PL_COMM_ECANCELED) return pl_conn_peer_name(a->conns[r]);
-    }
-    for (int k = 0; a->link && k < 3; k++)
-        if (a->link_peer[k][0] && pl_tcp_link_status(a->link, a->link_stage[k], NULL, 0))
-            return a->link_peer[k];
-    return NULL;
 }
 
 /* A failed step (a peer died or its link broke) is not fatal here: the coordinator learns

@@ -13,6 +13,7 @@
 static const char *const PHASES[] = {
     [PL_FAULT_FORWARD] = "forward",   [PL_FAULT_BACKWARD] = "backward",
     [PL_FAULT_SYNC] = "sync",         [PL_FAULT_COPY] = "copy",
+    [PL_FAULT_SHADOW] = "shadow",
     [PL_FAULT_COMMIT] = "commit",     [PL_FAULT_CHECKPOINT] = "checkpoint",
     [PL_FAULT_BADTOKEN] = "badtoken",
 };
@@ -134,7 +135,8 @@ static void fire(pl_fault *f, pl_fault_phase phase, int64_t at, const char *wher
     for (int i = 0; i < f->n; i++) {
         pl_fault_spec *x = &f->f[i];
         if (x->kind != phase || at != x->at) continue;
-        if (x->ranks && (f->gen != (phase == PL_FAULT_COPY ? x->at : 1) || f->rank < 0 ||
+        const int in_plan = phase == PL_FAULT_COPY || phase == PL_FAULT_SHADOW;
+        if (x->ranks && (f->gen != (in_plan ? x->at : 1) || f->rank < 0 ||
                          f->rank > 63 || !(x->ranks >> f->rank & 1)))
             continue; /* ranks of the first plan: a redone step must not fire it again */
         if (atomic_exchange(&x->fired, 1)) continue;
@@ -175,6 +177,11 @@ void pl_fault_after_copy_send(void *ctx)
 {
     pl_fault *f = ctx;
     fire(f, PL_FAULT_COPY, f->gen, "a layer copy");
+}
+
+void pl_fault_after_shadow_send(pl_fault *f)
+{
+    fire(f, PL_FAULT_SHADOW, f->gen, "a shadow's refill");
 }
 
 void pl_fault_on_commit(pl_fault *f, int64_t step)

@@ -8,6 +8,8 @@
  *   backward:STEP    before the backward of that microbatch (no all-reduce started yet)
  *   sync:STEP        between two layer all-reduces of step STEP (before the second)
  *   copy:GENERATION  after the first tensor it sends in a layer copy of plan GENERATION
+ *   shadow:GENERATION  after the first state buffer (its weights) it sends to its shadow's
+ *                    holder in plan GENERATION's refill (strategy redundant)
  *   commit:STEP      on the commit of step STEP, before applying it (others may have)
  *   checkpoint:STEP  once its layers of the checkpoint of step STEP are written, before
  *                    it tells the coordinator (`saved`)
@@ -17,7 +19,7 @@
  * connection is closed; the worker goes on and connects again) or stall (the thread of the
  * operation blocks for good, the control thread and its heartbeats go on: a compute thread
  * stuck in a kernel or a deadlock; only the step deadline finds it). @RANK: only where the
- * worker has one of these ranks in the first plan (copy: in plan GENERATION). Workers
+ * worker has one of these ranks in the first plan (copy, shadow: in plan GENERATION). Workers
  * register, and so get their places, in no fixed order: a rank names a place, pipelines
  * flattened in stage order; and a step redone under a new plan, where another worker has
  * that rank, does not fire it again. Each fault fires once per worker.
@@ -42,6 +44,7 @@ typedef enum {
     PL_FAULT_BACKWARD,
     PL_FAULT_SYNC,
     PL_FAULT_COPY,
+    PL_FAULT_SHADOW,
     PL_FAULT_COMMIT,
     PL_FAULT_CHECKPOINT,
     PL_FAULT_BADTOKEN
@@ -60,7 +63,7 @@ typedef enum {
 typedef struct {
     pl_fault_phase kind;
     pl_fault_action action;
-    int64_t at;          /* the step, or the plan generation (copy) */
+    int64_t at;          /* the step, or the plan generation (copy, shadow) */
     uint64_t ranks;      /* bit r: fires at plan rank r; 0: at any */
     atomic_int fired;    /* once */
 } pl_fault_spec;
@@ -98,6 +101,9 @@ pl_fault_reduce_hook *pl_fault_step_hook(pl_fault *f, int64_t step);
 
 /* The TCP copier's after_send hook (ctx = f): fires in a copy fault's plan. */
 void pl_fault_after_copy_send(void *ctx);
+
+/* This worker sent its weights to its shadow's holder: fires in a shadow fault's plan. */
+void pl_fault_after_shadow_send(pl_fault *f);
 
 /* The commit of step arrived (before it is applied). */
 void pl_fault_on_commit(pl_fault *f, int64_t step);

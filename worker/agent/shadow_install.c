@@ -157,8 +157,9 @@ static int serve_holder(agent *a, const pl_stage_link *l, int holder, int64_t st
     const int64_t kept = ask[0] == a->e.begin && ask[1] == a->e.end && ask[2] == step;
     if (send_ints(l, holder, REFRESH_ANSWER, &kept, 1, err, errlen)) return -1;
     if (kept) return 0;
-    return send_state(a, l, holder, REFRESH_PARAMS, a->e.params, err, errlen) ||
-                   send_state(a, l, holder, REFRESH_M, a->e.m, err, errlen) ||
+    if (send_state(a, l, holder, REFRESH_PARAMS, a->e.params, err, errlen)) return -1;
+    pl_fault_after_shadow_send(&a->fault);
+    return send_state(a, l, holder, REFRESH_M, a->e.m, err, errlen) ||
                    send_state(a, l, holder, REFRESH_V, a->e.v, err, errlen)
                ? -1
                : 0;
