@@ -82,12 +82,15 @@ static int parse_below_minimum(const char *s, sim_args *a, char *err, size_t err
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         pl_below_minimum b;
         if (pl_below_minimum_from_name(tok, &b))
-            return pl_errf(err, errlen, "--below-minimum: unknown value %s (wait, degrade, all)", tok);
+            return pl_errf(err, errlen, "--below-minimum: unknown value %s (wait, degrade, all)",
+                           tok);
         for (int i = 0; i < a->nbelow; i++)
-            if (a->below[i] == b) return pl_errf(err, errlen, "--below-minimum: %s given twice", tok);
+            if (a->below[i] == b)
+                return pl_errf(err, errlen, "--below-minimum: %s given twice", tok);
         a->below[a->nbelow++] = b;
     }
-    if (!a->nbelow) return pl_errf(err, errlen, "--below-minimum: expected wait, degrade, wait,degrade or all");
+    if (!a->nbelow)
+        return pl_errf(err, errlen, "--below-minimum: expected wait, degrade, wait,degrade or all");
     return 0;
 }
 

@@ -165,7 +165,8 @@ int pl_sim_report_write(FILE *f, const pl_sim_report_info *info, const pl_sim_ou
     int rc = lists && runs ? 0 : -1;
     for (int i = 0; i < n && !rc; i++) {
         run_events(&lists[i], info, &res[i], timelines[i]);
-        runs[i] = (pl_dashboard_run){.name = names ? names[i] : res[i].strategy, .events = (const char *const *)lists[i].ev,
+        runs[i] = (pl_dashboard_run){.name = names ? names[i] : res[i].strategy,
+                                     .events = (const char *const *)lists[i].ev,
                                      .n = lists[i].n};
         rc = lists[i].oom ? -1 : 0;
     }

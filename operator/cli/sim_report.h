@@ -1,7 +1,8 @@
 /* `pliant simulate --report`: the dashboard's page (dashboard.h, docs/dashboard.md) with
- * each simulation (a strategy, or a strategy under a belowMinimum) built in as a run of the feed's events, chosen on the page:
- * throughput over the steps with the reconfigurations, the timeline of the trace's
- * events and of the recoveries, dollars and samples per dollar. Readable offline.
+ * each simulation (a strategy, or a strategy under a belowMinimum) built in as a run of the
+ * feed's events, chosen on the page: throughput over the steps with the reconfigurations,
+ * the timeline of the trace's events and of the recoveries, dollars and samples per dollar.
+ * Readable offline.
  * Single-threaded; reads the results and timelines, owns nothing it returns. */
 #ifndef PLIANT_SIM_REPORT_H
 #define PLIANT_SIM_REPORT_H
