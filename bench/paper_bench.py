@@ -21,6 +21,10 @@ Then zone-correlated preemption on the Oobleck setup (--zones 3 --zone-loss 0.1,
 asking for 6 or 8 nodes): the coordinator's zone-aware placement against placement by rank
 (--zone-blind), with and without the notice.
 
+Then spec.faultTolerance.belowMinimum on the Oobleck setup with F = 1, 2, 3 (its n0 is 2,
+4 with redundant: (F + 1) n0 of 4 to 16 nodes) on each trace: `--below-minimum
+wait,degrade`, beside wait without its limit (waitForNodesTimeoutSeconds: 0), per strategy.
+
 Standard library only. From the repository root:
     python3 bench/paper_bench.py [--build build] [--traces p3,g4dn]
 """
@@ -31,6 +35,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from trace_bench import trace_rows  # noqa: E402
@@ -59,6 +64,9 @@ BAMBOO_TABLE2 = {  # (D-S value, B-S values at 10 % / 16 % / 33 % hourly preempt
 LINE = re.compile(r"^(\w+): ([0-9.]+) samples/s, ([0-9.]+) samples per \$, (\d+) steps, "
                   r"([0-9.]+) node-hours, .* (\d+) reconfigurations \((\d+) from a checkpoint\), "
                   r"[0-9.]+ GB copied, (\w+)")
+BELOW = re.compile(r"^(\w+), (wait|degrade): ([0-9.]+) samples/s, .* (\d+) reconfigurations "
+                   r"\((\d+) from a checkpoint\), [0-9.]+ GB copied, (\w+).*\n.*\n  below the "
+                   r"minimum: waiting ([0-9.]+) min \([0-9.]+ %\), degraded ([0-9.]+) min", re.M)
 SWEEP = re.compile(r"^tolerate \d+, nodes (\d+), templates: ([0-9.]+) samples/s, .* (\d+) "
                    r"reconfigurations \((\d+) from a checkpoint\), (\w+)")
 
@@ -162,6 +170,56 @@ def zone_table(pliant, trace_name):
     print()
 
 
+def run_below(pliant, job, trace, below):
+    """{(strategy, belowMinimum): (samples/s, minutes waiting, minutes degraded, end)}."""
+    args = [pliant, "simulate", job, "--trace", trace, "--notice", str(NOTICE_S),
+            "--below-minimum", below]
+    p = subprocess.run(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        sys.exit("paper_bench: %s: %s" % (" ".join(args), p.stderr))
+    return {(m.group(1), m.group(2)): (float(m.group(3)), float(m.group(7)), float(m.group(8)),
+                                       m.group(6)) for m in BELOW.finditer(p.stdout)}
+
+
+def oobleck_job(tmp, tolerate, no_limit):
+    """The Oobleck setup with F = tolerate (and no limit to waiting for nodes), in tmp."""
+    src = os.path.join(REPO, SETUPS["oobleck"][0])
+    with open(src) as f:
+        text = f.read().replace("tolerate: 1", "tolerate: %d" % tolerate)
+    text = text.replace("profile: ../", "profile: %s/" % REPO)
+    if no_limit:
+        text = text.replace("maxResets: 0", "maxResets: 0\n    waitForNodesTimeoutSeconds: 0")
+    path = os.path.join(tmp, "oobleck-f%d%s.yaml" % (tolerate, "-no-limit" if no_limit else ""))
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def below_minimum_table(pliant, traces):
+    """wait against degrade when a loss leaves fewer than (F + 1) n0 workers."""
+    print("oobleck setup, belowMinimum: samples/s; minutes waiting below the minimum and "
+          "trained degraded; the phase at the end (wait: waitForNodesTimeoutSeconds 600, the "
+          "default; no limit: 0)")
+    print("| trace | F | strategy | wait | wait, no limit | degrade | degrade against wait "
+          "| against no limit |")
+    print("|---|---|---|---|---|---|---|---|")
+    cell = "%.2f; waited %.0f min; %s"
+    with tempfile.TemporaryDirectory() as tmp:
+        for trace_name in traces:
+            path = os.path.join(SHARED, "traces", trace_name + "-trace.csv")
+            for f in (1, 2, 3):
+                both = run_below(pliant, oobleck_job(tmp, f, False), path, "wait,degrade")
+                free = run_below(pliant, oobleck_job(tmp, f, True), path, "wait")
+                for name in ("templates", "redundant", "checkpoint"):
+                    w, n, d = both[(name, "wait")], free[(name, "wait")], both[(name, "degrade")]
+                    print("| %s | %d | %s | %s | %s | %.2f; degraded %.0f min, waited %.0f min; "
+                          "%s | %+.1f %% | %+.1f %% |" %
+                          (trace_name, f, name, cell % (w[0], w[1], w[3]),
+                           cell % (n[0], n[1], n[3]), d[0], d[2], d[1], d[3],
+                           100 * (d[0] / w[0] - 1), 100 * (d[0] / n[0] - 1)))
+    print()
+
+
 def papers():
     print("Reported by the papers (../shared/seeds/):")
     for who, v in OOBLECK_TABLE2_GPT3_2_7B.items():
@@ -189,6 +247,7 @@ def main():
         for trace in a.traces.split(","):
             kept.append((setup, trace) + strategy_table(pliant, setup, trace, 1024))
     zone_table(pliant, a.traces.split(",")[0])
+    below_minimum_table(pliant, a.traces.split(","))
     for setup, trace, frac, name in kept:
         print("%s on %s: the best strategy (%s) keeps %.1f %% of the ideal" %
               (setup, trace, name, 100 * frac))

@@ -477,16 +477,35 @@ static int parse_checkpoint(pctx *c, const pl_ynode *spec, pl_checkpoint_spec *k
 /* spec.faultTolerance.strategy's words, in pl_ft_strategy's order */
 static const char *const STRATEGIES[] = {"templates", "checkpoint", "redundant", NULL};
 
+/* spec.faultTolerance.belowMinimum's words, in pl_below_minimum's order */
+static const char *const BELOW_MINIMUM[] = {"wait", "degrade", NULL};
+
+/* The index of name in a NULL-ended list of words, or -1. */
+static int word_index(const char *const *words, const char *name)
+{
+    for (int i = 0; name && words[i]; i++)
+        if (!strcmp(name, words[i])) return i;
+    return -1;
+}
+
 const char *pl_ft_strategy_name(pl_ft_strategy s) { return STRATEGIES[s]; }
 
 int pl_ft_strategy_from_name(const char *name, pl_ft_strategy *out)
 {
-    for (int i = 0; STRATEGIES[i]; i++)
-        if (!strcmp(name, STRATEGIES[i])) {
-            *out = (pl_ft_strategy)i;
-            return 0;
-        }
-    return -1;
+    int i = word_index(STRATEGIES, name);
+    if (i < 0) return -1;
+    *out = (pl_ft_strategy)i;
+    return 0;
+}
+
+const char *pl_below_minimum_name(pl_below_minimum b) { return BELOW_MINIMUM[b]; }
+
+int pl_below_minimum_from_name(const char *name, pl_below_minimum *out)
+{
+    int i = word_index(BELOW_MINIMUM, name);
+    if (i < 0) return -1;
+    *out = (pl_below_minimum)i;
+    return 0;
 }
 
 static int parse_fault_tolerance(pctx *c, const pl_ynode *spec, pl_fault_tolerance_spec *f)
@@ -494,7 +513,6 @@ static int parse_fault_tolerance(pctx *c, const pl_ynode *spec, pl_fault_toleran
     static const char *const known[] = {"strategy", "redundantForward", "tolerate", "maxResets",
                                         "hostsAddedCheckEvery", "heartbeatSeconds", "stepTimeoutSeconds",
                                         "waitForNodesTimeoutSeconds", "belowMinimum", NULL};
-    static const char *const below[] = {"wait", "degrade", NULL};
     static const char *const frc_modes[] = {"eager", "lazy", NULL};
     const char *P = "spec.faultTolerance";
     const pl_ynode *map;
@@ -505,7 +523,7 @@ static int parse_fault_tolerance(pctx *c, const pl_ynode *spec, pl_fault_toleran
     int strategy = (int)f->strategy, frc = (int)f->redundant_forward;
     int bm = (int)f->below_minimum;
     if (get_enum(c, map, P, "strategy", STRATEGIES, &strategy) ||
-        get_enum(c, map, P, "belowMinimum", below, &bm) ||
+        get_enum(c, map, P, "belowMinimum", BELOW_MINIMUM, &bm) ||
         get_enum(c, map, P, "redundantForward", frc_modes, &frc) ||
         get_int(c, map, P, "tolerate", 0, 0, INT_MAX, &f->tolerate) ||
         get_int(c, map, P, "maxResets", 0, 0, INT_MAX, &f->max_resets) ||

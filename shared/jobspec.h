@@ -119,6 +119,10 @@ void pl_job_free(pl_job *job);
 const char *pl_ft_strategy_name(pl_ft_strategy s);
 /* The strategy a word names: 0, or -1 for none. */
 int pl_ft_strategy_from_name(const char *name, pl_ft_strategy *out);
+/* spec.faultTolerance.belowMinimum's word for b ("wait", "degrade"). */
+const char *pl_below_minimum_name(pl_below_minimum b);
+/* The belowMinimum a word names: 0, or -1 for none. */
+int pl_below_minimum_from_name(const char *name, pl_below_minimum *out);
 
 /* Fills the model sizes of a preset name; −1 if unknown. */
 int pl_model_preset(const char *name, pl_model_spec *m);

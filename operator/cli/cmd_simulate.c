@@ -1,6 +1,7 @@
 /* `pliant simulate JOB.yaml --trace FILE`: replays a spot trace in simulated time with
  * the real coordinator and planner (operator/runtime/simulator.h) under each strategy
- * asked for, then prints the summary, and writes the timeline (JSON lines) and the HTML
+ * asked for (and, with --below-minimum, under each spec.faultTolerance.belowMinimum asked
+ * for), then prints the summary, and writes the timeline (JSON lines) and the HTML
  * report when asked. With --sweep (sim_sweep.h) it simulates every choice of F and node
  * count instead, prints the value of each and recommends one. Bad input exits with status
  * 2, a failed simulation with 1. */
@@ -22,12 +23,15 @@
 #define DEFAULT_SPOT 0.918     /* Bamboo's p3 prices, $ per node-hour, without spec.cost */
 #define DEFAULT_ON_DEMAND 3.06
 #define MAX_STRATEGIES 8
+#define MAX_BELOW 2            /* wait, degrade */
+#define MAX_RUNS (MAX_STRATEGIES * MAX_BELOW)
 
 static void usage(FILE *f)
 {
     fprintf(f,
             "usage: pliant simulate JOB.yaml --trace FILE\n"
             "                       [--strategy templates|redundant|checkpoint|all]\n"
+            "                       [--below-minimum wait|degrade|wait,degrade|all (the job's)]\n"
             "                       [--price spot=0.918,ondemand=3.06] [--scale K]\n"
             "                       [--out timeline.jsonl] [--report report.html]\n"
             "                       [--profile PROFILE.json] [--storage-gbps %.1f]\n"
@@ -49,6 +53,8 @@ typedef struct {
     double storage_GBps, startup_s, notice_s, spot, on_demand;
     pl_sweep sweep;
     int sweeping;
+    pl_below_minimum below[MAX_BELOW]; /* --below-minimum's, in its order */
+    int nbelow;                        /* 0: the job's belowMinimum, rows named as strategies */
 } sim_args;
 
 /* "spot=X,ondemand=Y" (either may be left out). */
@@ -64,6 +70,27 @@ static int parse_price(const char *s, sim_args *a, char *err, size_t errlen)
         if (!dst) return pl_errf(err, errlen, "--price: unknown price %s (spot, ondemand)", tok);
         if (cli_parse_double("--price", eq + 1, 0, 1e9, dst, err, errlen)) return -1;
     }
+    return 0;
+}
+
+/* "wait", "degrade", "wait,degrade" (rows in that order) or "all". */
+static int parse_below_minimum(const char *s, sim_args *a, char *err, size_t errlen)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", !strcmp(s, "all") ? "wait,degrade" : s);
+    a->nbelow = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        pl_below_minimum b;
+        if (pl_below_minimum_from_name(tok, &b))
+            return pl_errf(err, errlen, "--below-minimum: unknown value %s (wait, degrade, all)",
+                           tok);
+        for (int i = 0; i < a->nbelow; i++)
+            if (a->below[i] == b)
+                return pl_errf(err, errlen, "--below-minimum: %s given twice", tok);
+        a->below[a->nbelow++] = b;
+    }
+    if (!a->nbelow)
+        return pl_errf(err, errlen, "--below-minimum: expected wait, degrade, wait,degrade or all");
     return 0;
 }
 
@@ -83,6 +110,17 @@ static int parse_num_flag(int c, const char *v, sim_args *a, char *err, size_t e
     }
 }
 
+/* The flags whose value is parsed: --sweep, --below-minimum, the numbers. */
+static int parse_value_flag(int c, const char *v, sim_args *a, char *err, size_t errlen)
+{
+    if (c == 'w') {
+        a->sweeping = 1;
+        return pl_sweep_parse(&a->sweep, v, err, errlen);
+    }
+    if (c == 'b') return parse_below_minimum(v, a, err, errlen);
+    return parse_num_flag(c, v, a, err, errlen);
+}
+
 static int parse_args(int argc, char **argv, sim_args *a, char *err, size_t errlen)
 {
     static const struct option opts[] = {
@@ -94,7 +132,7 @@ static int parse_args(int argc, char **argv, sim_args *a, char *err, size_t errl
         {"cores", required_argument, 0, 'c'},   {"latency-us", required_argument, 0, 'l'},
         {"install-ms", required_argument, 0, 'i'}, {"sweep", required_argument, 0, 'w'},
         {"zones", required_argument, 0, 'z'},   {"zone-loss", required_argument, 0, 'Z'},
-        {"zone-blind", no_argument, 0, 'B'},
+        {"zone-blind", no_argument, 0, 'B'},   {"below-minimum", required_argument, 0, 'b'},
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
     *a = (sim_args){.strategy = "all", .scale = 1, .storage_GBps = PL_SIM_DEFAULT_STORAGE_GBPS,
                     .startup_s = PL_SIM_DEFAULT_STARTUP_S, .notice_s = PL_SIM_DEFAULT_NOTICE_S,
@@ -115,9 +153,7 @@ static int parse_args(int argc, char **argv, sim_args *a, char *err, size_t errl
         else if (c == 'o') a->out = optarg;
         else if (c == 'r') a->report = optarg;
         else if (c == 'P') a->profile = optarg;
-        else if (c == 'w' ? (a->sweeping = 1, pl_sweep_parse(&a->sweep, optarg, err, errlen))
-                          : parse_num_flag(c, optarg, a, err, errlen))
-            return -1;
+        else if (parse_value_flag(c, optarg, a, err, errlen)) return -1;
     }
     /* --sweep's further dimensions stand as words of their own: nodes=16,24,32 */
     for (; optind < argc; optind++) {
@@ -136,6 +172,9 @@ static int parse_args(int argc, char **argv, sim_args *a, char *err, size_t errl
     if (a->sweeping && (a->out || a->report))
         return pl_errf(err, errlen, "--sweep: prints a table; --out and --report are for one "
                        "simulation");
+    if (a->sweeping && a->nbelow > 1)
+        return pl_errf(err, errlen, "--below-minimum: one value with --sweep (the belowMinimum "
+                       "of every choice)");
     return a->price ? parse_price(a->price, a, err, errlen) : 0;
 }
 
@@ -155,19 +194,27 @@ static int pick_strategies(const char *name, const pl_sim_strategy **out, char *
 
 static void timeline_line(void *user, const char *json) { fprintf(user, "%s\n", json); }
 
-static void print_summary(const sim_args *a, const pl_sim_outcome *r)
+static double percent(int64_t part, double total)
+{
+    return total > 0 ? 100.0 * (double)part / total : 0.0;
+}
+
+/* A run's lines, named `name`: the figures, the time split, the time below the minimum. */
+static void print_summary(const sim_args *a, const char *name, const pl_sim_outcome *r)
 {
     double hours = pl_sim_node_hours(r), usd = hours * a->spot, total = (double)r->duration_ns;
+    const pl_sim_account *t = &r->acct;
     printf("%s: %.2f samples/s, %.1f samples per $, %lld steps, %.2f node-hours, $%.2f spent "
            "($%.2f on demand), %d reconfigurations (%d from a checkpoint), %.2f GB copied, %s%s%s\n",
-           r->strategy, pl_sim_samples_per_s(r), usd > 0 ? (double)r->samples / usd : 0.0,
+           name, pl_sim_samples_per_s(r), usd > 0 ? (double)r->samples / usd : 0.0,
            (long long)r->steps, hours, usd, hours * a->on_demand, r->reconfigs, r->from_checkpoint,
            (double)r->bytes_copied / 1e9, r->end_phase, r->reason[0] ? ": " : "", r->reason);
     printf("  time:");
     for (int k = 0; k < PL_SIM_T_COUNT; k++)
-        printf(" %s %.1f %%", pl_sim_time_kind_name(k),
-               total > 0 ? 100.0 * (double)r->acct.split_ns[k] / total : 0.0);
-    printf("\n");
+        printf(" %s %.1f %%", pl_sim_time_kind_name(k), percent(t->split_ns[k], total));
+    printf("\n  below the minimum: waiting %.1f min (%.1f %%), degraded %.1f min (%.1f %%)\n",
+           (double)t->below_wait_ns / 60e9, percent(t->below_wait_ns, total),
+           (double)t->degraded_ns / 60e9, percent(t->degraded_ns, total));
 }
 
 /* The planners the strategies run on: [0] the templates' (templates, checkpoint), [1]
@@ -252,11 +299,11 @@ static int load_inputs(sim_args *a, sim_inputs *in, char *err, size_t errlen)
 }
 
 static int write_report(const sim_args *a, const sim_inputs *in, const pl_sim_outcome *res,
-                        const char *const *timelines, int n)
+                        const char *const *names, const char *const *timelines, int n)
 {
     FILE *f = fopen(a->report, "w");
     pl_sim_report_info info = {.job = &in->job, .spot = a->spot, .on_demand = a->on_demand};
-    int rc = f ? pl_sim_report_write(f, &info, res, timelines, n) : -1;
+    int rc = f ? pl_sim_report_write(f, &info, res, names, timelines, n) : -1;
     if (f && fclose(f)) rc = -1;
     if (rc) fprintf(stderr, "pliant simulate: cannot write %s\n", a->report);
     return rc;
@@ -265,6 +312,7 @@ static int write_report(const sim_args *a, const sim_inputs *in, const pl_sim_ou
 /* One strategy's simulation, run on a thread of its own: its timeline goes to a memory
  * buffer, written out in strategy order once all are done. */
 typedef struct {
+    pl_job job; /* the inputs' job with the run's belowMinimum: a view, owns nothing */
     pl_sim_config cfg;
     pl_sim_outcome res;
     char *buf;
@@ -281,13 +329,16 @@ static void *run_one(void *arg)
     return NULL;
 }
 
+/* Strategy st's simulation of the job, with belowMinimum `below` (< 0: the job's). */
 static void job_setup(sim_job *j, const sim_args *a, const sim_inputs *in,
-                      const pl_sim_strategy *st, int timeline)
+                      const pl_sim_strategy *st, int below, int timeline)
 {
     memset(j, 0, sizeof *j);
+    j->job = in->job;
+    if (below >= 0) j->job.fault_tolerance.below_minimum = (pl_below_minimum)below;
     const pl_job_plan *plan = &in->plan[planner_of(st)];
     j->cfg = (pl_sim_config){
-        .job = &in->job, .plan = plan, .strategy = st,
+        .job = &j->job, .plan = plan, .strategy = st,
         .costs = {.profile = &plan->prof, .templates = &plan->ts,
                   .storage_GBps = a->storage_GBps,
                   .startup_ns = (int64_t)(a->startup_s * 1e9),
@@ -337,7 +388,7 @@ static int latency_from_profile(sim_args *a, sim_inputs *in, char *err, size_t e
     int64_t ns;
     char why[768];
     if (load_plan(in, st, nmax, err, errlen)) return -1;
-    job_setup(&j, a, in, st, 0);
+    job_setup(&j, a, in, st, -1, 0);
     if (pl_sim_latency_for_step(&j.cfg, ps.workers, ps.ns, &ns, why, sizeof why))
         return pl_errf(err, errlen, "pipeline_step: %s", why);
     a->latency_us = (double)ns / 1e3;
@@ -360,33 +411,50 @@ static void run_all(sim_job *jobs, int n)
     }
 }
 
-/* Every strategy over the trace, the summaries and timelines in strategy order, then the
- * report: 0, or 1 on failure. */
+/* Run i of simulate's: strategy i / nb, under --below-minimum's value i % nb (nb: their
+ * count, or 1 for the job's own); named by its strategy, and its belowMinimum when asked. */
+static void run_setup(sim_job *j, char *name, size_t len, const sim_args *a,
+                      const sim_inputs *in, const pl_sim_strategy *const *st, int i, int timeline)
+{
+    const int nb = a->nbelow ? a->nbelow : 1;
+    const pl_sim_strategy *s = st[i / nb];
+    const int below = a->nbelow ? (int)a->below[i % nb] : -1;
+    job_setup(j, a, in, s, below, timeline);
+    if (below < 0) snprintf(name, len, "%s", s->name);
+    else snprintf(name, len, "%s, %s", s->name, pl_below_minimum_name((pl_below_minimum)below));
+}
+
+/* Every strategy (under each belowMinimum asked for) over the trace, the summaries and
+ * timelines in that order, then the report: 0, or 1 on failure. */
 static int simulate(const sim_args *a, const sim_inputs *in, const pl_sim_strategy **st, int n,
                     FILE *out)
 {
-    sim_job jobs[MAX_STRATEGIES];
+    sim_job jobs[MAX_RUNS];
+    char names[MAX_RUNS][64];
+    const int nrun = n * (a->nbelow ? a->nbelow : 1);
     int rc = 0, done = 0;
-    for (int i = 0; i < n; i++) job_setup(&jobs[i], a, in, st[i], out || a->report);
-    run_all(jobs, n);
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < nrun; i++)
+        run_setup(&jobs[i], names[i], sizeof names[i], a, in, st, i, out || a->report);
+    run_all(jobs, nrun);
+    for (int i = 0; i < nrun; i++) {
         if (jobs[i].mem && fclose(jobs[i].mem)) jobs[i].rc = -1;
         if (!rc && jobs[i].rc) {
-            fprintf(stderr, "pliant simulate: %s: %s\n", st[i]->name,
+            fprintf(stderr, "pliant simulate: %s: %s\n", names[i],
                     jobs[i].err[0] ? jobs[i].err : "cannot write the timeline");
             rc = 1;
         }
         if (!rc) {
             if (out && jobs[i].buf) fwrite(jobs[i].buf, 1, jobs[i].len, out);
-            print_summary(a, &jobs[i].res);
+            print_summary(a, names[i], &jobs[i].res);
             done++;
         }
     }
-    pl_sim_outcome res[MAX_STRATEGIES];
-    const char *timelines[MAX_STRATEGIES];
-    for (int i = 0; i < n; i++) res[i] = jobs[i].res, timelines[i] = jobs[i].buf;
-    if (rc == 0 && a->report && write_report(a, in, res, timelines, done)) rc = 1;
-    for (int i = 0; i < n; i++) {
+    pl_sim_outcome res[MAX_RUNS];
+    const char *timelines[MAX_RUNS], *run_names[MAX_RUNS];
+    for (int i = 0; i < nrun; i++)
+        res[i] = jobs[i].res, timelines[i] = jobs[i].buf, run_names[i] = names[i];
+    if (rc == 0 && a->report && write_report(a, in, res, run_names, timelines, done)) rc = 1;
+    for (int i = 0; i < nrun; i++) {
         if (!jobs[i].rc) pl_sim_outcome_free(&res[i]);
         free(jobs[i].buf);
     }
@@ -418,7 +486,8 @@ static void sweep_choice(const sim_args *a, const sim_inputs *in, const pl_sim_s
         jobs[i].rc = rc ? -1 : load_plan(&v, st[i], peak > v.job.nodes.max ? peak : v.job.nodes.max,
                                          err[i], sizeof err[i]);
         if (rc) snprintf(err[i], sizeof err[i], "%s", trace_err);
-        if (jobs[i].rc == 0) job_setup(&jobs[run++], a, &v, st[i], 0);
+        if (jobs[i].rc == 0)
+            job_setup(&jobs[run++], a, &v, st[i], a->nbelow ? (int)a->below[0] : -1, 0);
     }
     run_all(jobs, run);
     for (int i = 0, j = 0; i < n; i++) {

@@ -158,14 +158,15 @@ static void run_events(ev_list *l, const pl_sim_report_info *info, const pl_sim_
 }
 
 int pl_sim_report_write(FILE *f, const pl_sim_report_info *info, const pl_sim_outcome *res,
-                        const char *const *timelines, int n)
+                        const char *const *names, const char *const *timelines, int n)
 {
     ev_list *lists = calloc((size_t)(n > 0 ? n : 1), sizeof *lists);
     pl_dashboard_run *runs = calloc((size_t)(n > 0 ? n : 1), sizeof *runs);
     int rc = lists && runs ? 0 : -1;
     for (int i = 0; i < n && !rc; i++) {
         run_events(&lists[i], info, &res[i], timelines[i]);
-        runs[i] = (pl_dashboard_run){.name = res[i].strategy, .events = (const char *const *)lists[i].ev,
+        runs[i] = (pl_dashboard_run){.name = names ? names[i] : res[i].strategy,
+                                     .events = (const char *const *)lists[i].ev,
                                      .n = lists[i].n};
         rc = lists[i].oom ? -1 : 0;
     }

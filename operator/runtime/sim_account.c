@@ -78,6 +78,8 @@ void pl_sim_account_advance(pl_sim_account *a, int64_t now)
         a->phase == PL_COORD_EVALUATING)
         spread(a, a->bin_worker_ns, a->last_ns, now, (double)(dt * a->workers));
     int k = kind_of(a->phase);
+    if (a->phase == PL_COORD_WAITING_FOR_NODES) a->below_wait_ns += dt;
+    else if (a->degraded && k != PL_SIM_T_WAIT && k != PL_SIM_T_ENDED) a->degraded_ns += dt;
     if (k >= 0) a->split_ns[k] += dt;
     else if (a->phase == PL_COORD_COPYING) a->copy_phase_ns += dt;
     else a->step_ns += dt;
@@ -132,6 +134,8 @@ void pl_sim_account_after(pl_sim_account *a, pl_coord_phase_t phase, int64_t ste
     a->nodes = nodes;
     a->workers = workers;
 }
+
+void pl_sim_account_degraded(pl_sim_account *a, int degraded) { a->degraded = degraded; }
 
 void pl_sim_account_close(pl_sim_account *a, int64_t load_ns, int64_t copy_ns)
 {

@@ -86,6 +86,8 @@ static void timeline(sim *s, cJSON *o)
 {
     cJSON_AddNumberToObject(o, "t", (double)s->now / 1e9);
     cJSON_AddStringToObject(o, "strategy", s->cfg->strategy->name);
+    cJSON_AddStringToObject(o, "below_minimum",
+                            pl_below_minimum_name(s->cfg->job->fault_tolerance.below_minimum));
     cJSON_AddStringToObject(o, "phase", pl_coord_phase_name(pl_coord_phase(s->coord)));
     cJSON_AddNumberToObject(o, "step", (double)pl_coord_step(s->coord));
     cJSON_AddNumberToObject(o, "nodes", s->nodes_live);
@@ -126,6 +128,7 @@ static void note_reconfigs(sim *s)
         cJSON_AddNumberToObject(o, "bytes_planned", (double)r->bytes_planned);
         cJSON_AddBoolToObject(o, "from_checkpoint", r->from_checkpoint);
         cJSON_AddStringToObject(o, "pipelines", r->pipelines);
+        cJSON_AddNumberToObject(o, "tolerance", r->tolerance);
         cJSON_AddStringToObject(o, "removed", r->removed);
         cJSON_AddStringToObject(o, "added", r->added);
         timeline(s, o);
@@ -165,6 +168,7 @@ static int drain(sim *s)
 
 static void account(sim *s)
 {
+    pl_sim_account_degraded(&s->res->acct, pl_coord_tolerance(s->coord) < s->cc.tolerate);
     pl_sim_account_after(&s->res->acct, pl_coord_phase(s->coord), pl_coord_step(s->coord),
                          s->nodes_live, s->sw.plan_workers, s->sw.plan_load_ns,
                          s->sw.plan_copy_ns);

@@ -4,8 +4,8 @@ trace written here, in both trace formats, every strategy: the summary lines, th
 timeline's JSON lines, the report (the dashboard's page with each strategy's run built in:
 its events, the charts' elements, no external reference),
 --scale, spec.cost as the default prices and --price over it, --sweep's table and
-recommendation, bad input refused naming the flag or field. Each run takes well under a
-second.
+recommendation, --below-minimum's wait against degrade on a trace that drops below the
+minimum, bad input refused naming the flag or field. Each run takes well under a second.
 
 The simulator against a real replay on this machine is a benchmark, not a test:
 `make bench-simulate` (bench/simulate_agreement_bench.py).
@@ -174,6 +174,73 @@ def bad_input_refused():
     rc, out, err = suite.run("simulate", job(), "--trace", write("broken.csv", "0,add,node0\nx\n"),
                              timeout=30)
     check(rc == 2 and "broken.csv" in err, "status %d, %s", rc, err)
+
+
+# 7 nodes; 4 of them preempted at 10 min leave 3, below (F + 1) n0 (4 for templates and
+# checkpoint, 6 for redundant) but enough for F = 0; 3 join at 18 min and register a minute
+# later (--startup 60), back above the minimum. The notices (30 s) come at 9.5 min.
+BELOW = "".join("0,add,node%d\n" % i for i in range(7)) + \
+    "".join("600000,remove,node%d\n" % i for i in range(1, 5)) + \
+    "".join("1080000,add,node%d\n" % i for i in range(7, 10)) + "3600000,remove,node0\n"
+
+
+def below_rows(out):
+    """{(strategy, belowMinimum): (steps, minutes waiting, minutes degraded)}."""
+    rows = {}
+    for m in re.finditer(r"^(\w+), (wait|degrade): [0-9.]+ samples/s, [0-9.]+ samples per \$, "
+                         r"(\d+) steps, .*\n.*\n  below the minimum: waiting ([0-9.]+) min "
+                         r"\([0-9.]+ %\), degraded ([0-9.]+) min", out, re.M):
+        rows[(m.group(1), m.group(2))] = (int(m.group(3)), float(m.group(4)), float(m.group(5)))
+    return rows
+
+
+@test
+def below_minimum_wait_against_degrade():
+    """--below-minimum wait,degrade: a row per strategy and belowMinimum. Waiting, the job
+    idles from the losses until the joins register (9 min: the leaving workers train on
+    until they go, there being too few without them); degraded, it trains on from the
+    notices on a plan of F = 0 (9.5 min) and trains more. Without the flag, the job's own
+    belowMinimum: its rows are the same simulation."""
+    trace = write("below.csv", BELOW)
+    html, tl = os.path.join(suite.tmp, "below.html"), os.path.join(suite.tmp, "below.jsonl")
+    rc, out, err = suite.run("simulate", job(), "--trace", trace, "--below-minimum",
+                             "wait,degrade", "--report", html, "--out", tl, timeout=60)
+    check(rc == 0, "status %d: %s", rc, err)
+    rows = below_rows(out)
+    strategies = ("templates", "redundant", "checkpoint")
+    check(set(rows) == {(s, b) for s in strategies for b in ("wait", "degrade")}, "rows: %s", out)
+    for s in strategies:
+        wait, degrade = rows[(s, "wait")], rows[(s, "degrade")]
+        check(degrade[0] > wait[0], "%s: degrade should train more: %s", s, out)
+        check(abs(wait[1] - 9.0) < 0.05 and wait[2] == 0, "%s, wait: %s", s, wait)
+        check(abs(degrade[2] - 9.5) < 0.05 and degrade[1] == 0, "%s, degrade: %s", s, degrade)
+    _, runs = report_runs(html)
+    check(list(runs) == ["%s, %s" % (s, b) for s in strategies for b in ("wait", "degrade")],
+          "runs in the report: %s", list(runs))
+    with open(tl) as f:
+        lines = [json.loads(line) for line in f]
+    check({(r["below_minimum"], r["tolerance"]) for r in lines if r["event"] == "reconfigure"}
+          == {("wait", 1), ("degrade", 0), ("degrade", 1)}, "the plans' tolerances: %s", tl)
+    with open(job()) as f:
+        own = write("degrade.yaml", f.read().replace("maxResets: 0",
+                                                     "maxResets: 0, belowMinimum: degrade"))
+    rc, out, err = suite.run("simulate", own, "--trace", trace, "--strategy", "templates",
+                             timeout=60)
+    check(rc == 0, "status %d: %s", rc, err)
+    check(summary(out)["templates"][2] == rows[("templates", "degrade")][0],
+          "the job's belowMinimum: degrade not simulated: %s", out)
+
+
+@test
+def below_minimum_bad_values_refused():
+    trace = write("events.csv", EVENTS)
+    for args, want in [(["--below-minimum", "later"], "--below-minimum: unknown value later"),
+                       (["--below-minimum", "wait,wait"], "--below-minimum: wait given twice"),
+                       (["--below-minimum", ","], "--below-minimum: expected"),
+                       (["--below-minimum", "all", "--sweep", "tolerate=1"],
+                        "--below-minimum: one value with --sweep")]:
+        rc, out, err = suite.run("simulate", job(), "--trace", trace, *args, timeout=30)
+        check(rc == 2 and want in err, "%s: status %d, %s", args, rc, err)
 
 
 def stepped_profile(name, workers):

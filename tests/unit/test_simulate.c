@@ -1,6 +1,7 @@
 /* `pliant simulate`'s engine (operator/runtime/simulator.c) on small traces: a loss
  * survived with layer copies under templates; a fatal loss falling back to the checkpoint
- * after waiting for nodes; the checkpoint strategy redoing lost steps; the redundant
+ * after waiting for nodes; belowMinimum's wait against degrade, each one's time below the
+ * minimum; the checkpoint strategy redoing lost steps; the redundant
  * strategy failing over without copies, restoring on a join and falling back to
  * re-instantiation on two consecutive losses, its step overhead and its shadows refilled
  * only where a worker cannot keep its own; the same inputs
@@ -173,6 +174,31 @@ static void fatal_loss_falls_back_to_checkpoint(void)
     CHECK(r.acct.split_ns[PL_SIM_T_CKPT] > 0);  /* the load */
     CHECK(r.acct.split_ns[PL_SIM_T_REDO] > 0);  /* steps since the checkpoint */
     pl_sim_outcome_free(&r);
+    teardown(&f);
+}
+
+/* 3 of 6 nodes lost leave fewer than (F + 1)·n0 = 4: waiting, the job idles until the
+ * joins register (10 s after their add); degraded, it trains on a plan of F = 0 meanwhile. */
+static void below_minimum_wait_or_degrade(void)
+{
+    fixture f;
+    CHECK(setup(&f, "templates", 1, 6) == 0);
+    const pl_trace_event tr[] = {ADD(0, 0), ADD(0, 1), ADD(0, 2), ADD(0, 3), ADD(0, 4), ADD(0, 5),
+                                 REMOVE(100, 1), REMOVE(100, 3), REMOVE(100, 5), ADD(300, 6),
+                                 ADD(300, 7), ADD(300, 8), ADD(600, 9)};
+    pl_sim_outcome w, d;
+    CHECK(run(&f, "templates", tr, 13, 0, &w) == 0);
+    f.job.fault_tolerance.below_minimum = PL_BELOW_MIN_DEGRADE;
+    CHECK(run(&f, "templates", tr, 13, 0, &d) == 0);
+    const int64_t s = 1000000000LL;
+    CHECK(w.acct.below_wait_ns > 200 * s && w.acct.below_wait_ns < 215 * s);
+    CHECK_EQ_INT(w.acct.degraded_ns, 0);
+    CHECK_EQ_INT(d.acct.below_wait_ns, 0);
+    /* until the plan back at F is in place: its copies to the joined nodes */
+    CHECK(d.acct.degraded_ns > 200 * s && d.acct.degraded_ns < 230 * s);
+    CHECK(d.steps > w.steps);
+    pl_sim_outcome_free(&w);
+    pl_sim_outcome_free(&d);
     teardown(&f);
 }
 
@@ -459,6 +485,7 @@ static void sync_latency(void)
 TEST_MAIN_BEGIN
     RUN(loss_with_copies);
     RUN(fatal_loss_falls_back_to_checkpoint);
+    RUN(below_minimum_wait_or_degrade);
     RUN(checkpoint_strategy_redoes_work);
     RUN(redundant_fails_over_without_copies);
     RUN(redundant_step_overhead);
