@@ -1,12 +1,14 @@
-/* The coordinator's own header: private to the coordinator's files (coordinator.c and
- * coord_*.c), never included elsewhere; coordinator.h is the public contract. It holds
+/* The coordinator's own header: private to the coordinator's files (coordinator.c,
+ * coord_workers.c, coord_plans.c, coord_failover.c, coord_plan_msgs.c, coord_steps.c,
+ * coord_checkpoints.c, coord_restore.c), never included elsewhere; coordinator.h is the public contract. It holds
  * the coordinator's state (struct pl_coord and its parts) and the functions its files
  * share. The same rules as coordinator.h's hold for all of them: a pure state machine (no
  * sockets, no threads, no clock: the time comes with the events, c->now), not
  * thread-safe (one caller at a time); outgoing messages only through the outbox
  * (push_msg), drained by pl_coord_next; the planner's inputs in cfg are borrowed, not
- * owned; strings handed out point into the coordinator until the next event. Workers are
- * indices into c->w (their rank), never freed while the coordinator lives. */
+ * owned; strings handed out point into the coordinator until the next event. A worker is
+ * its index in c->w (its rank), never removed; c->w grows at a registration, so indices,
+ * not pointers, are kept across one. */
 #ifndef PLIANT_COORD_INTERNAL_H
 #define PLIANT_COORD_INTERNAL_H
 
@@ -177,7 +179,6 @@ struct pl_coord {
                               finds whose compute thread is hung; -1: none */
     int64_t probe_t0, probe_ms; /* when that plan goes out, the grace after it */
 };
-
 
 /* coordinator.c: errors, the outbox, the job's end, time and the workers' duties */
 int fail_err(pl_coord *c, const char *fmt, ...);
