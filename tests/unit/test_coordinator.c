@@ -1,4 +1,4 @@
-/* The coordinator's state machine (operator/runtime/coordinator.c) driven by simulated
+/* The coordinator's state machine (operator/runtime/coordinator.h) driven by simulated
  * workers: registration, first plan, steps, commit values, a worker killed mid
  * step (abort, new generation, copies from live holders, the step redone),
  * stale generations, leaving at the step boundary (and sending its layers first, or
