@@ -136,6 +136,7 @@ struct pl_coord {
     int plan_tolerance;    /* the one of the plan next_plan made */
     int64_t replan_at;     /* SETTLING: when to make the new plan */
     int64_t resume_ms, resume_at; /* RESUMING: how long to wait, and until when (-1: unset) */
+    int took_over;         /* pl_coord_restore made it: it knows the job's running plan */
     int64_t ckpt_last;     /* newest complete checkpoint; 0: none (the initial state) */
     int64_t plan_ckpt;     /* the current plan loads this checkpoint; -1: none */
     int need_ckpt;         /* a fatal loss: the next plan restarts from the checkpoint */

@@ -3,6 +3,7 @@
  * hello_resume, and the step that was in flight is settled before the next plan. */
 #include "coord_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -205,8 +206,25 @@ int pl_coord_restore(pl_coord *c, int64_t generation, int64_t step, const pl_coo
     c->step = step;
     c->cause[0] = 0;
     c->resume_ms = resume_ms > 0 ? resume_ms : 10000;
+    c->took_over = 1;
     c->resume_at = -1;
     c->phase = PL_COORD_RESUMING;
+    return PL_COORD_OK;
+}
+
+/* A worker that holds the state of plan generation gen while this coordinator took no
+ * plan over (it started afresh: the job's status lost). Its plans, from generation 1,
+ * would be older than the worker's, which ignores them, and a range it kept would train
+ * on from its old state beside workers starting from the checkpoint or the seed: it is
+ * told to end, so that a fresh worker takes its place (not its node's fault). */
+static int stop_stranger(pl_coord *c, int i, int64_t gen)
+{
+    char why[300];
+    snprintf(why, sizeof why, "it holds the state of plan generation %lld, which this "
+             "coordinator did not take over: a fresh worker must replace it", (long long)gen);
+    c->w[i].leaving = 1;
+    pl_coord_worker_lost(c, c->w[i].name, why);
+    send_text(c, i, PL_MSG_STOP, c->gen, 0, why, 1);
     return PL_COORD_OK;
 }
 
@@ -217,6 +235,8 @@ int pl_coord_hello_resume(pl_coord *c, const char *name, int64_t gen,
     int i = find_live(c, name);
     if (i < 0)
         return PL_COORD_ERR;
+    if (!c->took_over && gen > 0)
+        return stop_stranger(c, i, gen);
     if (c->phase != PL_COORD_RESUMING || !c->w[i].restored || c->w[i].resumed)
         return PL_COORD_IGNORED;
     cworker *w = &c->w[i];

@@ -306,6 +306,9 @@ typedef struct {
  * hold (a field out of range, a worker listed twice) is an error naming it. */
 int pl_coord_restore(pl_coord *c, int64_t generation, int64_t step, const pl_coord_pipe *pipes,
                      int npipes, int64_t resume_ms);
+/* A worker's hello_resume (its state: plan generation gen, the step it committed). Without
+ * pl_coord_restore (a coordinator started afresh) a worker with state (gen > 0) is lost
+ * and told to end (stop, exit code 1): its plans would be older than its own. */
 int pl_coord_hello_resume(pl_coord *c, const char *name, int64_t gen,
                           const pl_msg_hello_resume *h);
 /* The topology zone of a worker (its node's), for placement: fresh plans and the

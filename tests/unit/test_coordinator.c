@@ -878,6 +878,31 @@ static void test_redundant_restore_a_lost_name_joins_anew(void)
     sim_free(&s);
 }
 
+/* A coordinator started afresh (no plan taken over) and a worker that holds a plan's
+ * state (its hello_resume at generation 5): lost and told to end, not planned for. */
+static void test_fresh_coordinator_stops_a_worker_with_state(void)
+{
+    sim s;
+    CHECK(sim_init(&s, 6, 4) == 0 && start_workers(&s, 3) == 0);
+    pl_msg_hello_resume h = {7, 0.5, 1e-3, -1};
+    CHECK_EQ_INT(pl_coord_hello_resume(s.c, "w1", 5, &h), PL_COORD_OK);
+    CHECK(drain(&s) == 0);
+    const pl_msg *st = msg_to(&s, 1, PL_MSG_STOP);
+    CHECK(st && st->u.stop.exit_code == 1 &&
+          strstr(st->u.stop.reason, "plan generation 5, which this coordinator did not take"));
+    CHECK_EQ_INT(pl_coord_live_workers(s.c), 2);
+    s.live[1] = 0;
+    for (int w = 3; w < 5; w++) {
+        CHECK_EQ_INT(pl_coord_worker_registered(s.c, nm(w), NULL, NULL, 0, 0), PL_COORD_OK);
+        s.live[w] = 1;
+    }
+    s.nw = 5;
+    CHECK(drain(&s) == 0);
+    CHECK(!in_pipes(&s, 1) && in_pipes(&s, 0) && in_pipes(&s, 2) && in_pipes(&s, 3) &&
+          in_pipes(&s, 4));
+    sim_free(&s);
+}
+
 static void test_loss_after_commit(void)
 {
     sim s;
@@ -2905,6 +2930,7 @@ TEST_MAIN_BEGIN
 RUN(test_three_steps);
 RUN(test_kill_mid_step);
 RUN(test_redundant_failover);
+RUN(test_fresh_coordinator_stops_a_worker_with_state);
 RUN(test_redundant_failover_of_the_first_stage);
 RUN(test_redundant_join_after_a_first_stage_failover);
 RUN(test_redundant_restore_resumes_a_failover);
