@@ -1,6 +1,6 @@
 /* Every Kubernetes API request pliant-operator makes, one row each: its API group
  * ("" for the core group), resource and RBAC verb. Each call site names its row
- * (API() in controller.c, PL_REQ elsewhere), so that a request missing here does not
+ * (API() in the controller's files, PL_REQ elsewhere), so that a request missing here does not
  * compile; tests/cli/test_chart.py reads this table, checks that every call site names
  * a row whose verb fits the call, and that the chart's RBAC grants every row and
  * nothing else. Rows are written one per line: X(ID, group, resource, verb). */

@@ -300,7 +300,7 @@ def call_site_requests():
                 if tag:
                     found.append((where, tag.group(1), CALL_VERBS[fn], fn))
                 elif "API_ID(" in line[:m.start()]:
-                    owner = [w for w in WRAPPERS if re.search(r"^static int %s\(" % w, src, re.M)]
+                    owner = [w for w in WRAPPERS if re.search(r"^(?:static )?int %s\(" % w, src, re.M)]
                     if not owner:
                         problems.append("%s: %s through API_ID outside the wrappers %s" % (where, fn, sorted(WRAPPERS)))
                 else:
