@@ -71,6 +71,9 @@ void job_event(pl_controller *c, cjob *j, const char *type, const char *reason,
         pl_log(PL_LOG_WARN, "%s: event %s: %s", j->key, reason, st.message);
 }
 
+/* API(c, ...) with the request's id in a variable (of a caller that names the row). */
+#define API_ID(c, id, call, st) ((c)->api_t0 = pl_now_ms(), api_done((c), (id), (call), (st)))
+
 /* Creates an object (request id, a create row): 0, 1 when it exists (409: reconcile is
  * idempotent), −1 with *st. */
 int create_owned(pl_controller *c, cjob *j, pl_kube_req id, cJSON *obj, pl_kube_status *st)

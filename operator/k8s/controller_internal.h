@@ -119,8 +119,6 @@ struct pl_controller {
  * comma operator orders the clock first), counted for /metrics and logged at debug. */
 #define API(c, id, call, st) \
     ((c)->api_t0 = pl_now_ms(), api_done((c), PL_REQ_##id, (call), (st)))
-/* API(c, ...) with the request's id in a variable (of a caller that names the row). */
-#define API_ID(c, id, call, st) ((c)->api_t0 = pl_now_ms(), api_done((c), (id), (call), (st)))
 
 /* controller.c: requests, Events, the jobs and their dashboard pages */
 pl_kube_ref job_ref(const cjob *j, pl_kube_req id, const char *name);

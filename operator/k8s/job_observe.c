@@ -10,6 +10,7 @@
 #include "job_policy.h"
 #include "oplog.h"
 
+/* The phase a job shows while its coordinator is in this one. */
 static const char *phase_of(pl_coord *co)
 {
     switch (pl_coord_phase(co)) {
