@@ -33,6 +33,9 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHAKESPEARE = os.path.join(os.path.dirname(REPO), "shared", "data", "tinyshakespeare.txt")
 STRATEGIES = ["templates", "redundant-eager", "redundant-lazy", "checkpoint"]
+# Several pipelines add their gradients in the all-reduce's order, not one process's
+# (docs/architecture.md): at lr 3e-3 that rounding grows past 1e-6 of train's loss within 300
+# steps of a failure-free run; at 1e-3 it stays under 1e-7 for 600.
 
 JOB = """\
 apiVersion: pliant.dev/v1alpha1
@@ -42,8 +45,8 @@ metadata:
 spec:
   model: {{layers: 4, channels: 32, heads: 2, vocabSize: 256, maxSeqLen: 64, seed: 7}}
   data: {{train: {data}_train.bin, order: shuffled, seed: 3}}
-  batch: {{global: 16, micro: 2, seqLen: 32}}
-  optimizer: {{lr: 3.0e-3, warmupSteps: 2, schedule: cosine, gradClip: 1.0}}
+  batch: {{global: 32, micro: 2, seqLen: 32}}
+  optimizer: {{lr: 1.0e-3, warmupSteps: 2, schedule: cosine, gradClip: 1.0}}
   steps: {steps}
   profile: {profile}
 {extra}"""
@@ -91,7 +94,7 @@ def layout(tool, strategy, rng):
                "--gpu-memory", MEMORY[mem])
     extra = ["--redundant", strategy.split("-")[1]] if strategy.startswith("redundant") else []
     plan = json.loads(pliant(tool, "plan", "--profile", path, "--nodes", MAX_LIVE,
-                             "--tolerate", 1, "--global-batch", 16, *extra))
+                             "--tolerate", 1, "--global-batch", 32, *extra))
     return path, mem, 2 * plan["n0"]
 
 
@@ -162,12 +165,12 @@ KINDS = ["loss", "two-at-once", "loss-in-recovery", "join", "join-in-recovery", 
 
 
 def draw_trace(rng, minimum, span_ms):
-    """Scenarios 1 to 2.5 s apart over span_ms, then joins back to the minimum so that a
+    """Scenarios 0.6 to 2 s apart over span_ms, then joins back to the minimum so that a
     job that waits for workers can finish."""
     tr = Trace(rng, rng.randint(min(max(minimum + 1, 5), MAX_LIVE), MAX_LIVE))
     t = rng.randint(500, 1500)
     while t < span_ms:
-        t = scenario(tr, t, rng.choice(KINDS), minimum) + rng.randint(1000, 2500)
+        t = scenario(tr, t, rng.choice(KINDS), minimum) + rng.randint(600, 2000)
     while len(tr.live) < minimum:
         tr.add(t)
     return tr.rows, len(tr.rows) - len([r for r in tr.rows if r[0] == 0])
@@ -303,8 +306,8 @@ def main():
     ap.add_argument("--seeds", help="comma-separated seeds (default: 1..RUNS)")
     ap.add_argument("--runs", type=int, default=2, help="seeds 1..RUNS (default 2)")
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
-    ap.add_argument("--steps", type=int, default=800, help="each job's steps (default 800)")
-    ap.add_argument("--span", type=float, default=8, help="the traces' seconds (default 8)")
+    ap.add_argument("--steps", type=int, default=500, help="each job's steps (default 500)")
+    ap.add_argument("--span", type=float, default=10, help="the traces' seconds (default 10)")
     ap.add_argument("--timeout-step", type=float, default=0.5,
                     help="seconds a step may take before the run counts as stalled, "
                     "beside 60 s for the start and the trace (default 0.5)")
