@@ -115,53 +115,55 @@ class Trace:
         return True
 
     def add(self, t):
-        if len(self.live) < MAX_LIVE:
-            self.rows.append((t, "add", self.next))
-            self.live.append(self.next)
-            self.next += 1
+        if len(self.live) >= MAX_LIVE:
+            return False
+        self.rows.append((t, "add", self.next))
+        self.live.append(self.next)
+        self.next += 1
+        return True
 
     def gap(self):
         """A loss or join during the recovery of the previous one."""
         return self.rng.randint(100, 2000)
 
 
-LOSSES = {"loss": 1, "two-at-once": 2, "loss-in-recovery": 2, "join-in-recovery": 1}
+# A scenario's events: (remove, remove2 (the next node registered too, often the next stage),
+# add), each at the scenario's time or a gap (100 ms-2 s: a recovery's) after the one before.
+SCENARIOS = {
+    "loss": [("remove", 0)],
+    "two-at-once": [("remove", 0), ("remove", 0)],
+    "two-adjacent-at-once": [("remove2", 0)],
+    "loss-in-recovery": [("remove", 0), ("remove", 1)],
+    "join": [("add", 0)],
+    "two-joins": [("add", 0), ("add", 0)],
+    "join-in-recovery": [("remove", 0), ("add", 1)],
+}
+KINDS = sorted(SCENARIOS) + ["below-minimum"]
 
 
 def scenario(tr, t, kind, minimum):
     """Appends one scenario's events from t; the time it ends. Only below-minimum leaves
     fewer than the minimum live, and for a while: a scenario that would is a join."""
-    if len(tr.live) - LOSSES.get(kind, 0) < minimum:
-        kind = "join"
-    if kind == "loss":
-        tr.remove(t)
-    elif kind == "two-at-once":
-        if tr.rng.random() < 0.5:
-            tr.remove(t, adjacent=True)
-        elif tr.remove(t):
-            tr.remove(t)
-    elif kind == "loss-in-recovery":
-        if tr.remove(t):
-            t += tr.gap()
-            tr.remove(t)
-    elif kind == "join":
-        tr.add(t)
-        if tr.rng.random() < 0.3:
-            tr.add(t)
-    elif kind == "join-in-recovery":
-        if tr.remove(t):
-            t += tr.gap()
-            tr.add(t)
-    elif kind == "below-minimum":
-        while len(tr.live) >= minimum and tr.remove(t):
-            t += tr.gap()
-        t += tr.rng.randint(1000, 2500)
-        while len(tr.live) < minimum:
-            tr.add(t)
+    if kind == "below-minimum":
+        return below_minimum(tr, t, minimum)
+    events = SCENARIOS[kind]
+    if len(tr.live) - sum(2 if a == "remove2" else a == "remove" for a, _ in events) < minimum:
+        events = SCENARIOS["join"]
+    for action, gap in events:
+        t += tr.gap() if gap else 0
+        if not (tr.add(t) if action == "add" else tr.remove(t, adjacent=action == "remove2")):
+            break
     return t
 
 
-KINDS = ["loss", "two-at-once", "loss-in-recovery", "join", "join-in-recovery", "below-minimum"]
+def below_minimum(tr, t, minimum):
+    """Losses a recovery's gap apart until fewer than the minimum live, then joins back."""
+    while len(tr.live) >= minimum and tr.remove(t):
+        t += tr.gap()
+    t += tr.rng.randint(1000, 2500)
+    while len(tr.live) < minimum:
+        tr.add(t)
+    return t
 
 
 def draw_trace(rng, minimum, span_ms):
