@@ -123,8 +123,9 @@ class Trace:
         return True
 
     def gap(self):
-        """A loss or join during the recovery of the previous one."""
-        return self.rng.randint(100, 2000)
+        """A loss or join during the recovery of the previous one: 100 ms-2 s, log-uniform,
+        since a recovery of this small model takes tens of ms unloaded, seconds loaded."""
+        return int(100 * 20 ** self.rng.random())
 
 
 # A scenario's events: (remove, remove2 (the next node registered too, often the next stage),
@@ -167,12 +168,12 @@ def below_minimum(tr, t, minimum):
 
 
 def draw_trace(rng, minimum, span_ms):
-    """Scenarios 0.6 to 2 s apart over span_ms, then joins back to the minimum so that a
+    """Scenarios 0.3 to 1.5 s apart over span_ms, then joins back to the minimum so that a
     job that waits for workers can finish."""
     tr = Trace(rng, rng.randint(min(max(minimum + 1, 5), MAX_LIVE), MAX_LIVE))
     t = rng.randint(500, 1500)
     while t < span_ms:
-        t = scenario(tr, t, rng.choice(KINDS), minimum) + rng.randint(600, 2000)
+        t = scenario(tr, t, rng.choice(KINDS), minimum) + rng.randint(300, 1500)
     while len(tr.live) < minimum:
         tr.add(t)
     return tr.rows, len(tr.rows) - len([r for r in tr.rows if r[0] == 0])
