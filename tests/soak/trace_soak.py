@@ -288,10 +288,12 @@ def one_run(tool, seed, strategy):
     bad += check_workers(out, err)
     if "neither a local copy nor a source" in out + err:
         bad.append("layers with neither a local copy nor a source")
-    reconfigs = sum(1 for r in metrics if r.get("event") == "reconfigure")
-    line = "%-15s seed %-4d %s, belowMinimum %s, minimum %d, %d workers, %d events: " \
-           "%d reconfigurations, %.1f s" % (strategy, seed, mem, below, minimum,
-                                            sum(r[0] == 0 for r in rows), events, reconfigs, secs)
+    rec = [r for r in metrics if r.get("event") == "reconfigure"]
+    line = "%-15s seed %-4d %s, belowMinimum %s, minimum %d, %d workers, %d events: %d " \
+           "reconfigurations (%d failovers, %d from a checkpoint), %.1f s" % (
+               strategy, seed, mem, below, minimum, sum(r[0] == 0 for r in rows), events,
+               len(rec), sum("failover" in r.get("cause", "") for r in rec),
+               sum(bool(r.get("from_checkpoint")) for r in rec), secs)
     if not bad:
         if not tool.keep:
             shutil.rmtree(d)
