@@ -239,7 +239,7 @@ test-faults: all
 
 # Randomized spot-trace replays of `pliant run`, each strategy, checked for exact training,
 # no worker lost but the trace's and no stall (docs/faults.md "Soak"; not part of `make test`).
-# SOAK_RUNS: seeds 1..N (default 2, about 2 minutes a seed); SOAK_SEEDS: a comma-separated list
+# SOAK_RUNS: seeds 1..N (default 2; a seed about a minute, more under load); SOAK_SEEDS: a comma-separated list
 # instead; SOAK_STRATEGIES: a subset of templates,redundant-eager,redundant-lazy,checkpoint
 .PHONY: soak
 soak: all

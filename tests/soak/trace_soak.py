@@ -299,10 +299,11 @@ def one_run(tool, seed, strategy):
             shutil.rmtree(d)
         return True, line + ": ok"
     return False, line + ": FAILED\n    " + "\n    ".join(bad) + (
-        "\n    kept in %s; replay: %s %s --seeds %d --strategies %s --steps %d\n"
+        "\n    kept in %s; replay: python3 %s --seeds %d --strategies %s --steps %d --span %g\n"
         "    or: %s run %s --threads 1 --metrics %s --chaos trace:%s:1" % (
-            os.path.relpath(d, REPO), sys.executable, os.path.relpath(__file__, REPO), seed,
-            strategy, tool.steps, tool.pliant, job, os.path.join(d, "metrics.jsonl"), trace))
+            os.path.relpath(d, REPO), os.path.relpath(__file__, REPO), seed, strategy,
+            tool.steps, tool.span_ms / 1000, tool.pliant, job, os.path.join(d, "metrics.jsonl"),
+            trace))
 
 
 def main():
