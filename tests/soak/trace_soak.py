@@ -13,10 +13,12 @@ at once, losses and joins during a recovery (100 ms to 2 s after a loss), joins 
   line of another worker fails the run, with what that worker logged: `stopped: ...`);
 - never reports layers with `neither a local copy nor a source`.
 
-A failing run keeps its trace, job, profile, metrics and log under OUT/STRATEGY-sSEED/ and
-prints the command that replays it. Standard library only; run from the repository root:
+A failing run keeps its trace, job, metrics and log under OUT/STRATEGY-sSEED/ (the job's
+profile in OUT) and prints the commands that replay it. Standard library only; run from the
+repository root:
     python3 tests/soak/trace_soak.py [--build build] [--seeds 1,2 | --runs N]
         [--strategies templates,redundant-eager,redundant-lazy,checkpoint] [--steps N]
+        [--span SECONDS] [--timeout-step SECONDS] [--out DIR] [--keep]
 """
 
 import argparse
