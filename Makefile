@@ -237,6 +237,14 @@ test-faults: all
 	@PLIANT_FAULT_MATRIX=big PLIANT_FAULT_MATRIX_TABLE=$(BUILD)/fault_matrix.md \
 		$(PYTHON) tests/run_tests.py --build $(BUILD) -k fault_matrix
 
+# Randomized spot-trace replays of `pliant run`, each strategy, checked for exact training,
+# no worker lost but the trace's and no stall (docs/faults.md "Soak"; not part of `make test`).
+# SOAK_RUNS: seeds 1..N (default 2; a seed about a minute, more under load); SOAK_SEEDS: a comma-separated list
+# instead; SOAK_STRATEGIES: a subset of templates,redundant-eager,redundant-lazy,checkpoint
+.PHONY: soak
+soak: all
+	@$(PYTHON) tests/soak/trace_soak.py --build $(BUILD) $(if $(SOAK_SEEDS),--seeds $(SOAK_SEEDS)) \
+	    $(if $(SOAK_RUNS),--runs $(SOAK_RUNS)) $(if $(SOAK_STRATEGIES),--strategies $(SOAK_STRATEGIES))
 
 # The operator's end-to-end tests: kubectl against the API emulator, the test cluster
 # itself, and the chart's operator in it (needs root; skipped without); also part of
