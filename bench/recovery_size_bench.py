@@ -23,7 +23,8 @@ time against the same loopback figure (they run at once on the same cores); the 
 receiver's first step of the new plan (its time, the process's page faults during it, the
 old engine freed before it). Then a timeline from the kill (pliant run's line noticing it, each line
 timed as it arrives): the last aborted step's end, the last plan installed, the new plan's
-first step committed, and the median step after it.
+first step committed, and the median step after it; and the bound again with that step, the
+new layout's (the recovery ends with one of its steps).
 Standard library only. Usage: bench/recovery_size_bench.py [--build DIR] [--models a,b]
 [--repeat N] [--steps N] [--kill STEP] [--workers N]
 """
@@ -231,6 +232,12 @@ def main():
                       "%.0f ms, first step committed %.0f ms; median step after it %.0f ms; "
                       "load average %.1f before the run, %.1f after"
                       % (tl + (after, load0, os.getloadavg()[0])))
+            if after == after:  # not NaN
+                # the recovery ends with a step of the new layout: the same bound with that
+                # layout's step separates the layout's speed from the recovery's own cost
+                new_bound = after + rec["bytes_copied"] / (prot * 1e6) + 300
+                print("           the bound with the new layout's step (%.0f ms): %.0f ms, "
+                      "ratio %.2f" % (after, new_bound, rec["duration_ms"] / new_bound))
             sys.stdout.flush()
     shutil.rmtree(tmp, ignore_errors=True)
 
