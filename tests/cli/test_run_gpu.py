@@ -10,6 +10,9 @@ why, where it is not built or sees no CUDA device.
     survivors re-form and receive layers (parameters, AdamW m and v) from the
     surviving holders through host staging; every step is committed once with
     train's samples, and the losses stay within the GPU's tolerance of train's;
+  - strategy redundant (eager FRC) on 4 workers (2 pipelines of 2 stages, each stage holding
+    the other's layers), one SIGKILLed at step 3: its shadow holder runs the whole model
+    without a copy, the FRC's state swapped to page-locked host memory;
   - on a machine with 2 or more GPUs, one per worker (--devices): the same on NCCL.
 
 Run: python3 tests/cli/test_run_gpu.py --build build [-k SUBSTRING]
@@ -42,7 +45,7 @@ spec:
   optimizer: {{lr: 3.0e-3, warmupSteps: 2, schedule: cosine, gradClip: 1.0}}
   steps: {steps}
   profile: synthetic
-  faultTolerance: {{tolerate: {tolerate}}}
+  faultTolerance: {{tolerate: {tolerate}{extra}}}
 """
 
 _gpu = {}
@@ -68,12 +71,13 @@ def pliant_cuda():
     return _gpu["exe"]
 
 
-def write_job(name, steps, global_, tolerate=1):
-    """tolerate 0: one pipeline may hold every worker (F + 1 pipelines are planned)."""
+def write_job(name, steps, global_, tolerate=1, extra=""):
+    """tolerate 0: one pipeline may hold every worker (F + 1 pipelines are planned); extra:
+    more faultTolerance fields (", strategy: redundant")."""
     path = os.path.join(suite.tmp, name + ".yaml")
     with open(path, "w") as f:
         f.write(JOB.format(name=name, data=suite.shakespeare_shards(100000), steps=steps,
-                           global_=global_, tolerate=tolerate))
+                           global_=global_, tolerate=tolerate, extra=extra))
     return path
 
 
@@ -136,6 +140,24 @@ def killed_gpu_worker_recovers_through_host_staging():
     rec = events_of(m, "reconfigure")
     check(len(rec) == 1 and rec[0]["removed"] == ["w3"] and rec[0]["from_checkpoint"] is False
           and rec[0]["bytes_copied"] > 0, "reconfigure lines: %s", rec)
+    rows = rows_of(m)
+    check(rows[0]["pipelines"] == "2x2", "first step: %s", rows[0])
+    check_losses(rows, gpu_train(exe, job), steps)
+
+
+@test
+def redundant_gpu_worker_fails_over_to_its_shadow():
+    exe = pliant_cuda()
+    steps = 12
+    job = write_job("gpurc", steps=steps, global_=4,
+                    extra=", strategy: redundant, redundantForward: eager")
+    m, out, err = gpu_run(exe, job, 4, chaos="kill:3@step=3")
+    rec = events_of(m, "reconfigure")
+    check(len(rec) == 1 and rec[0]["removed"] == ["w3"] and rec[0]["bytes_copied"] == 0 and
+          rec[0]["from_checkpoint"] is False and "failover" in rec[0]["cause"],
+          "reconfigure lines: %s", rec)
+    check("shadow of stage" in err and "microbatches in waits" in err,
+          "no shadow or FRC lines:\n%s", err[-3000:])
     rows = rows_of(m)
     check(rows[0]["pipelines"] == "2x2", "first step: %s", rows[0])
     check_losses(rows, gpu_train(exe, job), steps)
