@@ -169,11 +169,15 @@ def cell(name, faults, chaos=None, steps=STEPS, restart=False, expect_fired=1):
     if "cut" in actions:
         check("connection closed" in causes, "the cut was not seen: %s", causes)
     # every due checkpoint is written, or one soon after when a writer was lost (and for a
-    # restart, from where the job went back to); the last always
+    # restart, from where the job went back to); the last always. A fault in the checkpoint
+    # write fires when the background write ends, which on a loaded machine may be after the
+    # next checkpoint was asked for: that one's writer is then lost too, and the one after
+    # the loss follows it (4 given up, 8 given up, 9)
     ckpts = [r["step"] for r in rows if r.get("event") == "checkpoint"]
     check(ckpts and ckpts[-1] == steps, "the last checkpoint was not written: %s", ckpts)
+    late = 8 if any(p == "checkpoint" for p, _, _ in faults) else 4
     for due in range(4, steps + 1, 4):
-        check(restart or any(due <= c <= due + 4 for c in ckpts) or due == steps,
+        check(restart or any(due <= c <= due + late for c in ckpts) or due == steps,
               "no checkpoint for step %d or soon after: %s", due, ckpts)
     if actions == {"term"}:
         due = sorted(set(range(4, steps + 1, 4)) | {steps})
