@@ -2,11 +2,11 @@
 """Per-step overhead of strategy redundant against templates, failure-free
 (docs/redundant.md, bench/README.md "Redundant computation's overhead").
 
-The same pipelined job (GPT 6 layers x 128 channels, microbatches of 2 x 64
-tokens) runs under `pliant run` on local workers, one thread each, with strategy
+The same pipelined model (GPT 6 layers x 128 channels, 64 tokens a sequence)
+runs under `pliant run` on local workers, one thread each, with strategy
 templates, redundant with lazy FRC and redundant with eager FRC, in turn,
---repeat times, in each configuration (--config, both by default):
-  3stage: 3 workers, 8 microbatches a step. A planner profile with uniform blocks
+--repeat times, in each configuration (--config, all by default):
+  3stage: 3 workers, 8 microbatches of 2 sequences a step. A planner profile with uniform blocks
     (forward 1, backward 2) and 32 MB of "GPU" memory makes every strategy plan
     the same single 3-stage pipeline [0,3) [3,5) [5,8): the model does not fit
     one node, and with its shadows (Bamboo's ring: stage k also holds
@@ -15,6 +15,9 @@ templates, redundant with lazy FRC and redundant with eager FRC, in turn,
     ring (40 MB) one node fits too, and two 1-node pipelines beat one 2-stage
     pipeline for any microbatch count but 1: the step is one microbatch, so that
     every strategy plans the one 2-stage pipeline [0,4) [4,8).
+  2stage-wide: the same with one microbatch of 8 sequences (100 MB): Bamboo's
+    setting, a device per stage idle in the bubbles, and a step long enough for
+    the shadow's fixed costs (gradients, AdamW) to weigh as on a real model.
 
 Printed per run: the median step time (steps after the first two), the overhead
 against the templates run of the same round, for eager FRC the workers' `frc:`
@@ -24,7 +27,7 @@ from the holders' `rc:` lines the largest shadow costs a step: receiving the
 successor's gradients after the stage (sh_recv, the transfer's unhidden part) and
 the shadow's AdamW after `committed` (sh_adamw, off the step's path). Last, what shared/rc_plan predicts for the
 same profile (`pliant plan --redundant`). Standard library only.
-Usage: bench/rc_overhead_bench.py [--repeat N] [--steps N] [--config 3stage|2stage]
+Usage: bench/rc_overhead_bench.py [--repeat N] [--steps N] [--config 3stage|2stage|2stage-wide]
                                   [--build DIR]
 """
 
@@ -47,7 +50,7 @@ metadata:
 spec:
   model: {{layers: 6, channels: 128, heads: 4, vocabSize: 256, maxSeqLen: 64, seed: 7}}
   data: {{train: {data}_train.bin, order: shuffled, seed: 3}}
-  batch: {{global: {global_}, micro: 2, seqLen: 64}}
+  batch: {{global: {global_}, micro: {micro}, seqLen: 64}}
   optimizer: {{lr: 1.0e-3, warmupSteps: 2, schedule: cosine, gradClip: 1.0}}
   steps: {steps}
   profile: {profile}
@@ -57,24 +60,24 @@ RUNS = (("templates", ""), ("lazy", ", strategy: redundant, redundantForward: la
         ("eager", ", strategy: redundant, redundantForward: eager"))
 FRC = re.compile(r"frc: (\d+) steps, (\d+) microbatches in waits \(([\d.]+) ms\), "
                  r"(\d+) exposed \(([\d.]+) ms\)")
-# name: (workers, sequences a step, planner memory bytes)
-CONFIGS = {"3stage": (3, 16, 32e6), "2stage": (2, 2, 40e6)}
+# name: (workers, sequences a step, sequences a microbatch, planner memory bytes)
+CONFIGS = {"3stage": (3, 16, 2, 32e6), "2stage": (2, 2, 2, 40e6), "2stage-wide": (2, 8, 8, 100e6)}
 RC = re.compile(r"rc: \d+ steps, shadow gradients received after the stage ([\d.]+) ms a step, "
                 r"shadow AdamW after the commit ([\d.]+) ms a step")
 
 
-def write_job(tmp, name, data, steps, profile, ft, global_):
+def write_job(tmp, name, data, steps, profile, ft, global_, micro):
     path = os.path.join(tmp, name + ".yaml")
     with open(path, "w") as f:
-        f.write(JOB.format(name=name, data=data, steps=steps, profile=profile, ft=ft,
+        f.write(JOB.format(name=name, data=data, steps=steps, profile=profile, ft=ft, micro=micro,
                            global_=global_))
     return path
 
 
-def make_profile(pliant, tmp, data, memory):
+def make_profile(pliant, tmp, data, memory, micro):
     """The layers' sizes measured by `pliant profile`, their times made uniform and the
     memory set to `memory` bytes, so that the three strategies plan the same pipeline."""
-    job = write_job(tmp, "profile", data, 1, "synthetic", "", 16)
+    job = write_job(tmp, "profile", data, 1, "synthetic", "", 2 * micro, micro)
     out = os.path.join(tmp, "measured.json")
     subprocess.run([pliant, "profile", job, "--out", out, "--repeat", "1"], check=True,
                    capture_output=True)
@@ -85,7 +88,7 @@ def make_profile(pliant, tmp, data, memory):
         layer["forward_ms"] = {"1": 1.0 if block else 0.1}
         layer["backward_ms"] = {"1": 2.0 if block else 0.2}
     p["gpu_memory_bytes"] = memory
-    path = os.path.join(tmp, "profile-%d.json" % memory)
+    path = os.path.join(tmp, "profile-%d-%d.json" % (memory, micro))
     with open(path, "w") as f:
         json.dump(p, f)
     return path
@@ -153,9 +156,10 @@ def predicted(pliant, profile, workers, global_):
 
 def bench(pliant, tmp, data, config, a):
     """The rounds of one configuration, their summary and the planner's prediction."""
-    workers, global_, memory = CONFIGS[config]
-    profile = make_profile(pliant, tmp, data, memory)
-    print("== %s: %d workers, %d microbatches a step" % (config, workers, global_ // 2))
+    workers, global_, micro, memory = CONFIGS[config]
+    profile = make_profile(pliant, tmp, data, memory, micro)
+    print("== %s: %d workers, %d microbatches of %d sequences a step" % (
+        config, workers, global_ // micro, micro))
     print("%-9s %4s %9s %8s %8s %9s %12s %12s %8s %9s %9s" % (
         "run", "rep", "pipelines", "median", "fastest", "overhead", "frc_ms/step",
         "exposed/step", "hidden", "sh_recv", "sh_adamw"))
@@ -164,7 +168,7 @@ def bench(pliant, tmp, data, config, a):
         base = None
         for name, ft in RUNS:
             job = write_job(tmp, "%s-%s-%d" % (config, name, rep), data, a.steps, profile, ft,
-                            global_)
+                            global_, micro)
             ms, fastest, pipes, frc, shadow = one(pliant, job, workers, global_)
             base = ms if base is None else base
             total = frc[1] + frc[3]
