@@ -11,11 +11,12 @@
 
 #include "rc_plan.h"
 
-/* The stable plan's shadows are there: strategy redundant on TCP, and every worker
- * installed the stable plan (a worker keeps its shadow until a step of a newer plan). */
+/* The stable plan's shadows are there: strategy redundant (always on TCP: plan_transport),
+ * and every worker installed the stable plan (a worker keeps its shadow until a step of
+ * a newer plan). */
 static int rc_active(const pl_coord *c)
 {
-    return c->cfg.strategy_redundant && c->has_stable && c->transport == PL_TRANSPORT_TCP;
+    return c->cfg.strategy_redundant && c->has_stable;
 }
 
 /* 1 when the worker at stage j of the stable plan's pipeline q held `layer` in its

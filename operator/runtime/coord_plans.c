@@ -114,10 +114,13 @@ void set_place(pl_coord *c, int i, int q, int j)
 }
 
 /* NCCL when every worker of the current plan can run it on a GPU of its own (NCCL
- * refuses two ranks on one device), else TCP. Workers not back (a restored plan's)
- * count as able: a plan that may have run NCCL has no shadows to fail over from. */
+ * refuses two ranks on one device), else TCP. Strategy redundant always runs on TCP:
+ * the shadows' messages ride the TCP stage link (docs/redundant.md), and on NCCL no
+ * worker would hold a shadow to fail over from. Workers not back (a restored plan's)
+ * count as able. */
 int plan_transport(const pl_coord *c)
 {
+    if (c->cfg.strategy_redundant) return PL_TRANSPORT_TCP;
     for (int q = 0; q < c->cur.npipes; q++)
         for (int j = 0; j < c->cur.p[q].nnodes; j++) {
             const cworker *w = &c->w[c->cur.p[q].w[j]];

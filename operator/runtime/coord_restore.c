@@ -35,7 +35,7 @@ void resume_done(pl_coord *c)
     }
     if (committer >= 0)
         c->step = last + 1;
-    c->transport = plan_transport(c); /* a failover needs the shadows of TCP */
+    c->transport = plan_transport(c);
     if (c->cfg.resume_auto) { /* what a fatal loss would restart from */
         int nread, nerr, differ;
         const int64_t best = newest_reported(c, &nread, &nerr, &differ);

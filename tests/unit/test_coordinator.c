@@ -1785,6 +1785,15 @@ static void test_transport_and_nccl_id(void)
         CHECK_EQ_INT(plan_transport_of(&s), cases[k].want);
         sim_free(&s);
     }
+    /* strategy redundant: TCP even where NCCL could run (its shadows ride the stage link) */
+    sim rc;
+    sim_redundant = 1;
+    CHECK(sim_init(&rc, 9, 4) == 0);
+    sim_redundant = 0;
+    CHECK(start_gpu_workers(&rc, 4, own, yes) == 0);
+    CHECK(plans_valid(&rc) == 0);
+    CHECK_EQ_INT(plan_transport_of(&rc), PL_TRANSPORT_TCP);
+    sim_free(&rc);
 
     /* five, so that four (n0 = 2, F = 1) are left after a loss */
     static const char *const five[] = {"GPU-a", "GPU-b", "GPU-c", "GPU-d", "GPU-e"};
