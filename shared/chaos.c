@@ -49,89 +49,127 @@ static int push(pl_chaos *c, const pl_chaos_event *e)
     return 0;
 }
 
+/* pl_trace_read's state: the rows read so far and what they say of each node. */
+typedef struct {
+    const char *path;
+    int line;                    /* of the row being read, from 1 */
+    unsigned char *alive, *seen; /* by node number: alive now, ever added */
+    pl_trace_event *ev;
+    int n, cap;
+    char *err;
+    size_t errlen;
+} trace_reader;
+
+/* The length of the line at p without its line end; *next receives the next line. */
+static size_t trace_line(char *p, char **next)
+{
+    char *nl = strchr(p, '\n');
+    *next = nl ? nl + 1 : p + strlen(p);
+    size_t len = (size_t)(*next - p);
+    while (len && (p[len - 1] == '\n' || p[len - 1] == '\r')) len--;
+    return len;
+}
+
+/* "t_ms,add|remove,nodeN" (row, len characters; its second comma is overwritten) → ev. */
+static int parse_trace_row(const trace_reader *r, char *row, size_t len, pl_trace_event *ev)
+{
+    char *c1 = strchr(row, ','), *c2 = c1 ? strchr(c1 + 1, ',') : NULL;
+    int64_t node;
+    if (!c2 || parse_i64(row, c1, 0, INT64_MAX / 2, &ev->t_ms) || strncmp(c2 + 1, "node", 4) ||
+        parse_i64(c2 + 5, row + len, 0, MAX_TRACE_NODE, &node))
+        return pl_errf(r->err, r->errlen, "%s:%d: expected t_ms,add|remove,nodeN (got \"%s\")",
+                       r->path, r->line, row);
+    *c2 = '\0';
+    ev->node = (int)node;
+    if (!strcmp(c1 + 1, "add"))
+        ev->add = 1;
+    else if (!strcmp(c1 + 1, "remove"))
+        ev->add = 0;
+    else
+        return pl_errf(r->err, r->errlen, "%s:%d: event \"%s\" is neither add nor remove", r->path,
+                       r->line, c1 + 1);
+    return 0;
+}
+
+/* Times never go back, a node is added once and only a live node is removed. */
+static int check_trace_event(const trace_reader *r, const pl_trace_event *ev)
+{
+    if (r->n && ev->t_ms < r->ev[r->n - 1].t_ms)
+        return pl_errf(r->err, r->errlen, "%s:%d: time %lld goes backwards", r->path, r->line,
+                       (long long)ev->t_ms);
+    if (ev->add && r->seen[ev->node])
+        return pl_errf(r->err, r->errlen, "%s:%d: node%d added twice", r->path, r->line, ev->node);
+    if (!ev->add && !r->alive[ev->node])
+        return pl_errf(r->err, r->errlen, "%s:%d: node%d removed but not alive", r->path, r->line,
+                       ev->node);
+    return 0;
+}
+
+static int append_trace_event(trace_reader *r, const pl_trace_event *ev)
+{
+    r->seen[ev->node] |= (unsigned char)ev->add;
+    r->alive[ev->node] = (unsigned char)ev->add;
+    if (r->n == r->cap) {
+        r->cap = r->cap ? 2 * r->cap : 256;
+        pl_trace_event *grown = realloc(r->ev, (size_t)r->cap * sizeof *grown);
+        if (!grown) return pl_errf(r->err, r->errlen, "%s: out of memory", r->path);
+        r->ev = grown;
+    }
+    r->ev[r->n++] = *ev;
+    return 0;
+}
+
+/* One non-empty line (p, len characters without its line end). */
+static int read_trace_row(trace_reader *r, const char *p, size_t len)
+{
+    char row[128];
+    if (len >= sizeof row)
+        return pl_errf(r->err, r->errlen, "%s:%d: line too long", r->path, r->line);
+    memcpy(row, p, len);
+    row[len] = '\0';
+    pl_trace_event ev;
+    if (parse_trace_row(r, row, len, &ev) || check_trace_event(r, &ev)) return -1;
+    return append_trace_event(r, &ev);
+}
+
 int pl_trace_read(const char *path, pl_trace_event **out, int *n, char *err, size_t errlen)
 {
     *out = NULL;
     *n = 0;
     char *text = pl_read_file(path, err, errlen);
     if (!text) return -1;
-    int cap = 0, line = 0, rc = 0;
-    unsigned char *alive = calloc(MAX_TRACE_NODE + 1, 1), *seen = calloc(MAX_TRACE_NODE + 1, 1);
-    if (!alive || !seen) rc = pl_errf(err, errlen, "%s: out of memory", path);
+    trace_reader r = {.path = path,
+                      .alive = calloc(MAX_TRACE_NODE + 1, 1),
+                      .seen = calloc(MAX_TRACE_NODE + 1, 1),
+                      .err = err,
+                      .errlen = errlen};
+    int rc = 0;
+    if (!r.alive || !r.seen) rc = pl_errf(err, errlen, "%s: out of memory", path);
     for (char *p = text, *next; rc == 0 && *p; p = next) {
-        next = strchr(p, '\n');
-        next = next ? next + 1 : p + strlen(p);
-        line++;
-        size_t len = (size_t)(next - p);
-        while (len && (p[len - 1] == '\n' || p[len - 1] == '\r')) len--;
-        if (len == 0) continue;
-        char row[128];
-        if (len >= sizeof row) {
-            rc = pl_errf(err, errlen, "%s:%d: line too long", path, line);
-            break;
-        }
-        memcpy(row, p, len);
-        row[len] = '\0';
-        char *c1 = strchr(row, ','), *c2 = c1 ? strchr(c1 + 1, ',') : NULL;
-        pl_trace_event ev;
-        int64_t node;
-        if (!c2 || parse_i64(row, c1, 0, INT64_MAX / 2, &ev.t_ms) ||
-            strncmp(c2 + 1, "node", 4) ||
-            parse_i64(c2 + 5, row + len, 0, MAX_TRACE_NODE, &node)) {
-            rc = pl_errf(err, errlen, "%s:%d: expected t_ms,add|remove,nodeN (got \"%s\")", path,
-                         line, row);
-            break;
-        }
-        *c2 = '\0';
-        ev.node = (int)node;
-        if (!strcmp(c1 + 1, "add"))
-            ev.add = 1;
-        else if (!strcmp(c1 + 1, "remove"))
-            ev.add = 0;
-        else {
-            rc = pl_errf(err, errlen, "%s:%d: event \"%s\" is neither add nor remove", path, line,
-                         c1 + 1);
-            break;
-        }
-        if (*n && ev.t_ms < (*out)[*n - 1].t_ms)
-            rc = pl_errf(err, errlen, "%s:%d: time %lld goes backwards", path, line,
-                         (long long)ev.t_ms);
-        else if (ev.add && seen[ev.node])
-            rc = pl_errf(err, errlen, "%s:%d: node%d added twice", path, line, ev.node);
-        else if (!ev.add && !alive[ev.node])
-            rc = pl_errf(err, errlen, "%s:%d: node%d removed but not alive", path, line, ev.node);
-        if (rc) break;
-        seen[ev.node] |= (unsigned char)ev.add;
-        alive[ev.node] = (unsigned char)ev.add;
-        if (*n == cap) {
-            cap = cap ? 2 * cap : 256;
-            pl_trace_event *grown = realloc(*out, (size_t)cap * sizeof *grown);
-            if (!grown) {
-                rc = pl_errf(err, errlen, "%s: out of memory", path);
-                break;
-            }
-            *out = grown;
-        }
-        (*out)[(*n)++] = ev;
+        size_t len = trace_line(p, &next);
+        r.line++;
+        if (len) rc = read_trace_row(&r, p, len);
     }
-    free(alive);
-    free(seen);
+    free(r.alive);
+    free(r.seen);
     free(text);
     if (rc) {
-        free(*out);
-        *out = NULL;
-        *n = 0;
+        free(r.ev);
+        return rc;
     }
-    return rc;
+    *out = r.ev;
+    *n = r.n;
+    return 0;
 }
 
-/* trace:FILE[:SPEEDUP] → time events; worker numbers follow the trace's node order. */
-static int add_trace(pl_chaos *c, const char *arg, size_t len, char *err, size_t errlen)
+/* FILE[:SPEEDUP] → path (pathsize bytes) and *speedup, 1 without one; a suffix that is not
+ * a speedup belongs to the file name. */
+static int parse_trace_arg(const char *arg, size_t len, char *path, size_t pathsize,
+                           double *speedup, char *err, size_t errlen)
 {
-    char path[4096];
-    double speedup = 1;
     const char *colon = memrchr(arg, ':', len);
     size_t plen = len;
+    *speedup = 1;
     if (colon) {
         char num[32];
         size_t nl = len - (size_t)(colon + 1 - arg);
@@ -141,17 +179,22 @@ static int add_trace(pl_chaos *c, const char *arg, size_t len, char *err, size_t
             num[nl] = '\0';
             double v = strtod(num, &stop);
             if (!*stop && v > 0 && v <= 1e9) {
-                speedup = v;
+                *speedup = v;
                 plen = (size_t)(colon - arg);
             }
         }
     }
-    if (plen == 0 || plen >= sizeof path) return pl_errf(err, errlen, "trace: bad file name");
+    if (plen == 0 || plen >= pathsize) return pl_errf(err, errlen, "trace: bad file name");
     memcpy(path, arg, plen);
     path[plen] = '\0';
-    pl_trace_event *tr;
-    int n;
-    if (pl_spot_trace_load(path, &tr, &n, err, errlen)) return -1;
+    return 0;
+}
+
+/* The n rows of trace `path` as time events from its first timestamp, divided by speedup;
+ * worker numbers follow the order the nodes are added in. */
+static int add_trace_events(pl_chaos *c, const pl_trace_event *tr, int n, double speedup,
+                            const char *path, char *err, size_t errlen)
+{
     int *worker_of = malloc((MAX_TRACE_NODE + 1) * sizeof *worker_of);
     int next_worker = 0, rc = worker_of ? 0 : pl_errf(err, errlen, "trace: out of memory");
     int64_t t0 = n ? tr[0].t_ms : 0; /* the replay starts at the trace's first event */
@@ -177,6 +220,19 @@ static int add_trace(pl_chaos *c, const char *arg, size_t len, char *err, size_t
         if (push(c, &e)) rc = pl_errf(err, errlen, "trace: out of memory");
     }
     free(worker_of);
+    return rc;
+}
+
+/* trace:FILE[:SPEEDUP] → time events; worker numbers follow the trace's node order. */
+static int add_trace(pl_chaos *c, const char *arg, size_t len, char *err, size_t errlen)
+{
+    char path[4096];
+    double speedup;
+    if (parse_trace_arg(arg, len, path, sizeof path, &speedup, err, errlen)) return -1;
+    pl_trace_event *tr;
+    int n;
+    if (pl_spot_trace_load(path, &tr, &n, err, errlen)) return -1;
+    int rc = add_trace_events(c, tr, n, speedup, path, err, errlen);
     free(tr);
     return rc;
 }

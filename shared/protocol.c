@@ -710,69 +710,76 @@ static int dec_layer_bounds(const cJSON *pi, const char *path, pl_msg_pipeline *
     return 0;
 }
 
-static int dec_pipelines(const cJSON *o, pl_msg_plan *p, char *err, size_t errlen)
+/* pipelines[i].nodes (path: "pipelines[i]"): 1 or more worker names, with *total before
+ * them in the plan, which they join. */
+static int dec_pipeline_nodes(const cJSON *pi, const char *path, int i, pl_msg_pipeline *pp,
+                              int *total, char *err, size_t errlen)
 {
-    int np;
-    const cJSON *arr = get_arr(o, "pipelines", 1, PL_PROTO_MAX_NODES, &np, err, errlen);
-    if (!arr) return -1;
-    p->pipelines = pl_calloc((size_t)np, sizeof *p->pipelines);
-    if (!p->pipelines) return pl_errf(err, errlen, "pipelines: out of memory");
-    p->npipelines = np;
-    int total = 0, i = 0;
-    int64_t next_mb = 0;
-    path_buf path, q;
-    for (const cJSON *pi = arr->child; pi; pi = pi->next, i++) {
-        pl_msg_pipeline *pp = &p->pipelines[i];
-        snprintf(path, sizeof path, "pipelines[%d]", i);
-        if (!cJSON_IsObject(pi)) return pl_errf(err, errlen, "%s: must be an object", path);
-        if (check_keys(pi, path, pipeline_keys, err, errlen)) return -1;
-        const cJSON *nodes = field(pi, "nodes");
-        if (!nodes) return pl_errf(err, errlen, "%s.nodes: missing", path);
-        if (!cJSON_IsArray(nodes)) return pl_errf(err, errlen, "%s.nodes: must be an array", path);
-        int k = cJSON_GetArraySize(nodes);
-        if (k < 1 || k > PL_PROTO_MAX_NODES - total)
-            return pl_errf(err, errlen, "%s.nodes: must have 1 to %d entries (%d workers in all)", path,
-                           PL_PROTO_MAX_NODES, PL_PROTO_MAX_NODES);
-        total += k;
-        pp->nodes = pl_calloc((size_t)k, sizeof *pp->nodes);
-        if (!pp->nodes) return pl_errf(err, errlen, "%s.nodes: out of memory", path);
-        pp->nnodes = k;
-        int j = 0;
-        for (const cJSON *s = nodes->child; s; s = s->next, j++) {
-            snprintf(q, sizeof q, "pipelines[%d].nodes[%d]", i, j);
-            if (get_str_item(s, q, S_NAME, 1, PL_PROTO_NAME_MAX, pp->nodes[j], err, errlen)) return -1;
-        }
-        if (get_i32(pi, path, "template_nodes", 1, PL_PROTO_MAX_NODES, &pp->template_nodes, err,
-                    errlen) ||
-            get_int(pi, path, "microbatches", 1, PL_PROTO_MAX_MICROBATCHES, &pp->microbatches, err,
-                    errlen) ||
-            get_int(pi, path, "first_microbatch", 0, PL_PROTO_INT_MAX, &pp->first_microbatch, err,
-                    errlen))
-            return -1;
-        if (pp->template_nodes != k)
-            return pl_errf(err, errlen, "%s.template_nodes: must equal the number of nodes (%d)", path, k);
-        if (dec_layer_bounds(pi, path, pp, i ? p->pipelines[0].layers[p->pipelines[0].nnodes] : -1,
-                             err, errlen))
-            return -1;
-        if (pp->first_microbatch != next_mb)
-            return pl_errf(err, errlen, "%s.first_microbatch: must be %lld (ranges are contiguous)", path,
-                           (long long)next_mb);
-        next_mb += pp->microbatches; /* ≤ 4096 · 2^40: no overflow */
+    const cJSON *nodes = field(pi, "nodes");
+    if (!nodes) return pl_errf(err, errlen, "%s.nodes: missing", path);
+    if (!cJSON_IsArray(nodes)) return pl_errf(err, errlen, "%s.nodes: must be an array", path);
+    int k = cJSON_GetArraySize(nodes);
+    if (k < 1 || k > PL_PROTO_MAX_NODES - *total)
+        return pl_errf(err, errlen, "%s.nodes: must have 1 to %d entries (%d workers in all)", path,
+                       PL_PROTO_MAX_NODES, PL_PROTO_MAX_NODES);
+    *total += k;
+    pp->nodes = pl_calloc((size_t)k, sizeof *pp->nodes);
+    if (!pp->nodes) return pl_errf(err, errlen, "%s.nodes: out of memory", path);
+    pp->nnodes = k;
+    path_buf q;
+    int j = 0;
+    for (const cJSON *s = nodes->child; s; s = s->next, j++) {
+        snprintf(q, sizeof q, "pipelines[%d].nodes[%d]", i, j);
+        if (get_str_item(s, q, S_NAME, 1, PL_PROTO_NAME_MAX, pp->nodes[j], err, errlen)) return -1;
     }
-    if (p->global_batch % p->micro || p->global_batch / p->micro != next_mb)
-        return pl_errf(err, errlen,
-                       "global_batch: must equal micro × the pipelines' microbatches (%d × %lld)",
-                       p->micro, (long long)next_mb);
-    /* Worker names are unique across the plan. */
+    return 0;
+}
+
+/* pipelines[i], whose microbatches must start at *next_mb (advanced past them); *total
+ * counts the workers of the plan so far. */
+static int dec_pipeline(const cJSON *pi, int i, pl_msg_plan *p, int *total, int64_t *next_mb,
+                        char *err, size_t errlen)
+{
+    pl_msg_pipeline *pp = &p->pipelines[i];
+    path_buf path;
+    snprintf(path, sizeof path, "pipelines[%d]", i);
+    if (!cJSON_IsObject(pi)) return pl_errf(err, errlen, "%s: must be an object", path);
+    if (check_keys(pi, path, pipeline_keys, err, errlen) ||
+        dec_pipeline_nodes(pi, path, i, pp, total, err, errlen))
+        return -1;
+    if (get_i32(pi, path, "template_nodes", 1, PL_PROTO_MAX_NODES, &pp->template_nodes, err,
+                errlen) ||
+        get_int(pi, path, "microbatches", 1, PL_PROTO_MAX_MICROBATCHES, &pp->microbatches, err,
+                errlen) ||
+        get_int(pi, path, "first_microbatch", 0, PL_PROTO_INT_MAX, &pp->first_microbatch, err,
+                errlen))
+        return -1;
+    if (pp->template_nodes != pp->nnodes)
+        return pl_errf(err, errlen, "%s.template_nodes: must equal the number of nodes (%d)", path,
+                       pp->nnodes);
+    if (dec_layer_bounds(pi, path, pp, i ? p->pipelines[0].layers[p->pipelines[0].nnodes] : -1,
+                         err, errlen))
+        return -1;
+    if (pp->first_microbatch != *next_mb)
+        return pl_errf(err, errlen, "%s.first_microbatch: must be %lld (ranges are contiguous)", path,
+                       (long long)*next_mb);
+    *next_mb += pp->microbatches; /* ≤ 4096 · 2^40: no overflow */
+    return 0;
+}
+
+/* Worker names are unique across the plan (total of them): a repeat names its later place,
+ * then the earlier one. */
+static int check_unique_nodes(const pl_msg_plan *p, int total, char *err, size_t errlen)
+{
     node_ref *refs = malloc((size_t)total * sizeof *refs);
     if (!refs) return pl_errf(err, errlen, "pipelines: out of memory");
     int n = 0;
-    for (i = 0; i < np; i++)
+    for (int i = 0; i < p->npipelines; i++)
         for (int j = 0; j < p->pipelines[i].nnodes; j++)
             refs[n++] = (node_ref){p->pipelines[i].nodes[j], i, j};
     qsort(refs, (size_t)n, sizeof *refs, node_ref_cmp);
     int rc = 0;
-    for (i = 1; i < n && !rc; i++)
+    for (int i = 1; i < n && !rc; i++)
         if (!strcmp(refs[i - 1].name, refs[i].name)) {
             const node_ref *a = &refs[i - 1], *b = &refs[i];
             if (a->pipeline > b->pipeline || (a->pipeline == b->pipeline && a->node > b->node)) {
@@ -787,6 +794,25 @@ static int dec_pipelines(const cJSON *o, pl_msg_plan *p, char *err, size_t errle
         }
     free(refs);
     return rc;
+}
+
+static int dec_pipelines(const cJSON *o, pl_msg_plan *p, char *err, size_t errlen)
+{
+    int np;
+    const cJSON *arr = get_arr(o, "pipelines", 1, PL_PROTO_MAX_NODES, &np, err, errlen);
+    if (!arr) return -1;
+    p->pipelines = pl_calloc((size_t)np, sizeof *p->pipelines);
+    if (!p->pipelines) return pl_errf(err, errlen, "pipelines: out of memory");
+    p->npipelines = np;
+    int total = 0, i = 0;
+    int64_t next_mb = 0;
+    for (const cJSON *pi = arr->child; pi; pi = pi->next, i++)
+        if (dec_pipeline(pi, i, p, &total, &next_mb, err, errlen)) return -1;
+    if (p->global_batch % p->micro || p->global_batch / p->micro != next_mb)
+        return pl_errf(err, errlen,
+                       "global_batch: must equal micro × the pipelines' microbatches (%d × %lld)",
+                       p->micro, (long long)next_mb);
+    return check_unique_nodes(p, total, err, errlen);
 }
 
 /* "you": this worker's place in the plan, or null when it has none. */
@@ -1352,7 +1378,16 @@ static void enc_duty(enc *e, cJSON *o, const pl_msg *m)
     }
 }
 
-static void enc_body(enc *e, cJSON *o, const pl_msg *m)
+static void enc_hello_resume(enc *e, cJSON *o, const pl_msg_hello_resume *h)
+{
+    add_int(e, o, "committed_step", h->committed_step);
+    add_num(e, o, "grad_scale", h->grad_scale);
+    add_num(e, o, "lr", h->lr);
+    add_int(e, o, "reduced_step", h->reduced_step);
+}
+
+/* The messages a worker sends (enc_duty has those of its duties). */
+static void enc_from_worker(enc *e, cJSON *o, const pl_msg *m)
 {
     switch (m->type) {
     case PL_MSG_REGISTER:
@@ -1361,7 +1396,6 @@ static void enc_body(enc *e, cJSON *o, const pl_msg *m)
     case PL_MSG_HEARTBEAT:
     case PL_MSG_REDUCED:
     case PL_MSG_COMMITTED:
-    case PL_MSG_START_STEP:
         add_int(e, o, "step", m->u.heartbeat.step);
         break;
     case PL_MSG_LEAVING:
@@ -1378,10 +1412,7 @@ static void enc_body(enc *e, cJSON *o, const pl_msg *m)
         add_int(e, o, "bytes", m->u.copy_done.bytes);
         break;
     case PL_MSG_HELLO_RESUME:
-        add_int(e, o, "committed_step", m->u.hello_resume.committed_step);
-        add_num(e, o, "grad_scale", m->u.hello_resume.grad_scale);
-        add_num(e, o, "lr", m->u.hello_resume.lr);
-        add_int(e, o, "reduced_step", m->u.hello_resume.reduced_step);
+        enc_hello_resume(e, o, &m->u.hello_resume);
         break;
     case PL_MSG_SAVED:
         add_int(e, o, "step", m->u.saved.step);
@@ -1390,16 +1421,24 @@ static void enc_body(enc *e, cJSON *o, const pl_msg *m)
         add_int(e, o, "bytes", m->u.saved.bytes);
         ADD_STR(e, o, "error", m->u.saved.error);
         break;
-    case PL_MSG_CHALLENGE:
-        ADD_STR(e, o, "nonce", m->u.challenge.nonce);
-        break;
     case PL_MSG_NCCL_ROOT:
-    case PL_MSG_NCCL_INIT:
         ADD_STR(e, o, "id", m->u.nccl_root.id);
         break;
     case PL_MSG_STEP_FAILED:
         add_int(e, o, "step", m->u.step_failed.step);
         ADD_STR(e, o, "reason", m->u.step_failed.reason);
+        break;
+    default:
+        enc_duty(e, o, m);
+    }
+}
+
+/* The messages the coordinator sends (enc_duty has those of the workers' duties). */
+static void enc_from_coordinator(enc *e, cJSON *o, const pl_msg *m)
+{
+    switch (m->type) {
+    case PL_MSG_CHALLENGE:
+        ADD_STR(e, o, "nonce", m->u.challenge.nonce);
         break;
     case PL_MSG_WELCOME:
         add_int(e, o, "rank", m->u.welcome.rank);
@@ -1409,6 +1448,9 @@ static void enc_body(enc *e, cJSON *o, const pl_msg *m)
         break;
     case PL_MSG_PLAN:
         enc_plan(e, o, &m->u.plan);
+        break;
+    case PL_MSG_START_STEP:
+        add_int(e, o, "step", m->u.start_step.step);
         break;
     case PL_MSG_COMMIT:
         add_int(e, o, "step", m->u.commit.step);
@@ -1427,9 +1469,21 @@ static void enc_body(enc *e, cJSON *o, const pl_msg *m)
     case PL_MSG_REFUSE:
         ADD_STR(e, o, "reason", m->u.refuse.reason);
         break;
+    case PL_MSG_NCCL_INIT:
+        ADD_STR(e, o, "id", m->u.nccl_init.id);
+        break;
     default:
         enc_duty(e, o, m);
     }
+}
+
+/* The fields after the envelope; m->type is a known type. */
+static void enc_body(enc *e, cJSON *o, const pl_msg *m)
+{
+    if (pl_msg_from_worker(m->type) == 1)
+        enc_from_worker(e, o, m);
+    else
+        enc_from_coordinator(e, o, m);
 }
 
 char *pl_msg_encode_err(const pl_msg *m, char *err, size_t errlen)

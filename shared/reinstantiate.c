@@ -110,94 +110,112 @@ void pl_current_plan_free(pl_current_plan *c)
     c->npipelines = 0;
 }
 
+/* The root is an object whose "pipelines" are a non-empty array of objects, each with
+ * non-empty "nodes"; *total receives the node count. */
+static int check_current_shape(const cJSON *root, const cJSON *pipes, int *total, char *err,
+                               size_t errlen)
+{
+    if (!cJSON_IsObject(root))
+        return pl_errf(err, errlen, "current plan: must be a JSON object");
+    if (!pipes)
+        return pl_errf(err, errlen, "pipelines: missing");
+    if (!cJSON_IsArray(pipes) || cJSON_GetArraySize(pipes) == 0)
+        return pl_errf(err, errlen, "pipelines: must be a non-empty array");
+    int np = cJSON_GetArraySize(pipes);
+    for (int i = 0; i < np; i++) {
+        const cJSON *pi = cJSON_GetArrayItem(pipes, i);
+        if (!cJSON_IsObject(pi))
+            return pl_errf(err, errlen, "pipelines[%d]: must be an object", i);
+        const cJSON *nodes = cJSON_GetObjectItemCaseSensitive(pi, "nodes");
+        if (!cJSON_IsArray(nodes) || cJSON_GetArraySize(nodes) == 0)
+            return pl_errf(err, errlen,
+                           "pipelines[%d].nodes: must be a non-empty array of node names", i);
+        *total += cJSON_GetArraySize(nodes);
+    }
+    return 0;
+}
+
+/* The names parsed so far, to find a repeat and say where the first one is. */
+typedef struct {
+    const char **names; /* id → name */
+    int *where;         /* id → pipeline index */
+    name_index ix;
+    int n;
+} seen_names;
+
+/* pipelines[i].nodes[j] (s) into cp->nodes[j]: a non-empty name not seen before. */
+static int parse_current_node(const cJSON *s, int i, int j, seen_names *sn,
+                              pl_current_pipeline *cp, char *err, size_t errlen)
+{
+    if (!cJSON_IsString(s))
+        return pl_errf(err, errlen, "pipelines[%d].nodes[%d]: must be a string", i, j);
+    if (s->valuestring[0] == '\0')
+        return pl_errf(err, errlen, "pipelines[%d].nodes[%d]: must not be empty", i, j);
+    sn->names[sn->n] = s->valuestring;
+    int dup = ni_find_or_add(&sn->ix, s->valuestring, sn->n);
+    if (dup >= 0)
+        return pl_errf(err, errlen,
+                       "pipelines[%d].nodes[%d]: node \"%s\" is already in pipelines[%d]", i, j,
+                       s->valuestring, sn->where[dup]);
+    sn->where[sn->n++] = i;
+    cp->nodes[j] = strdup(s->valuestring);
+    if (!cp->nodes[j])
+        return pl_errf(err, errlen, "current plan: out of memory");
+    cp->nnodes = j + 1;
+    return 0;
+}
+
+/* pipelines[i]'s nodes (an array check_current_shape accepted) into cp. */
+static int parse_current_pipeline(const cJSON *nodes, int i, seen_names *sn,
+                                  pl_current_pipeline *cp, char *err, size_t errlen)
+{
+    int k = cJSON_GetArraySize(nodes);
+    cp->nodes = calloc((size_t)k, sizeof *cp->nodes);
+    if (!cp->nodes)
+        return pl_errf(err, errlen, "current plan: out of memory");
+    for (int j = 0; j < k; j++)
+        if (parse_current_node(cJSON_GetArrayItem(nodes, j), i, j, sn, cp, err, errlen))
+            return -1;
+    return 0;
+}
+
+/* The pipelines (total nodes in all) into out. */
+static int parse_current_pipelines(const cJSON *pipes, int total, pl_current_plan *out,
+                                   char *err, size_t errlen)
+{
+    int np = cJSON_GetArraySize(pipes), rc = -1;
+    out->pipelines = calloc((size_t)np, sizeof *out->pipelines);
+    seen_names sn = {0};
+    sn.names = malloc((size_t)total * sizeof *sn.names);
+    sn.where = malloc((size_t)total * sizeof *sn.where);
+    if (!out->pipelines || !sn.names || !sn.where || ni_init(&sn.ix, total, sn.names)) {
+        pl_errf(err, errlen, "current plan: out of memory");
+    } else {
+        out->npipelines = np;
+        rc = 0;
+        for (int i = 0; rc == 0 && i < np; i++) {
+            const cJSON *nodes =
+                cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(pipes, i), "nodes");
+            rc = parse_current_pipeline(nodes, i, &sn, &out->pipelines[i], err, errlen);
+        }
+    }
+    free(sn.ix.slot);
+    free(sn.names);
+    free(sn.where);
+    return rc;
+}
+
 int pl_current_parse(const char *json, pl_current_plan *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
     cJSON *root = cJSON_Parse(json);
     if (!root)
         return pl_errf(err, errlen, "current plan: not valid JSON");
-    int rc = -1, total = 0;
-    const char **names = NULL;
-    int *where = NULL; /* id → pipeline index, for duplicate messages */
-    name_index ix = {0};
     const cJSON *pipes = cJSON_GetObjectItemCaseSensitive(root, "pipelines");
-    if (!cJSON_IsObject(root)) {
-        pl_errf(err, errlen, "current plan: must be a JSON object");
-        goto done;
-    }
-    if (!pipes) {
-        pl_errf(err, errlen, "pipelines: missing");
-        goto done;
-    }
-    if (!cJSON_IsArray(pipes) || cJSON_GetArraySize(pipes) == 0) {
-        pl_errf(err, errlen, "pipelines: must be a non-empty array");
-        goto done;
-    }
-    int np = cJSON_GetArraySize(pipes);
-    for (int i = 0; i < np; i++) {
-        const cJSON *pi = cJSON_GetArrayItem(pipes, i);
-        if (!cJSON_IsObject(pi)) {
-            pl_errf(err, errlen, "pipelines[%d]: must be an object", i);
-            goto done;
-        }
-        const cJSON *nodes = cJSON_GetObjectItemCaseSensitive(pi, "nodes");
-        if (!cJSON_IsArray(nodes) || cJSON_GetArraySize(nodes) == 0) {
-            pl_errf(err, errlen, "pipelines[%d].nodes: must be a non-empty array of node names", i);
-            goto done;
-        }
-        total += cJSON_GetArraySize(nodes);
-    }
-    out->pipelines = calloc((size_t)np, sizeof *out->pipelines);
-    names = malloc((size_t)total * sizeof *names);
-    where = malloc((size_t)total * sizeof *where);
-    if (!out->pipelines || !names || !where || ni_init(&ix, total, names)) {
-        pl_errf(err, errlen, "current plan: out of memory");
-        goto done;
-    }
-    out->npipelines = np;
-    int id = 0;
-    for (int i = 0; i < np; i++) {
-        const cJSON *nodes =
-            cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(pipes, i), "nodes");
-        int k = cJSON_GetArraySize(nodes);
-        pl_current_pipeline *cp = &out->pipelines[i];
-        cp->nodes = calloc((size_t)k, sizeof *cp->nodes);
-        if (!cp->nodes) {
-            pl_errf(err, errlen, "current plan: out of memory");
-            goto done;
-        }
-        for (int j = 0; j < k; j++) {
-            const cJSON *s = cJSON_GetArrayItem(nodes, j);
-            if (!cJSON_IsString(s)) {
-                pl_errf(err, errlen, "pipelines[%d].nodes[%d]: must be a string", i, j);
-                goto done;
-            }
-            if (s->valuestring[0] == '\0') {
-                pl_errf(err, errlen, "pipelines[%d].nodes[%d]: must not be empty", i, j);
-                goto done;
-            }
-            names[id] = s->valuestring;
-            int dup = ni_find_or_add(&ix, s->valuestring, id);
-            if (dup >= 0) {
-                pl_errf(err, errlen,
-                        "pipelines[%d].nodes[%d]: node \"%s\" is already in pipelines[%d]", i, j,
-                        s->valuestring, where[dup]);
-                goto done;
-            }
-            where[id++] = i;
-            cp->nodes[j] = strdup(s->valuestring);
-            if (!cp->nodes[j]) {
-                pl_errf(err, errlen, "current plan: out of memory");
-                goto done;
-            }
-            cp->nnodes = j + 1;
-        }
-    }
-    rc = 0;
-done:
-    free(ix.slot);
-    free(names);
-    free(where);
+    int total = 0;
+    int rc = check_current_shape(root, pipes, &total, err, errlen);
+    if (rc == 0)
+        rc = parse_current_pipelines(pipes, total, out, err, errlen);
     cJSON_Delete(root);
     if (rc)
         pl_current_plan_free(out);
@@ -907,6 +925,71 @@ static int replan(ctx *c, int64_t global_batch)
     return rc;
 }
 
+/* The Hungarian algorithm's state for a k × k cost matrix, all 1-based: the costs
+ * a[i·w + j], the potentials u (rows) and v (columns), the row pr[j] matched to column j
+ * (pr[0]: the row being added), and per column the least reduced cost minv from the
+ * tree, the column way before it on the path there, and whether it is in the tree. */
+typedef struct {
+    int k;
+    size_t w;
+    int64_t *a, *u, *v, *minv;
+    int *pr, *way;
+    unsigned char *used;
+} hungarian;
+
+#define HUNGARIAN_INF (INT64_MAX / 4)
+
+/* Puts column j0 in the tree, relaxes the columns outside it from j0's row, and shifts
+ * the potentials by the least reduced cost left; returns the column that has it. */
+static int hungarian_grow(hungarian *h, int j0)
+{
+    h->used[j0] = 1;
+    int i0 = h->pr[j0], j1 = 0;
+    int64_t delta = HUNGARIAN_INF;
+    for (int j = 1; j <= h->k; j++) {
+        if (h->used[j])
+            continue;
+        int64_t cur = h->a[(size_t)i0 * h->w + (size_t)j] - h->u[i0] - h->v[j];
+        if (cur < h->minv[j]) {
+            h->minv[j] = cur;
+            h->way[j] = j0;
+        }
+        if (h->minv[j] < delta) {
+            delta = h->minv[j];
+            j1 = j;
+        }
+    }
+    for (int j = 0; j <= h->k; j++) {
+        if (h->used[j]) {
+            h->u[h->pr[j]] += delta;
+            h->v[j] -= delta;
+        } else {
+            h->minv[j] -= delta;
+        }
+    }
+    return j1;
+}
+
+/* Matches row i too: grows the tree until it reaches a free column, then shifts the
+ * matching along the path there. */
+static void hungarian_add_row(hungarian *h, int i)
+{
+    int j0 = 0;
+    h->pr[0] = i;
+    for (int j = 0; j <= h->k; j++) {
+        h->minv[j] = HUNGARIAN_INF;
+        h->used[j] = 0;
+    }
+    do
+        j0 = hungarian_grow(h, j0);
+    while (h->pr[j0] != 0);
+    do {
+        int j1 = h->way[j0];
+        h->pr[j0] = h->pr[j1];
+        j0 = j1;
+    } while (j0);
+}
+
 /* Exact assignment (Hungarian algorithm, O(k³)) of the group's nodes to the
  * template's node positions maximising the bytes each already holds there;
  * order[j] receives the node id at position j. */
@@ -918,6 +1001,7 @@ static int assign_positions(const ctx *c, const group *g, const pl_template *t, 
     int64_t *u = calloc(w, sizeof *u), *v = calloc(w, sizeof *v), *minv = malloc(w * sizeof *minv);
     int *pr = calloc(w, sizeof *pr), *way = calloc(w, sizeof *way);
     unsigned char *used = malloc(w);
+    hungarian h = {k, w, a, u, v, minv, pr, way, used};
     int rc = -1;
     if (!a || !u || !v || !minv || !pr || !way || !used)
         goto done;
@@ -928,47 +1012,8 @@ static int assign_positions(const ctx *c, const group *g, const pl_template *t, 
             a[(size_t)(i + 1) * w + (size_t)st->node + 1] -=
                 held_in(c, g->nodes.v[i], st->layer_begin, st->layer_end);
     }
-    const int64_t INF = INT64_MAX / 4;
-    for (int i = 1; i <= k; i++) {
-        pr[0] = i;
-        int j0 = 0;
-        for (int j = 0; j <= k; j++) {
-            minv[j] = INF;
-            used[j] = 0;
-        }
-        do {
-            used[j0] = 1;
-            int i0 = pr[j0], j1 = 0;
-            int64_t delta = INF;
-            for (int j = 1; j <= k; j++) {
-                if (used[j])
-                    continue;
-                int64_t cur = a[(size_t)i0 * w + (size_t)j] - u[i0] - v[j];
-                if (cur < minv[j]) {
-                    minv[j] = cur;
-                    way[j] = j0;
-                }
-                if (minv[j] < delta) {
-                    delta = minv[j];
-                    j1 = j;
-                }
-            }
-            for (int j = 0; j <= k; j++) {
-                if (used[j]) {
-                    u[pr[j]] += delta;
-                    v[j] -= delta;
-                } else {
-                    minv[j] -= delta;
-                }
-            }
-            j0 = j1;
-        } while (pr[j0] != 0);
-        do {
-            int j1 = way[j0];
-            pr[j0] = pr[j1];
-            j0 = j1;
-        } while (j0);
-    }
+    for (int i = 1; i <= k; i++)
+        hungarian_add_row(&h, i);
     for (int j = 1; j <= k; j++)
         order[j - 1] = g->nodes.v[pr[j] - 1];
     rc = 0;
@@ -1117,6 +1162,94 @@ static int best_sources(const ctx *c, const int *hold, int nh, const int64_t *se
     return surviving;
 }
 
+/* plan_copies' lists: every copy, receiver after receiver (flat); each receiver and its
+ * first copy there (rcv); the bytes each holder sends so far (sent); the holders of each
+ * layer (build_holders), built when a first layer is missing. */
+typedef struct {
+    int64_t *sent;
+    int *hoff, *hold;
+    pl_layer_copy *flat;
+    receiver *rcv;
+    int nflat, cflat, nrcv, crcv;
+} copy_lists;
+
+/* Layer l, which a receiver lacks: from the best holders (best_sources), in parts when
+ * it is large. */
+static int plan_layer_copy(const ctx *c, copy_lists *cl, int l, const char **nm)
+{
+    if (!cl->hold && build_holders(c, &cl->hoff, &cl->hold))
+        return -1;
+    const int64_t bytes = PL_COPY_FACTOR * c->p->layers[l].param_bytes;
+    int chosen[PL_COPY_MAX_PARTS];
+    const int surviving = best_sources(c, cl->hold + cl->hoff[l], cl->hoff[l + 1] - cl->hoff[l],
+                                       cl->sent, chosen);
+    const int parts = copy_parts(bytes, surviving);
+    if (cl->nflat + parts > cl->cflat) {
+        cl->cflat = 2 * cl->cflat + parts + 64;
+        pl_layer_copy *f = realloc(cl->flat, (size_t)cl->cflat * sizeof *f);
+        if (!f)
+            return -1;
+        cl->flat = f;
+    }
+    for (int k = 0; k < parts; k++) {
+        const int src = chosen[k];
+        const int64_t part = bytes * (k + 1) / parts - bytes * k / parts;
+        cl->sent[src] += part;
+        cl->flat[cl->nflat++] = (pl_layer_copy){l, k, parts, nm[src], part};
+    }
+    return 0;
+}
+
+/* The layers of node j of template t that node u, placed there, lacks; u becomes a
+ * receiver when it lacks any. */
+static int plan_node_copies(const ctx *c, copy_lists *cl, const pl_template *t, int j, int u,
+                            const char **nm)
+{
+    const int begin = cl->nflat;
+    for (int s = 0; s < t->nstages; s++) {
+        const pl_stage *st = &t->stages[s];
+        if (st->node != j)
+            continue;
+        for (int l = st->layer_begin; l < st->layer_end; l++)
+            if (!holds(c, u, l) && plan_layer_copy(c, cl, l, nm))
+                return -1;
+    }
+    if (cl->nflat == begin)
+        return 0;
+    if (cl->nrcv == cl->crcv) {
+        cl->crcv = cl->crcv ? 2 * cl->crcv : 16;
+        receiver *rr = realloc(cl->rcv, (size_t)cl->crcv * sizeof *rr);
+        if (!rr)
+            return -1;
+        cl->rcv = rr;
+    }
+    cl->rcv[cl->nrcv++] = (receiver){u, begin};
+    return 0;
+}
+
+/* out->copies: a pl_node_copy for each receiver, with its copies and their bytes. */
+static int write_copies(const copy_lists *cl, pl_reinstantiation *out, const char **nm)
+{
+    out->copies = calloc((size_t)(cl->nrcv ? cl->nrcv : 1), sizeof *out->copies);
+    if (!out->copies)
+        return -1;
+    for (int i = 0; i < cl->nrcv; i++) {
+        int end = i + 1 < cl->nrcv ? cl->rcv[i + 1].begin : cl->nflat, n = end - cl->rcv[i].begin;
+        pl_node_copy *nc = &out->copies[i];
+        nc->node = nm[cl->rcv[i].u];
+        nc->layers = malloc((size_t)n * sizeof *nc->layers);
+        if (!nc->layers)
+            return -1;
+        out->ncopies = i + 1;
+        memcpy(nc->layers, cl->flat + cl->rcv[i].begin, (size_t)n * sizeof *nc->layers);
+        nc->nlayers = n;
+        for (int k = 0; k < n; k++)
+            nc->bytes += nc->layers[k].bytes;
+        out->bytes_to_copy += nc->bytes;
+    }
+    return 0;
+}
+
 /* Layer copies: each missing layer, or each part of a large one (pl_layer_copy), comes
  * from the surviving holder with the fewest bytes to send so far (ties by name), a part
  * from a holder no other part of the layer uses, so sending is spread out; from a
@@ -1124,95 +1257,33 @@ static int best_sources(const ctx *c, const int *hold, int nh, const int64_t *se
 static int plan_copies(const ctx *c, pl_reinstantiation *out, const int *const *orders,
                        const int *gidx, const char **nm)
 {
-    int rc = -1;
-    int *hoff = NULL, *hold = NULL;
-    int64_t *sent = calloc((size_t)c->ncur + 1, sizeof *sent);
-    pl_layer_copy *flat = NULL;
-    receiver *rcv = NULL;
-    int nflat = 0, cflat = 0, nrcv = 0, crcv = 0;
-    if (!sent)
-        goto done;
-    for (int x = 0; x < out->npipelines; x++) {
+    copy_lists cl = {0};
+    cl.sent = calloc((size_t)c->ncur + 1, sizeof *cl.sent);
+    int rc = cl.sent ? 0 : -1;
+    for (int x = 0; rc == 0 && x < out->npipelines; x++) {
         if (!c->g[gidx[x]].changed) /* holds all its layers already */
             continue;
         const pl_template *t = tmpl(c, c->g[gidx[x]].nodes.n);
-        for (int j = 0; j < t->nodes; j++) {
-            int u = orders[x][j], begin = nflat;
-            for (int s = 0; s < t->nstages; s++) {
-                const pl_stage *st = &t->stages[s];
-                if (st->node != j)
-                    continue;
-                for (int l = st->layer_begin; l < st->layer_end; l++) {
-                    if (holds(c, u, l))
-                        continue;
-                    if (!hold && build_holders(c, &hoff, &hold))
-                        goto done;
-                    const int64_t bytes = PL_COPY_FACTOR * c->p->layers[l].param_bytes;
-                    int chosen[PL_COPY_MAX_PARTS];
-                    const int surviving =
-                        best_sources(c, hold + hoff[l], hoff[l + 1] - hoff[l], sent, chosen);
-                    const int parts = copy_parts(bytes, surviving);
-                    if (nflat + parts > cflat) {
-                        cflat = 2 * cflat + parts + 64;
-                        pl_layer_copy *f = realloc(flat, (size_t)cflat * sizeof *f);
-                        if (!f)
-                            goto done;
-                        flat = f;
-                    }
-                    for (int k = 0; k < parts; k++) {
-                        const int src = chosen[k];
-                        const int64_t part = bytes * (k + 1) / parts - bytes * k / parts;
-                        sent[src] += part;
-                        flat[nflat++] = (pl_layer_copy){l, k, parts, nm[src], part};
-                    }
-                }
-            }
-            if (nflat == begin)
-                continue;
-            if (nrcv == crcv) {
-                crcv = crcv ? 2 * crcv : 16;
-                receiver *rr = realloc(rcv, (size_t)crcv * sizeof *rr);
-                if (!rr)
-                    goto done;
-                rcv = rr;
-            }
-            rcv[nrcv++] = (receiver){u, begin};
-        }
+        for (int j = 0; rc == 0 && j < t->nodes; j++)
+            rc = plan_node_copies(c, &cl, t, j, orders[x][j], nm);
     }
-    out->copies = calloc((size_t)(nrcv ? nrcv : 1), sizeof *out->copies);
-    if (!out->copies)
-        goto done;
-    for (int i = 0; i < nrcv; i++) {
-        int end = i + 1 < nrcv ? rcv[i + 1].begin : nflat, n = end - rcv[i].begin;
-        pl_node_copy *nc = &out->copies[i];
-        nc->node = nm[rcv[i].u];
-        nc->layers = malloc((size_t)n * sizeof *nc->layers);
-        if (!nc->layers)
-            goto done;
-        out->ncopies = i + 1;
-        memcpy(nc->layers, flat + rcv[i].begin, (size_t)n * sizeof *nc->layers);
-        nc->nlayers = n;
-        for (int k = 0; k < n; k++)
-            nc->bytes += nc->layers[k].bytes;
-        out->bytes_to_copy += nc->bytes;
-    }
-    rc = 0;
-done:
-    free(hoff);
-    free(hold);
-    free(sent);
-    free(flat);
-    free(rcv);
+    if (rc == 0)
+        rc = write_copies(&cl, out, nm);
+    free(cl.hoff);
+    free(cl.hold);
+    free(cl.sent);
+    free(cl.flat);
+    free(cl.rcv);
     return rc;
 }
 
-/* Checks the arguments and builds the node tables: names, liveness and the
- * layers each current node held (its template stages, §4.1). */
-static int load_nodes(ctx *c, const pl_current_plan *cur, const char *const *removed,
-                      int nremoved, const char *const *added, int nadded, name_index *ix)
+/* Every current pipeline has a template that fits the profile; counts the current nodes
+ * (c->ncur) and their held ranges (*nranges: the templates' stages). */
+static int count_current_nodes(ctx *c, const pl_current_plan *cur, int *nranges)
 {
-    int L = c->p->nlayers, nranges = 0;
+    int L = c->p->nlayers;
     c->ncur = 0;
+    *nranges = 0;
     for (int q = 0; q < cur->npipelines; q++) {
         const pl_current_pipeline *cp = &cur->pipelines[q];
         const pl_template *t = tmpl(c, cp->nnodes);
@@ -1227,8 +1298,16 @@ static int load_nodes(ctx *c, const pl_current_plan *cur, const char *const *rem
                                "profile's %d layers",
                                cp->nnodes, L);
         c->ncur += cp->nnodes;
-        nranges += t->nstages;
+        *nranges += t->nstages;
     }
+    return 0;
+}
+
+/* The node tables for the current nodes and nadded added ones, every node alive, and
+ * the prefix sums pb. */
+static int alloc_node_tables(ctx *c, int nadded, int nranges, name_index *ix)
+{
+    int L = c->p->nlayers;
     c->nall = c->ncur + nadded;
     c->name = malloc((size_t)c->nall * sizeof *c->name);
     c->alive = malloc((size_t)c->nall);
@@ -1244,11 +1323,14 @@ static int load_nodes(ctx *c, const pl_current_plan *cur, const char *const *rem
     c->pb[0] = 0;
     for (int l = 0; l < L; l++)
         c->pb[l + 1] = c->pb[l] + c->p->layers[l].param_bytes;
+    return 0;
+}
 
-    int u = 0;
-    for (int q = 0; q < cur->npipelines; q++) {
+/* The current nodes get ids 0 .. ncur − 1 in plan order; names are non-empty and unique. */
+static int name_current_nodes(ctx *c, const pl_current_plan *cur, name_index *ix)
+{
+    for (int q = 0, u = 0; q < cur->npipelines; u += cur->pipelines[q++].nnodes) {
         const pl_current_pipeline *cp = &cur->pipelines[q];
-        const pl_template *t = tmpl(c, cp->nnodes);
         for (int j = 0; j < cp->nnodes; j++) {
             const char *s = cp->nodes[j];
             if (!s || !*s)
@@ -1259,9 +1341,18 @@ static int load_nodes(ctx *c, const pl_current_plan *cur, const char *const *rem
                 return pl_errf(c->err, c->errlen,
                                "pipelines[%d].nodes[%d]: node \"%s\" appears twice", q, j, s);
         }
+    }
+    return 0;
+}
+
+/* The layers each current node held: its template stages (§4.1), counted per node, then
+ * filled in. */
+static int load_held_ranges(ctx *c, const pl_current_plan *cur)
+{
+    for (int q = 0, u = 0; q < cur->npipelines; u += cur->pipelines[q++].nnodes) {
+        const pl_template *t = tmpl(c, cur->pipelines[q].nnodes);
         for (int s = 0; s < t->nstages; s++)
             c->hr_off[u + t->stages[s].node + 1]++;
-        u += cp->nnodes;
     }
     for (int v = 0; v < c->ncur; v++)
         c->hr_off[v + 1] += c->hr_off[v];
@@ -1269,18 +1360,21 @@ static int load_nodes(ctx *c, const pl_current_plan *cur, const char *const *rem
     if (!fill)
         return oom(c);
     memcpy(fill, c->hr_off, (size_t)c->ncur * sizeof *fill);
-    u = 0;
-    for (int q = 0; q < cur->npipelines; q++) {
+    for (int q = 0, u = 0; q < cur->npipelines; u += cur->pipelines[q++].nnodes) {
         const pl_template *t = tmpl(c, cur->pipelines[q].nnodes);
         for (int s = 0; s < t->nstages; s++) {
             int r = fill[u + t->stages[s].node]++;
             c->hr_lo[r] = t->stages[s].layer_begin;
             c->hr_hi[r] = t->stages[s].layer_end;
         }
-        u += cur->pipelines[q].nnodes;
     }
     free(fill);
+    return 0;
+}
 
+/* The removed nodes, current ones listed once, are no longer alive. */
+static int mark_removed(ctx *c, const char *const *removed, int nremoved, name_index *ix)
+{
     for (int j = 0; j < nremoved; j++) {
         int v = removed[j] ? ni_find_or_add(ix, removed[j], -1) : -1;
         if (v < 0)
@@ -1291,6 +1385,13 @@ static int load_nodes(ctx *c, const pl_current_plan *cur, const char *const *rem
                            removed[j]);
         c->alive[v] = 0;
     }
+    return 0;
+}
+
+/* Who can send its layers: the live current nodes and the departing ones, which must
+ * be removed nodes. */
+static int mark_senders(ctx *c, const pl_current_plan *cur, name_index *ix)
+{
     for (int j = 0; j < cur->ndeparting; j++) {
         int v = cur->departing[j] ? ni_find_or_add(ix, cur->departing[j], -1) : -1;
         if (v < 0 || c->alive[v])
@@ -1298,8 +1399,14 @@ static int load_nodes(ctx *c, const pl_current_plan *cur, const char *const *rem
                            cur->departing[j] ? cur->departing[j] : "(null)");
         c->sends[v] = 1;
     }
-    for (u = 0; u < c->ncur; u++)
+    for (int u = 0; u < c->ncur; u++)
         c->sends[u] |= c->alive[u];
+    return 0;
+}
+
+/* The added nodes get ids ncur .. nall − 1; names are non-empty and new. */
+static int name_added_nodes(ctx *c, const char *const *added, int nadded, name_index *ix)
+{
     for (int j = 0; j < nadded; j++) {
         const char *s = added[j];
         if (!s || !*s)
@@ -1311,6 +1418,19 @@ static int load_nodes(ctx *c, const pl_current_plan *cur, const char *const *rem
                            v < c->ncur ? "is already in the current plan" : "is listed twice");
     }
     return 0;
+}
+
+/* Checks the arguments and builds the node tables: names, liveness and the
+ * layers each current node held (its template stages, §4.1). */
+static int load_nodes(ctx *c, const pl_current_plan *cur, const char *const *removed,
+                      int nremoved, const char *const *added, int nadded, name_index *ix)
+{
+    int nranges;
+    if (count_current_nodes(c, cur, &nranges) || alloc_node_tables(c, nadded, nranges, ix) ||
+        name_current_nodes(c, cur, ix) || load_held_ranges(c, cur) ||
+        mark_removed(c, removed, nremoved, ix) || mark_senders(c, cur, ix))
+        return -1;
+    return name_added_nodes(c, added, nadded, ix);
 }
 
 /* The zones of the current and added nodes (cur->zoned, zone_of). */
@@ -1406,85 +1526,113 @@ static int spread_zones(ctx *c, int np, const int *gidx, int **orders)
     return rc;
 }
 
-/* Writes the pipelines, their batch, the copies and the idle nodes. */
-static int finish(ctx *c, int64_t global_batch, const char **nm, pl_reinstantiation *out)
+/* finish's tables, an entry per pipeline of the result: the group it comes from, its
+ * node ids by template position, its cost and its microbatches. */
+typedef struct {
+    int np;
+    int *gidx;
+    int **orders;
+    pl_pipeline_cost *cost;
+    int64_t *nb;
+} placement;
+
+/* One entry per live group, in group order; out->pipelines to match. */
+static int placement_init(const ctx *c, placement *pl, pl_reinstantiation *out)
 {
-    int np = 0, rc = -1;
     for (int i = 0; i < c->ng; i++)
-        np += !c->g[i].gone;
-    int *gidx = malloc((size_t)np * sizeof *gidx);
-    int **orders = calloc((size_t)np, sizeof *orders);
-    pl_pipeline_cost *cost = malloc((size_t)np * sizeof *cost);
-    int64_t *nb = malloc((size_t)np * sizeof *nb);
-    out->pipelines = calloc((size_t)np, sizeof *out->pipelines);
-    if (!gidx || !orders || !cost || !nb || !out->pipelines) {
-        oom(c);
-        goto done;
-    }
-    int64_t microbatches = global_batch / c->p->microbatch_size;
-    if (np > microbatches) {
-        pl_errf(c->err, c->errlen, "global_batch: %lld microbatches cannot feed %d pipelines",
-                (long long)microbatches, np);
-        goto done;
-    }
+        pl->np += !c->g[i].gone;
+    pl->gidx = malloc((size_t)pl->np * sizeof *pl->gidx);
+    pl->orders = calloc((size_t)pl->np, sizeof *pl->orders);
+    pl->cost = malloc((size_t)pl->np * sizeof *pl->cost);
+    pl->nb = malloc((size_t)pl->np * sizeof *pl->nb);
+    out->pipelines = calloc((size_t)pl->np, sizeof *out->pipelines);
+    if (!pl->gidx || !pl->orders || !pl->cost || !pl->nb || !out->pipelines)
+        return -1;
     for (int i = 0, x = 0; i < c->ng; i++)
         if (!c->g[i].gone)
-            gidx[x++] = i;
-    for (int x = 0; x < np; x++) {
-        const group *g = &c->g[gidx[x]];
+            pl->gidx[x++] = i;
+    return 0;
+}
+
+static void placement_free(placement *pl)
+{
+    for (int x = 0; pl->orders && x < pl->np; x++)
+        free(pl->orders[x]);
+    free(pl->orders);
+    free(pl->gidx);
+    free(pl->cost);
+    free(pl->nb);
+}
+
+/* Each pipeline's nodes by position (a changed one's by assign_positions) and its cost. */
+static int place_pipelines(const ctx *c, placement *pl, pl_reinstantiation *out)
+{
+    for (int x = 0; x < pl->np; x++) {
+        const group *g = &c->g[pl->gidx[x]];
         const pl_template *t = tmpl(c, g->nodes.n);
         pl_reinst_pipeline *rp = &out->pipelines[x];
-        orders[x] = malloc((size_t)g->nodes.n * sizeof *orders[x]);
+        pl->orders[x] = malloc((size_t)g->nodes.n * sizeof *pl->orders[x]);
         rp->nodes = malloc((size_t)g->nodes.n * sizeof *rp->nodes);
-        if (!orders[x] || !rp->nodes) {
-            oom(c);
-            goto done;
-        }
+        if (!pl->orders[x] || !rp->nodes)
+            return -1;
         out->npipelines = x + 1;
         /* An untouched pipeline keeps its positions: nothing to copy. */
         if (!g->changed)
-            memcpy(orders[x], g->nodes.v, (size_t)g->nodes.n * sizeof *orders[x]);
-        else if (assign_positions(c, g, t, orders[x])) {
-            oom(c);
-            goto done;
-        }
+            memcpy(pl->orders[x], g->nodes.v, (size_t)g->nodes.n * sizeof *pl->orders[x]);
+        else if (assign_positions(c, g, t, pl->orders[x]))
+            return -1;
         rp->template_nodes = g->nodes.n;
-        cost[x] = (pl_pipeline_cost){pl_template_time(t, 1), t->max_stage_ns};
+        pl->cost[x] = (pl_pipeline_cost){pl_template_time(t, 1), t->max_stage_ns};
     }
-    if (spread_zones(c, np, gidx, orders)) {
-        oom(c);
-        goto done;
-    }
-    for (int x = 0; x < np; x++)
+    return 0;
+}
+
+/* The pipelines' node names, their microbatches and times. */
+static void write_pipelines(const ctx *c, placement *pl, int64_t microbatches, const char **nm,
+                            pl_reinstantiation *out)
+{
+    for (int x = 0; x < pl->np; x++)
         for (int j = 0; j < out->pipelines[x].template_nodes; j++)
-            out->pipelines[x].nodes[j] = nm[orders[x][j]];
+            out->pipelines[x].nodes[j] = nm[pl->orders[x][j]];
     /* §5.2: the global batch stays; it is redistributed over the new pipelines. */
-    out->iteration_ns = pl_distribute_batch(cost, np, microbatches, nb);
-    for (int x = 0; x < np; x++) {
-        out->pipelines[x].microbatches = nb[x];
+    out->iteration_ns = pl_distribute_batch(pl->cost, pl->np, microbatches, pl->nb);
+    for (int x = 0; x < pl->np; x++) {
+        out->pipelines[x].microbatches = pl->nb[x];
         const pl_template *t = tmpl(c, out->pipelines[x].template_nodes);
-        out->pipelines[x].iteration_ns = pl_template_time(t, nb[x]);
+        out->pipelines[x].iteration_ns = pl_template_time(t, pl->nb[x]);
     }
-    if (plan_copies(c, out, (const int *const *)orders, gidx, nm)) {
-        oom(c);
-        goto done;
-    }
+}
+
+/* The live nodes no pipeline took: those left in the pool. */
+static int list_idle(const ctx *c, const char **nm, pl_reinstantiation *out)
+{
     out->nidle = pool_left(c);
     out->idle_nodes = malloc((size_t)(out->nidle ? out->nidle : 1) * sizeof *out->idle_nodes);
-    if (!out->idle_nodes) {
-        oom(c);
-        goto done;
-    }
+    if (!out->idle_nodes)
+        return -1;
     for (int j = 0; j < out->nidle; j++)
         out->idle_nodes[j] = nm[c->pool.v[c->pool_head + j]];
-    rc = 0;
-done:
-    for (int x = 0; orders && x < np; x++)
-        free(orders[x]);
-    free(orders);
-    free(gidx);
-    free(cost);
-    free(nb);
+    return 0;
+}
+
+/* Writes the pipelines, their batch, the copies and the idle nodes. */
+static int finish(ctx *c, int64_t global_batch, const char **nm, pl_reinstantiation *out)
+{
+    const int64_t microbatches = global_batch / c->p->microbatch_size;
+    placement pl = {0};
+    int rc = placement_init(c, &pl, out) ? oom(c) : 0;
+    if (rc == 0 && pl.np > microbatches)
+        rc = pl_errf(c->err, c->errlen, "global_batch: %lld microbatches cannot feed %d pipelines",
+                     (long long)microbatches, pl.np);
+    if (rc == 0 && (place_pipelines(c, &pl, out) || spread_zones(c, pl.np, pl.gidx, pl.orders)))
+        rc = oom(c);
+    if (rc == 0) {
+        write_pipelines(c, &pl, microbatches, nm, out);
+        if (plan_copies(c, out, (const int *const *)pl.orders, pl.gidx, nm) ||
+            list_idle(c, nm, out))
+            rc = oom(c);
+    }
+    placement_free(&pl);
     return rc;
 }
 
@@ -1505,12 +1653,10 @@ static int no_plan(ctx *c, const unsigned char *covered, const char **nm, pl_rei
     return 0;
 }
 
-int pl_reinstantiate(const pl_profile *p, const pl_template_set *ts, const pl_coverage *cov,
-                     int tolerate, int64_t global_batch, const pl_current_plan *cur,
-                     const char *const *removed, int nremoved, const char *const *added,
-                     int nadded, pl_reinstantiation *out, char *err, size_t errlen)
+/* The arguments besides the name lists and the batch. */
+static int check_args(const pl_profile *p, const pl_template_set *ts, const pl_current_plan *cur,
+                      int tolerate, char *err, size_t errlen)
 {
-    memset(out, 0, sizeof *out);
     if (!p || !ts || !cur)
         return pl_errf(err, errlen,
                        "reinstantiate: profile, templates and current plan are required");
@@ -1520,70 +1666,112 @@ int pl_reinstantiate(const pl_profile *p, const pl_template_set *ts, const pl_co
         return pl_errf(err, errlen, "templates: no feasible pipeline template");
     if (cur->npipelines <= 0)
         return pl_errf(err, errlen, "pipelines: the current plan has no pipelines");
+    return 0;
+}
+
+/* The removed, added and departing names: a count and, when it is not 0, a list. */
+static int check_lists(const pl_current_plan *cur, const char *const *removed, int nremoved,
+                       const char *const *added, int nadded, char *err, size_t errlen)
+{
     if (nremoved < 0 || (nremoved > 0 && !removed))
         return pl_errf(err, errlen, "removed: bad list");
     if (nadded < 0 || (nadded > 0 && !added))
         return pl_errf(err, errlen, "added: bad list");
     if (cur->ndeparting < 0 || (cur->ndeparting > 0 && !cur->departing))
         return pl_errf(err, errlen, "departing: bad list");
-    if (pl_batch_check(global_batch, p->microbatch_size, tolerate, err, errlen))
+    return 0;
+}
+
+/* Marks the layers some node that can send holds (covered[l]); returns the live node
+ * count. */
+static int cover_layers(const ctx *c, unsigned char *covered)
+{
+    int live = c->nall - c->ncur;
+    for (int u = 0; u < c->ncur; u++) {
+        live += c->alive[u];
+        if (!c->sends[u])
+            continue;
+        for (int r = c->hr_off[u]; r < c->hr_off[u + 1]; r++)
+            memset(covered + c->hr_lo[r], 1, (size_t)(c->hr_hi[r] - c->hr_lo[r]));
+    }
+    return live;
+}
+
+/* A group for each current pipeline with its live nodes (changed when it lost some);
+ * the added nodes are the pool. */
+static int load_groups(ctx *c, const pl_current_plan *cur)
+{
+    for (int q = 0, u = 0; q < cur->npipelines; q++) {
+        int k = cur->pipelines[q].nnodes, gi = new_group(c, q, k);
+        if (gi < 0)
+            return oom(c);
+        for (int j = 0; j < k; j++, u++)
+            if (c->alive[u] && ivec_push(&c->g[gi].nodes, u))
+                return oom(c);
+        c->g[gi].changed = c->g[gi].nodes.n < k;
+    }
+    for (int u = c->ncur; u < c->nall; u++)
+        if (ivec_push(&c->pool, u))
+            return oom(c);
+    return 0;
+}
+
+/* The new plan: §5.1's rules, a replan where they fail or added nodes are left, then
+ * the result written. */
+static int rebuild(ctx *c, const pl_current_plan *cur, int64_t global_batch, const char **nm,
+                   pl_reinstantiation *out)
+{
+    if (load_groups(c, cur))
+        return -1;
+    int ok = handle_failures(c);
+    if (ok < 0)
+        return -1;
+    if ((!ok || pool_left(c) > 0) && replan(c, global_batch))
+        return -1;
+    return finish(c, global_batch, nm, out);
+}
+
+/* §5: recovery needs a copy of every layer that can be sent (a survivor's or a
+ * departing node's) and (f+1)·n0 nodes; without them there is no plan. */
+static int recover(ctx *c, const pl_current_plan *cur, int64_t global_batch, const char **nm,
+                   pl_reinstantiation *out)
+{
+    int L = c->p->nlayers;
+    unsigned char *covered = calloc((size_t)(L ? L : 1), 1);
+    if (!covered)
+        return oom(c);
+    int live = cover_layers(c, covered);
+    for (int l = 0; l < L; l++)
+        out->fatal |= !covered[l];
+    out->insufficient_nodes = live < (c->tolerate + 1) * c->ts->n0;
+    int rc = out->fatal || out->insufficient_nodes ? no_plan(c, covered, nm, out)
+                                                   : rebuild(c, cur, global_batch, nm, out);
+    free(covered);
+    return rc;
+}
+
+int pl_reinstantiate(const pl_profile *p, const pl_template_set *ts, const pl_coverage *cov,
+                     int tolerate, int64_t global_batch, const pl_current_plan *cur,
+                     const char *const *removed, int nremoved, const char *const *added,
+                     int nadded, pl_reinstantiation *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    if (check_args(p, ts, cur, tolerate, err, errlen) ||
+        check_lists(cur, removed, nremoved, added, nadded, err, errlen) ||
+        pl_batch_check(global_batch, p->microbatch_size, tolerate, err, errlen))
         return -1;
 
     ctx c = {.p = p, .ts = ts, .cov = cov, .tolerate = tolerate, .err = err, .errlen = errlen};
     name_index ix = {0};
     const char **nm = NULL;
-    unsigned char *covered = NULL;
-    int rc = -1, L = p->nlayers;
+    int rc = -1;
     if (load_nodes(&c, cur, removed, nremoved, added, nadded, &ix) || load_zones(&c, cur, &ix))
         goto done;
-    if (!(nm = copy_names(&c, out)) || !(covered = calloc((size_t)(L ? L : 1), 1))) {
+    if (!(nm = copy_names(&c, out))) {
         oom(&c);
         goto done;
     }
-    int live = nadded;
-    for (int u = 0; u < c.ncur; u++) {
-        live += c.alive[u];
-        if (!c.sends[u])
-            continue;
-        for (int r = c.hr_off[u]; r < c.hr_off[u + 1]; r++)
-            memset(covered + c.hr_lo[r], 1, (size_t)(c.hr_hi[r] - c.hr_lo[r]));
-    }
-    for (int l = 0; l < L; l++)
-        out->fatal |= !covered[l];
-    /* §5: recovery needs a copy of every layer that can be sent (a survivor's or a
-     * departing node's) and (f+1)·n0 nodes. */
-    out->insufficient_nodes = live < (tolerate + 1) * ts->n0;
-    if (out->fatal || out->insufficient_nodes) {
-        rc = no_plan(&c, covered, nm, out);
-        goto done;
-    }
-
-    for (int q = 0, u = 0; q < cur->npipelines; q++) {
-        int k = cur->pipelines[q].nnodes, gi = new_group(&c, q, k);
-        if (gi < 0) {
-            oom(&c);
-            goto done;
-        }
-        for (int j = 0; j < k; j++, u++)
-            if (c.alive[u] && ivec_push(&c.g[gi].nodes, u)) {
-                oom(&c);
-                goto done;
-            }
-        c.g[gi].changed = c.g[gi].nodes.n < k;
-    }
-    for (int j = 0; j < nadded; j++)
-        if (ivec_push(&c.pool, c.ncur + j)) {
-            oom(&c);
-            goto done;
-        }
-    int ok = handle_failures(&c);
-    if (ok < 0)
-        goto done;
-    if ((!ok || pool_left(&c) > 0) && replan(&c, global_batch))
-        goto done;
-    if (finish(&c, global_batch, nm, out))
-        goto done;
-    rc = 0;
+    rc = recover(&c, cur, global_batch, nm, out);
 done:
     out->steps = c.steps;
     out->nsteps = c.nsteps;
@@ -1601,7 +1789,6 @@ done:
     free(c.zone);
     free(ix.slot);
     free(nm);
-    free(covered);
     if (rc)
         pl_reinstantiation_free(out);
     return rc;
