@@ -54,22 +54,23 @@ static int coordinator_ca(int insecure_flag, pl_agent_options *o, char *err, siz
     return 0;
 }
 
-int cmd_worker(int argc, char **argv)
+/* The command line: --threads, --backend (over PLIANT_BACKEND, o->backend's default),
+ * --insecure and JOB.yaml. 0, or 2 once the error is printed. */
+static int parse_flags(int argc, char **argv, pl_agent_options *o, int *insecure)
 {
     static const struct option opts[] = {{"threads", required_argument, 0, 't'},
                                          {"backend", required_argument, 0, 'b'},
                                          {"insecure", no_argument, 0, 'i'},
                                          {0, 0, 0, 0}};
     char err[512] = "";
-    long long threads = 0, v;
-    const char *backend = env_or("PLIANT_BACKEND", "auto");
-    int c, insecure = 0;
+    long long threads = 0;
+    int c;
     opterr = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         if (c == 'b' || c == 'i') {
-            if (c == 'b') backend = optarg;
-            else insecure = 1;
+            if (c == 'b') o->backend = optarg;
+            else *insecure = 1;
             continue;
         }
         if (c != 't' || cli_parse_int("--threads", optarg, 1, 1024, &threads, err, sizeof err)) {
@@ -83,58 +84,91 @@ int cmd_worker(int argc, char **argv)
                         "[--insecure]\n");
         return 2;
     }
-    if (cli_check_backend("--backend (or PLIANT_BACKEND)", backend, err, sizeof err)) {
+    if (cli_check_backend("--backend (or PLIANT_BACKEND)", o->backend, err, sizeof err)) {
         fprintf(stderr, "pliant worker: %s\n", err);
         return 2;
     }
+    o->job_path = argv[optind];
+    o->threads = (int)threads;
+    return 0;
+}
+
+/* PLIANT_TOKEN, or the text of PLIANT_TOKEN_FILE (the Secret's file, as mounted in a
+ * Pod) up to its first line end: then *token holds it, for the caller to free. 0, or -1
+ * and err. */
+static int job_token(pl_agent_options *o, char **token, char *err, size_t errlen)
+{
+    o->token = env_or("PLIANT_TOKEN", "");
+    const char *token_file = env_or("PLIANT_TOKEN_FILE", NULL);
+    if (!token_file) return 0;
+    if (!(*token = pl_read_file(token_file, err, errlen))) return -1;
+    (*token)[strcspn(*token, "\r\n")] = 0;
+    o->token = *token;
+    return 0;
+}
+
+/* PLIANT_PEER_PORT, PLIANT_GRACE_SECONDS and PLIANT_PEER_PROTECTION. 0, or -1 and err. */
+static int peer_port_grace_protection(pl_agent_options *o, char *err, size_t errlen)
+{
+    long long port;
+    if (cli_parse_int("PLIANT_PEER_PORT", env_or("PLIANT_PEER_PORT", "0"), 0, 65535, &port, err,
+                      errlen))
+        return -1;
+    o->peer_port = (int)port;
+    double grace;
+    if (cli_parse_double("PLIANT_GRACE_SECONDS", env_or("PLIANT_GRACE_SECONDS", "0"), 0, 86400,
+                         &grace, err, errlen))
+        return -1;
+    o->grace_ms = llround(grace * 1000);
+    pl_frame_protection prot;
+    if (pl_frame_protection_parse(env_or("PLIANT_PEER_PROTECTION", NULL), &prot, err, errlen))
+        return -1;
+    o->peer_protection = (int)prot;
+    return 0;
+}
+
+/* What the environment gives (the header lists it); *token as job_token. 0, or -1 and
+ * err. */
+static int options_from_env(int insecure, pl_agent_options *o, char **token, char *err,
+                            size_t errlen)
+{
     /* PLIANT_THREADS: where Pods share cores (the test suite's fake kubelet), OpenMP
      * spin-waits badly with more threads than cores */
     const char *env_threads = env_or("PLIANT_THREADS", NULL);
-    if (!threads && env_threads &&
-        cli_parse_int("PLIANT_THREADS", env_threads, 1, 1024, &threads, err, sizeof err)) {
+    long long threads;
+    if (!o->threads && env_threads) {
+        if (cli_parse_int("PLIANT_THREADS", env_threads, 1, 1024, &threads, err, errlen))
+            return -1;
+        o->threads = (int)threads;
+    }
+    o->coordinator = env_or("PLIANT_COORDINATOR", NULL);
+    if (job_token(o, token, err, errlen)) return -1;
+    o->name = env_or("PLIANT_WORKER_NAME", NULL);
+    o->node = env_or("PLIANT_NODE", NULL);
+    o->zone = env_or("PLIANT_ZONE", NULL);
+    o->host = env_or("PLIANT_HOST", NULL);
+    o->advertise = env_or("PLIANT_ADVERTISE", NULL);
+    o->checkpoint_dir = env_or("PLIANT_CHECKPOINT_DIR", NULL);
+    if (!o->coordinator || !o->name)
+        return pl_errf(err, errlen, "PLIANT_COORDINATOR and PLIANT_WORKER_NAME must be set");
+    if (coordinator_ca(insecure, o, err, errlen)) return -1;
+    return peer_port_grace_protection(o, err, errlen);
+}
+
+int cmd_worker(int argc, char **argv)
+{
+    pl_agent_options o = {.backend = env_or("PLIANT_BACKEND", "auto")};
+    int insecure = 0;
+    int rc = parse_flags(argc, argv, &o, &insecure);
+    if (rc) return rc;
+    char err[512] = "";
+    char *token = NULL;
+    if (options_from_env(insecure, &o, &token, err, sizeof err)) {
+        free(token);
         fprintf(stderr, "pliant worker: %s\n", err);
         return 2;
     }
-    pl_agent_options o = {.job_path = argv[optind], .threads = (int)threads, .backend = backend};
-    o.coordinator = env_or("PLIANT_COORDINATOR", NULL);
-    o.token = env_or("PLIANT_TOKEN", "");
-    const char *token_file = env_or("PLIANT_TOKEN_FILE", NULL);
-    char *token = NULL; /* the Secret's file, as mounted in a Pod */
-    if (token_file) {
-        if (!(token = pl_read_file(token_file, err, sizeof err))) goto bad;
-        token[strcspn(token, "\r\n")] = 0;
-        o.token = token;
-    }
-    o.name = env_or("PLIANT_WORKER_NAME", NULL);
-    o.node = env_or("PLIANT_NODE", NULL);
-    o.zone = env_or("PLIANT_ZONE", NULL);
-    o.host = env_or("PLIANT_HOST", NULL);
-    o.advertise = env_or("PLIANT_ADVERTISE", NULL);
-    o.checkpoint_dir = env_or("PLIANT_CHECKPOINT_DIR", NULL);
-    if (!o.coordinator || !o.name) {
-        fprintf(stderr, "pliant worker: PLIANT_COORDINATOR and PLIANT_WORKER_NAME must be set\n");
-        free(token);
-        return 2;
-    }
-    if (coordinator_ca(insecure, &o, err, sizeof err)) goto bad;
-    if (cli_parse_int("PLIANT_PEER_PORT", env_or("PLIANT_PEER_PORT", "0"), 0, 65535, &v, err,
-                      sizeof err))
-        goto bad;
-    o.peer_port = (int)v;
-    double grace;
-    if (cli_parse_double("PLIANT_GRACE_SECONDS", env_or("PLIANT_GRACE_SECONDS", "0"), 0, 86400,
-                         &grace, err, sizeof err))
-        goto bad;
-    o.grace_ms = llround(grace * 1000);
-    pl_frame_protection prot;
-    if (pl_frame_protection_parse(env_or("PLIANT_PEER_PROTECTION", NULL), &prot, err, sizeof err))
-        goto bad;
-    o.peer_protection = (int)prot;
-    int rc = pl_agent_run(&o);
+    rc = pl_agent_run(&o);
     free(token);
     return rc;
-bad:
-    free(token);
-    fprintf(stderr, "pliant worker: %s\n", err);
-    return 2;
 }

@@ -132,6 +132,64 @@ static void default_args(op_args *a)
     }
 }
 
+/* An option that only stores its value or sets a flag: 1, or 0 when c is another. */
+static int store_option(int c, op_args *a)
+{
+    switch (c) {
+    case 'k': a->kubeconfig = optarg; break;
+    case 'n': a->ns = optarg; break;
+    case 'l': a->leader_elect = 1; break;
+    case 'L': a->lease_name = optarg; break;
+    case 'N': a->lease_ns = optarg; break;
+    case 'i': snprintf(a->identity, sizeof a->identity, "%s", optarg); break;
+    case 'm': a->metrics_addr = optarg; break;
+    case 'H': a->health_addr = optarg; break;
+    case 'd': a->dashboard_addr = optarg; break;
+    case 'c': a->coord_host = optarg; break;
+    case 'b': a->bind_host = optarg; break;
+    case 'I': a->image = optarg; break;
+    case 'w': a->command = optarg; break;
+    case 'P': a->port_base = atoi(optarg); break;
+    case 'A': a->advertise = optarg[0] ? optarg : NULL; break;
+    case 'p': a->network_policy = 1; break;
+    case 'O': a->operator_ns = optarg; break;
+    default: return 0;
+    }
+    return 1;
+}
+
+/* The other options: those whose value is checked (--log-level takes effect at once),
+ * those that end the command and the unknown ones. The exit status when the command
+ * ends here, else -1. */
+static int checked_option(int c, op_args *a, char **argv)
+{
+    switch (c) {
+    case 'v': {
+        pl_log_level level;
+        if (pl_log_parse_level(optarg, &level)) {
+            pl_log(PL_LOG_ERROR, "--log-level: must be error, warn, info or debug (got %s)",
+                   optarg);
+            return 2;
+        }
+        pl_log_set_level(level);
+        return -1;
+    }
+    case 'D':
+        a->lease_s = atoi(optarg);
+        if (a->lease_s < 2 || a->lease_s > 3600) {
+            pl_log(PL_LOG_ERROR, "--lease-duration: seconds in 2..3600");
+            return 2;
+        }
+        return -1;
+    case 'V': puts(VERSION); return 0;
+    case 'h': usage(stdout); return 0;
+    default:
+        pl_log(PL_LOG_ERROR, "unknown option or missing value: '%s'", argv[optind - 1]);
+        usage(stderr);
+        return 2;
+    }
+}
+
 /* Fills a from argv; the exit status when the command ends here (--help,
  * --version, a usage error), else -1. */
 static int parse_args(int argc, char **argv, op_args *a)
@@ -152,52 +210,11 @@ static int parse_args(int argc, char **argv, op_args *a)
         {"dashboard-addr", required_argument, 0, 'd'},
         {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
     default_args(a);
-    int c;
+    int c, rc;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (c) {
-        case 'k': a->kubeconfig = optarg; break;
-        case 'n': a->ns = optarg; break;
-        case 'l': a->leader_elect = 1; break;
-        case 'L': a->lease_name = optarg; break;
-        case 'N': a->lease_ns = optarg; break;
-        case 'i': snprintf(a->identity, sizeof a->identity, "%s", optarg); break;
-        case 'm': a->metrics_addr = optarg; break;
-        case 'H': a->health_addr = optarg; break;
-        case 'd': a->dashboard_addr = optarg; break;
-        case 'c': a->coord_host = optarg; break;
-        case 'b': a->bind_host = optarg; break;
-        case 'I': a->image = optarg; break;
-        case 'w': a->command = optarg; break;
-        case 'v': {
-            pl_log_level level;
-            if (pl_log_parse_level(optarg, &level)) {
-                pl_log(PL_LOG_ERROR, "--log-level: must be error, warn, info or debug (got %s)",
-                       optarg);
-                return 2;
-            }
-            pl_log_set_level(level);
-            break;
-        }
-        case 'D':
-            a->lease_s = atoi(optarg);
-            if (a->lease_s < 2 || a->lease_s > 3600) {
-                pl_log(PL_LOG_ERROR, "--lease-duration: seconds in 2..3600");
-                return 2;
-            }
-            break;
-        case 'P': a->port_base = atoi(optarg); break;
-        case 'A': a->advertise = optarg[0] ? optarg : NULL; break;
-        case 'p': a->network_policy = 1; break;
-        case 'O': a->operator_ns = optarg; break;
-        case 'V': puts(VERSION); return 0;
-        case 'h': usage(stdout); return 0;
-        default:
-            pl_log(PL_LOG_ERROR, "unknown option or missing value: '%s'", argv[optind - 1]);
-            usage(stderr);
-            return 2;
-        }
-    }
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1)
+        if (!store_option(c, a) && (rc = checked_option(c, a, argv)) >= 0)
+            return rc;
     if (optind != argc) {
         pl_log(PL_LOG_ERROR, "unexpected argument '%s'", argv[optind]);
         return 2;

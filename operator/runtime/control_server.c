@@ -317,51 +317,62 @@ static void wake_cb(lws_sorted_usec_list_t *sul)
     (void)sul;
 }
 
-pl_ctl_server *pl_ctl_server_create(const pl_ctl_server_config *cfg, char *err, size_t errlen)
+/* A certificate with its key, or neither (generated); a port in 0..65535. */
+static int check_config(const pl_ctl_server_config *cfg, char *err, size_t errlen)
 {
-    if ((cfg->cert_path == NULL) != (cfg->key_path == NULL)) {
-        pl_errf(err, errlen, "control server: give both a certificate and a key, or neither");
-        return NULL;
-    }
-    if (cfg->port < 0 || cfg->port > 65535) {
-        pl_errf(err, errlen, "control server: bad port %d", cfg->port);
-        return NULL;
-    }
-    pl_ctl_server *s = calloc(1, sizeof *s);
-    if (!s) {
-        pl_errf(err, errlen, "control server: out of memory");
-        return NULL;
-    }
-    s->cb = cfg->cb;
-    if (cfg->token) {
-        s->authenticate = 1;
-        s->token_len = cfg->token_len;
-        s->token = malloc(cfg->token_len ? cfg->token_len : 1);
-        if (!s->token) {
-            pl_errf(err, errlen, "control server: out of memory");
-            goto fail;
-        }
-        memcpy(s->token, cfg->token, cfg->token_len);
-    }
-    const char *cert = cfg->cert_path, *key = cfg->key_path;
-    if (!cert) {
-        if (pl_tls_selfsigned_create(&s->generated, cfg->cert_host, 0, NULL, err, errlen))
-            goto fail;
-        cert = s->generated.cert_path;
-        key = s->generated.key_path;
-        memcpy(s->fingerprint, s->generated.fingerprint, sizeof s->fingerprint);
-    } else if (pl_tls_cert_fingerprint(cert, s->fingerprint, err, errlen)) {
-        goto fail;
-    }
-    snprintf(s->cert_path, sizeof s->cert_path, "%s", cert);
+    if ((cfg->cert_path == NULL) != (cfg->key_path == NULL))
+        return pl_errf(err, errlen,
+                       "control server: give both a certificate and a key, or neither");
+    if (cfg->port < 0 || cfg->port > 65535)
+        return pl_errf(err, errlen, "control server: bad port %d", cfg->port);
+    return 0;
+}
 
+/* The server's own copy of the job token: proofs are checked only with one. */
+static int copy_token(pl_ctl_server *s, const pl_ctl_server_config *cfg, char *err,
+                      size_t errlen)
+{
+    if (!cfg->token)
+        return 0;
+    s->authenticate = 1;
+    s->token_len = cfg->token_len;
+    s->token = malloc(cfg->token_len ? cfg->token_len : 1);
+    if (!s->token)
+        return pl_errf(err, errlen, "control server: out of memory");
+    memcpy(s->token, cfg->token, cfg->token_len);
+    return 0;
+}
+
+/* The certificate and key to serve (*cert, *key): the given pair, or a self-signed
+ * one generated now; its path and fingerprint are kept for workers. 0, or -1 and err. */
+static int use_certificate(pl_ctl_server *s, const pl_ctl_server_config *cfg, const char **cert,
+                           const char **key, char *err, size_t errlen)
+{
+    *cert = cfg->cert_path;
+    *key = cfg->key_path;
+    if (!*cert) {
+        if (pl_tls_selfsigned_create(&s->generated, cfg->cert_host, 0, NULL, err, errlen))
+            return -1;
+        *cert = s->generated.cert_path;
+        *key = s->generated.key_path;
+        memcpy(s->fingerprint, s->generated.fingerprint, sizeof s->fingerprint);
+    } else if (pl_tls_cert_fingerprint(*cert, s->fingerprint, err, errlen)) {
+        return -1;
+    }
+    snprintf(s->cert_path, sizeof s->cert_path, "%s", *cert);
+    return 0;
+}
+
+/* The lws context with one TLS vhost listening on host:port; s->port is the port
+ * bound (an ephemeral one for port 0). 0, or -1 and err. */
+static int start_listening(pl_ctl_server *s, const char *host, int port, const char *cert,
+                           const char *key, char *err, size_t errlen)
+{
     lws_set_log_level(LLL_ERR, NULL);
     s->protocols[0].name = PL_PROTO_SUBPROTOCOL;
     s->protocols[0].callback = ctl_callback;
     s->protocols[0].per_session_data_size = sizeof(pl_ctl_conn *);
     s->protocols[0].rx_buffer_size = 65536;
-
-    const char *host = cfg->host ? cfg->host : "127.0.0.1";
     struct lws_context_creation_info info;
     memset(&info, 0, sizeof info);
     /* No LWS_SERVER_OPTION_VALIDATE_UTF8: pl_msg_decode checks text, and its
@@ -369,7 +380,7 @@ pl_ctl_server *pl_ctl_server_create(const pl_ctl_server_config *cfg, char *err, 
     info.options = LWS_SERVER_OPTION_DO_SSL_GLOBAL_INIT;
     if (!strchr(host, ':'))
         info.options |= LWS_SERVER_OPTION_DISABLE_IPV6;
-    info.port = cfg->port;
+    info.port = port;
     info.iface = host;
     info.protocols = s->protocols;
     info.ssl_cert_filepath = cert;
@@ -379,26 +390,37 @@ pl_ctl_server *pl_ctl_server_create(const pl_ctl_server_config *cfg, char *err, 
     info.uid = -1;
     info.vhost_name = "pliant-control";
     s->client_ssl_ctx = SSL_CTX_new(TLS_client_method());
-    if (!s->client_ssl_ctx) {
-        pl_errf(err, errlen, "control server: cannot create a TLS context");
-        goto fail;
-    }
+    if (!s->client_ssl_ctx)
+        return pl_errf(err, errlen, "control server: cannot create a TLS context");
     info.provided_client_ssl_ctx = s->client_ssl_ctx;
     s->ctx = lws_create_context(&info);
-    if (!s->ctx) {
-        pl_errf(err, errlen, "control server: cannot listen on %s:%d with TLS", host, cfg->port);
-        goto fail;
-    }
+    if (!s->ctx)
+        return pl_errf(err, errlen, "control server: cannot listen on %s:%d with TLS", host, port);
     s->vh = lws_get_vhost_by_name(s->ctx, "pliant-control");
     s->port = s->vh ? lws_get_vhost_listen_port(s->vh) : 0;
-    if (s->port <= 0) {
-        pl_errf(err, errlen, "control server: no listening port");
-        goto fail;
+    if (s->port <= 0)
+        return pl_errf(err, errlen, "control server: no listening port");
+    return 0;
+}
+
+pl_ctl_server *pl_ctl_server_create(const pl_ctl_server_config *cfg, char *err, size_t errlen)
+{
+    if (check_config(cfg, err, errlen))
+        return NULL;
+    pl_ctl_server *s = calloc(1, sizeof *s);
+    if (!s) {
+        pl_errf(err, errlen, "control server: out of memory");
+        return NULL;
+    }
+    s->cb = cfg->cb;
+    const char *cert, *key;
+    if (copy_token(s, cfg, err, errlen) || use_certificate(s, cfg, &cert, &key, err, errlen) ||
+        start_listening(s, cfg->host ? cfg->host : "127.0.0.1", cfg->port, cert, key, err,
+                        errlen)) {
+        pl_ctl_server_destroy(s);
+        return NULL;
     }
     return s;
-fail:
-    pl_ctl_server_destroy(s);
-    return NULL;
 }
 
 void pl_ctl_server_destroy(pl_ctl_server *s)

@@ -366,30 +366,34 @@ int pl_coord_report(pl_coord *c, const char *name, int64_t gen, const pl_msg_rep
     return PL_COORD_OK;
 }
 
-int pl_coord_reduced(pl_coord *c, const char *name, int64_t gen, int64_t step)
+/* reduced (in RUNNING) and committed (in COMMITTING): a pipeline worker's word that
+ * its part of the running step is done, counted once; the last one completes the phase. */
+static int step_done(pl_coord *c, const char *name, int64_t gen, int64_t step,
+                     pl_coord_phase_t phase)
 {
     int rc = PL_COORD_OK;
-    int i = step_check(c, name, gen, step, PL_COORD_RUNNING, &rc);
+    int i = step_check(c, name, gen, step, phase, &rc);
     if (i < 0)
         return rc;
-    if (c->w[i].reduced)
+    int *done = phase == PL_COORD_RUNNING ? &c->w[i].reduced : &c->w[i].committed;
+    if (*done)
         return PL_COORD_IGNORED;
-    c->w[i].reduced = 1;
-    check_reduced_complete(c);
+    *done = 1;
+    if (phase == PL_COORD_RUNNING)
+        check_reduced_complete(c);
+    else
+        check_committed_complete(c);
     return PL_COORD_OK;
+}
+
+int pl_coord_reduced(pl_coord *c, const char *name, int64_t gen, int64_t step)
+{
+    return step_done(c, name, gen, step, PL_COORD_RUNNING);
 }
 
 int pl_coord_committed(pl_coord *c, const char *name, int64_t gen, int64_t step)
 {
-    int rc = PL_COORD_OK;
-    int i = step_check(c, name, gen, step, PL_COORD_COMMITTING, &rc);
-    if (i < 0)
-        return rc;
-    if (c->w[i].committed)
-        return PL_COORD_IGNORED;
-    c->w[i].committed = 1;
-    check_committed_complete(c);
-    return PL_COORD_OK;
+    return step_done(c, name, gen, step, PL_COORD_COMMITTING);
 }
 
 int pl_coord_copy_done(pl_coord *c, const char *name, int64_t gen, int64_t bytes)

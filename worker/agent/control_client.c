@@ -164,6 +164,48 @@ static void report_closed(pl_ctl_client *c)
     c->closed_reported = 1;
 }
 
+/* The first message must be challenge: answered with register, whose token proof
+ * is computed from its nonce. */
+static void answer_challenge(pl_ctl_client *c, const pl_msg *m)
+{
+    if (m->type != PL_MSG_CHALLENGE) {
+        client_fail(c, "expected challenge");
+        return;
+    }
+    pl_msg r;
+    pl_msg_init(&r, PL_MSG_REGISTER, atomic_load(&c->gen));
+    r.u.reg = c->cfg.reg;
+    if (pl_token_proof(c->token, c->cfg.token_len, m->u.challenge.nonce, r.u.reg.token_proof) ||
+        pl_ctl_client_send(c, &r)) {
+        client_fail(c, "cannot build register");
+    } else {
+        c->state = PL_CTL_CHALLENGED;
+    }
+    OPENSSL_cleanse(r.u.reg.token_proof, sizeof r.u.reg.token_proof);
+}
+
+/* After register: welcome and refuse move the state on; every message (those two
+ * included) then goes to on_message. */
+static void deliver(pl_ctl_client *c, const pl_msg *m)
+{
+    if (m->type == PL_MSG_WELCOME && c->state == PL_CTL_CHALLENGED) {
+        c->state = PL_CTL_WELCOMED;
+        c->rank = m->u.welcome.rank;
+        c->heartbeat_ms = c->cfg.heartbeat_ms > 0 ? c->cfg.heartbeat_ms
+                                                   : m->u.welcome.heartbeat_ms;
+        c->next_hb_ms = pl_now_ms(); /* the first heartbeat at once */
+    } else if (m->type == PL_MSG_REFUSE) {
+        c->state = PL_CTL_REFUSED;
+        set_reason(c, "refused: %s", m->u.refuse.reason);
+        c->closing = 1;
+        lws_callback_on_writable(c->wsi);
+    } else if (m->type == PL_MSG_WELCOME || m->type == PL_MSG_CHALLENGE) {
+        client_fail(c, "unexpected welcome or challenge");
+    }
+    if (c->cfg.on_message)
+        c->cfg.on_message(c, m, c->cfg.user);
+}
+
 static void handle_message(pl_ctl_client *c, const char *text, size_t len)
 {
     pl_msg m;
@@ -174,45 +216,14 @@ static void handle_message(pl_ctl_client *c, const char *text, size_t len)
         client_fail(c, why);
         return;
     }
-    if (pl_msg_from_worker(m.type) != 0) {
+    if (pl_msg_from_worker(m.type) != 0)
         client_fail(c, "worker message from the coordinator");
-    } else if (c->state == PL_CTL_CONNECTING) {
-        if (m.type != PL_MSG_CHALLENGE) {
-            client_fail(c, "expected challenge");
-        } else {
-            pl_msg r;
-            pl_msg_init(&r, PL_MSG_REGISTER, atomic_load(&c->gen));
-            r.u.reg = c->cfg.reg;
-            if (pl_token_proof(c->token, c->cfg.token_len, m.u.challenge.nonce,
-                               r.u.reg.token_proof) ||
-                pl_ctl_client_send(c, &r)) {
-                client_fail(c, "cannot build register");
-            } else {
-                c->state = PL_CTL_CHALLENGED;
-            }
-            OPENSSL_cleanse(r.u.reg.token_proof, sizeof r.u.reg.token_proof);
-        }
-    } else if (c->state == PL_CTL_CHALLENGED && m.type != PL_MSG_WELCOME &&
-               m.type != PL_MSG_REFUSE) {
+    else if (c->state == PL_CTL_CONNECTING)
+        answer_challenge(c, &m);
+    else if (c->state == PL_CTL_CHALLENGED && m.type != PL_MSG_WELCOME && m.type != PL_MSG_REFUSE)
         client_fail(c, "expected welcome or refuse");
-    } else {
-        if (m.type == PL_MSG_WELCOME && c->state == PL_CTL_CHALLENGED) {
-            c->state = PL_CTL_WELCOMED;
-            c->rank = m.u.welcome.rank;
-            c->heartbeat_ms = c->cfg.heartbeat_ms > 0 ? c->cfg.heartbeat_ms
-                                                       : m.u.welcome.heartbeat_ms;
-            c->next_hb_ms = pl_now_ms(); /* the first heartbeat at once */
-        } else if (m.type == PL_MSG_REFUSE) {
-            c->state = PL_CTL_REFUSED;
-            set_reason(c, "refused: %s", m.u.refuse.reason);
-            c->closing = 1;
-            lws_callback_on_writable(c->wsi);
-        } else if (m.type == PL_MSG_WELCOME || m.type == PL_MSG_CHALLENGE) {
-            client_fail(c, "unexpected welcome or challenge");
-        }
-        if (c->cfg.on_message)
-            c->cfg.on_message(c, &m, c->cfg.user);
-    }
+    else
+        deliver(c, &m);
     pl_msg_free(&m);
 }
 
@@ -294,27 +305,30 @@ static void wake_cb(lws_sorted_usec_list_t *sul)
     (void)sul;
 }
 
-pl_ctl_client *pl_ctl_client_create(const pl_ctl_client_config *cfg, char *err, size_t errlen)
+/* The coordinator's address, and a certificate to trust unless insecure; with a
+ * fingerprint, ca_path must be that certificate. 0, or -1 and err. */
+static int check_config(const pl_ctl_client_config *cfg, char *err, size_t errlen)
 {
     if (!cfg->host || !*cfg->host || strlen(cfg->host) > PL_PROTO_HOST_MAX || cfg->port <= 0 ||
-        cfg->port > 65535) {
-        pl_errf(err, errlen, "control client: bad coordinator address");
-        return NULL;
-    }
-    if (!cfg->ca_path && !cfg->insecure) {
-        pl_errf(err, errlen, "control client: no certificate to trust (ca_path)");
-        return NULL;
-    }
+        cfg->port > 65535)
+        return pl_errf(err, errlen, "control client: bad coordinator address");
+    if (!cfg->ca_path && !cfg->insecure)
+        return pl_errf(err, errlen, "control client: no certificate to trust (ca_path)");
     if (cfg->ca_path && cfg->fingerprint) {
         char fp[65];
         if (pl_tls_cert_fingerprint(cfg->ca_path, fp, err, errlen))
-            return NULL;
-        if (strcasecmp(fp, cfg->fingerprint) != 0) {
-            pl_errf(err, errlen, "control client: %s: fingerprint %s, expected %s",
-                    cfg->ca_path, fp, cfg->fingerprint);
-            return NULL;
-        }
+            return -1;
+        if (strcasecmp(fp, cfg->fingerprint) != 0)
+            return pl_errf(err, errlen, "control client: %s: fingerprint %s, expected %s",
+                           cfg->ca_path, fp, cfg->fingerprint);
     }
+    return 0;
+}
+
+/* The client, with its own copies of the host and the token (ca_path and fingerprint
+ * serve create only: not kept). NULL and err. */
+static pl_ctl_client *client_new(const pl_ctl_client_config *cfg, char *err, size_t errlen)
+{
     pl_ctl_client *c = calloc(1, sizeof *c);
     if (!c) {
         pl_errf(err, errlen, "control client: out of memory");
@@ -334,23 +348,33 @@ pl_ctl_client *pl_ctl_client_create(const pl_ctl_client_config *cfg, char *err, 
         memcpy(c->token, cfg->token, cfg->token_len);
     c->cfg.token = NULL;
     c->cfg.host = c->host;
-    c->cfg.ca_path = NULL; /* only used below */
+    c->cfg.ca_path = NULL; /* only used by create */
     c->cfg.fingerprint = NULL;
+    return c;
+}
 
+/* Our own TLS context: it trusts ca_path alone (lws's would add the system CAs);
+ * NULL ca_path (insecure) trusts nothing. 0, or -1 and err. */
+static int create_ssl_ctx(pl_ctl_client *c, const char *ca_path, char *err, size_t errlen)
+{
+    c->ssl_ctx = SSL_CTX_new(TLS_client_method());
+    if (!c->ssl_ctx || SSL_CTX_set_min_proto_version(c->ssl_ctx, TLS1_2_VERSION) != 1 ||
+        (ca_path && SSL_CTX_load_verify_locations(c->ssl_ctx, ca_path, NULL) != 1))
+        return pl_errf(err, errlen, "control client: cannot load %s", ca_path ? ca_path : "TLS");
+    SSL_CTX_set_verify(c->ssl_ctx, SSL_VERIFY_PEER, NULL);
+    return 0;
+}
+
+/* The lws context: the pliant.v1 protocol, no listening socket, the TLS context of
+ * create_ssl_ctx. 0, or -1 and err. */
+static int create_context(pl_ctl_client *c, const char *ca_path, char *err, size_t errlen)
+{
     lws_set_log_level(LLL_ERR, NULL);
     c->protocols[0].name = PL_PROTO_SUBPROTOCOL;
     c->protocols[0].callback = cli_callback;
     c->protocols[0].rx_buffer_size = 65536;
-
-    c->ssl_ctx = SSL_CTX_new(TLS_client_method());
-    if (!c->ssl_ctx || SSL_CTX_set_min_proto_version(c->ssl_ctx, TLS1_2_VERSION) != 1 ||
-        (cfg->ca_path && SSL_CTX_load_verify_locations(c->ssl_ctx, cfg->ca_path, NULL) != 1)) {
-        pl_errf(err, errlen, "control client: cannot load %s", cfg->ca_path ? cfg->ca_path : "TLS");
-        pl_ctl_client_destroy(c);
-        return NULL;
-    }
-    SSL_CTX_set_verify(c->ssl_ctx, SSL_VERIFY_PEER, NULL);
-
+    if (create_ssl_ctx(c, ca_path, err, errlen))
+        return -1;
     struct lws_context_creation_info info;
     memset(&info, 0, sizeof info);
     info.options = LWS_SERVER_OPTION_DO_SSL_GLOBAL_INIT;
@@ -361,33 +385,50 @@ pl_ctl_client *pl_ctl_client_create(const pl_ctl_client_config *cfg, char *err, 
     info.gid = -1;
     info.uid = -1;
     c->ctx = lws_create_context(&info);
-    if (!c->ctx) {
-        pl_errf(err, errlen, "control client: cannot create the TLS context");
-        pl_ctl_client_destroy(c);
-        return NULL;
-    }
+    if (!c->ctx)
+        return pl_errf(err, errlen, "control client: cannot create the TLS context");
+    return 0;
+}
+
+/* Dials wss://host:port/control; the handshake goes on in pl_ctl_client_service. */
+static void start_connecting(pl_ctl_client *c)
+{
     struct lws_client_connect_info ci;
     memset(&ci, 0, sizeof ci);
     ci.context = c->ctx;
     ci.address = c->host;
-    ci.port = cfg->port;
+    ci.port = c->cfg.port;
     ci.path = CTL_PATH;
     ci.host = c->host;
     ci.origin = c->host;
     ci.protocol = PL_PROTO_SUBPROTOCOL;
     ci.ssl_connection = LCCSCF_USE_SSL;
-    if (cfg->insecure)
+    if (c->cfg.insecure)
         ci.ssl_connection |= LCCSCF_ALLOW_SELFSIGNED | LCCSCF_SKIP_SERVER_CERT_HOSTNAME_CHECK |
                              LCCSCF_ALLOW_EXPIRED | LCCSCF_ALLOW_INSECURE;
     ci.pwsi = &c->wsi;
     c->state = PL_CTL_CONNECTING;
     if (!lws_client_connect_via_info(&ci) && c->state == PL_CTL_CONNECTING) {
         /* Failed before any callback: the caller sees state CLOSED. */
-        set_reason(c, "cannot start connecting to %s:%d", c->host, cfg->port);
+        set_reason(c, "cannot start connecting to %s:%d", c->host, c->cfg.port);
         c->state = PL_CTL_CLOSED;
         c->wsi = NULL;
         c->closed_reported = 1;
     }
+}
+
+pl_ctl_client *pl_ctl_client_create(const pl_ctl_client_config *cfg, char *err, size_t errlen)
+{
+    if (check_config(cfg, err, errlen))
+        return NULL;
+    pl_ctl_client *c = client_new(cfg, err, errlen);
+    if (!c)
+        return NULL;
+    if (create_context(c, cfg->ca_path, err, errlen)) {
+        pl_ctl_client_destroy(c);
+        return NULL;
+    }
+    start_connecting(c);
     return c;
 }
 

@@ -221,69 +221,116 @@ static int train_step(run *r, int64_t s, double *loss, double *norm, float *lr)
     return 0;
 }
 
+/* The model's engine on kernels of o's backend, its metrics file, and its parameters:
+ * from the newest checkpoint (*start its step; 1) or as spec.model.init says (0). -1
+ * and err. */
+static int start_run(run *r, const pl_train_options *o, int64_t *start, char *err,
+                     size_t errlen)
+{
+    const pl_job *job = r->job;
+    pl_gpt_config cfg;
+    if (pl_job_gpt_config(job, &cfg, err, errlen) || open_data(r, err, errlen)) return -1;
+    kn_ctx *k = kn_create(o->backend ? o->backend : "cpu", o->threads, err, errlen);
+    if (!k) return -1;
+    if (pl_engine_create(&r->e, k, &cfg, 0, cfg.L + 2, job->batch.micro, job->batch.seq_len, 1,
+                         err, errlen)) {
+        kn_destroy(k);
+        return -1;
+    }
+    if (o->metrics_path && !(r->metrics = fopen(o->metrics_path, "w")))
+        return pl_errf(err, errlen, "--metrics %s: cannot open for writing", o->metrics_path);
+    int resumed = resume(r, start, err, errlen);
+    if (resumed < 0 || (!resumed && pl_engine_init_from_job(&r->e, job, err, errlen))) return -1;
+    return resumed;
+}
+
+static void print_header(const run *r, FILE *out, int resumed, int64_t start)
+{
+    const pl_job *job = r->job;
+    const pl_gpt_config *cfg = &r->e.cfg;
+    fprintf(out, "model: %d layers, %d channels, %d heads, vocabulary %d (padded %d), %zu parameters\n",
+            cfg->L, cfg->C, cfg->NH, cfg->V, cfg->Vp, pl_gpt_total_params(cfg));
+    fprintf(out, "data: %lld training tokens, batch %d×%d tokens in microbatches of %d, %d threads\n",
+            (long long)pl_tokens_count(&r->train), job->batch.global, job->batch.seq_len,
+            job->batch.micro, kn_threads(r->e.k));
+    if (resumed) fprintf(out, "resumed at step %lld\n", (long long)start);
+}
+
+/* What one step measured: its line of the output and of the metrics file. */
+typedef struct {
+    int64_t step;
+    double loss, norm, ms, tokens_per_second;
+    double val; /* NAN: not evaluated at this step */
+    float lr;
+} step_stats;
+
+/* Trains step s and times it, then evaluates when due (every eval_every steps and
+ * after the last). 0, or -1 and err. */
+static int timed_step(run *r, int64_t s, step_stats *st, char *err, size_t errlen)
+{
+    const pl_job *job = r->job;
+    const double tokens_per_step = (double)job->batch.global * job->batch.seq_len;
+    double t0 = (pl_now_ms() / 1e3);
+    *st = (step_stats){.step = s, .val = NAN};
+    if (train_step(r, s, &st->loss, &st->norm, &st->lr))
+        return pl_errf(err, errlen, "train: sampling step %lld failed", (long long)s);
+    st->ms = ((pl_now_ms() / 1e3) - t0) * 1e3;
+    st->tokens_per_second = tokens_per_step / (st->ms / 1e3);
+    int last = s + 1 == r->steps;
+    if (r->have_val && ((s + 1) % job->eval_every == 0 || last) &&
+        evaluate(r, &st->val, err, errlen))
+        return -1;
+    return 0;
+}
+
+/* The step's line on out and, with --metrics, its JSON line; both flushed. */
+static void report_step(const run *r, FILE *out, const step_stats *st)
+{
+    fprintf(out, "step %6lld/%d | loss %.6f | lr %.3e | norm %.4f | %8.1f ms | %8.0f tok/s",
+            (long long)st->step, r->steps, st->loss, st->lr, st->norm, st->ms,
+            st->tokens_per_second);
+    if (!isnan(st->val)) fprintf(out, " | val %.6f", st->val);
+    fputc('\n', out);
+    fflush(out);
+    if (!r->metrics) return;
+    fprintf(r->metrics,
+            "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+            "\"ms\": %.3f, \"tokens_per_second\": %.1f, \"samples_digest\": \"%016llx\"",
+            (long long)st->step, st->loss, st->lr, st->norm, st->ms, st->tokens_per_second,
+            (unsigned long long)pl_sampler_digest(&r->smp, st->step, 0, r->job->batch.global));
+    if (!isnan(st->val)) fprintf(r->metrics, ", \"val_loss\": %.9g", st->val);
+    fputs("}\n", r->metrics);
+    fflush(r->metrics);
+}
+
+/* After `done` steps: a checkpoint when spec.checkpoint says one is due, then the
+ * old ones pruned (a failed clean-up is only reported). 0, or -1 and err. */
+static int checkpoint_if_due(run *r, int64_t done, FILE *out, char *err, size_t errlen)
+{
+    const pl_job *job = r->job;
+    if (!pl_checkpoint_due(job->checkpoint.dir, job->checkpoint.every, r->steps, done)) return 0;
+    if (save_checkpoint(r, done, err, errlen)) return -1;
+    fprintf(out, "checkpoint: step %lld saved to %s\n", (long long)done, job->checkpoint.dir);
+    char why[512];
+    if (pl_job_prune_checkpoints(job, why, sizeof why) < 0)
+        fprintf(stderr, "pliant train: checkpoint cleanup: %s\n", why);
+    return 0;
+}
+
 int pl_train(const pl_job *job, const pl_train_options *o, char *err, size_t errlen)
 {
     run r = {.job = job, .steps = o->steps > 0 ? o->steps : job->steps};
     FILE *out = o->out ? o->out : stdout;
-    pl_gpt_config cfg;
     int rc = -1;
-    kn_ctx *k = NULL;
-    if (pl_job_gpt_config(job, &cfg, err, errlen) || open_data(&r, err, errlen)) goto done;
-    if (!(k = kn_create(o->backend ? o->backend : "cpu", o->threads, err, errlen))) goto done;
-    if (pl_engine_create(&r.e, k, &cfg, 0, cfg.L + 2, job->batch.micro, job->batch.seq_len, 1,
-                         err, errlen)) {
-        kn_destroy(k);
-        goto done;
-    }
-    if (o->metrics_path && !(r.metrics = fopen(o->metrics_path, "w"))) {
-        pl_errf(err, errlen, "--metrics %s: cannot open for writing", o->metrics_path);
-        goto done;
-    }
-    int64_t start;
-    int resumed = resume(&r, &start, err, errlen);
-    if (resumed < 0 || (!resumed && pl_engine_init_from_job(&r.e, job, err, errlen))) goto done;
-    fprintf(out, "model: %d layers, %d channels, %d heads, vocabulary %d (padded %d), %zu parameters\n",
-            cfg.L, cfg.C, cfg.NH, cfg.V, cfg.Vp, pl_gpt_total_params(&cfg));
-    fprintf(out, "data: %lld training tokens, batch %d×%d tokens in microbatches of %d, %d threads%s\n",
-            (long long)pl_tokens_count(&r.train), job->batch.global, job->batch.seq_len,
-            job->batch.micro, kn_threads(k), resumed ? "" : "");
-    if (resumed) fprintf(out, "resumed at step %lld\n", (long long)start);
-    const double tokens_per_step = (double)job->batch.global * job->batch.seq_len;
+    int64_t start = 0;
+    int resumed = start_run(&r, o, &start, err, errlen);
+    if (resumed < 0) goto done;
+    print_header(&r, out, resumed, start);
     for (int64_t s = start; s < r.steps; s++) {
-        double t0 = (pl_now_ms() / 1e3), loss, norm, val = NAN;
-        float lr;
-        if (train_step(&r, s, &loss, &norm, &lr)) {
-            pl_errf(err, errlen, "train: sampling step %lld failed", (long long)s);
-            goto done;
-        }
-        double ms = ((pl_now_ms() / 1e3) - t0) * 1e3, tps = tokens_per_step / (ms / 1e3);
-        int last = s + 1 == r.steps;
-        if (r.have_val && ((s + 1) % job->eval_every == 0 || last) &&
-            evaluate(&r, &val, err, errlen))
-            goto done;
-        fprintf(out, "step %6lld/%d | loss %.6f | lr %.3e | norm %.4f | %8.1f ms | %8.0f tok/s",
-                (long long)s, r.steps, loss, lr, norm, ms, tps);
-        if (!isnan(val)) fprintf(out, " | val %.6f", val);
-        fputc('\n', out);
-        fflush(out);
-        if (r.metrics) {
-            fprintf(r.metrics,
-                    "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
-                    "\"ms\": %.3f, \"tokens_per_second\": %.1f, \"samples_digest\": \"%016llx\"",
-                    (long long)s, loss, lr, norm, ms, tps,
-                    (unsigned long long)pl_sampler_digest(&r.smp, s, 0, job->batch.global));
-            if (!isnan(val)) fprintf(r.metrics, ", \"val_loss\": %.9g", val);
-            fputs("}\n", r.metrics);
-            fflush(r.metrics);
-        }
-        if (pl_checkpoint_due(job->checkpoint.dir, job->checkpoint.every, r.steps, s + 1)) {
-            if (save_checkpoint(&r, s + 1, err, errlen)) goto done;
-            fprintf(out, "checkpoint: step %lld saved to %s\n", (long long)(s + 1),
-                    job->checkpoint.dir);
-            char why[512];
-            if (pl_job_prune_checkpoints(job, why, sizeof why) < 0)
-                fprintf(stderr, "pliant train: checkpoint cleanup: %s\n", why);
-        }
+        step_stats st;
+        if (timed_step(&r, s, &st, err, errlen)) goto done;
+        report_step(&r, out, &st);
+        if (checkpoint_if_due(&r, s + 1, out, err, errlen)) goto done;
     }
     rc = 0;
 done:
