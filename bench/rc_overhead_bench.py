@@ -15,7 +15,7 @@ templates, redundant with lazy FRC and redundant with eager FRC, in turn,
     ring (40 MB) one node fits too, and two 1-node pipelines beat one 2-stage
     pipeline for any microbatch count but 1: the step is one microbatch, so that
     every strategy plans the one 2-stage pipeline [0,4) [4,8).
-  2stage-wide: the same with one microbatch of 8 sequences (100 MB): Bamboo's
+  2stage-wide: the same with one microbatch of 16 sequences (200 MB): Bamboo's
     setting, a device per stage idle in the bubbles, and a step long enough for
     the shadow's fixed costs (gradients, AdamW) to weigh as on a real model.
 
@@ -61,7 +61,7 @@ RUNS = (("templates", ""), ("lazy", ", strategy: redundant, redundantForward: la
 FRC = re.compile(r"frc: (\d+) steps, (\d+) microbatches in waits \(([\d.]+) ms\), "
                  r"(\d+) exposed \(([\d.]+) ms\)")
 # name: (workers, sequences a step, sequences a microbatch, planner memory bytes)
-CONFIGS = {"3stage": (3, 16, 2, 32e6), "2stage": (2, 2, 2, 40e6), "2stage-wide": (2, 8, 8, 100e6)}
+CONFIGS = {"3stage": (3, 16, 2, 32e6), "2stage": (2, 2, 2, 40e6), "2stage-wide": (2, 16, 16, 200e6)}
 RC = re.compile(r"rc: \d+ steps, shadow gradients received after the stage ([\d.]+) ms a step, "
                 r"shadow AdamW after the commit ([\d.]+) ms a step")
 
