@@ -279,7 +279,7 @@ static void set_defaults(pl_job *job)
     job->checkpoint.keep = 0;
     job->fault_tolerance = (pl_fault_tolerance_spec){
         .strategy = PL_STRATEGY_TEMPLATES,
-        .redundant_forward = PL_FRC_EAGER,
+        .redundant_forward = PL_FRC_LAZY,
         .tolerate = 1,
         .max_resets = 100,
         .hosts_added_check_every = 1,

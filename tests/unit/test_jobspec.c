@@ -75,7 +75,7 @@ static void test_defaults(void)
     CHECK_EQ_INT(job.checkpoint.resume, PL_RESUME_AUTO);
     CHECK_EQ_INT(job.checkpoint.keep, 0); /* every checkpoint kept */
     CHECK_EQ_INT(job.fault_tolerance.strategy, PL_STRATEGY_TEMPLATES);
-    CHECK_EQ_INT(job.fault_tolerance.redundant_forward, PL_FRC_EAGER);
+    CHECK_EQ_INT(job.fault_tolerance.redundant_forward, PL_FRC_LAZY);
     CHECK_EQ_INT(job.fault_tolerance.tolerate, 1);
     CHECK_EQ_INT(job.fault_tolerance.max_resets, 100);
     CHECK_EQ_INT(job.fault_tolerance.hosts_added_check_every, 1);
@@ -174,12 +174,12 @@ static void test_redundant(void)
     CHECK_EQ_INT(pl_job_parse(MINIMAL "  faultTolerance: {strategy: redundant}\n", NULL, &job, err,
                               sizeof err), 0);
     CHECK_EQ_INT(job.fault_tolerance.strategy, PL_STRATEGY_REDUNDANT);
-    CHECK_EQ_INT(job.fault_tolerance.redundant_forward, PL_FRC_EAGER);
+    CHECK_EQ_INT(job.fault_tolerance.redundant_forward, PL_FRC_LAZY);
     pl_job_free(&job);
-    CHECK_EQ_INT(pl_job_parse(MINIMAL "  faultTolerance: {strategy: redundant, redundantForward: lazy}\n",
+    CHECK_EQ_INT(pl_job_parse(MINIMAL "  faultTolerance: {strategy: redundant, redundantForward: eager}\n",
                               NULL, &job, err, sizeof err), 0);
     CHECK_EQ_INT(job.fault_tolerance.strategy, PL_STRATEGY_REDUNDANT);
-    CHECK_EQ_INT(job.fault_tolerance.redundant_forward, PL_FRC_LAZY);
+    CHECK_EQ_INT(job.fault_tolerance.redundant_forward, PL_FRC_EAGER);
     CHECK(!job.checkpoint.dir[0]); /* no checkpoint directory required */
     CHECK_EQ_INT(job.fault_tolerance.below_minimum, PL_BELOW_MIN_WAIT);
     pl_job_free(&job);
