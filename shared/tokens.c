@@ -30,9 +30,9 @@ static void shard_unmap(pl_token_shard *s)
     memset(s, 0, sizeof *s);
 }
 
-static int shard_map(const char *path, pl_token_shard *s, char *err, size_t errlen)
+/* Maps path read-only (*map, *len) once it is a regular file long enough for the header. */
+static int map_shard_file(const char *path, void **map, size_t *len, char *err, size_t errlen)
 {
-    memset(s, 0, sizeof *s);
     int fd = open(path, O_RDONLY);
     if (fd < 0) return pl_errf(err, errlen, "%s: %s", path, strerror(errno));
     struct stat st;
@@ -51,34 +51,46 @@ static int shard_map(const char *path, pl_token_shard *s, char *err, size_t errl
                        "%s: file is %lld bytes, shorter than the %d-byte llm.c header", path,
                        (long long)st.st_size, PL_TOKENS_HEADER_BYTES);
     }
-    size_t len = (size_t)st.st_size;
-    void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+    *len = (size_t)st.st_size;
+    *map = mmap(NULL, *len, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
     close(fd);
-    if (map == MAP_FAILED) return pl_errf(err, errlen, "%s: mmap: %s", path, strerror(e));
+    if (*map == MAP_FAILED) return pl_errf(err, errlen, "%s: mmap: %s", path, strerror(e));
+    return 0;
+}
 
-    int32_t hdr[3];
-    memcpy(hdr, map, sizeof hdr);
-    const char *problem = NULL;
-    char buf[160];
-    if (hdr[0] != PL_TOKENS_MAGIC) {
-        snprintf(buf, sizeof buf, "bad magic %" PRId32 " (expected %d: not an llm.c token shard)",
+/* What is wrong with a shard's header (written to buf), or NULL when it matches the file. */
+static const char *header_problem(const int32_t hdr[3], size_t len, char *buf, size_t bufsz)
+{
+    if (hdr[0] != PL_TOKENS_MAGIC)
+        snprintf(buf, bufsz, "bad magic %" PRId32 " (expected %d: not an llm.c token shard)",
                  hdr[0], PL_TOKENS_MAGIC);
-        problem = buf;
-    } else if (hdr[1] != PL_TOKENS_VERSION) {
-        snprintf(buf, sizeof buf, "unsupported version %" PRId32 " (expected %d)", hdr[1],
+    else if (hdr[1] != PL_TOKENS_VERSION)
+        snprintf(buf, bufsz, "unsupported version %" PRId32 " (expected %d)", hdr[1],
                  PL_TOKENS_VERSION);
-        problem = buf;
-    } else if (hdr[2] <= 0) {
-        snprintf(buf, sizeof buf, "header says %" PRId32 " tokens (need at least 1)", hdr[2]);
-        problem = buf;
-    } else if ((int64_t)len != PL_TOKENS_HEADER_BYTES + 2 * (int64_t)hdr[2]) {
-        snprintf(buf, sizeof buf,
+    else if (hdr[2] <= 0)
+        snprintf(buf, bufsz, "header says %" PRId32 " tokens (need at least 1)", hdr[2]);
+    else if ((int64_t)len != PL_TOKENS_HEADER_BYTES + 2 * (int64_t)hdr[2])
+        snprintf(buf, bufsz,
                  "file is %zu bytes but header says %" PRId32 " tokens (expected %" PRId64
                  " bytes)",
                  len, hdr[2], PL_TOKENS_HEADER_BYTES + 2 * (int64_t)hdr[2]);
-        problem = buf;
-    }
+    else
+        return NULL;
+    return buf;
+}
+
+static int shard_map(const char *path, pl_token_shard *s, char *err, size_t errlen)
+{
+    memset(s, 0, sizeof *s);
+    void *map;
+    size_t len = 0;
+    if (map_shard_file(path, &map, &len, err, errlen)) return -1;
+
+    int32_t hdr[3];
+    memcpy(hdr, map, sizeof hdr);
+    char buf[160];
+    const char *problem = header_problem(hdr, len, buf, sizeof buf);
     if (problem) {
         munmap(map, len);
         return pl_errf(err, errlen, "%s: %s", path, problem);
@@ -261,7 +273,10 @@ static int make_parent_dirs(const char *prefix, char *err, size_t errlen)
     return rc;
 }
 
-int pl_tokenize_bytes(const char *input_path, const char *out_prefix, char *err, size_t errlen)
+/* Maps the input read-only (*bytes, *n) and splits its length 9:1 into training (*n_train)
+ * and validation. */
+static int map_input(const char *input_path, unsigned char **bytes, int64_t *n, int64_t *n_train,
+                     char *err, size_t errlen)
 {
     int fd = open(input_path, O_RDONLY);
     if (fd < 0) return pl_errf(err, errlen, "%s: %s", input_path, strerror(errno));
@@ -270,25 +285,32 @@ int pl_tokenize_bytes(const char *input_path, const char *out_prefix, char *err,
         close(fd);
         return pl_errf(err, errlen, "%s: not a readable regular file", input_path);
     }
-    int64_t n = st.st_size;
-    if (n < 2) {
+    *n = st.st_size;
+    if (*n < 2) {
         close(fd);
         return pl_errf(err, errlen,
                        "%s: %" PRId64 " bytes; need at least 2 (one for training, one for "
                        "validation)",
-                       input_path, n);
+                       input_path, *n);
     }
-    int64_t n_train = n / 10 * 9 + (n % 10) * 9 / 10; /* floor(0.9·n) without overflow */
-    int64_t n_val = n - n_train;
-    if (n_train > INT32_MAX || n_val > INT32_MAX) {
+    *n_train = *n / 10 * 9 + (*n % 10) * 9 / 10; /* floor(0.9·n) without overflow */
+    if (*n_train > INT32_MAX || *n - *n_train > INT32_MAX) {
         close(fd);
         return pl_errf(err, errlen, "%s: too large for one shard per split (%" PRId64 " bytes)",
-                       input_path, n);
+                       input_path, *n);
     }
-    unsigned char *bytes = mmap(NULL, (size_t)n, PROT_READ, MAP_PRIVATE, fd, 0);
+    *bytes = mmap(NULL, (size_t)*n, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
     close(fd);
-    if (bytes == MAP_FAILED) return pl_errf(err, errlen, "%s: mmap: %s", input_path, strerror(e));
+    if (*bytes == MAP_FAILED) return pl_errf(err, errlen, "%s: mmap: %s", input_path, strerror(e));
+    return 0;
+}
+
+int pl_tokenize_bytes(const char *input_path, const char *out_prefix, char *err, size_t errlen)
+{
+    unsigned char *bytes;
+    int64_t n = 0, n_train = 0;
+    if (map_input(input_path, &bytes, &n, &n_train, err, errlen)) return -1;
 
     int rc = -1;
     size_t plen = strlen(out_prefix);
@@ -303,7 +325,7 @@ int pl_tokenize_bytes(const char *input_path, const char *out_prefix, char *err,
     snprintf(path, plen + 16, "%s_train.bin", out_prefix);
     if (pl_tokens_write(path, tok, n_train, err, errlen) != 0) goto done;
     snprintf(path, plen + 16, "%s_val.bin", out_prefix);
-    if (pl_tokens_write(path, tok + n_train, n_val, err, errlen) != 0) goto done;
+    if (pl_tokens_write(path, tok + n_train, n - n_train, err, errlen) != 0) goto done;
     rc = 0;
 done:
     munmap(bytes, (size_t)n);

@@ -227,6 +227,60 @@ static void handle_message(pl_ctl_client *c, const char *text, size_t len)
     pl_msg_free(&m);
 }
 
+/* A close frame carries a two-byte status code before its reason text. */
+static void on_peer_close(pl_ctl_client *c, const void *in, size_t len)
+{
+    if (len > 2 && in)
+        set_reason(c, "closed by the coordinator (%.*s)", (int)(len - 2), (const char *)in + 2);
+    else
+        set_reason(c, "closed by the coordinator");
+}
+
+/* Gathers fragments into one message; a complete one is handled at once. */
+static int on_receive(pl_ctl_client *c, struct lws *wsi, const void *in, size_t len)
+{
+    if (c->closing)
+        return 0;
+    if (lws_frame_is_binary(wsi)) {
+        client_fail(c, "binary frame from the coordinator");
+        return 0;
+    }
+    switch (pl_ws_rx_append(&c->rx, &c->rx_len, &c->rx_cap, in, len, PL_PROTO_MAX_BYTES)) {
+    case 1:
+        client_fail(c, "message from the coordinator over the size limit");
+        return 0;
+    case -1:
+        client_fail(c, "out of memory");
+        return 0;
+    }
+    if (lws_is_final_fragment(wsi)) {
+        size_t n = c->rx_len;
+        c->rx_len = 0;
+        handle_message(c, c->rx, n);
+    }
+    return 0;
+}
+
+/* Writes what is queued; a closing client says goodbye once its queue drained. */
+static int on_writeable(pl_ctl_client *c, struct lws *wsi)
+{
+    int w = pl_ws_queue_write(&c->tx, wsi);
+    if (w < 0) {
+        set_reason(c, "write failed");
+        return -1;
+    }
+    if (w > 0) {
+        if (c->tx.head || c->closing)
+            lws_callback_on_writable(wsi);
+        return 0;
+    }
+    if (c->closing) {
+        lws_close_reason(wsi, LWS_CLOSE_STATUS_NORMAL, (unsigned char *)"bye", 3);
+        return -1;
+    }
+    return 0;
+}
+
 static int cli_callback(struct lws *wsi, enum lws_callback_reasons reason, void *user, void *in,
                         size_t len)
 {
@@ -242,56 +296,16 @@ static int cli_callback(struct lws *wsi, enum lws_callback_reasons reason, void 
         set_reason(c, "cannot connect: %s", in ? (const char *)in : "unknown error");
         report_closed(c);
         return 0;
-    case LWS_CALLBACK_CLIENT_ESTABLISHED:
-        return 0;
     case LWS_CALLBACK_EVENT_WAIT_CANCELLED:
         drain_posts(c);
         return 0;
     case LWS_CALLBACK_WS_PEER_INITIATED_CLOSE:
-        if (len > 2 && in)
-            set_reason(c, "closed by the coordinator (%.*s)", (int)(len - 2),
-                       (const char *)in + 2);
-        else
-            set_reason(c, "closed by the coordinator");
+        on_peer_close(c, in, len);
         return 0;
     case LWS_CALLBACK_CLIENT_RECEIVE:
-        if (c->closing)
-            return 0;
-        if (lws_frame_is_binary(wsi)) {
-            client_fail(c, "binary frame from the coordinator");
-            return 0;
-        }
-        switch (pl_ws_rx_append(&c->rx, &c->rx_len, &c->rx_cap, in, len, PL_PROTO_MAX_BYTES)) {
-        case 1:
-            client_fail(c, "message from the coordinator over the size limit");
-            return 0;
-        case -1:
-            client_fail(c, "out of memory");
-            return 0;
-        }
-        if (lws_is_final_fragment(wsi)) {
-            size_t n = c->rx_len;
-            c->rx_len = 0;
-            handle_message(c, c->rx, n);
-        }
-        return 0;
-    case LWS_CALLBACK_CLIENT_WRITEABLE: {
-        int w = pl_ws_queue_write(&c->tx, wsi);
-        if (w < 0) {
-            set_reason(c, "write failed");
-            return -1;
-        }
-        if (w > 0) {
-            if (c->tx.head || c->closing)
-                lws_callback_on_writable(wsi);
-            return 0;
-        }
-        if (c->closing) {
-            lws_close_reason(wsi, LWS_CLOSE_STATUS_NORMAL, (unsigned char *)"bye", 3);
-            return -1;
-        }
-        return 0;
-    }
+        return on_receive(c, wsi, in, len);
+    case LWS_CALLBACK_CLIENT_WRITEABLE:
+        return on_writeable(c, wsi);
     case LWS_CALLBACK_CLIENT_CLOSED:
         report_closed(c);
         return 0;

@@ -250,8 +250,9 @@ static int stash_find(const lconn *c, int kind, int mb)
     return -1;
 }
 
-/* A frame header arrived: validate it and make room for its payload. */
-static int rx_header(lconn *c)
+/* A decoded header fits this connection: its generation, and a data frame no larger than a
+ * chunk. */
+static int rx_header_valid(lconn *c)
 {
     pl_frame_hdr *h = &c->rx_h;
     if (pl_frame_decode(c->rx_hb, h)) {
@@ -271,6 +272,14 @@ static int rx_header(lconn *c)
                   h->type, h->flags, h->tag, h->aux, (unsigned long long)h->len, c->chunk);
         return -1;
     }
+    return 0;
+}
+
+/* The message a frame belongs to: the one being received, which it must continue, or a new
+ * one, which must not be stashed already. */
+static int rx_message(lconn *c)
+{
+    const pl_frame_hdr *h = &c->rx_h;
     if (c->rx) {
         if ((int)h->tag != c->rx->kind || (int)h->aux != c->rx->mb) {
             conn_fail(c, PL_COMM_EPROTO,
@@ -278,24 +287,33 @@ static int rx_header(lconn *c)
                       kind_name(c->rx->kind), c->rx->mb);
             return -1;
         }
-    } else {
-        pl_tcp_link *l = c->link;
-        pthread_mutex_lock(&l->mu);
-        int dup = stash_find(c, (int)h->tag, (int)h->aux) >= 0;
-        pthread_mutex_unlock(&l->mu);
-        if (dup) {
-            conn_fail(c, PL_COMM_EPROTO, "receive: %s %u arrived twice", kind_name((int)h->tag),
-                      h->aux);
-            return -1;
-        }
-        c->rx = calloc(1, sizeof *c->rx);
-        if (!c->rx) {
-            conn_fail(c, PL_COMM_ESYS, "out of memory");
-            return -1;
-        }
-        c->rx->kind = (int)h->tag;
-        c->rx->mb = (int)h->aux;
+        return 0;
     }
+    pl_tcp_link *l = c->link;
+    pthread_mutex_lock(&l->mu);
+    int dup = stash_find(c, (int)h->tag, (int)h->aux) >= 0;
+    pthread_mutex_unlock(&l->mu);
+    if (dup) {
+        conn_fail(c, PL_COMM_EPROTO, "receive: %s %u arrived twice", kind_name((int)h->tag),
+                  h->aux);
+        return -1;
+    }
+    c->rx = calloc(1, sizeof *c->rx);
+    if (!c->rx) {
+        conn_fail(c, PL_COMM_ESYS, "out of memory");
+        return -1;
+    }
+    c->rx->kind = (int)h->tag;
+    c->rx->mb = (int)h->aux;
+    return 0;
+}
+
+/* A frame header arrived: validate it and make room for its payload. */
+static int rx_header(lconn *c)
+{
+    const pl_frame_hdr *h = &c->rx_h;
+    if (rx_header_valid(c) || rx_message(c))
+        return -1;
     if (h->len) {
         unsigned char *p = realloc(c->rx->data, c->rx->bytes + (size_t)h->len);
         if (!p) {
@@ -367,6 +385,22 @@ static int rx_account(lconn *c, unsigned char *dst, size_t r)
     return 1;
 }
 
+/* Where the next bytes of the current frame go, and how many are still missing there:
+ * header, payload, then tag. */
+static size_t rx_target(lconn *c, unsigned char **dst)
+{
+    if (!c->rx_in_body) {
+        *dst = c->rx_hb + c->rx_hgot;
+        return PL_FRAME_HDR_BYTES - c->rx_hgot;
+    }
+    if (c->rx_bgot < c->rx_h.len) {
+        *dst = c->rx->data + c->rx->bytes + c->rx_bgot;
+        return (size_t)c->rx_h.len - c->rx_bgot;
+    }
+    *dst = c->rx_mac + c->rx_mgot;
+    return c->mac - c->rx_mgot;
+}
+
 /* Reads what the socket has. 0, or −1 after conn_fail. */
 static int do_read(lconn *c)
 {
@@ -374,17 +408,7 @@ static int do_read(lconn *c)
     int rc = 0;
     while (moved < IO_SLICE_BYTES) {
         unsigned char *dst;
-        size_t want;
-        if (!c->rx_in_body) {
-            dst = c->rx_hb + c->rx_hgot;
-            want = PL_FRAME_HDR_BYTES - c->rx_hgot;
-        } else if (c->rx_bgot < c->rx_h.len) {
-            dst = c->rx->data + c->rx->bytes + c->rx_bgot;
-            want = (size_t)c->rx_h.len - c->rx_bgot;
-        } else {
-            dst = c->rx_mac + c->rx_mgot;
-            want = c->mac - c->rx_mgot;
-        }
+        size_t want = rx_target(c, &dst);
         ssize_t r = want ? recv(c->fd, dst, want, MSG_DONTWAIT) : 0;
         if (want && r == 0) {
             conn_fail(c, PL_COMM_ECLOSED, "receive: peer closed the connection%s",
@@ -419,48 +443,64 @@ static int do_read(lconn *c)
 
 /* ---- the I/O thread ---- */
 
+/* Under the lock: whether to stop, and otherwise what to wait for. Takes the next queued
+ * message when none is being written. */
+static int io_plan(lconn *c, int *want_r, int *want_w)
+{
+    pl_tcp_link *l = c->link;
+    pthread_mutex_lock(&l->mu);
+    const int stop = l->stop || c->code;
+    if (!stop && !c->tx && c->txq_head) {
+        c->tx = c->txq_head;
+        c->txq_head = c->tx->next;
+        if (!c->txq_head) c->txq_tail = NULL;
+        c->tx_busy = 1;
+        c->tx_last_ms = pl_now_ms();
+    }
+    *want_w = c->tx != NULL;
+    *want_r = c->rx_hgot > 0 || c->rx_in_body || c->rx || c->nstash < c->max_pending;
+    pthread_mutex_unlock(&l->mu);
+    return stop;
+}
+
+/* Polls the socket and the wake fd, the wait bounded by the send timeout while writing.
+ * 1 with the socket's events in *revents, 0 when interrupted, or −1 after conn_fail. */
+static int io_wait(lconn *c, int want_r, int want_w, short *revents)
+{
+    short ev = (short)((want_r ? POLLIN : 0) | (want_w ? POLLOUT : 0));
+    struct pollfd p[2] = {{.fd = (ev || !c->hup) ? c->fd : -1, .events = ev},
+                          {.fd = c->wakefd, .events = POLLIN}};
+    int timeout = -1;
+    if (want_w) {
+        int64_t left = c->tx_last_ms + c->link->timeout_ms - pl_now_ms();
+        timeout = left < 0 ? 0 : (int)left;
+    }
+    if (poll(p, 2, timeout) < 0) {
+        if (errno == EINTR) return 0;
+        int e = errno;
+        conn_fail(c, PL_COMM_ESYS, "poll: %s", strerror(e));
+        return -1;
+    }
+    if (p[1].revents) {
+        uint64_t v;
+        ssize_t rd = read(c->wakefd, &v, sizeof v);
+        (void)rd;
+    }
+    *revents = p[0].revents;
+    return 1;
+}
+
 static void *io_main(void *arg)
 {
     lconn *c = arg;
     pl_tcp_link *l = c->link;
     for (;;) {
-        pthread_mutex_lock(&l->mu);
-        if (l->stop || c->code) {
-            pthread_mutex_unlock(&l->mu);
-            break;
-        }
-        if (!c->tx && c->txq_head) {
-            c->tx = c->txq_head;
-            c->txq_head = c->tx->next;
-            if (!c->txq_head) c->txq_tail = NULL;
-            c->tx_busy = 1;
-            c->tx_last_ms = pl_now_ms();
-        }
-        int want_w = c->tx != NULL;
-        int want_r = c->rx_hgot > 0 || c->rx_in_body || c->rx || c->nstash < c->max_pending;
-        pthread_mutex_unlock(&l->mu);
-
-        short ev = (short)((want_r ? POLLIN : 0) | (want_w ? POLLOUT : 0));
-        struct pollfd p[2] = {{.fd = (ev || !c->hup) ? c->fd : -1, .events = ev},
-                              {.fd = c->wakefd, .events = POLLIN}};
-        int timeout = -1;
-        if (want_w) {
-            int64_t left = c->tx_last_ms + l->timeout_ms - pl_now_ms();
-            timeout = left < 0 ? 0 : (int)left;
-        }
-        int r = poll(p, 2, timeout);
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            int e = errno;
-            conn_fail(c, PL_COMM_ESYS, "poll: %s", strerror(e));
-            break;
-        }
-        if (p[1].revents) {
-            uint64_t v;
-            ssize_t rd = read(c->wakefd, &v, sizeof v);
-            (void)rd;
-        }
-        short re = p[0].revents;
+        int want_r, want_w;
+        short re;
+        if (io_plan(c, &want_r, &want_w)) break;
+        const int waited = io_wait(c, want_r, want_w, &re);
+        if (waited < 0) break;
+        if (!waited) continue;
         if (want_r && (re & (POLLIN | POLLHUP | POLLERR)) && do_read(c)) break;
         if (want_w && (re & (POLLOUT | POLLHUP | POLLERR)) && do_write(c)) break;
         if (!want_r && !want_w && (re & (POLLHUP | POLLERR))) c->hup = 1; /* seen when read */
