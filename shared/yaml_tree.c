@@ -230,46 +230,68 @@ static size_t path_push(loader *L, const char *fmt_key, size_t index, int is_ind
 
 static pl_ynode *load_node(loader *L, yaml_event_t *ev, int depth);
 
+/* Reads a mapping's next key into *key (malloc'd, *klen bytes) at line *kline: 0, 1 at the
+ * mapping's end, or -1 with an error. */
+static int next_key(loader *L, char **key, size_t *klen, int *kline)
+{
+    yaml_event_t kev;
+    if (next_event(L, &kev)) return -1;
+    if (kev.type == YAML_MAPPING_END_EVENT) {
+        yaml_event_delete(&kev);
+        return 1;
+    }
+    int kcol;
+    at(&kev, kline, &kcol);
+    if (kev.type == YAML_ALIAS_EVENT) {
+        yaml_event_delete(&kev);
+        return pl_errf(L->err, L->errlen, "line %d, column %d: YAML aliases are not supported", *kline,
+                       kcol);
+    }
+    if (kev.type != YAML_SCALAR_EVENT) {
+        yaml_event_delete(&kev);
+        return pl_errf(L->err, L->errlen, "line %d, column %d: mapping keys must be scalars", *kline,
+                       kcol);
+    }
+    *klen = kev.data.scalar.length;
+    *key = malloc(*klen + 1);
+    if (!*key) {
+        yaml_event_delete(&kev);
+        return oom(L);
+    }
+    memcpy(*key, kev.data.scalar.value, *klen);
+    (*key)[*klen] = '\0';
+    yaml_event_delete(&kev);
+    return 0;
+}
+
+/* A key may appear once per mapping; the error names its path and both lines. */
+static int check_unique_key(loader *L, const pl_ynode *map, const char *key, size_t klen,
+                            int kline)
+{
+    for (size_t i = 0; i < map->n; i++) {
+        if (strlen(map->keys[i]) == klen && memcmp(map->keys[i], key, klen) == 0) {
+            size_t old = path_push(L, key, 0, 0);
+            pl_errf(L->err, L->errlen, "%s: duplicate key (line %d; first at line %d)", L->path, kline,
+                    map->key_lines[i]);
+            L->path[old] = '\0';
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* Loads the rest of a mapping after its MAPPING_START. */
 static int load_mapping(loader *L, pl_ynode *map, int depth)
 {
     for (;;) {
-        yaml_event_t kev;
-        if (next_event(L, &kev)) return -1;
-        if (kev.type == YAML_MAPPING_END_EVENT) {
-            yaml_event_delete(&kev);
-            return 0;
-        }
-        int kline, kcol;
-        at(&kev, &kline, &kcol);
-        if (kev.type == YAML_ALIAS_EVENT) {
-            yaml_event_delete(&kev);
-            return pl_errf(L->err, L->errlen, "line %d, column %d: YAML aliases are not supported", kline,
-                           kcol);
-        }
-        if (kev.type != YAML_SCALAR_EVENT) {
-            yaml_event_delete(&kev);
-            return pl_errf(L->err, L->errlen, "line %d, column %d: mapping keys must be scalars", kline,
-                           kcol);
-        }
-        size_t klen = kev.data.scalar.length;
-        char *key = malloc(klen + 1);
-        if (!key) {
-            yaml_event_delete(&kev);
-            return oom(L);
-        }
-        memcpy(key, kev.data.scalar.value, klen);
-        key[klen] = '\0';
-        yaml_event_delete(&kev);
-        for (size_t i = 0; i < map->n; i++) {
-            if (strlen(map->keys[i]) == klen && memcmp(map->keys[i], key, klen) == 0) {
-                size_t old = path_push(L, key, 0, 0);
-                pl_errf(L->err, L->errlen, "%s: duplicate key (line %d; first at line %d)", L->path, kline,
-                        map->key_lines[i]);
-                L->path[old] = '\0';
-                free(key);
-                return -1;
-            }
+        char *key = NULL;
+        size_t klen = 0;
+        int kline = 0;
+        int r = next_key(L, &key, &klen, &kline);
+        if (r) return r > 0 ? 0 : -1;
+        if (check_unique_key(L, map, key, klen, kline)) {
+            free(key);
+            return -1;
         }
         size_t old = path_push(L, key, 0, 0);
         yaml_event_t vev;
@@ -311,8 +333,9 @@ static int load_sequence(loader *L, pl_ynode *seq, int depth)
     }
 }
 
-/* Loads the node that starts with *ev (consumed). */
-static pl_ynode *load_node(loader *L, yaml_event_t *ev, int depth)
+/* A new node at *ev's position, or NULL (with *ev consumed and an error) when it nests too
+ * deep or is an alias. */
+static pl_ynode *new_node(loader *L, yaml_event_t *ev, int depth)
 {
     int line, col;
     at(ev, &line, &col);
@@ -334,20 +357,34 @@ static pl_ynode *load_node(loader *L, yaml_event_t *ev, int depth)
     }
     n->line = line;
     n->col = col;
+    return n;
+}
+
+/* Copies a scalar's text into n and resolves its type; consumes *ev. */
+static int load_scalar(loader *L, yaml_event_t *ev, pl_ynode *n)
+{
+    n->len = ev->data.scalar.length;
+    n->str = malloc(n->len + 1);
+    if (!n->str) {
+        yaml_event_delete(ev);
+        return oom(L);
+    }
+    memcpy(n->str, ev->data.scalar.value, n->len);
+    n->str[n->len] = '\0';
+    int rc = resolve_scalar(L, ev, n);
+    yaml_event_delete(ev);
+    return rc;
+}
+
+/* Loads the node that starts with *ev (consumed). */
+static pl_ynode *load_node(loader *L, yaml_event_t *ev, int depth)
+{
+    pl_ynode *n = new_node(L, ev, depth);
+    if (!n) return NULL;
     int rc = 0;
     switch (ev->type) {
     case YAML_SCALAR_EVENT:
-        n->len = ev->data.scalar.length;
-        n->str = malloc(n->len + 1);
-        if (!n->str) {
-            yaml_event_delete(ev);
-            rc = oom(L);
-            break;
-        }
-        memcpy(n->str, ev->data.scalar.value, n->len);
-        n->str[n->len] = '\0';
-        rc = resolve_scalar(L, ev, n);
-        yaml_event_delete(ev);
+        rc = load_scalar(L, ev, n);
         break;
     case YAML_SEQUENCE_START_EVENT:
         n->type = PL_Y_SEQ;
@@ -363,7 +400,7 @@ static pl_ynode *load_node(loader *L, yaml_event_t *ev, int depth)
         break;
     default:
         yaml_event_delete(ev);
-        rc = pl_errf(L->err, L->errlen, "line %d, column %d: unexpected YAML event", line, col);
+        rc = pl_errf(L->err, L->errlen, "line %d, column %d: unexpected YAML event", n->line, n->col);
         break;
     }
     if (rc) {
