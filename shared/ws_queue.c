@@ -45,6 +45,14 @@ int pl_ws_queue_write(pl_ws_queue *q, struct lws *wsi)
     return short_write ? -1 : 1;
 }
 
+int pl_ws_queue_service(pl_ws_queue *q, struct lws *wsi, int closing)
+{
+    int w = pl_ws_queue_write(q, wsi);
+    if (w > 0 && (q->head || closing))
+        lws_callback_on_writable(wsi);
+    return w;
+}
+
 void pl_ws_queue_clear(pl_ws_queue *q)
 {
     pl_ws_frame *f;

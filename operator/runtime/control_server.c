@@ -255,25 +255,19 @@ static int on_writeable(pl_ctl_conn *c, struct lws *wsi)
 {
     if (!c)
         return -1;
-    int w = pl_ws_queue_write(&c->tx, wsi);
+    int w = pl_ws_queue_service(&c->tx, wsi, c->closing);
     if (w < 0) {
         if (!c->closing)
             snprintf(c->close_reason, sizeof c->close_reason, "write failed");
         return -1;
     }
-    if (w > 0) {
-        if (c->tx.head || c->closing)
-            lws_callback_on_writable(wsi);
+    if (w > 0 || !c->closing)
         return 0;
-    }
-    if (c->closing) {
-        /* The reason travels in the close frame (at most 123 bytes there). */
-        size_t n = strlen(c->close_reason);
-        lws_close_reason(wsi, LWS_CLOSE_STATUS_POLICY_VIOLATION, (unsigned char *)c->close_reason,
-                         n > 120 ? 120 : n);
-        return -1;
-    }
-    return 0;
+    /* The reason travels in the close frame (at most 123 bytes there). */
+    size_t n = strlen(c->close_reason);
+    lws_close_reason(wsi, LWS_CLOSE_STATUS_POLICY_VIOLATION, (unsigned char *)c->close_reason,
+                     n > 120 ? 120 : n);
+    return -1;
 }
 
 static int on_closed(pl_ctl_server *s, pl_ctl_conn *c, pl_ctl_conn **pc)

@@ -264,21 +264,15 @@ static int on_receive(pl_ctl_client *c, struct lws *wsi, const void *in, size_t 
 /* Writes what is queued; a closing client says goodbye once its queue drained. */
 static int on_writeable(pl_ctl_client *c, struct lws *wsi)
 {
-    int w = pl_ws_queue_write(&c->tx, wsi);
+    int w = pl_ws_queue_service(&c->tx, wsi, c->closing);
     if (w < 0) {
         set_reason(c, "write failed");
         return -1;
     }
-    if (w > 0) {
-        if (c->tx.head || c->closing)
-            lws_callback_on_writable(wsi);
+    if (w > 0 || !c->closing)
         return 0;
-    }
-    if (c->closing) {
-        lws_close_reason(wsi, LWS_CLOSE_STATUS_NORMAL, (unsigned char *)"bye", 3);
-        return -1;
-    }
-    return 0;
+    lws_close_reason(wsi, LWS_CLOSE_STATUS_NORMAL, (unsigned char *)"bye", 3);
+    return -1;
 }
 
 static int cli_callback(struct lws *wsi, enum lws_callback_reasons reason, void *user, void *in,
