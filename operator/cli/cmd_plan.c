@@ -36,6 +36,53 @@ typedef struct {
     long long nodes, tolerate, global_batch;
 } plan_args;
 
+/* Takes one option getopt_long returned: 0, 1 for --help, or -1 with err. */
+static int plan_option(int c, char **argv, plan_args *a, char *err, size_t errlen)
+{
+    switch (c) {
+    case 'p': a->profile = optarg; return 0;
+    case 'c': a->current = optarg; return 0;
+    case 'r': a->remove = optarg; return 0;
+    case 'a': a->add = optarg; return 0;
+    case 'n': return cli_parse_int("--nodes", optarg, 1, 1000000, &a->nodes, err, errlen);
+    case 'f': return cli_parse_int("--tolerate", optarg, 0, 1000, &a->tolerate, err, errlen);
+    case 'b':
+        return cli_parse_int("--global-batch", optarg, 1, LLONG_MAX / 2, &a->global_batch, err,
+                             errlen);
+    case 'R':
+        a->redundant = !strcmp(optarg, "eager") ? 1 : !strcmp(optarg, "lazy") ? 2 : 0;
+        if (!a->redundant) {
+            snprintf(err, errlen, "--redundant: must be eager or lazy (got '%s')", optarg);
+            return -1;
+        }
+        return 0;
+    case 'h': return 1;
+    case ':':
+        snprintf(err, errlen, "%s: needs a value", argv[optind - 1]);
+        return -1;
+    default:
+        snprintf(err, errlen, "unknown option '%s'", argv[optind - 1]);
+        return -1;
+    }
+}
+
+/* The flags every plan needs, and --remove/--add only with --current. */
+static int check_plan_args(const plan_args *a, char *err, size_t errlen)
+{
+    const char *missing = !a->profile ? "--profile" : a->nodes < 0 ? "--nodes"
+                        : a->tolerate < 0 ? "--tolerate" : a->global_batch < 0 ? "--global-batch"
+                        : NULL;
+    if (missing) {
+        snprintf(err, errlen, "%s is required", missing);
+        return -1;
+    }
+    if ((a->remove || a->add) && !a->current) {
+        snprintf(err, errlen, "%s needs --current", a->remove ? "--remove" : "--add");
+        return -1;
+    }
+    return 0;
+}
+
 static int parse_args(int argc, char **argv, plan_args *a, char *err, size_t errlen)
 {
     static const struct option opts[] = {
@@ -51,51 +98,14 @@ static int parse_args(int argc, char **argv, plan_args *a, char *err, size_t err
     optind = 1;
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        int rc = 0;
-        switch (c) {
-        case 'p': a->profile = optarg; break;
-        case 'c': a->current = optarg; break;
-        case 'r': a->remove = optarg; break;
-        case 'a': a->add = optarg; break;
-        case 'n': rc = cli_parse_int("--nodes", optarg, 1, 1000000, &a->nodes, err, errlen); break;
-        case 'f': rc = cli_parse_int("--tolerate", optarg, 0, 1000, &a->tolerate, err, errlen); break;
-        case 'b':
-            rc = cli_parse_int("--global-batch", optarg, 1, LLONG_MAX / 2, &a->global_batch, err,
-                               errlen);
-            break;
-        case 'R':
-            a->redundant = !strcmp(optarg, "eager") ? 1 : !strcmp(optarg, "lazy") ? 2 : 0;
-            if (!a->redundant) {
-                snprintf(err, errlen, "--redundant: must be eager or lazy (got '%s')", optarg);
-                return -1;
-            }
-            break;
-        case 'h': return 1;
-        case ':':
-            snprintf(err, errlen, "%s: needs a value", argv[optind - 1]);
-            return -1;
-        default:
-            snprintf(err, errlen, "unknown option '%s'", argv[optind - 1]);
-            return -1;
-        }
-        if (rc) return -1;
+        int rc = plan_option(c, argv, a, err, errlen);
+        if (rc) return rc;
     }
     if (optind < argc) {
         snprintf(err, errlen, "unexpected argument '%s'", argv[optind]);
         return -1;
     }
-    const char *missing = !a->profile ? "--profile" : a->nodes < 0 ? "--nodes"
-                        : a->tolerate < 0 ? "--tolerate" : a->global_batch < 0 ? "--global-batch"
-                        : NULL;
-    if (missing) {
-        snprintf(err, errlen, "%s is required", missing);
-        return -1;
-    }
-    if ((a->remove || a->add) && !a->current) {
-        snprintf(err, errlen, "%s needs --current", a->remove ? "--remove" : "--add");
-        return -1;
-    }
-    return 0;
+    return check_plan_args(a, err, errlen);
 }
 
 /* Splits a comma-separated node list in place; empty names are an error. */
@@ -181,6 +191,29 @@ static void add_rc_json(cJSON *out, const pl_profile *prof, const pl_template_se
     }
 }
 
+/* Prints the plan (and with --current its reinstantiation) as JSON: the exit status. */
+static int print_plan(const plan_args *a, const pl_profile *prof, const pl_template_set *ts,
+                      const pl_coverage *cov, char *err, size_t errlen)
+{
+    int status = 0;
+    cJSON *out = pl_plan_to_json(ts, cov);
+    if (out && a->redundant) add_rc_json(out, prof, ts, a->redundant == 1);
+    cJSON *re = out && a->current ? reinstantiate_json(a, prof, ts, cov, err, errlen) : NULL;
+    if (re) cJSON_AddItemToObject(out, "reinstantiation", re);
+    char *text = out && (re || !a->current) ? cJSON_Print(out) : NULL;
+    if (a->current && !re) {
+        status = fail(err);
+    } else if (text) {
+        fputs(text, stdout);
+        fputc('\n', stdout);
+    } else {
+        status = fail("out of memory");
+    }
+    free(text);
+    cJSON_Delete(out);
+    return status;
+}
+
 int cmd_plan(int argc, char **argv)
 {
     char err[512];
@@ -209,26 +242,12 @@ int cmd_plan(int argc, char **argv)
         return fail(err);
     }
     pl_coverage cov;
-    int status = 0;
+    int status;
     if (pl_coverage_compute(&ts, (int)a.nodes, (int)a.tolerate, a.global_batch,
                             prof.microbatch_size, &cov, err, sizeof err)) {
         status = fail(err);
     } else {
-        cJSON *out = pl_plan_to_json(&ts, &cov);
-        if (out && a.redundant) add_rc_json(out, &prof, &ts, a.redundant == 1);
-        cJSON *re = out && a.current ? reinstantiate_json(&a, &prof, &ts, &cov, err, sizeof err) : NULL;
-        if (re) cJSON_AddItemToObject(out, "reinstantiation", re);
-        char *text = out && (re || !a.current) ? cJSON_Print(out) : NULL;
-        if (a.current && !re) {
-            status = fail(err);
-        } else if (text) {
-            fputs(text, stdout);
-            fputc('\n', stdout);
-        } else {
-            status = fail("out of memory");
-        }
-        free(text);
-        cJSON_Delete(out);
+        status = print_plan(&a, &prof, &ts, &cov, err, sizeof err);
         pl_coverage_free(&cov);
     }
     pl_template_set_free(&ts);
