@@ -55,3 +55,14 @@ int cli_worker_threads(long long n)
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     return cores / n > 0 ? (int)(cores / n) : 1;
 }
+
+int cli_usage_exit(int rc, const char *cmd, const char *err, void (*usage)(FILE *))
+{
+    if (rc > 0) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "pliant %s: %s\n", cmd, err);
+    usage(stderr);
+    return 2;
+}

@@ -219,15 +219,7 @@ int cmd_plan(int argc, char **argv)
     char err[512];
     plan_args a;
     int rc = parse_args(argc, argv, &a, err, sizeof err);
-    if (rc > 0) {
-        plan_usage(stdout);
-        return 0;
-    }
-    if (rc < 0) {
-        fprintf(stderr, "pliant plan: %s\n", err);
-        plan_usage(stderr);
-        return 2;
-    }
+    if (rc) return cli_usage_exit(rc, "plan", err, plan_usage);
     pl_profile prof;
     if (pl_profile_load(a.profile, &prof, err, sizeof err)) return fail(err);
     if (pl_batch_check(a.global_batch, prof.microbatch_size, (int)a.tolerate, err, sizeof err)) {

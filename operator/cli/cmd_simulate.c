@@ -121,6 +121,38 @@ static int parse_value_flag(int c, const char *v, sim_args *a, char *err, size_t
     return parse_num_flag(c, v, a, err, errlen);
 }
 
+/* The words after the options: the one JOB.yaml and, with --sweep, its further dimensions,
+ * which stand as words of their own: nodes=16,24,32 */
+static int take_words(int argc, char **argv, sim_args *a, char *err, size_t errlen)
+{
+    for (; optind < argc; optind++) {
+        if (a->sweeping && strchr(argv[optind], '=')) {
+            if (pl_sweep_parse(&a->sweep, argv[optind], err, errlen)) return -1;
+        } else if (a->job) {
+            return pl_errf(err, errlen, "expected one JOB.yaml (got %s too)", argv[optind]);
+        } else {
+            a->job = argv[optind];
+        }
+    }
+    return 0;
+}
+
+/* What is required, the flags that only go together, then --price's value. */
+static int check_sim_args(sim_args *a, char *err, size_t errlen)
+{
+    if (!a->job) return pl_errf(err, errlen, "expected one JOB.yaml");
+    if (!a->trace) return pl_errf(err, errlen, "--trace: required");
+    if (!a->zones && (a->zone_loss > 0 || a->zone_blind))
+        return pl_errf(err, errlen, "--zone-loss, --zone-blind: need --zones");
+    if (a->sweeping && (a->out || a->report))
+        return pl_errf(err, errlen, "--sweep: prints a table; --out and --report are for one "
+                       "simulation");
+    if (a->sweeping && a->nbelow > 1)
+        return pl_errf(err, errlen, "--below-minimum: one value with --sweep (the belowMinimum "
+                       "of every choice)");
+    return a->price ? parse_price(a->price, a, err, errlen) : 0;
+}
+
 static int parse_args(int argc, char **argv, sim_args *a, char *err, size_t errlen)
 {
     static const struct option opts[] = {
@@ -155,27 +187,8 @@ static int parse_args(int argc, char **argv, sim_args *a, char *err, size_t errl
         else if (c == 'P') a->profile = optarg;
         else if (parse_value_flag(c, optarg, a, err, errlen)) return -1;
     }
-    /* --sweep's further dimensions stand as words of their own: nodes=16,24,32 */
-    for (; optind < argc; optind++) {
-        if (a->sweeping && strchr(argv[optind], '=')) {
-            if (pl_sweep_parse(&a->sweep, argv[optind], err, errlen)) return -1;
-        } else if (a->job) {
-            return pl_errf(err, errlen, "expected one JOB.yaml (got %s too)", argv[optind]);
-        } else {
-            a->job = argv[optind];
-        }
-    }
-    if (!a->job) return pl_errf(err, errlen, "expected one JOB.yaml");
-    if (!a->trace) return pl_errf(err, errlen, "--trace: required");
-    if (!a->zones && (a->zone_loss > 0 || a->zone_blind))
-        return pl_errf(err, errlen, "--zone-loss, --zone-blind: need --zones");
-    if (a->sweeping && (a->out || a->report))
-        return pl_errf(err, errlen, "--sweep: prints a table; --out and --report are for one "
-                       "simulation");
-    if (a->sweeping && a->nbelow > 1)
-        return pl_errf(err, errlen, "--below-minimum: one value with --sweep (the belowMinimum "
-                       "of every choice)");
-    return a->price ? parse_price(a->price, a, err, errlen) : 0;
+    if (take_words(argc, argv, a, err, errlen)) return -1;
+    return check_sim_args(a, err, errlen);
 }
 
 /* The strategies named by --strategy: their count, or -1 with err. */
@@ -550,15 +563,7 @@ int cmd_simulate(int argc, char **argv)
     sim_args a;
     char err[1024] = "";
     int prc = parse_args(argc, argv, &a, err, sizeof err);
-    if (prc) {
-        if (prc > 0) {
-            usage(stdout);
-            return 0;
-        }
-        fprintf(stderr, "pliant simulate: %s\n", err);
-        usage(stderr);
-        return 2;
-    }
+    if (prc) return cli_usage_exit(prc, "simulate", err, usage);
     const pl_sim_strategy *st[MAX_STRATEGIES];
     int n = pick_strategies(a.strategy, st, err, sizeof err);
     sim_inputs in = {0};
