@@ -256,30 +256,35 @@ static void leader_free(pl_leader *l)
     free(l);
 }
 
-pl_leader *pl_leader_start(const pl_leader_config *cfg, char *err, size_t errlen)
+/* Fills in the default periods, then checks what election needs: a lease outlasting the
+ * renew deadline, which outlasts a jittered retry. */
+static int settle_config(pl_leader_config *c, char *err, size_t errlen)
 {
-    pl_leader_config c = *cfg;
-    if (!c.lease_ms) c.lease_ms = 15000;
-    if (!c.renew_ms) c.renew_ms = 10000;
-    if (!c.retry_ms) c.retry_ms = 2000;
-    if (!c.kc || !c.name || !*c.name || !c.identity || !*c.identity) {
-        pl_errf(err, errlen, "leader election: kube config, lease name and identity are required");
-        return NULL;
-    }
-    if (c.retry_ms <= 0 || c.renew_ms <= c.retry_ms * JITTER || c.lease_ms <= c.renew_ms) {
-        pl_errf(err, errlen, "leader election: want lease_ms > renew_ms > 1.2 * retry_ms > 0, "
-                             "got %d, %d, %d", c.lease_ms, c.renew_ms, c.retry_ms);
-        return NULL;
-    }
+    if (!c->lease_ms) c->lease_ms = 15000;
+    if (!c->renew_ms) c->renew_ms = 10000;
+    if (!c->retry_ms) c->retry_ms = 2000;
+    if (!c->kc || !c->name || !*c->name || !c->identity || !*c->identity)
+        return pl_errf(err, errlen,
+                       "leader election: kube config, lease name and identity are required");
+    if (c->retry_ms <= 0 || c->renew_ms <= c->retry_ms * JITTER || c->lease_ms <= c->renew_ms)
+        return pl_errf(err, errlen,
+                       "leader election: want lease_ms > renew_ms > 1.2 * retry_ms > 0, "
+                       "got %d, %d, %d", c->lease_ms, c->renew_ms, c->retry_ms);
+    return 0;
+}
+
+/* An elector for c with its own copies of the strings and its kube client; no thread yet. */
+static pl_leader *leader_new(const pl_leader_config *c, char *err, size_t errlen)
+{
     pl_leader *l = calloc(1, sizeof *l);
     if (!l) {
         pl_errf(err, errlen, "leader election: out of memory");
         return NULL;
     }
-    l->cfg = c;
-    l->ns = dup_or_null(c.namespace_ && *c.namespace_ ? c.namespace_ : c.kc->namespace_);
-    l->name = strdup(c.name);
-    l->identity = strdup(c.identity);
+    l->cfg = *c;
+    l->ns = dup_or_null(c->namespace_ && *c->namespace_ ? c->namespace_ : c->kc->namespace_);
+    l->name = strdup(c->name);
+    l->identity = strdup(c->identity);
     if (!l->ns || !l->name || !l->identity) {
         pl_errf(err, errlen, "leader election: out of memory");
         leader_free(l);
@@ -289,24 +294,39 @@ pl_leader *pl_leader_start(const pl_leader_config *cfg, char *err, size_t errlen
     l->cfg.name = l->name;
     l->cfg.identity = l->identity;
     srand48_r((long)pl_now_ms() ^ (long)getpid() ^ (long)(uintptr_t)l, &l->rng);
-    l->client = pl_kube_client_new(c.kc, err, errlen);
+    l->client = pl_kube_client_new(c->kc, err, errlen);
     if (!l->client) {
         leader_free(l);
         return NULL;
     }
+    return l;
+}
+
+/* The lock, the condition variable (on CLOCK_MONOTONIC, as wait_ms times it) and the
+ * elector's thread. 0, or -1 with err. */
+static int start_thread(pl_leader *l, char *err, size_t errlen)
+{
     pthread_condattr_t attr;
     int ok = pthread_condattr_init(&attr) == 0;
     ok = ok && pthread_condattr_setclock(&attr, CLOCK_MONOTONIC) == 0 &&
          pthread_cond_init(&l->cond, &attr) == 0;
     pthread_condattr_destroy(&attr);
-    if (!ok) {
-        pl_errf(err, errlen, "leader election: condition variable");
-        leader_free(l);
-        return NULL;
-    }
+    if (!ok) return pl_errf(err, errlen, "leader election: condition variable");
     if (pthread_mutex_init(&l->lock, NULL) != 0 || pthread_create(&l->thread, NULL, run, l) != 0) {
         pl_errf(err, errlen, "leader election: cannot start its thread");
         pthread_cond_destroy(&l->cond);
+        return -1;
+    }
+    return 0;
+}
+
+pl_leader *pl_leader_start(const pl_leader_config *cfg, char *err, size_t errlen)
+{
+    pl_leader_config c = *cfg;
+    if (settle_config(&c, err, errlen)) return NULL;
+    pl_leader *l = leader_new(&c, err, errlen);
+    if (!l) return NULL;
+    if (start_thread(l, err, errlen)) {
         leader_free(l);
         return NULL;
     }
