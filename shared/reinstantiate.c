@@ -386,9 +386,10 @@ static int lend_position(const ctx *c, int lender, int borrower, unsigned char *
     for (int i = 0; i < ln->n; i++) {
         int u = ln->v[i];
         int64_t waste = 0; /* an added node (u ≥ ncur) holds nothing: none wasted */
-        for (int r = u < c->ncur ? c->hr_off[u] : 0; u < c->ncur && r < c->hr_off[u + 1]; r++)
-            waste += (c->pb[c->hr_hi[r]] - c->pb[c->hr_lo[r]]) -
-                     (mb[c->hr_hi[r]] - mb[c->hr_lo[r]]);
+        if (u < c->ncur)
+            for (int r = c->hr_off[u]; r < c->hr_off[u + 1]; r++)
+                waste += (c->pb[c->hr_hi[r]] - c->pb[c->hr_lo[r]]) -
+                         (mb[c->hr_hi[r]] - mb[c->hr_lo[r]]);
         if (waste < best_waste) {
             best = i;
             best_waste = waste;

@@ -35,7 +35,8 @@ pl_ws_frame *pl_ws_queue_pop(pl_ws_queue *q)
     return f;
 }
 
-int pl_ws_queue_write(pl_ws_queue *q, struct lws *wsi)
+/* The oldest frame written: 1, 0 nothing queued, -1 a short write. */
+static int queue_write(pl_ws_queue *q, struct lws *wsi)
 {
     pl_ws_frame *f = pl_ws_queue_pop(q);
     if (!f) return 0;
@@ -47,7 +48,7 @@ int pl_ws_queue_write(pl_ws_queue *q, struct lws *wsi)
 
 int pl_ws_queue_service(pl_ws_queue *q, struct lws *wsi, int closing)
 {
-    int w = pl_ws_queue_write(q, wsi);
+    int w = queue_write(q, wsi);
     if (w > 0 && (q->head || closing))
         lws_callback_on_writable(wsi);
     return w;

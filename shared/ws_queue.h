@@ -28,12 +28,10 @@ pl_ws_frame *pl_ws_frame_new(const char *text, size_t len, int wflags);
 void pl_ws_queue_push(pl_ws_queue *q, pl_ws_frame *f);
 /* Takes the oldest frame off (the caller frees it); NULL when empty. */
 pl_ws_frame *pl_ws_queue_pop(pl_ws_queue *q);
-/* Writes the oldest frame: 1 written, 0 nothing queued, -1 a short write (the
- * connection is broken). */
-int pl_ws_queue_write(pl_ws_queue *q, struct lws *wsi);
-/* A writable callback's share of the queue: pl_ws_queue_write, then asks for
- * another callback while frames remain or, closing, for the one that sends the
- * close frame once the queue drained. Returns what pl_ws_queue_write did. */
+/* A writable callback's share of the queue: writes the oldest frame, then asks for
+ * another callback while frames remain or, closing, for the one that sends the close
+ * frame once the queue drained. Returns 1 written, 0 nothing queued, -1 a short write
+ * (the connection is broken). */
 int pl_ws_queue_service(pl_ws_queue *q, struct lws *wsi, int closing);
 void pl_ws_queue_clear(pl_ws_queue *q);
 

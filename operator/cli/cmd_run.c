@@ -126,9 +126,7 @@ static void run_usage(FILE *f)
 /* Bad input: the message and the usage, exit status 2. */
 static int bad_usage(const char *err)
 {
-    fprintf(stderr, "pliant run: %s\n", err);
-    run_usage(stderr);
-    return 2;
+    return cli_usage_exit(-1, "run", err, run_usage);
 }
 
 /* --devices 0,1,3: GPU ordinals, worker i gets CUDA_VISIBLE_DEVICES=list[i mod n]
