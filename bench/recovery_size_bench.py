@@ -62,7 +62,8 @@ spec:
   profile: {profile}
   faultTolerance: {{strategy: templates, tolerate: 1, waitForNodesTimeoutSeconds: 60}}
 """
-PHASES = re.compile(r"worker (\S+): generation 2: engine made in ([0-9.]+) ms, filled locally in "
+PHASES = re.compile(r"worker (\S+): generation 2: engine made in ([0-9.]+) ms \((\d+) bytes from the "
+                    r"reserve\), filled locally in "
                     r"([0-9.]+) ms, copies received in ([0-9.]+) ms after the first source, "
                     r"populated in ([0-9.]+) ms")
 FIRST = re.compile(r"worker (\S+): generation 2: first step \d+ in ([0-9.]+) ms, (-?\d+) page faults, old "
@@ -135,7 +136,7 @@ def one(pliant, tmp, data, model, steps, kill, rep, workers):
     after = sorted(512e3 / r["tokens_per_second"] for r in st[kill + 1:])
     phases = {g[0]: tuple(float(x) for x in g[1:]) for g in PHASES.findall(err)}
     first = {g[0]: (float(g[1]), int(g[2]), float(g[3])) for g in FIRST.findall(err)}
-    recv = [(int(g[3]), float(g[5]), phases.get(g[0], (0.0, 0.0, 0.0, 0.0)),
+    recv = [(int(g[3]), float(g[5]), phases.get(g[0], (0.0,) * 5),
              first.get(g[0], (float("nan"), -1, float("nan"))))
             for g in RECEIVED.findall(err) if int(g[1]) == 2 and int(g[3]) > 0]
     if os.environ.get("PLIANT_BENCH_LOG"):
@@ -210,10 +211,10 @@ def main():
             # (the tighter bound, the lower share of it)
             prot1, _ = loopback(a.build)
             prot = max(prot0, prot1)
-            b, ms, (make, fill, net, pop), fst = max(recv) if recv else (0, 0.0, (0.0,) * 4, None)
+            b, ms, (make, reserved, fill, net, pop), fst = max(recv) if recv else (0, 0.0, (0.0,) * 5, None)
             gbs = b / net / 1e6 if net else 0.0
             # receivers at once share the cores: their bytes over the longest one's network time
-            total, longest = sum(r[0] for r in recv), max([r[2][2] for r in recv], default=0.0)
+            total, longest = sum(r[0] for r in recv), max([r[2][3] for r in recv], default=0.0)
             bound = step_ms + rec["bytes_copied"] / (prot * 1e6) + 300
             print("%-10s %3d %-13s %8.0f %11d %9.0f %8.0f %8.0f %7.0f %7.0f %7.0f %7.0f %9.2f %9.2f %5.0f%% %9.0f %6.2f" % (
                 model, rep, "%s>%s" % (p0, p1), step_ms, rec["duration_ms"],
@@ -223,7 +224,8 @@ def main():
                 print("           %d receivers at once: %.0f MB in %.0f ms, %.2f GB/s together, "
                       "%.0f%% of the link" % (len(recv), total / 1e6, longest,
                                              total / longest / 1e6, 100 * total / longest / 1e6 / prot))
-            print("           loopback %.2f GB/s before the run, %.2f after" % (prot0, prot1))
+            print("           loopback %.2f GB/s before the run, %.2f after; the largest receiver "
+                  "took %.0f MB of its pages from its reserve" % (prot0, prot1, reserved / 1e6))
             if fst:
                 print("           its first step after the change: %.0f ms, %d page faults, old "
                       "engine freed in %.0f ms before it" % fst)

@@ -3,7 +3,7 @@
  * at once, two parts of a layer from the same source, whole layers and the head's parts,
  * over the workers' meshes on 127.0.0.1 (threads of this process, CPU engines). The two
  * sources hold different values, so every element must be its own part's source's, and
- * bytes_in the whole layers'. A plan whose parts do not cover a layer fails before
+ * bytes_in the whole layers'; received into a reserve's pages, the same. A plan whose parts do not cover a layer fails before
  * anything moves. A stop from another thread ends a copy whose peer stalls, sender or
  * receiver, at once; so does a failure on the copy's own side. */
 #include <pthread.h>
@@ -58,6 +58,7 @@ typedef struct {
     pl_layer_copy_result res;
     pl_layer_copy_stop *stop;
     int fail_fill; /* filling what no copy brings fails */
+    pl_reserve *reserve;
     int rc;
     char err[1024];
 } node;
@@ -125,6 +126,18 @@ static int setup(node *n, char *err, size_t errlen)
     return 0;
 }
 
+/* setup, its failure a failed check */
+static int setup_checked(node *n)
+{
+    char err[256];
+    const int ok = setup(n, err, sizeof err) == 0;
+    if (!ok) {
+        printf("    setup: %s\n", err);
+        check_failed_ = 1;
+    }
+    return ok;
+}
+
 static void teardown(node *n)
 {
     for (int i = 0; i < NW; i++) {
@@ -150,7 +163,8 @@ static void *copy_main(void *arg)
     const pl_layer_copy_job job = {.plan = &x->plan, .self = x->name, .cfg = config(),
                                    .src = x->has_src ? &x->src : NULL,
                                    .dst = x->has_dst ? &x->dst : NULL,
-                                   .fill_dst = x->fail_fill ? fill_fails : NULL};
+                                   .fill_dst = x->fail_fill ? fill_fails : NULL,
+                                   .reserve = x->reserve};
     x->rc = c.copy(&c, &job, &x->res, x->err, sizeof x->err);
     return NULL;
 }
@@ -176,14 +190,29 @@ static int source_id(const node *d, int t, size_t j)
     return 0;
 }
 
+/* Elements of d's engine that differ from their copy's source (-1 where no copy brings
+ * them); *bytes: the received tensors' bytes. */
+static int wrong_elements(const node *d, int64_t *bytes)
+{
+    int wrong = 0;
+    *bytes = 0;
+    for (int t = 0; t < d->dst.ntensors; t++) {
+        const pl_engine_tensor *x = &d->dst.tensors[t];
+        const int copied = pl_layer_copy_source(&d->plan, pl_layer_copy_layer_of(&d->dst, t)) != NULL;
+        *bytes += copied ? 3 * (int64_t)x->spec.numel * (int64_t)sizeof(float) : 0;
+        for (int arr = 0; arr < 3; arr++)
+            for (size_t j = 0; j < x->spec.numel; j++)
+                wrong += array_of(&d->dst, arr)[x->offset + j] !=
+                         (copied ? value(source_id(d, t, j), t, arr, j) : -1.0f);
+    }
+    if (wrong) printf("    %d elements differ from their part's source\n", wrong);
+    return wrong;
+}
+
 static void test_parts_from_several_sources(void)
 {
     node n[NW];
-    char err[256];
-    int ok = setup(n, err, sizeof err) == 0;
-    if (!ok) printf("    setup: %s\n", err);
-    CHECK(ok);
-    if (!ok) return;
+    if (!setup_checked(n)) return;
     node *a = &n[0], *b = &n[1], *d = &n[2];
     add_copy(a, d, 0, 0, 2); /* the embedding from both */
     add_copy(b, d, 0, 1, 2);
@@ -199,27 +228,42 @@ static void test_parts_from_several_sources(void)
         if (n[i].rc) printf("    %s: %s\n", n[i].name, n[i].err);
     CHECK(a->rc == 0 && b->rc == 0 && d->rc == 0);
     int64_t want = 0;
-    int wrong = 0;
-    for (int t = 0; t < d->dst.ntensors; t++) {
-        const pl_engine_tensor *x = &d->dst.tensors[t];
-        want += 3 * (int64_t)x->spec.numel * (int64_t)sizeof(float);
-        for (int arr = 0; arr < 3; arr++)
-            for (size_t j = 0; j < x->spec.numel; j++)
-                wrong += array_of(&d->dst, arr)[x->offset + j] != value(source_id(d, t, j), t, arr, j);
-    }
-    if (wrong) printf("    %d elements differ from their part's source\n", wrong);
-    CHECK_EQ_INT(wrong, 0);
+    CHECK_EQ_INT(wrong_elements(d, &want), 0);
     CHECK_EQ_INT(d->res.bytes_in, want);
+    teardown(n);
+}
+
+/* d's received pages come from a reserve made present first (copy_reserve.h): every
+ * element is still its source's, the layers not received keep theirs (-1), and the
+ * reserve's freeing leaves them. */
+static void test_received_into_the_reserve(void)
+{
+    node n[NW];
+    if (!setup_checked(n)) return;
+    node *a = &n[0], *b = &n[1], *d = &n[2];
+    add_copy(a, d, 0, 0, 2); /* the embedding in parts */
+    add_copy(b, d, 0, 1, 2);
+    add_copy(b, d, 2, 0, 1); /* 1 and 3 not received: d keeps its own */
+    add_copy(a, d, 4, 0, 1);
+    pl_reserve r = {0};
+    CHECK_EQ_INT(pl_reserve_renew(&r, d->k, pl_reserve_size((int64_t)d->dst.nparams * 12, 5)), 1);
+    for (int i = 0; i < 2000 && atomic_load(&r.ready) < r.bytes; i++) usleep(1000);
+    d->reserve = &r;
+    run_all(n);
+    CHECK(a->rc == 0 && b->rc == 0 && d->rc == 0);
+    CHECK(d->res.reserved > 0 && d->res.reserved == (int64_t)r.used);
+    int64_t want = 0;
+    CHECK_EQ_INT(wrong_elements(d, &want), 0);
+    CHECK_EQ_INT(d->res.bytes_in, want);
+    pl_reserve_free(&r);
+    CHECK_EQ_INT(wrong_elements(d, &want), 0);
     teardown(n);
 }
 
 static void test_parts_not_covering_a_layer_fail_first(void)
 {
     node n[NW];
-    char err[256];
-    int ok = setup(n, err, sizeof err) == 0;
-    CHECK(ok);
-    if (!ok) return;
+    if (!setup_checked(n)) return;
     node *a = &n[0], *b = &n[1], *d = &n[2];
     add_copy(a, d, 1, 0, 3);
     add_copy(b, d, 1, 2, 3);
@@ -291,10 +335,7 @@ static double stalled_copy(node *x, staller *st, int stop)
 static void stalled_case(int receive, int stop, const char *why)
 {
     node n[NW];
-    char err[256];
-    int ok = setup(n, err, sizeof err) == 0;
-    CHECK(ok);
-    if (!ok) return;
+    if (!setup_checked(n)) return;
     node *a = &n[0], *d = &n[2];
     add_copy(a, d, 1, 0, 1);
     node *x = receive ? d : a;
@@ -325,6 +366,7 @@ static void test_a_failure_on_its_side_ends_the_other_streams(void)
 
 TEST_MAIN_BEGIN
 RUN(test_parts_from_several_sources);
+RUN(test_received_into_the_reserve);
 RUN(test_parts_not_covering_a_layer_fail_first);
 RUN(test_a_stop_ends_streams_on_a_stalled_peer);
 RUN(test_a_failure_on_its_side_ends_the_other_streams);

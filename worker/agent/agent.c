@@ -329,6 +329,15 @@ static long minor_faults(void)
     return getrusage(RUSAGE_SELF, &ru) ? -1 : ru.ru_minflt;
 }
 
+/* The reserve for the plan's worst single loss, made once its old engine is gone (and
+ * again after a plan's copies took it): its helper fills it while the steps run. */
+static void renew_reserve(agent *a)
+{
+    if (pl_reserve_renew(&a->reserve, a->k, a->reserve_want) == 1)
+        agent_log(a, "generation %lld: a reserve of %zu bytes for a loss's copies",
+                  (long long)a->gen, a->reserve.bytes);
+}
+
 static void on_start_step(agent *a, const pl_msg *m)
 {
     char err[1024] = "";
@@ -341,6 +350,7 @@ static void on_start_step(agent *a, const pl_msg *m)
         a->have_src = 0;
     }
     agent_drop_shadow_src(a);
+    renew_reserve(a);
     agent_tell_client(a, a->gen, step);
     if (!step_begin(a, step)) return; /* aborted before it began */
     const double t1 = pl_now_ms();
@@ -752,6 +762,7 @@ static void agent_free(agent *a)
     if (a->have_src) pl_engine_destroy(&a->src);
     agent_drop_shadow(a);
     agent_drop_shadow_src(a);
+    pl_reserve_free(&a->reserve);
     if (a->k) kn_destroy(a->k);
     if (a->lst) pl_listener_close(a->lst);
     pl_ar_pack_free(&a->pack);

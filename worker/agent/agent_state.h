@@ -78,6 +78,8 @@ typedef struct {
     int have_engine;
     pl_engine src;   /* the engine of the last plan before this one: copy source until */
     int have_src;    /* the next start_step (the coordinator's stable plan) */
+    pl_reserve reserve;   /* memory ready for a later loss's copies (copy_reserve.h) */
+    size_t reserve_want;  /* its size for the current plan (pl_msg_plan.reserve_bytes) */
     pl_engine shadow;     /* strategy redundant: the successor's layers (shadow.h) */
     int have_shadow;
     int64_t shadow_step;  /* the committed steps in its state; −1: unknown (never kept) */

@@ -147,7 +147,8 @@ static int change_engine(agent *a, const pl_msg_plan *p, int in_pipe, int b, int
     pl_layer_copy_job job = {.plan = p, .self = a->o->name, .cfg = &a->cfg,
                              .src = send_source(a), .dst = in_pipe && !kept ? &ne : NULL,
                              .shadow = a->have_shadow_src ? &a->shadow_src : NULL,
-                             .make_dst = make_engine, .fill_dst = fill_engine};
+                             .make_dst = make_engine, .fill_dst = fill_engine,
+                             .reserve = &a->reserve};
     engine_maker mk = {.a = a, .job = &job, .b = b, .e = e, .nslots = nslots};
     job.dst_ctx = &mk;
     pl_layer_copy_result res = {0};
@@ -160,9 +161,10 @@ static int change_engine(agent *a, const pl_msg_plan *p, int in_pipe, int b, int
     const double tp = pl_now_ms();
     if (rc == 0 && job.dst && p->ncopies) pl_engine_populate_work(job.dst);
     if (p->ncopies || !kept)
-        agent_log(a, "generation %lld: engine made in %.1f ms, filled locally in %.1f ms, "
-                  "copies received in %.1f ms after the first source, populated in %.1f ms",
-                  (long long)a->gen, res.make_ms, res.fill_ms, res.net_ms, pl_now_ms() - tp);
+        agent_log(a, "generation %lld: engine made in %.1f ms (%lld bytes from the reserve), "
+                  "filled locally in %.1f ms, copies received in %.1f ms after the first "
+                  "source, populated in %.1f ms", (long long)a->gen, res.make_ms,
+                  (long long)res.reserved, res.fill_ms, res.net_ms, pl_now_ms() - tp);
     if (rc == 0 && job.dst) {
         a->e = ne;
         a->have_engine = 1;
@@ -460,6 +462,7 @@ int agent_install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err, 
     agent_tell_client(a, a->gen, -1);
     pl_fault_set_plan(&a->fault, a->gen, -1); /* its rank once placed */
     a->pipe = p->you_pipeline;
+    a->reserve_want = pl_reserve_size(p->reserve_bytes, a->cfg.L + 2);
     *bytes_in = 0;
     if (p->has_checkpoint) { /* a restart: the checkpoint replaces whatever is held */
         if (a->have_engine) pl_engine_destroy(&a->e);

@@ -84,6 +84,14 @@ static int block_end(const pl_engine *dst, int j)
     return k;
 }
 
+/* Floats from block j's first tensor to the page after block k − 1's last: blocks [j, k)
+ * with the padding after each (engine.h: each block starts on a page). */
+static size_t blocks_span(const pl_engine *dst, int j, int k)
+{
+    const pl_engine_tensor *dl = &dst->tensors[k - 1];
+    return pl_engine_align_layer(dl->offset + dl->spec.numel) - dst->tensors[j].offset;
+}
+
 /* Block [j, k) of dst from the engine that holds all of it, when both lay it out alike:
  * each of params, m, v mapped (kn_share: the same pages, no copy), else copied as one span.
  * −1 when no one local engine holds the block alike (the caller copies tensor by tensor). */
@@ -99,8 +107,7 @@ static int share_block(const pl_layer_copy_job *job, int j, int k)
         if (!from) from = f, s0 = st;
         if (st->offset - s0->offset != t->offset - dst->tensors[j].offset) return -1;
     }
-    const pl_engine_tensor *dl = &dst->tensors[k - 1];
-    const size_t span = pl_engine_align_layer(dl->offset + dl->spec.numel) - dst->tensors[j].offset;
+    const size_t span = blocks_span(dst, j, k);
     const pl_engine_tensor *sl = pl_engine_find(from, s0->layer, s0->index + (k - 1 - j));
     if (!sl || pl_engine_align_layer(sl->offset + sl->spec.numel) - s0->offset != span) return -1;
     const size_t d = dst->tensors[j].offset, o = s0->offset, nb = span * sizeof(float);
@@ -148,4 +155,26 @@ int pl_layer_copy_local(const pl_layer_copy_job *job, int *fresh, char *err, siz
         return pl_errf(err, errlen, "layers [%d, %d): %d tensors have neither a local copy nor "
                        "a source", dst->begin, dst->end, missing);
     return 0;
+}
+
+/* The received block at j: its layer has a copy in the plan. */
+static int received(const pl_layer_copy_job *job, int j)
+{
+    return pl_layer_copy_source(job->plan, pl_layer_copy_layer_of(job->dst, j)) != NULL;
+}
+
+int pl_layer_copy_take_reserve(const pl_layer_copy_job *job)
+{
+    pl_engine *dst = job->dst;
+    float *arr[4] = {dst->params, dst->m, dst->v, dst->grads};
+    int missed = !job->reserve;
+    for (int j = 0, k; j < dst->ntensors && !missed; j = k) {
+        k = block_end(dst, j);
+        if (!received(job, j)) continue;
+        while (k < dst->ntensors && received(job, k)) k = block_end(dst, k);
+        const size_t off = dst->tensors[j].offset * sizeof(float);
+        const size_t nb = blocks_span(dst, j, k) * sizeof(float);
+        for (int a = 0; a < 4; a++) missed |= pl_reserve_take(job->reserve, arr[a], off, nb) != 0;
+    }
+    return missed ? -1 : 0;
 }

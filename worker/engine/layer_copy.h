@@ -43,6 +43,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "copy_reserve.h"
 #include "engine.h"
 #include "gpt.h"
 #include "mesh.h"
@@ -77,6 +78,8 @@ typedef struct {
     int (*make_dst)(void *ctx, char *err, size_t errlen);
     int (*fill_dst)(void *ctx, char *err, size_t errlen);
     void *dst_ctx;
+    pl_reserve *reserve;      /* memory made present for the received layers (copy_reserve.h);
+                                 NULL: none */
 } pl_layer_copy_job;
 
 typedef struct {
@@ -84,6 +87,7 @@ typedef struct {
     double make_ms, fill_ms;    /* TCP copier: time in make_dst and fill_dst */
     double net_ms;              /* TCP copier: from the first source accepted to the last
                                    tensor received (0: nothing received) */
+    int64_t reserved;           /* TCP copier: bytes of dst mapped from the job's reserve */
     pl_proto_name failed_peer;  /* a copy from or to this peer failed ("": none, or a
                                    failure no peer is known for) */
 } pl_layer_copy_result;
@@ -138,6 +142,10 @@ pl_layer_copier pl_layer_copier_xport(const pl_xport *x);
  * no copies: the caller initialises dst). −1 with err when some tensors have neither a local
  * copy nor a copy source. */
 int pl_layer_copy_local(const pl_layer_copy_job *job, int *fresh, char *err, size_t errlen);
+/* Maps the job's reserve (copy_reserve.h) over the params, m, v and gradients of every
+ * layer dst receives, before anything is received: those pages are then present. 0 when it
+ * covered them all; −1 when there is no reserve or it ran short (the rest fault in). */
+int pl_layer_copy_take_reserve(const pl_layer_copy_job *job);
 
 /* The layer under which the plan copies tensor j of e: its own, but L + 1 (the head) for
  * the tied wte of a range without the embedding. */

@@ -92,6 +92,7 @@ struct copy_receiver {
     tensor_ref *want;
     int nwant;
     int64_t bytes;
+    int present;    /* dst's received pages are present (the reserve): no populating helper */
     double done_ms; /* pl_now_ms when the last tensor arrived */
     int rc, started;
     char err[512];
@@ -274,9 +275,10 @@ static void want_range(void *ctx, int i, void **p, size_t *bytes)
     *bytes = cnt * sizeof(float);
 }
 
-/* On the CPU backend each range is present before it is received into (ahead: a helper
- * populates the new engine's fresh pages ahead of the stream, so that the receive's copy
- * does not stop to fault each page in); off it, each passes through the stage. */
+/* On the CPU backend each range is present before it is received into (the reserve's
+ * pages, else a helper populating the new engine's fresh pages ahead of the stream, so
+ * that the receive's copy does not stop to fault each page in); off it, each passes
+ * through the stage. */
 static int recv_tensors(copy_receiver *r, host_stage *stage, pl_ahead *ahead)
 {
     for (int k = 0; k < r->nwant; k++) {
@@ -287,7 +289,7 @@ static int recv_tensors(copy_receiver *r, host_stage *stage, pl_ahead *ahead)
             if (!x)
                 return pl_errf(r->err, sizeof r->err, "out of memory staging a layer from %s",
                                r->source);
-            if (!stage->on) pl_ahead_reach(ahead, ARRAYS * k + j);
+            if (!stage->on && !r->present) pl_ahead_reach(ahead, ARRAYS * k + j);
             if (pl_conn_recv_floats(r->c, (uint32_t)(ARRAYS * k + j), x, cnt,
                                     PL_LAYER_COPY_TIMEOUT_MS, r->err, sizeof r->err))
                 return -1;
@@ -304,7 +306,8 @@ static void *receiver_main(void *arg)
     copy_receiver *r = arg;
     host_stage stage = stage_for(r->dst->k);
     pl_ahead ahead = {0};
-    if (!stage.on) pl_ahead_start(&ahead, r->dst->k, ARRAYS * r->nwant, want_range, r);
+    if (!stage.on && !r->present)
+        pl_ahead_start(&ahead, r->dst->k, ARRAYS * r->nwant, want_range, r);
     r->rc = pl_conn_send_frame(r->c, PL_LAYER_COPY_FRAME_REQ, 0, 0, r->want,
                                (size_t)r->nwant * sizeof(tensor_ref), PL_LAYER_COPY_TIMEOUT_MS,
                                r->err, sizeof r->err) ||
@@ -455,6 +458,10 @@ static int make_dst(tcp_copies *tc, pl_layer_copy_result *res, char *err, size_t
                              sizeof *tc->wants)))
         return pl_errf(err, errlen, "out of memory");
     plan_receivers(tc);
+    const size_t used = job->reserve ? pl_reserve_used(job->reserve) : 0;
+    const int present = pl_layer_copy_take_reserve(job) == 0;
+    res->reserved = job->reserve ? (int64_t)(pl_reserve_used(job->reserve) - used) : 0;
+    for (int i = 0; i < tc->nrecv; i++) tc->rcv[i].present = present;
     return 0;
 }
 

@@ -1,0 +1,72 @@
+/* A worker's reserve for its copies: see copy_reserve.h. */
+#include "copy_reserve.h"
+
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* The helper's step: it notices a stop at the next one, and each call holds the
+ * address-space lock for a short time (kn_populate). */
+#define STEP ((size_t)8 << 20)
+
+size_t pl_reserve_size(int64_t reserve_bytes, int nlayers)
+{
+    if (reserve_bytes <= 0) return 0;
+    const size_t page = KN_SHARE_ALIGN, pad = 4 * (size_t)nlayers * page;
+    const size_t four = (size_t)reserve_bytes / 3 * 4; /* params, m, v → grads too */
+    return (four + pad + page - 1) / page * page;
+}
+
+/* At the lowest priority: the reserve takes only what the training leaves of the cores
+ * (the pipeline's bubbles, the waits for the all-reduce). */
+static void *reserve_main(void *arg)
+{
+    pl_reserve *r = arg;
+    (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
+    for (size_t at = 0; at < r->bytes && !atomic_load(&r->stop); at += STEP) {
+        const size_t n = r->bytes - at < STEP ? r->bytes - at : STEP;
+        if (kn_populate(r->k, r->block + at, n)) break;
+        atomic_store(&r->ready, at + n);
+    }
+    return NULL;
+}
+
+static void stop_helper(pl_reserve *r)
+{
+    atomic_store(&r->stop, 1);
+    if (r->running) pthread_join(r->th, NULL);
+    r->running = 0;
+}
+
+void pl_reserve_free(pl_reserve *r)
+{
+    stop_helper(r);
+    if (r->block) kn_free(r->k, r->block);
+    r->block = NULL;
+    r->bytes = r->used = 0;
+    atomic_store(&r->ready, 0);
+}
+
+int pl_reserve_renew(pl_reserve *r, kn_ctx *k, size_t bytes)
+{
+    if (r->block && r->k == k && r->bytes == bytes && r->used == 0) return 0;
+    pl_reserve_free(r);
+    r->k = k;
+    /* a backend whose memory is always present has nothing to gain (and no kn_populate) */
+    if (!bytes || kn_populate(k, NULL, 0)) return bytes ? -1 : 0;
+    if (!(r->block = kn_alloc(k, bytes))) return -1;
+    r->bytes = bytes;
+    atomic_store(&r->stop, 0);
+    r->running = pthread_create(&r->th, NULL, reserve_main, r) == 0;
+    return 1;
+}
+
+int pl_reserve_take(pl_reserve *r, void *block, size_t off, size_t bytes)
+{
+    stop_helper(r);
+    if (!r->block || r->used + bytes > atomic_load(&r->ready) ||
+        kn_share(r->k, block, off, r->block, r->used, bytes))
+        return -1;
+    r->used += bytes;
+    return 0;
+}
