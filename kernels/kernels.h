@@ -44,7 +44,9 @@ const char *kn_cpu_blas_better_core(void);
 void kn_cpu_use_fast_blas(char **argv);
 int kn_threads(const kn_ctx *k);
 
-/* Memory of the backend, 64-byte aligned, zero-filled. NULL on failure. */
+/* Memory of the backend, 64-byte aligned, zero-filled. NULL on failure. kn_free releases
+ * the memory of the block that no other live block maps (kn_share); memory another block
+ * still maps stays until that block is freed too. */
 void *kn_alloc(kn_ctx *k, size_t bytes);
 void kn_free(kn_ctx *k, void *p);
 void kn_zero(kn_ctx *k, void *p, size_t bytes);
@@ -60,10 +62,12 @@ void kn_copy(kn_ctx *k, void *dst, const void *src, size_t bytes);
  * KN_SHARE_ALIGN, within the blocks. Afterwards a write through either range is seen
  * through both, so the caller writes neither while both blocks live (the layer copies: a
  * layer a worker keeps, shared by its old and new engines until the old one is freed).
- * Freeing either block leaves the other whole. On the CPU the source's pages that are
- * present move to the destination with their page tables: present there at once (no
- * faults, nothing for kn_populate to do), and the source's range finds them again on its
- * next touch. 0 when done; −1 when the backend or these blocks cannot (nothing changed:
+ * Freeing either block leaves the other whole; it releases what no other live block maps
+ * (the source freed first: all but the shared range, which stays as long as a block maps
+ * it, one it was shared on to included). On the CPU the source's pages that are present
+ * move to the destination with their page tables: present there at once (no faults,
+ * nothing for kn_populate to do), and the source's range finds them again on its next
+ * touch. 0 when done; −1 when the backend or these blocks cannot (nothing changed:
  * copy instead). */
 #define KN_SHARE_ALIGN 4096
 int kn_share(kn_ctx *k, void *dst_block, size_t dst_off, const void *src_block, size_t src_off,

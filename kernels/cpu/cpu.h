@@ -23,15 +23,34 @@
  * plain functions and call the KN_SIMD workers on their share (an OpenMP
  * region outlined from a cloned function would not itself be cloned).
  *
- * A context is used by one thread at a time (the engine's compute thread). */
+ * A context's kernels are called by one thread at a time (the engine's compute thread);
+ * its memory (alloc, free, share, populate) by any thread. */
 #ifndef PLIANT_KERNELS_CPU_H
 #define PLIANT_KERNELS_CPU_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "kn_backend.h" /* struct kn_ctx: threads = OpenMP team size, ws = workspace */
+
+/* The CPU context: the backend-neutral part first (a kn_ctx * points at it), then the
+ * registry of live mapped blocks (memory.c): freeing a block releases what no other one
+ * maps. */
+typedef struct {
+    kn_ctx k;
+    pthread_mutex_t lock; /* the registry and the blocks' tables of shared ranges */
+    void *live;           /* the newest live mapped block; each header links the next */
+} kn_cpu_ctx;
+
+/* Memory (memory.c), in the table kn_cpu_ops of context.c: kn_alloc, kn_free, kn_share,
+ * kn_populate, kn_host_alloc and kn_host_free. */
+void *kn_cpu_alloc(kn_ctx *k, size_t bytes);
+void kn_cpu_free(kn_ctx *k, void *p);
+int kn_cpu_share(kn_ctx *k, void *dst_block, size_t dst_off, const void *src_block,
+                 size_t src_off, size_t bytes);
+int kn_cpu_populate(kn_ctx *k, void *p, size_t bytes);
 
 /* The CPU kernels, one per kernels.h function (same arguments), in the
  * table kn_cpu_ops of context.c. */
@@ -97,6 +116,12 @@ void *kn_cpu_workspace(kn_ctx *k, size_t bytes);
 #else
 #define KN_SIMD
 #endif
+
+/* bytes rounded up to a multiple of 64; 0 when they cannot be, 64 for none. */
+static inline size_t kn_round64(size_t bytes)
+{
+    return bytes ? (bytes > SIZE_MAX - 63 ? 0 : (bytes + 63) / 64 * 64) : 64;
+}
 
 /* Below this many elements of elementwise work a kernel runs on one thread
  * (waking the team costs a few microseconds). */

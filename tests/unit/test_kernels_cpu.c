@@ -11,11 +11,14 @@
  * depend on inputs after t), cross-entropy masking (target −1), AdamW over
  * several steps against its formula, the double sums, and results for 1, 2
  * and 3 threads. */
+#include <dirent.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "cpu/cpu.h" /* kn_expf, kn_tanhf */
@@ -1264,6 +1267,127 @@ static void test_populate(void)
     kn_free(ctx, b);
 }
 
+/* Bytes the process's memory files of the CPU backend hold (each file once, however many
+ * fds it has). */
+static long long memfd_held(void)
+{
+    struct stat seen[256];
+    int nseen = 0;
+    long long held = 0;
+    DIR *d = opendir("/proc/self/fd");
+    for (struct dirent *e; d && (e = readdir(d));) {
+        char path[300], target[64] = "";
+        struct stat st;
+        snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+        if (readlink(path, target, sizeof target - 1) < 0 ||
+            strncmp(target, "/memfd:pliant", 13) || stat(path, &st))
+            continue;
+        int dup = 0;
+        for (int i = 0; i < nseen; i++)
+            dup |= seen[i].st_dev == st.st_dev && seen[i].st_ino == st.st_ino;
+        if (dup || nseen == 256) continue;
+        seen[nseen++] = st;
+        held += (long long)st.st_blocks * 512;
+    }
+    if (d) closedir(d);
+    return held;
+}
+
+#define PAGES(n) ((long long)(n) * KN_SHARE_ALIGN)
+#define SLACK 4 /* pages: a header page a block, and the measure's own rounding */
+
+/* A block of 64 pages, each float its index plus `from`. */
+static float *filled(float from)
+{
+    const size_t n = 64 * KN_SHARE_ALIGN / sizeof(float);
+    float *p = kn_alloc(ctx, n * sizeof(float));
+    for (size_t i = 0; p && i < n; i++) p[i] = from + (float)i;
+    return p;
+}
+
+/* Whether the first `pages` pages at p hold what filled(from) wrote from its page `at` on. */
+static int holds(const float *p, size_t pages, size_t at, float from)
+{
+    const size_t pg = KN_SHARE_ALIGN / sizeof(float);
+    int same = 1;
+    for (size_t i = 0; i < pages * pg; i++) same &= p[i] == from + (float)(at * pg + i);
+    return same;
+}
+
+#define SHARE(dst, dst_pg, src, src_pg, pages)                                                 \
+    kn_share(ctx, dst, (dst_pg) * KN_SHARE_ALIGN, src, (src_pg) * KN_SHARE_ALIGN,             \
+             (pages) * KN_SHARE_ALIGN)
+
+/* kn_free of a source shared from: all of it released but the shared range, which the
+ * destination still reads. */
+static void test_release_source_first(void)
+{
+    const size_t pg = KN_SHARE_ALIGN / sizeof(float);
+    const long long base = memfd_held();
+    float *a = filled(0.0f), *b = kn_alloc(ctx, 64 * KN_SHARE_ALIGN);
+    CHECK(a && b);
+    for (size_t i = 0; i < 4 * pg; i++) b[i] = -1.0f;
+    CHECK_EQ_INT(SHARE(b, 8, a, 10, 2), 0);
+    CHECK(memfd_held() - base >= PAGES(64 + 4));
+    kn_free(ctx, a);
+    const long long held = memfd_held() - base; /* b's 4 pages written, the range's 2 */
+    CHECK(held >= PAGES(4 + 2) && held <= PAGES(4 + 2 + SLACK));
+    CHECK(holds(b + 8 * pg, 2, 10, 0.0f) && b[0] == -1.0f && b[10 * pg] == 0.0f);
+    kn_free(ctx, b);
+    CHECK(memfd_held() == base);
+}
+
+/* kn_free of a destination while its source lives: nothing of the source released. */
+static void test_release_destination_first(void)
+{
+    float *a = filled(1.0f);
+    const long long with_a = memfd_held();
+    float *b = kn_alloc(ctx, 64 * KN_SHARE_ALIGN);
+    CHECK(a && b && SHARE(b, 0, a, 10, 2) == 0);
+    kn_free(ctx, b);
+    CHECK(memfd_held() == with_a && holds(a, 64, 0, 1.0f));
+    kn_free(ctx, a);
+}
+
+/* A range shared on (a to b to c): it outlives a and b, the rest of a does not. */
+static void test_release_chain(void)
+{
+    const size_t pg = KN_SHARE_ALIGN / sizeof(float);
+    const long long base = memfd_held();
+    float *a = filled(2.0f), *b = kn_alloc(ctx, 64 * KN_SHARE_ALIGN);
+    float *c = kn_alloc(ctx, 64 * KN_SHARE_ALIGN);
+    CHECK(a && b && c);
+    for (size_t i = 0; i < 2 * pg; i++) c[i] = -2.0f;
+    CHECK_EQ_INT(SHARE(b, 0, a, 10, 2), 0);
+    CHECK_EQ_INT(SHARE(c, 4, b, 0, 2), 0);
+    kn_free(ctx, a);
+    kn_free(ctx, b);
+    const long long held = memfd_held() - base; /* c's 2 pages written, the range's 2 */
+    CHECK(held >= PAGES(2 + 2) && held <= PAGES(2 + 2 + SLACK));
+    CHECK(holds(c + 4 * pg, 2, 10, 2.0f) && c[0] == -2.0f);
+    kn_free(ctx, c);
+}
+
+/* Two ranges of a in b, one of them shared on into c: once a and b are freed, the range c
+ * maps stays and the other is released. */
+static void test_release_two_ranges(void)
+{
+    const long long base = memfd_held();
+    float *a = filled(3.0f), *b = kn_alloc(ctx, 64 * KN_SHARE_ALIGN);
+    float *c = kn_alloc(ctx, 64 * KN_SHARE_ALIGN);
+    CHECK(a && b && c);
+    CHECK_EQ_INT(SHARE(b, 0, a, 10, 2), 0);
+    CHECK_EQ_INT(SHARE(b, 4, a, 20, 4), 0);
+    CHECK_EQ_INT(SHARE(c, 0, b, 0, 2), 0);
+    kn_free(ctx, a);
+    const long long both = memfd_held();
+    kn_free(ctx, b);
+    CHECK(both - memfd_held() >= PAGES(4) && memfd_held() - base <= PAGES(2 + SLACK));
+    CHECK(holds(c, 2, 10, 3.0f));
+    kn_free(ctx, c);
+    CHECK(memfd_held() == base);
+}
+
 TEST_MAIN_BEGIN
     char err[128];
     ctx = kn_create("cpu", 2, err, sizeof err);
@@ -1300,6 +1424,10 @@ TEST_MAIN_BEGIN
     RUN(test_profile);
     RUN(test_share);
     RUN(test_populate);
+    RUN(test_release_source_first);
+    RUN(test_release_destination_first);
+    RUN(test_release_chain);
+    RUN(test_release_two_ranges);
     arena_reset();
     kn_destroy(ctx);
 TEST_MAIN_END
