@@ -5,9 +5,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-/* The helper's step: it notices a stop at the next one, and each call holds the
+/* The helper's step: it notices a stop at the next one (a stop waits for the step, which
+ * at the lowest priority on busy cores is slow to end), and each call holds the
  * address-space lock for a short time (kn_populate). */
-#define STEP ((size_t)8 << 20)
+#define STEP ((size_t)2 << 20)
 
 size_t pl_reserve_size(int64_t reserve_bytes, int nlayers)
 {

@@ -166,15 +166,16 @@ static int received(const pl_layer_copy_job *job, int j)
 int pl_layer_copy_take_reserve(const pl_layer_copy_job *job)
 {
     pl_engine *dst = job->dst;
+    /* the arrays the stream writes before the gradients, which only the next step needs */
     float *arr[4] = {dst->params, dst->m, dst->v, dst->grads};
     int missed = !job->reserve;
-    for (int j = 0, k; j < dst->ntensors && !missed; j = k) {
-        k = block_end(dst, j);
-        if (!received(job, j)) continue;
-        while (k < dst->ntensors && received(job, k)) k = block_end(dst, k);
-        const size_t off = dst->tensors[j].offset * sizeof(float);
-        const size_t nb = blocks_span(dst, j, k) * sizeof(float);
-        for (int a = 0; a < 4; a++) missed |= pl_reserve_take(job->reserve, arr[a], off, nb) != 0;
-    }
+    for (int a = 0; a < 4 && !missed; a++)
+        for (int j = 0, k; j < dst->ntensors && !missed; j = k) {
+            k = block_end(dst, j);
+            if (!received(job, j)) continue;
+            while (k < dst->ntensors && received(job, k)) k = block_end(dst, k);
+            missed = pl_reserve_take(job->reserve, arr[a], dst->tensors[j].offset * sizeof(float),
+                                     blocks_span(dst, j, k) * sizeof(float)) != 0;
+        }
     return missed ? -1 : 0;
 }
