@@ -966,7 +966,12 @@ static int dec_plan(const cJSON *o, pl_msg *m, char *err, size_t errlen)
         dec_pipelines(o, p, err, errlen) || dec_you(o, p, err, errlen) ||
         dec_plan_lists(o, p, err, errlen) || dec_checkpoint(o, p, err, errlen))
         return -1;
-    return dec_transport(o, p, err, errlen);
+    if (dec_transport(o, p, err, errlen))
+        return -1;
+    /* optional: older coordinators send none */
+    return field(o, "reserve") ? get_int(o, "", "reserve", 0, PL_PROTO_INT_MAX,
+                                         &p->reserve_bytes, err, errlen)
+                               : 0;
 }
 
 /* -------------------------------------------------------- the type table */
@@ -985,7 +990,7 @@ static const char *const keys_saved[] = {ENV, "step", "layer_begin", "layer_end"
 static const char *const keys_reason[] = {ENV, "reason", NULL};
 static const char *const keys_challenge[] = {ENV, "nonce", NULL};
 static const char *const keys_welcome[] = {ENV, "rank", "job", "token_ok", "heartbeat_ms", NULL};
-static const char *const keys_plan[] = {ENV, "generation", "step", "global_batch", "micro", "seq_len", "pipelines", "you", "peers", "copies", "sends", "checkpoint", "transport", NULL};
+static const char *const keys_plan[] = {ENV, "generation", "step", "global_batch", "micro", "seq_len", "pipelines", "you", "peers", "copies", "sends", "checkpoint", "transport", "reserve", NULL};
 static const char *const keys_nccl_id[] = {ENV, "id", NULL};
 static const char *const keys_step_failed[] = {ENV, "step", "reason", NULL};
 static const char *const keys_commit[] = {ENV, "step", "grad_scale", "lr", "save", NULL};
@@ -1275,6 +1280,8 @@ static void enc_plan(enc *e, cJSON *o, const pl_msg_plan *p)
         return;
     }
     if (!cJSON_AddStringToObject(o, "transport", transport_names[p->transport])) e->bad = 1;
+    if (p->reserve_bytes) /* 0 is the default: left out */
+        add_int(e, o, "reserve", p->reserve_bytes);
 }
 
 static void enc_register(enc *e, cJSON *o, const pl_msg_register *r)

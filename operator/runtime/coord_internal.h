@@ -1,6 +1,6 @@
 /* The coordinator's own header: private to the coordinator's files (coordinator.c,
  * coord_workers.c, coord_plans.c, coord_failover.c, coord_plan_msgs.c, coord_steps.c,
- * coord_checkpoints.c, coord_restore.c), never included elsewhere; coordinator.h is the public contract. It holds
+ * coord_checkpoints.c, coord_restore.c, coord_reserve.c), never included elsewhere; coordinator.h is the public contract. It holds
  * the coordinator's state (struct pl_coord and its parts) and the functions its files
  * share. The same rules as coordinator.h's hold for all of them: a pure state machine (no
  * sockets, no threads, no clock: the time comes with the events, c->now), not
@@ -13,6 +13,7 @@
 #define PLIANT_COORD_INTERNAL_H
 
 #include "coordinator.h"
+#include "reinstantiate.h"
 
 /* A registered worker, live or not: its index in c->w is its rank. */
 typedef struct {
@@ -43,6 +44,8 @@ typedef struct {
                       off, maybe still running */
     int64_t writing;    /* the checkpoint it was asked to write its layers of, 0: none or */
     int write_b, write_e; /* its `saved` came; those layers [write_b, write_e) */
+    int64_t reserve; /* bytes it would receive, at most, after one loss from the current
+                        plan (coord_reserve.c); 0: none or not worked out */
 } cworker;
 
 /* A pipeline of a plan. */
@@ -213,8 +216,21 @@ void pipe_layers(const pl_coord *c, const cpipe *cq, int pos, int *begin, int *e
 void set_place(pl_coord *c, int i, int q, int j);
 int plan_transport(const pl_coord *c);
 void stop_departed(pl_coord *c, int keep_sources);
+/* What changed since a plan. */
+typedef struct {
+    const char **rm, **ad; /* its workers no longer live; live workers not in it */
+    int nrm, nad;
+    char removed[512], added[512]; /* the same as text */
+} cchange;
+void find_change(const pl_coord *c, const cplan *from, char *mark, cchange *ch);
+int plan_reinstantiate(const pl_coord *c, const cplan *from, int f, const char **rm, int nrm,
+                       const char **ad, int nad, pl_reinstantiation *r, char *err,
+                       size_t errlen);
 void replan(pl_coord *c);
 void replan_soon(pl_coord *c);
+
+/* coord_reserve.c: what each worker would receive after one loss */
+void plan_reserves(pl_coord *c);
 
 /* coord_failover.c: strategy redundant */
 int rc_failover(pl_coord *c, int nremoved, int nadded, cplan *np);

@@ -229,6 +229,7 @@ static int send_plan(pl_coord *c, int i, cplanmsg *s)
                                                                    : "(none)");
     }
     p->transport = c->transport;
+    p->reserve_bytes = c->w[i].reserve;
     if (plan_pipelines(c, i, p))
         return -1;
     plan_you(c, i, p, s);

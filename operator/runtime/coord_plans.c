@@ -314,11 +314,11 @@ static void cstable_free(cstable *s)
     free(s->alias);
 }
 
-/* Stable pipeline q into s->cur: a failover's as its template's, its lost workers
+/* Pipeline q of plan `from` into s->cur: a failover's as its template's, its lost workers
  * removed too (s->rm). 0, or -1 out of memory. */
-static int stable_pipe(pl_coord *c, int q, cstable *s)
+static int stable_pipe(const pl_coord *c, const cplan *from, int q, cstable *s)
 {
-    const cpipe *sq = &c->stable.p[q];
+    const cpipe *sq = &from->p[q];
     const int n = sq->tw ? sq->tn : sq->nnodes, *tw = sq->tw ? sq->tw : sq->w;
     pl_current_pipeline *cq = &s->cur.pipelines[q];
     cq->nnodes = n;
@@ -341,12 +341,14 @@ static int stable_pipe(pl_coord *c, int q, cstable *s)
     return 0;
 }
 
-/* The stable plan without the workers rm[0..nrm) into s. 0, or -1 out of memory. */
-static int cstable_init(pl_coord *c, const char **rm, int nrm, cstable *s)
+/* Plan `from` (the stable one, or a new one whose loss is simulated) without the workers
+ * rm[0..nrm) into s. 0, or -1 out of memory. */
+static int cstable_init(const pl_coord *c, const cplan *from, const char **rm, int nrm,
+                        cstable *s)
 {
     memset(s, 0, sizeof *s);
-    s->cur.npipelines = c->stable.npipes;
-    s->cur.pipelines = calloc((size_t)c->stable.npipes, sizeof *s->cur.pipelines);
+    s->cur.npipelines = from->npipes;
+    s->cur.pipelines = calloc((size_t)from->npipes, sizeof *s->cur.pipelines);
     s->rm = calloc((size_t)c->nw + 1, sizeof *s->rm);
     s->dep = calloc((size_t)c->nw + 1, sizeof *s->dep);
     s->zoned = calloc((size_t)c->nw + 1, sizeof *s->zoned);
@@ -356,8 +358,8 @@ static int cstable_init(pl_coord *c, const char **rm, int nrm, cstable *s)
         return -1;
     for (; s->nrm < nrm; s->nrm++)
         s->rm[s->nrm] = rm[s->nrm];
-    for (int q = 0; q < c->stable.npipes; q++)
-        if (stable_pipe(c, q, s))
+    for (int q = 0; q < from->npipes; q++)
+        if (stable_pipe(c, from, q, s))
             return -1;
     for (int k = 0; k < s->nrm; k++) { /* their notice lets them send still */
         const int i = worker_index(c, s->rm[k]);
@@ -409,6 +411,25 @@ static int take_reinstantiation(pl_coord *c, const pl_reinstantiation *r, cplan 
     return 0;
 }
 
+/* pl_reinstantiate of plan `from` without rm, with ad, at tolerance f into r; it changes
+ * nothing in c. 0, or -1 with the reason in err. */
+int plan_reinstantiate(const pl_coord *c, const cplan *from, int f, const char **rm, int nrm,
+                       const char **ad, int nad, pl_reinstantiation *r, char *err,
+                       size_t errlen)
+{
+    /* the coverage table holds F's plans only; a lower tolerance plans from the templates */
+    const pl_coverage *cov = f == c->cfg.tolerate ? c->cfg.coverage : NULL;
+    cstable s;
+    int rc = cstable_init(c, from, rm, nrm, &s);
+    if (rc)
+        snprintf(err, errlen, "out of memory");
+    else
+        rc = pl_reinstantiate(c->cfg.profile, c->cfg.templates, cov, f, c->cfg.global_batch,
+                              &s.cur, s.rm, s.nrm, ad, nad, r, err, errlen);
+    cstable_free(&s);
+    return rc;
+}
+
 /* Re-instantiation of the stable plan for the live workers (§5.1 via
  * pl_reinstantiate): fills np and the layer copies. 0, 1 when too few
  * workers, 2 on a fatal loss (lost layers appended to c->cause), -1 with the
@@ -416,20 +437,12 @@ static int take_reinstantiation(pl_coord *c, const pl_reinstantiation *r, cplan 
 static int reinstantiate(pl_coord *c, int f, const char **rm, int nrm, const char **ad, int nad,
                          cplan *np, ccopy **cp, int *ncp, int64_t *bytes_planned)
 {
-    /* the coverage table holds F's plans only; a lower tolerance plans from the templates */
-    const pl_coverage *cov = f == c->cfg.tolerate ? c->cfg.coverage : NULL;
     pl_reinstantiation r = {0};
     char e2[512] = "";
-    cstable s;
-    const int ok = !cstable_init(c, rm, nrm, &s);
-    int rc = ok ? pl_reinstantiate(c->cfg.profile, c->cfg.templates, cov, f,
-                                   c->cfg.global_batch, &s.cur, s.rm, s.nrm, ad, nad, &r, e2,
-                                   sizeof e2)
-                : -1;
-    cstable_free(&s);
+    int rc = plan_reinstantiate(c, &c->stable, f, rm, nrm, ad, nad, &r, e2, sizeof e2);
     if (rc) {
         char why[700];
-        snprintf(why, sizeof why, "re-instantiation failed: %s", ok ? e2 : "out of memory");
+        snprintf(why, sizeof why, "re-instantiation failed: %s", e2);
         set_failed(c, why);
         return -1;
     }
@@ -500,19 +513,12 @@ void stop_departed(pl_coord *c, int keep_sources)
         }
 }
 
-/* What changed since the stable plan. */
-typedef struct {
-    const char **rm, **ad; /* its workers no longer live; live workers not in it */
-    int nrm, nad;
-    char removed[512], added[512]; /* the same as text */
-} cchange;
-
-/* Fills ch from the stable plan (mark: scratch, one byte a worker). */
-static void find_change(const pl_coord *c, char *mark, cchange *ch)
+/* Fills ch from plan `from` (mark: scratch, one byte a worker, zeroed). */
+void find_change(const pl_coord *c, const cplan *from, char *mark, cchange *ch)
 {
-    for (int q = 0; q < c->stable.npipes; q++)
-        for (int j = 0; j < c->stable.p[q].nnodes; j++) {
-            int i = c->stable.p[q].w[j];
+    for (int q = 0; q < from->npipes; q++)
+        for (int j = 0; j < from->p[q].nnodes; j++) {
+            int i = from->p[q].w[j];
             mark[i] = 1;
             if (!c->w[i].live)
                 ch->rm[ch->nrm++] = c->w[i].name;
@@ -671,7 +677,7 @@ void replan(pl_coord *c)
         goto done;
     }
     if (c->has_stable) {
-        find_change(c, mark, &ch);
+        find_change(c, &c->stable, mark, &ch);
         if (c->cfg.max_resets > 0 && c->nrec >= c->cfg.max_resets) {
             char why[700];
             snprintf(why, sizeof why, "maxResets (%d) exceeded: %s", c->cfg.max_resets, c->cause);
@@ -696,6 +702,7 @@ void replan(pl_coord *c)
     c->reason[0] = 0;
     c->wait_since = -1;
     c->phase = PL_COORD_COPYING;
+    plan_reserves(c);
     send_plans(c, cp, ncp);
 done:
     stop_departed(c, c->phase == PL_COORD_COPYING);

@@ -2916,6 +2916,72 @@ static void test_step_deadline_fixed(void)
     sim_free(&s);
 }
 
+/* The bytes of layers w copies in its latest plan. */
+static int64_t copied_bytes(const sim *s, int w)
+{
+    int64_t n = 0;
+    for (int k = 0; k < s->plan[w].u.plan.ncopies; k++)
+        n += s->plan[w].u.plan.copies[k].bytes;
+    return n;
+}
+
+/* A run of 6 CPU workers after step 0, then worker x lost (x < 0: none): into got[w], what
+ * each worker then copies (x ≥ 0), or its first plan's reserve_bytes. 0, or -1. */
+static int reserve_run(int x, int64_t *got)
+{
+    sim s;
+    int rc = begin_run(&s, 5, 6) || run_step(&s, 0) ? -1 : 0;
+    if (!rc && x >= 0) {
+        rc = pl_coord_worker_lost(s.c, nm(x), "process ended") == PL_COORD_OK ? 0 : -1;
+        s.live[x] = 0;
+        rc = rc || drain(&s) || s.gen != 2 ? -1 : 0;
+    }
+    for (int w = 0; !rc && w < 6; w++)
+        got[w] = x >= 0 ? (w == x ? 0 : copied_bytes(&s, w)) : s.plan[w].u.plan.reserve_bytes;
+    sim_free(&s);
+    return rc;
+}
+
+/* reserve_bytes: for each worker, the most it copies after the loss of any one worker
+ * of its plan (each loss made for real, on a coordinator of its own). */
+static void test_reserve_is_the_worst_single_loss(void)
+{
+    int64_t reserve[6], got[6], worst[6] = {0};
+    CHECK(reserve_run(-1, reserve) == 0);
+    for (int x = 0; x < 6; x++) {
+        CHECK(reserve_run(x, got) == 0);
+        for (int w = 0; w < 6; w++)
+            worst[w] = got[w] > worst[w] ? got[w] : worst[w];
+    }
+    int most = 0;
+    for (int w = 0; w < 6; w++) {
+        CHECK(reserve[w] == worst[w]);
+        most = reserve[w] > reserve[most] ? w : most;
+    }
+    CHECK(reserve[most] > 0);
+}
+
+/* No reserve where a loss copies nothing: strategy checkpoint restarts from the
+ * checkpoint, strategy redundant fails over. */
+static void test_no_reserve_without_copies(void)
+{
+    sim s;
+    CHECK(sim_init(&s, 3, 6) == 0);
+    s.cfg.checkpoint_dir = "/ckpt";
+    s.cfg.strategy_checkpoint = 1;
+    CHECK(sim_reconfigure(&s) == 0);
+    CHECK(start_workers(&s, 6) == 0);
+    for (int w = 0; w < 6; w++)
+        CHECK(s.have_plan[w] && s.plan[w].u.plan.reserve_bytes == 0);
+    sim_free(&s);
+    sim_redundant = 1;
+    CHECK(begin_run(&s, 3, 6) == 0);
+    sim_redundant = 0;
+    for (int w = 0; w < 6; w++)
+        CHECK(s.have_plan[w] && s.plan[w].u.plan.reserve_bytes == 0);
+    sim_free(&s);
+}
+
 static void test_bad_config(void)
 {
     sim s;
@@ -2937,6 +3003,8 @@ static void test_bad_config(void)
 
 TEST_MAIN_BEGIN
 RUN(test_three_steps);
+RUN(test_reserve_is_the_worst_single_loss);
+RUN(test_no_reserve_without_copies);
 RUN(test_kill_mid_step);
 RUN(test_redundant_failover);
 RUN(test_fresh_coordinator_stops_a_worker_with_state);

@@ -146,6 +146,7 @@ static void rand_plan(pl_msg *m)
         p->checkpoint_step = rand_int(0, PL_PROTO_INT_MAX);
     }
     p->transport = (int)(rng_next() % PL_TRANSPORT_COUNT);
+    p->reserve_bytes = rng_next() % 2 ? rand_int(0, PL_PROTO_INT_MAX) : 0;
 }
 
 /* A small planner profile (shared/profile.h) of n layers as JSON text. */
@@ -351,7 +352,8 @@ static int msg_equal(const pl_msg *a, const pl_msg *b)
         x->you_pipeline != y->you_pipeline || x->you_stage != y->you_stage ||
         x->you_layer_begin != y->you_layer_begin || x->you_layer_end != y->you_layer_end ||
         x->npeers != y->npeers || x->ncopies != y->ncopies || x->nsends != y->nsends ||
-        x->has_checkpoint != y->has_checkpoint || x->transport != y->transport)
+        x->has_checkpoint != y->has_checkpoint || x->transport != y->transport ||
+        x->reserve_bytes != y->reserve_bytes)
         return 0;
     for (int i = 0; i < x->npipelines; i++) {
         const pl_msg_pipeline *p = &x->pipelines[i], *q = &y->pipelines[i];
@@ -899,6 +901,27 @@ static int plan_reject(const char *from, const char *to, const char *needle)
 
 #define PLAN_REJECT(from, to, needle) CHECK(plan_reject(from, to, needle))
 
+/* "reserve" is optional (PLAN_OK has none: 0) and survives a round trip. */
+static int plan_reserve_round_trip(void)
+{
+    pl_msg d, back = {0};
+    char err[512], buf[4096];
+    const char *end = strrchr(PLAN_OK, '}');
+    snprintf(buf, sizeof buf, "%.*s,\"reserve\":123456789}", (int)(end - PLAN_OK), PLAN_OK);
+    if (pl_msg_decode(PLAN_OK, strlen(PLAN_OK), &d, err, sizeof err)) return 0;
+    int ok = d.u.plan.reserve_bytes == 0;
+    pl_msg_free(&d);
+    if (pl_msg_decode(buf, strlen(buf), &d, err, sizeof err)) return 0;
+    char *text = pl_msg_encode(&d);
+    ok = ok && d.u.plan.reserve_bytes == 123456789 && text &&
+         !pl_msg_decode(text, strlen(text), &back, err, sizeof err);
+    ok = ok && back.u.plan.reserve_bytes == 123456789;
+    pl_msg_free(&back);
+    free(text);
+    pl_msg_free(&d);
+    return ok;
+}
+
 static void test_plan(void)
 {
     pl_msg d;
@@ -914,6 +937,7 @@ static void test_plan(void)
              !p->has_checkpoint && p->transport == PL_TRANSPORT_NCCL && d.gen == 3;
     pl_msg_free(&d);
     CHECK(ok);
+    CHECK(plan_reserve_round_trip());
 
     PLAN_REJECT("\"generation\":3", "\"generation\":2", "generation: must equal gen (3)");
     REJECT("{\"v\":1,\"type\":\"plan\",\"gen\":0,\"generation\":0,\"step\":0,\"global_batch\":1,"
@@ -960,6 +984,10 @@ static void test_plan(void)
     PLAN_REJECT(",\"checkpoint\":null", "", "checkpoint: missing");
     PLAN_REJECT("\"transport\":\"nccl\"", "\"transport\":\"rdma\"", "transport: must be \"tcp\" or \"nccl\"");
     PLAN_REJECT(",\"transport\":\"nccl\"", "", "transport: missing");
+    PLAN_REJECT("\"transport\":\"nccl\"", "\"transport\":\"nccl\",\"reserve\":-1",
+                "reserve: must be an integer in [0,");
+    PLAN_REJECT("\"transport\":\"nccl\"", "\"transport\":\"nccl\",\"reserve\":\"1\"",
+                "reserve: must be an integer");
 
     /* An idle worker and a checkpoint */
     char buf[4096];
