@@ -213,7 +213,9 @@ typedef struct {
     char checkpoint_dir[PL_PROTO_PATH_MAX + 1];
     int64_t checkpoint_step;
     int transport;          /* pl_transport: how the plan's workers move tensors */
-    int64_t reserve_bytes;  /* bytes of layers (params, m, v) this worker would receive, at most, if one worker of this plan were lost: memory it may hold ready (0: none) */
+    int64_t reserve_bytes;  /* bytes of layers (params, m, v) this worker would receive, at
+                               most, if one worker of this plan were lost: memory it may
+                               hold ready (0: none) */
 } pl_msg_plan;
 
 /* The plan's worker-to-worker transport: TCP (host memory; GPU workers stage

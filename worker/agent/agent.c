@@ -329,8 +329,9 @@ static long minor_faults(void)
     return getrusage(RUSAGE_SELF, &ru) ? -1 : ru.ru_minflt;
 }
 
-/* The reserve for the plan's worst single loss, made once its old engine is gone (and
- * again after a plan's copies took it): its helper fills it while the steps run. */
+/* The reserve for the plan's worst single loss, made after the plan's first step (its old
+ * engine gone; again after a plan's copies took it): its helper fills it while the next
+ * steps run. */
 static void renew_reserve(agent *a)
 {
     if (pl_reserve_renew(&a->reserve, a->k, a->reserve_want) == 1)
@@ -350,13 +351,13 @@ static void on_start_step(agent *a, const pl_msg *m)
         a->have_src = 0;
     }
     agent_drop_shadow_src(a);
-    renew_reserve(a);
     agent_tell_client(a, a->gen, step);
     if (!step_begin(a, step)) return; /* aborted before it began */
     const double t1 = pl_now_ms();
     const long faults = minor_faults();
     const int failed = run_step(a, step, err, sizeof err);
     step_end(a);
+    renew_reserve(a); /* after the step: the first on a new engine ends the recovery */
     if (changed && !failed)
         agent_log(a, "generation %lld: first step %lld in %.1f ms, %ld page faults, old engine "
                   "freed in %.1f ms before it", (long long)a->gen, (long long)step,
