@@ -334,9 +334,16 @@ static long minor_faults(void)
  * steps run. */
 static void renew_reserve(agent *a)
 {
-    if (pl_reserve_renew(&a->reserve, a->k, a->reserve_want) == 1)
+    pl_reserve *r = &a->reserve;
+    if (pl_reserve_renew(r, a->k, a->reserve_want) == 1) {
         agent_log(a, "generation %lld: a reserve of %zu bytes for a loss's copies",
-                  (long long)a->gen, a->reserve.bytes);
+                  (long long)a->gen, r->bytes);
+        a->reserve_told = 0;
+    } else if (!a->reserve_told && r->bytes && atomic_load(&r->ready) == r->bytes) {
+        agent_log(a, "generation %lld: the reserve is present, %.0f ms after it was made",
+                  (long long)a->gen, r->ready_ms - r->made_ms);
+        a->reserve_told = 1;
+    }
 }
 
 static void on_start_step(agent *a, const pl_msg *m)

@@ -80,6 +80,7 @@ typedef struct {
     int have_src;    /* the next start_step (the coordinator's stable plan) */
     pl_reserve reserve;   /* memory ready for a later loss's copies (copy_reserve.h) */
     size_t reserve_want;  /* its size for the current plan (pl_msg_plan.reserve_bytes) */
+    int reserve_told;     /* its being present is in the log */
     pl_engine shadow;     /* strategy redundant: the successor's layers (shadow.h) */
     int have_shadow;
     int64_t shadow_step;  /* the committed steps in its state; −1: unknown (never kept) */

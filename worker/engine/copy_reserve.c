@@ -5,6 +5,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "util.h"
+
 /* The helper's step: it notices a stop at the next one (a stop waits for the step, slow
  * to end at a low priority on busy cores), and each call holds the address-space lock
  * for a short time (kn_populate). */
@@ -26,24 +28,33 @@ static void *reserve_main(void *arg)
 {
     pl_reserve *r = arg;
     (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
-    for (size_t at = 0; at < r->bytes && !atomic_load(&r->stop); at += STEP) {
+    for (size_t at = atomic_load(&r->ready); at < r->bytes && !atomic_load(&r->stop); at += STEP) {
         const size_t n = r->bytes - at < STEP ? r->bytes - at : STEP;
         if (kn_populate(r->k, r->block + at, n)) break;
+        if (at + n == r->bytes) r->ready_ms = pl_now_ms(); /* seen once ready is */
         atomic_store(&r->ready, at + n);
     }
     return NULL;
 }
 
-static void stop_helper(pl_reserve *r)
+void pl_reserve_pause(pl_reserve *r)
 {
     atomic_store(&r->stop, 1);
     if (r->running) pthread_join(r->th, NULL);
     r->running = 0;
 }
 
+/* The helper on from where it stopped, unless the block is all present. */
+static void resume(pl_reserve *r)
+{
+    if (r->running || atomic_load(&r->ready) >= r->bytes) return;
+    atomic_store(&r->stop, 0);
+    r->running = pthread_create(&r->th, NULL, reserve_main, r) == 0;
+}
+
 void pl_reserve_free(pl_reserve *r)
 {
-    stop_helper(r);
+    pl_reserve_pause(r);
     if (r->block) kn_free(r->k, r->block);
     r->block = NULL;
     r->bytes = r->used = 0;
@@ -52,21 +63,25 @@ void pl_reserve_free(pl_reserve *r)
 
 int pl_reserve_renew(pl_reserve *r, kn_ctx *k, size_t bytes)
 {
-    if (r->block && r->k == k && r->bytes == bytes && r->used == 0) return 0;
+    if (r->block && r->k == k && r->bytes == bytes && r->used == 0) {
+        resume(r);
+        return 0;
+    }
     pl_reserve_free(r);
     r->k = k;
     /* a backend whose memory is always present has nothing to gain (and no kn_populate) */
     if (!bytes || kn_populate(k, NULL, 0)) return bytes ? -1 : 0;
     if (!(r->block = kn_alloc(k, bytes))) return -1;
     r->bytes = bytes;
-    atomic_store(&r->stop, 0);
-    r->running = pthread_create(&r->th, NULL, reserve_main, r) == 0;
+    r->made_ms = pl_now_ms();
+    r->ready_ms = 0;
+    resume(r);
     return 1;
 }
 
 int pl_reserve_take(pl_reserve *r, void *block, size_t off, size_t bytes)
 {
-    stop_helper(r);
+    pl_reserve_pause(r);
     if (!r->block || r->used + bytes > atomic_load(&r->ready) ||
         kn_share(r->k, block, off, r->block, r->used, bytes))
         return -1;

@@ -29,6 +29,7 @@ typedef struct {
     size_t used;         /* from the start, mapped into an engine already (pl_reserve_take) */
     atomic_size_t ready; /* from the start, made present by the helper */
     atomic_int stop;
+    double made_ms, ready_ms; /* pl_now_ms when renewed, when all present (0: not yet) */
     int running;
     pthread_t th;
 } pl_reserve;
@@ -37,9 +38,13 @@ typedef struct {
  * too, and each layer's pages rounded up in each of the four arrays (a model of nlayers). */
 size_t pl_reserve_size(int64_t reserve_bytes, int nlayers);
 /* A reserve of `bytes` (whole pages), its helper started, in place of what r held; bytes 0
- * only frees. 1 when made; 0 when r already held that many unused bytes (kept as it is) or
- * bytes is 0; −1 when the backend cannot or the memory is not there (r then holds none). */
+ * only frees. 1 when made; 0 when r already held that many unused bytes (kept, its helper
+ * resumed where paused) or bytes is 0; −1 when the backend cannot or the memory is not
+ * there (r then holds none). */
 int pl_reserve_renew(pl_reserve *r, kn_ctx *k, size_t bytes);
+/* Stops the helper until the next renew: a plan change is under way, and its copies want
+ * the cores (every worker's: a sender's helper slows the stream as much as its receiver's). */
+void pl_reserve_pause(pl_reserve *r);
 /* Maps `bytes` (KN_SHARE_ALIGN multiple) of the reserve's present, unused memory over
  * [block + off, + bytes) of a block of r's backend. −1 when r has not that much ready or
  * the backend refuses (nothing changed: the caller's pages come as before). */
