@@ -886,8 +886,9 @@ def check_steps_match(rows, ref, steps, once=True):
 @test
 def six_workers_one_kill_recovers_without_a_checkpoint():
     """6 workers (F = 1, 2x3), one SIGKILLed at step 5: one
-    reconfigure line with the bytes copied and its duration, no checkpoint read, every
-    step committed once, final loss within 1% of the failure-free run (it is equal)."""
+    reconfigure line with the bytes copied and its duration, no checkpoint read, the
+    receivers' pages from their reserves, every step committed once, final loss within 1%
+    of the failure-free run (it is equal)."""
     steps = 14
     job = write_job("six", steps=steps, global_=4)
     m, out, err = run_chaos(job, 6, "kill:4@step=5")
@@ -896,6 +897,10 @@ def six_workers_one_kill_recovers_without_a_checkpoint():
           and rec[0]["bytes_copied"] > 0 and rec[0]["duration_ms"] >= 0,
           "reconfigure lines: %s", rec)
     check(not events(m, "checkpoint") and "loaded from" not in err, "a checkpoint was used")
+    # the receivers' pages came from the reserves the coordinator sized (copy_reserve.h)
+    taken = [int(x) for x in re.findall(r"generation 2: engine made in [0-9.]+ ms \((\d+) bytes from "
+                                        r"the reserve\)", err)]
+    check(taken and max(taken) > 0, "no receiver took pages from its reserve: %s", taken)
     rows = metrics(m)
     ref = reference(job)
     check_steps_match(rows, ref, steps)

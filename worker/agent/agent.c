@@ -331,11 +331,15 @@ static long minor_faults(void)
 
 /* The reserve for the plan's worst single loss, made after the plan's first step (its old
  * engine gone; again after a plan's copies took it): its helper fills it while the next
- * steps run. */
+ * steps run. At most this worker's own params, m and v: the reserve never more than
+ * doubles what its layers' state takes (beyond it, a loss's pages fault in as they come). */
 static void renew_reserve(agent *a)
 {
     pl_reserve *r = &a->reserve;
-    if (pl_reserve_renew(r, a->k, a->reserve_want) == 1) {
+    const int64_t own = a->have_engine ? 3 * (int64_t)a->e.nparams * (int64_t)sizeof(float) : 0;
+    const size_t want = pl_reserve_size(a->reserve_bytes < own ? a->reserve_bytes : own,
+                                        a->cfg.L + 2);
+    if (pl_reserve_renew(r, a->k, want) == 1) {
         agent_log(a, "generation %lld: a reserve of %zu bytes for a loss's copies",
                   (long long)a->gen, r->bytes);
         a->reserve_told = 0;

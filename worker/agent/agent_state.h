@@ -79,7 +79,7 @@ typedef struct {
     pl_engine src;   /* the engine of the last plan before this one: copy source until */
     int have_src;    /* the next start_step (the coordinator's stable plan) */
     pl_reserve reserve;   /* memory ready for a later loss's copies (copy_reserve.h) */
-    size_t reserve_want;  /* its size for the current plan (pl_msg_plan.reserve_bytes) */
+    int64_t reserve_bytes; /* the current plan's pl_msg_plan.reserve_bytes */
     int reserve_told;     /* its being present is in the log */
     pl_engine shadow;     /* strategy redundant: the successor's layers (shadow.h) */
     int have_shadow;

@@ -463,7 +463,7 @@ int agent_install_plan(agent *a, const pl_msg *m, int64_t *bytes_in, char *err, 
     pl_fault_set_plan(&a->fault, a->gen, -1); /* its rank once placed */
     a->pipe = p->you_pipeline;
     pl_reserve_pause(&a->reserve);
-    a->reserve_want = pl_reserve_size(p->reserve_bytes, a->cfg.L + 2);
+    a->reserve_bytes = p->reserve_bytes;
     *bytes_in = 0;
     if (p->has_checkpoint) { /* a restart: the checkpoint replaces whatever is held */
         if (a->have_engine) pl_engine_destroy(&a->e);
