@@ -12,8 +12,10 @@
  * to the kill, told the coordinator with `leaving`; default 0: unknown) and
  * PLIANT_CHECKPOINT_DIR
  * (overrides spec.checkpoint.dir), PLIANT_ZONE (its topology zone, for placement)
- * PLIANT_THREADS (as --threads) and PLIANT_BACKEND (as --backend: the kernels; auto
- * = CUDA where this build has it and a device is visible). Exits with the code of
+ * PLIANT_THREADS (as --threads), PLIANT_BACKEND (as --backend: the kernels; auto
+ * = CUDA where this build has it and a device is visible) and PLIANT_COPY_RESERVE (auto,
+ * the default, or off: the CPU worker's memory held ready for a loss's copies,
+ * worker/engine/copy_reserve.h). Exits with the code of
  * the coordinator's `stop`, 1 on a failure, 2 on bad input. */
 #include <getopt.h>
 #include <math.h>
@@ -107,8 +109,9 @@ static int job_token(pl_agent_options *o, char **token, char *err, size_t errlen
     return 0;
 }
 
-/* PLIANT_PEER_PORT, PLIANT_GRACE_SECONDS and PLIANT_PEER_PROTECTION. 0, or -1 and err. */
-static int peer_port_grace_protection(pl_agent_options *o, char *err, size_t errlen)
+/* PLIANT_PEER_PORT, PLIANT_GRACE_SECONDS, PLIANT_PEER_PROTECTION and PLIANT_COPY_RESERVE. 0,
+ * or -1 and err. */
+static int peer_options(pl_agent_options *o, char *err, size_t errlen)
 {
     long long port;
     if (cli_parse_int("PLIANT_PEER_PORT", env_or("PLIANT_PEER_PORT", "0"), 0, 65535, &port, err,
@@ -124,6 +127,10 @@ static int peer_port_grace_protection(pl_agent_options *o, char *err, size_t err
     if (pl_frame_protection_parse(env_or("PLIANT_PEER_PROTECTION", NULL), &prot, err, errlen))
         return -1;
     o->peer_protection = (int)prot;
+    const char *reserve = env_or("PLIANT_COPY_RESERVE", "auto");
+    if (strcmp(reserve, "auto") && strcmp(reserve, "off"))
+        return pl_errf(err, errlen, "PLIANT_COPY_RESERVE: \"%s\" is not auto or off", reserve);
+    o->no_copy_reserve = !strcmp(reserve, "off");
     return 0;
 }
 
@@ -152,7 +159,7 @@ static int options_from_env(int insecure, pl_agent_options *o, char **token, cha
     if (!o->coordinator || !o->name)
         return pl_errf(err, errlen, "PLIANT_COORDINATOR and PLIANT_WORKER_NAME must be set");
     if (coordinator_ca(insecure, o, err, errlen)) return -1;
-    return peer_port_grace_protection(o, err, errlen);
+    return peer_options(o, err, errlen);
 }
 
 int cmd_worker(int argc, char **argv)

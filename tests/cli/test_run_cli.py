@@ -632,7 +632,8 @@ def worker_env(job, *args, **env):
 @test
 def worker_requires_the_coordinator_certificate():
     """A worker without PLIANT_CA refuses to start, naming the variable, unless told
-    --insecure or PLIANT_INSECURE=1, which it warns about."""
+    --insecure or PLIANT_INSECURE=1, which it warns about; a bad PLIANT_COPY_RESERVE is
+    named too."""
     job = write_job("worker-ca", steps=2)
     rc, err = worker_env(job)
     check(rc == 2 and "PLIANT_CA: not set" in err and "PLIANT_INSECURE=1" in err,
@@ -646,6 +647,9 @@ def worker_requires_the_coordinator_certificate():
               and "PLIANT_PEER_PORT" in err and "PLIANT_CA" not in err, "%s: status %d: %s", how, rc, err)
     rc, err = worker_env(job, PLIANT_CA="/some/ca.crt")
     check(rc == 2 and "warning" not in err and "PLIANT_PEER_PORT" in err, "with PLIANT_CA: %d: %s", rc, err)
+    rc, err = worker_env(job, PLIANT_CA="/some/ca.crt", PLIANT_PEER_PORT="0", PLIANT_COPY_RESERVE="some")
+    check(rc == 2 and 'PLIANT_COPY_RESERVE: "some" is not auto or off' in err, "PLIANT_COPY_RESERVE: %d: %s",
+          rc, err)
 
 
 @test

@@ -336,7 +336,9 @@ static long minor_faults(void)
 static void renew_reserve(agent *a)
 {
     pl_reserve *r = &a->reserve;
-    const int64_t own = a->have_engine ? 3 * (int64_t)a->e.nparams * (int64_t)sizeof(float) : 0;
+    const int64_t own = a->have_engine && !a->o->no_copy_reserve
+                            ? 3 * (int64_t)a->e.nparams * (int64_t)sizeof(float)
+                            : 0;
     const size_t want = pl_reserve_size(a->reserve_bytes < own ? a->reserve_bytes : own,
                                         a->cfg.L + 2);
     if (pl_reserve_renew(r, a->k, want) == 1) {

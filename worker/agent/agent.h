@@ -67,6 +67,8 @@ typedef struct {
     int threads;              /* compute threads (≤ 0: all cores) */
     const char *backend;      /* kernels: "cpu", "cuda", "auto" or NULL (CUDA if there is a
                                  device and this build has it, else the CPU) */
+    int no_copy_reserve;      /* 1: hold no memory ready for a loss's copies
+                                 (worker/engine/copy_reserve.h) */
 } pl_agent_options;
 
 /* Runs the worker until `stop` (returns its exit code) or a failure (1). */
