@@ -327,6 +327,74 @@ static int parse_metadata(pctx *c, const pl_ynode *root, pl_job *job)
     return 0;
 }
 
+/* The presets' names for the error message: "a, b or c". */
+static void preset_names(char *list, size_t size)
+{
+    list[0] = 0;
+    for (size_t i = 0; i < N_PRESETS; i++) {
+        size_t l = strlen(list);
+        snprintf(list + l, size - l, "%s%s", i ? (i + 1 < N_PRESETS ? ", " : " or ") : "",
+                 PRESETS[i].name);
+    }
+}
+
+/* spec.model.preset fills in every size first, so that the fields after it override
+ * only what they name. */
+static int parse_preset(pctx *c, const pl_ynode *map, pl_model_spec *m)
+{
+    const pl_ynode *pv = field(map, "preset");
+    if (pv && (pv->type != PL_Y_STR || pl_model_preset(pv->str, m) != 0)) {
+        char list[200];
+        preset_names(list, sizeof list);
+        return type_error(c, "spec.model.preset", list, pv);
+    }
+    return 0;
+}
+
+static int parse_model_sizes(pctx *c, const pl_ynode *map, const char *P, pl_model_spec *m)
+{
+    if (get_int(c, map, P, "layers", 0, 1, 1024, &m->layers) ||
+        get_int(c, map, P, "channels", 0, 1, 65536, &m->channels) ||
+        get_int(c, map, P, "heads", 0, 1, 65536, &m->heads) ||
+        get_int(c, map, P, "vocabSize", 0, 1, 65536, &m->vocab_size) ||
+        get_int(c, map, P, "maxSeqLen", 0, 1, 1 << 20, &m->max_seq_len))
+        return -1;
+    /* each head takes an equal share of the channels */
+    if (m->channels % m->heads != 0)
+        return pl_errf(c->err, c->errlen, "spec.model.heads: must divide spec.model.channels (%d)",
+                       m->channels);
+    return 0;
+}
+
+/* spec.model.init: random, llmc:PATH or checkpoint:DIR; the path is resolved like the
+ * job's other paths. Absent or empty keeps the default. */
+static int parse_init(pctx *c, const pl_ynode *map, const char *P, pl_model_spec *m)
+{
+    char init[PL_PATH_MAX] = "";
+    if (get_str(c, map, P, "init", 0, init, sizeof init)) return -1;
+    if (!init[0]) return 0;
+    const char *rest = NULL;
+    if (strcmp(init, "random") == 0) {
+        m->init = PL_INIT_RANDOM;
+    } else if (strncmp(init, "llmc:", 5) == 0) {
+        m->init = PL_INIT_LLMC;
+        rest = init + 5;
+    } else if (strncmp(init, "checkpoint:", 11) == 0) {
+        m->init = PL_INIT_CHECKPOINT;
+        rest = init + 11;
+    } else {
+        return pl_errf(c->err, c->errlen,
+                       "spec.model.init: must be random, llmc:PATH or checkpoint:DIR (got \"%.60s\")",
+                       init);
+    }
+    if (rest && !rest[0])
+        return pl_errf(c->err, c->errlen, "spec.model.init: %s needs a path after ':'",
+                       m->init == PL_INIT_LLMC ? "llmc" : "checkpoint");
+    if (rest && resolve_path(c, "spec.model.init", rest, m->init_path, sizeof m->init_path)) return -1;
+    return 0;
+}
+
+/* spec.model, optional: a preset, sizes over it, the initial weights and the seed. */
 static int parse_model(pctx *c, const pl_ynode *spec, pl_model_spec *m)
 {
     static const char *const known[] = {"preset", "layers", "channels", "heads", "vocabSize",
@@ -336,51 +404,8 @@ static int parse_model(pctx *c, const pl_ynode *spec, pl_model_spec *m)
     if (get_map(c, spec, "spec", "model", 0, &map)) return -1;
     if (!map) return 0;
     if (check_fields(c, map, P, known)) return -1;
-
-    const pl_ynode *pv = field(map, "preset");
-    if (pv) {
-        if (pv->type != PL_Y_STR || pl_model_preset(pv->str, m) != 0) {
-            char list[200] = "";
-            for (size_t i = 0; i < N_PRESETS; i++) {
-                size_t l = strlen(list);
-                snprintf(list + l, sizeof list - l, "%s%s", i ? (i + 1 < N_PRESETS ? ", " : " or ") : "",
-                         PRESETS[i].name);
-            }
-            return type_error(c, "spec.model.preset", list, pv);
-        }
-    }
-    if (get_int(c, map, P, "layers", 0, 1, 1024, &m->layers) ||
-        get_int(c, map, P, "channels", 0, 1, 65536, &m->channels) ||
-        get_int(c, map, P, "heads", 0, 1, 65536, &m->heads) ||
-        get_int(c, map, P, "vocabSize", 0, 1, 65536, &m->vocab_size) ||
-        get_int(c, map, P, "maxSeqLen", 0, 1, 1 << 20, &m->max_seq_len))
+    if (parse_preset(c, map, m) || parse_model_sizes(c, map, P, m) || parse_init(c, map, P, m))
         return -1;
-    if (m->channels % m->heads != 0)
-        return pl_errf(c->err, c->errlen, "spec.model.heads: must divide spec.model.channels (%d)",
-                       m->channels);
-
-    char init[PL_PATH_MAX] = "";
-    if (get_str(c, map, P, "init", 0, init, sizeof init)) return -1;
-    if (init[0]) {
-        const char *rest = NULL;
-        if (strcmp(init, "random") == 0) {
-            m->init = PL_INIT_RANDOM;
-        } else if (strncmp(init, "llmc:", 5) == 0) {
-            m->init = PL_INIT_LLMC;
-            rest = init + 5;
-        } else if (strncmp(init, "checkpoint:", 11) == 0) {
-            m->init = PL_INIT_CHECKPOINT;
-            rest = init + 11;
-        } else {
-            return pl_errf(c->err, c->errlen,
-                           "spec.model.init: must be random, llmc:PATH or checkpoint:DIR (got \"%.60s\")",
-                           init);
-        }
-        if (rest && !rest[0])
-            return pl_errf(c->err, c->errlen, "spec.model.init: %s needs a path after ':'",
-                           m->init == PL_INIT_LLMC ? "llmc" : "checkpoint");
-        if (rest && resolve_path(c, "spec.model.init", rest, m->init_path, sizeof m->init_path)) return -1;
-    }
     return get_u64(c, map, P, "seed", UINT64_MAX, &m->seed);
 }
 

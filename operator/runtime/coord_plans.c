@@ -653,6 +653,48 @@ static void install_plan(pl_coord *c, cplan *np, int64_t ckpt, ccopy *cp, int *n
         c->w[cp[k].src].is_source = 1;
 }
 
+/* find_change's room: a mark per worker, and lists of removed and added workers;
+ * fails the job when out of memory (what is allocated already is the caller's). */
+static int alloc_change(pl_coord *c, char **mark, cchange *ch)
+{
+    if (!(*mark = calloc((size_t)c->nw + 1, 1)) ||
+        !(ch->rm = calloc((size_t)c->nw + 1, sizeof *ch->rm)) ||
+        !(ch->ad = calloc((size_t)c->nw + 1, sizeof *ch->ad))) {
+        set_failed(c, "coordinator: out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+/* What changed since the stable plan; a reconfiguration past maxResets fails the job,
+ * naming what caused it. */
+static int change_since_stable(pl_coord *c, char *mark, cchange *ch)
+{
+    find_change(c, &c->stable, mark, ch);
+    if (c->cfg.max_resets > 0 && c->nrec >= c->cfg.max_resets) {
+        char why[700];
+        snprintf(why, sizeof why, "maxResets (%d) exceeded: %s", c->cfg.max_resets, c->cause);
+        set_failed(c, why);
+        return -1;
+    }
+    return 0;
+}
+
+/* The installed plan starts with its copies: what caused it and what waited for it are
+ * done with. */
+static void enter_copying(pl_coord *c, const cchange *ch, int64_t bytes_planned)
+{
+    c->tolerance = c->plan_tolerance;
+    if (c->gen > 1)
+        log_reconfig(c, ch->removed, ch->added, bytes_planned);
+    c->cause[0] = 0;
+    c->pending = c->join_pending = 0;
+    c->reason[0] = 0;
+    c->wait_since = -1;
+    c->phase = PL_COORD_COPYING;
+    plan_reserves(c);
+}
+
 /* Makes a new plan for the live workers and sends it (or enters
  * WAITING_FOR_NODES / FAILED). */
 void replan(pl_coord *c)
@@ -670,21 +712,8 @@ void replan(pl_coord *c)
     int64_t bytes_planned = 0;
     char *mark = NULL;
     cchange ch = {0};
-    if (!(mark = calloc((size_t)c->nw + 1, 1)) ||
-        !(ch.rm = calloc((size_t)c->nw + 1, sizeof *ch.rm)) ||
-        !(ch.ad = calloc((size_t)c->nw + 1, sizeof *ch.ad))) {
-        set_failed(c, "coordinator: out of memory");
+    if (alloc_change(c, &mark, &ch) || (c->has_stable && change_since_stable(c, mark, &ch)))
         goto done;
-    }
-    if (c->has_stable) {
-        find_change(c, &c->stable, mark, &ch);
-        if (c->cfg.max_resets > 0 && c->nrec >= c->cfg.max_resets) {
-            char why[700];
-            snprintf(why, sizeof why, "maxResets (%d) exceeded: %s", c->cfg.max_resets, c->cause);
-            set_failed(c, why);
-            goto done;
-        }
-    }
     int64_t ckpt = restart_step(c);
     int rc = next_plan(c, &ch, live, &ckpt, &np, &cp, &ncp, &bytes_planned);
     if (rc < 0)
@@ -694,15 +723,7 @@ void replan(pl_coord *c)
         goto done;
     }
     install_plan(c, &np, ckpt, cp, &ncp);
-    c->tolerance = c->plan_tolerance;
-    if (c->gen > 1)
-        log_reconfig(c, ch.removed, ch.added, bytes_planned);
-    c->cause[0] = 0;
-    c->pending = c->join_pending = 0;
-    c->reason[0] = 0;
-    c->wait_since = -1;
-    c->phase = PL_COORD_COPYING;
-    plan_reserves(c);
+    enter_copying(c, &ch, bytes_planned);
     send_plans(c, cp, ncp);
 done:
     stop_departed(c, c->phase == PL_COORD_COPYING);

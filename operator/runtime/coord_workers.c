@@ -387,11 +387,10 @@ int pl_coord_leaving(pl_coord *c, const char *name, int reason, int64_t grace_ms
     return PL_COORD_OK;
 }
 
-/* What losses do to the phase: workers idx[0..n), marked not live already. */
-static void after_loss(pl_coord *c, const int *idx, int n)
+/* Whether losing workers idx[0..n) breaks the current phase: one in a pipeline (while
+ * saving, only pipeline 0's writers count) or, while copying, a copy's source. */
+static int loss_is_critical(pl_coord *c, const int *idx, int n)
 {
-    for (int k = 0; k < n; k++)
-        writer_lost(c, idx[k]);
     int critical = 0;
     for (int k = 0; k < n; k++) {
         const cworker *w = &c->w[idx[k]];
@@ -399,47 +398,58 @@ static void after_loss(pl_coord *c, const int *idx, int n)
             (c->phase == PL_COORD_COPYING && w->is_source))
             critical = 1;
     }
+    return critical;
+}
+
+/* A critical loss needs a new plan; otherwise the phase goes on without the lost
+ * workers (a new plan at the boundary), and may be complete now that they are not
+ * waited for. */
+static void replan_or_go_on(pl_coord *c, int critical, void (*check_complete)(pl_coord *))
+{
+    if (critical) {
+        replan_soon(c);
+    } else {
+        c->pending = 1;
+        check_complete(c);
+    }
+}
+
+/* A writer lost before its `saved` (writer_lost): the survivors hold the last state,
+ * the new plan's pipeline 0 writes it again (after_step). */
+static void after_saver_loss(pl_coord *c)
+{
+    const csaving *last = saving_slot(c, c->step);
+    if (last && last->failed)
+        replan_soon(c);
+}
+
+/* What losses do to the phase: workers idx[0..n), marked not live already. */
+static void after_loss(pl_coord *c, const int *idx, int n)
+{
+    for (int k = 0; k < n; k++)
+        writer_lost(c, idx[k]);
+    const int critical = loss_is_critical(c, idx, n);
     switch (c->phase) {
     case PL_COORD_COPYING:
-        if (critical) {
-            replan_soon(c);
-        } else {
-            c->pending = 1;
-            check_copy_complete(c);
-        }
+        replan_or_go_on(c, critical, check_copy_complete);
         break;
     case PL_COORD_RUNNING:
-        if (critical) {
+        if (critical)
             to_pipeline_workers(c, PL_MSG_ABORT, "a worker of the plan was lost");
-            replan_soon(c);
-        } else {
-            c->pending = 1;
-            check_reduced_complete(c);
-        }
+        replan_or_go_on(c, critical, check_reduced_complete);
         break;
-    case PL_COORD_COMMITTING:
-        c->pending = 1;
-        check_committed_complete(c);
+    case PL_COORD_COMMITTING: /* reduced already: the survivors commit it */
+        replan_or_go_on(c, 0, check_committed_complete);
         break;
     case PL_COORD_EVALUATING: /* the step is committed: evaluated again under the new plan */
-        if (critical) {
-            replan_soon(c);
-        } else {
-            c->pending = 1;
-            check_eval_complete(c);
-        }
+        replan_or_go_on(c, critical, check_eval_complete);
         break;
     case PL_COORD_SETTLING:
         replan_soon(c); /* one more loss of the same event: wait for the rest too */
         break;
-    case PL_COORD_SAVING: {
-        /* a writer lost before its `saved` (writer_lost): the survivors hold the last
-         * state, the new plan's pipeline 0 writes it again (after_step) */
-        const csaving *last = saving_slot(c, c->step);
-        if (last && last->failed)
-            replan_soon(c);
+    case PL_COORD_SAVING:
+        after_saver_loss(c);
         break;
-    }
     default:
         break;
     }

@@ -180,16 +180,22 @@ static void step_end(agent *a)
     pthread_mutex_unlock(&a->mu);
 }
 
-static int run_step(agent *a, int64_t s, char *err, size_t errlen)
+/* Fills this worker's microbatches of step s, corrupted where a fault injection says. */
+static int sample_step(agent *a, int64_t s, char *err, size_t errlen)
 {
     const int B = a->job.batch.micro, T = a->job.batch.seq_len;
-    double t0 = pl_now_ms();
     size_t off = (size_t)a->first_mb * (size_t)B * (size_t)T;
     if (pl_sampler_fill(&a->smp, &a->train, s, a->first_mb * B, a->nmb * B, a->tok + off,
                         a->tgt + off))
         return pl_errf(err, errlen, "sampling step %lld failed", (long long)s);
     pl_fault_bad_tokens(&a->fault, s, a->tok + off, (size_t)a->nmb * B * T);
-    pl_fault_begin_step(&a->fault, s, a->nmb);
+    return 0;
+}
+
+/* Runs step s's forward, backward and reduction on the current plan; step_stop lets
+ * the control thread interrupt it. */
+static int compute_step(agent *a, int64_t s, pl_worker_step_result *res, char *err, size_t errlen)
+{
     pl_stage_link link = {0};
     if (a->link) link = pl_tcp_link_stage(a->link);
     a->e.stop = &a->step_stop;
@@ -205,19 +211,24 @@ static int run_step(agent *a, int64_t s, char *err, size_t errlen)
                                 .hook_ctx = &a->fault, .rc = a->rc,
                                 .shadow = a->have_shadow ? &a->shadow : NULL,
                                 .frc = a->job.fault_tolerance.redundant_forward == PL_FRC_EAGER};
-    pl_worker_step_result res;
-    const int failed = pl_worker_step(&args, &res, err, errlen);
+    const int failed = pl_worker_step(&args, res, err, errlen);
     a->e.stop = NULL; /* an evaluation of the committed step may follow an aborted one */
-    if (failed) return -1;
-    agent_count_rc(a, &res);
+    return failed ? -1 : 0;
+}
+
+/* Tells the coordinator step s's loss and timing, then that its gradients are reduced. */
+static int report_step(agent *a, int64_t s, const pl_worker_step_result *res, double t0,
+                       char *err, size_t errlen)
+{
+    const int B = a->job.batch.micro, T = a->job.batch.seq_len;
     pl_msg m;
     pl_msg_init(&m, PL_MSG_REPORT, a->gen);
     m.u.report.step = s;
-    m.u.report.has_loss = res.has_loss;
-    m.u.report.loss = res.loss_sum;
+    m.u.report.has_loss = res->has_loss;
+    m.u.report.loss = res->loss_sum;
     m.u.report.tokens = (int64_t)a->nmb * B * T;
     m.u.report.ms = pl_now_ms() - t0;
-    m.u.report.grad_sumsq = res.grad_sumsq;
+    m.u.report.grad_sumsq = res->grad_sumsq;
     m.u.report.samples_digest =
         a->stage == 0 ? pl_sampler_digest(&a->smp, s, a->first_mb * B, a->nmb * B) : 0;
     if (agent_post(a, &m)) return pl_errf(err, errlen, "cannot send report");
@@ -228,6 +239,17 @@ static int run_step(agent *a, int64_t s, char *err, size_t errlen)
     m.u.reduced.step = s;
     agent_post(a, &m); /* lost while disconnected: hello_resume tells a new coordinator */
     return 0;
+}
+
+static int run_step(agent *a, int64_t s, char *err, size_t errlen)
+{
+    double t0 = pl_now_ms(); /* the report's ms include the sampling */
+    if (sample_step(a, s, err, errlen)) return -1;
+    pl_fault_begin_step(&a->fault, s, a->nmb);
+    pl_worker_step_result res;
+    if (compute_step(a, s, &res, err, errlen)) return -1;
+    agent_count_rc(a, &res);
+    return report_step(a, s, &res, t0, err, errlen);
 }
 
 /* ---- the compute thread ---- */
@@ -476,22 +498,65 @@ static void hello_resume(agent *a)
     pl_msg_free(&m);
 }
 
+/* The job's data is unusable: the coordinator is told why (FATAL) and the worker ends. */
+static void send_data_fatal(agent *a)
+{
+    pl_msg f;
+    pl_msg_init(&f, PL_MSG_FATAL, 0);
+    snprintf(f.u.fatal.reason, sizeof f.u.fatal.reason, "data: %.1000s", a->data_err);
+    if (pl_ctl_client_send(a->cli, &f) == 0) atomic_store(&a->fatal_sent, 1);
+    atomic_store(&a->exit_code, 1);
+    atomic_store(&a->done, 1);
+}
+
+static void on_stop(agent *a, const pl_msg *m)
+{
+    if (m->u.stop.exit_code) agent_log(a, "stopped: %s", m->u.stop.reason);
+    atomic_store(&a->exit_code, m->u.stop.exit_code);
+    atomic_store(&a->stopped, 1);
+    atomic_store(&a->done, 1);
+}
+
+/* For the compute thread waiting in join_nccl. */
+static void on_nccl_init(agent *a, const pl_msg *m)
+{
+    pthread_mutex_lock(&a->mu);
+    memcpy(a->nccl_id, m->u.nccl_init.id, sizeof a->nccl_id);
+    a->nccl_gen = m->gen;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* A newer plan arrived: a copy, step or evaluation of the old plan gives up now, so
+ * that the compute thread gets to the new plan (the install's waits poll
+ * agent_superseded). */
+static void supersede_plan(agent *a, int64_t gen)
+{
+    atomic_store(&a->newest_plan, gen);
+    pthread_mutex_lock(&a->mu);
+    a->plan_ms = pl_now_ms();
+    interrupt_plan(a, SUPERSEDED_MSG);
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* Messages for the compute thread: queued in order; an abort or a newer plan first
+ * interrupts what it is doing, which it would otherwise finish before reading them. */
+static void to_compute(agent *a, const pl_msg *m)
+{
+    if (m->type == PL_MSG_ABORT) abort_step(a, m->gen, m->u.abort_.step);
+    if (m->type == PL_MSG_PLAN && m->gen > atomic_load(&a->newest_plan))
+        supersede_plan(a, m->gen);
+    if (pl_msg_queue_push(a->queue, m)) fail(a, "control message", "out of memory");
+}
+
 static void on_message(pl_ctl_client *c, const pl_msg *m, void *user)
 {
     agent *a = user;
     (void)c;
     switch (m->type) {
     case PL_MSG_WELCOME:
-        if (a->data_err[0]) { /* the job's data is unusable: say why and go */
-            pl_msg f;
-            pl_msg_init(&f, PL_MSG_FATAL, 0);
-            snprintf(f.u.fatal.reason, sizeof f.u.fatal.reason, "data: %.1000s", a->data_err);
-            if (pl_ctl_client_send(a->cli, &f) == 0) atomic_store(&a->fatal_sent, 1);
-            atomic_store(&a->exit_code, 1);
-            atomic_store(&a->done, 1);
-            return;
-        }
-        hello_resume(a);
+        if (a->data_err[0]) send_data_fatal(a);
+        else hello_resume(a);
         return;
     case PL_MSG_CHALLENGE: return;
     case PL_MSG_REFUSE:
@@ -499,37 +564,10 @@ static void on_message(pl_ctl_client *c, const pl_msg *m, void *user)
         atomic_store(&a->exit_code, 1);
         atomic_store(&a->done, 1);
         return;
-    case PL_MSG_STOP:
-        if (m->u.stop.exit_code) agent_log(a, "stopped: %s", m->u.stop.reason);
-        atomic_store(&a->exit_code, m->u.stop.exit_code);
-        atomic_store(&a->stopped, 1);
-        atomic_store(&a->done, 1);
-        return;
-    case PL_MSG_COMPLETE_CHECKPOINT:
-        agent_complete_checkpoint(a, m);
-        return;
-    case PL_MSG_NCCL_INIT: /* for the compute thread waiting in join_nccl */
-        pthread_mutex_lock(&a->mu);
-        memcpy(a->nccl_id, m->u.nccl_init.id, sizeof a->nccl_id);
-        a->nccl_gen = m->gen;
-        pthread_cond_broadcast(&a->cv);
-        pthread_mutex_unlock(&a->mu);
-        return;
-    default: {
-        if (m->type == PL_MSG_ABORT) abort_step(a, m->gen, m->u.abort_.step);
-        if (m->type == PL_MSG_PLAN && m->gen > atomic_load(&a->newest_plan)) {
-            atomic_store(&a->newest_plan, m->gen);
-            /* a copy, step or evaluation of the old plan gives up now, so that the
-             * compute thread gets to the new plan (the install's waits poll
-             * agent_superseded) */
-            pthread_mutex_lock(&a->mu);
-            a->plan_ms = pl_now_ms();
-            interrupt_plan(a, SUPERSEDED_MSG);
-            pthread_mutex_unlock(&a->mu);
-        }
-        if (pl_msg_queue_push(a->queue, m)) fail(a, "control message", "out of memory");
-        return;
-    }
+    case PL_MSG_STOP: on_stop(a, m); return;
+    case PL_MSG_COMPLETE_CHECKPOINT: agent_complete_checkpoint(a, m); return;
+    case PL_MSG_NCCL_INIT: on_nccl_init(a, m); return;
+    default: to_compute(a, m); return;
     }
 }
 
