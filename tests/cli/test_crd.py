@@ -332,6 +332,9 @@ FUNC_PATH = {"parse_root": "", "parse_spec": "spec", "parse_model": "spec.model"
              "parse_fault_tolerance": "spec.faultTolerance", "parse_nodes": "spec.nodes",
              "parse_worker": "spec.worker", "parse_run_policy": "spec.runPolicy",
              "parse_cost": "spec.cost"}
+# the parts of a parse_* function above that read fields of its object (no known[] list)
+PART_PATH = dict(FUNC_PATH, parse_preset="spec.model", parse_model_sizes="spec.model",
+                 parse_init="spec.model")
 
 
 def jobspec_functions():
@@ -533,7 +536,7 @@ def crd_ranges_are_jobspec_ranges():
     for fn, body in funcs.items():
         for m in re.finditer(r'get_int\(c, (?:map|spec), (?:P|"spec"), "(\w+)", ([01]), ([^,]+), ([^,]+),', body):
             key, req, lo, hi = m.group(1), m.group(2) == "1", c_int(m.group(3)), c_int(m.group(4))
-            base = FUNC_PATH[fn]
+            base = PART_PATH[fn]
             path = base + "." + key
             f = at(s, path)
             seen += 1
@@ -544,7 +547,7 @@ def crd_ranges_are_jobspec_ranges():
             check((key in parent.get("required", [])) == req, "%s: required in jobspec %s, CRD %s",
                   path, req, key in parent.get("required", []))
         for m in re.finditer(r'get_u64\(c, map, P, "(\w+)"', body):
-            path = FUNC_PATH[fn] + "." + m.group(1)
+            path = PART_PATH[fn] + "." + m.group(1)
             f = at(s, path)
             seen += 1
             check(f["type"] == "integer" and f.get("minimum") == 0 and f.get("format") == "int64",
