@@ -1015,6 +1015,56 @@ static void test_create_and_tensor_table(void) {
     kn_destroy(k);
 }
 
+/* A new engine working in an old one's activation and scratch pages (pl_engine_share_work,
+ * as a plan change does): pages are mapped, the old engine's leftovers in them change
+ * nothing (losses and gradients equal, bit for bit, a fresh engine's), and the old engine's
+ * memory sees the new one's writes (the pages are the same). */
+static void test_shared_work_memory_changes_nothing(void) {
+    pl_gpt_config cfg;
+    CHECK(pl_gpt_config_init(&cfg, 4, 64, 4, 37, 32, err_, sizeof err_) == 0);
+    enum { B = 4, T = 32 };
+    const int NL = pl_gpt_nlayers(&cfg);
+    kn_ctx *k = new_ctx();
+    CHECK(k);
+    pl_engine fresh, old, shared;
+    CHECK(pl_engine_create(&fresh, k, &cfg, 0, NL, B, T, 1, err_, sizeof err_) == 0);
+    CHECK(pl_engine_create(&old, k, &cfg, 1, NL - 1, B, T, 3, err_, sizeof err_) == 0);
+    CHECK(pl_engine_create(&shared, k, &cfg, 0, NL, B, T, 1, err_, sizeof err_) == 0);
+    /* the old engine's work memory full of leftovers (the CPU backend's is host memory) */
+    memset(old.bw, 0x7f, 4096);
+    unsigned char *leftovers = malloc(pl_engine_slot_bytes(&old));
+    CHECK(leftovers);
+    memset(leftovers, 0x7f, pl_engine_slot_bytes(&old));
+    for (int i = 0; i < old.nslots; i++) pl_engine_slot_from_host(&old, i, leftovers);
+    free(leftovers);
+    const size_t mapped = pl_engine_share_work(&shared, &old);
+    CHECK(mapped >= 4 * 4096 && mapped % KN_SHARE_ALIGN == 0);
+    CHECK(shared.bw[0] != 0); /* the leftovers are there */
+    int32_t tok[2][T * B], tgt[2][T * B];
+    float lf[2], ls[2];
+    for (int m = 0; m < 2; m++) make_batch(&cfg, B * T, tok[m], tgt[m]);
+    pl_engine *e[2] = {&fresh, &shared};
+    for (int i = 0; i < 2; i++) {
+        pl_engine_init_random(e[i], 5);
+        pl_engine_zero_grads(e[i]);
+        float *l = i ? ls : lf;
+        for (int m = 0; m < 2; m++) {
+            l[m] = pl_engine_forward(e[i], 0, tok[m], NULL, tgt[m]);
+            if (m) pl_engine_backward_last(e[i], 0, NULL, 0.5f, NULL, NULL);
+            else pl_engine_backward(e[i], 0, NULL, 0.5f);
+        }
+    }
+    CHECK(memcmp(lf, ls, sizeof lf) == 0);
+    CHECK(memcmp(fresh.grads, shared.grads, fresh.nparams * sizeof(float)) == 0);
+    unsigned char junk[4096];
+    memset(junk, 0x7f, sizeof junk);
+    CHECK(memcmp(old.bw, junk, sizeof junk) != 0); /* the new engine's scratch writes */
+    pl_engine_destroy(&shared);
+    pl_engine_destroy(&old);
+    pl_engine_destroy(&fresh);
+    kn_destroy(k);
+}
+
 TEST_MAIN_BEGIN
 RUN(test_loss_and_gradients_match_double_reference);
 RUN(test_every_partition_matches_whole_model);
@@ -1026,4 +1076,5 @@ RUN(test_lr_cosine_ends_at_min_ratio);
 RUN(test_llmc_files);
 RUN(test_create_and_tensor_table);
 RUN(test_llmc_rejects_absurd_sizes);
+RUN(test_shared_work_memory_changes_nothing);
 TEST_MAIN_END

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "idle_teardown.h"
 #include "trainer.h"
 #include "util.h"
 #include "worker_step.h"
@@ -591,8 +592,12 @@ static int open_backend(agent *a, char *err, size_t errlen)
     else if (!(a->k = kn_create("cuda", a->o->threads, why, sizeof why)))
         a->k = kn_create("cpu", a->o->threads, why, sizeof why);
     if (!a->k) return pl_errf(err, errlen, "kernel backend %s: %s", want ? want : "auto", why);
-    if (strcmp(kn_backend(a->k), "cpu"))
+    if (strcmp(kn_backend(a->k), "cpu")) {
         agent_log(a, "kernels: %s, %s matmuls", kn_backend(a->k), kn_precision(a->k));
+        return 0;
+    }
+    /* the CPU engine's memory is the host's: released after the connections close */
+    if (pl_idle_teardown_arm(NULL, why, sizeof why)) agent_log(a, "%s", why);
     return 0;
 }
 

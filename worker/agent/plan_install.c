@@ -86,14 +86,20 @@ typedef struct {
     agent *a;
     const pl_layer_copy_job *job;
     int b, e, nslots;
+    size_t work_kept; /* bytes of the new engine's work memory mapped from the old one's */
 } engine_maker;
 
 static int make_engine(void *ctx, char *err, size_t errlen)
 {
     engine_maker *mk = ctx;
     agent *a = mk->a;
-    return pl_engine_create(mk->job->dst, a->k, &a->cfg, mk->b, mk->e, a->job.batch.micro,
-                            a->job.batch.seq_len, mk->nslots, err, errlen);
+    if (pl_engine_create(mk->job->dst, a->k, &a->cfg, mk->b, mk->e, a->job.batch.micro,
+                         a->job.batch.seq_len, mk->nslots, err, errlen))
+        return -1;
+    /* the old engine's activations and scratch are present and hold nothing between
+     * steps: the new engine works in them, and populates only what they do not cover */
+    if (a->have_src) mk->work_kept = pl_engine_share_work(mk->job->dst, &a->src);
+    return 0;
 }
 
 static int fill_engine(void *ctx, char *err, size_t errlen)
@@ -161,10 +167,11 @@ static int change_engine(agent *a, const pl_msg_plan *p, int in_pipe, int b, int
     const double tp = pl_now_ms();
     if (rc == 0 && job.dst && p->ncopies) pl_engine_populate_work(job.dst);
     if (p->ncopies || !kept)
-        agent_log(a, "generation %lld: engine made in %.1f ms (%lld bytes from the reserve), "
-                  "filled locally in %.1f ms, copies received in %.1f ms after the first "
-                  "source, populated in %.1f ms", (long long)a->gen, res.make_ms,
-                  (long long)res.reserved, res.fill_ms, res.net_ms, pl_now_ms() - tp);
+        agent_log(a, "generation %lld: engine made in %.1f ms (%lld bytes from the reserve, "
+                  "%lld of work memory kept), filled locally in %.1f ms, copies received in "
+                  "%.1f ms after the first source, populated in %.1f ms", (long long)a->gen,
+                  res.make_ms, (long long)res.reserved, (long long)mk.work_kept, res.fill_ms,
+                  res.net_ms, pl_now_ms() - tp);
     if (rc == 0 && job.dst) {
         a->e = ne;
         a->have_engine = 1;

@@ -177,16 +177,64 @@ oom:
                    begin, end, B, T);
 }
 
+/* The memory a step works in, one region per block: the scratch, the head's wte
+ * gradient (one-stage engines), the activation slots. At most 2 + nslots. */
+typedef struct {
+    void *p;
+    size_t bytes;
+} work_region;
+
+static int work_regions(const pl_engine *e, work_region *r)
+{
+    const size_t BTC = (size_t)e->B * (size_t)e->T * (size_t)e->cfg.C;
+    int n = 0;
+    r[n++] = (work_region){e->bw, SCRATCH_BTC * BTC * sizeof(float)};
+    if (e->head_dwte)
+        r[n++] = (work_region){e->head_dwte,
+                               e->tensors[e->wte_tensor].spec.numel * sizeof(float)};
+    pl_slot sizing = {0}; /* layout_slot without a base only measures (into its argument) */
+    const size_t slot_bytes = layout_slot(e, &sizing, NULL);
+    for (int i = 0; i < e->nslots; i++) r[n++] = (work_region){e->slots[i].mem, slot_bytes};
+    return n;
+}
+
 void pl_engine_populate_work(pl_engine *e)
 {
     kn_populate(e->k, e->grads, e->nparams * sizeof(float));
-    if (e->head_dwte)
-        kn_populate(e->k, e->head_dwte, e->tensors[e->wte_tensor].spec.numel * sizeof(float));
-    const size_t BTC = (size_t)e->B * (size_t)e->T * (size_t)e->cfg.C;
-    kn_populate(e->k, e->bw, SCRATCH_BTC * BTC * sizeof(float));
-    pl_slot sizing = {0}; /* layout_slot without a base only measures (into its argument) */
-    const size_t slot_bytes = layout_slot(e, &sizing, NULL);
-    for (int i = 0; i < e->nslots; i++) kn_populate(e->k, e->slots[i].mem, slot_bytes);
+    work_region *r = pl_calloc((size_t)e->nslots + 2, sizeof *r);
+    if (!r) return; /* the first step faults its pages in instead */
+    const int n = work_regions(e, r);
+    for (int i = 0; i < n; i++) kn_populate(e->k, r[i].p, r[i].bytes);
+    free(r);
+}
+
+/* Walks dst's and src's work regions side by side, mapping page runs of src over dst. */
+static size_t share_regions(pl_engine *dst, const work_region *d, int nd, const work_region *s,
+                            int ns)
+{
+    size_t mapped = 0, doff = 0, soff = 0;
+    for (int di = 0, si = 0; di < nd && si < ns;) {
+        const size_t left = d[di].bytes - doff < s[si].bytes - soff ? d[di].bytes - doff
+                                                                    : s[si].bytes - soff;
+        const size_t n = left / KN_SHARE_ALIGN * KN_SHARE_ALIGN;
+        if (n && !kn_share(dst->k, d[di].p, doff, s[si].p, soff, n)) mapped += n;
+        doff += n, soff += n;
+        if (d[di].bytes - doff < KN_SHARE_ALIGN) di++, doff = 0;
+        if (s[si].bytes - soff < KN_SHARE_ALIGN) si++, soff = 0;
+    }
+    return mapped;
+}
+
+size_t pl_engine_share_work(pl_engine *dst, const pl_engine *src)
+{
+    work_region *d = pl_calloc((size_t)dst->nslots + 2, sizeof *d);
+    work_region *s = pl_calloc((size_t)src->nslots + 2, sizeof *s);
+    size_t mapped = 0;
+    if (d && s)
+        mapped = share_regions(dst, d, work_regions(dst, d), s, work_regions(src, s));
+    free(d);
+    free(s);
+    return mapped;
 }
 
 void pl_engine_destroy(pl_engine *e)

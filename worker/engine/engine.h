@@ -103,6 +103,11 @@ static inline int pl_engine_stopped(const pl_engine *e)
  * leave them present (received into populated pages, kept layers' pages moved by
  * kn_share). */
 void pl_engine_populate_work(pl_engine *e);
+/* Maps src's work memory (scratch, activations: nothing in it outlives a step) over as much
+ * of dst's as it covers (kn_share, same backend; the gradients are not touched): the pages
+ * the old engine made present serve the new one, which then populates only the rest. The
+ * two must not run steps at once. Bytes mapped (0 where the backend cannot). */
+size_t pl_engine_share_work(pl_engine *dst, const pl_engine *src);
 
 /* GPT-2 random initialisation (same values for a layer in any range). */
 void pl_engine_init_random(pl_engine *e, uint64_t seed);

@@ -1,0 +1,91 @@
+/* The idle-priority sibling that releases a dead worker's memory (idle_teardown.h). */
+#include "idle_teardown.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "util.h"
+
+#define SIBLING_STACK (64 * 1024)
+
+typedef struct {
+    pid_t parent;
+    int ready_fd; /* write end of a pipe: one byte once set up */
+} sibling_args;
+
+/* Raw system calls only: the sibling shares the worker's thread-local storage (errno). */
+static _Noreturn void sibling_exit(void)
+{
+    for (;;) syscall(SYS_exit, 1);
+}
+
+static _Noreturn void sleep_until_killed(void)
+{
+    for (;;) syscall(SYS_pause); /* every signal is blocked but SIGKILL */
+}
+
+/* The sibling. It shares the worker's memory, thread-local storage included, so it makes
+ * raw system calls only, and the worker waits for its one byte before going on: past
+ * that point the sibling only sleeps (every signal blocked; SIGKILL ends it). */
+__attribute__((no_sanitize_address)) static int sibling_main(void *p)
+{
+    const sibling_args *a = p;
+    static const struct sched_param idle = {0};
+    if (syscall(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) ||
+        syscall(SYS_getppid) != a->parent ||
+        syscall(SYS_sched_setscheduler, 0, SCHED_IDLE, &idle) ||
+        /* a group of its own: a kill of the worker's group (`pliant run`'s chaos, a
+         * shell's) leaves it to the parent-death signal, sent after the worker's
+         * descriptors are closed */
+        syscall(SYS_setpgid, 0, 0))
+        sibling_exit();
+    int fd = a->ready_fd;
+    /* no descriptor but the pipe: the worker's sockets and pipes close with the worker */
+    if ((fd > 0 && syscall(SYS_close_range, 0, fd - 1, 0)) ||
+        syscall(SYS_close_range, fd + 1, ~0U, 0))
+        sibling_exit();
+    char one = 1;
+    if (syscall(SYS_write, fd, &one, 1) != 1) sibling_exit();
+    syscall(SYS_close, fd);
+    sleep_until_killed();
+}
+
+int pl_idle_teardown_arm(pid_t *sibling, char *err, size_t errlen)
+{
+    int ready[2];
+    if (pipe2(ready, O_CLOEXEC)) return pl_errf(err, errlen, "idle teardown: pipe: %s", strerror(errno));
+    char *stack = mmap(NULL, SIBLING_STACK, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    sibling_args args = {.parent = getpid(), .ready_fd = ready[1]};
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old); /* the sibling starts with them blocked */
+    pid_t pid = stack == MAP_FAILED ? -1 : clone(sibling_main, stack + SIBLING_STACK, CLONE_VM, &args);
+    int clone_errno = errno;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    close(ready[1]);
+    char one = 0;
+    ssize_t n = 0;
+    while (pid >= 0 && (n = read(ready[0], &one, 1)) < 0 && errno == EINTR) {
+    } /* until it is set up, or gone */
+    close(ready[0]);
+    if (pid < 0) {
+        if (stack != MAP_FAILED) munmap(stack, SIBLING_STACK);
+        return pl_errf(err, errlen, "idle teardown: clone: %s", strerror(clone_errno));
+    }
+    if (n != 1) { /* it gave up: reap it (no exit signal, so __WCLONE) */
+        waitpid(pid, NULL, __WCLONE);
+        munmap(stack, SIBLING_STACK);
+        return pl_errf(err, errlen, "idle teardown: the sibling could not set itself up");
+    }
+    if (sibling) *sibling = pid;
+    return 0; /* the stack stays: the sibling sleeps on it */
+}
