@@ -233,6 +233,23 @@ static void test_parts_from_several_sources(void)
     teardown(n);
 }
 
+/* Bytes of one array over d's blocks of layers 0, 2 and 4 (what the test below receives),
+ * each block from its first tensor to the page after its last (engine.h). */
+static size_t received_span(const pl_engine *e)
+{
+    size_t bytes = 0;
+    for (int j = 0, k; j < e->ntensors; j = k) {
+        for (k = j + 1; k < e->ntensors && e->tensors[k].index != 0; k++) {
+        }
+        const int l = pl_layer_copy_layer_of(e, j);
+        const pl_engine_tensor *t = &e->tensors[k - 1];
+        if (l == 0 || l == 2 || l == 4)
+            bytes += (pl_engine_align_layer(t->offset + t->spec.numel) - e->tensors[j].offset) *
+                     sizeof(float);
+    }
+    return bytes;
+}
+
 /* d's received pages come from a reserve made present first (copy_reserve.h): every
  * element is still its source's, the layers not received keep theirs (-1), and the
  * reserve's freeing leaves them. */
@@ -251,12 +268,38 @@ static void test_received_into_the_reserve(void)
     d->reserve = &r;
     run_all(n);
     CHECK(a->rc == 0 && b->rc == 0 && d->rc == 0);
-    CHECK(d->res.reserved > 0 && d->res.reserved == (int64_t)r.used);
+    CHECK(d->res.reserved == (int64_t)r.used && r.used == 4 * received_span(&d->dst));
     int64_t want = 0;
     CHECK_EQ_INT(wrong_elements(d, &want), 0);
     CHECK_EQ_INT(d->res.bytes_in, want);
     pl_reserve_free(&r);
     CHECK_EQ_INT(wrong_elements(d, &want), 0);
+    teardown(n);
+}
+
+/* A reserve short of the gradients: the params, m and v come from it, the gradients as far
+ * as it goes, and every element is still its source's. */
+static void test_a_short_reserve_covers_what_it_can(void)
+{
+    node n[NW];
+    if (!setup_checked(n)) return;
+    node *a = &n[0], *b = &n[1], *d = &n[2];
+    add_copy(a, d, 0, 0, 2);
+    add_copy(b, d, 0, 1, 2);
+    add_copy(b, d, 2, 0, 1);
+    add_copy(a, d, 4, 0, 1);
+    const size_t span = received_span(&d->dst);
+    pl_reserve r = {0};
+    CHECK_EQ_INT(pl_reserve_renew(&r, d->k, 3 * span + span / 2 / KN_SHARE_ALIGN * KN_SHARE_ALIGN), 1);
+    for (int i = 0; i < 2000 && atomic_load(&r.ready) < r.bytes; i++) usleep(1000);
+    d->reserve = &r;
+    run_all(n);
+    CHECK(a->rc == 0 && b->rc == 0 && d->rc == 0);
+    CHECK(r.used >= 3 * span && r.used < 4 * span && (int64_t)r.used == d->res.reserved);
+    int64_t want = 0;
+    CHECK_EQ_INT(wrong_elements(d, &want), 0);
+    CHECK_EQ_INT(d->res.bytes_in, want);
+    pl_reserve_free(&r);
     teardown(n);
 }
 
@@ -367,6 +410,7 @@ static void test_a_failure_on_its_side_ends_the_other_streams(void)
 TEST_MAIN_BEGIN
 RUN(test_parts_from_several_sources);
 RUN(test_received_into_the_reserve);
+RUN(test_a_short_reserve_covers_what_it_can);
 RUN(test_parts_not_covering_a_layer_fail_first);
 RUN(test_a_stop_ends_streams_on_a_stalled_peer);
 RUN(test_a_failure_on_its_side_ends_the_other_streams);

@@ -135,6 +135,12 @@ static int copy_tensor(const pl_layer_copy_job *job, const pl_engine_tensor *t)
     return 0;
 }
 
+/* The received block at j: its layer has a copy in the plan. */
+static int received(const pl_layer_copy_job *job, int j)
+{
+    return pl_layer_copy_source(job->plan, pl_layer_copy_layer_of(job->dst, j)) != NULL;
+}
+
 int pl_layer_copy_local(const pl_layer_copy_job *job, int *fresh, char *err, size_t errlen)
 {
     const pl_engine *src = job->src;
@@ -143,7 +149,7 @@ int pl_layer_copy_local(const pl_layer_copy_job *job, int *fresh, char *err, siz
     int missing = 0;
     for (int j = 0, k; j < dst->ntensors; j = k) {
         k = block_end(dst, j);
-        if (pl_layer_copy_source(job->plan, pl_layer_copy_layer_of(dst, j))) continue;
+        if (received(job, j)) continue;
         if (share_block(job, j, k) == 0) continue;
         for (int i = j; i < k; i++) missing += copy_tensor(job, &dst->tensors[i]) != 0;
     }
@@ -157,25 +163,20 @@ int pl_layer_copy_local(const pl_layer_copy_job *job, int *fresh, char *err, siz
     return 0;
 }
 
-/* The received block at j: its layer has a copy in the plan. */
-static int received(const pl_layer_copy_job *job, int j)
-{
-    return pl_layer_copy_source(job->plan, pl_layer_copy_layer_of(job->dst, j)) != NULL;
-}
-
 int pl_layer_copy_take_reserve(const pl_layer_copy_job *job)
 {
     pl_engine *dst = job->dst;
-    /* the arrays the stream writes before the gradients, which only the next step needs */
+    /* the arrays the stream writes, then the gradients, which only the next step needs and
+     * which are otherwise made present after the copies */
     float *arr[4] = {dst->params, dst->m, dst->v, dst->grads};
-    int missed = !job->reserve;
-    for (int a = 0; a < 4 && !missed; a++)
-        for (int j = 0, k; j < dst->ntensors && !missed; j = k) {
+    if (!job->reserve) return -1;
+    for (int a = 0; a < 4; a++)
+        for (int j = 0, k; j < dst->ntensors; j = k) {
             k = block_end(dst, j);
-            if (!received(job, j)) continue;
-            while (k < dst->ntensors && received(job, k)) k = block_end(dst, k);
-            missed = pl_reserve_take(job->reserve, arr[a], dst->tensors[j].offset * sizeof(float),
-                                     blocks_span(dst, j, k) * sizeof(float)) != 0;
+            if (received(job, j) &&
+                pl_reserve_take(job->reserve, arr[a], dst->tensors[j].offset * sizeof(float),
+                                blocks_span(dst, j, k) * sizeof(float)))
+                return a < 3 ? -1 : 0;
         }
-    return missed ? -1 : 0;
+    return 0;
 }

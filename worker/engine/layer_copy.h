@@ -142,9 +142,11 @@ pl_layer_copier pl_layer_copier_xport(const pl_xport *x);
  * no copies: the caller initialises dst). −1 with err when some tensors have neither a local
  * copy nor a copy source. */
 int pl_layer_copy_local(const pl_layer_copy_job *job, int *fresh, char *err, size_t errlen);
-/* Maps the job's reserve (copy_reserve.h) over the params, m, v and gradients of every
- * layer dst receives, before anything is received: those pages are then present. 0 when it
- * covered them all; −1 when there is no reserve or it ran short (the rest fault in). */
+/* Maps the job's reserve (copy_reserve.h) over the params, m and v of every layer dst
+ * receives, then over as many of those layers' gradients as it still covers, a layer at a
+ * time, before anything is received: those pages are then present. 0 when it covered the
+ * params, m and v (what the stream writes); −1 when there is no reserve or it ran short
+ * there (the rest fault in, or a helper makes them present). */
 int pl_layer_copy_take_reserve(const pl_layer_copy_job *job);
 
 /* The layer under which the plan copies tensor j of e: its own, but L + 1 (the head) for
