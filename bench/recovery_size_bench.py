@@ -63,7 +63,7 @@ spec:
   faultTolerance: {{strategy: templates, tolerate: 1, waitForNodesTimeoutSeconds: 60}}
 """
 PHASES = re.compile(r"worker (\S+): generation 2: engine made in ([0-9.]+) ms \((\d+) bytes from the "
-                    r"reserve, \d+ of work memory kept\), filled locally in "
+                    r"reserve\), filled locally in "
                     r"([0-9.]+) ms, copies received in ([0-9.]+) ms after the first source, "
                     r"populated in ([0-9.]+) ms")
 FIRST = re.compile(r"worker (\S+): generation 2: first step \d+ in ([0-9.]+) ms, (-?\d+) page faults, old "

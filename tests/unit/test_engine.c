@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "copy_reserve.h"
 #include "engine.h"
 #include "training_schedule.h"
 #include "gpt_reference.h"
@@ -1015,10 +1016,15 @@ static void test_create_and_tensor_table(void) {
     kn_destroy(k);
 }
 
+static int take_reserved(void *reserve, void *block, size_t off, size_t bytes) {
+    return pl_reserve_take(reserve, block, off, bytes);
+}
+
 /* A new engine working in an old one's activation and scratch pages (pl_engine_share_work,
  * as a plan change does): pages are mapped, the old engine's leftovers in them change
  * nothing (losses and gradients equal, bit for bit, a fresh engine's), and the old engine's
- * memory sees the new one's writes (the pages are the same). */
+ * memory sees the new one's writes (the pages are the same); likewise with a copy reserve's
+ * pages where there is no old engine. */
 static void test_shared_work_memory_changes_nothing(void) {
     pl_gpt_config cfg;
     CHECK(pl_gpt_config_init(&cfg, 4, 64, 4, 37, 32, err_, sizeof err_) == 0);
@@ -1037,25 +1043,38 @@ static void test_shared_work_memory_changes_nothing(void) {
     memset(leftovers, 0x7f, pl_engine_slot_bytes(&old));
     for (int i = 0; i < old.nslots; i++) pl_engine_slot_from_host(&old, i, leftovers);
     free(leftovers);
-    const size_t mapped = pl_engine_share_work(&shared, &old);
+    const size_t mapped = pl_engine_share_work(&shared, &old, NULL, NULL);
     CHECK(mapped >= 4 * 4096 && mapped % KN_SHARE_ALIGN == 0);
     CHECK(shared.bw[0] != 0); /* the leftovers are there */
     int32_t tok[2][T * B], tgt[2][T * B];
     float lf[2], ls[2];
     for (int m = 0; m < 2; m++) make_batch(&cfg, B * T, tok[m], tgt[m]);
-    pl_engine *e[2] = {&fresh, &shared};
-    for (int i = 0; i < 2; i++) {
+    /* a third from a copy reserve's present pages alone */
+    pl_engine fromres;
+    CHECK(pl_engine_create(&fromres, k, &cfg, 0, NL, B, T, 1, err_, sizeof err_) == 0);
+    pl_reserve r = {0};
+    CHECK_EQ_INT(pl_reserve_renew(&r, k, (size_t)1 << 20), 1);
+    for (int i = 0; i < 2000 && atomic_load(&r.ready) < r.bytes; i++) usleep(1000);
+    const size_t taken = pl_engine_share_work(&fromres, NULL, take_reserved, &r);
+    CHECK(taken > 0 && taken == r.used);
+    float lr[2];
+    pl_engine *e[3] = {&fresh, &shared, &fromres};
+    float *out[3] = {lf, ls, lr};
+    for (int i = 0; i < 3; i++) {
         pl_engine_init_random(e[i], 5);
         pl_engine_zero_grads(e[i]);
-        float *l = i ? ls : lf;
+        float *l = out[i];
         for (int m = 0; m < 2; m++) {
             l[m] = pl_engine_forward(e[i], 0, tok[m], NULL, tgt[m]);
             if (m) pl_engine_backward_last(e[i], 0, NULL, 0.5f, NULL, NULL);
             else pl_engine_backward(e[i], 0, NULL, 0.5f);
         }
     }
-    CHECK(memcmp(lf, ls, sizeof lf) == 0);
+    CHECK(memcmp(lf, ls, sizeof lf) == 0 && memcmp(lf, lr, sizeof lf) == 0);
     CHECK(memcmp(fresh.grads, shared.grads, fresh.nparams * sizeof(float)) == 0);
+    CHECK(memcmp(fresh.grads, fromres.grads, fresh.nparams * sizeof(float)) == 0);
+    pl_engine_destroy(&fromres);
+    pl_reserve_free(&r);
     unsigned char junk[4096];
     memset(junk, 0x7f, sizeof junk);
     CHECK(memcmp(old.bw, junk, sizeof junk) != 0); /* the new engine's scratch writes */

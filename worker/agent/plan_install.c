@@ -86,20 +86,32 @@ typedef struct {
     agent *a;
     const pl_layer_copy_job *job;
     int b, e, nslots;
-    size_t work_kept; /* bytes of the new engine's work memory mapped from the old one's */
 } engine_maker;
 
 static int make_engine(void *ctx, char *err, size_t errlen)
 {
     engine_maker *mk = ctx;
     agent *a = mk->a;
-    if (pl_engine_create(mk->job->dst, a->k, &a->cfg, mk->b, mk->e, a->job.batch.micro,
-                         a->job.batch.seq_len, mk->nslots, err, errlen))
-        return -1;
-    /* the old engine's activations and scratch are present and hold nothing between
-     * steps: the new engine works in them, and populates only what they do not cover */
-    if (a->have_src) mk->work_kept = pl_engine_share_work(mk->job->dst, &a->src);
-    return 0;
+    return pl_engine_create(mk->job->dst, a->k, &a->cfg, mk->b, mk->e, a->job.batch.micro,
+                            a->job.batch.seq_len, mk->nslots, err, errlen);
+}
+
+static int take_reserved(void *reserve, void *block, size_t off, size_t bytes)
+{
+    return pl_reserve_take(reserve, block, off, bytes);
+}
+
+/* After the copies, the new engine's gradients and activations at once, not one fault at a
+ * time in its first step (on 2 cores this cannot overlap the copies, which use both): the
+ * old engine's activations and scratch first (present, and nothing in them outlives a
+ * step), then what the reserve has left, then fresh pages. Bytes that were present. A
+ * first plan's engine is left to fill as it runs. */
+static size_t ready_work(agent *a, pl_engine *dst)
+{
+    const size_t present = pl_engine_share_work(dst, a->have_src ? &a->src : NULL,
+                                                take_reserved, &a->reserve);
+    pl_engine_populate_work(dst);
+    return present;
 }
 
 static int fill_engine(void *ctx, char *err, size_t errlen)
@@ -161,17 +173,14 @@ static int change_engine(agent *a, const pl_msg_plan *p, int in_pipe, int b, int
     const int rc = copy_over_tcp(a, &job, &res, err, errlen);
     *bytes_in = res.bytes_in;
     if (res.failed_peer[0]) snprintf(a->broken, sizeof a->broken, "%s", res.failed_peer);
-    /* after copies, the new engine's gradients and activations at once, not one fault at
-     * a time in its first step; on 2 cores this cannot overlap the copies, which use both.
-     * A first plan's engine is left to fill as it runs. */
     const double tp = pl_now_ms();
-    if (rc == 0 && job.dst && p->ncopies) pl_engine_populate_work(job.dst);
+    const size_t present = rc == 0 && job.dst && p->ncopies ? ready_work(a, job.dst) : 0;
     if (p->ncopies || !kept)
-        agent_log(a, "generation %lld: engine made in %.1f ms (%lld bytes from the reserve, "
-                  "%lld of work memory kept), filled locally in %.1f ms, copies received in "
-                  "%.1f ms after the first source, populated in %.1f ms", (long long)a->gen,
-                  res.make_ms, (long long)res.reserved, (long long)mk.work_kept, res.fill_ms,
-                  res.net_ms, pl_now_ms() - tp);
+        agent_log(a, "generation %lld: engine made in %.1f ms (%lld bytes from the reserve), "
+                  "filled locally in %.1f ms, copies received in %.1f ms after the first "
+                  "source, populated in %.1f ms (%zu bytes of work memory were present)",
+                  (long long)a->gen, res.make_ms, (long long)res.reserved, res.fill_ms,
+                  res.net_ms, pl_now_ms() - tp, present);
     if (rc == 0 && job.dst) {
         a->e = ne;
         a->have_engine = 1;

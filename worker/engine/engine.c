@@ -208,12 +208,14 @@ void pl_engine_populate_work(pl_engine *e)
     free(r);
 }
 
-/* Walks dst's and src's work regions side by side, mapping page runs of src over dst. */
+/* Walks dst's and src's work regions side by side, mapping page runs of src over dst;
+ * where src runs out, `more` maps what it can over the rest. */
 static size_t share_regions(pl_engine *dst, const work_region *d, int nd, const work_region *s,
-                            int ns)
+                            int ns, pl_work_source more, void *ctx)
 {
     size_t mapped = 0, doff = 0, soff = 0;
-    for (int di = 0, si = 0; di < nd && si < ns;) {
+    int di = 0;
+    for (int si = 0; di < nd && si < ns;) {
         const size_t left = d[di].bytes - doff < s[si].bytes - soff ? d[di].bytes - doff
                                                                     : s[si].bytes - soff;
         const size_t n = left / KN_SHARE_ALIGN * KN_SHARE_ALIGN;
@@ -222,16 +224,23 @@ static size_t share_regions(pl_engine *dst, const work_region *d, int nd, const 
         if (d[di].bytes - doff < KN_SHARE_ALIGN) di++, doff = 0;
         if (s[si].bytes - soff < KN_SHARE_ALIGN) si++, soff = 0;
     }
+    for (; more && di < nd; di++, doff = 0) {
+        const size_t n = (d[di].bytes - doff) / KN_SHARE_ALIGN * KN_SHARE_ALIGN;
+        if (n && more(ctx, d[di].p, doff, n)) break;
+        mapped += n;
+    }
     return mapped;
 }
 
-size_t pl_engine_share_work(pl_engine *dst, const pl_engine *src)
+size_t pl_engine_share_work(pl_engine *dst, const pl_engine *src, pl_work_source more,
+                            void *ctx)
 {
     work_region *d = pl_calloc((size_t)dst->nslots + 2, sizeof *d);
-    work_region *s = pl_calloc((size_t)src->nslots + 2, sizeof *s);
+    work_region *s = pl_calloc(src ? (size_t)src->nslots + 2 : 1, sizeof *s);
     size_t mapped = 0;
     if (d && s)
-        mapped = share_regions(dst, d, work_regions(dst, d), s, work_regions(src, s));
+        mapped = share_regions(dst, d, work_regions(dst, d), s, src ? work_regions(src, s) : 0,
+                               more, ctx);
     free(d);
     free(s);
     return mapped;
