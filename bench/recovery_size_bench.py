@@ -21,9 +21,9 @@ right before and right after the run), and the bound step + bytes_copied / loopb
 300 ms with the recovery's ratio to it. With several receivers, their bytes together over the longest one's network
 time against the same loopback figure (they run at once on the same cores); the largest
 receiver's first step of the new plan (its time, the process's page faults during it, the
-old engine freed before it). Then a timeline from the kill (pliant run's line noticing it, each line
+old engine freed before it). Then a timeline from the kill (pliant run's chaos line, each line
 timed as it arrives): the last aborted step's end, the last plan installed, the new plan's
-first step committed, and the median step after it; and the bound again with that step, the
+first step committed, the killed worker reaped, and the median step after it; and the bound again with that step, the
 new layout's (the recovery ends with one of its steps).
 Standard library only. Usage: bench/recovery_size_bench.py [--build DIR] [--models a,b]
 [--repeat N] [--steps N] [--kill STEP] [--workers N]
@@ -170,17 +170,18 @@ def timed_run(cmd):
 
 
 def timeline(lines, kill):
-    """Milliseconds from the kill (pliant run's "killed by signal" line) to: the last
-    survivor's aborted step ending, the last plan installed (copies done), the new plan's
-    first step committed."""
-    t0 = next((t for t, l in lines if "killed by signal" in l), None)
+    """Milliseconds from the kill (pliant run's chaos line, written once the signal is sent)
+    to: the last survivor's aborted step ending, the last plan installed (copies done), the
+    new plan's first step committed, and pliant run reaping the killed worker."""
+    t0 = next((t for t, l in lines if re.match(r"chaos: step \d+: kill", l)), None)
     if t0 is None:
         return None
     ms = lambda pat: max([(t - t0) * 1e3 for t, l in lines if t >= t0 and re.search(pat, l)],
                          default=float("nan"))
     first = min([(t - t0) * 1e3 for t, l in lines if t >= t0 and
                  re.match(r"step\s+%d/" % kill, l)], default=float("nan"))
-    return ms(r": step %d (aborted|failed)" % kill), ms(r": generation 2: layers "), first
+    return (ms(r": step %d (aborted|failed)" % kill), ms(r": generation 2: layers "), first,
+            ms(r"killed by signal"))
 
 
 def main():
@@ -231,8 +232,8 @@ def main():
                       "engine freed in %.0f ms before it" % fst)
             if tl:
                 print("           after the kill: aborted steps ended %.0f ms, plans installed "
-                      "%.0f ms, first step committed %.0f ms; median step after it %.0f ms; "
-                      "load average %.1f before the run, %.1f after"
+                      "%.0f ms, first step committed %.0f ms (the worker reaped at %.0f ms); "
+                      "median step after it %.0f ms; load average %.1f before the run, %.1f after"
                       % (tl + (after, load0, os.getloadavg()[0])))
             if after == after:  # not NaN
                 # the recovery ends with a step of the new layout: the same bound with that
