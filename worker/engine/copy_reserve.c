@@ -1,12 +1,15 @@
 /* A worker's reserve for its copies: see copy_reserve.h. */
 #include "copy_reserve.h"
 
-#include <time.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "util.h"
 
-/* The helper's step: it notices a stop at the next one (a stop waits for the step), and
- * each call holds the address-space lock for a short time (kn_populate). */
+/* The helper's step: it notices a stop at the next one (a stop waits for the step, slow
+ * to end at a low priority on busy cores), and each call holds the address-space lock
+ * for a short time (kn_populate). */
 #define STEP ((size_t)2 << 20)
 
 size_t pl_reserve_size(int64_t reserve_bytes, int nlayers)
@@ -17,30 +20,19 @@ size_t pl_reserve_size(int64_t reserve_bytes, int nlayers)
     return (four + pad + page - 1) / page * page;
 }
 
-/* Waits `ms`, in slices short enough that a pause (which joins this thread) is not held up. */
-static void rest(const pl_reserve *r, double ms)
-{
-    const struct timespec slice = {0, 2 * 1000 * 1000};
-    for (double t0 = pl_now_ms(); pl_now_ms() - t0 < ms && !atomic_load(&r->stop);)
-        nanosleep(&slice, NULL);
-}
-
-/* A fifth of a core at most, at the training's own priority: after each step of STEP it rests
- * four times as long as the step took, so on busy cores it takes less, and the reserve is
- * ready some seconds after a plan change (1.2 GB in about 6 s on an idle core). Not a low
- * nice value: a thread that waits long for a core while it holds the address-space lock
- * (kn_populate) stalls every thread that maps memory, and a killed worker's exit with them
- * (seen: connections closed 1.3–2.5 s after a SIGKILL with the helper at nice 10). */
+/* At a low priority (nice 10: about a tenth of a core the training keeps busy, all of an
+ * idle one): the reserve is ready a few steps after a plan change and slows those steps
+ * little. At the lowest (19) five workers on two busy cores had it half made after three
+ * steps. */
 static void *reserve_main(void *arg)
 {
     pl_reserve *r = arg;
+    (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
     for (size_t at = atomic_load(&r->ready); at < r->bytes && !atomic_load(&r->stop); at += STEP) {
         const size_t n = r->bytes - at < STEP ? r->bytes - at : STEP;
-        const double t0 = pl_now_ms();
         if (kn_populate(r->k, r->block + at, n)) break;
         if (at + n == r->bytes) r->ready_ms = pl_now_ms(); /* seen once ready is */
         atomic_store(&r->ready, at + n);
-        rest(r, 4 * (pl_now_ms() - t0));
     }
     return NULL;
 }

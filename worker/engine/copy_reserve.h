@@ -5,7 +5,7 @@
  * The coordinator tells each worker how much it would receive, at most, if one worker of
  * its plan were lost (pl_msg_plan.reserve_bytes); the worker holds a block of that much
  * (with the gradients' share: their pages are needed by the first step too) made present
- * by a helper thread (at most a fifth of a core) while it trains, and a plan's copies map its
+ * by a helper thread at a low priority while it trains, and a plan's copies map its
  * pages into the new engine's received layers (kn_share: page tables move, nothing is
  * copied or faulted) before the stream starts. After the plan's first step the worker makes
  * a new reserve; the old one's pages that no engine took go back to the system (kn_free).
