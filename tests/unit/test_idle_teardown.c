@@ -1,7 +1,9 @@
 /* The idle-priority sibling that releases a dead worker's memory (worker/agent/idle_teardown.h):
- * it runs at SCHED_IDLE in a process group of its own, holding no descriptor; a SIGKILL of
+ * it runs at SCHED_IDLE in a process group of its own, holding no descriptor but a pidfd of
+ * the worker; a SIGKILL of
  * the worker's group closes the worker's connections (its peer reads EOF) while the sibling
  * lives on, and the sibling ends after the worker, killed or exiting normally. */
+#include <dirent.h>
 #include <errno.h>
 #include <poll.h>
 #include <sched.h>
@@ -79,15 +81,23 @@ static int wait_ended(pid_t pid, int ms)
     return ended(pid);
 }
 
-static int open_descriptors(pid_t pid)
+/* Whether pid's only descriptor is a pidfd (of the worker it waits for). */
+static int holds_only_a_pidfd(pid_t pid)
 {
-    char cmd[96];
-    snprintf(cmd, sizeof cmd, "ls /proc/%d/fd | wc -l", (int)pid);
-    FILE *f = popen(cmd, "r");
-    int n = -1;
-    if (f && fscanf(f, "%d", &n) != 1) n = -1;
-    if (f) pclose(f);
-    return n;
+    char dir[64], path[320], link[128] = "";
+    snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        ssize_t k = readlink(path, link, sizeof link - 1);
+        link[k > 0 ? k : 0] = 0;
+        n++;
+    }
+    closedir(d);
+    return n == 1 && strstr(link, "pidfd") != NULL;
 }
 
 static void test_sibling_is_idle_alone_and_holds_nothing(void)
@@ -97,7 +107,7 @@ static void test_sibling_is_idle_alone_and_holds_nothing(void)
     CHECK(start_worker(0, &pid, &sib, &peer) == 0);
     CHECK_EQ_INT(sched_getscheduler(sib), SCHED_IDLE);
     CHECK_EQ_INT(getpgid(sib), sib);
-    CHECK_EQ_INT(open_descriptors(sib), 0);
+    CHECK(holds_only_a_pidfd(sib));
     kill(-pid, SIGKILL);
     waitpid(pid, NULL, 0);
     close(peer);

@@ -7,7 +7,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
+#include <poll.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,35 +27,47 @@ static _Noreturn void sibling_exit(void)
     for (;;) syscall(SYS_exit, 1);
 }
 
-static _Noreturn void sleep_until_killed(void)
+/* Until every thread of the worker has ended (a pidfd reads so once its thread group is
+ * empty), then out: the exit releases the address space. Not the parent-death signal: it
+ * comes when the worker's first thread ends, and a thread of the worker still ending after
+ * the sibling would release the memory itself, before its descriptors close. */
+static _Noreturn void wait_for_the_worker(int pidfd)
 {
-    for (;;) syscall(SYS_pause); /* every signal is blocked but SIGKILL */
+    struct pollfd pf = {.fd = pidfd, .events = POLLIN};
+    for (;;)
+        if (syscall(SYS_ppoll, &pf, 1, NULL, NULL, 0) == 1) sibling_exit();
+}
+
+/* Closes every descriptor but keep[0] and keep[1] (keep[0] < keep[1]). */
+static int close_all_but(const int keep[2])
+{
+    return (keep[0] > 0 && syscall(SYS_close_range, 0, keep[0] - 1, 0)) ||
+           (keep[1] > keep[0] + 1 && syscall(SYS_close_range, keep[0] + 1, keep[1] - 1, 0)) ||
+           syscall(SYS_close_range, keep[1] + 1, ~0U, 0);
 }
 
 /* The sibling. It shares the worker's memory, thread-local storage included, so it makes
  * raw system calls only, and the worker waits for its one byte before going on: past
- * that point the sibling only sleeps (every signal blocked; SIGKILL ends it). */
+ * that point the sibling only waits (every signal blocked but SIGKILL). */
 __attribute__((no_sanitize_address)) static int sibling_main(void *p)
 {
     const sibling_args *a = p;
     static const struct sched_param idle = {0};
-    if (syscall(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) ||
-        syscall(SYS_getppid) != a->parent ||
-        syscall(SYS_sched_setscheduler, 0, SCHED_IDLE, &idle) ||
+    const long pidfd = syscall(SYS_pidfd_open, a->parent, 0);
+    if (pidfd < 0 || syscall(SYS_sched_setscheduler, 0, SCHED_IDLE, &idle) ||
         /* a group of its own: a kill of the worker's group (`pliant run`'s chaos, a
-         * shell's) leaves it to the parent-death signal, sent after the worker's
-         * descriptors are closed */
+         * shell's) leaves it to end after the worker */
         syscall(SYS_setpgid, 0, 0))
         sibling_exit();
-    int fd = a->ready_fd;
-    /* no descriptor but the pipe: the worker's sockets and pipes close with the worker */
-    if ((fd > 0 && syscall(SYS_close_range, 0, fd - 1, 0)) ||
-        syscall(SYS_close_range, fd + 1, ~0U, 0))
-        sibling_exit();
+    const int fd = a->ready_fd;
+    /* no descriptor but the pipe and the pidfd: the worker's sockets and pipes close with
+     * the worker */
+    const int keep[2] = {fd < pidfd ? fd : (int)pidfd, fd < pidfd ? (int)pidfd : fd};
+    if (close_all_but(keep)) sibling_exit();
     char one = 1;
     if (syscall(SYS_write, fd, &one, 1) != 1) sibling_exit();
     syscall(SYS_close, fd);
-    sleep_until_killed();
+    wait_for_the_worker((int)pidfd);
 }
 
 int pl_idle_teardown_arm(pid_t *sibling, char *err, size_t errlen)

@@ -4,13 +4,12 @@
  * frees its pages: a CPU worker holding a few GB of engine and copy reserve kept its
  * sockets open 0.4–2.5 s after a SIGKILL, and its peers and coordinator learned of the
  * loss that much later. pl_idle_teardown_arm starts a sibling process that shares the
- * worker's address space (clone CLONE_VM, no descriptors of its own) at SCHED_IDLE and is
- * killed when the worker dies: the worker's exit then only closes descriptors (its peers
- * read EOF at once), and the address space, with its pages, is released by the sibling,
- * when a core is otherwise idle.
+ * worker's address space (clone CLONE_VM, no descriptors of its own but a pidfd of the
+ * worker) at SCHED_IDLE, which ends once every thread of the worker has: the worker's exit
+ * then only closes descriptors (its peers read EOF at once), and the address space, with its
+ * pages, is released by the sibling, when a core is otherwise idle.
  *
- * Call it once, from the thread that lives as long as the process (the kernel's
- * parent-death signal follows the creating thread). */
+ * Call it once per process. */
 #ifndef PLIANT_IDLE_TEARDOWN_H
 #define PLIANT_IDLE_TEARDOWN_H
 
