@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -146,8 +147,46 @@ static void test_normal_exit_ends_the_sibling(void)
     CHECK(wait_ended(sib, 10000));
 }
 
+static void *linger(void *arg)
+{
+    (void)arg;
+    usleep(400 * 1000);
+    _exit(0);
+}
+
+/* The worker's first thread ends while another goes on (as after a SIGKILL, where each
+ * thread ends on its own): the sibling waits for the last, not for the first (which is
+ * when the kernel's parent-death signal would come). */
+static void test_the_sibling_outlives_every_thread(void)
+{
+    int report[2];
+    CHECK(pipe(report) == 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        pid_t sib = 0;
+        char err[256];
+        pthread_t th;
+        if (pl_idle_teardown_arm(&sib, err, sizeof err)) sib = 0;
+        if (write(report[1], &sib, sizeof sib) != sizeof sib ||
+            pthread_create(&th, NULL, linger, NULL))
+            _exit(1);
+        pthread_exit(NULL); /* the first thread ends; `linger` ends the process */
+    }
+    close(report[1]);
+    pid_t sib = 0;
+    CHECK(read(report[0], &sib, sizeof sib) == sizeof sib && sib > 0);
+    close(report[0]);
+    usleep(150 * 1000); /* the first thread has ended, the other lingers */
+    CHECK(!ended(sib));
+    int status = 0;
+    CHECK_EQ_INT(waitpid(pid, &status, 0), pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(wait_ended(sib, 10000));
+}
+
 TEST_MAIN_BEGIN
 RUN(test_sibling_is_idle_alone_and_holds_nothing);
 RUN(test_group_kill_closes_the_connection_first);
 RUN(test_normal_exit_ends_the_sibling);
+RUN(test_the_sibling_outlives_every_thread);
 TEST_MAIN_END

@@ -85,15 +85,17 @@ int pl_idle_teardown_arm(pid_t *sibling, char *err, size_t errlen)
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     close(ready[1]);
     char one = 0;
-    ssize_t n = 0;
+    ssize_t n = 0, eof = 0;
     while (pid >= 0 && (n = read(ready[0], &one, 1)) < 0 && errno == EINTR) {
     } /* until it is set up, or gone */
+    while (n == 1 && (eof = read(ready[0], &one, 1)) < 0 && errno == EINTR) {
+    } /* and has closed the pipe: from here on it holds the pidfd alone */
     close(ready[0]);
     if (pid < 0) {
         if (stack != MAP_FAILED) munmap(stack, SIBLING_STACK);
         return pl_errf(err, errlen, "idle teardown: clone: %s", strerror(clone_errno));
     }
-    if (n != 1) { /* it gave up: reap it (no exit signal, so __WCLONE) */
+    if (n != 1 || eof != 0) { /* it gave up: reap it (no exit signal, so __WCLONE) */
         waitpid(pid, NULL, __WCLONE);
         munmap(stack, SIBLING_STACK);
         return pl_errf(err, errlen, "idle teardown: the sibling could not set itself up");
