@@ -3,11 +3,11 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <poll.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -73,15 +73,17 @@ __attribute__((no_sanitize_address)) static int sibling_main(void *p)
 int pl_idle_teardown_arm(pid_t *sibling, char *err, size_t errlen)
 {
     int ready[2];
-    if (pipe2(ready, O_CLOEXEC)) return pl_errf(err, errlen, "idle teardown: pipe: %s", strerror(errno));
+    if (pipe2(ready, O_CLOEXEC))
+        return pl_errf(err, errlen, "idle teardown: pipe: %s", strerror(errno));
     char *stack = mmap(NULL, SIBLING_STACK, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
     sibling_args args = {.parent = getpid(), .ready_fd = ready[1]};
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, &old); /* the sibling starts with them blocked */
-    pid_t pid = stack == MAP_FAILED ? -1 : clone(sibling_main, stack + SIBLING_STACK, CLONE_VM, &args);
-    int clone_errno = errno;
+    const pid_t pid =
+        stack == MAP_FAILED ? -1 : clone(sibling_main, stack + SIBLING_STACK, CLONE_VM, &args);
+    const int clone_errno = errno;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     close(ready[1]);
     char one = 0;
