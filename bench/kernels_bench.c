@@ -111,8 +111,8 @@ static void bench_matmul(kn_ctx *k, double peak)
         float *out = make(k, (size_t)BT * OC, 1), *dx = make(k, (size_t)BT * C, 0);
         float *dW = make(k, (size_t)OC * C, 0), *db = has_bias ? make(k, (size_t)OC, 0) : NULL;
         double fl = 2.0 * BT * C * OC, tf, tb, nf, nb;
-        TIME_BEST(tf, kn_matmul_forward(k, out, x, W, bias, BT, C, OC));
-        TIME_BEST(tb, kn_matmul_backward(k, dx, dW, db, out, x, W, BT, C, OC));
+        TIME_BEST(tf, kn_matmul_forward(k, out, x, NULL, W, bias, BT, C, OC));
+        TIME_BEST(tb, kn_matmul_backward(k, dx, dW, db, out, x, NULL, W, BT, C, OC));
         openblas_set_num_threads(nt);
         TIME_BEST(nf, cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, BT, OC, C, 1.0f, x, C, W,
                                   C, 0.0f, out, OC));
@@ -144,7 +144,7 @@ static void bench_mixed(kn_ctx *k)
     float *h = make(k, (size_t)BT * OC, 0), *g = make(k, (size_t)BT * OC, 0);
     double best_ours, best_mixed;
     TIME_BEST(best_ours, for (int r = 0; r < reps; r++) {
-        kn_matmul_forward(k, h, x, W, NULL, BT, C, OC);
+        kn_matmul_forward(k, h, x, NULL, W, NULL, BT, C, OC);
         kn_gelu_forward(k, g, h, (size_t)BT * OC);
     });
     openblas_set_num_threads(nt);
@@ -208,7 +208,7 @@ static void bench_elementwise(kn_ctx *k)
     row("encoder forward", t, 4.0 * 3 * n);
     TIME_BEST(t, kn_encoder_backward(k, wte, wpe, x, tok, 1, BT, C, V));
     row("encoder backward", t, 4.0 * 5 * n);
-    TIME_BEST(t, kn_layernorm_forward(k, o, mean, rstd, x, w, b, 1, BT, C));
+    TIME_BEST(t, kn_layernorm_forward(k, o, NULL, mean, rstd, x, w, b, 1, BT, C));
     row("layernorm forward 1024x768", t, 4.0 * 2 * n);
     TIME_BEST(t, kn_layernorm_backward(k, dx, dw, db, y, x, w, mean, rstd, 1, BT, C));
     row("layernorm backward 1024x768", t, 4.0 * 4 * n);

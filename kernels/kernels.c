@@ -20,7 +20,7 @@ enum {
     OP_ATTENTION_FORWARD, OP_ATTENTION_BACKWARD, OP_GELU_FORWARD, OP_GELU_BACKWARD,
     OP_RESIDUAL_FORWARD, OP_ACCUMULATE, OP_SOFTMAX_CROSSENTROPY_FORWARD,
     OP_CROSSENTROPY_SOFTMAX_BACKWARD, OP_ADAMW_UPDATE, OP_SUM_SQUARES, OP_SUM, OP_ZERO,
-    OP_CROSSENTROPY_FORWARD, OP_CROSSENTROPY_BACKWARD, OP_LM_HEAD_BACKWARD, OP_COUNT
+    OP_CROSSENTROPY_FORWARD, OP_CROSSENTROPY_BACKWARD, OP_LM_HEAD_BACKWARD, OP_TO_LOWP, OP_COUNT
 };
 
 static const char *const op_names[OP_COUNT] = {
@@ -29,7 +29,7 @@ static const char *const op_names[OP_COUNT] = {
     "attention_forward", "attention_backward", "gelu_forward", "gelu_backward",
     "residual_forward", "accumulate", "softmax_crossentropy_forward",
     "crossentropy_softmax_backward", "adamw_update", "sum_squares", "sum", "zero",
-    "crossentropy_forward", "crossentropy_backward", "lm_head_backward",
+    "crossentropy_forward", "crossentropy_backward", "lm_head_backward", "to_lowp",
 };
 
 _Static_assert(OP_COUNT <= KN_PROF_MAX_OPS, "kn_prof holds KN_PROF_MAX_OPS kernels");
@@ -183,11 +183,12 @@ void kn_encoder_backward(kn_ctx *k, float *dwte, float *dwpe, const float *dout,
     TIMED(OP_ENCODER_BACKWARD, k->ops->encoder_backward(k, dwte, dwpe, dout, inp, B, T, C, V));
 }
 
-void kn_layernorm_forward(kn_ctx *k, float *out, float *mean, float *rstd, const float *inp,
-                          const float *weight, const float *bias, int B, int T, int C)
+void kn_layernorm_forward(kn_ctx *k, float *out, void *out_lp, float *mean, float *rstd,
+                          const float *inp, const float *weight, const float *bias, int B, int T,
+                          int C)
 {
     TIMED(OP_LAYERNORM_FORWARD,
-          k->ops->layernorm_forward(k, out, mean, rstd, inp, weight, bias, B, T, C));
+          k->ops->layernorm_forward(k, out, out_lp, mean, rstd, inp, weight, bias, B, T, C));
 }
 
 void kn_layernorm_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
@@ -198,17 +199,26 @@ void kn_layernorm_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
                                                             weight, mean, rstd, B, T, C));
 }
 
-void kn_matmul_forward(kn_ctx *k, float *out, const float *inp, const float *weight,
-                       const float *bias, int BT, int C, int OC)
+size_t kn_lowp_bytes(kn_ctx *k, size_t n) { return n * k->lowp_size; }
+
+void kn_to_lowp(kn_ctx *k, void *lp, const float *src, size_t n)
 {
-    TIMED(OP_MATMUL_FORWARD, k->ops->matmul_forward(k, out, inp, weight, bias, BT, C, OC));
+    TIMED(OP_TO_LOWP, k->ops->to_lowp(k, lp, src, n));
+}
+
+void kn_matmul_forward(kn_ctx *k, float *out, const float *inp, const void *inp_lp,
+                       const float *weight, const float *bias, int BT, int C, int OC)
+{
+    TIMED(OP_MATMUL_FORWARD,
+          k->ops->matmul_forward(k, out, inp, inp_lp, weight, bias, BT, C, OC));
 }
 
 void kn_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
-                        const float *inp, const float *weight, int BT, int C, int OC)
+                        const float *inp, const void *inp_lp, const float *weight, int BT, int C,
+                        int OC)
 {
-    TIMED(OP_MATMUL_BACKWARD,
-          k->ops->matmul_backward(k, dinp, dweight, dbias, dout, inp, weight, BT, C, OC));
+    TIMED(OP_MATMUL_BACKWARD, k->ops->matmul_backward(k, dinp, dweight, dbias, dout, inp, inp_lp,
+                                                      weight, BT, C, OC));
 }
 
 size_t kn_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH)
@@ -229,27 +239,28 @@ void kn_attention_backward(kn_ctx *k, float *dqkv, const float *dout, const floa
           k->ops->attention_backward(k, dqkv, dout, qkv, att, out, B, T, C, NH));
 }
 
-void kn_matmul_gelu_forward(kn_ctx *k, float *out, float *pre, const float *inp,
-                            const float *weight, const float *bias, int BT, int C, int OC)
+void kn_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre, const float *inp,
+                            const void *inp_lp, const float *weight, const float *bias, int BT,
+                            int C, int OC)
 {
-    TIMED(OP_MATMUL_GELU_FORWARD,
-          k->ops->matmul_gelu_forward(k, out, pre, inp, weight, bias, BT, C, OC));
+    TIMED(OP_MATMUL_GELU_FORWARD, k->ops->matmul_gelu_forward(k, out, out_lp, pre, inp, inp_lp,
+                                                              weight, bias, BT, C, OC));
 }
 
 void kn_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                            const float *dout, const float *inp, const float *weight, int BT,
-                            int C, int OC)
+                            const float *dout, const float *inp, const void *inp_lp,
+                            const float *weight, int BT, int C, int OC)
 {
-    TIMED(OP_MATMUL_BACKWARD,
-          k->ops->matmul_backward_set(k, dinp, dweight, dbias, dout, inp, weight, BT, C, OC));
+    TIMED(OP_MATMUL_BACKWARD, k->ops->matmul_backward_set(k, dinp, dweight, dbias, dout, inp,
+                                                          inp_lp, weight, BT, C, OC));
 }
 
 void kn_matmul_backward_gelu(kn_ctx *k, float *dpre, float *dweight, float *dbias,
-                             const float *dout, const float *inp, const float *weight,
-                             const float *pre, int BT, int C, int OC)
+                             const float *dout, const float *inp, const void *inp_lp,
+                             const float *weight, const float *pre, int BT, int C, int OC)
 {
     TIMED(OP_MATMUL_BACKWARD_GELU, k->ops->matmul_backward_gelu(k, dpre, dweight, dbias, dout, inp,
-                                                                weight, pre, BT, C, OC));
+                                                                inp_lp, weight, pre, BT, C, OC));
 }
 
 void kn_gelu_forward(kn_ctx *k, float *out, const float *inp, size_t n)
@@ -304,15 +315,17 @@ void kn_crossentropy_backward(kn_ctx *k, float *dlogits, const float *logits, co
 
 void kn_lm_head_backward(kn_ctx *k, float *dinp, float *dweight, float *logits,
                          const float *stats, const int32_t *targets, float dloss_scale,
-                         const float *inp, const float *weight, int BT, int C, int V, int Vp)
+                         const float *inp, const void *inp_lp, const float *weight, int BT, int C,
+                         int V, int Vp)
 {
     if (!k->ops->lm_head_backward) {
         kn_crossentropy_backward(k, logits, logits, stats, targets, dloss_scale, BT, V, Vp);
-        kn_matmul_backward_set(k, dinp, dweight, NULL, logits, inp, weight, BT, C, Vp);
+        kn_matmul_backward_set(k, dinp, dweight, NULL, logits, inp, inp_lp, weight, BT, C, Vp);
         return;
     }
-    TIMED(OP_LM_HEAD_BACKWARD, k->ops->lm_head_backward(k, dinp, dweight, logits, stats, targets,
-                                                        dloss_scale, inp, weight, BT, C, V, Vp));
+    TIMED(OP_LM_HEAD_BACKWARD,
+          k->ops->lm_head_backward(k, dinp, dweight, logits, stats, targets, dloss_scale, inp,
+                                   inp_lp, weight, BT, C, V, Vp));
 }
 
 void kn_adamw_update(kn_ctx *k, float *params, const float *grads, float *m, float *v, size_t n,

@@ -116,27 +116,43 @@ void kn_encoder_forward(kn_ctx *k, float *out, const int32_t *inp, const float *
 void kn_encoder_backward(kn_ctx *k, float *dwte, float *dwpe, const float *dout,
                          const int32_t *inp, int B, int T, int C, int V);
 
-/* LayerNorm over C with eps 1e-5; saves mean[B·T] and rstd[B·T] for backward. */
-void kn_layernorm_forward(kn_ctx *k, float *out, float *mean, float *rstd, const float *inp,
-                          const float *weight, const float *bias, int B, int T, int C);
+/* LayerNorm over C with eps 1e-5; saves mean[B·T] and rstd[B·T] for backward. out_lp
+ * (NULL or kn_lowp_bytes(k, B·T·C)) receives out's low-precision copy. */
+void kn_layernorm_forward(kn_ctx *k, float *out, void *out_lp, float *mean, float *rstd,
+                          const float *inp, const float *weight, const float *bias, int B, int T,
+                          int C);
 void kn_layernorm_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
                            const float *dout, const float *inp, const float *weight,
                            const float *mean, const float *rstd, int B, int T, int C);
 
-/* out[B·T, OC] = inp[B·T, C] · weight[OC, C]ᵀ + bias[OC] (bias may be NULL). Overwrites out. */
-void kn_matmul_forward(kn_ctx *k, float *out, const float *inp, const float *weight,
-                       const float *bias, int BT, int C, int OC);
+/* Low-precision copies of matmul inputs. In CUDA's bf16 mode a matmul multiplies
+ * bf16 copies of its fp32 operands; an input that the forward and the backward
+ * (dweight) both read can be converted once and kept. kn_lowp_bytes is the size
+ * of such a copy of n values: 0 where the backend multiplies the fp32 values
+ * themselves (the CPU; CUDA in fp32 and tf32), and then every `_lp` argument
+ * below is NULL. kn_to_lowp makes the copy (the backend's memory, 16-byte
+ * aligned); kn_layernorm_forward and kn_matmul_gelu_forward can write one of
+ * their output as they go. An `inp_lp` given to a matmul must hold the copy of
+ * inp's current values: it is read instead of converting inp. */
+size_t kn_lowp_bytes(kn_ctx *k, size_t n);
+void kn_to_lowp(kn_ctx *k, void *lp, const float *src, size_t n);
+
+/* out[B·T, OC] = inp[B·T, C] · weight[OC, C]ᵀ + bias[OC] (bias may be NULL). Overwrites out.
+ * inp_lp: inp's low-precision copy (above) or NULL. */
+void kn_matmul_forward(kn_ctx *k, float *out, const float *inp, const void *inp_lp,
+                       const float *weight, const float *bias, int BT, int C, int OC);
 /* dinp += dout · weight; dweight += doutᵀ · inp; dbias += Σ rows of dout (dbias may be NULL). */
 void kn_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
-                        const float *inp, const float *weight, int BT, int C, int OC);
+                        const float *inp, const void *inp_lp, const float *weight, int BT, int C,
+                        int OC);
 
 /* kn_matmul_backward with dinp OVERWRITTEN (dinp = dout · weight): what the
  * engine used to get by zeroing dinp first, without the memset and, on CUDA,
  * without the GEMM reading dinp back (beta 0). The CPU zeroes and accumulates,
  * bit for bit the zero-then-kn_matmul_backward it replaces. */
 void kn_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                            const float *dout, const float *inp, const float *weight, int BT,
-                            int C, int OC);
+                            const float *dout, const float *inp, const void *inp_lp,
+                            const float *weight, int BT, int C, int OC);
 
 /* Causal multi-head self-attention. qkv is [B, T, 3C] (q, k, v, each C = NH·hs
  * channels); out is [B, T, C] (overwritten); att, of kn_attention_state_floats
@@ -155,15 +171,17 @@ void kn_attention_backward(kn_ctx *k, float *dqkv, const float *dout, const floa
                            const float *att, const float *out, int B, int T, int C, int NH);
 
 /* out = gelu(pre), pre = inp · weightᵀ + bias (both overwritten): the MLP's first
- * matmul with its GELU (one cuBLASLt call with a GELU epilogue on CUDA). */
-void kn_matmul_gelu_forward(kn_ctx *k, float *out, float *pre, const float *inp,
-                            const float *weight, const float *bias, int BT, int C, int OC);
+ * matmul with its GELU (one cuBLASLt call with a GELU epilogue on CUDA). out_lp
+ * (NULL or kn_lowp_bytes(k, BT·OC)) receives out's low-precision copy. */
+void kn_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre, const float *inp,
+                            const void *inp_lp, const float *weight, const float *bias, int BT,
+                            int C, int OC);
 /* Backward of out = gelu(pre) · weightᵀ + bias for the MLP's second matmul (inp =
  * gelu(pre), [BT, C]): dpre = (dout · weight) ⊙ gelu'(pre), OVERWRITTEN;
  * dweight += doutᵀ · inp; dbias += Σ rows of dout. */
 void kn_matmul_backward_gelu(kn_ctx *k, float *dpre, float *dweight, float *dbias,
-                             const float *dout, const float *inp, const float *weight,
-                             const float *pre, int BT, int C, int OC);
+                             const float *dout, const float *inp, const void *inp_lp,
+                             const float *weight, const float *pre, int BT, int C, int OC);
 
 /* GELU, tanh approximation (GPT-2). out overwritten; dinp += dout·gelu'(inp). */
 void kn_gelu_forward(kn_ctx *k, float *out, const float *inp, size_t n);
@@ -209,7 +227,8 @@ void kn_crossentropy_backward(kn_ctx *k, float *dlogits, const float *logits, co
  * row, which the matmul reads directly (half the bytes, no conversion). */
 void kn_lm_head_backward(kn_ctx *k, float *dinp, float *dweight, float *logits,
                          const float *stats, const int32_t *targets, float dloss_scale,
-                         const float *inp, const float *weight, int BT, int C, int V, int Vp);
+                         const float *inp, const void *inp_lp, const float *weight, int BT, int C,
+                         int V, int Vp);
 
 /* ---- optimizer and reductions -------------------------------------------- */
 

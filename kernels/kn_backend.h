@@ -25,16 +25,17 @@ typedef struct kn_ops {
                             const float *wpe, int B, int T, int C, int V);
     void (*encoder_backward)(kn_ctx *k, float *dwte, float *dwpe, const float *dout,
                              const int32_t *inp, int B, int T, int C, int V);
-    void (*layernorm_forward)(kn_ctx *k, float *out, float *mean, float *rstd, const float *inp,
-                              const float *weight, const float *bias, int B, int T, int C);
+    void (*layernorm_forward)(kn_ctx *k, float *out, void *out_lp, float *mean, float *rstd,
+                              const float *inp, const float *weight, const float *bias, int B,
+                              int T, int C);
     void (*layernorm_backward)(kn_ctx *k, float *dinp, float *dweight, float *dbias,
                                const float *dout, const float *inp, const float *weight,
                                const float *mean, const float *rstd, int B, int T, int C);
-    void (*matmul_forward)(kn_ctx *k, float *out, const float *inp, const float *weight,
-                           const float *bias, int BT, int C, int OC);
+    void (*matmul_forward)(kn_ctx *k, float *out, const float *inp, const void *inp_lp,
+                           const float *weight, const float *bias, int BT, int C, int OC);
     void (*matmul_backward)(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                            const float *dout, const float *inp, const float *weight, int BT,
-                            int C, int OC);
+                            const float *dout, const float *inp, const void *inp_lp,
+                            const float *weight, int BT, int C, int OC);
     void (*attention_forward)(kn_ctx *k, float *out, float *att, const float *qkv, int B, int T,
                               int C, int NH);
     void (*attention_backward)(kn_ctx *k, float *dqkv, const float *dout, const float *qkv,
@@ -62,19 +63,20 @@ typedef struct kn_ops {
                                float beta2, float eps, float weight_decay, float grad_scale,
                                int t);
     void (*matmul_backward_set)(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                                const float *dout, const float *inp, const float *weight, int BT,
-                                int C, int OC);
+                                const float *dout, const float *inp, const void *inp_lp,
+                                const float *weight, int BT, int C, int OC);
     double (*sum_squares)(kn_ctx *k, const float *x, size_t n);
     double (*sum)(kn_ctx *k, const float *x, size_t n);
     void (*copy)(kn_ctx *k, void *dst, const void *src, size_t bytes);
     void *(*host_alloc)(kn_ctx *k, size_t bytes);
     void (*host_free)(kn_ctx *k, void *p);
     size_t (*attention_state_floats)(kn_ctx *k, int B, int T, int C, int NH);
-    void (*matmul_gelu_forward)(kn_ctx *k, float *out, float *pre, const float *inp,
-                                const float *weight, const float *bias, int BT, int C, int OC);
+    void (*matmul_gelu_forward)(kn_ctx *k, float *out, void *out_lp, float *pre,
+                                const float *inp, const void *inp_lp, const float *weight,
+                                const float *bias, int BT, int C, int OC);
     void (*matmul_backward_gelu)(kn_ctx *k, float *dpre, float *dweight, float *dbias,
-                                 const float *dout, const float *inp, const float *weight,
-                                 const float *pre, int BT, int C, int OC);
+                                 const float *dout, const float *inp, const void *inp_lp,
+                                 const float *weight, const float *pre, int BT, int C, int OC);
     /* Kernel-level timing (kn_profile_enable; kernels.c calls these only while
      * it is on): prof_begin before a kernel, prof_end(op) after it; the backend
      * adds the kernel's milliseconds to k->prof->ms[op], at once (CPU) or at
@@ -92,9 +94,12 @@ typedef struct kn_ops {
      * matmul_backward_set. */
     void (*lm_head_backward)(kn_ctx *k, float *dinp, float *dweight, float *logits,
                              const float *stats, const int32_t *targets, float dloss_scale,
-                             const float *inp, const float *weight, int BT, int C, int V, int Vp);
+                             const float *inp, const void *inp_lp, const float *weight, int BT,
+                             int C, int V, int Vp);
     /* kn_populate; NULL where memory is always present (device memory). */
     int (*populate)(kn_ctx *k, void *p, size_t bytes);
+    /* kn_to_lowp; NULL where the backend makes no low-precision copies. */
+    void (*to_lowp)(kn_ctx *k, void *lp, const float *src, size_t n);
 } kn_ops;
 
 /* Kernel-level timing state (kernels.c), one per context once enabled. */
@@ -112,6 +117,7 @@ struct kn_ctx {
     size_t ws_bytes;
     struct kn_cuda *cuda; /* CUDA state (device, stream, cuBLAS handle); NULL on the CPU */
     const char *precision;/* what kn_precision returns */
+    size_t lowp_size;     /* kn_lowp_bytes per value: 2 in CUDA's bf16 mode, else 0 */
     void *stream;         /* kn_stream_handle: the cudaStream_t every kernel runs on; NULL on the CPU */
     char device[64];      /* kn_device_id: the GPU's UUID ("GPU-…"); "" on the CPU */
     size_t device_memory; /* kn_device_memory: the GPU's global memory; 0 on the CPU */

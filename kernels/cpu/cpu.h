@@ -58,26 +58,28 @@ void kn_cpu_encoder_forward(kn_ctx *k, float *out, const int32_t *inp, const flo
                             const float *wpe, int B, int T, int C, int V);
 void kn_cpu_encoder_backward(kn_ctx *k, float *dwte, float *dwpe, const float *dout,
                              const int32_t *inp, int B, int T, int C, int V);
-void kn_cpu_layernorm_forward(kn_ctx *k, float *out, float *mean, float *rstd, const float *inp,
-                              const float *weight, const float *bias, int B, int T, int C);
+void kn_cpu_layernorm_forward(kn_ctx *k, float *out, void *out_lp, float *mean, float *rstd,
+                              const float *inp, const float *weight, const float *bias, int B,
+                              int T, int C);
 void kn_cpu_layernorm_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
                                const float *dout, const float *inp, const float *weight,
                                const float *mean, const float *rstd, int B, int T, int C);
-void kn_cpu_matmul_forward(kn_ctx *k, float *out, const float *inp, const float *weight,
-                           const float *bias, int BT, int C, int OC);
+void kn_cpu_matmul_forward(kn_ctx *k, float *out, const float *inp, const void *inp_lp,
+                           const float *weight, const float *bias, int BT, int C, int OC);
 void kn_cpu_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                            const float *dout, const float *inp, const float *weight, int BT,
-                            int C, int OC);
+                            const float *dout, const float *inp, const void *inp_lp,
+                            const float *weight, int BT, int C, int OC);
 void kn_cpu_attention_forward(kn_ctx *k, float *out, float *att, const float *qkv, int B, int T,
                               int C, int NH);
 void kn_cpu_attention_backward(kn_ctx *k, float *dqkv, const float *dout, const float *qkv,
                                const float *att, const float *out, int B, int T, int C, int NH);
 size_t kn_cpu_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH);
-void kn_cpu_matmul_gelu_forward(kn_ctx *k, float *out, float *pre, const float *inp,
-                                const float *weight, const float *bias, int BT, int C, int OC);
+void kn_cpu_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre,
+                                const float *inp, const void *inp_lp, const float *weight,
+                                const float *bias, int BT, int C, int OC);
 void kn_cpu_matmul_backward_gelu(kn_ctx *k, float *dpre, float *dweight, float *dbias,
-                                 const float *dout, const float *inp, const float *weight,
-                                 const float *pre, int BT, int C, int OC);
+                                 const float *dout, const float *inp, const void *inp_lp,
+                                 const float *weight, const float *pre, int BT, int C, int OC);
 void kn_cpu_gelu_forward(kn_ctx *k, float *out, const float *inp, size_t n);
 void kn_cpu_gelu_backward(kn_ctx *k, float *dinp, const float *inp, const float *dout, size_t n);
 void kn_cpu_residual_forward(kn_ctx *k, float *out, const float *a, const float *b, size_t n);
@@ -101,8 +103,8 @@ void kn_cpu_adamw_update_spans(kn_ctx *k, float *params, const float *grads, flo
                                float beta2, float eps, float weight_decay, float grad_scale,
                                int t);
 void kn_cpu_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                                const float *dout, const float *inp, const float *weight, int BT,
-                                int C, int OC);
+                                const float *dout, const float *inp, const void *inp_lp,
+                                const float *weight, int BT, int C, int OC);
 double kn_cpu_sum_squares(kn_ctx *k, const float *x, size_t n);
 double kn_cpu_sum(kn_ctx *k, const float *x, size_t n);
 

@@ -28,8 +28,9 @@ KN_SIMD static void ln_forward_row(float *restrict out, float *restrict mean, fl
     *rstd = r;
 }
 
-void kn_cpu_layernorm_forward(kn_ctx *k, float *out, float *mean, float *rstd, const float *inp,
-                              const float *weight, const float *bias, int B, int T, int C)
+void kn_cpu_layernorm_forward(kn_ctx *k, float *out, void *out_lp, float *mean, float *rstd,
+                              const float *inp, const float *weight, const float *bias, int B,
+                              int T, int C)
 {
     long BT = (long)B * T;
 #pragma omp parallel for num_threads(k->threads) schedule(static) \

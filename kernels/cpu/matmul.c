@@ -18,8 +18,10 @@ KN_SIMD static void fill_bias(float *restrict row, const float *restrict bias, i
     for (int i = 0; i < n; i++) row[i] = bias[i];
 }
 
-void kn_cpu_matmul_forward(kn_ctx *k, float *out, const float *inp, const float *weight,
-                           const float *bias, int BT, int C, int OC)
+/* The CPU multiplies fp32 values: no low-precision copies (kn_lowp_bytes is 0), so
+ * the _lp arguments are NULL and unused. */
+void kn_cpu_matmul_forward(kn_ctx *k, float *out, const float *inp, const void *inp_lp,
+                           const float *weight, const float *bias, int BT, int C, int OC)
 {
     if (BT <= 0 || OC <= 0) return;
     long work = (long)BT * C * OC;
@@ -67,7 +69,8 @@ KN_SIMD static void column_sums(float *restrict dbias, const float *restrict dou
 }
 
 void kn_cpu_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
-                            const float *inp, const float *weight, int BT, int C, int OC)
+                            const float *inp, const void *inp_lp, const float *weight, int BT,
+                            int C, int OC)
 {
     if (BT <= 0 || OC <= 0 || C < 0) return;
     long work = (long)BT * C * OC;
@@ -114,9 +117,9 @@ void kn_cpu_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias
 /* The same products onto a zeroed dinp: bit for bit what zeroing and then
  * accumulating gives. */
 void kn_cpu_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                                const float *dout, const float *inp, const float *weight, int BT,
-                                int C, int OC)
+                                const float *dout, const float *inp, const void *inp_lp,
+                                const float *weight, int BT, int C, int OC)
 {
     if (dinp && BT > 0 && C > 0) memset(dinp, 0, (size_t)BT * C * sizeof(float));
-    kn_cpu_matmul_backward(k, dinp, dweight, dbias, dout, inp, weight, BT, C, OC);
+    kn_cpu_matmul_backward(k, dinp, dweight, dbias, dout, inp, inp_lp, weight, BT, C, OC);
 }

@@ -169,7 +169,17 @@ static const kn_ops kn_cuda_ops = {
     /* .memory_stats = */ kn_cuda_memory_stats,
     /* .share = */ NULL,
     /* .lm_head_backward = */ kn_cuda_lm_head_backward,
+    /* .populate = */ NULL,
+    /* .to_lowp = */ kn_cuda_to_lowp,
 };
+
+/* PLIANT_MATMUL_FAST16BF=1: bf16 mode hands cuBLASLt the fp32 operands with the
+ * compute type 32F_FAST_16BF instead of converting them first (to compare). */
+static bool fast16bf_asked(void)
+{
+    const char *e = getenv("PLIANT_MATMUL_FAST16BF");
+    return e && !strcmp(e, "1");
+}
 
 /* Fails (NULL, message in err) when there is no usable device. */
 kn_ctx *kn_cuda_create(int threads, char *err, size_t errlen)
@@ -239,6 +249,11 @@ kn_ctx *kn_cuda_create(int threads, char *err, size_t errlen)
     k->precision = precision;
     c->bf16 = !strcmp(precision, "bf16");
     c->compute = !strcmp(precision, "tf32") ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    if (c->bf16 && fast16bf_asked()) { /* cuBLASLt rounds the fp32 operands itself */
+        c->bf16 = false;
+        c->compute = CUBLAS_COMPUTE_32F_FAST_16BF;
+    }
+    k->lowp_size = c->bf16 ? 2 : 0;
     if (strcmp(precision, "fp32")) { /* bf16 and tf32: the linear layers run on cuBLASLt */
         if ((s = cublasLtCreate(&c->lt)) != CUBLAS_STATUS_SUCCESS) {
             if (err && errlen) snprintf(err, errlen, "cublasLtCreate: %s", cublasGetStatusString(s));

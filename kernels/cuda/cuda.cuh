@@ -115,24 +115,26 @@ void kn_cuda_encoder_forward(kn_ctx *k, float *out, const int32_t *inp, const fl
                              const float *wpe, int B, int T, int C, int V);
 void kn_cuda_encoder_backward(kn_ctx *k, float *dwte, float *dwpe, const float *dout,
                               const int32_t *inp, int B, int T, int C, int V);
-void kn_cuda_layernorm_forward(kn_ctx *k, float *out, float *mean, float *rstd, const float *inp,
-                               const float *weight, const float *bias, int B, int T, int C);
+void kn_cuda_layernorm_forward(kn_ctx *k, float *out, void *out_lp, float *mean, float *rstd,
+                               const float *inp, const float *weight, const float *bias, int B,
+                               int T, int C);
 void kn_cuda_layernorm_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
                                 const float *dout, const float *inp, const float *weight,
                                 const float *mean, const float *rstd, int B, int T, int C);
-void kn_cuda_matmul_forward(kn_ctx *k, float *out, const float *inp, const float *weight,
-                            const float *bias, int BT, int C, int OC);
+void kn_cuda_matmul_forward(kn_ctx *k, float *out, const float *inp, const void *inp_lp,
+                            const float *weight, const float *bias, int BT, int C, int OC);
 void kn_cuda_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                             const float *dout, const float *inp, const float *weight, int BT,
-                             int C, int OC);
+                             const float *dout, const float *inp, const void *inp_lp,
+                             const float *weight, int BT, int C, int OC);
+void kn_cuda_to_lowp(kn_ctx *k, void *lp, const float *src, size_t n);
 void kn_cuda_attention_forward(kn_ctx *k, float *out, float *att, const float *qkv, int B, int T,
                                int C, int NH);
 void kn_cuda_attention_backward(kn_ctx *k, float *dqkv, const float *dout, const float *qkv,
                                 const float *att, const float *out, int B, int T, int C, int NH);
 void kn_cuda_lm_head_backward(kn_ctx *k, float *dinp, float *dweight, float *logits,
                               const float *stats, const int32_t *targets, float dloss_scale,
-                              const float *inp, const float *weight, int BT, int C, int V,
-                              int Vp);
+                              const float *inp, const void *inp_lp, const float *weight, int BT,
+                              int C, int V, int Vp);
 /* kn_crossentropy_backward writing each row's dlogits as bf16 over the first
  * half of the row itself (row stride 2·Vp bf16); false, nothing queued, where
  * the rows do not allow it (Vp % 8, alignment). */
@@ -140,11 +142,12 @@ bool kn_cuda_crossentropy_backward_bf16(kn_ctx *k, float *logits, const float *s
                                         const int32_t *targets, float dloss_scale, int BT, int V,
                                         int Vp);
 size_t kn_cuda_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH);
-void kn_cuda_matmul_gelu_forward(kn_ctx *k, float *out, float *pre, const float *inp,
-                                 const float *weight, const float *bias, int BT, int C, int OC);
+void kn_cuda_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre,
+                                 const float *inp, const void *inp_lp, const float *weight,
+                                 const float *bias, int BT, int C, int OC);
 void kn_cuda_matmul_backward_gelu(kn_ctx *k, float *dpre, float *dweight, float *dbias,
-                                  const float *dout, const float *inp, const float *weight,
-                                  const float *pre, int BT, int C, int OC);
+                                  const float *dout, const float *inp, const void *inp_lp,
+                                  const float *weight, const float *pre, int BT, int C, int OC);
 void kn_cuda_gelu_forward(kn_ctx *k, float *out, const float *inp, size_t n);
 void kn_cuda_gelu_backward(kn_ctx *k, float *dinp, const float *inp, const float *dout, size_t n);
 void kn_cuda_residual_forward(kn_ctx *k, float *out, const float *a, const float *b, size_t n);
@@ -168,8 +171,8 @@ void kn_cuda_adamw_update_spans(kn_ctx *k, float *params, const float *grads, fl
                                 float beta1, float beta2, float eps, float weight_decay,
                                 float grad_scale, int t);
 void kn_cuda_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                                 const float *dout, const float *inp, const float *weight, int BT,
-                                 int C, int OC);
+                                 const float *dout, const float *inp, const void *inp_lp,
+                                 const float *weight, int BT, int C, int OC);
 double kn_cuda_sum_squares(kn_ctx *k, const float *x, size_t n);
 double kn_cuda_sum(kn_ctx *k, const float *x, size_t n);
 

@@ -31,8 +31,9 @@ __global__ static void layernorm_forward_kernel(float *out, float *mean, float *
     }
 }
 
-void kn_cuda_layernorm_forward(kn_ctx *k, float *out, float *mean, float *rstd, const float *inp,
-                               const float *weight, const float *bias, int B, int T, int C)
+void kn_cuda_layernorm_forward(kn_ctx *k, float *out, void *out_lp, float *mean, float *rstd,
+                               const float *inp, const float *weight, const float *bias, int B,
+                               int T, int C)
 {
     long BT = (long)B * T;
     if (BT <= 0) return;
@@ -40,6 +41,7 @@ void kn_cuda_layernorm_forward(kn_ctx *k, float *out, float *mean, float *rstd, 
     layernorm_forward_kernel<<<blocks, 256, 0, kn_stream(k)>>>(out, mean, rstd, inp, weight, bias,
                                                                BT, C);
     CUDA_LAUNCHED();
+    if (out_lp) kn_cuda_to_lowp(k, out_lp, out, (size_t)BT * C);
 }
 
 /* dinp += rstd·(w·dout − mean(w·dout) − norm·mean(w·dout·norm)), one warp per row. */

@@ -592,9 +592,13 @@ static void mm(kn_ctx *k, const mm_job *j)
 
 /* ---- the kernels.h functions -------------------------------------------------- */
 
-/* out = inp·Wᵀ + bias, or with pre: pre = inp·Wᵀ + bias and out = gelu(pre). */
-static void forward(kn_ctx *k, float *out, float *pre, const float *inp, const float *weight,
-                    const float *bias, int BT, int C, int OC)
+void kn_cuda_to_lowp(kn_ctx *k, void *lp, const float *src, size_t n) { to_bf16(k, lp, src, n); }
+
+/* out = inp·Wᵀ + bias, or with pre: pre = inp·Wᵀ + bias and out = gelu(pre) (and
+ * out_lp = bf16(out) where given). inp_lp: inp in bf16, made earlier (bf16 mode). */
+static void forward(kn_ctx *k, float *out, void *out_lp, float *pre, const float *inp,
+                    const void *inp_lp, const float *weight, const float *bias, int BT, int C,
+                    int OC)
 {
     if (BT <= 0 || OC <= 0) return;
     size_t n = (size_t)BT * OC;
@@ -607,14 +611,15 @@ static void forward(kn_ctx *k, float *out, float *pre, const float *inp, const f
             CUDA_CHECK(cudaMemsetAsync(dst, 0, n * sizeof(float), kn_stream(k)));
         }
         if (pre) kn_cuda_gelu_forward(k, out, pre, n);
+        if (out_lp) to_bf16(k, out_lp, out, n);
         return;
     }
     const void *A = weight, *B = inp;
     if (k->cuda->bf16) {
-        size_t nw = (size_t)OC * C, ni = (size_t)BT * C;
+        size_t nw = (size_t)OC * C, ni = inp_lp ? 0 : (size_t)BT * C;
         char *ws = (char *)kn_cuda_workspace(k, round256(nw * 2) + round256(ni * 2));
         A = to_bf16(k, ws, weight, nw);
-        B = to_bf16(k, ws + round256(nw * 2), inp, ni);
+        B = inp_lp ? inp_lp : to_bf16(k, ws + round256(nw * 2), inp, ni);
     }
     mm_job j = {};
     j.ta = true; /* out'[OC, BT] = (W'[C, OC])ᵀ · inp'[C, BT] */
@@ -633,6 +638,7 @@ static void forward(kn_ctx *k, float *out, float *pre, const float *inp, const f
     j.bias = bias;
     j.aux = pre;
     mm(k, &j);
+    if (out_lp) to_bf16(k, out_lp, out, (size_t)BT * OC);
 }
 
 /* partial[blockIdx.y][c] = Σ of dout[r, c] over the block's BIAS_ROWS rows;
@@ -657,11 +663,13 @@ __global__ static void bias_partial_kernel(float *partial, const float *dout, in
 /* dinp += dout·W (dinp = dout·W with set), or with pre: dinp = (dout·W) ⊙
  * gelu'(pre) (overwritten); dweight += doutᵀ·inp; dbias += column sums of dout.
  * dout16 (bf16 mode, no dbias): dout is already bf16 there, rows 2·OC apart
- * (kn_cuda_crossentropy_backward_bf16's layout), and dout is not read. */
+ * (kn_cuda_crossentropy_backward_bf16's layout), and dout is not read. inp16
+ * (bf16 mode): inp in bf16, kept from the forward, read instead of inp. */
 static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
-                     const __nv_bfloat16 *dout16, const float *inp, const float *weight,
-                     const float *pre, int BT, int C, int OC, bool set)
+                     const __nv_bfloat16 *dout16, const float *inp, const void *inp_lp,
+                     const float *weight, const float *pre, int BT, int C, int OC, bool set)
 {
+    const __nv_bfloat16 *inp16 = k->cuda->bf16 ? (const __nv_bfloat16 *)inp_lp : NULL;
     if (set && dinp && BT > 0 && C > 0 && OC <= 0) /* an empty product: dinp = 0 */
         CUDA_CHECK(cudaMemsetAsync(dinp, 0, (size_t)BT * C * sizeof(float), kn_stream(k)));
     if (BT <= 0 || OC <= 0 || C < 0) return;
@@ -669,7 +677,7 @@ static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const
     const bool conv = k->cuda->bf16 && gemms;
     /* bf16 copies: W (for dinp) once, then dout and inp a chunk of rows at a time */
     size_t w_bytes = conv && dinp ? round256((size_t)OC * C * 2) : 0;
-    size_t row_bytes = 2 * ((dout16 ? 0 : (size_t)OC) + (dweight ? (size_t)C : 0));
+    size_t row_bytes = 2 * ((dout16 ? 0 : (size_t)OC) + (dweight && !inp16 ? (size_t)C : 0));
     int rows = BT;
     const size_t limit = bwd_bf16_bytes();
     if (conv && row_bytes && w_bytes + (size_t)BT * row_bytes > limit) {
@@ -680,7 +688,7 @@ static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const
     }
     size_t dout_bytes = dout16 ? 0 : round256((size_t)rows * OC * 2);
     const size_t ldo = dout16 ? 2 * (size_t)OC : (size_t)OC; /* dout's row stride in the GEMMs */
-    size_t inp_bytes = dweight ? round256((size_t)rows * C * 2) : 0;
+    size_t inp_bytes = dweight && !inp16 ? round256((size_t)rows * C * 2) : 0;
     size_t conv_bytes = conv ? w_bytes + dout_bytes + inp_bytes : 0;
     int parts = (BT + BIAS_ROWS - 1) / BIAS_ROWS;
     size_t partial_bytes = dbias ? (size_t)parts * OC * sizeof(float) : 0;
@@ -706,13 +714,10 @@ static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const
         const float *dout_r = dout16 ? NULL : dout + (size_t)r0 * OC;
         const float *inp_r = inp + (size_t)r0 * C;
         const void *Dr = dout_r, *Ir = inp_r;
-        if (dout16) {
-            Dr = dout16 + (size_t)r0 * ldo;
-            if (dweight) Ir = to_bf16(k, ws + w_bytes, inp_r, (size_t)R * C);
-        } else if (conv) {
-            Dr = to_bf16(k, ws + w_bytes, dout_r, (size_t)R * OC);
-            if (dweight) Ir = to_bf16(k, ws + w_bytes + dout_bytes, inp_r, (size_t)R * C);
-        }
+        if (dout16) Dr = dout16 + (size_t)r0 * ldo;
+        else if (conv) Dr = to_bf16(k, ws + w_bytes, dout_r, (size_t)R * OC);
+        if (inp16) Ir = inp16 + (size_t)r0 * C;
+        else if (conv && dweight) Ir = to_bf16(k, ws + w_bytes + dout_bytes, inp_r, (size_t)R * C);
         if (dinp) { /* dinp'[C, R] (+)= W'[C, OC] · dout'[OC, R] */
             mm_job j = {};
             j.ta = false;
@@ -756,49 +761,51 @@ static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const
     }
 }
 
-void kn_cuda_matmul_forward(kn_ctx *k, float *out, const float *inp, const float *weight,
-                            const float *bias, int BT, int C, int OC)
+void kn_cuda_matmul_forward(kn_ctx *k, float *out, const float *inp, const void *inp_lp,
+                            const float *weight, const float *bias, int BT, int C, int OC)
 {
-    forward(k, out, NULL, inp, weight, bias, BT, C, OC);
+    forward(k, out, NULL, NULL, inp, inp_lp, weight, bias, BT, C, OC);
 }
 
 void kn_cuda_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                             const float *dout, const float *inp, const float *weight, int BT,
-                             int C, int OC)
+                             const float *dout, const float *inp, const void *inp_lp,
+                             const float *weight, int BT, int C, int OC)
 {
-    backward(k, dinp, dweight, dbias, dout, NULL, inp, weight, NULL, BT, C, OC, false);
+    backward(k, dinp, dweight, dbias, dout, NULL, inp, inp_lp, weight, NULL, BT, C, OC, false);
 }
 
 void kn_cuda_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                                 const float *dout, const float *inp, const float *weight, int BT,
-                                 int C, int OC)
+                                 const float *dout, const float *inp, const void *inp_lp,
+                                 const float *weight, int BT, int C, int OC)
 {
-    backward(k, dinp, dweight, dbias, dout, NULL, inp, weight, NULL, BT, C, OC, true);
+    backward(k, dinp, dweight, dbias, dout, NULL, inp, inp_lp, weight, NULL, BT, C, OC, true);
 }
 
-void kn_cuda_matmul_gelu_forward(kn_ctx *k, float *out, float *pre, const float *inp,
-                                 const float *weight, const float *bias, int BT, int C, int OC)
+void kn_cuda_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre,
+                                 const float *inp, const void *inp_lp, const float *weight,
+                                 const float *bias, int BT, int C, int OC)
 {
-    forward(k, out, pre, inp, weight, bias, BT, C, OC);
+    forward(k, out, out_lp, pre, inp, inp_lp, weight, bias, BT, C, OC);
 }
 
 void kn_cuda_matmul_backward_gelu(kn_ctx *k, float *dpre, float *dweight, float *dbias,
-                                  const float *dout, const float *inp, const float *weight,
-                                  const float *pre, int BT, int C, int OC)
+                                  const float *dout, const float *inp, const void *inp_lp,
+                                  const float *weight, const float *pre, int BT, int C, int OC)
 {
-    backward(k, dpre, dweight, dbias, dout, NULL, inp, weight, pre, BT, C, OC, false);
+    backward(k, dpre, dweight, dbias, dout, NULL, inp, inp_lp, weight, pre, BT, C, OC, false);
 }
 
 void kn_cuda_lm_head_backward(kn_ctx *k, float *dinp, float *dweight, float *logits,
                               const float *stats, const int32_t *targets, float dloss_scale,
-                              const float *inp, const float *weight, int BT, int C, int V, int Vp)
+                              const float *inp, const void *inp_lp, const float *weight, int BT,
+                              int C, int V, int Vp)
 {
     if (k->cuda->bf16 && kn_cuda_crossentropy_backward_bf16(k, logits, stats, targets,
                                                             dloss_scale, BT, V, Vp)) {
-        backward(k, dinp, dweight, NULL, NULL, (const __nv_bfloat16 *)logits, inp, weight, NULL,
-                 BT, C, Vp, true);
+        backward(k, dinp, dweight, NULL, NULL, (const __nv_bfloat16 *)logits, inp, inp_lp,
+                 weight, NULL, BT, C, Vp, true);
         return;
     }
     kn_cuda_crossentropy_backward(k, logits, logits, stats, targets, dloss_scale, BT, V, Vp);
-    backward(k, dinp, dweight, NULL, logits, NULL, inp, weight, NULL, BT, C, Vp, true);
+    backward(k, dinp, dweight, NULL, logits, NULL, inp, inp_lp, weight, NULL, BT, C, Vp, true);
 }

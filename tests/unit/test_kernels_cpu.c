@@ -450,7 +450,7 @@ static void test_layernorm(void)
         float *out = tf(n), *mean = tf(N), *rstd = tf(N);
         double *xd = to_d(x, n), *wd = to_d(w, (size_t)C), *bd = to_d(b, (size_t)C);
         double *rout = td(n), *rmean = td(N), *rrstd = td(N);
-        kn_layernorm_forward(ctx, out, mean, rstd, x, w, b, B, T, C);
+        kn_layernorm_forward(ctx, out, NULL, mean, rstd, x, w, b, B, T, C);
         ref_layernorm(rout, rmean, rrstd, xd, wd, bd, (int)N, C);
         CHECK(near("layernorm out", out, rout, n, 2e-5));
         CHECK(near("layernorm mean", mean, rmean, N, 1e-5));
@@ -492,7 +492,7 @@ static void test_matmul_forward(void)
         float *bias = has_bias ? frand((size_t)OC, 1) : NULL;
         float *out = frand((size_t)BT * OC, 1); /* overwritten */
         double *ref = td((size_t)BT * OC);
-        kn_matmul_forward(ctx, out, x, W, bias, BT, C, OC);
+        kn_matmul_forward(ctx, out, x, NULL, W, bias, BT, C, OC);
         ref_matmul(ref, to_d(x, (size_t)BT * C), to_d(W, (size_t)OC * C),
                    bias ? to_d(bias, (size_t)OC) : NULL, BT, C, OC);
         CHECK(near("matmul out", out, ref, (size_t)BT * OC, 1e-5));
@@ -511,7 +511,7 @@ static void test_matmul_backward(void)
         float *dx = frand(nx, 1), *dW = frand(nw, 1), *db = has_bias ? frand((size_t)OC, 1) : NULL;
         float *dx0 = fcopy(dx, nx), *dW0 = fcopy(dW, nw), *db0 = db ? fcopy(db, (size_t)OC) : NULL;
         double *gx = td(nx), *gW = td(nw), *gb = td((size_t)OC);
-        kn_matmul_backward(ctx, dx, dW, db, dout, x, W, BT, C, OC);
+        kn_matmul_backward(ctx, dx, dW, db, dout, x, NULL, W, BT, C, OC);
         ref_matmul_backward(gx, gW, gb, to_d(dout, no), to_d(x, nx), to_d(W, nw), BT, C, OC);
         CHECK(near("matmul dinp (accumulated)", dx, plus(dx0, gx, nx), nx, 1e-5));
         CHECK(near("matmul dweight (accumulated)", dW, plus(dW0, gW, nw), nw, 1e-5));
@@ -828,8 +828,8 @@ static void test_matmul_backward_set(void)
         float *db = frand((size_t)OC, 1), *db2 = tf((size_t)OC);
         memcpy(dW2, dW, nw * 4), memcpy(db2, db, (size_t)OC * 4);
         memset(dx, 0, ni * 4);
-        kn_matmul_backward(ctx, dx, dW, db, dout, x, W, BT, C, OC);
-        kn_matmul_backward_set(ctx, dx2, dW2, db2, dout, x, W, BT, C, OC);
+        kn_matmul_backward(ctx, dx, dW, db, dout, x, NULL, W, BT, C, OC);
+        kn_matmul_backward_set(ctx, dx2, dW2, db2, dout, x, NULL, W, BT, C, OC);
         CHECK(memcmp(dx, dx2, ni * 4) == 0);
         CHECK(memcmp(dW, dW2, nw * 4) == 0);
         CHECK(memcmp(db, db2, (size_t)OC * 4) == 0);
@@ -940,7 +940,7 @@ static void test_fd_layernorm(void)
     float *x = frand(n, 1), *w = frand((size_t)C, 1), *b = frand((size_t)C, 1);
     float *out = tf(n), *mean = tf((size_t)B * T), *rstd = tf((size_t)B * T);
     float *dout = frand(n, 1), *dx = tf(n), *dw = tf((size_t)C), *db = tf((size_t)C);
-    kn_layernorm_forward(ctx, out, mean, rstd, x, w, b, B, T, C);
+    kn_layernorm_forward(ctx, out, NULL, mean, rstd, x, w, b, B, T, C);
     kn_layernorm_backward(ctx, dx, dw, db, dout, x, w, mean, rstd, B, T, C);
     fd.B = B, fd.T = T, fd.C = C;
     fd.x = to_d(x, n), fd.w = to_d(w, (size_t)C), fd.b = to_d(b, (size_t)C);
@@ -964,7 +964,7 @@ static void test_fd_matmul(void)
     float *x = frand((size_t)BT * C, 1), *W = frand((size_t)OC * C, 1), *bias = frand((size_t)OC, 1);
     float *dout = frand((size_t)BT * OC, 1);
     float *dx = tf((size_t)BT * C), *dW = tf((size_t)OC * C), *db = tf((size_t)OC);
-    kn_matmul_backward(ctx, dx, dW, db, dout, x, W, BT, C, OC);
+    kn_matmul_backward(ctx, dx, dW, db, dout, x, NULL, W, BT, C, OC);
     fd.B = BT, fd.C = C, fd.OC = OC;
     fd.x = to_d(x, (size_t)BT * C), fd.W = to_d(W, (size_t)OC * C), fd.b = to_d(bias, (size_t)OC);
     fd.wsum = to_d(dout, (size_t)BT * OC), fd.out = td((size_t)BT * OC);
@@ -1097,7 +1097,7 @@ static void test_threads_agree(void)
         float **o = r[k];
         for (int j = 0; j < 16; j++) o[j] = NULL;
         o[0] = tf(n), o[1] = tf(BT), o[2] = tf(BT);
-        kn_layernorm_forward(K, o[0], o[1], o[2], x, w, bb, B, T, C);
+        kn_layernorm_forward(K, o[0], NULL, o[1], o[2], x, w, bb, B, T, C);
         o[3] = fcopy(g0, n), o[4] = tf(C), o[5] = tf(C);
         kn_layernorm_backward(K, o[3], o[4], o[5], dout, x, w, o[1], o[2], B, T, C);
         o[6] = tf(n), o[7] = tf((size_t)B * NH * T * T);
@@ -1116,7 +1116,7 @@ static void test_threads_agree(void)
         o[14] = tf((size_t)V * C);
         kn_encoder_backward(K, o[14], NULL, dout, inp, B, T, C, V);
         o[15] = tf(BT * OC);
-        kn_matmul_forward(K, o[15], x, W, mmbias, (int)BT, C, OC);
+        kn_matmul_forward(K, o[15], x, NULL, W, mmbias, (int)BT, C, OC);
         sums[k][0] = kn_sum_squares(K, x, n);
         sums[k][1] = kn_sum(K, logits, BT * Vp);
     }
@@ -1171,7 +1171,7 @@ static void test_profile(void)
     for (int i = 0; i < 3; i++) kn_residual_forward(k, out, a, b, N);
     kn_gelu_forward(k, out, a, N);
     kn_gelu_forward(k, out, a, N);
-    kn_matmul_forward(k, out, a, w, NULL, 16, 16, 16);
+    kn_matmul_forward(k, out, a, NULL, w, NULL, 16, 16, 16);
     ok &= kn_sum(k, b, N) == (double)N; /* the timed call still returns its value */
     kn_zero(k, out, N * 4);
     int n = kn_profile_report(k, e, 32);

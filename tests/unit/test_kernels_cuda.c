@@ -134,6 +134,51 @@ static int close_to(const char *what, const float *got, const float *ref, size_t
     return 1;
 }
 
+/* x rounded to the nearest bf16 (ties to even); x finite. */
+static float bf16_round(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* Device memory for a low-precision copy of n values (kernels.h); NULL where the
+ * context keeps none (fp32, tf32). */
+static void *lowp_alloc(size_t n)
+{
+    size_t bytes = kn_lowp_bytes(gpu, n);
+    return bytes ? alloc_on(gpu, bytes) : NULL;
+}
+
+/* kn_to_lowp of device values d; NULL where the context keeps no copies. */
+static void *lowp_of(const float *d, size_t n)
+{
+    void *lp = lowp_alloc(n);
+    if (lp) kn_to_lowp(gpu, lp, d, n);
+    return lp;
+}
+
+/* Does lp hold the bf16 values of d (each rounded to nearest even), every one written? */
+static int lowp_is_copy(const char *what, const void *lp, const float *d, size_t n)
+{
+    uint16_t *h = alloc_on(cpu, n * sizeof(uint16_t));
+    kn_to_host(gpu, h, lp, n * sizeof(uint16_t));
+    const float *ref = down(d, n);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)h[i] << 16;
+        float got;
+        memcpy(&got, &u, sizeof got);
+        if (got != bf16_round(ref[i])) {
+            printf("    %s: [%zu] = %.9g, bf16 of %.9g expected\n", what, i, (double)got,
+                   (double)ref[i]);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* ---- context and memory ------------------------------------------------------ */
 
 static void test_context(void)
@@ -279,9 +324,11 @@ static void test_layernorm(void)
         float *d_x = upf(x, n), *d_w = upf(w, (size_t)C), *d_b = upf(b, (size_t)C);
         float *d_out = alloc_on(gpu, n * 4), *d_mean = alloc_on(gpu, N * 4),
               *d_rstd = alloc_on(gpu, N * 4);
-        kn_layernorm_forward(cpu, out, mean, rstd, x, w, b, B, T, C);
-        kn_layernorm_forward(gpu, d_out, d_mean, d_rstd, d_x, d_w, d_b, B, T, C);
+        void *d_lp = lowp_alloc(n);
+        kn_layernorm_forward(cpu, out, NULL, mean, rstd, x, w, b, B, T, C);
+        kn_layernorm_forward(gpu, d_out, d_lp, d_mean, d_rstd, d_x, d_w, d_b, B, T, C);
         CHECK(close_to("layernorm out", down(d_out, n), out, n, 1e-5));
+        if (d_lp) CHECK(lowp_is_copy("layernorm out_lp", d_lp, d_out, n));
         CHECK(close_to("layernorm mean", down(d_mean, N), mean, N, 1e-5));
         if (C > 1) CHECK(close_to("layernorm rstd", down(d_rstd, N), rstd, N, 1e-5));
 
@@ -328,19 +375,30 @@ static void test_matmul(void)
         float *out = hrand(no, 1); /* overwritten */
         float *d_x = upf_at(x, ni, off), *d_W = upf_at(W, nw, off);
         float *d_bias = bias ? upf_at(bias, OC, off) : NULL, *d_out = upf_at(out, no, off);
-        kn_matmul_forward(cpu, out, x, W, bias, BT, C, OC);
-        kn_matmul_forward(gpu, d_out, d_x, d_W, d_bias, BT, C, OC);
+        kn_matmul_forward(cpu, out, x, NULL, W, bias, BT, C, OC);
+        kn_matmul_forward(gpu, d_out, d_x, NULL, d_W, d_bias, BT, C, OC);
         CHECK(close_to("matmul out", down(d_out, no), out, no, tol_lin));
+        void *d_xl = lowp_of(d_x, ni); /* bf16 mode: inp's copy, read instead of converting */
+        float *d_out2 = alloc_on(gpu, no * sizeof(float));
+        if (d_xl) kn_matmul_forward(gpu, d_out2, d_x, d_xl, d_W, d_bias, BT, C, OC);
+        if (d_xl) CHECK(close_to("matmul out (inp_lp)", down(d_out2, no), out, no, tol_lin));
 
         float *dout = hrand(no, 1), *dx = hrand(ni, 1), *dW = hrand(nw, 1);
         float *db = has_bias ? hrand(OC, 1) : NULL;
         float *d_dx = upf_at(dx, ni, off), *d_dW = upf_at(dW, nw, off);
         float *d_db = db ? upf_at(db, OC, off) : NULL;
-        kn_matmul_backward(cpu, dx, dW, db, dout, x, W, BT, C, OC);
-        kn_matmul_backward(gpu, d_dx, d_dW, d_db, upf_at(dout, no, off), d_x, d_W, BT, C, OC);
+        float *d_dx2 = upf(dx, ni), *d_dW2 = upf(dW, nw);
+        kn_matmul_backward(cpu, dx, dW, db, dout, x, NULL, W, BT, C, OC);
+        float *d_dout = upf_at(dout, no, off);
+        kn_matmul_backward(gpu, d_dx, d_dW, d_db, d_dout, d_x, NULL, d_W, BT, C, OC);
         CHECK(close_to("matmul dinp (accumulated)", down(d_dx, ni), dx, ni, tol_lin));
         CHECK(close_to("matmul dweight (accumulated)", down(d_dW, nw), dW, nw, tol_lin));
         if (db) CHECK(close_to("matmul dbias (accumulated)", down(d_db, OC), db, OC, 2e-5));
+        if (d_xl) {
+            kn_matmul_backward(gpu, d_dx2, d_dW2, NULL, d_dout, d_x, d_xl, d_W, BT, C, OC);
+            CHECK(close_to("matmul dinp (inp_lp)", down(d_dx2, ni), dx, ni, tol_lin));
+            CHECK(close_to("matmul dweight (inp_lp)", down(d_dW2, nw), dW, nw, tol_lin));
+        }
         arena_reset(); /* the last shape is large */
     }
 }
@@ -362,9 +420,9 @@ static void test_matmul_backward_set(void)
         for (size_t i = 0; i < ni; i++) dx[i] = 7.0f;
         float *d_dx = upf_at(dx, ni, off), *d_dW = upf_at(dW, nw, off);
         float *d_db = db ? upf_at(db, OC, off) : NULL;
-        kn_matmul_backward_set(cpu, dx, dW, db, dout, x, W, BT, C, OC);
+        kn_matmul_backward_set(cpu, dx, dW, db, dout, x, NULL, W, BT, C, OC);
         kn_matmul_backward_set(gpu, d_dx, d_dW, d_db, upf_at(dout, no, off), upf_at(x, ni, off),
-                               upf_at(W, nw, off), BT, C, OC);
+                               NULL, upf_at(W, nw, off), BT, C, OC);
         CHECK(close_to("matmul dinp (set)", down(d_dx, ni), dx, ni, tol_lin));
         CHECK(close_to("matmul dweight (set)", down(d_dW, nw), dW, nw, tol_lin));
         if (db) CHECK(close_to("matmul dbias (set)", down(d_db, OC), db, OC, 2e-5));
@@ -392,20 +450,24 @@ static void test_matmul_gelu(void)
         float *out = hrand(nh, 1), *pre = hrand(nh, 1); /* both overwritten */
         float *d_out = upf_at(out, nh, off), *d_pre = upf_at(pre, nh, off);
         float *d_W1 = upf_at(W1, nw, off);
-        kn_matmul_gelu_forward(cpu, out, pre, x, W1, b1, BT, C, H);
-        kn_matmul_gelu_forward(gpu, d_out, d_pre, upf_at(x, ni, off), d_W1,
+        float *d_x = upf_at(x, ni, off);
+        void *d_xl = lowp_of(d_x, ni), *d_outl = lowp_alloc(nh);
+        kn_matmul_gelu_forward(cpu, out, NULL, pre, x, NULL, W1, b1, BT, C, H);
+        kn_matmul_gelu_forward(gpu, d_out, d_outl, d_pre, d_x, d_xl, d_W1,
                                b1 ? upf_at(b1, H, off) : NULL, BT, C, H);
         CHECK(close_to("matmul_gelu pre", down(d_pre, nh), pre, nh, tol_lin));
         CHECK(close_to("matmul_gelu out", down(d_out, nh), out, nh, tol_lin));
+        if (d_outl) CHECK(lowp_is_copy("matmul_gelu out_lp", d_outl, d_out, nh));
 
         /* backward from the CPU's pre and out, so only backward is compared */
         float *W2 = hrand(nw, 0.1), *dout = hrand(ni, 1), *dpre = hrand(nh, 1); /* overwritten */
         float *dW2 = hrand(nw, 1), *db2 = has_bias ? hrand(C, 1) : NULL;
         float *d_dpre = upf_at(dpre, nh, off), *d_dW2 = upf_at(dW2, nw, off);
         float *d_db2 = db2 ? upf_at(db2, C, off) : NULL;
-        kn_matmul_backward_gelu(cpu, dpre, dW2, db2, dout, out, W2, pre, BT, H, C);
-        kn_matmul_backward_gelu(gpu, d_dpre, d_dW2, d_db2, upf_at(dout, ni, off),
-                                upf_at(out, nh, off), upf_at(W2, nw, off), upf_at(pre, nh, off),
+        kn_matmul_backward_gelu(cpu, dpre, dW2, db2, dout, out, NULL, W2, pre, BT, H, C);
+        float *d_inp = upf_at(out, nh, off); /* the CPU's out, and its bf16 copy */
+        kn_matmul_backward_gelu(gpu, d_dpre, d_dW2, d_db2, upf_at(dout, ni, off), d_inp,
+                                lowp_of(d_inp, nh), upf_at(W2, nw, off), upf_at(pre, nh, off),
                                 BT, H, C);
         CHECK(close_to("matmul_backward_gelu dpre", down(d_dpre, nh), dpre, nh, tol_lin));
         CHECK(close_to("matmul_backward_gelu dweight (accumulated)", down(d_dW2, nw), dW2, nw,
@@ -441,16 +503,6 @@ static void attention_lse_reference(float *lse, const float *qkv, int B, int T, 
                     }
                 lse[((size_t)b * NH + h) * T + t] = (float)(mx + log(sum));
             }
-}
-
-/* x rounded to the nearest bf16 (ties to even); x finite. */
-static float bf16_round(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    memcpy(&x, &u, sizeof x);
-    return x;
 }
 
 /* Each backend keeps its own attention state (the CPU the probabilities, CUDA
@@ -690,9 +742,10 @@ static void test_lm_head_backward(void)
         const float scale = 1.0f / (float)BT;
         kn_crossentropy_forward(cpu, losses, stats, logits, tg, BT, V, Vp);
         kn_crossentropy_backward(cpu, logits, logits, stats, tg, scale, BT, V, Vp);
-        kn_matmul_backward_set(cpu, dx, dW, NULL, logits, x, W, BT, C, Vp);
+        kn_matmul_backward_set(cpu, dx, dW, NULL, logits, x, NULL, W, BT, C, Vp);
         kn_lm_head_backward(gpu, d_dx, d_dW, d_logits, upf(stats, 2 * (size_t)BT),
-                            up(tg, BT * sizeof(int32_t)), scale, d_x, d_W, BT, C, V, Vp);
+                            up(tg, BT * sizeof(int32_t)), scale, d_x, lowp_of(d_x, ni), d_W, BT,
+                            C, V, Vp);
         char what[96];
         snprintf(what, sizeof what, "lm head dinp (BT %d C %d Vp %d off %d)", BT, C, Vp, off);
         CHECK(close_to(what, down(d_dx, ni), dx, ni, tol_lin));

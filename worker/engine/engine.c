@@ -8,10 +8,13 @@
 
 #include "util.h"
 
-/* Activations a block keeps for its backward. */
+/* Activations a block keeps for its backward. The _lp are the matmul inputs'
+ * low-precision copies (kn_lowp_bytes; NULL where the backend keeps none), made
+ * once in the forward and read again by the backward's dweight products. */
 typedef struct {
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd;
     float *fch, *fch_gelu, *res3;
+    void *ln1_lp, *atty_lp, *ln2_lp, *fch_gelu_lp;
 } block_acts;
 
 struct pl_slot {
@@ -20,6 +23,7 @@ struct pl_slot {
     float *input;              /* stage input [B,T,C] (the encoder output with the embedding) */
     block_acts *blocks;        /* one per block in the range */
     float *lnf, *lnf_mean, *lnf_rstd, *losses;
+    void *lnf_lp;
     /* [B·T, Vp]: the logits after forward (the softmax probabilities with
      * keep_probs), dlogits during backward */
     float *probs;
@@ -51,6 +55,15 @@ static float *carve(char *base, size_t *off, size_t nfloats)
     return p;
 }
 
+/* A low-precision copy of n values (kn_lowp_bytes), or NULL where the backend keeps none. */
+static void *carve_lowp(const pl_engine *e, char *base, size_t *off, size_t n)
+{
+    size_t bytes = kn_lowp_bytes(e->k, n);
+    if (!bytes) return NULL;
+    void *p = carve(base, off, (bytes + sizeof(float) - 1) / sizeof(float));
+    return base ? p : NULL;
+}
+
 static size_t layout_slot(const pl_engine *e, pl_slot *s, char *base)
 {
     const size_t B = (size_t)e->B, T = (size_t)e->T, C = (size_t)e->cfg.C, BT = B * T;
@@ -74,12 +87,17 @@ static size_t layout_slot(const pl_engine *e, pl_slot *s, char *base)
         a.fch = carve(base, &off, BT * 4 * C);
         a.fch_gelu = carve(base, &off, BT * 4 * C);
         a.res3 = carve(base, &off, BT * C);
+        a.ln1_lp = carve_lowp(e, base, &off, BT * C);
+        a.atty_lp = carve_lowp(e, base, &off, BT * C);
+        a.ln2_lp = carve_lowp(e, base, &off, BT * C);
+        a.fch_gelu_lp = carve_lowp(e, base, &off, BT * 4 * C);
         if (base) s->blocks[b] = a;
     }
     if (pl_engine_has_head(e)) {
         s->lnf = carve(base, &off, BT * C);
         s->lnf_mean = carve(base, &off, BT);
         s->lnf_rstd = carve(base, &off, BT);
+        s->lnf_lp = carve_lowp(e, base, &off, BT * C);
         s->probs = carve(base, &off, BT * (size_t)e->cfg.Vp);
         s->losses = carve(base, &off, BT);
         s->ce_stats = carve(base, &off, 2 * BT);
@@ -340,15 +358,19 @@ static void block_forward(pl_engine *e, pl_slot *s, int l)
     block_acts *a = &s->blocks[l - (int)first_block(e)];
     const float *x = block_input(e, s, l);
     float *proj = scratch_of(e).proj;
-    kn_layernorm_forward(k, a->ln1, a->ln1_mean, a->ln1_rstd, x, P(e, l, 0), P(e, l, 1), B, T, C);
-    kn_matmul_forward(k, a->qkv, a->ln1, P(e, l, 2), P(e, l, 3), BT, C, 3 * C);
+    kn_layernorm_forward(k, a->ln1, a->ln1_lp, a->ln1_mean, a->ln1_rstd, x, P(e, l, 0),
+                         P(e, l, 1), B, T, C);
+    kn_matmul_forward(k, a->qkv, a->ln1, a->ln1_lp, P(e, l, 2), P(e, l, 3), BT, C, 3 * C);
     kn_attention_forward(k, a->atty, a->att, a->qkv, B, T, C, e->cfg.NH);
-    kn_matmul_forward(k, proj, a->atty, P(e, l, 4), P(e, l, 5), BT, C, C);
+    if (a->atty_lp) kn_to_lowp(k, a->atty_lp, a->atty, (size_t)BT * C);
+    kn_matmul_forward(k, proj, a->atty, a->atty_lp, P(e, l, 4), P(e, l, 5), BT, C, C);
     kn_residual_forward(k, a->res2, x, proj, (size_t)BT * C);
-    kn_layernorm_forward(k, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, P(e, l, 6), P(e, l, 7), B,
-                         T, C);
-    kn_matmul_gelu_forward(k, a->fch_gelu, a->fch, a->ln2, P(e, l, 8), P(e, l, 9), BT, C, 4 * C);
-    kn_matmul_forward(k, proj, a->fch_gelu, P(e, l, 10), P(e, l, 11), BT, 4 * C, C);
+    kn_layernorm_forward(k, a->ln2, a->ln2_lp, a->ln2_mean, a->ln2_rstd, a->res2, P(e, l, 6),
+                         P(e, l, 7), B, T, C);
+    kn_matmul_gelu_forward(k, a->fch_gelu, a->fch_gelu_lp, a->fch, a->ln2, a->ln2_lp, P(e, l, 8),
+                           P(e, l, 9), BT, C, 4 * C);
+    kn_matmul_forward(k, proj, a->fch_gelu, a->fch_gelu_lp, P(e, l, 10), P(e, l, 11), BT, 4 * C,
+                      C);
     kn_residual_forward(k, a->res3, a->res2, proj, (size_t)BT * C);
 }
 
@@ -385,9 +407,9 @@ static float head_forward(pl_engine *e, pl_slot *s, const int32_t *targets)
     const int H = e->cfg.L + 1;
     const float *wte = e->params + e->tensors[e->wte_tensor].offset;
     kn_to_device(k, s->targets, targets, (size_t)BT * sizeof(int32_t));
-    kn_layernorm_forward(k, s->lnf, s->lnf_mean, s->lnf_rstd, last_output(e, s), P(e, H, 0),
-                         P(e, H, 1), B, T, C);
-    kn_matmul_forward(k, s->probs, s->lnf, wte, NULL, BT, C, e->cfg.Vp);
+    kn_layernorm_forward(k, s->lnf, s->lnf_lp, s->lnf_mean, s->lnf_rstd, last_output(e, s),
+                         P(e, H, 0), P(e, H, 1), B, T, C);
+    kn_matmul_forward(k, s->probs, s->lnf, s->lnf_lp, wte, NULL, BT, C, e->cfg.Vp);
     if (e->keep_probs)
         kn_softmax_crossentropy_forward(k, s->losses, s->probs, s->probs, s->targets, BT,
                                         e->cfg.V, e->cfg.Vp);
@@ -479,17 +501,17 @@ static void block_backward(pl_engine *e, pl_slot *s, int l, const scratch *w)
     const float *x = block_input(e, s, l);
     /* w->dres holds d(res3) on entry and d(block input) on exit */
     kn_matmul_backward_gelu(k, w->dfch, G(e, l, 10), G(e, l, 11), w->dres, a->fch_gelu,
-                            P(e, l, 10), a->fch, BT, 4 * C, C);
+                            a->fch_gelu_lp, P(e, l, 10), a->fch, BT, 4 * C, C);
     /* _set: the scratch input gradients are overwritten, no zeroing pass */
-    kn_matmul_backward_set(k, w->dln, G(e, l, 8), G(e, l, 9), w->dfch, a->ln2, P(e, l, 8), BT, C,
-                           4 * C);
+    kn_matmul_backward_set(k, w->dln, G(e, l, 8), G(e, l, 9), w->dfch, a->ln2, a->ln2_lp,
+                           P(e, l, 8), BT, C, 4 * C);
     kn_layernorm_backward(k, w->dres, G(e, l, 6), G(e, l, 7), w->dln, a->res2, P(e, l, 6),
                           a->ln2_mean, a->ln2_rstd, B, T, C);
-    kn_matmul_backward_set(k, w->datty, G(e, l, 4), G(e, l, 5), w->dres, a->atty, P(e, l, 4), BT,
-                           C, C);
+    kn_matmul_backward_set(k, w->datty, G(e, l, 4), G(e, l, 5), w->dres, a->atty, a->atty_lp,
+                           P(e, l, 4), BT, C, C);
     kn_attention_backward(k, w->dqkv, w->datty, a->qkv, a->att, a->atty, B, T, C, e->cfg.NH);
-    kn_matmul_backward_set(k, w->dln, G(e, l, 2), G(e, l, 3), w->dqkv, a->ln1, P(e, l, 2), BT, C,
-                           3 * C);
+    kn_matmul_backward_set(k, w->dln, G(e, l, 2), G(e, l, 3), w->dqkv, a->ln1, a->ln1_lp,
+                           P(e, l, 2), BT, C, 3 * C);
     kn_layernorm_backward(k, w->dres, G(e, l, 0), G(e, l, 1), w->dln, x, P(e, l, 0), a->ln1_mean,
                           a->ln1_rstd, B, T, C);
 }
@@ -518,11 +540,12 @@ static void backward(pl_engine *e, int slot, const float *dout, int dev, float d
         if (e->keep_probs) {
             kn_crossentropy_softmax_backward(k, s->probs, s->probs, s->targets, dloss_scale, BT,
                                              e->cfg.V, e->cfg.Vp);
-            kn_matmul_backward_set(k, w.dln, head_dwte(e), NULL, s->probs, s->lnf, wte, BT, C,
-                                   e->cfg.Vp);
+            kn_matmul_backward_set(k, w.dln, head_dwte(e), NULL, s->probs, s->lnf, s->lnf_lp,
+                                   wte, BT, C, e->cfg.Vp);
         } else { /* the logits become the dlogits (bf16 on CUDA) */
             kn_lm_head_backward(k, w.dln, head_dwte(e), s->probs, s->ce_stats, s->targets,
-                                dloss_scale, s->lnf, wte, BT, C, e->cfg.V, e->cfg.Vp);
+                                dloss_scale, s->lnf, s->lnf_lp, wte, BT, C, e->cfg.V,
+                                e->cfg.Vp);
         }
         e->head_pending = e->head_dwte != NULL;
         kn_zero(k, w.dres, BTC * sizeof(float));
