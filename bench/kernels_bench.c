@@ -112,7 +112,7 @@ static void bench_matmul(kn_ctx *k, double peak)
         float *dW = make(k, (size_t)OC * C, 0), *db = has_bias ? make(k, (size_t)OC, 0) : NULL;
         double fl = 2.0 * BT * C * OC, tf, tb, nf, nb;
         TIME_BEST(tf, kn_matmul_forward(k, out, x, NULL, W, bias, BT, C, OC));
-        TIME_BEST(tb, kn_matmul_backward(k, dx, dW, db, out, x, NULL, W, BT, C, OC));
+        TIME_BEST(tb, kn_matmul_backward(k, dx, dW, db, out, NULL, x, NULL, W, BT, C, OC));
         openblas_set_num_threads(nt);
         TIME_BEST(nf, cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, BT, OC, C, 1.0f, x, C, W,
                                   C, 0.0f, out, OC));

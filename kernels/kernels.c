@@ -214,11 +214,11 @@ void kn_matmul_forward(kn_ctx *k, float *out, const float *inp, const void *inp_
 }
 
 void kn_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
-                        const float *inp, const void *inp_lp, const float *weight, int BT, int C,
-                        int OC)
+                        const void *dout_lp, const float *inp, const void *inp_lp,
+                        const float *weight, int BT, int C, int OC)
 {
-    TIMED(OP_MATMUL_BACKWARD, k->ops->matmul_backward(k, dinp, dweight, dbias, dout, inp, inp_lp,
-                                                      weight, BT, C, OC));
+    TIMED(OP_MATMUL_BACKWARD, k->ops->matmul_backward(k, dinp, dweight, dbias, dout, dout_lp, inp,
+                                                      inp_lp, weight, BT, C, OC));
 }
 
 size_t kn_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH)
@@ -247,20 +247,21 @@ void kn_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre, con
                                                               weight, bias, BT, C, OC));
 }
 
-void kn_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                            const float *dout, const float *inp, const void *inp_lp,
+void kn_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
+                            const void *dout_lp, const float *inp, const void *inp_lp,
                             const float *weight, int BT, int C, int OC)
 {
-    TIMED(OP_MATMUL_BACKWARD, k->ops->matmul_backward_set(k, dinp, dweight, dbias, dout, inp,
-                                                          inp_lp, weight, BT, C, OC));
+    TIMED(OP_MATMUL_BACKWARD, k->ops->matmul_backward_set(k, dinp, dweight, dbias, dout, dout_lp,
+                                                          inp, inp_lp, weight, BT, C, OC));
 }
 
-void kn_matmul_backward_gelu(kn_ctx *k, float *dpre, float *dweight, float *dbias,
+void kn_matmul_backward_gelu(kn_ctx *k, float *dpre, void *dpre_lp, float *dweight, float *dbias,
                              const float *dout, const float *inp, const void *inp_lp,
                              const float *weight, const float *pre, int BT, int C, int OC)
 {
-    TIMED(OP_MATMUL_BACKWARD_GELU, k->ops->matmul_backward_gelu(k, dpre, dweight, dbias, dout, inp,
-                                                                inp_lp, weight, pre, BT, C, OC));
+    TIMED(OP_MATMUL_BACKWARD_GELU,
+          k->ops->matmul_backward_gelu(k, dpre, dpre_lp, dweight, dbias, dout, inp, inp_lp, weight,
+                                       pre, BT, C, OC));
 }
 
 void kn_gelu_forward(kn_ctx *k, float *out, const float *inp, size_t n)
@@ -320,7 +321,8 @@ void kn_lm_head_backward(kn_ctx *k, float *dinp, float *dweight, float *logits,
 {
     if (!k->ops->lm_head_backward) {
         kn_crossentropy_backward(k, logits, logits, stats, targets, dloss_scale, BT, V, Vp);
-        kn_matmul_backward_set(k, dinp, dweight, NULL, logits, inp, inp_lp, weight, BT, C, Vp);
+        kn_matmul_backward_set(k, dinp, dweight, NULL, logits, NULL, inp, inp_lp, weight, BT, C,
+                               Vp);
         return;
     }
     TIMED(OP_LM_HEAD_BACKWARD,

@@ -141,17 +141,18 @@ void kn_to_lowp(kn_ctx *k, void *lp, const float *src, size_t n);
  * inp_lp: inp's low-precision copy (above) or NULL. */
 void kn_matmul_forward(kn_ctx *k, float *out, const float *inp, const void *inp_lp,
                        const float *weight, const float *bias, int BT, int C, int OC);
-/* dinp += dout · weight; dweight += doutᵀ · inp; dbias += Σ rows of dout (dbias may be NULL). */
+/* dinp += dout · weight; dweight += doutᵀ · inp; dbias += Σ rows of dout (dbias may be NULL).
+ * dout_lp, inp_lp: dout's and inp's low-precision copies (above) or NULL. */
 void kn_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
-                        const float *inp, const void *inp_lp, const float *weight, int BT, int C,
-                        int OC);
+                        const void *dout_lp, const float *inp, const void *inp_lp,
+                        const float *weight, int BT, int C, int OC);
 
 /* kn_matmul_backward with dinp OVERWRITTEN (dinp = dout · weight): what the
  * engine used to get by zeroing dinp first, without the memset and, on CUDA,
  * without the GEMM reading dinp back (beta 0). The CPU zeroes and accumulates,
  * bit for bit the zero-then-kn_matmul_backward it replaces. */
-void kn_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                            const float *dout, const float *inp, const void *inp_lp,
+void kn_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
+                            const void *dout_lp, const float *inp, const void *inp_lp,
                             const float *weight, int BT, int C, int OC);
 
 /* Causal multi-head self-attention. qkv is [B, T, 3C] (q, k, v, each C = NH·hs
@@ -178,8 +179,10 @@ void kn_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre, con
                             int C, int OC);
 /* Backward of out = gelu(pre) · weightᵀ + bias for the MLP's second matmul (inp =
  * gelu(pre), [BT, C]): dpre = (dout · weight) ⊙ gelu'(pre), OVERWRITTEN;
- * dweight += doutᵀ · inp; dbias += Σ rows of dout. */
-void kn_matmul_backward_gelu(kn_ctx *k, float *dpre, float *dweight, float *dbias,
+ * dweight += doutᵀ · inp; dbias += Σ rows of dout. dpre_lp (NULL or
+ * kn_lowp_bytes(k, BT·C)) receives dpre's low-precision copy: the next
+ * matmul's dout_lp. */
+void kn_matmul_backward_gelu(kn_ctx *k, float *dpre, void *dpre_lp, float *dweight, float *dbias,
                              const float *dout, const float *inp, const void *inp_lp,
                              const float *weight, const float *pre, int BT, int C, int OC);
 

@@ -33,8 +33,8 @@ typedef struct kn_ops {
                                const float *mean, const float *rstd, int B, int T, int C);
     void (*matmul_forward)(kn_ctx *k, float *out, const float *inp, const void *inp_lp,
                            const float *weight, const float *bias, int BT, int C, int OC);
-    void (*matmul_backward)(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                            const float *dout, const float *inp, const void *inp_lp,
+    void (*matmul_backward)(kn_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
+                            const void *dout_lp, const float *inp, const void *inp_lp,
                             const float *weight, int BT, int C, int OC);
     void (*attention_forward)(kn_ctx *k, float *out, float *att, const float *qkv, int B, int T,
                               int C, int NH);
@@ -63,8 +63,8 @@ typedef struct kn_ops {
                                float beta2, float eps, float weight_decay, float grad_scale,
                                int t);
     void (*matmul_backward_set)(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                                const float *dout, const float *inp, const void *inp_lp,
-                                const float *weight, int BT, int C, int OC);
+                                const float *dout, const void *dout_lp, const float *inp,
+                                const void *inp_lp, const float *weight, int BT, int C, int OC);
     double (*sum_squares)(kn_ctx *k, const float *x, size_t n);
     double (*sum)(kn_ctx *k, const float *x, size_t n);
     void (*copy)(kn_ctx *k, void *dst, const void *src, size_t bytes);
@@ -74,9 +74,10 @@ typedef struct kn_ops {
     void (*matmul_gelu_forward)(kn_ctx *k, float *out, void *out_lp, float *pre,
                                 const float *inp, const void *inp_lp, const float *weight,
                                 const float *bias, int BT, int C, int OC);
-    void (*matmul_backward_gelu)(kn_ctx *k, float *dpre, float *dweight, float *dbias,
-                                 const float *dout, const float *inp, const void *inp_lp,
-                                 const float *weight, const float *pre, int BT, int C, int OC);
+    void (*matmul_backward_gelu)(kn_ctx *k, float *dpre, void *dpre_lp, float *dweight,
+                                 float *dbias, const float *dout, const float *inp,
+                                 const void *inp_lp, const float *weight, const float *pre, int BT,
+                                 int C, int OC);
     /* Kernel-level timing (kn_profile_enable; kernels.c calls these only while
      * it is on): prof_begin before a kernel, prof_end(op) after it; the backend
      * adds the kernel's milliseconds to k->prof->ms[op], at once (CPU) or at

@@ -66,8 +66,8 @@ void kn_cpu_layernorm_backward(kn_ctx *k, float *dinp, float *dweight, float *db
                                const float *mean, const float *rstd, int B, int T, int C);
 void kn_cpu_matmul_forward(kn_ctx *k, float *out, const float *inp, const void *inp_lp,
                            const float *weight, const float *bias, int BT, int C, int OC);
-void kn_cpu_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                            const float *dout, const float *inp, const void *inp_lp,
+void kn_cpu_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
+                            const void *dout_lp, const float *inp, const void *inp_lp,
                             const float *weight, int BT, int C, int OC);
 void kn_cpu_attention_forward(kn_ctx *k, float *out, float *att, const float *qkv, int B, int T,
                               int C, int NH);
@@ -77,9 +77,10 @@ size_t kn_cpu_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH);
 void kn_cpu_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre,
                                 const float *inp, const void *inp_lp, const float *weight,
                                 const float *bias, int BT, int C, int OC);
-void kn_cpu_matmul_backward_gelu(kn_ctx *k, float *dpre, float *dweight, float *dbias,
-                                 const float *dout, const float *inp, const void *inp_lp,
-                                 const float *weight, const float *pre, int BT, int C, int OC);
+void kn_cpu_matmul_backward_gelu(kn_ctx *k, float *dpre, void *dpre_lp, float *dweight,
+                                 float *dbias, const float *dout, const float *inp,
+                                 const void *inp_lp, const float *weight, const float *pre, int BT,
+                                 int C, int OC);
 void kn_cpu_gelu_forward(kn_ctx *k, float *out, const float *inp, size_t n);
 void kn_cpu_gelu_backward(kn_ctx *k, float *dinp, const float *inp, const float *dout, size_t n);
 void kn_cpu_residual_forward(kn_ctx *k, float *out, const float *a, const float *b, size_t n);
@@ -103,8 +104,8 @@ void kn_cpu_adamw_update_spans(kn_ctx *k, float *params, const float *grads, flo
                                float beta2, float eps, float weight_decay, float grad_scale,
                                int t);
 void kn_cpu_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                                const float *dout, const float *inp, const void *inp_lp,
-                                const float *weight, int BT, int C, int OC);
+                                const float *dout, const void *dout_lp, const float *inp,
+                                const void *inp_lp, const float *weight, int BT, int C, int OC);
 double kn_cpu_sum_squares(kn_ctx *k, const float *x, size_t n);
 double kn_cpu_sum(kn_ctx *k, const float *x, size_t n);
 

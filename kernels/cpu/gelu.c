@@ -70,13 +70,14 @@ void kn_cpu_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre,
     kn_cpu_gelu_forward(k, out, pre, (size_t)BT * (size_t)OC);
 }
 
-void kn_cpu_matmul_backward_gelu(kn_ctx *k, float *dpre, float *dweight, float *dbias,
-                                 const float *dout, const float *inp, const void *inp_lp,
-                                 const float *weight, const float *pre, int BT, int C, int OC)
+void kn_cpu_matmul_backward_gelu(kn_ctx *k, float *dpre, void *dpre_lp, float *dweight,
+                                 float *dbias, const float *dout, const float *inp,
+                                 const void *inp_lp, const float *weight, const float *pre, int BT,
+                                 int C, int OC)
 {
     const size_t n = (size_t)BT * (size_t)C;
     memset(dpre, 0, n * sizeof *dpre);
-    kn_cpu_matmul_backward(k, dpre, dweight, dbias, dout, inp, inp_lp, weight, BT, C, OC);
+    kn_cpu_matmul_backward(k, dpre, dweight, dbias, dout, NULL, inp, inp_lp, weight, BT, C, OC);
 #pragma omp parallel num_threads(k->threads) if (n >= KN_PAR_MIN)
     {
         size_t lo, hi;

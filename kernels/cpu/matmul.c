@@ -69,8 +69,8 @@ KN_SIMD static void column_sums(float *restrict dbias, const float *restrict dou
 }
 
 void kn_cpu_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
-                            const float *inp, const void *inp_lp, const float *weight, int BT,
-                            int C, int OC)
+                            const void *dout_lp, const float *inp, const void *inp_lp,
+                            const float *weight, int BT, int C, int OC)
 {
     if (BT <= 0 || OC <= 0 || C < 0) return;
     long work = (long)BT * C * OC;
@@ -117,9 +117,10 @@ void kn_cpu_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias
 /* The same products onto a zeroed dinp: bit for bit what zeroing and then
  * accumulating gives. */
 void kn_cpu_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                                const float *dout, const float *inp, const void *inp_lp,
-                                const float *weight, int BT, int C, int OC)
+                                const float *dout, const void *dout_lp, const float *inp,
+                                const void *inp_lp, const float *weight, int BT, int C, int OC)
 {
     if (dinp && BT > 0 && C > 0) memset(dinp, 0, (size_t)BT * C * sizeof(float));
-    kn_cpu_matmul_backward(k, dinp, dweight, dbias, dout, inp, inp_lp, weight, BT, C, OC);
+    kn_cpu_matmul_backward(k, dinp, dweight, dbias, dout, dout_lp, inp, inp_lp, weight, BT, C,
+                           OC);
 }

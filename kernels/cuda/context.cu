@@ -173,14 +173,6 @@ static const kn_ops kn_cuda_ops = {
     /* .to_lowp = */ kn_cuda_to_lowp,
 };
 
-/* PLIANT_MATMUL_FAST16BF=1: bf16 mode hands cuBLASLt the fp32 operands with the
- * compute type 32F_FAST_16BF instead of converting them first (to compare). */
-static bool fast16bf_asked(void)
-{
-    const char *e = getenv("PLIANT_MATMUL_FAST16BF");
-    return e && !strcmp(e, "1");
-}
-
 /* Fails (NULL, message in err) when there is no usable device. */
 kn_ctx *kn_cuda_create(int threads, char *err, size_t errlen)
 {
@@ -249,10 +241,6 @@ kn_ctx *kn_cuda_create(int threads, char *err, size_t errlen)
     k->precision = precision;
     c->bf16 = !strcmp(precision, "bf16");
     c->compute = !strcmp(precision, "tf32") ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    if (c->bf16 && fast16bf_asked()) { /* cuBLASLt rounds the fp32 operands itself */
-        c->bf16 = false;
-        c->compute = CUBLAS_COMPUTE_32F_FAST_16BF;
-    }
     k->lowp_size = c->bf16 ? 2 : 0;
     if (strcmp(precision, "fp32")) { /* bf16 and tf32: the linear layers run on cuBLASLt */
         if ((s = cublasLtCreate(&c->lt)) != CUBLAS_STATUS_SUCCESS) {

@@ -124,8 +124,8 @@ void kn_cuda_layernorm_backward(kn_ctx *k, float *dinp, float *dweight, float *d
 void kn_cuda_matmul_forward(kn_ctx *k, float *out, const float *inp, const void *inp_lp,
                             const float *weight, const float *bias, int BT, int C, int OC);
 void kn_cuda_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                             const float *dout, const float *inp, const void *inp_lp,
-                             const float *weight, int BT, int C, int OC);
+                             const float *dout, const void *dout_lp, const float *inp,
+                             const void *inp_lp, const float *weight, int BT, int C, int OC);
 void kn_cuda_to_lowp(kn_ctx *k, void *lp, const float *src, size_t n);
 void kn_cuda_attention_forward(kn_ctx *k, float *out, float *att, const float *qkv, int B, int T,
                                int C, int NH);
@@ -145,9 +145,10 @@ size_t kn_cuda_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH);
 void kn_cuda_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre,
                                  const float *inp, const void *inp_lp, const float *weight,
                                  const float *bias, int BT, int C, int OC);
-void kn_cuda_matmul_backward_gelu(kn_ctx *k, float *dpre, float *dweight, float *dbias,
-                                  const float *dout, const float *inp, const void *inp_lp,
-                                  const float *weight, const float *pre, int BT, int C, int OC);
+void kn_cuda_matmul_backward_gelu(kn_ctx *k, float *dpre, void *dpre_lp, float *dweight,
+                                  float *dbias, const float *dout, const float *inp,
+                                  const void *inp_lp, const float *weight, const float *pre, int BT,
+                                  int C, int OC);
 void kn_cuda_gelu_forward(kn_ctx *k, float *out, const float *inp, size_t n);
 void kn_cuda_gelu_backward(kn_ctx *k, float *dinp, const float *inp, const float *dout, size_t n);
 void kn_cuda_residual_forward(kn_ctx *k, float *out, const float *a, const float *b, size_t n);
@@ -171,8 +172,8 @@ void kn_cuda_adamw_update_spans(kn_ctx *k, float *params, const float *grads, fl
                                 float beta1, float beta2, float eps, float weight_decay,
                                 float grad_scale, int t);
 void kn_cuda_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                                 const float *dout, const float *inp, const void *inp_lp,
-                                 const float *weight, int BT, int C, int OC);
+                                 const float *dout, const void *dout_lp, const float *inp,
+                                 const void *inp_lp, const float *weight, int BT, int C, int OC);
 double kn_cuda_sum_squares(kn_ctx *k, const float *x, size_t n);
 double kn_cuda_sum(kn_ctx *k, const float *x, size_t n);
 

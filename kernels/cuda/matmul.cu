@@ -171,10 +171,11 @@ __global__ static void gelu_scale_kernel(float *d, const float *pre, int m, int 
 }
 
 /* The GELU epilogue done apart, on a contiguous pre / D, 4 elements a thread
- * step: D = gelu(pre) (forward), or D ⊙= gelu'(pre) (backward). The same
- * kn_gelu / kn_gelu_grad as the fp32 path and the CPU. */
+ * step: D = gelu(pre) (forward), or D ⊙= gelu'(pre) (backward), and D's bf16
+ * copy where lp is given (in the same pass: D is not read again to make it).
+ * The same kn_gelu / kn_gelu_grad as the fp32 path and the CPU. */
 template <bool GRAD>
-__global__ static void gelu_vec_kernel(float4 *d, const float4 *pre, size_t n4)
+__global__ static void gelu_vec_kernel(float4 *d, uint2 *lp, const float4 *pre, size_t n4)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4;
          i += (size_t)gridDim.x * blockDim.x) {
@@ -189,6 +190,7 @@ __global__ static void gelu_vec_kernel(float4 *d, const float4 *pre, size_t n4)
             v = make_float4(kn_gelu(p.x), kn_gelu(p.y), kn_gelu(p.z), kn_gelu(p.w));
         }
         d[i] = v;
+        if (lp) lp[i] = make_uint2(bf16_pair(v.x, v.y), bf16_pair(v.z, v.w));
     }
 }
 
@@ -224,6 +226,7 @@ typedef struct {
     int epi;
     const float *bias;
     float *aux; /* written by EPI_GELU, read by EPI_DGELU */
+    void *lp;   /* EPI_GELU / EPI_DGELU, contiguous D (ldd = m): D's bf16 copy too, or NULL */
 } mm_job;
 
 static cudaDataType_t ab_type(kn_ctx *k) { return k->cuda->bf16 ? CUDA_R_16BF : CUDA_R_32F; }
@@ -323,6 +326,7 @@ static void mm_split(kn_ctx *k, const mm_job *j)
     mm_job p = *j;
     p.beta = 0.0f;
     p.aux = NULL;
+    p.lp = NULL;
     if (j->epi == EPI_GELU) { /* pre = product + bias */
         p.D = j->aux;
         p.epi = j->bias ? EPI_BIAS : EPI_NONE;
@@ -333,20 +337,23 @@ static void mm_split(kn_ctx *k, const mm_job *j)
     mm(k, &p);
     const size_t n = (size_t)j->m * (size_t)j->n;
     const bool grad = j->epi == EPI_DGELU;
-    if (n % 4 == 0 && (uintptr_t)j->D % 16 == 0 && (uintptr_t)j->aux % 16 == 0) {
+    if (n % 4 == 0 && (uintptr_t)j->D % 16 == 0 && (uintptr_t)j->aux % 16 == 0 &&
+        (uintptr_t)j->lp % 8 == 0) {
         if (grad)
             gelu_vec_kernel<true><<<kn_blocks(n / 4, 256), 256, 0, kn_stream(k)>>>(
-                (float4 *)j->D, (const float4 *)j->aux, n / 4);
+                (float4 *)j->D, (uint2 *)j->lp, (const float4 *)j->aux, n / 4);
         else
             gelu_vec_kernel<false><<<kn_blocks(n / 4, 256), 256, 0, kn_stream(k)>>>(
-                (float4 *)j->D, (const float4 *)j->aux, n / 4);
-    } else {
-        if (grad)
-            gelu_flat_kernel<true><<<kn_blocks(n, 256), 256, 0, kn_stream(k)>>>(j->D, j->aux, n);
-        else
-            gelu_flat_kernel<false><<<kn_blocks(n, 256), 256, 0, kn_stream(k)>>>(j->D, j->aux, n);
+                (float4 *)j->D, (uint2 *)j->lp, (const float4 *)j->aux, n / 4);
+        CUDA_LAUNCHED();
+        return;
     }
+    if (grad)
+        gelu_flat_kernel<true><<<kn_blocks(n, 256), 256, 0, kn_stream(k)>>>(j->D, j->aux, n);
+    else
+        gelu_flat_kernel<false><<<kn_blocks(n, 256), 256, 0, kn_stream(k)>>>(j->D, j->aux, n);
     CUDA_LAUNCHED();
+    if (j->lp) to_bf16(k, j->lp, j->D, n);
 }
 
 /* mm_split's time per run (its first run, untimed, tunes its GEMM); waits for
@@ -441,8 +448,9 @@ static int lt_tune(kn_ctx *k, const mm_job *j, cublasLtMatmulDesc_t op, cublasLt
     return best;
 }
 
-/* The GEMM through cuBLASLt; false (nothing queued) when it cannot take it. */
-static bool mm_lt(kn_ctx *k, const mm_job *j)
+/* The GEMM through cuBLASLt; false (nothing queued) when it cannot take it.
+ * *lp_done: D's bf16 copy written too (by the split's GELU kernel). */
+static bool mm_lt(kn_ctx *k, const mm_job *j, bool *lp_done)
 {
     struct kn_cuda *c = k->cuda;
     if (!c->lt) return false;
@@ -562,6 +570,7 @@ static bool mm_lt(kn_ctx *k, const mm_job *j)
     const bool do_split = hit->ok && hit->split; /* hit may be replaced by the split's GEMM */
     if (do_split) {
         mm_split(k, j);
+        *lp_done = true;
     } else if (hit->ok) {
         cublasStatus_t s = cublasLtMatmul(c->lt, op, &alpha, j->A, la, j->B, lb, &beta, j->D, ld,
                                           j->D, ld, &hit->algo, c->lt_ws, c->lt_ws_bytes,
@@ -587,7 +596,9 @@ static bool mm_lt(kn_ctx *k, const mm_job *j)
 
 static void mm(kn_ctx *k, const mm_job *j)
 {
-    if (!mm_lt(k, j)) mm_fallback(k, j);
+    bool lp_done = false;
+    if (!mm_lt(k, j, &lp_done)) mm_fallback(k, j);
+    if (j->lp && !lp_done) to_bf16(k, j->lp, j->D, (size_t)j->m * (size_t)j->n);
 }
 
 /* ---- the kernels.h functions -------------------------------------------------- */
@@ -637,8 +648,9 @@ static void forward(kn_ctx *k, float *out, void *out_lp, float *pre, const float
     j.epi = pre ? EPI_GELU : bias ? EPI_BIAS : EPI_NONE;
     j.bias = bias;
     j.aux = pre;
+    j.lp = pre ? out_lp : NULL;
     mm(k, &j);
-    if (out_lp) to_bf16(k, out_lp, out, (size_t)BT * OC);
+    if (out_lp && !pre) to_bf16(k, out_lp, out, (size_t)BT * OC);
 }
 
 /* partial[blockIdx.y][c] = Σ of dout[r, c] over the block's BIAS_ROWS rows;
@@ -660,16 +672,24 @@ __global__ static void bias_partial_kernel(float *partial, const float *dout, in
     }
 }
 
+/* The bf16 operands a backward may be handed in bf16 mode (NULL where absent):
+ * dout in bf16 with rows ldo apart (then dout is read only for dbias), inp in
+ * bf16 kept from the forward, and where dinp's bf16 copy goes (with pre). */
+typedef struct {
+    const __nv_bfloat16 *dout;
+    size_t ldo;
+    const __nv_bfloat16 *inp;
+    void *dinp;
+} bwd_lp;
+
 /* dinp += dout·W (dinp = dout·W with set), or with pre: dinp = (dout·W) ⊙
- * gelu'(pre) (overwritten); dweight += doutᵀ·inp; dbias += column sums of dout.
- * dout16 (bf16 mode, no dbias): dout is already bf16 there, rows 2·OC apart
- * (kn_cuda_crossentropy_backward_bf16's layout), and dout is not read. inp16
- * (bf16 mode): inp in bf16, kept from the forward, read instead of inp. */
+ * gelu'(pre) (overwritten); dweight += doutᵀ·inp; dbias += column sums of dout. */
 static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
-                     const __nv_bfloat16 *dout16, const float *inp, const void *inp_lp,
-                     const float *weight, const float *pre, int BT, int C, int OC, bool set)
+                     const float *inp, const float *weight, const float *pre, int BT, int C,
+                     int OC, bool set, bwd_lp lp)
 {
-    const __nv_bfloat16 *inp16 = k->cuda->bf16 ? (const __nv_bfloat16 *)inp_lp : NULL;
+    if (!k->cuda->bf16) lp = (bwd_lp){}; /* copies are made in bf16 mode only */
+    const __nv_bfloat16 *dout16 = lp.dout, *inp16 = lp.inp;
     if (set && dinp && BT > 0 && C > 0 && OC <= 0) /* an empty product: dinp = 0 */
         CUDA_CHECK(cudaMemsetAsync(dinp, 0, (size_t)BT * C * sizeof(float), kn_stream(k)));
     if (BT <= 0 || OC <= 0 || C < 0) return;
@@ -687,7 +707,7 @@ static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const
         if (r < (size_t)BT) rows = (int)r;
     }
     size_t dout_bytes = dout16 ? 0 : round256((size_t)rows * OC * 2);
-    const size_t ldo = dout16 ? 2 * (size_t)OC : (size_t)OC; /* dout's row stride in the GEMMs */
+    const size_t ldo = dout16 ? lp.ldo : (size_t)OC; /* dout's row stride in the GEMMs */
     size_t inp_bytes = dweight && !inp16 ? round256((size_t)rows * C * 2) : 0;
     size_t conv_bytes = conv ? w_bytes + dout_bytes + inp_bytes : 0;
     int parts = (BT + BIAS_ROWS - 1) / BIAS_ROWS;
@@ -735,6 +755,7 @@ static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const
                 j.epi = EPI_DGELU;
                 j.beta = 0.0f;
                 j.aux = (float *)(pre + (size_t)r0 * C); /* only read */
+                j.lp = lp.dinp ? (__nv_bfloat16 *)lp.dinp + (size_t)r0 * C : NULL;
             } else { /* every chunk writes its own rows: beta 0 overwrites them all */
                 j.epi = EPI_NONE;
                 j.beta = set ? 0.0f : 1.0f;
@@ -767,18 +788,26 @@ void kn_cuda_matmul_forward(kn_ctx *k, float *out, const float *inp, const void 
     forward(k, out, NULL, NULL, inp, inp_lp, weight, bias, BT, C, OC);
 }
 
-void kn_cuda_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                             const float *dout, const float *inp, const void *inp_lp,
-                             const float *weight, int BT, int C, int OC)
+static bwd_lp lp_args(const void *dout_lp, int OC, const void *inp_lp)
 {
-    backward(k, dinp, dweight, dbias, dout, NULL, inp, inp_lp, weight, NULL, BT, C, OC, false);
+    return (bwd_lp){(const __nv_bfloat16 *)dout_lp, (size_t)OC, (const __nv_bfloat16 *)inp_lp,
+                    NULL};
+}
+
+void kn_cuda_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
+                             const float *dout, const void *dout_lp, const float *inp,
+                             const void *inp_lp, const float *weight, int BT, int C, int OC)
+{
+    backward(k, dinp, dweight, dbias, dout, inp, weight, NULL, BT, C, OC, false,
+             lp_args(dout_lp, OC, inp_lp));
 }
 
 void kn_cuda_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                                 const float *dout, const float *inp, const void *inp_lp,
-                                 const float *weight, int BT, int C, int OC)
+                                 const float *dout, const void *dout_lp, const float *inp,
+                                 const void *inp_lp, const float *weight, int BT, int C, int OC)
 {
-    backward(k, dinp, dweight, dbias, dout, NULL, inp, inp_lp, weight, NULL, BT, C, OC, true);
+    backward(k, dinp, dweight, dbias, dout, inp, weight, NULL, BT, C, OC, true,
+             lp_args(dout_lp, OC, inp_lp));
 }
 
 void kn_cuda_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre,
@@ -788,11 +817,14 @@ void kn_cuda_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre
     forward(k, out, out_lp, pre, inp, inp_lp, weight, bias, BT, C, OC);
 }
 
-void kn_cuda_matmul_backward_gelu(kn_ctx *k, float *dpre, float *dweight, float *dbias,
-                                  const float *dout, const float *inp, const void *inp_lp,
-                                  const float *weight, const float *pre, int BT, int C, int OC)
+void kn_cuda_matmul_backward_gelu(kn_ctx *k, float *dpre, void *dpre_lp, float *dweight,
+                                  float *dbias, const float *dout, const float *inp,
+                                  const void *inp_lp, const float *weight, const float *pre,
+                                  int BT, int C, int OC)
 {
-    backward(k, dpre, dweight, dbias, dout, NULL, inp, inp_lp, weight, pre, BT, C, OC, false);
+    bwd_lp lp = lp_args(NULL, OC, inp_lp);
+    lp.dinp = dpre_lp;
+    backward(k, dpre, dweight, dbias, dout, inp, weight, pre, BT, C, OC, false, lp);
 }
 
 void kn_cuda_lm_head_backward(kn_ctx *k, float *dinp, float *dweight, float *logits,
@@ -802,10 +834,12 @@ void kn_cuda_lm_head_backward(kn_ctx *k, float *dinp, float *dweight, float *log
 {
     if (k->cuda->bf16 && kn_cuda_crossentropy_backward_bf16(k, logits, stats, targets,
                                                             dloss_scale, BT, V, Vp)) {
-        backward(k, dinp, dweight, NULL, NULL, (const __nv_bfloat16 *)logits, inp, inp_lp,
-                 weight, NULL, BT, C, Vp, true);
+        /* the dlogits are bf16 over the first half of each row: rows 2·Vp apart */
+        bwd_lp lp = lp_args(logits, 2 * Vp, inp_lp);
+        backward(k, dinp, dweight, NULL, NULL, inp, weight, NULL, BT, C, Vp, true, lp);
         return;
     }
     kn_cuda_crossentropy_backward(k, logits, logits, stats, targets, dloss_scale, BT, V, Vp);
-    backward(k, dinp, dweight, NULL, logits, NULL, inp, inp_lp, weight, NULL, BT, C, Vp, true);
+    backward(k, dinp, dweight, NULL, logits, inp, weight, NULL, BT, C, Vp, true,
+             lp_args(NULL, Vp, inp_lp));
 }

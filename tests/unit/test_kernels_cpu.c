@@ -511,7 +511,7 @@ static void test_matmul_backward(void)
         float *dx = frand(nx, 1), *dW = frand(nw, 1), *db = has_bias ? frand((size_t)OC, 1) : NULL;
         float *dx0 = fcopy(dx, nx), *dW0 = fcopy(dW, nw), *db0 = db ? fcopy(db, (size_t)OC) : NULL;
         double *gx = td(nx), *gW = td(nw), *gb = td((size_t)OC);
-        kn_matmul_backward(ctx, dx, dW, db, dout, x, NULL, W, BT, C, OC);
+        kn_matmul_backward(ctx, dx, dW, db, dout, NULL, x, NULL, W, BT, C, OC);
         ref_matmul_backward(gx, gW, gb, to_d(dout, no), to_d(x, nx), to_d(W, nw), BT, C, OC);
         CHECK(near("matmul dinp (accumulated)", dx, plus(dx0, gx, nx), nx, 1e-5));
         CHECK(near("matmul dweight (accumulated)", dW, plus(dW0, gW, nw), nw, 1e-5));
@@ -828,8 +828,8 @@ static void test_matmul_backward_set(void)
         float *db = frand((size_t)OC, 1), *db2 = tf((size_t)OC);
         memcpy(dW2, dW, nw * 4), memcpy(db2, db, (size_t)OC * 4);
         memset(dx, 0, ni * 4);
-        kn_matmul_backward(ctx, dx, dW, db, dout, x, NULL, W, BT, C, OC);
-        kn_matmul_backward_set(ctx, dx2, dW2, db2, dout, x, NULL, W, BT, C, OC);
+        kn_matmul_backward(ctx, dx, dW, db, dout, NULL, x, NULL, W, BT, C, OC);
+        kn_matmul_backward_set(ctx, dx2, dW2, db2, dout, NULL, x, NULL, W, BT, C, OC);
         CHECK(memcmp(dx, dx2, ni * 4) == 0);
         CHECK(memcmp(dW, dW2, nw * 4) == 0);
         CHECK(memcmp(db, db2, (size_t)OC * 4) == 0);
@@ -964,7 +964,7 @@ static void test_fd_matmul(void)
     float *x = frand((size_t)BT * C, 1), *W = frand((size_t)OC * C, 1), *bias = frand((size_t)OC, 1);
     float *dout = frand((size_t)BT * OC, 1);
     float *dx = tf((size_t)BT * C), *dW = tf((size_t)OC * C), *db = tf((size_t)OC);
-    kn_matmul_backward(ctx, dx, dW, db, dout, x, NULL, W, BT, C, OC);
+    kn_matmul_backward(ctx, dx, dW, db, dout, NULL, x, NULL, W, BT, C, OC);
     fd.B = BT, fd.C = C, fd.OC = OC;
     fd.x = to_d(x, (size_t)BT * C), fd.W = to_d(W, (size_t)OC * C), fd.b = to_d(bias, (size_t)OC);
     fd.wsum = to_d(dout, (size_t)BT * OC), fd.out = td((size_t)BT * OC);

@@ -388,16 +388,17 @@ static void test_matmul(void)
         float *d_dx = upf_at(dx, ni, off), *d_dW = upf_at(dW, nw, off);
         float *d_db = db ? upf_at(db, OC, off) : NULL;
         float *d_dx2 = upf(dx, ni), *d_dW2 = upf(dW, nw);
-        kn_matmul_backward(cpu, dx, dW, db, dout, x, NULL, W, BT, C, OC);
+        kn_matmul_backward(cpu, dx, dW, db, dout, NULL, x, NULL, W, BT, C, OC);
         float *d_dout = upf_at(dout, no, off);
-        kn_matmul_backward(gpu, d_dx, d_dW, d_db, d_dout, d_x, NULL, d_W, BT, C, OC);
+        kn_matmul_backward(gpu, d_dx, d_dW, d_db, d_dout, NULL, d_x, NULL, d_W, BT, C, OC);
         CHECK(close_to("matmul dinp (accumulated)", down(d_dx, ni), dx, ni, tol_lin));
         CHECK(close_to("matmul dweight (accumulated)", down(d_dW, nw), dW, nw, tol_lin));
         if (db) CHECK(close_to("matmul dbias (accumulated)", down(d_db, OC), db, OC, 2e-5));
         if (d_xl) {
-            kn_matmul_backward(gpu, d_dx2, d_dW2, NULL, d_dout, d_x, d_xl, d_W, BT, C, OC);
-            CHECK(close_to("matmul dinp (inp_lp)", down(d_dx2, ni), dx, ni, tol_lin));
-            CHECK(close_to("matmul dweight (inp_lp)", down(d_dW2, nw), dW, nw, tol_lin));
+            kn_matmul_backward(gpu, d_dx2, d_dW2, NULL, d_dout, lowp_of(d_dout, no), d_x, d_xl, d_W,
+                               BT, C, OC);
+            CHECK(close_to("matmul dinp (dout_lp, inp_lp)", down(d_dx2, ni), dx, ni, tol_lin));
+            CHECK(close_to("matmul dweight (dout_lp, inp_lp)", down(d_dW2, nw), dW, nw, tol_lin));
         }
         arena_reset(); /* the last shape is large */
     }
@@ -420,9 +421,9 @@ static void test_matmul_backward_set(void)
         for (size_t i = 0; i < ni; i++) dx[i] = 7.0f;
         float *d_dx = upf_at(dx, ni, off), *d_dW = upf_at(dW, nw, off);
         float *d_db = db ? upf_at(db, OC, off) : NULL;
-        kn_matmul_backward_set(cpu, dx, dW, db, dout, x, NULL, W, BT, C, OC);
-        kn_matmul_backward_set(gpu, d_dx, d_dW, d_db, upf_at(dout, no, off), upf_at(x, ni, off),
-                               NULL, upf_at(W, nw, off), BT, C, OC);
+        kn_matmul_backward_set(cpu, dx, dW, db, dout, NULL, x, NULL, W, BT, C, OC);
+        kn_matmul_backward_set(gpu, d_dx, d_dW, d_db, upf_at(dout, no, off), NULL,
+                               upf_at(x, ni, off), NULL, upf_at(W, nw, off), BT, C, OC);
         CHECK(close_to("matmul dinp (set)", down(d_dx, ni), dx, ni, tol_lin));
         CHECK(close_to("matmul dweight (set)", down(d_dW, nw), dW, nw, tol_lin));
         if (db) CHECK(close_to("matmul dbias (set)", down(d_db, OC), db, OC, 2e-5));
@@ -464,12 +465,14 @@ static void test_matmul_gelu(void)
         float *dW2 = hrand(nw, 1), *db2 = has_bias ? hrand(C, 1) : NULL;
         float *d_dpre = upf_at(dpre, nh, off), *d_dW2 = upf_at(dW2, nw, off);
         float *d_db2 = db2 ? upf_at(db2, C, off) : NULL;
-        kn_matmul_backward_gelu(cpu, dpre, dW2, db2, dout, out, NULL, W2, pre, BT, H, C);
+        kn_matmul_backward_gelu(cpu, dpre, NULL, dW2, db2, dout, out, NULL, W2, pre, BT, H, C);
         float *d_inp = upf_at(out, nh, off); /* the CPU's out, and its bf16 copy */
-        kn_matmul_backward_gelu(gpu, d_dpre, d_dW2, d_db2, upf_at(dout, ni, off), d_inp,
+        void *d_dprel = lowp_alloc(nh);
+        kn_matmul_backward_gelu(gpu, d_dpre, d_dprel, d_dW2, d_db2, upf_at(dout, ni, off), d_inp,
                                 lowp_of(d_inp, nh), upf_at(W2, nw, off), upf_at(pre, nh, off),
                                 BT, H, C);
         CHECK(close_to("matmul_backward_gelu dpre", down(d_dpre, nh), dpre, nh, tol_lin));
+        if (d_dprel) CHECK(lowp_is_copy("matmul_backward_gelu dpre_lp", d_dprel, d_dpre, nh));
         CHECK(close_to("matmul_backward_gelu dweight (accumulated)", down(d_dW2, nw), dW2, nw,
                        tol_lin));
         if (db2)
@@ -742,7 +745,7 @@ static void test_lm_head_backward(void)
         const float scale = 1.0f / (float)BT;
         kn_crossentropy_forward(cpu, losses, stats, logits, tg, BT, V, Vp);
         kn_crossentropy_backward(cpu, logits, logits, stats, tg, scale, BT, V, Vp);
-        kn_matmul_backward_set(cpu, dx, dW, NULL, logits, x, NULL, W, BT, C, Vp);
+        kn_matmul_backward_set(cpu, dx, dW, NULL, logits, NULL, x, NULL, W, BT, C, Vp);
         kn_lm_head_backward(gpu, d_dx, d_dW, d_logits, upf(stats, 2 * (size_t)BT),
                             up(tg, BT * sizeof(int32_t)), scale, d_x, lowp_of(d_x, ni), d_W, BT,
                             C, V, Vp);

@@ -30,11 +30,13 @@ struct pl_slot {
     float *ce_stats; /* [B·T, 2]: per row (max, Σ e^(logit − max)), for backward */
 };
 
-/* Backward (and forward projection) scratch, shared by all slots. */
+/* Backward (and forward projection) scratch, shared by all slots; dfch_lp is
+ * dfch's low-precision copy (NULL where the backend keeps none), after the rest. */
 typedef struct {
     float *dres, *dln, *datty, *dqkv, *dfch, *proj;
+    void *dfch_lp;
 } scratch;
-#define SCRATCH_BTC 11 /* the scratch's size in B·T·C floats (dfch: 4, dqkv: 3) */
+#define SCRATCH_BTC 11 /* the scratch's floats in B·T·C (dfch: 4, dqkv: 3), before dfch_lp */
 
 static size_t first_block(const pl_engine *e)
 {
@@ -105,11 +107,18 @@ static size_t layout_slot(const pl_engine *e, pl_slot *s, char *base)
     return off;
 }
 
+static size_t scratch_bytes(const pl_engine *e)
+{
+    const size_t BTC = (size_t)e->B * (size_t)e->T * (size_t)e->cfg.C;
+    return SCRATCH_BTC * BTC * sizeof(float) + kn_lowp_bytes(e->k, 4 * BTC);
+}
+
 static scratch scratch_of(const pl_engine *e)
 {
     const size_t BTC = (size_t)e->B * (size_t)e->T * (size_t)e->cfg.C;
     float *p = e->bw;
-    scratch s = {p, p + BTC, p + 2 * BTC, p + 3 * BTC, p + 6 * BTC, p + 10 * BTC};
+    void *lp = kn_lowp_bytes(e->k, 1) ? p + SCRATCH_BTC * BTC : NULL;
+    scratch s = {p, p + BTC, p + 2 * BTC, p + 3 * BTC, p + 6 * BTC, p + 10 * BTC, lp};
     return s;
 }
 
@@ -172,8 +181,7 @@ int pl_engine_create(pl_engine *e, kn_ctx *k, const pl_gpt_config *cfg, int begi
     e->grads = kn_alloc(k, bytes);
     e->m = kn_alloc(k, bytes);
     e->v = kn_alloc(k, bytes);
-    const size_t BTC = (size_t)B * (size_t)T * (size_t)cfg->C;
-    e->bw = kn_alloc(k, SCRATCH_BTC * BTC * sizeof(float));
+    e->bw = kn_alloc(k, scratch_bytes(e));
     if (!e->params || !e->grads || !e->m || !e->v || !e->bw) goto oom;
     if (pl_engine_has_embedding(e) && pl_engine_has_head(e) &&
         !(e->head_dwte = kn_alloc(k, e->tensors[e->wte_tensor].spec.numel * sizeof(float))))
@@ -187,7 +195,7 @@ int pl_engine_create(pl_engine *e, kn_ctx *k, const pl_gpt_config *cfg, int begi
         layout_slot(e, sl, sl->mem);
         e->act_bytes += sz;
     }
-    e->act_bytes += SCRATCH_BTC * BTC * sizeof(float);
+    e->act_bytes += scratch_bytes(e);
     return 0;
 oom:
     pl_engine_destroy(e);
@@ -204,9 +212,8 @@ typedef struct {
 
 static int work_regions(const pl_engine *e, work_region *r)
 {
-    const size_t BTC = (size_t)e->B * (size_t)e->T * (size_t)e->cfg.C;
     int n = 0;
-    r[n++] = (work_region){e->bw, SCRATCH_BTC * BTC * sizeof(float)};
+    r[n++] = (work_region){e->bw, scratch_bytes(e)};
     if (e->head_dwte)
         r[n++] = (work_region){e->head_dwte,
                                e->tensors[e->wte_tensor].spec.numel * sizeof(float)};
@@ -500,17 +507,17 @@ static void block_backward(pl_engine *e, pl_slot *s, int l, const scratch *w)
     block_acts *a = &s->blocks[l - (int)first_block(e)];
     const float *x = block_input(e, s, l);
     /* w->dres holds d(res3) on entry and d(block input) on exit */
-    kn_matmul_backward_gelu(k, w->dfch, G(e, l, 10), G(e, l, 11), w->dres, a->fch_gelu,
-                            a->fch_gelu_lp, P(e, l, 10), a->fch, BT, 4 * C, C);
+    kn_matmul_backward_gelu(k, w->dfch, w->dfch_lp, G(e, l, 10), G(e, l, 11), w->dres,
+                            a->fch_gelu, a->fch_gelu_lp, P(e, l, 10), a->fch, BT, 4 * C, C);
     /* _set: the scratch input gradients are overwritten, no zeroing pass */
-    kn_matmul_backward_set(k, w->dln, G(e, l, 8), G(e, l, 9), w->dfch, a->ln2, a->ln2_lp,
-                           P(e, l, 8), BT, C, 4 * C);
+    kn_matmul_backward_set(k, w->dln, G(e, l, 8), G(e, l, 9), w->dfch, w->dfch_lp, a->ln2,
+                           a->ln2_lp, P(e, l, 8), BT, C, 4 * C);
     kn_layernorm_backward(k, w->dres, G(e, l, 6), G(e, l, 7), w->dln, a->res2, P(e, l, 6),
                           a->ln2_mean, a->ln2_rstd, B, T, C);
-    kn_matmul_backward_set(k, w->datty, G(e, l, 4), G(e, l, 5), w->dres, a->atty, a->atty_lp,
-                           P(e, l, 4), BT, C, C);
+    kn_matmul_backward_set(k, w->datty, G(e, l, 4), G(e, l, 5), w->dres, NULL, a->atty,
+                           a->atty_lp, P(e, l, 4), BT, C, C);
     kn_attention_backward(k, w->dqkv, w->datty, a->qkv, a->att, a->atty, B, T, C, e->cfg.NH);
-    kn_matmul_backward_set(k, w->dln, G(e, l, 2), G(e, l, 3), w->dqkv, a->ln1, a->ln1_lp,
+    kn_matmul_backward_set(k, w->dln, G(e, l, 2), G(e, l, 3), w->dqkv, NULL, a->ln1, a->ln1_lp,
                            P(e, l, 2), BT, C, 3 * C);
     kn_layernorm_backward(k, w->dres, G(e, l, 0), G(e, l, 1), w->dln, x, P(e, l, 0), a->ln1_mean,
                           a->ln1_rstd, B, T, C);
@@ -540,8 +547,8 @@ static void backward(pl_engine *e, int slot, const float *dout, int dev, float d
         if (e->keep_probs) {
             kn_crossentropy_softmax_backward(k, s->probs, s->probs, s->targets, dloss_scale, BT,
                                              e->cfg.V, e->cfg.Vp);
-            kn_matmul_backward_set(k, w.dln, head_dwte(e), NULL, s->probs, s->lnf, s->lnf_lp,
-                                   wte, BT, C, e->cfg.Vp);
+            kn_matmul_backward_set(k, w.dln, head_dwte(e), NULL, s->probs, NULL, s->lnf,
+                                   s->lnf_lp, wte, BT, C, e->cfg.Vp);
         } else { /* the logits become the dlogits (bf16 on CUDA) */
             kn_lm_head_backward(k, w.dln, head_dwte(e), s->probs, s->ce_stats, s->targets,
                                 dloss_scale, s->lnf, s->lnf_lp, wte, BT, C, e->cfg.V,
