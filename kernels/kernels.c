@@ -20,7 +20,7 @@ enum {
     OP_ATTENTION_FORWARD, OP_ATTENTION_BACKWARD, OP_GELU_FORWARD, OP_GELU_BACKWARD,
     OP_RESIDUAL_FORWARD, OP_ACCUMULATE, OP_SOFTMAX_CROSSENTROPY_FORWARD,
     OP_CROSSENTROPY_SOFTMAX_BACKWARD, OP_ADAMW_UPDATE, OP_SUM_SQUARES, OP_SUM, OP_ZERO,
-    OP_CROSSENTROPY_FORWARD, OP_CROSSENTROPY_BACKWARD, OP_LM_HEAD_BACKWARD, OP_TO_LOWP, OP_COUNT
+    OP_CROSSENTROPY_FORWARD, OP_CROSSENTROPY_BACKWARD, OP_LM_HEAD_BACKWARD, OP_TO_LOWP, OP_LM_HEAD_FORWARD, OP_COUNT
 };
 
 static const char *const op_names[OP_COUNT] = {
@@ -29,7 +29,7 @@ static const char *const op_names[OP_COUNT] = {
     "attention_forward", "attention_backward", "gelu_forward", "gelu_backward",
     "residual_forward", "accumulate", "softmax_crossentropy_forward",
     "crossentropy_softmax_backward", "adamw_update", "sum_squares", "sum", "zero",
-    "crossentropy_forward", "crossentropy_backward", "lm_head_backward", "to_lowp",
+    "crossentropy_forward", "crossentropy_backward", "lm_head_backward", "to_lowp", "lm_head_forward",
 };
 
 _Static_assert(OP_COUNT <= KN_PROF_MAX_OPS, "kn_prof holds KN_PROF_MAX_OPS kernels");
@@ -312,6 +312,19 @@ void kn_crossentropy_backward(kn_ctx *k, float *dlogits, const float *logits, co
 {
     TIMED(OP_CROSSENTROPY_BACKWARD, k->ops->crossentropy_backward(k, dlogits, logits, stats,
                                                                   targets, dloss_scale, BT, V, Vp));
+}
+
+void kn_lm_head_forward(kn_ctx *k, float *losses, float *stats, float *logits, const float *inp,
+                        const void *inp_lp, const float *weight, const int32_t *targets, int BT,
+                        int C, int V, int Vp)
+{
+    if (!k->ops->lm_head_forward) {
+        kn_matmul_forward(k, logits, inp, inp_lp, weight, NULL, BT, C, Vp);
+        kn_crossentropy_forward(k, losses, stats, logits, targets, BT, V, Vp);
+        return;
+    }
+    TIMED(OP_LM_HEAD_FORWARD, k->ops->lm_head_forward(k, losses, stats, logits, inp, inp_lp,
+                                                      weight, targets, BT, C, V, Vp));
 }
 
 void kn_lm_head_backward(kn_ctx *k, float *dinp, float *dweight, float *logits,

@@ -101,6 +101,11 @@ typedef struct kn_ops {
     int (*populate)(kn_ctx *k, void *p, size_t bytes);
     /* kn_to_lowp; NULL where the backend makes no low-precision copies. */
     void (*to_lowp)(kn_ctx *k, void *lp, const float *src, size_t n);
+    /* kn_lm_head_forward fused; NULL: kernels.c runs matmul_forward and
+     * crossentropy_forward. */
+    void (*lm_head_forward)(kn_ctx *k, float *losses, float *stats, float *logits,
+                            const float *inp, const void *inp_lp, const float *weight,
+                            const int32_t *targets, int BT, int C, int V, int Vp);
 } kn_ops;
 
 /* Kernel-level timing state (kernels.c), one per context once enabled. */

@@ -171,6 +171,7 @@ static const kn_ops kn_cuda_ops = {
     /* .lm_head_backward = */ kn_cuda_lm_head_backward,
     /* .populate = */ NULL,
     /* .to_lowp = */ kn_cuda_to_lowp,
+    /* .lm_head_forward = */ kn_cuda_lm_head_forward,
 };
 
 /* Fails (NULL, message in err) when there is no usable device. */

@@ -114,28 +114,13 @@ __device__ static inline void online_merge(float &m, float &s, float m2, float s
     s = a + b;
 }
 
-/* One block per row: (max, sum) of logits[0..V) and the loss. vec: the row
- * start is 16-byte aligned and Vp % 4 == 0, so float4 loads may run up to the
- * next multiple of 4 past V (still < Vp); the lanes at or past V are skipped. */
-__global__ static void __launch_bounds__(CE_THREADS)
-ce_stats_kernel(float *losses, float *stats, const float *logits, const int32_t *targets, int V,
-                int Vp, int vec)
+/* Reduces the block's (m, s) into thread 0, which writes the row's stats and
+ * loss; target_logit is read by thread 0 only (through the pointer). */
+template <typename T>
+__device__ static void finish_stats(float m, float s, float *losses, float *stats, const T *l,
+                                    const int32_t *targets, int V)
 {
     __shared__ float sm[CE_THREADS / 32], ss[CE_THREADS / 32];
-    const float *l = logits + (size_t)blockIdx.x * Vp;
-    float m = -INFINITY, s = 0.0f;
-    if (vec) {
-        const float4 *l4 = reinterpret_cast<const float4 *>(l);
-        for (int i = threadIdx.x; 4 * i < V; i += blockDim.x) {
-            const float4 x = l4[i];
-            online_add(m, s, x.x);
-            if (4 * i + 1 < V) online_add(m, s, x.y);
-            if (4 * i + 2 < V) online_add(m, s, x.z);
-            if (4 * i + 3 < V) online_add(m, s, x.w);
-        }
-    } else {
-        for (int i = threadIdx.x; i < V; i += blockDim.x) online_add(m, s, l[i]);
-    }
     for (int o = 16; o > 0; o >>= 1) {
         const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
         const float s2 = __shfl_xor_sync(0xffffffffu, s, o);
@@ -151,7 +136,79 @@ ce_stats_kernel(float *losses, float *stats, const float *logits, const int32_t 
     stats[2 * (size_t)blockIdx.x + 1] = s;
     const int target = targets[blockIdx.x];
     /* −log p[target] without log(0) when p[target] underflows */
-    losses[blockIdx.x] = target < 0 ? 0.0f : target >= V ? NAN : logf(s) - (l[target] - m);
+    losses[blockIdx.x] = target < 0    ? 0.0f
+                         : target >= V ? NAN
+                                       : logf(s) - ((float)l[target] - m);
+}
+
+/* One block per row: (max, sum) of logits[0..V) and the loss. vec: the row
+ * start is 16-byte aligned and Vp % 4 == 0, so float4 loads may run up to the
+ * next multiple of 4 past V (still < Vp); the lanes at or past V are skipped. */
+__global__ static void __launch_bounds__(CE_THREADS)
+ce_stats_kernel(float *losses, float *stats, const float *logits, const int32_t *targets, int V,
+                int Vp, int vec)
+{
+    const float *l = logits + (size_t)blockIdx.x * Vp;
+    float m = -INFINITY, s = 0.0f;
+    if (vec) {
+        const float4 *l4 = reinterpret_cast<const float4 *>(l);
+        for (int i = threadIdx.x; 4 * i < V; i += blockDim.x) {
+            const float4 x = l4[i];
+            online_add(m, s, x.x);
+            if (4 * i + 1 < V) online_add(m, s, x.y);
+            if (4 * i + 2 < V) online_add(m, s, x.z);
+            if (4 * i + 3 < V) online_add(m, s, x.w);
+        }
+    } else {
+        for (int i = threadIdx.x; i < V; i += blockDim.x) online_add(m, s, l[i]);
+    }
+    finish_stats(m, s, losses, stats, l, targets, V);
+}
+
+/* 8 bf16 from 16 bytes, in order (little-endian: the lower half is the earlier). */
+__device__ static inline void bf16x8(const void *p, float x[8])
+{
+    const uint4 u = *reinterpret_cast<const uint4 *>(p);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        x[2 * i] = __uint_as_float(w[i] << 16);
+        x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+
+/* ce_stats_kernel on bf16 logits over the first half of each row (row r at
+ * bf16 2·Vp·r; Vp % 8 == 0, rows 16-byte aligned): 8 logits a load. */
+__global__ static void __launch_bounds__(CE_THREADS)
+ce_stats_bf16_kernel(float *losses, float *stats, const float *logits, const int32_t *targets,
+                     int V, int Vp)
+{
+    const float *row = logits + (size_t)blockIdx.x * Vp;
+    const __nv_bfloat16 *l = reinterpret_cast<const __nv_bfloat16 *>(row);
+    float m = -INFINITY, s = 0.0f;
+    for (int c = 8 * (int)threadIdx.x; c < V; c += 8 * (int)blockDim.x) {
+        float x[8];
+        bf16x8(l + c, x);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (c + i < V) online_add(m, s, x[i]);
+    }
+    finish_stats(m, s, losses, stats, l, targets, V);
+}
+
+bool kn_cuda_logits_bf16(kn_ctx *k, const float *logits, int Vp)
+{
+    return k->cuda->bf16 && Vp % 8 == 0 && ((uintptr_t)logits & 15) == 0;
+}
+
+void kn_cuda_crossentropy_forward_bf16(kn_ctx *k, float *losses, float *stats,
+                                       const float *logits, const int32_t *targets, int BT, int V,
+                                       int Vp)
+{
+    if (BT <= 0) return;
+    ce_stats_bf16_kernel<<<BT, CE_THREADS, 0, kn_stream(k)>>>(losses, stats, logits, targets, V,
+                                                             Vp);
+    CUDA_LAUNCHED();
 }
 
 void kn_cuda_crossentropy_forward(kn_ctx *k, float *losses, float *stats, const float *logits,
@@ -218,50 +275,40 @@ void kn_cuda_crossentropy_backward(kn_ctx *k, float *dlogits, const float *logit
     CUDA_LAUNCHED();
 }
 
-/* The same gradient as bf16 for the LM head's matmul (kn_lm_head_backward):
- * row r's dlogits overwrite the first half of its own logits (bf16 c at byte
- * 2c of the row's 4·Vp). A block walks its row in chunks of 8·CE_THREADS:
- * each thread reads its 8 logits, a barrier, then the 8 bf16 go to bytes
- * that only this chunk and earlier ones were read from. Vp % 8 == 0 and the
- * rows 16-byte aligned. */
+/* The same gradient as bf16 for the LM head's matmul (kn_lm_head_backward),
+ * from the bf16 logits kn_lm_head_forward left over the first half of each
+ * row, written over them in place: each thread reads 8 logits and writes their
+ * 8 gradients to the same 16 bytes. Vp % 8 == 0, rows 16-byte aligned. */
 __global__ static void __launch_bounds__(CE_THREADS)
 ce_backward_bf16_kernel(float *logits, const float *stats, const int32_t *targets, float scale,
                         int V, int Vp)
 {
-    float *l = logits + (size_t)blockIdx.x * Vp;
-    __nv_bfloat16 *d = reinterpret_cast<__nv_bfloat16 *>(l);
+    __nv_bfloat16 *d = reinterpret_cast<__nv_bfloat16 *>(logits + (size_t)blockIdx.x * Vp);
     const int target = targets[blockIdx.x];
     const float mx = stats[2 * (size_t)blockIdx.x], inv = 1.0f / stats[2 * (size_t)blockIdx.x + 1];
-    for (int c0 = 0; c0 < Vp; c0 += 8 * CE_THREADS) {
-        const int c = c0 + 8 * (int)threadIdx.x;
+    for (int c = 8 * (int)threadIdx.x; c < Vp; c += 8 * (int)blockDim.x) {
         float g[8] = {};
-        if (c < Vp && target >= 0) {
-            const float4 a = *reinterpret_cast<const float4 *>(l + c);
-            const float4 b = *reinterpret_cast<const float4 *>(l + c + 4);
-            const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        if (target >= 0) {
+            float x[8];
+            bf16x8(d + c, x);
 #pragma unroll
             for (int i = 0; i < 8; i++) g[i] = ce_grad(x[i], c + i, target, V, mx, inv, scale);
         }
-        __syncthreads(); /* the chunk is read */
-        if (c < Vp) {
-            uint4 u;
-            u.x = bf16_pair(g[0], g[1]);
-            u.y = bf16_pair(g[2], g[3]);
-            u.z = bf16_pair(g[4], g[5]);
-            u.w = bf16_pair(g[6], g[7]);
-            *reinterpret_cast<uint4 *>(d + c) = u;
-        }
+        uint4 u;
+        u.x = bf16_pair(g[0], g[1]);
+        u.y = bf16_pair(g[2], g[3]);
+        u.z = bf16_pair(g[4], g[5]);
+        u.w = bf16_pair(g[6], g[7]);
+        *reinterpret_cast<uint4 *>(d + c) = u;
     }
 }
 
-bool kn_cuda_crossentropy_backward_bf16(kn_ctx *k, float *logits, const float *stats,
+void kn_cuda_crossentropy_backward_bf16(kn_ctx *k, float *logits, const float *stats,
                                         const int32_t *targets, float dloss_scale, int BT, int V,
                                         int Vp)
 {
-    if (Vp % 8 || ((uintptr_t)logits & 15)) return false;
-    if (BT <= 0) return true;
+    if (BT <= 0) return;
     ce_backward_bf16_kernel<<<BT, CE_THREADS, 0, kn_stream(k)>>>(logits, stats, targets,
                                                                 dloss_scale, V, Vp);
     CUDA_LAUNCHED();
-    return true;
 }

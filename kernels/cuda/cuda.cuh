@@ -135,10 +135,19 @@ void kn_cuda_lm_head_backward(kn_ctx *k, float *dinp, float *dweight, float *log
                               const float *stats, const int32_t *targets, float dloss_scale,
                               const float *inp, const void *inp_lp, const float *weight, int BT,
                               int C, int V, int Vp);
-/* kn_crossentropy_backward writing each row's dlogits as bf16 over the first
- * half of the row itself (row stride 2·Vp bf16); false, nothing queued, where
- * the rows do not allow it (Vp % 8, alignment). */
-bool kn_cuda_crossentropy_backward_bf16(kn_ctx *k, float *logits, const float *stats,
+void kn_cuda_lm_head_forward(kn_ctx *k, float *losses, float *stats, float *logits,
+                             const float *inp, const void *inp_lp, const float *weight,
+                             const int32_t *targets, int BT, int C, int V, int Vp);
+/* Does the LM head keep bf16 logits over the first half of each fp32 row of
+ * logits (row stride 2·Vp bf16)? In bf16 mode where the rows allow it (Vp % 8,
+ * 16-byte alignment). kn_cuda_crossentropy_forward_bf16 is
+ * kn_crossentropy_forward on such logits; _backward_bf16 turns them into the
+ * bf16 dlogits in place. */
+bool kn_cuda_logits_bf16(kn_ctx *k, const float *logits, int Vp);
+void kn_cuda_crossentropy_forward_bf16(kn_ctx *k, float *losses, float *stats,
+                                       const float *logits, const int32_t *targets, int BT, int V,
+                                       int Vp);
+void kn_cuda_crossentropy_backward_bf16(kn_ctx *k, float *logits, const float *stats,
                                         const int32_t *targets, float dloss_scale, int BT, int V,
                                         int Vp);
 size_t kn_cuda_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH);

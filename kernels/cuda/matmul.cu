@@ -227,7 +227,11 @@ typedef struct {
     const float *bias;
     float *aux; /* written by EPI_GELU, read by EPI_DGELU */
     void *lp;   /* EPI_GELU / EPI_DGELU, contiguous D (ldd = m): D's bf16 copy too, or NULL */
+    bool d16;   /* D is bf16 (EPI_NONE, beta 0; D's pointer cast) */
 } mm_job;
+
+static cudaDataType_t d_type(const mm_job *j) { return j->d16 ? CUDA_R_16BF : CUDA_R_32F; }
+static size_t d_size(const mm_job *j) { return j->d16 ? 2 : 4; }
 
 static cudaDataType_t ab_type(kn_ctx *k) { return k->cuda->bf16 ? CUDA_R_16BF : CUDA_R_32F; }
 
@@ -237,7 +241,7 @@ static void gemm_ex(kn_ctx *k, const mm_job *j, float beta, float *D)
     cudaDataType_t t = ab_type(k);
     CUBLAS_CHECK(cublasGemmEx(k->cuda->blas, j->ta ? CUBLAS_OP_T : CUBLAS_OP_N,
                               j->tb ? CUBLAS_OP_T : CUBLAS_OP_N, j->m, j->n, j->k, &alpha, j->A, t,
-                              j->lda, j->B, t, j->ldb, &beta, D, CUDA_R_32F, j->ldd,
+                              j->lda, j->B, t, j->ldb, &beta, D, d_type(j), j->ldd,
                               k->cuda->compute, CUBLAS_GEMM_DEFAULT));
 }
 
@@ -272,7 +276,7 @@ static void mm_fallback(kn_ctx *k, const mm_job *j)
 /* Heuristic results per problem: the key holds everything the choice depends
  * on, the alignments of the pointers included (the heuristic reads the bias
  * and aux pointers' values for theirs, and is told A's to D's). */
-#define LT_KEY 17
+#define LT_KEY 18
 typedef struct {
     int key[LT_KEY];
     bool ok;    /* false: no algorithm, take the fallback */
@@ -299,7 +303,7 @@ static const char *epi_name(int epi)
 /* The bytes D spans (aux, where there is one, spans the same: D's ld). */
 static size_t d_extent(const mm_job *j)
 {
-    return ((size_t)j->ldd * (size_t)(j->n - 1) + (size_t)j->m) * sizeof(float);
+    return ((size_t)j->ldd * (size_t)(j->n - 1) + (size_t)j->m) * d_size(j);
 }
 
 /* Does D share memory with the aux matrix that EPI_DGELU reads (dpre written
@@ -459,7 +463,8 @@ static bool mm_lt(kn_ctx *k, const mm_job *j, bool *lp_done)
     const bool has_bias = (j->epi == EPI_BIAS || j->epi == EPI_GELU) && j->bias;
     /* 16-byte rows and pointers: what the tensor-core kernels load with */
     if ((uintptr_t)j->A % 16 || (uintptr_t)j->B % 16 || (uintptr_t)j->D % 16) return false;
-    if (((size_t)j->lda * es) % 16 || ((size_t)j->ldb * es) % 16 || ((size_t)j->ldd * 4) % 16)
+    if (((size_t)j->lda * es) % 16 || ((size_t)j->ldb * es) % 16 ||
+        ((size_t)j->ldd * d_size(j)) % 16)
         return false;
     if (has_bias && (uintptr_t)j->bias % 16) return false;
     if (has_aux && ((uintptr_t)j->aux % 16 || j->ldd % 8)) return false; /* aux ld: multiple of 8 */
@@ -475,7 +480,7 @@ static bool mm_lt(kn_ctx *k, const mm_job *j, bool *lp_done)
                        j->k,       j->lda, j->ldb,    j->ldd,     beta != 0.0f,
                        (int)alA,   (int)alB, (int)alD,
                        has_bias ? (int)align_of(j->bias) : 0, has_aux ? (int)align_of(j->aux) : 0,
-                       (int)c->compute, d_over_aux(j)};
+                       (int)c->compute, d_over_aux(j), j->d16};
     if (!c->lt_cache) {
         c->lt_cache = calloc(1, sizeof(lt_cache));
         if (!c->lt_cache) kn_cuda_fail("calloc", "out of memory", __FILE__, __LINE__);
@@ -507,7 +512,7 @@ static bool mm_lt(kn_ctx *k, const mm_job *j, bool *lp_done)
     /* stored shapes: op(A) is m × k, op(B) is k × n */
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, t, j->ta ? j->k : j->m, j->ta ? j->m : j->k, j->lda));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, t, j->tb ? j->n : j->k, j->tb ? j->k : j->n, j->ldb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, j->m, j->n, j->ldd));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, d_type(j), j->m, j->n, j->ldd));
 
     if (!hit) {
         cublasLtMatmulPreference_t pref;
@@ -827,13 +832,49 @@ void kn_cuda_matmul_backward_gelu(kn_ctx *k, float *dpre, void *dpre_lp, float *
     backward(k, dpre, dweight, dbias, dout, inp, weight, pre, BT, C, OC, false, lp);
 }
 
+/* The LM head's logits'[Vp, BT] = (W'[C, Vp])ᵀ · inp'[C, BT] as bf16 over the
+ * first half of each fp32 row of logits (row stride 2·Vp bf16), bf16 mode. */
+static void head_logits_bf16(kn_ctx *k, float *logits, const float *inp, const void *inp_lp,
+                             const float *weight, int BT, int C, int Vp)
+{
+    size_t nw = (size_t)Vp * C, ni = inp_lp ? 0 : (size_t)BT * C;
+    char *ws = (char *)kn_cuda_workspace(k, round256(nw * 2) + round256(ni * 2));
+    mm_job j = {};
+    j.ta = true;
+    j.m = Vp;
+    j.n = BT;
+    j.k = C;
+    j.A = to_bf16(k, ws, weight, nw);
+    j.lda = C;
+    j.B = inp_lp ? inp_lp : to_bf16(k, ws + round256(nw * 2), inp, ni);
+    j.ldb = C;
+    j.D = logits;
+    j.ldd = 2 * Vp;
+    j.d16 = true;
+    mm(k, &j);
+}
+
+void kn_cuda_lm_head_forward(kn_ctx *k, float *losses, float *stats, float *logits,
+                             const float *inp, const void *inp_lp, const float *weight,
+                             const int32_t *targets, int BT, int C, int V, int Vp)
+{
+    if (BT <= 0) return;
+    if (kn_cuda_logits_bf16(k, logits, Vp) && C > 0) {
+        head_logits_bf16(k, logits, inp, inp_lp, weight, BT, C, Vp);
+        kn_cuda_crossentropy_forward_bf16(k, losses, stats, logits, targets, BT, V, Vp);
+        return;
+    }
+    forward(k, logits, NULL, NULL, inp, inp_lp, weight, NULL, BT, C, Vp);
+    kn_cuda_crossentropy_forward(k, losses, stats, logits, targets, BT, V, Vp);
+}
+
 void kn_cuda_lm_head_backward(kn_ctx *k, float *dinp, float *dweight, float *logits,
                               const float *stats, const int32_t *targets, float dloss_scale,
                               const float *inp, const void *inp_lp, const float *weight, int BT,
                               int C, int V, int Vp)
 {
-    if (k->cuda->bf16 && kn_cuda_crossentropy_backward_bf16(k, logits, stats, targets,
-                                                            dloss_scale, BT, V, Vp)) {
+    if (kn_cuda_logits_bf16(k, logits, Vp) && C > 0) {
+        kn_cuda_crossentropy_backward_bf16(k, logits, stats, targets, dloss_scale, BT, V, Vp);
         /* the dlogits are bf16 over the first half of each row: rows 2·Vp apart */
         bwd_lp lp = lp_args(logits, 2 * Vp, inp_lp);
         backward(k, dinp, dweight, NULL, NULL, inp, weight, NULL, BT, C, Vp, true, lp);

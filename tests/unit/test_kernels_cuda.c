@@ -717,12 +717,13 @@ static void test_crossentropy_stats(void)
     CHECK(close_to("crossentropy dlogits (misaligned)", down(d_logits + 1, n), dl, n, 1e-6));
 }
 
-/* kn_lm_head_backward against the CPU's kn_crossentropy_backward then
- * kn_matmul_backward_set (BT, C, V, Vp, offset of the device tensors in
- * floats). Vp % 8 == 0 with aligned rows takes CUDA's bf16 dlogits in place
- * (bf16 mode); Vp = 1020 and the offset shape the fp32 dlogits. dinp starts as
- * garbage (overwritten), dweight random (accumulated). */
-static void test_lm_head_backward(void)
+/* kn_lm_head_forward then kn_lm_head_backward against the CPU's kn_matmul_forward,
+ * kn_crossentropy_forward, kn_crossentropy_backward and kn_matmul_backward_set
+ * (BT, C, V, Vp, offset of the device tensors in floats). Vp % 8 == 0 with
+ * aligned rows takes CUDA's bf16 logits and dlogits in place (bf16 mode); Vp =
+ * 1020 and the offset shape the fp32 ones. dinp starts as garbage (overwritten),
+ * dweight random (accumulated). */
+static void test_lm_head(void)
 {
     NEED_GPU();
     arena_reset();
@@ -734,22 +735,29 @@ static void test_lm_head_backward(void)
         int BT = shapes[s][0], C = shapes[s][1], V = shapes[s][2], Vp = shapes[s][3];
         int off = shapes[s][4];
         size_t n = (size_t)BT * Vp, ni = (size_t)BT * C, nw = (size_t)Vp * C;
-        float *logits = hrand(n, 4), *losses = hf(BT), *stats = hf(2 * (size_t)BT);
-        float *x = hrand(ni, 1), *W = hrand(nw, 0.1), *dx = hf(ni), *dW = hrand(nw, 1);
+        float *logits = hf(n), *losses = hf(BT), *stats = hf(2 * (size_t)BT);
+        float *x = hrand(ni, 1), *W = hrand(nw, 0.5), *dx = hf(ni), *dW = hrand(nw, 1);
         int32_t *tg = alloc_on(cpu, BT * sizeof(int32_t));
         for (int r = 0; r < BT; r++) tg[r] = (int32_t)rng_range(0, V - 1);
         tg[BT / 2] = -1; /* masked */
         for (size_t i = 0; i < ni; i++) dx[i] = 7.0f;
         float *d_logits = upf_at(logits, n, off), *d_dx = upf_at(dx, ni, off);
         float *d_dW = upf_at(dW, nw, off), *d_x = upf_at(x, ni, off), *d_W = upf_at(W, nw, off);
+        float *d_losses = alloc_on(gpu, BT * sizeof(float));
+        float *d_stats = alloc_on(gpu, 2 * (size_t)BT * sizeof(float));
+        int32_t *d_tg = up(tg, BT * sizeof(int32_t));
+        void *d_xl = lowp_of(d_x, ni);
         const float scale = 1.0f / (float)BT;
+        kn_matmul_forward(cpu, logits, x, NULL, W, NULL, BT, C, Vp);
         kn_crossentropy_forward(cpu, losses, stats, logits, tg, BT, V, Vp);
         kn_crossentropy_backward(cpu, logits, logits, stats, tg, scale, BT, V, Vp);
         kn_matmul_backward_set(cpu, dx, dW, NULL, logits, NULL, x, NULL, W, BT, C, Vp);
-        kn_lm_head_backward(gpu, d_dx, d_dW, d_logits, upf(stats, 2 * (size_t)BT),
-                            up(tg, BT * sizeof(int32_t)), scale, d_x, lowp_of(d_x, ni), d_W, BT,
+        kn_lm_head_forward(gpu, d_losses, d_stats, d_logits, d_x, d_xl, d_W, d_tg, BT, C, V, Vp);
+        kn_lm_head_backward(gpu, d_dx, d_dW, d_logits, d_stats, d_tg, scale, d_x, d_xl, d_W, BT,
                             C, V, Vp);
         char what[96];
+        snprintf(what, sizeof what, "lm head losses (BT %d C %d Vp %d off %d)", BT, C, Vp, off);
+        CHECK(close_to(what, down(d_losses, BT), losses, BT, tol_lin));
         snprintf(what, sizeof what, "lm head dinp (BT %d C %d Vp %d off %d)", BT, C, Vp, off);
         CHECK(close_to(what, down(d_dx, ni), dx, ni, tol_lin));
         snprintf(what, sizeof what, "lm head dweight (BT %d C %d Vp %d off %d)", BT, C, Vp, off);
@@ -957,7 +965,7 @@ TEST_MAIN_BEGIN
     RUN(test_residual_accumulate);
     RUN(test_crossentropy);
     RUN(test_crossentropy_stats);
-    RUN(test_lm_head_backward);
+    RUN(test_lm_head);
     RUN(test_adamw);
     RUN(test_adamw_spans);
     RUN(test_reductions);

@@ -24,8 +24,9 @@ struct pl_slot {
     block_acts *blocks;        /* one per block in the range */
     float *lnf, *lnf_mean, *lnf_rstd, *losses;
     void *lnf_lp;
-    /* [B·T, Vp]: the logits after forward (the softmax probabilities with
-     * keep_probs), dlogits during backward */
+    /* [B·T, Vp]: the logits after forward in the backend's format
+     * (kn_lm_head_forward; the softmax probabilities with keep_probs), dlogits
+     * during backward */
     float *probs;
     float *ce_stats; /* [B·T, 2]: per row (max, Σ e^(logit − max)), for backward */
 };
@@ -416,13 +417,14 @@ static float head_forward(pl_engine *e, pl_slot *s, const int32_t *targets)
     kn_to_device(k, s->targets, targets, (size_t)BT * sizeof(int32_t));
     kn_layernorm_forward(k, s->lnf, s->lnf_lp, s->lnf_mean, s->lnf_rstd, last_output(e, s),
                          P(e, H, 0), P(e, H, 1), B, T, C);
-    kn_matmul_forward(k, s->probs, s->lnf, s->lnf_lp, wte, NULL, BT, C, e->cfg.Vp);
-    if (e->keep_probs)
+    if (e->keep_probs) {
+        kn_matmul_forward(k, s->probs, s->lnf, s->lnf_lp, wte, NULL, BT, C, e->cfg.Vp);
         kn_softmax_crossentropy_forward(k, s->losses, s->probs, s->probs, s->targets, BT,
                                         e->cfg.V, e->cfg.Vp);
-    else /* the logits stay; backward turns them into dlogits in one pass */
-        kn_crossentropy_forward(k, s->losses, s->ce_stats, s->probs, s->targets, BT, e->cfg.V,
-                                e->cfg.Vp);
+    } else { /* the logits stay (bf16 on CUDA); backward turns them into dlogits in one pass */
+        kn_lm_head_forward(k, s->losses, s->ce_stats, s->probs, s->lnf, s->lnf_lp, wte,
+                           s->targets, BT, C, e->cfg.V, e->cfg.Vp);
+    }
     return (float)(kn_sum(k, s->losses, (size_t)BT) / BT);
 }
 
