@@ -366,19 +366,39 @@ static int run_case(int B, int T, int C, int NH, int misalign)
     run_grid((unsigned)((warps * 32 + TC_THREADS - 1) / TC_THREADS), 1, [&] {
         attention_delta_pack_kernel<D>(delta.data(), pdq, dout, out.data(), B, T, NH, hs);
     });
-    run_grid(B * NH, gy, [&] {
-        flash_backward_dkv_bf16_kernel<D>(dqkv.data(), pkq, pdq, lse.data(), delta.data(), T, NH,
-                                          hs, scl, sc, vq);
-    });
-    run_grid(B * NH, gy, [&] {
-        flash_backward_dq_bf16_kernel<D>(dqkv.data(), pkq, pdq, lse.data(), delta.data(), T, NH,
-                                         hs, scl, sc, vq);
-    });
+    // as attention.cu launches them: dK/dV storing dS (where tc_keeps_ds and the workspace
+    // has room) and dQ from it, or dK/dV alone and dQ recomputing dS
+    auto backward = [&](float *dqkv_out, __nv_bfloat16 *ds) {
+        run_grid(B * NH, gy, [&] {
+            flash_backward_dkv_bf16_kernel<D>(dqkv_out, ds, pkq, pdq, lse.data(), delta.data(), T,
+                                              NH, hs, scl, sc, vq);
+        });
+        run_grid(B * NH, gy, [&] {
+            if (ds)
+                flash_backward_dq_ds_bf16_kernel<D>(dqkv_out, ds, pkq, T, NH, hs, scl, vq);
+            else
+                flash_backward_dq_bf16_kernel<D>(dqkv_out, pkq, pdq, lse.data(), delta.data(), T,
+                                                 NH, hs, scl, sc, vq);
+        });
+    };
+    // dS poisoned: a chunk the dQ kernel reads but nothing wrote shows as NaN
+    std::vector<__nv_bfloat16> ds((size_t)B * NH * tc_ds_chunks(T) * TC_CHUNK, {0x7fc0});
+    std::vector<float> dqkv_re(n3, NAN);
+    backward(dqkv.data(), tc_keeps_ds<D>() ? ds.data() : nullptr);
+    if (tc_keeps_ds<D>()) backward(dqkv_re.data(), nullptr);
     printf("B %d T %d C %d NH %d (hs %d, D %d, vec %d/%d)\n", B, T, C, NH, hs, D, vo, vq);
     int fails = 0;
     fails += check("out", out.data(), out_ref, 1e-2);
     fails += check("lse", lse.data(), lse_ref, 1e-2);
     fails += check("dqkv", dqkv.data(), dqkv_ref, 1e-2);
+    if (!tc_keeps_ds<D>()) return fails;
+    fails += check("dqkv-r", dqkv_re.data(), dqkv_ref, 1e-2); // dS recomputed
+    // dK, dV: the same kernel and bits on both paths
+    for (size_t i = 0; i < n3; i++)
+        if (i % (3 * C) >= (size_t)C && memcmp(&dqkv[i], &dqkv_re[i], sizeof(float))) {
+            printf("  dK/dV differ at %zu: %g vs %g   FAIL\n", i, dqkv[i], dqkv_re[i]);
+            return fails + 1;
+        }
     return fails;
 }
 
