@@ -710,7 +710,8 @@ flash_backward_dkv_bf16_kernel(float *dqkv, bf16 *ds, const bf16 *pk, const bf16
 /* Block (bh, 64 queries); warp w owns queries r0 = q0 + 16w .. r0 + 15 (lane
  * (g, t): rows r0 + g, r0 + g + 8), their q and dO fragments, and their dQ
  * (columns 8j + 2t, +1). Per chunk of 16 keys: S = Q Kᵀ, dP = dO Vᵀ,
- * dS = P ∘ (dP − D), dQ += dS K. */
+ * dS = P ∘ (dP − D), dQ += dS K. Runs where dS is not kept (tc_keeps_ds, or
+ * no room in the workspace); else flash_backward_dq_ds_bf16_kernel. */
 template <int D>
 __global__ static void __launch_bounds__(TC_THREADS, tc_min_blocks<D>(1))
 flash_backward_dq_bf16_kernel(float *dqkv, const bf16 *pk, const bf16 *pdo, const float *lse,
@@ -814,8 +815,8 @@ flash_backward_dq_ds_bf16_kernel(float *dqkv, const bf16 *ds, const bf16 *pk, in
     constexpr int BK = tc_tile<D>(), LD = tc_ld<D>(), NO = D / 8, NC = BK / 16;
     constexpr int WS = NC * TC_CHUNK; /* a warp's chunks of one stage */
     TC_DYNAMIC_SMEM(tc_smem);
-    bf16 *Ks = reinterpret_cast<bf16 *>(tc_smem);         /* [2][BK·LD] */
-    bf16 *dSs = Ks + 2 * BK * LD;                         /* [2][4 warps][WS] */
+    bf16 *Ks = reinterpret_cast<bf16 *>(tc_smem), *dSs = Ks + 2 * BK * LD; /* [2][BK·LD] */
+    /* dSs: [2][TC_THREADS / 32 warps][WS] */
     const int bh = blockIdx.x, b = bh / NH, h = bh % NH, Tp = tc_padded_rows(T);
     const int q0 = (gridDim.y - 1 - blockIdx.y) * TC_ROWS; /* the longest rows first */
     const int C = NH * hs;

@@ -397,11 +397,13 @@ static int run_case(int B, int T, int C, int NH, int misalign)
     for (int bh = 0; bh < B * NH; bh++)
         for (int ki = 0; ki < nch; ki++)
             for (int qi = ki; qi < nch; qi++) {
-                const __nv_bfloat16 *c = ds.data() + ds_column(T, bh, ki) + (size_t)(qi - ki) * TC_CHUNK;
+                const __nv_bfloat16 *c =
+                    ds.data() + ds_column(T, bh, ki) + (size_t)(qi - ki) * TC_CHUNK;
                 int poisoned = 0;
                 for (int e = 0; e < TC_CHUNK; e++) poisoned += c[e].v == 0x7fc0;
                 if (poisoned != (16 * qi < T ? 0 : TC_CHUNK)) {
-                    printf("  dS chunk (%d, %d) of head %d: %d poisoned   FAIL\n", qi, ki, bh, poisoned);
+                    printf("  dS chunk (%d, %d) of head %d: %d poisoned   FAIL\n", qi, ki, bh,
+                           poisoned);
                     return fails + 1;
                 }
             }
