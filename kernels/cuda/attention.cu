@@ -30,9 +30,10 @@
  *             accumulates dK and dV over the query tiles from the diagonal
  *             on; (3) one block per (b·h, query tile) accumulates dQ over
  *             the key tiles up to the diagonal. P = exp(s − lse) is
- *             recomputed in both. Each gradient element has exactly one owner
- *             thread and a fixed summation order: no atomics, the same bits
- *             every run.
+ *             recomputed in both (in bf16 mode, where the workspace has room,
+ *             (2) stores dS and (3) reads it instead: attention_bf16.cuh).
+ *             Each gradient element has exactly one owner thread and a fixed
+ *             summation order: no atomics, the same bits every run.
  *
  * Scores are kept in base 2 (s·log2 e, then exp2f: one hardware instruction). */
 #include <cuda_bf16.h>
@@ -501,6 +502,17 @@ static void forward_tiles(kn_ctx *k, float *out, float *lse, const float *qkv, i
     CUDA_LAUNCHED();
 }
 
+/* Whether the workspace can grow to `bytes`. kn_cuda_workspace aborts where
+ * the device is out of memory, so a larger one is first taken from the
+ * arena and given back (it stays there, free, for kn_cuda_workspace). */
+static bool workspace_fits(kn_ctx *k, size_t bytes)
+{
+    if (k->ws && bytes <= k->ws_bytes) return true;
+    void *p = kn_cuda_arena_alloc(k, bytes, 0);
+    kn_cuda_arena_free(k, p);
+    return p != NULL;
+}
+
 template <int D>
 static void backward_tiles(kn_ctx *k, float *dqkv, const float *dout, const float *qkv,
                            const float *lse, const float *out, int B, int T, int C, int NH)
@@ -509,11 +521,17 @@ static void backward_tiles(kn_ctx *k, float *dqkv, const float *dout, const floa
     const size_t rows = (size_t)B * NH * T;
     const float scale = 1.0f / sqrtf((float)hs), sc = log2_scale(hs);
     if (k->cuda->bf16) {
-        /* the workspace: delta, then (16-byte aligned) the packed dO */
+        /* the workspace: delta, then (16-byte aligned) the packed dO, then
+         * (256-byte aligned) dS where there is room for it (~201 MB for
+         * GPT-2 124M at B = 16, T = 1024; reused by every layer) */
         const size_t dbytes = (rows * sizeof(float) + 15) / 16 * 16;
-        char *ws = (char *)kn_cuda_workspace(k, dbytes + packed_elems(B, T, NH, D) / 3 * sizeof(bf16));
+        const size_t pbytes = dbytes + packed_elems(B, T, NH, D) / 3 * sizeof(bf16);
+        const size_t sbytes = (pbytes + 255) / 256 * 256;
+        const size_t all = sbytes + (size_t)B * NH * tc_ds_chunks(T) * TC_CHUNK * sizeof(bf16);
+        const bool keep_ds = tc_keeps_ds<D>() && workspace_fits(k, all);
+        char *ws = (char *)kn_cuda_workspace(k, keep_ds ? all : pbytes);
         float *delta = (float *)ws;
-        bf16 *pdo = (bf16 *)(ws + dbytes);
+        bf16 *pdo = (bf16 *)(ws + dbytes), *ds = keep_ds ? (bf16 *)(ws + sbytes) : NULL;
         const size_t warps = (size_t)B * NH * tc_padded_rows(T);
         attention_delta_pack_kernel<D><<<kn_blocks(warps * 32, TC_THREADS), TC_THREADS, 0,
                                          kn_stream(k)>>>(delta, pdo, dout, out, B, T, NH, hs);
@@ -521,8 +539,15 @@ static void backward_tiles(kn_ctx *k, float *dqkv, const float *dout, const floa
         const bf16 *pk = packed_qkv(lse, B, T, NH);
         const dim3 grid((unsigned)(B * NH), (unsigned)(tc_padded_rows(T) / TC_ROWS));
         const int v2 = float2_rows(dqkv, hs) && (3 * C) % 2 == 0;
-        launch_tc(flash_backward_dkv_bf16_kernel<D>, grid, tc_smem_bytes<D>(true), k, dqkv, pk,
-                  (const bf16 *)pdo, lse, (const float *)delta, T, NH, hs, scale, sc, v2);
+        launch_tc(flash_backward_dkv_bf16_kernel<D>, grid, tc_smem_bytes<D>(true), k, dqkv, ds,
+                  pk, (const bf16 *)pdo, lse, (const float *)delta, T, NH, hs, scale, sc, v2);
+        if constexpr (tc_keeps_ds<D>()) {
+            if (ds) {
+                launch_tc(flash_backward_dq_ds_bf16_kernel<D>, grid, tc_dq_ds_smem_bytes<D>(), k,
+                          dqkv, (const bf16 *)ds, pk, T, NH, hs, scale, v2);
+                return;
+            }
+        }
         launch_tc(flash_backward_dq_bf16_kernel<D>, grid, tc_smem_bytes<D>(false), k, dqkv, pk,
                   (const bf16 *)pdo, lse, (const float *)delta, T, NH, hs, scale, sc, v2);
         return;

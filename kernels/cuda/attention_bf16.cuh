@@ -149,9 +149,9 @@ __device__ static inline void ldsm_x4(uint32_t r[4], const bf16 *p, int ld, int 
 #endif
 }
 
-__device__ static inline void ldsm_x4_trans(uint32_t r[4], const bf16 *p, int ld, int lane)
+/* ldmatrix.x4.trans, lane l addressing row l & 7 of matrix l >> 3 at row. */
+__device__ static inline void ldsm_x4_trans_at(uint32_t r[4], const bf16 *row)
 {
-    const bf16 *row = p + ((lane & 7) + (lane & 8)) * ld + 8 * (lane >> 4);
 #ifdef PLIANT_ATTENTION_EMU
     emu_ldmatrix(r, row, true);
 #else
@@ -161,6 +161,11 @@ __device__ static inline void ldsm_x4_trans(uint32_t r[4], const bf16 *p, int ld
                  : "r"(a)
                  : "memory");
 #endif
+}
+
+__device__ static inline void ldsm_x4_trans(uint32_t r[4], const bf16 *p, int ld, int lane)
+{
+    ldsm_x4_trans_at(r, p + ((lane & 7) + (lane & 8)) * ld + 8 * (lane >> 4));
 }
 
 /* The A fragment of the 16 × 16 block at p, stored by rows: matrices 0..3 are
@@ -200,6 +205,71 @@ __device__ static inline void c_to_a(uint32_t a[4], const float c0[4], const flo
     a[1] = pack_bf16(c0[2], c0[3]);
     a[2] = pack_bf16(c1[0], c1[1]);
     a[3] = pack_bf16(c1[2], c1[3]);
+}
+
+/* ---- dS from the dK/dV kernel to the dQ kernel ----------------------------------
+ *
+ * The dK/dV kernel computes dS = P ∘ (dP − D) for every (query, key) pair of
+ * the causal part; where the workspace has room it stores it (bf16 and
+ * unscaled: the operand its own dK product uses), and the dQ kernel computes
+ * dQ = dS K from it, one tile product instead of three (S = Q Kᵀ and dP =
+ * dO Vᵀ are not recomputed): 5 products per (query, key) tile pair instead of
+ * 7. FlashAttention-2 (Dao, 2023, Algorithm 2) adds dS K into dQ in global
+ * memory within the dK/dV loop (atomic adds in its code); here each dQ
+ * element keeps one owner thread instead.
+ *
+ * Layout: 16 × 16 chunks (queries 16qi.., keys 16ki.., ki ≤ qi), per head the
+ * triangle of chunks by key columns, n = Tp / 16 chunk rows: column ki starts
+ * at chunk ki·n − ki(ki − 1)/2 and holds qi = ki .. n − 1, so a dK/dV warp's
+ * chunks are consecutive (one pointer: the registers of that kernel are at
+ * their limit). A chunk (256 elements) holds dSᵀ (keys
+ * by rows, the dK/dV warp's A fragment) as four 8 × 8 matrices one after the
+ * other, m = 0..3 for keys 8(m & 1).., queries 8(m >> 1).., each row (8
+ * queries) 16 bytes: a warp stores one fragment register as 128 contiguous
+ * bytes, and ldmatrix.trans with lane l at element 8l (conflict-free) gives
+ * the dQ warp the A fragment of dS (queries by rows). */
+
+#define TC_CHUNK 256 /* elements of one 16 × 16 chunk of dS */
+
+/* Whether the backward keeps dS (where the workspace has room): not at D =
+ * 128, where the dK/dV kernel's registers are full (storing it spills). */
+template <int D>
+__host__ __device__ static constexpr bool tc_keeps_ds()
+{
+    return D <= 64;
+}
+
+/* Chunks of dS per head: the triangle ki ≤ qi of Tp / 16 chunk rows. */
+__host__ __device__ static inline size_t tc_ds_chunks(int T)
+{
+    const size_t n = (size_t)tc_padded_rows(T) / 16;
+    return n * (n + 1) / 2;
+}
+
+/* Where chunk (ki, ki), the first of column ki, of head bh starts, in elements. */
+__device__ static inline size_t ds_column(int T, int bh, int ki)
+{
+    const size_t n = (size_t)tc_padded_rows(T) / 16;
+    return ((size_t)bh * tc_ds_chunks(T) + ki * n - (size_t)ki * (ki - 1) / 2) * TC_CHUNK;
+}
+
+/* Stores a warp's A fragment of a chunk of dSᵀ: register m is matrix m,
+ * lane (g, t) its row g, columns 2t and 2t + 1. */
+__device__ static inline void ds_store(bf16 *chunk, const uint32_t a[4], int lane)
+{
+    uint32_t *p = reinterpret_cast<uint32_t *>(chunk);
+#pragma unroll
+    for (int m = 0; m < 4; m++) p[32 * m + lane] = a[m];
+}
+
+/* The A fragment of dS (queries by rows) from a chunk in shared memory:
+ * ldmatrix.trans gives lane (g, t) rows 2t, 2t + 1 (keys), column g (query)
+ * of each matrix, so matrices 0, 2, 1, 3 are a0..a3. */
+__device__ static inline void frag_a_ds(uint32_t a[4], const bf16 *chunk, int lane)
+{
+    uint32_t r[4];
+    ldsm_x4_trans_at(r, chunk + 8 * lane);
+    a[0] = r[0], a[1] = r[2], a[2] = r[1], a[3] = r[3];
 }
 
 /* ---- packed operands and their copies to shared memory ---------------------------- */
@@ -374,6 +444,15 @@ __host__ __device__ static constexpr int tc_smem_bytes(bool dkv)
            (dkv ? 2 * 2 * tc_tile<D>() * (int)sizeof(float) : 0);
 }
 
+/* Shared memory of the dQ kernel reading dS: two stages of a K tile and of
+ * each warp's tc_tile<D>() / 16 chunks of dS. */
+template <int D>
+__host__ __device__ static constexpr int tc_dq_ds_smem_bytes()
+{
+    return 2 * (tc_tile<D>() * tc_ld<D>() + TC_THREADS / 32 * tc_tile<D>() / 16 * TC_CHUNK) *
+           (int)sizeof(bf16);
+}
+
 /* Block (bh, 64 queries); warp w owns queries r0 = q0 + 16w .. r0 + 15: in
  * lane (g, t) rows r0 + g and r0 + g + 8, their m (the running maximum of the
  * raw scores) and l (this lane's part of the running sum), and O columns
@@ -511,12 +590,13 @@ flash_forward_bf16_kernel(float *out, float *lse, const bf16 *pk, int T, int NH,
  * t): keys kw + g, kw + g + 8), their k and v fragments, and their dK, dV
  * (columns 8j + 2t, +1). Per chunk of 16 queries it computes the transposed
  * Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (16 keys × 16 queries), then dV += Pᵀ dO and
- * dK += dSᵀ Q. pk, pdo: the packed q, k, v and dO. */
+ * dK += dSᵀ Q, and stores the chunk of dSᵀ into ds (tc_keeps_ds, ds not NULL). pk,
+ * pdo: the packed q, k, v and dO. */
 template <int D>
 __global__ static void __launch_bounds__(TC_THREADS, tc_min_blocks<D>(2))
-flash_backward_dkv_bf16_kernel(float *dqkv, const bf16 *pk, const bf16 *pdo, const float *lse,
-                               const float *delta, int T, int NH, int hs, float scale, float sc,
-                               int vec2)
+flash_backward_dkv_bf16_kernel(float *dqkv, bf16 *ds, const bf16 *pk, const bf16 *pdo,
+                               const float *lse, const float *delta, int T, int NH, int hs,
+                               float scale, float sc, int vec2)
 {
     constexpr int BQ = tc_tile<D>(), LD = tc_ld<D>(), NK = D / 16, NO = D / 8;
     TC_DYNAMIC_SMEM(tc_smem);
@@ -531,6 +611,7 @@ flash_backward_dkv_bf16_kernel(float *dqkv, const bf16 *pk, const bf16 *pdo, con
     const float *L = lse + (size_t)bh * T, *Dl = delta + (size_t)bh * T;
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int kw = k0 + 16 * w;
+    bf16 *dsw = tc_keeps_ds<D>() && ds ? ds + ds_column(T, bh, kw / 16) : NULL; /* its dS */
 
     uint32_t ka[NK][4], va[NK][4];
     frag_a_packed<D>(ka, kp, kw, lane);
@@ -598,6 +679,7 @@ flash_backward_dkv_bf16_kernel(float *dqkv, const bf16 *pk, const bf16 *pdo, con
             uint32_t pa[4], dsa[4];
             c_to_a(pa, st[0], st[1]);
             c_to_a(dsa, dpt[0], dpt[1]);
+            if (dsw) ds_store(dsw + (size_t)(qc - kw) / 16 * TC_CHUNK, dsa, lane);
 #pragma unroll
             for (int jp = 0; jp < NO / 2; jp++) {
                 uint32_t xb[2][2];
@@ -628,7 +710,8 @@ flash_backward_dkv_bf16_kernel(float *dqkv, const bf16 *pk, const bf16 *pdo, con
 /* Block (bh, 64 queries); warp w owns queries r0 = q0 + 16w .. r0 + 15 (lane
  * (g, t): rows r0 + g, r0 + g + 8), their q and dO fragments, and their dQ
  * (columns 8j + 2t, +1). Per chunk of 16 keys: S = Q Kᵀ, dP = dO Vᵀ,
- * dS = P ∘ (dP − D), dQ += dS K. */
+ * dS = P ∘ (dP − D), dQ += dS K. Runs where dS is not kept (tc_keeps_ds, or
+ * no room in the workspace); else flash_backward_dq_ds_bf16_kernel. */
 template <int D>
 __global__ static void __launch_bounds__(TC_THREADS, tc_min_blocks<D>(1))
 flash_backward_dq_bf16_kernel(float *dqkv, const bf16 *pk, const bf16 *pdo, const float *lse,
@@ -696,6 +779,84 @@ flash_backward_dq_bf16_kernel(float *dqkv, const bf16 *pk, const bf16 *pdo, cons
                 }
             uint32_t dsa[4];
             c_to_a(dsa, dp[0], dp[1]);
+#pragma unroll
+            for (int jp = 0; jp < NO / 2; jp++) { /* dQ += dS K */
+                uint32_t kb[2][2];
+                frag_b_kn(kb, Kt + 16 * c * LD + 16 * jp, LD, lane);
+                mma_bf16(dq[2 * jp], dsa, kb[0][0], kb[0][1]);
+                mma_bf16(dq[2 * jp + 1], dsa, kb[1][0], kb[1][1]);
+            }
+        }
+    }
+
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int row = r0 + g + 8 * i;
+        if (row >= T) continue;
+        float *dQ = dqkv + (size_t)b * T * C3 + (size_t)row * C3 + (size_t)h * hs;
+#pragma unroll
+        for (int j = 0; j < NO; j++)
+            store_pair(dQ, 8 * j + 2 * t, hs, dq[j][2 * i] * scale, dq[j][2 * i + 1] * scale,
+                       vec2);
+    }
+}
+
+/* Block (bh, 64 queries); warp w owns queries r0 = q0 + 16w .. r0 + 15 (lane
+ * (g, t): rows r0 + g, r0 + g + 8) and their dQ (columns 8j + 2t, +1): dQ +=
+ * dS K per chunk of 16 keys, dS from the dK/dV kernel (ds). Each stage holds a
+ * K tile and the chunks of dS of each warp's rows and the tile's keys. It
+ * waits on memory more than on the tensor cores: 5 blocks an SM (≤ 96
+ * registers; at 6, 80 registers spill). */
+template <int D>
+__global__ static void __launch_bounds__(TC_THREADS, 5)
+flash_backward_dq_ds_bf16_kernel(float *dqkv, const bf16 *ds, const bf16 *pk, int T, int NH,
+                                 int hs, float scale, int vec2)
+{
+    constexpr int BK = tc_tile<D>(), LD = tc_ld<D>(), NO = D / 8, NC = BK / 16;
+    constexpr int WS = NC * TC_CHUNK; /* a warp's chunks of one stage */
+    TC_DYNAMIC_SMEM(tc_smem);
+    bf16 *Ks = reinterpret_cast<bf16 *>(tc_smem), *dSs = Ks + 2 * BK * LD; /* [2][BK·LD] */
+    /* dSs: [2][TC_THREADS / 32 warps][WS] */
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH, Tp = tc_padded_rows(T);
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * TC_ROWS; /* the longest rows first */
+    const int C = NH * hs;
+    const size_t C3 = 3 * (size_t)C;
+    const bf16 *k = pk + ((size_t)bh * 3 + 1) * Tp * D;
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int r0 = q0 + 16 * w, qi = r0 / 16;
+    const int kend = min(q0 + TC_ROWS, T);
+
+    /* stage s gets keys k0 .. k0 + BK − 1: K, and this warp's chunks ki ≤ qi
+     * of them (a warp of rows past T copies none) */
+    auto fetch = [&](int k0, int s) {
+        tile_async<BK, D>(Ks + s * BK * LD, k + (size_t)k0 * D);
+        const int n = r0 < T ? min(NC, qi - k0 / 16 + 1) : 0;
+        bf16 *dst = dSs + (s * (TC_THREADS / 32) + w) * WS;
+#pragma unroll
+        for (int c = 0; c < NC; c++) {
+            const int ki = k0 / 16 + c; /* chunk (qi, ki) */
+            if (c < n)
+                cp_async16(dst + c * TC_CHUNK + 8 * lane,
+                           ds + ds_column(T, bh, ki) + (size_t)(qi - ki) * TC_CHUNK + 8 * lane);
+        }
+        cp_async_commit();
+    };
+    float dq[NO][4];
+#pragma unroll
+    for (int j = 0; j < NO; j++) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.0f;
+
+    fetch(0, 0);
+    for (int k0 = 0, buf = 0; k0 < kend; k0 += BK, buf ^= 1) {
+        cp_async_wait_all();
+        __syncthreads(); /* stage buf holds keys k0 .. k0 + BK − 1; the other stage is free */
+        if (k0 + BK < kend) fetch(k0 + BK, buf ^ 1);
+        if (r0 >= T) continue;
+        const bf16 *Kt = Ks + buf * BK * LD, *dSt = dSs + (buf * (TC_THREADS / 32) + w) * WS;
+#pragma unroll
+        for (int c = 0; c < NC; c++) {
+            if (k0 + 16 * c > r0) break; /* every key after every row of the warp */
+            uint32_t dsa[4];
+            frag_a_ds(dsa, dSt + c * TC_CHUNK, lane);
 #pragma unroll
             for (int jp = 0; jp < NO / 2; jp++) { /* dQ += dS K */
                 uint32_t kb[2][2];

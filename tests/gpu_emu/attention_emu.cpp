@@ -366,19 +366,56 @@ static int run_case(int B, int T, int C, int NH, int misalign)
     run_grid((unsigned)((warps * 32 + TC_THREADS - 1) / TC_THREADS), 1, [&] {
         attention_delta_pack_kernel<D>(delta.data(), pdq, dout, out.data(), B, T, NH, hs);
     });
-    run_grid(B * NH, gy, [&] {
-        flash_backward_dkv_bf16_kernel<D>(dqkv.data(), pkq, pdq, lse.data(), delta.data(), T, NH,
-                                          hs, scl, sc, vq);
-    });
-    run_grid(B * NH, gy, [&] {
-        flash_backward_dq_bf16_kernel<D>(dqkv.data(), pkq, pdq, lse.data(), delta.data(), T, NH,
-                                         hs, scl, sc, vq);
-    });
+    // as attention.cu launches them: dK/dV storing dS (where tc_keeps_ds and the workspace
+    // has room) and dQ from it, or dK/dV alone and dQ recomputing dS
+    auto backward = [&](float *dqkv_out, __nv_bfloat16 *ds) {
+        run_grid(B * NH, gy, [&] {
+            flash_backward_dkv_bf16_kernel<D>(dqkv_out, ds, pkq, pdq, lse.data(), delta.data(), T,
+                                              NH, hs, scl, sc, vq);
+        });
+        run_grid(B * NH, gy, [&] {
+            if (ds)
+                flash_backward_dq_ds_bf16_kernel<D>(dqkv_out, ds, pkq, T, NH, hs, scl, vq);
+            else
+                flash_backward_dq_bf16_kernel<D>(dqkv_out, pkq, pdq, lse.data(), delta.data(), T,
+                                                 NH, hs, scl, sc, vq);
+        });
+    };
+    // dS poisoned: a chunk the dQ kernel reads but nothing wrote shows as NaN
+    std::vector<__nv_bfloat16> ds((size_t)B * NH * tc_ds_chunks(T) * TC_CHUNK, {0x7fc0});
+    std::vector<float> dqkv_re(n3, NAN);
+    backward(dqkv.data(), tc_keeps_ds<D>() ? ds.data() : nullptr);
+    if (tc_keeps_ds<D>()) backward(dqkv_re.data(), nullptr);
     printf("B %d T %d C %d NH %d (hs %d, D %d, vec %d/%d)\n", B, T, C, NH, hs, D, vo, vq);
     int fails = 0;
     fails += check("out", out.data(), out_ref, 1e-2);
     fails += check("lse", lse.data(), lse_ref, 1e-2);
     fails += check("dqkv", dqkv.data(), dqkv_ref, 1e-2);
+    if (!tc_keeps_ds<D>()) return fails;
+    // dS: every chunk of real queries written, the others (queries past T) untouched
+    const int nch = Tp / 16;
+    for (int bh = 0; bh < B * NH; bh++)
+        for (int ki = 0; ki < nch; ki++)
+            for (int qi = ki; qi < nch; qi++) {
+                const __nv_bfloat16 *c =
+                    ds.data() + ds_column(T, bh, ki) + (size_t)(qi - ki) * TC_CHUNK;
+                int poisoned = 0;
+                for (int e = 0; e < TC_CHUNK; e++) poisoned += c[e].v == 0x7fc0;
+                if (poisoned != (16 * qi < T ? 0 : TC_CHUNK)) {
+                    printf("  dS chunk (%d, %d) of head %d: %d poisoned   FAIL\n", qi, ki, bh,
+                           poisoned);
+                    return fails + 1;
+                }
+            }
+    fails += check("dqkv-r", dqkv_re.data(), dqkv_ref, 1e-2); // dS recomputed
+    // the same bits on both paths: emu_mma sums exactly, so S and dP come out the same
+    // either way round, and dQ sums the same bf16 dS in the same order
+    for (size_t i = 0; i < n3; i++)
+        if (memcmp(&dqkv[i], &dqkv_re[i], sizeof(float))) {
+            printf("  dqkv differs between the paths at %zu: %g vs %g   FAIL\n", i, dqkv[i],
+                   dqkv_re[i]);
+            return fails + 1;
+        }
     return fails;
 }
 
