@@ -18,6 +18,8 @@ done
 for b in "$out"/bin/*; do ldd "$b"; done | awk '$2 == "=>" && $3 ~ /^\// { print $3 }' | sort -u |
     grep -v -E '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*)\.so|/usr/local/cuda|lib(cuda|cudart|cublas|cublasLt|nccl)\.so' |
     while read -r lib; do cp -L "$lib" "$out/lib/"; done
+# without debug information: the device tool carries at most 64 MiB with the repository
+strip --strip-debug "$out"/bin/* "$out"/lib/* 2>/dev/null || true
 # the CLI tests' corpus (the GPU machine gets the repository without ../shared)
 if [ -f ../shared/data/tinyshakespeare.txt ]; then cp ../shared/data/tinyshakespeare.txt "$out/"; fi
 cat > "$out/env.sh" <<'ENV'
