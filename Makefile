@@ -172,17 +172,26 @@ $(BUILD)/bench/%: bench/%.c $(LIBS)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) $< $(LIBS) -o $@ $(LDLIBS)
 
-unit-tests: $(UNIT_BIN) $(UNIT_ASAN_BIN) $(BUILD)/tests/test_attention_emu
+unit-tests: $(UNIT_BIN) $(UNIT_ASAN_BIN) $(BUILD)/tests/test_attention_emu \
+            $(BUILD)/tests/test_layernorm_emu
 
-# The bf16 attention kernels (kernels/cuda/attention_bf16.cuh) compiled by the host
-# C++ compiler against a CPU emulation of mma.sync, ldmatrix, shuffles and barriers
-# (tests/gpu_emu/attention_emu.cpp): their fragment mapping is checked without a GPU.
+# CUDA kernel code compiled by the host C++ compiler against a CPU emulation of
+# threads, barriers and shuffles (tests/gpu_emu/gpu_emu.h), checked without a GPU:
+# the bf16 attention kernels (kernels/cuda/attention_bf16.cuh, their mma.sync and
+# ldmatrix fragment mapping) and the LayerNorm kernels (layernorm_kernels.cuh).
 # C++20 for designated braces and lambdas in the emulation; no nvcc needed.
 CXX ?= g++
-$(BUILD)/tests/test_attention_emu: tests/gpu_emu/attention_emu.cpp kernels/cuda/attention_bf16.cuh
+EMU_CXXFLAGS := -std=c++20 -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter \
+                -Wno-unknown-pragmas -fno-strict-aliasing -Ikernels
+$(BUILD)/tests/test_attention_emu: tests/gpu_emu/attention_emu.cpp tests/gpu_emu/gpu_emu.h \
+                                   kernels/cuda/attention_bf16.cuh
 	@mkdir -p $(@D)
-	$(CXX) -std=c++20 -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter -Wno-unknown-pragmas \
-	    -Ikernels $< -o $@
+	$(CXX) $(EMU_CXXFLAGS) $< -o $@
+
+$(BUILD)/tests/test_layernorm_emu: tests/gpu_emu/layernorm_emu.cpp tests/gpu_emu/gpu_emu.h \
+                                   kernels/cuda/layernorm_kernels.cuh
+	@mkdir -p $(@D)
+	$(CXX) $(EMU_CXXFLAGS) $< -o $@
 
 # Fuzzing (tests/fuzz/README.md): every tests/fuzz/fuzz_<parser>.c is built twice, as a
 # libFuzzer target with clang (build/fuzz/bin/, coverage-guided; where clang's libFuzzer

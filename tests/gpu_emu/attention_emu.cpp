@@ -10,8 +10,8 @@
  * (inline PTX), and an index error there only shows on a GPU, which the
  * default test suite does not have. This program compiles the very same
  * kernel code with g++ (PLIANT_ATTENTION_EMU selects emu_mma and
- * emu_ldmatrix below in place of the inline PTX) and runs each block's 256
- * threads as coroutines (ucontext) so that barriers, warp shuffles, ldmatrix
+ * emu_ldmatrix below in place of the inline PTX) and runs each block's threads
+ * as coroutines (ucontext, tests/gpu_emu/gpu_emu.h) so that barriers, warp shuffles, ldmatrix
  * and mma exchange values between lanes as the PTX ISA defines them ("Matrix
  * Fragments for mma.m16n8k16", "ldmatrix"). It also catches lanes of a warp
  * in different collectives and deadlocked barriers (it aborts), and reads of
@@ -20,131 +20,11 @@
  * Output: one "ok NAME" / "FAIL NAME" line per shape (tests/unit/check.h's
  * protocol, counted by tests/run_tests.py). With four arguments B T C NH it
  * runs that one shape. */
-#include <assert.h>
-#include <math.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <ucontext.h>
+#include "gpu_emu.h"
 
-#include <algorithm>
-#include <functional>
-#include <vector>
-using std::min;
-
-#define __global__
-#define __device__
-#define __host__
-#define __launch_bounds__(...)
-#define __shared__ static
-#define __align__(n) __attribute__((aligned(n)))
 #define PLIANT_ATTENTION_EMU 1
 #define FA_LOG2E 1.4426950408889634f
 #define FA_LN2 0.6931471805599453f
-
-struct uint2 { uint32_t x, y; };
-struct uint4 { uint32_t x, y, z, w; };
-struct float2 { float x, y; };
-static float2 make_float2(float a, float b) { return {a, b}; }
-struct dim3v { unsigned x, y, z; };
-struct __nv_bfloat16 { uint16_t v; };
-struct __nv_bfloat162 { uint16_t x, y; };
-static uint16_t f2bf(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-    u = u + 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-static float bf2f(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) { return {f2bf(lo), f2bf(hi)}; }
-
-// ---- fibers
-enum { NT = 128 }; // TC_THREADS
-static ucontext_t sched_ctx;
-struct Fiber {
-    ucontext_t ctx;
-    char *stack;
-    bool done;
-    int tid;
-};
-static Fiber fibers[NT];
-static int cur;
-static bool progress;
-static dim3v blockIdx, gridDim;
-struct TI { unsigned x; };
-#define threadIdx (tix_())
-static TI tix_() { return TI{(unsigned)fibers[cur].tid}; }
-
-static void yield_() { swapcontext(&fibers[cur].ctx, &sched_ctx); }
-
-// generation barriers: block and per warp
-static long bgen, bcount;
-static long wgen[NT / 32], wcount[NT / 32];
-static void __syncthreads()
-{
-    long g = bgen;
-    if (++bcount == NT) {
-        bcount = 0;
-        bgen++;
-        progress = true;
-        return;
-    }
-    while (bgen == g) yield_();
-    progress = true;
-}
-static void warp_bar()
-{
-    int w = cur / 32;
-    long g = wgen[w];
-    if (++wcount[w] == 32) {
-        wcount[w] = 0;
-        wgen[w]++;
-        progress = true;
-        return;
-    }
-    while (wgen[w] == g) yield_();
-    progress = true;
-}
-
-// per-warp exchange slots
-struct Slot {
-    int op;
-    uint32_t u[8];
-    float f[4];
-    const void *p;
-};
-static Slot slots[NT];
-static void deposit_check(int op)
-{
-    slots[cur].op = op;
-    warp_bar();
-    int w0 = cur / 32 * 32;
-    for (int l = 0; l < 32; l++)
-        if (slots[w0 + l].op != op) {
-            fprintf(stderr, "warp %d: lanes in different collectives (%d vs %d)\n", cur / 32,
-                    slots[w0 + l].op, op);
-            abort();
-        }
-}
-
-static float __shfl_xor_sync(unsigned mask, float v, int o)
-{
-    assert(mask == 0xffffffffu);
-    slots[cur].f[0] = v;
-    deposit_check(1);
-    float r = slots[cur / 32 * 32 + ((cur % 32) ^ o)].f[0];
-    warp_bar();
-    return r;
-}
 
 static void emu_ldmatrix(uint32_t r[4], const __nv_bfloat16 *row, bool trans)
 {
@@ -206,54 +86,11 @@ unsigned char tc_smem[1 << 18] __attribute__((aligned(128)));
 
 #include "cuda/attention_bf16.cuh"
 
-// ---- block runner
-static std::function<void()> entry; // the kernel call every thread of a block makes
-static void fiber_main(void) { entry(); fibers[cur].done = true; progress = true; }
-
-/* Thread i at the kernel's entry. A function of its own (not inlined): getcontext
- * returns twice, which would make the block loop's counters "clobbered". */
-__attribute__((noinline)) static void start_fiber(int i)
-{
-    Fiber &f = fibers[i];
-    f.tid = i, f.done = false;
-    getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = f.stack;
-    f.ctx.uc_stack.ss_size = 1 << 17;
-    f.ctx.uc_link = &sched_ctx;
-    makecontext(&f.ctx, fiber_main, 0);
-}
-
+/* kernel<<<(gx, gy), TC_THREADS>>>, shared memory garbage (NaN bf16s) where
+ * nothing was stored. */
 static void run_grid(unsigned gx, unsigned gy, const std::function<void()> &kernel)
 {
-    entry = kernel;
-    gridDim = {gx, gy, 1};
-    for (auto &f : fibers)
-        if (!f.stack) f.stack = (char *)malloc(1 << 17);
-    for (unsigned by = 0; by < gy; by++)
-        for (unsigned bx = 0; bx < gx; bx++) {
-            blockIdx = {bx, by, 0};
-            memset(tc_smem, 0xff, sizeof tc_smem); // garbage (NaN bf16s) where nothing was stored
-            bcount = 0;
-            for (int w = 0; w < NT / 32; w++) wcount[w] = 0;
-            for (int i = 0; i < NT; i++) start_fiber(i);
-            for (;;) {
-                bool any = false;
-                progress = false;
-                for (cur = 0; cur < NT; cur++) {
-                    if (fibers[cur].done) continue;
-                    any = true;
-                    swapcontext(&sched_ctx, &fibers[cur].ctx);
-                }
-                if (!any) break;
-                if (!progress) {
-                    int live = 0;
-                    for (int i = 0; i < NT; i++) live += !fibers[i].done;
-                    fprintf(stderr, "deadlock in block (%u, %u): %d threads waiting\n", bx, by,
-                            live);
-                    abort();
-                }
-            }
-        }
+    emu_run_grid(gx, gy, TC_THREADS, kernel, [] { memset(tc_smem, 0xff, sizeof tc_smem); });
 }
 
 // ---- reference (double) and the test

@@ -312,8 +312,8 @@ static void test_layernorm(void)
     NEED_GPU();
     arena_reset();
     rng_state = 202;
-    /* C ≤ 768 with all three gradients: the fused kernel (rows not a multiple of
-     * its 32-row blocks); C = 1024: the two separate kernels */
+    /* C = 8, 200, 768, 1024: the register kernels (rows not a multiple of the
+     * backward's 64-row blocks); C = 1, 13: the scalar ones */
     int shapes[][3] = {{1, 1, 1}, {1, 1, 8}, {2, 7, 13}, {3, 33, 200}, {4, 300, 768}, {2, 50, 1024}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int B = shapes[s][0], T = shapes[s][1], C = shapes[s][2];
