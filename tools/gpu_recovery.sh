@@ -30,7 +30,7 @@ EOF
 rc=$?
 echo "recovery run: exit $rc"
 grep '"event"' "$out/recovery.jsonl"
-grep -o 'generation [0-9]*: layers.*received [0-9]* layers ([0-9]* bytes).*in [0-9.]* ms' \
+grep -o 'generation [0-9]*: layers.*received [0-9]* layers in [0-9]* copies ([0-9]* bytes).*in [0-9.]* ms' \
     "$out/recovery.err" |
     grep -v 'received 0 layers' |
     awk '{ b = $0; sub(/.*\(/, "", b); sub(/ bytes.*/, "", b);
