@@ -142,7 +142,8 @@ void kn_to_lowp(kn_ctx *k, void *lp, const float *src, size_t n);
 void kn_matmul_forward(kn_ctx *k, float *out, const float *inp, const void *inp_lp,
                        const float *weight, const float *bias, int BT, int C, int OC);
 /* dinp += dout · weight; dweight += doutᵀ · inp; dbias += Σ rows of dout (dbias may be NULL).
- * dout_lp, inp_lp: dout's and inp's low-precision copies (above) or NULL. */
+ * dout_lp, inp_lp: dout's and inp's low-precision copies (above) or NULL; with dout_lp
+ * dout is not read (dbias too is summed from the copy). */
 void kn_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
                         const void *dout_lp, const float *inp, const void *inp_lp,
                         const float *weight, int BT, int C, int OC);
@@ -173,15 +174,16 @@ void kn_attention_backward(kn_ctx *k, float *dqkv, const float *dout, const floa
 
 /* out = gelu(pre), pre = inp · weightᵀ + bias (both overwritten): the MLP's first
  * matmul with its GELU (one cuBLASLt call with a GELU epilogue on CUDA). out_lp
- * (NULL or kn_lowp_bytes(k, BT·OC)) receives out's low-precision copy. */
+ * (NULL or kn_lowp_bytes(k, BT·OC)) receives out's low-precision copy; then out
+ * itself may be left unwritten: every later matmul reads out through out_lp. */
 void kn_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre, const float *inp,
                             const void *inp_lp, const float *weight, const float *bias, int BT,
                             int C, int OC);
 /* Backward of out = gelu(pre) · weightᵀ + bias for the MLP's second matmul (inp =
  * gelu(pre), [BT, C]): dpre = (dout · weight) ⊙ gelu'(pre), OVERWRITTEN;
  * dweight += doutᵀ · inp; dbias += Σ rows of dout. dpre_lp (NULL or
- * kn_lowp_bytes(k, BT·C)) receives dpre's low-precision copy: the next
- * matmul's dout_lp. */
+ * kn_lowp_bytes(k, BT·C)) receives dpre's low-precision copy, the next
+ * matmul's dout_lp; then dpre itself may be left unwritten. */
 void kn_matmul_backward_gelu(kn_ctx *k, float *dpre, void *dpre_lp, float *dweight, float *dbias,
                              const float *dout, const float *inp, const void *inp_lp,
                              const float *weight, const float *pre, int BT, int C, int OC);

@@ -175,7 +175,8 @@ __global__ static void gelu_scale_kernel(float *d, const float *pre, int m, int 
  * copy where lp is given (in the same pass: D is not read again to make it).
  * The same kn_gelu / kn_gelu_grad as the fp32 path and the CPU. */
 template <bool GRAD>
-__global__ static void gelu_vec_kernel(float4 *d, uint2 *lp, const float4 *pre, size_t n4)
+__global__ static void gelu_vec_kernel(float4 *d, uint2 *lp, bool lp_only, const float4 *pre,
+                                       size_t n4)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4;
          i += (size_t)gridDim.x * blockDim.x) {
@@ -189,7 +190,7 @@ __global__ static void gelu_vec_kernel(float4 *d, uint2 *lp, const float4 *pre, 
         } else {
             v = make_float4(kn_gelu(p.x), kn_gelu(p.y), kn_gelu(p.z), kn_gelu(p.w));
         }
-        d[i] = v;
+        if (!lp_only) d[i] = v;
         if (lp) lp[i] = make_uint2(bf16_pair(v.x, v.y), bf16_pair(v.z, v.w));
     }
 }
@@ -227,6 +228,7 @@ typedef struct {
     const float *bias;
     float *aux; /* written by EPI_GELU, read by EPI_DGELU */
     void *lp;   /* EPI_GELU / EPI_DGELU, contiguous D (ldd = m): D's bf16 copy too, or NULL */
+    bool lp_only; /* with lp: D's fp32 values may be left unwritten (only the copy is read) */
     bool d16;   /* D is bf16 (EPI_NONE, beta 0; D's pointer cast) */
 } mm_job;
 
@@ -345,10 +347,12 @@ static void mm_split(kn_ctx *k, const mm_job *j)
         (uintptr_t)j->lp % 8 == 0) {
         if (grad)
             gelu_vec_kernel<true><<<kn_blocks(n / 4, 256), 256, 0, kn_stream(k)>>>(
-                (float4 *)j->D, (uint2 *)j->lp, (const float4 *)j->aux, n / 4);
+                (float4 *)j->D, (uint2 *)j->lp, j->lp && j->lp_only, (const float4 *)j->aux,
+                n / 4);
         else
             gelu_vec_kernel<false><<<kn_blocks(n / 4, 256), 256, 0, kn_stream(k)>>>(
-                (float4 *)j->D, (uint2 *)j->lp, (const float4 *)j->aux, n / 4);
+                (float4 *)j->D, (uint2 *)j->lp, j->lp && j->lp_only, (const float4 *)j->aux,
+                n / 4);
         CUDA_LAUNCHED();
         return;
     }
@@ -654,20 +658,23 @@ static void forward(kn_ctx *k, float *out, void *out_lp, float *pre, const float
     j.bias = bias;
     j.aux = pre;
     j.lp = pre ? out_lp : NULL;
+    j.lp_only = true; /* out is read through its copy alone (kernels.h) */
     mm(k, &j);
     if (out_lp && !pre) to_bf16(k, out_lp, out, (size_t)BT * OC);
 }
 
-/* partial[blockIdx.y][c] = Σ of dout[r, c] over the block's BIAS_ROWS rows;
- * a block is 32 columns × 8 row lanes, the lanes summed in order at the end. */
-__global__ static void bias_partial_kernel(float *partial, const float *dout, int BT, int OC)
+/* partial[blockIdx.y][c] = Σ of dout[r, c] (rows ld apart; fp32 or bf16) over
+ * the block's BIAS_ROWS rows; a block is 32 columns × 8 row lanes, the lanes
+ * summed in order at the end. */
+template <typename T>
+__global__ static void bias_partial_kernel(float *partial, const T *dout, size_t ld, int BT, int OC)
 {
     __shared__ float s[8][32];
     int c = blockIdx.x * 32 + threadIdx.x;
     int r0 = blockIdx.y * BIAS_ROWS, r1 = min(r0 + BIAS_ROWS, BT);
     float acc = 0.0f;
     if (c < OC)
-        for (int r = r0 + threadIdx.y; r < r1; r += 8) acc += dout[(size_t)r * OC + c];
+        for (int r = r0 + threadIdx.y; r < r1; r += 8) acc += (float)dout[(size_t)r * ld + c];
     s[threadIdx.y][threadIdx.x] = acc;
     __syncthreads();
     if (threadIdx.y == 0 && c < OC) {
@@ -722,12 +729,16 @@ static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const
     if (conv_bytes || partial_bytes)
         ws = (char *)kn_cuda_workspace(k, conv_bytes > partial_bytes ? conv_bytes : partial_bytes);
 
-    /* dbias first, from the fp32 dout: the stream runs it before the bf16
-     * copies below overwrite its partial sums in the workspace */
+    /* dbias first (from dout's bf16 copy where given, else dout): the stream runs
+     * it before the bf16 copies below overwrite its partial sums in the workspace */
     if (dbias) {
         float *partial = (float *)ws;
         dim3 grid((OC + 31) / 32, parts), block(32, 8);
-        bias_partial_kernel<<<grid, block, 0, kn_stream(k)>>>(partial, dout, BT, OC);
+        if (dout16)
+            bias_partial_kernel<<<grid, block, 0, kn_stream(k)>>>(partial, dout16, ldo, BT, OC);
+        else
+            bias_partial_kernel<<<grid, block, 0, kn_stream(k)>>>(partial, dout, (size_t)OC, BT,
+                                                                  OC);
         CUDA_LAUNCHED();
         kn_cuda_sum_partials(k, dbias, partial, parts, OC);
     }
@@ -761,6 +772,7 @@ static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const
                 j.beta = 0.0f;
                 j.aux = (float *)(pre + (size_t)r0 * C); /* only read */
                 j.lp = lp.dinp ? (__nv_bfloat16 *)lp.dinp + (size_t)r0 * C : NULL;
+                j.lp_only = true; /* dpre is read through its copy alone (kernels.h) */
             } else { /* every chunk writes its own rows: beta 0 overwrites them all */
                 j.epi = EPI_NONE;
                 j.beta = set ? 0.0f : 1.0f;
