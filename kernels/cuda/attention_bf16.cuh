@@ -433,6 +433,39 @@ __device__ static inline void store_pair(float *p, int c, int hs, float x0, floa
     if (c + 1 < hs) p[c + 1] = x1;
 }
 
+/* dQ += dS·K for one chunk of 16 keys: dsa, the warp's dS chunk as an A fragment;
+ * Kc, the chunk's 16 key rows of K in shared memory (row stride ld). */
+template <int NO>
+__device__ static inline void dq_add_ds_k(float dq[NO][4], const uint32_t dsa[4], const bf16 *Kc,
+                                          int ld, int lane)
+{
+#pragma unroll
+    for (int jp = 0; jp < NO / 2; jp++) {
+        uint32_t kb[2][2];
+        frag_b_kn(kb, Kc + 16 * jp, ld, lane);
+        mma_bf16(dq[2 * jp], dsa, kb[0][0], kb[0][1]);
+        mma_bf16(dq[2 * jp + 1], dsa, kb[1][0], kb[1][1]);
+    }
+}
+
+/* The lane's dQ rows (row0 and row0 + 8, those < T) of sequence b, head h, times
+ * scale into dqkv ([B, T, C3]), columns 8j + 2t and + 1 of the head's hs. */
+template <int NO>
+__device__ static inline void store_dq(float *dqkv, const float dq[NO][4], int b, int h, int row0,
+                                       int T, int C3, int hs, int t, float scale, int vec2)
+{
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int row = row0 + 8 * i;
+        if (row >= T) continue;
+        float *dQ = dqkv + (size_t)b * T * C3 + (size_t)row * C3 + (size_t)h * hs;
+#pragma unroll
+        for (int j = 0; j < NO; j++)
+            store_pair(dQ, 8 * j + 2 * t, hs, dq[j][2 * i] * scale, dq[j][2 * i + 1] * scale,
+                       vec2);
+    }
+}
+
 /* ---- the kernels ---------------------------------------------------------------- */
 
 /* Shared memory of each kernel (bytes): two stages of two bf16 tiles of
@@ -779,26 +812,11 @@ flash_backward_dq_bf16_kernel(float *dqkv, const bf16 *pk, const bf16 *pdo, cons
                 }
             uint32_t dsa[4];
             c_to_a(dsa, dp[0], dp[1]);
-#pragma unroll
-            for (int jp = 0; jp < NO / 2; jp++) { /* dQ += dS K */
-                uint32_t kb[2][2];
-                frag_b_kn(kb, Kt + 16 * c * LD + 16 * jp, LD, lane);
-                mma_bf16(dq[2 * jp], dsa, kb[0][0], kb[0][1]);
-                mma_bf16(dq[2 * jp + 1], dsa, kb[1][0], kb[1][1]);
-            }
+            dq_add_ds_k<NO>(dq, dsa, Kt + 16 * c * LD, LD, lane);
         }
     }
 
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int row = r0 + g + 8 * i;
-        if (row >= T) continue;
-        float *dQ = dqkv + (size_t)b * T * C3 + (size_t)row * C3 + (size_t)h * hs;
-#pragma unroll
-        for (int j = 0; j < NO; j++)
-            store_pair(dQ, 8 * j + 2 * t, hs, dq[j][2 * i] * scale, dq[j][2 * i + 1] * scale,
-                       vec2);
-    }
+    store_dq<NO>(dqkv, dq, b, h, r0 + g, T, C3, hs, t, scale, vec2);
 }
 
 /* Block (bh, 64 queries); warp w owns queries r0 = q0 + 16w .. r0 + 15 (lane
@@ -857,24 +875,9 @@ flash_backward_dq_ds_bf16_kernel(float *dqkv, const bf16 *ds, const bf16 *pk, in
             if (k0 + 16 * c > r0) break; /* every key after every row of the warp */
             uint32_t dsa[4];
             frag_a_ds(dsa, dSt + c * TC_CHUNK, lane);
-#pragma unroll
-            for (int jp = 0; jp < NO / 2; jp++) { /* dQ += dS K */
-                uint32_t kb[2][2];
-                frag_b_kn(kb, Kt + 16 * c * LD + 16 * jp, LD, lane);
-                mma_bf16(dq[2 * jp], dsa, kb[0][0], kb[0][1]);
-                mma_bf16(dq[2 * jp + 1], dsa, kb[1][0], kb[1][1]);
-            }
+            dq_add_ds_k<NO>(dq, dsa, Kt + 16 * c * LD, LD, lane);
         }
     }
 
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int row = r0 + g + 8 * i;
-        if (row >= T) continue;
-        float *dQ = dqkv + (size_t)b * T * C3 + (size_t)row * C3 + (size_t)h * hs;
-#pragma unroll
-        for (int j = 0; j < NO; j++)
-            store_pair(dQ, 8 * j + 2 * t, hs, dq[j][2 * i] * scale, dq[j][2 * i + 1] * scale,
-                       vec2);
-    }
+    store_dq<NO>(dqkv, dq, b, h, r0 + g, T, C3, hs, t, scale, vec2);
 }
