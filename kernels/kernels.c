@@ -102,6 +102,8 @@ int kn_memory_stats(kn_ctx *k, kn_mem_stats *out)
 kn_ctx *kn_create(const char *backend, int threads, char *err, size_t errlen)
 {
     if (backend && strcmp(backend, "cpu") == 0) return kn_cpu_create(threads, err, errlen);
+    if (backend && strcmp(backend, "cpu-lowp") == 0) /* for tests: kernels/cpu/lowp.c */
+        return kn_cpu_lowp_create(threads, err, errlen);
     if (backend && strcmp(backend, "cuda") == 0) {
 #ifdef PLIANT_CUDA
         return kn_cuda_create(threads, err, errlen);

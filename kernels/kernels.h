@@ -26,7 +26,9 @@ typedef struct kn_ctx kn_ctx;
  * "cuda" (the current CUDA device, one stream; threads is ignored; NULL with
  * the reason in err when this build has no CUDA backend or there is no
  * device, or when PLIANT_PRECISION is not one of bf16, fp32, tf32). On CUDA the
- * environment picks the precision of the matmuls (kn_precision). */
+ * environment picks the precision of the matmuls (kn_precision). "cpu-lowp" is
+ * the CPU with the bf16 copies of CUDA's bf16 mode emulated (kernels/cpu/lowp.c):
+ * for tests of the code that hands them around. */
 kn_ctx *kn_create(const char *backend, int threads, char *err, size_t errlen);
 void kn_destroy(kn_ctx *k);
 const char *kn_backend(const kn_ctx *k);

@@ -133,6 +133,7 @@ struct kn_ctx {
 
 /* Backend constructors, called by kn_create. */
 kn_ctx *kn_cpu_create(int threads, char *err, size_t errlen);
+kn_ctx *kn_cpu_lowp_create(int threads, char *err, size_t errlen);
 kn_ctx *kn_cuda_create(int threads, char *err, size_t errlen);
 
 #ifdef __cplusplus

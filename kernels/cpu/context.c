@@ -144,3 +144,15 @@ kn_ctx *kn_cpu_create(int threads, char *err, size_t errlen)
     openblas_set_num_threads(1);
     return k;
 }
+
+kn_ctx *kn_cpu_lowp_create(int threads, char *err, size_t errlen)
+{
+    kn_ctx *k = kn_cpu_create(threads, err, errlen);
+    if (!k) return NULL;
+    kn_cpu_ctx *c = (kn_cpu_ctx *)k;
+    c->lowp_ops = kn_cpu_ops;
+    kn_cpu_lowp_ops(&c->lowp_ops);
+    k->ops = &c->lowp_ops;
+    k->lowp_size = 2;
+    return k;
+}

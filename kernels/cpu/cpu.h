@@ -42,7 +42,12 @@ typedef struct {
     kn_ctx k;
     pthread_mutex_t lock; /* the registry and the blocks' tables of shared ranges */
     void *live;           /* the newest live mapped block; each header links the next */
+    kn_ops lowp_ops;      /* "cpu-lowp": kn_cpu_ops with lowp.c's kernels (k.ops points here) */
 } kn_cpu_ctx;
+
+/* lowp.c: the kernels of "cpu-lowp" (CUDA's bf16 copies emulated, for tests) put into ops,
+ * a copy of the CPU's table. */
+void kn_cpu_lowp_ops(kn_ops *ops);
 
 /* Memory (memory.c), in the table kn_cpu_ops of context.c: kn_alloc, kn_free, kn_share,
  * kn_populate, kn_host_alloc and kn_host_free. */

@@ -1084,6 +1084,62 @@ static void test_shared_work_memory_changes_nothing(void) {
     kn_destroy(k);
 }
 
+/* The engine hands every matmul the bf16 copies of its inputs where the backend keeps
+ * them (kernels.h "Low-precision copies"), as CUDA's bf16 mode does: on "cpu-lowp" the
+ * matmuls multiply the copies' values and the fp32 outputs that only their copies are read
+ * through (the GELU output, dpre) are NaN. So a matmul given no copy, a stale one, or a
+ * reader of those fp32 outputs shows as a loss or gradient far from the CPU's or not
+ * finite. Two microbatches, an AdamW step and a third, over 2 slots; then keep_probs. */
+static void test_bf16_copies_feed_every_matmul(void) {
+    const pl_gpt_config cfg = tiny(2);
+    const int B = 2, T = 5, NL = pl_gpt_nlayers(&cfg);
+    kn_ctx *k = new_ctx(), *kl = kn_create("cpu-lowp", 2, err_, sizeof err_);
+    CHECK(k && kl);
+    CHECK(kn_lowp_bytes(k, 8) == 0 && kn_lowp_bytes(kl, 8) == 16);
+    pl_engine e[2];
+    kn_ctx *ks[2] = {k, kl};
+    const pl_adamw o = {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f};
+    int32_t tok[3][10], tgt[3][10];
+    rng_state = 17;
+    for (int m = 0; m < 3; m++) make_batch(&cfg, B * T, tok[m], tgt[m]);
+    float loss[2][3];
+    for (int i = 0; i < 2; i++) {
+        CHECK(pl_engine_create(&e[i], ks[i], &cfg, 0, NL, B, T, 2, err_, sizeof err_) == 0);
+        pl_engine_init_random(&e[i], 31);
+        perturb(&e[i]);
+        pl_engine_zero_grads(&e[i]);
+        loss[i][0] = pl_engine_forward(&e[i], 0, tok[0], NULL, tgt[0]);
+        loss[i][1] = pl_engine_forward(&e[i], 1, tok[1], NULL, tgt[1]);
+        pl_engine_backward(&e[i], 1, NULL, 0.05f);
+        pl_engine_backward_last(&e[i], 0, NULL, 0.05f, NULL, NULL);
+    }
+    float *g = host_copy(&e[0], e[0].grads, e[0].nparams);
+    float *gl = host_copy(&e[1], e[1].grads, e[1].nparams);
+    double gmax = 0, worst = 0;
+    for (size_t j = 0; j < e[0].nparams; j++) gmax = fmax(gmax, fabs(g[j]));
+    for (size_t j = 0; j < e[0].nparams; j++)
+        worst = isfinite(gl[j]) ? fmax(worst, fabs((double)gl[j] - g[j])) : INFINITY;
+    if (!(worst <= 0.03 * gmax)) printf("    gradients %.3g apart (largest %.3g)\n", worst, gmax);
+    CHECK(worst <= 0.03 * gmax); /* bf16 inputs: about 2⁻⁹ of each, a few % of the largest */
+    for (int i = 0; i < 2; i++) {
+        pl_engine_adamw(&e[i], &o, 1.0f, 1);
+        loss[i][2] = pl_engine_forward(&e[i], 0, tok[2], NULL, tgt[2]);
+    }
+    for (int m = 0; m < 3; m++) {
+        if (!(fabsf(loss[1][m] - loss[0][m]) <= 0.01f * fabsf(loss[0][m])))
+            printf("    microbatch %d: loss %.6g, with the copies %.6g\n", m, (double)loss[0][m],
+                   (double)loss[1][m]);
+        CHECK(fabsf(loss[1][m] - loss[0][m]) <= 0.01f * fabsf(loss[0][m]));
+    }
+    pl_engine_keep_probs(&e[1], 1); /* the sampling path: fp32 probabilities from the copies */
+    CHECK(isfinite(pl_engine_forward(&e[1], 0, tok[0], NULL, tgt[0])));
+    free(g);
+    free(gl);
+    for (int i = 0; i < 2; i++) pl_engine_destroy(&e[i]);
+    kn_destroy(kl);
+    kn_destroy(k);
+}
+
 TEST_MAIN_BEGIN
 RUN(test_loss_and_gradients_match_double_reference);
 RUN(test_every_partition_matches_whole_model);
@@ -1096,4 +1152,5 @@ RUN(test_llmc_files);
 RUN(test_create_and_tensor_table);
 RUN(test_llmc_rejects_absurd_sizes);
 RUN(test_shared_work_memory_changes_nothing);
+RUN(test_bf16_copies_feed_every_matmul);
 TEST_MAIN_END

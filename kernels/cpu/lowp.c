@@ -1,0 +1,143 @@
+/* The CPU backend with CUDA's bf16 copies of the matmul inputs emulated (kn_create
+ * "cpu-lowp"): for tests of the code that hands the copies around (kernels.h "Low-
+ * precision copies"), which otherwise runs only on a GPU. kn_lowp_bytes is 2 per value;
+ * a copy is the bf16 of its fp32 values (round to nearest even); a matmul given inp_lp or
+ * dout_lp multiplies the copy's values, not the fp32 ones, so a copy that is missing or
+ * stale changes the result; and where kernels.h lets the fp32 output go unwritten beside
+ * its copy (the GELU output, dpre), it is filled with NaN, so that a reader of it shows.
+ * Weights stay fp32 (CUDA rounds them too: these tests check the plumbing, not the
+ * rounding). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cpu.h"
+
+static uint16_t bf16_of(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0; /* NaN stays NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static void lowp_to_lowp(kn_ctx *k, void *lp, const float *src, size_t n)
+{
+    uint16_t *d = lp;
+    for (size_t i = 0; i < n; i++) d[i] = bf16_of(src[i]);
+}
+
+/* The fp32 values of n bf16 (malloc'ed; aborts when memory runs out, as the workspace). */
+static float *values_of(const void *lp, size_t n)
+{
+    float *f = malloc(n ? n * sizeof *f : 1);
+    if (!f) {
+        fprintf(stderr, "pliant kernels (cpu-lowp): cannot allocate %zu values\n", n);
+        abort();
+    }
+    const uint16_t *h = lp;
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t u = (uint32_t)h[i] << 16;
+        memcpy(&f[i], &u, sizeof f[i]);
+    }
+    return f;
+}
+
+/* Where a copy is given, its values (to be freed); else the fp32 ones. */
+static const float *operand(const float *f, const void *lp, size_t n, float **owned)
+{
+    *owned = lp ? values_of(lp, n) : NULL;
+    return lp ? *owned : f;
+}
+
+/* out's copy, then out itself NaN: only the copy may be read (kernels.h). */
+static void keep_copy_only(float *out, void *lp, size_t n)
+{
+    if (!lp) return;
+    lowp_to_lowp(NULL, lp, out, n);
+    for (size_t i = 0; i < n; i++) out[i] = NAN;
+}
+
+static void lowp_layernorm_forward(kn_ctx *k, float *out, void *out_lp, float *mean, float *rstd,
+                                   const float *inp, const float *weight, const float *bias, int B,
+                                   int T, int C)
+{
+    kn_cpu_layernorm_forward(k, out, NULL, mean, rstd, inp, weight, bias, B, T, C);
+    if (out_lp) lowp_to_lowp(k, out_lp, out, (size_t)B * T * C);
+}
+
+static void lowp_matmul_forward(kn_ctx *k, float *out, const float *inp, const void *inp_lp,
+                                const float *weight, const float *bias, int BT, int C, int OC)
+{
+    float *tmp;
+    const float *x = operand(inp, inp_lp, (size_t)BT * C, &tmp);
+    kn_cpu_matmul_forward(k, out, x, NULL, weight, bias, BT, C, OC);
+    free(tmp);
+}
+
+/* kn_cpu_matmul_backward or _set on the copies' values where given. */
+static void backward_of(kn_ctx *k, int set, float *dinp, float *dweight, float *dbias,
+                        const float *dout, const void *dout_lp, const float *inp,
+                        const void *inp_lp, const float *weight, int BT, int C, int OC)
+{
+    float *tmp_d, *tmp_x;
+    const float *d = operand(dout, dout_lp, (size_t)BT * OC, &tmp_d);
+    const float *x = operand(inp, inp_lp, (size_t)BT * C, &tmp_x);
+    if (set)
+        kn_cpu_matmul_backward_set(k, dinp, dweight, dbias, d, NULL, x, NULL, weight, BT, C, OC);
+    else
+        kn_cpu_matmul_backward(k, dinp, dweight, dbias, d, NULL, x, NULL, weight, BT, C, OC);
+    free(tmp_d);
+    free(tmp_x);
+}
+
+static void lowp_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
+                                 const float *dout, const void *dout_lp, const float *inp,
+                                 const void *inp_lp, const float *weight, int BT, int C, int OC)
+{
+    backward_of(k, 0, dinp, dweight, dbias, dout, dout_lp, inp, inp_lp, weight, BT, C, OC);
+}
+
+static void lowp_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias,
+                                     const float *dout, const void *dout_lp, const float *inp,
+                                     const void *inp_lp, const float *weight, int BT, int C,
+                                     int OC)
+{
+    backward_of(k, 1, dinp, dweight, dbias, dout, dout_lp, inp, inp_lp, weight, BT, C, OC);
+}
+
+static void lowp_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre,
+                                     const float *inp, const void *inp_lp, const float *weight,
+                                     const float *bias, int BT, int C, int OC)
+{
+    float *tmp;
+    const float *x = operand(inp, inp_lp, (size_t)BT * C, &tmp);
+    kn_cpu_matmul_gelu_forward(k, out, NULL, pre, x, NULL, weight, bias, BT, C, OC);
+    free(tmp);
+    keep_copy_only(out, out_lp, (size_t)BT * OC);
+}
+
+static void lowp_matmul_backward_gelu(kn_ctx *k, float *dpre, void *dpre_lp, float *dweight,
+                                      float *dbias, const float *dout, const float *inp,
+                                      const void *inp_lp, const float *weight, const float *pre,
+                                      int BT, int C, int OC)
+{
+    float *tmp;
+    const float *x = operand(inp, inp_lp, (size_t)BT * C, &tmp);
+    kn_cpu_matmul_backward_gelu(k, dpre, NULL, dweight, dbias, dout, x, NULL, weight, pre, BT, C,
+                                OC);
+    free(tmp);
+    keep_copy_only(dpre, dpre_lp, (size_t)BT * C);
+}
+
+void kn_cpu_lowp_ops(kn_ops *ops)
+{
+    ops->name = "cpu-lowp";
+    ops->to_lowp = lowp_to_lowp;
+    ops->layernorm_forward = lowp_layernorm_forward;
+    ops->matmul_forward = lowp_matmul_forward;
+    ops->matmul_backward = lowp_matmul_backward;
+    ops->matmul_backward_set = lowp_matmul_backward_set;
+    ops->matmul_gelu_forward = lowp_matmul_gelu_forward;
+    ops->matmul_backward_gelu = lowp_matmul_backward_gelu;
+}
