@@ -614,8 +614,34 @@ static void mm(kn_ctx *k, const mm_job *j)
 
 void kn_cuda_to_lowp(kn_ctx *k, void *lp, const float *src, size_t n) { to_bf16(k, lp, src, n); }
 
+/* The job out'[OC, BT] = (W'[C, OC])ᵀ · inp'[C, BT] (C > 0), its operands bf16 in bf16
+ * mode: the weight converted in the workspace, inp too unless inp_lp holds it already. */
+static mm_job forward_job(kn_ctx *k, float *out, const float *inp, const void *inp_lp,
+                          const float *weight, int BT, int C, int OC)
+{
+    mm_job j = {};
+    j.ta = true;
+    j.m = OC;
+    j.n = BT;
+    j.k = C;
+    j.A = weight;
+    j.lda = C;
+    j.B = inp;
+    j.ldb = C;
+    j.D = out;
+    j.ldd = OC;
+    if (k->cuda->bf16) {
+        size_t nw = (size_t)OC * C, ni = inp_lp ? 0 : (size_t)BT * C;
+        char *ws = (char *)kn_cuda_workspace(k, round256(nw * 2) + round256(ni * 2));
+        j.A = to_bf16(k, ws, weight, nw);
+        j.B = inp_lp ? inp_lp : to_bf16(k, ws + round256(nw * 2), inp, ni);
+    }
+    return j;
+}
+
 /* out = inp·Wᵀ + bias, or with pre: pre = inp·Wᵀ + bias and out = gelu(pre) (and
- * out_lp = bf16(out) where given). inp_lp: inp in bf16, made earlier (bf16 mode). */
+ * out_lp = bf16(out) where given, with pre only). inp_lp: inp in bf16, made earlier
+ * (bf16 mode). */
 static void forward(kn_ctx *k, float *out, void *out_lp, float *pre, const float *inp,
                     const void *inp_lp, const float *weight, const float *bias, int BT, int C,
                     int OC)
@@ -634,33 +660,13 @@ static void forward(kn_ctx *k, float *out, void *out_lp, float *pre, const float
         if (out_lp) to_bf16(k, out_lp, out, n);
         return;
     }
-    const void *A = weight, *B = inp;
-    if (k->cuda->bf16) {
-        size_t nw = (size_t)OC * C, ni = inp_lp ? 0 : (size_t)BT * C;
-        char *ws = (char *)kn_cuda_workspace(k, round256(nw * 2) + round256(ni * 2));
-        A = to_bf16(k, ws, weight, nw);
-        B = inp_lp ? inp_lp : to_bf16(k, ws + round256(nw * 2), inp, ni);
-    }
-    mm_job j = {};
-    j.ta = true; /* out'[OC, BT] = (W'[C, OC])ᵀ · inp'[C, BT] */
-    j.tb = false;
-    j.m = OC;
-    j.n = BT;
-    j.k = C;
-    j.A = A;
-    j.lda = C;
-    j.B = B;
-    j.ldb = C;
-    j.beta = 0.0f;
-    j.D = out;
-    j.ldd = OC;
+    mm_job j = forward_job(k, out, inp, inp_lp, weight, BT, C, OC);
     j.epi = pre ? EPI_GELU : bias ? EPI_BIAS : EPI_NONE;
     j.bias = bias;
     j.aux = pre;
-    j.lp = pre ? out_lp : NULL;
+    j.lp = out_lp;
     j.lp_only = true; /* out is read through its copy alone (kernels.h) */
     mm(k, &j);
-    if (out_lp && !pre) to_bf16(k, out_lp, out, (size_t)BT * OC);
 }
 
 /* partial[blockIdx.y][c] = Σ of dout[r, c] (rows ld apart; fp32 or bf16) over
@@ -849,18 +855,7 @@ void kn_cuda_matmul_backward_gelu(kn_ctx *k, float *dpre, void *dpre_lp, float *
 static void head_logits_bf16(kn_ctx *k, float *logits, const float *inp, const void *inp_lp,
                              const float *weight, int BT, int C, int Vp)
 {
-    size_t nw = (size_t)Vp * C, ni = inp_lp ? 0 : (size_t)BT * C;
-    char *ws = (char *)kn_cuda_workspace(k, round256(nw * 2) + round256(ni * 2));
-    mm_job j = {};
-    j.ta = true;
-    j.m = Vp;
-    j.n = BT;
-    j.k = C;
-    j.A = to_bf16(k, ws, weight, nw);
-    j.lda = C;
-    j.B = inp_lp ? inp_lp : to_bf16(k, ws + round256(nw * 2), inp, ni);
-    j.ldb = C;
-    j.D = logits;
+    mm_job j = forward_job(k, logits, inp, inp_lp, weight, BT, C, Vp);
     j.ldd = 2 * Vp;
     j.d16 = true;
     mm(k, &j);
