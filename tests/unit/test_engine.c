@@ -1016,10 +1016,6 @@ static void test_create_and_tensor_table(void) {
     kn_destroy(k);
 }
 
-static int take_reserved(void *reserve, void *block, size_t off, size_t bytes) {
-    return pl_reserve_take(reserve, block, off, bytes);
-}
-
 /* A new engine working in an old one's activation and scratch pages (pl_engine_share_work,
  * as a plan change does): pages are mapped, the old engine's leftovers in them change
  * nothing (losses and gradients equal, bit for bit, a fresh engine's), and the old engine's
@@ -1055,7 +1051,7 @@ static void test_shared_work_memory_changes_nothing(void) {
     pl_reserve r = {0};
     CHECK_EQ_INT(pl_reserve_renew(&r, k, (size_t)1 << 20), 1);
     for (int i = 0; i < 2000 && atomic_load(&r.ready) < r.bytes; i++) usleep(1000);
-    const size_t taken = pl_engine_share_work(&fromres, NULL, take_reserved, &r);
+    const size_t taken = pl_engine_share_work(&fromres, NULL, pl_reserve_work_source, &r);
     CHECK(taken > 0 && taken == r.used);
     float lr[2];
     pl_engine *e[3] = {&fresh, &shared, &fromres};

@@ -96,11 +96,6 @@ static int make_engine(void *ctx, char *err, size_t errlen)
                             a->job.batch.seq_len, mk->nslots, err, errlen);
 }
 
-static int take_reserved(void *reserve, void *block, size_t off, size_t bytes)
-{
-    return pl_reserve_take(reserve, block, off, bytes);
-}
-
 /* After the copies, the new engine's gradients and activations at once, not one fault at a
  * time in its first step (on 2 cores this cannot overlap the copies, which use both): the
  * old engine's activations and scratch first (present, and nothing in them outlives a
@@ -109,7 +104,7 @@ static int take_reserved(void *reserve, void *block, size_t off, size_t bytes)
 static size_t ready_work(agent *a, pl_engine *dst)
 {
     const size_t present = pl_engine_share_work(dst, a->have_src ? &a->src : NULL,
-                                                take_reserved, &a->reserve);
+                                                pl_reserve_work_source, &a->reserve);
     pl_engine_populate_work(dst);
     return present;
 }

@@ -93,3 +93,8 @@ int pl_reserve_take(pl_reserve *r, void *block, size_t off, size_t bytes)
     r->used += bytes;
     return 0;
 }
+
+int pl_reserve_work_source(void *reserve, void *block, size_t off, size_t bytes)
+{
+    return pl_reserve_take(reserve, block, off, bytes);
+}

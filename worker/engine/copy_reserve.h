@@ -49,6 +49,9 @@ void pl_reserve_pause(pl_reserve *r);
  * [block + off, + bytes) of a block of r's backend. −1 when r has not that much ready or
  * the backend refuses (nothing changed: the caller's pages come as before). */
 int pl_reserve_take(pl_reserve *r, void *block, size_t off, size_t bytes);
+/* pl_reserve_take with the reserve as a void *: what pl_engine_share_work takes as the
+ * source of the work memory an old engine does not cover (a pl_work_source). */
+int pl_reserve_work_source(void *reserve, void *block, size_t off, size_t bytes);
 /* Bytes mapped into engines since the last renew (a new one is due when > 0). */
 static inline size_t pl_reserve_used(const pl_reserve *r)
 {
