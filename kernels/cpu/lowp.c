@@ -21,11 +21,13 @@ static uint16_t bf16_of(float x)
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-static void lowp_to_lowp(kn_ctx *k, void *lp, const float *src, size_t n)
+static void bf16_copy(void *lp, const float *src, size_t n)
 {
     uint16_t *d = lp;
     for (size_t i = 0; i < n; i++) d[i] = bf16_of(src[i]);
 }
+
+static void lowp_to_lowp(kn_ctx *k, void *lp, const float *src, size_t n) { bf16_copy(lp, src, n); }
 
 /* The fp32 values of n bf16 (malloc'ed; aborts when memory runs out, as the workspace). */
 static float *values_of(const void *lp, size_t n)
@@ -54,7 +56,7 @@ static const float *operand(const float *f, const void *lp, size_t n, float **ow
 static void keep_copy_only(float *out, void *lp, size_t n)
 {
     if (!lp) return;
-    lowp_to_lowp(NULL, lp, out, n);
+    bf16_copy(lp, out, n);
     for (size_t i = 0; i < n; i++) out[i] = NAN;
 }
 
@@ -63,7 +65,7 @@ static void lowp_layernorm_forward(kn_ctx *k, float *out, void *out_lp, float *m
                                    int T, int C)
 {
     kn_cpu_layernorm_forward(k, out, NULL, mean, rstd, inp, weight, bias, B, T, C);
-    if (out_lp) lowp_to_lowp(k, out_lp, out, (size_t)B * T * C);
+    if (out_lp) bf16_copy(out_lp, out, (size_t)B * T * C);
 }
 
 static void lowp_matmul_forward(kn_ctx *k, float *out, const float *inp, const void *inp_lp,

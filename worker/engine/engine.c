@@ -63,8 +63,7 @@ static void *carve_lowp(const pl_engine *e, char *base, size_t *off, size_t n)
 {
     size_t bytes = kn_lowp_bytes(e->k, n);
     if (!bytes) return NULL;
-    void *p = carve(base, off, (bytes + sizeof(float) - 1) / sizeof(float));
-    return base ? p : NULL;
+    return carve(base, off, (bytes + sizeof(float) - 1) / sizeof(float));
 }
 
 static size_t layout_slot(const pl_engine *e, pl_slot *s, char *base)
