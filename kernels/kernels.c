@@ -20,7 +20,8 @@ enum {
     OP_ATTENTION_FORWARD, OP_ATTENTION_BACKWARD, OP_GELU_FORWARD, OP_GELU_BACKWARD,
     OP_RESIDUAL_FORWARD, OP_ACCUMULATE, OP_SOFTMAX_CROSSENTROPY_FORWARD,
     OP_CROSSENTROPY_SOFTMAX_BACKWARD, OP_ADAMW_UPDATE, OP_SUM_SQUARES, OP_SUM, OP_ZERO,
-    OP_CROSSENTROPY_FORWARD, OP_CROSSENTROPY_BACKWARD, OP_LM_HEAD_BACKWARD, OP_TO_LOWP, OP_LM_HEAD_FORWARD, OP_COUNT
+    OP_CROSSENTROPY_FORWARD, OP_CROSSENTROPY_BACKWARD, OP_LM_HEAD_BACKWARD, OP_TO_LOWP, OP_LM_HEAD_FORWARD,
+    OP_MATMUL_RESIDUAL_FORWARD, OP_COUNT
 };
 
 static const char *const op_names[OP_COUNT] = {
@@ -30,6 +31,7 @@ static const char *const op_names[OP_COUNT] = {
     "residual_forward", "accumulate", "softmax_crossentropy_forward",
     "crossentropy_softmax_backward", "adamw_update", "sum_squares", "sum", "zero",
     "crossentropy_forward", "crossentropy_backward", "lm_head_backward", "to_lowp", "lm_head_forward",
+    "matmul_residual_forward",
 };
 
 _Static_assert(OP_COUNT <= KN_PROF_MAX_OPS, "kn_prof holds KN_PROF_MAX_OPS kernels");
@@ -221,6 +223,19 @@ void kn_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, co
 {
     TIMED(OP_MATMUL_BACKWARD, k->ops->matmul_backward(k, dinp, dweight, dbias, dout, dout_lp, inp,
                                                       inp_lp, weight, BT, C, OC));
+}
+
+void kn_matmul_residual_forward(kn_ctx *k, float *out, const float *res, const float *inp,
+                                const void *inp_lp, const float *weight, const float *bias, int BT,
+                                int C, int OC)
+{
+    if (!k->ops->matmul_residual_forward) {
+        kn_matmul_forward(k, out, inp, inp_lp, weight, bias, BT, C, OC);
+        kn_residual_forward(k, out, res, out, (size_t)BT * OC);
+        return;
+    }
+    TIMED(OP_MATMUL_RESIDUAL_FORWARD, k->ops->matmul_residual_forward(k, out, res, inp, inp_lp,
+                                                                      weight, bias, BT, C, OC));
 }
 
 size_t kn_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH)

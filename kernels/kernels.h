@@ -143,6 +143,14 @@ void kn_to_lowp(kn_ctx *k, void *lp, const float *src, size_t n);
  * inp_lp: inp's low-precision copy (above) or NULL. */
 void kn_matmul_forward(kn_ctx *k, float *out, const float *inp, const void *inp_lp,
                        const float *weight, const float *bias, int BT, int C, int OC);
+/* out = res + inp · weightᵀ + bias: a projection that closes a residual branch
+ * with its residual add, res [BT, OC] not overlapping out. On CUDA one GEMM that
+ * reads res as its C matrix, so the projection's output is never stored apart;
+ * elsewhere bit for bit kn_matmul_forward into out, then kn_residual_forward(out,
+ * res, out). */
+void kn_matmul_residual_forward(kn_ctx *k, float *out, const float *res, const float *inp,
+                                const void *inp_lp, const float *weight, const float *bias, int BT,
+                                int C, int OC);
 /* dinp += dout · weight; dweight += doutᵀ · inp; dbias += Σ rows of dout (dbias may be NULL).
  * dout_lp, inp_lp: dout's and inp's low-precision copies (above) or NULL; with dout_lp
  * dout is not read (dbias too is summed from the copy). */

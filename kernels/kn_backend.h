@@ -106,6 +106,11 @@ typedef struct kn_ops {
     void (*lm_head_forward)(kn_ctx *k, float *losses, float *stats, float *logits,
                             const float *inp, const void *inp_lp, const float *weight,
                             const int32_t *targets, int BT, int C, int V, int Vp);
+    /* kn_matmul_residual_forward fused; NULL: kernels.c runs matmul_forward and
+     * residual_forward. */
+    void (*matmul_residual_forward)(kn_ctx *k, float *out, const float *res, const float *inp,
+                                    const void *inp_lp, const float *weight, const float *bias,
+                                    int BT, int C, int OC);
 } kn_ops;
 
 /* Kernel-level timing state (kernels.c), one per context once enabled. */

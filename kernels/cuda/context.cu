@@ -172,6 +172,7 @@ static const kn_ops kn_cuda_ops = {
     /* .populate = */ NULL,
     /* .to_lowp = */ kn_cuda_to_lowp,
     /* .lm_head_forward = */ kn_cuda_lm_head_forward,
+    /* .matmul_residual_forward = */ kn_cuda_matmul_residual_forward,
 };
 
 /* Fails (NULL, message in err) when there is no usable device. */

@@ -123,6 +123,9 @@ void kn_cuda_layernorm_backward(kn_ctx *k, float *dinp, float *dweight, float *d
                                 const float *mean, const float *rstd, int B, int T, int C);
 void kn_cuda_matmul_forward(kn_ctx *k, float *out, const float *inp, const void *inp_lp,
                             const float *weight, const float *bias, int BT, int C, int OC);
+void kn_cuda_matmul_residual_forward(kn_ctx *k, float *out, const float *res, const float *inp,
+                                     const void *inp_lp, const float *weight, const float *bias,
+                                     int BT, int C, int OC);
 void kn_cuda_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
                              const float *dout, const void *dout_lp, const float *inp,
                              const void *inp_lp, const float *weight, int BT, int C, int OC);

@@ -138,11 +138,13 @@ static const void *to_bf16(kn_ctx *k, void *dst, const float *src, size_t n)
 
 /* ---- the separate kernels (fp32 mode and the fallback) ---------------------- */
 
-__global__ static void fill_bias_kernel(float *out, const float *bias, int OC, size_t n)
+/* out = bias (per row of OC; NULL: 0) + c (a matrix of out's shape; NULL: 0). */
+__global__ static void fill_bias_kernel(float *out, const float *bias, const float *c, int OC,
+                                        size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
-        out[i] = bias[i % OC];
+        out[i] = (bias ? bias[i % OC] : 0.0f) + (c ? c[i] : 0.0f);
 }
 
 /* On the column-major m × cols matrices pre and out (leading dimension ld):
@@ -206,8 +208,8 @@ __global__ static void gelu_flat_kernel(float *d, const float *pre, size_t n)
 /* ---- one GEMM with its epilogue ---------------------------------------------- */
 
 enum {
-    EPI_NONE,  /* D = op(A)·op(B) + beta·D */
-    EPI_BIAS,  /* D = op(A)·op(B) + bias (beta 0) */
+    EPI_NONE,  /* D = op(A)·op(B) + beta·D, or + C */
+    EPI_BIAS,  /* D = op(A)·op(B) + bias (beta 0), or + C + bias */
     EPI_GELU,  /* aux = op(A)·op(B) + bias (bias may be NULL), D = gelu(aux) (beta 0) */
     EPI_DGELU, /* D = (op(A)·op(B)) ⊙ gelu'(aux) (beta 0) */
 };
@@ -230,6 +232,8 @@ typedef struct {
     void *lp;   /* EPI_GELU / EPI_DGELU, contiguous D (ldd = m): D's bf16 copy too, or NULL */
     bool lp_only; /* with lp: D's fp32 values may be left unwritten (only the copy is read) */
     bool d16;   /* D is bf16 (EPI_NONE, beta 0; D's pointer cast) */
+    const float *C; /* EPI_NONE / EPI_BIAS, contiguous D (ldd = m): added to the product
+                       (cuBLAS's C with beta 1), a matrix of D's shape not overlapping D */
 } mm_job;
 
 static cudaDataType_t d_type(const mm_job *j) { return j->d16 ? CUDA_R_16BF : CUDA_R_32F; }
@@ -253,10 +257,13 @@ static void mm_fallback(kn_ctx *k, const mm_job *j)
     size_t n = (size_t)j->m * (size_t)j->n;
     switch (j->epi) {
     case EPI_NONE:
-        gemm_ex(k, j, j->beta, j->D);
-        break;
-    case EPI_BIAS: /* D is contiguous here (ldd = m): fill it with bias, add the product */
-        fill_bias_kernel<<<kn_blocks(n, 256), 256, 0, kn_stream(k)>>>(j->D, j->bias, j->m, n);
+    case EPI_BIAS:
+        if (j->epi == EPI_NONE && !j->C) {
+            gemm_ex(k, j, j->beta, j->D);
+            break;
+        } /* D is contiguous here (ldd = m): fill it with bias and C, add the product */
+        fill_bias_kernel<<<kn_blocks(n, 256), 256, 0, kn_stream(k)>>>(
+            j->D, j->epi == EPI_BIAS ? j->bias : NULL, j->C, j->m, n);
         CUDA_LAUNCHED();
         gemm_ex(k, j, 1.0f, j->D);
         break;
@@ -278,7 +285,7 @@ static void mm_fallback(kn_ctx *k, const mm_job *j)
 /* Heuristic results per problem: the key holds everything the choice depends
  * on, the alignments of the pointers included (the heuristic reads the bias
  * and aux pointers' values for theirs, and is told A's to D's). */
-#define LT_KEY 18
+#define LT_KEY 19
 typedef struct {
     int key[LT_KEY];
     bool ok;    /* false: no algorithm, take the fallback */
@@ -387,8 +394,8 @@ static float time_split(kn_ctx *k, const mm_job *j)
 /* The index in cand[0, n) of the fastest algorithm for this GEMM (0 where it
  * cannot be timed; *best_ms_out its time per run where timed in place, else
  * 0), by CUDA events on the context's stream; waits for the
- * stream. A GEMM that overwrites D from its inputs alone (beta 0, D not
- * overlapping the aux it reads) is timed in place: every run writes the same
+ * stream. A GEMM that overwrites D from its inputs alone (beta 0 or a C
+ * apart from D, D not overlapping the aux it reads) is timed in place: every run writes the same
  * D (and aux), and the caller's run with the chosen algorithm writes them
  * last. Otherwise (beta 1 reads D; dpre written over pre) the runs go to a
  * scratch buffer of D's size, so that D is never touched here. */
@@ -403,7 +410,7 @@ static int lt_tune(kn_ctx *k, const mm_job *j, cublasLtMatmulDesc_t op, cublasLt
     const bool overlap = j->epi == EPI_DGELU && d_over_aux(j); /* runs would read their own D */
     float *D = j->D;
     void *scratch = NULL;
-    if (beta != 0.0f || overlap) {
+    if ((beta != 0.0f && !j->C) || overlap) {
         if (d_bytes > LT_TUNE_SCRATCH_MAX) return 0;
         if (cudaMalloc(&scratch, d_bytes) != cudaSuccess) {
             (void)cudaGetLastError(); /* out of memory is not sticky: clear it, don't time */
@@ -423,7 +430,8 @@ static int lt_tune(kn_ctx *k, const mm_job *j, cublasLtMatmulDesc_t op, cublasLt
         CUDA_CHECK(cudaEventRecord(e0, kn_stream(k)));
         for (int r = 0; r <= LT_TUNE_RUNS && ran; r++) {
             if (r == 1) CUDA_CHECK(cudaEventRecord(e0, kn_stream(k))); /* run 0 warms up */
-            cublasStatus_t s = cublasLtMatmul(c->lt, op, &alpha, j->A, la, j->B, lb, &beta, D, ld,
+            const void *C = j->C ? (const void *)j->C : D;
+            cublasStatus_t s = cublasLtMatmul(c->lt, op, &alpha, j->A, la, j->B, lb, &beta, C, ld,
                                               D, ld, &cand[i], c->lt_ws, c->lt_ws_bytes,
                                               kn_stream(k));
             ran = s == CUBLAS_STATUS_SUCCESS; /* a refused candidate is skipped */
@@ -477,14 +485,16 @@ static bool mm_lt(kn_ctx *k, const mm_job *j, bool *lp_done)
     if (j->epi == EPI_BIAS) epi = CUBLASLT_EPILOGUE_BIAS;
     if (j->epi == EPI_GELU) epi = has_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
     if (j->epi == EPI_DGELU) epi = CUBLASLT_EPILOGUE_DGELU;
-    const float alpha = 1.0f, beta = j->epi == EPI_NONE ? j->beta : 0.0f;
+    if (j->C && ((uintptr_t)j->C % 16 || j->ldd != j->m)) return false;
+    const float alpha = 1.0f, beta = j->C ? 1.0f : j->epi == EPI_NONE ? j->beta : 0.0f;
     const unsigned alA = align_of(j->A), alB = align_of(j->B), alD = align_of(j->D);
+    const unsigned alC = j->C ? align_of(j->C) : alD;
 
     int key[LT_KEY] = {(int)epi,   j->ta, j->tb,      j->m,       j->n,
                        j->k,       j->lda, j->ldb,    j->ldd,     beta != 0.0f,
                        (int)alA,   (int)alB, (int)alD,
                        has_bias ? (int)align_of(j->bias) : 0, has_aux ? (int)align_of(j->aux) : 0,
-                       (int)c->compute, d_over_aux(j), j->d16};
+                       (int)c->compute, d_over_aux(j), j->d16, j->C ? (int)alC : 0};
     if (!c->lt_cache) {
         c->lt_cache = calloc(1, sizeof(lt_cache));
         if (!c->lt_cache) kn_cuda_fail("calloc", "out of memory", __FILE__, __LINE__);
@@ -527,7 +537,7 @@ static bool mm_lt(kn_ctx *k, const mm_job *j, bool *lp_done)
         const cublasLtMatmulPreferenceAttributes_t al_attr[4] = {
             CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
             CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-        const uint32_t al_val[4] = {alA, alB, alD, alD}; /* C is D */
+        const uint32_t al_val[4] = {alA, alB, alC, alD};
         for (int i = 0; i < 4; i++)
             CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, al_attr[i], &al_val[i],
                                                               sizeof al_val[i]));
@@ -581,7 +591,8 @@ static bool mm_lt(kn_ctx *k, const mm_job *j, bool *lp_done)
         mm_split(k, j);
         *lp_done = true;
     } else if (hit->ok) {
-        cublasStatus_t s = cublasLtMatmul(c->lt, op, &alpha, j->A, la, j->B, lb, &beta, j->D, ld,
+        const void *C = j->C ? (const void *)j->C : j->D;
+        cublasStatus_t s = cublasLtMatmul(c->lt, op, &alpha, j->A, la, j->B, lb, &beta, C, ld,
                                           j->D, ld, &hit->algo, c->lt_ws, c->lt_ws_bytes,
                                           kn_stream(k));
         /* a refusal queues nothing: take the fallback from now on, and say so once */
@@ -639,19 +650,19 @@ static mm_job forward_job(kn_ctx *k, float *out, const float *inp, const void *i
     return j;
 }
 
-/* out = inp·Wᵀ + bias, or with pre: pre = inp·Wᵀ + bias and out = gelu(pre) (and
- * out_lp = bf16(out) where given, with pre only). inp_lp: inp in bf16, made earlier
- * (bf16 mode). */
-static void forward(kn_ctx *k, float *out, void *out_lp, float *pre, const float *inp,
-                    const void *inp_lp, const float *weight, const float *bias, int BT, int C,
-                    int OC)
+/* out = inp·Wᵀ + bias (+ res where given), or with pre: pre = inp·Wᵀ + bias and
+ * out = gelu(pre) (and out_lp = bf16(out) where given, with pre only). inp_lp: inp in
+ * bf16, made earlier (bf16 mode). */
+static void forward(kn_ctx *k, float *out, void *out_lp, float *pre, const float *res,
+                    const float *inp, const void *inp_lp, const float *weight, const float *bias,
+                    int BT, int C, int OC)
 {
     if (BT <= 0 || OC <= 0) return;
     size_t n = (size_t)BT * OC;
     if (C <= 0) { /* no product: bias or 0 */
         float *dst = pre ? pre : out;
-        if (bias) {
-            fill_bias_kernel<<<kn_blocks(n, 256), 256, 0, kn_stream(k)>>>(dst, bias, OC, n);
+        if (bias || res) {
+            fill_bias_kernel<<<kn_blocks(n, 256), 256, 0, kn_stream(k)>>>(dst, bias, res, OC, n);
             CUDA_LAUNCHED();
         } else {
             CUDA_CHECK(cudaMemsetAsync(dst, 0, n * sizeof(float), kn_stream(k)));
@@ -664,6 +675,7 @@ static void forward(kn_ctx *k, float *out, void *out_lp, float *pre, const float
     j.epi = pre ? EPI_GELU : bias ? EPI_BIAS : EPI_NONE;
     j.bias = bias;
     j.aux = pre;
+    j.C = res;
     j.lp = out_lp;
     j.lp_only = true; /* out is read through its copy alone (kernels.h) */
     mm(k, &j);
@@ -808,7 +820,14 @@ static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const
 void kn_cuda_matmul_forward(kn_ctx *k, float *out, const float *inp, const void *inp_lp,
                             const float *weight, const float *bias, int BT, int C, int OC)
 {
-    forward(k, out, NULL, NULL, inp, inp_lp, weight, bias, BT, C, OC);
+    forward(k, out, NULL, NULL, NULL, inp, inp_lp, weight, bias, BT, C, OC);
+}
+
+void kn_cuda_matmul_residual_forward(kn_ctx *k, float *out, const float *res, const float *inp,
+                                     const void *inp_lp, const float *weight, const float *bias,
+                                     int BT, int C, int OC)
+{
+    forward(k, out, NULL, NULL, res, inp, inp_lp, weight, bias, BT, C, OC);
 }
 
 static bwd_lp lp_args(const void *dout_lp, int OC, const void *inp_lp)
@@ -837,7 +856,7 @@ void kn_cuda_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre
                                  const float *inp, const void *inp_lp, const float *weight,
                                  const float *bias, int BT, int C, int OC)
 {
-    forward(k, out, out_lp, pre, inp, inp_lp, weight, bias, BT, C, OC);
+    forward(k, out, out_lp, pre, NULL, inp, inp_lp, weight, bias, BT, C, OC);
 }
 
 void kn_cuda_matmul_backward_gelu(kn_ctx *k, float *dpre, void *dpre_lp, float *dweight,
@@ -871,7 +890,7 @@ void kn_cuda_lm_head_forward(kn_ctx *k, float *losses, float *stats, float *logi
         kn_cuda_crossentropy_forward_bf16(k, losses, stats, logits, targets, BT, V, Vp);
         return;
     }
-    forward(k, logits, NULL, NULL, inp, inp_lp, weight, NULL, BT, C, Vp);
+    forward(k, logits, NULL, NULL, NULL, inp, inp_lp, weight, NULL, BT, C, Vp);
     kn_cuda_crossentropy_forward(k, losses, stats, logits, targets, BT, V, Vp);
 }
 

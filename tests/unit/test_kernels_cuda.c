@@ -391,6 +391,12 @@ static void test_matmul(void)
         float *d_out2 = alloc_on(gpu, no * sizeof(float));
         if (d_xl) kn_matmul_forward(gpu, d_out2, d_x, d_xl, d_W, d_bias, BT, C, OC);
         if (d_xl) CHECK(close_to("matmul out (inp_lp)", down(d_out2, no), out, no, tol_lin));
+        /* out = res + product + bias: res as the GEMM's C matrix, offset like the rest */
+        float *res = hrand(no, 1), *rout = hf(no), *d_rout = upf_at(out, no, off);
+        kn_matmul_residual_forward(cpu, rout, res, x, NULL, W, bias, BT, C, OC);
+        kn_matmul_residual_forward(gpu, d_rout, upf_at(res, no, off), d_x, d_xl, d_W, d_bias, BT,
+                                   C, OC);
+        CHECK(close_to("matmul + residual out", down(d_rout, no), rout, no, tol_lin));
 
         float *dout = hrand(no, 1), *dx = hrand(ni, 1), *dW = hrand(nw, 1);
         float *db = has_bias ? hrand(OC, 1) : NULL;

@@ -31,13 +31,13 @@ struct pl_slot {
     float *ce_stats; /* [B·T, 2]: per row (max, Σ e^(logit − max)), for backward */
 };
 
-/* Backward (and forward projection) scratch, shared by all slots; dfch_lp is
+/* Backward scratch, shared by all slots; dfch_lp is
  * dfch's low-precision copy (NULL where the backend keeps none), after the rest. */
 typedef struct {
-    float *dres, *dln, *datty, *dqkv, *dfch, *proj;
+    float *dres, *dln, *datty, *dqkv, *dfch;
     void *dfch_lp;
 } scratch;
-#define SCRATCH_BTC 11 /* the scratch's floats in B·T·C (dfch: 4, dqkv: 3), before dfch_lp */
+#define SCRATCH_BTC 10 /* the scratch's floats in B·T·C (dfch: 4, dqkv: 3), before dfch_lp */
 
 static size_t first_block(const pl_engine *e)
 {
@@ -118,7 +118,7 @@ static scratch scratch_of(const pl_engine *e)
     const size_t BTC = (size_t)e->B * (size_t)e->T * (size_t)e->cfg.C;
     float *p = e->bw;
     void *lp = kn_lowp_bytes(e->k, 1) ? p + SCRATCH_BTC * BTC : NULL;
-    scratch s = {p, p + BTC, p + 2 * BTC, p + 3 * BTC, p + 6 * BTC, p + 10 * BTC, lp};
+    scratch s = {p, p + BTC, p + 2 * BTC, p + 3 * BTC, p + 6 * BTC, lp};
     return s;
 }
 
@@ -364,21 +364,19 @@ static void block_forward(pl_engine *e, pl_slot *s, int l)
     const int B = e->B, T = e->T, C = e->cfg.C, BT = B * T;
     block_acts *a = &s->blocks[l - (int)first_block(e)];
     const float *x = block_input(e, s, l);
-    float *proj = scratch_of(e).proj;
     kn_layernorm_forward(k, a->ln1, a->ln1_lp, a->ln1_mean, a->ln1_rstd, x, P(e, l, 0),
                          P(e, l, 1), B, T, C);
     kn_matmul_forward(k, a->qkv, a->ln1, a->ln1_lp, P(e, l, 2), P(e, l, 3), BT, C, 3 * C);
     kn_attention_forward(k, a->atty, a->att, a->qkv, B, T, C, e->cfg.NH);
     if (a->atty_lp) kn_to_lowp(k, a->atty_lp, a->atty, (size_t)BT * C);
-    kn_matmul_forward(k, proj, a->atty, a->atty_lp, P(e, l, 4), P(e, l, 5), BT, C, C);
-    kn_residual_forward(k, a->res2, x, proj, (size_t)BT * C);
+    kn_matmul_residual_forward(k, a->res2, x, a->atty, a->atty_lp, P(e, l, 4), P(e, l, 5), BT,
+                               C, C);
     kn_layernorm_forward(k, a->ln2, a->ln2_lp, a->ln2_mean, a->ln2_rstd, a->res2, P(e, l, 6),
                          P(e, l, 7), B, T, C);
     kn_matmul_gelu_forward(k, a->fch_gelu, a->fch_gelu_lp, a->fch, a->ln2, a->ln2_lp, P(e, l, 8),
                            P(e, l, 9), BT, C, 4 * C);
-    kn_matmul_forward(k, proj, a->fch_gelu, a->fch_gelu_lp, P(e, l, 10), P(e, l, 11), BT, 4 * C,
-                      C);
-    kn_residual_forward(k, a->res3, a->res2, proj, (size_t)BT * C);
+    kn_matmul_residual_forward(k, a->res3, a->res2, a->fch_gelu, a->fch_gelu_lp, P(e, l, 10),
+                               P(e, l, 11), BT, 4 * C, C);
 }
 
 /* Output of the last block (or the input when the range has no block). */
