@@ -681,25 +681,78 @@ static void forward(kn_ctx *k, float *out, void *out_lp, float *pre, const float
     mm(k, &j);
 }
 
-/* partial[blockIdx.y][c] = Σ of dout[r, c] (rows ld apart; fp32 or bf16) over
- * the block's BIAS_ROWS rows; a block is 32 columns × 8 row lanes, the lanes
- * summed in order at the end. */
-template <typename T>
-__global__ static void bias_partial_kernel(float *partial, const T *dout, size_t ld, int BT, int OC)
+/* VEC consecutive values of a row of dout as floats: one value, or 8 from a
+ * 16-byte aligned address (one 16-byte load of bf16, two of fp32). */
+template <int VEC>
+__device__ static inline void load_cols(float *v, const float *p)
 {
-    __shared__ float s[8][32];
-    int c = blockIdx.x * 32 + threadIdx.x;
-    int r0 = blockIdx.y * BIAS_ROWS, r1 = min(r0 + BIAS_ROWS, BT);
-    float acc = 0.0f;
-    if (c < OC)
-        for (int r = r0 + threadIdx.y; r < r1; r += 8) acc += (float)dout[(size_t)r * ld + c];
-    s[threadIdx.y][threadIdx.x] = acc;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < OC) {
-        float sum = 0.0f;
-        for (int y = 0; y < 8; y++) sum += s[y][threadIdx.x];
-        partial[(size_t)blockIdx.y * OC + c] = sum;
+    if (VEC == 1) {
+        v[0] = p[0];
+        return;
     }
+    float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+template <int VEC>
+__device__ static inline void load_cols(float *v, const __nv_bfloat16 *p)
+{
+    if (VEC == 1) {
+        v[0] = __bfloat162float(p[0]);
+        return;
+    }
+    uint4 u = *(const uint4 *)p;
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+    for (int i = 0; i < 4; i++) {
+        float2 f = __bfloat1622float2(h[i]);
+        v[2 * i] = f.x;
+        v[2 * i + 1] = f.y;
+    }
+}
+
+/* partial[blockIdx.y][c] = Σ of dout[r, c] (rows ld apart; fp32 or bf16) over
+ * the block's BIAS_ROWS rows; a block is 32 lanes of VEC columns each × 8 row
+ * lanes, the row lanes summed in order at the end (the same order for either
+ * VEC). VEC 8 (wide loads: OC and ld multiples of 8, dout 16-byte aligned)
+ * reads a warp's 512 or 1024 contiguous bytes of a row at once. */
+template <int VEC, typename T>
+__global__ static void __launch_bounds__(256)
+bias_partial_kernel(float *partial, const T *dout, size_t ld, int BT, int OC)
+{
+    __shared__ float s[8][32 * VEC];
+    int c = (blockIdx.x * 32 + threadIdx.x) * VEC;
+    int r0 = blockIdx.y * BIAS_ROWS, r1 = min(r0 + BIAS_ROWS, BT);
+    float acc[VEC] = {};
+    if (c < OC)
+        for (int r = r0 + threadIdx.y; r < r1; r += 8) {
+            float v[VEC];
+            load_cols<VEC>(v, dout + (size_t)r * ld + c);
+            for (int i = 0; i < VEC; i++) acc[i] += v[i];
+        }
+    for (int i = 0; i < VEC; i++) s[threadIdx.y][threadIdx.x * VEC + i] = acc[i];
+    __syncthreads();
+    for (int t = threadIdx.y * 32 + threadIdx.x; t < 32 * VEC; t += 256) {
+        int col = blockIdx.x * 32 * VEC + t;
+        if (col >= OC) break;
+        float sum = 0.0f;
+        for (int y = 0; y < 8; y++) sum += s[y][t];
+        partial[(size_t)blockIdx.y * OC + col] = sum;
+    }
+}
+
+/* The partial sums of dbias (above) over BT rows of dout, rows ld apart. */
+template <typename T>
+static void bias_partials(kn_ctx *k, float *partial, const T *dout, size_t ld, int BT, int OC)
+{
+    const int parts = (BT + BIAS_ROWS - 1) / BIAS_ROWS;
+    const dim3 block(32, 8);
+    if (OC % 8 == 0 && ld % 8 == 0 && (uintptr_t)dout % 16 == 0)
+        bias_partial_kernel<8><<<dim3((OC + 255) / 256, parts), block, 0, kn_stream(k)>>>(
+            partial, dout, ld, BT, OC);
+    else
+        bias_partial_kernel<1><<<dim3((OC + 31) / 32, parts), block, 0, kn_stream(k)>>>(
+            partial, dout, ld, BT, OC);
+    CUDA_LAUNCHED();
 }
 
 /* The bf16 operands a backward may be handed in bf16 mode (NULL where absent):
@@ -751,13 +804,8 @@ static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const
      * it before the bf16 copies below overwrite its partial sums in the workspace */
     if (dbias) {
         float *partial = (float *)ws;
-        dim3 grid((OC + 31) / 32, parts), block(32, 8);
-        if (dout16)
-            bias_partial_kernel<<<grid, block, 0, kn_stream(k)>>>(partial, dout16, ldo, BT, OC);
-        else
-            bias_partial_kernel<<<grid, block, 0, kn_stream(k)>>>(partial, dout, (size_t)OC, BT,
-                                                                  OC);
-        CUDA_LAUNCHED();
+        if (dout16) bias_partials(k, partial, dout16, ldo, BT, OC);
+        else bias_partials(k, partial, dout, (size_t)OC, BT, OC);
         kn_cuda_sum_partials(k, dbias, partial, parts, OC);
     }
     if (!gemms) return;
