@@ -183,14 +183,19 @@ void kn_attention_backward(kn_ctx *k, float *dqkv, const float *dout, const floa
                            const float *att, const float *out, int B, int T, int C, int NH);
 
 /* out = gelu(pre), pre = inp · weightᵀ + bias (both overwritten): the MLP's first
- * matmul with its GELU (one cuBLASLt call with a GELU epilogue on CUDA). out_lp
- * (NULL or kn_lowp_bytes(k, BT·OC)) receives out's low-precision copy; then out
- * itself may be left unwritten: every later matmul reads out through out_lp. */
+ * matmul with its GELU. pre is the scratch kn_matmul_backward_gelu reads, in the
+ * backend's format: fp32 values where kn_lowp_bytes is 0; bf16 over the first half
+ * of the buffer where it is not (CUDA's bf16 mode: the GEMM writes pre in bf16 and
+ * the GELU pass reads it, llm.c's choice), and out is then gelu of those values.
+ * out_lp (NULL or kn_lowp_bytes(k, BT·OC)) receives out's low-precision copy; then
+ * out itself may be left unwritten: every later matmul reads out through out_lp. */
 void kn_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre, const float *inp,
                             const void *inp_lp, const float *weight, const float *bias, int BT,
                             int C, int OC);
 /* Backward of out = gelu(pre) · weightᵀ + bias for the MLP's second matmul (inp =
- * gelu(pre), [BT, C]): dpre = (dout · weight) ⊙ gelu'(pre), OVERWRITTEN;
+ * gelu(pre), [BT, C]; pre as kn_matmul_gelu_forward left it, in the backend's
+ * format): dpre = (dout · weight) ⊙ gelu'(pre), OVERWRITTEN (with dpre_lp in
+ * CUDA's bf16 mode the product is rounded to bf16 first);
  * dweight += doutᵀ · inp; dbias += Σ rows of dout. dpre_lp (NULL or
  * kn_lowp_bytes(k, BT·C)) receives dpre's low-precision copy, the next
  * matmul's dout_lp; then dpre itself may be left unwritten. */

@@ -30,13 +30,19 @@ static void bf16_copy(void *lp, const float *src, size_t n)
 static void lowp_to_lowp(kn_ctx *k, void *lp, const float *src, size_t n) { bf16_copy(lp, src, n); }
 
 /* The fp32 values of n bf16 (malloc'ed; aborts when memory runs out, as the workspace). */
-static float *values_of(const void *lp, size_t n)
+static void *alloc_or_abort(size_t bytes)
 {
-    float *f = malloc(n ? n * sizeof *f : 1);
-    if (!f) {
-        fprintf(stderr, "pliant kernels (cpu-lowp): cannot allocate %zu values\n", n);
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) {
+        fprintf(stderr, "pliant kernels (cpu-lowp): cannot allocate %zu bytes\n", bytes);
         abort();
     }
+    return p;
+}
+
+static float *values_of(const void *lp, size_t n)
+{
+    float *f = alloc_or_abort(n * sizeof *f);
     const uint16_t *h = lp;
     for (size_t i = 0; i < n; i++) {
         const uint32_t u = (uint32_t)h[i] << 16;
@@ -108,15 +114,31 @@ static void lowp_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, flo
     backward_of(k, 1, dinp, dweight, dbias, dout, dout_lp, inp, inp_lp, weight, BT, C, OC);
 }
 
+/* x's n values replaced by their bf16, over the first half of x's bytes. */
+static void keep_bf16_only(float *x, size_t n)
+{
+    uint16_t *h = alloc_or_abort(n * sizeof *h);
+    bf16_copy(h, x, n);
+    memcpy(x, h, n * sizeof *h);
+    free(h);
+}
+
+/* pre in CUDA's bf16 format (kernels.h): bf16 over the first half of its buffer,
+ * out the GELU of those values. */
 static void lowp_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre,
                                      const float *inp, const void *inp_lp, const float *weight,
                                      const float *bias, int BT, int C, int OC)
 {
+    const size_t n = (size_t)BT * OC;
     float *tmp;
     const float *x = operand(inp, inp_lp, (size_t)BT * C, &tmp);
-    kn_cpu_matmul_gelu_forward(k, out, NULL, pre, x, NULL, weight, bias, BT, C, OC);
+    kn_cpu_matmul_forward(k, pre, x, NULL, weight, bias, BT, C, OC);
     free(tmp);
-    keep_copy_only(out, out_lp, (size_t)BT * OC);
+    keep_bf16_only(pre, n);
+    float *p = values_of(pre, n);
+    kn_cpu_gelu_forward(k, out, p, n);
+    free(p);
+    keep_copy_only(out, out_lp, n);
 }
 
 static void lowp_matmul_backward_gelu(kn_ctx *k, float *dpre, void *dpre_lp, float *dweight,
@@ -124,11 +146,12 @@ static void lowp_matmul_backward_gelu(kn_ctx *k, float *dpre, void *dpre_lp, flo
                                       const void *inp_lp, const float *weight, const float *pre,
                                       int BT, int C, int OC)
 {
-    float *tmp;
+    float *tmp, *p = values_of(pre, (size_t)BT * C);
     const float *x = operand(inp, inp_lp, (size_t)BT * C, &tmp);
-    kn_cpu_matmul_backward_gelu(k, dpre, NULL, dweight, dbias, dout, x, NULL, weight, pre, BT, C,
+    kn_cpu_matmul_backward_gelu(k, dpre, NULL, dweight, dbias, dout, x, NULL, weight, p, BT, C,
                                 OC);
     free(tmp);
+    free(p);
     keep_copy_only(dpre, dpre_lp, (size_t)BT * C);
 }
 

@@ -98,6 +98,59 @@ static unsigned align_of(const void *p)
     return al;
 }
 
+/* ---- vector loads and stores ------------------------------------------------ */
+
+/* VEC consecutive values as floats: one value, or 8 from a 16-byte aligned
+ * address (one 16-byte load of bf16, two of fp32); store_cols writes them back. */
+template <int VEC>
+__device__ static inline void load_cols(float *v, const float *p)
+{
+    if (VEC == 1) {
+        v[0] = p[0];
+        return;
+    }
+    float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+template <int VEC>
+__device__ static inline void load_cols(float *v, const __nv_bfloat16 *p)
+{
+    if (VEC == 1) {
+        v[0] = __bfloat162float(p[0]);
+        return;
+    }
+    uint4 u = *(const uint4 *)p;
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+    for (int i = 0; i < 4; i++) {
+        float2 f = __bfloat1622float2(h[i]);
+        v[2 * i] = f.x;
+        v[2 * i + 1] = f.y;
+    }
+}
+
+template <int VEC>
+__device__ static inline void store_cols(float *p, const float *v)
+{
+    if (VEC == 1) {
+        p[0] = v[0];
+        return;
+    }
+    ((float4 *)p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    ((float4 *)p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+
+template <int VEC>
+__device__ static inline void store_cols(__nv_bfloat16 *p, const float *v)
+{
+    if (VEC == 1) {
+        p[0] = __float2bfloat16_rn(v[0]);
+        return;
+    }
+    *(uint4 *)p = make_uint4(bf16_pair(v[0], v[1]), bf16_pair(v[2], v[3]), bf16_pair(v[4], v[5]),
+                             bf16_pair(v[6], v[7]));
+}
+
 /* ---- fp32 → bf16 (round to nearest even) ------------------------------------ */
 
 /* 4 floats in (16 bytes), 4 bf16 out (8 bytes) per step; little-endian, so
@@ -118,11 +171,11 @@ __global__ static void to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size
         dst[i] = __float2bfloat16_rn(src[i]);
 }
 
-/* dst[0, n) = bf16(src[0, n)); dst is 256-byte aligned (carved from the
- * workspace), src may be anywhere (a parameter inside the parameter block). */
+/* dst[0, n) = bf16(src[0, n)); either may be anywhere (a parameter inside the
+ * parameter block; dst mostly carved from the workspace, 256-byte aligned). */
 static const void *to_bf16(kn_ctx *k, void *dst, const float *src, size_t n)
 {
-    size_t n4 = (uintptr_t)src % 16 == 0 ? n / 4 : 0;
+    size_t n4 = (uintptr_t)src % 16 == 0 && (uintptr_t)dst % 8 == 0 ? n / 4 : 0;
     if (n4) {
         to_bf16_vec_kernel<<<kn_blocks(n4, 256), 256, 0, kn_stream(k)>>>(
             (uint2 *)dst, (const float4 *)src, n4);
@@ -138,13 +191,14 @@ static const void *to_bf16(kn_ctx *k, void *dst, const float *src, size_t n)
 
 /* ---- the separate kernels (fp32 mode and the fallback) ---------------------- */
 
-/* out = bias (per row of OC; NULL: 0) + c (a matrix of out's shape; NULL: 0). */
-__global__ static void fill_bias_kernel(float *out, const float *bias, const float *c, int OC,
-                                        size_t n)
+/* out = bias (per row of OC, out's type; NULL: 0) + c (a matrix of out's shape;
+ * NULL: 0). */
+template <typename T>
+__global__ static void fill_bias_kernel(T *out, const T *bias, const float *c, int OC, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
-        out[i] = (bias ? bias[i % OC] : 0.0f) + (c ? c[i] : 0.0f);
+        out[i] = (T)((bias ? (float)bias[i % OC] : 0.0f) + (c ? c[i] : 0.0f));
 }
 
 /* On the column-major m × cols matrices pre and out (leading dimension ld):
@@ -205,6 +259,53 @@ __global__ static void gelu_flat_kernel(float *d, const float *pre, size_t n)
         d[i] = GRAD ? d[i] * kn_gelu_grad(pre[i]) : kn_gelu(pre[i]);
 }
 
+/* The MLP's GELU in bf16 mode, where pre is kept in bf16, VEC values a thread:
+ * forward y = gelu(pre); GRAD: y = d ⊙ gelu'(pre), with d the product read from
+ * d16 where given, else from d32. y goes to y16 where given, else to y32; either
+ * may be d's own memory (each thread reads its values before writing them). */
+template <bool GRAD, int VEC>
+__global__ static void gelu_bf16_kernel(float *y32, __nv_bfloat16 *y16, const float *d32,
+                                        const __nv_bfloat16 *d16, const __nv_bfloat16 *pre,
+                                        size_t n)
+{
+    for (size_t i = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) * VEC; i < n;
+         i += (size_t)gridDim.x * blockDim.x * VEC) {
+        float p[VEC], v[VEC];
+        load_cols<VEC>(p, pre + i);
+        if (GRAD) {
+            if (d16) load_cols<VEC>(v, d16 + i);
+            else load_cols<VEC>(v, d32 + i);
+            for (int e = 0; e < VEC; e++) v[e] *= kn_gelu_grad(p[e]);
+        } else {
+            for (int e = 0; e < VEC; e++) v[e] = kn_gelu(p[e]);
+        }
+        if (y16) store_cols<VEC>(y16 + i, v);
+        else store_cols<VEC>(y32 + i, v);
+    }
+}
+
+static bool aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
+
+/* gelu_bf16_kernel over n values: 8 a thread where every pointer allows. */
+static void gelu_bf16(kn_ctx *k, bool grad, float *y32, void *y16, const float *d32,
+                      const void *d16, const __nv_bfloat16 *pre, size_t n)
+{
+    __nv_bfloat16 *o16 = (__nv_bfloat16 *)y16;
+    const __nv_bfloat16 *i16 = (const __nv_bfloat16 *)d16;
+    const bool vec = n % 8 == 0 && aligned16(y32) && aligned16(y16) && aligned16(d32) &&
+                     aligned16(d16) && aligned16(pre);
+    const unsigned blocks = kn_blocks(vec ? n / 8 : n, 256);
+    if (grad && vec)
+        gelu_bf16_kernel<true, 8><<<blocks, 256, 0, kn_stream(k)>>>(y32, o16, d32, i16, pre, n);
+    else if (grad)
+        gelu_bf16_kernel<true, 1><<<blocks, 256, 0, kn_stream(k)>>>(y32, o16, d32, i16, pre, n);
+    else if (vec)
+        gelu_bf16_kernel<false, 8><<<blocks, 256, 0, kn_stream(k)>>>(y32, o16, d32, i16, pre, n);
+    else
+        gelu_bf16_kernel<false, 1><<<blocks, 256, 0, kn_stream(k)>>>(y32, o16, d32, i16, pre, n);
+    CUDA_LAUNCHED();
+}
+
 /* ---- one GEMM with its epilogue ---------------------------------------------- */
 
 enum {
@@ -227,11 +328,11 @@ typedef struct {
     float *D;
     int ldd;
     int epi;
-    const float *bias;
+    const float *bias; /* fp32; with d16 bf16 (D's type, as cuBLASLt takes it), pointer cast */
     float *aux; /* written by EPI_GELU, read by EPI_DGELU */
     void *lp;   /* EPI_GELU / EPI_DGELU, contiguous D (ldd = m): D's bf16 copy too, or NULL */
     bool lp_only; /* with lp: D's fp32 values may be left unwritten (only the copy is read) */
-    bool d16;   /* D is bf16 (EPI_NONE, beta 0; D's pointer cast) */
+    bool d16;   /* D is bf16 (EPI_NONE or EPI_BIAS, beta 0; D's pointer cast) */
     const float *C; /* EPI_NONE / EPI_BIAS, contiguous D (ldd = m): added to the product
                        (cuBLAS's C with beta 1), a matrix of D's shape not overlapping D */
 } mm_job;
@@ -262,8 +363,12 @@ static void mm_fallback(kn_ctx *k, const mm_job *j)
             gemm_ex(k, j, j->beta, j->D);
             break;
         } /* D is contiguous here (ldd = m): fill it with bias and C, add the product */
-        fill_bias_kernel<<<kn_blocks(n, 256), 256, 0, kn_stream(k)>>>(
-            j->D, j->epi == EPI_BIAS ? j->bias : NULL, j->C, j->m, n);
+        if (j->d16)
+            fill_bias_kernel<<<kn_blocks(n, 256), 256, 0, kn_stream(k)>>>(
+                (__nv_bfloat16 *)j->D, (const __nv_bfloat16 *)j->bias, NULL, j->m, n);
+        else
+            fill_bias_kernel<<<kn_blocks(n, 256), 256, 0, kn_stream(k)>>>(
+                j->D, j->epi == EPI_BIAS ? j->bias : NULL, j->C, j->m, n);
         CUDA_LAUNCHED();
         gemm_ex(k, j, 1.0f, j->D);
         break;
@@ -514,7 +619,7 @@ static bool mm_lt(kn_ctx *k, const mm_job *j, bool *lp_done)
     set_attr(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
     set_attr(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
     if (has_bias) {
-        const void *bias = j->bias; /* fp32: the bias type defaults to D's */
+        const void *bias = j->bias; /* the bias type defaults to D's */
         set_attr(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
     }
     if (has_aux) { /* fp32 as well: the aux type defaults to D's */
@@ -625,10 +730,11 @@ static void mm(kn_ctx *k, const mm_job *j)
 
 void kn_cuda_to_lowp(kn_ctx *k, void *lp, const float *src, size_t n) { to_bf16(k, lp, src, n); }
 
-/* The job out'[OC, BT] = (W'[C, OC])ᵀ · inp'[C, BT] (C > 0), its operands bf16 in bf16
- * mode: the weight converted in the workspace, inp too unless inp_lp holds it already. */
+/* The job out'[OC, BT] = (W'[C, OC])ᵀ · inp'[C, BT] + bias (C > 0; bias may be NULL),
+ * its operands bf16 in bf16 mode: the weight converted in the workspace, inp too
+ * unless inp_lp holds it already. d16 (bf16 mode): out is bf16, and so the bias. */
 static mm_job forward_job(kn_ctx *k, float *out, const float *inp, const void *inp_lp,
-                          const float *weight, int BT, int C, int OC)
+                          const float *weight, const float *bias, int BT, int C, int OC, bool d16)
 {
     mm_job j = {};
     j.ta = true;
@@ -641,73 +747,60 @@ static mm_job forward_job(kn_ctx *k, float *out, const float *inp, const void *i
     j.ldb = C;
     j.D = out;
     j.ldd = OC;
+    j.epi = bias ? EPI_BIAS : EPI_NONE;
+    j.bias = bias;
+    j.d16 = d16;
     if (k->cuda->bf16) {
-        size_t nw = (size_t)OC * C, ni = inp_lp ? 0 : (size_t)BT * C;
-        char *ws = (char *)kn_cuda_workspace(k, round256(nw * 2) + round256(ni * 2));
+        size_t nw = (size_t)OC * C, ni = inp_lp ? 0 : (size_t)BT * C, nb = d16 && bias ? OC : 0;
+        size_t at_i = round256(nw * 2), at_b = at_i + round256(ni * 2);
+        char *ws = (char *)kn_cuda_workspace(k, at_b + round256(nb * 2));
         j.A = to_bf16(k, ws, weight, nw);
-        j.B = inp_lp ? inp_lp : to_bf16(k, ws + round256(nw * 2), inp, ni);
+        j.B = inp_lp ? inp_lp : to_bf16(k, ws + at_i, inp, ni);
+        if (nb) j.bias = (const float *)to_bf16(k, ws + at_b, bias, nb);
     }
     return j;
 }
 
 /* out = inp·Wᵀ + bias (+ res where given), or with pre: pre = inp·Wᵀ + bias and
- * out = gelu(pre) (and out_lp = bf16(out) where given, with pre only). inp_lp: inp in
- * bf16, made earlier (bf16 mode). */
+ * out = gelu(pre) (and out_lp = bf16(out) where given, with pre only; bf16 mode
+ * keeps pre in bf16: kernels.h). inp_lp: inp in bf16, made earlier (bf16 mode). */
 static void forward(kn_ctx *k, float *out, void *out_lp, float *pre, const float *res,
                     const float *inp, const void *inp_lp, const float *weight, const float *bias,
                     int BT, int C, int OC)
 {
     if (BT <= 0 || OC <= 0) return;
     size_t n = (size_t)BT * OC;
-    if (C <= 0) { /* no product: bias or 0 */
-        float *dst = pre ? pre : out;
+    const bool pre16 = pre && k->cuda->bf16;
+    if (C <= 0) { /* no product: bias or 0 (into out first where pre is bf16) */
+        float *dst = pre && !pre16 ? pre : out;
         if (bias || res) {
             fill_bias_kernel<<<kn_blocks(n, 256), 256, 0, kn_stream(k)>>>(dst, bias, res, OC, n);
             CUDA_LAUNCHED();
         } else {
             CUDA_CHECK(cudaMemsetAsync(dst, 0, n * sizeof(float), kn_stream(k)));
         }
+        if (pre16) {
+            to_bf16(k, pre, out, n);
+            gelu_bf16(k, false, out, out_lp, NULL, NULL, (const __nv_bfloat16 *)pre, n);
+            return;
+        }
         if (pre) kn_cuda_gelu_forward(k, out, pre, n);
         if (out_lp) to_bf16(k, out_lp, out, n);
         return;
     }
-    mm_job j = forward_job(k, out, inp, inp_lp, weight, BT, C, OC);
-    j.epi = pre ? EPI_GELU : bias ? EPI_BIAS : EPI_NONE;
-    j.bias = bias;
+    if (pre16) { /* pre in bf16 from the GEMM, then the GELU pass reads it */
+        mm_job j = forward_job(k, pre, inp, inp_lp, weight, bias, BT, C, OC, true);
+        mm(k, &j);
+        gelu_bf16(k, false, out, out_lp, NULL, NULL, (const __nv_bfloat16 *)pre, n);
+        return;
+    }
+    mm_job j = forward_job(k, out, inp, inp_lp, weight, bias, BT, C, OC, false);
+    if (pre) j.epi = EPI_GELU;
     j.aux = pre;
     j.C = res;
     j.lp = out_lp;
     j.lp_only = true; /* out is read through its copy alone (kernels.h) */
     mm(k, &j);
-}
-
-/* VEC consecutive values of a row of dout as floats: one value, or 8 from a
- * 16-byte aligned address (one 16-byte load of bf16, two of fp32). */
-template <int VEC>
-__device__ static inline void load_cols(float *v, const float *p)
-{
-    if (VEC == 1) {
-        v[0] = p[0];
-        return;
-    }
-    float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-}
-
-template <int VEC>
-__device__ static inline void load_cols(float *v, const __nv_bfloat16 *p)
-{
-    if (VEC == 1) {
-        v[0] = __bfloat162float(p[0]);
-        return;
-    }
-    uint4 u = *(const uint4 *)p;
-    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
-    for (int i = 0; i < 4; i++) {
-        float2 f = __bfloat1622float2(h[i]);
-        v[2 * i] = f.x;
-        v[2 * i + 1] = f.y;
-    }
 }
 
 /* partial[blockIdx.y][c] = Σ of dout[r, c] (rows ld apart; fp32 or bf16) over
@@ -772,6 +865,7 @@ static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const
                      int OC, bool set, bwd_lp lp)
 {
     if (!k->cuda->bf16) lp = (bwd_lp){}; /* copies are made in bf16 mode only */
+    const bool pre16 = pre && k->cuda->bf16; /* pre kept in bf16 (kernels.h) */
     const __nv_bfloat16 *dout16 = lp.dout, *inp16 = lp.inp;
     if (set && dinp && BT > 0 && C > 0 && OC <= 0) /* an empty product: dinp = 0 */
         CUDA_CHECK(cudaMemsetAsync(dinp, 0, (size_t)BT * C * sizeof(float), kn_stream(k)));
@@ -833,7 +927,12 @@ static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const
             j.ldb = (int)ldo;
             j.D = dinp + (size_t)r0 * C;
             j.ldd = C;
-            if (pre) {
+            if (pre16) { /* the product (bf16 into dpre's copy where given), DGELU after */
+                j.d16 = lp.dinp != NULL;
+                if (j.d16) j.D = (float *)((__nv_bfloat16 *)lp.dinp + (size_t)r0 * C);
+                j.epi = EPI_NONE;
+                j.beta = 0.0f;
+            } else if (pre) {
                 j.epi = EPI_DGELU;
                 j.beta = 0.0f;
                 j.aux = (float *)(pre + (size_t)r0 * C); /* only read */
@@ -844,6 +943,12 @@ static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const
                 j.beta = set ? 0.0f : 1.0f;
             }
             mm(k, &j);
+            if (pre16) { /* in place: dpre = product ⊙ gelu'(pre) */
+                float *y32 = j.d16 ? NULL : j.D;
+                void *y16 = j.d16 ? (void *)j.D : NULL;
+                gelu_bf16(k, true, y32, y16, y32, y16,
+                          (const __nv_bfloat16 *)pre + (size_t)r0 * C, (size_t)R * C);
+            }
         }
         if (dweight) { /* dW'[C, OC] += inp'[C, R] · (dout'[OC, R])ᵀ */
             mm_job j = {};
@@ -922,9 +1027,8 @@ void kn_cuda_matmul_backward_gelu(kn_ctx *k, float *dpre, void *dpre_lp, float *
 static void head_logits_bf16(kn_ctx *k, float *logits, const float *inp, const void *inp_lp,
                              const float *weight, int BT, int C, int Vp)
 {
-    mm_job j = forward_job(k, logits, inp, inp_lp, weight, BT, C, Vp);
+    mm_job j = forward_job(k, logits, inp, inp_lp, weight, NULL, BT, C, Vp, true);
     j.ldd = 2 * Vp;
-    j.d16 = true;
     mm(k, &j);
 }
 

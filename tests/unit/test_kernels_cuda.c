@@ -188,6 +188,23 @@ static int lowp_is_copy(const char *what, const void *lp, const float *d, size_t
     return 1;
 }
 
+/* The MLP's pre-activations are kept in the backend's format (kernels.h
+ * kn_matmul_gelu_forward): bf16 over the first half of the fp32 buffer where
+ * the context keeps bf16 copies, else fp32. pre_down reads n of them back as
+ * floats; pre_up_at puts host values there in that format (offset as upf_at). */
+static float *pre_down(const float *d, size_t n)
+{
+    return kn_lowp_bytes(gpu, 1) ? lowp_down(d, n) : down(d, n);
+}
+
+static float *pre_up_at(const float *h, size_t n, int off)
+{
+    float *d = upf_at(h, n, off);
+    void *lp = lowp_of(d, n);
+    if (lp) kn_copy(gpu, d, lp, kn_lowp_bytes(gpu, n));
+    return d;
+}
+
 /* ---- context and memory ------------------------------------------------------ */
 
 static void test_context(void)
@@ -473,7 +490,7 @@ static void test_matmul_gelu(void)
         kn_matmul_gelu_forward(cpu, out, NULL, pre, x, NULL, W1, b1, BT, C, H);
         kn_matmul_gelu_forward(gpu, d_out, d_outl, d_pre, d_x, d_xl, d_W1,
                                b1 ? upf_at(b1, H, off) : NULL, BT, C, H);
-        CHECK(close_to("matmul_gelu pre", down(d_pre, nh), pre, nh, tol_lin));
+        CHECK(close_to("matmul_gelu pre", pre_down(d_pre, nh), pre, nh, tol_lin));
         /* with out_lp, out itself may be left unwritten: the copy is the result */
         if (d_outl) CHECK(close_to("matmul_gelu out_lp", lowp_down(d_outl, nh), out, nh, tol_lin));
         else CHECK(close_to("matmul_gelu out", down(d_out, nh), out, nh, tol_lin));
@@ -487,7 +504,7 @@ static void test_matmul_gelu(void)
         float *d_inp = upf_at(out, nh, off); /* the CPU's out, and its bf16 copy */
         void *d_dprel = lowp_alloc(nh);
         kn_matmul_backward_gelu(gpu, d_dpre, d_dprel, d_dW2, d_db2, upf_at(dout, ni, off), d_inp,
-                                lowp_of(d_inp, nh), upf_at(W2, nw, off), upf_at(pre, nh, off),
+                                lowp_of(d_inp, nh), upf_at(W2, nw, off), pre_up_at(pre, nh, off),
                                 BT, H, C);
         if (d_dprel)
             CHECK(close_to("matmul_backward_gelu dpre_lp", lowp_down(d_dprel, nh), dpre, nh,
