@@ -114,13 +114,12 @@ __device__ static inline void online_merge(float &m, float &s, float m2, float s
     s = a + b;
 }
 
-/* Reduces the block's (m, s) into thread 0, which writes the row's stats and
- * loss; target_logit is read by thread 0 only (through the pointer). */
-template <typename T>
-__device__ static void finish_stats(float m, float s, float *losses, float *stats, const T *l,
-                                    const int32_t *targets, int V)
+/* Reduces the block's (m, s) (of up to 1024 threads): every thread gets the
+ * row's, merged in the same order (warps by shuffles, then warp 0's total with
+ * the others in order). */
+__device__ static void block_stats(float &m, float &s)
 {
-    __shared__ float sm[CE_THREADS / 32], ss[CE_THREADS / 32];
+    __shared__ float sm[32], ss[32];
     for (int o = 16; o > 0; o >>= 1) {
         const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
         const float s2 = __shfl_xor_sync(0xffffffffu, s, o);
@@ -129,16 +128,31 @@ __device__ static void finish_stats(float m, float s, float *losses, float *stat
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (lane == 0) sm[warp] = m, ss[warp] = s;
     __syncthreads();
-    if (threadIdx.x != 0) return;
+    m = sm[0], s = ss[0];
     for (int w = 1; w < (int)blockDim.x / 32; w++) online_merge(m, s, sm[w], ss[w]);
-    /* thread 0 holds warp 0's total in (m, s) */
+}
+
+/* Thread 0 writes the row's stats and loss, −log p[target] without log(0) when
+ * p[target] underflows, from the target's logit tl (read while it was there). */
+__device__ static void write_stats(float m, float s, float tl, float *losses, float *stats,
+                                   int target, int V)
+{
+    if (threadIdx.x != 0) return;
     stats[2 * (size_t)blockIdx.x] = m;
     stats[2 * (size_t)blockIdx.x + 1] = s;
+    losses[blockIdx.x] = target < 0 ? 0.0f : target >= V ? NAN : logf(s) - (tl - m);
+}
+
+/* The reduction and the stats; target_logit is read by thread 0 only (through
+ * the pointer). */
+template <typename T>
+__device__ static void finish_stats(float m, float s, float *losses, float *stats, const T *l,
+                                    const int32_t *targets, int V)
+{
+    block_stats(m, s);
     const int target = targets[blockIdx.x];
-    /* −log p[target] without log(0) when p[target] underflows */
-    losses[blockIdx.x] = target < 0    ? 0.0f
-                         : target >= V ? NAN
-                                       : logf(s) - ((float)l[target] - m);
+    const bool in = threadIdx.x == 0 && target >= 0 && target < V;
+    write_stats(m, s, in ? (float)l[target] : 0.0f, losses, stats, target, V);
 }
 
 /* One block per row: (max, sum) of logits[0..V) and the loss. vec: the row
@@ -166,9 +180,8 @@ ce_stats_kernel(float *losses, float *stats, const float *logits, const int32_t 
 }
 
 /* 8 bf16 from 16 bytes, in order (little-endian: the lower half is the earlier). */
-__device__ static inline void bf16x8(const void *p, float x[8])
+__device__ static inline void bf16x8(uint4 u, float x[8])
 {
-    const uint4 u = *reinterpret_cast<const uint4 *>(p);
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -188,7 +201,7 @@ ce_stats_bf16_kernel(float *losses, float *stats, const float *logits, const int
     float m = -INFINITY, s = 0.0f;
     for (int c = 8 * (int)threadIdx.x; c < V; c += 8 * (int)blockDim.x) {
         float x[8];
-        bf16x8(l + c, x);
+        bf16x8(*reinterpret_cast<const uint4 *>(l + c), x);
 #pragma unroll
         for (int i = 0; i < 8; i++)
             if (c + i < V) online_add(m, s, x[i]);
@@ -290,7 +303,7 @@ ce_backward_bf16_kernel(float *logits, const float *stats, const int32_t *target
         float g[8] = {};
         if (target >= 0) {
             float x[8];
-            bf16x8(d + c, x);
+            bf16x8(*reinterpret_cast<const uint4 *>(d + c), x);
 #pragma unroll
             for (int i = 0; i < 8; i++) g[i] = ce_grad(x[i], c + i, target, V, mx, inv, scale);
         }
@@ -310,5 +323,69 @@ void kn_cuda_crossentropy_backward_bf16(kn_ctx *k, float *logits, const float *s
     if (BT <= 0) return;
     ce_backward_bf16_kernel<<<BT, CE_THREADS, 0, kn_stream(k)>>>(logits, stats, targets,
                                                                 dloss_scale, V, Vp);
+    CUDA_LAUNCHED();
+}
+
+/* ---- the LM head's loss and unscaled gradient in one pass (bf16 mode) ----------
+ * kn_lm_head_forward on the bf16 logits: one block per row holds the row in
+ * registers (CE_ROW_CHUNKS 16-byte chunks a thread), so it is read once for the
+ * max and sum and its gradient written in place, softmax − onehot without the
+ * loss weight, which kn_lm_head_backward applies as its GEMMs' alpha: half the
+ * passes over the logits of the stats-then-gradient pair above. */
+#define CE_ROW_THREADS 1024
+#define CE_ROW_CHUNKS 7 /* Vp ≤ 8 · 7 · 1024 = 57344 */
+
+bool kn_cuda_logits_dlogits(kn_ctx *k, const float *logits, int Vp)
+{
+    return kn_cuda_logits_bf16(k, logits, Vp) && Vp <= 8 * CE_ROW_CHUNKS * CE_ROW_THREADS;
+}
+
+__global__ static void __launch_bounds__(CE_ROW_THREADS, 1)
+ce_row_bf16_kernel(float *losses, float *stats, float *logits, const int32_t *targets, int V,
+                   int Vp)
+{
+    __nv_bfloat16 *l = reinterpret_cast<__nv_bfloat16 *>(logits + (size_t)blockIdx.x * Vp);
+    const int target = targets[blockIdx.x];
+    const float tl = threadIdx.x == 0 && target >= 0 && target < V ? (float)l[target] : 0.0f;
+    uint4 row[CE_ROW_CHUNKS];
+    float m = -INFINITY, s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < CE_ROW_CHUNKS; j++) {
+        const int c = 8 * ((int)threadIdx.x + j * (int)blockDim.x);
+        if (c < Vp) row[j] = *reinterpret_cast<const uint4 *>(l + c);
+    }
+#pragma unroll
+    for (int j = 0; j < CE_ROW_CHUNKS; j++) {
+        const int c = 8 * ((int)threadIdx.x + j * (int)blockDim.x);
+        if (c >= V) continue;
+        float x[8];
+        bf16x8(row[j], x);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (c + i < V) online_add(m, s, x[i]);
+    }
+    block_stats(m, s); /* its barrier: every read of the row (tl too) is done */
+    write_stats(m, s, tl, losses, stats, target, V);
+    const float inv = 1.0f / s;
+#pragma unroll
+    for (int j = 0; j < CE_ROW_CHUNKS; j++) {
+        const int c = 8 * ((int)threadIdx.x + j * (int)blockDim.x);
+        if (c >= Vp) continue;
+        float x[8], g[8] = {};
+        bf16x8(row[j], x);
+        if (target >= 0)
+#pragma unroll
+            for (int i = 0; i < 8; i++) g[i] = ce_grad(x[i], c + i, target, V, m, inv, 1.0f);
+        *reinterpret_cast<uint4 *>(l + c) = make_uint4(bf16_pair(g[0], g[1]), bf16_pair(g[2], g[3]),
+                                                       bf16_pair(g[4], g[5]), bf16_pair(g[6], g[7]));
+    }
+}
+
+void kn_cuda_crossentropy_row_bf16(kn_ctx *k, float *losses, float *stats, float *logits,
+                                   const int32_t *targets, int BT, int V, int Vp)
+{
+    if (BT <= 0) return;
+    ce_row_bf16_kernel<<<BT, CE_ROW_THREADS, 0, kn_stream(k)>>>(losses, stats, logits, targets, V,
+                                                               Vp);
     CUDA_LAUNCHED();
 }

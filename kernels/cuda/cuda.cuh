@@ -153,6 +153,13 @@ void kn_cuda_crossentropy_forward_bf16(kn_ctx *k, float *losses, float *stats,
 void kn_cuda_crossentropy_backward_bf16(kn_ctx *k, float *logits, const float *stats,
                                         const int32_t *targets, float dloss_scale, int BT, int V,
                                         int Vp);
+/* Where a row fits a block's registers (Vp ≤ 57344) the LM head goes further:
+ * kn_cuda_crossentropy_row_bf16 is kn_crossentropy_forward on such logits that
+ * also turns them, in the same pass, into bf16 dlogits WITHOUT the loss weight
+ * (softmax − onehot; masked rows 0), which the backward's GEMMs then scale. */
+bool kn_cuda_logits_dlogits(kn_ctx *k, const float *logits, int Vp);
+void kn_cuda_crossentropy_row_bf16(kn_ctx *k, float *losses, float *stats, float *logits,
+                                   const int32_t *targets, int BT, int V, int Vp);
 size_t kn_cuda_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH);
 void kn_cuda_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre,
                                  const float *inp, const void *inp_lp, const float *weight,

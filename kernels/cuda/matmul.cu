@@ -320,6 +320,7 @@ enum {
 typedef struct {
     bool ta, tb;
     int m, n, k;
+    float alpha; /* the product's factor: 1 but for the LM head's unscaled dlogits */
     const void *A;
     int lda;
     const void *B;
@@ -344,7 +345,7 @@ static cudaDataType_t ab_type(kn_ctx *k) { return k->cuda->bf16 ? CUDA_R_16BF : 
 
 static void gemm_ex(kn_ctx *k, const mm_job *j, float beta, float *D)
 {
-    const float alpha = 1.0f;
+    const float alpha = j->alpha;
     cudaDataType_t t = ab_type(k);
     CUBLAS_CHECK(cublasGemmEx(k->cuda->blas, j->ta ? CUBLAS_OP_T : CUBLAS_OP_N,
                               j->tb ? CUBLAS_OP_T : CUBLAS_OP_N, j->m, j->n, j->k, &alpha, j->A, t,
@@ -510,7 +511,7 @@ static int lt_tune(kn_ctx *k, const mm_job *j, cublasLtMatmulDesc_t op, cublasLt
 {
     *best_ms_out = 0.0f; /* 0: not timed in place */
     struct kn_cuda *c = k->cuda;
-    const float alpha = 1.0f;
+    const float alpha = j->alpha;
     const size_t d_bytes = d_extent(j);
     const bool overlap = j->epi == EPI_DGELU && d_over_aux(j); /* runs would read their own D */
     float *D = j->D;
@@ -591,7 +592,7 @@ static bool mm_lt(kn_ctx *k, const mm_job *j, bool *lp_done)
     if (j->epi == EPI_GELU) epi = has_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
     if (j->epi == EPI_DGELU) epi = CUBLASLT_EPILOGUE_DGELU;
     if (j->C && ((uintptr_t)j->C % 16 || j->ldd != j->m)) return false;
-    const float alpha = 1.0f, beta = j->C ? 1.0f : j->epi == EPI_NONE ? j->beta : 0.0f;
+    const float alpha = j->alpha, beta = j->C ? 1.0f : j->epi == EPI_NONE ? j->beta : 0.0f;
     const unsigned alA = align_of(j->A), alB = align_of(j->B), alD = align_of(j->D);
     const unsigned alC = j->C ? align_of(j->C) : alD;
 
@@ -738,6 +739,7 @@ static mm_job forward_job(kn_ctx *k, float *out, const float *inp, const void *i
 {
     mm_job j = {};
     j.ta = true;
+    j.alpha = 1.0f;
     j.m = OC;
     j.n = BT;
     j.k = C;
@@ -859,10 +861,11 @@ typedef struct {
 } bwd_lp;
 
 /* dinp += dout·W (dinp = dout·W with set), or with pre: dinp = (dout·W) ⊙
- * gelu'(pre) (overwritten); dweight += doutᵀ·inp; dbias += column sums of dout. */
+ * gelu'(pre) (overwritten); dweight += doutᵀ·inp; dbias += column sums of dout;
+ * dout read times alpha in the GEMMs (dbias: 1 only). */
 static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
                      const float *inp, const float *weight, const float *pre, int BT, int C,
-                     int OC, bool set, bwd_lp lp)
+                     int OC, bool set, bwd_lp lp, float alpha)
 {
     if (!k->cuda->bf16) lp = (bwd_lp){}; /* copies are made in bf16 mode only */
     const bool pre16 = pre && k->cuda->bf16; /* pre kept in bf16 (kernels.h) */
@@ -916,6 +919,7 @@ static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const
         else if (conv && dweight) Ir = to_bf16(k, ws + w_bytes + dout_bytes, inp_r, (size_t)R * C);
         if (dinp) { /* dinp'[C, R] (+)= W'[C, OC] · dout'[OC, R] */
             mm_job j = {};
+            j.alpha = alpha;
             j.ta = false;
             j.tb = false;
             j.m = C;
@@ -952,6 +956,7 @@ static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const
         }
         if (dweight) { /* dW'[C, OC] += inp'[C, R] · (dout'[OC, R])ᵀ */
             mm_job j = {};
+            j.alpha = alpha;
             j.ta = false;
             j.tb = true;
             j.m = C;
@@ -994,7 +999,7 @@ void kn_cuda_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbia
                              const void *inp_lp, const float *weight, int BT, int C, int OC)
 {
     backward(k, dinp, dweight, dbias, dout, inp, weight, NULL, BT, C, OC, false,
-             lp_args(dout_lp, OC, inp_lp));
+             lp_args(dout_lp, OC, inp_lp), 1.0f);
 }
 
 void kn_cuda_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias,
@@ -1002,7 +1007,7 @@ void kn_cuda_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *
                                  const void *inp_lp, const float *weight, int BT, int C, int OC)
 {
     backward(k, dinp, dweight, dbias, dout, inp, weight, NULL, BT, C, OC, true,
-             lp_args(dout_lp, OC, inp_lp));
+             lp_args(dout_lp, OC, inp_lp), 1.0f);
 }
 
 void kn_cuda_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre,
@@ -1019,7 +1024,7 @@ void kn_cuda_matmul_backward_gelu(kn_ctx *k, float *dpre, void *dpre_lp, float *
 {
     bwd_lp lp = lp_args(NULL, OC, inp_lp);
     lp.dinp = dpre_lp;
-    backward(k, dpre, dweight, dbias, dout, inp, weight, pre, BT, C, OC, false, lp);
+    backward(k, dpre, dweight, dbias, dout, inp, weight, pre, BT, C, OC, false, lp, 1.0f);
 }
 
 /* The LM head's logits'[Vp, BT] = (W'[C, Vp])ᵀ · inp'[C, BT] as bf16 over the
@@ -1039,7 +1044,10 @@ void kn_cuda_lm_head_forward(kn_ctx *k, float *losses, float *stats, float *logi
     if (BT <= 0) return;
     if (kn_cuda_logits_bf16(k, logits, Vp) && C > 0) {
         head_logits_bf16(k, logits, inp, inp_lp, weight, BT, C, Vp);
-        kn_cuda_crossentropy_forward_bf16(k, losses, stats, logits, targets, BT, V, Vp);
+        if (kn_cuda_logits_dlogits(k, logits, Vp)) /* the unscaled dlogits too, in place */
+            kn_cuda_crossentropy_row_bf16(k, losses, stats, logits, targets, BT, V, Vp);
+        else
+            kn_cuda_crossentropy_forward_bf16(k, losses, stats, logits, targets, BT, V, Vp);
         return;
     }
     forward(k, logits, NULL, NULL, NULL, inp, inp_lp, weight, NULL, BT, C, Vp);
@@ -1052,13 +1060,17 @@ void kn_cuda_lm_head_backward(kn_ctx *k, float *dinp, float *dweight, float *log
                               int C, int V, int Vp)
 {
     if (kn_cuda_logits_bf16(k, logits, Vp) && C > 0) {
-        kn_cuda_crossentropy_backward_bf16(k, logits, stats, targets, dloss_scale, BT, V, Vp);
+        /* the forward left them unscaled where a row fit its registers */
+        const bool scaled = !kn_cuda_logits_dlogits(k, logits, Vp);
+        if (scaled)
+            kn_cuda_crossentropy_backward_bf16(k, logits, stats, targets, dloss_scale, BT, V, Vp);
         /* the dlogits are bf16 over the first half of each row: rows 2·Vp apart */
         bwd_lp lp = lp_args(logits, 2 * Vp, inp_lp);
-        backward(k, dinp, dweight, NULL, NULL, inp, weight, NULL, BT, C, Vp, true, lp);
+        backward(k, dinp, dweight, NULL, NULL, inp, weight, NULL, BT, C, Vp, true, lp,
+                 scaled ? 1.0f : dloss_scale);
         return;
     }
     kn_cuda_crossentropy_backward(k, logits, logits, stats, targets, dloss_scale, BT, V, Vp);
     backward(k, dinp, dweight, NULL, logits, inp, weight, NULL, BT, C, Vp, true,
-             lp_args(NULL, Vp, inp_lp));
+             lp_args(NULL, Vp, inp_lp), 1.0f);
 }
