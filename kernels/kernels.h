@@ -242,9 +242,12 @@ void kn_crossentropy_backward(kn_ctx *k, float *dlogits, const float *logits, co
  * inp_lp as kn_matmul_forward), then losses and stats as kn_crossentropy_forward.
  * logits is the scratch that kn_lm_head_backward reads, in the backend's format:
  * fp32 rows on the CPU (bit for bit kn_matmul_forward then
- * kn_crossentropy_forward); in CUDA's bf16 mode bf16 logits over the first half
- * of each row (llm.c's choice: half the bytes written by the matmul and read by
- * the loss and its gradient). */
+ * kn_crossentropy_forward); in CUDA's bf16 mode bf16 over the first half of each
+ * row (llm.c's choice: half the bytes written by the matmul and read by the loss
+ * and its gradient), and where a row fits one block's registers (Vp ≤ 57344)
+ * already the gradient without the loss weight, made in the pass that reads the
+ * logits for the loss (llm.c's fused classifier; the backward's GEMMs apply the
+ * weight). */
 void kn_lm_head_forward(kn_ctx *k, float *losses, float *stats, float *logits, const float *inp,
                         const void *inp_lp, const float *weight, const int32_t *targets, int BT,
                         int C, int V, int Vp);
@@ -253,8 +256,9 @@ void kn_lm_head_forward(kn_ctx *k, float *losses, float *stats, float *logits, c
  * (overwritten, [BT, C]) and dweight += dlogitsᵀ · inp ([Vp, C]), as
  * kn_matmul_backward_set without a bias. logits is the scratch the dlogits are
  * made in: its contents are undefined afterwards. The CPU makes the fp32 dlogits
- * in place; CUDA in bf16 mode writes them as bf16 over the bf16 logits, which
- * the matmul reads directly (half the bytes, no conversion). */
+ * in place; CUDA in bf16 mode writes them as bf16 over the bf16 logits (or finds
+ * them there, unscaled), which the matmul reads directly (half the bytes, no
+ * conversion). */
 void kn_lm_head_backward(kn_ctx *k, float *dinp, float *dweight, float *logits,
                          const float *stats, const int32_t *targets, float dloss_scale,
                          const float *inp, const void *inp_lp, const float *weight, int BT, int C,

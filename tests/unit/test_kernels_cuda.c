@@ -758,8 +758,9 @@ static void test_crossentropy_stats(void)
 /* kn_lm_head_forward then kn_lm_head_backward against the CPU's kn_matmul_forward,
  * kn_crossentropy_forward, kn_crossentropy_backward and kn_matmul_backward_set
  * (BT, C, V, Vp, offset of the device tensors in floats). Vp % 8 == 0 with
- * aligned rows takes CUDA's bf16 logits and dlogits in place (bf16 mode); Vp =
- * 1020 and the offset shape the fp32 ones. dinp starts as garbage (overwritten),
+ * aligned rows takes CUDA's bf16 logits and dlogits in place (bf16 mode: made in
+ * the forward's pass up to Vp 57344, by the backward's past it); Vp = 1020 and
+ * the offset shape the fp32 ones. dinp starts as garbage (overwritten),
  * dweight random (accumulated). */
 static void test_lm_head(void)
 {
@@ -768,7 +769,7 @@ static void test_lm_head(void)
     rng_state = 1021;
     static const int shapes[][5] = {{64, 64, 1000, 1024, 0},  {37, 96, 500, 504, 0},
                                     {16, 64, 1000, 1020, 0},  {64, 64, 1000, 1024, 1},
-                                    {256, 768, 50257, 50304, 0}};
+                                    {256, 768, 50257, 50304, 0}, {8, 64, 60000, 60008, 0}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int BT = shapes[s][0], C = shapes[s][1], V = shapes[s][2], Vp = shapes[s][3];
         int off = shapes[s][4];
