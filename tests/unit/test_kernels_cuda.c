@@ -833,18 +833,17 @@ static void test_adamw(void)
 
 /* One launch over many spans (more than KN_ADAMW_SPANS: two launches), with and
  * without decay, an empty span and gaps: as the CPU's update per span. */
-static void test_adamw_spans(void)
+/* quad: every span's offset and length a multiple of 4 (CUDA's 16-byte path). */
+static void adamw_spans_case(int quad)
 {
-    NEED_GPU();
-    arena_reset();
-    rng_state = 1113;
     enum { NS = KN_ADAMW_SPANS + 9 };
     kn_adamw_span sp[NS];
     size_t n = 0;
-    for (int i = 0; i < NS; i++) { /* sizes 0..~5000, a gap of 3 after each */
+    for (int i = 0; i < NS; i++) { /* sizes 0..~5000, a gap of 3 (4) after each */
         size_t len = i == 5 ? 0 : (size_t)rng_range(1, i % 7 == 0 ? 5000 : 300);
+        if (quad) len = (len + 3) / 4 * 4;
         sp[i] = (kn_adamw_span){n, len, i % 3 != 0};
-        n += len + 3;
+        n += len + (quad ? 4 : 3);
     }
     float *p = hrand(n, 1), *m = hrand(n, 1), *v = hrand(n, 1);
     for (size_t i = 0; i < n; i++) v[i] = v[i] * v[i];
@@ -858,6 +857,15 @@ static void test_adamw_spans(void)
         CHECK(close_to("adamw spans v", down(d_v, n), v, n, 1e-6));
         CHECK(close_to("adamw spans params", down(d_p, n), p, n, 1e-6));
     }
+}
+
+static void test_adamw_spans(void)
+{
+    NEED_GPU();
+    arena_reset();
+    rng_state = 1113;
+    adamw_spans_case(0);
+    adamw_spans_case(1);
 }
 
 static void test_reductions(void)
