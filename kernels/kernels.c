@@ -243,17 +243,19 @@ size_t kn_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH)
     return k->ops->attention_state_floats(k, B, T, C, NH);
 }
 
-void kn_attention_forward(kn_ctx *k, float *out, float *att, const float *qkv, int B, int T,
-                          int C, int NH)
+void kn_attention_forward(kn_ctx *k, float *out, void *out_lp, float *att, const float *qkv, int B,
+                          int T, int C, int NH)
 {
-    TIMED(OP_ATTENTION_FORWARD, k->ops->attention_forward(k, out, att, qkv, B, T, C, NH));
+    TIMED(OP_ATTENTION_FORWARD,
+          k->ops->attention_forward(k, out, out_lp, att, qkv, B, T, C, NH));
 }
 
-void kn_attention_backward(kn_ctx *k, float *dqkv, const float *dout, const float *qkv,
-                           const float *att, const float *out, int B, int T, int C, int NH)
+void kn_attention_backward(kn_ctx *k, float *dqkv, void *dqkv_lp, const float *dout,
+                           const float *qkv, const float *att, const float *out, int B, int T,
+                           int C, int NH)
 {
     TIMED(OP_ATTENTION_BACKWARD,
-          k->ops->attention_backward(k, dqkv, dout, qkv, att, out, B, T, C, NH));
+          k->ops->attention_backward(k, dqkv, dqkv_lp, dout, qkv, att, out, B, T, C, NH));
 }
 
 void kn_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre, const float *inp,

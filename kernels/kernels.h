@@ -133,9 +133,11 @@ void kn_layernorm_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
  * of such a copy of n values: 0 where the backend multiplies the fp32 values
  * themselves (the CPU; CUDA in fp32 and tf32), and then every `_lp` argument
  * below is NULL. kn_to_lowp makes the copy (the backend's memory, 16-byte
- * aligned); kn_layernorm_forward and kn_matmul_gelu_forward can write one of
- * their output as they go. An `inp_lp` given to a matmul must hold the copy of
- * inp's current values: it is read instead of converting inp. */
+ * aligned); kn_layernorm_forward, kn_attention_forward and
+ * kn_matmul_gelu_forward can write one of their output as they go, and
+ * kn_attention_backward and kn_matmul_backward_gelu one of their input gradient.
+ * An `inp_lp` given to a matmul must hold the copy of inp's current values: it
+ * is read instead of converting inp. */
 size_t kn_lowp_bytes(kn_ctx *k, size_t n);
 void kn_to_lowp(kn_ctx *k, void *lp, const float *src, size_t n);
 
@@ -172,15 +174,20 @@ void kn_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias
  * probabilities [B, NH, T, T] (row t uses columns 0..t); CUDA runs a fused
  * (flash) attention that keeps each row's log-sum-exp [B, NH, T] (and, in
  * bf16 mode, the bf16 q, k, v its kernels read), so no T×T matrix reaches
- * memory. Scale 1/sqrt(hs). */
+ * memory. Scale 1/sqrt(hs). out_lp (NULL or kn_lowp_bytes(k, B·T·C)) receives
+ * out's low-precision copy, written as out is (out itself is written too: the
+ * backward reads it). */
 size_t kn_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH);
-void kn_attention_forward(kn_ctx *k, float *out, float *att, const float *qkv, int B, int T,
-                          int C, int NH);
+void kn_attention_forward(kn_ctx *k, float *out, void *out_lp, float *att, const float *qkv, int B,
+                          int T, int C, int NH);
 /* dqkv = gradient of the attention w.r.t. qkv (overwritten). out is the forward's output
  * [B, T, C] for these qkv (CUDA uses it for rowsum(dout ∘ out); the CPU
- * ignores it). */
-void kn_attention_backward(kn_ctx *k, float *dqkv, const float *dout, const float *qkv,
-                           const float *att, const float *out, int B, int T, int C, int NH);
+ * ignores it). dqkv_lp (NULL or kn_lowp_bytes(k, B·T·3C)) receives dqkv's
+ * low-precision copy, [B, T, 3C] as dqkv, the qkv matmul's dout_lp; then dqkv
+ * itself may be left unwritten. */
+void kn_attention_backward(kn_ctx *k, float *dqkv, void *dqkv_lp, const float *dout,
+                           const float *qkv, const float *att, const float *out, int B, int T,
+                           int C, int NH);
 
 /* out = gelu(pre), pre = inp · weightᵀ + bias (both overwritten): the MLP's first
  * matmul with its GELU. pre is the scratch kn_matmul_backward_gelu reads, in the

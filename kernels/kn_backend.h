@@ -36,10 +36,11 @@ typedef struct kn_ops {
     void (*matmul_backward)(kn_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
                             const void *dout_lp, const float *inp, const void *inp_lp,
                             const float *weight, int BT, int C, int OC);
-    void (*attention_forward)(kn_ctx *k, float *out, float *att, const float *qkv, int B, int T,
-                              int C, int NH);
-    void (*attention_backward)(kn_ctx *k, float *dqkv, const float *dout, const float *qkv,
-                               const float *att, const float *out, int B, int T, int C, int NH);
+    void (*attention_forward)(kn_ctx *k, float *out, void *out_lp, float *att, const float *qkv,
+                              int B, int T, int C, int NH);
+    void (*attention_backward)(kn_ctx *k, float *dqkv, void *dqkv_lp, const float *dout,
+                               const float *qkv, const float *att, const float *out, int B, int T,
+                               int C, int NH);
     void (*gelu_forward)(kn_ctx *k, float *out, const float *inp, size_t n);
     void (*gelu_backward)(kn_ctx *k, float *dinp, const float *inp, const float *dout, size_t n);
     void (*residual_forward)(kn_ctx *k, float *out, const float *a, const float *b, size_t n);

@@ -74,10 +74,11 @@ void kn_cpu_matmul_forward(kn_ctx *k, float *out, const float *inp, const void *
 void kn_cpu_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
                             const void *dout_lp, const float *inp, const void *inp_lp,
                             const float *weight, int BT, int C, int OC);
-void kn_cpu_attention_forward(kn_ctx *k, float *out, float *att, const float *qkv, int B, int T,
-                              int C, int NH);
-void kn_cpu_attention_backward(kn_ctx *k, float *dqkv, const float *dout, const float *qkv,
-                               const float *att, const float *out, int B, int T, int C, int NH);
+void kn_cpu_attention_forward(kn_ctx *k, float *out, void *out_lp, float *att, const float *qkv,
+                              int B, int T, int C, int NH);
+void kn_cpu_attention_backward(kn_ctx *k, float *dqkv, void *dqkv_lp, const float *dout,
+                               const float *qkv, const float *att, const float *out, int B, int T,
+                               int C, int NH);
 size_t kn_cpu_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH);
 void kn_cpu_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre,
                                 const float *inp, const void *inp_lp, const float *weight,

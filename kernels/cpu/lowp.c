@@ -4,7 +4,7 @@
  * a copy is the bf16 of its fp32 values (round to nearest even); a matmul given inp_lp or
  * dout_lp multiplies the copy's values, not the fp32 ones, so a copy that is missing or
  * stale changes the result; and where kernels.h lets the fp32 output go unwritten beside
- * its copy (the GELU output, dpre), it is filled with NaN, so that a reader of it shows.
+ * its copy (the GELU output, dpre, dqkv), it is filled with NaN, so that a reader of it shows.
  * Weights stay fp32 (CUDA rounds them too: these tests check the plumbing, not the
  * rounding). */
 #include <math.h>
@@ -155,6 +155,21 @@ static void lowp_matmul_backward_gelu(kn_ctx *k, float *dpre, void *dpre_lp, flo
     keep_copy_only(dpre, dpre_lp, (size_t)BT * C);
 }
 
+static void lowp_attention_forward(kn_ctx *k, float *out, void *out_lp, float *att,
+                                   const float *qkv, int B, int T, int C, int NH)
+{
+    kn_cpu_attention_forward(k, out, NULL, att, qkv, B, T, C, NH);
+    if (out_lp) bf16_copy(out_lp, out, (size_t)B * T * C);
+}
+
+static void lowp_attention_backward(kn_ctx *k, float *dqkv, void *dqkv_lp, const float *dout,
+                                    const float *qkv, const float *att, const float *out, int B,
+                                    int T, int C, int NH)
+{
+    kn_cpu_attention_backward(k, dqkv, NULL, dout, qkv, att, out, B, T, C, NH);
+    keep_copy_only(dqkv, dqkv_lp, (size_t)B * T * 3 * C);
+}
+
 void kn_cpu_lowp_ops(kn_ops *ops)
 {
     ops->name = "cpu-lowp";
@@ -165,4 +180,6 @@ void kn_cpu_lowp_ops(kn_ops *ops)
     ops->matmul_backward_set = lowp_matmul_backward_set;
     ops->matmul_gelu_forward = lowp_matmul_gelu_forward;
     ops->matmul_backward_gelu = lowp_matmul_backward_gelu;
+    ops->attention_forward = lowp_attention_forward;
+    ops->attention_backward = lowp_attention_backward;
 }

@@ -447,11 +447,12 @@ static void allow_smem(F *kernel, size_t bytes)
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
-/* Whether pairs of a head's channels (hs floats at offset h·hs, row stride a
- * multiple of C) allow aligned float2 accesses: the bf16 kernels' stores. */
-static int float2_rows(const float *p, int hs)
+/* Whether pairs of a head's channels (hs values of `size` bytes at offset h·hs,
+ * row stride a multiple of C) allow aligned stores of two values: the bf16
+ * kernels' stores into p (NULL: nothing stored there, no constraint). */
+static int pair_rows(const void *p, size_t size, int hs)
 {
-    return hs % 2 == 0 && ((uintptr_t)p & 7) == 0;
+    return hs % 2 == 0 && (uintptr_t)p % (2 * size) == 0;
 }
 
 /* The bf16 kernels' packed q, k, v in the forward's state: after the lse
@@ -477,10 +478,11 @@ static void launch_tc(F *kernel, dim3 grid, size_t smem, kn_ctx *k, A... args)
     CUDA_LAUNCHED();
 }
 
-/* out and lse: bf16 tensor cores in bf16 mode, fp32 otherwise. */
+/* out and lse (and out's bf16 copy, out_lp, where given): bf16 tensor cores in
+ * bf16 mode, fp32 otherwise (out_lp is NULL there: kn_lowp_bytes is 0). */
 template <int D>
-static void forward_tiles(kn_ctx *k, float *out, float *lse, const float *qkv, int B, int T,
-                          int C, int NH)
+static void forward_tiles(kn_ctx *k, float *out, bf16 *out_lp, float *lse, const float *qkv,
+                          int B, int T, int C, int NH)
 {
     const int hs = C / NH;
     const float sc = log2_scale(hs);
@@ -491,8 +493,9 @@ static void forward_tiles(kn_ctx *k, float *out, float *lse, const float *qkv, i
             pk, qkv, B, T, NH, hs);
         CUDA_LAUNCHED();
         const dim3 grid((unsigned)(B * NH), (unsigned)(tc_padded_rows(T) / TC_ROWS));
-        launch_tc(flash_forward_bf16_kernel<D>, grid, tc_smem_bytes<D>(false), k, out, lse,
-                  (const bf16 *)pk, T, NH, hs, sc, float2_rows(out, hs));
+        const int v2 = pair_rows(out, sizeof *out, hs) && pair_rows(out_lp, sizeof *out_lp, hs);
+        launch_tc(flash_forward_bf16_kernel<D>, grid, tc_smem_bytes<D>(false), k, out, out_lp,
+                  lse, (const bf16 *)pk, T, NH, hs, sc, v2);
         return;
     }
     const dim3 grid((unsigned)(B * NH), (unsigned)((T + FA_TILE - 1) / FA_TILE));
@@ -513,9 +516,11 @@ static bool workspace_fits(kn_ctx *k, size_t bytes)
     return p != NULL;
 }
 
+/* dqkv (or only its bf16 copy, dqkv_lp, where given: bf16 mode alone has one). */
 template <int D>
-static void backward_tiles(kn_ctx *k, float *dqkv, const float *dout, const float *qkv,
-                           const float *lse, const float *out, int B, int T, int C, int NH)
+static void backward_tiles(kn_ctx *k, float *dqkv, bf16 *dqkv_lp, const float *dout,
+                           const float *qkv, const float *lse, const float *out, int B, int T,
+                           int C, int NH)
 {
     const int hs = C / NH;
     const size_t rows = (size_t)B * NH * T;
@@ -538,18 +543,22 @@ static void backward_tiles(kn_ctx *k, float *dqkv, const float *dout, const floa
         CUDA_LAUNCHED();
         const bf16 *pk = packed_qkv(lse, B, T, NH);
         const dim3 grid((unsigned)(B * NH), (unsigned)(tc_padded_rows(T) / TC_ROWS));
-        const int v2 = float2_rows(dqkv, hs) && (3 * C) % 2 == 0;
-        launch_tc(flash_backward_dkv_bf16_kernel<D>, grid, tc_smem_bytes<D>(true), k, dqkv, ds,
-                  pk, (const bf16 *)pdo, lse, (const float *)delta, T, NH, hs, scale, sc, v2);
+        /* pairs for the one the kernels store into */
+        const int v2 = dqkv_lp ? pair_rows(dqkv_lp, sizeof *dqkv_lp, hs)
+                               : pair_rows(dqkv, sizeof *dqkv, hs);
+        launch_tc(flash_backward_dkv_bf16_kernel<D>, grid, tc_smem_bytes<D>(true), k, dqkv,
+                  dqkv_lp, ds, pk, (const bf16 *)pdo, lse, (const float *)delta, T, NH, hs, scale,
+                  sc, v2);
         if constexpr (tc_keeps_ds<D>()) {
             if (ds) {
                 launch_tc(flash_backward_dq_ds_bf16_kernel<D>, grid, tc_dq_ds_smem_bytes<D>(), k,
-                          dqkv, (const bf16 *)ds, pk, T, NH, hs, scale, v2);
+                          dqkv, dqkv_lp, (const bf16 *)ds, pk, T, NH, hs, scale, v2);
                 return;
             }
         }
-        launch_tc(flash_backward_dq_bf16_kernel<D>, grid, tc_smem_bytes<D>(false), k, dqkv, pk,
-                  (const bf16 *)pdo, lse, (const float *)delta, T, NH, hs, scale, sc, v2);
+        launch_tc(flash_backward_dq_bf16_kernel<D>, grid, tc_smem_bytes<D>(false), k, dqkv,
+                  dqkv_lp, pk, (const bf16 *)pdo, lse, (const float *)delta, T, NH, hs, scale, sc,
+                  v2);
         return;
     }
     /* the fp32 kernels accumulate into dqkv: zero first (kernels.h: overwritten) */
@@ -569,27 +578,30 @@ static void backward_tiles(kn_ctx *k, float *dqkv, const float *dout, const floa
     CUDA_LAUNCHED();
 }
 
-void kn_cuda_attention_forward(kn_ctx *k, float *out, float *att, const float *qkv, int B, int T,
-                               int C, int NH)
+void kn_cuda_attention_forward(kn_ctx *k, float *out, void *out_lp, float *att, const float *qkv,
+                               int B, int T, int C, int NH)
 {
     if (B <= 0 || T <= 0) return;
+    bf16 *lp = (bf16 *)out_lp;
     switch (tile_width("kn_attention_forward", T, C, NH)) {
-    case 16: forward_tiles<16>(k, out, att, qkv, B, T, C, NH); break;
-    case 32: forward_tiles<32>(k, out, att, qkv, B, T, C, NH); break;
-    case 64: forward_tiles<64>(k, out, att, qkv, B, T, C, NH); break;
-    default: forward_tiles<128>(k, out, att, qkv, B, T, C, NH); break;
+    case 16: forward_tiles<16>(k, out, lp, att, qkv, B, T, C, NH); break;
+    case 32: forward_tiles<32>(k, out, lp, att, qkv, B, T, C, NH); break;
+    case 64: forward_tiles<64>(k, out, lp, att, qkv, B, T, C, NH); break;
+    default: forward_tiles<128>(k, out, lp, att, qkv, B, T, C, NH); break;
     }
 }
 
-void kn_cuda_attention_backward(kn_ctx *k, float *dqkv, const float *dout, const float *qkv,
-                                const float *att, const float *out, int B, int T, int C, int NH)
+void kn_cuda_attention_backward(kn_ctx *k, float *dqkv, void *dqkv_lp, const float *dout,
+                                const float *qkv, const float *att, const float *out, int B, int T,
+                                int C, int NH)
 {
     if (B <= 0 || T <= 0) return;
+    bf16 *lp = (bf16 *)dqkv_lp;
     switch (tile_width("kn_attention_backward", T, C, NH)) {
-    case 16: backward_tiles<16>(k, dqkv, dout, qkv, att, out, B, T, C, NH); break;
-    case 32: backward_tiles<32>(k, dqkv, dout, qkv, att, out, B, T, C, NH); break;
-    case 64: backward_tiles<64>(k, dqkv, dout, qkv, att, out, B, T, C, NH); break;
-    default: backward_tiles<128>(k, dqkv, dout, qkv, att, out, B, T, C, NH); break;
+    case 16: backward_tiles<16>(k, dqkv, lp, dout, qkv, att, out, B, T, C, NH); break;
+    case 32: backward_tiles<32>(k, dqkv, lp, dout, qkv, att, out, B, T, C, NH); break;
+    case 64: backward_tiles<64>(k, dqkv, lp, dout, qkv, att, out, B, T, C, NH); break;
+    default: backward_tiles<128>(k, dqkv, lp, dout, qkv, att, out, B, T, C, NH); break;
     }
 }
 

@@ -54,9 +54,10 @@
  * in registers at a time.
  *
  * Every gradient element has one owner thread, accumulated in a fixed order
- * (no atomics) and stored once (dqkv is overwritten, every element of it:
- * each key and each query below T is some block's own row): the same bits
- * every run. */
+ * (no atomics) and stored once (dqkv, or where the caller gives one only its
+ * bf16 copy, is overwritten, every element of it: each key and each query
+ * below T is some block's own row): the same bits every run. The forward
+ * stores out, and out's bf16 copy where given, the same way. */
 
 typedef __nv_bfloat16 bf16;
 
@@ -421,16 +422,43 @@ attention_delta_pack_kernel(float *delta, bf16 *pdo, const float *dout, const fl
     if (lane == 0) delta[(size_t)bh * T + t] = s;
 }
 
-/* p[c] = x0, p[c + 1] = x1 where c, c + 1 < hs; vec2: one 8-byte store (p + c
- * aligned, hs even). */
-__device__ static inline void store_pair(float *p, int c, int hs, float x0, float x1, int vec2)
+/* One value, and two adjacent ones in one store, as fp32 or as bf16 (the
+ * low-precision copies of kernels.h: round to nearest even). */
+__device__ static inline void put1(float *p, float x) { *p = x; }
+__device__ static inline void put1(bf16 *p, float x) { *p = __float2bfloat16_rn(x); }
+__device__ static inline void put2(float *p, float x0, float x1)
+{
+    *reinterpret_cast<float2 *>(p) = make_float2(x0, x1);
+}
+__device__ static inline void put2(bf16 *p, float x0, float x1)
+{
+    *reinterpret_cast<uint32_t *>(p) = pack_bf16(x0, x1);
+}
+
+/* p[c] = x0, p[c + 1] = x1 where c, c + 1 < hs; vec2: one store of both (p + c
+ * aligned to two elements, hs even). */
+template <typename E>
+__device__ static inline void store_pair(E *p, int c, int hs, float x0, float x1, int vec2)
 {
     if (vec2 && c + 1 < hs) {
-        *reinterpret_cast<float2 *>(p + c) = make_float2(x0, x1);
+        put2(p + c, x0, x1);
         return;
     }
-    if (c < hs) p[c] = x0;
-    if (c + 1 < hs) p[c + 1] = x1;
+    if (c < hs) put1(p + c, x0);
+    if (c + 1 < hs) put1(p + c + 1, x1);
+}
+
+/* A pair of gradients at element at + c of dqkv ([B, T, 3C]): into its bf16 copy
+ * where one is given, which the qkv matmul then reads instead (dqkv itself is
+ * left unwritten: kernels.h), else into dqkv. vec2 as store_pair, for the one
+ * written. */
+__device__ static inline void store_grad(float *dqkv, bf16 *dqkv_lp, size_t at, int c, int hs,
+                                         float x0, float x1, int vec2)
+{
+    if (dqkv_lp)
+        store_pair(dqkv_lp + at, c, hs, x0, x1, vec2);
+    else
+        store_pair(dqkv + at, c, hs, x0, x1, vec2);
 }
 
 /* dQ += dS·K for one chunk of 16 keys: dsa, the warp's dS chunk as an A fragment;
@@ -449,20 +477,22 @@ __device__ static inline void dq_add_ds_k(float dq[NO][4], const uint32_t dsa[4]
 }
 
 /* The lane's dQ rows (row0 and row0 + 8, those < T) of sequence b, head h, times
- * scale into dqkv ([B, T, C3]), columns 8j + 2t and + 1 of the head's hs. */
+ * scale into dqkv ([B, T, C3]) or its copy (store_grad), columns 8j + 2t and + 1
+ * of the head's hs. */
 template <int NO>
-__device__ static inline void store_dq(float *dqkv, const float dq[NO][4], int b, int h, int row0,
-                                       int T, int C3, int hs, int t, float scale, int vec2)
+__device__ static inline void store_dq(float *dqkv, bf16 *dqkv_lp, const float dq[NO][4], int b,
+                                       int h, int row0, int T, int C3, int hs, int t, float scale,
+                                       int vec2)
 {
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const int row = row0 + 8 * i;
         if (row >= T) continue;
-        float *dQ = dqkv + (size_t)b * T * C3 + (size_t)row * C3 + (size_t)h * hs;
+        const size_t at = (size_t)b * T * C3 + (size_t)row * C3 + (size_t)h * hs;
 #pragma unroll
         for (int j = 0; j < NO; j++)
-            store_pair(dQ, 8 * j + 2 * t, hs, dq[j][2 * i] * scale, dq[j][2 * i + 1] * scale,
-                       vec2);
+            store_grad(dqkv, dqkv_lp, at, 8 * j + 2 * t, hs, dq[j][2 * i] * scale,
+                       dq[j][2 * i + 1] * scale, vec2);
     }
 }
 
@@ -489,11 +519,12 @@ __host__ __device__ static constexpr int tc_dq_ds_smem_bytes()
 /* Block (bh, 64 queries); warp w owns queries r0 = q0 + 16w .. r0 + 15: in
  * lane (g, t) rows r0 + g and r0 + g + 8, their m (the running maximum of the
  * raw scores) and l (this lane's part of the running sum), and O columns
- * 8j + 2t, 8j + 2t + 1. pk: the packed q, k, v. */
+ * 8j + 2t, 8j + 2t + 1. pk: the packed q, k, v. out_lp (or NULL) gets out's
+ * bf16 copy beside out; vec2 (store_pair) holds for both. */
 template <int D>
 __global__ static void __launch_bounds__(TC_THREADS, tc_min_blocks<D>(1))
-flash_forward_bf16_kernel(float *out, float *lse, const bf16 *pk, int T, int NH, int hs, float sc,
-                          int vec2)
+flash_forward_bf16_kernel(float *out, bf16 *out_lp, float *lse, const bf16 *pk, int T, int NH,
+                          int hs, float sc, int vec2)
 {
     constexpr int BK = tc_tile<D>(), LD = tc_ld<D>(), NK = D / 16, NO = D / 8, NS = BK / 8;
     TC_DYNAMIC_SMEM(tc_smem);
@@ -603,17 +634,13 @@ flash_forward_bf16_kernel(float *out, float *lse, const bf16 *pk, int T, int NH,
         const int row = r0 + g + 8 * i;
         if (row >= T) continue;
         const float inv = 1.0f / l[i]; /* l ≥ 1: the row's maximum contributes exp2(0) */
-        float *po = out + ((size_t)b * T + row) * C + (size_t)h * hs;
+        const size_t at = ((size_t)b * T + row) * C + (size_t)h * hs;
 #pragma unroll
         for (int j = 0; j < NO; j++) {
             const int c = 8 * j + 2 * t;
-            if (vec2 && c + 1 < hs) {
-                *reinterpret_cast<float2 *>(po + c) =
-                    make_float2(o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
-            } else {
-                if (c < hs) po[c] = o[j][2 * i] * inv;
-                if (c + 1 < hs) po[c + 1] = o[j][2 * i + 1] * inv;
-            }
+            const float x0 = o[j][2 * i] * inv, x1 = o[j][2 * i + 1] * inv;
+            store_pair(out + at, c, hs, x0, x1, vec2);
+            if (out_lp) store_pair(out_lp + at, c, hs, x0, x1, vec2);
         }
         if (t == 0) lse[(size_t)bh * T + row] = (m[i] * sc + log2f(l[i])) * FA_LN2;
     }
@@ -624,12 +651,12 @@ flash_forward_bf16_kernel(float *out, float *lse, const bf16 *pk, int T, int NH,
  * (columns 8j + 2t, +1). Per chunk of 16 queries it computes the transposed
  * Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (16 keys × 16 queries), then dV += Pᵀ dO and
  * dK += dSᵀ Q, and stores the chunk of dSᵀ into ds (tc_keeps_ds, ds not NULL). pk,
- * pdo: the packed q, k, v and dO. */
+ * pdo: the packed q, k, v and dO. dK and dV go to dqkv or its copy (store_grad). */
 template <int D>
 __global__ static void __launch_bounds__(TC_THREADS, tc_min_blocks<D>(2))
-flash_backward_dkv_bf16_kernel(float *dqkv, bf16 *ds, const bf16 *pk, const bf16 *pdo,
-                               const float *lse, const float *delta, int T, int NH, int hs,
-                               float scale, float sc, int vec2)
+flash_backward_dkv_bf16_kernel(float *dqkv, bf16 *dqkv_lp, bf16 *ds, const bf16 *pk,
+                               const bf16 *pdo, const float *lse, const float *delta, int T,
+                               int NH, int hs, float scale, float sc, int vec2)
 {
     constexpr int BQ = tc_tile<D>(), LD = tc_ld<D>(), NK = D / 16, NO = D / 8;
     TC_DYNAMIC_SMEM(tc_smem);
@@ -730,12 +757,13 @@ flash_backward_dkv_bf16_kernel(float *dqkv, bf16 *ds, const bf16 *pk, const bf16
     for (int i = 0; i < 2; i++) {
         const int key = kw + g + 8 * i;
         if (key >= T) continue;
-        float *dK = dqkv + (size_t)b * T * C3 + (size_t)key * C3 + C + (size_t)h * hs, *dV = dK + C;
+        const size_t dK = (size_t)b * T * C3 + (size_t)key * C3 + C + (size_t)h * hs, dV = dK + C;
 #pragma unroll
         for (int j = 0; j < NO; j++) {
             const int c = 8 * j + 2 * t;
-            store_pair(dK, c, hs, dk[j][2 * i] * scale, dk[j][2 * i + 1] * scale, vec2);
-            store_pair(dV, c, hs, dv[j][2 * i], dv[j][2 * i + 1], vec2);
+            store_grad(dqkv, dqkv_lp, dK, c, hs, dk[j][2 * i] * scale, dk[j][2 * i + 1] * scale,
+                       vec2);
+            store_grad(dqkv, dqkv_lp, dV, c, hs, dv[j][2 * i], dv[j][2 * i + 1], vec2);
         }
     }
 }
@@ -744,12 +772,13 @@ flash_backward_dkv_bf16_kernel(float *dqkv, bf16 *ds, const bf16 *pk, const bf16
  * (g, t): rows r0 + g, r0 + g + 8), their q and dO fragments, and their dQ
  * (columns 8j + 2t, +1). Per chunk of 16 keys: S = Q Kᵀ, dP = dO Vᵀ,
  * dS = P ∘ (dP − D), dQ += dS K. Runs where dS is not kept (tc_keeps_ds, or
- * no room in the workspace); else flash_backward_dq_ds_bf16_kernel. */
+ * no room in the workspace); else flash_backward_dq_ds_bf16_kernel. dQ goes to
+ * dqkv or its copy (store_grad). */
 template <int D>
 __global__ static void __launch_bounds__(TC_THREADS, tc_min_blocks<D>(1))
-flash_backward_dq_bf16_kernel(float *dqkv, const bf16 *pk, const bf16 *pdo, const float *lse,
-                              const float *delta, int T, int NH, int hs, float scale, float sc,
-                              int vec2)
+flash_backward_dq_bf16_kernel(float *dqkv, bf16 *dqkv_lp, const bf16 *pk, const bf16 *pdo,
+                              const float *lse, const float *delta, int T, int NH, int hs,
+                              float scale, float sc, int vec2)
 {
     constexpr int BK = tc_tile<D>(), LD = tc_ld<D>(), NK = D / 16, NO = D / 8;
     TC_DYNAMIC_SMEM(tc_smem);
@@ -816,7 +845,7 @@ flash_backward_dq_bf16_kernel(float *dqkv, const bf16 *pk, const bf16 *pdo, cons
         }
     }
 
-    store_dq<NO>(dqkv, dq, b, h, r0 + g, T, C3, hs, t, scale, vec2);
+    store_dq<NO>(dqkv, dqkv_lp, dq, b, h, r0 + g, T, C3, hs, t, scale, vec2);
 }
 
 /* Block (bh, 64 queries); warp w owns queries r0 = q0 + 16w .. r0 + 15 (lane
@@ -824,11 +853,11 @@ flash_backward_dq_bf16_kernel(float *dqkv, const bf16 *pk, const bf16 *pdo, cons
  * dS K per chunk of 16 keys, dS from the dK/dV kernel (ds). Each stage holds a
  * K tile and the chunks of dS of each warp's rows and the tile's keys. It
  * waits on memory more than on the tensor cores: 5 blocks an SM (≤ 96
- * registers; at 6, 80 registers spill). */
+ * registers; at 6, 80 registers spill). dQ goes to dqkv or its copy (store_grad). */
 template <int D>
 __global__ static void __launch_bounds__(TC_THREADS, 5)
-flash_backward_dq_ds_bf16_kernel(float *dqkv, const bf16 *ds, const bf16 *pk, int T, int NH,
-                                 int hs, float scale, int vec2)
+flash_backward_dq_ds_bf16_kernel(float *dqkv, bf16 *dqkv_lp, const bf16 *ds, const bf16 *pk,
+                                 int T, int NH, int hs, float scale, int vec2)
 {
     constexpr int BK = tc_tile<D>(), LD = tc_ld<D>(), NO = D / 8, NC = BK / 16;
     constexpr int WS = NC * TC_CHUNK; /* a warp's chunks of one stage */
@@ -879,5 +908,5 @@ flash_backward_dq_ds_bf16_kernel(float *dqkv, const bf16 *ds, const bf16 *pk, in
         }
     }
 
-    store_dq<NO>(dqkv, dq, b, h, r0 + g, T, C3, hs, t, scale, vec2);
+    store_dq<NO>(dqkv, dqkv_lp, dq, b, h, r0 + g, T, C3, hs, t, scale, vec2);
 }

@@ -4,7 +4,9 @@
  * backward dQ) give out, lse and dqkv within 1e-2 (relative to the largest
  * value) of a double-precision reference, on shapes covering head sizes 15..128
  * (D = 16, 32, 64, 128), sequence lengths that are not multiples of the tiles,
- * and misaligned (scalar-load) pointers.
+ * and misaligned (scalar-load) pointers. Given bf16 copies to write (out_lp,
+ * dqkv_lp), the kernels store there the bf16 of the very values they store
+ * without them, bit for bit; out is still written beside its copy, dqkv not.
  *
  * Why an emulation: those kernels map mma.sync / ldmatrix fragments by hand
  * (inline PTX), and an index error there only shows on a GPU, which the
@@ -108,6 +110,29 @@ static double maxabs(const std::vector<double> &v)
     return m;
 }
 
+/* Does lp hold the bf16 of each of the n values of f (round to nearest even)? */
+static int check_copy(const char *what, const __nv_bfloat16 *lp, const float *f, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (lp[i].v != f2bf(f[i])) {
+            printf("  %s [%zu] = %#06x, bf16 of %g (%#06x) expected   FAIL\n", what, i, lp[i].v,
+                   f[i], f2bf(f[i]));
+            return 1;
+        }
+    return 0;
+}
+
+/* Does f still hold NaN everywhere (nothing stored)? */
+static int check_unwritten(const char *what, const std::vector<float> &f)
+{
+    for (size_t i = 0; i < f.size(); i++)
+        if (!isnan(f[i])) {
+            printf("  %s [%zu] written (%g) beside its copy   FAIL\n", what, i, f[i]);
+            return 1;
+        }
+    return 0;
+}
+
 static int check(const char *what, const float *got, const std::vector<double> &ref, double tol)
 {
     double m = maxabs(ref), worst = 0;
@@ -124,6 +149,34 @@ static int check(const char *what, const float *got, const std::vector<double> &
         return 1;
     }
     return 0;
+}
+
+/* The bf16 copies (the header): the forward with out_lp and each backward path
+ * (dQ from the kept dS where the tile width keeps it, and recomputing dS) with
+ * dqkv_lp, their copies misaligned by `misalign` elements (scalar stores) where
+ * the test is. out, dqkv: the fp32 results of the runs without copies. */
+template <typename Fwd, typename Bwd>
+static int copies_case(int B, int T, int C, int misalign, const std::vector<float> &out,
+                       const std::vector<float> &dqkv, Fwd forward, Bwd backward, bool keeps_ds)
+{
+    const size_t n = (size_t)B * T * C, n3 = 3 * n;
+    std::vector<float> out2(n, NAN), dqkv2(n3, NAN);
+    std::vector<__nv_bfloat16> lp_buf(n3 + 1, {0x7fc0}); // poisoned: a missed store shows
+    __nv_bfloat16 *lp = lp_buf.data() + misalign;
+    int fails = 0;
+    forward(out2.data(), lp);
+    if (memcmp(out2.data(), out.data(), n * sizeof(float))) {
+        printf("  out differs with out_lp given   FAIL\n");
+        fails++;
+    }
+    fails += check_copy("out_lp", lp, out.data(), n);
+    for (int path = keeps_ds ? 0 : 1; path < 2; path++) { // 0: dS kept, 1: dS recomputed
+        std::fill(lp_buf.begin(), lp_buf.end(), __nv_bfloat16{0x7fc0});
+        backward(dqkv2.data(), lp, path == 0);
+        fails += check_copy(path ? "dqkv_lp-r" : "dqkv_lp", lp, dqkv.data(), n3);
+        fails += check_unwritten("dqkv", dqkv2);
+    }
+    return fails;
 }
 
 template <int D>
@@ -193,11 +246,17 @@ static int run_case(int B, int T, int C, int NH, int misalign)
     const size_t n8 = (size_t)B * NH * 3 * Tp * D / 8;
     run_grid((unsigned)((n8 + TC_THREADS - 1) / TC_THREADS), 1,
              [&] { attention_pack_qkv_kernel<D>(pkq, qkv, B, T, NH, hs); });
-    auto v2 = [&](const float *p) { return hs % 2 == 0 && ((uintptr_t)p & 7) == 0; };
-    const int vo = v2(out.data()), vq = v2(dqkv.data());
-    run_grid(B * NH, gy, [&] {
-        flash_forward_bf16_kernel<D>(out.data(), lse.data(), pkq, T, NH, hs, sc, vo);
-    });
+    // as attention.cu's pair_rows: pairs where hs is even and the pointer aligned to two
+    auto v2 = [&](const void *p, size_t size) {
+        return hs % 2 == 0 && (uintptr_t)p % (2 * size) == 0;
+    };
+    const int vo = v2(out.data(), 4), vq = v2(dqkv.data(), 4);
+    auto forward = [&](float *o, __nv_bfloat16 *o_lp, int vec2) {
+        run_grid(B * NH, gy, [&] {
+            flash_forward_bf16_kernel<D>(o, o_lp, lse.data(), pkq, T, NH, hs, sc, vec2);
+        });
+    };
+    forward(out.data(), nullptr, vo);
     std::vector<float> delta((size_t)B * NH * T, NAN);
     const size_t warps = (size_t)B * NH * Tp;
     run_grid((unsigned)((warps * 32 + TC_THREADS - 1) / TC_THREADS), 1, [&] {
@@ -205,26 +264,35 @@ static int run_case(int B, int T, int C, int NH, int misalign)
     });
     // as attention.cu launches them: dK/dV storing dS (where tc_keeps_ds and the workspace
     // has room) and dQ from it, or dK/dV alone and dQ recomputing dS
-    auto backward = [&](float *dqkv_out, __nv_bfloat16 *ds) {
+    // (dqkv_lp: dqkv's bf16 copy to store instead, or null; vec2 for the one stored)
+    auto backward = [&](float *dqkv_out, __nv_bfloat16 *dqkv_lp, __nv_bfloat16 *ds, int vec2) {
         run_grid(B * NH, gy, [&] {
-            flash_backward_dkv_bf16_kernel<D>(dqkv_out, ds, pkq, pdq, lse.data(), delta.data(), T,
-                                              NH, hs, scl, sc, vq);
+            flash_backward_dkv_bf16_kernel<D>(dqkv_out, dqkv_lp, ds, pkq, pdq, lse.data(),
+                                              delta.data(), T, NH, hs, scl, sc, vec2);
         });
         run_grid(B * NH, gy, [&] {
             if (ds)
-                flash_backward_dq_ds_bf16_kernel<D>(dqkv_out, ds, pkq, T, NH, hs, scl, vq);
+                flash_backward_dq_ds_bf16_kernel<D>(dqkv_out, dqkv_lp, ds, pkq, T, NH, hs, scl,
+                                                    vec2);
             else
-                flash_backward_dq_bf16_kernel<D>(dqkv_out, pkq, pdq, lse.data(), delta.data(), T,
-                                                 NH, hs, scl, sc, vq);
+                flash_backward_dq_bf16_kernel<D>(dqkv_out, dqkv_lp, pkq, pdq, lse.data(),
+                                                 delta.data(), T, NH, hs, scl, sc, vec2);
         });
     };
     // dS poisoned: a chunk the dQ kernel reads but nothing wrote shows as NaN
     std::vector<__nv_bfloat16> ds((size_t)B * NH * tc_ds_chunks(T) * TC_CHUNK, {0x7fc0});
     std::vector<float> dqkv_re(n3, NAN);
-    backward(dqkv.data(), tc_keeps_ds<D>() ? ds.data() : nullptr);
-    if (tc_keeps_ds<D>()) backward(dqkv_re.data(), nullptr);
+    backward(dqkv.data(), nullptr, tc_keeps_ds<D>() ? ds.data() : nullptr, vq);
+    if (tc_keeps_ds<D>()) backward(dqkv_re.data(), nullptr, nullptr, vq);
     printf("B %d T %d C %d NH %d (hs %d, D %d, vec %d/%d)\n", B, T, C, NH, hs, D, vo, vq);
-    int fails = 0;
+    int fails = copies_case(B, T, C, misalign, out, dqkv,
+                            [&](float *o, __nv_bfloat16 *o_lp) {
+                                forward(o, o_lp, v2(o, 4) && v2(o_lp, 2));
+                            },
+                            [&](float *d, __nv_bfloat16 *d_lp, bool keep_ds) {
+                                backward(d, d_lp, keep_ds ? ds.data() : nullptr, v2(d_lp, 2));
+                            },
+                            tc_keeps_ds<D>());
     fails += check("out", out.data(), out_ref, 1e-2);
     fails += check("lse", lse.data(), lse_ref, 1e-2);
     fails += check("dqkv", dqkv.data(), dqkv_ref, 1e-2);

@@ -1082,8 +1082,10 @@ static void test_shared_work_memory_changes_nothing(void) {
 
 /* The engine hands every matmul the bf16 copies of its inputs where the backend keeps
  * them (kernels.h "Low-precision copies"), as CUDA's bf16 mode does: on "cpu-lowp" the
- * matmuls multiply the copies' values and the fp32 outputs that only their copies are read
- * through (the GELU output, dpre) are NaN. So a matmul given no copy, a stale one, or a
+ * matmuls multiply the copies' values (the layernorms', the attention's and the GELU's
+ * outputs and the gradients dpre and dqkv, each written by the kernel that makes the
+ * value) and the fp32 outputs that only their copies are read through (the GELU output,
+ * dpre, dqkv) are NaN. So a matmul given no copy, a stale one, or a
  * reader of those fp32 outputs shows as a loss or gradient far from the CPU's or not
  * finite. Two microbatches, an AdamW step and a third, over 2 slots; then keep_probs. */
 static void test_bf16_copies_feed_every_matmul(void) {

@@ -205,6 +205,17 @@ static float *pre_up_at(const float *h, size_t n, int off)
     return d;
 }
 
+/* Do a and b hold the same bits? (Says where not, naming what.) */
+static int same_bits(const char *what, const float *a, const float *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof a[i])) {
+            printf("    %s: [%zu] = %.9g, %.9g expected\n", what, i, (double)a[i], (double)b[i]);
+            return 0;
+        }
+    return 1;
+}
+
 /* ---- context and memory ------------------------------------------------------ */
 
 static void test_context(void)
@@ -546,6 +557,29 @@ static void attention_lse_reference(float *lse, const float *qkv, int B, int T, 
             }
 }
 
+/* Where the context keeps low-precision copies (bf16): the forward given out_lp
+ * stores out with the same bits as without and out_lp as their bf16; the backward
+ * given dqkv_lp stores there the bf16 of the dqkv d_dqkv holds (a run without it).
+ * d_out: that run's out; ns: the state's floats. */
+static void attention_copies(int B, int T, int C, int NH, size_t ns, const float *d_qkv,
+                             const float *d_out, const float *d_dout, const float *d_dqkv)
+{
+    const size_t n = (size_t)B * T * C, n3 = 3 * n;
+    void *d_outl = lowp_alloc(n), *d_dqkvl = lowp_alloc(n3);
+    if (!d_outl) return;
+    float *d_out2 = alloc_on(gpu, n * sizeof(float)), *d_st = alloc_on(gpu, ns * sizeof(float));
+    float *d_dqkv2 = alloc_on(gpu, n3 * sizeof(float)); /* may stay unwritten */
+    kn_attention_forward(gpu, d_out2, d_outl, d_st, d_qkv, B, T, C, NH);
+    kn_attention_backward(gpu, d_dqkv2, d_dqkvl, d_dout, d_qkv, d_st, d_out2, B, T, C, NH);
+    char what[96];
+    snprintf(what, sizeof what, "attention out (B %d T %d C %d NH %d) with out_lp", B, T, C, NH);
+    CHECK(same_bits(what, down(d_out2, n), down(d_out, n), n));
+    snprintf(what, sizeof what, "attention out_lp (B %d T %d C %d NH %d)", B, T, C, NH);
+    CHECK(lowp_is_copy(what, d_outl, d_out, n));
+    snprintf(what, sizeof what, "attention dqkv_lp (B %d T %d C %d NH %d)", B, T, C, NH);
+    CHECK(lowp_is_copy(what, d_dqkvl, d_dqkv, n3));
+}
+
 /* Each backend keeps its own attention state (the CPU the probabilities, CUDA
  * each row's log-sum-exp), so forward compares out (and the CUDA lse against a
  * double reference) and backward runs each side from its own forward. Both
@@ -577,8 +611,8 @@ static void attention_cases(double tol, int bf16)
         float *qkv = hrand(n3, 3), *out = hrand(n, 1), *att = hrand(na, 1);
         for (size_t i = 0; bf16 && i < n3; i++) qkv[i] = bf16_round(qkv[i]);
         float *d_qkv = upf(qkv, n3), *d_out = upf(out, n), *d_lse = upf(hrand(ns, 1), ns);
-        kn_attention_forward(cpu, out, att, qkv, B, T, C, NH);
-        kn_attention_forward(gpu, d_out, d_lse, d_qkv, B, T, C, NH);
+        kn_attention_forward(cpu, out, NULL, att, qkv, B, T, C, NH);
+        kn_attention_forward(gpu, d_out, NULL, d_lse, d_qkv, B, T, C, NH);
         snprintf(what, sizeof what, "attention out (B %d T %d C %d NH %d)", B, T, C, NH);
         CHECK(close_to(what, down(d_out, n), out, n, tol));
         if ((double)B * NH * T * T * (C / NH) <= 2e8) { /* the reference is O(T²) in double */
@@ -592,18 +626,17 @@ static void attention_cases(double tol, int bf16)
         for (size_t i = 0; bf16 && i < n; i++) dout[i] = bf16_round(dout[i]);
         float *d_dout = upf(dout, n);
         float *d_dqkv = upf(dqkv, n3), *d_dqkv2 = upf(dqkv, n3);
-        kn_attention_backward(cpu, dqkv, dout, qkv, att, out, B, T, C, NH);
-        kn_attention_backward(gpu, d_dqkv, d_dout, d_qkv, d_lse, d_out, B, T, C, NH);
+        kn_attention_backward(cpu, dqkv, NULL, dout, qkv, att, out, B, T, C, NH);
+        kn_attention_backward(gpu, d_dqkv, NULL, d_dout, d_qkv, d_lse, d_out, B, T, C, NH);
         float *got = down(d_dqkv, n3);
         snprintf(what, sizeof what, "attention dqkv (B %d T %d C %d NH %d)", B, T, C, NH);
         CHECK(close_to(what, got, dqkv, n3, tol));
         /* no atomics: a second run gives the same bits */
-        kn_attention_backward(gpu, d_dqkv2, d_dout, d_qkv, d_lse, d_out, B, T, C, NH);
-        int same = memcmp(down(d_dqkv2, n3), got, n3 * sizeof(float)) == 0;
-        if (!same)
-            printf("    attention dqkv differs between two runs (B %d T %d C %d NH %d)\n", B, T,
-                   C, NH);
-        CHECK(same);
+        kn_attention_backward(gpu, d_dqkv2, NULL, d_dout, d_qkv, d_lse, d_out, B, T, C, NH);
+        snprintf(what, sizeof what, "attention dqkv (B %d T %d C %d NH %d), second run", B, T, C,
+                 NH);
+        CHECK(same_bits(what, down(d_dqkv2, n3), got, n3));
+        attention_copies(B, T, C, NH, ns, d_qkv, d_out, d_dout, d_dqkv);
     }
 }
 

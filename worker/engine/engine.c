@@ -31,13 +31,12 @@ struct pl_slot {
     float *ce_stats; /* [B·T, 2]: per row (max, Σ e^(logit − max)), for backward */
 };
 
-/* Backward scratch, shared by all slots; dfch_lp is
- * dfch's low-precision copy (NULL where the backend keeps none), after the rest. */
+/* Backward scratch, shared by all slots; dfch_lp and dqkv_lp are dfch's and
+ * dqkv's low-precision copies (NULL where the backend keeps none), after the rest. */
 typedef struct {
     float *dres, *dln, *datty, *dqkv, *dfch;
-    void *dfch_lp;
+    void *dfch_lp, *dqkv_lp;
 } scratch;
-#define SCRATCH_BTC 10 /* the scratch's floats in B·T·C (dfch: 4, dqkv: 3), before dfch_lp */
 
 static size_t first_block(const pl_engine *e)
 {
@@ -107,18 +106,31 @@ static size_t layout_slot(const pl_engine *e, pl_slot *s, char *base)
     return off;
 }
 
-static size_t scratch_bytes(const pl_engine *e)
+/* The scratch's tensors in base (e->bw); with base NULL it only counts. Returns the bytes. */
+static size_t layout_scratch(const pl_engine *e, scratch *s, char *base)
 {
     const size_t BTC = (size_t)e->B * (size_t)e->T * (size_t)e->cfg.C;
-    return SCRATCH_BTC * BTC * sizeof(float) + kn_lowp_bytes(e->k, 4 * BTC);
+    size_t off = 0;
+    s->dres = carve(base, &off, BTC);
+    s->dln = carve(base, &off, BTC);
+    s->datty = carve(base, &off, BTC);
+    s->dqkv = carve(base, &off, 3 * BTC);
+    s->dfch = carve(base, &off, 4 * BTC);
+    s->dfch_lp = carve_lowp(e, base, &off, 4 * BTC);
+    s->dqkv_lp = carve_lowp(e, base, &off, 3 * BTC);
+    return off;
+}
+
+static size_t scratch_bytes(const pl_engine *e)
+{
+    scratch s;
+    return layout_scratch(e, &s, NULL);
 }
 
 static scratch scratch_of(const pl_engine *e)
 {
-    const size_t BTC = (size_t)e->B * (size_t)e->T * (size_t)e->cfg.C;
-    float *p = e->bw;
-    void *lp = kn_lowp_bytes(e->k, 1) ? p + SCRATCH_BTC * BTC : NULL;
-    scratch s = {p, p + BTC, p + 2 * BTC, p + 3 * BTC, p + 6 * BTC, lp};
+    scratch s;
+    layout_scratch(e, &s, (char *)e->bw);
     return s;
 }
 
@@ -367,8 +379,7 @@ static void block_forward(pl_engine *e, pl_slot *s, int l)
     kn_layernorm_forward(k, a->ln1, a->ln1_lp, a->ln1_mean, a->ln1_rstd, x, P(e, l, 0),
                          P(e, l, 1), B, T, C);
     kn_matmul_forward(k, a->qkv, a->ln1, a->ln1_lp, P(e, l, 2), P(e, l, 3), BT, C, 3 * C);
-    kn_attention_forward(k, a->atty, a->att, a->qkv, B, T, C, e->cfg.NH);
-    if (a->atty_lp) kn_to_lowp(k, a->atty_lp, a->atty, (size_t)BT * C);
+    kn_attention_forward(k, a->atty, a->atty_lp, a->att, a->qkv, B, T, C, e->cfg.NH);
     kn_matmul_residual_forward(k, a->res2, x, a->atty, a->atty_lp, P(e, l, 4), P(e, l, 5), BT,
                                C, C);
     kn_layernorm_forward(k, a->ln2, a->ln2_lp, a->ln2_mean, a->ln2_rstd, a->res2, P(e, l, 6),
@@ -515,9 +526,10 @@ static void block_backward(pl_engine *e, pl_slot *s, int l, const scratch *w)
                           a->ln2_mean, a->ln2_rstd, B, T, C);
     kn_matmul_backward_set(k, w->datty, G(e, l, 4), G(e, l, 5), w->dres, NULL, a->atty,
                            a->atty_lp, P(e, l, 4), BT, C, C);
-    kn_attention_backward(k, w->dqkv, w->datty, a->qkv, a->att, a->atty, B, T, C, e->cfg.NH);
-    kn_matmul_backward_set(k, w->dln, G(e, l, 2), G(e, l, 3), w->dqkv, NULL, a->ln1, a->ln1_lp,
-                           P(e, l, 2), BT, C, 3 * C);
+    kn_attention_backward(k, w->dqkv, w->dqkv_lp, w->datty, a->qkv, a->att, a->atty, B, T, C,
+                          e->cfg.NH);
+    kn_matmul_backward_set(k, w->dln, G(e, l, 2), G(e, l, 3), w->dqkv, w->dqkv_lp, a->ln1,
+                           a->ln1_lp, P(e, l, 2), BT, C, 3 * C);
     kn_layernorm_backward(k, w->dres, G(e, l, 0), G(e, l, 1), w->dln, x, P(e, l, 0), a->ln1_mean,
                           a->ln1_rstd, B, T, C);
 }
