@@ -111,7 +111,7 @@ static void bench_matmul(kn_ctx *k, double peak)
         float *out = make(k, (size_t)BT * OC, 1), *dx = make(k, (size_t)BT * C, 0);
         float *dW = make(k, (size_t)OC * C, 0), *db = has_bias ? make(k, (size_t)OC, 0) : NULL;
         double fl = 2.0 * BT * C * OC, tf, tb, nf, nb;
-        TIME_BEST(tf, kn_matmul_forward(k, out, x, NULL, W, bias, BT, C, OC));
+        TIME_BEST(tf, kn_matmul_forward(k, out, NULL, x, NULL, W, bias, BT, C, OC));
         TIME_BEST(tb, kn_matmul_backward(k, dx, dW, db, out, NULL, x, NULL, W, BT, C, OC));
         openblas_set_num_threads(nt);
         TIME_BEST(nf, cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, BT, OC, C, 1.0f, x, C, W,
@@ -144,7 +144,7 @@ static void bench_mixed(kn_ctx *k)
     float *h = make(k, (size_t)BT * OC, 0), *g = make(k, (size_t)BT * OC, 0);
     double best_ours, best_mixed;
     TIME_BEST(best_ours, for (int r = 0; r < reps; r++) {
-        kn_matmul_forward(k, h, x, NULL, W, NULL, BT, C, OC);
+        kn_matmul_forward(k, h, NULL, x, NULL, W, NULL, BT, C, OC);
         kn_gelu_forward(k, g, h, (size_t)BT * OC);
     });
     openblas_set_num_threads(nt);
@@ -173,8 +173,8 @@ static void bench_attention(kn_ctx *k)
         float *qkv = make(k, nqkv, 1), *out = make(k, no, 0), *att = make(k, na, 0);
         float *dout = make(k, no, 1), *dqkv = make(k, nqkv, 0);
         double fl = 2.0 * B * NH * (double)T * (T + 1) * hs, tf, tb;
-        TIME_BEST(tf, kn_attention_forward(k, out, NULL, att, qkv, B, T, C, NH));
-        TIME_BEST(tb, kn_attention_backward(k, dqkv, NULL, dout, qkv, att, out, B, T, C, NH));
+        TIME_BEST(tf, kn_attention_forward(k, out, NULL, att, qkv, NULL, B, T, C, NH));
+        TIME_BEST(tb, kn_attention_backward(k, dqkv, NULL, dout, qkv, NULL, att, out, B, T, C, NH));
         printf("%5d | %7.3f ms %5.1f GF/s %7.3f ms %5.1f GF/s\n", T, tf * 1e3, fl / tf / 1e9,
                tb * 1e3, 2 * fl / tb / 1e9);
         fflush(stdout);

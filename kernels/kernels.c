@@ -210,11 +210,12 @@ void kn_to_lowp(kn_ctx *k, void *lp, const float *src, size_t n)
     TIMED(OP_TO_LOWP, k->ops->to_lowp(k, lp, src, n));
 }
 
-void kn_matmul_forward(kn_ctx *k, float *out, const float *inp, const void *inp_lp,
-                       const float *weight, const float *bias, int BT, int C, int OC)
+void kn_matmul_forward(kn_ctx *k, float *out, void *out_lp, const float *inp,
+                       const void *inp_lp, const float *weight, const float *bias, int BT,
+                       int C, int OC)
 {
     TIMED(OP_MATMUL_FORWARD,
-          k->ops->matmul_forward(k, out, inp, inp_lp, weight, bias, BT, C, OC));
+          k->ops->matmul_forward(k, out, out_lp, inp, inp_lp, weight, bias, BT, C, OC));
 }
 
 void kn_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
@@ -230,7 +231,7 @@ void kn_matmul_residual_forward(kn_ctx *k, float *out, const float *res, const f
                                 int C, int OC)
 {
     if (!k->ops->matmul_residual_forward) {
-        kn_matmul_forward(k, out, inp, inp_lp, weight, bias, BT, C, OC);
+        kn_matmul_forward(k, out, NULL, inp, inp_lp, weight, bias, BT, C, OC);
         kn_residual_forward(k, out, res, out, (size_t)BT * OC);
         return;
     }
@@ -243,19 +244,20 @@ size_t kn_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH)
     return k->ops->attention_state_floats(k, B, T, C, NH);
 }
 
-void kn_attention_forward(kn_ctx *k, float *out, void *out_lp, float *att, const float *qkv, int B,
-                          int T, int C, int NH)
+void kn_attention_forward(kn_ctx *k, float *out, void *out_lp, float *att, const float *qkv,
+                          const void *qkv_lp, int B, int T, int C, int NH)
 {
     TIMED(OP_ATTENTION_FORWARD,
-          k->ops->attention_forward(k, out, out_lp, att, qkv, B, T, C, NH));
+          k->ops->attention_forward(k, out, out_lp, att, qkv, qkv_lp, B, T, C, NH));
 }
 
 void kn_attention_backward(kn_ctx *k, float *dqkv, void *dqkv_lp, const float *dout,
-                           const float *qkv, const float *att, const float *out, int B, int T,
-                           int C, int NH)
+                           const float *qkv, const void *qkv_lp, const float *att, const float *out,
+                           int B, int T, int C, int NH)
 {
     TIMED(OP_ATTENTION_BACKWARD,
-          k->ops->attention_backward(k, dqkv, dqkv_lp, dout, qkv, att, out, B, T, C, NH));
+          k->ops->attention_backward(k, dqkv, dqkv_lp, dout, qkv, qkv_lp, att, out, B, T,
+                                     C, NH));
 }
 
 void kn_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre, const float *inp,
@@ -338,7 +340,7 @@ void kn_lm_head_forward(kn_ctx *k, float *losses, float *stats, float *logits, c
                         int C, int V, int Vp)
 {
     if (!k->ops->lm_head_forward) {
-        kn_matmul_forward(k, logits, inp, inp_lp, weight, NULL, BT, C, Vp);
+        kn_matmul_forward(k, logits, NULL, inp, inp_lp, weight, NULL, BT, C, Vp);
         kn_crossentropy_forward(k, losses, stats, logits, targets, BT, V, Vp);
         return;
     }

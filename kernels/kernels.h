@@ -142,9 +142,12 @@ size_t kn_lowp_bytes(kn_ctx *k, size_t n);
 void kn_to_lowp(kn_ctx *k, void *lp, const float *src, size_t n);
 
 /* out[B·T, OC] = inp[B·T, C] · weight[OC, C]ᵀ + bias[OC] (bias may be NULL). Overwrites out.
- * inp_lp: inp's low-precision copy (above) or NULL. */
-void kn_matmul_forward(kn_ctx *k, float *out, const float *inp, const void *inp_lp,
-                       const float *weight, const float *bias, int BT, int C, int OC);
+ * inp_lp: inp's low-precision copy (above) or NULL. out_lp (NULL or kn_lowp_bytes(k,
+ * BT·OC)) receives out's low-precision copy; then out itself may be left unwritten
+ * (CUDA's bf16 mode writes only the copy, from the GEMM). */
+void kn_matmul_forward(kn_ctx *k, float *out, void *out_lp, const float *inp,
+                       const void *inp_lp, const float *weight, const float *bias, int BT,
+                       int C, int OC);
 /* out = res + inp · weightᵀ + bias: a projection that closes a residual branch
  * with its residual add, res [BT, OC] not overlapping out. On CUDA one GEMM that
  * reads res as its C matrix, so the projection's output is never stored apart;
@@ -176,18 +179,19 @@ void kn_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias
  * bf16 mode, the bf16 q, k, v its kernels read), so no T×T matrix reaches
  * memory. Scale 1/sqrt(hs). out_lp (NULL or kn_lowp_bytes(k, B·T·C)) receives
  * out's low-precision copy, written as out is (out itself is written too: the
- * backward reads it). */
+ * backward reads it). qkv_lp: qkv's low-precision copy (its matmul's out_lp) or
+ * NULL; given, it is read instead of qkv, by the backward too (the same one). */
 size_t kn_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH);
-void kn_attention_forward(kn_ctx *k, float *out, void *out_lp, float *att, const float *qkv, int B,
-                          int T, int C, int NH);
+void kn_attention_forward(kn_ctx *k, float *out, void *out_lp, float *att, const float *qkv,
+                          const void *qkv_lp, int B, int T, int C, int NH);
 /* dqkv = gradient of the attention w.r.t. qkv (overwritten). out is the forward's output
  * [B, T, C] for these qkv (CUDA uses it for rowsum(dout ∘ out); the CPU
  * ignores it). dqkv_lp (NULL or kn_lowp_bytes(k, B·T·3C)) receives dqkv's
  * low-precision copy, [B, T, 3C] as dqkv, the qkv matmul's dout_lp; then dqkv
  * itself may be left unwritten. */
 void kn_attention_backward(kn_ctx *k, float *dqkv, void *dqkv_lp, const float *dout,
-                           const float *qkv, const float *att, const float *out, int B, int T,
-                           int C, int NH);
+                           const float *qkv, const void *qkv_lp, const float *att, const float *out,
+                           int B, int T, int C, int NH);
 
 /* out = gelu(pre), pre = inp · weightᵀ + bias (both overwritten): the MLP's first
  * matmul with its GELU. pre is the scratch kn_matmul_backward_gelu reads, in the

@@ -31,16 +31,17 @@ typedef struct kn_ops {
     void (*layernorm_backward)(kn_ctx *k, float *dinp, float *dweight, float *dbias,
                                const float *dout, const float *inp, const float *weight,
                                const float *mean, const float *rstd, int B, int T, int C);
-    void (*matmul_forward)(kn_ctx *k, float *out, const float *inp, const void *inp_lp,
-                           const float *weight, const float *bias, int BT, int C, int OC);
+    void (*matmul_forward)(kn_ctx *k, float *out, void *out_lp, const float *inp,
+                           const void *inp_lp, const float *weight, const float *bias, int BT,
+                           int C, int OC);
     void (*matmul_backward)(kn_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
                             const void *dout_lp, const float *inp, const void *inp_lp,
                             const float *weight, int BT, int C, int OC);
     void (*attention_forward)(kn_ctx *k, float *out, void *out_lp, float *att, const float *qkv,
-                              int B, int T, int C, int NH);
+                              const void *qkv_lp, int B, int T, int C, int NH);
     void (*attention_backward)(kn_ctx *k, float *dqkv, void *dqkv_lp, const float *dout,
-                               const float *qkv, const float *att, const float *out, int B, int T,
-                               int C, int NH);
+                               const float *qkv, const void *qkv_lp, const float *att,
+                               const float *out, int B, int T, int C, int NH);
     void (*gelu_forward)(kn_ctx *k, float *out, const float *inp, size_t n);
     void (*gelu_backward)(kn_ctx *k, float *dinp, const float *inp, const float *dout, size_t n);
     void (*residual_forward)(kn_ctx *k, float *out, const float *a, const float *b, size_t n);

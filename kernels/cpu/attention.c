@@ -55,7 +55,7 @@ KN_SIMD static void softmax_backward_row(float *restrict d, const float *restric
 /* The CPU keeps no low-precision copies (kn_lowp_bytes is 0): out_lp and dqkv_lp
  * are NULL and unused (kernels/cpu/lowp.c makes them where emulated). */
 void kn_cpu_attention_forward(kn_ctx *k, float *out, void *out_lp, float *att, const float *qkv,
-                              int B, int T, int C, int NH)
+                              const void *qkv_lp, int B, int T, int C, int NH)
 {
     const int C3 = 3 * C, hs = C / NH, BH = B * NH;
     const float scale = 1.0f / sqrtf((float)hs);
@@ -80,8 +80,8 @@ void kn_cpu_attention_forward(kn_ctx *k, float *out, void *out_lp, float *att, c
 }
 
 void kn_cpu_attention_backward(kn_ctx *k, float *dqkv, void *dqkv_lp, const float *dout,
-                               const float *qkv, const float *att, const float *out, int B, int T,
-                               int C, int NH)
+                               const float *qkv, const void *qkv_lp, const float *att,
+                               const float *out, int B, int T, int C, int NH)
 {
     (void)out; /* the saved probabilities att are all this needs */
     const int C3 = 3 * C, hs = C / NH, BH = B * NH;

@@ -66,7 +66,7 @@ void kn_cpu_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre,
                                 const float *inp, const void *inp_lp, const float *weight,
                                 const float *bias, int BT, int C, int OC)
 {
-    kn_cpu_matmul_forward(k, pre, inp, inp_lp, weight, bias, BT, C, OC);
+    kn_cpu_matmul_forward(k, pre, NULL, inp, inp_lp, weight, bias, BT, C, OC);
     kn_cpu_gelu_forward(k, out, pre, (size_t)BT * (size_t)OC);
 }
 

@@ -74,13 +74,15 @@ static void lowp_layernorm_forward(kn_ctx *k, float *out, void *out_lp, float *m
     if (out_lp) bf16_copy(out_lp, out, (size_t)B * T * C);
 }
 
-static void lowp_matmul_forward(kn_ctx *k, float *out, const float *inp, const void *inp_lp,
-                                const float *weight, const float *bias, int BT, int C, int OC)
+static void lowp_matmul_forward(kn_ctx *k, float *out, void *out_lp, const float *inp,
+                                const void *inp_lp, const float *weight, const float *bias, int BT,
+                                int C, int OC)
 {
     float *tmp;
     const float *x = operand(inp, inp_lp, (size_t)BT * C, &tmp);
-    kn_cpu_matmul_forward(k, out, x, NULL, weight, bias, BT, C, OC);
+    kn_cpu_matmul_forward(k, out, NULL, x, NULL, weight, bias, BT, C, OC);
     free(tmp);
+    keep_copy_only(out, out_lp, (size_t)BT * OC);
 }
 
 /* kn_cpu_matmul_backward or _set on the copies' values where given. */
@@ -132,7 +134,7 @@ static void lowp_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float 
     const size_t n = (size_t)BT * OC;
     float *tmp;
     const float *x = operand(inp, inp_lp, (size_t)BT * C, &tmp);
-    kn_cpu_matmul_forward(k, pre, x, NULL, weight, bias, BT, C, OC);
+    kn_cpu_matmul_forward(k, pre, NULL, x, NULL, weight, bias, BT, C, OC);
     free(tmp);
     keep_bf16_only(pre, n);
     float *p = values_of(pre, n);
@@ -155,18 +157,27 @@ static void lowp_matmul_backward_gelu(kn_ctx *k, float *dpre, void *dpre_lp, flo
     keep_copy_only(dpre, dpre_lp, (size_t)BT * C);
 }
 
+/* The attention on qkv's copy where given (the backward too: CUDA's reads the
+ * operands the forward packed from it). */
 static void lowp_attention_forward(kn_ctx *k, float *out, void *out_lp, float *att,
-                                   const float *qkv, int B, int T, int C, int NH)
+                                   const float *qkv, const void *qkv_lp, int B, int T, int C,
+                                   int NH)
 {
-    kn_cpu_attention_forward(k, out, NULL, att, qkv, B, T, C, NH);
+    float *tmp;
+    const float *x = operand(qkv, qkv_lp, (size_t)B * T * 3 * C, &tmp);
+    kn_cpu_attention_forward(k, out, NULL, att, x, NULL, B, T, C, NH);
+    free(tmp);
     if (out_lp) bf16_copy(out_lp, out, (size_t)B * T * C);
 }
 
 static void lowp_attention_backward(kn_ctx *k, float *dqkv, void *dqkv_lp, const float *dout,
-                                    const float *qkv, const float *att, const float *out, int B,
-                                    int T, int C, int NH)
+                                    const float *qkv, const void *qkv_lp, const float *att,
+                                    const float *out, int B, int T, int C, int NH)
 {
-    kn_cpu_attention_backward(k, dqkv, NULL, dout, qkv, att, out, B, T, C, NH);
+    float *tmp;
+    const float *x = operand(qkv, qkv_lp, (size_t)B * T * 3 * C, &tmp);
+    kn_cpu_attention_backward(k, dqkv, NULL, dout, x, NULL, att, out, B, T, C, NH);
+    free(tmp);
     keep_copy_only(dqkv, dqkv_lp, (size_t)B * T * 3 * C);
 }
 

@@ -20,8 +20,9 @@ KN_SIMD static void fill_bias(float *restrict row, const float *restrict bias, i
 
 /* The CPU multiplies fp32 values: no low-precision copies (kn_lowp_bytes is 0), so
  * the _lp arguments are NULL and unused. */
-void kn_cpu_matmul_forward(kn_ctx *k, float *out, const float *inp, const void *inp_lp,
-                           const float *weight, const float *bias, int BT, int C, int OC)
+void kn_cpu_matmul_forward(kn_ctx *k, float *out, void *out_lp, const float *inp,
+                           const void *inp_lp, const float *weight, const float *bias, int BT,
+                           int C, int OC)
 {
     if (BT <= 0 || OC <= 0) return;
     long work = (long)BT * C * OC;

@@ -482,15 +482,20 @@ static void launch_tc(F *kernel, dim3 grid, size_t smem, kn_ctx *k, A... args)
  * bf16 mode, fp32 otherwise (out_lp is NULL there: kn_lowp_bytes is 0). */
 template <int D>
 static void forward_tiles(kn_ctx *k, float *out, bf16 *out_lp, float *lse, const float *qkv,
-                          int B, int T, int C, int NH)
+                          const bf16 *qkv_lp, int B, int T, int C, int NH)
 {
     const int hs = C / NH;
     const float sc = log2_scale(hs);
     if (k->cuda->bf16) {
         bf16 *pk = packed_qkv(lse, B, T, NH);
         const size_t n8 = packed_elems(B, T, NH, D) / 8;
-        attention_pack_qkv_kernel<D><<<kn_blocks(n8, TC_THREADS), TC_THREADS, 0, kn_stream(k)>>>(
-            pk, qkv, B, T, NH, hs);
+        const unsigned blocks = kn_blocks(n8, TC_THREADS);
+        if (qkv_lp) /* qkv's bf16 copy, which its matmul wrote in place of qkv */
+            attention_pack_qkv_kernel<D><<<blocks, TC_THREADS, 0, kn_stream(k)>>>(pk, qkv_lp, B, T,
+                                                                                 NH, hs);
+        else
+            attention_pack_qkv_kernel<D><<<blocks, TC_THREADS, 0, kn_stream(k)>>>(pk, qkv, B, T,
+                                                                                 NH, hs);
         CUDA_LAUNCHED();
         const dim3 grid((unsigned)(B * NH), (unsigned)(tc_padded_rows(T) / TC_ROWS));
         const int v2 = pair_rows(out, sizeof *out, hs) && pair_rows(out_lp, sizeof *out_lp, hs);
@@ -579,21 +584,22 @@ static void backward_tiles(kn_ctx *k, float *dqkv, bf16 *dqkv_lp, const float *d
 }
 
 void kn_cuda_attention_forward(kn_ctx *k, float *out, void *out_lp, float *att, const float *qkv,
-                               int B, int T, int C, int NH)
+                               const void *qkv_lp, int B, int T, int C, int NH)
 {
     if (B <= 0 || T <= 0) return;
     bf16 *lp = (bf16 *)out_lp;
+    const bf16 *qlp = (const bf16 *)qkv_lp;
     switch (tile_width("kn_attention_forward", T, C, NH)) {
-    case 16: forward_tiles<16>(k, out, lp, att, qkv, B, T, C, NH); break;
-    case 32: forward_tiles<32>(k, out, lp, att, qkv, B, T, C, NH); break;
-    case 64: forward_tiles<64>(k, out, lp, att, qkv, B, T, C, NH); break;
-    default: forward_tiles<128>(k, out, lp, att, qkv, B, T, C, NH); break;
+    case 16: forward_tiles<16>(k, out, lp, att, qkv, qlp, B, T, C, NH); break;
+    case 32: forward_tiles<32>(k, out, lp, att, qkv, qlp, B, T, C, NH); break;
+    case 64: forward_tiles<64>(k, out, lp, att, qkv, qlp, B, T, C, NH); break;
+    default: forward_tiles<128>(k, out, lp, att, qkv, qlp, B, T, C, NH); break;
     }
 }
 
 void kn_cuda_attention_backward(kn_ctx *k, float *dqkv, void *dqkv_lp, const float *dout,
-                                const float *qkv, const float *att, const float *out, int B, int T,
-                                int C, int NH)
+                                const float *qkv, const void *qkv_lp, const float *att,
+                                const float *out, int B, int T, int C, int NH)
 {
     if (B <= 0 || T <= 0) return;
     bf16 *lp = (bf16 *)dqkv_lp;

@@ -359,12 +359,14 @@ __device__ static inline void frag_a_packed(uint32_t a[D / 16][4], const bf16 *s
         }
 }
 
-/* Eight bf16 from the first n (≤ 0: none) of the floats at src, zero after. */
-__device__ static inline void pack8(bf16 *dst, const float *src, int n)
+/* Eight bf16 from the first n (≤ 0: none) of the values at src (fp32 or bf16),
+ * zero after. */
+template <typename Q>
+__device__ static inline void pack8(bf16 *dst, const Q *src, int n)
 {
     float x[8];
 #pragma unroll
-    for (int i = 0; i < 8; i++) x[i] = i < n ? src[i] : 0.0f;
+    for (int i = 0; i < 8; i++) x[i] = i < n ? (float)src[i] : 0.0f;
     uint4 u;
     u.x = pack_bf16(x[0], x[1]);
     u.y = pack_bf16(x[2], x[3]);
@@ -374,10 +376,11 @@ __device__ static inline void pack8(bf16 *dst, const float *src, int n)
 }
 
 /* pk[bh][part][t][c] = qkv[b, t, part·C + h·hs + c] as bf16 (zero at t ≥ T,
- * c ≥ hs); one thread per 8 channels. */
-template <int D>
+ * c ≥ hs); one thread per 8 channels. qkv is fp32, or bf16 where its matmul
+ * wrote it so (its low-precision copy, kernels.h). */
+template <int D, typename Q>
 __global__ static void __launch_bounds__(TC_THREADS)
-attention_pack_qkv_kernel(bf16 *pk, const float *qkv, int B, int T, int NH, int hs)
+attention_pack_qkv_kernel(bf16 *pk, const Q *qkv, int B, int T, int NH, int hs)
 {
     constexpr int CH = D / 8;
     const int Tp = tc_padded_rows(T);
@@ -387,7 +390,7 @@ attention_pack_qkv_kernel(bf16 *pk, const float *qkv, int B, int T, int NH, int 
     const size_t row = j / CH; /* (bh·3 + part)·Tp + t */
     const int t = (int)(row % Tp), part = (int)(row / Tp % 3), bh = (int)(row / Tp / 3);
     const int b = bh / NH, h = bh % NH, C = NH * hs;
-    const float *src =
+    const Q *src =
         t < T ? qkv + ((size_t)b * T + t) * 3 * C + (size_t)part * C + (size_t)h * hs + c : qkv;
     pack8(pk + row * D + c, src, t < T ? hs - c : 0);
 }

@@ -121,8 +121,9 @@ void kn_cuda_layernorm_forward(kn_ctx *k, float *out, void *out_lp, float *mean,
 void kn_cuda_layernorm_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
                                 const float *dout, const float *inp, const float *weight,
                                 const float *mean, const float *rstd, int B, int T, int C);
-void kn_cuda_matmul_forward(kn_ctx *k, float *out, const float *inp, const void *inp_lp,
-                            const float *weight, const float *bias, int BT, int C, int OC);
+void kn_cuda_matmul_forward(kn_ctx *k, float *out, void *out_lp, const float *inp,
+                            const void *inp_lp, const float *weight, const float *bias, int BT,
+                            int C, int OC);
 void kn_cuda_matmul_residual_forward(kn_ctx *k, float *out, const float *res, const float *inp,
                                      const void *inp_lp, const float *weight, const float *bias,
                                      int BT, int C, int OC);
@@ -131,10 +132,10 @@ void kn_cuda_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbia
                              const void *inp_lp, const float *weight, int BT, int C, int OC);
 void kn_cuda_to_lowp(kn_ctx *k, void *lp, const float *src, size_t n);
 void kn_cuda_attention_forward(kn_ctx *k, float *out, void *out_lp, float *att, const float *qkv,
-                               int B, int T, int C, int NH);
+                               const void *qkv_lp, int B, int T, int C, int NH);
 void kn_cuda_attention_backward(kn_ctx *k, float *dqkv, void *dqkv_lp, const float *dout,
-                                const float *qkv, const float *att, const float *out, int B, int T,
-                                int C, int NH);
+                                const float *qkv, const void *qkv_lp, const float *att,
+                                const float *out, int B, int T, int C, int NH);
 void kn_cuda_lm_head_backward(kn_ctx *k, float *dinp, float *dweight, float *logits,
                               const float *stats, const int32_t *targets, float dloss_scale,
                               const float *inp, const void *inp_lp, const float *weight, int BT,

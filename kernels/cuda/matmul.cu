@@ -764,8 +764,9 @@ static mm_job forward_job(kn_ctx *k, float *out, const float *inp, const void *i
 }
 
 /* out = inp·Wᵀ + bias (+ res where given), or with pre: pre = inp·Wᵀ + bias and
- * out = gelu(pre) (and out_lp = bf16(out) where given, with pre only; bf16 mode
- * keeps pre in bf16: kernels.h). inp_lp: inp in bf16, made earlier (bf16 mode). */
+ * out = gelu(pre); out_lp = bf16(out) where given (bf16 mode; then out is left
+ * unwritten; bf16 mode keeps pre in bf16: kernels.h). inp_lp: inp in bf16, made
+ * earlier (bf16 mode). */
 static void forward(kn_ctx *k, float *out, void *out_lp, float *pre, const float *res,
                     const float *inp, const void *inp_lp, const float *weight, const float *bias,
                     int BT, int C, int OC)
@@ -794,6 +795,11 @@ static void forward(kn_ctx *k, float *out, void *out_lp, float *pre, const float
         mm_job j = forward_job(k, pre, inp, inp_lp, weight, bias, BT, C, OC, true);
         mm(k, &j);
         gelu_bf16(k, false, out, out_lp, NULL, NULL, (const __nv_bfloat16 *)pre, n);
+        return;
+    }
+    if (out_lp && !pre) { /* only the copy (kernels.h): the GEMM writes it in bf16 */
+        mm_job j = forward_job(k, (float *)out_lp, inp, inp_lp, weight, bias, BT, C, OC, true);
+        mm(k, &j);
         return;
     }
     mm_job j = forward_job(k, out, inp, inp_lp, weight, bias, BT, C, OC, false);
@@ -975,10 +981,11 @@ static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const
     }
 }
 
-void kn_cuda_matmul_forward(kn_ctx *k, float *out, const float *inp, const void *inp_lp,
-                            const float *weight, const float *bias, int BT, int C, int OC)
+void kn_cuda_matmul_forward(kn_ctx *k, float *out, void *out_lp, const float *inp,
+                            const void *inp_lp, const float *weight, const float *bias, int BT,
+                            int C, int OC)
 {
-    forward(k, out, NULL, NULL, NULL, inp, inp_lp, weight, bias, BT, C, OC);
+    forward(k, out, out_lp, NULL, NULL, inp, inp_lp, weight, bias, BT, C, OC);
 }
 
 void kn_cuda_matmul_residual_forward(kn_ctx *k, float *out, const float *res, const float *inp,

@@ -492,7 +492,7 @@ static void test_matmul_forward(void)
         float *bias = has_bias ? frand((size_t)OC, 1) : NULL;
         float *out = frand((size_t)BT * OC, 1); /* overwritten */
         double *ref = td((size_t)BT * OC);
-        kn_matmul_forward(ctx, out, x, NULL, W, bias, BT, C, OC);
+        kn_matmul_forward(ctx, out, NULL, x, NULL, W, bias, BT, C, OC);
         ref_matmul(ref, to_d(x, (size_t)BT * C), to_d(W, (size_t)OC * C),
                    bias ? to_d(bias, (size_t)OC) : NULL, BT, C, OC);
         CHECK(near("matmul out", out, ref, (size_t)BT * OC, 1e-5));
@@ -539,7 +539,7 @@ static void test_attention_forward(void)
         size_t nqkv = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
         float *qkv = frand(nqkv, 2), *out = frand(no, 1), *att = frand(na, 1);
         double *rout = td(no), *ratt = td(na);
-        kn_attention_forward(ctx, out, NULL, att, qkv, B, T, C, NH);
+        kn_attention_forward(ctx, out, NULL, att, qkv, NULL, B, T, C, NH);
         ref_attention(rout, ratt, to_d(qkv, nqkv), B, T, C, NH);
         CHECK(near("attention out", out, rout, no, 1e-5));
         CHECK(near("attention att", att, ratt, na, 1e-5));
@@ -558,9 +558,9 @@ static void test_attention_backward(void)
         int B = att_shapes[s][0], T = att_shapes[s][1], C = att_shapes[s][2], NH = att_shapes[s][3];
         size_t nqkv = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
         float *qkv = frand(nqkv, 2), *out = tf(no), *att = tf(na);
-        kn_attention_forward(ctx, out, NULL, att, qkv, B, T, C, NH);
+        kn_attention_forward(ctx, out, NULL, att, qkv, NULL, B, T, C, NH);
         float *dout = frand(no, 1), *dqkv = frand(nqkv, 1); /* overwritten */
-        kn_attention_backward(ctx, dqkv, NULL, dout, qkv, att, out, B, T, C, NH);
+        kn_attention_backward(ctx, dqkv, NULL, dout, qkv, NULL, att, out, B, T, C, NH);
         double *qd = to_d(qkv, nqkv), *rout = td(no), *ratt = td(na), *g = td(nqkv);
         ref_attention(rout, ratt, qd, B, T, C, NH);
         ref_attention_backward(g, to_d(dout, no), qd, ratt, B, T, C, NH);
@@ -586,8 +586,8 @@ static void test_attention_causal(void)
             for (int t = t0 + 1; t < T; t++)
                 for (int c = 0; c < 3 * C; c++)
                     qkv2[((size_t)b * T + t) * 3 * C + c] = (float)(5.0 * urand());
-        kn_attention_forward(ctx, out, NULL, att, qkv, B, T, C, NH);
-        kn_attention_forward(ctx, out2, NULL, att2, qkv2, B, T, C, NH);
+        kn_attention_forward(ctx, out, NULL, att, qkv, NULL, B, T, C, NH);
+        kn_attention_forward(ctx, out2, NULL, att2, qkv2, NULL, B, T, C, NH);
         for (int b = 0; b < B; b++) {
             size_t rows = (size_t)(t0 + 1) * C;
             CHECK(memcmp(out + (size_t)b * T * C, out2 + (size_t)b * T * C,
@@ -599,7 +599,7 @@ static void test_attention_causal(void)
         for (int b = 0; b < B; b++)
             for (int t = 0; t <= t0; t++)
                 for (int c = 0; c < C; c++) dout[((size_t)b * T + t) * C + c] = (float)urand();
-        kn_attention_backward(ctx, dqkv, NULL, dout, qkv, att, out, B, T, C, NH);
+        kn_attention_backward(ctx, dqkv, NULL, dout, qkv, NULL, att, out, B, T, C, NH);
         int zero_after = 1, nonzero_before = 0;
         for (int b = 0; b < B; b++)
             for (int t = 0; t < T; t++)
@@ -752,7 +752,7 @@ static void test_nan_propagates(void)
     CHECK(isfinite(y[0]) && isnan(y[1]) && isfinite(y[2]));
     float *qkv = frand(3 * 4 * 8, 1), *out = tf(4 * 8), *att = tf(2 * 4 * 4);
     qkv[1 * 24 + 9] = NAN; /* key of position 1, head 0 */
-    kn_attention_forward(ctx, out, NULL, att, qkv, 1, 4, 8, 2);
+    kn_attention_forward(ctx, out, NULL, att, qkv, NULL, 1, 4, 8, 2);
     CHECK(isfinite(out[0]));     /* position 0 does not see position 1 */
     CHECK(isnan(out[2 * 8 + 0])); /* position 2, head 0 does */
     CHECK(isfinite(out[2 * 8 + 4])); /* head 1 does not */
@@ -989,8 +989,8 @@ static void test_fd_attention(void)
         size_t nqkv = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
         float *qkv = frand(nqkv, 1.5), *out = tf(no), *att = tf(na);
         float *dout = frand(no, 1), *dqkv = tf(nqkv);
-        kn_attention_forward(ctx, out, NULL, att, qkv, B, T, C, NH);
-        kn_attention_backward(ctx, dqkv, NULL, dout, qkv, att, out, B, T, C, NH);
+        kn_attention_forward(ctx, out, NULL, att, qkv, NULL, B, T, C, NH);
+        kn_attention_backward(ctx, dqkv, NULL, dout, qkv, NULL, att, out, B, T, C, NH);
         fd.B = B, fd.T = T, fd.C = C, fd.NH = NH;
         fd.x = to_d(qkv, nqkv), fd.wsum = to_d(dout, no), fd.out = td(no);
         CHECK(fd_check("fd attention dqkv", loss_attention, fd.x, nqkv, dqkv, 1e-5));
@@ -1101,9 +1101,9 @@ static void test_threads_agree(void)
         o[3] = fcopy(g0, n), o[4] = tf(C), o[5] = tf(C);
         kn_layernorm_backward(K, o[3], o[4], o[5], dout, x, w, o[1], o[2], B, T, C);
         o[6] = tf(n), o[7] = tf((size_t)B * NH * T * T);
-        kn_attention_forward(K, o[6], NULL, o[7], qkv, B, T, C, NH);
+        kn_attention_forward(K, o[6], NULL, o[7], qkv, NULL, B, T, C, NH);
         o[8] = tf(3 * n);
-        kn_attention_backward(K, o[8], NULL, dout, qkv, o[7], o[6], B, T, C, NH);
+        kn_attention_backward(K, o[8], NULL, dout, qkv, NULL, o[7], o[6], B, T, C, NH);
         o[9] = tf(n), o[10] = fcopy(g0, n);
         kn_gelu_forward(K, o[9], x, n);
         kn_gelu_backward(K, o[10], x, dout, n);
@@ -1116,7 +1116,7 @@ static void test_threads_agree(void)
         o[14] = tf((size_t)V * C);
         kn_encoder_backward(K, o[14], NULL, dout, inp, B, T, C, V);
         o[15] = tf(BT * OC);
-        kn_matmul_forward(K, o[15], x, NULL, W, mmbias, (int)BT, C, OC);
+        kn_matmul_forward(K, o[15], NULL, x, NULL, W, mmbias, (int)BT, C, OC);
         sums[k][0] = kn_sum_squares(K, x, n);
         sums[k][1] = kn_sum(K, logits, BT * Vp);
     }
@@ -1171,7 +1171,7 @@ static void test_profile(void)
     for (int i = 0; i < 3; i++) kn_residual_forward(k, out, a, b, N);
     kn_gelu_forward(k, out, a, N);
     kn_gelu_forward(k, out, a, N);
-    kn_matmul_forward(k, out, a, NULL, w, NULL, 16, 16, 16);
+    kn_matmul_forward(k, out, NULL, a, NULL, w, NULL, 16, 16, 16);
     ok &= kn_sum(k, b, N) == (double)N; /* the timed call still returns its value */
     kn_zero(k, out, N * 4);
     int n = kn_profile_report(k, e, 32);

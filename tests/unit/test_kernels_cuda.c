@@ -412,12 +412,12 @@ static void test_matmul(void)
         float *out = hrand(no, 1); /* overwritten */
         float *d_x = upf_at(x, ni, off), *d_W = upf_at(W, nw, off);
         float *d_bias = bias ? upf_at(bias, OC, off) : NULL, *d_out = upf_at(out, no, off);
-        kn_matmul_forward(cpu, out, x, NULL, W, bias, BT, C, OC);
-        kn_matmul_forward(gpu, d_out, d_x, NULL, d_W, d_bias, BT, C, OC);
+        kn_matmul_forward(cpu, out, NULL, x, NULL, W, bias, BT, C, OC);
+        kn_matmul_forward(gpu, d_out, NULL, d_x, NULL, d_W, d_bias, BT, C, OC);
         CHECK(close_to("matmul out", down(d_out, no), out, no, tol_lin));
         void *d_xl = lowp_of(d_x, ni); /* bf16 mode: inp's copy, read instead of converting */
         float *d_out2 = alloc_on(gpu, no * sizeof(float));
-        if (d_xl) kn_matmul_forward(gpu, d_out2, d_x, d_xl, d_W, d_bias, BT, C, OC);
+        if (d_xl) kn_matmul_forward(gpu, d_out2, NULL, d_x, d_xl, d_W, d_bias, BT, C, OC);
         if (d_xl) CHECK(close_to("matmul out (inp_lp)", down(d_out2, no), out, no, tol_lin));
         /* out = res + product + bias: res as the GEMM's C matrix, offset like the rest */
         float *res = hrand(no, 1), *rout = hf(no), *d_rout = upf_at(out, no, off);
@@ -557,8 +557,9 @@ static void attention_lse_reference(float *lse, const float *qkv, int B, int T, 
             }
 }
 
-/* Where the context keeps low-precision copies (bf16): the forward given out_lp
- * stores out with the same bits as without and out_lp as their bf16; the backward
+/* Where the context keeps low-precision copies (bf16): the forward given qkv_lp
+ * (read instead of qkv) and out_lp stores out with the same bits as without and
+ * out_lp as their bf16; the backward
  * given dqkv_lp stores there the bf16 of the dqkv d_dqkv holds (a run without it).
  * d_out: that run's out; ns: the state's floats. */
 static void attention_copies(int B, int T, int C, int NH, size_t ns, const float *d_qkv,
@@ -569,10 +570,13 @@ static void attention_copies(int B, int T, int C, int NH, size_t ns, const float
     if (!d_outl) return;
     float *d_out2 = alloc_on(gpu, n * sizeof(float)), *d_st = alloc_on(gpu, ns * sizeof(float));
     float *d_dqkv2 = alloc_on(gpu, n3 * sizeof(float)); /* may stay unwritten */
-    kn_attention_forward(gpu, d_out2, d_outl, d_st, d_qkv, B, T, C, NH);
-    kn_attention_backward(gpu, d_dqkv2, d_dqkvl, d_dout, d_qkv, d_st, d_out2, B, T, C, NH);
+    void *d_qkvl = lowp_of(d_qkv, n3); /* packed from the copy: the same bf16 operands */
+    kn_attention_forward(gpu, d_out2, d_outl, d_st, d_qkv, d_qkvl, B, T, C, NH);
+    kn_attention_backward(gpu, d_dqkv2, d_dqkvl, d_dout, d_qkv, d_qkvl, d_st, d_out2, B, T, C,
+                          NH);
     char what[96];
-    snprintf(what, sizeof what, "attention out (B %d T %d C %d NH %d) with out_lp", B, T, C, NH);
+    snprintf(what, sizeof what, "attention out (B %d T %d C %d NH %d) with qkv_lp, out_lp", B, T,
+             C, NH);
     CHECK(same_bits(what, down(d_out2, n), down(d_out, n), n));
     snprintf(what, sizeof what, "attention out_lp (B %d T %d C %d NH %d)", B, T, C, NH);
     CHECK(lowp_is_copy(what, d_outl, d_out, n));
@@ -611,8 +615,8 @@ static void attention_cases(double tol, int bf16)
         float *qkv = hrand(n3, 3), *out = hrand(n, 1), *att = hrand(na, 1);
         for (size_t i = 0; bf16 && i < n3; i++) qkv[i] = bf16_round(qkv[i]);
         float *d_qkv = upf(qkv, n3), *d_out = upf(out, n), *d_lse = upf(hrand(ns, 1), ns);
-        kn_attention_forward(cpu, out, NULL, att, qkv, B, T, C, NH);
-        kn_attention_forward(gpu, d_out, NULL, d_lse, d_qkv, B, T, C, NH);
+        kn_attention_forward(cpu, out, NULL, att, qkv, NULL, B, T, C, NH);
+        kn_attention_forward(gpu, d_out, NULL, d_lse, d_qkv, NULL, B, T, C, NH);
         snprintf(what, sizeof what, "attention out (B %d T %d C %d NH %d)", B, T, C, NH);
         CHECK(close_to(what, down(d_out, n), out, n, tol));
         if ((double)B * NH * T * T * (C / NH) <= 2e8) { /* the reference is O(T²) in double */
@@ -626,13 +630,13 @@ static void attention_cases(double tol, int bf16)
         for (size_t i = 0; bf16 && i < n; i++) dout[i] = bf16_round(dout[i]);
         float *d_dout = upf(dout, n);
         float *d_dqkv = upf(dqkv, n3), *d_dqkv2 = upf(dqkv, n3);
-        kn_attention_backward(cpu, dqkv, NULL, dout, qkv, att, out, B, T, C, NH);
-        kn_attention_backward(gpu, d_dqkv, NULL, d_dout, d_qkv, d_lse, d_out, B, T, C, NH);
+        kn_attention_backward(cpu, dqkv, NULL, dout, qkv, NULL, att, out, B, T, C, NH);
+        kn_attention_backward(gpu, d_dqkv, NULL, d_dout, d_qkv, NULL, d_lse, d_out, B, T, C, NH);
         float *got = down(d_dqkv, n3);
         snprintf(what, sizeof what, "attention dqkv (B %d T %d C %d NH %d)", B, T, C, NH);
         CHECK(close_to(what, got, dqkv, n3, tol));
         /* no atomics: a second run gives the same bits */
-        kn_attention_backward(gpu, d_dqkv2, NULL, d_dout, d_qkv, d_lse, d_out, B, T, C, NH);
+        kn_attention_backward(gpu, d_dqkv2, NULL, d_dout, d_qkv, NULL, d_lse, d_out, B, T, C, NH);
         snprintf(what, sizeof what, "attention dqkv (B %d T %d C %d NH %d), second run", B, T, C,
                  NH);
         CHECK(same_bits(what, down(d_dqkv2, n3), got, n3));
@@ -822,7 +826,7 @@ static void test_lm_head(void)
         int32_t *d_tg = up(tg, BT * sizeof(int32_t));
         void *d_xl = lowp_of(d_x, ni);
         const float scale = 1.0f / (float)BT;
-        kn_matmul_forward(cpu, logits, x, NULL, W, NULL, BT, C, Vp);
+        kn_matmul_forward(cpu, logits, NULL, x, NULL, W, NULL, BT, C, Vp);
         kn_crossentropy_forward(cpu, losses, stats, logits, tg, BT, V, Vp);
         kn_crossentropy_backward(cpu, logits, logits, stats, tg, scale, BT, V, Vp);
         kn_matmul_backward_set(cpu, dx, dW, NULL, logits, NULL, x, NULL, W, BT, C, Vp);

@@ -10,11 +10,12 @@
 
 /* Activations a block keeps for its backward. The _lp are the matmul inputs'
  * low-precision copies (kn_lowp_bytes; NULL where the backend keeps none), made
- * once in the forward and read again by the backward's dweight products. */
+ * once in the forward and read again by the backward's dweight products, and
+ * qkv's, which its matmul writes in place of qkv for the attention. */
 typedef struct {
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd;
     float *fch, *fch_gelu, *res3;
-    void *ln1_lp, *atty_lp, *ln2_lp, *fch_gelu_lp;
+    void *ln1_lp, *qkv_lp, *atty_lp, *ln2_lp, *fch_gelu_lp;
 } block_acts;
 
 struct pl_slot {
@@ -89,6 +90,7 @@ static size_t layout_slot(const pl_engine *e, pl_slot *s, char *base)
         a.fch_gelu = carve(base, &off, BT * 4 * C);
         a.res3 = carve(base, &off, BT * C);
         a.ln1_lp = carve_lowp(e, base, &off, BT * C);
+        a.qkv_lp = carve_lowp(e, base, &off, BT * 3 * C);
         a.atty_lp = carve_lowp(e, base, &off, BT * C);
         a.ln2_lp = carve_lowp(e, base, &off, BT * C);
         a.fch_gelu_lp = carve_lowp(e, base, &off, BT * 4 * C);
@@ -378,8 +380,9 @@ static void block_forward(pl_engine *e, pl_slot *s, int l)
     const float *x = block_input(e, s, l);
     kn_layernorm_forward(k, a->ln1, a->ln1_lp, a->ln1_mean, a->ln1_rstd, x, P(e, l, 0),
                          P(e, l, 1), B, T, C);
-    kn_matmul_forward(k, a->qkv, a->ln1, a->ln1_lp, P(e, l, 2), P(e, l, 3), BT, C, 3 * C);
-    kn_attention_forward(k, a->atty, a->atty_lp, a->att, a->qkv, B, T, C, e->cfg.NH);
+    kn_matmul_forward(k, a->qkv, a->qkv_lp, a->ln1, a->ln1_lp, P(e, l, 2), P(e, l, 3), BT, C,
+                      3 * C);
+    kn_attention_forward(k, a->atty, a->atty_lp, a->att, a->qkv, a->qkv_lp, B, T, C, e->cfg.NH);
     kn_matmul_residual_forward(k, a->res2, x, a->atty, a->atty_lp, P(e, l, 4), P(e, l, 5), BT,
                                C, C);
     kn_layernorm_forward(k, a->ln2, a->ln2_lp, a->ln2_mean, a->ln2_rstd, a->res2, P(e, l, 6),
@@ -426,7 +429,7 @@ static float head_forward(pl_engine *e, pl_slot *s, const int32_t *targets)
     kn_layernorm_forward(k, s->lnf, s->lnf_lp, s->lnf_mean, s->lnf_rstd, last_output(e, s),
                          P(e, H, 0), P(e, H, 1), B, T, C);
     if (e->keep_probs) {
-        kn_matmul_forward(k, s->probs, s->lnf, s->lnf_lp, wte, NULL, BT, C, e->cfg.Vp);
+        kn_matmul_forward(k, s->probs, NULL, s->lnf, s->lnf_lp, wte, NULL, BT, C, e->cfg.Vp);
         kn_softmax_crossentropy_forward(k, s->losses, s->probs, s->probs, s->targets, BT,
                                         e->cfg.V, e->cfg.Vp);
     } else { /* the logits stay (bf16 on CUDA); backward turns them into dlogits in one pass */
@@ -526,8 +529,8 @@ static void block_backward(pl_engine *e, pl_slot *s, int l, const scratch *w)
                           a->ln2_mean, a->ln2_rstd, B, T, C);
     kn_matmul_backward_set(k, w->datty, G(e, l, 4), G(e, l, 5), w->dres, NULL, a->atty,
                            a->atty_lp, P(e, l, 4), BT, C, C);
-    kn_attention_backward(k, w->dqkv, w->dqkv_lp, w->datty, a->qkv, a->att, a->atty, B, T, C,
-                          e->cfg.NH);
+    kn_attention_backward(k, w->dqkv, w->dqkv_lp, w->datty, a->qkv, a->qkv_lp, a->att, a->atty,
+                          B, T, C, e->cfg.NH);
     kn_matmul_backward_set(k, w->dln, G(e, l, 2), G(e, l, 3), w->dqkv, w->dqkv_lp, a->ln1,
                            a->ln1_lp, P(e, l, 2), BT, C, 3 * C);
     kn_layernorm_backward(k, w->dres, G(e, l, 0), G(e, l, 1), w->dln, x, P(e, l, 0), a->ln1_mean,
