@@ -1022,7 +1022,7 @@ void kn_cuda_matmul_backward_gelu(kn_ctx *k, float *dpre, void *dpre_lp, float *
                                   const float *inp, const void *inp_lp, const float *weight,
                                   const float *pre, int BT, int C, int OC)
 {
-    bwd_lp lp = lp_args(dout_lp, OC, inp_lp); /* the DGELU GEMM, fused or split, reads it */
+    bwd_lp lp = lp_args(dout_lp, OC, inp_lp); /* dpre's and dweight's GEMMs, dbias read it */
     lp.dinp = dpre_lp;
     backward(k, dpre, dweight, dbias, dout, inp, weight, pre, BT, C, OC, false, lp, 1.0f);
 }
