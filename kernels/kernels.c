@@ -195,12 +195,12 @@ void kn_layernorm_forward(kn_ctx *k, float *out, void *out_lp, float *mean, floa
           k->ops->layernorm_forward(k, out, out_lp, mean, rstd, inp, weight, bias, B, T, C));
 }
 
-void kn_layernorm_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
+void kn_layernorm_backward(kn_ctx *k, float *dinp, void *dinp_lp, float *dweight, float *dbias,
                            const float *dout, const float *inp, const float *weight,
                            const float *mean, const float *rstd, int B, int T, int C)
 {
-    TIMED(OP_LAYERNORM_BACKWARD, k->ops->layernorm_backward(k, dinp, dweight, dbias, dout, inp,
-                                                            weight, mean, rstd, B, T, C));
+    TIMED(OP_LAYERNORM_BACKWARD, k->ops->layernorm_backward(k, dinp, dinp_lp, dweight, dbias, dout,
+                                                            inp, weight, mean, rstd, B, T, C));
 }
 
 size_t kn_lowp_bytes(kn_ctx *k, size_t n) { return n * k->lowp_size; }
@@ -277,12 +277,13 @@ void kn_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias
 }
 
 void kn_matmul_backward_gelu(kn_ctx *k, float *dpre, void *dpre_lp, float *dweight, float *dbias,
-                             const float *dout, const float *inp, const void *inp_lp,
-                             const float *weight, const float *pre, int BT, int C, int OC)
+                             const float *dout, const void *dout_lp, const float *inp,
+                             const void *inp_lp, const float *weight, const float *pre, int BT,
+                             int C, int OC)
 {
     TIMED(OP_MATMUL_BACKWARD_GELU,
-          k->ops->matmul_backward_gelu(k, dpre, dpre_lp, dweight, dbias, dout, inp, inp_lp, weight,
-                                       pre, BT, C, OC));
+          k->ops->matmul_backward_gelu(k, dpre, dpre_lp, dweight, dbias, dout, dout_lp, inp, inp_lp,
+                                       weight, pre, BT, C, OC));
 }
 
 void kn_gelu_forward(kn_ctx *k, float *out, const float *inp, size_t n)

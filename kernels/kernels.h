@@ -123,7 +123,12 @@ void kn_encoder_backward(kn_ctx *k, float *dwte, float *dwpe, const float *dout,
 void kn_layernorm_forward(kn_ctx *k, float *out, void *out_lp, float *mean, float *rstd,
                           const float *inp, const float *weight, const float *bias, int B, int T,
                           int C);
-void kn_layernorm_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
+/* dinp += the gradient w.r.t. inp; dweight += Σ dout·norm; dbias += Σ dout. dinp_lp
+ * (NULL or kn_lowp_bytes(k, B·T·C); only with dinp) receives the low-precision copy of
+ * dinp's value after this call's accumulation (the engine's residual gradient, which
+ * matmul backwards then read as their dout_lp). dinp itself is still written in fp32: it
+ * goes on accumulating. */
+void kn_layernorm_backward(kn_ctx *k, float *dinp, void *dinp_lp, float *dweight, float *dbias,
                            const float *dout, const float *inp, const float *weight,
                            const float *mean, const float *rstd, int B, int T, int C);
 
@@ -132,12 +137,13 @@ void kn_layernorm_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
  * (dweight) both read can be converted once and kept. kn_lowp_bytes is the size
  * of such a copy of n values: 0 where the backend multiplies the fp32 values
  * themselves (the CPU; CUDA in fp32 and tf32), and then every `_lp` argument
- * below is NULL. kn_to_lowp makes the copy (the backend's memory, 16-byte
- * aligned); kn_layernorm_forward, kn_attention_forward and
+ * (the layernorms' above too) is NULL. kn_to_lowp makes the copy (the backend's
+ * memory, 16-byte aligned); kn_layernorm_forward, kn_attention_forward and
  * kn_matmul_gelu_forward can write one of their output as they go, and
- * kn_attention_backward and kn_matmul_backward_gelu one of their input gradient.
- * An `inp_lp` given to a matmul must hold the copy of inp's current values: it
- * is read instead of converting inp. */
+ * kn_layernorm_backward, kn_attention_backward and kn_matmul_backward_gelu one
+ * of their input gradient. An `inp_lp` or `dout_lp` given to a matmul must hold
+ * the copy of its tensor's current values: it is read instead of converting the
+ * tensor (a stale copy gives wrong results, silently). */
 size_t kn_lowp_bytes(kn_ctx *k, size_t n);
 void kn_to_lowp(kn_ctx *k, void *lp, const float *src, size_t n);
 
@@ -209,10 +215,13 @@ void kn_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre, con
  * CUDA's bf16 mode the product is rounded to bf16 first);
  * dweight += doutᵀ · inp; dbias += Σ rows of dout. dpre_lp (NULL or
  * kn_lowp_bytes(k, BT·C)) receives dpre's low-precision copy, the next
- * matmul's dout_lp; then dpre itself may be left unwritten. */
+ * matmul's dout_lp; then dpre itself may be left unwritten. dout_lp, inp_lp:
+ * as kn_matmul_backward's (with dout_lp dout is not read, dbias too is summed
+ * from the copy). */
 void kn_matmul_backward_gelu(kn_ctx *k, float *dpre, void *dpre_lp, float *dweight, float *dbias,
-                             const float *dout, const float *inp, const void *inp_lp,
-                             const float *weight, const float *pre, int BT, int C, int OC);
+                             const float *dout, const void *dout_lp, const float *inp,
+                             const void *inp_lp, const float *weight, const float *pre, int BT,
+                             int C, int OC);
 
 /* GELU, tanh approximation (GPT-2). out overwritten; dinp += dout·gelu'(inp). */
 void kn_gelu_forward(kn_ctx *k, float *out, const float *inp, size_t n);

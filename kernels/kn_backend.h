@@ -28,9 +28,10 @@ typedef struct kn_ops {
     void (*layernorm_forward)(kn_ctx *k, float *out, void *out_lp, float *mean, float *rstd,
                               const float *inp, const float *weight, const float *bias, int B,
                               int T, int C);
-    void (*layernorm_backward)(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                               const float *dout, const float *inp, const float *weight,
-                               const float *mean, const float *rstd, int B, int T, int C);
+    void (*layernorm_backward)(kn_ctx *k, float *dinp, void *dinp_lp, float *dweight,
+                               float *dbias, const float *dout, const float *inp,
+                               const float *weight, const float *mean, const float *rstd, int B,
+                               int T, int C);
     void (*matmul_forward)(kn_ctx *k, float *out, void *out_lp, const float *inp,
                            const void *inp_lp, const float *weight, const float *bias, int BT,
                            int C, int OC);
@@ -77,9 +78,9 @@ typedef struct kn_ops {
                                 const float *inp, const void *inp_lp, const float *weight,
                                 const float *bias, int BT, int C, int OC);
     void (*matmul_backward_gelu)(kn_ctx *k, float *dpre, void *dpre_lp, float *dweight,
-                                 float *dbias, const float *dout, const float *inp,
-                                 const void *inp_lp, const float *weight, const float *pre, int BT,
-                                 int C, int OC);
+                                 float *dbias, const float *dout, const void *dout_lp,
+                                 const float *inp, const void *inp_lp, const float *weight,
+                                 const float *pre, int BT, int C, int OC);
     /* Kernel-level timing (kn_profile_enable; kernels.c calls these only while
      * it is on): prof_begin before a kernel, prof_end(op) after it; the backend
      * adds the kernel's milliseconds to k->prof->ms[op], at once (CPU) or at

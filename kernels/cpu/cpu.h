@@ -66,9 +66,10 @@ void kn_cpu_encoder_backward(kn_ctx *k, float *dwte, float *dwpe, const float *d
 void kn_cpu_layernorm_forward(kn_ctx *k, float *out, void *out_lp, float *mean, float *rstd,
                               const float *inp, const float *weight, const float *bias, int B,
                               int T, int C);
-void kn_cpu_layernorm_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                               const float *dout, const float *inp, const float *weight,
-                               const float *mean, const float *rstd, int B, int T, int C);
+void kn_cpu_layernorm_backward(kn_ctx *k, float *dinp, void *dinp_lp, float *dweight,
+                               float *dbias, const float *dout, const float *inp,
+                               const float *weight, const float *mean, const float *rstd, int B,
+                               int T, int C);
 void kn_cpu_matmul_forward(kn_ctx *k, float *out, void *out_lp, const float *inp,
                            const void *inp_lp, const float *weight, const float *bias, int BT,
                            int C, int OC);
@@ -85,9 +86,9 @@ void kn_cpu_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre,
                                 const float *inp, const void *inp_lp, const float *weight,
                                 const float *bias, int BT, int C, int OC);
 void kn_cpu_matmul_backward_gelu(kn_ctx *k, float *dpre, void *dpre_lp, float *dweight,
-                                 float *dbias, const float *dout, const float *inp,
-                                 const void *inp_lp, const float *weight, const float *pre, int BT,
-                                 int C, int OC);
+                                 float *dbias, const float *dout, const void *dout_lp,
+                                 const float *inp, const void *inp_lp, const float *weight,
+                                 const float *pre, int BT, int C, int OC);
 void kn_cpu_gelu_forward(kn_ctx *k, float *out, const float *inp, size_t n);
 void kn_cpu_gelu_backward(kn_ctx *k, float *dinp, const float *inp, const float *dout, size_t n);
 void kn_cpu_residual_forward(kn_ctx *k, float *out, const float *a, const float *b, size_t n);

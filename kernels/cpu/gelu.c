@@ -71,13 +71,14 @@ void kn_cpu_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre,
 }
 
 void kn_cpu_matmul_backward_gelu(kn_ctx *k, float *dpre, void *dpre_lp, float *dweight,
-                                 float *dbias, const float *dout, const float *inp,
-                                 const void *inp_lp, const float *weight, const float *pre, int BT,
-                                 int C, int OC)
+                                 float *dbias, const float *dout, const void *dout_lp,
+                                 const float *inp, const void *inp_lp, const float *weight,
+                                 const float *pre, int BT, int C, int OC)
 {
     const size_t n = (size_t)BT * (size_t)C;
     memset(dpre, 0, n * sizeof *dpre);
-    kn_cpu_matmul_backward(k, dpre, dweight, dbias, dout, NULL, inp, inp_lp, weight, BT, C, OC);
+    kn_cpu_matmul_backward(k, dpre, dweight, dbias, dout, dout_lp, inp, inp_lp, weight, BT, C,
+                           OC);
 #pragma omp parallel num_threads(k->threads) if (n >= KN_PAR_MIN)
     {
         size_t lo, hi;

@@ -5,6 +5,7 @@
  * dout_lp multiplies the copy's values, not the fp32 ones, so a copy that is missing or
  * stale changes the result; and where kernels.h lets the fp32 output go unwritten beside
  * its copy (the GELU output, dpre, dqkv), it is filled with NaN, so that a reader of it shows.
+ * The layernorm backward's dinp stays valid beside its copy: it goes on accumulating.
  * Weights stay fp32 (CUDA rounds them too: these tests check the plumbing, not the
  * rounding). */
 #include <math.h>
@@ -72,6 +73,16 @@ static void lowp_layernorm_forward(kn_ctx *k, float *out, void *out_lp, float *m
 {
     kn_cpu_layernorm_forward(k, out, NULL, mean, rstd, inp, weight, bias, B, T, C);
     if (out_lp) bf16_copy(out_lp, out, (size_t)B * T * C);
+}
+
+static void lowp_layernorm_backward(kn_ctx *k, float *dinp, void *dinp_lp, float *dweight,
+                                    float *dbias, const float *dout, const float *inp,
+                                    const float *weight, const float *mean, const float *rstd,
+                                    int B, int T, int C)
+{
+    kn_cpu_layernorm_backward(k, dinp, NULL, dweight, dbias, dout, inp, weight, mean, rstd, B, T,
+                              C);
+    if (dinp_lp) bf16_copy(dinp_lp, dinp, (size_t)B * T * C);
 }
 
 static void lowp_matmul_forward(kn_ctx *k, float *out, void *out_lp, const float *inp,
@@ -144,15 +155,17 @@ static void lowp_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float 
 }
 
 static void lowp_matmul_backward_gelu(kn_ctx *k, float *dpre, void *dpre_lp, float *dweight,
-                                      float *dbias, const float *dout, const float *inp,
-                                      const void *inp_lp, const float *weight, const float *pre,
-                                      int BT, int C, int OC)
+                                      float *dbias, const float *dout, const void *dout_lp,
+                                      const float *inp, const void *inp_lp, const float *weight,
+                                      const float *pre, int BT, int C, int OC)
 {
-    float *tmp, *p = values_of(pre, (size_t)BT * C);
-    const float *x = operand(inp, inp_lp, (size_t)BT * C, &tmp);
-    kn_cpu_matmul_backward_gelu(k, dpre, NULL, dweight, dbias, dout, x, NULL, weight, p, BT, C,
+    float *tmp_d, *tmp_x, *p = values_of(pre, (size_t)BT * C);
+    const float *d = operand(dout, dout_lp, (size_t)BT * OC, &tmp_d);
+    const float *x = operand(inp, inp_lp, (size_t)BT * C, &tmp_x);
+    kn_cpu_matmul_backward_gelu(k, dpre, NULL, dweight, dbias, d, NULL, x, NULL, weight, p, BT, C,
                                 OC);
-    free(tmp);
+    free(tmp_d);
+    free(tmp_x);
     free(p);
     keep_copy_only(dpre, dpre_lp, (size_t)BT * C);
 }
@@ -186,6 +199,7 @@ void kn_cpu_lowp_ops(kn_ops *ops)
     ops->name = "cpu-lowp";
     ops->to_lowp = lowp_to_lowp;
     ops->layernorm_forward = lowp_layernorm_forward;
+    ops->layernorm_backward = lowp_layernorm_backward;
     ops->matmul_forward = lowp_matmul_forward;
     ops->matmul_backward = lowp_matmul_backward;
     ops->matmul_backward_set = lowp_matmul_backward_set;

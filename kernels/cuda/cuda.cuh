@@ -118,9 +118,10 @@ void kn_cuda_encoder_backward(kn_ctx *k, float *dwte, float *dwpe, const float *
 void kn_cuda_layernorm_forward(kn_ctx *k, float *out, void *out_lp, float *mean, float *rstd,
                                const float *inp, const float *weight, const float *bias, int B,
                                int T, int C);
-void kn_cuda_layernorm_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                                const float *dout, const float *inp, const float *weight,
-                                const float *mean, const float *rstd, int B, int T, int C);
+void kn_cuda_layernorm_backward(kn_ctx *k, float *dinp, void *dinp_lp, float *dweight,
+                                float *dbias, const float *dout, const float *inp,
+                                const float *weight, const float *mean, const float *rstd, int B,
+                                int T, int C);
 void kn_cuda_matmul_forward(kn_ctx *k, float *out, void *out_lp, const float *inp,
                             const void *inp_lp, const float *weight, const float *bias, int BT,
                             int C, int OC);
@@ -167,9 +168,9 @@ void kn_cuda_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre
                                  const float *inp, const void *inp_lp, const float *weight,
                                  const float *bias, int BT, int C, int OC);
 void kn_cuda_matmul_backward_gelu(kn_ctx *k, float *dpre, void *dpre_lp, float *dweight,
-                                  float *dbias, const float *dout, const float *inp,
-                                  const void *inp_lp, const float *weight, const float *pre, int BT,
-                                  int C, int OC);
+                                  float *dbias, const float *dout, const void *dout_lp,
+                                  const float *inp, const void *inp_lp, const float *weight,
+                                  const float *pre, int BT, int C, int OC);
 void kn_cuda_gelu_forward(kn_ctx *k, float *out, const float *inp, size_t n);
 void kn_cuda_gelu_backward(kn_ctx *k, float *dinp, const float *inp, const float *dout, size_t n);
 void kn_cuda_residual_forward(kn_ctx *k, float *out, const float *a, const float *b, size_t n);

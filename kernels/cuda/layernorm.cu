@@ -19,15 +19,16 @@ void kn_cuda_layernorm_forward(kn_ctx *k, float *out, void *out_lp, float *mean,
     CUDA_LAUNCHED();
 }
 
-/* Scalar path: dinp and the parameter gradients in separate kernels. */
-static void layernorm_backward_scalar(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                                      const float *dout, const float *inp, const float *weight,
-                                      const float *mean, const float *rstd, long BT, int C)
+/* Scalar path: dinp (and its bf16 copy) and the parameter gradients in separate kernels. */
+static void layernorm_backward_scalar(kn_ctx *k, float *dinp, __nv_bfloat16 *dinp_lp,
+                                      float *dweight, float *dbias, const float *dout,
+                                      const float *inp, const float *weight, const float *mean,
+                                      const float *rstd, long BT, int C)
 {
     if (dinp) {
         unsigned blocks = (unsigned)((BT + LN_WARPS - 1) / LN_WARPS);
-        layernorm_dinp_kernel<<<blocks, LN_THREADS, 0, kn_stream(k)>>>(dinp, dout, inp, weight,
-                                                                       mean, rstd, BT, C);
+        layernorm_dinp_kernel<<<blocks, LN_THREADS, 0, kn_stream(k)>>>(
+            dinp, dinp_lp, dout, inp, weight, mean, rstd, BT, C);
         CUDA_LAUNCHED();
     }
     if (dweight || dbias) {
@@ -42,21 +43,24 @@ static void layernorm_backward_scalar(kn_ctx *k, float *dinp, float *dweight, fl
     }
 }
 
-void kn_cuda_layernorm_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                                const float *dout, const float *inp, const float *weight,
-                                const float *mean, const float *rstd, int B, int T, int C)
+void kn_cuda_layernorm_backward(kn_ctx *k, float *dinp, void *dinp_lp, float *dweight,
+                                float *dbias, const float *dout, const float *inp,
+                                const float *weight, const float *mean, const float *rstd, int B,
+                                int T, int C)
 {
     const long BT = (long)B * T;
     if (BT <= 0 || C <= 0) return; /* C = 0: nothing to do (and a 0-block grid would abort) */
-    const int v = ln_vec(C, ln_aligned16(dinp) && ln_aligned16(dout) && ln_aligned16(inp) &&
-                                ln_aligned16(weight));
+    __nv_bfloat16 *lp = (__nv_bfloat16 *)dinp_lp;
+    const int v = ln_vec(C, ln_aligned16(dinp) && ln_aligned16(lp) && ln_aligned16(dout) &&
+                                ln_aligned16(inp) && ln_aligned16(weight));
     if (!(dinp && dweight && dbias && v)) { /* the engine's case has all three, C = 768 */
-        layernorm_backward_scalar(k, dinp, dweight, dbias, dout, inp, weight, mean, rstd, BT, C);
+        layernorm_backward_scalar(k, dinp, lp, dweight, dbias, dout, inp, weight, mean, rstd, BT,
+                                  C);
         return;
     }
     const unsigned parts = (unsigned)((BT + LN_BWD_ROWS - 1) / LN_BWD_ROWS);
     float *partial = (float *)kn_cuda_workspace(k, 2 * (size_t)parts * C * sizeof(float));
-    ln_backward_vec[v - 1]<<<parts, LN_THREADS, 0, kn_stream(k)>>>(dinp, partial, dout, inp,
+    ln_backward_vec[v - 1]<<<parts, LN_THREADS, 0, kn_stream(k)>>>(dinp, lp, partial, dout, inp,
                                                                    weight, mean, rstd, BT, C);
     CUDA_LAUNCHED();
     kn_cuda_sum_partials(k, dweight, partial, (int)parts, C);

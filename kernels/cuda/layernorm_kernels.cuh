@@ -5,8 +5,9 @@
  * Register path (C a multiple of 4, at most 128·LN_MAX_VEC, pointers 16-byte
  * aligned; GPT-2's C = 768): one warp per row, the row in registers, V =
  * ceil(C/128) float4s per lane (lane l holds float4s l, l + 32, ...), so inp,
- * dout, dinp and out move once each in coalesced 16-byte accesses. Other
- * shapes run the scalar kernels at the end. */
+ * dout, dinp and out move once each in coalesced 16-byte accesses (their bf16
+ * copies, out's and dinp's, in 8-byte ones). Other shapes run the scalar
+ * kernels at the end. */
 #define LN_EPS 1e-5f
 #define LN_WARPS 8           /* warps (rows in flight) per 256-thread block */
 #define LN_THREADS (32 * LN_WARPS)
@@ -108,7 +109,9 @@ __device__ static void ln_block_sum(float4 (*sh)[32 * V], const float (&acc)[4 *
 }
 
 /* dinp += rstd·(w·dout − mean(w·dout) − norm·mean(w·dout·norm)), one warp per
- * row, and the parameter gradients: each lane sums dout·norm and dout of its
+ * row, with dinp_lp (where given) = the bf16 of the sum, from the registers that
+ * store it (no second pass over dinp for the matmuls that read it next); and
+ * the parameter gradients: each lane sums dout·norm and dout of its
  * channels over its warp's rows (r0 + warp, + LN_WARPS, ...) in registers;
  * the block adds its warps in order into partial[blockIdx.x] (dweight) and
  * partial[gridDim.x + blockIdx.x] (dbias), which kn_cuda_sum_partials adds in
@@ -116,9 +119,9 @@ __device__ static void ln_block_sum(float4 (*sh)[32 * V], const float (&acc)[4 *
  * (norm, dnorm, dweight, dbias): up to V = 6 that fits 2 blocks an SM. */
 template <int V>
 __global__ static void __launch_bounds__(LN_THREADS, V <= 6 ? 2 : 1)
-layernorm_backward_vec_kernel(float *dinp, float *partial, const float *dout, const float *inp,
-                              const float *w, const float *mean, const float *rstd, long BT,
-                              int C)
+layernorm_backward_vec_kernel(float *dinp, __nv_bfloat16 *dinp_lp, float *partial,
+                              const float *dout, const float *inp, const float *w,
+                              const float *mean, const float *rstd, long BT, int C)
 {
     __shared__ float4 sh[LN_WARPS][32 * V];
     const int lane = threadIdx.x % 32, C4 = C / 4;
@@ -157,6 +160,9 @@ layernorm_backward_vec_kernel(float *dinp, float *partial, const float *dout, co
                 t.z += (gj[2] - dnorm_mean - nj[2] * dnorm_norm_mean) * r;
                 t.w += (gj[3] - dnorm_mean - nj[3] * dnorm_norm_mean) * r;
                 dx[lane + 32 * j] = t;
+                if (dinp_lp)
+                    reinterpret_cast<uint2 *>(dinp_lp + row * C)[lane + 32 * j] =
+                        make_uint2(bf16_pair(t.x, t.y), bf16_pair(t.z, t.w));
             }
     }
     ln_block_sum<V>(sh, dw, partial + (size_t)blockIdx.x * C, C4);
@@ -173,8 +179,8 @@ static inline bool ln_aligned16(const void *p) { return ((uintptr_t)p & 15) == 0
 
 typedef void (*ln_forward_fn)(float *, __nv_bfloat16 *, float *, float *, const float *,
                               const float *, const float *, long, int);
-typedef void (*ln_backward_fn)(float *, float *, const float *, const float *, const float *,
-                               const float *, const float *, long, int);
+typedef void (*ln_backward_fn)(float *, __nv_bfloat16 *, float *, const float *, const float *,
+                               const float *, const float *, const float *, long, int);
 #define LN_EACH_VEC(k) {k<1>, k<2>, k<3>, k<4>, k<5>, k<6>, k<7>, k<8>}
 /* The register-path kernels by V − 1. */
 static const ln_forward_fn ln_forward_vec[LN_MAX_VEC] = LN_EACH_VEC(layernorm_forward_vec_kernel);
@@ -211,10 +217,10 @@ layernorm_forward_kernel(float *out, __nv_bfloat16 *out_lp, float *mean, float *
     }
 }
 
-/* Scalar dinp (formula of layernorm_backward_vec_kernel), one warp per row. */
+/* Scalar dinp and its bf16 copy (as layernorm_backward_vec_kernel), one warp per row. */
 __global__ static void __launch_bounds__(LN_THREADS)
-layernorm_dinp_kernel(float *dinp, const float *dout, const float *inp, const float *w,
-                      const float *mean, const float *rstd, long BT, int C)
+layernorm_dinp_kernel(float *dinp, __nv_bfloat16 *dinp_lp, const float *dout, const float *inp,
+                      const float *w, const float *mean, const float *rstd, long BT, int C)
 {
     long row = (long)blockIdx.x * LN_WARPS + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
@@ -230,7 +236,9 @@ layernorm_dinp_kernel(float *dinp, const float *dout, const float *inp, const fl
     float *di = dinp + row * C;
     for (int i = lane; i < C; i += 32) {
         float norm = (x[i] - m) * r;
-        di[i] += (w[i] * d[i] - dnorm_mean - norm * dnorm_norm_mean) * r;
+        const float v = di[i] + (w[i] * d[i] - dnorm_mean - norm * dnorm_norm_mean) * r;
+        di[i] = v;
+        if (dinp_lp) dinp_lp[row * C + i] = __float2bfloat16_rn(v);
     }
 }
 

@@ -1025,11 +1025,11 @@ void kn_cuda_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre
 }
 
 void kn_cuda_matmul_backward_gelu(kn_ctx *k, float *dpre, void *dpre_lp, float *dweight,
-                                  float *dbias, const float *dout, const float *inp,
-                                  const void *inp_lp, const float *weight, const float *pre,
-                                  int BT, int C, int OC)
+                                  float *dbias, const float *dout, const void *dout_lp,
+                                  const float *inp, const void *inp_lp, const float *weight,
+                                  const float *pre, int BT, int C, int OC)
 {
-    bwd_lp lp = lp_args(NULL, OC, inp_lp);
+    bwd_lp lp = lp_args(dout_lp, OC, inp_lp); /* dpre's and dweight's GEMMs, dbias read it */
     lp.dinp = dpre_lp;
     backward(k, dpre, dweight, dbias, dout, inp, weight, pre, BT, C, OC, false, lp, 1.0f);
 }

@@ -2,8 +2,9 @@
  *
  * What it checks: forward (out, mean, rstd, and the bf16 copy of out: exactly
  * out rounded to nearest even) and backward (dinp accumulated onto what was
- * there, dweight and dbias through the per-block partial sums, added in order
- * as kn_cuda_sum_partials does) against a double-precision reference, on the
+ * there and its bf16 copy, exactly the accumulated dinp rounded, dweight and
+ * dbias through the per-block partial sums, added in order as
+ * kn_cuda_sum_partials does) against a double-precision reference, on the
  * register path for C = 768, 1024, 64 (half the lanes idle) and 132 (one
  * float4 past a multiple of 128), and on the scalar path (C = 37, and C = 768
  * with misaligned pointers); row counts not a multiple of the rows per block.
@@ -67,6 +68,16 @@ static bool within(const char *what, const float *got, const std::vector<double>
     return ok;
 }
 
+/* n bf16 (NaN before the kernel ran) and PAD more after them: how many are not vals
+ * rounded to nearest even, or were written past the end. */
+static long bf16_copy_bad(const std::vector<__nv_bfloat16> &lp, const float *vals, long n)
+{
+    long bad = 0;
+    for (long i = 0; i < n; i++) bad += lp[i].v != f2bf(vals[i]);
+    for (long i = n; i < n + PAD; i++) bad += lp[i].v != 0x7fc0;
+    return bad;
+}
+
 static bool report(const char *dir, long BT, int C, int mis, bool ok)
 {
     printf("%s layernorm_emu/%s/%ld.%d%s\n", ok ? "ok" : "FAIL", dir, BT, C,
@@ -117,9 +128,7 @@ static bool forward(Case &k)
     bool ok = within("out", out.p(), ref, 1e-5);
     ok &= within("mean", mean.p(), k.m, 1e-5);
     ok &= within("rstd", rstd.p(), k.r, 1e-5);
-    long bad = 0;
-    for (long i = 0; i < n; i++) bad += lpp[i].v != f2bf(out.p()[i]);
-    for (long i = n; i < n + PAD; i++) bad += lpp[i].v != 0x7fc0;
+    const long bad = bf16_copy_bad(lp, out.p(), n);
     printf("  bf16     %ld values not out rounded to nearest even (or written past the end)\n",
            bad);
     ok &= bad == 0 && out.guard_ok() && mean.guard_ok() && rstd.guard_ok();
@@ -128,23 +137,23 @@ static bool forward(Case &k)
 
 /* The backward as kn_cuda_layernorm_backward runs it, dweight and dbias added
  * onto their contents as kn_cuda_sum_partials does. */
-static void run_backward(Case &k, float *dinp, float *dw, float *db, const float *dout,
-                         const float *mean, const float *rstd)
+static void run_backward(Case &k, float *dinp, __nv_bfloat16 *dinp_lp, float *dw, float *db,
+                         const float *dout, const float *mean, const float *rstd)
 {
     const long BT = k.BT;
     const int C = k.C;
-    const int v = ln_vec(C, ln_aligned16(dinp) && ln_aligned16(dout) && ln_aligned16(k.x.p()) &&
-                                ln_aligned16(k.w.p()));
+    const int v = ln_vec(C, ln_aligned16(dinp) && ln_aligned16(dinp_lp) && ln_aligned16(dout) &&
+                                ln_aligned16(k.x.p()) && ln_aligned16(k.w.p()));
     const long rows = v ? LN_BWD_ROWS : LN_ROWS, parts = (BT + rows - 1) / rows;
     std::vector<float> partial(2 * parts * C + PAD, NAN);
     if (v) {
         emu_run_grid((unsigned)parts, 1, LN_THREADS, [&] {
-            ln_backward_vec[v - 1](dinp, partial.data(), dout, k.x.p(), k.w.p(), mean, rstd, BT,
-                                   C);
+            ln_backward_vec[v - 1](dinp, dinp_lp, partial.data(), dout, k.x.p(), k.w.p(), mean,
+                                   rstd, BT, C);
         });
     } else {
         emu_run_grid((unsigned)((BT + LN_WARPS - 1) / LN_WARPS), 1, LN_THREADS, [&] {
-            layernorm_dinp_kernel(dinp, dout, k.x.p(), k.w.p(), mean, rstd, BT, C);
+            layernorm_dinp_kernel(dinp, dinp_lp, dout, k.x.p(), k.w.p(), mean, rstd, BT, C);
         });
         emu_run_grid((unsigned)((C + 31) / 32), (unsigned)parts, LN_THREADS, [&] {
             layernorm_params_kernel(partial.data(), dout, k.x.p(), mean, rstd, BT, C);
@@ -178,8 +187,13 @@ static bool backward(Case &k)
         for (int c = 0; c < C; c++)
             rdx[t * C + c] += (k.w.p()[c] * g[c] - a / C - k.norm(t, c) * bs / C) * k.r[t];
     }
-    run_backward(k, dinp.p(), dw.p(), db.p(), dout.p(), mean.p(), rstd.p());
+    std::vector<__nv_bfloat16> lp(n + PAD, {0x7fc0}); /* NaN; malloc: 16-byte aligned */
+    run_backward(k, dinp.p(), lp.data(), dw.p(), db.p(), dout.p(), mean.p(), rstd.p());
     bool ok = within("dinp", dinp.p(), rdx, 2e-5);
+    const long bad = bf16_copy_bad(lp, dinp.p(), n);
+    printf("  bf16     %ld values not dinp rounded to nearest even (or written past the end)\n",
+           bad);
+    ok &= bad == 0;
     ok &= within("dweight", dw.p(), rdw, 2e-5);
     ok &= within("dbias", db.p(), rdb, 2e-5);
     ok &= dinp.guard_ok() && dw.guard_ok() && db.guard_ok();

@@ -1080,6 +1080,58 @@ static void test_shared_work_memory_changes_nothing(void) {
     kn_destroy(k);
 }
 
+/* Are lowp's gradients (on "cpu-lowp") within bf16 rounding of ref's (the CPU's, the same
+ * layers)? bf16 inputs: about 2⁻⁹ of each, a few % of the largest gradient. */
+static int grads_agree(const pl_engine *ref, const pl_engine *lowp, const char *what) {
+    float *g = host_copy(ref, ref->grads, ref->nparams);
+    float *gl = host_copy(lowp, lowp->grads, lowp->nparams);
+    double gmax = 0, worst = 0;
+    for (size_t j = 0; j < ref->nparams; j++) gmax = fmax(gmax, fabs(g[j]));
+    for (size_t j = 0; j < ref->nparams; j++)
+        worst = isfinite(gl[j]) ? fmax(worst, fabs((double)gl[j] - g[j])) : INFINITY;
+    const int ok = worst <= 0.03 * gmax;
+    if (!ok) printf("    %s: gradients %.3g apart (largest %.3g)\n", what, worst, gmax);
+    free(g);
+    free(gl);
+    return ok;
+}
+
+/* test_bf16_copies_feed_every_matmul's gradients through 2 stages, [0, 2) and [2, L + 2),
+ * on k (the CPU) and kl ("cpu-lowp"): the first stage has a block but no head, so its
+ * residual gradient comes from the second stage (host memory for one microbatch, backend
+ * memory for the other), not from a layernorm backward that writes its copy as it goes;
+ * the engine must make that copy, or the block's projections read a stale one. */
+static void check_stage_without_head(const pl_gpt_config *cfg, kn_ctx *k, kn_ctx *kl) {
+    const int B = 2, T = 5, NL = pl_gpt_nlayers(cfg), cuts[3] = {0, 2, NL};
+    kn_ctx *ks[2] = {k, kl};
+    pl_engine st[2][2]; /* [backend][stage] */
+    int32_t tok[2][10], tgt[2][10];
+    rng_state = 23;
+    for (int m = 0; m < 2; m++) make_batch(cfg, B * T, tok[m], tgt[m]);
+    for (int i = 0; i < 2; i++) {
+        pl_engine *s = st[i];
+        for (int j = 0; j < 2; j++) {
+            CHECK(pl_engine_create(&s[j], ks[i], cfg, cuts[j], cuts[j + 1], B, T, 2, err_,
+                                   sizeof err_) == 0);
+            pl_engine_init_random(&s[j], 31);
+            perturb(&s[j]);
+            pl_engine_zero_grads(&s[j]);
+        }
+        for (int m = 0; m < 2; m++) {
+            pl_engine_forward(&s[0], m, tok[m], NULL, NULL);
+            pl_engine_forward(&s[1], m, NULL, pl_engine_output(&s[0], m), tgt[m]);
+        }
+        pl_engine_backward(&s[1], 1, NULL, 0.05f);
+        pl_engine_backward_dev(&s[0], 1, pl_engine_input_grad(&s[1]), 0.05f);
+        pl_engine_backward_last(&s[1], 0, NULL, 0.05f, NULL, NULL);
+        pl_engine_backward_last(&s[0], 0, pl_engine_input_grad(&s[1]), 0.05f, NULL, NULL);
+    }
+    CHECK(grads_agree(&st[0][0], &st[1][0], "stage [0, 2)"));
+    CHECK(grads_agree(&st[0][1], &st[1][1], "stage [2, L + 2)"));
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++) pl_engine_destroy(&st[i][j]);
+}
+
 /* The engine hands every matmul the bf16 copies of its inputs where the backend keeps
  * them (kernels.h "Low-precision copies"), as CUDA's bf16 mode does: on "cpu-lowp" the
  * matmuls multiply the copies' values (the layernorms', the attention's and the GELU's
@@ -1087,7 +1139,8 @@ static void test_shared_work_memory_changes_nothing(void) {
  * value) and the fp32 outputs that only their copies are read through (the GELU output,
  * dpre, dqkv) are NaN. So a matmul given no copy, a stale one, or a
  * reader of those fp32 outputs shows as a loss or gradient far from the CPU's or not
- * finite. Two microbatches, an AdamW step and a third, over 2 slots; then keep_probs. */
+ * finite. Two microbatches, an AdamW step and a third, over 2 slots; then keep_probs; then
+ * a pipeline stage without the head. */
 static void test_bf16_copies_feed_every_matmul(void) {
     const pl_gpt_config cfg = tiny(2);
     const int B = 2, T = 5, NL = pl_gpt_nlayers(&cfg);
@@ -1111,14 +1164,7 @@ static void test_bf16_copies_feed_every_matmul(void) {
         pl_engine_backward(&e[i], 1, NULL, 0.05f);
         pl_engine_backward_last(&e[i], 0, NULL, 0.05f, NULL, NULL);
     }
-    float *g = host_copy(&e[0], e[0].grads, e[0].nparams);
-    float *gl = host_copy(&e[1], e[1].grads, e[1].nparams);
-    double gmax = 0, worst = 0;
-    for (size_t j = 0; j < e[0].nparams; j++) gmax = fmax(gmax, fabs(g[j]));
-    for (size_t j = 0; j < e[0].nparams; j++)
-        worst = isfinite(gl[j]) ? fmax(worst, fabs((double)gl[j] - g[j])) : INFINITY;
-    if (!(worst <= 0.03 * gmax)) printf("    gradients %.3g apart (largest %.3g)\n", worst, gmax);
-    CHECK(worst <= 0.03 * gmax); /* bf16 inputs: about 2⁻⁹ of each, a few % of the largest */
+    CHECK(grads_agree(&e[0], &e[1], "whole model"));
     for (int i = 0; i < 2; i++) {
         pl_engine_adamw(&e[i], &o, 1.0f, 1);
         loss[i][2] = pl_engine_forward(&e[i], 0, tok[2], NULL, tgt[2]);
@@ -1131,9 +1177,8 @@ static void test_bf16_copies_feed_every_matmul(void) {
     }
     pl_engine_keep_probs(&e[1], 1); /* the sampling path: fp32 probabilities from the copies */
     CHECK(isfinite(pl_engine_forward(&e[1], 0, tok[0], NULL, tgt[0])));
-    free(g);
-    free(gl);
     for (int i = 0; i < 2; i++) pl_engine_destroy(&e[i]);
+    check_stage_without_head(&cfg, k, kl);
     kn_destroy(kl);
     kn_destroy(k);
 }

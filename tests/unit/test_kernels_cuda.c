@@ -160,6 +160,14 @@ static void *lowp_of(const float *d, size_t n)
     return lp;
 }
 
+/* Device memory of n NaNs: an input that must not be read. */
+static float *nan_dev(size_t n)
+{
+    float *h = hf(n);
+    for (size_t i = 0; i < n; i++) h[i] = NAN;
+    return upf(h, n);
+}
+
 /* A host copy of n bf16 values in device memory, as floats. */
 static float *lowp_down(const void *lp, size_t n)
 {
@@ -372,12 +380,15 @@ static void test_layernorm(void)
         float *dout = hrand(n, 1), *dx = hrand(n, 1), *dw = hrand((size_t)C, 1),
               *db = hrand((size_t)C, 1);
         float *d_dx = upf(dx, n), *d_dw = upf(dw, (size_t)C), *d_db = upf(db, (size_t)C);
+        void *d_dxl = lowp_alloc(n);
         /* both sides from the CPU's mean and rstd, so only backward is compared */
-        kn_layernorm_backward(cpu, dx, dw, db, dout, x, w, mean, rstd, B, T, C);
-        kn_layernorm_backward(gpu, d_dx, d_dw, d_db, upf(dout, n), d_x, d_w, upf(mean, N),
+        kn_layernorm_backward(cpu, dx, NULL, dw, db, dout, x, w, mean, rstd, B, T, C);
+        kn_layernorm_backward(gpu, d_dx, d_dxl, d_dw, d_db, upf(dout, n), d_x, d_w, upf(mean, N),
                               upf(rstd, N), B, T, C);
         /* C = 1: the normalized value is 0 whatever the input, dinp is rounding noise */
         if (C > 1) CHECK(close_to("layernorm dinp (accumulated)", down(d_dx, n), dx, n, 2e-5));
+        /* the copy of the accumulated dinp, rounded from the very values stored */
+        if (d_dxl) CHECK(lowp_is_copy("layernorm dinp_lp", d_dxl, d_dx, n));
         CHECK(close_to("layernorm dweight (accumulated)", down(d_dw, (size_t)C), dw, (size_t)C,
                        2e-5));
         CHECK(close_to("layernorm dbias (accumulated)", down(d_db, (size_t)C), db, (size_t)C,
@@ -478,9 +489,10 @@ static void test_matmul_backward_set(void)
 
 /* The MLP pair: kn_matmul_gelu_forward (inp [BT, C] · W1[H, C]ᵀ + b1 → pre,
  * out = gelu(pre)), then kn_matmul_backward_gelu of the next layer (dout
- * [BT, C], W2 [C, H]) with inp = out. BT, C, H, with bias, offset of the
- * device tensors in floats (as test_matmul). H a multiple of 8 with aligned
- * tensors takes the GELU_AUX(_BIAS) / DGELU epilogues in bf16 and tf32. */
+ * [BT, C], W2 [C, H]) with inp = out, in bf16 mode again from dout's copy.
+ * BT, C, H, with bias, offset of the device tensors in floats (as test_matmul).
+ * H a multiple of 8 with aligned tensors takes the GELU_AUX(_BIAS) / DGELU
+ * epilogues in bf16 and tf32. */
 static void test_matmul_gelu(void)
 {
     NEED_GPU();
@@ -511,12 +523,15 @@ static void test_matmul_gelu(void)
         float *dW2 = hrand(nw, 1), *db2 = has_bias ? hrand(C, 1) : NULL;
         float *d_dpre = upf_at(dpre, nh, off), *d_dW2 = upf_at(dW2, nw, off);
         float *d_db2 = db2 ? upf_at(db2, C, off) : NULL;
-        kn_matmul_backward_gelu(cpu, dpre, NULL, dW2, db2, dout, out, NULL, W2, pre, BT, H, C);
+        float *d_dW2l = upf_at(dW2, nw, off), *d_db2l = db2 ? upf_at(db2, C, off) : NULL;
+        kn_matmul_backward_gelu(cpu, dpre, NULL, dW2, db2, dout, NULL, out, NULL, W2, pre, BT, H,
+                                C);
         float *d_inp = upf_at(out, nh, off); /* the CPU's out, and its bf16 copy */
-        void *d_dprel = lowp_alloc(nh);
-        kn_matmul_backward_gelu(gpu, d_dpre, d_dprel, d_dW2, d_db2, upf_at(dout, ni, off), d_inp,
-                                lowp_of(d_inp, nh), upf_at(W2, nw, off), pre_up_at(pre, nh, off),
-                                BT, H, C);
+        float *d_dout = upf_at(dout, ni, off), *d_W2 = upf_at(W2, nw, off);
+        float *d_pre2 = pre_up_at(pre, nh, off);
+        void *d_dprel = lowp_alloc(nh), *d_inpl = lowp_of(d_inp, nh);
+        kn_matmul_backward_gelu(gpu, d_dpre, d_dprel, d_dW2, d_db2, d_dout, NULL, d_inp, d_inpl,
+                                d_W2, d_pre2, BT, H, C);
         if (d_dprel)
             CHECK(close_to("matmul_backward_gelu dpre_lp", lowp_down(d_dprel, nh), dpre, nh,
                            tol_lin));
@@ -527,6 +542,19 @@ static void test_matmul_gelu(void)
         if (db2)
             CHECK(close_to("matmul_backward_gelu dbias (accumulated)", down(d_db2, C), db2, C,
                            2e-5));
+        void *d_doutl = lowp_of(d_dout, ni);
+        if (d_doutl) { /* dout read through its copy alone (the fp32 dout given is NaN) */
+            void *d_dprel2 = lowp_alloc(nh);
+            kn_matmul_backward_gelu(gpu, upf_at(dpre, nh, off), d_dprel2, d_dW2l, d_db2l,
+                                    nan_dev(ni), d_doutl, d_inp, d_inpl, d_W2, d_pre2, BT, H, C);
+            CHECK(close_to("matmul_backward_gelu dpre_lp (dout_lp)", lowp_down(d_dprel2, nh), dpre,
+                           nh, tol_lin));
+            CHECK(close_to("matmul_backward_gelu dweight (dout_lp)", down(d_dW2l, nw), dW2, nw,
+                           tol_lin));
+            if (db2) /* summed from the bf16 dout */
+                CHECK(close_to("matmul_backward_gelu dbias (dout_lp)", down(d_db2l, C), db2, C,
+                               tol_lin));
+        }
         arena_reset();
     }
 }

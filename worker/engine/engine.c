@@ -32,11 +32,13 @@ struct pl_slot {
     float *ce_stats; /* [B·T, 2]: per row (max, Σ e^(logit − max)), for backward */
 };
 
-/* Backward scratch, shared by all slots; dfch_lp and dqkv_lp are dfch's and
- * dqkv's low-precision copies (NULL where the backend keeps none), after the rest. */
+/* Backward scratch, shared by all slots; dfch_lp, dqkv_lp and dres_lp are dfch's, dqkv's
+ * and dres's low-precision copies (NULL where the backend keeps none), after the rest.
+ * dres_lp must hold the copy of dres's current value wherever a matmul reads it: the
+ * layernorm backwards that write dres write it too; dres from elsewhere is converted. */
 typedef struct {
     float *dres, *dln, *datty, *dqkv, *dfch;
-    void *dfch_lp, *dqkv_lp;
+    void *dfch_lp, *dqkv_lp, *dres_lp;
 } scratch;
 
 static size_t first_block(const pl_engine *e)
@@ -120,6 +122,7 @@ static size_t layout_scratch(const pl_engine *e, scratch *s, char *base)
     s->dfch = carve(base, &off, 4 * BTC);
     s->dfch_lp = carve_lowp(e, base, &off, 4 * BTC);
     s->dqkv_lp = carve_lowp(e, base, &off, 3 * BTC);
+    s->dres_lp = carve_lowp(e, base, &off, BTC);
     return off;
 }
 
@@ -519,22 +522,33 @@ static void block_backward(pl_engine *e, pl_slot *s, int l, const scratch *w)
     const int B = e->B, T = e->T, C = e->cfg.C, BT = B * T;
     block_acts *a = &s->blocks[l - (int)first_block(e)];
     const float *x = block_input(e, s, l);
-    /* w->dres holds d(res3) on entry and d(block input) on exit */
+    /* w->dres holds d(res3) on entry and d(block input) on exit, w->dres_lp its copy */
     kn_matmul_backward_gelu(k, w->dfch, w->dfch_lp, G(e, l, 10), G(e, l, 11), w->dres,
-                            a->fch_gelu, a->fch_gelu_lp, P(e, l, 10), a->fch, BT, 4 * C, C);
+                            w->dres_lp, a->fch_gelu, a->fch_gelu_lp, P(e, l, 10), a->fch, BT,
+                            4 * C, C);
     /* _set: the scratch input gradients are overwritten, no zeroing pass */
     kn_matmul_backward_set(k, w->dln, G(e, l, 8), G(e, l, 9), w->dfch, w->dfch_lp, a->ln2,
                            a->ln2_lp, P(e, l, 8), BT, C, 4 * C);
-    kn_layernorm_backward(k, w->dres, G(e, l, 6), G(e, l, 7), w->dln, a->res2, P(e, l, 6),
-                          a->ln2_mean, a->ln2_rstd, B, T, C);
-    kn_matmul_backward_set(k, w->datty, G(e, l, 4), G(e, l, 5), w->dres, NULL, a->atty,
+    kn_layernorm_backward(k, w->dres, w->dres_lp, G(e, l, 6), G(e, l, 7), w->dln, a->res2,
+                          P(e, l, 6), a->ln2_mean, a->ln2_rstd, B, T, C);
+    kn_matmul_backward_set(k, w->datty, G(e, l, 4), G(e, l, 5), w->dres, w->dres_lp, a->atty,
                            a->atty_lp, P(e, l, 4), BT, C, C);
     kn_attention_backward(k, w->dqkv, w->dqkv_lp, w->datty, a->qkv, a->qkv_lp, a->att, a->atty,
                           B, T, C, e->cfg.NH);
     kn_matmul_backward_set(k, w->dln, G(e, l, 2), G(e, l, 3), w->dqkv, w->dqkv_lp, a->ln1,
                            a->ln1_lp, P(e, l, 2), BT, C, 3 * C);
-    kn_layernorm_backward(k, w->dres, G(e, l, 0), G(e, l, 1), w->dln, x, P(e, l, 0), a->ln1_mean,
-                          a->ln1_rstd, B, T, C);
+    kn_layernorm_backward(k, w->dres, w->dres_lp, G(e, l, 0), G(e, l, 1), w->dln, x, P(e, l, 0),
+                          a->ln1_mean, a->ln1_rstd, B, T, C);
+}
+
+/* dres = the gradient the next stage sent, dout: host memory (dev = 0) or backend memory
+ * (dev = 1); and its copy for the blocks' matmuls, which no layernorm backward writes here. */
+static void dres_from_next_stage(pl_engine *e, const scratch *w, const float *dout, int dev)
+{
+    const size_t BTC = (size_t)e->B * (size_t)e->T * (size_t)e->cfg.C;
+    if (!dev) kn_to_device(e->k, w->dres, dout, BTC * sizeof(float));
+    else kn_copy(e->k, w->dres, dout, BTC * sizeof(float));
+    if (w->dres_lp && nblocks(e)) kn_to_lowp(e->k, w->dres_lp, w->dres, BTC);
 }
 
 /* The head's share of wte's gradient: wte's own gradient, or kept apart until the
@@ -570,13 +584,11 @@ static void backward(pl_engine *e, int slot, const float *dout, int dev, float d
         }
         e->head_pending = e->head_dwte != NULL;
         kn_zero(k, w.dres, BTC * sizeof(float));
-        kn_layernorm_backward(k, w.dres, G(e, H, 0), G(e, H, 1), w.dln, last_output(e, s),
-                              P(e, H, 0), s->lnf_mean, s->lnf_rstd, B, T, C);
+        kn_layernorm_backward(k, w.dres, w.dres_lp, G(e, H, 0), G(e, H, 1), w.dln,
+                              last_output(e, s), P(e, H, 0), s->lnf_mean, s->lnf_rstd, B, T, C);
         if (done) done(ctx, H);
-    } else if (!dev) {
-        kn_to_device(k, w.dres, dout, BTC * sizeof(float));
     } else {
-        kn_copy(k, w.dres, dout, BTC * sizeof(float));
+        dres_from_next_stage(e, &w, dout, dev);
     }
     int lo = (int)first_block(e);
     for (int b = nblocks(e) - 1; b >= 0 && !pl_engine_stopped(e); b--) {
