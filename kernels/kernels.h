@@ -264,7 +264,7 @@ void kn_crossentropy_backward(kn_ctx *k, float *dlogits, const float *logits, co
  * fp32 rows on the CPU (bit for bit kn_matmul_forward then
  * kn_crossentropy_forward); in CUDA's bf16 mode bf16 over the first half of each
  * row (llm.c's choice: half the bytes written by the matmul and read by the loss
- * and its gradient), and where a row fits one block's registers (Vp ≤ 57344)
+ * and its gradient), and where a row fits one block's shared memory (Vp ≤ 57344)
  * already the gradient without the loss weight, made in the pass that reads the
  * logits for the loss (llm.c's fused classifier; the backward's GEMMs apply the
  * weight). */

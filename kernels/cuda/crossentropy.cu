@@ -327,57 +327,61 @@ void kn_cuda_crossentropy_backward_bf16(kn_ctx *k, float *logits, const float *s
 }
 
 /* ---- the LM head's loss and unscaled gradient in one pass (bf16 mode) ----------
- * kn_lm_head_forward on the bf16 logits: one block per row holds the row in
- * registers (CE_ROW_CHUNKS 16-byte chunks a thread), so it is read once for the
- * max and sum and its gradient written in place, softmax − onehot without the
- * loss weight, which kn_lm_head_backward applies as its GEMMs' alpha: half the
- * passes over the logits of the stats-then-gradient pair above. */
-#define CE_ROW_THREADS 1024
-#define CE_ROW_CHUNKS 7 /* Vp ≤ 8 · 7 · 1024 = 57344 */
+ * kn_lm_head_forward on the bf16 logits: one block per row keeps the row in
+ * shared memory as it reads it for the max and sum, then writes its gradient in
+ * place, softmax − onehot without the loss weight, which kn_lm_head_backward
+ * applies as its GEMMs' alpha: one read and one write of the logits where the
+ * stats-then-gradient pair above reads them twice. Two blocks an SM (a row of
+ * GPT-2's 50304 is 98 KiB), so one block's loads overlap the other's exps. */
+#define CE_ROW_THREADS 512
+#define CE_ROW_MAX_VP 57344 /* 112 KiB of row: two blocks fit an SM's 228 KiB */
+#define CE_ROW_UNROLL 4     /* 16-byte loads in flight a thread */
 
 bool kn_cuda_logits_dlogits(kn_ctx *k, const float *logits, int Vp)
 {
-    return kn_cuda_logits_bf16(k, logits, Vp) && Vp <= 8 * CE_ROW_CHUNKS * CE_ROW_THREADS;
+    return kn_cuda_logits_bf16(k, logits, Vp) && Vp <= CE_ROW_MAX_VP;
 }
 
-__global__ static void __launch_bounds__(CE_ROW_THREADS, 1)
+__global__ static void __launch_bounds__(CE_ROW_THREADS, 2)
 ce_row_bf16_kernel(float *losses, float *stats, float *logits, const int32_t *targets, int V,
                    int Vp)
 {
-    __nv_bfloat16 *l = reinterpret_cast<__nv_bfloat16 *>(logits + (size_t)blockIdx.x * Vp);
-    const int target = targets[blockIdx.x];
-    const float tl = threadIdx.x == 0 && target >= 0 && target < V ? (float)l[target] : 0.0f;
-    uint4 row[CE_ROW_CHUNKS];
+    extern __shared__ uint4 srow[]; /* the row's Vp / 8 chunks of 8 bf16 */
+    uint4 *l = reinterpret_cast<uint4 *>(logits + (size_t)blockIdx.x * Vp);
+    const int target = targets[blockIdx.x], chunks = Vp / 8, step = (int)blockDim.x;
+    const float tl = threadIdx.x == 0 && target >= 0 && target < V
+                         ? (float)reinterpret_cast<const __nv_bfloat16 *>(l)[target]
+                         : 0.0f;
     float m = -INFINITY, s = 0.0f;
+    for (int j0 = threadIdx.x; j0 < chunks; j0 += CE_ROW_UNROLL * step) {
+        uint4 u[CE_ROW_UNROLL];
 #pragma unroll
-    for (int j = 0; j < CE_ROW_CHUNKS; j++) {
-        const int c = 8 * ((int)threadIdx.x + j * (int)blockDim.x);
-        if (c < Vp) row[j] = *reinterpret_cast<const uint4 *>(l + c);
-    }
+        for (int r = 0; r < CE_ROW_UNROLL; r++)
+            if (j0 + r * step < chunks) u[r] = l[j0 + r * step];
 #pragma unroll
-    for (int j = 0; j < CE_ROW_CHUNKS; j++) {
-        const int c = 8 * ((int)threadIdx.x + j * (int)blockDim.x);
-        if (c >= V) continue;
-        float x[8];
-        bf16x8(row[j], x);
+        for (int r = 0; r < CE_ROW_UNROLL; r++) {
+            const int j = j0 + r * step, c = 8 * j;
+            if (j >= chunks) break;
+            srow[j] = u[r]; /* read back by this thread alone */
+            float x[8];
+            bf16x8(u[r], x);
 #pragma unroll
-        for (int i = 0; i < 8; i++)
-            if (c + i < V) online_add(m, s, x[i]);
+            for (int i = 0; i < 8; i++)
+                if (c + i < V) online_add(m, s, x[i]);
+        }
     }
     block_stats(m, s); /* its barrier: every read of the row (tl too) is done */
     write_stats(m, s, tl, losses, stats, target, V);
     const float inv = 1.0f / s;
-#pragma unroll
-    for (int j = 0; j < CE_ROW_CHUNKS; j++) {
-        const int c = 8 * ((int)threadIdx.x + j * (int)blockDim.x);
-        if (c >= Vp) continue;
+    for (int j = threadIdx.x; j < chunks; j += step) {
+        const int c = 8 * j;
         float x[8], g[8] = {};
-        bf16x8(row[j], x);
+        bf16x8(srow[j], x);
         if (target >= 0)
 #pragma unroll
             for (int i = 0; i < 8; i++) g[i] = ce_grad(x[i], c + i, target, V, m, inv, 1.0f);
-        *reinterpret_cast<uint4 *>(l + c) = make_uint4(bf16_pair(g[0], g[1]), bf16_pair(g[2], g[3]),
-                                                       bf16_pair(g[4], g[5]), bf16_pair(g[6], g[7]));
+        l[j] = make_uint4(bf16_pair(g[0], g[1]), bf16_pair(g[2], g[3]), bf16_pair(g[4], g[5]),
+                          bf16_pair(g[6], g[7]));
     }
 }
 
@@ -385,7 +389,10 @@ void kn_cuda_crossentropy_row_bf16(kn_ctx *k, float *losses, float *stats, float
                                    const int32_t *targets, int BT, int V, int Vp)
 {
     if (BT <= 0) return;
-    ce_row_bf16_kernel<<<BT, CE_ROW_THREADS, 0, kn_stream(k)>>>(losses, stats, logits, targets, V,
-                                                               Vp);
+    const size_t smem = (size_t)Vp * sizeof(__nv_bfloat16);
+    CUDA_CHECK(cudaFuncSetAttribute(ce_row_bf16_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)smem));
+    ce_row_bf16_kernel<<<BT, CE_ROW_THREADS, smem, kn_stream(k)>>>(losses, stats, logits, targets,
+                                                                  V, Vp);
     CUDA_LAUNCHED();
 }

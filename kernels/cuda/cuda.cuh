@@ -156,7 +156,7 @@ void kn_cuda_crossentropy_forward_bf16(kn_ctx *k, float *losses, float *stats,
 void kn_cuda_crossentropy_backward_bf16(kn_ctx *k, float *logits, const float *stats,
                                         const int32_t *targets, float dloss_scale, int BT, int V,
                                         int Vp);
-/* Where a row fits a block's registers (Vp ≤ 57344) the LM head goes further:
+/* Where a row fits a block's shared memory (Vp ≤ 57344) the LM head goes further:
  * kn_cuda_crossentropy_row_bf16 is kn_crossentropy_forward on such logits that
  * also turns them, in the same pass, into bf16 dlogits WITHOUT the loss weight
  * (softmax − onehot; masked rows 0), which the backward's GEMMs then scale. */
@@ -211,14 +211,28 @@ __device__ static inline unsigned bf16_pair(float lo, float hi)
 #define KN_GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
 #define KN_GELU_C 0.044715f
 
-__device__ static inline float kn_gelu(float x)
+/* FAST: the hardware's tanh.approx.f32 (relative error under 2⁻¹⁰·⁹⁹, PTX ISA)
+ * instead of tanhf, for results stored as bf16 (2⁻⁹), which hide it: the
+ * elementwise GELU passes of bf16 mode are then bound by memory, not by tanhf. */
+template <bool FAST = false>
+__device__ static inline float kn_tanh(float x)
 {
-    return 0.5f * x * (1.0f + tanhf(KN_GELU_SCALE * (x + KN_GELU_C * x * x * x)));
+    if (!FAST) return tanhf(x);
+    float y;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
 }
 
+template <bool FAST = false>
+__device__ static inline float kn_gelu(float x)
+{
+    return 0.5f * x * (1.0f + kn_tanh<FAST>(KN_GELU_SCALE * (x + KN_GELU_C * x * x * x)));
+}
+
+template <bool FAST = false>
 __device__ static inline float kn_gelu_grad(float x)
 {
-    float th = tanhf(KN_GELU_SCALE * (x + KN_GELU_C * x * x * x));
+    float th = kn_tanh<FAST>(KN_GELU_SCALE * (x + KN_GELU_C * x * x * x));
     float sech2 = 1.0f - th * th;
     return 0.5f * (1.0f + th) + x * 0.5f * sech2 * KN_GELU_SCALE * (1.0f + 3.0f * KN_GELU_C * x * x);
 }

@@ -259,7 +259,8 @@ __global__ static void gelu_flat_kernel(float *d, const float *pre, size_t n)
         d[i] = GRAD ? d[i] * kn_gelu_grad(pre[i]) : kn_gelu(pre[i]);
 }
 
-/* The MLP's GELU in bf16 mode, where pre is kept in bf16, VEC values a thread:
+/* The MLP's GELU in bf16 mode, where pre is kept in bf16 and the results are
+ * bf16 too (hence the fast tanh: kn_tanh), VEC values a thread:
  * forward y = gelu(pre); GRAD: y = d ⊙ gelu'(pre), with d the product read from
  * d16 where given, else from d32. y goes to y16 where given, else to y32; either
  * may be d's own memory (each thread reads its values before writing them). */
@@ -275,9 +276,9 @@ __global__ static void gelu_bf16_kernel(float *y32, __nv_bfloat16 *y16, const fl
         if (GRAD) {
             if (d16) load_cols<VEC>(v, d16 + i);
             else load_cols<VEC>(v, d32 + i);
-            for (int e = 0; e < VEC; e++) v[e] *= kn_gelu_grad(p[e]);
+            for (int e = 0; e < VEC; e++) v[e] *= kn_gelu_grad<true>(p[e]);
         } else {
-            for (int e = 0; e < VEC; e++) v[e] = kn_gelu(p[e]);
+            for (int e = 0; e < VEC; e++) v[e] = kn_gelu<true>(p[e]);
         }
         if (y16) store_cols<VEC>(y16 + i, v);
         else store_cols<VEC>(y32 + i, v);
