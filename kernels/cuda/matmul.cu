@@ -71,7 +71,7 @@ static size_t bwd_bf16_bytes(void)
  * PLIANT_MATMUL_TUNE=0 takes the heuristic's first (the old behaviour), =2
  * prints each shape's times, =3 also takes the GELU split below wherever it
  * may run (so that a parity test covers it whatever the timings say). */
-#define LT_TUNE_ALGOS 8
+#define LT_TUNE_ALGOS 16
 #define LT_TUNE_RUNS 3
 /* A GEMM that accumulates (beta 1) is timed on a scratch copy of D's size,
  * not on D; above this size it is not timed (the heuristic's first). */
