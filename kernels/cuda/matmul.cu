@@ -798,7 +798,7 @@ static void forward(kn_ctx *k, float *out, void *out_lp, float *pre, const float
         gelu_bf16(k, false, out, out_lp, NULL, NULL, (const __nv_bfloat16 *)pre, n);
         return;
     }
-    if (out_lp && !pre) { /* only the copy (kernels.h): the GEMM writes it in bf16 */
+    if (out_lp && !pre && k->cuda->bf16) { /* only the copy (kernels.h): the GEMM writes bf16 */
         mm_job j = forward_job(k, (float *)out_lp, inp, inp_lp, weight, bias, BT, C, OC, true);
         mm(k, &j);
         return;
