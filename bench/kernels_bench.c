@@ -210,7 +210,7 @@ static void bench_elementwise(kn_ctx *k)
     row("encoder backward", t, 4.0 * 5 * n);
     TIME_BEST(t, kn_layernorm_forward(k, o, NULL, mean, rstd, x, w, b, 1, BT, C));
     row("layernorm forward 1024x768", t, 4.0 * 2 * n);
-    TIME_BEST(t, kn_layernorm_backward(k, dx, NULL, dw, db, y, x, w, mean, rstd, 1, BT, C));
+    TIME_BEST(t, kn_layernorm_backward(k, dx, NULL, dw, db, y, NULL, x, w, mean, rstd, 1, BT, C));
     row("layernorm backward 1024x768", t, 4.0 * 4 * n);
     TIME_BEST(t, kn_residual_forward(k, o, x, y, n));
     row("residual 1024x768", t, 4.0 * 3 * n);

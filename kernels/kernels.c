@@ -196,11 +196,13 @@ void kn_layernorm_forward(kn_ctx *k, float *out, void *out_lp, float *mean, floa
 }
 
 void kn_layernorm_backward(kn_ctx *k, float *dinp, void *dinp_lp, float *dweight, float *dbias,
-                           const float *dout, const float *inp, const float *weight,
-                           const float *mean, const float *rstd, int B, int T, int C)
+                           const float *dout, const void *dout_lp, const float *inp,
+                           const float *weight, const float *mean, const float *rstd, int B,
+                           int T, int C)
 {
     TIMED(OP_LAYERNORM_BACKWARD, k->ops->layernorm_backward(k, dinp, dinp_lp, dweight, dbias, dout,
-                                                            inp, weight, mean, rstd, B, T, C));
+                                                            dout_lp, inp, weight, mean, rstd, B,
+                                                            T, C));
 }
 
 size_t kn_lowp_bytes(kn_ctx *k, size_t n) { return n * k->lowp_size; }
@@ -268,12 +270,13 @@ void kn_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre, con
                                                               weight, bias, BT, C, OC));
 }
 
-void kn_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
-                            const void *dout_lp, const float *inp, const void *inp_lp,
-                            const float *weight, int BT, int C, int OC)
+void kn_matmul_backward_set(kn_ctx *k, float *dinp, void *dinp_lp, float *dweight, float *dbias,
+                            const float *dout, const void *dout_lp, const float *inp,
+                            const void *inp_lp, const float *weight, int BT, int C, int OC)
 {
-    TIMED(OP_MATMUL_BACKWARD, k->ops->matmul_backward_set(k, dinp, dweight, dbias, dout, dout_lp,
-                                                          inp, inp_lp, weight, BT, C, OC));
+    TIMED(OP_MATMUL_BACKWARD,
+          k->ops->matmul_backward_set(k, dinp, dinp_lp, dweight, dbias, dout, dout_lp, inp,
+                                      inp_lp, weight, BT, C, OC));
 }
 
 void kn_matmul_backward_gelu(kn_ctx *k, float *dpre, void *dpre_lp, float *dweight, float *dbias,
@@ -356,8 +359,8 @@ void kn_lm_head_backward(kn_ctx *k, float *dinp, float *dweight, float *logits,
 {
     if (!k->ops->lm_head_backward) {
         kn_crossentropy_backward(k, logits, logits, stats, targets, dloss_scale, BT, V, Vp);
-        kn_matmul_backward_set(k, dinp, dweight, NULL, logits, NULL, inp, inp_lp, weight, BT, C,
-                               Vp);
+        kn_matmul_backward_set(k, dinp, NULL, dweight, NULL, logits, NULL, inp, inp_lp, weight,
+                               BT, C, Vp);
         return;
     }
     TIMED(OP_LM_HEAD_BACKWARD,

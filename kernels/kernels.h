@@ -127,10 +127,13 @@ void kn_layernorm_forward(kn_ctx *k, float *out, void *out_lp, float *mean, floa
  * (NULL or kn_lowp_bytes(k, B·T·C); only with dinp) receives the low-precision copy of
  * dinp's value after this call's accumulation (the engine's residual gradient, which
  * matmul backwards then read as their dout_lp). dinp itself is still written in fp32: it
- * goes on accumulating. */
+ * goes on accumulating. dout_lp: dout's low-precision copy (below) or NULL; with it dout
+ * is not read (CUDA's bf16 mode: the matmul backward that made dout wrote only the copy,
+ * kn_matmul_backward_set's dinp_lp). */
 void kn_layernorm_backward(kn_ctx *k, float *dinp, void *dinp_lp, float *dweight, float *dbias,
-                           const float *dout, const float *inp, const float *weight,
-                           const float *mean, const float *rstd, int B, int T, int C);
+                           const float *dout, const void *dout_lp, const float *inp,
+                           const float *weight, const float *mean, const float *rstd, int B,
+                           int T, int C);
 
 /* Low-precision copies of matmul inputs. In CUDA's bf16 mode a matmul multiplies
  * bf16 copies of its fp32 operands; an input that the forward and the backward
@@ -140,10 +143,11 @@ void kn_layernorm_backward(kn_ctx *k, float *dinp, void *dinp_lp, float *dweight
  * (the layernorms' above too) is NULL. kn_to_lowp makes the copy (the backend's
  * memory, 16-byte aligned); kn_layernorm_forward, kn_attention_forward and
  * kn_matmul_gelu_forward can write one of their output as they go, and
- * kn_layernorm_backward, kn_attention_backward and kn_matmul_backward_gelu one
- * of their input gradient. An `inp_lp` or `dout_lp` given to a matmul must hold
- * the copy of its tensor's current values: it is read instead of converting the
- * tensor (a stale copy gives wrong results, silently). */
+ * kn_layernorm_backward, kn_attention_backward, kn_matmul_backward_gelu and
+ * kn_matmul_backward_set one of their input gradient. An `inp_lp` or `dout_lp`
+ * given to a matmul (or a layernorm backward) must hold the copy of its tensor's
+ * current values: it is read instead of converting the tensor (a stale copy gives
+ * wrong results, silently). */
 size_t kn_lowp_bytes(kn_ctx *k, size_t n);
 void kn_to_lowp(kn_ctx *k, void *lp, const float *src, size_t n);
 
@@ -172,10 +176,14 @@ void kn_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, co
 /* kn_matmul_backward with dinp OVERWRITTEN (dinp = dout · weight): what the
  * engine used to get by zeroing dinp first, without the memset and, on CUDA,
  * without the GEMM reading dinp back (beta 0). The CPU zeroes and accumulates,
- * bit for bit the zero-then-kn_matmul_backward it replaces. */
-void kn_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
-                            const void *dout_lp, const float *inp, const void *inp_lp,
-                            const float *weight, int BT, int C, int OC);
+ * bit for bit the zero-then-kn_matmul_backward it replaces. dinp_lp (NULL or
+ * kn_lowp_bytes(k, BT·C); only with dinp) receives dinp's low-precision copy (the
+ * layernorm backward's dout_lp); then dinp itself may be left unwritten (CUDA's bf16
+ * mode: the dinp GEMM writes only the copy). Only this overwriting variant has one:
+ * kn_matmul_backward's dinp accumulates. */
+void kn_matmul_backward_set(kn_ctx *k, float *dinp, void *dinp_lp, float *dweight, float *dbias,
+                            const float *dout, const void *dout_lp, const float *inp,
+                            const void *inp_lp, const float *weight, int BT, int C, int OC);
 
 /* Causal multi-head self-attention. qkv is [B, T, 3C] (q, k, v, each C = NH·hs
  * channels); out is [B, T, C] (overwritten); att, of kn_attention_state_floats

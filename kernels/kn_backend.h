@@ -29,9 +29,9 @@ typedef struct kn_ops {
                               const float *inp, const float *weight, const float *bias, int B,
                               int T, int C);
     void (*layernorm_backward)(kn_ctx *k, float *dinp, void *dinp_lp, float *dweight,
-                               float *dbias, const float *dout, const float *inp,
-                               const float *weight, const float *mean, const float *rstd, int B,
-                               int T, int C);
+                               float *dbias, const float *dout, const void *dout_lp,
+                               const float *inp, const float *weight, const float *mean,
+                               const float *rstd, int B, int T, int C);
     void (*matmul_forward)(kn_ctx *k, float *out, void *out_lp, const float *inp,
                            const void *inp_lp, const float *weight, const float *bias, int BT,
                            int C, int OC);
@@ -65,9 +65,10 @@ typedef struct kn_ops {
                                const kn_adamw_span *spans, int nspans, float lr, float beta1,
                                float beta2, float eps, float weight_decay, float grad_scale,
                                int t);
-    void (*matmul_backward_set)(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                                const float *dout, const void *dout_lp, const float *inp,
-                                const void *inp_lp, const float *weight, int BT, int C, int OC);
+    void (*matmul_backward_set)(kn_ctx *k, float *dinp, void *dinp_lp, float *dweight,
+                                float *dbias, const float *dout, const void *dout_lp,
+                                const float *inp, const void *inp_lp, const float *weight, int BT,
+                                int C, int OC);
     double (*sum_squares)(kn_ctx *k, const float *x, size_t n);
     double (*sum)(kn_ctx *k, const float *x, size_t n);
     void (*copy)(kn_ctx *k, void *dst, const void *src, size_t bytes);

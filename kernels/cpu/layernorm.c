@@ -76,11 +76,12 @@ KN_SIMD static void ln_backward_params(float *restrict dw, float *restrict db,
     }
 }
 
-/* dinp_lp is NULL: the CPU keeps no low-precision copies (kn_lowp_bytes is 0). */
+/* dinp_lp and dout_lp are NULL: the CPU keeps no low-precision copies (kn_lowp_bytes
+ * is 0). */
 void kn_cpu_layernorm_backward(kn_ctx *k, float *dinp, void *dinp_lp, float *dweight,
-                               float *dbias, const float *dout, const float *inp,
-                               const float *weight, const float *mean, const float *rstd, int B,
-                               int T, int C)
+                               float *dbias, const float *dout, const void *dout_lp,
+                               const float *inp, const float *weight, const float *mean,
+                               const float *rstd, int B, int T, int C)
 {
     long BT = (long)B * T;
 #pragma omp parallel num_threads(k->threads) if (BT * C >= KN_PAR_MIN)

@@ -4,7 +4,8 @@
  * a copy is the bf16 of its fp32 values (round to nearest even); a matmul given inp_lp or
  * dout_lp multiplies the copy's values, not the fp32 ones, so a copy that is missing or
  * stale changes the result; and where kernels.h lets the fp32 output go unwritten beside
- * its copy (the GELU output, dpre, dqkv), it is filled with NaN, so that a reader of it shows.
+ * its copy (the GELU output, dpre, dqkv, a set backward's dinp), it is filled with NaN, so
+ * that a reader of it shows; the layernorm backward given dout_lp reads the copy's values.
  * The layernorm backward's dinp stays valid beside its copy: it goes on accumulating.
  * Weights stay fp32 (CUDA rounds them too: these tests check the plumbing, not the
  * rounding). */
@@ -76,12 +77,15 @@ static void lowp_layernorm_forward(kn_ctx *k, float *out, void *out_lp, float *m
 }
 
 static void lowp_layernorm_backward(kn_ctx *k, float *dinp, void *dinp_lp, float *dweight,
-                                    float *dbias, const float *dout, const float *inp,
-                                    const float *weight, const float *mean, const float *rstd,
-                                    int B, int T, int C)
+                                    float *dbias, const float *dout, const void *dout_lp,
+                                    const float *inp, const float *weight, const float *mean,
+                                    const float *rstd, int B, int T, int C)
 {
-    kn_cpu_layernorm_backward(k, dinp, NULL, dweight, dbias, dout, inp, weight, mean, rstd, B, T,
-                              C);
+    float *tmp;
+    const float *d = operand(dout, dout_lp, (size_t)B * T * C, &tmp);
+    kn_cpu_layernorm_backward(k, dinp, NULL, dweight, dbias, d, NULL, inp, weight, mean, rstd, B,
+                              T, C);
+    free(tmp);
     if (dinp_lp) bf16_copy(dinp_lp, dinp, (size_t)B * T * C);
 }
 
@@ -96,35 +100,39 @@ static void lowp_matmul_forward(kn_ctx *k, float *out, void *out_lp, const float
     keep_copy_only(out, out_lp, (size_t)BT * OC);
 }
 
-/* kn_cpu_matmul_backward or _set on the copies' values where given. */
-static void backward_of(kn_ctx *k, int set, float *dinp, float *dweight, float *dbias,
-                        const float *dout, const void *dout_lp, const float *inp,
+/* kn_cpu_matmul_backward or _set on the copies' values where given; _set with dinp_lp
+ * leaves only dinp's copy. */
+static void backward_of(kn_ctx *k, int set, float *dinp, void *dinp_lp, float *dweight,
+                        float *dbias, const float *dout, const void *dout_lp, const float *inp,
                         const void *inp_lp, const float *weight, int BT, int C, int OC)
 {
     float *tmp_d, *tmp_x;
     const float *d = operand(dout, dout_lp, (size_t)BT * OC, &tmp_d);
     const float *x = operand(inp, inp_lp, (size_t)BT * C, &tmp_x);
     if (set)
-        kn_cpu_matmul_backward_set(k, dinp, dweight, dbias, d, NULL, x, NULL, weight, BT, C, OC);
+        kn_cpu_matmul_backward_set(k, dinp, NULL, dweight, dbias, d, NULL, x, NULL, weight, BT, C,
+                                   OC);
     else
         kn_cpu_matmul_backward(k, dinp, dweight, dbias, d, NULL, x, NULL, weight, BT, C, OC);
     free(tmp_d);
     free(tmp_x);
+    if (dinp) keep_copy_only(dinp, dinp_lp, (size_t)BT * C);
 }
 
 static void lowp_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias,
                                  const float *dout, const void *dout_lp, const float *inp,
                                  const void *inp_lp, const float *weight, int BT, int C, int OC)
 {
-    backward_of(k, 0, dinp, dweight, dbias, dout, dout_lp, inp, inp_lp, weight, BT, C, OC);
+    backward_of(k, 0, dinp, NULL, dweight, dbias, dout, dout_lp, inp, inp_lp, weight, BT, C, OC);
 }
 
-static void lowp_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                                     const float *dout, const void *dout_lp, const float *inp,
-                                     const void *inp_lp, const float *weight, int BT, int C,
-                                     int OC)
+static void lowp_matmul_backward_set(kn_ctx *k, float *dinp, void *dinp_lp, float *dweight,
+                                     float *dbias, const float *dout, const void *dout_lp,
+                                     const float *inp, const void *inp_lp, const float *weight,
+                                     int BT, int C, int OC)
 {
-    backward_of(k, 1, dinp, dweight, dbias, dout, dout_lp, inp, inp_lp, weight, BT, C, OC);
+    backward_of(k, 1, dinp, dinp_lp, dweight, dbias, dout, dout_lp, inp, inp_lp, weight, BT, C,
+                OC);
 }
 
 /* x's n values replaced by their bf16, over the first half of x's bytes. */

@@ -116,10 +116,11 @@ void kn_cpu_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias
 }
 
 /* The same products onto a zeroed dinp: bit for bit what zeroing and then
- * accumulating gives. */
-void kn_cpu_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                                const float *dout, const void *dout_lp, const float *inp,
-                                const void *inp_lp, const float *weight, int BT, int C, int OC)
+ * accumulating gives (dinp_lp is NULL: the CPU keeps no low-precision copies). */
+void kn_cpu_matmul_backward_set(kn_ctx *k, float *dinp, void *dinp_lp, float *dweight,
+                                float *dbias, const float *dout, const void *dout_lp,
+                                const float *inp, const void *inp_lp, const float *weight, int BT,
+                                int C, int OC)
 {
     if (dinp && BT > 0 && C > 0) memset(dinp, 0, (size_t)BT * C * sizeof(float));
     kn_cpu_matmul_backward(k, dinp, dweight, dbias, dout, dout_lp, inp, inp_lp, weight, BT, C,

@@ -119,9 +119,9 @@ void kn_cuda_layernorm_forward(kn_ctx *k, float *out, void *out_lp, float *mean,
                                const float *inp, const float *weight, const float *bias, int B,
                                int T, int C);
 void kn_cuda_layernorm_backward(kn_ctx *k, float *dinp, void *dinp_lp, float *dweight,
-                                float *dbias, const float *dout, const float *inp,
-                                const float *weight, const float *mean, const float *rstd, int B,
-                                int T, int C);
+                                float *dbias, const float *dout, const void *dout_lp,
+                                const float *inp, const float *weight, const float *mean,
+                                const float *rstd, int B, int T, int C);
 void kn_cuda_matmul_forward(kn_ctx *k, float *out, void *out_lp, const float *inp,
                             const void *inp_lp, const float *weight, const float *bias, int BT,
                             int C, int OC);
@@ -193,9 +193,10 @@ void kn_cuda_adamw_update_spans(kn_ctx *k, float *params, const float *grads, fl
                                 float *v, const kn_adamw_span *spans, int nspans, float lr,
                                 float beta1, float beta2, float eps, float weight_decay,
                                 float grad_scale, int t);
-void kn_cuda_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                                 const float *dout, const void *dout_lp, const float *inp,
-                                 const void *inp_lp, const float *weight, int BT, int C, int OC);
+void kn_cuda_matmul_backward_set(kn_ctx *k, float *dinp, void *dinp_lp, float *dweight,
+                                 float *dbias, const float *dout, const void *dout_lp,
+                                 const float *inp, const void *inp_lp, const float *weight, int BT,
+                                 int C, int OC);
 double kn_cuda_sum_squares(kn_ctx *k, const float *x, size_t n);
 double kn_cuda_sum(kn_ctx *k, const float *x, size_t n);
 

@@ -6,8 +6,9 @@
  * aligned; GPT-2's C = 768): one warp per row, the row in registers, V =
  * ceil(C/128) float4s per lane (lane l holds float4s l, l + 32, ...), so inp,
  * dout, dinp and out move once each in coalesced 16-byte accesses (their bf16
- * copies, out's and dinp's, in 8-byte ones). Other shapes run the scalar
- * kernels at the end. */
+ * copies, out's and dinp's, and dout in bf16, in 8-byte ones). Other shapes run
+ * the scalar kernels at the end. The backward kernels take dout as float or, in
+ * bf16 mode where the matmul backward before wrote only its copy, __nv_bfloat16. */
 #define LN_EPS 1e-5f
 #define LN_WARPS 8           /* warps (rows in flight) per 256-thread block */
 #define LN_THREADS (32 * LN_WARPS)
@@ -26,6 +27,29 @@ __device__ static inline void ln_load(float (&x)[4 * V], const float *row, int C
                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         x[4 * j] = t.x, x[4 * j + 1] = t.y, x[4 * j + 2] = t.z, x[4 * j + 3] = t.w;
     }
+}
+
+/* ln_load from bf16 (dout's copy): 4 values, 8 bytes, per float4 slot. */
+template <int V>
+__device__ static inline void ln_load(float (&x)[4 * V], const __nv_bfloat16 *row, int C4,
+                                      int lane)
+{
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        const int i = lane + 32 * j;
+        const uint2 t = i < C4 ? reinterpret_cast<const uint2 *>(row)[i] : make_uint2(0u, 0u);
+        x[4 * j] = __uint_as_float(t.x << 16);
+        x[4 * j + 1] = __uint_as_float(t.x & 0xffff0000u);
+        x[4 * j + 2] = __uint_as_float(t.y << 16);
+        x[4 * j + 3] = __uint_as_float(t.y & 0xffff0000u);
+    }
+}
+
+/* One value of a float or bf16 row (the scalar kernels' dout). */
+__device__ static inline float ln_value(const float *p, long i) { return p[i]; }
+__device__ static inline float ln_value(const __nv_bfloat16 *p, long i)
+{
+    return __uint_as_float((unsigned)__bfloat16_as_ushort(p[i]) << 16);
 }
 
 /* The inverse of ln_load (what lies past C/4 is not stored). */
@@ -116,11 +140,12 @@ __device__ static void ln_block_sum(float4 (*sh)[32 * V], const float (&acc)[4 *
  * the block adds its warps in order into partial[blockIdx.x] (dweight) and
  * partial[gridDim.x + blockIdx.x] (dbias), which kn_cuda_sum_partials adds in
  * order: no atomics, the same result every run. 16·V values live a lane
- * (norm, dnorm, dweight, dbias): up to V = 6 that fits 2 blocks an SM. */
-template <int V>
+ * (norm, dnorm, dweight, dbias): up to V = 6 that fits 2 blocks an SM. D: dout's
+ * type, float or __nv_bfloat16. */
+template <int V, typename D>
 __global__ static void __launch_bounds__(LN_THREADS, V <= 6 ? 2 : 1)
 layernorm_backward_vec_kernel(float *dinp, __nv_bfloat16 *dinp_lp, float *partial,
-                              const float *dout, const float *inp, const float *w,
+                              const D *dout, const float *inp, const float *w,
                               const float *mean, const float *rstd, long BT, int C)
 {
     __shared__ float4 sh[LN_WARPS][32 * V];
@@ -176,16 +201,20 @@ static inline int ln_vec(int C, bool aligned16)
 }
 
 static inline bool ln_aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+static inline bool ln_aligned8(const void *p) { return ((uintptr_t)p & 7) == 0; }
 
 typedef void (*ln_forward_fn)(float *, __nv_bfloat16 *, float *, float *, const float *,
                               const float *, const float *, long, int);
-typedef void (*ln_backward_fn)(float *, __nv_bfloat16 *, float *, const float *, const float *,
-                               const float *, const float *, const float *, long, int);
+template <typename D>
+using ln_backward_fn = void (*)(float *, __nv_bfloat16 *, float *, const D *, const float *,
+                                const float *, const float *, const float *, long, int);
 #define LN_EACH_VEC(k) {k<1>, k<2>, k<3>, k<4>, k<5>, k<6>, k<7>, k<8>}
-/* The register-path kernels by V − 1. */
+#define LN_EACH_VEC_D(k, D) {k<1, D>, k<2, D>, k<3, D>, k<4, D>, k<5, D>, k<6, D>, k<7, D>, k<8, D>}
+/* The register-path kernels by V − 1 (the backward's by dout's type too). */
 static const ln_forward_fn ln_forward_vec[LN_MAX_VEC] = LN_EACH_VEC(layernorm_forward_vec_kernel);
-static const ln_backward_fn ln_backward_vec[LN_MAX_VEC] =
-    LN_EACH_VEC(layernorm_backward_vec_kernel);
+template <typename D>
+static const ln_backward_fn<D> ln_backward_vec[LN_MAX_VEC] =
+    LN_EACH_VEC_D(layernorm_backward_vec_kernel, D);
 
 /* Scalar forward for any C and alignment: one warp per row. */
 __global__ static void __launch_bounds__(LN_THREADS)
@@ -217,18 +246,21 @@ layernorm_forward_kernel(float *out, __nv_bfloat16 *out_lp, float *mean, float *
     }
 }
 
-/* Scalar dinp and its bf16 copy (as layernorm_backward_vec_kernel), one warp per row. */
+/* Scalar dinp and its bf16 copy (as layernorm_backward_vec_kernel, dout of type D),
+ * one warp per row. */
+template <typename D>
 __global__ static void __launch_bounds__(LN_THREADS)
-layernorm_dinp_kernel(float *dinp, __nv_bfloat16 *dinp_lp, const float *dout, const float *inp,
+layernorm_dinp_kernel(float *dinp, __nv_bfloat16 *dinp_lp, const D *dout, const float *inp,
                       const float *w, const float *mean, const float *rstd, long BT, int C)
 {
     long row = (long)blockIdx.x * LN_WARPS + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (row >= BT) return;
-    const float *x = inp + row * C, *d = dout + row * C;
+    const float *x = inp + row * C;
+    const D *d = dout + row * C;
     float m = mean[row], r = rstd[row], a = 0.0f, bsum = 0.0f;
     for (int i = lane; i < C; i += 32) {
-        float dnorm = w[i] * d[i];
+        float dnorm = w[i] * ln_value(d, i);
         a += dnorm;
         bsum += dnorm * ((x[i] - m) * r);
     }
@@ -236,7 +268,7 @@ layernorm_dinp_kernel(float *dinp, __nv_bfloat16 *dinp_lp, const float *dout, co
     float *di = dinp + row * C;
     for (int i = lane; i < C; i += 32) {
         float norm = (x[i] - m) * r;
-        const float v = di[i] + (w[i] * d[i] - dnorm_mean - norm * dnorm_norm_mean) * r;
+        const float v = di[i] + (w[i] * ln_value(d, i) - dnorm_mean - norm * dnorm_norm_mean) * r;
         di[i] = v;
         if (dinp_lp) dinp_lp[row * C + i] = __float2bfloat16_rn(v);
     }
@@ -244,9 +276,10 @@ layernorm_dinp_kernel(float *dinp, __nv_bfloat16 *dinp_lp, const float *dout, co
 
 /* Scalar parameter gradients: partial[blockIdx.y][c] = Σ dout·norm and
  * partial[gridDim.y + blockIdx.y][c] = Σ dout over the block's LN_ROWS rows;
- * 32 channels × LN_WARPS row lanes, the row lanes summed in order. */
+ * 32 channels × LN_WARPS row lanes, the row lanes summed in order; dout of type D. */
+template <typename D>
 __global__ static void __launch_bounds__(LN_THREADS)
-layernorm_params_kernel(float *partial, const float *dout, const float *inp, const float *mean,
+layernorm_params_kernel(float *partial, const D *dout, const float *inp, const float *mean,
                         const float *rstd, long BT, int C)
 {
     __shared__ float sw[LN_WARPS][32], sb[LN_WARPS][32];
@@ -255,7 +288,7 @@ layernorm_params_kernel(float *partial, const float *dout, const float *inp, con
     float aw = 0.0f, ab = 0.0f;
     if (c < C)
         for (long r = r0 + ty; r < r1; r += LN_WARPS) {
-            float d = dout[r * C + c];
+            float d = ln_value(dout, r * C + c);
             aw += d * ((inp[r * C + c] - mean[r]) * rstd[r]);
             ab += d;
         }

@@ -859,7 +859,8 @@ static void bias_partials(kn_ctx *k, float *partial, const T *dout, size_t ld, i
 
 /* The bf16 operands a backward may be handed in bf16 mode (NULL where absent):
  * dout in bf16 with rows ldo apart (then dout is read only for dbias), inp in
- * bf16 kept from the forward, and where dinp's bf16 copy goes (with pre). */
+ * bf16 kept from the forward, and where dinp's bf16 copy goes (with pre, or with
+ * set: then the GEMM writes only the copy). */
 typedef struct {
     const __nv_bfloat16 *dout;
     size_t ldo;
@@ -878,7 +879,8 @@ static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const
     const bool pre16 = pre && k->cuda->bf16; /* pre kept in bf16 (kernels.h) */
     const __nv_bfloat16 *dout16 = lp.dout, *inp16 = lp.inp;
     if (set && dinp && BT > 0 && C > 0 && OC <= 0) /* an empty product: dinp = 0 */
-        CUDA_CHECK(cudaMemsetAsync(dinp, 0, (size_t)BT * C * sizeof(float), kn_stream(k)));
+        CUDA_CHECK(cudaMemsetAsync(lp.dinp ? lp.dinp : (void *)dinp, 0,
+                                   (size_t)BT * C * (lp.dinp ? 2 : sizeof(float)), kn_stream(k)));
     if (BT <= 0 || OC <= 0 || C < 0) return;
     const bool gemms = C > 0 && (dinp || dweight);
     const bool conv = k->cuda->bf16 && gemms;
@@ -952,6 +954,8 @@ static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const
             } else { /* every chunk writes its own rows: beta 0 overwrites them all */
                 j.epi = EPI_NONE;
                 j.beta = set ? 0.0f : 1.0f;
+                j.d16 = set && lp.dinp; /* set with a copy: the bf16 product alone */
+                if (j.d16) j.D = (float *)((__nv_bfloat16 *)lp.dinp + (size_t)r0 * C);
             }
             mm(k, &j);
             if (pre16) { /* in place: dpre = product ⊙ gelu'(pre) */
@@ -1010,12 +1014,14 @@ void kn_cuda_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbia
              lp_args(dout_lp, OC, inp_lp), 1.0f);
 }
 
-void kn_cuda_matmul_backward_set(kn_ctx *k, float *dinp, float *dweight, float *dbias,
-                                 const float *dout, const void *dout_lp, const float *inp,
-                                 const void *inp_lp, const float *weight, int BT, int C, int OC)
+void kn_cuda_matmul_backward_set(kn_ctx *k, float *dinp, void *dinp_lp, float *dweight,
+                                 float *dbias, const float *dout, const void *dout_lp,
+                                 const float *inp, const void *inp_lp, const float *weight, int BT,
+                                 int C, int OC)
 {
-    backward(k, dinp, dweight, dbias, dout, inp, weight, NULL, BT, C, OC, true,
-             lp_args(dout_lp, OC, inp_lp), 1.0f);
+    bwd_lp lp = lp_args(dout_lp, OC, inp_lp);
+    lp.dinp = dinp_lp; /* the dinp GEMM writes only the copy (kernels.h) */
+    backward(k, dinp, dweight, dbias, dout, inp, weight, NULL, BT, C, OC, true, lp, 1.0f);
 }
 
 void kn_cuda_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre,

@@ -65,6 +65,12 @@ static inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi)
 }
 static inline __nv_bfloat16 __float2bfloat16_rn(float f) { return {f2bf(f)}; }
 static inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.v; }
+static inline float __uint_as_float(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 
 // ---- fibers: the threads of one block
 enum { EMU_MAX_THREADS = 1024 };

@@ -8,6 +8,9 @@
  * register path for C = 768, 1024, 64 (half the lanes idle) and 132 (one
  * float4 past a multiple of 128), and on the scalar path (C = 37, and C = 768
  * with misaligned pointers); row counts not a multiple of the rows per block.
+ * The backward runs again with dout in bf16 (the kernels' __nv_bfloat16
+ * instantiation, the bf16 mode's dout_lp) on every shape, both paths, against
+ * the reference of the bf16 values.
  * Nothing is written past the end of any buffer, and every partial-sum entry
  * is written (the buffers start as NaN).
  *
@@ -136,20 +139,22 @@ static bool forward(Case &k)
 }
 
 /* The backward as kn_cuda_layernorm_backward runs it, dweight and dbias added
- * onto their contents as kn_cuda_sum_partials does. */
+ * onto their contents as kn_cuda_sum_partials does; dout of type D. */
+template <typename D>
 static void run_backward(Case &k, float *dinp, __nv_bfloat16 *dinp_lp, float *dw, float *db,
-                         const float *dout, const float *mean, const float *rstd)
+                         const D *dout, const float *mean, const float *rstd)
 {
     const long BT = k.BT;
     const int C = k.C;
-    const int v = ln_vec(C, ln_aligned16(dinp) && ln_aligned16(dinp_lp) && ln_aligned16(dout) &&
+    const bool dout_ok = sizeof(D) == 2 ? ln_aligned8(dout) : ln_aligned16(dout);
+    const int v = ln_vec(C, ln_aligned16(dinp) && ln_aligned16(dinp_lp) && dout_ok &&
                                 ln_aligned16(k.x.p()) && ln_aligned16(k.w.p()));
     const long rows = v ? LN_BWD_ROWS : LN_ROWS, parts = (BT + rows - 1) / rows;
     std::vector<float> partial(2 * parts * C + PAD, NAN);
     if (v) {
         emu_run_grid((unsigned)parts, 1, LN_THREADS, [&] {
-            ln_backward_vec[v - 1](dinp, dinp_lp, partial.data(), dout, k.x.p(), k.w.p(), mean,
-                                   rstd, BT, C);
+            ln_backward_vec<D>[v - 1](dinp, dinp_lp, partial.data(), dout, k.x.p(), k.w.p(),
+                                      mean, rstd, BT, C);
         });
     } else {
         emu_run_grid((unsigned)((BT + LN_WARPS - 1) / LN_WARPS), 1, LN_THREADS, [&] {
@@ -164,15 +169,21 @@ static void run_backward(Case &k, float *dinp, __nv_bfloat16 *dinp_lp, float *dw
             dw[c] += partial[p * C + c];
             db[c] += partial[(parts + p) * C + c];
         }
-    printf("BT %ld C %d (%s, %ld partial sums)\n", BT, C, v ? "register path" : "scalar path",
-           parts);
+    printf("BT %ld C %d (%s, %ld partial sums%s)\n", BT, C, v ? "register path" : "scalar path",
+           parts, sizeof(D) == 2 ? ", bf16 dout" : "");
 }
 
-static bool backward(Case &k)
+/* d16: dout given in bf16 (its values rounded first, so the reference is of them). */
+static bool backward(Case &k, bool d16)
 {
     const long BT = k.BT, n = BT * k.C;
     const int C = k.C;
     Buf dout = rand_buf(n, -1, 1, k.mis), dinp = rand_buf(n, -1, 1, k.mis);
+    std::vector<__nv_bfloat16> dout16(d16 ? n : 0); /* malloc: 16-byte aligned */
+    for (long i = 0; i < (long)dout16.size(); i++) {
+        dout16[i].v = f2bf(dout.p()[i]);
+        dout.p()[i] = bf2f(dout16[i].v);
+    }
     Buf dw = rand_buf(C, -1, 1, k.mis), db = rand_buf(C, -1, 1, k.mis), mean(BT, 0), rstd(BT, 0);
     std::vector<double> rdx(dinp.p(), dinp.p() + n), rdw(dw.p(), dw.p() + C),
         rdb(db.p(), db.p() + C);
@@ -188,7 +199,10 @@ static bool backward(Case &k)
             rdx[t * C + c] += (k.w.p()[c] * g[c] - a / C - k.norm(t, c) * bs / C) * k.r[t];
     }
     std::vector<__nv_bfloat16> lp(n + PAD, {0x7fc0}); /* NaN; malloc: 16-byte aligned */
-    run_backward(k, dinp.p(), lp.data(), dw.p(), db.p(), dout.p(), mean.p(), rstd.p());
+    if (d16)
+        run_backward(k, dinp.p(), lp.data(), dw.p(), db.p(), dout16.data(), mean.p(), rstd.p());
+    else
+        run_backward(k, dinp.p(), lp.data(), dw.p(), db.p(), dout.p(), mean.p(), rstd.p());
     bool ok = within("dinp", dinp.p(), rdx, 2e-5);
     const long bad = bf16_copy_bad(lp, dinp.p(), n);
     printf("  bf16     %ld values not dinp rounded to nearest even (or written past the end)\n",
@@ -197,7 +211,7 @@ static bool backward(Case &k)
     ok &= within("dweight", dw.p(), rdw, 2e-5);
     ok &= within("dbias", db.p(), rdb, 2e-5);
     ok &= dinp.guard_ok() && dw.guard_ok() && db.guard_ok();
-    return report("backward", BT, C, k.mis, ok);
+    return report(d16 ? "backward-bf16" : "backward", BT, C, k.mis, ok);
 }
 
 int main()
@@ -209,7 +223,8 @@ int main()
     for (const auto &s : shapes) {
         Case k(s[0], s[1], s[2]);
         fails += !forward(k);
-        fails += !backward(k);
+        fails += !backward(k, false);
+        fails += !backward(k, true);
     }
     return fails != 0;
 }

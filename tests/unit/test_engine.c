@@ -1136,10 +1136,10 @@ static void check_stage_without_head(const pl_gpt_config *cfg, kn_ctx *k, kn_ctx
  * them (kernels.h "Low-precision copies"), as CUDA's bf16 mode does: on "cpu-lowp" the
  * matmuls multiply the copies' values (the layernorms', the attention's and the GELU's
  * outputs and the gradients dpre and dqkv, each written by the kernel that makes the
- * value) and the fp32 outputs that only their copies are read through (the GELU output,
- * dpre, dqkv) are NaN. So a matmul given no copy, a stale one, or a
- * reader of those fp32 outputs shows as a loss or gradient far from the CPU's or not
- * finite. Two microbatches, an AdamW step and a third, over 2 slots; then keep_probs; then
+ * value), the blocks' layernorm backwards read dln's copy, and the fp32 outputs that only
+ * their copies are read through (the GELU output, dpre, dqkv, the blocks' dln) are NaN. So
+ * a matmul or layernorm backward given no copy, a stale one, or a reader of those fp32
+ * outputs shows as a loss or gradient far from the CPU's or not finite. Two microbatches, an AdamW step and a third, over 2 slots; then keep_probs; then
  * a pipeline stage without the head. */
 static void test_bf16_copies_feed_every_matmul(void) {
     const pl_gpt_config cfg = tiny(2);

@@ -460,7 +460,7 @@ static void test_layernorm(void)
               *db = frand((size_t)C, 1);
         float *dx0 = fcopy(dx, n), *dw0 = fcopy(dw, (size_t)C), *db0 = fcopy(db, (size_t)C);
         double *gx = td(n), *gw = td((size_t)C), *gb = td((size_t)C);
-        kn_layernorm_backward(ctx, dx, NULL, dw, db, dout, x, w, mean, rstd, B, T, C);
+        kn_layernorm_backward(ctx, dx, NULL, dw, db, dout, NULL, x, w, mean, rstd, B, T, C);
         ref_layernorm_backward(gx, gw, gb, to_d(dout, n), xd, wd, (int)N, C);
         /* C = 1: the normalized value is 0 whatever the input, dinp is rounding noise */
         if (C > 1) CHECK(near("layernorm dinp (accumulated)", dx, plus(dx0, gx, n), n, 2e-5));
@@ -829,7 +829,7 @@ static void test_matmul_backward_set(void)
         memcpy(dW2, dW, nw * 4), memcpy(db2, db, (size_t)OC * 4);
         memset(dx, 0, ni * 4);
         kn_matmul_backward(ctx, dx, dW, db, dout, NULL, x, NULL, W, BT, C, OC);
-        kn_matmul_backward_set(ctx, dx2, dW2, db2, dout, NULL, x, NULL, W, BT, C, OC);
+        kn_matmul_backward_set(ctx, dx2, NULL, dW2, db2, dout, NULL, x, NULL, W, BT, C, OC);
         CHECK(memcmp(dx, dx2, ni * 4) == 0);
         CHECK(memcmp(dW, dW2, nw * 4) == 0);
         CHECK(memcmp(db, db2, (size_t)OC * 4) == 0);
@@ -941,7 +941,7 @@ static void test_fd_layernorm(void)
     float *out = tf(n), *mean = tf((size_t)B * T), *rstd = tf((size_t)B * T);
     float *dout = frand(n, 1), *dx = tf(n), *dw = tf((size_t)C), *db = tf((size_t)C);
     kn_layernorm_forward(ctx, out, NULL, mean, rstd, x, w, b, B, T, C);
-    kn_layernorm_backward(ctx, dx, NULL, dw, db, dout, x, w, mean, rstd, B, T, C);
+    kn_layernorm_backward(ctx, dx, NULL, dw, db, dout, NULL, x, w, mean, rstd, B, T, C);
     fd.B = B, fd.T = T, fd.C = C;
     fd.x = to_d(x, n), fd.w = to_d(w, (size_t)C), fd.b = to_d(b, (size_t)C);
     fd.wsum = to_d(dout, n), fd.out = td(n);
@@ -1099,7 +1099,7 @@ static void test_threads_agree(void)
         o[0] = tf(n), o[1] = tf(BT), o[2] = tf(BT);
         kn_layernorm_forward(K, o[0], NULL, o[1], o[2], x, w, bb, B, T, C);
         o[3] = fcopy(g0, n), o[4] = tf(C), o[5] = tf(C);
-        kn_layernorm_backward(K, o[3], NULL, o[4], o[5], dout, x, w, o[1], o[2], B, T, C);
+        kn_layernorm_backward(K, o[3], NULL, o[4], o[5], dout, NULL, x, w, o[1], o[2], B, T, C);
         o[6] = tf(n), o[7] = tf((size_t)B * NH * T * T);
         kn_attention_forward(K, o[6], NULL, o[7], qkv, NULL, B, T, C, NH);
         o[8] = tf(3 * n);

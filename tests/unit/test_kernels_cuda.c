@@ -382,9 +382,9 @@ static void test_layernorm(void)
         float *d_dx = upf(dx, n), *d_dw = upf(dw, (size_t)C), *d_db = upf(db, (size_t)C);
         void *d_dxl = lowp_alloc(n);
         /* both sides from the CPU's mean and rstd, so only backward is compared */
-        kn_layernorm_backward(cpu, dx, NULL, dw, db, dout, x, w, mean, rstd, B, T, C);
-        kn_layernorm_backward(gpu, d_dx, d_dxl, d_dw, d_db, upf(dout, n), d_x, d_w, upf(mean, N),
-                              upf(rstd, N), B, T, C);
+        kn_layernorm_backward(cpu, dx, NULL, dw, db, dout, NULL, x, w, mean, rstd, B, T, C);
+        kn_layernorm_backward(gpu, d_dx, d_dxl, d_dw, d_db, upf(dout, n), NULL, d_x, d_w,
+                              upf(mean, N), upf(rstd, N), B, T, C);
         /* C = 1: the normalized value is 0 whatever the input, dinp is rounding noise */
         if (C > 1) CHECK(close_to("layernorm dinp (accumulated)", down(d_dx, n), dx, n, 2e-5));
         /* the copy of the accumulated dinp, rounded from the very values stored */
@@ -393,6 +393,24 @@ static void test_layernorm(void)
                        2e-5));
         CHECK(close_to("layernorm dbias (accumulated)", down(d_db, (size_t)C), db, (size_t)C,
                        2e-5));
+        void *d_doutl = lowp_of(upf(dout, n), n);
+        if (d_doutl) { /* dout read through its copy alone (the fp32 dout given is NaN) */
+            float *doutr = hf(n), *dx2 = hrand(n, 1), *dw2 = hrand((size_t)C, 1),
+                  *db2 = hrand((size_t)C, 1);
+            for (size_t i = 0; i < n; i++) doutr[i] = bf16_round(dout[i]);
+            float *d_dx2 = upf(dx2, n), *d_dw2 = upf(dw2, (size_t)C), *d_db2 = upf(db2, (size_t)C);
+            void *d_dxl2 = lowp_alloc(n);
+            kn_layernorm_backward(cpu, dx2, NULL, dw2, db2, doutr, NULL, x, w, mean, rstd, B, T, C);
+            kn_layernorm_backward(gpu, d_dx2, d_dxl2, d_dw2, d_db2, nan_dev(n), d_doutl, d_x, d_w,
+                                  upf(mean, N), upf(rstd, N), B, T, C);
+            if (C > 1)
+                CHECK(close_to("layernorm dinp (dout_lp)", down(d_dx2, n), dx2, n, 2e-5));
+            CHECK(lowp_is_copy("layernorm dinp_lp (dout_lp)", d_dxl2, d_dx2, n));
+            CHECK(close_to("layernorm dweight (dout_lp)", down(d_dw2, (size_t)C), dw2, (size_t)C,
+                           2e-5));
+            CHECK(close_to("layernorm dbias (dout_lp)", down(d_db2, (size_t)C), db2, (size_t)C,
+                           2e-5));
+        }
     }
 }
 
@@ -477,12 +495,19 @@ static void test_matmul_backward_set(void)
         for (size_t i = 0; i < ni; i++) dx[i] = 7.0f;
         float *d_dx = upf_at(dx, ni, off), *d_dW = upf_at(dW, nw, off);
         float *d_db = db ? upf_at(db, OC, off) : NULL;
-        kn_matmul_backward_set(cpu, dx, dW, db, dout, NULL, x, NULL, W, BT, C, OC);
-        kn_matmul_backward_set(gpu, d_dx, d_dW, d_db, upf_at(dout, no, off), NULL,
-                               upf_at(x, ni, off), NULL, upf_at(W, nw, off), BT, C, OC);
+        kn_matmul_backward_set(cpu, dx, NULL, dW, db, dout, NULL, x, NULL, W, BT, C, OC);
+        float *d_dout = upf_at(dout, no, off), *d_x = upf_at(x, ni, off), *d_W = upf_at(W, nw, off);
+        kn_matmul_backward_set(gpu, d_dx, NULL, d_dW, d_db, d_dout, NULL, d_x, NULL, d_W, BT, C,
+                               OC);
         CHECK(close_to("matmul dinp (set)", down(d_dx, ni), dx, ni, tol_lin));
         CHECK(close_to("matmul dweight (set)", down(d_dW, nw), dW, nw, tol_lin));
         if (db) CHECK(close_to("matmul dbias (set)", down(d_db, OC), db, OC, 2e-5));
+        void *d_dxl = lowp_alloc(ni);
+        if (d_dxl) { /* dinp into its copy alone (the fp32 dinp, NaN, may stay unwritten) */
+            kn_matmul_backward_set(gpu, nan_dev(ni), d_dxl, NULL, NULL, d_dout, NULL, d_x, NULL,
+                                   d_W, BT, C, OC);
+            CHECK(close_to("matmul dinp_lp (set)", lowp_down(d_dxl, ni), dx, ni, tol_lin));
+        }
         arena_reset();
     }
 }
@@ -857,7 +882,7 @@ static void test_lm_head(void)
         kn_matmul_forward(cpu, logits, NULL, x, NULL, W, NULL, BT, C, Vp);
         kn_crossentropy_forward(cpu, losses, stats, logits, tg, BT, V, Vp);
         kn_crossentropy_backward(cpu, logits, logits, stats, tg, scale, BT, V, Vp);
-        kn_matmul_backward_set(cpu, dx, dW, NULL, logits, NULL, x, NULL, W, BT, C, Vp);
+        kn_matmul_backward_set(cpu, dx, NULL, dW, NULL, logits, NULL, x, NULL, W, BT, C, Vp);
         kn_lm_head_forward(gpu, d_losses, d_stats, d_logits, d_x, d_xl, d_W, d_tg, BT, C, V, Vp);
         kn_lm_head_backward(gpu, d_dx, d_dW, d_logits, d_stats, d_tg, scale, d_x, d_xl, d_W, BT,
                             C, V, Vp);

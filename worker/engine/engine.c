@@ -32,13 +32,15 @@ struct pl_slot {
     float *ce_stats; /* [B·T, 2]: per row (max, Σ e^(logit − max)), for backward */
 };
 
-/* Backward scratch, shared by all slots; dfch_lp, dqkv_lp and dres_lp are dfch's, dqkv's
- * and dres's low-precision copies (NULL where the backend keeps none), after the rest.
- * dres_lp must hold the copy of dres's current value wherever a matmul reads it: the
- * layernorm backwards that write dres write it too; dres from elsewhere is converted. */
+/* Backward scratch, shared by all slots; dfch_lp, dqkv_lp, dres_lp and dln_lp are dfch's,
+ * dqkv's, dres's and dln's low-precision copies (NULL where the backend keeps none), after
+ * the rest. dres_lp must hold the copy of dres's current value wherever a matmul reads it:
+ * the layernorm backwards that write dres write it too; dres from elsewhere is converted.
+ * dln_lp is the blocks' dln (the matmul backwards write only it, the layernorm backwards
+ * read it); the head's dln stays fp32. */
 typedef struct {
     float *dres, *dln, *datty, *dqkv, *dfch;
-    void *dfch_lp, *dqkv_lp, *dres_lp;
+    void *dfch_lp, *dqkv_lp, *dres_lp, *dln_lp;
 } scratch;
 
 static size_t first_block(const pl_engine *e)
@@ -123,6 +125,7 @@ static size_t layout_scratch(const pl_engine *e, scratch *s, char *base)
     s->dfch_lp = carve_lowp(e, base, &off, 4 * BTC);
     s->dqkv_lp = carve_lowp(e, base, &off, 3 * BTC);
     s->dres_lp = carve_lowp(e, base, &off, BTC);
+    s->dln_lp = carve_lowp(e, base, &off, BTC);
     return off;
 }
 
@@ -526,19 +529,20 @@ static void block_backward(pl_engine *e, pl_slot *s, int l, const scratch *w)
     kn_matmul_backward_gelu(k, w->dfch, w->dfch_lp, G(e, l, 10), G(e, l, 11), w->dres,
                             w->dres_lp, a->fch_gelu, a->fch_gelu_lp, P(e, l, 10), a->fch, BT,
                             4 * C, C);
-    /* _set: the scratch input gradients are overwritten, no zeroing pass */
-    kn_matmul_backward_set(k, w->dln, G(e, l, 8), G(e, l, 9), w->dfch, w->dfch_lp, a->ln2,
-                           a->ln2_lp, P(e, l, 8), BT, C, 4 * C);
-    kn_layernorm_backward(k, w->dres, w->dres_lp, G(e, l, 6), G(e, l, 7), w->dln, a->res2,
-                          P(e, l, 6), a->ln2_mean, a->ln2_rstd, B, T, C);
-    kn_matmul_backward_set(k, w->datty, G(e, l, 4), G(e, l, 5), w->dres, w->dres_lp, a->atty,
-                           a->atty_lp, P(e, l, 4), BT, C, C);
+    /* _set: the scratch input gradients are overwritten, no zeroing pass; dln through
+     * dln_lp alone where the backend keeps copies */
+    kn_matmul_backward_set(k, w->dln, w->dln_lp, G(e, l, 8), G(e, l, 9), w->dfch, w->dfch_lp,
+                           a->ln2, a->ln2_lp, P(e, l, 8), BT, C, 4 * C);
+    kn_layernorm_backward(k, w->dres, w->dres_lp, G(e, l, 6), G(e, l, 7), w->dln, w->dln_lp,
+                          a->res2, P(e, l, 6), a->ln2_mean, a->ln2_rstd, B, T, C);
+    kn_matmul_backward_set(k, w->datty, NULL, G(e, l, 4), G(e, l, 5), w->dres, w->dres_lp,
+                           a->atty, a->atty_lp, P(e, l, 4), BT, C, C);
     kn_attention_backward(k, w->dqkv, w->dqkv_lp, w->datty, a->qkv, a->qkv_lp, a->att, a->atty,
                           B, T, C, e->cfg.NH);
-    kn_matmul_backward_set(k, w->dln, G(e, l, 2), G(e, l, 3), w->dqkv, w->dqkv_lp, a->ln1,
-                           a->ln1_lp, P(e, l, 2), BT, C, 3 * C);
-    kn_layernorm_backward(k, w->dres, w->dres_lp, G(e, l, 0), G(e, l, 1), w->dln, x, P(e, l, 0),
-                          a->ln1_mean, a->ln1_rstd, B, T, C);
+    kn_matmul_backward_set(k, w->dln, w->dln_lp, G(e, l, 2), G(e, l, 3), w->dqkv, w->dqkv_lp,
+                           a->ln1, a->ln1_lp, P(e, l, 2), BT, C, 3 * C);
+    kn_layernorm_backward(k, w->dres, w->dres_lp, G(e, l, 0), G(e, l, 1), w->dln, w->dln_lp, x,
+                          P(e, l, 0), a->ln1_mean, a->ln1_rstd, B, T, C);
 }
 
 /* dres = the gradient the next stage sent, dout: host memory (dev = 0) or backend memory
@@ -575,8 +579,8 @@ static void backward(pl_engine *e, int slot, const float *dout, int dev, float d
         if (e->keep_probs) {
             kn_crossentropy_softmax_backward(k, s->probs, s->probs, s->targets, dloss_scale, BT,
                                              e->cfg.V, e->cfg.Vp);
-            kn_matmul_backward_set(k, w.dln, head_dwte(e), NULL, s->probs, NULL, s->lnf,
-                                   s->lnf_lp, wte, BT, C, e->cfg.Vp);
+            kn_matmul_backward_set(k, w.dln, NULL, head_dwte(e), NULL, s->probs, NULL,
+                                   s->lnf, s->lnf_lp, wte, BT, C, e->cfg.Vp);
         } else { /* the logits become the dlogits (bf16 on CUDA) */
             kn_lm_head_backward(k, w.dln, head_dwte(e), s->probs, s->ce_stats, s->targets,
                                 dloss_scale, s->lnf, s->lnf_lp, wte, BT, C, e->cfg.V,
@@ -584,7 +588,7 @@ static void backward(pl_engine *e, int slot, const float *dout, int dev, float d
         }
         e->head_pending = e->head_dwte != NULL;
         kn_zero(k, w.dres, BTC * sizeof(float));
-        kn_layernorm_backward(k, w.dres, w.dres_lp, G(e, H, 0), G(e, H, 1), w.dln,
+        kn_layernorm_backward(k, w.dres, w.dres_lp, G(e, H, 0), G(e, H, 1), w.dln, NULL,
                               last_output(e, s), P(e, H, 0), s->lnf_mean, s->lnf_rstd, B, T, C);
         if (done) done(ctx, H);
     } else {
