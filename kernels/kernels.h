@@ -119,7 +119,8 @@ void kn_encoder_backward(kn_ctx *k, float *dwte, float *dwpe, const float *dout,
                          const int32_t *inp, int B, int T, int C, int V);
 
 /* LayerNorm over C with eps 1e-5; saves mean[B·T] and rstd[B·T] for backward. out_lp
- * (NULL or kn_lowp_bytes(k, B·T·C)) receives out's low-precision copy. */
+ * (NULL or kn_lowp_bytes(k, B·T·C)) receives out's low-precision copy; then out itself
+ * may be left unwritten: the matmuls read out through out_lp (the backward reads inp). */
 void kn_layernorm_forward(kn_ctx *k, float *out, void *out_lp, float *mean, float *rstd,
                           const float *inp, const float *weight, const float *bias, int B, int T,
                           int C);

@@ -73,7 +73,7 @@ static void lowp_layernorm_forward(kn_ctx *k, float *out, void *out_lp, float *m
                                    int T, int C)
 {
     kn_cpu_layernorm_forward(k, out, NULL, mean, rstd, inp, weight, bias, B, T, C);
-    if (out_lp) bf16_copy(out_lp, out, (size_t)B * T * C);
+    keep_copy_only(out, out_lp, (size_t)B * T * C);
 }
 
 static void lowp_layernorm_backward(kn_ctx *k, float *dinp, void *dinp_lp, float *dweight,

@@ -76,7 +76,8 @@ __device__ static inline void ln_store_bf16(__nv_bfloat16 *row, const float (&x)
 }
 
 /* out = (x − mean)·rstd·w + b, one warp per row, LN_WARPS rows per block; the
- * variance from the registers (two passes over the row, one read of memory). */
+ * variance from the registers (two passes over the row, one read of memory). With
+ * out_lp only its bf16 copy is stored (kernels.h: out may be left unwritten). */
 template <int V>
 __global__ static void __launch_bounds__(LN_THREADS)
 layernorm_forward_vec_kernel(float *out, __nv_bfloat16 *out_lp, float *mean, float *rstd,
@@ -101,8 +102,10 @@ layernorm_forward_vec_kernel(float *out, __nv_bfloat16 *out_lp, float *mean, flo
     ln_load<V>(bv, b, C4, lane);
 #pragma unroll
     for (int k = 0; k < 4 * V; k++) x[k] = (r * (x[k] - m)) * wv[k] + bv[k];
-    ln_store<V>(out + row * C, x, C4, lane);
-    if (out_lp) ln_store_bf16<V>(out_lp + row * C, x, C4, lane);
+    if (out_lp) /* the matmuls read out through its copy: out is left unwritten */
+        ln_store_bf16<V>(out_lp + row * C, x, C4, lane);
+    else
+        ln_store<V>(out + row * C, x, C4, lane);
     if (lane == 0) {
         mean[row] = m;
         rstd[row] = r;
@@ -237,8 +240,10 @@ layernorm_forward_kernel(float *out, __nv_bfloat16 *out_lp, float *mean, float *
     float *o = out + row * C;
     for (int i = lane; i < C; i += 32) {
         const float y = (r * (x[i] - m)) * w[i] + b[i];
-        o[i] = y;
-        if (out_lp) out_lp[row * C + i] = __float2bfloat16_rn(y);
+        if (out_lp) /* as the vector kernel: out left unwritten */
+            out_lp[row * C + i] = __float2bfloat16_rn(y);
+        else
+            o[i] = y;
     }
     if (lane == 0) {
         mean[row] = m;

@@ -1,7 +1,8 @@
 /* CPU emulation test of the LayerNorm kernels (kernels/cuda/layernorm_kernels.cuh).
  *
- * What it checks: forward (out, mean, rstd, and the bf16 copy of out: exactly
- * out rounded to nearest even) and backward (dinp accumulated onto what was
+ * What it checks: forward (out, mean, rstd; and again with out_lp: the bf16
+ * copy exactly out rounded to nearest even, mean and rstd as before, and out
+ * itself left unwritten) and backward (dinp accumulated onto what was
  * there and its bf16 copy, exactly the accumulated dinp rounded, dweight and
  * dbias through the per-block partial sums, added in order as
  * kn_cuda_sum_partials does) against a double-precision reference, on the
@@ -121,8 +122,9 @@ static bool forward(Case &k)
                                   ln_aligned16(k.x.p()) && ln_aligned16(k.w.p()) &&
                                   ln_aligned16(k.b.p()));
     const ln_forward_fn kernel = v ? ln_forward_vec[v - 1] : layernorm_forward_kernel;
-    emu_run_grid((unsigned)((BT + LN_WARPS - 1) / LN_WARPS), 1, LN_THREADS, [&] {
-        kernel(out.p(), lpp, mean.p(), rstd.p(), k.x.p(), k.w.p(), k.b.p(), BT, k.C);
+    const unsigned blocks = (unsigned)((BT + LN_WARPS - 1) / LN_WARPS);
+    emu_run_grid(blocks, 1, LN_THREADS, [&] {
+        kernel(out.p(), nullptr, mean.p(), rstd.p(), k.x.p(), k.w.p(), k.b.p(), BT, k.C);
     });
     std::vector<double> ref(n);
     for (long t = 0; t < BT; t++)
@@ -131,10 +133,21 @@ static bool forward(Case &k)
     bool ok = within("out", out.p(), ref, 1e-5);
     ok &= within("mean", mean.p(), k.m, 1e-5);
     ok &= within("rstd", rstd.p(), k.r, 1e-5);
+    ok &= out.guard_ok() && mean.guard_ok() && rstd.guard_ok();
+    /* with out_lp: the copy alone, out2 left as it was (all guard values) */
+    Buf out2(n, k.mis), mean2(BT, 0), rstd2(BT, 0);
+    emu_run_grid(blocks, 1, LN_THREADS, [&] {
+        kernel(out2.p(), lpp, mean2.p(), rstd2.p(), k.x.p(), k.w.p(), k.b.p(), BT, k.C);
+    });
     const long bad = bf16_copy_bad(lp, out.p(), n);
     printf("  bf16     %ld values not out rounded to nearest even (or written past the end)\n",
            bad);
-    ok &= bad == 0 && out.guard_ok() && mean.guard_ok() && rstd.guard_ok();
+    long written = 0;
+    for (long i = 0; i < n; i++) written += out2.p()[i] != GUARD;
+    printf("  out      %ld values written with out_lp given\n", written);
+    ok &= bad == 0 && written == 0 && out2.guard_ok();
+    ok &= within("mean/lp", mean2.p(), k.m, 1e-5) && within("rstd/lp", rstd2.p(), k.r, 1e-5);
+    ok &= mean2.guard_ok() && rstd2.guard_ok();
     return report("forward", BT, k.C, k.mis, ok);
 }
 
