@@ -29,7 +29,7 @@ run kernels-bf16 100 env PLIANT_PRECISION=bf16 "$bundle/bin/test_kernels_cuda" |
     run memcheck 120 compute-sanitizer --tool memcheck "$bundle/bin/test_kernels_cuda"
 run kernels-fp32 90 env PLIANT_PRECISION=fp32 "$bundle/bin/test_kernels_cuda"
 run kernels-tf32 90 env PLIANT_PRECISION=tf32 "$bundle/bin/test_kernels_cuda"
-run kernels-gelu-split 90 env PLIANT_MATMUL_TUNE=3 "$bundle/bin/test_kernels_cuda"
+run kernels-gelu-split 90 env PLIANT_PRECISION=tf32 PLIANT_MATMUL_TUNE=3 "$bundle/bin/test_kernels_cuda"
 run kernels-untimed 90 env PLIANT_MATMUL_TUNE=0 "$bundle/bin/test_kernels_cuda"
 run nccl 45 "$bundle/bin/test_nccl"
 run bench-bf16 120 "$bundle/bin/gpu_bench_cuda" --steps 20
