@@ -174,7 +174,8 @@ static void bench_attention(kn_ctx *k)
         float *dout = make(k, no, 1), *dqkv = make(k, nqkv, 0);
         double fl = 2.0 * B * NH * (double)T * (T + 1) * hs, tf, tb;
         TIME_BEST(tf, kn_attention_forward(k, out, NULL, att, qkv, NULL, B, T, C, NH));
-        TIME_BEST(tb, kn_attention_backward(k, dqkv, NULL, dout, qkv, NULL, att, out, B, T, C, NH));
+        TIME_BEST(tb, kn_attention_backward(k, dqkv, NULL, dout, NULL, qkv, NULL, att, out, NULL,
+                                            B, T, C, NH));
         printf("%5d | %7.3f ms %5.1f GF/s %7.3f ms %5.1f GF/s\n", T, tf * 1e3, fl / tf / 1e9,
                tb * 1e3, 2 * fl / tb / 1e9);
         fflush(stdout);

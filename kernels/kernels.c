@@ -254,12 +254,13 @@ void kn_attention_forward(kn_ctx *k, float *out, void *out_lp, float *att, const
 }
 
 void kn_attention_backward(kn_ctx *k, float *dqkv, void *dqkv_lp, const float *dout,
-                           const float *qkv, const void *qkv_lp, const float *att, const float *out,
-                           int B, int T, int C, int NH)
+                           const void *dout_lp, const float *qkv, const void *qkv_lp,
+                           const float *att, const float *out, const void *out_lp, int B, int T,
+                           int C, int NH)
 {
     TIMED(OP_ATTENTION_BACKWARD,
-          k->ops->attention_backward(k, dqkv, dqkv_lp, dout, qkv, qkv_lp, att, out, B, T,
-                                     C, NH));
+          k->ops->attention_backward(k, dqkv, dqkv_lp, dout, dout_lp, qkv, qkv_lp, att, out,
+                                     out_lp, B, T, C, NH));
 }
 
 void kn_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre, const float *inp,

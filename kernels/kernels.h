@@ -193,8 +193,9 @@ void kn_matmul_backward_set(kn_ctx *k, float *dinp, void *dinp_lp, float *dweigh
  * (flash) attention that keeps each row's log-sum-exp [B, NH, T] (and, in
  * bf16 mode, the bf16 q, k, v its kernels read), so no T×T matrix reaches
  * memory. Scale 1/sqrt(hs). out_lp (NULL or kn_lowp_bytes(k, B·T·C)) receives
- * out's low-precision copy, written as out is (out itself is written too: the
- * backward reads it). qkv_lp: qkv's low-precision copy (its matmul's out_lp) or
+ * out's low-precision copy; then out itself may be left unwritten (CUDA's bf16
+ * mode writes only the copy: the projection's matmuls and, as its out_lp, the
+ * backward read that). qkv_lp: qkv's low-precision copy (its matmul's out_lp) or
  * NULL; given, it is read instead of qkv, by the backward too (the same one). */
 size_t kn_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH);
 void kn_attention_forward(kn_ctx *k, float *out, void *out_lp, float *att, const float *qkv,
@@ -203,10 +204,15 @@ void kn_attention_forward(kn_ctx *k, float *out, void *out_lp, float *att, const
  * [B, T, C] for these qkv (CUDA uses it for rowsum(dout ∘ out); the CPU
  * ignores it). dqkv_lp (NULL or kn_lowp_bytes(k, B·T·3C)) receives dqkv's
  * low-precision copy, [B, T, 3C] as dqkv, the qkv matmul's dout_lp; then dqkv
- * itself may be left unwritten. */
+ * itself may be left unwritten. dout_lp, out_lp: dout's and out's low-precision
+ * copies (dout's from the projection's kn_matmul_backward_set dinp_lp, out's the
+ * forward's out_lp) or NULL; given, each is read instead of its tensor (which may
+ * then hold anything), and CUDA sums rowsum(dout ∘ out) over the bf16 values (in
+ * fp32). */
 void kn_attention_backward(kn_ctx *k, float *dqkv, void *dqkv_lp, const float *dout,
-                           const float *qkv, const void *qkv_lp, const float *att, const float *out,
-                           int B, int T, int C, int NH);
+                           const void *dout_lp, const float *qkv, const void *qkv_lp,
+                           const float *att, const float *out, const void *out_lp, int B, int T,
+                           int C, int NH);
 
 /* out = gelu(pre), pre = inp · weightᵀ + bias (both overwritten): the MLP's first
  * matmul with its GELU. pre is the scratch kn_matmul_backward_gelu reads, in the

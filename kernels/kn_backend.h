@@ -41,8 +41,9 @@ typedef struct kn_ops {
     void (*attention_forward)(kn_ctx *k, float *out, void *out_lp, float *att, const float *qkv,
                               const void *qkv_lp, int B, int T, int C, int NH);
     void (*attention_backward)(kn_ctx *k, float *dqkv, void *dqkv_lp, const float *dout,
-                               const float *qkv, const void *qkv_lp, const float *att,
-                               const float *out, int B, int T, int C, int NH);
+                               const void *dout_lp, const float *qkv, const void *qkv_lp,
+                               const float *att, const float *out, const void *out_lp, int B,
+                               int T, int C, int NH);
     void (*gelu_forward)(kn_ctx *k, float *out, const float *inp, size_t n);
     void (*gelu_backward)(kn_ctx *k, float *dinp, const float *inp, const float *dout, size_t n);
     void (*residual_forward)(kn_ctx *k, float *out, const float *a, const float *b, size_t n);

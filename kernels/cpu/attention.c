@@ -80,10 +80,12 @@ void kn_cpu_attention_forward(kn_ctx *k, float *out, void *out_lp, float *att, c
 }
 
 void kn_cpu_attention_backward(kn_ctx *k, float *dqkv, void *dqkv_lp, const float *dout,
-                               const float *qkv, const void *qkv_lp, const float *att,
-                               const float *out, int B, int T, int C, int NH)
+                               const void *dout_lp, const float *qkv, const void *qkv_lp,
+                               const float *att, const float *out, const void *out_lp, int B,
+                               int T, int C, int NH)
 {
     (void)out; /* the saved probabilities att are all this needs */
+    (void)dout_lp, (void)out_lp; /* NULL: no copies on the CPU */
     const int C3 = 3 * C, hs = C / NH, BH = B * NH;
     const float scale = 1.0f / sqrtf((float)hs);
     const int bs = T < ATT_BLOCK ? T : ATT_BLOCK;

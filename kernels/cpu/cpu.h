@@ -79,8 +79,9 @@ void kn_cpu_matmul_backward(kn_ctx *k, float *dinp, float *dweight, float *dbias
 void kn_cpu_attention_forward(kn_ctx *k, float *out, void *out_lp, float *att, const float *qkv,
                               const void *qkv_lp, int B, int T, int C, int NH);
 void kn_cpu_attention_backward(kn_ctx *k, float *dqkv, void *dqkv_lp, const float *dout,
-                               const float *qkv, const void *qkv_lp, const float *att,
-                               const float *out, int B, int T, int C, int NH);
+                               const void *dout_lp, const float *qkv, const void *qkv_lp,
+                               const float *att, const float *out, const void *out_lp, int B,
+                               int T, int C, int NH);
 size_t kn_cpu_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH);
 void kn_cpu_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre,
                                 const float *inp, const void *inp_lp, const float *weight,

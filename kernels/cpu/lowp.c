@@ -179,7 +179,10 @@ static void lowp_matmul_backward_gelu(kn_ctx *k, float *dpre, void *dpre_lp, flo
 }
 
 /* The attention on qkv's copy where given (the backward too: CUDA's reads the
- * operands the forward packed from it). */
+ * operands the forward packed from it); out, with out_lp, only as its copy. The
+ * backward reads dout and out through their copies where given; the CPU kernel
+ * ignores out, but CUDA's sums dout ∘ out, so a NaN in the out it is given (an
+ * fp32 out left unwritten whose copy was not passed) makes dqkv NaN here too. */
 static void lowp_attention_forward(kn_ctx *k, float *out, void *out_lp, float *att,
                                    const float *qkv, const void *qkv_lp, int B, int T, int C,
                                    int NH)
@@ -188,17 +191,28 @@ static void lowp_attention_forward(kn_ctx *k, float *out, void *out_lp, float *a
     const float *x = operand(qkv, qkv_lp, (size_t)B * T * 3 * C, &tmp);
     kn_cpu_attention_forward(k, out, NULL, att, x, NULL, B, T, C, NH);
     free(tmp);
-    if (out_lp) bf16_copy(out_lp, out, (size_t)B * T * C);
+    keep_copy_only(out, out_lp, (size_t)B * T * C);
 }
 
 static void lowp_attention_backward(kn_ctx *k, float *dqkv, void *dqkv_lp, const float *dout,
-                                    const float *qkv, const void *qkv_lp, const float *att,
-                                    const float *out, int B, int T, int C, int NH)
+                                    const void *dout_lp, const float *qkv, const void *qkv_lp,
+                                    const float *att, const float *out, const void *out_lp, int B,
+                                    int T, int C, int NH)
 {
-    float *tmp;
-    const float *x = operand(qkv, qkv_lp, (size_t)B * T * 3 * C, &tmp);
-    kn_cpu_attention_backward(k, dqkv, NULL, dout, x, NULL, att, out, B, T, C, NH);
+    float *tmp, *tmp_d, *tmp_o;
+    const size_t n = (size_t)B * T * C;
+    const float *x = operand(qkv, qkv_lp, 3 * n, &tmp);
+    const float *d = operand(dout, dout_lp, n, &tmp_d);
+    const float *o = operand(out, out_lp, n, &tmp_o);
+    kn_cpu_attention_backward(k, dqkv, NULL, d, NULL, x, NULL, att, o, NULL, B, T, C, NH);
+    for (size_t i = 0; i < n; i++)
+        if (isnan(o[i])) {
+            for (size_t j = 0; j < 3 * n; j++) dqkv[j] = NAN;
+            break;
+        }
     free(tmp);
+    free(tmp_d);
+    free(tmp_o);
     keep_copy_only(dqkv, dqkv_lp, (size_t)B * T * 3 * C);
 }
 

@@ -478,8 +478,8 @@ static void launch_tc(F *kernel, dim3 grid, size_t smem, kn_ctx *k, A... args)
     CUDA_LAUNCHED();
 }
 
-/* out and lse (and out's bf16 copy, out_lp, where given): bf16 tensor cores in
- * bf16 mode, fp32 otherwise (out_lp is NULL there: kn_lowp_bytes is 0). */
+/* out and lse (or, for out, only its bf16 copy, out_lp, where given): bf16 tensor
+ * cores in bf16 mode, fp32 otherwise (out_lp is NULL there: kn_lowp_bytes is 0). */
 template <int D>
 static void forward_tiles(kn_ctx *k, float *out, bf16 *out_lp, float *lse, const float *qkv,
                           const bf16 *qkv_lp, int B, int T, int C, int NH)
@@ -498,7 +498,9 @@ static void forward_tiles(kn_ctx *k, float *out, bf16 *out_lp, float *lse, const
                                                                                  NH, hs);
         CUDA_LAUNCHED();
         const dim3 grid((unsigned)(B * NH), (unsigned)(tc_padded_rows(T) / TC_ROWS));
-        const int v2 = pair_rows(out, sizeof *out, hs) && pair_rows(out_lp, sizeof *out_lp, hs);
+        /* pairs for the one the kernel stores into */
+        const int v2 = out_lp ? pair_rows(out_lp, sizeof *out_lp, hs)
+                              : pair_rows(out, sizeof *out, hs);
         launch_tc(flash_forward_bf16_kernel<D>, grid, tc_smem_bytes<D>(false), k, out, out_lp,
                   lse, (const bf16 *)pk, T, NH, hs, sc, v2);
         return;
@@ -521,11 +523,36 @@ static bool workspace_fits(kn_ctx *k, size_t bytes)
     return p != NULL;
 }
 
-/* dqkv (or only its bf16 copy, dqkv_lp, where given: bf16 mode alone has one). */
+/* delta = rowsum(dout ∘ out) and the packed dO, dout and out read from their bf16
+ * copies (dout_lp, out_lp) where given. */
+template <int D>
+static void delta_pack(kn_ctx *k, float *delta, bf16 *pdo, const float *dout, const bf16 *dout_lp,
+                       const float *out, const bf16 *out_lp, int B, int T, int NH, int hs)
+{
+    const size_t warps = (size_t)B * NH * tc_padded_rows(T);
+    const unsigned blocks = kn_blocks(warps * 32, TC_THREADS);
+    cudaStream_t s = kn_stream(k);
+    if (dout_lp && out_lp)
+        attention_delta_pack_kernel<D><<<blocks, TC_THREADS, 0, s>>>(delta, pdo, dout_lp, out_lp,
+                                                                     B, T, NH, hs);
+    else if (dout_lp)
+        attention_delta_pack_kernel<D><<<blocks, TC_THREADS, 0, s>>>(delta, pdo, dout_lp, out, B,
+                                                                     T, NH, hs);
+    else if (out_lp)
+        attention_delta_pack_kernel<D><<<blocks, TC_THREADS, 0, s>>>(delta, pdo, dout, out_lp, B,
+                                                                     T, NH, hs);
+    else
+        attention_delta_pack_kernel<D><<<blocks, TC_THREADS, 0, s>>>(delta, pdo, dout, out, B, T,
+                                                                     NH, hs);
+    CUDA_LAUNCHED();
+}
+
+/* dqkv (or only its bf16 copy, dqkv_lp, where given: bf16 mode alone has one);
+ * dout_lp, out_lp: dout's and out's bf16 copies, read instead where given. */
 template <int D>
 static void backward_tiles(kn_ctx *k, float *dqkv, bf16 *dqkv_lp, const float *dout,
-                           const float *qkv, const float *lse, const float *out, int B, int T,
-                           int C, int NH)
+                           const bf16 *dout_lp, const float *qkv, const float *lse,
+                           const float *out, const bf16 *out_lp, int B, int T, int C, int NH)
 {
     const int hs = C / NH;
     const size_t rows = (size_t)B * NH * T;
@@ -542,10 +569,7 @@ static void backward_tiles(kn_ctx *k, float *dqkv, bf16 *dqkv_lp, const float *d
         char *ws = (char *)kn_cuda_workspace(k, keep_ds ? all : pbytes);
         float *delta = (float *)ws;
         bf16 *pdo = (bf16 *)(ws + dbytes), *ds = keep_ds ? (bf16 *)(ws + sbytes) : NULL;
-        const size_t warps = (size_t)B * NH * tc_padded_rows(T);
-        attention_delta_pack_kernel<D><<<kn_blocks(warps * 32, TC_THREADS), TC_THREADS, 0,
-                                         kn_stream(k)>>>(delta, pdo, dout, out, B, T, NH, hs);
-        CUDA_LAUNCHED();
+        delta_pack<D>(k, delta, pdo, dout, dout_lp, out, out_lp, B, T, NH, hs);
         const bf16 *pk = packed_qkv(lse, B, T, NH);
         const dim3 grid((unsigned)(B * NH), (unsigned)(tc_padded_rows(T) / TC_ROWS));
         /* pairs for the one the kernels store into */
@@ -598,16 +622,18 @@ void kn_cuda_attention_forward(kn_ctx *k, float *out, void *out_lp, float *att, 
 }
 
 void kn_cuda_attention_backward(kn_ctx *k, float *dqkv, void *dqkv_lp, const float *dout,
-                                const float *qkv, const void *qkv_lp, const float *att,
-                                const float *out, int B, int T, int C, int NH)
+                                const void *dout_lp, const float *qkv, const void *qkv_lp,
+                                const float *att, const float *out, const void *out_lp, int B,
+                                int T, int C, int NH)
 {
     if (B <= 0 || T <= 0) return;
     bf16 *lp = (bf16 *)dqkv_lp;
+    const bf16 *dl = (const bf16 *)dout_lp, *ol = (const bf16 *)out_lp;
     switch (tile_width("kn_attention_backward", T, C, NH)) {
-    case 16: backward_tiles<16>(k, dqkv, lp, dout, qkv, att, out, B, T, C, NH); break;
-    case 32: backward_tiles<32>(k, dqkv, lp, dout, qkv, att, out, B, T, C, NH); break;
-    case 64: backward_tiles<64>(k, dqkv, lp, dout, qkv, att, out, B, T, C, NH); break;
-    default: backward_tiles<128>(k, dqkv, lp, dout, qkv, att, out, B, T, C, NH); break;
+    case 16: backward_tiles<16>(k, dqkv, lp, dout, dl, qkv, att, out, ol, B, T, C, NH); break;
+    case 32: backward_tiles<32>(k, dqkv, lp, dout, dl, qkv, att, out, ol, B, T, C, NH); break;
+    case 64: backward_tiles<64>(k, dqkv, lp, dout, dl, qkv, att, out, ol, B, T, C, NH); break;
+    default: backward_tiles<128>(k, dqkv, lp, dout, dl, qkv, att, out, ol, B, T, C, NH); break;
     }
 }
 

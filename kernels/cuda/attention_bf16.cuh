@@ -395,13 +395,21 @@ attention_pack_qkv_kernel(bf16 *pk, const Q *qkv, int B, int T, int NH, int hs)
     pack8(pk + row * D + c, src, t < T ? hs - c : 0);
 }
 
+/* A value as fp32 (bf16 exactly: its bits are fp32's upper half). */
+__device__ static inline float to_f32(float x) { return x; }
+__device__ static inline float to_f32(bf16 x)
+{
+    return __uint_as_float((uint32_t)__bfloat16_as_ushort(x) << 16);
+}
+
 /* delta[bh·T + t] = Σ_c dout[b, t, h·hs + c] · out[b, t, h·hs + c] and the
  * packed dO, pdo[bh][t][c] (zero at t ≥ T, c ≥ hs): one warp per (bh, t < Tp),
- * lanes over channel pairs, a fixed shuffle tree (deterministic). */
-template <int D>
+ * lanes over channel pairs, a fixed shuffle tree (deterministic). dout and out
+ * are fp32, or bf16 where their copies are read (kernels.h); the sum is fp32. */
+template <int D, typename DO, typename O>
 __global__ static void __launch_bounds__(TC_THREADS)
-attention_delta_pack_kernel(float *delta, bf16 *pdo, const float *dout, const float *out, int B,
-                            int T, int NH, int hs)
+attention_delta_pack_kernel(float *delta, bf16 *pdo, const DO *dout, const O *out, int B, int T,
+                            int NH, int hs)
 {
     const int Tp = tc_padded_rows(T);
     const size_t g = ((size_t)blockIdx.x * TC_THREADS + threadIdx.x) / 32;
@@ -416,9 +424,10 @@ attention_delta_pack_kernel(float *delta, bf16 *pdo, const float *dout, const fl
     const size_t at = ((size_t)b * T + t) * NH * hs + (size_t)h * hs;
     float s = 0.0f;
     for (int c = 2 * lane; c < D; c += 64) {
-        const float x0 = c < hs ? dout[at + c] : 0.0f, x1 = c + 1 < hs ? dout[at + c + 1] : 0.0f;
-        if (c < hs) s += x0 * out[at + c];
-        if (c + 1 < hs) s += x1 * out[at + c + 1];
+        const float x0 = c < hs ? to_f32(dout[at + c]) : 0.0f;
+        const float x1 = c + 1 < hs ? to_f32(dout[at + c + 1]) : 0.0f;
+        if (c < hs) s += x0 * to_f32(out[at + c]);
+        if (c + 1 < hs) s += x1 * to_f32(out[at + c + 1]);
         *reinterpret_cast<uint32_t *>(dst + c) = pack_bf16(x0, x1);
     }
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
@@ -523,7 +532,8 @@ __host__ __device__ static constexpr int tc_dq_ds_smem_bytes()
  * lane (g, t) rows r0 + g and r0 + g + 8, their m (the running maximum of the
  * raw scores) and l (this lane's part of the running sum), and O columns
  * 8j + 2t, 8j + 2t + 1. pk: the packed q, k, v. out_lp (or NULL) gets out's
- * bf16 copy beside out; vec2 (store_pair) holds for both. */
+ * bf16 copy in place of out (out is then left unwritten: kernels.h); vec2
+ * (store_pair) for the one stored. */
 template <int D>
 __global__ static void __launch_bounds__(TC_THREADS, tc_min_blocks<D>(1))
 flash_forward_bf16_kernel(float *out, bf16 *out_lp, float *lse, const bf16 *pk, int T, int NH,
@@ -642,8 +652,10 @@ flash_forward_bf16_kernel(float *out, bf16 *out_lp, float *lse, const bf16 *pk, 
         for (int j = 0; j < NO; j++) {
             const int c = 8 * j + 2 * t;
             const float x0 = o[j][2 * i] * inv, x1 = o[j][2 * i + 1] * inv;
-            store_pair(out + at, c, hs, x0, x1, vec2);
-            if (out_lp) store_pair(out_lp + at, c, hs, x0, x1, vec2);
+            if (out_lp)
+                store_pair(out_lp + at, c, hs, x0, x1, vec2);
+            else
+                store_pair(out + at, c, hs, x0, x1, vec2);
         }
         if (t == 0) lse[(size_t)bh * T + row] = (m[i] * sc + log2f(l[i])) * FA_LN2;
     }

@@ -135,8 +135,9 @@ void kn_cuda_to_lowp(kn_ctx *k, void *lp, const float *src, size_t n);
 void kn_cuda_attention_forward(kn_ctx *k, float *out, void *out_lp, float *att, const float *qkv,
                                const void *qkv_lp, int B, int T, int C, int NH);
 void kn_cuda_attention_backward(kn_ctx *k, float *dqkv, void *dqkv_lp, const float *dout,
-                                const float *qkv, const void *qkv_lp, const float *att,
-                                const float *out, int B, int T, int C, int NH);
+                                const void *dout_lp, const float *qkv, const void *qkv_lp,
+                                const float *att, const float *out, const void *out_lp, int B,
+                                int T, int C, int NH);
 void kn_cuda_lm_head_backward(kn_ctx *k, float *dinp, float *dweight, float *logits,
                               const float *stats, const int32_t *targets, float dloss_scale,
                               const float *inp, const void *inp_lp, const float *weight, int BT,

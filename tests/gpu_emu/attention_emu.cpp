@@ -6,7 +6,10 @@
  * (D = 16, 32, 64, 128), sequence lengths that are not multiples of the tiles,
  * and misaligned (scalar-load) pointers. Given bf16 copies to write (out_lp,
  * dqkv_lp), the kernels store there the bf16 of the very values they store
- * without them, bit for bit; out is still written beside its copy, dqkv not.
+ * without them, bit for bit, and leave out and dqkv unwritten. The delta pass
+ * given dout's or out's bf16 copy, or both, packs the same dO bits
+ * (dout holds bf16 values) and the same delta with dout's copy alone, a delta
+ * within 2⁻⁸·Σ|dout·out| of it with out's copy (out rounded to bf16).
  *
  * Why an emulation: those kernels map mma.sync / ldmatrix fragments by hand
  * (inline PTX), and an index error there only shows on a GPU, which the
@@ -165,16 +168,64 @@ static int copies_case(int B, int T, int C, int misalign, const std::vector<floa
     __nv_bfloat16 *lp = lp_buf.data() + misalign;
     int fails = 0;
     forward(out2.data(), lp);
-    if (memcmp(out2.data(), out.data(), n * sizeof(float))) {
-        printf("  out differs with out_lp given   FAIL\n");
-        fails++;
-    }
     fails += check_copy("out_lp", lp, out.data(), n);
+    fails += check_unwritten("out", out2);
     for (int path = keeps_ds ? 0 : 1; path < 2; path++) { // 0: dS kept, 1: dS recomputed
         std::fill(lp_buf.begin(), lp_buf.end(), __nv_bfloat16{0x7fc0});
         backward(dqkv2.data(), lp, path == 0);
         fails += check_copy(path ? "dqkv_lp-r" : "dqkv_lp", lp, dqkv.data(), n3);
         fails += check_unwritten("dqkv", dqkv2);
+    }
+    return fails;
+}
+
+/* The delta pass given copies (the header): dout's alone, out's alone, both (the
+ * kernel's element types: it has no fp32 pointer where it reads a copy). delta,
+ * pdo: the results without. */
+template <int D>
+static int delta_copies(int B, int T, int NH, int hs, const float *dout,
+                        const std::vector<float> &out, const std::vector<float> &delta,
+                        const __nv_bfloat16 *pdo)
+{
+    const size_t n = (size_t)B * T * NH * hs, rows = (size_t)B * NH * T;
+    const int Tp = tc_padded_rows(T);
+    const size_t np = (size_t)B * NH * Tp * D, warps = (size_t)B * NH * Tp;
+    std::vector<__nv_bfloat16> dl(n), ol(n);
+    for (size_t i = 0; i < n; i++) dl[i].v = f2bf(dout[i]), ol[i].v = f2bf(out[i]);
+    int fails = 0;
+    for (int which = 0; which < 3; which++) { // 0: dout_lp, 1: out_lp, 2: both
+        std::vector<float> d2(rows, NAN);
+        std::vector<__nv_bfloat16> p2(np, {0x7fc0});
+        run_grid((unsigned)((warps * 32 + TC_THREADS - 1) / TC_THREADS), 1, [&] {
+            if (which == 0)
+                attention_delta_pack_kernel<D>(d2.data(), p2.data(), dl.data(), out.data(), B, T,
+                                               NH, hs);
+            else if (which == 1)
+                attention_delta_pack_kernel<D>(d2.data(), p2.data(), dout, ol.data(), B, T, NH,
+                                               hs);
+            else
+                attention_delta_pack_kernel<D>(d2.data(), p2.data(), dl.data(), ol.data(), B, T,
+                                               NH, hs);
+        });
+        static const char *names[] = {"dout_lp", "out_lp", "dout_lp, out_lp"};
+        if (memcmp(p2.data(), pdo, np * sizeof(__nv_bfloat16))) {
+            printf("  packed dO differs with %s   FAIL\n", names[which]);
+            fails++;
+        }
+        for (size_t r = 0; r < rows; r++) {
+            const size_t bh = r / T, t = r % T, b = bh / NH, h = bh % NH;
+            const float *dp = dout + (b * T + t) * NH * hs + h * hs;
+            const float *op = out.data() + (b * T + t) * NH * hs + h * hs;
+            double bound = 0;
+            for (int c = 0; c < hs; c++) bound += fabs((double)dp[c] * op[c]);
+            bound *= which ? 1.0 / 256 : 0.0; // dout holds bf16 values: dout_lp alone, exact
+            if (!(fabs((double)d2[r] - delta[r]) <= bound)) {
+                printf("  delta [%zu] = %g with %s, %g without (bound %g)   FAIL\n", r, d2[r],
+                       names[which], delta[r], bound);
+                fails++;
+                break;
+            }
+        }
     }
     return fails;
 }
@@ -287,12 +338,13 @@ static int run_case(int B, int T, int C, int NH, int misalign)
     printf("B %d T %d C %d NH %d (hs %d, D %d, vec %d/%d)\n", B, T, C, NH, hs, D, vo, vq);
     int fails = copies_case(B, T, C, misalign, out, dqkv,
                             [&](float *o, __nv_bfloat16 *o_lp) {
-                                forward(o, o_lp, v2(o, 4) && v2(o_lp, 2));
+                                forward(o, o_lp, v2(o_lp, 2)); // only o_lp stored
                             },
                             [&](float *d, __nv_bfloat16 *d_lp, bool keep_ds) {
                                 backward(d, d_lp, keep_ds ? ds.data() : nullptr, v2(d_lp, 2));
                             },
                             tc_keeps_ds<D>());
+    fails += delta_copies<D>(B, T, NH, hs, dout, out, delta, pdq);
     fails += check("out", out.data(), out_ref, 1e-2);
     fails += check("lse", lse.data(), lse_ref, 1e-2);
     fails += check("dqkv", dqkv.data(), dqkv_ref, 1e-2);

@@ -560,7 +560,7 @@ static void test_attention_backward(void)
         float *qkv = frand(nqkv, 2), *out = tf(no), *att = tf(na);
         kn_attention_forward(ctx, out, NULL, att, qkv, NULL, B, T, C, NH);
         float *dout = frand(no, 1), *dqkv = frand(nqkv, 1); /* overwritten */
-        kn_attention_backward(ctx, dqkv, NULL, dout, qkv, NULL, att, out, B, T, C, NH);
+        kn_attention_backward(ctx, dqkv, NULL, dout, NULL, qkv, NULL, att, out, NULL, B, T, C, NH);
         double *qd = to_d(qkv, nqkv), *rout = td(no), *ratt = td(na), *g = td(nqkv);
         ref_attention(rout, ratt, qd, B, T, C, NH);
         ref_attention_backward(g, to_d(dout, no), qd, ratt, B, T, C, NH);
@@ -599,7 +599,7 @@ static void test_attention_causal(void)
         for (int b = 0; b < B; b++)
             for (int t = 0; t <= t0; t++)
                 for (int c = 0; c < C; c++) dout[((size_t)b * T + t) * C + c] = (float)urand();
-        kn_attention_backward(ctx, dqkv, NULL, dout, qkv, NULL, att, out, B, T, C, NH);
+        kn_attention_backward(ctx, dqkv, NULL, dout, NULL, qkv, NULL, att, out, NULL, B, T, C, NH);
         int zero_after = 1, nonzero_before = 0;
         for (int b = 0; b < B; b++)
             for (int t = 0; t < T; t++)
@@ -990,7 +990,7 @@ static void test_fd_attention(void)
         float *qkv = frand(nqkv, 1.5), *out = tf(no), *att = tf(na);
         float *dout = frand(no, 1), *dqkv = tf(nqkv);
         kn_attention_forward(ctx, out, NULL, att, qkv, NULL, B, T, C, NH);
-        kn_attention_backward(ctx, dqkv, NULL, dout, qkv, NULL, att, out, B, T, C, NH);
+        kn_attention_backward(ctx, dqkv, NULL, dout, NULL, qkv, NULL, att, out, NULL, B, T, C, NH);
         fd.B = B, fd.T = T, fd.C = C, fd.NH = NH;
         fd.x = to_d(qkv, nqkv), fd.wsum = to_d(dout, no), fd.out = td(no);
         CHECK(fd_check("fd attention dqkv", loss_attention, fd.x, nqkv, dqkv, 1e-5));
@@ -1103,7 +1103,7 @@ static void test_threads_agree(void)
         o[6] = tf(n), o[7] = tf((size_t)B * NH * T * T);
         kn_attention_forward(K, o[6], NULL, o[7], qkv, NULL, B, T, C, NH);
         o[8] = tf(3 * n);
-        kn_attention_backward(K, o[8], NULL, dout, qkv, NULL, o[7], o[6], B, T, C, NH);
+        kn_attention_backward(K, o[8], NULL, dout, NULL, qkv, NULL, o[7], o[6], NULL, B, T, C, NH);
         o[9] = tf(n), o[10] = fcopy(g0, n);
         kn_gelu_forward(K, o[9], x, n);
         kn_gelu_backward(K, o[10], x, dout, n);

@@ -622,30 +622,43 @@ static void attention_lse_reference(float *lse, const float *qkv, int B, int T, 
 }
 
 /* Where the context keeps low-precision copies (bf16): the forward given qkv_lp
- * (read instead of qkv) and out_lp stores out with the same bits as without and
- * out_lp as their bf16; the backward
- * given dqkv_lp stores there the bf16 of the dqkv d_dqkv holds (a run without it).
- * d_out: that run's out; ns: the state's floats. */
+ * (read instead of qkv) and out_lp stores out_lp as the bf16 of the out of a run
+ * without (d_out), leaving out itself unwritten (not compared); the backward given
+ * dqkv_lp stores there the bf16 of the dqkv d_dqkv holds (a run without it). Given
+ * dout_lp and out_lp, with dout and out NaN (a read shows), it reads the copies:
+ * with dout_lp alone the same bits as d_dqkv (dout is bf16 values here, so the packed
+ * dO and rowsum(dout ∘ out) are the same); with out_lp too, rowsum(dout ∘ out) sums
+ * out's bf16 values (each within 2⁻⁹ of out's), which moves dS by about that much of
+ * P·|dout|·|out|: within the bf16 tolerance, 1e-2, of d_dqkv. ns: the state's floats. */
 static void attention_copies(int B, int T, int C, int NH, size_t ns, const float *d_qkv,
                              const float *d_out, const float *d_dout, const float *d_dqkv)
 {
     const size_t n = (size_t)B * T * C, n3 = 3 * n;
     void *d_outl = lowp_alloc(n), *d_dqkvl = lowp_alloc(n3);
     if (!d_outl) return;
-    float *d_out2 = alloc_on(gpu, n * sizeof(float)), *d_st = alloc_on(gpu, ns * sizeof(float));
+    float *d_out2 = nan_dev(n), *d_st = alloc_on(gpu, ns * sizeof(float)); /* out2: unwritten */
     float *d_dqkv2 = alloc_on(gpu, n3 * sizeof(float)); /* may stay unwritten */
+    float *d_nan = nan_dev(n), *d_dqkv3 = alloc_on(gpu, n3 * sizeof(float));
     void *d_qkvl = lowp_of(d_qkv, n3); /* packed from the copy: the same bf16 operands */
+    void *d_doutl = lowp_of(d_dout, n);
     kn_attention_forward(gpu, d_out2, d_outl, d_st, d_qkv, d_qkvl, B, T, C, NH);
-    kn_attention_backward(gpu, d_dqkv2, d_dqkvl, d_dout, d_qkv, d_qkvl, d_st, d_out2, B, T, C,
-                          NH);
-    char what[96];
-    snprintf(what, sizeof what, "attention out (B %d T %d C %d NH %d) with qkv_lp, out_lp", B, T,
-             C, NH);
-    CHECK(same_bits(what, down(d_out2, n), down(d_out, n), n));
+    kn_attention_backward(gpu, d_dqkv2, d_dqkvl, d_dout, NULL, d_qkv, d_qkvl, d_st, d_out, NULL, B,
+                          T, C, NH);
+    char what[112];
     snprintf(what, sizeof what, "attention out_lp (B %d T %d C %d NH %d)", B, T, C, NH);
     CHECK(lowp_is_copy(what, d_outl, d_out, n));
     snprintf(what, sizeof what, "attention dqkv_lp (B %d T %d C %d NH %d)", B, T, C, NH);
     CHECK(lowp_is_copy(what, d_dqkvl, d_dqkv, n3));
+    const float *want = down(d_dqkv, n3);
+    kn_attention_backward(gpu, d_dqkv3, NULL, d_nan, d_doutl, d_qkv, d_qkvl, d_st, d_out, NULL, B,
+                          T, C, NH);
+    snprintf(what, sizeof what, "attention dqkv (B %d T %d C %d NH %d), dout_lp", B, T, C, NH);
+    CHECK(same_bits(what, down(d_dqkv3, n3), want, n3));
+    kn_attention_backward(gpu, d_dqkv3, NULL, d_nan, d_doutl, d_qkv, d_qkvl, d_st, d_nan, d_outl,
+                          B, T, C, NH);
+    snprintf(what, sizeof what, "attention dqkv (B %d T %d C %d NH %d), dout_lp, out_lp", B, T, C,
+             NH);
+    CHECK(close_to(what, down(d_dqkv3, n3), want, n3, 1e-2));
 }
 
 /* Each backend keeps its own attention state (the CPU the probabilities, CUDA
@@ -694,13 +707,15 @@ static void attention_cases(double tol, int bf16)
         for (size_t i = 0; bf16 && i < n; i++) dout[i] = bf16_round(dout[i]);
         float *d_dout = upf(dout, n);
         float *d_dqkv = upf(dqkv, n3), *d_dqkv2 = upf(dqkv, n3);
-        kn_attention_backward(cpu, dqkv, NULL, dout, qkv, NULL, att, out, B, T, C, NH);
-        kn_attention_backward(gpu, d_dqkv, NULL, d_dout, d_qkv, NULL, d_lse, d_out, B, T, C, NH);
+        kn_attention_backward(cpu, dqkv, NULL, dout, NULL, qkv, NULL, att, out, NULL, B, T, C, NH);
+        kn_attention_backward(gpu, d_dqkv, NULL, d_dout, NULL, d_qkv, NULL, d_lse, d_out, NULL, B,
+                              T, C, NH);
         float *got = down(d_dqkv, n3);
         snprintf(what, sizeof what, "attention dqkv (B %d T %d C %d NH %d)", B, T, C, NH);
         CHECK(close_to(what, got, dqkv, n3, tol));
         /* no atomics: a second run gives the same bits */
-        kn_attention_backward(gpu, d_dqkv2, NULL, d_dout, d_qkv, NULL, d_lse, d_out, B, T, C, NH);
+        kn_attention_backward(gpu, d_dqkv2, NULL, d_dout, NULL, d_qkv, NULL, d_lse, d_out, NULL,
+                              B, T, C, NH);
         snprintf(what, sizeof what, "attention dqkv (B %d T %d C %d NH %d), second run", B, T, C,
                  NH);
         CHECK(same_bits(what, down(d_dqkv2, n3), got, n3));

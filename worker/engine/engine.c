@@ -32,15 +32,16 @@ struct pl_slot {
     float *ce_stats; /* [B·T, 2]: per row (max, Σ e^(logit − max)), for backward */
 };
 
-/* Backward scratch, shared by all slots; dfch_lp, dqkv_lp, dres_lp and dln_lp are dfch's,
- * dqkv's, dres's and dln's low-precision copies (NULL where the backend keeps none), after
- * the rest. dres_lp must hold the copy of dres's current value wherever a matmul reads it:
- * the layernorm backwards that write dres write it too; dres from elsewhere is converted.
- * dln_lp is the blocks' dln (the matmul backwards write only it, the layernorm backwards
- * read it); the head's dln stays fp32. */
+/* Backward scratch, shared by all slots; dfch_lp, dqkv_lp, dres_lp, dln_lp and datty_lp
+ * are dfch's, dqkv's, dres's, dln's and datty's low-precision copies (NULL where the backend
+ * keeps none), after the rest. dres_lp must hold the copy of dres's current value wherever
+ * a matmul reads it: the layernorm backwards that write dres write it too; dres from
+ * elsewhere is converted. dln_lp is the blocks' dln (the matmul backwards write only it,
+ * the layernorm backwards read it); the head's dln stays fp32. datty_lp is datty (the
+ * attention projection's backward writes only it, the attention backward reads it). */
 typedef struct {
     float *dres, *dln, *datty, *dqkv, *dfch;
-    void *dfch_lp, *dqkv_lp, *dres_lp, *dln_lp;
+    void *dfch_lp, *dqkv_lp, *dres_lp, *dln_lp, *datty_lp;
 } scratch;
 
 static size_t first_block(const pl_engine *e)
@@ -126,6 +127,7 @@ static size_t layout_scratch(const pl_engine *e, scratch *s, char *base)
     s->dqkv_lp = carve_lowp(e, base, &off, 3 * BTC);
     s->dres_lp = carve_lowp(e, base, &off, BTC);
     s->dln_lp = carve_lowp(e, base, &off, BTC);
+    s->datty_lp = carve_lowp(e, base, &off, BTC);
     return off;
 }
 
@@ -535,10 +537,12 @@ static void block_backward(pl_engine *e, pl_slot *s, int l, const scratch *w)
                            a->ln2, a->ln2_lp, P(e, l, 8), BT, C, 4 * C);
     kn_layernorm_backward(k, w->dres, w->dres_lp, G(e, l, 6), G(e, l, 7), w->dln, w->dln_lp,
                           a->res2, P(e, l, 6), a->ln2_mean, a->ln2_rstd, B, T, C);
-    kn_matmul_backward_set(k, w->datty, NULL, G(e, l, 4), G(e, l, 5), w->dres, w->dres_lp,
-                           a->atty, a->atty_lp, P(e, l, 4), BT, C, C);
-    kn_attention_backward(k, w->dqkv, w->dqkv_lp, w->datty, a->qkv, a->qkv_lp, a->att, a->atty,
-                          B, T, C, e->cfg.NH);
+    /* datty through datty_lp alone, and atty through atty_lp (the forward wrote only
+     * it), where the backend keeps copies */
+    kn_matmul_backward_set(k, w->datty, w->datty_lp, G(e, l, 4), G(e, l, 5), w->dres,
+                           w->dres_lp, a->atty, a->atty_lp, P(e, l, 4), BT, C, C);
+    kn_attention_backward(k, w->dqkv, w->dqkv_lp, w->datty, w->datty_lp, a->qkv, a->qkv_lp,
+                          a->att, a->atty, a->atty_lp, B, T, C, e->cfg.NH);
     kn_matmul_backward_set(k, w->dln, w->dln_lp, G(e, l, 2), G(e, l, 3), w->dqkv, w->dqkv_lp,
                            a->ln1, a->ln1_lp, P(e, l, 2), BT, C, 3 * C);
     kn_layernorm_backward(k, w->dres, w->dres_lp, G(e, l, 0), G(e, l, 1), w->dln, w->dln_lp, x,
