@@ -5,9 +5,11 @@
  *
  * Layouts follow llm.c's train_gpt2.c: activations are row-major [B, T, C]
  * (B sequences of T tokens, C channels); a weight of a linear layer mapping C
- * to OC channels is [OC, C] (out = inp · Wᵀ + bias). All tensors are fp32 and
- * live in memory from kn_alloc (host memory on the CPU backend, device memory
- * on the GPU backend). Backward kernels ACCUMULATE (+=) into parameter
+ * to OC channels is [OC, C] (out = inp · Wᵀ + bias). Tensors are fp32, but for
+ * the low-precision copies CUDA's bf16 mode hands between kernels (below) and
+ * the scratch some functions keep in the backend's format (the MLP's
+ * pre-activation, the LM head's logits); all live in memory from kn_alloc (host
+ * memory on the CPU backend, device memory on the GPU backend). Backward kernels ACCUMULATE (+=) into parameter
  * gradients and into input gradients unless a function says otherwise, so that
  * microbatches and the tied embedding add up naturally. */
 #ifndef PLIANT_KERNELS_H
@@ -142,8 +144,9 @@ void kn_layernorm_backward(kn_ctx *k, float *dinp, void *dinp_lp, float *dweight
  * of such a copy of n values: 0 where the backend multiplies the fp32 values
  * themselves (the CPU; CUDA in fp32 and tf32), and then every `_lp` argument
  * (the layernorms' above too) is NULL. kn_to_lowp makes the copy (the backend's
- * memory, 16-byte aligned); kn_layernorm_forward, kn_attention_forward and
- * kn_matmul_gelu_forward can write one of their output as they go, and
+ * memory, 16-byte aligned); kn_layernorm_forward, kn_attention_forward,
+ * kn_matmul_forward and kn_matmul_gelu_forward can write one of their output as
+ * they go (then leaving the fp32 output unwritten), and
  * kn_layernorm_backward, kn_attention_backward, kn_matmul_backward_gelu and
  * kn_matmul_backward_set one of their input gradient. An `inp_lp` or `dout_lp`
  * given to a matmul (or a layernorm backward) must hold the copy of its tensor's
