@@ -6,8 +6,13 @@
 # and there `tools/gpu_check.sh .gpu` (or `. .gpu/env.sh` and run .gpu/bin/* yourself).
 # env.sh puts .gpu/lib first on LD_LIBRARY_PATH, and NCCL from the machine (CUDA's lib64, or
 # the nvidia-nccl wheel of its PyTorch) after it.
+#   tools/gpu_bundle.sh .gpu OLD/gpu_bench_cuda ...
+# also packs earlier builds' benchmarks (stripped and gzipped, about 1 MB each), which
+# gpu_check.sh runs alternately with this build's. The bundle and the repository leave room
+# in the device tool's 64 MiB for one such benchmark (two overflow it by tens of KB).
 set -eu
 out=${1:-.gpu}
+[ $# -gt 0 ] && shift
 mkdir -p "$out/bin" "$out/lib"
 for b in build/tests/test_kernels_cuda build/tests/test_nccl build/bin/pliant-cuda \
          build/bin/pliant build/bench/gpu_bench_cuda; do
@@ -20,6 +25,15 @@ for b in "$out"/bin/*; do ldd "$b"; done | awk '$2 == "=>" && $3 ~ /^\// { print
     while read -r lib; do cp -L "$lib" "$out/lib/"; done
 # without debug information: the device tool carries at most 64 MiB with the repository
 strip --strip-debug "$out"/bin/* "$out"/lib/* 2>/dev/null || true
+# earlier builds' benchmarks, named base1.gz, base2.gz, ... in the order given
+rm -rf "$out/base"
+n=0
+for b in "$@"; do
+    n=$((n + 1))
+    mkdir -p "$out/base"
+    strip --strip-all -o "$out/base/base$n" "$b"
+    gzip -9 "$out/base/base$n"
+done
 # the CLI tests' corpus (the GPU machine gets the repository without ../shared)
 if [ -f ../shared/data/tinyshakespeare.txt ]; then cp ../shared/data/tinyshakespeare.txt "$out/"; fi
 cat > "$out/env.sh" <<'ENV'

@@ -35,9 +35,15 @@ run nccl 45 "$bundle/bin/test_nccl"
 run bench-bf16 120 "$bundle/bin/gpu_bench_cuda" --steps 20
 run run-gpu 180 env PYTHONUNBUFFERED=1 python3 tests/cli/test_run_gpu.py --build "$bundle"
 run recovery 120 tools/gpu_recovery.sh "$bundle/bin/pliant-cuda" cuda "$work/recovery"
+if [ -d "$bundle/base" ]; then # earlier builds (gpu_bundle.sh): each against this one, twice
+    for z in "$bundle"/base/*.gz; do gunzip -c "$z" >"$work/${z##*/}.bin" && chmod +x "$work/${z##*/}.bin"; done
+    run bench-ab 300 sh -c 'for i in 1 2; do for b in "$@"; do echo "== $b"; "$b" --steps 20 |
+        grep -E "^peak|^\| NVIDIA"; done; done' sh "$work"/*.gz.bin "$bundle/bin/gpu_bench_cuda"
+fi
 echo "--- everything but the passing tests"
 grep -v -h '^ok ' "$work"/kernels-*.log "$work/nccl.log" "$work/run-gpu.log" | head -80
 echo "--- recovery"
 cat "$work/recovery.log"
 echo "--- bench"
 tail -45 "$work/bench-bf16.log"
+if [ -f "$work/bench-ab.log" ]; then echo "--- earlier builds against this one"; cat "$work/bench-ab.log"; fi
