@@ -328,31 +328,45 @@ void kn_cuda_crossentropy_backward_bf16(kn_ctx *k, float *logits, const float *s
 
 /* ---- the LM head's loss and unscaled gradient in one pass (bf16 mode) ----------
  * kn_lm_head_forward on the bf16 logits: one block per row keeps the row in
- * shared memory as it reads it for the max and sum, then writes its gradient in
- * place, softmax − onehot without the loss weight, which kn_lm_head_backward
- * applies as its GEMMs' alpha: one read and one write of the logits where the
- * stats-then-gradient pair above reads them twice. Two blocks an SM (a row of
- * GPT-2's 50304 is 98 KiB), so one block's loads overlap the other's exps. */
+ * shared memory as it reads it for the max, then sums the exponentials and
+ * writes the gradient in place from there, softmax − onehot without the loss
+ * weight, which kn_lm_head_backward applies as its GEMMs' alpha: one read and
+ * one write of the logits where the stats-then-gradient pair above reads them
+ * twice. Two blocks an SM (a row of GPT-2's 50304 is 98 KiB), so one block's
+ * loads overlap the other's exps.
+ *
+ * The max comes first, on its own (one fmaxf a logit), so each logit's
+ * exponential is one FFMA and one MUFU.EX2 on the scores in base 2: the
+ * online (max, sum) of the two-pass kernels takes a branch and an expf (a
+ * range reduction around the EX2) a logit, and bounded this pass by its
+ * arithmetic, not by memory. */
 #define CE_ROW_THREADS 512
 #define CE_ROW_MAX_VP 57344 /* 112 KiB of row: two blocks fit an SM's 228 KiB */
 #define CE_ROW_UNROLL 4     /* 16-byte loads in flight a thread */
+#define CE_LOG2E 1.4426950408889634f
 
 bool kn_cuda_logits_dlogits(kn_ctx *k, const float *logits, int Vp)
 {
     return kn_cuda_logits_bf16(k, logits, Vp) && Vp <= CE_ROW_MAX_VP;
 }
 
-__global__ static void __launch_bounds__(CE_ROW_THREADS, 2)
-ce_row_bf16_kernel(float *losses, float *stats, float *logits, const int32_t *targets, int V,
-                   int Vp)
+/* 2^x, the hardware's approximation (relative error about 2⁻²², far below
+ * bf16's; subnormal results flush to 0, e^−87 and below, which a probability
+ * next to the row's max of 1 does not miss). */
+__device__ static inline float ex2(float x)
 {
-    extern __shared__ uint4 srow[]; /* the row's Vp / 8 chunks of 8 bf16 */
-    uint4 *l = reinterpret_cast<uint4 *>(logits + (size_t)blockIdx.x * Vp);
-    const int target = targets[blockIdx.x], chunks = Vp / 8, step = (int)blockDim.x;
-    const float tl = threadIdx.x == 0 && target >= 0 && target < V
-                         ? (float)reinterpret_cast<const __nv_bfloat16 *>(l)[target]
-                         : 0.0f;
-    float m = -INFINITY, s = 0.0f;
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* The row's chunks (16 bytes, 8 logits) from global into shared memory, this
+ * thread's chunks j = threadIdx.x + k·blockDim.x (each read back by this thread
+ * alone), CE_ROW_UNROLL loads in flight; returns the max of its logits below V. */
+__device__ static float ce_row_load(uint4 *srow, const uint4 *l, int chunks, int V)
+{
+    const int step = (int)blockDim.x;
+    float m = -INFINITY;
     for (int j0 = threadIdx.x; j0 < chunks; j0 += CE_ROW_UNROLL * step) {
         uint4 u[CE_ROW_UNROLL];
 #pragma unroll
@@ -362,24 +376,61 @@ ce_row_bf16_kernel(float *losses, float *stats, float *logits, const int32_t *ta
         for (int r = 0; r < CE_ROW_UNROLL; r++) {
             const int j = j0 + r * step, c = 8 * j;
             if (j >= chunks) break;
-            srow[j] = u[r]; /* read back by this thread alone */
+            srow[j] = u[r];
             float x[8];
             bf16x8(u[r], x);
 #pragma unroll
             for (int i = 0; i < 8; i++)
-                if (c + i < V) online_add(m, s, x[i]);
+                if (c + i < V) m = fmaxf(m, x[i]);
         }
     }
-    block_stats(m, s); /* its barrier: every read of the row (tl too) is done */
+    return m;
+}
+
+/* Σ e^(x − m) over this thread's chunks of the row in shared memory (logits
+ * below V), as 2^(x·log2 e − m·log2 e): mb = m·log2 e. NaN logits make it NaN
+ * (fmaxf skipped them for the max). */
+__device__ static float ce_row_sum(const uint4 *srow, int chunks, int V, float mb)
+{
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < chunks; j += blockDim.x) {
+        const int c = 8 * j;
+        float x[8];
+        bf16x8(srow[j], x);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (c + i < V) s += ex2(fmaf(x[i], CE_LOG2E, -mb));
+    }
+    return s;
+}
+
+__global__ static void __launch_bounds__(CE_ROW_THREADS, 2)
+ce_row_bf16_kernel(float *losses, float *stats, float *logits, const int32_t *targets, int V,
+                   int Vp)
+{
+    extern __shared__ uint4 srow[]; /* the row's Vp / 8 chunks of 8 bf16 */
+    __shared__ float red[CE_ROW_THREADS / 32];
+    uint4 *l = reinterpret_cast<uint4 *>(logits + (size_t)blockIdx.x * Vp);
+    const int target = targets[blockIdx.x], chunks = Vp / 8;
+    const float tl = threadIdx.x == 0 && target >= 0 && target < V
+                         ? (float)reinterpret_cast<const __nv_bfloat16 *>(l)[target]
+                         : 0.0f;
+    /* its barriers: every read of the row (tl too) is done before the writes below */
+    const float m = block_reduce<true>(ce_row_load(srow, l, chunks, V), red);
+    const float mb = m == -INFINITY ? 0.0f : m * CE_LOG2E; /* a row of −inf: sum 0 */
+    const float s = block_reduce<false>(ce_row_sum(srow, chunks, V, mb), red);
     write_stats(m, s, tl, losses, stats, target, V);
     const float inv = 1.0f / s;
-    for (int j = threadIdx.x; j < chunks; j += step) {
+    for (int j = threadIdx.x; j < chunks; j += blockDim.x) {
         const int c = 8 * j;
         float x[8], g[8] = {};
         bf16x8(srow[j], x);
         if (target >= 0)
 #pragma unroll
-            for (int i = 0; i < 8; i++) g[i] = ce_grad(x[i], c + i, target, V, m, inv, 1.0f);
+            for (int i = 0; i < 8; i++) {
+                const float p = c + i < V ? ex2(fmaf(x[i], CE_LOG2E, -mb)) * inv : 0.0f;
+                g[i] = c + i == target ? p - 1.0f : p;
+            }
         l[j] = make_uint4(bf16_pair(g[0], g[1]), bf16_pair(g[2], g[3]), bf16_pair(g[4], g[5]),
                           bf16_pair(g[6], g[7]));
     }
