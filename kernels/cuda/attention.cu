@@ -456,7 +456,8 @@ static int pair_rows(const void *p, size_t size, int hs)
 }
 
 /* The bf16 kernels' packed q, k, v in the forward's state: after the lse
- * [B, NH, T], at the next 16-byte boundary. */
+ * [B, NH, T], at the next 16-byte boundary (room unused where they read qkv's
+ * bf16 copy in place: tc_direct). */
 static bf16 *packed_qkv(const float *att, int B, int T, int NH)
 {
     const uintptr_t p = (uintptr_t)(att + (size_t)B * NH * T);
@@ -479,7 +480,9 @@ static void launch_tc(F *kernel, dim3 grid, size_t smem, kn_ctx *k, A... args)
 }
 
 /* out and lse (or, for out, only its bf16 copy, out_lp, where given): bf16 tensor
- * cores in bf16 mode, fp32 otherwise (out_lp is NULL there: kn_lowp_bytes is 0). */
+ * cores in bf16 mode, fp32 otherwise (out_lp is NULL there: kn_lowp_bytes is 0).
+ * The bf16 kernels read q, k, v from qkv_lp in place where tc_direct allows,
+ * else from the packed copy the pack kernel writes first. */
 template <int D>
 static void forward_tiles(kn_ctx *k, float *out, bf16 *out_lp, float *lse, const float *qkv,
                           const bf16 *qkv_lp, int B, int T, int C, int NH)
@@ -488,21 +491,24 @@ static void forward_tiles(kn_ctx *k, float *out, bf16 *out_lp, float *lse, const
     const float sc = log2_scale(hs);
     if (k->cuda->bf16) {
         bf16 *pk = packed_qkv(lse, B, T, NH);
+        const tc_operand ops = tc_operand_of<D>(qkv_lp, pk, T, C, NH, 3);
         const size_t n8 = packed_elems(B, T, NH, D) / 8;
         const unsigned blocks = kn_blocks(n8, TC_THREADS);
-        if (qkv_lp) /* qkv's bf16 copy, which its matmul wrote in place of qkv */
-            attention_pack_qkv_kernel<D><<<blocks, TC_THREADS, 0, kn_stream(k)>>>(pk, qkv_lp, B, T,
-                                                                                 NH, hs);
-        else
-            attention_pack_qkv_kernel<D><<<blocks, TC_THREADS, 0, kn_stream(k)>>>(pk, qkv, B, T,
-                                                                                 NH, hs);
-        CUDA_LAUNCHED();
+        if (!tc_direct<D>(qkv_lp, T, hs)) { /* else read in place: nothing to pack */
+            if (qkv_lp) /* qkv's bf16 copy, which its matmul wrote in place of qkv */
+                attention_pack_qkv_kernel<D><<<blocks, TC_THREADS, 0, kn_stream(k)>>>(
+                    pk, qkv_lp, B, T, NH, hs);
+            else
+                attention_pack_qkv_kernel<D><<<blocks, TC_THREADS, 0, kn_stream(k)>>>(pk, qkv, B,
+                                                                                     T, NH, hs);
+            CUDA_LAUNCHED();
+        }
         const dim3 grid((unsigned)(B * NH), (unsigned)(tc_padded_rows(T) / TC_ROWS));
         /* pairs for the one the kernel stores into */
         const int v2 = out_lp ? pair_rows(out_lp, sizeof *out_lp, hs)
                               : pair_rows(out, sizeof *out, hs);
         launch_tc(flash_forward_bf16_kernel<D>, grid, tc_smem_bytes<D>(false), k, out, out_lp,
-                  lse, (const bf16 *)pk, T, NH, hs, sc, v2);
+                  lse, ops, T, NH, hs, sc, v2);
         return;
     }
     const dim3 grid((unsigned)(B * NH), (unsigned)((T + FA_TILE - 1) / FA_TILE));
@@ -523,8 +529,8 @@ static bool workspace_fits(kn_ctx *k, size_t bytes)
     return p != NULL;
 }
 
-/* delta = rowsum(dout ∘ out) and the packed dO, dout and out read from their bf16
- * copies (dout_lp, out_lp) where given. */
+/* delta = rowsum(dout ∘ out) and the packed dO (pdo NULL: not stored), dout and out
+ * read from their bf16 copies (dout_lp, out_lp) where given. */
 template <int D>
 static void delta_pack(kn_ctx *k, float *delta, bf16 *pdo, const float *dout, const bf16 *dout_lp,
                        const float *out, const bf16 *out_lp, int B, int T, int NH, int hs)
@@ -548,46 +554,52 @@ static void delta_pack(kn_ctx *k, float *delta, bf16 *pdo, const float *dout, co
 }
 
 /* dqkv (or only its bf16 copy, dqkv_lp, where given: bf16 mode alone has one);
- * dout_lp, out_lp: dout's and out's bf16 copies, read instead where given. */
+ * dout_lp, out_lp: dout's and out's bf16 copies, read instead where given. The bf16
+ * kernels read q, k, v where the forward's did (qkv_lp in place, or the packed copy
+ * in the state: tc_operand_of decides the same from the same arguments), and dO
+ * from dout_lp in place where tc_direct allows, else packed by the delta pass. */
 template <int D>
 static void backward_tiles(kn_ctx *k, float *dqkv, bf16 *dqkv_lp, const float *dout,
-                           const bf16 *dout_lp, const float *qkv, const float *lse,
-                           const float *out, const bf16 *out_lp, int B, int T, int C, int NH)
+                           const bf16 *dout_lp, const float *qkv, const bf16 *qkv_lp,
+                           const float *lse, const float *out, const bf16 *out_lp, int B, int T,
+                           int C, int NH)
 {
     const int hs = C / NH;
     const size_t rows = (size_t)B * NH * T;
     const float scale = 1.0f / sqrtf((float)hs), sc = log2_scale(hs);
     if (k->cuda->bf16) {
-        /* the workspace: delta, then (16-byte aligned) the packed dO, then
-         * (256-byte aligned) dS where there is room for it (~201 MB for
-         * GPT-2 124M at B = 16, T = 1024; reused by every layer) */
+        /* the workspace: delta, then (16-byte aligned) the packed dO unless dout_lp
+         * is read in place, then (256-byte aligned) dS where there is room for it
+         * (~201 MB for GPT-2 124M at B = 16, T = 1024; reused by every layer) */
+        const bool do_direct = tc_direct<D>(dout_lp, T, hs);
         const size_t dbytes = (rows * sizeof(float) + 15) / 16 * 16;
-        const size_t pbytes = dbytes + packed_elems(B, T, NH, D) / 3 * sizeof(bf16);
+        const size_t pbytes =
+            dbytes + (do_direct ? 0 : packed_elems(B, T, NH, D) / 3 * sizeof(bf16));
         const size_t sbytes = (pbytes + 255) / 256 * 256;
         const size_t all = sbytes + (size_t)B * NH * tc_ds_chunks(T) * TC_CHUNK * sizeof(bf16);
         const bool keep_ds = tc_keeps_ds<D>() && workspace_fits(k, all);
         char *ws = (char *)kn_cuda_workspace(k, keep_ds ? all : pbytes);
         float *delta = (float *)ws;
-        bf16 *pdo = (bf16 *)(ws + dbytes), *ds = keep_ds ? (bf16 *)(ws + sbytes) : NULL;
+        bf16 *pdo = do_direct ? NULL : (bf16 *)(ws + dbytes);
+        bf16 *ds = keep_ds ? (bf16 *)(ws + sbytes) : NULL;
         delta_pack<D>(k, delta, pdo, dout, dout_lp, out, out_lp, B, T, NH, hs);
-        const bf16 *pk = packed_qkv(lse, B, T, NH);
+        const tc_operand ops = tc_operand_of<D>(qkv_lp, packed_qkv(lse, B, T, NH), T, C, NH, 3);
+        const tc_operand dops = tc_operand_of<D>(dout_lp, pdo, T, C, NH, 1);
         const dim3 grid((unsigned)(B * NH), (unsigned)(tc_padded_rows(T) / TC_ROWS));
         /* pairs for the one the kernels store into */
         const int v2 = dqkv_lp ? pair_rows(dqkv_lp, sizeof *dqkv_lp, hs)
                                : pair_rows(dqkv, sizeof *dqkv, hs);
         launch_tc(flash_backward_dkv_bf16_kernel<D>, grid, tc_smem_bytes<D>(true), k, dqkv,
-                  dqkv_lp, ds, pk, (const bf16 *)pdo, lse, (const float *)delta, T, NH, hs, scale,
-                  sc, v2);
+                  dqkv_lp, ds, ops, dops, lse, (const float *)delta, T, NH, hs, scale, sc, v2);
         if constexpr (tc_keeps_ds<D>()) {
             if (ds) {
                 launch_tc(flash_backward_dq_ds_bf16_kernel<D>, grid, tc_dq_ds_smem_bytes<D>(), k,
-                          dqkv, dqkv_lp, (const bf16 *)ds, pk, T, NH, hs, scale, v2);
+                          dqkv, dqkv_lp, (const bf16 *)ds, ops, T, NH, hs, scale, v2);
                 return;
             }
         }
         launch_tc(flash_backward_dq_bf16_kernel<D>, grid, tc_smem_bytes<D>(false), k, dqkv,
-                  dqkv_lp, pk, (const bf16 *)pdo, lse, (const float *)delta, T, NH, hs, scale, sc,
-                  v2);
+                  dqkv_lp, ops, dops, lse, (const float *)delta, T, NH, hs, scale, sc, v2);
         return;
     }
     /* the fp32 kernels accumulate into dqkv: zero first (kernels.h: overwritten) */
@@ -629,16 +641,19 @@ void kn_cuda_attention_backward(kn_ctx *k, float *dqkv, void *dqkv_lp, const flo
     if (B <= 0 || T <= 0) return;
     bf16 *lp = (bf16 *)dqkv_lp;
     const bf16 *dl = (const bf16 *)dout_lp, *ol = (const bf16 *)out_lp;
+    const bf16 *ql = (const bf16 *)qkv_lp;
     switch (tile_width("kn_attention_backward", T, C, NH)) {
-    case 16: backward_tiles<16>(k, dqkv, lp, dout, dl, qkv, att, out, ol, B, T, C, NH); break;
-    case 32: backward_tiles<32>(k, dqkv, lp, dout, dl, qkv, att, out, ol, B, T, C, NH); break;
-    case 64: backward_tiles<64>(k, dqkv, lp, dout, dl, qkv, att, out, ol, B, T, C, NH); break;
-    default: backward_tiles<128>(k, dqkv, lp, dout, dl, qkv, att, out, ol, B, T, C, NH); break;
+    case 16: backward_tiles<16>(k, dqkv, lp, dout, dl, qkv, ql, att, out, ol, B, T, C, NH); break;
+    case 32: backward_tiles<32>(k, dqkv, lp, dout, dl, qkv, ql, att, out, ol, B, T, C, NH); break;
+    case 64: backward_tiles<64>(k, dqkv, lp, dout, dl, qkv, ql, att, out, ol, B, T, C, NH); break;
+    default: backward_tiles<128>(k, dqkv, lp, dout, dl, qkv, ql, att, out, ol, B, T, C, NH); break;
     }
 }
 
 /* att is the log-sum-exp of each row's scaled scores, [B, NH, T]; in bf16 mode
- * followed (16-byte aligned) by the packed bf16 q, k, v of the forward's qkv. */
+ * followed (16-byte aligned) by the packed bf16 q, k, v of the forward's qkv
+ * (the room stays, unused, where the kernels read qkv_lp in place: its size
+ * cannot depend on qkv_lp, which this does not see). */
 size_t kn_cuda_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH)
 {
     const size_t lse = (size_t)B * (size_t)NH * (size_t)T;

@@ -32,14 +32,21 @@
  * against these definitions (an emulation of ldmatrix and mma by their
  * documented semantics, and of the kernels' loops on small shapes).
  *
- * Operands: before the products, q, k and v are packed once into bf16, head
- * by head ([B·NH][3][Tp][D] after the lse in the forward's state, Tp = T
- * rounded up to TC_ROWS), and the backward packs dO the same way ([B·NH][Tp]
- * [D], in the pass that computes D = rowsum(dO ∘ O)); rows past T and
- * channels past hs are zero. So every tile is whole, 16-byte aligned rows that
- * cp.async copies straight into shared memory, two stages deep (the next
- * tile is in flight while the tensor cores work on this one), with no
- * registers held for the prefetch and no bounds checks in the loops.
+ * Operands: the kernels read q, k, v and dO in bf16 as rows of D channels
+ * (tc_operand: a base pointer per head and a row stride), in one of two
+ * layouts. Direct (tc_direct): where the caller gives qkv's and dout's bf16
+ * copies as their matmuls wrote them ([B, T, 3C] and [B, T, C]), hs = D and T
+ * is a multiple of TC_ROWS, the kernels read those in place, rows 3C (or C)
+ * apart: no packing pass, and no row past T or channel past hs is ever read.
+ * Packed, otherwise: q, k and v are first packed into bf16, head by head
+ * ([B·NH][3][Tp][D] after the lse in the forward's state, Tp = T rounded up
+ * to TC_ROWS), and the backward packs dO the same way ([B·NH][Tp][D], in the
+ * pass that computes D = rowsum(dO ∘ O)); rows past T and channels past hs are
+ * zero. Either way every tile is whole, 16-byte aligned rows that cp.async
+ * copies straight into shared memory, two stages deep (the next tile is in
+ * flight while the tensor cores work on this one), with no registers held for
+ * the prefetch and no bounds checks in the loops. q, k and v are the same
+ * bf16 values in both layouts, so are the results.
  *
  * Tiles: a block of 4 warps owns 64 rows (TC_ROWS): queries in forward and dQ,
  * keys in dK/dV; each warp 16 of them, whose A fragments (q, or k and v) it
@@ -78,6 +85,68 @@ __host__ __device__ static constexpr int tc_min_blocks(int accumulators)
 __host__ __device__ static inline int tc_padded_rows(int T)
 {
     return (T + TC_ROWS - 1) / TC_ROWS * TC_ROWS;
+}
+
+/* Where a kernel reads a bf16 operand (q, k, v or dO) of sequence b, head h:
+ * p + b·batch + h·head (k part and v 2·part further on), its rows ld
+ * elements apart (the layouts: the header). */
+struct tc_operand {
+    const bf16 *p;
+    size_t batch, head, part;
+    int ld;
+};
+
+__device__ static inline const bf16 *tc_head(const tc_operand &x, int b, int h)
+{
+    return x.p + b * x.batch + h * x.head;
+}
+
+/* Whether the direct layout is used at tile width D: not at D = 128, where
+ * the dK/dV kernel's registers are full (a row stride read at run time
+ * spills there). */
+template <int D>
+__host__ __device__ static constexpr bool tc_reads_direct()
+{
+    return D <= 64;
+}
+
+/* x's row stride: D, a constant, where only the packed layout is used. */
+template <int D>
+__device__ static inline int tc_stride(const tc_operand &x)
+{
+    return tc_reads_direct<D>() ? x.ld : D;
+}
+
+/* The packed layout of `parts` operands (3: q, k, v; 1: dO) at p. */
+template <int D>
+static inline tc_operand tc_packed(const bf16 *p, int T, int NH, int parts)
+{
+    const size_t rows = (size_t)tc_padded_rows(T) * D;
+    return {p, (size_t)NH * parts * rows, parts * rows, rows, D};
+}
+
+/* Whether a bf16 copy x ([B, T, parts·C], NULL: none) can be read in place
+ * (the direct layout): a head is a whole tile (hs = D: no channel to zero),
+ * no block has a row past T, and cp.async gets 16-byte aligned rows (x
+ * aligned; h·hs and the row stride are multiples of 8 elements since hs = D
+ * ≥ 16). */
+template <int D>
+static inline bool tc_direct(const bf16 *x, int T, int hs)
+{
+    return tc_reads_direct<D>() && x && hs == D && T % TC_ROWS == 0 && (uintptr_t)x % 16 == 0;
+}
+
+/* The operand the kernels read: x in place where tc_direct, else the packed
+ * copy at packed (which the caller then fills). Forward and backward decide
+ * from the same arguments, so they agree. */
+template <int D>
+static inline tc_operand tc_operand_of(const bf16 *x, const bf16 *packed, int T, int C, int NH,
+                                       int parts)
+{
+    const int hs = C / NH;
+    if (tc_direct<D>(x, T, hs))
+        return {x, (size_t)T * parts * C, (size_t)hs, (size_t)C, parts * C};
+    return tc_packed<D>(packed, T, NH, parts);
 }
 
 /* Rows of the streamed tile: 64, or 32 at D = 128 (keeps the registers of
@@ -273,7 +342,7 @@ __device__ static inline void frag_a_ds(uint32_t a[4], const bf16 *chunk, int la
     a[0] = r[0], a[1] = r[2], a[2] = r[1], a[3] = r[3];
 }
 
-/* ---- packed operands and their copies to shared memory ---------------------------- */
+/* ---- operands and their copies to shared memory ---------------------------------- */
 
 /* 16 bytes from global to shared memory, asynchronously (cp.async.cg: cached
  * in L2 only; the tiles are re-read by other blocks, not by this one). */
@@ -317,37 +386,38 @@ __device__ static inline void cp_async_wait_all()
 #endif
 }
 
-/* Copies rows 0..R−1 of a packed operand (row stride D) to dst (row stride
+/* Copies rows 0..R−1 of an operand (row stride ld) to dst (row stride
  * tc_ld<D>()): thread x issues the 16-byte chunks x + TC_THREADS·i. */
 template <int R, int D>
-__device__ static inline void tile_async(bf16 *dst, const bf16 *src)
+__device__ static inline void tile_async(bf16 *dst, const bf16 *src, int ld)
 {
     constexpr int CH = D / 8, N = R * CH / TC_THREADS;
     static_assert(N >= 1 && R * CH % TC_THREADS == 0, "whole 16-byte chunks per thread");
 #pragma unroll
     for (int i = 0; i < N; i++) {
         const int j = threadIdx.x + TC_THREADS * i, r = j / CH, c = 8 * (j % CH);
-        cp_async16(dst + r * tc_ld<D>() + c, src + (size_t)r * D + c);
+        cp_async16(dst + r * tc_ld<D>() + c, src + (size_t)r * ld + c);
     }
 }
 
-/* Keys k0 .. k0 + BK − 1 of the packed k and v into stage s of Ks and Vs (each two
- * stages of BK rows), as one group of copies. */
+/* Keys k0 .. k0 + BK − 1 of k and v (row stride ld) into stage s of Ks and Vs
+ * (each two stages of BK rows), as one group of copies. */
 template <int D>
 __device__ static inline void kv_tile_async(bf16 *Ks, bf16 *Vs, const bf16 *k, const bf16 *v,
-                                            int s, int k0)
+                                            int ld, int s, int k0)
 {
     constexpr int BK = tc_tile<D>(), LD = tc_ld<D>();
-    tile_async<BK, D>(Ks + s * BK * LD, k + (size_t)k0 * D);
-    tile_async<BK, D>(Vs + s * BK * LD, v + (size_t)k0 * D);
+    tile_async<BK, D>(Ks + s * BK * LD, k + (size_t)k0 * ld, ld);
+    tile_async<BK, D>(Vs + s * BK * LD, v + (size_t)k0 * ld, ld);
     cp_async_commit();
 }
 
-/* A fragments of the warp's 16 rows row0.. of a packed operand, straight from
- * global memory (read once per block): a[kc] for channels 16kc..16kc+15. */
+/* A fragments of the warp's 16 rows row0.. of an operand (row stride ld),
+ * straight from global memory (read once per block): a[kc] for channels
+ * 16kc..16kc+15. */
 template <int D>
-__device__ static inline void frag_a_packed(uint32_t a[D / 16][4], const bf16 *src, int row0,
-                                            int lane)
+__device__ static inline void frag_a_global(uint32_t a[D / 16][4], const bf16 *src, int ld,
+                                            int row0, int lane)
 {
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
@@ -355,8 +425,15 @@ __device__ static inline void frag_a_packed(uint32_t a[D / 16][4], const bf16 *s
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int r = row0 + g + 8 * (i & 1), c = 16 * kc + 2 * t + 8 * (i >> 1);
-            a[kc][i] = *reinterpret_cast<const uint32_t *>(src + (size_t)r * D + c);
+            a[kc][i] = *reinterpret_cast<const uint32_t *>(src + (size_t)r * ld + c);
         }
+}
+
+/* A value as fp32 (bf16 exactly: its bits are fp32's upper half). */
+__device__ static inline float to_f32(float x) { return x; }
+__device__ static inline float to_f32(bf16 x)
+{
+    return __uint_as_float((uint32_t)__bfloat16_as_ushort(x) << 16);
 }
 
 /* Eight bf16 from the first n (≤ 0: none) of the values at src (fp32 or bf16),
@@ -366,7 +443,7 @@ __device__ static inline void pack8(bf16 *dst, const Q *src, int n)
 {
     float x[8];
 #pragma unroll
-    for (int i = 0; i < 8; i++) x[i] = i < n ? (float)src[i] : 0.0f;
+    for (int i = 0; i < 8; i++) x[i] = i < n ? to_f32(src[i]) : 0.0f;
     uint4 u;
     u.x = pack_bf16(x[0], x[1]);
     u.y = pack_bf16(x[2], x[3]);
@@ -395,17 +472,11 @@ attention_pack_qkv_kernel(bf16 *pk, const Q *qkv, int B, int T, int NH, int hs)
     pack8(pk + row * D + c, src, t < T ? hs - c : 0);
 }
 
-/* A value as fp32 (bf16 exactly: its bits are fp32's upper half). */
-__device__ static inline float to_f32(float x) { return x; }
-__device__ static inline float to_f32(bf16 x)
-{
-    return __uint_as_float((uint32_t)__bfloat16_as_ushort(x) << 16);
-}
-
 /* delta[bh·T + t] = Σ_c dout[b, t, h·hs + c] · out[b, t, h·hs + c] and the
- * packed dO, pdo[bh][t][c] (zero at t ≥ T, c ≥ hs): one warp per (bh, t < Tp),
- * lanes over channel pairs, a fixed shuffle tree (deterministic). dout and out
- * are fp32, or bf16 where their copies are read (kernels.h); the sum is fp32. */
+ * packed dO, pdo[bh][t][c] (zero at t ≥ T, c ≥ hs; pdo NULL: not stored, the
+ * kernels read dout's bf16 copy in place): one warp per (bh, t < Tp), lanes
+ * over channel pairs, a fixed shuffle tree (deterministic). dout and out are
+ * fp32, or bf16 where their copies are read (kernels.h); the sum is fp32. */
 template <int D, typename DO, typename O>
 __global__ static void __launch_bounds__(TC_THREADS)
 attention_delta_pack_kernel(float *delta, bf16 *pdo, const DO *dout, const O *out, int B, int T,
@@ -416,9 +487,9 @@ attention_delta_pack_kernel(float *delta, bf16 *pdo, const DO *dout, const O *ou
     const int lane = threadIdx.x % 32;
     if (g >= (size_t)B * NH * Tp) return; /* whole warps: TC_THREADS is a multiple of 32 */
     const int t = (int)(g % Tp), bh = (int)(g / Tp), b = bh / NH, h = bh % NH;
-    bf16 *dst = pdo + g * D;
+    bf16 *dst = pdo ? pdo + g * D : NULL;
     if (t >= T) {
-        for (int c = 2 * lane; c < D; c += 64) *reinterpret_cast<uint32_t *>(dst + c) = 0u;
+        for (int c = 2 * lane; dst && c < D; c += 64) *reinterpret_cast<uint32_t *>(dst + c) = 0u;
         return;
     }
     const size_t at = ((size_t)b * T + t) * NH * hs + (size_t)h * hs;
@@ -428,7 +499,7 @@ attention_delta_pack_kernel(float *delta, bf16 *pdo, const DO *dout, const O *ou
         const float x1 = c + 1 < hs ? to_f32(dout[at + c + 1]) : 0.0f;
         if (c < hs) s += x0 * to_f32(out[at + c]);
         if (c + 1 < hs) s += x1 * to_f32(out[at + c + 1]);
-        *reinterpret_cast<uint32_t *>(dst + c) = pack_bf16(x0, x1);
+        if (dst) *reinterpret_cast<uint32_t *>(dst + c) = pack_bf16(x0, x1);
     }
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if (lane == 0) delta[(size_t)bh * T + t] = s;
@@ -531,37 +602,38 @@ __host__ __device__ static constexpr int tc_dq_ds_smem_bytes()
 /* Block (bh, 64 queries); warp w owns queries r0 = q0 + 16w .. r0 + 15: in
  * lane (g, t) rows r0 + g and r0 + g + 8, their m (the running maximum of the
  * raw scores) and l (this lane's part of the running sum), and O columns
- * 8j + 2t, 8j + 2t + 1. pk: the packed q, k, v. out_lp (or NULL) gets out's
+ * 8j + 2t, 8j + 2t + 1. qkv: where q, k, v are (tc_operand). out_lp (or NULL) gets out's
  * bf16 copy in place of out (out is then left unwritten: kernels.h); vec2
  * (store_pair) for the one stored. */
 template <int D>
 __global__ static void __launch_bounds__(TC_THREADS, tc_min_blocks<D>(1))
-flash_forward_bf16_kernel(float *out, bf16 *out_lp, float *lse, const bf16 *pk, int T, int NH,
+flash_forward_bf16_kernel(float *out, bf16 *out_lp, float *lse, tc_operand qkv, int T, int NH,
                           int hs, float sc, int vec2)
 {
     constexpr int BK = tc_tile<D>(), LD = tc_ld<D>(), NK = D / 16, NO = D / 8, NS = BK / 8;
     TC_DYNAMIC_SMEM(tc_smem);
     bf16 *Ks = reinterpret_cast<bf16 *>(tc_smem), *Vs = Ks + 2 * BK * LD; /* [2][BK·LD] each */
-    const int bh = blockIdx.x, b = bh / NH, h = bh % NH, Tp = tc_padded_rows(T);
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
     const int q0 = (gridDim.y - 1 - blockIdx.y) * TC_ROWS; /* the longest rows first */
     const int C = NH * hs;
-    const bf16 *q = pk + (size_t)bh * 3 * Tp * D, *k = q + (size_t)Tp * D, *v = k + (size_t)Tp * D;
+    const bf16 *q = tc_head(qkv, b, h), *k = q + qkv.part, *v = k + qkv.part;
+    const int lq = tc_stride<D>(qkv);
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int r0 = q0 + 16 * w;
     const int kend = min(q0 + TC_ROWS, T); /* the block's rows see keys < kend */
 
     uint32_t qa[NK][4];
-    frag_a_packed<D>(qa, q, r0, lane);
+    frag_a_global<D>(qa, q, lq, r0, lane);
     float o[NO][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int j = 0; j < NO; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
 
-    kv_tile_async<D>(Ks, Vs, k, v, 0, 0);
+    kv_tile_async<D>(Ks, Vs, k, v, lq, 0, 0);
     for (int k0 = 0, buf = 0; k0 < kend; k0 += BK, buf ^= 1) {
         cp_async_wait_all();
         __syncthreads(); /* stage buf holds keys k0 .. k0 + BK − 1; the other stage is free */
         if (k0 + BK < kend) /* the next tile flies while this one is used */
-            kv_tile_async<D>(Ks, Vs, k, v, buf ^ 1, k0 + BK);
+            kv_tile_async<D>(Ks, Vs, k, v, lq, buf ^ 1, k0 + BK);
         const bf16 *Kt = Ks + buf * BK * LD, *Vt = Vs + buf * BK * LD;
         /* Chunks of 16 keys with a key ≤ the warp's last row: nc (warp-uniform).
          * Rows at or past T are not stored; a warp of only those skips. */
@@ -665,32 +737,34 @@ flash_forward_bf16_kernel(float *out, bf16 *out_lp, float *lse, const bf16 *pk, 
  * t): keys kw + g, kw + g + 8), their k and v fragments, and their dK, dV
  * (columns 8j + 2t, +1). Per chunk of 16 queries it computes the transposed
  * Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (16 keys × 16 queries), then dV += Pᵀ dO and
- * dK += dSᵀ Q, and stores the chunk of dSᵀ into ds (tc_keeps_ds, ds not NULL). pk,
- * pdo: the packed q, k, v and dO. dK and dV go to dqkv or its copy (store_grad). */
+ * dK += dSᵀ Q, and stores the chunk of dSᵀ into ds (tc_keeps_ds, ds not NULL). qkv,
+ * dout: where q, k, v and dO are (tc_operand). dK and dV go to dqkv or its copy
+ * (store_grad). */
 template <int D>
 __global__ static void __launch_bounds__(TC_THREADS, tc_min_blocks<D>(2))
-flash_backward_dkv_bf16_kernel(float *dqkv, bf16 *dqkv_lp, bf16 *ds, const bf16 *pk,
-                               const bf16 *pdo, const float *lse, const float *delta, int T,
+flash_backward_dkv_bf16_kernel(float *dqkv, bf16 *dqkv_lp, bf16 *ds, tc_operand qkv,
+                               tc_operand dout, const float *lse, const float *delta, int T,
                                int NH, int hs, float scale, float sc, int vec2)
 {
     constexpr int BQ = tc_tile<D>(), LD = tc_ld<D>(), NK = D / 16, NO = D / 8;
     TC_DYNAMIC_SMEM(tc_smem);
     bf16 *Qs = reinterpret_cast<bf16 *>(tc_smem), *dOs = Qs + 2 * BQ * LD; /* [2][BQ·LD] */
     float *lse_s = reinterpret_cast<float *>(dOs + 2 * BQ * LD), *D_s = lse_s + 2 * BQ;
-    const int bh = blockIdx.x, b = bh / NH, h = bh % NH, Tp = tc_padded_rows(T);
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
     const int k0 = blockIdx.y * TC_ROWS; /* the first key tiles see the most queries: first */
     const int C = NH * hs;
     const size_t C3 = 3 * (size_t)C;
-    const bf16 *q = pk + (size_t)bh * 3 * Tp * D, *kp = q + (size_t)Tp * D, *vp = kp + (size_t)Tp * D;
-    const bf16 *dO = pdo + (size_t)bh * Tp * D;
+    const bf16 *q = tc_head(qkv, b, h), *kp = q + qkv.part, *vp = kp + qkv.part;
+    const bf16 *dO = tc_head(dout, b, h);
+    const int lq = tc_stride<D>(qkv), ldo = tc_stride<D>(dout);
     const float *L = lse + (size_t)bh * T, *Dl = delta + (size_t)bh * T;
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int kw = k0 + 16 * w;
     bf16 *dsw = tc_keeps_ds<D>() && ds ? ds + ds_column(T, bh, kw / 16) : NULL; /* its dS */
 
     uint32_t ka[NK][4], va[NK][4];
-    frag_a_packed<D>(ka, kp, kw, lane);
-    frag_a_packed<D>(va, vp, kw, lane);
+    frag_a_global<D>(ka, kp, lq, kw, lane);
+    frag_a_global<D>(va, vp, lq, kw, lane);
     float dk[NO][4], dv[NO][4];
 #pragma unroll
     for (int j = 0; j < NO; j++)
@@ -699,8 +773,8 @@ flash_backward_dkv_bf16_kernel(float *dqkv, bf16 *dqkv_lp, bf16 *ds, const bf16 
 
     /* stage s gets queries qt..qt + BQ − 1: Q, dO, lse, D (zero past T) */
     auto fetch = [&](int qt, int s) {
-        tile_async<BQ, D>(Qs + s * BQ * LD, q + (size_t)qt * D);
-        tile_async<BQ, D>(dOs + s * BQ * LD, dO + (size_t)qt * D);
+        tile_async<BQ, D>(Qs + s * BQ * LD, q + (size_t)qt * lq, lq);
+        tile_async<BQ, D>(dOs + s * BQ * LD, dO + (size_t)qt * ldo, ldo);
         if (threadIdx.x < BQ) {
             const int x = qt + (int)threadIdx.x;
             cp_async4(lse_s + s * BQ + threadIdx.x, x < T ? L + x : L, x < T);
@@ -787,29 +861,31 @@ flash_backward_dkv_bf16_kernel(float *dqkv, bf16 *dqkv_lp, bf16 *ds, const bf16 
  * (g, t): rows r0 + g, r0 + g + 8), their q and dO fragments, and their dQ
  * (columns 8j + 2t, +1). Per chunk of 16 keys: S = Q Kᵀ, dP = dO Vᵀ,
  * dS = P ∘ (dP − D), dQ += dS K. Runs where dS is not kept (tc_keeps_ds, or
- * no room in the workspace); else flash_backward_dq_ds_bf16_kernel. dQ goes to
- * dqkv or its copy (store_grad). */
+ * no room in the workspace); else flash_backward_dq_ds_bf16_kernel. qkv, dout:
+ * where q, k, v and dO are (tc_operand). dQ goes to dqkv or its copy
+ * (store_grad). */
 template <int D>
 __global__ static void __launch_bounds__(TC_THREADS, tc_min_blocks<D>(1))
-flash_backward_dq_bf16_kernel(float *dqkv, bf16 *dqkv_lp, const bf16 *pk, const bf16 *pdo,
+flash_backward_dq_bf16_kernel(float *dqkv, bf16 *dqkv_lp, tc_operand qkv, tc_operand dout,
                               const float *lse, const float *delta, int T, int NH, int hs,
                               float scale, float sc, int vec2)
 {
     constexpr int BK = tc_tile<D>(), LD = tc_ld<D>(), NK = D / 16, NO = D / 8;
     TC_DYNAMIC_SMEM(tc_smem);
     bf16 *Ks = reinterpret_cast<bf16 *>(tc_smem), *Vs = Ks + 2 * BK * LD; /* [2][BK·LD] each */
-    const int bh = blockIdx.x, b = bh / NH, h = bh % NH, Tp = tc_padded_rows(T);
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
     const int q0 = (gridDim.y - 1 - blockIdx.y) * TC_ROWS; /* the longest rows first */
     const int C = NH * hs;
     const size_t C3 = 3 * (size_t)C;
-    const bf16 *q = pk + (size_t)bh * 3 * Tp * D, *k = q + (size_t)Tp * D, *v = k + (size_t)Tp * D;
+    const bf16 *q = tc_head(qkv, b, h), *k = q + qkv.part, *v = k + qkv.part;
+    const int lq = tc_stride<D>(qkv);
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int r0 = q0 + 16 * w;
     const int kend = min(q0 + TC_ROWS, T);
 
     uint32_t qa[NK][4], da[NK][4];
-    frag_a_packed<D>(qa, q, r0, lane);
-    frag_a_packed<D>(da, pdo + (size_t)bh * Tp * D, r0, lane);
+    frag_a_global<D>(qa, q, lq, r0, lane);
+    frag_a_global<D>(da, tc_head(dout, b, h), tc_stride<D>(dout), r0, lane);
     float l2[2], dl[2], dq[NO][4];
 #pragma unroll
     for (int i = 0; i < 2; i++) {
@@ -820,12 +896,12 @@ flash_backward_dq_bf16_kernel(float *dqkv, bf16 *dqkv_lp, const bf16 *pk, const 
 #pragma unroll
     for (int j = 0; j < NO; j++) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.0f;
 
-    kv_tile_async<D>(Ks, Vs, k, v, 0, 0);
+    kv_tile_async<D>(Ks, Vs, k, v, lq, 0, 0);
     for (int k0 = 0, buf = 0; k0 < kend; k0 += BK, buf ^= 1) {
         cp_async_wait_all();
         __syncthreads(); /* stage buf holds keys k0 .. k0 + BK − 1; the other stage is free */
         if (k0 + BK < kend)
-            kv_tile_async<D>(Ks, Vs, k, v, buf ^ 1, k0 + BK);
+            kv_tile_async<D>(Ks, Vs, k, v, lq, buf ^ 1, k0 + BK);
         const bf16 *Kt = Ks + buf * BK * LD, *Vt = Vs + buf * BK * LD;
         if (r0 >= T) continue;
 #pragma unroll
@@ -868,10 +944,11 @@ flash_backward_dq_bf16_kernel(float *dqkv, bf16 *dqkv_lp, const bf16 *pk, const 
  * dS K per chunk of 16 keys, dS from the dK/dV kernel (ds). Each stage holds a
  * K tile and the chunks of dS of each warp's rows and the tile's keys. It
  * waits on memory more than on the tensor cores: 5 blocks an SM (≤ 96
- * registers; at 6, 80 registers spill). dQ goes to dqkv or its copy (store_grad). */
+ * registers; at 6, 80 registers spill). qkv: where k is (tc_operand). dQ goes to
+ * dqkv or its copy (store_grad). */
 template <int D>
 __global__ static void __launch_bounds__(TC_THREADS, 5)
-flash_backward_dq_ds_bf16_kernel(float *dqkv, bf16 *dqkv_lp, const bf16 *ds, const bf16 *pk,
+flash_backward_dq_ds_bf16_kernel(float *dqkv, bf16 *dqkv_lp, const bf16 *ds, tc_operand qkv,
                                  int T, int NH, int hs, float scale, int vec2)
 {
     constexpr int BK = tc_tile<D>(), LD = tc_ld<D>(), NO = D / 8, NC = BK / 16;
@@ -879,11 +956,12 @@ flash_backward_dq_ds_bf16_kernel(float *dqkv, bf16 *dqkv_lp, const bf16 *ds, con
     TC_DYNAMIC_SMEM(tc_smem);
     bf16 *Ks = reinterpret_cast<bf16 *>(tc_smem), *dSs = Ks + 2 * BK * LD; /* [2][BK·LD] */
     /* dSs: [2][TC_THREADS / 32 warps][WS] */
-    const int bh = blockIdx.x, b = bh / NH, h = bh % NH, Tp = tc_padded_rows(T);
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
     const int q0 = (gridDim.y - 1 - blockIdx.y) * TC_ROWS; /* the longest rows first */
     const int C = NH * hs;
     const size_t C3 = 3 * (size_t)C;
-    const bf16 *k = pk + ((size_t)bh * 3 + 1) * Tp * D;
+    const bf16 *k = tc_head(qkv, b, h) + qkv.part;
+    const int lq = tc_stride<D>(qkv);
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int r0 = q0 + 16 * w, qi = r0 / 16;
     const int kend = min(q0 + TC_ROWS, T);
@@ -891,7 +969,7 @@ flash_backward_dq_ds_bf16_kernel(float *dqkv, bf16 *dqkv_lp, const bf16 *ds, con
     /* stage s gets keys k0 .. k0 + BK − 1: K, and this warp's chunks ki ≤ qi
      * of them (a warp of rows past T copies none) */
     auto fetch = [&](int k0, int s) {
-        tile_async<BK, D>(Ks + s * BK * LD, k + (size_t)k0 * D);
+        tile_async<BK, D>(Ks + s * BK * LD, k + (size_t)k0 * lq, lq);
         const int n = r0 < T ? min(NC, qi - k0 / 16 + 1) : 0;
         bf16 *dst = dSs + (s * (TC_THREADS / 32) + w) * WS;
 #pragma unroll

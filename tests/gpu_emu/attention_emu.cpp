@@ -10,6 +10,10 @@
  * given dout's or out's bf16 copy, or both, packs the same dO bits
  * (dout holds bf16 values) and the same delta with dout's copy alone, a delta
  * within 2⁻⁸·Σ|dout·out| of it with out's copy (out rounded to bf16).
+ * Both operand layouts: packed (qkv and dout fp32, or their bf16 copies where
+ * the direct layout does not apply) and direct (the kernels reading qkv's and
+ * dout's bf16 copies in place, with the packed buffers poisoned), which gives
+ * the same bits as the packed one.
  *
  * Why an emulation: those kernels map mma.sync / ldmatrix fragments by hand
  * (inline PTX), and an index error there only shows on a GPU, which the
@@ -24,7 +28,7 @@
  *
  * Output: one "ok NAME" / "FAIL NAME" line per shape (tests/unit/check.h's
  * protocol, counted by tests/run_tests.py). With four arguments B T C NH it
- * runs that one shape. */
+ * runs that one shape (with a fifth, any, given the bf16 copies). */
 #include "gpu_emu.h"
 
 #define PLIANT_ATTENTION_EMU 1
@@ -181,7 +185,8 @@ static int copies_case(int B, int T, int C, int misalign, const std::vector<floa
 
 /* The delta pass given copies (the header): dout's alone, out's alone, both (the
  * kernel's element types: it has no fp32 pointer where it reads a copy). delta,
- * pdo: the results without. */
+ * pdo: the results without; pdo NULL (the direct layout): the pass packs no dO
+ * here either, and delta alone is compared. */
 template <int D>
 static int delta_copies(int B, int T, int NH, int hs, const float *dout,
                         const std::vector<float> &out, const std::vector<float> &delta,
@@ -196,19 +201,17 @@ static int delta_copies(int B, int T, int NH, int hs, const float *dout,
     for (int which = 0; which < 3; which++) { // 0: dout_lp, 1: out_lp, 2: both
         std::vector<float> d2(rows, NAN);
         std::vector<__nv_bfloat16> p2(np, {0x7fc0});
+        __nv_bfloat16 *pp = pdo ? p2.data() : nullptr;
         run_grid((unsigned)((warps * 32 + TC_THREADS - 1) / TC_THREADS), 1, [&] {
             if (which == 0)
-                attention_delta_pack_kernel<D>(d2.data(), p2.data(), dl.data(), out.data(), B, T,
-                                               NH, hs);
+                attention_delta_pack_kernel<D>(d2.data(), pp, dl.data(), out.data(), B, T, NH, hs);
             else if (which == 1)
-                attention_delta_pack_kernel<D>(d2.data(), p2.data(), dout, ol.data(), B, T, NH,
-                                               hs);
+                attention_delta_pack_kernel<D>(d2.data(), pp, dout, ol.data(), B, T, NH, hs);
             else
-                attention_delta_pack_kernel<D>(d2.data(), p2.data(), dl.data(), ol.data(), B, T,
-                                               NH, hs);
+                attention_delta_pack_kernel<D>(d2.data(), pp, dl.data(), ol.data(), B, T, NH, hs);
         });
         static const char *names[] = {"dout_lp", "out_lp", "dout_lp, out_lp"};
-        if (memcmp(p2.data(), pdo, np * sizeof(__nv_bfloat16))) {
+        if (pdo && memcmp(p2.data(), pdo, np * sizeof(__nv_bfloat16))) {
             printf("  packed dO differs with %s   FAIL\n", names[which]);
             fails++;
         }
@@ -230,8 +233,18 @@ static int delta_copies(int B, int T, int NH, int hs, const float *dout,
     return fails;
 }
 
+/* p rounded up to 16 bytes, then `misalign` elements on. */
+template <typename E>
+static E *aligned16(E *p, int misalign)
+{
+    return (E *)(((uintptr_t)p + 15) & ~(uintptr_t)15) + misalign;
+}
+
+/* One shape; lp: qkv's and dout's bf16 copies given (as the engine gives them in
+ * bf16 mode), which the kernels read in place where tc_direct allows (T a multiple
+ * of TC_ROWS, hs = D, the copies 16-byte aligned: the direct layout), else pack. */
 template <int D>
-static int run_case(int B, int T, int C, int NH, int misalign)
+static int run_case(int B, int T, int C, int NH, int misalign, bool lp)
 {
     const int hs = C / NH;
     const size_t n = (size_t)B * T * C, n3 = 3 * n;
@@ -291,12 +304,30 @@ static int run_case(int B, int T, int C, int NH, int misalign)
 
     const float sc = (1.0f / sqrtf((float)hs)) * FA_LOG2E, scl = 1.0f / sqrtf((float)hs);
     const int Tp = tc_padded_rows(T), gy = Tp / TC_ROWS;
-    // the packed operands, poisoned (NaN bf16s) so that a missing zero shows
+    // the packed operands, poisoned (NaN bf16s) so that a missing zero shows (and, in
+    // the direct layout, any read of them)
     std::vector<__nv_bfloat16> pk((size_t)B * NH * 3 * Tp * D + 8, {0x7fc0}), pdo((size_t)B * NH * Tp * D + 8, {0x7fc0});
-    __nv_bfloat16 *pkq = pk.data() + misalign * 8, *pdq = pdo.data() + misalign * 8; // 16-byte aligned
+    __nv_bfloat16 *pkq = aligned16(pk.data(), 0), *pdq = aligned16(pdo.data(), 0);
+    // the bf16 copies (misaligned by `misalign` elements: packed then)
+    std::vector<__nv_bfloat16> qkv_lb(lp ? n3 + 16 : 0), dout_lb(lp ? n + 16 : 0);
+    __nv_bfloat16 *qkv_lp = lp ? aligned16(qkv_lb.data(), misalign) : nullptr;
+    __nv_bfloat16 *dout_lp = lp ? aligned16(dout_lb.data(), misalign) : nullptr;
+    for (size_t i = 0; lp && i < n3; i++) qkv_lp[i].v = f2bf(qkv[i]);
+    for (size_t i = 0; lp && i < n; i++) dout_lp[i].v = f2bf(dout[i]);
+    // as attention.cu's forward_tiles and backward_tiles decide
+    tc_operand ops = tc_operand_of<D>(qkv_lp, pkq, T, C, NH, 3);
+    tc_operand dops = tc_operand_of<D>(dout_lp, pdq, T, C, NH, 1);
+    const bool qdirect = ops.p != pkq, odirect = dops.p != pdq;
     const size_t n8 = (size_t)B * NH * 3 * Tp * D / 8;
-    run_grid((unsigned)((n8 + TC_THREADS - 1) / TC_THREADS), 1,
-             [&] { attention_pack_qkv_kernel<D>(pkq, qkv, B, T, NH, hs); });
+    auto pack_qkv = [&](bool from_lp) {
+        run_grid((unsigned)((n8 + TC_THREADS - 1) / TC_THREADS), 1, [&] {
+            if (from_lp)
+                attention_pack_qkv_kernel<D>(pkq, qkv_lp, B, T, NH, hs);
+            else
+                attention_pack_qkv_kernel<D>(pkq, qkv, B, T, NH, hs);
+        });
+    };
+    if (!qdirect) pack_qkv(lp);
     // as attention.cu's pair_rows: pairs where hs is even and the pointer aligned to two
     auto v2 = [&](const void *p, size_t size) {
         return hs % 2 == 0 && (uintptr_t)p % (2 * size) == 0;
@@ -304,29 +335,35 @@ static int run_case(int B, int T, int C, int NH, int misalign)
     const int vo = v2(out.data(), 4), vq = v2(dqkv.data(), 4);
     auto forward = [&](float *o, __nv_bfloat16 *o_lp, int vec2) {
         run_grid(B * NH, gy, [&] {
-            flash_forward_bf16_kernel<D>(o, o_lp, lse.data(), pkq, T, NH, hs, sc, vec2);
+            flash_forward_bf16_kernel<D>(o, o_lp, lse.data(), ops, T, NH, hs, sc, vec2);
         });
     };
     forward(out.data(), nullptr, vo);
     std::vector<float> delta((size_t)B * NH * T, NAN);
     const size_t warps = (size_t)B * NH * Tp;
-    run_grid((unsigned)((warps * 32 + TC_THREADS - 1) / TC_THREADS), 1, [&] {
-        attention_delta_pack_kernel<D>(delta.data(), pdq, dout, out.data(), B, T, NH, hs);
-    });
+    auto delta_pack = [&](bool from_lp, __nv_bfloat16 *p) {
+        run_grid((unsigned)((warps * 32 + TC_THREADS - 1) / TC_THREADS), 1, [&] {
+            if (from_lp)
+                attention_delta_pack_kernel<D>(delta.data(), p, dout_lp, out.data(), B, T, NH, hs);
+            else
+                attention_delta_pack_kernel<D>(delta.data(), p, dout, out.data(), B, T, NH, hs);
+        });
+    };
+    delta_pack(lp, odirect ? nullptr : pdq);
     // as attention.cu launches them: dK/dV storing dS (where tc_keeps_ds and the workspace
     // has room) and dQ from it, or dK/dV alone and dQ recomputing dS
     // (dqkv_lp: dqkv's bf16 copy to store instead, or null; vec2 for the one stored)
     auto backward = [&](float *dqkv_out, __nv_bfloat16 *dqkv_lp, __nv_bfloat16 *ds, int vec2) {
         run_grid(B * NH, gy, [&] {
-            flash_backward_dkv_bf16_kernel<D>(dqkv_out, dqkv_lp, ds, pkq, pdq, lse.data(),
+            flash_backward_dkv_bf16_kernel<D>(dqkv_out, dqkv_lp, ds, ops, dops, lse.data(),
                                               delta.data(), T, NH, hs, scl, sc, vec2);
         });
         run_grid(B * NH, gy, [&] {
             if (ds)
-                flash_backward_dq_ds_bf16_kernel<D>(dqkv_out, dqkv_lp, ds, pkq, T, NH, hs, scl,
+                flash_backward_dq_ds_bf16_kernel<D>(dqkv_out, dqkv_lp, ds, ops, T, NH, hs, scl,
                                                     vec2);
             else
-                flash_backward_dq_bf16_kernel<D>(dqkv_out, dqkv_lp, pkq, pdq, lse.data(),
+                flash_backward_dq_bf16_kernel<D>(dqkv_out, dqkv_lp, ops, dops, lse.data(),
                                                  delta.data(), T, NH, hs, scl, sc, vec2);
         });
     };
@@ -335,7 +372,9 @@ static int run_case(int B, int T, int C, int NH, int misalign)
     std::vector<float> dqkv_re(n3, NAN);
     backward(dqkv.data(), nullptr, tc_keeps_ds<D>() ? ds.data() : nullptr, vq);
     if (tc_keeps_ds<D>()) backward(dqkv_re.data(), nullptr, nullptr, vq);
-    printf("B %d T %d C %d NH %d (hs %d, D %d, vec %d/%d)\n", B, T, C, NH, hs, D, vo, vq);
+    printf("B %d T %d C %d NH %d (hs %d, D %d, vec %d/%d, q k v %s, dO %s)\n", B, T, C, NH, hs,
+           D, vo, vq, qdirect ? "direct" : lp ? "packed from bf16" : "packed",
+           odirect ? "direct" : lp ? "packed from bf16" : "packed");
     int fails = copies_case(B, T, C, misalign, out, dqkv,
                             [&](float *o, __nv_bfloat16 *o_lp) {
                                 forward(o, o_lp, v2(o_lp, 2)); // only o_lp stored
@@ -344,10 +383,27 @@ static int run_case(int B, int T, int C, int NH, int misalign)
                                 backward(d, d_lp, keep_ds ? ds.data() : nullptr, v2(d_lp, 2));
                             },
                             tc_keeps_ds<D>());
-    fails += delta_copies<D>(B, T, NH, hs, dout, out, delta, pdq);
+    fails += delta_copies<D>(B, T, NH, hs, dout, out, delta, odirect ? nullptr : pdq);
     fails += check("out", out.data(), out_ref, 1e-2);
     fails += check("lse", lse.data(), lse_ref, 1e-2);
     fails += check("dqkv", dqkv.data(), dqkv_ref, 1e-2);
+    if (qdirect || odirect) {
+        // the direct layout reads the very bf16 values the packed one holds, in the same
+        // order: the same bits as with q, k, v and dO packed (from the fp32 tensors)
+        const std::vector<float> out_d = out, lse_d = lse;
+        std::vector<float> dqkv_p(n3, NAN);
+        pack_qkv(false);
+        ops = tc_packed<D>(pkq, T, NH, 3), dops = tc_packed<D>(pdq, T, NH, 1);
+        forward(out.data(), nullptr, vo);
+        delta_pack(false, pdq);
+        backward(dqkv_p.data(), nullptr, tc_keeps_ds<D>() ? ds.data() : nullptr, vq);
+        if (memcmp(out.data(), out_d.data(), n * sizeof(float)) ||
+            memcmp(lse.data(), lse_d.data(), lse.size() * sizeof(float)) ||
+            memcmp(dqkv_p.data(), dqkv.data(), n3 * sizeof(float))) {
+            printf("  the direct layout differs from the packed one   FAIL\n");
+            fails++;
+        }
+    }
     if (!tc_keeps_ds<D>()) return fails;
     // dS: every chunk of real queries written, the others (queries past T) untouched
     const int nch = Tp / 16;
@@ -376,31 +432,34 @@ static int run_case(int B, int T, int C, int NH, int misalign)
     return fails;
 }
 
-static int run(int B, int T, int C, int NH, int mis = 0)
+static int run(int B, int T, int C, int NH, int mis, bool lp)
 {
     int hs = C / NH;
     int D = hs <= 16 ? 16 : hs <= 32 ? 32 : hs <= 64 ? 64 : 128;
     switch (D) {
-    case 16: return run_case<16>(B, T, C, NH, mis);
-    case 32: return run_case<32>(B, T, C, NH, mis);
-    case 64: return run_case<64>(B, T, C, NH, mis);
-    default: return run_case<128>(B, T, C, NH, mis);
+    case 16: return run_case<16>(B, T, C, NH, mis, lp);
+    case 32: return run_case<32>(B, T, C, NH, mis, lp);
+    case 64: return run_case<64>(B, T, C, NH, mis, lp);
+    default: return run_case<128>(B, T, C, NH, mis, lp);
     }
 }
 
-/* One shape: its result line is "ok attention_emu/B.T.C.NH" (plus "/misaligned"). */
-static int run_named(int B, int T, int C, int NH, int mis)
+/* One shape: its result line is "ok attention_emu/B.T.C.NH" (plus "/misaligned",
+ * and "/lp" where the bf16 copies are given). */
+static int run_named(int B, int T, int C, int NH, int mis, bool lp = false)
 {
-    const int fails = run(B, T, C, NH, mis);
-    printf("%s attention_emu/%d.%d.%d.%d%s\n", fails ? "FAIL" : "ok", B, T, C, NH,
-           mis ? "/misaligned" : "");
+    const int fails = run(B, T, C, NH, mis, lp);
+    printf("%s attention_emu/%d.%d.%d.%d%s%s\n", fails ? "FAIL" : "ok", B, T, C, NH,
+           mis ? "/misaligned" : "", lp ? "/lp" : "");
     fflush(stdout);
     return fails;
 }
 
 int main(int argc, char **argv)
 {
-    if (argc == 5) return run_named(atoi(argv[1]), atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), 0) != 0;
+    if (argc == 5 || argc == 6) /* a fifth argument: the bf16 copies given */
+        return run_named(atoi(argv[1]), atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), 0,
+                         argc == 6) != 0;
     /* head sizes 32, 32, 64, 32, 128, 128, 16, 48, 64, 15, 60 (every D), T
      * below, across and not a multiple of the 128-row blocks and 64/32-row tiles */
     static const int shapes[][4] = {{1, 1, 32, 1},    {2, 37, 64, 2},  {2, 37, 128, 2},
@@ -410,6 +469,13 @@ int main(int argc, char **argv)
     int fails = 0;
     for (const auto &sh : shapes) fails += run_named(sh[0], sh[1], sh[2], sh[3], 0);
     fails += run_named(1, 150, 128, 2, 1); /* misaligned pointers: the scalar loads */
+    /* the bf16 copies given: the direct layout (T a multiple of 64, hs = D = 16,
+     * 32, 64), and packed from the copies where it does not apply (T not a
+     * multiple of 64, hs < D, D = 128, a misaligned copy) */
+    static const int lp_shapes[][5] = {{1, 64, 16, 1, 0},  {2, 64, 64, 2, 0}, {1, 128, 128, 2, 0},
+                                       {2, 70, 64, 2, 0},  {1, 128, 96, 2, 0}, {1, 64, 256, 2, 0},
+                                       {1, 64, 64, 1, 1}};
+    for (const auto &sh : lp_shapes) fails += run_named(sh[0], sh[1], sh[2], sh[3], sh[4], true);
     printf("%ld mma emulated\n", n_mma);
     return fails != 0;
 }

@@ -622,8 +622,10 @@ static void attention_lse_reference(float *lse, const float *qkv, int B, int T, 
 }
 
 /* Where the context keeps low-precision copies (bf16): the forward given qkv_lp
- * (read instead of qkv) and out_lp stores out_lp as the bf16 of the out of a run
- * without (d_out), leaving out itself unwritten (not compared); the backward given
+ * (read instead of qkv: in place where T is a multiple of 64 and the head size 16,
+ * 32 or 64, the direct layout of attention_bf16.cuh, else packed from it) and out_lp
+ * stores out_lp as the bf16 of the out of a run without (d_out, q, k, v packed from
+ * qkv), leaving out itself unwritten (not compared); the backward given
  * dqkv_lp stores there the bf16 of the dqkv d_dqkv holds (a run without it). Given
  * dout_lp and out_lp, with dout and out NaN (a read shows), it reads the copies:
  * with dout_lp alone the same bits as d_dqkv (dout is bf16 values here, so the packed
@@ -639,7 +641,7 @@ static void attention_copies(int B, int T, int C, int NH, size_t ns, const float
     float *d_out2 = nan_dev(n), *d_st = alloc_on(gpu, ns * sizeof(float)); /* out2: unwritten */
     float *d_dqkv2 = alloc_on(gpu, n3 * sizeof(float)); /* may stay unwritten */
     float *d_nan = nan_dev(n), *d_dqkv3 = alloc_on(gpu, n3 * sizeof(float));
-    void *d_qkvl = lowp_of(d_qkv, n3); /* packed from the copy: the same bf16 operands */
+    void *d_qkvl = lowp_of(d_qkv, n3); /* read in place or packed: the same bf16 operands */
     void *d_doutl = lowp_of(d_dout, n);
     kn_attention_forward(gpu, d_out2, d_outl, d_st, d_qkv, d_qkvl, B, T, C, NH);
     kn_attention_backward(gpu, d_dqkv2, d_dqkvl, d_dout, NULL, d_qkv, d_qkvl, d_st, d_out, NULL, B,
@@ -677,10 +679,12 @@ static void attention_cases(double tol, int bf16)
     rng_state = 505;
     /* B T C NH: T = 1, T not a multiple of the 64-row tiles, head sizes 32, 64
      * and 128, 16 (test_engine_parity's) and 48 (padded to 64 in the kernels),
-     * GPT-2 124M heads (C 768, NH 12) at T = 1024, and T = 2048 */
+     * GPT-2 124M heads (C 768, NH 12) at T = 1024, and T = 2048; in bf16 mode
+     * with the copies given (attention_copies) the last three (T a multiple of
+     * 64, head sizes 32 and 64) read them in place, the others pack them */
     int shapes[][4] = {{1, 1, 32, 1},   {2, 37, 64, 2},  {2, 37, 128, 2},    {1, 130, 96, 3},
                        {3, 65, 256, 2}, {1, 200, 384, 3}, {2, 70, 64, 4},    {2, 90, 144, 3},
-                       {2, 1024, 768, 12}, {1, 2048, 128, 2}};
+                       {2, 128, 128, 4}, {2, 1024, 768, 12}, {1, 2048, 128, 2}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int B = shapes[s][0], T = shapes[s][1], C = shapes[s][2], NH = shapes[s][3];
         size_t n = (size_t)B * T * C, n3 = 3 * n;
