@@ -330,6 +330,7 @@ static void test_parts_not_covering_a_layer_fail_first(void)
 typedef struct {
     node *self, *peer;
     int dial;                 /* 1: dials peer as its copy source; 0: accepts peer's copy */
+    int streams;              /* of the source's PL_LAYER_COPY_STREAMS it opens */
     atomic_int connected, release;
     pthread_t th;
 } staller;
@@ -337,17 +338,21 @@ typedef struct {
 static void *stall_main(void *arg)
 {
     staller *st = arg;
-    pl_conn *c = NULL;
+    pl_conn *c[PL_LAYER_COPY_STREAMS] = {0};
     char err[256];
-    if (st->dial)
-        pl_mesh_dial(st->self->m, HOST, pl_listener_port(st->peer->l), PL_CONN_LAYER_COPY, -1,
-                     5000, &c, err, sizeof err);
-    else
-        pl_mesh_accept(st->self->m, PL_MESH_PURPOSE(PL_CONN_LAYER_COPY), 0, pl_now_ms() + 5000,
-                       &c, err, sizeof err);
-    atomic_store(&st->connected, c != NULL);
+    int n = 0;
+    for (int i = 0; i < st->streams; i++) {
+        if (st->dial)
+            pl_mesh_dial(st->self->m, HOST, pl_listener_port(st->peer->l), PL_CONN_LAYER_COPY,
+                         -1, 5000, &c[i], err, sizeof err);
+        else
+            pl_mesh_accept(st->self->m, PL_MESH_PURPOSE(PL_CONN_LAYER_COPY), 0,
+                           pl_now_ms() + 5000, &c[i], err, sizeof err);
+        n += c[i] != NULL;
+    }
+    atomic_store(&st->connected, n == st->streams);
     while (!atomic_load(&st->release)) usleep(10 * 1000);
-    pl_conn_close(c);
+    for (int i = 0; i < st->streams; i++) pl_conn_close(c[i]);
     return NULL;
 }
 
@@ -372,10 +377,11 @@ static double stalled_copy(node *x, staller *st, int stop)
     return ms;
 }
 
-/* a copies layer 1 to d, with the other end stalled: d receiving (a silent), or a sending
- * (d silent). The copying end is stopped (stop), or fails filling what no copy brings (d
- * only): either way it returns at once with err saying why, no peer blamed. */
-static void stalled_case(int receive, int stop, const char *why)
+/* a copies layer 1 to d, with the other end stalled: d receiving (a silent, after opening
+ * `streams` of its streams), or a sending (d silent, its streams accepted). The copying end
+ * is stopped (stop), or fails filling what no copy brings (d only): either way it returns
+ * at once with err saying why, no peer blamed. */
+static void stalled_case(int receive, int streams, int stop, const char *why)
 {
     node n[NW];
     if (!setup_checked(n)) return;
@@ -383,7 +389,8 @@ static void stalled_case(int receive, int stop, const char *why)
     add_copy(a, d, 1, 0, 1);
     node *x = receive ? d : a;
     x->fail_fill = !stop;
-    staller st = {.self = receive ? a : d, .peer = x, .dial = receive};
+    staller st = {.self = receive ? a : d, .peer = x, .dial = receive,
+                  .streams = receive ? streams : PL_LAYER_COPY_STREAMS};
     const double ms = stalled_copy(x, &st, stop); /* a failure: over before the 200 ms */
     if (x->rc == 0 || ms > 2000)
         printf("    %s: rc %d in %.0f ms: %s\n", x->name, x->rc, ms, x->err);
@@ -397,14 +404,21 @@ static void stalled_case(int receive, int stop, const char *why)
 /* Without the stop each would wait PL_LAYER_COPY_TIMEOUT_MS for the stalled peer. */
 static void test_a_stop_ends_streams_on_a_stalled_peer(void)
 {
-    stalled_case(1, 1, "layer copies stopped: a newer plan");
-    stalled_case(0, 1, "layer copies stopped: a newer plan");
+    stalled_case(1, PL_LAYER_COPY_STREAMS, 1, "layer copies stopped: a newer plan");
+    stalled_case(0, PL_LAYER_COPY_STREAMS, 1, "layer copies stopped: a newer plan");
+}
+
+/* A source that opened one of its streams and went silent: the stop ends d's wait for the
+ * others too. */
+static void test_a_stop_ends_the_wait_for_a_sources_streams(void)
+{
+    stalled_case(1, 1, 1, "layer copies stopped: a newer plan");
 }
 
 /* Without, d's receiver waited out PL_LAYER_COPY_TIMEOUT_MS for the stalled source. */
 static void test_a_failure_on_its_side_ends_the_other_streams(void)
 {
-    stalled_case(1, 0, "filling failed");
+    stalled_case(1, PL_LAYER_COPY_STREAMS, 0, "filling failed");
 }
 
 TEST_MAIN_BEGIN
@@ -413,5 +427,6 @@ RUN(test_received_into_the_reserve);
 RUN(test_a_short_reserve_covers_what_it_can);
 RUN(test_parts_not_covering_a_layer_fail_first);
 RUN(test_a_stop_ends_streams_on_a_stalled_peer);
+RUN(test_a_stop_ends_the_wait_for_a_sources_streams);
 RUN(test_a_failure_on_its_side_ends_the_other_streams);
 TEST_MAIN_END

@@ -55,6 +55,13 @@
  * a plan, which waits for ranks receiving TCP copies from idle sources). */
 #define PL_LAYER_COPY_TIMEOUT_MS 180000
 
+/* TCP connections per (source, destination) pair, each with its threads at both ends:
+ * one stream is bound by one core's copy loop and one socket's window, which leave a
+ * link partly idle (bench/README.md, recovery at size). The destination splits what it
+ * asks of a source into this many lists of about equal bytes, some possibly empty; the
+ * source dials this many whatever it is asked. */
+#define PL_LAYER_COPY_STREAMS 2
+
 #define PL_LAYER_COPY_FRAME_REQ (PL_FRAME_USER + 64)
 #define PL_LAYER_COPY_FRAME_ACK (PL_FRAME_USER + 65)
 

@@ -19,6 +19,9 @@ typedef struct {
 
 #define ARRAYS 3 /* params, AdamW m, AdamW v */
 
+#define STREAMS PL_LAYER_COPY_STREAMS
+#define STOP_POLL_MS 50 /* how soon a stop ends the wait for sources */
+
 /* Layer copies move host memory: off the CPU backend each tensor passes through a
  * page-locked staging buffer, grown to the largest tensor. */
 typedef struct {
@@ -335,19 +338,56 @@ static int start_senders(tcp_copies *tc, char *err, size_t errlen)
         const char *dest = p->sends[i].dest;
         int seen = !over_tcp(tc->job, tc->job->self, dest);
         for (int j = 0; j < tc->nsend && !seen; j++) seen = !strcmp(tc->snd[j].dest->name, dest);
-        if (seen) continue;
-        copy_sender *s = &tc->snd[tc->nsend];
-        *s = (copy_sender){.tc = tc, .src = tc->job->src, .dest = pl_msg_plan_peer(p, dest)};
-        if (!s->dest || s->dest->port <= 0)
-            return pl_errf(err, errlen, "no address for copy destination %s", dest);
-        if (pthread_create(&s->th, NULL, sender_main, s))
-            return pl_errf(err, errlen, "cannot start a copy thread");
-        tc->nsend++;
+        for (int k = 0; k < STREAMS && !seen; k++) {
+            copy_sender *s = &tc->snd[tc->nsend];
+            *s = (copy_sender){.tc = tc, .src = tc->job->src, .dest = pl_msg_plan_peer(p, dest)};
+            if (!s->dest || s->dest->port <= 0)
+                return pl_errf(err, errlen, "no address for copy destination %s", dest);
+            if (pthread_create(&s->th, NULL, sender_main, s))
+                return pl_errf(err, errlen, "cannot start a copy thread");
+            tc->nsend++;
+        }
     }
     return 0;
 }
 
-/* One receiver per source, with the tensors of dst that come from it. */
+/* Bytes of the tensor (or part) w of dst, each of its ARRAYS. */
+static size_t want_bytes(const pl_engine *dst, const tensor_ref *w)
+{
+    size_t off, cnt;
+    pl_layer_copy_part_span(pl_engine_find(dst, w->layer, w->index)->spec.numel, w->part,
+                            w->parts, &off, &cnt);
+    return cnt * sizeof(float);
+}
+
+/* Appends to w[*n] the tensors of dst whose layers the plan copies from source, in dst's
+ * order: each one, or each of its parts. */
+static void wants_from(const pl_layer_copy_job *job, const char *source, tensor_ref *w, int *n)
+{
+    for (int j = 0; j < job->dst->ntensors; j++) {
+        const int layer = pl_layer_copy_layer_of(job->dst, j);
+        for (int x = 0; x < job->plan->ncopies; x++) {
+            const pl_msg_copy *cp = &job->plan->copies[x];
+            if (cp->layer == layer && !strcmp(cp->source, source))
+                w[(*n)++] = (tensor_ref){job->dst->tensors[j].layer, job->dst->tensors[j].index,
+                                         cp->parts > 1 ? cp->part : 0, cp->parts > 1 ? cp->parts : 1};
+        }
+    }
+}
+
+/* Halves w[at] where it alone is over `half` bytes and its parts can double: part p of
+ * n is parts 2p and 2p + 1 of 2n (pl_layer_copy_part_span rounds down at both ends). */
+static void split_large(const pl_engine *dst, tensor_ref *w, int at, int *n, size_t half)
+{
+    if (w[at].parts * 2 > PL_PROTO_MAX_PARTS || want_bytes(dst, &w[at]) <= half) return;
+    memmove(&w[at + 1], &w[at], (size_t)(*n - at) * sizeof *w);
+    w[at].part *= 2, w[at].parts *= 2;
+    w[at + 1].part = w[at].part + 1, w[at + 1].parts = w[at].parts;
+    (*n)++;
+}
+
+/* STREAMS receivers per source, with the tensors of dst that come from it: its list in
+ * STREAMS runs of about equal bytes (a run may be empty). */
 static void plan_receivers(tcp_copies *tc)
 {
     const pl_layer_copy_job *job = tc->job;
@@ -357,33 +397,57 @@ static void plan_receivers(tcp_copies *tc)
         int seen = !over_tcp(job, source, job->self);
         for (int k = 0; k < tc->nrecv && !seen; k++) seen = !strcmp(tc->rcv[k].source, source);
         if (seen) continue;
-        copy_receiver *r = &tc->rcv[tc->nrecv++];
-        *r = (copy_receiver){.source = source, .dst = job->dst, .want = tc->wants + nwant};
-        for (int j = 0; j < job->dst->ntensors; j++) {
-            const int layer = pl_layer_copy_layer_of(job->dst, j);
-            for (int x = 0; x < job->plan->ncopies; x++) {
-                const pl_msg_copy *cp = &job->plan->copies[x];
-                if (cp->layer == layer && !strcmp(cp->source, source))
-                    tc->wants[nwant++] =
-                        (tensor_ref){job->dst->tensors[j].layer, job->dst->tensors[j].index,
-                                     cp->parts > 1 ? cp->part : 0, cp->parts > 1 ? cp->parts : 1};
-            }
+        tensor_ref *w = tc->wants + nwant;
+        int n = 0;
+        wants_from(job, source, w, &n);
+        size_t total = 0;
+        for (int x = 0; x < n; x++) total += want_bytes(job->dst, &w[x]);
+        for (int x = 0; x < n; x++) split_large(job->dst, w, x, &n, total / STREAMS);
+        size_t sent = 0;
+        for (int k = 0, x = 0; k < STREAMS; k++) {
+            copy_receiver *r = &tc->rcv[tc->nrecv++];
+            *r = (copy_receiver){.source = source, .dst = job->dst, .want = w + x};
+            /* run k ends where the bytes so far pass (k + 1) / STREAMS of the total */
+            while (x < n && (k == STREAMS - 1 || sent < total / STREAMS * (size_t)(k + 1)))
+                sent += want_bytes(job->dst, &w[x++]);
+            r->nwant = (int)(w + x - r->want);
         }
-        r->nwant = (int)(tc->wants + nwant - r->want);
+        nwant += n;
     }
 }
 
-/* Accepts every source's connection and starts its receiver; the ring and stage link
+/* Whether a stop came, or this side failed: its waits end. */
+static int stopping(tcp_copies *tc)
+{
+    pthread_mutex_lock(&tc->stop->mu);
+    const int yes = tc->stop->stopped || tc->failed;
+    pthread_mutex_unlock(&tc->stop->mu);
+    return yes;
+}
+
+/* One copy connection by the deadline, in slices so that a stop ends the wait (a source
+ * may have opened some of its streams and stalled). */
+static int accept_copy(tcp_copies *tc, double deadline, pl_conn **c, char *err, size_t errlen)
+{
+    const unsigned later = PL_MESH_PURPOSE(PL_CONN_RING) | PL_MESH_PURPOSE(PL_CONN_STAGE_LINK);
+    for (;;) {
+        const double now = pl_now_ms();
+        const double until = deadline < now + STOP_POLL_MS ? deadline : now + STOP_POLL_MS;
+        const int rc = pl_mesh_accept(tc->t->mesh, PL_MESH_PURPOSE(PL_CONN_LAYER_COPY), later,
+                                      until, c, err, errlen);
+        if (rc != PL_COMM_ETIMEOUT || pl_now_ms() >= deadline) return rc;
+        if (stopping(tc)) return pl_errf(err, errlen, "stopped waiting for copy sources");
+    }
+}
+
+/* Accepts every source's connections and starts their receivers; the ring and stage link
  * connections that come meanwhile wait in the mesh's stash. */
 static int accept_sources(tcp_copies *tc, char *err, size_t errlen)
 {
     const double deadline = pl_now_ms() + PL_LAYER_COPY_TIMEOUT_MS;
-    const unsigned later = PL_MESH_PURPOSE(PL_CONN_RING) | PL_MESH_PURPOSE(PL_CONN_STAGE_LINK);
     for (int got = 0; got < tc->nrecv;) {
         pl_conn *c = NULL;
-        if (pl_mesh_accept(tc->t->mesh, PL_MESH_PURPOSE(PL_CONN_LAYER_COPY), later, deadline, &c,
-                           err, errlen))
-            return -1;
+        if (accept_copy(tc, deadline, &c, err, errlen)) return -1;
         copy_receiver *r = NULL;
         for (int k = 0; k < tc->nrecv && !r; k++)
             if (!tc->rcv[k].c && !strcmp(tc->rcv[k].source, pl_conn_peer_name(c))) r = &tc->rcv[k];
@@ -453,7 +517,8 @@ static int make_dst(tcp_copies *tc, pl_layer_copy_result *res, char *err, size_t
     if (job->dst && job->make_dst && job->make_dst(job->dst_ctx, err, errlen)) return -1;
     res->make_ms = pl_now_ms() - t0;
     if (!job->dst) return 0;
-    /* each tensor once per part (pl_layer_copy_check_parts: no part twice) */
+    /* each tensor once per part (pl_layer_copy_check_parts: no part twice), a part at
+     * most halved (split_large: only to PL_PROTO_MAX_PARTS) */
     if (!(tc->wants = calloc((size_t)job->dst->ntensors * PL_PROTO_MAX_PARTS + 1,
                              sizeof *tc->wants)))
         return pl_errf(err, errlen, "out of memory");
@@ -489,9 +554,9 @@ static int copy_tcp(const pl_layer_copier *self, const pl_layer_copy_job *job,
     pl_layer_copy_stop own; /* the copy's own failure shuts its streams without one */
     stop_init(&own);
     tcp_copies tc = {.t = t, .job = job, .stop = t->stop ? t->stop : &own,
-                     .maxsend = p->nsends, .maxrecv = p->ncopies};
-    tc.snd = calloc((size_t)p->nsends + 1, sizeof *tc.snd);
-    tc.rcv = calloc((size_t)p->ncopies + 1, sizeof *tc.rcv);
+                     .maxsend = STREAMS * p->nsends, .maxrecv = STREAMS * p->ncopies};
+    tc.snd = calloc((size_t)tc.maxsend + 1, sizeof *tc.snd);
+    tc.rcv = calloc((size_t)tc.maxrecv + 1, sizeof *tc.rcv);
     int rc = -1;
     if (!tc.snd || !tc.rcv) {
         pl_errf(err, errlen, "out of memory");
