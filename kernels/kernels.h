@@ -194,8 +194,8 @@ void kn_matmul_backward_set(kn_ctx *k, float *dinp, void *dinp_lp, float *dweigh
  * floats, is what the backend keeps for backward: the CPU saves the softmax
  * probabilities [B, NH, T, T] (row t uses columns 0..t); CUDA runs a fused
  * (flash) attention that keeps each row's log-sum-exp [B, NH, T] (and, in
- * bf16 mode, the bf16 q, k, v its kernels read), so no T×T matrix reaches
- * memory. Scale 1/sqrt(hs). out_lp (NULL or kn_lowp_bytes(k, B·T·C)) receives
+ * bf16 mode, room for packed bf16 q, k, v, used where its kernels cannot read
+ * qkv_lp in place), so no T×T matrix reaches memory. Scale 1/sqrt(hs). out_lp (NULL or kn_lowp_bytes(k, B·T·C)) receives
  * out's low-precision copy; then out itself may be left unwritten (CUDA's bf16
  * mode writes only the copy: the projection's matmuls and, as its out_lp, the
  * backward read that). qkv_lp: qkv's low-precision copy (its matmul's out_lp) or
