@@ -233,6 +233,26 @@ static void test_parts_from_several_sources(void)
     teardown(n);
 }
 
+/* The embedding alone from a: wte is most of it, so a's list goes over the pair's
+ * streams as wte's two halves (the second with wpe); layer 2 whole from b, split by
+ * tensors; every element once, from its source. */
+static void test_a_large_tensor_goes_over_both_streams(void)
+{
+    node n[NW];
+    if (!setup_checked(n)) return;
+    node *a = &n[0], *b = &n[1], *d = &n[2];
+    add_copy(a, d, 0, 0, 1);
+    add_copy(b, d, 2, 0, 1);
+    run_all(n);
+    for (int i = 0; i < NW; i++)
+        if (n[i].rc) printf("    %s: %s\n", n[i].name, n[i].err);
+    CHECK(a->rc == 0 && b->rc == 0 && d->rc == 0);
+    int64_t want = 0;
+    CHECK_EQ_INT(wrong_elements(d, &want), 0);
+    CHECK_EQ_INT(d->res.bytes_in, want);
+    teardown(n);
+}
+
 /* Bytes of one array over d's blocks of layers 0, 2 and 4 (what the test below receives),
  * each block from its first tensor to the page after its last (engine.h). */
 static size_t received_span(const pl_engine *e)
@@ -423,6 +443,7 @@ static void test_a_failure_on_its_side_ends_the_other_streams(void)
 
 TEST_MAIN_BEGIN
 RUN(test_parts_from_several_sources);
+RUN(test_a_large_tensor_goes_over_both_streams);
 RUN(test_received_into_the_reserve);
 RUN(test_a_short_reserve_covers_what_it_can);
 RUN(test_parts_not_covering_a_layer_fail_first);
