@@ -209,6 +209,19 @@ static int wrong_elements(const node *d, int64_t *bytes)
     return wrong;
 }
 
+/* Runs the copies of n's plans: every side succeeds, and d holds each element from its
+ * part's source, every byte received once. */
+static void run_and_check(node *n)
+{
+    run_all(n);
+    for (int i = 0; i < NW; i++)
+        if (n[i].rc) printf("    %s: %s\n", n[i].name, n[i].err);
+    CHECK(n[0].rc == 0 && n[1].rc == 0 && n[2].rc == 0);
+    int64_t want = 0;
+    CHECK_EQ_INT(wrong_elements(&n[2], &want), 0);
+    CHECK_EQ_INT(n[2].res.bytes_in, want);
+}
+
 static void test_parts_from_several_sources(void)
 {
     node n[NW];
@@ -223,13 +236,7 @@ static void test_parts_from_several_sources(void)
     add_copy(a, d, 3, 0, 1);
     add_copy(b, d, 4, 0, 2); /* the head */
     add_copy(a, d, 4, 1, 2);
-    run_all(n);
-    for (int i = 0; i < NW; i++)
-        if (n[i].rc) printf("    %s: %s\n", n[i].name, n[i].err);
-    CHECK(a->rc == 0 && b->rc == 0 && d->rc == 0);
-    int64_t want = 0;
-    CHECK_EQ_INT(wrong_elements(d, &want), 0);
-    CHECK_EQ_INT(d->res.bytes_in, want);
+    run_and_check(n);
     teardown(n);
 }
 
@@ -243,13 +250,7 @@ static void test_a_large_tensor_goes_over_both_streams(void)
     node *a = &n[0], *b = &n[1], *d = &n[2];
     add_copy(a, d, 0, 0, 1);
     add_copy(b, d, 2, 0, 1);
-    run_all(n);
-    for (int i = 0; i < NW; i++)
-        if (n[i].rc) printf("    %s: %s\n", n[i].name, n[i].err);
-    CHECK(a->rc == 0 && b->rc == 0 && d->rc == 0);
-    int64_t want = 0;
-    CHECK_EQ_INT(wrong_elements(d, &want), 0);
-    CHECK_EQ_INT(d->res.bytes_in, want);
+    run_and_check(n);
     teardown(n);
 }
 
