@@ -492,9 +492,8 @@ static void forward_tiles(kn_ctx *k, float *out, bf16 *out_lp, float *lse, const
     if (k->cuda->bf16) {
         bf16 *pk = packed_qkv(lse, B, T, NH);
         const tc_operand ops = tc_operand_of<D>(qkv_lp, pk, T, C, NH, 3);
-        const size_t n8 = packed_elems(B, T, NH, D) / 8;
-        const unsigned blocks = kn_blocks(n8, TC_THREADS);
         if (!tc_direct<D>(qkv_lp, T, hs)) { /* else read in place: nothing to pack */
+            const unsigned blocks = kn_blocks(packed_elems(B, T, NH, D) / 8, TC_THREADS);
             if (qkv_lp) /* qkv's bf16 copy, which its matmul wrote in place of qkv */
                 attention_pack_qkv_kernel<D><<<blocks, TC_THREADS, 0, kn_stream(k)>>>(
                     pk, qkv_lp, B, T, NH, hs);

@@ -360,6 +360,9 @@ __device__ static inline float ex2(float x)
     return y;
 }
 
+/* e^(x − m) as 2^(x·log2 e − mb), mb = m·log2 e: one FFMA and one EX2. */
+__device__ static inline float ce_exp(float x, float mb) { return ex2(fmaf(x, CE_LOG2E, -mb)); }
+
 /* The row's chunks (16 bytes, 8 logits) from global into shared memory, this
  * thread's chunks j = threadIdx.x + k·blockDim.x (each read back by this thread
  * alone), CE_ROW_UNROLL loads in flight; returns the max of its logits below V. */
@@ -388,8 +391,8 @@ __device__ static float ce_row_load(uint4 *srow, const uint4 *l, int chunks, int
 }
 
 /* Σ e^(x − m) over this thread's chunks of the row in shared memory (logits
- * below V), as 2^(x·log2 e − m·log2 e): mb = m·log2 e. NaN logits make it NaN
- * (fmaxf skipped them for the max). */
+ * below V; ce_exp, mb = m·log2 e). NaN logits make it NaN (fmaxf skipped them
+ * for the max). */
 __device__ static float ce_row_sum(const uint4 *srow, int chunks, int V, float mb)
 {
     float s = 0.0f;
@@ -399,7 +402,7 @@ __device__ static float ce_row_sum(const uint4 *srow, int chunks, int V, float m
         bf16x8(srow[j], x);
 #pragma unroll
         for (int i = 0; i < 8; i++)
-            if (c + i < V) s += ex2(fmaf(x[i], CE_LOG2E, -mb));
+            if (c + i < V) s += ce_exp(x[i], mb);
     }
     return s;
 }
@@ -428,7 +431,7 @@ ce_row_bf16_kernel(float *losses, float *stats, float *logits, const int32_t *ta
         if (target >= 0)
 #pragma unroll
             for (int i = 0; i < 8; i++) {
-                const float p = c + i < V ? ex2(fmaf(x[i], CE_LOG2E, -mb)) * inv : 0.0f;
+                const float p = c + i < V ? ce_exp(x[i], mb) * inv : 0.0f;
                 g[i] = c + i == target ? p - 1.0f : p;
             }
         l[j] = make_uint4(bf16_pair(g[0], g[1]), bf16_pair(g[2], g[3]), bf16_pair(g[4], g[5]),
