@@ -72,7 +72,7 @@ ASAN_LIBS       := $(LIBS:$(BUILD)/lib/%=$(BUILD)/asan/lib/%)
 DEBIAN_DEPS := build-essential pkg-config python3 libcjson-dev libcurl4-openssl-dev libyaml-dev \
                libwebsockets-dev libssl-dev libopenblas-dev clang libclang-rt-14-dev
 
-.PHONY: test-e2e test-faults all deps deps-test test unit-tests bench bench-planner bench-kernels bench-train bench-comm bench-recv bench-trace bench-papers bench-recovery bench-simulate cuda clean
+.PHONY: test-e2e test-faults all deps deps-test test unit-tests bench bench-planner bench-kernels bench-train bench-comm bench-copy bench-recv bench-trace bench-papers bench-recovery bench-simulate cuda clean
 all: $(BUILD)/bin/pliant $(BUILD)/bin/pliant-operator
 
 # Only the dashboard's browser test needs it (tests/cli/test_dashboard.py skips without).
@@ -274,7 +274,7 @@ cluster: all
 
 # The whole default suite: unit tests (plain and sanitized) and command-line tests;
 # where nvcc exists the CUDA backend is built too and its tests run (skipping without a GPU).
-test: all unit-tests fuzz-targets $(if $(wildcard $(NVCC)),cuda)
+test: all unit-tests fuzz-targets $(BENCH_BIN) $(if $(wildcard $(NVCC)),cuda)
 	@$(PYTHON) tests/run_tests.py --build $(BUILD)
 
 bench: bench-planner bench-kernels bench-train
@@ -288,6 +288,10 @@ bench-kernels: $(BUILD)/bench/kernels_bench
 	$(BUILD)/bench/kernels_bench
 bench-comm: $(BUILD)/bench/comm_bench
 	$(BUILD)/bench/comm_bench
+# A recovery's layer copy against one loopback stream, alternated (bench/README.md "Recovery at
+# size"); COPY_BENCH_ARGS: e.g. "--preset gpt2-350m --reps 11"
+bench-copy: $(BUILD)/bench/layer_copy_bench
+	$(BUILD)/bench/layer_copy_bench $(COPY_BENCH_ARGS)
 # Receiving a stream of tensors into fresh memory, each way of preparing it (bench/README.md
 # "Receiving into fresh memory"); RECV_BENCH_ARGS: e.g. "--mb 256 --reps 3 --huge"
 bench-recv: $(BUILD)/bench/recv_bench
@@ -295,7 +299,7 @@ bench-recv: $(BUILD)/bench/recv_bench
 # Single-loss recoveries of GPT-2 124M/350M-shaped local jobs against their bound; MODELS: a
 # comma-separated subset of gpt2-124m,gpt2-350m; WORKERS: 7 for layers copied in parts from two
 # holders (bench/README.md "Recovery at size")
-bench-recovery: $(BUILD)/bin/pliant $(BUILD)/bench/comm_bench
+bench-recovery: $(BUILD)/bin/pliant $(BUILD)/bench/comm_bench $(BUILD)/bench/layer_copy_bench
 	$(PYTHON) bench/recovery_size_bench.py --build $(BUILD) $(if $(MODELS),--models $(MODELS)) \
 	    $(if $(WORKERS),--workers $(WORKERS))
 

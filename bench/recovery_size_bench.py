@@ -19,7 +19,9 @@ copies from the first source accepted to the last tensor received and their thro
 making the new engine's pages present; next to them the loopback stream figure (comm_bench's
 send/recv over one connection with the default frame protection; the faster of its figures
 right before and right after the run), and the bound step + bytes_copied / loopback +
-300 ms with the recovery's ratio to it. With several receivers, their bytes together over the longest one's network
+300 ms with the recovery's ratio to it; and, measured right before the run, the copy path
+alone (layer_copy_bench: six blocks through the TCP copier alternated with the same bytes over
+one stream, without the job's other work). With several receivers, their bytes together over the longest one's network
 time against the same loopback figure (they run at once on the same cores); the largest
 receiver's first step of the new plan (its time, the process's page faults during it, the
 old engine freed before it). Then a timeline from the kill (pliant run's chaos line, each line
@@ -115,6 +117,19 @@ def loopback(build):
             rates = [float(x) for x in re.findall(r"([0-9.]+) GB/s", line)]
             return rates[1], rates[0]
     sys.exit("comm_bench: no send/recv line in:\n" + out)
+
+
+def copy_path(build, model):
+    """layer_copy_bench: six blocks' params, m and v through the TCP copier against the same
+    bytes over one stream, alternated: (copy GB/s, stream GB/s, copy / stream)."""
+    out = subprocess.run([os.path.join(build, "bench", "layer_copy_bench"), "--preset", model,
+                          "--layers", "6:12", "--reps", "7"],
+                         capture_output=True, text=True, check=True, timeout=600).stdout
+    for line in out.splitlines():
+        if line.startswith("layer copy"):
+            c, s = [float(x) for x in re.findall(r"([0-9.]+) GB/s", line)]
+            return c, s, c / s
+    sys.exit("layer_copy_bench: no layer copy line in:\n" + out)
 
 
 def one(pliant, tmp, data, model, steps, kill, rep, workers):
@@ -223,6 +238,7 @@ def main():
         for rep in range(a.repeat):
             load0 = os.getloadavg()[0]
             prot0, _ = loopback(a.build)
+            alone = copy_path(a.build, model)
             rec, p0, p1, step_ms, recv, tl, after, held = one(pliant, tmp, data, model, a.steps,
                                                               a.kill, rep, a.workers)
             # the load moves the loopback figure too: the faster of before and after the run
@@ -245,6 +261,9 @@ def main():
             print("           loopback %.2f GB/s before the run, %.2f after; the largest receiver "
                   "took %.0f MB of its pages from its reserve; %d of %d reserves present at the "
                   "kill" % (prot0, prot1, reserved / 1e6, held[1], held[0]))
+            print("           the copy path alone, right before the run (layer_copy_bench, six "
+                  "blocks, alternated with one stream): %.2f GB/s against %.2f, %.0f%%"
+                  % (alone[0], alone[1], 100 * alone[2]))
             if fst:
                 print("           its first step after the change: %.0f ms, %d page faults, old "
                       "engine freed in %.0f ms before it" % fst)
