@@ -298,10 +298,10 @@ bench-recv: $(BUILD)/bench/recv_bench
 	$(BUILD)/bench/recv_bench $(RECV_BENCH_ARGS)
 # Single-loss recoveries of GPT-2 124M/350M-shaped local jobs against their bound; MODELS: a
 # comma-separated subset of gpt2-124m,gpt2-350m; WORKERS: 7 for layers copied in parts from two
-# holders (bench/README.md "Recovery at size")
+# holders; REPEAT: runs of each (bench/README.md "Recovery at size")
 bench-recovery: $(BUILD)/bin/pliant $(BUILD)/bench/comm_bench $(BUILD)/bench/layer_copy_bench
 	$(PYTHON) bench/recovery_size_bench.py --build $(BUILD) $(if $(MODELS),--models $(MODELS)) \
-	    $(if $(WORKERS),--workers $(WORKERS))
+	    $(if $(WORKERS),--workers $(WORKERS)) $(if $(REPEAT),--repeat $(REPEAT))
 
 # Spot-trace replay of the p3 and g4dn traces with a pipelined model, strategies templates,
 # redundant and checkpoint (about 6 minutes; SPEEDUP: trace compression, default 1000)

@@ -37,6 +37,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -234,6 +235,7 @@ def main():
         "model", "run", "pipelines", "step_ms", "recovery_ms", "copied_MB", "recv_MB",
         "plan_ms", "make", "fill", "net_ms", "pop_ms", "net_GB/s", "link_GB/s", "%link",
         "bound_ms", "ratio"))
+    runs = []
     for model in a.models.split(","):
         for rep in range(a.repeat):
             load0 = os.getloadavg()[0]
@@ -250,6 +252,8 @@ def main():
             # receivers at once share the cores: their bytes over the longest one's network time
             total, longest = sum(r[0] for r in recv), max([r[2][3] for r in recv], default=0.0)
             bound = step_ms + rec["bytes_copied"] / (prot * 1e6) + 300
+            share = total / longest / 1e6 / prot if longest else 0.0
+            runs.append((model, share, rec["duration_ms"] / bound))
             print("%-10s %3d %-13s %8.0f %11d %9.0f %8.0f %8.0f %7.0f %7.0f %7.0f %7.0f %9.2f %9.2f %5.0f%% %9.0f %6.2f" % (
                 model, rep, "%s>%s" % (p0, p1), step_ms, rec["duration_ms"],
                 rec["bytes_copied"] / 1e6, b / 1e6, ms, make, fill, net, pop, gbs, prot,
@@ -279,7 +283,21 @@ def main():
                 print("           the bound with the new layout's step (%.0f ms): %.0f ms, "
                       "ratio %.2f" % (after, new_bound, rec["duration_ms"] / new_bound))
             sys.stdout.flush()
+    summary(runs)
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+def summary(runs):
+    """Per model: the runs whose copies (every receiver's together) reached 70 % of the
+    loopback figure and those within the bound, with the medians."""
+    for model in dict.fromkeys(m for m, _, _ in runs):
+        shares = [x for m, x, _ in runs if m == model]
+        ratios = [r for m, _, r in runs if m == model]
+        print("summary %s: %d runs; copies at >= 70%% of the loopback in %d (median %.0f%%), "
+              "within the bound in %d (median ratio %.2f)" % (
+                  model, len(shares), sum(x >= 0.7 for x in shares),
+                  100 * statistics.median(shares), sum(r <= 1.0 for r in ratios),
+                  statistics.median(ratios)))
 
 
 if __name__ == "__main__":
