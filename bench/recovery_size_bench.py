@@ -293,7 +293,7 @@ def summary(runs):
     for model in dict.fromkeys(m for m, _, _ in runs):
         shares = [x for m, x, _ in runs if m == model]
         ratios = [r for m, _, r in runs if m == model]
-        print("summary %s: %d runs; copies at >= 70%% of the loopback in %d (median %.0f%%), "
+        print("%s, %d runs: copies at >= 70%% of the loopback in %d (median %.0f%%), "
               "within the bound in %d (median ratio %.2f)" % (
                   model, len(shares), sum(x >= 0.7 for x in shares),
                   100 * statistics.median(shares), sum(r <= 1.0 for r in ratios),
