@@ -96,30 +96,16 @@ static int make_engine(void *ctx, char *err, size_t errlen)
                             a->job.batch.seq_len, mk->nslots, err, errlen);
 }
 
-static void *populate_main(void *dst)
-{
-    pl_thread_background();
-    pl_engine_populate_work(dst);
-    return NULL;
-}
-
 /* After the copies, the new engine's gradients and activations at once, not one fault at a
  * time in its first step (on 2 cores this cannot overlap the copies, which use both): the
  * old engine's activations and scratch first (present, and nothing in them outlives a
- * step), then what the reserve has left, then fresh pages, those on a background thread:
- * where workers share cores, another receiver's copies still running go first (at 350M on
- * two cores one receiver's 540–670 ms of populating ran beside the other's copies); alone
- * on its cores it runs as fast. Bytes that were present. A first plan's engine is left to
- * fill as it runs. */
+ * step), then what the reserve has left, then fresh pages. Bytes that were present. A
+ * first plan's engine is left to fill as it runs. */
 static size_t ready_work(agent *a, pl_engine *dst)
 {
     const size_t present = pl_engine_share_work(dst, a->have_src ? &a->src : NULL,
                                                 pl_reserve_work_source, &a->reserve);
-    pthread_t th;
-    if (pthread_create(&th, NULL, populate_main, dst) == 0)
-        pthread_join(th, NULL);
-    else
-        pl_engine_populate_work(dst);
+    pl_engine_populate_work(dst);
     return present;
 }
 
