@@ -4,10 +4,7 @@
 
 #include <fcntl.h>
 #include <libgen.h>
-#include <sched.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <errno.h>
@@ -192,10 +189,4 @@ double pl_now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-void pl_thread_background(void)
-{
-    (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
-    if (unshare(CLONE_FILES) == 0) (void)close_range(0, ~0U, 0);
 }

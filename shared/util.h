@@ -49,11 +49,4 @@ void *pl_calloc(size_t n, size_t size);
  * clock of every deadline, timeout and duration (never the wall clock, which jumps). */
 double pl_now_ms(void);
 
-/* Makes the calling thread a background helper of its process: nice 10 (about a tenth of a
- * core that other work keeps busy, all of an idle one) and a descriptor table of its own,
- * empty. A process's files close once every thread sharing its table has ended, so a kill
- * that finds such a thread waiting for a core does not keep the process's connections open
- * (seen: 1.3–2.5 s). Call it first thing in the thread; it then opens no files. */
-void pl_thread_background(void);
-
 #endif

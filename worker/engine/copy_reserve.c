@@ -1,6 +1,11 @@
 /* A worker's reserve for its copies: see copy_reserve.h. */
 #include "copy_reserve.h"
 
+#include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include "util.h"
 
 /* The helper's step: it notices a stop at the next one (a stop waits for the step, slow
@@ -16,13 +21,18 @@ size_t pl_reserve_size(int64_t reserve_bytes, int nlayers)
     return (four + pad + page - 1) / page * page;
 }
 
-/* In the background (pl_thread_background: nice 10): the reserve is ready a few steps after
- * a plan change and slows those steps little. At the lowest priority (19) five workers on
- * two busy cores had it half made after three steps. */
+/* At a low priority (nice 10: about a tenth of a core the training keeps busy, all of an
+ * idle one): the reserve is ready a few steps after a plan change and slows those steps
+ * little. At the lowest (19) five workers on two busy cores had it half made after three
+ * steps. */
 static void *reserve_main(void *arg)
 {
     pl_reserve *r = arg;
-    pl_thread_background();
+    (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
+    /* a descriptor table of its own, empty: the process's files close once its other
+     * threads have ended, so a kill that finds this one waiting for a core at its low
+     * priority does not keep the worker's connections open (seen: 1.3–2.5 s) */
+    if (unshare(CLONE_FILES) == 0) (void)close_range(0, ~0U, 0);
     for (size_t at = atomic_load(&r->ready); at < r->bytes && !atomic_load(&r->stop); at += STEP) {
         const size_t n = r->bytes - at < STEP ? r->bytes - at : STEP;
         if (kn_populate(r->k, r->block + at, n)) break;
