@@ -212,6 +212,38 @@ void kn_to_lowp(kn_ctx *k, void *lp, const float *src, size_t n)
     TIMED(OP_TO_LOWP, k->ops->to_lowp(k, lp, src, n));
 }
 
+/* The entry for src, else a free one (NULL: none left). */
+static struct kn_mirror *mirror_slot(kn_ctx *k, const float *src)
+{
+    struct kn_mirror *free_one = NULL;
+    for (int i = 0; i < KN_MIRRORS; i++) {
+        if (k->mirrors[i].n && k->mirrors[i].src == src) return &k->mirrors[i];
+        if (!k->mirrors[i].n && !free_one) free_one = &k->mirrors[i];
+    }
+    return free_one;
+}
+
+void kn_lowp_mirror(kn_ctx *k, void *lp, const float *src, size_t n)
+{
+    if (!k->lowp_size) return;
+    struct kn_mirror *m = mirror_slot(k, src);
+    if (!m) return; /* table full: not registered, the matmuls convert (still correct) */
+    *m = (struct kn_mirror){0};
+    if (!n || !lp) return;
+    kn_to_lowp(k, lp, src, n);
+    *m = (struct kn_mirror){src, n, lp};
+}
+
+const void *kn_lowp_mirror_of(const kn_ctx *k, const float *weight, size_t n)
+{
+    for (int i = 0; i < KN_MIRRORS; i++) {
+        const struct kn_mirror *m = &k->mirrors[i];
+        if (m->n && weight >= m->src && n <= m->n && (size_t)(weight - m->src) <= m->n - n)
+            return (const char *)m->lp + (size_t)(weight - m->src) * k->lowp_size;
+    }
+    return NULL;
+}
+
 void kn_matmul_forward(kn_ctx *k, float *out, void *out_lp, const float *inp,
                        const void *inp_lp, const float *weight, const float *bias, int BT,
                        int C, int OC)

@@ -154,6 +154,20 @@ void kn_layernorm_backward(kn_ctx *k, float *dinp, void *dinp_lp, float *dweight
  * wrong results, silently). */
 size_t kn_lowp_bytes(kn_ctx *k, size_t n);
 void kn_to_lowp(kn_ctx *k, void *lp, const float *src, size_t n);
+/* A weights mirror: makes lp (kn_lowp_bytes(k, n), the caller's memory) the
+ * low-precision copy of src[0, n) as src is now (kn_to_lowp), and registers it for
+ * src in k: from then on a matmul or LM head whose weight lies within [src, src + n)
+ * reads the copy at the same offset instead of converting the weight at each call
+ * (CUDA's bf16 mode: once a step instead of at every forward and backward). The
+ * copy is NOT updated by later writes to src: the caller must call this again after
+ * any write to src[0, n) before the next matmul on those weights, or those matmuls
+ * compute with the old weights, silently. n = 0 (or lp NULL) drops src's
+ * registration (then the matmuls convert again); the caller drops it before freeing
+ * src or lp. A no-op where kn_lowp_bytes is 0 (the CPU; CUDA's fp32 and tf32).
+ * One registration per src, KN_MIRRORS (8) per context; past that, none is made and
+ * the matmuls convert. Like every call on k: one thread at a time, queued after the
+ * kernels before it. */
+void kn_lowp_mirror(kn_ctx *k, void *lp, const float *src, size_t n);
 
 /* out[B·T, OC] = inp[B·T, C] · weight[OC, C]ᵀ + bias[OC] (bias may be NULL). Overwrites out.
  * inp_lp: inp's low-precision copy (above) or NULL. out_lp (NULL or kn_lowp_bytes(k,

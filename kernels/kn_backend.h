@@ -118,6 +118,15 @@ typedef struct kn_ops {
                                     int BT, int C, int OC);
 } kn_ops;
 
+/* Registered kn_lowp_mirror copies a context holds at once (one per engine: a
+ * worker's engine, its successor during layer copies, a shadow). */
+#define KN_MIRRORS 8
+
+/* The registered low-precision copy of weight[0, n) (kn_lowp_mirror): the mirror
+ * at weight's offset where [weight, weight + n) lies within a registered range,
+ * else NULL (the backend converts the weight itself). */
+const void *kn_lowp_mirror_of(const kn_ctx *k, const float *weight, size_t n);
+
 /* Kernel-level timing state (kernels.c), one per context once enabled. */
 #define KN_PROF_MAX_OPS 32
 typedef struct kn_prof {
@@ -138,6 +147,11 @@ struct kn_ctx {
     char device[64];      /* kn_device_id: the GPU's UUID ("GPU-…"); "" on the CPU */
     size_t device_memory; /* kn_device_memory: the GPU's global memory; 0 on the CPU */
     int prof_on;          /* kn_profile_enable: the one branch each kernel call pays */
+    struct kn_mirror {    /* kn_lowp_mirror's registered copies (n 0: a free entry) */
+        const float *src;
+        size_t n;
+        const void *lp;
+    } mirrors[KN_MIRRORS];
     kn_prof *prof;        /* NULL until profiling is first enabled */
 };
 

@@ -8,7 +8,9 @@
  * that a reader of it shows; the layernorm backward given dout_lp reads the copy's values.
  * The layernorm backward's dinp stays valid beside its copy: it goes on accumulating.
  * Weights stay fp32 (CUDA rounds them too: these tests check the plumbing, not the
- * rounding). */
+ * rounding), but for those inside a registered mirror (kn_lowp_mirror): a matmul reads
+ * the mirror's bf16 values, as CUDA does, so a mirror not made again after a write to
+ * its weights gives the old weights' results. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,6 +62,12 @@ static const float *operand(const float *f, const void *lp, size_t n, float **ow
     return lp ? *owned : f;
 }
 
+/* The weight's values: its mirror's where one is registered (to be freed), else fp32. */
+static const float *weight_of(kn_ctx *k, const float *w, size_t n, float **owned)
+{
+    return operand(w, kn_lowp_mirror_of(k, w, n), n, owned);
+}
+
 /* out's copy, then out itself NaN: only the copy may be read (kernels.h). */
 static void keep_copy_only(float *out, void *lp, size_t n)
 {
@@ -93,10 +101,12 @@ static void lowp_matmul_forward(kn_ctx *k, float *out, void *out_lp, const float
                                 const void *inp_lp, const float *weight, const float *bias, int BT,
                                 int C, int OC)
 {
-    float *tmp;
+    float *tmp, *tmp_w;
     const float *x = operand(inp, inp_lp, (size_t)BT * C, &tmp);
-    kn_cpu_matmul_forward(k, out, NULL, x, NULL, weight, bias, BT, C, OC);
+    const float *w = weight_of(k, weight, (size_t)OC * C, &tmp_w);
+    kn_cpu_matmul_forward(k, out, NULL, x, NULL, w, bias, BT, C, OC);
     free(tmp);
+    free(tmp_w);
     keep_copy_only(out, out_lp, (size_t)BT * OC);
 }
 
@@ -106,16 +116,17 @@ static void backward_of(kn_ctx *k, int set, float *dinp, void *dinp_lp, float *d
                         float *dbias, const float *dout, const void *dout_lp, const float *inp,
                         const void *inp_lp, const float *weight, int BT, int C, int OC)
 {
-    float *tmp_d, *tmp_x;
+    float *tmp_d, *tmp_x, *tmp_w;
     const float *d = operand(dout, dout_lp, (size_t)BT * OC, &tmp_d);
     const float *x = operand(inp, inp_lp, (size_t)BT * C, &tmp_x);
+    const float *w = weight_of(k, weight, (size_t)OC * C, &tmp_w);
     if (set)
-        kn_cpu_matmul_backward_set(k, dinp, NULL, dweight, dbias, d, NULL, x, NULL, weight, BT, C,
-                                   OC);
+        kn_cpu_matmul_backward_set(k, dinp, NULL, dweight, dbias, d, NULL, x, NULL, w, BT, C, OC);
     else
-        kn_cpu_matmul_backward(k, dinp, dweight, dbias, d, NULL, x, NULL, weight, BT, C, OC);
+        kn_cpu_matmul_backward(k, dinp, dweight, dbias, d, NULL, x, NULL, w, BT, C, OC);
     free(tmp_d);
     free(tmp_x);
+    free(tmp_w);
     if (dinp) keep_copy_only(dinp, dinp_lp, (size_t)BT * C);
 }
 
@@ -151,10 +162,12 @@ static void lowp_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float 
                                      const float *bias, int BT, int C, int OC)
 {
     const size_t n = (size_t)BT * OC;
-    float *tmp;
+    float *tmp, *tmp_w;
     const float *x = operand(inp, inp_lp, (size_t)BT * C, &tmp);
-    kn_cpu_matmul_forward(k, pre, NULL, x, NULL, weight, bias, BT, C, OC);
+    const float *w = weight_of(k, weight, (size_t)OC * C, &tmp_w);
+    kn_cpu_matmul_forward(k, pre, NULL, x, NULL, w, bias, BT, C, OC);
     free(tmp);
+    free(tmp_w);
     keep_bf16_only(pre, n);
     float *p = values_of(pre, n);
     kn_cpu_gelu_forward(k, out, p, n);
@@ -167,13 +180,14 @@ static void lowp_matmul_backward_gelu(kn_ctx *k, float *dpre, void *dpre_lp, flo
                                       const float *inp, const void *inp_lp, const float *weight,
                                       const float *pre, int BT, int C, int OC)
 {
-    float *tmp_d, *tmp_x, *p = values_of(pre, (size_t)BT * C);
+    float *tmp_d, *tmp_x, *tmp_w, *p = values_of(pre, (size_t)BT * C);
     const float *d = operand(dout, dout_lp, (size_t)BT * OC, &tmp_d);
     const float *x = operand(inp, inp_lp, (size_t)BT * C, &tmp_x);
-    kn_cpu_matmul_backward_gelu(k, dpre, NULL, dweight, dbias, d, NULL, x, NULL, weight, p, BT, C,
-                                OC);
+    const float *w = weight_of(k, weight, (size_t)OC * C, &tmp_w);
+    kn_cpu_matmul_backward_gelu(k, dpre, NULL, dweight, dbias, d, NULL, x, NULL, w, p, BT, C, OC);
     free(tmp_d);
     free(tmp_x);
+    free(tmp_w);
     free(p);
     keep_copy_only(dpre, dpre_lp, (size_t)BT * C);
 }

@@ -732,8 +732,17 @@ static void mm(kn_ctx *k, const mm_job *j)
 
 void kn_cuda_to_lowp(kn_ctx *k, void *lp, const float *src, size_t n) { to_bf16(k, lp, src, n); }
 
+/* The weight's bf16 mirror (kn_lowp_mirror) where registered and 16-byte aligned
+ * (cuBLASLt's tensor-core kernels load 16 bytes), else NULL: convert it. */
+static const void *weight_mirror(kn_ctx *k, const float *weight, size_t n)
+{
+    const void *w16 = kn_lowp_mirror_of(k, weight, n);
+    return w16 && (uintptr_t)w16 % 16 == 0 ? w16 : NULL;
+}
+
 /* The job out'[OC, BT] = (W'[C, OC])ᵀ · inp'[C, BT] + bias (C > 0; bias may be NULL),
- * its operands bf16 in bf16 mode: the weight converted in the workspace, inp too
+ * its operands bf16 in bf16 mode: the weight's mirror, or the weight converted in
+ * the workspace, inp too
  * unless inp_lp holds it already. d16 (bf16 mode): out is bf16, and so the bias. */
 static mm_job forward_job(kn_ctx *k, float *out, const float *inp, const void *inp_lp,
                           const float *weight, const float *bias, int BT, int C, int OC, bool d16)
@@ -754,10 +763,12 @@ static mm_job forward_job(kn_ctx *k, float *out, const float *inp, const void *i
     j.bias = bias;
     j.d16 = d16;
     if (k->cuda->bf16) {
-        size_t nw = (size_t)OC * C, ni = inp_lp ? 0 : (size_t)BT * C, nb = d16 && bias ? OC : 0;
+        const void *w16 = weight_mirror(k, weight, (size_t)OC * C);
+        size_t nw = w16 ? 0 : (size_t)OC * C, ni = inp_lp ? 0 : (size_t)BT * C;
+        size_t nb = d16 && bias ? OC : 0;
         size_t at_i = round256(nw * 2), at_b = at_i + round256(ni * 2);
         char *ws = (char *)kn_cuda_workspace(k, at_b + round256(nb * 2));
-        j.A = to_bf16(k, ws, weight, nw);
+        j.A = w16 ? w16 : to_bf16(k, ws, weight, nw);
         j.B = inp_lp ? inp_lp : to_bf16(k, ws + at_i, inp, ni);
         if (nb) j.bias = (const float *)to_bf16(k, ws + at_b, bias, nb);
     }
@@ -884,8 +895,10 @@ static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const
     if (BT <= 0 || OC <= 0 || C < 0) return;
     const bool gemms = C > 0 && (dinp || dweight);
     const bool conv = k->cuda->bf16 && gemms;
-    /* bf16 copies: W (for dinp) once, then dout and inp a chunk of rows at a time */
-    size_t w_bytes = conv && dinp ? round256((size_t)OC * C * 2) : 0;
+    /* bf16 copies: W (for dinp; its mirror where registered) once, then dout and inp a
+     * chunk of rows at a time */
+    const void *w16 = conv && dinp ? weight_mirror(k, weight, (size_t)OC * C) : NULL;
+    size_t w_bytes = conv && dinp && !w16 ? round256((size_t)OC * C * 2) : 0;
     size_t row_bytes = 2 * ((dout16 ? 0 : (size_t)OC) + (dweight && !inp16 ? (size_t)C : 0));
     int rows = BT;
     const size_t limit = bwd_bf16_bytes();
@@ -916,7 +929,7 @@ static void backward(kn_ctx *k, float *dinp, float *dweight, float *dbias, const
     }
     if (!gemms) return;
     const void *W = weight;
-    if (conv && dinp) W = to_bf16(k, ws, weight, (size_t)OC * C);
+    if (conv && dinp) W = w16 ? w16 : to_bf16(k, ws, weight, (size_t)OC * C);
     for (int r0 = 0; r0 < BT; r0 += rows) {
         int R = BT - r0 < rows ? BT - r0 : rows;
         const float *dout_r = dout16 ? NULL : dout + (size_t)r0 * OC;

@@ -1183,6 +1183,80 @@ static void test_bf16_copies_feed_every_matmul(void) {
     kn_destroy(k);
 }
 
+/* Writes params from the host, as loads, restores, layer copies and shadow refreshes do
+ * (no engine call): every parameter moved by a small step. */
+static void nudge_params(pl_engine *e, double amp) {
+    float *p = host_copy(e, e->params, e->nparams);
+    for (size_t j = 0; j < e->nparams; j++) p[j] += (float)(amp * hash_unit(7, j, 0, 0));
+    kn_to_device(e->k, e->params, p, e->nparams * sizeof(float));
+    free(p);
+}
+
+/* The loss of a fresh engine on k whose parameters are e's now. */
+static float fresh_loss(const pl_engine *e, const int32_t *tok, const int32_t *tgt) {
+    pl_engine f;
+    if (pl_engine_create(&f, e->k, &e->cfg, e->begin, e->end, e->B, e->T, 1, err_, sizeof err_))
+        abort();
+    kn_copy(e->k, f.params, e->params, e->nparams * sizeof(float));
+    const float loss = pl_engine_forward(&f, 0, tok, NULL, tgt);
+    pl_engine_destroy(&f);
+    return loss;
+}
+
+/* Are a's and b's losses and gradients the same floats? */
+static int same_run(const pl_engine *a, const pl_engine *b, float la, float lb) {
+    float *ga = host_copy(a, a->grads, a->nparams), *gb = host_copy(b, b->grads, b->nparams);
+    const int same = la == lb && memcmp(ga, gb, a->nparams * sizeof(float)) == 0;
+    if (!same) printf("    loss %.9g against a fresh engine's %.9g\n", (double)la, (double)lb);
+    free(ga);
+    free(gb);
+    return same;
+}
+
+/* The weights' bf16 mirror (kn_lowp_mirror; on "cpu-lowp" the matmuls multiply its
+ * values) follows every write to the parameters: AdamW over two steps, then a write from
+ * the host between forwards with no engine call in between (a shadow refresh before an
+ * eager FRC forward), then one after a forward without zero_grads. Each time the engine
+ * computes what a fresh engine given the same parameters computes, bit for bit; a stale
+ * mirror gives the old weights' products. */
+static void test_lowp_mirror_follows_param_writes(void) {
+    const pl_gpt_config cfg = tiny(2);
+    const int B = 2, T = 5, NL = pl_gpt_nlayers(&cfg);
+    kn_ctx *kl = kn_create("cpu-lowp", 2, err_, sizeof err_);
+    CHECK(kl != NULL);
+    const pl_adamw o = {3e-2f, 0.9f, 0.95f, 1e-8f, 0.1f};
+    int32_t tok[3][10], tgt[3][10];
+    rng_state = 29;
+    for (int m = 0; m < 3; m++) make_batch(&cfg, B * T, tok[m], tgt[m]);
+    pl_engine e, f;
+    CHECK(pl_engine_create(&e, kl, &cfg, 0, NL, B, T, 1, err_, sizeof err_) == 0);
+    pl_engine_init_random(&e, 31);
+    perturb(&e);
+    for (int step = 1; step <= 2; step++) {
+        pl_engine_zero_grads(&e);
+        pl_engine_forward(&e, 0, tok[step - 1], NULL, tgt[step - 1]);
+        pl_engine_backward_last(&e, 0, NULL, 0.05f, NULL, NULL);
+        pl_engine_adamw(&e, &o, 1.0f, step);
+    }
+    pl_engine_forward(&e, 0, tok[0], NULL, tgt[0]); /* an evaluation: the mirror is made */
+    nudge_params(&e, 0.05);
+    CHECK(pl_engine_forward(&e, 0, tok[1], NULL, tgt[1]) == fresh_loss(&e, tok[1], tgt[1]));
+    nudge_params(&e, 0.05);
+    pl_engine_zero_grads(&e);
+    const float loss = pl_engine_forward(&e, 0, tok[2], NULL, tgt[2]);
+    pl_engine_backward_last(&e, 0, NULL, 0.05f, NULL, NULL);
+
+    CHECK(pl_engine_create(&f, kl, &cfg, 0, NL, B, T, 1, err_, sizeof err_) == 0);
+    kn_copy(kl, f.params, e.params, e.nparams * sizeof(float));
+    pl_engine_zero_grads(&f);
+    const float loss_f = pl_engine_forward(&f, 0, tok[2], NULL, tgt[2]);
+    pl_engine_backward_last(&f, 0, NULL, 0.05f, NULL, NULL);
+    CHECK(same_run(&e, &f, loss, loss_f));
+    pl_engine_destroy(&f);
+    pl_engine_destroy(&e);
+    kn_destroy(kl);
+}
+
 TEST_MAIN_BEGIN
 RUN(test_loss_and_gradients_match_double_reference);
 RUN(test_every_partition_matches_whole_model);
@@ -1196,4 +1270,5 @@ RUN(test_create_and_tensor_table);
 RUN(test_llmc_rejects_absurd_sizes);
 RUN(test_shared_work_memory_changes_nothing);
 RUN(test_bf16_copies_feed_every_matmul);
+RUN(test_lowp_mirror_follows_param_writes);
 TEST_MAIN_END

@@ -499,6 +499,41 @@ static void test_matmul_forward(void)
     }
 }
 
+/* kn_lowp_mirror on "cpu-lowp": a matmul whose weight lies inside the registered range
+ * multiplies the mirror's bf16 values as they were when it was made (so after a write to
+ * the weights, the old ones) until it is made again or dropped; on the CPU a no-op. */
+static void test_lowp_mirror(void)
+{
+    char err[256];
+    kn_ctx *kl = kn_create("cpu-lowp", 1, err, sizeof err);
+    CHECK(kl != NULL);
+    enum { BT = 3, C = 8, OC = 4, N = 64 };
+    float *w = kn_alloc(kl, N * sizeof(float)), x[BT * C], a[BT * OC], b[BT * OC];
+    void *lp = kn_alloc(kl, kn_lowp_bytes(kl, N));
+    for (int i = 0; i < N; i++) w[i] = 1.0f + (float)i / 4096; /* not all bf16 values */
+    for (int i = 0; i < BT * C; i++) x[i] = 1.0f;
+    float *wt = w + 16; /* the weight: inside the mirrored range, not at its start */
+    kn_matmul_forward(kl, a, NULL, x, NULL, wt, NULL, BT, C, OC);
+    kn_lowp_mirror(kl, lp, w, N);
+    kn_matmul_forward(kl, b, NULL, x, NULL, wt, NULL, BT, C, OC);
+    CHECK(memcmp(a, b, sizeof a) != 0); /* the mirror's rounded values */
+    float mirrored[BT * OC];
+    memcpy(mirrored, b, sizeof b);
+    for (int i = 0; i < N; i++) w[i] *= 2; /* a write the mirror does not see */
+    kn_matmul_forward(kl, b, NULL, x, NULL, wt, NULL, BT, C, OC);
+    CHECK(memcmp(mirrored, b, sizeof b) == 0);
+    kn_lowp_mirror(kl, NULL, w, 0); /* dropped: the fp32 weights again */
+    kn_matmul_forward(kl, b, NULL, x, NULL, wt, NULL, BT, C, OC);
+    for (int i = 0; i < BT * OC; i++) CHECK(b[i] == 2 * a[i]);
+    kn_free(kl, lp);
+    kn_free(kl, w);
+    kn_destroy(kl);
+    float v[4] = {1.5f, 2, 3, 4}, out[1], one[4] = {1, 1, 1, 1};
+    kn_lowp_mirror(ctx, NULL, v, 4); /* the CPU keeps no copies: nothing registered */
+    kn_matmul_forward(ctx, out, NULL, one, NULL, v, NULL, 1, 4, 1);
+    CHECK(out[0] == 10.5f);
+}
+
 static void test_matmul_backward(void)
 {
     arena_reset();
@@ -1428,6 +1463,7 @@ TEST_MAIN_BEGIN
     RUN(test_release_destination_first);
     RUN(test_release_chain);
     RUN(test_release_two_ranges);
+    RUN(test_lowp_mirror);
     arena_reset();
     kn_destroy(ctx);
 TEST_MAIN_END

@@ -293,9 +293,34 @@ size_t pl_engine_share_work(pl_engine *dst, const pl_engine *src, pl_work_source
     return mapped;
 }
 
+/* The weights' low-precision mirror (kn_lowp_mirror: CUDA's bf16 mode converts them
+ * once a microbatch instead of at each matmul, forward and backward). Refreshed at the
+ * start of every forward, dropped at the step's last backward and wherever the engine
+ * itself writes params. Complete because parameters change only between steps (AdamW,
+ * loads, checkpoint restores, layer copies, shadow refreshes; engine.h's `stop`): a
+ * forward's matmuls read the mirror it just made; a backward's read the one the last
+ * forward of the same step made, of the same weights; a backward with no forward of its
+ * own step on this engine (a slot swapped in, frc.h) finds none (dropped by the previous
+ * step's last backward and by this step's pl_engine_zero_grads) and converts. No backend
+ * copies: a no-op. Memory fails: no mirror, the matmuls convert. */
+static void mirror_refresh(pl_engine *e)
+{
+    const size_t bytes = kn_lowp_bytes(e->k, e->nparams);
+    if (!bytes) return;
+    if (!e->params_lp) e->params_lp = kn_alloc(e->k, bytes);
+    kn_lowp_mirror(e->k, e->params_lp, e->params, e->params_lp ? e->nparams : 0);
+}
+
+static void mirror_drop(pl_engine *e)
+{
+    if (e->params_lp) kn_lowp_mirror(e->k, NULL, e->params, 0);
+}
+
 void pl_engine_destroy(pl_engine *e)
 {
     if (!e->k) return;
+    mirror_drop(e);
+    kn_free(e->k, e->params_lp);
     for (int i = 0; e->slots && i < e->nslots; i++) {
         kn_free(e->k, e->slots[i].mem);
         free(e->slots[i].blocks);
@@ -347,6 +372,7 @@ static float *G(const pl_engine *e, int layer, int index)
 
 void pl_engine_init_random(pl_engine *e, uint64_t seed)
 {
+    mirror_drop(e);
     for (int i = 0; i < e->ntensors; i++) {
         const pl_engine_tensor *t = &e->tensors[i];
         float *host = malloc(t->spec.numel * sizeof(float));
@@ -365,6 +391,7 @@ int pl_engine_load_llmc(pl_engine *e, const pl_llmc_model *m, char *err, size_t 
                        "spec.model.init: the llm.c model is L=%d C=%d NH=%d V=%d maxT=%d but the "
                        "job's model is L=%d C=%d NH=%d V=%d maxT=%d",
                        b->L, b->C, b->NH, b->V, b->maxT, a->L, a->C, a->NH, a->V, a->maxT);
+    mirror_drop(e);
     for (int i = 0; i < e->ntensors; i++) {
         const pl_engine_tensor *t = &e->tensors[i];
         kn_to_device(e->k, e->params + t->offset, pl_llmc_tensor(m, t->layer, t->index),
@@ -452,6 +479,7 @@ static float forward(pl_engine *e, int slot, const int32_t *tokens, const float 
 {
     pl_slot *s = &e->slots[slot];
     if (pl_engine_stopped(e)) return 0;
+    mirror_refresh(e);
     input_forward(e, s, tokens, in, dev);
     int lo = (int)first_block(e);
     for (int b = 0; b < nblocks(e) && !pl_engine_stopped(e); b++) block_forward(e, s, lo + b);
@@ -467,7 +495,10 @@ float pl_engine_forward_part(pl_engine *e, int slot, int part, const int32_t *to
                              const float *in, const int32_t *targets)
 {
     pl_slot *s = &e->slots[slot];
-    if (part == 0) input_forward(e, s, tokens, in, 0);
+    if (part == 0) {
+        mirror_refresh(e);
+        input_forward(e, s, tokens, in, 0);
+    }
     else if (part <= (int)nblocks(e)) block_forward(e, s, (int)first_block(e) + part - 1);
     else return head_forward(e, s, targets);
     return 0;
@@ -623,6 +654,7 @@ void pl_engine_backward_last(pl_engine *e, int slot, const float *dout, float dl
                              pl_layer_done_fn done, void *ctx)
 {
     backward(e, slot, dout, 0, dloss_scale, 1, done, ctx);
+    mirror_drop(e);
 }
 
 void pl_engine_backward_dev(pl_engine *e, int slot, const float *dout, float dloss_scale)
@@ -634,6 +666,7 @@ void pl_engine_backward_last_dev(pl_engine *e, int slot, const float *dout, floa
                                  pl_layer_done_fn done, void *ctx)
 {
     backward(e, slot, dout, 1, dloss_scale, 1, done, ctx);
+    mirror_drop(e);
 }
 
 const float *pl_engine_input_grad(const pl_engine *e)
@@ -643,6 +676,7 @@ const float *pl_engine_input_grad(const pl_engine *e)
 
 void pl_engine_zero_grads(pl_engine *e)
 {
+    mirror_drop(e);
     kn_zero(e->k, e->grads, e->nparams * sizeof(float));
     if (e->head_dwte)
         kn_zero(e->k, e->head_dwte, e->tensors[e->wte_tensor].spec.numel * sizeof(float));
@@ -672,6 +706,7 @@ double pl_engine_grad_sumsq(pl_engine *e)
 void pl_engine_adamw(pl_engine *e, const pl_adamw *o, float grad_scale, int t)
 {
     require_complete(e, "pl_engine_adamw");
+    mirror_drop(e);
     /* every tensor, KN_ADAMW_SPANS at a time: one launch each on CUDA */
     kn_adamw_span sp[KN_ADAMW_SPANS];
     int n = 0;

@@ -57,6 +57,7 @@ typedef struct {
     kn_ctx *k;
     size_t nparams;  /* floats of each of params, grads, m, v (the layout's padding included) */
     float *params, *grads, *m, *v;
+    void *params_lp; /* params' low-precision mirror (kn_lowp_mirror), made at the first forward */
     int ntensors;
     pl_engine_tensor *tensors;
     int wte_tensor;  /* index in tensors of wte, or −1 */
