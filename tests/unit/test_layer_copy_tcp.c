@@ -284,7 +284,7 @@ static void test_received_into_the_reserve(void)
     add_copy(b, d, 2, 0, 1); /* 1 and 3 not received: d keeps its own */
     add_copy(a, d, 4, 0, 1);
     pl_reserve r = {0};
-    CHECK_EQ_INT(pl_reserve_renew(&r, d->k, pl_reserve_size((int64_t)d->dst.nparams * 12, 5)), 1);
+    CHECK_EQ_INT(pl_reserve_renew(&r, d->k, pl_reserve_size((int64_t)d->dst.nparams * 12, 5, 0)), 1);
     for (int i = 0; i < 2000 && atomic_load(&r.ready) < r.bytes; i++) usleep(1000);
     d->reserve = &r;
     run_all(n);

@@ -352,18 +352,32 @@ static long minor_faults(void)
     return getrusage(RUSAGE_SELF, &ru) ? -1 : ru.ru_minflt;
 }
 
+/* The work memory (activations, scratch) a new engine would need beyond the current
+ * engine's, which it takes over: this engine's per layer held, for each block of
+ * copy_bytes (params, m, v) received. An estimate: at 350M a receiver needed 53–71 MB
+ * there, made present after the copies in 350–425 ms on two busy cores. */
+static size_t work_share(const agent *a, int64_t copy_bytes)
+{
+    const int held = a->e.end - a->e.begin;
+    const size_t block = 3 * pl_gpt_layer_params(&a->cfg, 1) * sizeof(float);
+    if (copy_bytes <= 0 || held <= 0 || !block) return 0;
+    const size_t blocks = ((size_t)copy_bytes + block - 1) / block;
+    return a->e.act_bytes / (size_t)held * blocks;
+}
+
 /* The reserve for the plan's worst single loss, made after the plan's first step (its old
  * engine gone; again after a plan's copies took it): its helper fills it while the next
- * steps run. At most this worker's own params, m and v: the reserve never more than
- * doubles what its layers' state takes (beyond it, a loss's pages fault in as they come). */
+ * steps run. At most this worker's own params, m and v (and the work memory for them): the
+ * reserve never more than doubles what its layers' state takes (beyond it, a loss's pages
+ * fault in as they come). */
 static void renew_reserve(agent *a)
 {
     pl_reserve *r = &a->reserve;
     const int64_t own = a->have_engine && !a->o->no_copy_reserve
                             ? 3 * (int64_t)a->e.nparams * (int64_t)sizeof(float)
                             : 0;
-    const size_t want = pl_reserve_size(a->reserve_bytes < own ? a->reserve_bytes : own,
-                                        a->cfg.L + 2);
+    const int64_t copies = a->reserve_bytes < own ? a->reserve_bytes : own;
+    const size_t want = pl_reserve_size(copies, a->cfg.L + 2, work_share(a, copies));
     if (pl_reserve_renew(r, a->k, want) == 1) {
         agent_log(a, "generation %lld: a reserve of %zu bytes for a loss's copies",
                   (long long)a->gen, r->bytes);

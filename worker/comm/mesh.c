@@ -22,6 +22,7 @@ struct pl_mesh {
     pl_conn *pending[PL_MESH_PENDING_MAX]; /* accepted, handshake running; oldest first */
     int npending;
     char last_refused[256]; /* for a timeout's message */
+    int closed_early;       /* handshakes the dialer closed, this plan */
 };
 
 int pl_mesh_create(const pl_mesh_config *cfg, pl_mesh **out, char *err, size_t errlen)
@@ -73,6 +74,7 @@ void pl_mesh_set_plan(pl_mesh *m, uint64_t generation, int32_t rank)
     m->generation = generation;
     m->rank = rank;
     m->last_refused[0] = 0;
+    m->closed_early = 0;
 }
 
 int pl_mesh_stashed(const pl_mesh *m) { return m->nstash; }
@@ -90,6 +92,19 @@ static void refused(pl_mesh *m, const char *fmt, ...)
     vsnprintf(m->last_refused, sizeof m->last_refused, fmt, ap);
     va_end(ap);
     if (m->cfg.log) m->cfg.log(m->cfg.ctx, m->last_refused);
+}
+
+/* A handshake the dialer closed: mostly a peer whose dial slice ended while this worker
+ * was busy (filling an engine), which dials again (mesh.h); its connections waited in the
+ * listen backlog. Logged once a plan, then only kept for a timeout's message. */
+static void closed_early(pl_mesh *m, const char *why)
+{
+    if (m->closed_early++ == 0) {
+        refused(m, "refused a peer connection: %.200s (a dialer that gave up; more such closes "
+                   "this plan are not logged)", why);
+        return;
+    }
+    snprintf(m->last_refused, sizeof m->last_refused, "refused a peer connection: %.200s", why);
 }
 
 static pl_comm_ident ident(const pl_mesh *m, pl_conn_purpose purpose)
@@ -178,7 +193,8 @@ static int accept_waiting(pl_mesh *m, const pl_comm_ident *id, char *err, size_t
         if (rc == PL_COMM_ESYS || rc == PL_COMM_EINVAL)
             return pl_comm_errf(err, errlen, rc, "%s", why);
         if (rc) {
-            refused(m, "refused a peer connection: %s", why);
+            if (rc == PL_COMM_ECLOSED) closed_early(m, why);
+            else refused(m, "refused a peer connection: %s", why);
             continue;
         }
         if (!c) return 0;
@@ -205,6 +221,8 @@ static int progress(pl_mesh *m, int i, unsigned want, unsigned later, pl_conn **
     if (rc == PL_COMM_ETIMEOUT)
         refused(m, "dropped the connection from %s: no complete handshake within %d ms (%s)",
                 pl_conn_peer_addr(c), m->cfg.handshake_ms, why);
+    else if (rc == PL_COMM_ECLOSED)
+        closed_early(m, why);
     else if (rc < 0)
         refused(m, "refused a peer connection: %s", why);
     if (rc < 0) {

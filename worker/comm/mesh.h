@@ -19,8 +19,9 @@
  * from its accept (PL_MESH_HANDSHAKE_MS by default); at most PL_MESH_PENDING_MAX run at
  * once, and over that the oldest is dropped. A handshake that fails (another job's
  * token, a stale generation, a wrong purpose, garbage, its deadline) is logged with the
- * peer's address and dropped; the handshakes still running stay with the mesh for the
- * next accept, until a new plan.
+ * peer's address and dropped (one the dialer closed, once a plan: a dialer whose slice
+ * ended closes its try, which may wait in the listen backlog until this worker is free);
+ * the handshakes still running stay with the mesh for the next accept, until a new plan.
  *
  * The stash. Peers dial when they are ready, not when this worker wants them: a stage
  * neighbour may dial while this worker still receives its layer copies. pl_mesh_accept

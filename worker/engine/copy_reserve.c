@@ -13,12 +13,12 @@
  * for a short time (kn_populate). */
 #define STEP ((size_t)2 << 20)
 
-size_t pl_reserve_size(int64_t reserve_bytes, int nlayers)
+size_t pl_reserve_size(int64_t reserve_bytes, int nlayers, size_t work_bytes)
 {
     if (reserve_bytes <= 0) return 0;
     const size_t page = KN_SHARE_ALIGN, pad = 4 * (size_t)nlayers * page;
     const size_t four = (size_t)reserve_bytes / 3 * 4; /* params, m, v → grads too */
-    return (four + pad + page - 1) / page * page;
+    return (four + pad + work_bytes + page - 1) / page * page;
 }
 
 /* At a low priority (nice 10: about a tenth of a core the training keeps busy, all of an
@@ -94,7 +94,11 @@ int pl_reserve_take(pl_reserve *r, void *block, size_t off, size_t bytes)
     return 0;
 }
 
-int pl_reserve_work_source(void *reserve, void *block, size_t off, size_t bytes)
+size_t pl_reserve_work_source(void *reserve, void *block, size_t off, size_t bytes)
 {
-    return pl_reserve_take(reserve, block, off, bytes);
+    pl_reserve *r = reserve;
+    pl_reserve_pause(r);
+    const size_t ready = r->block ? atomic_load(&r->ready) - r->used : 0;
+    const size_t n = (ready < bytes ? ready : bytes) / KN_SHARE_ALIGN * KN_SHARE_ALIGN;
+    return n && !pl_reserve_take(r, block, off, n) ? n : 0;
 }

@@ -35,8 +35,9 @@ typedef struct {
 } pl_reserve;
 
 /* The reserve's size for a plan's reserve_bytes (params, m, v of the layers): gradients
- * too, and each layer's pages rounded up in each of the four arrays (a model of nlayers). */
-size_t pl_reserve_size(int64_t reserve_bytes, int nlayers);
+ * too, each layer's pages rounded up in each of the four arrays (a model of nlayers), and
+ * work_bytes for the new engine's activations and scratch (the worker's estimate). */
+size_t pl_reserve_size(int64_t reserve_bytes, int nlayers, size_t work_bytes);
 /* A reserve of `bytes` (whole pages), its helper started, in place of what r held; bytes 0
  * only frees. 1 when made; 0 when r already held that many unused bytes (kept, its helper
  * resumed where paused) or bytes is 0; −1 when the backend cannot or the memory is not
@@ -49,9 +50,10 @@ void pl_reserve_pause(pl_reserve *r);
  * [block + off, + bytes) of a block of r's backend. −1 when r has not that much ready or
  * the backend refuses (nothing changed: the caller's pages come as before). */
 int pl_reserve_take(pl_reserve *r, void *block, size_t off, size_t bytes);
-/* pl_reserve_take with the reserve as a void *: what pl_engine_share_work takes as the
- * source of the work memory an old engine does not cover (a pl_work_source). */
-int pl_reserve_work_source(void *reserve, void *block, size_t off, size_t bytes);
+/* pl_reserve_take of as much of bytes as r has ready, with the reserve as a void *: what
+ * pl_engine_share_work takes as the source of the work memory an old engine does not
+ * cover (a pl_work_source). The bytes mapped. */
+size_t pl_reserve_work_source(void *reserve, void *block, size_t off, size_t bytes);
 /* Bytes mapped into engines since the last renew (a new one is due when > 0). */
 static inline size_t pl_reserve_used(const pl_reserve *r)
 {

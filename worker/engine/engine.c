@@ -271,10 +271,9 @@ static size_t share_regions(pl_engine *dst, const work_region *d, int nd, const 
         if (d[di].bytes - doff < KN_SHARE_ALIGN) di++, doff = 0;
         if (s[si].bytes - soff < KN_SHARE_ALIGN) si++, soff = 0;
     }
-    for (; more && di < nd; di++, doff = 0) {
+    for (; more && di < nd; di++, doff = 0) { /* a small heap region takes none */
         const size_t n = (d[di].bytes - doff) / KN_SHARE_ALIGN * KN_SHARE_ALIGN;
-        if (n && more(ctx, d[di].p, doff, n)) break;
-        mapped += n;
+        if (n) mapped += more(ctx, d[di].p, doff, n);
     }
     return mapped;
 }

@@ -104,12 +104,13 @@ static inline int pl_engine_stopped(const pl_engine *e)
  * leave them present (received into populated pages, kept layers' pages moved by
  * kn_share). */
 void pl_engine_populate_work(pl_engine *e);
-/* Maps present memory over [block + off, + bytes) of a block of the engine's backend: 0,
- * or −1 when it has not that much (nothing changed). */
-typedef int (*pl_work_source)(void *ctx, void *block, size_t off, size_t bytes);
+/* Maps present memory over [block + off, + bytes) of a block of the engine's backend, as
+ * much of it from the start as it has: the bytes mapped (a KN_SHARE_ALIGN multiple, 0
+ * when it has none). */
+typedef size_t (*pl_work_source)(void *ctx, void *block, size_t off, size_t bytes);
 /* Maps src's work memory (scratch, activations: nothing in it outlives a step; src may be
  * NULL) over as much of dst's as it covers (kn_share, same backend; the gradients are not
- * touched), then, where it runs out, what `more` (if not NULL) gives, a region at a time:
+ * touched), then, where it runs out, what `more` (if not NULL) gives, region by region:
  * pages already present serve the new engine, which then populates only the rest. The two
  * engines must not run steps at once. Bytes mapped (0 where the backend cannot). */
 size_t pl_engine_share_work(pl_engine *dst, const pl_engine *src, pl_work_source more,
