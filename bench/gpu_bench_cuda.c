@@ -167,170 +167,136 @@ static void usage(void)
                     "[--tokens GLOB] [--precision bf16|tf32|fp32 (PLIANT_PRECISION)]\n");
 }
 
-int main(int argc, char **argv)
+typedef struct {
+    int steps, warmup, B, T;
+    const char *tokens_glob; /* NULL: random tokens */
+} options;
+
+/* 0, or 2 (the reason printed). --precision sets PLIANT_PRECISION, which kn_create reads. */
+static int parse_args(int argc, char **argv, options *o)
 {
-    int steps = 10, warmup = 3, B = 16, T = 1024;
-    const char *tokens_glob = NULL;
-    setvbuf(stdout, NULL, _IOLBF, 0); /* lines printed before a failure reach a pipe */
-    for (int i = 1; i < argc; i++) {
+    *o = (options){.steps = 10, .warmup = 3, .B = 16, .T = 1024};
+    for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
             usage();
             return 2;
         }
-        if (!strcmp(a, "--steps")) steps = atoi(v);
-        else if (!strcmp(a, "--warmup")) warmup = atoi(v);
-        else if (!strcmp(a, "--B")) B = atoi(v);
-        else if (!strcmp(a, "--T")) T = atoi(v);
-        else if (!strcmp(a, "--tokens")) tokens_glob = v;
-        else if (!strcmp(a, "--precision")) setenv("PLIANT_PRECISION", v, 1); /* kn_create */
+        if (!strcmp(a, "--steps")) o->steps = atoi(v);
+        else if (!strcmp(a, "--warmup")) o->warmup = atoi(v);
+        else if (!strcmp(a, "--B")) o->B = atoi(v);
+        else if (!strcmp(a, "--T")) o->T = atoi(v);
+        else if (!strcmp(a, "--tokens")) o->tokens_glob = v;
+        else if (!strcmp(a, "--precision")) setenv("PLIANT_PRECISION", v, 1);
         else {
             usage();
             return 2;
         }
-        i++;
     }
-    if (steps < 1 || warmup < 0 || B < 1 || T < 1 || T > 1024) {
-        fprintf(stderr, "gpu_bench: need --steps ≥ 1, --warmup ≥ 0, --B ≥ 1, "
-                        "1 ≤ --T ≤ 1024\n");
+    if (o->steps < 1 || o->warmup < 0 || o->B < 1 || o->T < 1 || o->T > 1024) {
+        fprintf(stderr, "gpu_bench: need --steps ≥ 1, --warmup ≥ 0, --B ≥ 1, 1 ≤ --T ≤ 1024\n");
         return 2;
     }
+    return 0;
+}
 
-    char err[256] = "";
-    kn_ctx *k = kn_create("cuda", 1, err, sizeof err);
-    if (!k) {
-        if (!strncmp(err, "no CUDA device", 14) || strstr(err, "no CUDA backend")) {
-            printf("skip: %s\n", err);
-            return 0;
-        }
-        fprintf(stderr, "gpu_bench: kn_create(cuda): %s\n", err);
-        return 1;
-    }
-    int rc = 1, dev = 0;
-    struct cudaDeviceProp prop;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
-        fprintf(stderr, "gpu_bench: cannot read the device's properties\n");
-        kn_destroy(k);
-        return 1;
-    }
-
-    pl_gpt_config cfg;
-    pl_engine e;
-    pl_tokens file;
-    int have_engine = 0, have_file = 0;
-    double *ms = NULL;
-    bench b = {0};
-    if (pl_gpt_config_init(&cfg, 12, 768, 12, 50257, 1024, err, sizeof err)) {
-        fprintf(stderr, "gpu_bench: %s\n", err);
-        goto done;
-    }
-    printf("device: %s (sm_%d%d, %d SMs, %.1f GiB)\n", prop.name, prop.major, prop.minor,
-           prop.multiProcessorCount, (double)prop.totalGlobalMem / (1 << 30));
-    printf("config: GPT-2 124M (L=%d C=%d NH=%d V=%d Vp=%d maxT=%d), B=%d T=%d, one engine "
-           "with every layer, precision %s (kn_precision), %d warm-up + %d timed steps, "
-           "tokens %s\n",
-           cfg.L, cfg.C, cfg.NH, cfg.V, cfg.Vp, cfg.maxT, B, T, kn_precision(k), warmup, steps,
-           tokens_glob ? tokens_glob : "random (seed 1337)");
-
-    /* the device's limit first, on an otherwise idle GPU */
-    const int gemm_n = 8192;
-    double peak = bf16_peak_tflops(gemm_n);
-    if (peak <= 0.0) {
-        fprintf(stderr, "gpu_bench: the bf16 GEMM measurement failed\n");
-        goto done;
-    }
-    const char *ds_label = NULL;
-    double ds = datasheet_tflops(prop.name, &ds_label);
-    printf("peak: %.0f TFLOP/s measured (cublasGemmEx %d×%d×%d, bf16 in and out, fp32 "
-           "accumulate, best of 3×10)",
-           peak, gemm_n, gemm_n, gemm_n);
-    if (ds > 0) printf("; %.0f TFLOP/s %s", ds, ds_label);
-    printf("\n");
-
-    if (pl_engine_create(&e, k, &cfg, 0, cfg.L + 2, B, T, 1, err, sizeof err)) {
-        fprintf(stderr, "gpu_bench: pl_engine_create: %s\n", err);
-        goto done;
-    }
-    have_engine = 1;
-    pl_engine_init_random(&e, 1337);
-    b.e = &e;
-    b.tok = malloc(sizeof(int32_t) * ((size_t)B * T + 1));
-    ms = malloc(sizeof(double) * (size_t)steps);
-    if (!b.tok || !ms) {
-        fprintf(stderr, "gpu_bench: out of memory\n");
-        goto done;
-    }
-    if (tokens_glob) {
-        if (pl_tokens_open(tokens_glob, &file, err, sizeof err)) {
-            fprintf(stderr, "gpu_bench: %s\n", err);
-            goto done;
-        }
-        have_file = 1;
-        if (pl_tokens_check_vocab(&file, cfg.V, err, sizeof err)) {
-            fprintf(stderr, "gpu_bench: %s\n", err);
-            goto done;
-        }
-        if (pl_tokens_count(&file) < (int64_t)B * T + 1) {
-            fprintf(stderr, "gpu_bench: %s holds fewer than B·T + 1 tokens\n", tokens_glob);
-            goto done;
-        }
-        b.file = &file;
-    } else {
+/* The batch's tokens: from the shards of o->tokens_glob (file: opened, *have_file set),
+ * else random ones drawn once. 0, or −1 with the reason printed. */
+static int load_tokens(bench *b, const options *o, const pl_gpt_config *cfg, pl_tokens *file,
+                       int *have_file)
+{
+    char err[256];
+    if (!o->tokens_glob) {
         uint64_t x = 1337;
-        for (int i = 0; i <= B * T; i++) {
+        for (int i = 0; i <= o->B * o->T; i++) {
             x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-            b.tok[i] = (int32_t)(x % (uint64_t)cfg.V);
+            b->tok[i] = (int32_t)(x % (uint64_t)cfg->V);
         }
+        return 0;
     }
+    if (pl_tokens_open(o->tokens_glob, file, err, sizeof err)) {
+        fprintf(stderr, "gpu_bench: %s\n", err);
+        return -1;
+    }
+    *have_file = 1;
+    if (pl_tokens_check_vocab(file, cfg->V, err, sizeof err)) {
+        fprintf(stderr, "gpu_bench: %s\n", err);
+        return -1;
+    }
+    if (pl_tokens_count(file) < (int64_t)o->B * o->T + 1) {
+        fprintf(stderr, "gpu_bench: %s holds fewer than B·T + 1 tokens\n", o->tokens_glob);
+        return -1;
+    }
+    b->file = file;
+    return 0;
+}
 
-    int t = 1;
-    for (int s = 0; s < warmup + steps; s++, t++) {
-        if (next_batch(&b)) {
+/* warmup + steps training steps from step t = 1, the timed ones' ms into ms[steps]. */
+static int run_steps(bench *b, const options *o, double *ms)
+{
+    for (int s = 0, t = 1; s < o->warmup + o->steps; s++, t++) {
+        if (next_batch(b)) {
             fprintf(stderr, "gpu_bench: reading tokens failed\n");
-            goto done;
+            return -1;
         }
-        double dt = step(&b, t);
-        if (!isfinite(b.loss)) {
-            fprintf(stderr, "gpu_bench: step %d: loss %g\n", t, (double)b.loss);
-            goto done;
+        const double dt = step(b, t);
+        if (!isfinite(b->loss)) {
+            fprintf(stderr, "gpu_bench: step %d: loss %g\n", t, (double)b->loss);
+            return -1;
         }
-        if (s >= warmup) ms[s - warmup] = dt;
+        if (s >= o->warmup) ms[s - o->warmup] = dt;
     }
+    return 0;
+}
+
+/* The result's Markdown row from the timed steps (ms, sorted here), with MFU against the
+ * peak measured and the datasheet's (ds > 0). The median step. */
+static double print_result(kn_ctx *k, const struct cudaDeviceProp *prop, const pl_gpt_config *cfg,
+                           const options *o, const bench *b, double *ms, double peak, double ds)
+{
+    const int steps = o->steps;
     double mean = 0.0;
     for (int s = 0; s < steps; s++) mean += ms[s] / steps;
     qsort(ms, (size_t)steps, sizeof *ms, cmp_double);
     const double med = ms[steps / 2];
-    const double N = (double)pl_gpt_total_params(&cfg);
-    const double flops_tok = 6.0 * N + 6.0 * cfg.L * cfg.C * (double)T;
-    const double tok_s = (double)B * T / (med * 1e-3), tflops = tok_s * flops_tok / 1e12;
+    const double N = (double)pl_gpt_total_params(cfg);
+    const double flops_tok = 6.0 * N + 6.0 * cfg->L * cfg->C * (double)o->T;
+    const double tok_s = (double)o->B * o->T / (med * 1e-3), tflops = tok_s * flops_tok / 1e12;
     printf("N = %.0f parameters (embeddings included, wte with its padded rows); FLOPs per "
            "token 6N + 6·L·C·T = %.4g; last loss %.4f, gradient norm %.3g\n",
-           N, flops_tok, (double)b.loss, b.norm);
+           N, flops_tok, (double)b->loss, b->norm);
     printf("\n| device | precision | B×T | ms/step (median; mean, min–max) | tokens/s | TFLOP/s "
            "| MFU (measured %.0f) |%s\n|---|---|---|---|---|---|---|%s\n",
            peak, ds > 0 ? " MFU (datasheet) |" : "", ds > 0 ? "---|" : "");
-    printf("| %s | %s | %d×%d | %.1f (%.1f, %.1f–%.1f) | %.0f | %.1f | %.1f %% |", prop.name,
-           kn_precision(k), B, T, med, mean, ms[0], ms[steps - 1], tok_s, tflops,
+    printf("| %s | %s | %d×%d | %.1f (%.1f, %.1f–%.1f) | %.0f | %.1f | %.1f %% |", prop->name,
+           kn_precision(k), o->B, o->T, med, mean, ms[0], ms[steps - 1], tok_s, tflops,
            100.0 * tflops / peak);
     if (ds > 0) printf(" %.1f %% of %.0f |", 100.0 * tflops / ds, ds);
     printf("\n");
+    return med;
+}
 
+static void print_memory(kn_ctx *k, const pl_engine *e)
+{
     kn_mem_stats mem;
     if (kn_memory_stats(k, &mem) == 0)
         printf("\nmemory (arena): %.2f GiB reserved in %d chunks, %.2f GiB in use, peak %.2f GiB "
                "(activations %.2f GiB)\n",
                (double)mem.reserved / (1 << 30), mem.chunks, (double)mem.in_use / (1 << 30),
-               (double)mem.peak / (1 << 30), (double)e.act_bytes / (1 << 30));
+               (double)mem.peak / (1 << 30), (double)e->act_bytes / (1 << 30));
+}
 
-    /* one profiled step: where the time goes */
+/* One profiled step (step t): where the time goes, kernel by kernel. */
+static int print_profile(kn_ctx *k, bench *b, int t, double med)
+{
     kn_profile_entry prof[32];
     if (kn_profile_enable(k, 1)) {
         fprintf(stderr, "gpu_bench: kn_profile_enable: out of memory\n");
-        goto done;
+        return -1;
     }
     kn_profile_reset(k);
-    if (next_batch(&b)) goto done;
-    double pstep = step(&b, t++);
+    if (next_batch(b)) return -1;
+    const double pstep = step(b, t);
     int np = kn_profile_report(k, prof, 32);
     kn_profile_enable(k, 0);
     if (np > 32) np = 32;
@@ -346,12 +312,91 @@ int main(int argc, char **argv)
     printf("| (all kernels) | | %.2f | %.1f %% |\n", in_kernels, 100.0 * in_kernels / pstep);
     printf("| (outside kernels: launch gaps, host-device copies, syncs) | | %.2f | %.1f %% |\n",
            pstep - in_kernels, 100.0 * (pstep - in_kernels) / pstep);
-    rc = 0;
-done:
+    return 0;
+}
+
+/* The device's own limit, measured first on an otherwise idle GPU, and its datasheet
+ * figure (0 where unknown). Peak 0: the measurement failed. */
+static double print_peak(const struct cudaDeviceProp *prop, double *ds)
+{
+    const int gemm_n = 8192;
+    const double peak = bf16_peak_tflops(gemm_n);
+    if (peak <= 0.0) {
+        fprintf(stderr, "gpu_bench: the bf16 GEMM measurement failed\n");
+        return 0.0;
+    }
+    const char *ds_label = NULL;
+    *ds = datasheet_tflops(prop->name, &ds_label);
+    printf("peak: %.0f TFLOP/s measured (cublasGemmEx %d×%d×%d, bf16 in and out, fp32 "
+           "accumulate, best of 3×10)",
+           peak, gemm_n, gemm_n, gemm_n);
+    if (*ds > 0) printf("; %.0f TFLOP/s %s", *ds, ds_label);
+    printf("\n");
+    return peak;
+}
+
+/* The benchmark on a context: 0, or 1 with the reason printed. */
+static int bench_on(kn_ctx *k, const struct cudaDeviceProp *prop, const options *o)
+{
+    char err[256];
+    pl_gpt_config cfg;
+    if (pl_gpt_config_init(&cfg, 12, 768, 12, 50257, 1024, err, sizeof err)) {
+        fprintf(stderr, "gpu_bench: %s\n", err);
+        return 1;
+    }
+    printf("device: %s (sm_%d%d, %d SMs, %.1f GiB)\n", prop->name, prop->major, prop->minor,
+           prop->multiProcessorCount, (double)prop->totalGlobalMem / (1 << 30));
+    printf("config: GPT-2 124M (L=%d C=%d NH=%d V=%d Vp=%d maxT=%d), B=%d T=%d, one engine "
+           "with every layer, precision %s (kn_precision), %d warm-up + %d timed steps, "
+           "tokens %s\n",
+           cfg.L, cfg.C, cfg.NH, cfg.V, cfg.Vp, cfg.maxT, o->B, o->T, kn_precision(k), o->warmup,
+           o->steps, o->tokens_glob ? o->tokens_glob : "random (seed 1337)");
+    double ds = 0.0;
+    const double peak = print_peak(prop, &ds);
+    pl_engine e;
+    if (peak <= 0.0 || pl_engine_create(&e, k, &cfg, 0, cfg.L + 2, o->B, o->T, 1, err, sizeof err)) {
+        if (peak > 0.0) fprintf(stderr, "gpu_bench: pl_engine_create: %s\n", err);
+        return 1;
+    }
+    pl_engine_init_random(&e, 1337);
+    bench b = {.e = &e, .tok = malloc(sizeof(int32_t) * ((size_t)o->B * o->T + 1))};
+    double *ms = malloc(sizeof(double) * (size_t)o->steps);
+    pl_tokens file;
+    int have_file = 0, rc = 1;
+    if (!b.tok || !ms) fprintf(stderr, "gpu_bench: out of memory\n");
+    else if (!load_tokens(&b, o, &cfg, &file, &have_file) && !run_steps(&b, o, ms)) {
+        const double med = print_result(k, prop, &cfg, o, &b, ms, peak, ds);
+        print_memory(k, &e);
+        rc = print_profile(k, &b, o->warmup + o->steps + 1, med) ? 1 : 0;
+    }
     if (have_file) pl_tokens_close(&file);
-    if (have_engine) pl_engine_destroy(&e);
+    pl_engine_destroy(&e);
     free(b.tok);
     free(ms);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    options o;
+    setvbuf(stdout, NULL, _IOLBF, 0); /* lines printed before a failure reach a pipe */
+    if (parse_args(argc, argv, &o)) return 2;
+    char err[256] = "";
+    kn_ctx *k = kn_create("cuda", 1, err, sizeof err);
+    if (!k) {
+        if (!strncmp(err, "no CUDA device", 14) || strstr(err, "no CUDA backend")) {
+            printf("skip: %s\n", err);
+            return 0;
+        }
+        fprintf(stderr, "gpu_bench: kn_create(cuda): %s\n", err);
+        return 1;
+    }
+    int rc = 1, dev = 0;
+    struct cudaDeviceProp prop;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess)
+        fprintf(stderr, "gpu_bench: cannot read the device's properties\n");
+    else
+        rc = bench_on(k, &prop, &o);
     kn_destroy(k);
     return rc;
 }

@@ -11,18 +11,24 @@ void kn_cuda_fail(const char *what, const char *detail, const char *file, int li
     abort();
 }
 
+/* What cuda_setup made (those it got to, for a create that failed). */
+static void release_setup(struct kn_cuda *c)
+{
+    if (c->lt_ws) cudaFree(c->lt_ws);
+    if (c->lt) cublasLtDestroy(c->lt);
+    if (c->blas) cublasDestroy(c->blas);
+    if (c->host_sum) cudaFreeHost(c->host_sum);
+    if (c->stream) cudaStreamDestroy(c->stream);
+}
+
 static void cuda_destroy(kn_ctx *k)
 {
     struct kn_cuda *c = k->cuda;
     cudaStreamSynchronize(c->stream); /* teardown: report nothing, free what exists */
     kn_cuda_arena_destroy(k);         /* every kn_alloc block and the workspace */
     kn_cuda_prof_destroy(k);
-    cudaFreeHost(c->host_sum);
-    cudaFree(c->lt_ws);
-    if (c->lt) cublasLtDestroy(c->lt);
     free(c->lt_cache);
-    cublasDestroy(c->blas);
-    cudaStreamDestroy(c->stream);
+    release_setup(c);
     free(c);
     free(k);
 }
@@ -175,6 +181,81 @@ static const kn_ops kn_cuda_ops = {
     /* .matmul_residual_forward = */ kn_cuda_matmul_residual_forward,
 };
 
+/* The matmuls' arithmetic (cuda.cuh) from PLIANT_PRECISION (PLIANT_TF32=1 is the older
+ * way to ask for tf32): "bf16" (the default), "tf32", "fp32", or NULL with err. */
+static const char *precision_from_env(char *err, size_t errlen)
+{
+    const char *prec = getenv("PLIANT_PRECISION");
+    if (!prec || !*prec) {
+        const char *tf32 = getenv("PLIANT_TF32");
+        prec = tf32 && !strcmp(tf32, "1") ? "tf32" : "bf16";
+    }
+    const char *known[] = {"bf16", "tf32", "fp32"};
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(prec, known[i])) return known[i];
+    if (err && errlen) snprintf(err, errlen, "PLIANT_PRECISION=%s: expected bf16, fp32 or tf32", prec);
+    return NULL;
+}
+
+/* The device's memory and its UUID, as nvidia-smi writes it (GPU-...). */
+static cudaError_t device_identity(kn_ctx *k, int device)
+{
+    cudaDeviceProp prop;
+    cudaError_t e = cudaGetDeviceProperties(&prop, device);
+    if (e != cudaSuccess) return e;
+    k->device_memory = prop.totalGlobalMem;
+    const unsigned char *u = (const unsigned char *)prop.uuid.bytes;
+    snprintf(k->device, sizeof k->device,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
+             u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
+             u[14], u[15]);
+    return cudaSuccess;
+}
+
+static int blas_failed(const char *what, cublasStatus_t s, char *err, size_t errlen)
+{
+    if (err && errlen) snprintf(err, errlen, "%s: %s", what, cublasGetStatusString(s));
+    return -1;
+}
+
+static int cuda_failed(const char *what, cudaError_t e, char *err, size_t errlen)
+{
+    if (err && errlen) snprintf(err, errlen, "%s: %s", what, cudaGetErrorString(e));
+    return -1;
+}
+
+/* The stream, the host cell sums come back in, cuBLAS, and for bf16 and tf32 (the linear
+ * layers on cuBLASLt) cuBLASLt with its workspace: 0, or −1 with err (release_setup
+ * frees what was made). */
+static int cuda_setup(kn_ctx *k, struct kn_cuda *c, const char *precision, char *err,
+                      size_t errlen)
+{
+    cudaError_t e;
+    if ((e = cudaGetDevice(&c->device)) != cudaSuccess)
+        return cuda_failed("cudaGetDevice", e, err, errlen);
+    if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess)
+        return cuda_failed("cudaStreamCreateWithFlags", e, err, errlen);
+    k->stream = c->stream;
+    if ((e = device_identity(k, c->device)) != cudaSuccess)
+        return cuda_failed("cudaGetDeviceProperties", e, err, errlen);
+    if ((e = cudaMallocHost((void **)&c->host_sum, sizeof(double))) != cudaSuccess)
+        return cuda_failed("cudaMallocHost", e, err, errlen);
+    cublasStatus_t s;
+    if ((s = cublasCreate(&c->blas)) != CUBLAS_STATUS_SUCCESS)
+        return blas_failed("cublasCreate", s, err, errlen);
+    if ((s = cublasSetStream(c->blas, c->stream)) != CUBLAS_STATUS_SUCCESS)
+        return blas_failed("cublasSetStream", s, err, errlen);
+    if (!strcmp(precision, "fp32")) return 0;
+    if ((s = cublasLtCreate(&c->lt)) != CUBLAS_STATUS_SUCCESS)
+        return blas_failed("cublasLtCreate", s, err, errlen);
+    c->lt_ws_bytes = (size_t)32 << 20; /* what NVIDIA suggests for Hopper */
+    if ((e = cudaMalloc(&c->lt_ws, c->lt_ws_bytes)) != cudaSuccess) {
+        c->lt_ws = NULL;
+        return cuda_failed("cudaMalloc (cuBLASLt workspace)", e, err, errlen);
+    }
+    return 0;
+}
+
 /* Fails (NULL, message in err) when there is no usable device. */
 kn_ctx *kn_cuda_create(int threads, char *err, size_t errlen)
 {
@@ -188,86 +269,28 @@ kn_ctx *kn_cuda_create(int threads, char *err, size_t errlen)
         cudaGetLastError();
         return NULL;
     }
-    /* The matmuls' arithmetic (cuda.cuh); PLIANT_TF32=1 is the older way to ask for tf32. */
-    const char *prec = getenv("PLIANT_PRECISION");
-    if (!prec || !*prec) {
-        const char *tf32 = getenv("PLIANT_TF32");
-        prec = tf32 && !strcmp(tf32, "1") ? "tf32" : "bf16";
-    }
-    const char *precision = !strcmp(prec, "bf16")   ? "bf16"
-                            : !strcmp(prec, "tf32") ? "tf32"
-                            : !strcmp(prec, "fp32") ? "fp32"
-                                                    : NULL;
-    if (!precision) {
-        if (err && errlen)
-            snprintf(err, errlen, "PLIANT_PRECISION=%s: expected bf16, fp32 or tf32", prec);
-        return NULL;
-    }
+    const char *precision = precision_from_env(err, errlen);
+    if (!precision) return NULL;
     kn_ctx *k = (kn_ctx *)calloc(1, sizeof *k);
     struct kn_cuda *c = (struct kn_cuda *)calloc(1, sizeof *c);
-    const char *step = "out of memory";
-    cublasStatus_t s;
-    if (!k || !c) goto fail;
+    if (!k || !c) {
+        if (err && errlen) snprintf(err, errlen, "out of memory");
+        free(c);
+        free(k);
+        return NULL;
+    }
     k->ops = &kn_cuda_ops;
     k->threads = 1;
-    k->precision = "fp32";
     k->cuda = c;
-    step = "cudaGetDevice";
-    if ((e = cudaGetDevice(&c->device)) != cudaSuccess) goto fail_cuda;
-    step = "cudaStreamCreateWithFlags";
-    if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess)
-        goto fail_cuda;
-    k->stream = c->stream;
-    step = "cudaGetDeviceProperties";
-    {
-        cudaDeviceProp prop;
-        if ((e = cudaGetDeviceProperties(&prop, c->device)) != cudaSuccess) goto fail_cuda;
-        k->device_memory = prop.totalGlobalMem;
-        const unsigned char *u = (const unsigned char *)prop.uuid.bytes;
-        snprintf(k->device, sizeof k->device,
-                 "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
-                 u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
-                 u[14], u[15]);
-    }
-    step = "cudaMallocHost";
-    if ((e = cudaMallocHost((void **)&c->host_sum, sizeof(double))) != cudaSuccess)
-        goto fail_cuda;
-    if ((s = cublasCreate(&c->blas)) != CUBLAS_STATUS_SUCCESS) {
-        if (err && errlen) snprintf(err, errlen, "cublasCreate: %s", cublasGetStatusString(s));
-        goto fail_quiet;
-    }
-    if ((s = cublasSetStream(c->blas, c->stream)) != CUBLAS_STATUS_SUCCESS) {
-        if (err && errlen) snprintf(err, errlen, "cublasSetStream: %s", cublasGetStatusString(s));
-        goto fail_quiet;
+    if (cuda_setup(k, c, precision, err, errlen)) {
+        release_setup(c);
+        free(c);
+        free(k);
+        return NULL;
     }
     k->precision = precision;
     c->bf16 = !strcmp(precision, "bf16");
     c->compute = !strcmp(precision, "tf32") ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     k->lowp_size = c->bf16 ? 2 : 0;
-    if (strcmp(precision, "fp32")) { /* bf16 and tf32: the linear layers run on cuBLASLt */
-        if ((s = cublasLtCreate(&c->lt)) != CUBLAS_STATUS_SUCCESS) {
-            if (err && errlen) snprintf(err, errlen, "cublasLtCreate: %s", cublasGetStatusString(s));
-            goto fail_quiet;
-        }
-        step = "cudaMalloc (cuBLASLt workspace)";
-        c->lt_ws_bytes = (size_t)32 << 20; /* what NVIDIA suggests for Hopper */
-        if ((e = cudaMalloc(&c->lt_ws, c->lt_ws_bytes)) != cudaSuccess) goto fail_cuda;
-    }
     return k;
-fail_cuda:
-    if (err && errlen) snprintf(err, errlen, "%s: %s", step, cudaGetErrorString(e));
-    goto fail_quiet;
-fail:
-    if (err && errlen) snprintf(err, errlen, "%s", step);
-fail_quiet:
-    if (c) {
-        if (c->lt_ws) cudaFree(c->lt_ws);
-        if (c->lt) cublasLtDestroy(c->lt);
-        if (c->blas) cublasDestroy(c->blas);
-        if (c->host_sum) cudaFreeHost(c->host_sum);
-        if (c->stream) cudaStreamDestroy(c->stream);
-    }
-    free(c);
-    free(k);
-    return NULL;
 }

@@ -571,153 +571,234 @@ static int lt_tune(kn_ctx *k, const mm_job *j, cublasLtMatmulDesc_t op, cublasLt
     return best;
 }
 
-/* The GEMM through cuBLASLt; false (nothing queued) when it cannot take it.
- * *lp_done: D's bf16 copy written too (by the split's GELU kernel). */
-static bool mm_lt(kn_ctx *k, const mm_job *j, bool *lp_done)
+/* 16-byte rows and pointers: what the tensor-core kernels load with; a C of D's
+ * contiguous shape; aux's ld a multiple of 8. */
+static bool lt_takes(const kn_ctx *k, const mm_job *j)
 {
-    struct kn_cuda *c = k->cuda;
-    if (!c->lt) return false;
-    const size_t es = c->bf16 ? 2 : 4;
+    const size_t es = k->cuda->bf16 ? 2 : 4;
     const bool has_aux = j->epi == EPI_GELU || j->epi == EPI_DGELU;
     const bool has_bias = (j->epi == EPI_BIAS || j->epi == EPI_GELU) && j->bias;
-    /* 16-byte rows and pointers: what the tensor-core kernels load with */
     if ((uintptr_t)j->A % 16 || (uintptr_t)j->B % 16 || (uintptr_t)j->D % 16) return false;
     if (((size_t)j->lda * es) % 16 || ((size_t)j->ldb * es) % 16 ||
         ((size_t)j->ldd * d_size(j)) % 16)
         return false;
     if (has_bias && (uintptr_t)j->bias % 16) return false;
-    if (has_aux && ((uintptr_t)j->aux % 16 || j->ldd % 8)) return false; /* aux ld: multiple of 8 */
+    if (has_aux && ((uintptr_t)j->aux % 16 || j->ldd % 8)) return false;
+    return !j->C || ((uintptr_t)j->C % 16 == 0 && j->ldd == j->m);
+}
 
-    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
-    if (j->epi == EPI_BIAS) epi = CUBLASLT_EPILOGUE_BIAS;
-    if (j->epi == EPI_GELU) epi = has_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-    if (j->epi == EPI_DGELU) epi = CUBLASLT_EPILOGUE_DGELU;
-    if (j->C && ((uintptr_t)j->C % 16 || j->ldd != j->m)) return false;
-    const float alpha = j->alpha, beta = j->C ? 1.0f : j->epi == EPI_NONE ? j->beta : 0.0f;
-    const unsigned alA = align_of(j->A), alB = align_of(j->B), alD = align_of(j->D);
-    const unsigned alC = j->C ? align_of(j->C) : alD;
-
-    int key[LT_KEY] = {(int)epi,   j->ta, j->tb,      j->m,       j->n,
-                       j->k,       j->lda, j->ldb,    j->ldd,     beta != 0.0f,
-                       (int)alA,   (int)alB, (int)alD,
-                       has_bias ? (int)align_of(j->bias) : 0, has_aux ? (int)align_of(j->aux) : 0,
-                       (int)c->compute, d_over_aux(j), j->d16, j->C ? (int)alC : 0};
-    if (!c->lt_cache) {
-        c->lt_cache = calloc(1, sizeof(lt_cache));
-        if (!c->lt_cache) kn_cuda_fail("calloc", "out of memory", __FILE__, __LINE__);
-    }
-    lt_cache *cache = (lt_cache *)c->lt_cache;
-    lt_entry *hit = NULL;
-    for (int i = 0; i < cache->used && !hit; i++)
-        if (!memcmp(cache->e[i].key, key, sizeof key)) hit = &cache->e[i];
-    if (hit && !hit->ok) return false;
-
-    cudaDataType_t t = ab_type(k);
+/* One GEMM as cuBLASLt describes it, and what its cache key holds. */
+typedef struct {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, ld;
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, c->compute, CUDA_R_32F));
+    cublasLtEpilogue_t epi;
+    bool has_bias, has_aux;
+    float beta;
+    unsigned alA, alB, alC, alD;
+} lt_desc;
+
+static cublasLtEpilogue_t lt_epilogue(const mm_job *j, bool has_bias)
+{
+    if (j->epi == EPI_BIAS) return CUBLASLT_EPILOGUE_BIAS;
+    if (j->epi == EPI_GELU)
+        return has_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    if (j->epi == EPI_DGELU) return CUBLASLT_EPILOGUE_DGELU;
+    return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+/* Everything but the descriptors, which lt_desc_create adds. */
+static void lt_desc_init(const mm_job *j, lt_desc *d)
+{
+    d->has_aux = j->epi == EPI_GELU || j->epi == EPI_DGELU;
+    d->has_bias = (j->epi == EPI_BIAS || j->epi == EPI_GELU) && j->bias;
+    d->epi = lt_epilogue(j, d->has_bias);
+    d->beta = j->C ? 1.0f : j->epi == EPI_NONE ? j->beta : 0.0f;
+    d->alA = align_of(j->A), d->alB = align_of(j->B), d->alD = align_of(j->D);
+    d->alC = j->C ? align_of(j->C) : d->alD;
+}
+
+static void lt_key(const kn_ctx *k, const mm_job *j, const lt_desc *d, int *key)
+{
+    const int v[LT_KEY] = {(int)d->epi, j->ta, j->tb, j->m, j->n, j->k, j->lda, j->ldb, j->ldd,
+                           d->beta != 0.0f, (int)d->alA, (int)d->alB, (int)d->alD,
+                           d->has_bias ? (int)align_of(j->bias) : 0,
+                           d->has_aux ? (int)align_of(j->aux) : 0, (int)k->cuda->compute,
+                           d_over_aux(j), j->d16, j->C ? (int)d->alC : 0};
+    memcpy(key, v, sizeof v);
+}
+
+static void lt_desc_create(kn_ctx *k, const mm_job *j, lt_desc *d)
+{
+    cudaDataType_t t = ab_type(k);
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&d->op, k->cuda->compute, CUDA_R_32F));
     cublasOperation_t ta = j->ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = j->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    set_attr(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
-    set_attr(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
-    set_attr(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
-    if (has_bias) {
+    set_attr(d->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+    set_attr(d->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+    set_attr(d->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &d->epi, sizeof d->epi);
+    if (d->has_bias) {
         const void *bias = j->bias; /* the bias type defaults to D's */
-        set_attr(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+        set_attr(d->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
     }
-    if (has_aux) { /* fp32 as well: the aux type defaults to D's */
+    if (d->has_aux) { /* fp32 as well: the aux type defaults to D's */
         void *aux = j->aux;
         int64_t aux_ld = j->ldd;
-        set_attr(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
-        set_attr(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld);
+        set_attr(d->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
+        set_attr(d->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld);
     }
     /* stored shapes: op(A) is m × k, op(B) is k × n */
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, t, j->ta ? j->k : j->m, j->ta ? j->m : j->k, j->lda));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, t, j->tb ? j->n : j->k, j->tb ? j->k : j->n, j->ldb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, d_type(j), j->m, j->n, j->ldd));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d->la, t, j->ta ? j->k : j->m, j->ta ? j->m : j->k, j->lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d->lb, t, j->tb ? j->n : j->k, j->tb ? j->k : j->n, j->ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d->ld, d_type(j), j->m, j->n, j->ldd));
+}
 
-    if (!hit) {
-        cublasLtMatmulPreference_t pref;
-        CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-        uint64_t ws = c->lt_ws_bytes;
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-            pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-        const cublasLtMatmulPreferenceAttributes_t al_attr[4] = {
-            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-        const uint32_t al_val[4] = {alA, alB, alC, alD};
-        for (int i = 0; i < 4; i++)
-            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, al_attr[i], &al_val[i],
-                                                              sizeof al_val[i]));
-        cublasLtMatmulHeuristicResult_t res[LT_TUNE_ALGOS];
-        memset(res, 0, sizeof res);
-        int found = 0;
-        cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(
-            c->lt, op, la, lb, ld, ld, pref, tune_mode() ? LT_TUNE_ALGOS : 1, res, &found);
-        CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-        /* the usable candidates, in the heuristic's order */
-        cublasLtMatmulAlgo_t cand[LT_TUNE_ALGOS];
-        int ncand = 0;
-        for (int i = 0; s == CUBLAS_STATUS_SUCCESS && i < found && i < LT_TUNE_ALGOS; i++)
-            if (res[i].state == CUBLAS_STATUS_SUCCESS && res[i].workspaceSize <= c->lt_ws_bytes)
-                cand[ncand++] = res[i].algo;
-        float fused_ms = 0.0f;
-        int pick = ncand > 1 ? lt_tune(k, j, op, la, lb, ld, beta, cand, ncand, &fused_ms) : 0;
-        /* GELU epilogues: the fused best against the split (only where the
-         * fused one was timed in place, so never with D over aux). Timed
-         * before this entry is taken: the split's own GEMM may take a slot. */
-        bool split = false;
-        float split_ms = 0.0f;
-        if ((j->epi == EPI_GELU || j->epi == EPI_DGELU) && fused_ms > 0.0f && j->ldd == j->m &&
-            !d_over_aux(j)) {
-            split_ms = time_split(k, j);
-            split = split_ms < 0.98f * fused_ms || tune_mode() == 3; /* 3: test the split */
-            if (tune_mode() >= 2)
-                fprintf(stderr, "pliant kernels (cuda): matmul %s m %d n %d k %d: fused %.3f ms, "
-                        "GEMM + separate GELU %.3f ms: %s\n", epi_name(j->epi), j->m, j->n, j->k,
-                        fused_ms, split_ms, split ? "separate" : "fused");
-        }
-        if (cache->used < LT_CACHE_SIZE) {
-            hit = &cache->e[cache->used++];
-        } else { /* full: replace the oldest */
-            hit = &cache->e[cache->next];
-            cache->next = (cache->next + 1) % LT_CACHE_SIZE;
-        }
-        memcpy(hit->key, key, sizeof key);
-        hit->ok = ncand > 0;
-        hit->split = hit->ok && split;
-        if (hit->ok) hit->algo = cand[pick];
-        if (!hit->ok) /* unexpected for an aligned problem: say so once per shape */
-            fprintf(stderr,
-                    "pliant kernels (cuda): no cuBLASLt algorithm for epilogue %s, m %d n %d k %d "
-                    "(%s): cublasGemmEx and separate kernels instead\n",
-                    epi_name(j->epi), j->m, j->n, j->k,
-                    s != CUBLAS_STATUS_SUCCESS ? cublasGetStatusString(s) : "none found");
+static void lt_desc_destroy(lt_desc *d)
+{
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(d->ld));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(d->lb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(d->la));
+    CUBLAS_CHECK(cublasLtMatmulDescDestroy(d->op));
+}
+
+static lt_cache *cache_of(kn_ctx *k)
+{
+    struct kn_cuda *c = k->cuda;
+    if (!c->lt_cache && !(c->lt_cache = calloc(1, sizeof(lt_cache))))
+        kn_cuda_fail("calloc", "out of memory", __FILE__, __LINE__);
+    return (lt_cache *)c->lt_cache;
+}
+
+static lt_entry *cache_find(lt_cache *cache, const int *key)
+{
+    for (int i = 0; i < cache->used; i++)
+        if (!memcmp(cache->e[i].key, key, sizeof cache->e[i].key)) return &cache->e[i];
+    return NULL;
+}
+
+/* A free entry, or the oldest when full. */
+static lt_entry *cache_slot(lt_cache *cache)
+{
+    if (cache->used < LT_CACHE_SIZE) return &cache->e[cache->used++];
+    lt_entry *e = &cache->e[cache->next];
+    cache->next = (cache->next + 1) % LT_CACHE_SIZE;
+    return e;
+}
+
+/* The heuristic's usable candidates, in its order: their count (≤ LT_TUNE_ALGOS) and the
+ * heuristic's status. */
+static int lt_candidates(kn_ctx *k, const lt_desc *d, cublasLtMatmulAlgo_t *cand,
+                         cublasStatus_t *status)
+{
+    struct kn_cuda *c = k->cuda;
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t ws = c->lt_ws_bytes;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    const cublasLtMatmulPreferenceAttributes_t al_attr[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    const uint32_t al_val[4] = {d->alA, d->alB, d->alC, d->alD};
+    for (int i = 0; i < 4; i++)
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, al_attr[i], &al_val[i],
+                                                          sizeof al_val[i]));
+    cublasLtMatmulHeuristicResult_t res[LT_TUNE_ALGOS];
+    memset(res, 0, sizeof res);
+    int found = 0;
+    *status = cublasLtMatmulAlgoGetHeuristic(c->lt, d->op, d->la, d->lb, d->ld, d->ld, pref,
+                                             tune_mode() ? LT_TUNE_ALGOS : 1, res, &found);
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    int n = 0;
+    for (int i = 0; *status == CUBLAS_STATUS_SUCCESS && i < found && i < LT_TUNE_ALGOS; i++)
+        if (res[i].state == CUBLAS_STATUS_SUCCESS && res[i].workspaceSize <= c->lt_ws_bytes)
+            cand[n++] = res[i].algo;
+    return n;
+}
+
+/* GELU epilogues: the fused best against the split (only where the fused one was timed
+ * in place, so never with D over aux). */
+static bool lt_split_faster(kn_ctx *k, const mm_job *j, float fused_ms)
+{
+    if ((j->epi != EPI_GELU && j->epi != EPI_DGELU) || fused_ms <= 0.0f || j->ldd != j->m ||
+        d_over_aux(j))
+        return false;
+    const float split_ms = time_split(k, j);
+    const bool split = split_ms < 0.98f * fused_ms || tune_mode() == 3; /* 3: test the split */
+    if (tune_mode() >= 2)
+        fprintf(stderr, "pliant kernels (cuda): matmul %s m %d n %d k %d: fused %.3f ms, "
+                "GEMM + separate GELU %.3f ms: %s\n", epi_name(j->epi), j->m, j->n, j->k,
+                fused_ms, split_ms, split ? "separate" : "fused");
+    return split;
+}
+
+/* The cache entry for key, chosen now: the candidates timed, the split timed against the
+ * fastest (before the entry is taken: the split's own GEMM may take a slot). */
+static lt_entry *lt_choose(kn_ctx *k, const mm_job *j, const lt_desc *d, const int *key)
+{
+    cublasLtMatmulAlgo_t cand[LT_TUNE_ALGOS];
+    cublasStatus_t s;
+    const int ncand = lt_candidates(k, d, cand, &s);
+    float fused_ms = 0.0f;
+    const int pick =
+        ncand > 1 ? lt_tune(k, j, d->op, d->la, d->lb, d->ld, d->beta, cand, ncand, &fused_ms) : 0;
+    const bool split = ncand > 0 && lt_split_faster(k, j, fused_ms);
+    lt_entry *e = cache_slot(cache_of(k));
+    memcpy(e->key, key, sizeof e->key);
+    e->ok = ncand > 0;
+    e->split = split;
+    if (e->ok) e->algo = cand[pick];
+    else /* unexpected for an aligned problem: say so once per shape */
+        fprintf(stderr,
+                "pliant kernels (cuda): no cuBLASLt algorithm for epilogue %s, m %d n %d k %d "
+                "(%s): cublasGemmEx and separate kernels instead\n",
+                epi_name(j->epi), j->m, j->n, j->k,
+                s != CUBLAS_STATUS_SUCCESS ? cublasGetStatusString(s) : "none found");
+    return e;
+}
+
+/* Runs the entry's algorithm; false when cuBLASLt refused it (nothing queued; the entry
+ * then sends the shape to the fallback from now on). */
+static bool lt_run(kn_ctx *k, const mm_job *j, const lt_desc *d, lt_entry *e)
+{
+    struct kn_cuda *c = k->cuda;
+    const float alpha = j->alpha;
+    const void *C = j->C ? (const void *)j->C : j->D;
+    cublasStatus_t s = cublasLtMatmul(c->lt, d->op, &alpha, j->A, d->la, j->B, d->lb, &d->beta, C,
+                                      d->ld, j->D, d->ld, &e->algo, c->lt_ws, c->lt_ws_bytes,
+                                      kn_stream(k));
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) {
+        e->ok = false; /* say so once */
+        fprintf(stderr,
+                "pliant kernels (cuda): cublasLtMatmul refused epilogue %s, m %d n %d k %d "
+                "(%s): cublasGemmEx and separate kernels instead\n",
+                epi_name(j->epi), j->m, j->n, j->k, cublasGetStatusString(s));
+        return false;
     }
-    const bool do_split = hit->ok && hit->split; /* hit may be replaced by the split's GEMM */
-    if (do_split) {
+    if (s != CUBLAS_STATUS_SUCCESS)
+        kn_cuda_fail("cublasLtMatmul", cublasGetStatusString(s), __FILE__, __LINE__);
+    return true;
+}
+
+/* The GEMM through cuBLASLt; false (nothing queued) when it cannot take it.
+ * *lp_done: D's bf16 copy written too (by the split's GELU kernel). */
+static bool mm_lt(kn_ctx *k, const mm_job *j, bool *lp_done)
+{
+    if (!k->cuda->lt || !lt_takes(k, j)) return false;
+    lt_desc d;
+    lt_desc_init(j, &d);
+    int key[LT_KEY];
+    lt_key(k, j, &d, key);
+    lt_entry *e = cache_find(cache_of(k), key);
+    if (e && !e->ok) return false;
+    lt_desc_create(k, j, &d);
+    if (!e) e = lt_choose(k, j, &d, key);
+    bool ok = e->ok;
+    if (ok && e->split) { /* before e may be replaced by the split's GEMM */
         mm_split(k, j);
         *lp_done = true;
-    } else if (hit->ok) {
-        const void *C = j->C ? (const void *)j->C : j->D;
-        cublasStatus_t s = cublasLtMatmul(c->lt, op, &alpha, j->A, la, j->B, lb, &beta, C, ld,
-                                          j->D, ld, &hit->algo, c->lt_ws, c->lt_ws_bytes,
-                                          kn_stream(k));
-        /* a refusal queues nothing: take the fallback from now on, and say so once */
-        if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) {
-            hit->ok = false;
-            fprintf(stderr,
-                    "pliant kernels (cuda): cublasLtMatmul refused epilogue %s, m %d n %d k %d "
-                    "(%s): cublasGemmEx and separate kernels instead\n",
-                    epi_name(j->epi), j->m, j->n, j->k, cublasGetStatusString(s));
-        } else if (s != CUBLAS_STATUS_SUCCESS) {
-            kn_cuda_fail("cublasLtMatmul", cublasGetStatusString(s), __FILE__, __LINE__);
-        }
+    } else if (ok) {
+        ok = lt_run(k, j, &d, e);
     }
-    bool ok = do_split || hit->ok;
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(ld));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
-    CUBLAS_CHECK(cublasLtMatmulDescDestroy(op));
+    lt_desc_destroy(&d);
     return ok;
 }
 
