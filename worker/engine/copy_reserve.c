@@ -96,8 +96,7 @@ int pl_reserve_take(pl_reserve *r, void *block, size_t off, size_t bytes)
 
 size_t pl_reserve_work_source(void *reserve, void *block, size_t off, size_t bytes)
 {
-    pl_reserve *r = reserve;
-    pl_reserve_pause(r);
+    pl_reserve *r = reserve; /* pl_reserve_take pauses the helper; ready only grows */
     const size_t ready = r->block ? atomic_load(&r->ready) - r->used : 0;
     const size_t n = (ready < bytes ? ready : bytes) / KN_SHARE_ALIGN * KN_SHARE_ALIGN;
     return n && !pl_reserve_take(r, block, off, n) ? n : 0;
