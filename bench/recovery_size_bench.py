@@ -164,7 +164,7 @@ def one(pliant, tmp, data, model, steps, kill, rep, workers):
         sys.stderr.write(err)
     return (rec, st[0]["pipelines"], st[-1]["pipelines"], before[len(before) // 2], recv,
             timeline(lines, kill), after[len(after) // 2] if after else float("nan"),
-            reserves_at_kill(lines))
+            reserves_at_kill(lines), first)
 
 
 def reserves_at_kill(lines):
@@ -244,8 +244,8 @@ def main():
             load0 = os.getloadavg()[0]
             prot0, _ = loopback(a.build)
             alone = copy_path(a.build, model)
-            rec, p0, p1, step_ms, recv, tl, after, held = one(pliant, tmp, data, model, a.steps,
-                                                              a.kill, rep, a.workers)
+            rec, p0, p1, step_ms, recv, tl, after, held, firsts = one(
+                pliant, tmp, data, model, a.steps, a.kill, rep, a.workers)
             # the load moves the loopback figure too: the faster of before and after the run
             # (the tighter bound, the lower share of it)
             prot1, _ = loopback(a.build)
@@ -274,6 +274,10 @@ def main():
             if fst:
                 print("           its first step after the change: %.0f ms, %d page faults, old "
                       "engine freed in %.0f ms before it" % fst)
+            if firsts:
+                print("           every worker's first step of the new plan (the slowest decides "
+                      "the commit): " + ", ".join("%s %.0f ms (%d faults)" % (w, f[0], f[1])
+                                                  for w, f in sorted(firsts.items())))
             if tl:
                 print("           after the kill: aborted steps ended %.0f ms, plans installed "
                       "%.0f ms, first step committed %.0f ms (the worker reaped at %.0f ms); "

@@ -395,7 +395,8 @@ static void on_start_step(agent *a, const pl_msg *m)
     const int64_t step = m->u.start_step.step;
     if (m->gen != a->gen || a->pipe < 0) return;
     const double t0 = pl_now_ms();
-    const int changed = a->have_src; /* the first step on a new engine: it is timed */
+    /* a re-plan's first step is timed on every worker: a recovery ends with it */
+    const int timed = a->gen > 1 && a->timed_gen != a->gen;
     if (a->have_src) { /* the plan is stable now: the old layers are no longer needed */
         pl_engine_destroy(&a->src);
         a->have_src = 0;
@@ -403,12 +404,13 @@ static void on_start_step(agent *a, const pl_msg *m)
     agent_drop_shadow_src(a);
     agent_tell_client(a, a->gen, step);
     if (!step_begin(a, step)) return; /* aborted before it began */
+    a->timed_gen = a->gen;
     const double t1 = pl_now_ms();
     const long faults = minor_faults();
     const int failed = run_step(a, step, err, sizeof err);
     step_end(a);
     renew_reserve(a); /* after the step: the first on a new engine ends the recovery */
-    if (changed && !failed)
+    if (timed && !failed)
         agent_log(a, "generation %lld: first step %lld in %.1f ms, %ld page faults, old engine "
                   "freed in %.1f ms before it", (long long)a->gen, (long long)step,
                   pl_now_ms() - t1, minor_faults() - faults, t1 - t0);

@@ -113,6 +113,7 @@ typedef struct {
     pl_syncgroups g;
     int have_groups;
     int64_t gen;
+    int64_t timed_gen; /* the newest generation whose first step is timed (the log) */
     /* under mu: the step running (its links may be interrupted from the control thread)
      * and the newest step the coordinator aborted */
     int stepping;
