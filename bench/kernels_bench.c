@@ -169,7 +169,7 @@ static void bench_attention(kn_ctx *k)
     for (int s = 0; s < 2; s++) {
         int T = Ts[s];
         size_t nqkv = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
-        size_t na = kn_attention_state_floats(k, B, T, C, NH);
+        size_t na = kn_attention_state_floats(k, B, T, C, NH, 0);
         float *qkv = make(k, nqkv, 1), *out = make(k, no, 0), *att = make(k, na, 0);
         float *dout = make(k, no, 1), *dqkv = make(k, nqkv, 0);
         double fl = 2.0 * B * NH * (double)T * (T + 1) * hs, tf, tb;

@@ -273,9 +273,9 @@ void kn_matmul_residual_forward(kn_ctx *k, float *out, const float *res, const f
                                                                       weight, bias, BT, C, OC));
 }
 
-size_t kn_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH)
+size_t kn_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH, int qkv_lp)
 {
-    return k->ops->attention_state_floats(k, B, T, C, NH);
+    return k->ops->attention_state_floats(k, B, T, C, NH, qkv_lp);
 }
 
 void kn_attention_forward(kn_ctx *k, float *out, void *out_lp, float *att, const float *qkv,

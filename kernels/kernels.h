@@ -208,13 +208,16 @@ void kn_matmul_backward_set(kn_ctx *k, float *dinp, void *dinp_lp, float *dweigh
  * floats, is what the backend keeps for backward: the CPU saves the softmax
  * probabilities [B, NH, T, T] (row t uses columns 0..t); CUDA runs a fused
  * (flash) attention that keeps each row's log-sum-exp [B, NH, T] (and, in
- * bf16 mode, room for packed bf16 q, k, v, used where its kernels cannot read
- * qkv_lp in place), so no T×T matrix reaches memory. Scale 1/sqrt(hs). out_lp (NULL or kn_lowp_bytes(k, B·T·C)) receives
+ * bf16 mode, room for packed bf16 q, k, v where its kernels cannot read qkv_lp
+ * in place), so no T×T matrix reaches memory. qkv_lp set: every call with this
+ * state will be given qkv's low-precision copy, 16-byte aligned (CUDA then
+ * keeps no packing room where the sizes let its kernels read that copy in
+ * place); 0: it may be NULL. Scale 1/sqrt(hs). out_lp (NULL or kn_lowp_bytes(k, B·T·C)) receives
  * out's low-precision copy; then out itself may be left unwritten (CUDA's bf16
  * mode writes only the copy: the projection's matmuls and, as its out_lp, the
  * backward read that). qkv_lp: qkv's low-precision copy (its matmul's out_lp) or
  * NULL; given, it is read instead of qkv, by the backward too (the same one). */
-size_t kn_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH);
+size_t kn_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH, int qkv_lp);
 void kn_attention_forward(kn_ctx *k, float *out, void *out_lp, float *att, const float *qkv,
                           const void *qkv_lp, int B, int T, int C, int NH);
 /* dqkv = gradient of the attention w.r.t. qkv (overwritten). out is the forward's output
@@ -233,9 +236,10 @@ void kn_attention_backward(kn_ctx *k, float *dqkv, void *dqkv_lp, const float *d
 
 /* out = gelu(pre), pre = inp · weightᵀ + bias (both overwritten): the MLP's first
  * matmul with its GELU. pre is the scratch kn_matmul_backward_gelu reads, in the
- * backend's format: fp32 values where kn_lowp_bytes is 0; bf16 over the first half
- * of the buffer where it is not (CUDA's bf16 mode: the GEMM writes pre in bf16 and
- * the GELU pass reads it, llm.c's choice), and out is then gelu of those values.
+ * backend's format: fp32 values where kn_lowp_bytes is 0; bf16 where it is not, the
+ * buffer then only kn_lowp_bytes(k, BT·OC) long (CUDA's bf16 mode: the GEMM writes pre
+ * in bf16 and the GELU pass reads it, llm.c's choice), and out is then gelu of those
+ * values.
  * out_lp (NULL or kn_lowp_bytes(k, BT·OC)) receives out's low-precision copy; then
  * out itself may be left unwritten: every later matmul reads out through out_lp. */
 void kn_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre, const float *inp,

@@ -75,7 +75,7 @@ typedef struct kn_ops {
     void (*copy)(kn_ctx *k, void *dst, const void *src, size_t bytes);
     void *(*host_alloc)(kn_ctx *k, size_t bytes);
     void (*host_free)(kn_ctx *k, void *p);
-    size_t (*attention_state_floats)(kn_ctx *k, int B, int T, int C, int NH);
+    size_t (*attention_state_floats)(kn_ctx *k, int B, int T, int C, int NH, int qkv_lp);
     void (*matmul_gelu_forward)(kn_ctx *k, float *out, void *out_lp, float *pre,
                                 const float *inp, const void *inp_lp, const float *weight,
                                 const float *bias, int BT, int C, int OC);

@@ -127,8 +127,8 @@ void kn_cpu_attention_backward(kn_ctx *k, float *dqkv, void *dqkv_lp, const floa
 }
 
 /* The CPU keeps the probabilities themselves (kernels.h). */
-size_t kn_cpu_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH)
+size_t kn_cpu_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH, int qkv_lp)
 {
-    (void)k;
+    (void)k, (void)qkv_lp;
     return (size_t)B * (size_t)NH * (size_t)T * (size_t)T;
 }

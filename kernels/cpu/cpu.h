@@ -82,7 +82,7 @@ void kn_cpu_attention_backward(kn_ctx *k, float *dqkv, void *dqkv_lp, const floa
                                const void *dout_lp, const float *qkv, const void *qkv_lp,
                                const float *att, const float *out, const void *out_lp, int B,
                                int T, int C, int NH);
-size_t kn_cpu_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH);
+size_t kn_cpu_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH, int qkv_lp);
 void kn_cpu_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre,
                                 const float *inp, const void *inp_lp, const float *weight,
                                 const float *bias, int BT, int C, int OC);

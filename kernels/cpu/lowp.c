@@ -146,17 +146,8 @@ static void lowp_matmul_backward_set(kn_ctx *k, float *dinp, void *dinp_lp, floa
                 OC);
 }
 
-/* x's n values replaced by their bf16, over the first half of x's bytes. */
-static void keep_bf16_only(float *x, size_t n)
-{
-    uint16_t *h = alloc_or_abort(n * sizeof *h);
-    bf16_copy(h, x, n);
-    memcpy(x, h, n * sizeof *h);
-    free(h);
-}
-
-/* pre in CUDA's bf16 format (kernels.h): bf16 over the first half of its buffer,
- * out the GELU of those values. */
+/* pre in CUDA's bf16 format (kernels.h: n bf16, all the buffer holds), out the GELU of
+ * those values. */
 static void lowp_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre,
                                      const float *inp, const void *inp_lp, const float *weight,
                                      const float *bias, int BT, int C, int OC)
@@ -165,10 +156,12 @@ static void lowp_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float 
     float *tmp, *tmp_w;
     const float *x = operand(inp, inp_lp, (size_t)BT * C, &tmp);
     const float *w = weight_of(k, weight, (size_t)OC * C, &tmp_w);
-    kn_cpu_matmul_forward(k, pre, NULL, x, NULL, w, bias, BT, C, OC);
+    float *full = alloc_or_abort(n * sizeof *full);
+    kn_cpu_matmul_forward(k, full, NULL, x, NULL, w, bias, BT, C, OC);
     free(tmp);
     free(tmp_w);
-    keep_bf16_only(pre, n);
+    bf16_copy(pre, full, n);
+    free(full);
     float *p = values_of(pre, n);
     kn_cpu_gelu_forward(k, out, p, n);
     free(p);

@@ -492,6 +492,9 @@ static void forward_tiles(kn_ctx *k, float *out, bf16 *out_lp, float *lse, const
     if (k->cuda->bf16) {
         bf16 *pk = packed_qkv(lse, B, T, NH);
         const tc_operand ops = tc_operand_of<D>(qkv_lp, pk, T, C, NH, 3);
+        if (qkv_lp && !tc_direct<D>(qkv_lp, T, hs) && tc_direct_sizes<D>(T, hs))
+            kn_cuda_fail("kn_attention_forward", /* its state may have no packing room */
+                         "qkv_lp is not 16-byte aligned", __FILE__, __LINE__);
         if (!tc_direct<D>(qkv_lp, T, hs)) { /* else read in place: nothing to pack */
             const unsigned blocks = kn_blocks(packed_elems(B, T, NH, D) / 8, TC_THREADS);
             if (qkv_lp) /* qkv's bf16 copy, which its matmul wrote in place of qkv */
@@ -649,14 +652,26 @@ void kn_cuda_attention_backward(kn_ctx *k, float *dqkv, void *dqkv_lp, const flo
     }
 }
 
+/* Whether the bf16 kernels read an aligned copy of qkv in place at these sizes. */
+static bool direct_sizes(int D, int T, int hs)
+{
+    switch (D) {
+    case 16: return tc_direct_sizes<16>(T, hs);
+    case 32: return tc_direct_sizes<32>(T, hs);
+    case 64: return tc_direct_sizes<64>(T, hs);
+    default: return tc_direct_sizes<128>(T, hs);
+    }
+}
+
 /* att is the log-sum-exp of each row's scaled scores, [B, NH, T]; in bf16 mode
- * followed (16-byte aligned) by the packed bf16 q, k, v of the forward's qkv
- * (the room stays, unused, where the kernels read qkv_lp in place: its size
- * cannot depend on qkv_lp, which this does not see). */
-size_t kn_cuda_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH)
+ * followed (16-byte aligned) by the packed bf16 q, k, v of the forward's qkv,
+ * unless every call gives qkv_lp and the kernels read it in place (GPT-2 124M
+ * at B 16, T 1024: 906 MB of 12 layers' activations). */
+size_t kn_cuda_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH, int qkv_lp)
 {
     const size_t lse = (size_t)B * (size_t)NH * (size_t)T;
     if (!k->cuda->bf16 || B <= 0 || T <= 0) return lse;
     const int D = tile_width("kn_attention_state_floats", T, C, NH);
+    if (qkv_lp && direct_sizes(D, T, C / NH)) return lse;
     return lse + 4 + (packed_elems(B, T, NH, D) + 1) / 2; /* 4: the alignment */
 }

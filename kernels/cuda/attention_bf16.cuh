@@ -125,15 +125,22 @@ static inline tc_operand tc_packed(const bf16 *p, int T, int NH, int parts)
     return {p, (size_t)NH * parts * rows, parts * rows, rows, D};
 }
 
+/* Whether the sizes allow the direct layout: a head is a whole tile (hs = D:
+ * no channel to zero) and no block has a row past T. */
+template <int D>
+static inline bool tc_direct_sizes(int T, int hs)
+{
+    return tc_reads_direct<D>() && hs == D && T % TC_ROWS == 0;
+}
+
 /* Whether a bf16 copy x ([B, T, parts·C], NULL: none) can be read in place
- * (the direct layout): a head is a whole tile (hs = D: no channel to zero),
- * no block has a row past T, and cp.async gets 16-byte aligned rows (x
- * aligned; h·hs and the row stride are multiples of 8 elements since hs = D
- * ≥ 16). */
+ * (the direct layout): the sizes allow it and cp.async gets 16-byte aligned
+ * rows (x aligned; h·hs and the row stride are multiples of 8 elements since
+ * hs = D ≥ 16). */
 template <int D>
 static inline bool tc_direct(const bf16 *x, int T, int hs)
 {
-    return tc_reads_direct<D>() && x && hs == D && T % TC_ROWS == 0 && (uintptr_t)x % 16 == 0;
+    return tc_direct_sizes<D>(T, hs) && x && (uintptr_t)x % 16 == 0;
 }
 
 /* The operand the kernels read: x in place where tc_direct, else the packed

@@ -164,7 +164,7 @@ void kn_cuda_crossentropy_backward_bf16(kn_ctx *k, float *logits, const float *s
 bool kn_cuda_logits_dlogits(kn_ctx *k, const float *logits, int Vp);
 void kn_cuda_crossentropy_row_bf16(kn_ctx *k, float *losses, float *stats, float *logits,
                                    const int32_t *targets, int BT, int V, int Vp);
-size_t kn_cuda_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH);
+size_t kn_cuda_attention_state_floats(kn_ctx *k, int B, int T, int C, int NH, int qkv_lp);
 void kn_cuda_matmul_gelu_forward(kn_ctx *k, float *out, void *out_lp, float *pre,
                                  const float *inp, const void *inp_lp, const float *weight,
                                  const float *bias, int BT, int C, int OC);

@@ -1139,9 +1139,11 @@ static void check_stage_without_head(const pl_gpt_config *cfg, kn_ctx *k, kn_ctx
  * matmuls multiply the copies' values (the layernorms', the attention's and the GELU's
  * outputs and the gradients dpre and dqkv, each written by the kernel that makes the
  * value), the blocks' layernorm backwards read dln's copy, and the fp32 outputs that only
- * their copies are read through (the GELU output, dpre, dqkv, the blocks' dln) are NaN. So
- * a matmul or layernorm backward given no copy, a stale one, or a reader of those fp32
- * outputs shows as a loss or gradient far from the CPU's or not finite. Two microbatches, an AdamW step and a third, over 2 slots; then keep_probs; then
+ * their copies are read through (the layernorms', qkv's, the attention's and the GELU's,
+ * dpre, dqkv, the blocks' dln) are NaN; the blocks' share one buffer, so the engine's
+ * activations take less memory than the CPU's. So a matmul or layernorm backward given no
+ * copy, a stale one, or a reader of those fp32 outputs shows as a loss or gradient far
+ * from the CPU's or not finite. Two microbatches, an AdamW step and a third, over 2 slots; then keep_probs; then
  * a pipeline stage without the head. */
 static void test_bf16_copies_feed_every_matmul(void) {
     const pl_gpt_config cfg = tiny(2);
@@ -1167,6 +1169,7 @@ static void test_bf16_copies_feed_every_matmul(void) {
         pl_engine_backward_last(&e[i], 0, NULL, 0.05f, NULL, NULL);
     }
     CHECK(grads_agree(&e[0], &e[1], "whole model"));
+    CHECK(e[1].act_bytes < e[0].act_bytes);
     for (int i = 0; i < 2; i++) {
         pl_engine_adamw(&e[i], &o, 1.0f, 1);
         loss[i][2] = pl_engine_forward(&e[i], 0, tok[2], NULL, tgt[2]);

@@ -632,13 +632,17 @@ static void attention_lse_reference(float *lse, const float *qkv, int B, int T, 
  * dO and rowsum(dout ∘ out) are the same); with out_lp too, rowsum(dout ∘ out) sums
  * out's bf16 values (each within 2⁻⁹ of out's), which moves dS by about that much of
  * P·|dout|·|out|: within the bf16 tolerance, 1e-2, of d_dqkv. ns: the state's floats. */
-static void attention_copies(int B, int T, int C, int NH, size_t ns, const float *d_qkv,
-                             const float *d_out, const float *d_dout, const float *d_dqkv)
+static void attention_copies(int B, int T, int C, int NH, const float *d_qkv, const float *d_out,
+                             const float *d_dout, const float *d_dqkv)
 {
     const size_t n = (size_t)B * T * C, n3 = 3 * n;
     void *d_outl = lowp_alloc(n), *d_dqkvl = lowp_alloc(n3);
     if (!d_outl) return;
-    float *d_out2 = nan_dev(n), *d_st = alloc_on(gpu, ns * sizeof(float)); /* out2: unwritten */
+    /* the state sized for calls that give qkv_lp (no packing room where it is read in
+     * place), followed by a guard that must come through untouched */
+    const size_t ns = kn_attention_state_floats(gpu, B, T, C, NH, 1), guard = 1024;
+    const float *pattern = hrand(ns + guard, 1);
+    float *d_out2 = nan_dev(n), *d_st = upf(pattern, ns + guard); /* out2: unwritten */
     float *d_dqkv2 = alloc_on(gpu, n3 * sizeof(float)); /* may stay unwritten */
     float *d_nan = nan_dev(n), *d_dqkv3 = alloc_on(gpu, n3 * sizeof(float));
     void *d_qkvl = lowp_of(d_qkv, n3); /* read in place or packed: the same bf16 operands */
@@ -661,6 +665,8 @@ static void attention_copies(int B, int T, int C, int NH, size_t ns, const float
     snprintf(what, sizeof what, "attention dqkv (B %d T %d C %d NH %d), dout_lp, out_lp", B, T, C,
              NH);
     CHECK(close_to(what, down(d_dqkv3, n3), want, n3, 1e-2));
+    snprintf(what, sizeof what, "attention state's guard (B %d T %d C %d NH %d)", B, T, C, NH);
+    CHECK(same_bits(what, down(d_st + ns, guard), pattern + ns, guard));
 }
 
 /* Each backend keeps its own attention state (the CPU the probabilities, CUDA
@@ -688,9 +694,13 @@ static void attention_cases(double tol, int bf16)
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int B = shapes[s][0], T = shapes[s][1], C = shapes[s][2], NH = shapes[s][3];
         size_t n = (size_t)B * T * C, n3 = 3 * n;
-        size_t na = kn_attention_state_floats(cpu, B, T, C, NH);
-        size_t ns = kn_attention_state_floats(gpu, B, T, C, NH), nl = (size_t)B * NH * T;
+        size_t na = kn_attention_state_floats(cpu, B, T, C, NH, 0);
+        size_t ns = kn_attention_state_floats(gpu, B, T, C, NH, 0), nl = (size_t)B * NH * T;
         CHECK(ns >= nl); /* the lse first (then, in bf16 mode, the packed q, k, v) */
+        /* with the copies given, the shapes read in place keep the lse alone */
+        const size_t nd = kn_attention_state_floats(gpu, B, T, C, NH, 1);
+        const int hs = C / NH;
+        CHECK(nd == (bf16 && T % 64 == 0 && (hs == 16 || hs == 32 || hs == 64) ? nl : ns));
         char what[96]; /* names the shape on failure */
         /* scores of standard deviation about 3: peaked rows, so the running max matters */
         float *qkv = hrand(n3, 3), *out = hrand(n, 1), *att = hrand(na, 1);
@@ -723,7 +733,7 @@ static void attention_cases(double tol, int bf16)
         snprintf(what, sizeof what, "attention dqkv (B %d T %d C %d NH %d), second run", B, T, C,
                  NH);
         CHECK(same_bits(what, down(d_dqkv2, n3), got, n3));
-        attention_copies(B, T, C, NH, ns, d_qkv, d_out, d_dout, d_dqkv);
+        attention_copies(B, T, C, NH, d_qkv, d_out, d_dout, d_dqkv);
     }
 }
 
