@@ -1140,7 +1140,7 @@ static void check_stage_without_head(const pl_gpt_config *cfg, kn_ctx *k, kn_ctx
  * outputs and the gradients dpre and dqkv, each written by the kernel that makes the
  * value), the blocks' layernorm backwards read dln's copy, and the fp32 outputs that only
  * their copies are read through (the layernorms', qkv's, the attention's and the GELU's,
- * dpre, dqkv, the blocks' dln) are NaN; the blocks' share one buffer, so the engine's
+ * dpre, dqkv, the blocks' dln) are NaN; the blocks' outputs share one buffer, so the engine's
  * activations take less memory than the CPU's. So a matmul or layernorm backward given no
  * copy, a stale one, or a reader of those fp32 outputs shows as a loss or gradient far
  * from the CPU's or not finite. Two microbatches, an AdamW step and a third, over 2 slots; then keep_probs; then

@@ -76,38 +76,39 @@ static scratch scratch_of(const pl_engine *e);
 
 /* Where the backend keeps low-precision copies, the fp32 outputs it may leave unwritten
  * beside them (kernels.h: the layernorms', qkv's, the attention's and the GELU's) are
- * never read: they all point at the scratch's discard buffer instead of a slot's room (at
- * GPT-2 124M, B 16, T 1024 in CUDA's bf16 mode: 6.0 GB over 12 layers). */
-static float *carve_unread(const pl_engine *e, char *base, size_t *off, size_t nfloats)
+ * never read: they all point at the scratch's discard buffer (NULL while only measuring)
+ * instead of a slot's room (at GPT-2 124M, B 16, T 1024 in CUDA's bf16 mode: 6.0 GB over
+ * 12 layers). */
+static float *carve_unread(char *base, size_t *off, size_t nfloats, int lowp, float *discard)
 {
-    if (!kn_lowp_bytes(e->k, 1)) return carve(base, off, nfloats);
-    return base ? scratch_of(e).discard : NULL;
+    return lowp ? discard : carve(base, off, nfloats);
 }
 
 static size_t layout_slot(const pl_engine *e, pl_slot *s, char *base)
 {
     const size_t B = (size_t)e->B, T = (size_t)e->T, C = (size_t)e->cfg.C, BT = B * T;
     const int lowp = kn_lowp_bytes(e->k, 1) != 0;
+    float *discard = lowp && base ? scratch_of(e).discard : NULL;
     size_t off = 0;
     s->tokens = (int32_t *)carve(base, &off, BT);
     s->targets = (int32_t *)carve(base, &off, BT);
     s->input = carve(base, &off, BT * C);
     for (int b = 0; b < nblocks(e); b++) {
         block_acts a;
-        a.ln1 = carve_unread(e, base, &off, BT * C);
+        a.ln1 = carve_unread(base, &off, BT * C, lowp, discard);
         a.ln1_mean = carve(base, &off, BT);
         a.ln1_rstd = carve(base, &off, BT);
-        a.qkv = carve_unread(e, base, &off, BT * 3 * C);
-        a.atty = carve_unread(e, base, &off, BT * C);
-        a.att = carve(base, &off, kn_attention_state_floats(e->k, e->B, e->T, e->cfg.C, e->cfg.NH,
-                                                            kn_lowp_bytes(e->k, 1) != 0));
+        a.qkv = carve_unread(base, &off, BT * 3 * C, lowp, discard);
+        a.atty = carve_unread(base, &off, BT * C, lowp, discard);
+        a.att = carve(base, &off,
+                      kn_attention_state_floats(e->k, e->B, e->T, e->cfg.C, e->cfg.NH, lowp));
         a.res2 = carve(base, &off, BT * C);
-        a.ln2 = carve_unread(e, base, &off, BT * C);
+        a.ln2 = carve_unread(base, &off, BT * C, lowp, discard);
         a.ln2_mean = carve(base, &off, BT);
         a.ln2_rstd = carve(base, &off, BT);
         /* the pre-activation in the backend's format: bf16 where it keeps copies */
         a.fch = lowp ? carve_lowp(e, base, &off, BT * 4 * C) : carve(base, &off, BT * 4 * C);
-        a.fch_gelu = carve_unread(e, base, &off, BT * 4 * C);
+        a.fch_gelu = carve_unread(base, &off, BT * 4 * C, lowp, discard);
         a.res3 = carve(base, &off, BT * C);
         a.ln1_lp = carve_lowp(e, base, &off, BT * C);
         a.qkv_lp = carve_lowp(e, base, &off, BT * 3 * C);
